@@ -1,0 +1,10 @@
+// Command tally is the metering ledger's single binary. See `tally --help`.
+package main
+
+import (
+	"os"
+
+	"github.com/tally-ledger/tally/internal/cli"
+)
+
+func main() { os.Exit(cli.Main(os.Args[1:])) }

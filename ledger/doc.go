@@ -1,0 +1,20 @@
+// Package ledger is Tally's ledger (SPEC §3): streams of running totals,
+// the idempotent apply algorithm, rollups, and their Postgres store.
+//
+// Invariants, each checked by property tests and by reconciliation:
+//   - Per stream, the billed amounts of its records sum to its last_total:
+//     every unit is billed once, however records are duplicated, reordered
+//     or lost (a gap's usage is inside the delta of the record after it).
+//   - Per (customer, meter, period, hour), the rollup equals the sum of the
+//     records' billed amounts and the entries' amounts in that bucket.
+//   - Nothing is updated or deleted except derivable state (stream state,
+//     open gaps, rollups); corrections are new entries.
+//   - Apply runs inside the caller's transaction: its effect commits or
+//     rolls back with whatever else the caller did (e.g. a Kafka offset).
+//
+// Concurrency: Apply locks the rows of the streams it touches (in key order,
+// so two Applies cannot deadlock) and takes a shared advisory lock per
+// customer bucket; closing a period takes the same bucket lock exclusively,
+// so usage is either in the period before its statement freezes or sees the
+// period closed and becomes a prior-period adjustment.
+package ledger
