@@ -1,0 +1,717 @@
+package ledger
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/periods"
+)
+
+// Config configures a Ledger.
+type Config struct {
+	// Clock is the ledger's notion of now: it decides future timestamps
+	// and the current period for prior-period adjustments. Default time.Now.
+	Clock func() time.Time
+	// Logger receives the ledger's logs. Default: discard.
+	Logger *slog.Logger
+}
+
+// Validate reports configuration problems (none today; kept for symmetry
+// with the other packages' Config).
+func (c Config) Validate() error { return nil }
+
+// Ledger applies usage records and adjustments to the Postgres ledger.
+// It holds no state between calls: everything lives in the database, so
+// any number of Ledgers (and processes) may share it.
+type Ledger struct {
+	now func() time.Time
+	log *slog.Logger
+}
+
+// New returns a Ledger.
+func New(cfg Config) (*Ledger, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	l := &Ledger{now: cfg.Clock, log: cfg.Logger}
+	if l.now == nil {
+		l.now = time.Now
+	}
+	if l.log == nil {
+		l.log = slog.New(slog.DiscardHandler)
+	}
+	return l, nil
+}
+
+// Apply applies a micro-batch of records inside tx and returns one outcome
+// per record, in order. The result is exactly what applying the records one
+// at a time, in order, would give. It needs READ COMMITTED (Postgres's
+// default) and a handful of round trips whatever the batch size.
+//
+// An error is a store error (or an inconsistency in stored state), never
+// bad input: bad input is an outcome. After an error the caller must roll
+// tx back.
+func (l *Ledger) Apply(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome, error) {
+	now := l.now().UTC().Truncate(time.Microsecond)
+	out := make([]Outcome, len(recs))
+	a := &applier{
+		now:       now,
+		out:       out,
+		recs:      make([]Record, len(recs)),
+		streams:   map[StreamKey]*stream{},
+		ops:       map[uuid.UUID]*stored{},
+		calendars: map[string]periods.Schedule{},
+		closed:    map[periodKey]bool{},
+		rollups:   map[rollupKey]decimal.Decimal{},
+	}
+	copy(a.recs, recs)
+	valid := a.validate()
+	if len(valid) == 0 {
+		return out, nil
+	}
+	if err := a.load(ctx, tx, valid); err != nil {
+		return nil, err
+	}
+	for _, i := range valid {
+		if err := a.apply(i); err != nil {
+			return nil, err
+		}
+	}
+	if err := a.write(ctx, tx); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// stream is one stream's state while a batch is applied.
+type stream struct {
+	id        int64
+	key       StreamKey
+	dbLastSeq int64 // as loaded: seqs above it cannot be recorded yet
+	lastSeq   int64
+	lastTotal decimal.Decimal
+	finalSeq  int64
+	dirty     bool
+	seen      map[int64]uuid.UUID // recorded seqs <= dbLastSeq among the batch's candidates, plus the batch's own
+	gaps      []*gap              // open gaps touching the batch's candidates, plus new ones
+}
+
+type gap struct {
+	from, to      int64
+	lower, upper  decimal.Decimal
+	upperQuantity decimal.NullDecimal
+	billedPeriod  time.Time
+	billedBucket  time.Time
+	fromDB        bool // exists in the gaps table (delete it if it changes)
+	gone          bool // filled or split: no longer this shape
+}
+
+// stored is the content of a recorded operation, for duplicate detection.
+type stored struct {
+	streamID   int64
+	seq        int64
+	total      decimal.Decimal
+	quantity   decimal.NullDecimal
+	occurredAt time.Time
+	final      bool
+}
+
+type periodKey struct {
+	customer string
+	start    int64 // unix micro
+}
+
+type rollupKey struct {
+	customer, meter string
+	period, bucket  int64 // unix micro
+}
+
+type applier struct {
+	now       time.Time
+	out       []Outcome
+	recs      []Record
+	streams   map[StreamKey]*stream
+	byID      map[int64]*stream
+	ops       map[uuid.UUID]*stored
+	calendars map[string]periods.Schedule
+	closed    map[periodKey]bool
+
+	newRecords []newRecord
+	entries    []entry
+	conflicts  []conflictRow
+	findings   []finding
+	rollups    map[rollupKey]decimal.Decimal
+}
+
+type newRecord struct {
+	rec         *Record
+	streamID    int64
+	lateFill    bool
+	billed      decimal.Decimal
+	period      time.Time
+	bucket      time.Time
+	priorPeriod *time.Time
+}
+
+type entry struct {
+	kind        string
+	operationID uuid.UUID
+	customer    string
+	meter       string
+	amount      decimal.Decimal
+	period      time.Time
+	bucket      time.Time
+	priorPeriod *time.Time
+	occurredAt  time.Time
+	reason      *string
+	actor       *string
+	streamID    *int64
+	seq         *int64
+}
+
+type conflictRow struct {
+	reason     string
+	rec        *Record
+	streamID   int64
+	existingOp *uuid.UUID
+}
+
+type finding struct {
+	kind     string
+	customer string
+	meter    string
+	streamID *int64
+	seq      *int64
+	period   *time.Time
+	amount   *decimal.Decimal
+	detail   string
+}
+
+// Finding kinds the ledger records while applying.
+const (
+	FindingQuantityMismatch = "quantity_mismatch"
+	FindingNotReattributed  = "late_fill_not_reattributed"
+)
+
+// validate normalises the records and rejects those Apply cannot take,
+// returning the indexes of the rest.
+func (a *applier) validate() []int {
+	valid := make([]int, 0, len(a.recs))
+	for i := range a.recs {
+		r := &a.recs[i]
+		r.OccurredAt = r.OccurredAt.UTC().Truncate(time.Microsecond) // Postgres keeps microseconds
+		if err := r.check(); err != nil {
+			a.out[i] = Outcome{Kind: Rejected, Reason: ReasonInvalid, Detail: err.Error()}
+			continue
+		}
+		if r.OccurredAt.After(a.now.Add(MaxClockSkew)) {
+			a.out[i] = Outcome{Kind: Rejected, Reason: ReasonFutureTimestamp,
+				Detail: fmt.Sprintf("occurred_at %s is more than %s ahead of the ledger clock (%s)",
+					r.OccurredAt.Format(time.RFC3339Nano), MaxClockSkew, a.now.Format(time.RFC3339))}
+			continue
+		}
+		valid = append(valid, i)
+	}
+	return valid
+}
+
+// check is Apply's own guard; the wire decoder gives friendlier errors first.
+func (r *Record) check() error {
+	var errs []error
+	if r.OperationID == uuid.Nil {
+		errs = append(errs, errors.New("operation_id: missing"))
+	}
+	if r.Stream.Producer == "" || r.Stream.Customer == "" || r.Stream.Meter == "" {
+		errs = append(errs, errors.New("stream: producer, customer and meter are required"))
+	}
+	if r.Stream.Epoch < 1 {
+		errs = append(errs, fmt.Errorf("epoch: %d is not positive", r.Stream.Epoch))
+	}
+	if r.Seq < 1 {
+		errs = append(errs, fmt.Errorf("seq: %d is not positive", r.Seq))
+	}
+	if r.Total.Sign() < 0 {
+		errs = append(errs, fmt.Errorf("total: %s is negative", r.Total))
+	} else if err := amount.Check(r.Total); err != nil {
+		errs = append(errs, fmt.Errorf("total: %w", err))
+	}
+	if r.Quantity.Valid {
+		if r.Quantity.Decimal.Sign() < 0 {
+			errs = append(errs, fmt.Errorf("quantity: %s is negative", r.Quantity.Decimal))
+		} else if err := amount.Check(r.Quantity.Decimal); err != nil {
+			errs = append(errs, fmt.Errorf("quantity: %w", err))
+		}
+	}
+	if r.OccurredAt.IsZero() {
+		errs = append(errs, errors.New("occurred_at: missing"))
+	}
+	return errors.Join(errs...)
+}
+
+// load reads, in two pipelined round trips, everything the batch needs:
+// calendars, closed periods, stream state (locked), and the recorded
+// operations, seqs and gaps the batch could collide with.
+func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
+	var customers []string
+	seenCustomer := map[string]bool{}
+	var keys []StreamKey
+	var opIDs []uuid.UUID
+	minOccurred := a.now
+	for _, i := range valid {
+		r := &a.recs[i]
+		if !seenCustomer[r.Stream.Customer] {
+			seenCustomer[r.Stream.Customer] = true
+			customers = append(customers, r.Stream.Customer)
+		}
+		if _, ok := a.streams[r.Stream]; !ok {
+			a.streams[r.Stream] = nil
+			keys = append(keys, r.Stream)
+		}
+		opIDs = append(opIDs, r.OperationID)
+		if r.OccurredAt.Before(minOccurred) {
+			minOccurred = r.OccurredAt
+		}
+	}
+	sort.Strings(customers)
+	producers, epochs, scust, meters := streamArrays(keys)
+	defaultSchedule, err := json.Marshal(periods.NewSchedule(periods.DefaultCalendar()))
+	if err != nil {
+		return err
+	}
+
+	b := &pgx.Batch{}
+	b.Queue(qInsertCustomers, customers, defaultSchedule)
+	b.Queue(qLockCustomersShared, customers, customerLockSpace, customerLockBuckets)
+	b.Queue(qSelectCustomers, customers).Query(func(rows pgx.Rows) error {
+		var id string
+		var raw []byte
+		_, err := pgx.ForEachRow(rows, []any{&id, &raw}, func() error {
+			var s periods.Schedule
+			if err := json.Unmarshal(raw, &s); err != nil {
+				return fmt.Errorf("customer %q: stored calendar: %w", id, err)
+			}
+			a.calendars[id] = s
+			return nil
+		})
+		return err
+	})
+	// A record for a closed period may need the closing period's neighbours,
+	// and a late fill moves usage out of an older one: look back one extra
+	// period's worth (31 days) beyond the oldest record.
+	b.Queue(qSelectClosedPeriods, customers, minOccurred.Add(-32*24*time.Hour)).Query(func(rows pgx.Rows) error {
+		var c string
+		var start time.Time
+		_, err := pgx.ForEachRow(rows, []any{&c, &start}, func() error {
+			a.closed[periodKey{c, start.UnixMicro()}] = true
+			return nil
+		})
+		return err
+	})
+	b.Queue(qInsertStreams, producers, epochs, scust, meters)
+	a.byID = make(map[int64]*stream, len(keys))
+	b.Queue(qLockStreams, producers, epochs, scust, meters).Query(func(rows pgx.Rows) error {
+		var s stream
+		var total string
+		_, err := pgx.ForEachRow(rows, []any{&s.id, &s.key.Producer, &s.key.Epoch, &s.key.Customer, &s.key.Meter, &s.lastSeq, &total}, func() error {
+			st := s
+			t, err := decimal.NewFromString(total)
+			if err != nil {
+				return fmt.Errorf("stream %d: last_total %q: %w", s.id, total, err)
+			}
+			st.lastTotal, st.dbLastSeq = t, st.lastSeq
+			st.seen = map[int64]uuid.UUID{}
+			a.streams[st.key] = &st
+			a.byID[st.id] = &st
+			return nil
+		})
+		return err
+	})
+	b.Queue(qRecordsByOperation, opIDs).Query(func(rows pgx.Rows) error {
+		var op uuid.UUID
+		var s stored
+		var total string
+		var quantity *string
+		_, err := pgx.ForEachRow(rows, []any{&op, &s.streamID, &s.seq, &total, &quantity, &s.occurredAt, &s.final}, func() error {
+			st := s
+			var err error
+			if st.total, err = decimal.NewFromString(total); err != nil {
+				return err
+			}
+			if quantity != nil {
+				q, err := decimal.NewFromString(*quantity)
+				if err != nil {
+					return err
+				}
+				st.quantity = decimal.NewNullDecimal(q)
+			}
+			a.ops[op] = &st
+			return nil
+		})
+		return err
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("ledger: load: %w", err)
+	}
+	for _, k := range keys {
+		if a.streams[k] == nil {
+			return fmt.Errorf("ledger: stream %+v was not created", k)
+		}
+	}
+
+	// Second round trip, only for records that could touch recorded seqs.
+	var candStream, candSeq []int64
+	for _, i := range valid {
+		r := &a.recs[i]
+		s := a.streams[r.Stream]
+		if r.Seq <= s.dbLastSeq {
+			candStream = append(candStream, s.id)
+			candSeq = append(candSeq, r.Seq)
+		}
+	}
+	if len(candSeq) == 0 {
+		return nil
+	}
+	b = &pgx.Batch{}
+	b.Queue(qRecordsBySeq, candStream, candSeq).Query(func(rows pgx.Rows) error {
+		var sid, seq int64
+		var op uuid.UUID
+		_, err := pgx.ForEachRow(rows, []any{&sid, &seq, &op}, func() error {
+			a.byID[sid].seen[seq] = op
+			return nil
+		})
+		return err
+	})
+	b.Queue(qGapsContaining, candStream, candSeq).Query(func(rows pgx.Rows) error {
+		var sid int64
+		var g gap
+		var lower, upper string
+		var upperQ *string
+		var err error
+		_, err = pgx.ForEachRow(rows, []any{&sid, &g.from, &g.to, &lower, &upper, &upperQ, &g.billedPeriod, &g.billedBucket}, func() error {
+			ng := g
+			ng.fromDB = true
+			if ng.lower, err = decimal.NewFromString(lower); err != nil {
+				return err
+			}
+			if ng.upper, err = decimal.NewFromString(upper); err != nil {
+				return err
+			}
+			if upperQ != nil {
+				q, err := decimal.NewFromString(*upperQ)
+				if err != nil {
+					return err
+				}
+				ng.upperQuantity = decimal.NewNullDecimal(q)
+			}
+			s := a.byID[sid]
+			s.gaps = append(s.gaps, &ng)
+			return nil
+		})
+		return err
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("ledger: load recorded seqs: %w", err)
+	}
+	return nil
+}
+
+// apply decides one record's outcome against the state built so far.
+func (a *applier) apply(i int) error {
+	r := &a.recs[i]
+	s := a.streams[r.Stream]
+
+	if prev, ok := a.ops[r.OperationID]; ok {
+		if prev.streamID == s.id && prev.seq == r.Seq && prev.total.Equal(r.Total) &&
+			nullEqual(prev.quantity, r.Quantity) && prev.occurredAt.Equal(r.OccurredAt) && prev.final == r.Final {
+			a.out[i] = Outcome{Kind: Duplicate}
+			return nil
+		}
+		a.conflict(i, s, ReasonOperationReused, &r.OperationID,
+			fmt.Sprintf("operation_id %s was first recorded with other content (stream %d seq %d total %s); the first write stands",
+				r.OperationID, prev.streamID, prev.seq, prev.total))
+		return nil
+	}
+
+	if r.Seq <= s.lastSeq {
+		if op, ok := s.seen[r.Seq]; ok || r.Seq == s.lastSeq {
+			var existing *uuid.UUID
+			if ok {
+				existing = &op
+			}
+			a.conflict(i, s, ReasonSeqReused, existing,
+				fmt.Sprintf("seq %d of this stream is already recorded under operation_id %s; the first write stands", r.Seq, op))
+			return nil
+		}
+		return a.lateFill(i, s)
+	}
+
+	if r.Total.LessThan(s.lastTotal) {
+		a.out[i] = Outcome{Kind: Rejected, Reason: ReasonTotalDecreased,
+			Detail: fmt.Sprintf("total %s at seq %d is below %s at seq %d: a counter reset needs a new epoch",
+				r.Total, r.Seq, s.lastTotal, s.lastSeq)}
+		return nil
+	}
+
+	delta := r.Total.Sub(s.lastTotal)
+	p, bucket, prior, err := a.billingPlace(r.Stream.Customer, r.OccurredAt)
+	if err != nil {
+		return err
+	}
+	if r.Seq > s.lastSeq+1 {
+		s.gaps = append(s.gaps, &gap{
+			from: s.lastSeq + 1, to: r.Seq - 1,
+			lower: s.lastTotal, upper: r.Total, upperQuantity: r.Quantity,
+			billedPeriod: p, billedBucket: bucket,
+		})
+		if r.Quantity.Valid && r.Quantity.Decimal.GreaterThan(delta) {
+			a.find(FindingQuantityMismatch, s, r.Seq, &p, ptr(r.Quantity.Decimal.Sub(delta)),
+				fmt.Sprintf("quantity %s at seq %d exceeds the %s the total grew by since seq %d; total wins",
+					r.Quantity.Decimal, r.Seq, delta, s.lastSeq))
+		}
+	} else if r.Quantity.Valid && !r.Quantity.Decimal.Equal(delta) {
+		a.find(FindingQuantityMismatch, s, r.Seq, &p, ptr(r.Quantity.Decimal.Sub(delta)),
+			fmt.Sprintf("quantity %s at seq %d but total grew by %s; total wins", r.Quantity.Decimal, r.Seq, delta))
+	}
+	s.lastSeq, s.lastTotal, s.dirty = r.Seq, r.Total, true
+	if r.Final {
+		s.finalSeq = r.Seq
+	}
+	a.record(i, s, false, delta, p, bucket, prior)
+	a.out[i] = Outcome{Kind: Applied, Billed: delta, Period: p}
+	a.roll(r.Stream.Customer, r.Stream.Meter, p, bucket, delta)
+	return nil
+}
+
+// lateFill handles an unseen seq below the stream's last seq: it must lie
+// in an open gap, whose usage was already billed.
+func (a *applier) lateFill(i int, s *stream) error {
+	r := &a.recs[i]
+	var g *gap
+	for _, c := range s.gaps {
+		if !c.gone && c.from <= r.Seq && r.Seq <= c.to {
+			g = c
+			break
+		}
+	}
+	if g == nil {
+		return fmt.Errorf("ledger: stream %d: seq %d is below last seq %d, unrecorded, and in no open gap: stored state is inconsistent",
+			s.id, r.Seq, s.lastSeq)
+	}
+	if r.Total.LessThan(g.lower) || r.Total.GreaterThan(g.upper) {
+		a.conflict(i, s, ReasonOutOfBounds, nil,
+			fmt.Sprintf("late fill seq %d has total %s, outside its neighbours' totals %s (seq %d) and %s (seq %d)",
+				r.Seq, r.Total, g.lower, g.from-1, g.upper, g.to+1))
+		return nil
+	}
+
+	own, err := a.periodOf(r.Stream.Customer, r.OccurredAt)
+	if err != nil {
+		return err
+	}
+	ownPeriod := own.Start.UTC()
+
+	// What this record's own quantity is, as far as the neighbours tell.
+	var q decimal.NullDecimal
+	if r.Seq == g.from {
+		q = decimal.NewNullDecimal(r.Total.Sub(g.lower))
+		if r.Quantity.Valid && !r.Quantity.Decimal.Equal(q.Decimal) {
+			a.find(FindingQuantityMismatch, s, r.Seq, &ownPeriod, ptr(r.Quantity.Decimal.Sub(q.Decimal)),
+				fmt.Sprintf("quantity %s at seq %d but total grew by %s since seq %d; total wins", r.Quantity.Decimal, r.Seq, q.Decimal, r.Seq-1))
+		}
+	} else if r.Quantity.Valid && r.Quantity.Decimal.LessThanOrEqual(r.Total.Sub(g.lower)) {
+		q = r.Quantity
+	}
+	if r.Seq == g.to && g.upperQuantity.Valid {
+		if want := g.upper.Sub(g.upperQuantity.Decimal); !want.Equal(r.Total) {
+			a.find(FindingQuantityMismatch, s, g.to+1, &g.billedPeriod, ptr(r.Total.Sub(want)),
+				fmt.Sprintf("seq %d said quantity %s (so seq %d's total is %s) but seq %d arrived with total %s; totals win",
+					g.to+1, g.upperQuantity.Decimal, r.Seq, want, r.Seq, r.Total))
+		}
+	}
+
+	// Split the gap around the fill.
+	g.gone = true
+	if r.Seq > g.from {
+		s.gaps = append(s.gaps, &gap{from: g.from, to: r.Seq - 1, lower: g.lower, upper: r.Total,
+			upperQuantity: r.Quantity, billedPeriod: g.billedPeriod, billedBucket: g.billedBucket})
+	}
+	if r.Seq < g.to {
+		s.gaps = append(s.gaps, &gap{from: r.Seq + 1, to: g.to, lower: r.Total, upper: g.upper,
+			upperQuantity: g.upperQuantity, billedPeriod: g.billedPeriod, billedBucket: g.billedBucket})
+	}
+
+	// Re-attribution: move the fill's quantity from the period that billed
+	// the gap to the fill's own period, when both are still open.
+	if !ownPeriod.Equal(g.billedPeriod) && q.Valid && q.Decimal.Sign() > 0 {
+		c := r.Stream.Customer
+		if a.closed[periodKey{c, ownPeriod.UnixMicro()}] || a.closed[periodKey{c, g.billedPeriod.UnixMicro()}] {
+			a.find(FindingNotReattributed, s, r.Seq, &ownPeriod, &q.Decimal,
+				fmt.Sprintf("late fill seq %d (%s, occurred in period %s) stays billed in period %s: one of them is closed",
+					r.Seq, q.Decimal, own.Name, g.billedPeriod.Format(time.RFC3339)))
+		} else {
+			bucket, err := a.bucketOf(c, r.OccurredAt)
+			if err != nil {
+				return err
+			}
+			sid, seq := s.id, r.Seq
+			a.entries = append(a.entries,
+				entry{kind: "reattribution", operationID: r.OperationID, customer: c, meter: r.Stream.Meter,
+					amount: q.Decimal.Neg(), period: g.billedPeriod, bucket: g.billedBucket, occurredAt: r.OccurredAt, streamID: &sid, seq: &seq},
+				entry{kind: "reattribution", operationID: r.OperationID, customer: c, meter: r.Stream.Meter,
+					amount: q.Decimal, period: ownPeriod, bucket: bucket, occurredAt: r.OccurredAt, streamID: &sid, seq: &seq},
+			)
+			a.roll(c, r.Stream.Meter, g.billedPeriod, g.billedBucket, q.Decimal.Neg())
+			a.roll(c, r.Stream.Meter, ownPeriod, bucket, q.Decimal)
+		}
+	} else if !q.Valid && !ownPeriod.Equal(g.billedPeriod) {
+		a.find(FindingNotReattributed, s, r.Seq, &ownPeriod, nil,
+			fmt.Sprintf("late fill seq %d occurred in period %s but its own quantity is unknown (no quantity, previous seq unseen); it stays billed in the gap's period",
+				r.Seq, own.Name))
+	}
+	bucket, err := a.bucketOf(r.Stream.Customer, r.OccurredAt)
+	if err != nil {
+		return err
+	}
+	a.record(i, s, true, decimal.Zero, ownPeriod, bucket, nil)
+	a.out[i] = Outcome{Kind: LateFill, Period: ownPeriod}
+	return nil
+}
+
+func (a *applier) record(i int, s *stream, late bool, billed decimal.Decimal, period, bucket time.Time, prior *time.Time) {
+	r := &a.recs[i]
+	a.newRecords = append(a.newRecords, newRecord{rec: r, streamID: s.id, lateFill: late,
+		billed: billed, period: period, bucket: bucket, priorPeriod: prior})
+	a.ops[r.OperationID] = &stored{streamID: s.id, seq: r.Seq, total: r.Total, quantity: r.Quantity,
+		occurredAt: r.OccurredAt, final: r.Final}
+	s.seen[r.Seq] = r.OperationID
+}
+
+func (a *applier) conflict(i int, s *stream, reason string, existing *uuid.UUID, detail string) {
+	a.out[i] = Outcome{Kind: Conflict, Reason: reason, Detail: detail}
+	a.conflicts = append(a.conflicts, conflictRow{reason: reason, rec: &a.recs[i], streamID: s.id, existingOp: existing})
+}
+
+func (a *applier) find(kind string, s *stream, seq int64, period *time.Time, amt *decimal.Decimal, detail string) {
+	sid := s.id
+	a.findings = append(a.findings, finding{kind: kind, customer: s.key.Customer, meter: s.key.Meter,
+		streamID: &sid, seq: &seq, period: period, amount: amt, detail: detail})
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func (a *applier) roll(customer, meter string, period, bucket time.Time, q decimal.Decimal) {
+	k := rollupKey{customer, meter, period.UnixMicro(), bucket.UnixMicro()}
+	a.rollups[k] = a.rollups[k].Add(q)
+}
+
+// periodOf is the customer's accounting period containing t.
+func (a *applier) periodOf(customer string, t time.Time) (periods.Period, error) {
+	p, err := a.calendars[customer].PeriodAt(t)
+	if err != nil {
+		return p, fmt.Errorf("ledger: customer %q: period at %s: %w", customer, t, err)
+	}
+	return p, nil
+}
+
+// billingPlace is where usage that occurred at t is billed: its own
+// period and hour, or, when that period is closed, the current period and
+// hour as a prior-period adjustment referencing it.
+func (a *applier) billingPlace(customer string, t time.Time) (period, bucket time.Time, prior *time.Time, err error) {
+	p, err := a.periodOf(customer, t)
+	if err != nil {
+		return
+	}
+	start := p.Start.UTC()
+	if a.closed[periodKey{customer, start.UnixMicro()}] {
+		cur, err2 := a.periodOf(customer, a.now)
+		if err2 != nil {
+			err = err2
+			return
+		}
+		prior = &start
+		bucket, err = a.bucketOf(customer, a.now)
+		return cur.Start.UTC(), bucket, prior, err
+	}
+	bucket, err = a.bucketOf(customer, t)
+	return start, bucket, nil, err
+}
+
+// bucketOf is the start of the hour containing t in the customer's zone
+// (which differs from the UTC hour in zones with half-hour offsets).
+func (a *applier) bucketOf(customer string, t time.Time) (time.Time, error) {
+	return Bucket(a.calendars[customer], t)
+}
+
+// Bucket is the rollup hour containing t: the start of its local hour in
+// the zone of the calendar in force at t.
+func Bucket(s periods.Schedule, t time.Time) (time.Time, error) {
+	cal := s[0].Calendar
+	for _, v := range s {
+		if !v.EffectiveFrom.After(t) {
+			cal = v.Calendar
+		}
+	}
+	loc, err := cal.Location()
+	if err != nil {
+		return time.Time{}, err
+	}
+	_, off := t.In(loc).Zone()
+	d := time.Duration(off) * time.Second
+	return t.Add(d).Truncate(time.Hour).Add(-d).UTC(), nil
+}
+
+func nullEqual(a, b decimal.NullDecimal) bool {
+	if a.Valid != b.Valid {
+		return false
+	}
+	return !a.Valid || a.Decimal.Equal(b.Decimal)
+}
+
+func streamArrays(keys []StreamKey) (producers []string, epochs []int64, customers, meters []string) {
+	sort.Slice(keys, func(i, j int) bool {
+		a, b := keys[i], keys[j]
+		if a.Producer != b.Producer {
+			return a.Producer < b.Producer
+		}
+		if a.Customer != b.Customer {
+			return a.Customer < b.Customer
+		}
+		if a.Meter != b.Meter {
+			return a.Meter < b.Meter
+		}
+		return a.Epoch < b.Epoch
+	})
+	for _, k := range keys {
+		producers = append(producers, k.Producer)
+		epochs = append(epochs, k.Epoch)
+		customers = append(customers, k.Customer)
+		meters = append(meters, k.Meter)
+	}
+	return
+}
+
+// conflictPayload is the losing record, kept verbatim in the conflicts table.
+func conflictPayload(r *Record) ([]byte, []byte) {
+	p := map[string]any{
+		"operation_id": r.OperationID, "producer": r.Stream.Producer, "epoch": r.Stream.Epoch,
+		"customer": r.Stream.Customer, "meter": r.Stream.Meter, "seq": r.Seq,
+		"total": r.Total.String(), "occurred_at": r.OccurredAt.Format(time.RFC3339Nano), "final": r.Final,
+	}
+	if r.Quantity.Valid {
+		p["quantity"] = r.Quantity.Decimal.String()
+	}
+	b, _ := json.Marshal(p) // map keys are sorted: the same record hashes the same
+	h := sha256.Sum256(b)
+	return b, h[:]
+}

@@ -1,0 +1,151 @@
+package ledger_test
+
+import (
+	"testing"
+	"time"
+)
+
+var nov = time.Date(2026, 11, 10, 9, 30, 0, 0, time.UTC)
+
+func TestApplyInOrderDuplicatesAndConflicts(t *testing.T) {
+	f := newFixture(t)
+	s := recBuilder{"gw-1", 1, "acme", "api_calls"}
+
+	out := f.apply(s.rec(1, "10", nov), s.recQ(2, "12.5", "2.5", nov), s.rec(3, "20", nov))
+	if got := kinds(out); got != "applied applied applied" {
+		t.Fatalf("outcomes = %s", got)
+	}
+	if out[1].Billed.String() != "2.5" || out[2].Billed.String() != "7.5" {
+		t.Fatalf("billed = %s, %s", out[1].Billed, out[2].Billed)
+	}
+
+	// Retransmits are duplicates; a reused operation id or seq is a conflict.
+	other := s.rec(2, "13", nov)
+	reusedSeq := s.rec(3, "20", nov)
+	reusedSeq.OperationID = opID(s, 99)
+	out = f.apply(s.rec(1, "10", nov), s.rec(3, "20", nov), other, reusedSeq)
+	if got := kinds(out); got != "duplicate duplicate conflict(operation_id_reused) conflict(seq_reused)" {
+		t.Fatalf("outcomes = %s", got)
+	}
+	if got := f.scalar(`SELECT trim_scale(sum(billed))::text FROM records`); got != "20" {
+		t.Fatalf("billed total = %s, want 20", got)
+	}
+	if got := f.scalar(`SELECT trim_scale(sum(quantity))::text FROM rollups WHERE customer = 'acme' AND meter = 'api_calls'`); got != "20" {
+		t.Fatalf("rollup total = %s, want 20", got)
+	}
+	if got := f.scalar(`SELECT count(*)::text FROM conflicts`); got != "2" {
+		t.Fatalf("conflicts = %s, want 2", got)
+	}
+	// The same losing record again is the same conflict, not a new row.
+	f.apply(other)
+	if got := f.scalar(`SELECT count(*)::text FROM conflicts`); got != "2" {
+		t.Fatalf("conflicts after repeat = %s, want 2", got)
+	}
+	if got := f.scalar(`SELECT payload->>'total' FROM conflicts WHERE reason = 'operation_id_reused'`); got != "13" {
+		t.Fatalf("losing payload total = %s, want 13", got)
+	}
+}
+
+func TestApplyRejections(t *testing.T) {
+	f := newFixture(t)
+	s := recBuilder{"gw-1", 1, "acme", "api_calls"}
+	f.apply(s.rec(1, "10", nov))
+
+	bad := s.rec(3, "1", nov)
+	bad.Seq = 0
+	out := f.apply(
+		s.rec(2, "9", nov),                   // total went down without a new epoch
+		s.rec(3, "11", f.now.Add(6*time.Minute)), // from the future
+		s.rec(4, "11", f.now.Add(5*time.Minute)), // within the allowed skew
+		bad,
+	)
+	if got := kinds(out); got != "rejected(total_decreased) rejected(future_timestamp) applied rejected(invalid_record)" {
+		t.Fatalf("outcomes = %s", got)
+	}
+	for i, want := range []string{
+		"total 9 at seq 2 is below 10 at seq 1: a counter reset needs a new epoch",
+		"occurred_at 2026-11-20T12:06:00Z is more than 5m0s ahead of the ledger clock (2026-11-20T12:00:00Z)",
+		"",
+		"seq: 0 is not positive",
+	} {
+		if out[i].Detail != want {
+			t.Errorf("detail[%d] = %q, want %q", i, out[i].Detail, want)
+		}
+	}
+	// A new epoch starts from zero.
+	e2 := recBuilder{"gw-1", 2, "acme", "api_calls"}
+	if got := kinds(f.apply(e2.rec(1, "3", nov))); got != "applied" {
+		t.Fatalf("new epoch: %s", got)
+	}
+	if got := f.scalar(`SELECT trim_scale(sum(quantity))::text FROM rollups`); got != "14" {
+		t.Fatalf("rollup total = %s, want 14", got)
+	}
+}
+
+func TestApplyGapsAndLateFills(t *testing.T) {
+	f := newFixture(t)
+	s := recBuilder{"gw-1", 1, "acme", "api_calls"}
+	oct := time.Date(2026, 10, 31, 23, 0, 0, 0, time.UTC)
+
+	// Seqs 2..4 are lost (for now): their usage is billed with seq 5, in November.
+	out := f.apply(s.rec(1, "10", oct), s.recQ(5, "50", "10", nov))
+	if got := kinds(out); got != "applied applied" || out[1].Billed.String() != "40" {
+		t.Fatalf("outcomes = %s, billed %s", got, out[1].Billed)
+	}
+	if got := f.scalar(`SELECT format('%s-%s %s', from_seq, to_seq, upper_total - upper_quantity - lower_total) FROM gaps`); got != "2-4 30" {
+		t.Fatalf("gap = %s", got)
+	}
+
+	// Seq 3 arrives late; it happened in October, so its 5 move to October.
+	out = f.apply(s.recQ(3, "25", "5", oct))
+	if got := kinds(out); got != "late_fill" {
+		t.Fatalf("late fill outcome = %s", got)
+	}
+	if got := f.scalar(`SELECT string_agg(format('%s-%s', from_seq, to_seq), ',' ORDER BY from_seq) FROM gaps`); got != "2-2,4-4" {
+		t.Fatalf("gaps after fill = %s", got)
+	}
+	if got := f.scalar(`SELECT string_agg(format('%s=%s', to_char(period_start, 'YYYY-MM'), q), ',' ORDER BY period_start)
+		FROM (SELECT period_start, sum(quantity) q FROM rollups GROUP BY 1) s`); got != "2026-10=15,2026-11=35" {
+		t.Fatalf("per period = %s", got)
+	}
+	// A fill outside its neighbours' totals is a conflict; stream total unchanged.
+	out = f.apply(s.rec(4, "51", nov), s.rec(2, "20", oct))
+	if got := kinds(out); got != "conflict(late_fill_out_of_bounds) late_fill" {
+		t.Fatalf("outcomes = %s", got)
+	}
+	if got := f.scalar(`SELECT string_agg(format('%s-%s', from_seq, to_seq), ',' ORDER BY from_seq) FROM gaps`); got != "4-4" {
+		t.Fatalf("gaps = %s", got)
+	}
+	if got := f.scalar(`SELECT trim_scale(sum(quantity))::text FROM rollups`); got != "50" {
+		t.Fatalf("rollups total = %s, want 50 (the stream's last total)", got)
+	}
+	if got := f.scalar(`SELECT string_agg(format('%s=%s', to_char(period_start, 'YYYY-MM'), q), ',' ORDER BY period_start)
+		FROM (SELECT period_start, sum(quantity) q FROM rollups GROUP BY 1) s`); got != "2026-10=25,2026-11=25" {
+		t.Fatalf("per period = %s", got)
+	}
+	if got := f.scalar(`SELECT count(*)::text FROM findings`); got != "0" {
+		t.Fatalf("findings = %s", got)
+	}
+	// Seq 2 said total 20, but seq 3 said it grew by 5 to 25: consistent. Had
+	// it said 24, that would be a quantity mismatch finding on seq 3.
+}
+
+func TestApplyQuantityMismatchAndClosedPeriod(t *testing.T) {
+	f := newFixture(t)
+	s := recBuilder{"gw-1", 1, "acme", "api_calls"}
+	oct := time.Date(2026, 10, 15, 0, 0, 0, 0, time.UTC)
+	f.exec(`INSERT INTO customers (id, schedule) VALUES ('acme', '[{"effective_from":"0001-01-01T00:00:00Z","calendar":{"cadence":"monthly","anchor_day":1,"anchor_time":"00:00","zone":"UTC"}}]')`)
+	f.exec(`INSERT INTO period_closes VALUES ('acme', '2026-10-01T00:00:00Z', '2026-11-01T00:00:00Z', now())`)
+
+	out := f.apply(s.recQ(1, "10", "9", oct))
+	if got := kinds(out); got != "applied" {
+		t.Fatalf("outcomes = %s", got)
+	}
+	// October is closed: billed in the current period (November) as a prior-period adjustment.
+	if got := f.scalar(`SELECT format('%s %s', to_char(period_start, 'YYYY-MM-DD'), to_char(prior_period, 'YYYY-MM-DD')) FROM records`); got != "2026-11-01 2026-10-01" {
+		t.Fatalf("record period = %s", got)
+	}
+	if got := f.scalar(`SELECT format('%s %s', kind, amount) FROM findings`); got != "quantity_mismatch -1" {
+		t.Fatalf("finding = %s", got)
+	}
+}

@@ -1,0 +1,139 @@
+package ledger
+
+// The ledger's SQL, in one place. Every statement is set-based: arrays in,
+// one round trip per statement, all of them pipelined. Numbers travel as
+// text and are cast to NUMERIC by Postgres, so nothing is ever a float.
+
+// customerLockSpace is the first key of the advisory locks that order
+// Apply against period close (see doc.go); the second key is a bucket of
+// the customer id's hash, so a micro-batch takes at most customerLockBuckets locks.
+const (
+	customerLockSpace   = 71540
+	customerLockBuckets = 256
+)
+
+const (
+	qInsertCustomers = `
+INSERT INTO customers (id, schedule)
+SELECT id, $2::jsonb FROM unnest($1::text[]) AS id
+ORDER BY id
+ON CONFLICT (id) DO NOTHING`
+
+	// Shared: many Applies at once; period close takes the same key exclusively.
+	qLockCustomersShared = `
+SELECT count(pg_advisory_xact_lock_shared($2::int, b))
+FROM (SELECT DISTINCT abs(hashtext(c) % $3::int) AS b FROM unnest($1::text[]) AS c ORDER BY 1) AS s`
+
+	// The same lock, exclusively, for one customer: period close.
+	qLockCustomerExclusive = `SELECT pg_advisory_xact_lock($2::int, abs(hashtext($1::text) % $3::int))`
+
+	qSelectCustomers = `SELECT id, schedule FROM customers WHERE id = ANY($1::text[])`
+
+	qSelectClosedPeriods = `
+SELECT customer, period_start FROM period_closes
+WHERE customer = ANY($1::text[]) AND period_end > $2`
+
+	qInsertStreams = `
+INSERT INTO streams (producer, epoch, customer, meter)
+SELECT * FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[])
+ORDER BY 1, 3, 4, 2
+ON CONFLICT (producer, customer, meter, epoch) DO NOTHING`
+
+	// Row locks in id order: two Applies never wait on each other in a cycle.
+	qLockStreams = `
+SELECT s.id, s.producer, s.epoch, s.customer, s.meter, s.last_seq, s.last_total::text
+FROM streams s
+JOIN unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS k(producer, epoch, customer, meter)
+  USING (producer, epoch, customer, meter)
+ORDER BY s.id
+FOR UPDATE OF s`
+
+	qRecordsByOperation = `
+SELECT operation_id, stream_id, seq, total::text, quantity::text, occurred_at, final
+FROM records WHERE operation_id = ANY($1::uuid[])`
+
+	qRecordsBySeq = `
+SELECT r.stream_id, r.seq, r.operation_id
+FROM unnest($1::bigint[], $2::bigint[]) AS k(stream_id, seq)
+JOIN records r USING (stream_id, seq)`
+
+	// The open gap containing each candidate seq, if any.
+	qGapsContaining = `
+SELECT DISTINCT g.stream_id, g.from_seq, g.to_seq, g.lower_total::text, g.upper_total::text,
+       g.upper_quantity::text, g.billed_period, g.billed_bucket
+FROM unnest($1::bigint[], $2::bigint[]) AS k(stream_id, seq)
+CROSS JOIN LATERAL (
+  SELECT * FROM gaps g
+  WHERE g.stream_id = k.stream_id AND g.from_seq <= k.seq
+  ORDER BY g.from_seq DESC LIMIT 1
+) AS g
+WHERE g.to_seq >= k.seq`
+
+	qInsertRecords = `
+INSERT INTO records (stream_id, seq, operation_id, customer, meter, total, quantity, occurred_at,
+                     final, late_fill, billed, period_start, bucket, prior_period, ingested_at)
+SELECT stream_id, seq, operation_id, customer, meter, total::numeric, quantity::numeric, occurred_at,
+       final, late_fill, billed::numeric, period_start, bucket, prior_period, $15
+FROM unnest($1::bigint[], $2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[],
+            $8::timestamptz[], $9::bool[], $10::bool[], $11::text[], $12::timestamptz[],
+            $13::timestamptz[], $14::timestamptz[])
+  AS r(stream_id, seq, operation_id, customer, meter, total, quantity, occurred_at,
+       final, late_fill, billed, period_start, bucket, prior_period)`
+
+	qUpdateStreams = `
+UPDATE streams s
+SET last_seq = u.last_seq, last_total = u.last_total::numeric,
+    final_seq = coalesce(u.final_seq, s.final_seq), updated_at = $5
+FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[]) AS u(id, last_seq, last_total, final_seq)
+WHERE s.id = u.id`
+
+	qDeleteGaps = `
+DELETE FROM gaps g
+USING unnest($1::bigint[], $2::bigint[]) AS d(stream_id, from_seq)
+WHERE g.stream_id = d.stream_id AND g.from_seq = d.from_seq`
+
+	qInsertGaps = `
+INSERT INTO gaps (stream_id, from_seq, to_seq, customer, meter, lower_total, upper_total,
+                  upper_quantity, billed_period, billed_bucket, opened_at)
+SELECT stream_id, from_seq, to_seq, customer, meter, lower_total::numeric, upper_total::numeric,
+       upper_quantity::numeric, billed_period, billed_bucket, $11
+FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[],
+            $8::text[], $9::timestamptz[], $10::timestamptz[])
+  AS g(stream_id, from_seq, to_seq, customer, meter, lower_total, upper_total,
+       upper_quantity, billed_period, billed_bucket)`
+
+	qInsertEntries = `
+INSERT INTO entries (id, kind, operation_id, customer, meter, amount, period_start, bucket,
+                     prior_period, occurred_at, reason, actor, stream_id, seq, created_at)
+SELECT id, kind, operation_id, customer, meter, amount::numeric, period_start, bucket,
+       prior_period, occurred_at, reason, actor, stream_id, seq, $15
+FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::text[], $6::text[],
+            $7::timestamptz[], $8::timestamptz[], $9::timestamptz[], $10::timestamptz[],
+            $11::text[], $12::text[], $13::bigint[], $14::bigint[])
+  AS e(id, kind, operation_id, customer, meter, amount, period_start, bucket,
+       prior_period, occurred_at, reason, actor, stream_id, seq)`
+
+	// Keys are unique and sorted (Go aggregates them), so concurrent
+	// upserts lock rollup rows in one order.
+	qUpsertRollups = `
+INSERT INTO rollups AS r (customer, meter, period_start, bucket, quantity)
+SELECT customer, meter, period_start, bucket, quantity::numeric
+FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::text[])
+  AS u(customer, meter, period_start, bucket, quantity)
+ON CONFLICT (customer, meter, period_start, bucket)
+DO UPDATE SET quantity = r.quantity + EXCLUDED.quantity`
+
+	qInsertConflicts = `
+INSERT INTO conflicts (id, reason, operation_id, stream_id, seq, customer, meter,
+                       existing_operation_id, payload, payload_hash, detected_at)
+SELECT * , $11::timestamptz FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::bigint[], $5::bigint[],
+            $6::text[], $7::text[], $8::uuid[], $9::text[]::jsonb[], $10::bytea[])
+ON CONFLICT (operation_id, stream_id, seq, payload_hash) DO NOTHING`
+
+	qInsertFindings = `
+INSERT INTO findings (id, kind, customer, meter, stream_id, seq, period_start, amount, detail, created_at)
+SELECT id, kind, customer, meter, stream_id, seq, period_start, amount::numeric, detail, $10
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[],
+            $7::timestamptz[], $8::text[], $9::text[])
+  AS f(id, kind, customer, meter, stream_id, seq, period_start, amount, detail)`
+)

@@ -1,0 +1,220 @@
+package ledger
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
+)
+
+// write sends every change of the batch in one pipelined round trip.
+func (a *applier) write(ctx context.Context, tx pgx.Tx) error {
+	b := &pgx.Batch{}
+	a.queueRecords(b)
+	a.queueStreams(b)
+	a.queueGaps(b)
+	queueEntries(b, a.entries, a.now)
+	a.queueRollups(b)
+	a.queueConflicts(b)
+	a.queueFindings(b)
+	if b.Len() == 0 {
+		return nil
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("ledger: write: %w", err)
+	}
+	return nil
+}
+
+func (a *applier) queueRecords(b *pgx.Batch) {
+	n := len(a.newRecords)
+	if n == 0 {
+		return
+	}
+	var (
+		sid, seq                 = make([]int64, n), make([]int64, n)
+		ops                      = make([]uuid.UUID, n)
+		cust, meter, total, bill = make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+		qty                      = make([]*string, n)
+		occ, period, bucket      = make([]time.Time, n), make([]time.Time, n), make([]time.Time, n)
+		prior                    = make([]*time.Time, n)
+		final, late              = make([]bool, n), make([]bool, n)
+	)
+	for i, nr := range a.newRecords {
+		r := nr.rec
+		sid[i], seq[i], ops[i] = nr.streamID, r.Seq, r.OperationID
+		cust[i], meter[i], total[i], bill[i] = r.Stream.Customer, r.Stream.Meter, r.Total.String(), nr.billed.String()
+		qty[i] = nullString(r.Quantity)
+		occ[i], period[i], bucket[i], prior[i] = r.OccurredAt, nr.period, nr.bucket, nr.priorPeriod
+		final[i], late[i] = r.Final, nr.lateFill
+	}
+	b.Queue(qInsertRecords, sid, seq, ops, cust, meter, total, qty, occ, final, late, bill, period, bucket, prior, a.now)
+}
+
+func (a *applier) queueStreams(b *pgx.Batch) {
+	var ids, seqs []int64
+	var totals []string
+	var finals []*int64
+	for _, s := range a.streams {
+		if !s.dirty {
+			continue
+		}
+		ids = append(ids, s.id)
+		seqs = append(seqs, s.lastSeq)
+		totals = append(totals, s.lastTotal.String())
+		var f *int64
+		if s.finalSeq != 0 {
+			v := s.finalSeq
+			f = &v
+		}
+		finals = append(finals, f)
+	}
+	if len(ids) > 0 {
+		b.Queue(qUpdateStreams, ids, seqs, totals, finals, a.now)
+	}
+}
+
+func (a *applier) queueGaps(b *pgx.Batch) {
+	var delSID, delFrom []int64
+	var sid, from, to []int64
+	var cust, meter, lower, upper []string
+	var upperQ []*string
+	var bp, bb []time.Time
+	for _, s := range a.streams {
+		for _, g := range s.gaps {
+			switch {
+			case g.gone && g.fromDB:
+				delSID, delFrom = append(delSID, s.id), append(delFrom, g.from)
+			case !g.gone && !g.fromDB:
+				sid, from, to = append(sid, s.id), append(from, g.from), append(to, g.to)
+				cust, meter = append(cust, s.key.Customer), append(meter, s.key.Meter)
+				lower, upper = append(lower, g.lower.String()), append(upper, g.upper.String())
+				upperQ = append(upperQ, nullString(g.upperQuantity))
+				bp, bb = append(bp, g.billedPeriod), append(bb, g.billedBucket)
+			}
+		}
+	}
+	// Delete before insert: a split gap may reuse its from_seq.
+	if len(delSID) > 0 {
+		b.Queue(qDeleteGaps, delSID, delFrom)
+	}
+	if len(sid) > 0 {
+		b.Queue(qInsertGaps, sid, from, to, cust, meter, lower, upper, upperQ, bp, bb, a.now)
+	}
+}
+
+func queueEntries(b *pgx.Batch, entries []entry, now time.Time) {
+	n := len(entries)
+	if n == 0 {
+		return
+	}
+	ids, ops := make([]uuid.UUID, n), make([]uuid.UUID, n)
+	kind, cust, meter, amt := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	period, bucket, occ := make([]time.Time, n), make([]time.Time, n), make([]time.Time, n)
+	prior := make([]*time.Time, n)
+	reason, actor := make([]*string, n), make([]*string, n)
+	sid, seq := make([]*int64, n), make([]*int64, n)
+	for i, e := range entries {
+		ids[i] = uuid.Must(uuid.NewV7())
+		kind[i], ops[i], cust[i], meter[i], amt[i] = e.kind, e.operationID, e.customer, e.meter, e.amount.String()
+		period[i], bucket[i], prior[i], occ[i] = e.period, e.bucket, e.priorPeriod, e.occurredAt
+		reason[i], actor[i], sid[i], seq[i] = e.reason, e.actor, e.streamID, e.seq
+	}
+	b.Queue(qInsertEntries, ids, kind, ops, cust, meter, amt, period, bucket, prior, occ, reason, actor, sid, seq, now)
+}
+
+func (a *applier) queueRollups(b *pgx.Batch) {
+	queueRollups(b, a.rollups)
+}
+
+func queueRollups(b *pgx.Batch, rollups map[rollupKey]decimal.Decimal) {
+	keys := make([]rollupKey, 0, len(rollups))
+	for k, q := range rollups {
+		if !q.IsZero() {
+			keys = append(keys, k)
+		}
+	}
+	if len(keys) == 0 {
+		return
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		x, y := keys[i], keys[j]
+		if c := strings.Compare(x.customer, y.customer); c != 0 {
+			return c < 0
+		}
+		if c := strings.Compare(x.meter, y.meter); c != 0 {
+			return c < 0
+		}
+		if x.period != y.period {
+			return x.period < y.period
+		}
+		return x.bucket < y.bucket
+	})
+	n := len(keys)
+	cust, meter, qty := make([]string, n), make([]string, n), make([]string, n)
+	period, bucket := make([]time.Time, n), make([]time.Time, n)
+	for i, k := range keys {
+		cust[i], meter[i], qty[i] = k.customer, k.meter, rollups[k].String()
+		period[i], bucket[i] = time.UnixMicro(k.period).UTC(), time.UnixMicro(k.bucket).UTC()
+	}
+	b.Queue(qUpsertRollups, cust, meter, period, bucket, qty)
+}
+
+func (a *applier) queueConflicts(b *pgx.Batch) {
+	n := len(a.conflicts)
+	if n == 0 {
+		return
+	}
+	ids, ops := make([]uuid.UUID, n), make([]uuid.UUID, n)
+	existing := make([]*uuid.UUID, n)
+	reason, cust, meter := make([]string, n), make([]string, n), make([]string, n)
+	sid, seq := make([]int64, n), make([]int64, n)
+	payload, hash := make([][]byte, n), make([][]byte, n)
+	for i, c := range a.conflicts {
+		ids[i] = uuid.Must(uuid.NewV7())
+		reason[i], ops[i], sid[i], seq[i] = c.reason, c.rec.OperationID, c.streamID, c.rec.Seq
+		cust[i], meter[i], existing[i] = c.rec.Stream.Customer, c.rec.Stream.Meter, c.existingOp
+		payload[i], hash[i] = conflictPayload(c.rec)
+	}
+	// jsonb[] from text: pass the payloads as strings.
+	ps := make([]string, n)
+	for i := range payload {
+		ps[i] = string(payload[i])
+	}
+	b.Queue(qInsertConflicts, ids, reason, ops, sid, seq, cust, meter, existing, ps, hash, a.now)
+}
+
+func (a *applier) queueFindings(b *pgx.Batch) {
+	n := len(a.findings)
+	if n == 0 {
+		return
+	}
+	ids := make([]uuid.UUID, n)
+	kind, cust, meter, detail := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
+	sid, seq := make([]*int64, n), make([]*int64, n)
+	period := make([]*time.Time, n)
+	amt := make([]*string, n)
+	for i, f := range a.findings {
+		ids[i] = uuid.Must(uuid.NewV7())
+		kind[i], cust[i], meter[i], detail[i] = f.kind, f.customer, f.meter, f.detail
+		sid[i], seq[i], period[i] = f.streamID, f.seq, f.period
+		if f.amount != nil {
+			s := f.amount.String()
+			amt[i] = &s
+		}
+	}
+	b.Queue(qInsertFindings, ids, kind, cust, meter, sid, seq, period, amt, detail, a.now)
+}
+
+func nullString(d decimal.NullDecimal) *string {
+	if !d.Valid {
+		return nil
+	}
+	s := d.Decimal.String()
+	return &s
+}
