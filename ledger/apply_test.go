@@ -54,7 +54,7 @@ func TestApplyRejections(t *testing.T) {
 	bad := s.rec(3, "1", nov)
 	bad.Seq = 0
 	out := f.apply(
-		s.rec(2, "9", nov),                   // total went down without a new epoch
+		s.rec(2, "9", nov),                       // total went down without a new epoch
 		s.rec(3, "11", f.now.Add(6*time.Minute)), // from the future
 		s.rec(4, "11", f.now.Add(5*time.Minute)), // within the allowed skew
 		bad,

@@ -1,0 +1,325 @@
+package ledger_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
+	"pgregory.net/rapid"
+
+	"github.com/tally-ledger/tally/ledger"
+)
+
+var errRollback = errors.New("simulated crash before commit")
+
+// TestPropertyLedgerInvariants generates streams (several producers,
+// epochs, customers and meters, decimal quantities, usage across a period
+// boundary) and random delivery schedules (duplicates, reorders, drops of
+// middle records, whole micro-batches delivered again, transactions rolled
+// back), then checks SPEC §3's invariants after every schedule:
+//   - per stream, billed total = last delivered total = stream state;
+//   - per customer, meter, period and hour, rollups = records + entries;
+//   - open gaps are exactly the undelivered seqs below the last delivered one;
+//   - re-applying the whole schedule changes nothing;
+//   - records in = sum of outcomes, with applied + late_fill = distinct records;
+//   - when nothing was lost and every record carries its quantity, each
+//     period holds exactly the usage that occurred in it.
+//
+// More schedules: go test ./ledger -run Property -rapid.checks=5000
+func TestPropertyLedgerInvariants(t *testing.T) {
+	f := newFixture(t)
+	f.now = time.Date(2026, 11, 6, 0, 0, 0, 0, time.UTC)
+	iteration := 0
+	rapid.Check(t, func(rt *rapid.T) {
+		iteration++
+		ns := fmt.Sprintf("it%d", iteration) // fresh customers and producers per schedule
+		checkSchedule(rt, f, ns)
+	})
+	// Guard against a generator that stopped producing the hard cases.
+	for what, sql := range map[string]string{
+		"re-attributions": `SELECT count(*) FROM entries WHERE kind = 'reattribution'`,
+		"late fills":      `SELECT count(*) FROM records WHERE late_fill`,
+		"open gaps":       `SELECT count(*) FROM gaps`,
+		"findings":        `SELECT count(*) FROM findings`,
+	} {
+		if n := f.scalar(sql); n == "0" {
+			t.Errorf("the schedules produced no %s", what)
+		} else {
+			t.Logf("%s: %s", what, n)
+		}
+	}
+}
+
+type genStream struct {
+	b       recBuilder
+	records []ledger.Record
+}
+
+func checkSchedule(rt *rapid.T, f *fixture, ns string) {
+	ctx := context.Background()
+	nStreams := rapid.IntRange(1, 4).Draw(rt, "streams")
+	var streams []*genStream
+	var all []ledger.Record
+	base := time.Date(2026, 10, 30, 0, 0, 0, 0, time.UTC) // October ends in 2 days
+	for i := 0; i < nStreams; i++ {
+		b := recBuilder{
+			producer: ns + "-p" + rapid.SampledFrom([]string{"a", "b"}).Draw(rt, "producer"),
+			epoch:    rapid.Int64Range(1, 2).Draw(rt, "epoch"),
+			customer: ns + "-c" + rapid.SampledFrom([]string{"1", "2"}).Draw(rt, "customer"),
+			meter:    rapid.SampledFrom([]string{"calls", "bytes"}).Draw(rt, "meter"),
+		}
+		dup := false
+		for _, s := range streams {
+			dup = dup || s.b == b
+		}
+		if dup {
+			continue
+		}
+		s := &genStream{b: b}
+		n := rapid.IntRange(1, 25).Draw(rt, "records")
+		total := decimal.Zero
+		// Usage before seq novFrom happened in October, the rest in November.
+		novFrom := rapid.IntRange(1, n+1).Draw(rt, "novFrom")
+		for seq := int64(1); seq <= int64(n); seq++ {
+			q := decimal.New(rapid.Int64Range(0, 100000).Draw(rt, "q"), -int32(rapid.IntRange(0, 3).Draw(rt, "scale")))
+			total = total.Add(q)
+			at := base.Add(time.Duration(seq) * time.Minute)
+			if seq >= int64(novFrom) {
+				at = at.Add(72 * time.Hour)
+			}
+			r := b.rec(seq, total.String(), at)
+			switch rapid.IntRange(0, 19).Draw(rt, "quantity") {
+			case 0, 1: // not sent
+			case 2: // sent, but wrong: total wins and a finding is recorded
+				r.Quantity = decimal.NewNullDecimal(q.Add(decimal.New(1, -3)))
+			default:
+				r.Quantity = decimal.NewNullDecimal(q)
+			}
+			s.records = append(s.records, r)
+			all = append(all, r)
+		}
+		streams = append(streams, s)
+	}
+
+	// A delivery: some records dropped, some duplicated, shuffled, cut into micro-batches.
+	var deliveries []ledger.Record
+	dropped := map[uuid.UUID]bool{}
+	for _, r := range all {
+		if rapid.IntRange(0, 9).Draw(rt, "drop") == 0 {
+			dropped[r.OperationID] = true
+			continue
+		}
+		deliveries = append(deliveries, r)
+		if rapid.IntRange(0, 4).Draw(rt, "dup") == 0 {
+			deliveries = append(deliveries, r)
+		}
+	}
+	perm := rapid.Permutation(deliveries).Draw(rt, "order")
+	// Mostly in order, sometimes shuffled: mix the two.
+	if rapid.Bool().Draw(rt, "shuffle") {
+		deliveries = perm
+	}
+	var batches [][]ledger.Record
+	for len(deliveries) > 0 {
+		n := rapid.IntRange(1, 8).Draw(rt, "batch")
+		if n > len(deliveries) {
+			n = len(deliveries)
+		}
+		batches = append(batches, deliveries[:n])
+		deliveries = deliveries[n:]
+		if rapid.IntRange(0, 5).Draw(rt, "redeliver") == 0 {
+			batches = append(batches, batches[len(batches)-1])
+		}
+	}
+
+	in, applied, dupes := 0, 0, 0
+	delivered := map[uuid.UUID]bool{}
+	for _, batch := range batches {
+		if rapid.IntRange(0, 6).Draw(rt, "crash") == 0 {
+			// The transaction dies before commit: nothing may stick.
+			err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+				if _, err := f.l.Apply(ctx, tx, batch); err != nil {
+					return err
+				}
+				return errRollback
+			})
+			if !errors.Is(err, errRollback) {
+				rt.Fatalf("apply before crash: %v", err)
+			}
+		}
+		out := f.apply(batch...)
+		in += len(batch)
+		for i, o := range out {
+			switch o.Kind {
+			case ledger.Applied, ledger.LateFill:
+				applied++
+				delivered[batch[i].OperationID] = true
+			case ledger.Duplicate:
+				dupes++
+			default:
+				rt.Fatalf("record %d seq %d: unexpected outcome %s %s: %s", i, batch[i].Seq, o.Kind, o.Reason, o.Detail)
+			}
+		}
+	}
+	if applied != len(delivered) || applied+dupes != in {
+		rt.Fatalf("conservation: in %d, applied+late_fill %d (distinct %d), duplicate %d", in, applied, len(delivered), dupes)
+	}
+
+	before := snapshot(rt, f, ns)
+	for _, s := range streams {
+		checkStream(rt, f, s, delivered)
+	}
+	checkRollups(rt, f, ns)
+
+	lost := len(dropped) > 0
+	allQ := true
+	for i, r := range all {
+		prev := decimal.Zero
+		if r.Seq > 1 {
+			prev = all[i-1].Total
+		}
+		allQ = allQ && r.Quantity.Valid && r.Quantity.Decimal.Equal(r.Total.Sub(prev))
+	}
+	if !lost && allQ {
+		checkPeriods(rt, f, ns, all)
+	}
+
+	// Re-applying everything changes nothing.
+	for _, batch := range batches {
+		for i, o := range f.apply(batch...) {
+			if o.Kind != ledger.Duplicate {
+				rt.Fatalf("re-apply seq %d: %s, want duplicate", batch[i].Seq, o.Kind)
+			}
+		}
+	}
+	if after := snapshot(rt, f, ns); after != before {
+		rt.Fatalf("re-applying changed the ledger:\nbefore %s\nafter  %s", before, after)
+	}
+}
+
+func checkStream(rt *rapid.T, f *fixture, s *genStream, delivered map[uuid.UUID]bool) {
+	var lastSeq int64
+	lastTotal := decimal.Zero
+	for _, r := range s.records {
+		if delivered[r.OperationID] && r.Seq > lastSeq {
+			lastSeq, lastTotal = r.Seq, r.Total
+		}
+	}
+	var wantGaps []string
+	for _, r := range s.records {
+		if r.Seq < lastSeq && !delivered[r.OperationID] {
+			wantGaps = append(wantGaps, fmt.Sprint(r.Seq))
+		}
+	}
+	k := s.b
+	var state, billed, gaps string
+	err := f.pool.QueryRow(context.Background(), `
+SELECT format('%s/%s', st.last_seq, trim_scale(st.last_total)),
+       coalesce(trim_scale((SELECT sum(billed) FROM records r WHERE r.stream_id = st.id))::text, '0'),
+       coalesce((SELECT string_agg(x::text, ',' ORDER BY x) FROM gaps g, generate_series(g.from_seq, g.to_seq) x WHERE g.stream_id = st.id), '')
+FROM streams st WHERE producer = $1 AND epoch = $2 AND customer = $3 AND meter = $4`,
+		k.producer, k.epoch, k.customer, k.meter).Scan(&state, &billed, &gaps)
+	if errors.Is(err, pgx.ErrNoRows) && lastSeq == 0 {
+		return
+	}
+	if err != nil {
+		rt.Fatalf("stream %+v: %v", k, err)
+	}
+	want := fmt.Sprintf("%d/%s", lastSeq, lastTotal)
+	if state != want {
+		rt.Fatalf("stream %+v state = %s, want %s", k, state, want)
+	}
+	if billed != lastTotal.String() {
+		rt.Fatalf("stream %+v billed %s, want last total %s", k, billed, lastTotal)
+	}
+	if w := joinStrings(wantGaps); gaps != w {
+		rt.Fatalf("stream %+v gaps = [%s], want [%s]", k, gaps, w)
+	}
+}
+
+func checkRollups(rt *rapid.T, f *fixture, ns string) {
+	var bad int
+	err := f.pool.QueryRow(context.Background(), `
+WITH src AS (
+  SELECT customer, meter, period_start, bucket, billed AS q FROM records WHERE customer LIKE $1
+  UNION ALL
+  SELECT customer, meter, period_start, bucket, amount FROM entries WHERE customer LIKE $1
+), want AS (SELECT customer, meter, period_start, bucket, sum(q) AS q FROM src GROUP BY 1, 2, 3, 4)
+SELECT count(*) FROM want FULL JOIN (SELECT * FROM rollups WHERE customer LIKE $1) r
+  USING (customer, meter, period_start, bucket)
+WHERE coalesce(want.q, 0) <> coalesce(r.quantity, 0)`, ns+"-%").Scan(&bad)
+	if err != nil {
+		rt.Fatal(err)
+	}
+	if bad != 0 {
+		rt.Fatalf("%d rollup buckets differ from records + entries", bad)
+	}
+}
+
+func checkPeriods(rt *rapid.T, f *fixture, ns string, all []ledger.Record) {
+	want := map[string]decimal.Decimal{}
+	for _, r := range all {
+		p := "2026-11"
+		if r.OccurredAt.Before(time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)) {
+			p = "2026-10"
+		}
+		k := r.Stream.Customer + "/" + r.Stream.Meter + "/" + p
+		want[k] = want[k].Add(r.Quantity.Decimal) // allQ: quantities are exact
+	}
+	rows, err := f.pool.Query(context.Background(), `
+SELECT customer || '/' || meter || '/' || to_char(period_start, 'YYYY-MM'), sum(quantity)::text
+FROM rollups WHERE customer LIKE $1 GROUP BY 1`, ns+"-%")
+	if err != nil {
+		rt.Fatal(err)
+	}
+	got := map[string]decimal.Decimal{}
+	for rows.Next() {
+		var k, q string
+		if err := rows.Scan(&k, &q); err != nil {
+			rt.Fatal(err)
+		}
+		got[k] = decimal.RequireFromString(q)
+	}
+	if err := rows.Err(); err != nil {
+		rt.Fatal(err)
+	}
+	for k, w := range want {
+		if !got[k].Equal(w) {
+			rt.Fatalf("period %s billed %s, but %s occurred in it (all periods: %v)", k, got[k], w, got)
+		}
+	}
+}
+
+// snapshot is everything a customer could be billed, as text.
+func snapshot(rt *rapid.T, f *fixture, ns string) string {
+	var s string
+	err := f.pool.QueryRow(context.Background(), `
+SELECT coalesce(string_agg(format('%s/%s/%s/%s=%s', customer, meter, period_start, bucket, trim_scale(quantity)), ';'
+       ORDER BY customer, meter, period_start, bucket), '')
+       || '|' || (SELECT count(*) FROM records WHERE customer LIKE $1)
+       || '|' || (SELECT count(*) FROM entries WHERE customer LIKE $1)
+       || '|' || (SELECT count(*) FROM gaps WHERE customer LIKE $1)
+FROM rollups WHERE customer LIKE $1`, ns+"-%").Scan(&s)
+	if err != nil {
+		rt.Fatal(err)
+	}
+	return s
+}
+
+func joinStrings(s []string) string {
+	sort.Slice(s, func(i, j int) bool { return len(s[i]) < len(s[j]) || len(s[i]) == len(s[j]) && s[i] < s[j] })
+	out := ""
+	for i, x := range s {
+		if i > 0 {
+			out += ","
+		}
+		out += x
+	}
+	return out
+}
