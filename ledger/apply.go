@@ -113,6 +113,7 @@ type gap struct {
 	upperQuantity decimal.NullDecimal
 	billedPeriod  time.Time
 	billedBucket  time.Time
+	billedClosed  bool
 	fromDB        bool // exists in the gaps table (delete it if it changes)
 	gone          bool // filled or split: no longer this shape
 }
@@ -165,6 +166,8 @@ type newRecord struct {
 }
 
 type entry struct {
+	id          uuid.UUID
+	requestHash []byte
 	kind        string
 	operationID uuid.UUID
 	customer    string
@@ -285,39 +288,11 @@ func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	}
 	sort.Strings(customers)
 	producers, epochs, scust, meters := streamArrays(keys)
-	defaultSchedule, err := json.Marshal(periods.NewSchedule(periods.DefaultCalendar()))
-	if err != nil {
-		return err
-	}
 
 	b := &pgx.Batch{}
-	b.Queue(qInsertCustomers, customers, defaultSchedule)
-	b.Queue(qLockCustomersShared, customers, customerLockSpace, customerLockBuckets)
-	b.Queue(qSelectCustomers, customers).Query(func(rows pgx.Rows) error {
-		var id string
-		var raw []byte
-		_, err := pgx.ForEachRow(rows, []any{&id, &raw}, func() error {
-			var s periods.Schedule
-			if err := json.Unmarshal(raw, &s); err != nil {
-				return fmt.Errorf("customer %q: stored calendar: %w", id, err)
-			}
-			a.calendars[id] = s
-			return nil
-		})
+	if err := a.queueCustomers(b, customers, minOccurred); err != nil {
 		return err
-	})
-	// A record for a closed period may need the closing period's neighbours,
-	// and a late fill moves usage out of an older one: look back one extra
-	// period's worth (31 days) beyond the oldest record.
-	b.Queue(qSelectClosedPeriods, customers, minOccurred.Add(-32*24*time.Hour)).Query(func(rows pgx.Rows) error {
-		var c string
-		var start time.Time
-		_, err := pgx.ForEachRow(rows, []any{&c, &start}, func() error {
-			a.closed[periodKey{c, start.UnixMicro()}] = true
-			return nil
-		})
-		return err
-	})
+	}
 	b.Queue(qInsertStreams, producers, epochs, scust, meters)
 	a.byID = make(map[int64]*stream, len(keys))
 	b.Queue(qLockStreams, producers, epochs, scust, meters).Query(func(rows pgx.Rows) error {
@@ -398,7 +373,7 @@ func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 		var lower, upper string
 		var upperQ *string
 		var err error
-		_, err = pgx.ForEachRow(rows, []any{&sid, &g.from, &g.to, &lower, &upper, &upperQ, &g.billedPeriod, &g.billedBucket}, func() error {
+		_, err = pgx.ForEachRow(rows, []any{&sid, &g.from, &g.to, &lower, &upper, &upperQ, &g.billedPeriod, &g.billedBucket, &g.billedClosed}, func() error {
 			ng := g
 			ng.fromDB = true
 			if ng.lower, err = decimal.NewFromString(lower); err != nil {
@@ -422,6 +397,55 @@ func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	})
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("ledger: load recorded seqs: %w", err)
+	}
+	return nil
+}
+
+// queueCustomers creates unknown customers with the default calendar, takes
+// the shared customer locks (see doc.go), and loads their calendars and the
+// closed periods that usage from minOccurred on could fall into.
+func (a *applier) queueCustomers(b *pgx.Batch, customers []string, minOccurred time.Time) error {
+	defaultSchedule, err := json.Marshal(periods.NewSchedule(periods.DefaultCalendar()))
+	if err != nil {
+		return err
+	}
+	b.Queue(qInsertCustomers, customers, defaultSchedule)
+	b.Queue(qLockCustomersShared, customers, customerLockSpace, customerLockBuckets)
+	b.Queue(qSelectCustomers, customers).Query(func(rows pgx.Rows) error {
+		var id string
+		var raw []byte
+		_, err := pgx.ForEachRow(rows, []any{&id, &raw}, func() error {
+			var s periods.Schedule
+			if err := json.Unmarshal(raw, &s); err != nil {
+				return fmt.Errorf("customer %q: stored calendar: %w", id, err)
+			}
+			a.calendars[id] = s
+			return nil
+		})
+		return err
+	})
+	// Closed periods that any record's own period could be. (Whether the
+	// period that billed a gap is closed comes with the gap.)
+	b.Queue(qSelectClosedPeriods, customers, minOccurred).Query(func(rows pgx.Rows) error {
+		var c string
+		var start time.Time
+		_, err := pgx.ForEachRow(rows, []any{&c, &start}, func() error {
+			a.closed[periodKey{c, start.UnixMicro()}] = true
+			return nil
+		})
+		return err
+	})
+	return nil
+}
+
+// loadCustomers is queueCustomers in a round trip of its own.
+func (a *applier) loadCustomers(ctx context.Context, tx pgx.Tx, customers []string, minOccurred time.Time) error {
+	b := &pgx.Batch{}
+	if err := a.queueCustomers(b, customers, minOccurred); err != nil {
+		return err
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("ledger: load customers: %w", err)
 	}
 	return nil
 }
@@ -472,7 +496,7 @@ func (a *applier) apply(i int) error {
 		s.gaps = append(s.gaps, &gap{
 			from: s.lastSeq + 1, to: r.Seq - 1,
 			lower: s.lastTotal, upper: r.Total, upperQuantity: r.Quantity,
-			billedPeriod: p, billedBucket: bucket,
+			billedPeriod: p, billedBucket: bucket, billedClosed: a.closed[periodKey{r.Stream.Customer, p.UnixMicro()}],
 		})
 		if r.Quantity.Valid && r.Quantity.Decimal.GreaterThan(delta) {
 			a.find(FindingQuantityMismatch, s, r.Seq, &p, ptr(r.Quantity.Decimal.Sub(delta)),
@@ -544,18 +568,18 @@ func (a *applier) lateFill(i int, s *stream) error {
 	g.gone = true
 	if r.Seq > g.from {
 		s.gaps = append(s.gaps, &gap{from: g.from, to: r.Seq - 1, lower: g.lower, upper: r.Total,
-			upperQuantity: r.Quantity, billedPeriod: g.billedPeriod, billedBucket: g.billedBucket})
+			upperQuantity: r.Quantity, billedPeriod: g.billedPeriod, billedBucket: g.billedBucket, billedClosed: g.billedClosed})
 	}
 	if r.Seq < g.to {
 		s.gaps = append(s.gaps, &gap{from: r.Seq + 1, to: g.to, lower: r.Total, upper: g.upper,
-			upperQuantity: g.upperQuantity, billedPeriod: g.billedPeriod, billedBucket: g.billedBucket})
+			upperQuantity: g.upperQuantity, billedPeriod: g.billedPeriod, billedBucket: g.billedBucket, billedClosed: g.billedClosed})
 	}
 
 	// Re-attribution: move the fill's quantity from the period that billed
 	// the gap to the fill's own period, when both are still open.
 	if !ownPeriod.Equal(g.billedPeriod) && q.Valid && q.Decimal.Sign() > 0 {
 		c := r.Stream.Customer
-		if a.closed[periodKey{c, ownPeriod.UnixMicro()}] || a.closed[periodKey{c, g.billedPeriod.UnixMicro()}] {
+		if a.closed[periodKey{c, ownPeriod.UnixMicro()}] || g.billedClosed {
 			a.find(FindingNotReattributed, s, r.Seq, &ownPeriod, &q.Decimal,
 				fmt.Sprintf("late fill seq %d (%s, occurred in period %s) stays billed in period %s: one of them is closed",
 					r.Seq, q.Decimal, own.Name, g.billedPeriod.Format(time.RFC3339)))

@@ -60,7 +60,8 @@ JOIN records r USING (stream_id, seq)`
 	// The open gap containing each candidate seq, if any.
 	qGapsContaining = `
 SELECT DISTINCT g.stream_id, g.from_seq, g.to_seq, g.lower_total::text, g.upper_total::text,
-       g.upper_quantity::text, g.billed_period, g.billed_bucket
+       g.upper_quantity::text, g.billed_period, g.billed_bucket,
+       EXISTS (SELECT 1 FROM period_closes pc WHERE pc.customer = g.customer AND pc.period_start = g.billed_period)
 FROM unnest($1::bigint[], $2::bigint[]) AS k(stream_id, seq)
 CROSS JOIN LATERAL (
   SELECT * FROM gaps g
@@ -104,14 +105,18 @@ FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6
 
 	qInsertEntries = `
 INSERT INTO entries (id, kind, operation_id, customer, meter, amount, period_start, bucket,
-                     prior_period, occurred_at, reason, actor, stream_id, seq, created_at)
+                     prior_period, occurred_at, reason, actor, stream_id, seq, request_hash, created_at)
 SELECT id, kind, operation_id, customer, meter, amount::numeric, period_start, bucket,
-       prior_period, occurred_at, reason, actor, stream_id, seq, $15
+       prior_period, occurred_at, reason, actor, stream_id, seq, request_hash, $16
 FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::text[], $6::text[],
             $7::timestamptz[], $8::timestamptz[], $9::timestamptz[], $10::timestamptz[],
-            $11::text[], $12::text[], $13::bigint[], $14::bigint[])
+            $11::text[], $12::text[], $13::bigint[], $14::bigint[], $15::bytea[])
   AS e(id, kind, operation_id, customer, meter, amount, period_start, bucket,
-       prior_period, occurred_at, reason, actor, stream_id, seq)`
+       prior_period, occurred_at, reason, actor, stream_id, seq, request_hash)`
+
+	qSelectAdjustment = `
+SELECT id, period_start, prior_period, occurred_at, request_hash
+FROM entries WHERE operation_id = $1 AND kind = 'adjustment'`
 
 	// Keys are unique and sorted (Go aggregates them), so concurrent
 	// upserts lock rollup rows in one order.

@@ -119,13 +119,18 @@ func queueEntries(b *pgx.Batch, entries []entry, now time.Time) {
 	prior := make([]*time.Time, n)
 	reason, actor := make([]*string, n), make([]*string, n)
 	sid, seq := make([]*int64, n), make([]*int64, n)
-	for i, e := range entries {
-		ids[i] = uuid.Must(uuid.NewV7())
+	hash := make([][]byte, n)
+	for i := range entries {
+		if entries[i].id == uuid.Nil {
+			entries[i].id = uuid.Must(uuid.NewV7())
+		}
+		e := entries[i]
+		ids[i], hash[i] = e.id, e.requestHash
 		kind[i], ops[i], cust[i], meter[i], amt[i] = e.kind, e.operationID, e.customer, e.meter, e.amount.String()
 		period[i], bucket[i], prior[i], occ[i] = e.period, e.bucket, e.priorPeriod, e.occurredAt
 		reason[i], actor[i], sid[i], seq[i] = e.reason, e.actor, e.streamID, e.seq
 	}
-	b.Queue(qInsertEntries, ids, kind, ops, cust, meter, amt, period, bucket, prior, occ, reason, actor, sid, seq, now)
+	b.Queue(qInsertEntries, ids, kind, ops, cust, meter, amt, period, bucket, prior, occ, reason, actor, sid, seq, hash, now)
 }
 
 func (a *applier) queueRollups(b *pgx.Batch) {

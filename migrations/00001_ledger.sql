@@ -73,6 +73,7 @@ CREATE TABLE entries (
     occurred_at  timestamptz NOT NULL,
     reason       text,
     actor        text,
+    request_hash bytea,  -- adjustment: hash of the request, so a retry is recognised
     stream_id    bigint,
     seq          bigint,
     created_at   timestamptz NOT NULL

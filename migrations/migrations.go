@@ -5,11 +5,11 @@ package migrations
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/hex"
-	"io/fs"
 	"database/sql"
 	"embed"
+	"encoding/hex"
 	"fmt"
+	"io/fs"
 	"log/slog"
 
 	"github.com/jackc/pgx/v5/pgxpool"

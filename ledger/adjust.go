@@ -1,0 +1,134 @@
+package ledger
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/periods"
+)
+
+// Adjustment is a manual credit (negative) or debit (positive) entry.
+type Adjustment struct {
+	OperationID uuid.UUID
+	Customer    string
+	Meter       string
+	Quantity    decimal.Decimal // signed
+	OccurredAt  time.Time       // zero: now
+	Reason      string
+	Actor       string
+}
+
+// ErrAdjustmentConflict: the operation id was used before with other content.
+var ErrAdjustmentConflict = errors.New("operation_id was already used for a different adjustment")
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
+
+// Validate reports every problem with the adjustment at once.
+func (a Adjustment) Validate() error {
+	var errs []error
+	if a.OperationID == uuid.Nil {
+		errs = append(errs, errors.New("operation_id: required"))
+	}
+	if !idPattern.MatchString(a.Customer) {
+		errs = append(errs, fmt.Errorf("customer: %q is not 1-128 characters of A-Z a-z 0-9 . _ : -", a.Customer))
+	}
+	if !idPattern.MatchString(a.Meter) {
+		errs = append(errs, fmt.Errorf("meter: %q is not 1-128 characters of A-Z a-z 0-9 . _ : -", a.Meter))
+	}
+	if a.Quantity.IsZero() {
+		errs = append(errs, errors.New("quantity: must not be zero"))
+	} else if err := amount.Check(a.Quantity); err != nil {
+		errs = append(errs, fmt.Errorf("quantity: %w", err))
+	}
+	if a.Reason == "" || utf8.RuneCountInString(a.Reason) > 1000 {
+		errs = append(errs, errors.New("reason: required, at most 1000 characters"))
+	}
+	if a.Actor == "" || utf8.RuneCountInString(a.Actor) > 200 {
+		errs = append(errs, errors.New("actor: required, at most 200 characters"))
+	}
+	return errors.Join(errs...)
+}
+
+// AdjustmentResult is the stored adjustment.
+type AdjustmentResult struct {
+	ID          uuid.UUID
+	Period      time.Time  // the period it was booked in
+	PriorPeriod *time.Time // set when OccurredAt's own period was closed
+	OccurredAt  time.Time
+	Created     bool // false: an identical earlier request already booked it
+}
+
+// Adjust books a manual adjustment inside tx. It is idempotent by
+// operation id: the same request again returns the first result with
+// Created false; another request with the same id fails with
+// ErrAdjustmentConflict.
+func (l *Ledger) Adjust(ctx context.Context, tx pgx.Tx, adj Adjustment) (AdjustmentResult, error) {
+	if err := adj.Validate(); err != nil {
+		return AdjustmentResult{}, err
+	}
+	now := l.now().UTC().Truncate(time.Microsecond)
+	hash := adj.requestHash()
+	occurred := adj.OccurredAt.UTC().Truncate(time.Microsecond)
+	if adj.OccurredAt.IsZero() {
+		occurred = now
+	}
+	if occurred.After(now.Add(MaxClockSkew)) {
+		return AdjustmentResult{}, fmt.Errorf("occurred_at: %s is in the future", occurred.Format(time.RFC3339))
+	}
+
+	a := &applier{now: now, calendars: map[string]periods.Schedule{}, closed: map[periodKey]bool{}, rollups: map[rollupKey]decimal.Decimal{}}
+	if err := a.loadCustomers(ctx, tx, []string{adj.Customer}, occurred); err != nil {
+		return AdjustmentResult{}, err
+	}
+	// The same operation id again? Compare the request, not the derived fields.
+	var res AdjustmentResult
+	var stored []byte
+	err := tx.QueryRow(ctx, qSelectAdjustment, adj.OperationID).Scan(&res.ID, &res.Period, &res.PriorPeriod, &res.OccurredAt, &stored)
+	switch {
+	case err == nil:
+		if string(stored) != string(hash) {
+			return AdjustmentResult{}, ErrAdjustmentConflict
+		}
+		return res, nil
+	case !errors.Is(err, pgx.ErrNoRows):
+		return AdjustmentResult{}, fmt.Errorf("ledger: adjust: %w", err)
+	}
+
+	period, bucket, prior, err := a.billingPlace(adj.Customer, occurred)
+	if err != nil {
+		return AdjustmentResult{}, err
+	}
+	reason, actor := adj.Reason, adj.Actor
+	a.entries = []entry{{kind: "adjustment", operationID: adj.OperationID, customer: adj.Customer, meter: adj.Meter,
+		amount: adj.Quantity, period: period, bucket: bucket, priorPeriod: prior, occurredAt: occurred,
+		reason: &reason, actor: &actor, requestHash: hash}}
+	a.roll(adj.Customer, adj.Meter, period, bucket, adj.Quantity)
+	b := &pgx.Batch{}
+	queueEntries(b, a.entries, now)
+	queueRollups(b, a.rollups)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return AdjustmentResult{}, fmt.Errorf("ledger: adjust: %w", err)
+	}
+	return AdjustmentResult{ID: a.entries[0].id, Period: period, PriorPeriod: prior, OccurredAt: occurred, Created: true}, nil
+}
+
+func (a Adjustment) requestHash() []byte {
+	occurred := ""
+	if !a.OccurredAt.IsZero() {
+		occurred = a.OccurredAt.UTC().Truncate(time.Microsecond).Format(time.RFC3339Nano)
+	}
+	b, _ := json.Marshal([]string{a.Customer, a.Meter, a.Quantity.String(), occurred, a.Reason, a.Actor})
+	h := sha256.Sum256(b)
+	return h[:]
+}

@@ -1,0 +1,90 @@
+-- The Kafka consumer's state (SPEC §3 "Exactly-once effect", "Conservation",
+-- §9). Why it lives here and looks like this:
+--  * The next offset of each (topic, partition) is stored in Postgres and
+--    written in the same transaction as the ledger rows it covers, with a
+--    compare-and-set on next_offset that fences a member that lost the
+--    partition. Offsets committed to Kafka are for dashboards only.
+--  * Conservation counters live on the same row, updated in the same
+--    transaction, so "records in = sum of outcomes" holds at every commit
+--    and reconciliation can check it per partition.
+--  * Dead letters keep the exact bytes of what was refused (key and value, or
+--    the one record's JSON) with partition and offset, so nothing is lost and
+--    a message can be replayed after a fix.
+--  * Offset jumps (retention deleted unread messages) are rows, never a
+--    silent skip.
+
+-- +goose Up
+CREATE TABLE ingest_partitions (
+    topic              text        NOT NULL,
+    partition          integer     NOT NULL CHECK (partition >= 0),
+    -- The offset of the next message to consume; everything below it has
+    -- been applied (or dead-lettered) and counted.
+    next_offset        bigint      NOT NULL CHECK (next_offset >= 0),
+    -- The partition's high watermark as last seen by the consumer.
+    high_watermark     bigint      NOT NULL DEFAULT 0,
+    -- Usage is complete through this instant: the Kafka timestamp of the
+    -- last consumed message, or the time the consumer last found the
+    -- partition caught up (next_offset = high_watermark).
+    applied_through    timestamptz,
+    messages_in        bigint      NOT NULL DEFAULT 0,
+    messages_rejected  bigint      NOT NULL DEFAULT 0,
+    records_in         bigint      NOT NULL DEFAULT 0,
+    records_applied    bigint      NOT NULL DEFAULT 0,
+    records_duplicate  bigint      NOT NULL DEFAULT 0,
+    records_conflict   bigint      NOT NULL DEFAULT 0,
+    records_late_fill  bigint      NOT NULL DEFAULT 0,
+    records_rejected   bigint      NOT NULL DEFAULT 0,
+    -- The consumer-group member and generation that wrote last (diagnostics).
+    owner              text,
+    generation         integer,
+    created_at         timestamptz NOT NULL DEFAULT now(),
+    updated_at         timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (topic, partition),
+    -- Conservation: every record that came in has exactly one outcome.
+    CONSTRAINT ingest_partitions_conservation CHECK (
+        records_in = records_applied + records_duplicate + records_conflict
+                   + records_late_fill + records_rejected)
+);
+
+-- Messages and records that were refused, with their exact bytes.
+CREATE TABLE dead_letters (
+    id            uuid        PRIMARY KEY,  -- UUIDv7: sorts by arrival
+    topic         text        NOT NULL,
+    partition     integer     NOT NULL,
+    "offset"      bigint      NOT NULL,
+    record_index  integer,                  -- NULL: the whole message was refused
+    reason        text        NOT NULL,     -- a wire reason or a ledger reason
+    field         text,                     -- JSON path of the offending value, when known
+    detail        text        NOT NULL,
+    key           bytea,
+    raw           bytea       NOT NULL,     -- the message value, or the record's JSON
+    created_at    timestamptz NOT NULL,
+    replayed_at   timestamptz,
+    replay_outcome text,
+    -- The same message (or record) refused twice is one dead letter: a
+    -- fenced or retried transaction never commits, but this keeps a replay
+    -- of the topic from doubling them.
+    UNIQUE (topic, partition, "offset", record_index)
+);
+-- record_index NULL is distinct in a plain UNIQUE; whole-message letters
+-- need their own guard.
+CREATE UNIQUE INDEX dead_letters_whole_message
+    ON dead_letters (topic, partition, "offset") WHERE record_index IS NULL;
+CREATE INDEX dead_letters_pending ON dead_letters (created_at) WHERE replayed_at IS NULL;
+
+-- Offsets the consumer expected but Kafka no longer had (retention deleted
+-- unread messages, or the topic was recreated). Reported, never skipped
+-- silently.
+CREATE TABLE ingest_offset_jumps (
+    id           uuid        PRIMARY KEY,
+    topic        text        NOT NULL,
+    partition    integer     NOT NULL,
+    from_offset  bigint      NOT NULL,  -- the offset the consumer expected
+    to_offset    bigint      NOT NULL CHECK (to_offset > from_offset),  -- the offset it got
+    detected_at  timestamptz NOT NULL,
+    detail       text        NOT NULL,
+    UNIQUE (topic, partition, from_offset)
+);
+
+-- +goose Down
+DROP TABLE ingest_offset_jumps, dead_letters, ingest_partitions;
