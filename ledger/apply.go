@@ -410,7 +410,7 @@ func (a *applier) queueCustomers(b *pgx.Batch, customers []string, minOccurred t
 		return err
 	}
 	b.Queue(qInsertCustomers, customers, defaultSchedule)
-	b.Queue(qLockCustomersShared, customers, customerLockSpace, customerLockBuckets)
+	b.Queue(qLockCustomersShared, customers, periods.CustomerLockSpace, periods.CustomerLockBuckets)
 	b.Queue(qSelectCustomers, customers).Query(func(rows pgx.Rows) error {
 		var id string
 		var raw []byte

@@ -135,7 +135,8 @@ func TestApplyQuantityMismatchAndClosedPeriod(t *testing.T) {
 	s := recBuilder{"gw-1", 1, "acme", "api_calls"}
 	oct := time.Date(2026, 10, 15, 0, 0, 0, 0, time.UTC)
 	f.exec(`INSERT INTO customers (id, schedule) VALUES ('acme', '[{"effective_from":"0001-01-01T00:00:00Z","calendar":{"cadence":"monthly","anchor_day":1,"anchor_time":"00:00","zone":"UTC"}}]')`)
-	f.exec(`INSERT INTO period_closes VALUES ('acme', '2026-10-01T00:00:00Z', '2026-11-01T00:00:00Z', now())`)
+	f.exec(`INSERT INTO period_closes (customer, period_start, period_end, closed_at, statement, forced, reason, actor)
+		VALUES ('acme', '2026-10-01T00:00:00Z', '2026-11-01T00:00:00Z', now(), '{}', true, 'test', 'test')`)
 
 	out := f.apply(s.recQ(1, "10", "9", oct))
 	if got := kinds(out); got != "applied" {

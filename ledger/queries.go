@@ -4,14 +4,6 @@ package ledger
 // one round trip per statement, all of them pipelined. Numbers travel as
 // text and are cast to NUMERIC by Postgres, so nothing is ever a float.
 
-// customerLockSpace is the first key of the advisory locks that order
-// Apply against period close (see doc.go); the second key is a bucket of
-// the customer id's hash, so a micro-batch takes at most customerLockBuckets locks.
-const (
-	customerLockSpace   = 71540
-	customerLockBuckets = 256
-)
-
 const (
 	qInsertCustomers = `
 INSERT INTO customers (id, schedule)
@@ -19,13 +11,11 @@ SELECT id, $2::jsonb FROM unnest($1::text[]) AS id
 ORDER BY id
 ON CONFLICT (id) DO NOTHING`
 
-	// Shared: many Applies at once; period close takes the same key exclusively.
+	// Shared: many Applies at once; period close takes the same key
+	// exclusively (periods.CustomerLockSpace).
 	qLockCustomersShared = `
 SELECT count(pg_advisory_xact_lock_shared($2::int, b))
 FROM (SELECT DISTINCT abs(hashtext(c) % $3::int) AS b FROM unnest($1::text[]) AS c ORDER BY 1) AS s`
-
-	// The same lock, exclusively, for one customer: period close.
-	qLockCustomerExclusive = `SELECT pg_advisory_xact_lock($2::int, abs(hashtext($1::text) % $3::int))`
 
 	qSelectCustomers = `SELECT id, schedule FROM customers WHERE id = ANY($1::text[])`
 

@@ -144,15 +144,23 @@ CREATE TABLE findings (
 );
 CREATE INDEX findings_customer ON findings (customer, period_start);
 
--- Closed periods. The lifecycle and statements belong to package periods;
--- the ledger only needs to know that a period is closed, under the lock
--- described in ledger/doc.go.
+-- Closed periods and their frozen statements (package periods). A row here
+-- is the close record: the period's state is derived from the clock and
+-- this row only. Applying usage and closing a period serialise on the
+-- customer lock described in ledger/doc.go.
 CREATE TABLE period_closes (
-    customer     text        NOT NULL,
-    period_start timestamptz NOT NULL,
-    period_end   timestamptz NOT NULL,
-    closed_at    timestamptz NOT NULL,
-    PRIMARY KEY (customer, period_start)
+    customer          text        NOT NULL,
+    period_start      timestamptz NOT NULL,
+    period_end        timestamptz NOT NULL,
+    closed_at         timestamptz NOT NULL,
+    statement         jsonb       NOT NULL,  -- immutable once written
+    forced            boolean     NOT NULL DEFAULT false,
+    reason            text,                  -- why it was forced
+    actor             text,
+    reconciliation_id uuid,                  -- the clean run it rests on
+    PRIMARY KEY (customer, period_start),
+    CHECK (forced = (reconciliation_id IS NULL)),
+    CHECK (NOT forced OR (reason <> '' AND actor <> ''))
 );
 
 -- +goose Down

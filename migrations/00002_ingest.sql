@@ -60,16 +60,13 @@ CREATE TABLE dead_letters (
     raw           bytea       NOT NULL,     -- the message value, or the record's JSON
     created_at    timestamptz NOT NULL,
     replayed_at   timestamptz,
-    replay_outcome text,
-    -- The same message (or record) refused twice is one dead letter: a
-    -- fenced or retried transaction never commits, but this keeps a replay
-    -- of the topic from doubling them.
-    UNIQUE (topic, partition, "offset", record_index)
+    replay_outcome text
+    -- No unique key on (topic, partition, offset, record_index): dead
+    -- letters commit with the offset that consumes them, so a retried or
+    -- fenced batch never writes one twice, and a recreated topic (offsets
+    -- starting again at 0) must not lose its dead letters to a conflict.
 );
--- record_index NULL is distinct in a plain UNIQUE; whole-message letters
--- need their own guard.
-CREATE UNIQUE INDEX dead_letters_whole_message
-    ON dead_letters (topic, partition, "offset") WHERE record_index IS NULL;
+CREATE INDEX dead_letters_position ON dead_letters (topic, partition, "offset");
 CREATE INDEX dead_letters_pending ON dead_letters (created_at) WHERE replayed_at IS NULL;
 
 -- Offsets the consumer expected but Kafka no longer had (retention deleted
@@ -82,9 +79,9 @@ CREATE TABLE ingest_offset_jumps (
     from_offset  bigint      NOT NULL,  -- the offset the consumer expected
     to_offset    bigint      NOT NULL CHECK (to_offset > from_offset),  -- the offset it got
     detected_at  timestamptz NOT NULL,
-    detail       text        NOT NULL,
-    UNIQUE (topic, partition, from_offset)
+    detail       text        NOT NULL
 );
+CREATE INDEX ingest_offset_jumps_position ON ingest_offset_jumps (topic, partition, from_offset);
 
 -- +goose Down
 DROP TABLE ingest_offset_jumps, dead_letters, ingest_partitions;

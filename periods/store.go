@@ -1,0 +1,367 @@
+package periods
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/shopspring/decimal"
+)
+
+// The customer lock that orders applying usage against closing a period:
+// Apply takes it shared for every customer of its batch, Close takes it
+// exclusively for one customer. The second key is a bucket of the
+// customer id's hash, so a micro-batch takes a bounded number of locks.
+const (
+	CustomerLockSpace   = 71540
+	CustomerLockBuckets = 256
+)
+
+// Errors of the period store. The API maps them to HTTP statuses.
+var (
+	ErrUnknownCustomer = errors.New("unknown customer")
+	ErrPeriodOpen      = errors.New("the period has not ended yet")
+	ErrNotReconciled   = errors.New("the period has no clean reconciliation run")
+	ErrInconsistent    = errors.New("rollups disagree with ledger entries")
+)
+
+// DBTX is what the store needs of a pool, a connection or a transaction.
+type DBTX interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Line is one meter of a statement.
+type Line struct {
+	Meter string `json:"meter"`
+	// Usage that occurred in the period (late fills moved in included).
+	Usage decimal.Decimal `json:"usage"`
+	// Usage of closed earlier periods that arrived late and was billed here.
+	PriorPeriodAdjustments decimal.Decimal `json:"prior_period_adjustments"`
+	// Manual credits (negative) and debits booked in this period.
+	Adjustments decimal.Decimal `json:"adjustments"`
+	// What to invoice: Usage + PriorPeriodAdjustments + Adjustments.
+	Billed decimal.Decimal `json:"billed"`
+}
+
+// Absorbed is late usage of a closed period billed in this one.
+type Absorbed struct {
+	Period time.Time       `json:"period_start"`
+	Meter  string          `json:"meter"`
+	Amount decimal.Decimal `json:"amount"`
+}
+
+// Statement is what a customer is billed for one period. Once the period
+// is closed it is frozen: it is stored at close and never recomputed.
+type Statement struct {
+	Customer         string     `json:"customer"`
+	Period           string     `json:"period"`
+	Start            time.Time  `json:"start"`
+	End              time.Time  `json:"end"`
+	State            State      `json:"state"`
+	Final            bool       `json:"final"` // true once closed
+	Lines            []Line     `json:"lines"`
+	Absorbed         []Absorbed `json:"prior_periods_absorbed"`
+	ClosedAt         *time.Time `json:"closed_at,omitempty"`
+	Forced           bool       `json:"forced,omitempty"`
+	Reason           string     `json:"reason,omitempty"`
+	Actor            string     `json:"actor,omitempty"`
+	ReconciliationID *uuid.UUID `json:"reconciliation_id,omitempty"`
+}
+
+// Gate decides whether a period may be closed without force: it returns
+// the id of a clean reconciliation run for (customer, period), or an error
+// wrapping ErrNotReconciled. Package reconcile provides it.
+type Gate func(ctx context.Context, tx pgx.Tx, customer string, p Period) (uuid.UUID, error)
+
+// Store reads and closes periods in Postgres.
+type Store struct {
+	Grace time.Duration    // default DefaultGrace
+	Clock func() time.Time // default time.Now
+	Gate  Gate             // nil: only forced closes are possible
+}
+
+func (s Store) now() time.Time {
+	if s.Clock != nil {
+		return s.Clock().UTC()
+	}
+	return time.Now().UTC()
+}
+
+func (s Store) grace() time.Duration {
+	if s.Grace == 0 {
+		return DefaultGrace
+	}
+	return s.Grace
+}
+
+// Schedule loads a customer's calendar history.
+func (s Store) Schedule(ctx context.Context, db DBTX, customer string) (Schedule, error) {
+	var raw []byte
+	err := db.QueryRow(ctx, `SELECT schedule FROM customers WHERE id = $1`, customer).Scan(&raw)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, fmt.Errorf("customer %q: %w", customer, ErrUnknownCustomer)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("periods: load calendar: %w", err)
+	}
+	var sch Schedule
+	if err := json.Unmarshal(raw, &sch); err != nil {
+		return nil, fmt.Errorf("periods: customer %q: stored calendar: %w", customer, err)
+	}
+	return sch, nil
+}
+
+// CloseRequest asks to close one customer's period.
+type CloseRequest struct {
+	Customer string
+	Period   string // "2026-11-01", "previous", ...
+	Force    bool   // close without a clean reconciliation run
+	Reason   string // required with Force
+	Actor    string // who asked; required with Force
+}
+
+// Close closes the period and freezes its statement, inside tx. Closing a
+// closed period returns its stored statement and changes nothing. Closing
+// a period that has not ended is refused (ErrPeriodOpen); so is closing
+// without a clean reconciliation unless forced with a reason.
+func (s Store) Close(ctx context.Context, tx pgx.Tx, req CloseRequest) (Statement, error) {
+	if req.Force && (req.Reason == "" || req.Actor == "") {
+		return Statement{}, errors.New("a forced close needs a reason and an actor")
+	}
+	sch, err := s.Schedule(ctx, tx, req.Customer)
+	if err != nil {
+		return Statement{}, err
+	}
+	now := s.now()
+	p, err := sch.Resolve(req.Period, now)
+	if err != nil {
+		return Statement{}, err
+	}
+	// Wait for in-flight Applies of this customer and keep new ones out
+	// until this transaction ends: nothing lands in p behind our back.
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::int, abs(hashtext($2::text) % $3::int))`,
+		CustomerLockSpace, req.Customer, CustomerLockBuckets); err != nil {
+		return Statement{}, fmt.Errorf("periods: lock customer: %w", err)
+	}
+	if st, ok, err := s.stored(ctx, tx, req.Customer, p); err != nil || ok {
+		return st, err
+	}
+	if now.Before(p.End) {
+		return Statement{}, fmt.Errorf("period %s of %q ends %s: %w", p.Name, req.Customer, p.End.UTC().Format(time.RFC3339), ErrPeriodOpen)
+	}
+	var runID *uuid.UUID
+	if !req.Force {
+		if s.Gate == nil {
+			return Statement{}, fmt.Errorf("period %s of %q: %w (reconciliation is not available yet: force the close with a reason)", p.Name, req.Customer, ErrNotReconciled)
+		}
+		id, err := s.Gate(ctx, tx, req.Customer, p)
+		if err != nil {
+			return Statement{}, err
+		}
+		runID = &id
+	}
+	st, mismatched, err := s.compute(ctx, tx, req.Customer, p)
+	if err != nil {
+		return Statement{}, err
+	}
+	if len(mismatched) > 0 && !req.Force {
+		return Statement{}, fmt.Errorf("period %s of %q: %w: %v", p.Name, req.Customer, ErrInconsistent, mismatched)
+	}
+	closedAt := now.Truncate(time.Microsecond)
+	st.State, st.Final, st.ClosedAt, st.ReconciliationID = Closed, true, &closedAt, runID
+	if req.Force {
+		st.Forced, st.Reason, st.Actor = true, req.Reason, req.Actor
+	}
+	raw, err := json.Marshal(st)
+	if err != nil {
+		return Statement{}, err
+	}
+	var reason, actor *string
+	if req.Force {
+		reason, actor = &req.Reason, &req.Actor
+	}
+	_, err = tx.Exec(ctx, `
+INSERT INTO period_closes (customer, period_start, period_end, closed_at, statement, forced, reason, actor, reconciliation_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+		req.Customer, p.Start, p.End, closedAt, raw, req.Force, reason, actor, runID)
+	if err != nil {
+		return Statement{}, fmt.Errorf("periods: close: %w", err)
+	}
+	return st, nil
+}
+
+// Statement returns the statement of a customer's period: the frozen one
+// when it is closed, else a live one computed now (Final false).
+func (s Store) Statement(ctx context.Context, db DBTX, customer, ref string) (Statement, error) {
+	sch, err := s.Schedule(ctx, db, customer)
+	if err != nil {
+		return Statement{}, err
+	}
+	now := s.now()
+	p, err := sch.Resolve(ref, now)
+	if err != nil {
+		return Statement{}, err
+	}
+	if st, ok, err := s.stored(ctx, db, customer, p); err != nil || ok {
+		return st, err
+	}
+	st, _, err := s.compute(ctx, db, customer, p)
+	if err != nil {
+		return Statement{}, err
+	}
+	st.State = StateOf(p, now, s.grace(), false)
+	return st, nil
+}
+
+func (s Store) stored(ctx context.Context, db DBTX, customer string, p Period) (Statement, bool, error) {
+	var raw []byte
+	err := db.QueryRow(ctx, `SELECT statement FROM period_closes WHERE customer = $1 AND period_start = $2`, customer, p.Start).Scan(&raw)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Statement{}, false, nil
+	}
+	if err != nil {
+		return Statement{}, false, fmt.Errorf("periods: read close record: %w", err)
+	}
+	var st Statement
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return Statement{}, false, fmt.Errorf("periods: stored statement: %w", err)
+	}
+	return st, true, nil
+}
+
+// compute builds a statement from the ledger's records and entries (the
+// source of truth) and returns the meters whose rollups disagree.
+func (s Store) compute(ctx context.Context, db DBTX, customer string, p Period) (st Statement, mismatched []string, err error) {
+	st = Statement{Customer: customer, Period: p.Name, Start: p.Start.UTC(), End: p.End.UTC(), Lines: []Line{}, Absorbed: []Absorbed{}}
+	rows, err := db.Query(ctx, qStatementLines, customer, p.Start)
+	if err != nil {
+		return st, nil, fmt.Errorf("periods: statement: %w", err)
+	}
+	for rows.Next() {
+		var l Line
+		var usage, prior, adj, rolled string
+		if err := rows.Scan(&l.Meter, &usage, &prior, &adj, &rolled); err != nil {
+			return st, nil, err
+		}
+		l.Usage, l.PriorPeriodAdjustments, l.Adjustments = decimal.RequireFromString(usage), decimal.RequireFromString(prior), decimal.RequireFromString(adj)
+		l.Billed = l.Usage.Add(l.PriorPeriodAdjustments).Add(l.Adjustments)
+		if !l.Billed.Equal(decimal.RequireFromString(rolled)) {
+			mismatched = append(mismatched, fmt.Sprintf("%s: entries %s, rollups %s", l.Meter, l.Billed, rolled))
+		}
+		st.Lines = append(st.Lines, l)
+	}
+	if err := rows.Err(); err != nil {
+		return st, nil, fmt.Errorf("periods: statement: %w", err)
+	}
+	rows, err = db.Query(ctx, qStatementAbsorbed, customer, p.Start)
+	if err != nil {
+		return st, nil, fmt.Errorf("periods: statement: %w", err)
+	}
+	for rows.Next() {
+		var a Absorbed
+		var amt string
+		if err := rows.Scan(&a.Period, &a.Meter, &amt); err != nil {
+			return st, nil, err
+		}
+		a.Amount = decimal.RequireFromString(amt)
+		st.Absorbed = append(st.Absorbed, a)
+	}
+	return st, mismatched, rows.Err()
+}
+
+const (
+	// Per meter: usage, prior-period adjustments, manual adjustments, and
+	// the rollups' total for the cross-check.
+	qStatementLines = `
+WITH src AS (
+  SELECT meter,
+         CASE WHEN prior_period IS NULL THEN billed ELSE 0 END AS usage,
+         CASE WHEN prior_period IS NULL THEN 0 ELSE billed END AS prior,
+         0::numeric AS adj
+  FROM records WHERE customer = $1 AND period_start = $2
+  UNION ALL
+  SELECT meter,
+         CASE WHEN kind = 'reattribution' THEN amount ELSE 0 END,
+         0,
+         CASE WHEN kind = 'adjustment' THEN amount ELSE 0 END
+  FROM entries WHERE customer = $1 AND period_start = $2
+), lines AS (
+  SELECT meter, sum(usage) AS usage, sum(prior) AS prior, sum(adj) AS adj FROM src GROUP BY meter
+), rolled AS (
+  SELECT meter, sum(quantity) AS q FROM rollups WHERE customer = $1 AND period_start = $2 GROUP BY meter
+)
+SELECT meter, trim_scale(coalesce(l.usage, 0))::text, trim_scale(coalesce(l.prior, 0))::text,
+       trim_scale(coalesce(l.adj, 0))::text, trim_scale(coalesce(r.q, 0))::text
+FROM lines l FULL JOIN rolled r USING (meter)
+ORDER BY meter`
+
+	qStatementAbsorbed = `
+SELECT prior_period, meter, trim_scale(sum(billed))::text
+FROM records WHERE customer = $1 AND period_start = $2 AND prior_period IS NOT NULL
+GROUP BY 1, 2 ORDER BY 1, 2`
+)
+
+// Summary is one period in a customer's list of periods.
+type Summary struct {
+	Name   string          `json:"period"`
+	Start  time.Time       `json:"start"`
+	End    time.Time       `json:"end"`
+	State  State           `json:"state"`
+	Billed decimal.Decimal `json:"billed"`
+}
+
+// List returns the customer's periods, newest first: every period with
+// usage or a close record, and the current one.
+func (s Store) List(ctx context.Context, db DBTX, customer string) ([]Summary, error) {
+	sch, err := s.Schedule(ctx, db, customer)
+	if err != nil {
+		return nil, err
+	}
+	now := s.now()
+	rows, err := db.Query(ctx, `
+SELECT period_start, trim_scale(sum(q))::text, bool_or(closed)
+FROM (
+  SELECT period_start, quantity AS q, false AS closed FROM rollups WHERE customer = $1
+  UNION ALL
+  SELECT period_start, 0, true FROM period_closes WHERE customer = $1
+) s GROUP BY 1 ORDER BY 1 DESC`, customer)
+	if err != nil {
+		return nil, fmt.Errorf("periods: list: %w", err)
+	}
+	type row struct {
+		start  time.Time
+		billed string
+		closed bool
+	}
+	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
+		var x row
+		return x, r.Scan(&x.start, &x.billed, &x.closed)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("periods: list: %w", err)
+	}
+	cur, err := sch.PeriodAt(now)
+	if err != nil {
+		return nil, err
+	}
+	out := []Summary{}
+	if len(found) == 0 || found[0].start.Before(cur.Start) {
+		out = append(out, Summary{Name: cur.Name, Start: cur.Start.UTC(), End: cur.End.UTC(), State: Open})
+	}
+	for _, r := range found {
+		p, err := sch.PeriodAt(r.start)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, Summary{Name: p.Name, Start: p.Start.UTC(), End: p.End.UTC(),
+			State: StateOf(p, now, s.grace(), r.closed), Billed: decimal.RequireFromString(r.billed)})
+	}
+	return out, nil
+}

@@ -1,0 +1,271 @@
+package periods_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/shopspring/decimal"
+	"pgregory.net/rapid"
+
+	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/periods"
+)
+
+// world is a ledger and a period store on one database, sharing a clock.
+type world struct {
+	t     *testing.T
+	pool  *pgxpool.Pool
+	l     *ledger.Ledger
+	store periods.Store
+	mu    sync.Mutex
+	now   time.Time
+	seq   map[string]int64
+	total map[string]decimal.Decimal
+}
+
+func newWorld(t *testing.T, now time.Time) *world {
+	w := &world{t: t, pool: pgtest.New(t), now: now, seq: map[string]int64{}, total: map[string]decimal.Decimal{}}
+	clock := func() time.Time { w.mu.Lock(); defer w.mu.Unlock(); return w.now }
+	l, err := ledger.New(ledger.Config{Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.l, w.store = l, periods.Store{Clock: clock}
+	return w
+}
+
+func (w *world) at(t time.Time) { w.mu.Lock(); w.now = t; w.mu.Unlock() }
+
+// use reports q units of usage that occurred at t, as the next record of
+// the customer's stream, and returns the outcome.
+func (w *world) use(customer string, q string, occurred time.Time) ledger.Outcome {
+	w.t.Helper()
+	w.mu.Lock()
+	w.seq[customer]++
+	w.total[customer] = w.total[customer].Add(amount.MustParse(q))
+	r := ledger.Record{
+		OperationID: uuid.Must(uuid.NewV7()),
+		Stream:      ledger.StreamKey{Producer: "gw", Epoch: 1, Customer: customer, Meter: "calls"},
+		Seq:         w.seq[customer], Total: w.total[customer], OccurredAt: occurred,
+		Quantity: decimal.NewNullDecimal(amount.MustParse(q)),
+	}
+	w.mu.Unlock()
+	var out []ledger.Outcome
+	err := pgx.BeginFunc(context.Background(), w.pool, func(tx pgx.Tx) error {
+		var err error
+		out, err = w.l.Apply(context.Background(), tx, []ledger.Record{r})
+		return err
+	})
+	if err != nil {
+		w.t.Fatalf("apply: %v", err)
+	}
+	return out[0]
+}
+
+func (w *world) close(customer, period string) (periods.Statement, error) {
+	var st periods.Statement
+	err := pgx.BeginFunc(context.Background(), w.pool, func(tx pgx.Tx) error {
+		var err error
+		st, err = w.store.Close(context.Background(), tx, periods.CloseRequest{
+			Customer: customer, Period: period, Force: true, Reason: "test close", Actor: "tester"})
+		return err
+	})
+	return st, err
+}
+
+func (w *world) statement(customer, period string) periods.Statement {
+	w.t.Helper()
+	st, err := w.store.Statement(context.Background(), w.pool, customer, period)
+	if err != nil {
+		w.t.Fatalf("statement %s %s: %v", customer, period, err)
+	}
+	return st
+}
+
+func billed(st periods.Statement) string {
+	s := ""
+	for _, l := range st.Lines {
+		s += fmt.Sprintf("%s=%s(usage %s, prior %s, adj %s) ", l.Meter, l.Billed, l.Usage, l.PriorPeriodAdjustments, l.Adjustments)
+	}
+	return s
+}
+
+func TestMonthWithLateUsage(t *testing.T) {
+	for _, zone := range []string{"UTC", "America/New_York"} {
+		t.Run(zone, func(t *testing.T) {
+			loc, _ := time.LoadLocation(zone)
+			day := func(m time.Month, d, h int) time.Time { return time.Date(2026, m, d, h, 0, 0, 0, loc) }
+			w := newWorld(t, day(10, 1, 1))
+			if zone != "UTC" {
+				w.use("acme", "0", day(10, 1, 1)) // creates the customer; then move it to New York
+				w.exec(`UPDATE customers SET schedule = $1 WHERE id = 'acme'`,
+					fmt.Sprintf(`[{"effective_from":"0001-01-01T00:00:00Z","calendar":{"cadence":"monthly","anchor_day":1,"anchor_time":"00:00","zone":%q}}]`, zone))
+			}
+			// Early in October, and across the DST change (New York: November 1).
+			w.use("acme", "10", day(10, 2, 9))
+			w.at(day(10, 31, 23))
+			w.use("acme", "5", day(10, 31, 23))
+			// November 1, 01:30 local: October is in grace; usage from October still lands in it.
+			w.at(day(11, 1, 1).Add(30 * time.Minute))
+			if o := w.use("acme", "2", day(10, 31, 22)); o.Period.In(loc).Month() != time.October {
+				t.Fatalf("grace usage went to %s", o.Period)
+			}
+			w.use("acme", "7", day(11, 1, 1))
+			if st := w.statement("acme", "2026-10-01"); st.State != periods.Grace || billed(st) != "calls=17(usage 17, prior 0, adj 0) " {
+				t.Fatalf("october in grace: %s %s", st.State, billed(st))
+			}
+			if _, err := w.close("acme", "2026-11-01"); !errors.Is(err, periods.ErrPeriodOpen) {
+				t.Fatalf("closing the open period: %v", err)
+			}
+			// Close October; later October usage becomes a prior-period adjustment in November.
+			w.at(day(11, 3, 0))
+			st, err := w.close("acme", "2026-10-01")
+			if err != nil || !st.Final || billed(st) != "calls=17(usage 17, prior 0, adj 0) " {
+				t.Fatalf("close: %v %s", err, billed(st))
+			}
+			o := w.use("acme", "4", day(10, 30, 12))
+			if o.Period.In(loc).Month() != time.November {
+				t.Fatalf("after close, October usage went to %s", o.Period)
+			}
+			again, err := w.close("acme", "2026-10-01")
+			if err != nil || billed(again) != billed(st) || !again.ClosedAt.Equal(*st.ClosedAt) {
+				t.Fatalf("second close changed the statement: %v %s", err, billed(again))
+			}
+			nov := w.statement("acme", "current")
+			if billed(nov) != "calls=11(usage 7, prior 4, adj 0) " || len(nov.Absorbed) != 1 || nov.Absorbed[0].Amount.String() != "4" {
+				t.Fatalf("november: %s %+v", billed(nov), nov.Absorbed)
+			}
+			// The period boundary is local midnight, 04:00 UTC in October (EDT).
+			if zone != "UTC" && st.End.UTC().Hour() != 4 {
+				t.Fatalf("october ends at %s", st.End.UTC())
+			}
+		})
+	}
+}
+
+func (w *world) exec(sql string, args ...any) {
+	w.t.Helper()
+	if _, err := w.pool.Exec(context.Background(), sql, args...); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// TestCloseRacesUsage: usage arriving while a close runs is billed exactly
+// once, either in the closing period or as a prior-period adjustment.
+func TestCloseRacesUsage(t *testing.T) {
+	oct := func(d int) time.Time { return time.Date(2026, 10, d, 12, 0, 0, 0, time.UTC) }
+	w := newWorld(t, oct(30))
+	w.use("acme", "1", oct(2))
+	w.at(time.Date(2026, 11, 2, 0, 0, 0, 0, time.UTC))
+
+	var wg sync.WaitGroup
+	var st periods.Statement
+	var closeErr error
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for i := 0; i < 40; i++ {
+			w.use("acme", "1", oct(31))
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		time.Sleep(5 * time.Millisecond)
+		st, closeErr = w.close("acme", "2026-10-01")
+	}()
+	wg.Wait()
+	if closeErr != nil {
+		t.Fatal(closeErr)
+	}
+	inOct := st.Lines[0].Billed
+	nov := w.statement("acme", "current")
+	var prior decimal.Decimal
+	if len(nov.Lines) > 0 {
+		prior = nov.Lines[0].PriorPeriodAdjustments
+	}
+	if !inOct.Add(prior).Equal(decimal.NewFromInt(41)) {
+		t.Fatalf("october statement %s + november prior-period %s != 41 units used", inOct, prior)
+	}
+	frozen := w.statement("acme", "2026-10-01")
+	if !frozen.Lines[0].Billed.Equal(inOct) {
+		t.Fatalf("closed statement changed from %s to %s", inOct, frozen.Lines[0].Billed)
+	}
+	t.Logf("october billed %s, november absorbed %s", inOct, prior)
+}
+
+func TestCloseNeedsReasonOrReconciliation(t *testing.T) {
+	w := newWorld(t, time.Date(2026, 11, 5, 0, 0, 0, 0, time.UTC))
+	w.use("acme", "1", time.Date(2026, 10, 5, 0, 0, 0, 0, time.UTC))
+	err := pgx.BeginFunc(context.Background(), w.pool, func(tx pgx.Tx) error {
+		_, err := w.store.Close(context.Background(), tx, periods.CloseRequest{Customer: "acme", Period: "previous"})
+		return err
+	})
+	if !errors.Is(err, periods.ErrNotReconciled) {
+		t.Fatalf("unforced close without reconciliation: %v", err)
+	}
+	err = pgx.BeginFunc(context.Background(), w.pool, func(tx pgx.Tx) error {
+		_, err := w.store.Close(context.Background(), tx, periods.CloseRequest{Customer: "acme", Period: "previous", Force: true})
+		return err
+	})
+	if err == nil || err.Error() != "a forced close needs a reason and an actor" {
+		t.Fatalf("forced close without reason: %v", err)
+	}
+}
+
+// TestPropertyEveryUnitInOneStatement: usage occurring at random times,
+// arriving late by random delays, with periods closed at random moments:
+// the statements of all periods add up to exactly the usage, and a closed
+// statement never changes.
+func TestPropertyEveryUnitInOneStatement(t *testing.T) {
+	w := newWorld(t, time.Date(2026, 8, 1, 0, 0, 0, 0, time.UTC))
+	n := 0
+	rapid.Check(t, func(rt *rapid.T) {
+		n++
+		customer := fmt.Sprintf("c%d", n)
+		start := time.Date(2026, 8, 1, 0, 0, 0, 0, time.UTC)
+		w.at(start)
+		used := decimal.Zero
+		frozen := map[string]string{}
+		steps := rapid.IntRange(1, 12).Draw(rt, "steps")
+		for i := 0; i < steps; i++ {
+			w.at(w.now.Add(time.Duration(rapid.IntRange(1, 10*24).Draw(rt, "advance")) * time.Hour))
+			if rapid.IntRange(0, 3).Draw(rt, "close") == 0 {
+				if st, err := w.close(customer, "previous"); err == nil {
+					frozen[st.Period] = billed(st)
+				} else if !errors.Is(err, periods.ErrUnknownCustomer) {
+					rt.Fatalf("close: %v", err)
+				}
+			}
+			q := decimal.NewFromInt(int64(rapid.IntRange(1, 1000).Draw(rt, "q")))
+			late := time.Duration(rapid.IntRange(0, 40*24).Draw(rt, "late")) * time.Hour
+			w.use(customer, q.String(), w.now.Add(-late))
+			used = used.Add(q)
+		}
+		list, err := w.store.List(context.Background(), w.pool, customer)
+		if err != nil {
+			rt.Fatal(err)
+		}
+		sum := decimal.Zero
+		for _, p := range list {
+			st := w.statement(customer, p.Name)
+			for _, l := range st.Lines {
+				sum = sum.Add(l.Billed)
+			}
+			if f, ok := frozen[p.Name]; ok && billed(st) != f {
+				rt.Fatalf("closed statement %s changed: %s -> %s", p.Name, f, billed(st))
+			}
+		}
+		if !sum.Equal(used) {
+			rt.Fatalf("statements add up to %s, usage was %s", sum, used)
+		}
+	})
+}
