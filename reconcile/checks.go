@@ -1,0 +1,377 @@
+package reconcile
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
+)
+
+// Finding kinds. Discrepancies block a period close; notices explain
+// numbers but change nothing that is billed.
+const (
+	KindRollupMismatch   = "rollup_mismatch"        // rollups differ from ledger records and entries
+	KindStreamMismatch   = "stream_total_mismatch"  // a stream's billed deltas do not add up to its last total
+	KindOpenGap          = "open_gap"               // seqs never received; their usage is billed (notice)
+	KindConflict         = "conflict"               // a record lost to an earlier one with the same id or seq
+	KindDeadLetter       = "dead_letter"            // refused input not replayed yet: usage may be missing
+	KindLateAfterClose   = "late_usage_after_close" // usage of this period billed later as a prior-period adjustment (notice)
+	KindNotReattributed  = "late_fill_not_reattributed"
+	KindQuantityMismatch = "quantity_mismatch" // a record's quantity disagreed with its totals; totals won (notice)
+	KindAbandoned        = "abandoned_stream"  // superseded by a newer epoch without a final record (notice)
+	KindConservation     = "conservation"      // ingest counters do not add up
+	KindDeepMismatch     = "deep_mismatch"     // Kafka's messages recomputed independently disagree with the ledger
+)
+
+// Severities.
+const (
+	Discrepancy = "discrepancy"
+	Notice      = "notice"
+)
+
+// Check names, in the order they run (SPEC §6).
+const (
+	CheckRollups      = "rollups_equal_entries"
+	CheckStreams      = "stream_totals_and_gaps"
+	CheckConflicts    = "conflicts_and_dead_letters"
+	CheckLate         = "late_usage"
+	CheckAbandoned    = "abandoned_streams"
+	CheckConservation = "conservation_counters"
+	CheckOverage      = "overage"
+	CheckDeep         = "deep"
+)
+
+// target lists, as parallel arrays, the (customer, period) pairs of a run.
+type target struct {
+	customers []string
+	starts    []time.Time
+	ends      []time.Time
+}
+
+const targetsCTE = `t AS (SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[]) AS t(customer, period_start, period_end))`
+
+// checkRollups recomputes every rollup bucket of the targets from records
+// and entries, and returns per-meter totals on the way (one scan).
+func (r *runner) checkRollups(ctx context.Context, tx pgx.Tx, tg target) error {
+	rows, err := tx.Query(ctx, `
+WITH `+targetsCTE+`,
+src AS (
+  SELECT r.customer, r.meter, r.bucket,
+         CASE WHEN r.prior_period IS NULL THEN r.billed ELSE 0 END AS usage,
+         CASE WHEN r.prior_period IS NULL THEN 0 ELSE r.billed END AS prior,
+         0::numeric AS adj, r.billed AS q
+  FROM records r JOIN t USING (customer, period_start)
+  UNION ALL
+  SELECT e.customer, e.meter, e.bucket,
+         CASE WHEN e.kind = 'reattribution' THEN e.amount ELSE 0 END, 0,
+         CASE WHEN e.kind = 'adjustment' THEN e.amount ELSE 0 END, e.amount
+  FROM entries e JOIN t USING (customer, period_start)
+), want AS (
+  SELECT customer, meter, bucket, sum(usage) AS usage, sum(prior) AS prior, sum(adj) AS adj,
+         sum(q) AS q, count(*) AS n
+  FROM src GROUP BY 1, 2, 3
+), got AS (
+  SELECT g.customer, g.meter, g.bucket, g.quantity FROM rollups g JOIN t USING (customer, period_start)
+), b AS (
+  SELECT customer, meter, bucket, coalesce(w.usage, 0) AS usage, coalesce(w.prior, 0) AS prior,
+         coalesce(w.adj, 0) AS adj, coalesce(w.q, 0) AS wq, coalesce(g.quantity, 0) AS gq, coalesce(w.n, 0) AS n
+  FROM want w FULL JOIN got g USING (customer, meter, bucket)
+)
+SELECT customer, meter, trim_scale(sum(usage))::text, trim_scale(sum(prior))::text, trim_scale(sum(adj))::text,
+       trim_scale(sum(wq))::text, trim_scale(sum(gq))::text, sum(n)::bigint,
+       coalesce(string_agg(format('%s: entries %s, rollup %s', bucket, trim_scale(wq), trim_scale(gq)), '; ' ORDER BY bucket)
+                FILTER (WHERE wq <> gq), '')
+FROM b GROUP BY 1, 2 ORDER BY 1, 2`, tg.customers, tg.starts, tg.ends)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var c, m, usage, prior, adj, wq, gq, bad string
+		var n int64
+		if err := rows.Scan(&c, &m, &usage, &prior, &adj, &wq, &gq, &n, &bad); err != nil {
+			return err
+		}
+		r.scanned += n
+		t := r.total(c, m)
+		t.Usage, t.PriorPeriod, t.Adjustments, t.Billed = dec(usage), dec(prior), dec(adj), dec(wq)
+		if bad != "" {
+			diff := dec(gq).Sub(dec(wq))
+			r.find(Finding{Kind: KindRollupMismatch, Severity: Discrepancy, Customer: c, Meter: m, Amount: &diff,
+				Detail: "rollups differ from the ledger's records and entries: " + clip(bad, 2000)})
+		}
+	}
+	return rows.Err()
+}
+
+// checkStreams: per stream of the targets' customers, billed deltas over
+// the stream's whole life must add up to its last total; open gaps billed
+// in a target period are listed with their amounts.
+func (r *runner) checkStreams(ctx context.Context, tx pgx.Tx, tg target) error {
+	rows, err := tx.Query(ctx, `
+WITH `+targetsCTE+`,
+s AS (SELECT DISTINCT r.stream_id FROM records r JOIN t USING (customer, period_start)),
+sums AS (SELECT r.stream_id, sum(r.billed) AS billed, count(*) AS n FROM records r JOIN s USING (stream_id) GROUP BY 1)
+SELECT st.customer, st.meter, st.producer || '/' || st.epoch, trim_scale(st.last_total)::text,
+       trim_scale(sums.billed)::text, sums.n
+FROM streams st JOIN sums ON sums.stream_id = st.id
+WHERE sums.billed <> st.last_total`, tg.customers, tg.starts, tg.ends)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var c, m, stream, last, billed string
+		var n int64
+		if err := rows.Scan(&c, &m, &stream, &last, &billed, &n); err != nil {
+			rows.Close()
+			return err
+		}
+		diff := dec(billed).Sub(dec(last))
+		r.find(Finding{Kind: KindStreamMismatch, Severity: Discrepancy, Customer: c, Meter: m, Stream: stream, Amount: &diff,
+			Detail: fmt.Sprintf("%d records billed %s in all, but the stream's last total is %s", n, billed, last)})
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+
+	rows, err = tx.Query(ctx, `
+WITH `+targetsCTE+`
+SELECT g.customer, g.meter, st.producer || '/' || st.epoch, g.from_seq, g.to_seq, g.billed_period,
+       trim_scale(g.upper_total - g.upper_quantity - g.lower_total)::text,
+       trim_scale(g.upper_total - g.lower_total)::text
+FROM gaps g JOIN t ON t.customer = g.customer AND t.period_start = g.billed_period
+JOIN streams st ON st.id = g.stream_id
+ORDER BY 1, 2, 3, 4`, tg.customers, tg.starts, tg.ends)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var c, m, stream string
+		var from, to int64
+		var period time.Time
+		var amt *string
+		var bound string
+		if err := rows.Scan(&c, &m, &stream, &from, &to, &period, &amt, &bound); err != nil {
+			return err
+		}
+		f := Finding{Kind: KindOpenGap, Severity: Notice, Customer: c, Meter: m, Stream: stream, Period: &period}
+		seqs := fmt.Sprintf("seq %d", from)
+		if to > from {
+			seqs = fmt.Sprintf("seqs %d-%d", from, to)
+		}
+		if amt != nil {
+			a := dec(*amt)
+			f.Amount = &a
+			f.Detail = fmt.Sprintf("%s never arrived; their %s is billed (inside the next record's total)", seqs, *amt)
+		} else {
+			f.Detail = fmt.Sprintf("%s never arrived; their usage (at most %s, the next record sent no quantity) is billed", seqs, bound)
+		}
+		t := r.total(c, m)
+		t.OpenGaps++
+		if f.Amount != nil {
+			t.GapAmount = t.GapAmount.Add(*f.Amount)
+		}
+		r.find(f)
+	}
+	return rows.Err()
+}
+
+// checkConflicts lists conflicts whose losing record occurred in a target
+// period, and dead letters of the targets' customers not replayed yet.
+func (r *runner) checkConflicts(ctx context.Context, tx pgx.Tx, tg target) error {
+	rows, err := tx.Query(ctx, `
+WITH `+targetsCTE+`
+SELECT c.customer, c.meter, (c.payload->>'producer') || '/' || (c.payload->>'epoch'), c.reason, c.seq,
+       c.operation_id::text, c.payload->>'total', c.detected_at
+FROM conflicts c JOIN t ON t.customer = c.customer
+ AND (c.payload->>'occurred_at')::timestamptz >= t.period_start
+ AND (c.payload->>'occurred_at')::timestamptz < t.period_end
+ORDER BY c.detected_at`, tg.customers, tg.starts, tg.ends)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var c, m, stream, reason, op, total string
+		var seq int64
+		var at time.Time
+		if err := rows.Scan(&c, &m, &stream, &reason, &seq, &op, &total, &at); err != nil {
+			rows.Close()
+			return err
+		}
+		r.find(Finding{Kind: KindConflict, Severity: Discrepancy, Customer: c, Meter: m, Stream: stream,
+			Detail: fmt.Sprintf("%s: seq %d (operation %s, total %s) lost to an earlier record on %s; the first write stands",
+				reason, seq, op, total, at.UTC().Format(time.RFC3339))})
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	if !r.hasIngest {
+		return nil
+	}
+	rows, err = tx.Query(ctx, `
+WITH `+targetsCTE+`
+SELECT t.customer, d.id::text, d.reason, d.detail, d.partition, d."offset", d.record_index
+FROM dead_letters d JOIN t ON d.key = convert_to(t.customer, 'UTF8')
+WHERE d.replayed_at IS NULL AND d.created_at >= t.period_start
+ORDER BY d.created_at`, tg.customers, tg.starts, tg.ends)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var c, id, reason, detail string
+		var part int32
+		var off int64
+		var idx *int32
+		if err := rows.Scan(&c, &id, &reason, &detail, &part, &off, &idx); err != nil {
+			return err
+		}
+		where := fmt.Sprintf("partition %d offset %d", part, off)
+		if idx != nil {
+			where += fmt.Sprintf(" record %d", *idx)
+		}
+		r.find(Finding{Kind: KindDeadLetter, Severity: Discrepancy, Customer: c,
+			Detail: fmt.Sprintf("dead letter %s (%s): %s: %s; fix and replay it, or accept the loss and force the close", id, where, reason, clip(detail, 300))})
+	}
+	return rows.Err()
+}
+
+// checkLate: usage of a target period that arrived after it closed (billed
+// as prior-period adjustments elsewhere), late fills that could not be
+// moved, and quantity mismatches the ledger noted.
+func (r *runner) checkLate(ctx context.Context, tx pgx.Tx, tg target) error {
+	rows, err := tx.Query(ctx, `
+WITH `+targetsCTE+`
+SELECT r.customer, r.meter, r.period_start, trim_scale(sum(r.billed))::text, count(*)
+FROM records r JOIN t ON t.customer = r.customer AND r.prior_period = t.period_start
+GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`, tg.customers, tg.starts, tg.ends)
+	if err != nil {
+		return err
+	}
+	for rows.Next() {
+		var c, m, amt string
+		var billedIn time.Time
+		var n int64
+		if err := rows.Scan(&c, &m, &billedIn, &amt, &n); err != nil {
+			rows.Close()
+			return err
+		}
+		a := dec(amt)
+		r.find(Finding{Kind: KindLateAfterClose, Severity: Notice, Customer: c, Meter: m, Amount: &a, Period: &billedIn,
+			Detail: fmt.Sprintf("%d records (%s) for this period arrived after it closed; billed in the period starting %s as a prior-period adjustment",
+				n, amt, billedIn.UTC().Format(time.RFC3339))})
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	rows, err = tx.Query(ctx, `
+WITH `+targetsCTE+`
+SELECT f.kind, f.customer, f.meter, coalesce(st.producer || '/' || st.epoch, ''), trim_scale(f.amount)::text, f.detail
+FROM findings f JOIN t ON t.customer = f.customer AND t.period_start = f.period_start
+LEFT JOIN streams st ON st.id = f.stream_id
+ORDER BY f.created_at`, tg.customers, tg.starts, tg.ends)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var kind, c, m, stream, detail string
+		var amt *string
+		if err := rows.Scan(&kind, &c, &m, &stream, &amt, &detail); err != nil {
+			return err
+		}
+		f := Finding{Kind: kind, Severity: Notice, Customer: c, Meter: m, Stream: stream, Detail: detail}
+		if amt != nil {
+			a := dec(*amt)
+			f.Amount = &a
+		}
+		r.find(f)
+	}
+	return rows.Err()
+}
+
+// checkAbandoned: streams with usage in a target period, superseded by a
+// newer epoch of the same producer, customer and meter, that never said
+// final: whatever the producer had not sent when it lost its state is lost.
+func (r *runner) checkAbandoned(ctx context.Context, tx pgx.Tx, tg target) error {
+	rows, err := tx.Query(ctx, `
+WITH `+targetsCTE+`,
+s AS (SELECT DISTINCT r.stream_id FROM records r JOIN t USING (customer, period_start))
+SELECT st.customer, st.meter, st.producer || '/' || st.epoch, st.last_seq, trim_scale(st.last_total)::text,
+       (SELECT min(n.epoch) FROM streams n WHERE n.producer = st.producer AND n.customer = st.customer
+          AND n.meter = st.meter AND n.epoch > st.epoch)
+FROM streams st JOIN s ON s.stream_id = st.id
+WHERE st.final_seq IS DISTINCT FROM st.last_seq
+  AND EXISTS (SELECT 1 FROM streams n WHERE n.producer = st.producer AND n.customer = st.customer
+                AND n.meter = st.meter AND n.epoch > st.epoch)
+ORDER BY 1, 2, 3`, tg.customers, tg.starts, tg.ends)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var c, m, stream, total string
+		var last, next int64
+		if err := rows.Scan(&c, &m, &stream, &last, &total, &next); err != nil {
+			return err
+		}
+		r.find(Finding{Kind: KindAbandoned, Severity: Notice, Customer: c, Meter: m, Stream: stream,
+			Detail: fmt.Sprintf("epoch ended at seq %d (total %s) without a final record and epoch %d took over: usage the producer had not sent is lost",
+				last, total, next)})
+	}
+	return rows.Err()
+}
+
+// checkConservation: per partition, records in = sum of outcomes, and the
+// refused messages and records equal the dead letters kept for them.
+func (r *runner) checkConservation(ctx context.Context, tx pgx.Tx) error {
+	rows, err := tx.Query(ctx, `
+SELECT p.topic, p.partition, p.records_in,
+       p.records_applied + p.records_duplicate + p.records_conflict + p.records_late_fill + p.records_rejected,
+       p.records_rejected + p.messages_rejected,
+       (SELECT count(*) FROM dead_letters d WHERE d.topic = p.topic AND d.partition = p.partition)
+FROM ingest_partitions p ORDER BY 1, 2`)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var topic string
+		var part int32
+		var in, outcomes, refused, dead int64
+		if err := rows.Scan(&topic, &part, &in, &outcomes, &refused, &dead); err != nil {
+			return err
+		}
+		if in != outcomes {
+			r.find(Finding{Kind: KindConservation, Severity: Discrepancy,
+				Detail: fmt.Sprintf("%s/%d: %d records in, but %d outcomes", topic, part, in, outcomes)})
+		}
+		if refused != dead {
+			r.find(Finding{Kind: KindConservation, Severity: Discrepancy,
+				Detail: fmt.Sprintf("%s/%d: %d messages and records refused, but %d dead letters kept", topic, part, refused, dead)})
+		}
+	}
+	return rows.Err()
+}
+
+func dec(s string) decimal.Decimal {
+	d, err := decimal.NewFromString(s)
+	if err != nil {
+		return decimal.Zero
+	}
+	return d
+}
+
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "") + "…"
+}

@@ -1,0 +1,229 @@
+package reconcile_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/periods"
+	"github.com/tally-ledger/tally/reconcile"
+)
+
+type env struct {
+	t    *testing.T
+	pool *pgxpool.Pool
+	l    *ledger.Ledger
+	rc   *reconcile.Reconciler
+	now  time.Time
+}
+
+func newEnv(t *testing.T) *env {
+	e := &env{t: t, pool: pgtest.New(t), now: time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)}
+	clock := func() time.Time { return e.now }
+	var err error
+	if e.l, err = ledger.New(ledger.Config{Clock: clock}); err != nil {
+		t.Fatal(err)
+	}
+	if e.rc, err = reconcile.New(reconcile.Config{Pool: e.pool, Clock: clock}); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// rec is record seq of stream producer/epoch for customer and meter "calls",
+// whose quantity is q (total is given).
+func rec(producer string, epoch int64, customer string, seq int64, total, q string, at time.Time) ledger.Record {
+	r := ledger.Record{
+		OperationID: uuid.NewSHA1(uuid.NameSpaceOID, []byte(fmt.Sprint(producer, epoch, customer, seq, total))),
+		Stream:      ledger.StreamKey{Producer: producer, Epoch: epoch, Customer: customer, Meter: "calls"},
+		Seq:         seq, Total: amount.MustParse(total), OccurredAt: at,
+	}
+	if q != "" {
+		r.Quantity = decimal.NewNullDecimal(amount.MustParse(q))
+	}
+	return r
+}
+
+func (e *env) apply(recs ...ledger.Record) []ledger.Outcome {
+	e.t.Helper()
+	var out []ledger.Outcome
+	if err := pgx.BeginFunc(context.Background(), e.pool, func(tx pgx.Tx) error {
+		var err error
+		out, err = e.l.Apply(context.Background(), tx, recs)
+		return err
+	}); err != nil {
+		e.t.Fatal(err)
+	}
+	return out
+}
+
+func (e *env) exec(sql string, args ...any) {
+	e.t.Helper()
+	if _, err := e.pool.Exec(context.Background(), sql, args...); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func (e *env) run(opt reconcile.Options) *reconcile.Run {
+	e.t.Helper()
+	r, err := e.rc.Run(context.Background(), opt)
+	if err != nil {
+		e.t.Fatalf("run: %v", err)
+	}
+	return r
+}
+
+// only returns the findings of a kind, failing on any other discrepancy.
+func findings(t *testing.T, r *reconcile.Run, kind string) []reconcile.Finding {
+	t.Helper()
+	var out []reconcile.Finding
+	for _, f := range r.Findings {
+		if f.Kind == kind {
+			out = append(out, f)
+		} else if f.Severity == reconcile.Discrepancy {
+			t.Errorf("unexpected discrepancy %s: %s", f.Kind, f.Detail)
+		}
+	}
+	return out
+}
+
+var nov = time.Date(2026, 11, 5, 10, 0, 0, 0, time.UTC)
+
+func TestCleanRunWithGapIsClean(t *testing.T) {
+	e := newEnv(t)
+	e.apply(rec("gw", 1, "acme", 1, "10", "10", nov), rec("gw", 1, "acme", 4, "40", "5", nov))
+	r := e.run(reconcile.Options{Period: "2026-11-01"})
+	if r.Status != reconcile.StatusClean {
+		t.Fatalf("status %s: %+v", r.Status, r.Findings)
+	}
+	gaps := findings(t, r, reconcile.KindOpenGap)
+	if len(gaps) != 1 || gaps[0].Amount.String() != "25" || gaps[0].Detail != "seqs 2-3 never arrived; their 25 is billed (inside the next record's total)" {
+		t.Fatalf("gap findings: %+v", gaps)
+	}
+	if len(r.Totals) != 1 || r.Totals[0].Billed.String() != "40" || r.Totals[0].OpenGaps != 1 {
+		t.Fatalf("totals: %+v", r.Totals)
+	}
+	if r.EntriesScanned != 2 {
+		t.Fatalf("scanned %d", r.EntriesScanned)
+	}
+	stored, err := reconcile.Get(context.Background(), e.pool, r.ID)
+	if err != nil || stored.Status != r.Status || len(stored.Findings) != 1 || stored.Totals[0].Billed.String() != "40" {
+		t.Fatalf("stored: %+v, %v", stored, err)
+	}
+	var buf bytes.Buffer
+	if err := reconcile.WriteReport(&buf, "text", r); err != nil || !strings.Contains(buf.String(), "Status: CLEAN") {
+		t.Fatalf("report: %v\n%s", err, buf.String())
+	}
+}
+
+func TestEachFindingKind(t *testing.T) {
+	e := newEnv(t)
+	e.apply(rec("gw", 1, "acme", 1, "10", "10", nov), rec("gw", 1, "acme", 2, "15", "4", nov)) // quantity says 4, total grew 5
+	e.apply(rec("gw", 2, "acme", 1, "7", "7", nov))                                                // epoch 1 abandoned
+	conflicting := rec("gw", 1, "acme", 2, "16", "", nov)                                           // seq 2 again, other id
+	if o := e.apply(conflicting); o[0].Kind != ledger.Conflict {
+		t.Fatalf("setup: %v", o[0].Kind)
+	}
+	e.apply(rec("gw", 1, "bolt", 1, "3", "3", nov))
+	// Corruption: a rollup that drifted, and a stream whose state drifted.
+	e.exec(`UPDATE rollups SET quantity = quantity + 1 WHERE customer = 'bolt'`)
+	e.exec(`UPDATE streams SET last_total = 99 WHERE customer = 'acme' AND epoch = 2`)
+
+	r := e.run(reconcile.Options{Period: "2026-11-01"})
+	if r.Status != reconcile.StatusDiscrepancies {
+		t.Fatalf("status %s", r.Status)
+	}
+	want := map[string]string{
+		reconcile.KindQuantityMismatch: "notice acme calls gw/1 [-1]",
+		reconcile.KindAbandoned:        "notice acme calls gw/1",
+		reconcile.KindConflict:         "discrepancy acme calls gw/1",
+		reconcile.KindRollupMismatch:   "discrepancy bolt calls [1]",
+		reconcile.KindStreamMismatch:   "discrepancy acme calls gw/2 [-92]",
+	}
+	got := map[string]string{}
+	for _, f := range r.Findings {
+		s := strings.TrimSpace(fmt.Sprintf("%s %s %s %s", f.Severity, f.Customer, f.Meter, f.Stream))
+		if f.Amount != nil {
+			s += " [" + f.Amount.String() + "]"
+		}
+		got[f.Kind] = s
+	}
+	for k, w := range want {
+		if got[k] != w {
+			t.Errorf("%s: got %q, want %q", k, got[k], w)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("findings: %v", got)
+	}
+	// Per customer: bolt and acme both have discrepancies; neither may close.
+	e.now = time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC)
+	err := pgx.BeginFunc(context.Background(), e.pool, func(tx pgx.Tx) error {
+		_, err := periods.Store{Clock: func() time.Time { return e.now }, Gate: reconcile.Gate}.Close(context.Background(), tx,
+			periods.CloseRequest{Customer: "bolt", Period: "2026-11-01"})
+		return err
+	})
+	if !errors.Is(err, periods.ErrNotReconciled) {
+		t.Fatalf("close after a dirty run: %v", err)
+	}
+}
+
+func TestLateUsageAfterClose(t *testing.T) {
+	e := newEnv(t)
+	oct := time.Date(2026, 10, 10, 0, 0, 0, 0, time.UTC)
+	e.apply(rec("gw", 1, "acme", 1, "10", "10", oct))
+	r := e.run(reconcile.Options{Period: "2026-10-01", Close: true})
+	if r.Status != reconcile.StatusClean || len(r.Closed) != 1 {
+		t.Fatalf("october: %s closed %v %+v", r.Status, r.Closed, r.Findings)
+	}
+	e.apply(rec("gw", 1, "acme", 2, "12", "2", oct)) // October usage, after the close
+	r = e.run(reconcile.Options{Period: "2026-10-01"})
+	late := findings(t, r, reconcile.KindLateAfterClose)
+	if len(late) != 1 || late[0].Amount.String() != "2" || late[0].Period.Month() != time.November {
+		t.Fatalf("late: %+v", late)
+	}
+}
+
+func TestGateNeedsFreshCleanRun(t *testing.T) {
+	e := newEnv(t)
+	oct := time.Date(2026, 10, 10, 0, 0, 0, 0, time.UTC)
+	e.apply(rec("gw", 1, "acme", 1, "10", "10", oct))
+	e.now = time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC) // October is in grace
+	r := e.run(reconcile.Options{Period: "2026-10-01", Close: true})
+	if r.Status != reconcile.StatusClean || len(r.Closed) != 0 {
+		t.Fatalf("in grace: %s, closed %v", r.Status, r.Closed)
+	}
+	e.apply(rec("gw", 1, "acme", 2, "11", "1", oct)) // more October usage after the run
+	e.now = time.Date(2026, 11, 3, 0, 0, 0, 0, time.UTC)
+	store := periods.Store{Clock: func() time.Time { return e.now }, Gate: reconcile.Gate}
+	err := pgx.BeginFunc(context.Background(), e.pool, func(tx pgx.Tx) error {
+		_, err := store.Close(context.Background(), tx, periods.CloseRequest{Customer: "acme", Period: "2026-10-01"})
+		return err
+	})
+	if !errors.Is(err, periods.ErrNotReconciled) || !strings.Contains(err.Error(), "changed since run") {
+		t.Fatalf("close on a stale run: %v", err)
+	}
+	runs, err := e.rc.Nightly(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(runs) != 2 || runs[0].Period != "2026-10-01" || len(runs[0].Closed) != 1 || runs[1].Period != "current" {
+		t.Fatalf("nightly: %+v", runs)
+	}
+	st, err := store.Statement(context.Background(), e.pool, "acme", "2026-10-01")
+	if err != nil || !st.Final || st.ReconciliationID == nil || *st.ReconciliationID != runs[0].ID || st.Lines[0].Billed.String() != "11" {
+		t.Fatalf("statement: %+v %v", st, err)
+	}
+}

@@ -1,0 +1,118 @@
+package reconcile
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// Formats of WriteReport.
+const (
+	FormatText = "text"
+	FormatJSON = "json"
+	FormatCSV  = "csv"
+)
+
+// WriteReport writes runs for people (text), machines (json) or
+// spreadsheets (csv: one row per customer and meter, then one per finding).
+func WriteReport(w io.Writer, format string, runs ...*Run) error {
+	switch format {
+	case FormatJSON:
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		if len(runs) == 1 {
+			return enc.Encode(runs[0])
+		}
+		return enc.Encode(runs)
+	case FormatCSV:
+		return writeCSV(w, runs)
+	case FormatText, "":
+		for _, r := range runs {
+			if err := writeText(w, r); err != nil {
+				return err
+			}
+		}
+		return nil
+	default:
+		return fmt.Errorf("unknown format %q (text, json or csv)", format)
+	}
+}
+
+func writeText(w io.Writer, r *Run) error {
+	scope := "all customers"
+	if r.Customer != "" {
+		scope = "customer " + r.Customer
+	}
+	took := ""
+	if r.FinishedAt != nil {
+		took = r.FinishedAt.Sub(r.StartedAt).Round(time.Millisecond).String()
+	}
+	fmt.Fprintf(w, "Reconciliation %s — period %s, %s\n", r.ID, r.Period, scope)
+	fmt.Fprintf(w, "Status: %s   (%d discrepancies, %d notices; %d ledger entries checked in %s)\n",
+		strings.ToUpper(r.Status), r.Discrepancies(), len(r.Findings)-r.Discrepancies(), r.EntriesScanned, took)
+	if r.Error != "" {
+		fmt.Fprintf(w, "Error: %s\n", r.Error)
+	}
+	if len(r.Closed) > 0 {
+		fmt.Fprintf(w, "Closed: %s\n", strings.Join(r.Closed, ", "))
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "CUSTOMER\tMETER\tPERIOD\tBILLED\tUSAGE\tPRIOR-PERIOD\tADJUSTMENTS\tGAPS\tGAP USAGE\tFINDINGS\t")
+	for _, t := range r.Totals {
+		n := 0
+		for _, f := range r.Findings {
+			if f.Customer == t.Customer && f.Meter == t.Meter {
+				n++
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t\n", t.Customer, t.Meter, t.Period,
+			t.Billed, t.Usage, t.PriorPeriod, t.Adjustments, t.OpenGaps, t.GapAmount, n)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "\nChecks:")
+	for _, c := range r.Checks {
+		fmt.Fprintf(w, "  %-28s %-9s %s\n", c.Name, c.Status, c.Detail)
+	}
+	if len(r.Findings) > 0 {
+		fmt.Fprintln(w, "\nFindings:")
+		for _, f := range r.Findings {
+			who := strings.Trim(strings.Join([]string{f.Customer, f.Meter, f.Stream}, " "), " ")
+			amt := ""
+			if f.Amount != nil {
+				amt = " [" + f.Amount.String() + "]"
+			}
+			fmt.Fprintf(w, "  %-11s %-26s %s%s: %s\n", f.Severity, f.Kind, who, amt, f.Detail)
+		}
+	}
+	fmt.Fprintln(w)
+	return nil
+}
+
+func writeCSV(w io.Writer, runs []*Run) error {
+	cw := csv.NewWriter(w)
+	_ = cw.Write([]string{"run", "period", "status", "row", "customer", "meter", "billed", "usage",
+		"prior_period_adjustments", "adjustments", "open_gaps", "gap_usage", "severity", "kind", "stream", "amount", "detail"})
+	for _, r := range runs {
+		for _, t := range r.Totals {
+			_ = cw.Write([]string{r.ID.String(), t.Period, r.Status, "total", t.Customer, t.Meter, t.Billed.String(), t.Usage.String(),
+				t.PriorPeriod.String(), t.Adjustments.String(), fmt.Sprint(t.OpenGaps), t.GapAmount.String(), "", "", "", "", ""})
+		}
+		for _, f := range r.Findings {
+			amt := ""
+			if f.Amount != nil {
+				amt = f.Amount.String()
+			}
+			_ = cw.Write([]string{r.ID.String(), r.Period, r.Status, "finding", f.Customer, f.Meter, "", "", "", "", "", "",
+				f.Severity, f.Kind, f.Stream, amt, f.Detail})
+		}
+	}
+	cw.Flush()
+	return cw.Error()
+}

@@ -1,0 +1,432 @@
+package reconcile
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sort"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/periods"
+)
+
+// Statuses of a run.
+const (
+	StatusRunning       = "running"
+	StatusClean         = "clean"
+	StatusDiscrepancies = "discrepancies"
+	StatusFailed        = "failed"
+)
+
+// ErrBusy: another run for the same period is in progress.
+var ErrBusy = errors.New("another reconciliation of this period is running")
+
+// Config configures a Reconciler.
+type Config struct {
+	Pool   *pgxpool.Pool
+	Logger *slog.Logger     // default: discard
+	Clock  func() time.Time // default time.Now
+	Grace  time.Duration    // default periods.DefaultGrace
+	// Progress, when set, receives a human progress line per customer
+	// (a terminal); logs go to Logger either way.
+	Progress io.Writer
+	// Deep re-reads Kafka for --deep runs; nil makes the deep check fail
+	// with a clear message.
+	Deep DeepSource
+}
+
+// Validate reports every configuration problem.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Pool == nil {
+		errs = append(errs, errors.New("reconcile: Pool is required"))
+	}
+	if err := periods.ValidateGrace(c.Grace); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Reconciler runs reconciliations.
+type Reconciler struct {
+	cfg Config
+	log *slog.Logger
+}
+
+// New returns a Reconciler.
+func New(cfg Config) (*Reconciler, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.Grace == 0 {
+		cfg.Grace = periods.DefaultGrace
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Reconciler{cfg: cfg, log: log}, nil
+}
+
+// Options select what a run covers.
+type Options struct {
+	Period   string // a period start date, "previous" or "current"
+	Customer string // empty: every customer that has this period
+	Close    bool   // close the periods of customers found clean (if their grace has ended)
+	Deep     bool   // also recompute totals from Kafka's messages
+}
+
+// Finding is one thing a run found.
+type Finding struct {
+	Kind     string           `json:"kind"`
+	Severity string           `json:"severity"`
+	Customer string           `json:"customer,omitempty"`
+	Meter    string           `json:"meter,omitempty"`
+	Stream   string           `json:"stream,omitempty"` // producer/epoch
+	Period   *time.Time       `json:"period_start,omitempty"`
+	Amount   *decimal.Decimal `json:"amount,omitempty"`
+	Detail   string           `json:"detail"`
+}
+
+// Total is what the run saw billed for one customer and meter.
+type Total struct {
+	Customer    string          `json:"customer"`
+	Meter       string          `json:"meter"`
+	Period      string          `json:"period"`
+	Billed      decimal.Decimal `json:"billed"`
+	Usage       decimal.Decimal `json:"usage"`
+	PriorPeriod decimal.Decimal `json:"prior_period_adjustments"`
+	Adjustments decimal.Decimal `json:"adjustments"`
+	OpenGaps    int             `json:"open_gaps"`
+	GapAmount   decimal.Decimal `json:"gap_amount"` // billed usage of seqs never received (when known)
+}
+
+// Check is the outcome of one check.
+type Check struct {
+	Name   string `json:"name"`
+	Status string `json:"status"` // ok, findings, skipped
+	Detail string `json:"detail,omitempty"`
+}
+
+// Run is a stored reconciliation run.
+type Run struct {
+	ID             uuid.UUID  `json:"id"`
+	Period         string     `json:"period"`
+	Customer       string     `json:"customer,omitempty"`
+	Deep           bool       `json:"deep"`
+	Status         string     `json:"status"`
+	StartedAt      time.Time  `json:"started_at"`
+	FinishedAt     *time.Time `json:"finished_at,omitempty"`
+	EntriesScanned int64      `json:"entries_scanned"`
+	Checks         []Check    `json:"checks"`
+	Totals         []Total    `json:"totals"`
+	Findings       []Finding  `json:"findings"`
+	Closed         []string   `json:"closed,omitempty"` // customers whose period this run closed
+	Error          string     `json:"error,omitempty"`
+}
+
+// Discrepancies counts the findings that block a close.
+func (r *Run) Discrepancies() int {
+	n := 0
+	for _, f := range r.Findings {
+		if f.Severity == Discrepancy {
+			n++
+		}
+	}
+	return n
+}
+
+type runner struct {
+	run       *Run
+	totals    map[[2]string]*Total
+	periodOf  map[string]string // customer -> period name
+	scanned   int64
+	hasIngest bool
+}
+
+func (r *runner) total(customer, meter string) *Total {
+	k := [2]string{customer, meter}
+	t := r.totals[k]
+	if t == nil {
+		t = &Total{Customer: customer, Meter: meter, Period: r.periodOf[customer]}
+		r.totals[k] = t
+	}
+	return t
+}
+
+func (r *runner) find(f Finding) { r.run.Findings = append(r.run.Findings, f) }
+
+// Run reconciles one period (for one customer or all), stores the run and
+// returns it. A run that could not complete is stored as failed and
+// returned with the error.
+func (rc *Reconciler) Run(ctx context.Context, opt Options) (*Run, error) {
+	if opt.Period == "" {
+		return nil, errors.New("reconcile: a period is required (a start date such as 2026-11-01, or previous)")
+	}
+	// One run per period at a time, across processes. A session lock on a
+	// dedicated connection, released when the run ends.
+	conn, err := rc.cfg.Pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: %w", err)
+	}
+	defer conn.Release()
+	var got bool
+	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1::int, hashtext($2))`, runLockSpace, opt.Period).Scan(&got); err != nil {
+		return nil, fmt.Errorf("reconcile: lock: %w", err)
+	}
+	if !got {
+		return nil, fmt.Errorf("period %s: %w", opt.Period, ErrBusy)
+	}
+	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1::int, hashtext($2))`, runLockSpace, opt.Period)
+
+	now := rc.cfg.Clock().UTC()
+	run := &Run{ID: uuid.Must(uuid.NewV7()), Period: opt.Period, Customer: opt.Customer, Deep: opt.Deep,
+		Status: StatusRunning, StartedAt: now.Truncate(time.Microsecond), Findings: []Finding{}, Checks: []Check{}, Totals: []Total{}}
+	if _, err := rc.cfg.Pool.Exec(ctx, `INSERT INTO reconciliation_runs (id, period, customer, deep, status, started_at) VALUES ($1, $2, $3, $4, $5, $6)`,
+		run.ID, run.Period, nullable(run.Customer), run.Deep, run.Status, run.StartedAt); err != nil {
+		return nil, fmt.Errorf("reconcile: store run: %w", err)
+	}
+	rc.log.Info("reconciliation started", "run", run.ID, "period", opt.Period, "customer", opt.Customer, "deep", opt.Deep)
+
+	verdicts, err := rc.check(ctx, run, opt, now)
+	if err != nil {
+		run.Status, run.Error = StatusFailed, err.Error()
+		rc.log.Error("reconciliation failed", "run", run.ID, "err", err)
+	} else if run.Discrepancies() > 0 {
+		run.Status = StatusDiscrepancies
+	} else {
+		run.Status = StatusClean
+	}
+	fin := rc.cfg.Clock().UTC().Truncate(time.Microsecond)
+	run.FinishedAt = &fin
+	if serr := rc.store(context.WithoutCancel(ctx), run, verdicts); serr != nil {
+		return run, errors.Join(err, serr)
+	}
+	if err != nil {
+		return run, err
+	}
+	if opt.Close {
+		if err := rc.closeClean(ctx, run, verdicts, now); err != nil {
+			return run, err
+		}
+	}
+	rc.log.Info("reconciliation finished", "run", run.ID, "status", run.Status, "findings", len(run.Findings),
+		"discrepancies", run.Discrepancies(), "entries_scanned", run.EntriesScanned, "took", fin.Sub(run.StartedAt))
+	return run, nil
+}
+
+const runLockSpace = 71541
+
+// verdict is one customer's result in a run.
+type verdict struct {
+	customer string
+	period   periods.Period
+	clean    bool
+	totals   map[string]string // meter -> billed
+}
+
+// check resolves the targets and runs every check in one REPEATABLE READ
+// transaction, so all checks see the same snapshot of the ledger.
+func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time.Time) ([]verdict, error) {
+	tx, err := rc.cfg.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: %w", err)
+	}
+	defer tx.Rollback(ctx)
+
+	tg, byCustomer, err := rc.targets(ctx, tx, opt, now)
+	if err != nil {
+		return nil, err
+	}
+	r := &runner{run: run, totals: map[[2]string]*Total{}, periodOf: map[string]string{}}
+	for c, p := range byCustomer {
+		r.periodOf[c] = p.Name
+	}
+	if err := tx.QueryRow(ctx, `SELECT to_regclass('ingest_partitions') IS NOT NULL`).Scan(&r.hasIngest); err != nil {
+		return nil, err
+	}
+	rc.progress("reconciling %s for %d customers\n", opt.Period, len(tg.customers))
+
+	type step struct {
+		name string
+		fn   func() error
+	}
+	steps := []step{
+		{CheckRollups, func() error { return r.checkRollups(ctx, tx, tg) }},
+		{CheckStreams, func() error { return r.checkStreams(ctx, tx, tg) }},
+		{CheckConflicts, func() error { return r.checkConflicts(ctx, tx, tg) }},
+		{CheckLate, func() error { return r.checkLate(ctx, tx, tg) }},
+		{CheckAbandoned, func() error { return r.checkAbandoned(ctx, tx, tg) }},
+	}
+	if r.hasIngest {
+		steps = append(steps, step{CheckConservation, func() error { return r.checkConservation(ctx, tx) }})
+	} else {
+		run.Checks = append(run.Checks, Check{Name: CheckConservation, Status: "skipped", Detail: "no ingest tables in this database"})
+	}
+	for i, s := range steps {
+		before := len(run.Findings)
+		start := time.Now()
+		if err := s.fn(); err != nil {
+			return nil, fmt.Errorf("reconcile: check %s: %w", s.name, err)
+		}
+		c := Check{Name: s.name, Status: "ok"}
+		if n := len(run.Findings) - before; n > 0 {
+			c.Status, c.Detail = "findings", fmt.Sprintf("%d findings", n)
+		}
+		run.Checks = append(run.Checks, c)
+		rc.progress("[%d/%d] %-28s %-8s %s\n", i+1, len(steps), s.name, c.Status, time.Since(start).Round(time.Millisecond))
+	}
+	run.Checks = append(run.Checks, Check{Name: CheckOverage, Status: "skipped",
+		Detail: "quota enforcement is not built yet, so no overage is recorded"})
+	if opt.Deep {
+		if err := rc.deep(ctx, tx, r, tg); err != nil {
+			return nil, fmt.Errorf("reconcile: deep check: %w", err)
+		}
+	}
+	run.EntriesScanned = r.scanned
+
+	// Totals, sorted; customers with a period but no usage still get a verdict.
+	for _, t := range r.totals {
+		run.Totals = append(run.Totals, *t)
+	}
+	sort.Slice(run.Totals, func(i, j int) bool {
+		a, b := run.Totals[i], run.Totals[j]
+		return a.Customer < b.Customer || a.Customer == b.Customer && a.Meter < b.Meter
+	})
+	dirty := map[string]bool{}
+	global := false
+	for _, f := range run.Findings {
+		if f.Severity == Discrepancy {
+			if f.Customer == "" {
+				global = true
+			}
+			dirty[f.Customer] = true
+		}
+	}
+	var vs []verdict
+	for c, p := range byCustomer {
+		v := verdict{customer: c, period: p, clean: !global && !dirty[c], totals: map[string]string{}}
+		for _, t := range run.Totals {
+			if t.Customer == c {
+				v.totals[t.Meter] = t.Billed.String()
+			}
+		}
+		vs = append(vs, v)
+	}
+	sort.Slice(vs, func(i, j int) bool { return vs[i].customer < vs[j].customer })
+	return vs, nil
+}
+
+// targets resolves the period for each customer from its own calendar.
+func (rc *Reconciler) targets(ctx context.Context, tx pgx.Tx, opt Options, now time.Time) (target, map[string]periods.Period, error) {
+	var tg target
+	by := map[string]periods.Period{}
+	rows, err := tx.Query(ctx, `SELECT id, schedule FROM customers WHERE $1 = '' OR id = $1 ORDER BY id`, opt.Customer)
+	if err != nil {
+		return tg, nil, fmt.Errorf("reconcile: customers: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		var raw []byte
+		if err := rows.Scan(&id, &raw); err != nil {
+			return tg, nil, err
+		}
+		var s periods.Schedule
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return tg, nil, fmt.Errorf("customer %q: stored calendar: %w", id, err)
+		}
+		p, err := s.Resolve(opt.Period, now)
+		if err != nil {
+			if errors.Is(err, periods.ErrNoSuchPeriod) {
+				continue // this customer's calendar has no period starting that day
+			}
+			return tg, nil, fmt.Errorf("customer %q: %w", id, err)
+		}
+		by[id] = p
+		tg.customers = append(tg.customers, id)
+		tg.starts = append(tg.starts, p.Start.UTC())
+		tg.ends = append(tg.ends, p.End.UTC())
+	}
+	if err := rows.Err(); err != nil {
+		return tg, nil, err
+	}
+	if opt.Customer != "" && len(tg.customers) == 0 {
+		var exists bool
+		_ = tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM customers WHERE id = $1)`, opt.Customer).Scan(&exists)
+		if !exists {
+			return tg, nil, fmt.Errorf("customer %q: %w", opt.Customer, periods.ErrUnknownCustomer)
+		}
+		return tg, nil, fmt.Errorf("customer %q has no period starting %s: %w", opt.Customer, opt.Period, periods.ErrNoSuchPeriod)
+	}
+	return tg, by, nil
+}
+
+func (rc *Reconciler) store(ctx context.Context, run *Run, vs []verdict) error {
+	checks, _ := json.Marshal(run.Checks)
+	totals, _ := json.Marshal(run.Totals)
+	return pgx.BeginFunc(ctx, rc.cfg.Pool, func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `
+UPDATE reconciliation_runs SET status = $2, finished_at = $3, entries_scanned = $4, checks = $5, totals = $6, error = $7
+WHERE id = $1`, run.ID, run.Status, run.FinishedAt, run.EntriesScanned, checks, totals, nullable(run.Error))
+		if err != nil {
+			return fmt.Errorf("reconcile: store run: %w", err)
+		}
+		if len(run.Findings) > 0 {
+			rows := make([][]any, len(run.Findings))
+			for i, f := range run.Findings {
+				var amt any
+				if f.Amount != nil {
+					amt = f.Amount.String()
+				}
+				rows[i] = []any{run.ID, int32(i), f.Kind, f.Severity, nullable(f.Customer), nullable(f.Meter), nullable(f.Stream), f.Period, amt, f.Detail}
+			}
+			// Amounts go in as text; CopyFrom cannot cast, so use unnest-free Exec per batch of rows via pgx.Batch.
+			b := &pgx.Batch{}
+			for _, row := range rows {
+				b.Queue(`INSERT INTO reconciliation_findings (run_id, n, kind, severity, customer, meter, stream, period_start, amount, detail)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::text::numeric, $10)`, row...)
+			}
+			if err := tx.SendBatch(ctx, b).Close(); err != nil {
+				return fmt.Errorf("reconcile: store findings: %w", err)
+			}
+		}
+		if run.Status == StatusFailed {
+			return nil
+		}
+		b := &pgx.Batch{}
+		for _, v := range vs {
+			t, _ := json.Marshal(v.totals)
+			b.Queue(`INSERT INTO reconciliation_verdicts (run_id, customer, period_start, clean, totals) VALUES ($1, $2, $3, $4, $5)`,
+				run.ID, v.customer, v.period.Start, v.clean, t)
+		}
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return fmt.Errorf("reconcile: store verdicts: %w", err)
+		}
+		return nil
+	})
+}
+
+func (rc *Reconciler) progress(format string, args ...any) {
+	if rc.cfg.Progress != nil {
+		fmt.Fprintf(rc.cfg.Progress, format, args...)
+	}
+}
+
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
