@@ -57,6 +57,7 @@ Every flag can also be set with the environment variable shown in its help.`,
 	}
 	root.AddCommand(newMigrateCmd(), newDevCmd())
 	root.AddCommand(newPeriodsCmd())
+	root.AddCommand(newReconcileCmd())
 	return root
 }
 
