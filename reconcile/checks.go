@@ -108,17 +108,18 @@ FROM b GROUP BY 1, 2 ORDER BY 1, 2`, tg.customers, tg.starts, tg.ends)
 }
 
 // checkStreams: per stream of the targets' customers, billed deltas over
-// the stream's whole life must add up to its last total; open gaps billed
-// in a target period are listed with their amounts.
+// the stream's whole life must add up to its last total (one scan of the
+// customers' records, all periods); open gaps billed in a target period
+// are listed with their amounts.
 func (r *runner) checkStreams(ctx context.Context, tx pgx.Tx, tg target) error {
 	rows, err := tx.Query(ctx, `
-WITH `+targetsCTE+`,
-s AS (SELECT DISTINCT r.stream_id FROM records r JOIN t USING (customer, period_start)),
-sums AS (SELECT r.stream_id, sum(r.billed) AS billed, count(*) AS n FROM records r JOIN s USING (stream_id) GROUP BY 1)
+WITH sums AS (
+  SELECT stream_id, sum(billed) AS billed, count(*) AS n FROM records WHERE customer = ANY($1) GROUP BY 1
+)
 SELECT st.customer, st.meter, st.producer || '/' || st.epoch, trim_scale(st.last_total)::text,
-       trim_scale(sums.billed)::text, sums.n
-FROM streams st JOIN sums ON sums.stream_id = st.id
-WHERE sums.billed <> st.last_total`, tg.customers, tg.starts, tg.ends)
+       trim_scale(coalesce(sums.billed, 0))::text, coalesce(sums.n, 0)
+FROM streams st LEFT JOIN sums ON sums.stream_id = st.id
+WHERE st.customer = ANY($1) AND coalesce(sums.billed, 0) <> st.last_total`, tg.customers)
 	if err != nil {
 		return err
 	}
@@ -301,16 +302,18 @@ ORDER BY f.created_at`, tg.customers, tg.starts, tg.ends)
 // newer epoch of the same producer, customer and meter, that never said
 // final: whatever the producer had not sent when it lost its state is lost.
 func (r *runner) checkAbandoned(ctx context.Context, tx pgx.Tx, tg target) error {
+	// Superseded streams are few: find them from stream state, then look
+	// for their records in the period.
 	rows, err := tx.Query(ctx, `
-WITH `+targetsCTE+`,
-s AS (SELECT DISTINCT r.stream_id FROM records r JOIN t USING (customer, period_start))
+WITH `+targetsCTE+`
 SELECT st.customer, st.meter, st.producer || '/' || st.epoch, st.last_seq, trim_scale(st.last_total)::text,
        (SELECT min(n.epoch) FROM streams n WHERE n.producer = st.producer AND n.customer = st.customer
           AND n.meter = st.meter AND n.epoch > st.epoch)
-FROM streams st JOIN s ON s.stream_id = st.id
+FROM streams st JOIN t ON t.customer = st.customer
 WHERE st.final_seq IS DISTINCT FROM st.last_seq
   AND EXISTS (SELECT 1 FROM streams n WHERE n.producer = st.producer AND n.customer = st.customer
                 AND n.meter = st.meter AND n.epoch > st.epoch)
+  AND EXISTS (SELECT 1 FROM records r WHERE r.stream_id = st.id AND r.period_start = t.period_start)
 ORDER BY 1, 2, 3`, tg.customers, tg.starts, tg.ends)
 	if err != nil {
 		return err

@@ -131,8 +131,8 @@ func TestCleanRunWithGapIsClean(t *testing.T) {
 func TestEachFindingKind(t *testing.T) {
 	e := newEnv(t)
 	e.apply(rec("gw", 1, "acme", 1, "10", "10", nov), rec("gw", 1, "acme", 2, "15", "4", nov)) // quantity says 4, total grew 5
-	e.apply(rec("gw", 2, "acme", 1, "7", "7", nov))                                                // epoch 1 abandoned
-	conflicting := rec("gw", 1, "acme", 2, "16", "", nov)                                           // seq 2 again, other id
+	e.apply(rec("gw", 2, "acme", 1, "7", "7", nov))                                            // epoch 1 abandoned
+	conflicting := rec("gw", 1, "acme", 2, "16", "", nov)                                      // seq 2 again, other id
 	if o := e.apply(conflicting); o[0].Kind != ledger.Conflict {
 		t.Fatalf("setup: %v", o[0].Kind)
 	}

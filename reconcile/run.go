@@ -244,6 +244,11 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
 	defer tx.Rollback(ctx)
+	// The checks aggregate a whole period at once; let the hash aggregates
+	// stay in memory instead of spilling to disk (this transaction only).
+	if _, err := tx.Exec(ctx, `SET LOCAL work_mem = '256MB'`); err != nil {
+		return nil, fmt.Errorf("reconcile: %w", err)
+	}
 
 	tg, byCustomer, err := rc.targets(ctx, tx, opt, now)
 	if err != nil {
