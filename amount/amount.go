@@ -3,6 +3,9 @@ package amount
 import (
 	"errors"
 	"fmt"
+	"math"
+	"math/big"
+	"strconv"
 	"strings"
 
 	"github.com/shopspring/decimal"
@@ -55,15 +58,43 @@ func ParseNonNegative(s string) (decimal.Decimal, error) {
 // after the point and at most MaxDigits significant digits. Trailing zeros
 // after the point do not count (1.5000000000 is 1.5).
 func Check(d decimal.Decimal) error {
-	t := trimZeros(d)
-	if t.Exponent() < -MaxScale {
+	exp := int64(d.Exponent())
+	if d.Sign() == 0 {
+		return nil
+	}
+	var digits int64
+	if coef := d.Coefficient(); coef.IsInt64() && coef.Int64() != math.MinInt64 {
+		// The common case, without big.Int arithmetic.
+		c := coef.Int64()
+		if c < 0 {
+			c = -c
+		}
+		for exp < 0 && c%10 == 0 {
+			c /= 10
+			exp++
+		}
+		digits = int64(len(strconv.FormatInt(c, 10)))
+	} else {
+		c := new(big.Int).Abs(d.Coefficient())
+		ten := big.NewInt(10)
+		r := new(big.Int)
+		for exp < 0 {
+			q, m := new(big.Int).QuoRem(c, ten, r)
+			if m.Sign() != 0 {
+				break
+			}
+			c = q
+			exp++
+		}
+		digits = int64(len(c.String()))
+	}
+	if exp < -MaxScale {
 		return ErrScale
 	}
-	digits := len(t.Coefficient().Abs(t.Coefficient()).String())
-	if t.Exponent() > 0 {
-		digits += int(t.Exponent())
+	if exp > 0 {
+		digits += exp
 	}
-	if t.Sign() != 0 && digits > MaxDigits {
+	if digits > MaxDigits {
 		return ErrDigits
 	}
 	return nil
@@ -78,11 +109,6 @@ func MustParse(s string) decimal.Decimal {
 	return d
 }
 
-func trimZeros(d decimal.Decimal) decimal.Decimal {
-	// String() drops trailing zeros after the point; parse it back.
-	t, _ := decimal.NewFromString(d.String())
-	return t
-}
 func plain(s string) bool {
 	if s == "" || len(s) > 80 {
 		return false

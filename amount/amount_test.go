@@ -2,7 +2,12 @@ package amount_test
 
 import (
 	"errors"
+	"strconv"
+	"strings"
 	"testing"
+
+	"github.com/shopspring/decimal"
+	"pgregory.net/rapid"
 
 	"github.com/tally-ledger/tally/amount"
 )
@@ -49,4 +54,31 @@ func TestParse(t *testing.T) {
 	if _, err := amount.ParseNonNegative("-1"); !errors.Is(err, amount.ErrNegative) {
 		t.Errorf("ParseNonNegative(-1) error = %v", err)
 	}
+}
+
+// TestCheckMatchesTextRule: Check agrees with the rule stated on the text
+// of the number (trailing fractional zeros dropped, then count).
+func TestCheckMatchesTextRule(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		coef := rapid.SampledFrom([]string{"0", "1", "10", "1000", "123456789", "99999999999999999999", "12345678901234567890123456789012345678", "100000000000000000000000000000000000000"}).Draw(t, "coef")
+		exp := rapid.IntRange(-12, 3).Draw(t, "exp")
+		d, _ := decimal.NewFromString(coef + "e" + strconv.Itoa(exp))
+		if rapid.Bool().Draw(t, "neg") {
+			d = d.Neg()
+		}
+		// Reference: the text rule.
+		txt := d.Abs().String() // no trailing fractional zeros, no exponent
+		intPart, frac, _ := strings.Cut(txt, ".")
+		digits := len(strings.TrimLeft(intPart+frac, "0"))
+		var want error
+		switch {
+		case len(frac) > amount.MaxScale:
+			want = amount.ErrScale
+		case d.Sign() != 0 && digits > amount.MaxDigits:
+			want = amount.ErrDigits
+		}
+		if got := amount.Check(d); !errors.Is(got, want) && !(got == nil && want == nil) {
+			t.Fatalf("Check(%s) = %v, want %v", d, got, want)
+		}
+	})
 }
