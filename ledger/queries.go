@@ -60,17 +60,6 @@ CROSS JOIN LATERAL (
 ) AS g
 WHERE g.to_seq >= k.seq`
 
-	qInsertRecords = `
-INSERT INTO records (stream_id, seq, operation_id, customer, meter, total, quantity, occurred_at,
-                     final, late_fill, billed, period_start, bucket, prior_period, ingested_at)
-SELECT stream_id, seq, operation_id, customer, meter, total::numeric, quantity::numeric, occurred_at,
-       final, late_fill, billed::numeric, period_start, bucket, prior_period, $15
-FROM unnest($1::bigint[], $2::bigint[], $3::uuid[], $4::text[], $5::text[], $6::text[], $7::text[],
-            $8::timestamptz[], $9::bool[], $10::bool[], $11::text[], $12::timestamptz[],
-            $13::timestamptz[], $14::timestamptz[])
-  AS r(stream_id, seq, operation_id, customer, meter, total, quantity, occurred_at,
-       final, late_fill, billed, period_start, bucket, prior_period)`
-
 	qUpdateStreams = `
 UPDATE streams s
 SET last_seq = u.last_seq, last_total = u.last_total::numeric,
