@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -20,6 +21,8 @@ func newReconcileCmd() *cobra.Command {
 		opt     reconcile.Options
 		nightly bool
 		format  string
+		brokers string
+		topic   string
 	)
 	cmd := &cobra.Command{
 		Use:   "reconcile (--period P [--customer C] [--close] [--deep] | --nightly)",
@@ -51,6 +54,9 @@ for the same period never overlap.`,
 			}
 			defer pool.Close()
 			cfg := reconcile.Config{Pool: pool, Logger: newLogger(), Grace: grace}
+			if brokers != "" {
+				cfg.Deep = reconcile.KafkaSource{Brokers: strings.Split(brokers, ","), Topic: topic}
+			}
 			if isTerminal(os.Stderr) {
 				cfg.Progress = os.Stderr
 			}
@@ -89,6 +95,10 @@ for the same period never overlap.`,
 	f.BoolVar(&opt.Deep, "deep", false, "also re-read the period's messages from Kafka and recompute totals independently")
 	f.BoolVar(&nightly, "nightly", false, "reconcile and close every period whose grace has ended; check current periods")
 	f.StringVar(&format, "format", "text", "report format: text, json or csv")
+	f.StringVar(&brokers, "kafka-brokers", "", "Kafka brokers for --deep, comma-separated")
+	envDefault(f, "kafka-brokers", "TALLY_KAFKA_BROKERS")
+	f.StringVar(&topic, "topic", "tally.meter-batches", "metering topic for --deep")
+	envDefault(f, "topic", "TALLY_TOPIC")
 	f.StringVar(&dbURL, "database-url", defaultDatabaseURL, "Postgres connection URL")
 	envDefault(f, "database-url", "TALLY_DATABASE_URL")
 	f.DurationVar(&grace, "grace", periods.DefaultGrace, "how long after its end a period takes late usage")
