@@ -1,0 +1,4 @@
+package periods
+
+// ResolveWall exposes resolveWall to the external tests.
+var ResolveWall = resolveWall

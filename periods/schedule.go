@@ -1,0 +1,230 @@
+package periods
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Version is one calendar of a schedule and the instant it applies from.
+type Version struct {
+	EffectiveFrom time.Time `json:"effective_from"`
+	Calendar      Calendar  `json:"calendar"`
+}
+
+// A Schedule is a customer's calendar history: each version applies from
+// EffectiveFrom (an instant) until the next version. The first version's
+// EffectiveFrom is the zero time and it applies to all earlier instants.
+//
+// A calendar change takes effect at a period boundary, so periods never
+// overlap or leave a hole. The period before a change ends exactly at its
+// EffectiveFrom. The first period after it starts there and ends at the first
+// boundary of the new calendar that falls on a later date than the period's
+// name, so it may be short (monthly on the 1st → on the 15th) or long (anchor
+// 00:00 → 12:00 gives one period of a month and a half day, not a half-day
+// period sharing its name with the next). It is named by the date of
+// EffectiveFrom in the old or the new zone, whichever is later, so names keep
+// increasing when a change moves the zone west.
+type Schedule []Version // ascending EffectiveFrom
+
+var (
+	// ErrNoSuchPeriod: a date that names no period of the schedule.
+	ErrNoSuchPeriod = errors.New("no such period")
+	// ErrInvalidPeriodRef: a reference that is neither "current", "previous" nor a date.
+	ErrInvalidPeriodRef = errors.New("invalid period reference")
+)
+
+// NewSchedule returns the schedule of a customer that always had calendar c.
+func NewSchedule(c Calendar) Schedule {
+	return Schedule{{Calendar: c}}
+}
+
+// Validate reports every problem of s at once, each naming its field. Besides
+// each calendar, it checks that versions ascend and that each change takes
+// effect at a period boundary of the schedule before it, as Change does.
+func (s Schedule) Validate() error {
+	if len(s) == 0 {
+		return errors.New("schedule: has no versions")
+	}
+	var errs []error
+	calendarsOK := true
+	for i, v := range s {
+		for _, err := range v.Calendar.problems() {
+			errs = append(errs, fmt.Errorf("schedule[%d].calendar.%w", i, err))
+			calendarsOK = false
+		}
+	}
+	if !s[0].EffectiveFrom.IsZero() {
+		errs = append(errs, fmt.Errorf("schedule[0].effective_from: %s must be the zero time", s[0].EffectiveFrom.Format(time.RFC3339Nano)))
+	}
+	ascending := true
+	for i := 1; i < len(s); i++ {
+		if !s[i].EffectiveFrom.After(s[i-1].EffectiveFrom) {
+			errs = append(errs, fmt.Errorf("schedule[%d].effective_from: %s is not after schedule[%d]'s %s",
+				i, s[i].EffectiveFrom.Format(time.RFC3339Nano), i-1, s[i-1].EffectiveFrom.Format(time.RFC3339Nano)))
+			ascending = false
+		}
+	}
+	if calendarsOK && ascending {
+		for i := 1; i < len(s); i++ {
+			eff := s[i].EffectiveFrom
+			p, err := s[:i].PeriodAt(eff.Add(-time.Nanosecond))
+			if err != nil {
+				errs = append(errs, fmt.Errorf("schedule[%d].effective_from: %w", i, err))
+			} else if !p.End.Equal(eff) {
+				errs = append(errs, fmt.Errorf("schedule[%d].effective_from: %s is not a period boundary; the period containing it ends %s",
+					i, eff.Format(time.RFC3339Nano), p.End.Format(time.RFC3339)))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// PeriodAt returns the period of s containing t.
+func (s Schedule) PeriodAt(t time.Time) (Period, error) {
+	p, _, err := s.periodAt(t)
+	return p, err
+}
+
+// Next returns the period of s that follows p.
+func (s Schedule) Next(p Period) (Period, error) {
+	return s.PeriodAt(p.End)
+}
+
+// Previous returns the period of s that precedes p.
+func (s Schedule) Previous(p Period) (Period, error) {
+	return s.PeriodAt(p.Start.Add(-time.Nanosecond))
+}
+
+// periodAt also returns the period's name as a day number.
+func (s Schedule) periodAt(t time.Time) (Period, int64, error) {
+	if len(s) == 0 {
+		return Period{}, 0, errors.New("empty schedule")
+	}
+	i := len(s) - 1 // usage is mostly recent: search from the newest version
+	for i > 0 && s[i].EffectiveFrom.After(t) {
+		i--
+	}
+	r, err := s[i].Calendar.rule()
+	if err != nil {
+		return Period{}, 0, fmt.Errorf("schedule[%d]: %w", i, err)
+	}
+	start, end := r.period(t.Unix())
+	name := localDay(r.loc, start)
+	startT := time.Unix(start, 0).In(r.loc)
+	if i > 0 {
+		eff := s[i].EffectiveFrom
+		prev, err := s[i-1].Calendar.rule()
+		if err != nil {
+			return Period{}, 0, fmt.Errorf("schedule[%d]: %w", i-1, err)
+		}
+		effSec := eff.Unix()
+		first := max(localDay(prev.loc, effSec), localDay(r.loc, effSec))
+		if !startT.After(eff) || name <= first {
+			// t is in the first period after the change.
+			_, end = r.period(effSec)
+			for localDay(r.loc, end) <= first {
+				_, end = r.period(end)
+			}
+			startT, name = eff.In(r.loc), first
+		}
+	}
+	p := Period{Start: startT, End: time.Unix(end, 0).In(r.loc), Name: dayName(name)}
+	if i+1 < len(s) && p.End.After(s[i+1].EffectiveFrom) {
+		p.End = s[i+1].EffectiveFrom.In(r.loc)
+	}
+	return p, name, nil
+}
+
+// Change returns the schedule with c effective from the end of the period
+// containing now (the next boundary), replacing any version not yet in effect
+// at now. It never changes a period that has started. It returns that
+// effective instant too. Changing back to the calendar in effect at now only
+// drops the pending versions.
+func (s Schedule) Change(now time.Time, c Calendar) (Schedule, time.Time, error) {
+	if err := c.Validate(); err != nil {
+		return nil, time.Time{}, fmt.Errorf("change calendar: %w", err)
+	}
+	if err := s.Validate(); err != nil {
+		return nil, time.Time{}, fmt.Errorf("change calendar: %w", err)
+	}
+	n := len(s)
+	for n > 1 && s[n-1].EffectiveFrom.After(now) {
+		n--
+	}
+	out := slices.Clone(s[:n])
+	cur, err := out.PeriodAt(now)
+	if err != nil {
+		return nil, time.Time{}, fmt.Errorf("change calendar: %w", err)
+	}
+	if out[n-1].Calendar.normalized() != c.normalized() {
+		out = append(out, Version{EffectiveFrom: cur.End, Calendar: c})
+	}
+	return out, cur.End, nil
+}
+
+func (c Calendar) normalized() Calendar {
+	if c.AnchorTime == "" {
+		c.AnchorTime = "00:00"
+	}
+	if c.Zone == "" {
+		c.Zone = "UTC"
+	}
+	return c
+}
+
+// Resolve turns a period reference into a period: "current" (the period
+// containing now), "previous" (the one before it), or a start date such as
+// "2026-11-01", which must be exactly the Name of a period of s.
+func (s Schedule) Resolve(ref string, now time.Time) (Period, error) {
+	switch ref {
+	case "current":
+		return s.PeriodAt(now)
+	case "previous":
+		p, err := s.PeriodAt(now)
+		if err != nil {
+			return Period{}, err
+		}
+		return s.Previous(p)
+	}
+	d, err := time.Parse(time.DateOnly, ref)
+	if err != nil || len(ref) != len(time.DateOnly) {
+		return Period{}, fmt.Errorf("period %q: %w: want \"current\", \"previous\" or a start date YYYY-MM-DD", ref, ErrInvalidPeriodRef)
+	}
+	want := daysFromCivil(int64(d.Year()), int(d.Month()), d.Day())
+	// Names increase with time; noon UTC of that date is within a day of its
+	// midnight in any zone, so this walk takes a step or two.
+	p, name, err := s.periodAt(time.Unix(want*86400+12*3600, 0))
+	for err == nil && name > want {
+		p, name, err = s.periodAt(p.Start.Add(-time.Nanosecond))
+	}
+	for err == nil {
+		n, nname, nerr := s.periodAt(p.End)
+		if nerr != nil {
+			err = nerr
+			break
+		}
+		if nname > want {
+			break
+		}
+		p, name = n, nname
+	}
+	if err != nil {
+		return Period{}, err
+	}
+	if name != want {
+		return Period{}, &noSuchPeriodError{ref: ref, containing: p.Name}
+	}
+	return p, nil
+}
+
+type noSuchPeriodError struct {
+	ref, containing string
+}
+
+func (e *noSuchPeriodError) Error() string {
+	return fmt.Sprintf("period %q: no period of this calendar starts on that date; the period containing it starts %s", e.ref, e.containing)
+}
+
+func (e *noSuchPeriodError) Unwrap() error { return ErrNoSuchPeriod }
