@@ -56,6 +56,7 @@ Every flag can also be set with the environment variable shown in its help.`,
 		SilenceErrors: true,
 	}
 	root.AddCommand(newMigrateCmd(), newDevCmd())
+	root.AddCommand(newServeCmd(), newBenchCmd())
 	root.AddCommand(newPeriodsCmd())
 	root.AddCommand(newReconcileCmd())
 	return root

@@ -1,0 +1,268 @@
+package ingest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/tally-ledger/tally/ingest/wire"
+	"github.com/tally-ledger/tally/ledger"
+)
+
+// microBatch is consecutive messages of one partition, committed together.
+type microBatch struct {
+	from, to int64     // stored next offset before and after the batch
+	hwm      int64     // the partition's high watermark as last seen
+	through  time.Time // the newest Kafka timestamp of the batch's messages
+	msgs     []message
+	records  int // records in decoded messages; a message refused whole counts 1 (for sizing only)
+	jumps    []jump
+}
+
+// message is one Kafka message and what Decode made of it.
+type message struct {
+	offset   int64
+	key      []byte
+	value    []byte
+	batch    wire.Batch
+	index    []int // index[i]: position in the message of batch.Records[i]
+	rejected []wire.RecordError
+	err      *wire.Error // the whole message was refused
+}
+
+// jump is a range of offsets Kafka no longer had when this consumer got there.
+type jump struct {
+	from, to int64
+	detail   string
+}
+
+func (b *microBatch) add(m kafka.Message) {
+	msg := message{offset: m.Offset, key: m.Key, value: m.Value}
+	wb, index, rejected, err := decode(m.Key, m.Value)
+	if err != nil {
+		var we *wire.Error
+		if !errors.As(err, &we) {
+			// Decode documents *wire.Error; anything else is still a refusal
+			// of the whole message, never a silent drop.
+			we = &wire.Error{Reason: wire.ReasonBadJSON, Detail: err.Error()}
+		}
+		msg.err = we
+		b.records++
+	} else {
+		msg.batch, msg.index, msg.rejected = wb, index, rejected
+		b.records += len(wb.Records) + len(rejected)
+	}
+	if m.Time.After(b.through) {
+		b.through = m.Time
+	}
+	b.msgs = append(b.msgs, msg)
+}
+
+// decode is wire.Decode, except that a decoder panic refuses the message
+// (a dead letter) instead of crashing every member that reads it, forever.
+func decode(key, value []byte) (b wire.Batch, index []int, rejected []wire.RecordError, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			b, index, rejected = wire.Batch{}, nil, nil
+			err = &wire.Error{Reason: wire.ReasonBadJSON, Detail: fmt.Sprintf("the decoder failed on this message (a bug in Tally; replay it after the fix): %v", r)}
+		}
+	}()
+	return wire.Decode(key, value)
+}
+
+// summary is what one committed micro-batch did.
+type summary struct {
+	messages, messagesRejected int
+	records                    int
+	outcomes                   [ledger.Rejected + 1]int // by ledger.Kind
+	deadLetters                map[string]int           // by reason
+}
+
+func kindName(k int) string { return ledger.Kind(k).String() }
+
+// deadLetters collects the rows of one insertDeadLetters statement.
+type deadLetters struct {
+	ids     []uuid.UUID
+	offsets []int64
+	indexes []*int32
+	reasons []string
+	fields  []*string
+	details []string
+	keys    [][]byte
+	raws    [][]byte
+}
+
+func (d *deadLetters) add(offset int64, index *int32, reason, field, detail string, key, raw []byte) error {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return err
+	}
+	var f *string
+	if field != "" {
+		f = &field
+	}
+	d.ids = append(d.ids, id)
+	d.offsets = append(d.offsets, offset)
+	d.indexes = append(d.indexes, index)
+	d.reasons = append(d.reasons, reason)
+	d.fields = append(d.fields, f)
+	d.details = append(d.details, detail)
+	d.keys = append(d.keys, key)
+	d.raws = append(d.raws, raw)
+	return nil
+}
+
+// tryCommit is one attempt at b's transaction. The transaction runs to its
+// end even if ctx is cancelled meanwhile (bounded by TxTimeout), so a
+// shutdown finishes the in-flight micro-batch instead of wasting it.
+func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary, err error) {
+	cfg := p.c.cfg
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), cfg.TxTimeout)
+	defer cancel()
+
+	tx, err := cfg.Pool.BeginTx(ctx, txOptions)
+	if err != nil {
+		return s, fmt.Errorf("begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			// Rollback errors add nothing: the connection is discarded and
+			// the server rolls back on its own.
+			_ = tx.Rollback(context.WithoutCancel(ctx))
+		}
+	}()
+
+	// Kafka timestamps come from producers' clocks: one ahead of ours must
+	// not claim completeness for a time that has not come yet.
+	var through *time.Time
+	if !b.through.IsZero() {
+		t := b.through.UTC()
+		if now := cfg.Clock().UTC(); t.After(now) {
+			t = now
+		}
+		through = &t
+	}
+	tag, err := tx.Exec(ctx, advanceOffset, cfg.Topic, p.id, b.from, b.to, b.hwm, through, p.gen.MemberID, p.gen.ID)
+	if err != nil {
+		return s, fmt.Errorf("advance offset: %w", err)
+	}
+	if tag.RowsAffected() == 0 {
+		return s, errFenced
+	}
+
+	// Every valid record of every message, in offset order, in one Apply.
+	type ref struct {
+		msg, rec int // index in b.msgs, index in the message's valid records
+	}
+	var recs []ledger.Record
+	var refs []ref
+	for i := range b.msgs {
+		m := &b.msgs[i]
+		for j, r := range m.batch.Records {
+			recs = append(recs, ledger.Record{
+				OperationID: r.OperationID,
+				Stream:      ledger.StreamKey{Producer: m.batch.Producer, Epoch: m.batch.Epoch, Customer: r.Customer, Meter: r.Meter},
+				Seq:         r.Seq,
+				Total:       r.Total,
+				Quantity:    r.Quantity,
+				OccurredAt:  r.OccurredAt,
+				Final:       r.Final,
+			})
+			refs = append(refs, ref{i, j})
+		}
+	}
+	var outs []ledger.Outcome
+	if len(recs) > 0 {
+		outs, err = cfg.Ledger.Apply(ctx, tx, recs)
+		if err != nil {
+			return s, fmt.Errorf("ledger apply: %w", err)
+		}
+		if len(outs) != len(recs) {
+			return s, fmt.Errorf("ledger apply: %d outcomes for %d records", len(outs), len(recs))
+		}
+	}
+
+	s.deadLetters = map[string]int{}
+	var dl deadLetters
+	addDL := func(offset int64, index *int32, reason, field, detail string, key, raw []byte) error {
+		s.deadLetters[reason]++
+		return dl.add(offset, index, reason, field, detail, key, raw)
+	}
+	for i := range b.msgs {
+		m := &b.msgs[i]
+		s.messages++
+		if m.err != nil {
+			s.messagesRejected++
+			if err := addDL(m.offset, nil, string(m.err.Reason), m.err.Field, m.err.Detail, m.key, m.value); err != nil {
+				return s, err
+			}
+			continue
+		}
+		n := len(m.batch.Records) + len(m.rejected)
+		s.records += n
+		s.outcomes[ledger.Rejected] += len(m.rejected)
+		for _, re := range m.rejected {
+			idx := int32(re.Index)
+			if err := addDL(m.offset, &idx, string(re.Err.Reason), re.Err.Field, re.Err.Detail, m.key, re.Raw); err != nil {
+				return s, err
+			}
+		}
+	}
+	for k, o := range outs {
+		if o.Kind < 1 || int(o.Kind) >= len(s.outcomes) {
+			return s, fmt.Errorf("ledger apply: unknown outcome kind %d", o.Kind)
+		}
+		s.outcomes[o.Kind]++
+		if o.Kind != ledger.Rejected {
+			continue
+		}
+		m := &b.msgs[refs[k].msg]
+		r := m.batch.Records[refs[k].rec]
+		idx := int32(m.index[refs[k].rec])
+		// wire.Decode keeps the exact bytes only of records it refuses, so
+		// this is the record re-encoded: same values, exact decimals as
+		// strings (trailing zeros after the point may differ). The header
+		// (producer, epoch) is in the message at the same offset.
+		raw, err := json.Marshal(r)
+		if err != nil {
+			return s, fmt.Errorf("encode rejected record: %w", err)
+		}
+		detail := o.Detail
+		if detail == "" {
+			detail = o.Reason
+		}
+		if err := addDL(m.offset, &idx, o.Reason, "", detail, m.key, raw); err != nil {
+			return s, err
+		}
+	}
+
+	now := cfg.Clock().UTC()
+	batch := &pgx.Batch{}
+	if len(dl.ids) > 0 {
+		batch.Queue(insertDeadLetters, cfg.Topic, p.id, now,
+			dl.ids, dl.offsets, dl.indexes, dl.reasons, dl.fields, dl.details, dl.keys, dl.raws)
+	}
+	for _, j := range b.jumps {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return s, err
+		}
+		batch.Queue(insertJump, id, cfg.Topic, p.id, j.from, j.to, now, j.detail)
+	}
+	batch.Queue(addCounters, cfg.Topic, p.id, s.messages, s.messagesRejected, s.records,
+		s.outcomes[ledger.Applied], s.outcomes[ledger.Duplicate], s.outcomes[ledger.Conflict],
+		s.outcomes[ledger.LateFill], s.outcomes[ledger.Rejected])
+	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+		return s, fmt.Errorf("dead letters and counters: %w", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return s, fmt.Errorf("commit: %w", err)
+	}
+	return s, nil
+}

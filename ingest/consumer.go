@@ -1,0 +1,547 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+)
+
+// Consumer is one member of the ingest consumer group.
+//
+// kafka-go traps this design avoids (see its issues):
+//   - A function passed to Generation.Start that returns ends the whole
+//     generation (a rebalance for every member). Partition loops return only
+//     once the generation's context is done.
+//   - Reader.CommitMessages offsets are not monotonic (segmentio/kafka-go#439)
+//     and a Reader with a GroupID may hand out messages fetched before a
+//     rebalance (#1398). The group is used only for assignments; each owned
+//     partition gets a fresh partition Reader started at the offset stored
+//     in Postgres, closed when the generation ends.
+//   - A partition Reader silently skips to the first available offset when
+//     the one asked for was deleted (at start and on OffsetOutOfRange while
+//     reading), and retries forever on OffsetOutOfRange unless
+//     OffsetOutOfRangeError is set (#891, #917). OffsetOutOfRangeError is
+//     set, and every message's offset is checked against the expected one:
+//     a gap is recorded as an offset jump, never skipped silently.
+type Consumer struct {
+	cfg       Config
+	log       *slog.Logger
+	m         *metrics
+	transport *kafka.Transport
+	client    *kafka.Client
+
+	commitMu sync.Mutex // serialises dashboard commits to Kafka on the shared coordinator connection
+}
+
+// NewConsumer validates cfg and returns a Consumer. It registers the
+// consumer's metrics with cfg.Registry.
+func NewConsumer(cfg Config) (*Consumer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	m, err := newMetrics(cfg.Registry, cfg.Topic)
+	if err != nil {
+		return nil, fmt.Errorf("ingest: register metrics: %w", err)
+	}
+	tr := &kafka.Transport{
+		Dial:     cfg.Dialer.DialFunc,
+		SASL:     cfg.Dialer.SASLMechanism,
+		TLS:      cfg.Dialer.TLS,
+		ClientID: cfg.Dialer.ClientID,
+	}
+	return &Consumer{
+		cfg:       cfg,
+		log:       cfg.Logger.With("topic", cfg.Topic, "group", cfg.Group),
+		m:         m,
+		transport: tr,
+		client:    &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: tr, Timeout: 10 * time.Second},
+	}, nil
+}
+
+// Run joins the group and consumes until ctx is cancelled, then finishes or
+// rolls back the in-flight transactions, leaves the group and returns nil.
+// Kafka and Postgres errors are retried, never returned.
+func (c *Consumer) Run(ctx context.Context) error {
+	defer c.transport.CloseIdleConnections()
+	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
+		ID:                    c.cfg.Group,
+		Brokers:               c.cfg.Brokers,
+		Dialer:                c.cfg.Dialer,
+		Topics:                []string{c.cfg.Topic},
+		HeartbeatInterval:     c.cfg.HeartbeatInterval,
+		SessionTimeout:        c.cfg.SessionTimeout,
+		RebalanceTimeout:      c.cfg.RebalanceTimeout,
+		JoinGroupBackoff:      c.cfg.RetryMax,
+		WatchPartitionChanges: true,
+		Logger:                kafkaLogger(c.log, slog.LevelDebug),
+		ErrorLogger:           kafkaLogger(c.log, slog.LevelDebug),
+	})
+	if err != nil {
+		return fmt.Errorf("ingest: consumer group: %w", err)
+	}
+	c.log.Info("ingest started", "brokers", c.cfg.Brokers)
+	for {
+		gen, err := group.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				break
+			}
+			c.log.Warn("consumer group: no generation yet; retrying", "err", err)
+			continue
+		}
+		assigned := gen.Assignments[c.cfg.Topic]
+		ids := make([]int, 0, len(assigned))
+		for _, a := range assigned {
+			ids = append(ids, a.ID)
+		}
+		c.log.Info("generation joined", "generation", gen.ID, "member", gen.MemberID, "partitions", ids)
+		c.m.owned.Set(float64(len(ids)))
+		for _, p := range ids {
+			gen.Start(func(gctx context.Context) { c.runPartition(gctx, gen, p) })
+		}
+	}
+	// Close ends the generation (its partition loops finish or roll back
+	// their transactions first) and leaves the group.
+	group.Close()
+	c.m.owned.Set(0)
+	c.log.Info("ingest stopped; left the group")
+	return nil
+}
+
+// errFenced: the stored next offset was not the one expected; another member
+// wrote it.
+var errFenced = errors.New("stored offset changed under this member (fenced)")
+
+// partition consumes one owned partition for one generation.
+type partition struct {
+	c        *Consumer
+	gen      *kafka.Generation
+	id       int
+	label    string
+	log      *slog.Logger
+	aheadLog bool // logged "stored offset ahead of the partition's end" already
+
+	lastKafkaCommit time.Time
+}
+
+// runPartition must not return before the generation ends: a function
+// passed to Generation.Start that returns ends the generation for everyone.
+func (c *Consumer) runPartition(ctx context.Context, gen *kafka.Generation, id int) {
+	p := &partition{c: c, gen: gen, id: id, label: strconv.Itoa(id),
+		log: c.log.With("partition", id, "generation", gen.ID)}
+	p.run(ctx)
+	<-ctx.Done()
+}
+
+func (p *partition) run(ctx context.Context) {
+	next, ok := p.load(ctx)
+	if !ok {
+		return
+	}
+	for attempt := 0; ctx.Err() == nil; attempt++ {
+		next = p.checkStart(ctx, next)
+		if ctx.Err() != nil {
+			return
+		}
+		r := p.newReader(next)
+		err := p.consume(ctx, r, &next)
+		r.Close()
+		if ctx.Err() != nil {
+			return
+		}
+		switch {
+		case err == nil:
+			// The position moved past deleted messages: restart the reader
+			// there.
+			attempt = -1
+		case errors.Is(err, errFenced):
+			// Another member committed this partition. Either this member
+			// lost it (its heartbeat will end the generation shortly) or a
+			// member that lost it wrote before noticing; wait a session
+			// timeout, then continue from what is stored.
+			p.log.Warn("partition fenced: stopped; will re-read the stored offset", "expected", next)
+			if !sleep(ctx, p.c.cfg.SessionTimeout) {
+				return
+			}
+			if next, ok = p.load(ctx); !ok {
+				return
+			}
+			attempt = 0
+		case errors.Is(err, kafka.OffsetOutOfRange):
+			p.log.Warn("offset out of range; checking the partition's offsets", "offset", next)
+			if !sleep(ctx, p.c.backoff(attempt)) {
+				return
+			}
+		default:
+			p.log.Error("partition reader stopped; restarting it", "err", err)
+			if !sleep(ctx, p.c.backoff(attempt)) {
+				return
+			}
+		}
+	}
+}
+
+// load returns the stored next offset, creating the partition's row on
+// first sight. It retries until it succeeds or ctx ends.
+func (p *partition) load(ctx context.Context) (int64, bool) {
+	for attempt := 0; ; attempt++ {
+		next, err := p.readNext(ctx, true)
+		if err == nil {
+			return next, true
+		}
+		if ctx.Err() != nil {
+			return 0, false
+		}
+		p.c.m.retries.WithLabelValues("postgres").Inc()
+		p.log.Warn("cannot read the stored offset; retrying", "err", err, "attempt", attempt+1)
+		if !sleep(ctx, p.c.backoff(attempt)) {
+			return 0, false
+		}
+	}
+}
+
+func (p *partition) readNext(ctx context.Context, ensure bool) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.c.cfg.TxTimeout)
+	defer cancel()
+	if ensure {
+		if _, err := p.c.cfg.Pool.Exec(ctx, ensurePartition, p.c.cfg.Topic, p.id); err != nil {
+			return 0, err
+		}
+	}
+	var next int64
+	err := p.c.cfg.Pool.QueryRow(ctx, selectNextOffset, p.c.cfg.Topic, p.id).Scan(&next)
+	return next, err
+}
+
+// offsets returns the partition's first available offset and high
+// watermark from the partition leader.
+func (p *partition) offsets(ctx context.Context) (first, last int64, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	res, err := p.c.client.ListOffsets(ctx, &kafka.ListOffsetsRequest{
+		Topics: map[string][]kafka.OffsetRequest{p.c.cfg.Topic: {kafka.FirstOffsetOf(p.id), kafka.LastOffsetOf(p.id)}},
+	})
+	if err != nil {
+		return 0, 0, err
+	}
+	for _, po := range res.Topics[p.c.cfg.Topic] {
+		if po.Partition == p.id {
+			if po.Error != nil {
+				return 0, 0, po.Error
+			}
+			return po.FirstOffset, po.LastOffset, nil
+		}
+	}
+	return 0, 0, fmt.Errorf("list offsets: no answer for partition %d", p.id)
+}
+
+// checkStart compares the stored next offset with what the partition still
+// has: an offset below the first available one is an offset jump (recorded,
+// then consumption continues from the first available offset); one above the
+// end is an anomaly an operator must look at (the topic was recreated or the
+// broker lost data) and consumption waits there.
+func (p *partition) checkStart(ctx context.Context, next int64) int64 {
+	first, last, err := p.offsets(ctx)
+	if err != nil {
+		p.log.Warn("cannot read the partition's offsets (will read from the stored offset)", "err", err)
+		return next
+	}
+	p.c.m.position(p.id, last-next, time.Time{})
+	if next < first {
+		detail := fmt.Sprintf("stored next offset %d is below the partition's first available offset %d: "+
+			"%d messages were deleted (retention) before they were consumed", next, first, first-next)
+		b := &microBatch{from: next, to: first, hwm: last, jumps: []jump{{from: next, to: first, detail: detail}}}
+		if to, err := p.commit(ctx, b); err == nil {
+			return to
+		} else if errors.Is(err, errFenced) {
+			if n, ok := p.load(ctx); ok {
+				return n
+			}
+		}
+		return next
+	}
+	p.checkAhead(next, last)
+	return next
+}
+
+func (p *partition) checkAhead(next, last int64) {
+	if next > last {
+		p.c.m.anomalies.WithLabelValues("offset_ahead_of_end").Inc()
+		if !p.aheadLog {
+			p.log.Error("stored next offset is past the partition's end: the topic was recreated or the broker lost messages; "+
+				"waiting for the partition to reach it (nothing is skipped)", "next_offset", next, "high_watermark", last)
+			p.aheadLog = true
+		}
+	}
+}
+
+func (p *partition) newReader(next int64) *kafka.Reader {
+	cfg := p.c.cfg
+	r := kafka.NewReader(kafka.ReaderConfig{
+		Brokers:               cfg.Brokers,
+		Topic:                 cfg.Topic,
+		Partition:             p.id,
+		Dialer:                cfg.Dialer,
+		MinBytes:              1,
+		MaxBytes:              8 << 20,
+		MaxWait:               cfg.FetchMaxWait,
+		QueueCapacity:         cfg.QueueCapacity,
+		ReadBackoffMin:        100 * time.Millisecond,
+		ReadBackoffMax:        time.Second,
+		OffsetOutOfRangeError: true,
+		Logger:                kafkaLogger(p.log, slog.LevelDebug),
+		ErrorLogger:           kafkaLogger(p.log, slog.LevelDebug),
+	})
+	// SetOffset on a fresh partition reader only records the offset; it
+	// cannot fail before Close.
+	_ = r.SetOffset(next)
+	return r
+}
+
+// consume reads micro-batches and commits them until ctx ends or an error
+// needs a new reader. *next is the stored next offset.
+func (p *partition) consume(ctx context.Context, r *kafka.Reader, next *int64) error {
+	for {
+		b, ferr := p.collect(ctx, r, *next)
+		if ctx.Err() != nil {
+			// Shutting down: nothing of b is committed; the next owner
+			// re-reads it from the stored offset.
+			return ctx.Err()
+		}
+		if len(b.msgs) > 0 {
+			to, err := p.commit(ctx, b)
+			if err != nil {
+				return err
+			}
+			*next = to
+		} else if ferr == nil {
+			n, err := p.idle(ctx, *next)
+			if err != nil {
+				return err
+			}
+			if n != *next {
+				// Jumped forward past deleted messages: the reader must
+				// restart there.
+				*next = n
+				return nil
+			}
+		}
+		if ferr != nil {
+			return ferr
+		}
+	}
+}
+
+// collect gathers one micro-batch: it waits up to PositionInterval for a first
+// message, then up to MaxBatchWait (or until MaxBatchRecords) for more.
+// A batch with no messages and a nil error means the partition was idle.
+func (p *partition) collect(ctx context.Context, r *kafka.Reader, next int64) (*microBatch, error) {
+	cfg := p.c.cfg
+	b := &microBatch{from: next, to: next}
+	wait := cfg.PositionInterval
+	var deadline time.Time
+	for b.records < cfg.MaxBatchRecords {
+		var fctx context.Context
+		var cancel context.CancelFunc
+		if deadline.IsZero() {
+			fctx, cancel = context.WithTimeout(ctx, wait)
+		} else {
+			fctx, cancel = context.WithDeadline(ctx, deadline)
+		}
+		m, err := r.FetchMessage(fctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+				return b, nil
+			}
+			return b, err
+		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(cfg.MaxBatchWait)
+		}
+		p.add(b, m)
+	}
+	return b, nil
+}
+
+// add appends m to b, checking its offset.
+func (p *partition) add(b *microBatch, m kafka.Message) {
+	switch {
+	case m.Offset < b.to:
+		// A partition reader never goes back; if it ever did, the message
+		// is already applied and counted.
+		p.c.m.anomalies.WithLabelValues("offset_backwards").Inc()
+		p.log.Error("reader returned an offset below the expected one; ignoring the message (already consumed)",
+			"offset", m.Offset, "expected", b.to)
+		return
+	case m.Offset > b.to:
+		detail := fmt.Sprintf("expected offset %d, the partition returned %d: %d messages were deleted (retention) "+
+			"or are missing before they were consumed", b.to, m.Offset, m.Offset-b.to)
+		b.jumps = append(b.jumps, jump{from: b.to, to: m.Offset, detail: detail})
+	}
+	b.add(m)
+	b.to = m.Offset + 1
+	if m.HighWaterMark > b.hwm {
+		b.hwm = m.HighWaterMark
+	}
+}
+
+// idle runs when no message came for PositionInterval: if the partition is
+// caught up, the applied-through time advances to just before the check; if
+// messages were deleted under the stored offset, the jump is recorded.
+func (p *partition) idle(ctx context.Context, next int64) (int64, error) {
+	t0 := p.c.cfg.Clock()
+	first, last, err := p.offsets(ctx)
+	if err != nil {
+		p.log.Debug("idle: cannot read the partition's offsets", "err", err)
+		return next, nil
+	}
+	switch {
+	case next < first:
+		return p.checkStart(ctx, next), nil
+	case next > last:
+		p.checkAhead(next, last)
+		return next, nil
+	case next < last:
+		// Messages exist but the reader has not delivered them yet.
+		p.c.m.position(p.id, last-next, time.Time{})
+		return next, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.c.cfg.TxTimeout)
+	defer cancel()
+	tag, err := p.c.cfg.Pool.Exec(ctx, touchPosition, p.c.cfg.Topic, p.id, next, last, t0)
+	if err != nil {
+		p.log.Debug("idle: cannot record the position", "err", err)
+		return next, nil
+	}
+	if tag.RowsAffected() == 0 {
+		p.c.m.fenced.Inc()
+		return next, errFenced
+	}
+	p.aheadLog = false
+	p.c.m.position(p.id, 0, t0)
+	return next, nil
+}
+
+// commit applies b in one transaction, retrying Postgres failures with
+// backoff until it commits, is fenced, or ctx ends. It returns the new
+// stored next offset.
+func (p *partition) commit(ctx context.Context, b *microBatch) (int64, error) {
+	for attempt := 0; ; attempt++ {
+		t0 := time.Now()
+		s, err := p.tryCommit(ctx, b)
+		if err == nil {
+			p.committed(b, s, time.Since(t0))
+			return b.to, nil
+		}
+		if errors.Is(err, errFenced) {
+			p.c.m.fenced.Inc()
+			return 0, err
+		}
+		p.c.m.retries.WithLabelValues("postgres").Inc()
+		level := slog.LevelWarn
+		if attempt >= 5 {
+			level = slog.LevelError // not a blip any more: the partition is stalled
+		}
+		p.log.Log(context.Background(), level, "micro-batch transaction failed; rolled back, will retry the same batch",
+			"err", err, "attempt", attempt+1, "from", b.from, "to", b.to)
+		if !sleep(ctx, p.c.backoff(attempt)) {
+			return 0, ctx.Err()
+		}
+		// A failed COMMIT may have committed after all: the stored offset
+		// tells.
+		stored, rerr := p.readNext(ctx, false)
+		switch {
+		case rerr != nil:
+			// Retry the transaction; its compare-and-set decides.
+		case stored == b.to && b.to != b.from:
+			p.log.Info("the failed commit had committed", "to", b.to)
+			p.committed(b, s, time.Since(t0))
+			return b.to, nil
+		case stored != b.from:
+			p.c.m.fenced.Inc()
+			return 0, errFenced
+		}
+	}
+}
+
+// committed updates metrics and, at most every KafkaCommitEvery, commits
+// the offset to Kafka for dashboards (never read back).
+func (p *partition) committed(b *microBatch, s summary, took time.Duration) {
+	m := p.c.m
+	m.batches.Inc()
+	m.txSeconds.Observe(took.Seconds())
+	for k, n := range s.outcomes {
+		if n > 0 {
+			m.records.WithLabelValues(kindName(k)).Add(float64(n))
+		}
+	}
+	m.messages.WithLabelValues("accepted").Add(float64(s.messages - s.messagesRejected))
+	m.messages.WithLabelValues("rejected").Add(float64(s.messagesRejected))
+	for reason, n := range s.deadLetters {
+		m.deadLetters.WithLabelValues(reason).Add(float64(n))
+	}
+	for _, j := range b.jumps {
+		m.jumps.WithLabelValues(p.label).Inc()
+		p.log.Error("offset jump: messages were lost before ingest read them", "from", j.from, "to", j.to, "detail", j.detail)
+	}
+	lag := max(b.hwm-b.to, 0)
+	m.position(p.id, lag, b.through)
+	p.log.Debug("micro-batch committed", "from", b.from, "to", b.to, "messages", s.messages,
+		"records", s.records, "took", took)
+
+	every := p.c.cfg.KafkaCommitEvery
+	if every < 0 || time.Since(p.lastKafkaCommit) < every || b.to == b.from {
+		return
+	}
+	p.lastKafkaCommit = time.Now()
+	p.c.commitMu.Lock()
+	err := p.gen.CommitOffsets(map[string]map[int]int64{p.c.cfg.Topic: {p.id: b.to}})
+	p.c.commitMu.Unlock()
+	if err != nil {
+		p.log.Debug("dashboard offset commit to Kafka failed (harmless)", "err", err)
+	}
+}
+
+// backoff returns the capped exponential delay before retry attempt+1,
+// with jitter so that members do not retry in lockstep.
+func (c *Consumer) backoff(attempt int) time.Duration {
+	d := c.cfg.RetryMin << min(attempt, 20)
+	if d <= 0 || d > c.cfg.RetryMax {
+		d = c.cfg.RetryMax
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// sleep waits d or until ctx ends; it reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// kafkaLogger adapts kafka-go's printf logging to slog.
+func kafkaLogger(log *slog.Logger, level slog.Level) kafka.Logger {
+	return kafka.LoggerFunc(func(msg string, args ...any) {
+		if log.Enabled(context.Background(), level) {
+			log.Log(context.Background(), level, "kafka-go: "+fmt.Sprintf(msg, args...))
+		}
+	})
+}
+
+// txOptions: READ COMMITTED is what ledger.Apply needs.
+var txOptions = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}

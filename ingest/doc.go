@@ -1,0 +1,27 @@
+// Package ingest consumes meter.batch.v1 messages from Kafka and applies them
+// to the ledger exactly once in effect (SPEC §2, §3, §9).
+//
+// The consumer joins a Kafka consumer group only to learn which partitions it
+// owns; it reads each owned partition with a partition reader from the next
+// offset stored in Postgres, never from offsets committed to Kafka.
+//
+// Invariants:
+//   - One Postgres transaction per micro-batch holds everything the batch
+//     changes: the ledger rows (ledger.Apply), dead letters, offset jumps,
+//     the partition's conservation counters and its next offset. A crash at
+//     any instant leaves either all of it or none of it.
+//   - The next offset is written with a compare-and-set on the value this
+//     consumer last read or wrote; a member that lost the partition cannot
+//     commit (its transaction is rolled back). Stored offsets never move
+//     backwards.
+//   - Conservation: per partition, records_in = applied + duplicate +
+//     conflict + late_fill + rejected, at every commit (a CHECK constraint).
+//     A message rejected whole counts in messages_rejected, not in records.
+//   - Nothing is dropped silently: every refused message or record is a dead
+//     letter with its raw bytes, partition, offset and reason; every offset
+//     that Kafka no longer had (retention, a recreated topic) is an offset
+//     jump row, an ERROR log line and a metric.
+//   - A Postgres error never advances the offset: the same micro-batch is
+//     retried with capped exponential backoff while the member stays in its
+//     group. Offsets committed to Kafka are for lag dashboards only.
+package ingest

@@ -1,0 +1,402 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	neturl "net/url"
+	"os"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+	"github.com/shopspring/decimal"
+	"github.com/spf13/cobra"
+
+	"github.com/tally-ledger/tally/ingest"
+	"github.com/tally-ledger/tally/ingest/wire"
+	"github.com/tally-ledger/tally/internal/devstack"
+	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/migrations"
+)
+
+func newBenchCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Measure Tally against the targets of SPEC §10",
+	}
+	cmd.AddCommand(newBenchIngestCmd())
+	return cmd
+}
+
+type benchIngestOptions struct {
+	records, perMessage, partitions int
+	dupShare                        float64
+	adminURL                        string
+	keep                            bool
+	rounds                          int
+	cpuProfile                      string
+}
+
+func newBenchIngestCmd() *cobra.Command {
+	o := benchIngestOptions{}
+	cmd := &cobra.Command{
+		Use:   "ingest",
+		Short: "Kafka → ledger throughput, exactly once, against a plain COPY of the same rows",
+		Long: `Produce --records records (in messages of --per-message records) to an embedded
+broker, ingest them end to end into a fresh database and time it; do the same
+with a share of retransmitted (duplicate) messages; then COPY the same rows
+into a table with the columns and indexes of records. Prints records/s for
+each and the ratios (SPEC §10: ingest ≥ 50% of COPY; duplicates no slower).
+
+Each run uses a database of its own on the server of --database-url,
+dropped afterwards (unless --keep).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return benchIngest(cmd.Context(), cmd.OutOrStdout(), o)
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.records, "records", 200_000, "records per run")
+	f.IntVar(&o.perMessage, "per-message", 1000, "records per Kafka message")
+	f.IntVar(&o.partitions, "partitions", 4, "partitions of the benchmark topics")
+	f.Float64Var(&o.dupShare, "duplicates", 0.3, "share of records that are retransmits in the second run")
+	f.StringVar(&o.adminURL, "database-url", defaultDatabaseURL, "Postgres server to create the benchmark databases on")
+	envDefault(f, "database-url", "TALLY_DATABASE_URL")
+	f.BoolVar(&o.keep, "keep", false, "keep the benchmark databases")
+	f.IntVar(&o.rounds, "rounds", 3, "rounds of the three measurements; medians are compared")
+	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
+	return cmd
+}
+
+func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error {
+	if o.records < 1 || o.perMessage < 1 || o.perMessage > wire.MaxRecords || o.partitions < 1 || o.dupShare < 0 || o.dupShare >= 1 || o.rounds < 1 {
+		return errors.New("bench ingest: need --records ≥ 1, 1 ≤ --per-message ≤ 10000, --partitions ≥ 1, 0 ≤ --duplicates < 1, --rounds ≥ 1")
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if o.cpuProfile != "" {
+		f, err := os.Create(o.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	k, err := devstack.StartKafka(devstack.KafkaConfig{Addr: "127.0.0.1:0",
+		Topics: []string{"bench.unique", "bench.duplicates"}, Partitions: int32(o.partitions)})
+	if err != nil {
+		return err
+	}
+	defer k.Close()
+	fmt.Fprintf(out, "tally bench ingest: %d records per run, %d records per message, %d partitions, embedded broker %s\n",
+		o.records, o.perMessage, o.partitions, k.Addr)
+
+	uniq := benchMessages(o.records, o.perMessage, o.partitions*8, 0, 1)
+	dups := benchMessages(o.records, o.perMessage, o.partitions*8, o.dupShare, 2)
+	// Rounds alternate the three measurements so that drift in the
+	// machine's load hits them alike; the medians are compared.
+	var tu, td, tc []time.Duration
+	var copied int64
+	for round := range o.rounds {
+		fmt.Fprintf(out, "round %d of %d\n", round+1, o.rounds)
+		// Unique records (a fresh database: every record is new to it).
+		r1, db1, err := benchRun(ctx, out, log, k.Addr, "bench.unique", o, uniq, round == 0)
+		if db1 != "" && !o.keep {
+			defer dropBenchDB(o.adminURL, db1)
+		}
+		if err != nil {
+			return err
+		}
+		// The same number of records, a share of them retransmits.
+		r2, db2, err := benchRun(ctx, out, log, k.Addr, "bench.duplicates", o, dups, round == 0)
+		if db2 != "" && !o.keep {
+			defer dropBenchDB(o.adminURL, db2)
+		}
+		if err != nil {
+			return err
+		}
+		// Baseline: COPY the unique run's rows into a records-shaped table.
+		r3, n, err := benchCopy(ctx, withDB(o.adminURL, db1))
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "  %-34s %8d rows    in %7.2fs = %9.0f rows/s\n", "COPY into a records-shaped table", n, r3.Seconds(), float64(n)/r3.Seconds())
+		tu, td, tc, copied = append(tu, r1), append(td, r2), append(tc, r3), n
+	}
+	uRate, dRate, cRate := float64(o.records)/median(tu).Seconds(), float64(o.records)/median(td).Seconds(), float64(copied)/median(tc).Seconds()
+	fmt.Fprintf(out, "\nmedians of %d rounds:\n", o.rounds)
+	fmt.Fprintf(out, "  ingest, unique records     %9.0f records/s\n", uRate)
+	fmt.Fprintf(out, "  ingest, with duplicates    %9.0f records/s\n", dRate)
+	fmt.Fprintf(out, "  COPY, same rows and table  %9.0f rows/s\n", cRate)
+	fmt.Fprintf(out, "  ingest unique / COPY       = %.2f   (target ≥ 0.50)\n", uRate/cRate)
+	fmt.Fprintf(out, "  ingest duplicates / unique = %.2f   (target ≥ 1.00)\n", dRate/uRate)
+	return nil
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// benchMessage is one encoded message and its record count.
+type benchMessage struct {
+	key, value []byte
+	records    int
+}
+
+// benchMessages builds messages with total records: (1-dup) of them new,
+// the rest retransmits of earlier messages placed at random later positions.
+func benchMessages(total, perMessage, customers int, dup float64, seed uint64) []benchMessage {
+	rng := rand.New(rand.NewPCG(seed, 42))
+	type stream struct {
+		customer string
+		seq      int64
+		total    decimal.Decimal
+	}
+	streams := make([]*stream, customers)
+	for i := range streams {
+		streams[i] = &stream{customer: fmt.Sprintf("bench-%03d", i)}
+	}
+	now := time.Now().UTC().Add(-time.Minute)
+	newMsg := func(n int) benchMessage {
+		s := streams[rng.IntN(len(streams))]
+		b := wire.Batch{Schema: wire.Schema, BatchID: uuid.Must(uuid.NewV7()), Producer: "bench", Epoch: 1, SentAt: now}
+		for range n {
+			s.seq++
+			q := decimal.New(rng.Int64N(1_000_000), -3)
+			s.total = s.total.Add(q)
+			b.Records = append(b.Records, wire.Record{OperationID: uuid.Must(uuid.NewV7()), Customer: s.customer,
+				Meter: "api_calls", Seq: s.seq, Total: s.total, Quantity: decimal.NewNullDecimal(q), OccurredAt: now})
+		}
+		v, err := wire.Encode(b)
+		if err != nil {
+			panic(err) // the generator only builds valid batches
+		}
+		return benchMessage{key: []byte(s.customer), value: v, records: n}
+	}
+	nMsgs := (total + perMessage - 1) / perMessage
+	nDup := int(math.Round(float64(nMsgs) * dup))
+	originals := make([]benchMessage, 0, nMsgs-nDup)
+	for left := total; len(originals) < nMsgs-nDup; left -= perMessage {
+		originals = append(originals, newMsg(min(perMessage, left)))
+	}
+	// A retransmit comes after its original, at a random later position.
+	after := make([][]benchMessage, len(originals))
+	for range nDup {
+		i := rng.IntN(len(originals))
+		j := i + rng.IntN(len(originals)-i)
+		after[j] = append(after[j], originals[i])
+	}
+	msgs := make([]benchMessage, 0, nMsgs)
+	for i, m := range originals {
+		msgs = append(msgs, m)
+		msgs = append(msgs, after[i]...)
+	}
+	return msgs
+}
+
+// benchRun produces msgs to topic, ingests them into a fresh database and
+// returns the ingest time (from the consumer owning its partitions to the
+// last offset stored) and the database name.
+func benchRun(ctx context.Context, out io.Writer, log *slog.Logger, broker, topic string, o benchIngestOptions, msgs []benchMessage, produce bool) (time.Duration, string, error) {
+	records, dupRecords := 0, 0
+	seen := map[string]bool{}
+	kmsgs := make([]kafka.Message, len(msgs))
+	for i, m := range msgs {
+		records += m.records
+		if seen[string(m.value)] {
+			dupRecords += m.records
+		}
+		seen[string(m.value)] = true
+		kmsgs[i] = kafka.Message{Key: m.key, Value: m.value}
+	}
+	label := "ingest, unique records"
+	if dupRecords > 0 {
+		label = fmt.Sprintf("ingest, %.0f%% duplicates", 100*float64(dupRecords)/float64(records))
+	}
+
+	var produced time.Duration
+	if produce {
+		tr := &kafka.Transport{}
+		defer tr.CloseIdleConnections()
+		w := &kafka.Writer{Addr: kafka.TCP(broker), Topic: topic, Transport: tr, Balancer: &kafka.Murmur2Balancer{},
+			RequiredAcks: kafka.RequireAll, BatchTimeout: 5 * time.Millisecond, BatchSize: 100, BatchBytes: 3 << 20}
+		t0 := time.Now()
+		err := w.WriteMessages(ctx, kmsgs...)
+		if cerr := w.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return 0, "", fmt.Errorf("produce: %w", err)
+		}
+		produced = time.Since(t0)
+	}
+
+	name := "tally_bench_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
+	if err := createBenchDB(ctx, o.adminURL, name); err != nil {
+		return 0, "", err
+	}
+	pool, err := pgxpool.New(ctx, withDB(o.adminURL, name))
+	if err != nil {
+		return 0, name, err
+	}
+	defer pool.Close()
+	if _, err := migrations.Up(ctx, pool, log); err != nil {
+		return 0, name, err
+	}
+	l, err := ledger.New(ledger.Config{Logger: log})
+	if err != nil {
+		return 0, name, err
+	}
+	c, err := ingest.NewConsumer(ingest.Config{Brokers: []string{broker}, Topic: topic, Group: "bench-" + name,
+		Pool: pool, Ledger: l, Logger: log, Registry: prometheus.NewRegistry()})
+	if err != nil {
+		return 0, name, err
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(cctx) }()
+	stop := func() error {
+		cancel()
+		return <-done
+	}
+
+	var start time.Time
+	for {
+		var parts int
+		var next int64
+		if err := pool.QueryRow(ctx, "SELECT count(*), coalesce(sum(next_offset), 0) FROM ingest_partitions WHERE topic = $1", topic).Scan(&parts, &next); err != nil {
+			_ = stop()
+			return 0, name, err
+		}
+		if start.IsZero() && parts == o.partitions {
+			start = time.Now() // every partition is owned and being read
+		}
+		if next == int64(len(msgs)) {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			_ = stop()
+			return 0, name, ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	took := time.Since(start)
+	if err := stop(); err != nil {
+		return 0, name, err
+	}
+	st, err := ingest.Status(ctx, pool, topic)
+	if err != nil {
+		return 0, name, err
+	}
+	var applied, dup int64
+	for _, p := range st {
+		applied += p.Counters.Applied
+		dup += p.Counters.Duplicate
+	}
+	if applied != int64(records-dupRecords) || dup != int64(dupRecords) {
+		return 0, name, fmt.Errorf("%s: applied %d duplicate %d, want %d and %d", label, applied, dup, records-dupRecords, dupRecords)
+	}
+	fmt.Fprintf(out, "  %-34s %8d records in %7.2fs = %9.0f records/s   (%d messages; applied %d, duplicate %d%s)\n",
+		label, records, took.Seconds(), float64(records)/took.Seconds(), len(msgs), applied, dup, producedNote(produced))
+	return took, name, nil
+}
+
+// benchCopy copies the records of the database at url into a table with the
+// same columns and indexes and returns how long the COPY took.
+func benchCopy(ctx context.Context, url string) (time.Duration, int64, error) {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "CREATE TABLE bench_records_copy (LIKE records INCLUDING ALL)"); err != nil {
+		return 0, 0, err
+	}
+	rows, err := conn.Query(ctx, "SELECT * FROM records")
+	if err != nil {
+		return 0, 0, err
+	}
+	var cols []string
+	for _, f := range rows.FieldDescriptions() {
+		cols = append(cols, f.Name)
+	}
+	var data [][]any
+	for rows.Next() {
+		v, err := rows.Values()
+		if err != nil {
+			rows.Close()
+			return 0, 0, err
+		}
+		data = append(data, v)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, 0, err
+	}
+	t0 := time.Now()
+	n, err := conn.CopyFrom(ctx, pgx.Identifier{"bench_records_copy"}, cols, pgx.CopyFromRows(data))
+	if err != nil {
+		return 0, 0, fmt.Errorf("copy: %w", err)
+	}
+	return time.Since(t0), n, nil
+}
+
+func producedNote(d time.Duration) string {
+	if d == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; produced in %.2fs", d.Seconds())
+}
+
+func withDB(u, name string) string {
+	parsed, err := neturl.Parse(u)
+	if err != nil {
+		return u
+	}
+	parsed.Path = "/" + name
+	return parsed.String()
+}
+
+// createBenchDB and dropBenchDB work through the server's maintenance
+// database, so --database-url may name a database that does not exist yet.
+func createBenchDB(ctx context.Context, admin, name string) error {
+	c, err := pgx.Connect(ctx, withDB(admin, "postgres"))
+	if err != nil {
+		return fmt.Errorf("database: %w", err)
+	}
+	defer c.Close(context.WithoutCancel(ctx))
+	if _, err := c.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return fmt.Errorf("create benchmark database: %w", err)
+	}
+	return nil
+}
+
+func dropBenchDB(admin, name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, withDB(admin, "postgres"))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "tally bench: cannot drop %s: %v\n", name, err)
+		return
+	}
+	defer c.Close(ctx)
+	if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		fmt.Fprintf(os.Stderr, "tally bench: cannot drop %s: %v\n", name, err)
+	}
+}

@@ -1,0 +1,121 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"regexp"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/goleak"
+
+	"github.com/tally-ledger/tally/internal/kafkatest"
+	"github.com/tally-ledger/tally/internal/pgtest"
+)
+
+// syncBuffer is a bytes.Buffer safe for one writer and one reader.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// tally dev migrates an empty database, starts the embedded broker, prints
+// where to send batches, bills a batch sent three times once, and stops
+// cleanly.
+func TestDevEndToEnd(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+	db := pgtest.NewEmptyURL(t)
+	t.Setenv("TALLY_DATABASE_URL", db)
+	t.Setenv("TALLY_KAFKA_BROKERS", "")
+	dir := t.TempDir()
+
+	var out syncBuffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		root := newRoot()
+		root.SetOut(&out)
+		root.SetErr(&out)
+		root.SetArgs([]string{"dev", "--dir", dir, "--kafka-addr", "127.0.0.1:0", "--listen", "127.0.0.1:0"})
+		done <- root.ExecuteContext(ctx)
+	}()
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("tally dev: %v\n%s", err, out.String())
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("tally dev did not stop within 30s")
+		}
+	}
+	defer stop()
+
+	broker := regexp.MustCompile(`kcat -P -b (127\.0\.0\.1:\d+) -t tally\.meter-batches`)
+	var addr string
+	for deadline := time.Now().Add(30 * time.Second); addr == "" && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if m := broker.FindStringSubmatch(out.String()); m != nil {
+			addr = m[1]
+		}
+	}
+	if addr == "" {
+		t.Fatalf("no kcat line in the banner:\n%s", out.String())
+	}
+	if _, err := os.Stat(dir + "/kafka"); err != nil {
+		t.Errorf("no broker data directory: %v", err)
+	}
+	sample, err := readSample("valid-spec-example.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := kafkatest.NewWriter([]string{addr}, "tally.meter-batches")
+	msg := kafka.Message{Key: []byte("acme"), Value: sample}
+	wctx, wcancel := context.WithTimeout(context.Background(), 20*time.Second)
+	err = w.WriteMessages(wctx, msg, msg, msg)
+	wcancel()
+	w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	conn, err := pgx.Connect(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	var in, records int
+	var billed string
+	for deadline := time.Now().Add(30 * time.Second); in < 3 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		_ = conn.QueryRow(context.Background(), "SELECT coalesce(sum(records_in), 0) FROM ingest_partitions").Scan(&in)
+	}
+	if err := conn.QueryRow(context.Background(), "SELECT count(*), coalesce(sum(billed), 0)::text FROM records").Scan(&records, &billed); err != nil {
+		t.Fatal(err)
+	}
+	if in != 3 || records != 1 || billed != "1234567" {
+		t.Errorf("sent 3 times: %d records in, %d in the ledger billing %s; want 3, 1 and 1234567", in, records, billed)
+	}
+	stop()
+}

@@ -1,0 +1,130 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+	"go.uber.org/goleak"
+
+	"github.com/tally-ledger/tally/internal/kafkatest"
+	"github.com/tally-ledger/tally/internal/pgtest"
+)
+
+func TestServeRefusesASchemaBehind(t *testing.T) {
+	db := pgtest.NewEmptyURL(t)
+	_, err := runTally(t, "serve", "--database-url", db, "--kafka-brokers", "127.0.0.1:1", "--listen", "127.0.0.1:0")
+	if err == nil || !strings.Contains(err.Error(), "tally migrate") {
+		t.Fatalf("serve on an unmigrated database: %v; want a refusal naming tally migrate", err)
+	}
+}
+
+func TestServeOnlyUnbuiltParts(t *testing.T) {
+	_, err := runTally(t, "serve", "--api")
+	if err == nil || !strings.Contains(err.Error(), "only --ingest") {
+		t.Fatalf("serve --api: %v", err)
+	}
+}
+
+// serve --ingest applies a batch sent to Kafka, serves /metrics and
+// /healthz, and stops cleanly when its context ends.
+func TestServeIngests(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) }) // runs last, after the cluster and database are gone
+	db := pgtest.NewURL(t)
+	k := kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{{Name: "tally.meter-batches", Partitions: 2}}})
+	sample, err := readSample("valid-quantity-final.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	k.Produce(t, "tally.meter-batches", kafka.Message{Key: []byte("acme"), Value: sample})
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		root := newRoot()
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		root.SetArgs([]string{"serve", "--database-url", db, "--kafka-brokers", strings.Join(k.Addrs, ","), "--listen", addr})
+		done <- root.ExecuteContext(ctx)
+	}()
+	defer func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("serve: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("serve did not stop within 30s of its context ending")
+		}
+	}()
+
+	pool, err := pgxpool.New(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	deadline := time.Now().Add(30 * time.Second)
+	var n int
+	for n == 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+		_ = pool.QueryRow(context.Background(), "SELECT count(*) FROM records").Scan(&n)
+	}
+	if n != 3 { // the sample's third record reuses the first one's operation_id: a conflict
+		t.Fatalf("%d records in the ledger, want the sample's 3", n)
+	}
+	for path, want := range map[string]string{"/healthz": "ok", "/metrics": `tally_ingest_records_total{outcome="applied",topic="tally.meter-batches"} 3`} {
+		var body []byte
+		for range 50 { // the counter follows the commit by a moment
+			resp, err := http.Get("http://" + addr + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			body, _ = io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if bytes.Contains(body, []byte(want)) {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if !bytes.Contains(body, []byte(want)) {
+			t.Errorf("GET %s: no %q in\n%.2000s", path, want, body)
+		}
+	}
+}
+
+func readSample(name string) ([]byte, error) {
+	return os.ReadFile(filepath.Join("..", "..", "testdata", "batches", name))
+}
+
+// A small end-to-end run of tally bench ingest: it must ingest every record
+// exactly once (it checks the counters itself) and print the ratios.
+func TestBenchIngestSmall(t *testing.T) {
+	out, err := runTally(t, "bench", "ingest", "--records", "3000", "--per-message", "500", "--rounds", "1",
+		"--database-url", pgtest.AdminURL())
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, out)
+	}
+	for _, want := range []string{"ingest, unique records", "% duplicates", "COPY into a records-shaped table", "ingest unique / COPY", "ingest duplicates / unique"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in\n%s", want, out)
+		}
+	}
+}
