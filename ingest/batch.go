@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"time"
 
 	"github.com/google/uuid"
@@ -254,6 +255,18 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 			return s, err
 		}
 		batch.Queue(insertJump, id, cfg.Topic, p.id, j.from, j.to, now, j.detail)
+	}
+	customers := make([]string, 0, 8)
+	seen := map[string]bool{}
+	for i := range b.msgs {
+		if m := &b.msgs[i]; m.err == nil && !seen[string(m.key)] {
+			seen[string(m.key)] = true
+			customers = append(customers, string(m.key))
+		}
+	}
+	if len(customers) > 0 {
+		sort.Strings(customers)
+		batch.Queue(noteCustomers, cfg.Topic, p.id, customers, now)
 	}
 	batch.Queue(addCounters, cfg.Topic, p.id, s.messages, s.messagesRejected, s.records,
 		s.outcomes[ledger.Applied], s.outcomes[ledger.Duplicate], s.outcomes[ledger.Conflict],

@@ -53,6 +53,14 @@ func TestRedeliveredMessagesBillOnce(t *testing.T) {
 	if c.MessagesIn != int64(3*len(msgs)+20) {
 		t.Errorf("messages in %d, want %d", c.MessagesIn, 3*len(msgs)+20)
 	}
+	// Each customer's partition is known, and it is one that took records.
+	var known, wrong int
+	err := e.pool.QueryRow(context.Background(), `
+SELECT count(*), count(*) FILTER (WHERE p.records_in = 0)
+FROM ingest_customers c JOIN ingest_partitions p USING (topic, partition)`).Scan(&known, &wrong)
+	if err != nil || known != len(streams) || wrong != 0 {
+		t.Errorf("ingest_customers: %d known (want %d), %d on idle partitions, %v", known, len(streams), wrong, err)
+	}
 }
 
 func msgsRecords(t *testing.T, msgs []kafka.Message) []int {

@@ -67,3 +67,12 @@ SELECT topic, partition, next_offset, high_watermark, applied_through,
 FROM ingest_partitions
 WHERE $1 = '' OR topic = $1
 ORDER BY topic, partition`
+
+// noteCustomers records which partition the micro-batch's customers arrive
+// on; it writes only for a customer seen for the first time (or moved,
+// after the topic was repartitioned).
+const noteCustomers = `
+INSERT INTO ingest_customers (customer, topic, partition, first_seen)
+SELECT c, $1, $2, $4 FROM unnest($3::text[]) AS c
+ON CONFLICT (customer, topic) DO UPDATE SET partition = EXCLUDED.partition
+WHERE ingest_customers.partition <> EXCLUDED.partition`

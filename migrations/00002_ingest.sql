@@ -83,5 +83,16 @@ CREATE TABLE ingest_offset_jumps (
 );
 CREATE INDEX ingest_offset_jumps_position ON ingest_offset_jumps (topic, partition, from_offset);
 
+-- Which partition each customer's usage arrives on (the message key is the
+-- customer id). Quota decisions and usage queries take "usage is complete
+-- through" from that partition's applied_through, not from the whole topic.
+CREATE TABLE ingest_customers (
+    customer   text    NOT NULL,
+    topic      text    NOT NULL,
+    partition  integer NOT NULL,
+    first_seen timestamptz NOT NULL,
+    PRIMARY KEY (customer, topic)
+);
+
 -- +goose Down
-DROP TABLE ingest_offset_jumps, dead_letters, ingest_partitions;
+DROP TABLE ingest_customers, ingest_offset_jumps, dead_letters, ingest_partitions;
