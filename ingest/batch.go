@@ -97,9 +97,13 @@ type deadLetters struct {
 	details []string
 	keys    [][]byte
 	raws    [][]byte
+	// The message header of a refused record (nil for a refused message,
+	// whose raw bytes hold it), so the record can be replayed alone.
+	producers []*string
+	epochs    []*int64
 }
 
-func (d *deadLetters) add(offset int64, index *int32, reason, field, detail string, key, raw []byte) error {
+func (d *deadLetters) add(offset int64, index *int32, reason, field, detail string, key, raw []byte, hdr *wire.Batch) error {
 	id, err := uuid.NewV7()
 	if err != nil {
 		return err
@@ -116,6 +120,13 @@ func (d *deadLetters) add(offset int64, index *int32, reason, field, detail stri
 	d.details = append(d.details, detail)
 	d.keys = append(d.keys, key)
 	d.raws = append(d.raws, raw)
+	var producer *string
+	var epoch *int64
+	if hdr != nil {
+		producer, epoch = &hdr.Producer, &hdr.Epoch
+	}
+	d.producers = append(d.producers, producer)
+	d.epochs = append(d.epochs, epoch)
 	return nil
 }
 
@@ -191,16 +202,16 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 
 	s.deadLetters = map[string]int{}
 	var dl deadLetters
-	addDL := func(offset int64, index *int32, reason, field, detail string, key, raw []byte) error {
+	addDL := func(offset int64, index *int32, reason, field, detail string, key, raw []byte, hdr *wire.Batch) error {
 		s.deadLetters[reason]++
-		return dl.add(offset, index, reason, field, detail, key, raw)
+		return dl.add(offset, index, reason, field, detail, key, raw, hdr)
 	}
 	for i := range b.msgs {
 		m := &b.msgs[i]
 		s.messages++
 		if m.err != nil {
 			s.messagesRejected++
-			if err := addDL(m.offset, nil, string(m.err.Reason), m.err.Field, m.err.Detail, m.key, m.value); err != nil {
+			if err := addDL(m.offset, nil, string(m.err.Reason), m.err.Field, m.err.Detail, m.key, m.value, nil); err != nil {
 				return s, err
 			}
 			continue
@@ -210,7 +221,7 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 		s.outcomes[ledger.Rejected] += len(m.rejected)
 		for _, re := range m.rejected {
 			idx := int32(re.Index)
-			if err := addDL(m.offset, &idx, string(re.Err.Reason), re.Err.Field, re.Err.Detail, m.key, re.Raw); err != nil {
+			if err := addDL(m.offset, &idx, string(re.Err.Reason), re.Err.Field, re.Err.Detail, m.key, re.Raw, &m.batch); err != nil {
 				return s, err
 			}
 		}
@@ -238,7 +249,7 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 		if detail == "" {
 			detail = o.Reason
 		}
-		if err := addDL(m.offset, &idx, o.Reason, "", detail, m.key, raw); err != nil {
+		if err := addDL(m.offset, &idx, o.Reason, "", detail, m.key, raw, &m.batch); err != nil {
 			return s, err
 		}
 	}
@@ -247,7 +258,7 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 	batch := &pgx.Batch{}
 	if len(dl.ids) > 0 {
 		batch.Queue(insertDeadLetters, cfg.Topic, p.id, now,
-			dl.ids, dl.offsets, dl.indexes, dl.reasons, dl.fields, dl.details, dl.keys, dl.raws)
+			dl.ids, dl.offsets, dl.indexes, dl.reasons, dl.fields, dl.details, dl.keys, dl.raws, dl.producers, dl.epochs)
 	}
 	for _, j := range b.jumps {
 		id, err := uuid.NewV7()

@@ -2,7 +2,11 @@ package ingest_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/tally-ledger/tally/ledger"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -162,6 +166,51 @@ func TestBadInputGoesToDeadLetters(t *testing.T) {
 	}
 	if m.counter("tally_ingest_messages_total", map[string]string{"result": "rejected"}) != float64(wantWhole) {
 		t.Errorf("metric messages rejected = %v", m.counter("tally_ingest_messages_total", map[string]string{"result": "rejected"}))
+	}
+	checkReplay(t, e, fb.Records[1].OccurredAt)
+}
+
+// checkReplay: the future-timestamp record is refused again while its time
+// has not come; once the ledger clock passes it, replay bills it, once.
+func checkReplay(t *testing.T, e *env, occurred time.Time) {
+	ctx := context.Background()
+	pending, err := ingest.ListDeadLetters(ctx, e.pool, ingest.DeadLetterFilter{Customer: "cust-00", Pending: true, Limit: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id uuid.UUID
+	for _, d := range pending {
+		if d.Reason == "future_timestamp" {
+			id = d.ID
+		}
+	}
+	if id == uuid.Nil {
+		t.Fatalf("future_timestamp dead letter not listed among %d pending", len(pending))
+	}
+	replay := func(now time.Time) (ingest.ReplayResult, error) {
+		l, _ := ledger.New(ledger.Config{Clock: func() time.Time { return now }})
+		var res ingest.ReplayResult
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			var err error
+			res, err = ingest.Replay(ctx, tx, l, id, now)
+			return err
+		})
+		return res, err
+	}
+	res, err := replay(time.Now())
+	if err != nil || res.Replayed || !strings.Contains(res.Detail, "refused again: future_timestamp") {
+		t.Fatalf("early replay: %+v %v", res, err)
+	}
+	res, err = replay(occurred.Add(time.Minute))
+	if err != nil || !res.Replayed || res.Outcomes["applied"] != 1 {
+		t.Fatalf("replay: %+v %v", res, err)
+	}
+	if _, err := replay(occurred.Add(time.Minute)); !errors.Is(err, ingest.ErrAlreadyReplayed) {
+		t.Fatalf("second replay: %v", err)
+	}
+	d, err := ingest.GetDeadLetter(ctx, e.pool, id)
+	if err != nil || d.ReplayedAt == nil || *d.ReplayOutcome != "applied 1" {
+		t.Fatalf("after replay: %+v %v", d, err)
 	}
 }
 

@@ -43,10 +43,12 @@ WHERE topic = $1 AND partition = $2`
 
 // insertDeadLetters writes a micro-batch's dead letters in one statement.
 const insertDeadLetters = `
-INSERT INTO dead_letters (id, topic, partition, "offset", record_index, reason, field, detail, key, raw, created_at)
-SELECT id, $1, $2, off, idx, reason, field, detail, key, raw, $3
-FROM unnest($4::uuid[], $5::bigint[], $6::int[], $7::text[], $8::text[], $9::text[], $10::bytea[], $11::bytea[])
-     AS d(id, off, idx, reason, field, detail, key, raw)`
+INSERT INTO dead_letters (id, topic, partition, "offset", record_index, reason, field, detail, key, raw,
+                          producer, epoch, created_at)
+SELECT id, $1, $2, off, idx, reason, field, detail, key, raw, producer, epoch, $3
+FROM unnest($4::uuid[], $5::bigint[], $6::int[], $7::text[], $8::text[], $9::text[], $10::bytea[], $11::bytea[],
+            $12::text[], $13::bigint[])
+     AS d(id, off, idx, reason, field, detail, key, raw, producer, epoch)`
 
 const insertJump = `
 INSERT INTO ingest_offset_jumps (id, topic, partition, from_offset, to_offset, detected_at, detail)

@@ -58,6 +58,8 @@ CREATE TABLE dead_letters (
     detail        text        NOT NULL,
     key           bytea,
     raw           bytea       NOT NULL,     -- the message value, or the record's JSON
+    producer      text,                     -- a refused record's message header, to replay it alone
+    epoch         bigint,
     created_at    timestamptz NOT NULL,
     replayed_at   timestamptz,
     replay_outcome text

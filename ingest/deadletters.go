@@ -1,0 +1,191 @@
+package ingest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tally-ledger/tally/ingest/wire"
+	"github.com/tally-ledger/tally/ledger"
+)
+
+// Errors of the dead-letter functions.
+var (
+	ErrDeadLetterNotFound = errors.New("dead letter not found")
+	ErrAlreadyReplayed    = errors.New("dead letter was already replayed")
+)
+
+// DeadLetter is input that ingest refused, with its exact bytes.
+type DeadLetter struct {
+	ID            uuid.UUID  `json:"id"`
+	Topic         string     `json:"topic"`
+	Partition     int32      `json:"partition"`
+	Offset        int64      `json:"offset"`
+	RecordIndex   *int32     `json:"record_index"` // nil: the whole message was refused
+	Reason        string     `json:"reason"`
+	Field         string     `json:"field,omitempty"`
+	Detail        string     `json:"detail"`
+	Key           string     `json:"key"` // the message key (the customer id, if it was one)
+	Raw           string     `json:"raw"` // the refused bytes (the message, or the record's JSON)
+	Producer      *string    `json:"producer,omitempty"`
+	Epoch         *int64     `json:"epoch,omitempty"`
+	CreatedAt     time.Time  `json:"created_at"`
+	ReplayedAt    *time.Time `json:"replayed_at"`
+	ReplayOutcome *string    `json:"replay_outcome"`
+}
+
+// DeadLetterFilter selects dead letters; results are ordered by id
+// (arrival), and After is the cursor: the last id of the previous page.
+type DeadLetterFilter struct {
+	Customer string    // only this message key; empty: all
+	Pending  bool      // only those not replayed yet
+	After    uuid.UUID // cursor
+	Limit    int       // default 100, at most 1000
+}
+
+const deadLetterColumns = `id, topic, partition, "offset", record_index, reason, coalesce(field, ''), detail,
+       coalesce(key, ''::bytea), raw, producer, epoch, created_at, replayed_at, replay_outcome`
+
+// ListDeadLetters returns a page of dead letters.
+func ListDeadLetters(ctx context.Context, db DBTX, f DeadLetterFilter) ([]DeadLetter, error) {
+	if f.Limit <= 0 {
+		f.Limit = 100
+	}
+	f.Limit = min(f.Limit, 1000)
+	rows, err := db.Query(ctx, `SELECT `+deadLetterColumns+` FROM dead_letters
+WHERE ($1 = '' OR key = convert_to($1, 'UTF8')) AND (NOT $2 OR replayed_at IS NULL) AND id > $3
+ORDER BY id LIMIT $4`, f.Customer, f.Pending, f.After, f.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("ingest: dead letters: %w", err)
+	}
+	return pgx.CollectRows(rows, scanDeadLetter)
+}
+
+// GetDeadLetter returns one dead letter.
+func GetDeadLetter(ctx context.Context, db DBTX, id uuid.UUID) (DeadLetter, error) {
+	rows, err := db.Query(ctx, `SELECT `+deadLetterColumns+` FROM dead_letters WHERE id = $1`, id)
+	if err != nil {
+		return DeadLetter{}, fmt.Errorf("ingest: dead letter: %w", err)
+	}
+	d, err := pgx.CollectExactlyOneRow(rows, scanDeadLetter)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return d, ErrDeadLetterNotFound
+	}
+	return d, err
+}
+
+func scanDeadLetter(row pgx.CollectableRow) (DeadLetter, error) {
+	var d DeadLetter
+	var key, raw []byte
+	err := row.Scan(&d.ID, &d.Topic, &d.Partition, &d.Offset, &d.RecordIndex, &d.Reason, &d.Field, &d.Detail,
+		&key, &raw, &d.Producer, &d.Epoch, &d.CreatedAt, &d.ReplayedAt, &d.ReplayOutcome)
+	d.Key, d.Raw = strings.ToValidUTF8(string(key), "\uFFFD"), strings.ToValidUTF8(string(raw), "\uFFFD")
+	return d, err
+}
+
+// ReplayResult says what replaying a dead letter did.
+type ReplayResult struct {
+	DeadLetter DeadLetter     `json:"dead_letter"`
+	Outcomes   map[string]int `json:"outcomes"` // by outcome kind
+	Replayed   bool           `json:"replayed"` // false: refused again, still pending
+	Detail     string         `json:"detail"`
+}
+
+// Replay runs a dead letter's bytes through the decoder and the ledger
+// again, inside tx (after a fix: a corrected clock, a calendar, a bug).
+// When nothing is refused this time the dead letter is marked replayed;
+// otherwise it stays pending with the new refusal noted. Its usage is
+// billed at most once however often it is replayed: operation ids make a
+// second replay a duplicate. Replays do not change the partition's
+// ingest counters, which describe what arrived from Kafka.
+func Replay(ctx context.Context, tx pgx.Tx, l *ledger.Ledger, id uuid.UUID, now time.Time) (ReplayResult, error) {
+	rows, err := tx.Query(ctx, `SELECT `+deadLetterColumns+` FROM dead_letters WHERE id = $1 FOR UPDATE`, id)
+	if err != nil {
+		return ReplayResult{}, fmt.Errorf("ingest: replay: %w", err)
+	}
+	d, err := pgx.CollectExactlyOneRow(rows, scanDeadLetter)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ReplayResult{}, ErrDeadLetterNotFound
+	}
+	if err != nil {
+		return ReplayResult{}, fmt.Errorf("ingest: replay: %w", err)
+	}
+	res := ReplayResult{DeadLetter: d, Outcomes: map[string]int{}}
+	if d.ReplayedAt != nil {
+		return res, ErrAlreadyReplayed
+	}
+
+	value := []byte(d.Raw)
+	if d.RecordIndex != nil {
+		if d.Producer == nil || d.Epoch == nil {
+			return res, fmt.Errorf("ingest: replay: dead letter %s is a record without its message header", id)
+		}
+		// The record alone, wrapped in a message with its original header.
+		env := map[string]any{"schema": wire.Schema, "batch_id": uuid.Must(uuid.NewV7()), "producer": *d.Producer,
+			"epoch": *d.Epoch, "sent_at": now.UTC().Format(time.RFC3339Nano), "records": []json.RawMessage{json.RawMessage(d.Raw)}}
+		if value, err = json.Marshal(env); err != nil {
+			res.Detail = "refused again: the stored record is not JSON"
+			return res, markAttempt(ctx, tx, id, res.Detail)
+		}
+	}
+	b, _, rejected, err := wire.Decode([]byte(d.Key), value)
+	if err != nil {
+		res.Outcomes[ledger.Rejected.String()]++
+		res.Detail = "refused again: " + err.Error()
+		return res, markAttempt(ctx, tx, id, res.Detail)
+	}
+	var why []string
+	for _, r := range rejected {
+		res.Outcomes[ledger.Rejected.String()]++
+		why = append(why, r.Err.Error())
+	}
+	recs := make([]ledger.Record, len(b.Records))
+	for i, r := range b.Records {
+		recs[i] = ledger.Record{OperationID: r.OperationID,
+			Stream: ledger.StreamKey{Producer: b.Producer, Epoch: b.Epoch, Customer: r.Customer, Meter: r.Meter},
+			Seq:    r.Seq, Total: r.Total, Quantity: r.Quantity, OccurredAt: r.OccurredAt, Final: r.Final}
+	}
+	if len(recs) > 0 {
+		outs, err := l.Apply(ctx, tx, recs)
+		if err != nil {
+			return res, fmt.Errorf("ingest: replay: %w", err)
+		}
+		for _, o := range outs {
+			res.Outcomes[o.Kind.String()]++
+			if o.Kind == ledger.Rejected {
+				why = append(why, o.Reason+": "+o.Detail)
+			}
+		}
+	}
+	if len(why) > 0 {
+		res.Detail = "refused again: " + strings.Join(why, "; ")
+		return res, markAttempt(ctx, tx, id, res.Detail)
+	}
+	res.Replayed, res.Detail = true, summarize(res.Outcomes)
+	if _, err := tx.Exec(ctx, `UPDATE dead_letters SET replayed_at = $2, replay_outcome = $3 WHERE id = $1`, id, now, res.Detail); err != nil {
+		return res, fmt.Errorf("ingest: replay: %w", err)
+	}
+	res.DeadLetter.ReplayedAt, res.DeadLetter.ReplayOutcome = &now, &res.Detail
+	return res, nil
+}
+
+func markAttempt(ctx context.Context, tx pgx.Tx, id uuid.UUID, detail string) error {
+	_, err := tx.Exec(ctx, `UPDATE dead_letters SET replay_outcome = $2 WHERE id = $1`, id, detail)
+	return err
+}
+
+func summarize(outcomes map[string]int) string {
+	var parts []string
+	for k, n := range outcomes {
+		parts = append(parts, fmt.Sprintf("%s %d", k, n))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
+}
