@@ -1,0 +1,291 @@
+package quota_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+	"github.com/shopspring/decimal"
+	"go.uber.org/goleak"
+
+	"github.com/tally-ledger/tally/internal/kafkatest"
+	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/quota"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const (
+	ingestTopic    = "tally.meter-batches"
+	decisionsTopic = quota.DefaultTopic
+)
+
+// env is one test's database, Kafka cluster and clock.
+type env struct {
+	t     *testing.T
+	pool  *pgxpool.Pool
+	kafka *kafkatest.Cluster
+	skew  atomic.Int64 // added to time.Now by the enforcer's clock
+	led   *ledger.Ledger
+
+	mu      sync.Mutex
+	streams map[string]*streamState // customer/meter → its one stream
+}
+
+type streamState struct {
+	seq   int64
+	total decimal.Decimal
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	e := &env{t: t, pool: pgtest.New(t), streams: map[string]*streamState{}}
+	e.kafka = kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{
+		{Name: decisionsTopic, Partitions: 1}, {Name: ingestTopic, Partitions: 2},
+	}})
+	l, err := ledger.New(ledger.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.led = l
+	return e
+}
+
+func (e *env) now() time.Time { return time.Now().Add(time.Duration(e.skew.Load())) }
+
+// advance moves the enforcer's clock forward by d.
+func (e *env) advance(d time.Duration) { e.skew.Add(int64(d)) }
+
+// use applies qty of usage for customer/meter to the ledger (one record of
+// a stream of its own), as ingest would, in one transaction.
+func (e *env) use(customer, meter string, qty int64) {
+	e.t.Helper()
+	e.mu.Lock()
+	k := customer + "/" + meter
+	s := e.streams[k]
+	if s == nil {
+		s = &streamState{}
+		e.streams[k] = s
+	}
+	s.seq++
+	s.total = s.total.Add(decimal.NewFromInt(qty))
+	rec := ledger.Record{
+		OperationID: uuid.New(),
+		Stream:      ledger.StreamKey{Producer: "test", Epoch: 1, Customer: customer, Meter: meter},
+		Seq:         s.seq, Total: s.total, OccurredAt: time.Now().Add(-time.Second),
+	}
+	e.mu.Unlock()
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		out, err := e.led.Apply(ctx, tx, []ledger.Record{rec})
+		if err == nil && out[0].Kind != ledger.Applied {
+			err = fmt.Errorf("outcome %v %s", out[0].Kind, out[0].Detail)
+		}
+		return err
+	})
+	if err != nil {
+		e.t.Fatalf("apply usage: %v", err)
+	}
+}
+
+// position sets the ingest position of every partition of the meter topic:
+// usage complete through at.
+func (e *env) position(at time.Time) {
+	e.t.Helper()
+	_, err := e.pool.Exec(context.Background(), `
+		INSERT INTO ingest_partitions (topic, partition, next_offset, high_watermark, applied_through)
+		SELECT $1, p, 0, 0, $2 FROM generate_series(0, 1) AS p
+		ON CONFLICT (topic, partition) DO UPDATE SET applied_through = EXCLUDED.applied_through`, ingestTopic, at)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// follow keeps the ingest position at the enforcer's now (a caught-up
+// ingest) until the returned function is called.
+func (e *env) follow() (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	e.position(e.now())
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			_, _ = e.pool.Exec(ctx, `UPDATE ingest_partitions SET applied_through = $2 WHERE topic = $1`, ingestTopic, e.now())
+		}
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	e.t.Cleanup(stop)
+	return stop
+}
+
+func (e *env) put(in quota.RuleInput) quota.Rule {
+	e.t.Helper()
+	if in.Actor == "" {
+		in.Actor = "test"
+	}
+	r, err := quota.PutRuleDB(context.Background(), e.pool, in)
+	if err != nil {
+		e.t.Fatalf("PutRule: %v", err)
+	}
+	return r
+}
+
+// enforcer is a running Enforcer.
+type enforcer struct {
+	reg    *prometheus.Registry
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func (e *env) config(holder string) quota.Config {
+	return quota.Config{
+		Pool: e.pool, Brokers: e.kafka.Addrs, IngestTopic: ingestTopic,
+		Interval: 50 * time.Millisecond, Republish: 2 * time.Second, LeaseTTL: time.Second,
+		Holder: holder, Clock: e.now, Logger: testLogger(e.t),
+	}
+}
+
+func (e *env) start(cfg quota.Config) *enforcer {
+	e.t.Helper()
+	reg := prometheus.NewRegistry()
+	cfg.Registerer = reg
+	enf, err := quota.NewEnforcer(cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &enforcer{reg: reg, cancel: cancel, done: make(chan error, 1)}
+	go func() { r.done <- enf.Run(ctx) }()
+	e.t.Cleanup(func() { r.stop(e.t) })
+	return r
+}
+
+func (r *enforcer) stop(t testing.TB) {
+	if r.cancel == nil {
+		return
+	}
+	r.cancel()
+	r.cancel = nil
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Errorf("enforcer Run: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Errorf("enforcer did not stop within 20s")
+	}
+}
+
+// metric reads a gauge or counter (summed over label values).
+func (r *enforcer) metric(name string) float64 {
+	mfs, err := r.reg.Gather()
+	if err != nil {
+		return -1
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			switch {
+			case m.Gauge != nil:
+				sum += m.Gauge.GetValue()
+			case m.Counter != nil:
+				sum += m.Counter.GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// reader reads the decisions topic from the start, as a gateway would.
+type reader struct {
+	t *testing.T
+	r *kafka.Reader
+}
+
+func (e *env) reader() *reader {
+	r := kafka.NewReader(kafka.ReaderConfig{
+		Brokers: e.kafka.Addrs, Topic: decisionsTopic, Partition: 0,
+		MinBytes: 1, MaxBytes: 1 << 20, MaxWait: 50 * time.Millisecond,
+	})
+	e.t.Cleanup(func() { r.Close() })
+	return &reader{t: e.t, r: r}
+}
+
+// received is one decision read from Kafka with its raw fields.
+type received struct {
+	quota.Decision
+	key    string
+	fields map[string]json.RawMessage
+	at     time.Time
+}
+
+func (r *reader) next(timeout time.Duration) (received, bool) {
+	r.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	m, err := r.r.ReadMessage(ctx)
+	if err != nil {
+		if ctx.Err() != nil {
+			return received{}, false
+		}
+		r.t.Fatalf("read decision: %v", err)
+	}
+	var d received
+	d.key, d.at = string(m.Key), time.Now()
+	if err := json.Unmarshal(m.Value, &d.Decision); err != nil {
+		r.t.Fatalf("decode decision %s: %v", m.Value, err)
+	}
+	if err := json.Unmarshal(m.Value, &d.fields); err != nil {
+		r.t.Fatal(err)
+	}
+	return d, true
+}
+
+// until reads decisions until one satisfies ok, failing after timeout.
+func (r *reader) until(timeout time.Duration, what string, ok func(received) bool) received {
+	r.t.Helper()
+	deadline := time.Now().Add(timeout)
+	var seen []string
+	for time.Now().Before(deadline) {
+		d, got := r.next(time.Until(deadline))
+		if !got {
+			break
+		}
+		if ok(d) {
+			return d
+		}
+		seen = append(seen, fmt.Sprintf("%s v%d %s used=%s", d.key, d.RuleVersion, d.State, d.Used))
+	}
+	r.t.Fatalf("no decision %s within %v; saw %v", what, timeout, seen)
+	return received{}
+}
+
+func testLogger(t testing.TB) *slog.Logger {
+	if os.Getenv("QUOTA_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func dec(s string) decimal.Decimal { return decimal.RequireFromString(s) }

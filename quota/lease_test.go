@@ -1,0 +1,105 @@
+package quota_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/tally-ledger/tally/quota"
+)
+
+// A crashed leader never releases its lease: a standby takes over once it
+// expires, from the stored decisions.
+func TestTakeoverAfterCrashedLeaderLeaseExpires(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.follow()
+	e.put(quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("100")})
+	e.use("acme", "api_calls", 10)
+	// The crashed leader: its lease runs 1.5s more and is never renewed.
+	if _, err := e.pool.Exec(context.Background(), `
+		INSERT INTO quota_leases (name, holder, epoch, acquired_at, expires_at)
+		VALUES ($1, 'crashed', 7, now(), now() + interval '1500 milliseconds')`, quota.DefaultLeaseName); err != nil {
+		t.Fatal(err)
+	}
+	rd := e.reader()
+	started := time.Now()
+	b := e.start(e.config("b"))
+	d := rd.until(10*time.Second, "a decision from the standby", func(received) bool { return true })
+	if waited := time.Since(started); waited < time.Second {
+		t.Errorf("standby published %v after start, while the crashed leader's lease still ran", waited)
+	}
+	if d.State != quota.OK || b.metric("tally_quota_leader") != 1 {
+		t.Errorf("standby: %+v leader=%v", d.Decision, b.metric("tally_quota_leader"))
+	}
+	var epoch int64
+	if err := e.pool.QueryRow(context.Background(), `SELECT epoch FROM quota_leases`).Scan(&epoch); err != nil || epoch != 8 {
+		t.Errorf("lease epoch %d (%v), want 8", epoch, err)
+	}
+}
+
+// A leader whose lease was taken (it was paused past its expiry, say) steps
+// down at its next renewal and publishes nothing more.
+func TestDeposedLeaderStopsPublishing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.follow()
+	e.put(quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("100")})
+	rd := e.reader()
+	a := e.start(e.config("a"))
+	rd.until(10*time.Second, "first decision", func(received) bool { return true })
+	if _, err := e.pool.Exec(context.Background(), `
+		UPDATE quota_leases SET holder = 'usurper', epoch = epoch + 1, expires_at = now() + interval '1 hour'`); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); a.metric("tally_quota_leader") != 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("deposed leader still leading")
+		}
+	}
+	for {
+		if _, ok := rd.next(200 * time.Millisecond); !ok {
+			break
+		}
+	}
+	e.use("acme", "api_calls", 100) // a state change nobody may publish now
+	if d, ok := rd.next(time.Second); ok {
+		t.Fatalf("deposed leader published %+v", d.Decision)
+	}
+}
+
+// With ingest_customers (one row per customer naming its partition), as_of
+// is the customer's own partition's position; a customer without a row
+// gets the minimum over the topic.
+func TestAsOfFromTheCustomersPartition(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, `
+		INSERT INTO ingest_customers (customer, topic, partition, first_seen)
+		VALUES ('acme', 'tally.meter-batches', 0, now()), ('beta', 'tally.meter-batches', 1, now())`); err != nil {
+		t.Fatal(err)
+	}
+	now := e.now()
+	e.position(now)
+	if _, err := e.pool.Exec(ctx, `UPDATE ingest_partitions SET applied_through = $1 WHERE partition = 1`, now.Add(-time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []string{"acme", "beta", "gamma"} {
+		e.put(quota.RuleInput{Customer: c, Meter: "api_calls", Limit: dec("100")})
+	}
+	rd := e.reader()
+	e.start(e.config("a"))
+	lags := map[string]time.Duration{}
+	for len(lags) < 3 {
+		d := rd.until(10*time.Second, "decisions of all three", func(received) bool { return true })
+		lags[d.Customer] = d.LagSeconds.Duration()
+	}
+	if lags["acme"] > 5*time.Second || lags["beta"] < time.Minute || lags["gamma"] < time.Minute {
+		t.Errorf("lags %v: want acme fresh, beta (stalled partition) and gamma (no row: topic minimum) a minute behind", lags)
+	}
+	st, err := quota.Status(ctx, e.pool, "acme")
+	if err != nil || len(st) != 1 || st[0].LagSeconds == nil || st[0].LagSeconds.Duration() > 5*time.Second {
+		t.Errorf("status of acme: %+v %v", st, err)
+	}
+}

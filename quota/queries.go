@@ -1,0 +1,134 @@
+package quota
+
+// The package's SQL, in one place. Every statement is a constant; values are
+// always bind parameters.
+
+// qLockRule serialises new versions of one rule: advisory key space 71542
+// (periods uses 71540, reconcile 71541), second key the hash of "customer/meter".
+const qLockRule = `SELECT pg_advisory_xact_lock(71542, hashtext($1))`
+
+const qLatestVersion = `
+SELECT coalesce(max(version), 0), max(effective_at)
+FROM quota_rules WHERE customer = $1 AND meter = $2`
+
+const qInsertRule = `
+INSERT INTO quota_rules (customer, meter, version, effective_at, "limit", warn_at, mode, on_stale,
+                         stale_after, created_at, actor, reason)
+VALUES ($1, $2, $3, $4, $5::numeric, $6::numeric, $7, $8, make_interval(secs => $9), $10, $11, $12)`
+
+const qCurrentRules = `
+SELECT DISTINCT ON (meter) ` + ruleColumns + `
+FROM quota_rules
+WHERE customer = $1 AND effective_at <= $2
+ORDER BY meter, version DESC`
+
+const qRuleHistory = `
+SELECT ` + ruleColumns + `
+FROM quota_rules
+WHERE customer = $1 AND meter = $2
+ORDER BY version`
+
+// qEffectiveRules is every current rule (of one customer when $2 is not
+// NULL) with its customer's billing calendar (NULL: the customer has no
+// usage yet, so it has the default calendar).
+const qEffectiveRules = `
+SELECT ` + ruleColumns + `, (SELECT c.schedule FROM customers c WHERE c.id = q.customer)
+FROM (SELECT DISTINCT ON (customer, meter) *
+      FROM quota_rules
+      WHERE effective_at <= $1 AND ($2::text IS NULL OR customer = $2)
+      ORDER BY customer, meter, version DESC) AS q
+ORDER BY customer, meter`
+
+// qUsage reads, for each (customer, meter) in one round trip, the billed
+// usage of its current period, the usage of the rollup buckets since
+// recent_from (the fallback rate), the usage of the previous period (for
+// the overage of its last minutes after a period boundary), and as_of: the applied-through time of
+// the customer's ingest partition, or the minimum over every partition of
+// the topic (NULL when any partition's is unknown). Rollups only: never raw
+// records. Two variants: with and without the ingest_customers table.
+const qUsageHead = `
+WITH k AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::timestamptz[])
+         WITH ORDINALITY AS k(customer, meter, period_start, prev_start, recent_from, i)
+), topic AS (
+    SELECT CASE WHEN count(*) = 0 OR bool_or(applied_through IS NULL) THEN NULL
+                ELSE min(applied_through) END AS as_of
+    FROM ingest_partitions WHERE topic = $6
+)
+SELECT k.i,
+       coalesce((SELECT sum(u.quantity) FROM rollups u
+                 WHERE u.customer = k.customer AND u.meter = k.meter AND u.period_start = k.period_start), 0)::text,
+       coalesce((SELECT sum(u.quantity) FROM rollups u
+                 WHERE u.customer = k.customer AND u.meter = k.meter
+                   AND u.period_start >= k.prev_start AND u.bucket >= k.recent_from), 0)::text,
+       coalesce((SELECT sum(u.quantity) FROM rollups u
+                 WHERE u.customer = k.customer AND u.meter = k.meter AND u.period_start = k.prev_start), 0)::text,
+`
+
+const qUsageByTopic = qUsageHead + `       topic.as_of
+FROM k CROSS JOIN topic
+ORDER BY k.i`
+
+const qUsageByCustomer = qUsageHead + `       CASE WHEN ic.partition IS NULL THEN topic.as_of ELSE p.applied_through END
+FROM k CROSS JOIN topic
+LEFT JOIN ingest_customers ic ON ic.customer = k.customer AND ic.topic = $6
+LEFT JOIN ingest_partitions p ON p.topic = ic.topic AND p.partition = ic.partition
+ORDER BY k.i`
+
+const qHasIngestCustomers = `SELECT to_regclass('ingest_customers') IS NOT NULL`
+
+const qLoadDecisions = `SELECT decision FROM quota_decisions`
+
+const qCustomerDecisions = `SELECT decision FROM quota_decisions WHERE customer = $1`
+
+// qFence holds the lease row (shared) for the rest of the transaction: a
+// competing acquire waits for it, and a deposed leader finds no row.
+const qFence = `
+SELECT 1 FROM quota_leases
+WHERE name = $1 AND holder = $2 AND epoch = $3 AND expires_at > now()
+FOR SHARE`
+
+const qStoreDecisions = `
+INSERT INTO quota_decisions (customer, meter, rule_version, period_start, state, used, decided_at, stale, leader_epoch, decision)
+SELECT customer, meter, rule_version, period_start, state, used::numeric, decided_at, stale, $10, decision
+FROM unnest($1::text[], $2::text[], $3::bigint[], $4::timestamptz[], $5::text[], $6::text[], $7::timestamptz[],
+            $8::boolean[], $9::jsonb[])
+     AS d(customer, meter, rule_version, period_start, state, used, decided_at, stale, decision)
+ON CONFLICT (customer, meter) DO UPDATE
+SET rule_version = EXCLUDED.rule_version, period_start = EXCLUDED.period_start, state = EXCLUDED.state,
+    used = EXCLUDED.used, decided_at = EXCLUDED.decided_at, stale = EXCLUDED.stale,
+    leader_epoch = EXCLUDED.leader_epoch, decision = EXCLUDED.decision`
+
+const qAddOverage = `
+INSERT INTO quota_overage (customer, meter, period_start, period, while_exceeded, while_stale, over_limit, updated_at)
+SELECT customer, meter, period_start, period, ex::numeric, st::numeric, ol::numeric, $8
+FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::text[], $5::text[], $6::text[], $7::text[])
+     AS o(customer, meter, period_start, period, ex, st, ol)
+ON CONFLICT (customer, meter, period_start) DO UPDATE
+SET while_exceeded = quota_overage.while_exceeded + EXCLUDED.while_exceeded,
+    while_stale    = quota_overage.while_stale + EXCLUDED.while_stale,
+    over_limit     = GREATEST(quota_overage.over_limit, EXCLUDED.over_limit),
+    updated_at     = EXCLUDED.updated_at`
+
+const qOverage = `
+SELECT customer, meter, period_start, period, while_exceeded::text, while_stale::text, over_limit::text, updated_at
+FROM quota_overage
+WHERE period_start = $1 AND ($2::text IS NULL OR customer = $2)
+ORDER BY customer, meter`
+
+// Lease statements. Times are Postgres's clock, so every contender agrees.
+const qAcquireLease = `
+INSERT INTO quota_leases AS l (name, holder, epoch, acquired_at, expires_at)
+VALUES ($1, $2, 1, now(), now() + make_interval(secs => $3))
+ON CONFLICT (name) DO UPDATE
+SET holder = EXCLUDED.holder, epoch = l.epoch + 1, acquired_at = now(), expires_at = EXCLUDED.expires_at
+WHERE l.expires_at <= now()
+RETURNING epoch`
+
+const qRenewLease = `
+UPDATE quota_leases SET expires_at = now() + make_interval(secs => $4)
+WHERE name = $1 AND holder = $2 AND epoch = $3`
+
+const qReleaseLease = `
+UPDATE quota_leases SET expires_at = now()
+WHERE name = $1 AND holder = $2 AND epoch = $3`

@@ -1,0 +1,113 @@
+package quota
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/amount"
+)
+
+// PutRequest is the body of PUT /v1/customers/{customer}/quotas/{meter}:
+//
+//	{"limit": "100000", "warn_at": "0.8", "mode": "enforce", "on_stale": "allow",
+//	 "stale_after": 300, "effective_at": "2026-12-02T12:00:00Z", "reason": "plan upgrade"}
+//
+// Only limit is required. Decimals are strings (a JSON integer is accepted);
+// stale_after is whole seconds or a duration string ("5m").
+type PutRequest struct {
+	Limit       json.RawMessage `json:"limit"`
+	WarnAt      json.RawMessage `json:"warn_at,omitempty"`
+	Mode        Mode            `json:"mode,omitempty"`
+	OnStale     OnStale         `json:"on_stale,omitempty"`
+	StaleAfter  *Duration       `json:"stale_after,omitempty"`
+	EffectiveAt *time.Time      `json:"effective_at,omitempty"`
+	Reason      string          `json:"reason,omitempty"`
+}
+
+// DecodePutRequest reads a PutRequest body (at most 64 KiB, no unknown
+// fields) and returns it as a RuleInput for customer and meter by actor
+// (the authenticated principal). Every problem is reported at once; the
+// errors wrap ErrInvalid.
+func DecodePutRequest(body io.Reader, customer, meter, actor string) (RuleInput, error) {
+	raw, err := io.ReadAll(io.LimitReader(body, 64<<10+1))
+	if err != nil {
+		return RuleInput{}, fmt.Errorf("%w: body: %v", ErrInvalid, err)
+	}
+	if len(raw) > 64<<10 {
+		return RuleInput{}, fmt.Errorf("%w: body: larger than 64 KiB", ErrInvalid)
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	var p PutRequest
+	if err := dec.Decode(&p); err != nil {
+		return RuleInput{}, fmt.Errorf("%w: body: %v", ErrInvalid, err)
+	}
+	in := RuleInput{Customer: customer, Meter: meter, Mode: p.Mode, OnStale: p.OnStale, Actor: actor, Reason: p.Reason}
+	var errs []error
+	if len(p.Limit) == 0 {
+		errs = append(errs, fmt.Errorf("%w: limit: is required", ErrInvalid))
+	} else if in.Limit, err = decodeDecimal(p.Limit); err != nil {
+		errs = append(errs, fmt.Errorf("%w: limit: %v", ErrInvalid, err))
+	}
+	if len(p.WarnAt) > 0 && string(p.WarnAt) != "null" {
+		w, err := decodeDecimal(p.WarnAt)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%w: warn_at: %v", ErrInvalid, err))
+		} else {
+			in.WarnAt = decimal.NewNullDecimal(w)
+		}
+	}
+	if p.StaleAfter != nil {
+		in.StaleAfter = time.Duration(*p.StaleAfter)
+		if in.StaleAfter == 0 {
+			errs = append(errs, fmt.Errorf("%w: stale_after: must be positive", ErrInvalid))
+		}
+	}
+	if p.EffectiveAt != nil {
+		in.EffectiveAt = *p.EffectiveAt
+	}
+	if len(errs) > 0 {
+		// Report the field checks too, so the caller sees everything at once.
+		if verr := in.Validate(); verr != nil {
+			errs = append(errs, verr)
+		}
+		return RuleInput{}, errors.Join(errs...)
+	}
+	return in, in.Validate()
+}
+
+// decodeDecimal reads a decimal string or a plain JSON integer, refusing
+// floats in exponent form and anything amount.Parse refuses.
+func decodeDecimal(raw json.RawMessage) (decimal.Decimal, error) {
+	s := string(raw)
+	if len(raw) > 0 && raw[0] == '"' {
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return decimal.Decimal{}, err
+		}
+	}
+	return amount.Parse(s)
+}
+
+// TxBeginner is what PutRuleDB needs of a pool.
+type TxBeginner interface {
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// PutRuleDB is PutRule in a transaction of its own.
+func PutRuleDB(ctx context.Context, db TxBeginner, in RuleInput) (Rule, error) {
+	var r Rule
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		var err error
+		r, err = PutRule(ctx, tx, in)
+		return err
+	})
+	return r, err
+}

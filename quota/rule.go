@@ -1,0 +1,287 @@
+package quota
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/amount"
+)
+
+// Mode says whether gateways should act on a rule's decisions.
+type Mode string
+
+// Modes of a rule.
+const (
+	// Enforce: gateways block while exceeded.
+	Enforce Mode = "enforce"
+	// Shadow: decisions say what enforce would do; gateways only observe.
+	Shadow Mode = "shadow"
+)
+
+// OnStale is what a gateway does once a decision is older than stale_after.
+type OnStale string
+
+// Stale policies.
+const (
+	Allow OnStale = "allow"
+	Deny  OnStale = "deny"
+)
+
+// Defaults of a rule (SPEC §5).
+var (
+	DefaultWarnAt     = decimal.RequireFromString("0.8")
+	DefaultStaleAfter = 5 * time.Minute
+)
+
+// Errors of the rules API. The REST layer maps them to HTTP statuses.
+var (
+	// ErrNotFound: no rule for that customer and meter (404).
+	ErrNotFound = errors.New("quota: no such rule")
+	// ErrInvalid wraps every validation error of an input (422/400).
+	ErrInvalid = errors.New("quota: invalid input")
+	// ErrNotLeader: the enforcer lost its lease while writing.
+	ErrNotLeader = errors.New("quota: not the enforcer leader")
+)
+
+// DBTX is what reads need of a pool, a connection or a transaction.
+type DBTX interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Rule is one version of a quota rule.
+type Rule struct {
+	Customer    string          `json:"customer"`
+	Meter       string          `json:"meter"`
+	Version     int64           `json:"version"`
+	EffectiveAt time.Time       `json:"effective_at"`
+	Limit       decimal.Decimal `json:"limit"`
+	WarnAt      decimal.Decimal `json:"warn_at"`
+	Mode        Mode            `json:"mode"`
+	OnStale     OnStale         `json:"on_stale"`
+	StaleAfter  Duration        `json:"stale_after"`
+	CreatedAt   time.Time       `json:"created_at"`
+	Actor       string          `json:"actor"`
+	Reason      string          `json:"reason,omitempty"`
+}
+
+// RuleInput is a new version of a rule. Zero optional fields take the
+// defaults: WarnAt 0.8, Mode enforce, OnStale allow, StaleAfter 5m,
+// EffectiveAt now.
+type RuleInput struct {
+	Customer    string
+	Meter       string
+	Limit       decimal.Decimal
+	WarnAt      decimal.NullDecimal
+	Mode        Mode
+	OnStale     OnStale
+	StaleAfter  time.Duration
+	EffectiveAt time.Time // zero: now
+	Actor       string    // who made the change (required)
+	Reason      string
+}
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
+
+// Validate reports every problem of in at once, each naming its field. The
+// errors wrap ErrInvalid.
+func (in RuleInput) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrInvalid, field, fmt.Sprintf(format, args...)))
+	}
+	if !idPattern.MatchString(in.Customer) {
+		bad("customer", "%q must be 1-128 characters of [A-Za-z0-9._:-]", in.Customer)
+	}
+	if !idPattern.MatchString(in.Meter) {
+		bad("meter", "%q must be 1-128 characters of [A-Za-z0-9._:-]", in.Meter)
+	}
+	if in.Limit.IsNegative() {
+		bad("limit", "%s is negative", in.Limit)
+	} else if err := amount.Check(in.Limit); err != nil {
+		bad("limit", "%v", err)
+	}
+	if in.WarnAt.Valid && (!in.WarnAt.Decimal.IsPositive() || in.WarnAt.Decimal.GreaterThan(decimal.NewFromInt(1))) {
+		bad("warn_at", "%s must be a fraction in (0, 1]", in.WarnAt.Decimal)
+	}
+	if in.WarnAt.Valid && in.WarnAt.Decimal.Exponent() < -9 {
+		bad("warn_at", "%s has more than 9 digits after the point", in.WarnAt.Decimal)
+	}
+	switch in.Mode {
+	case "", Enforce, Shadow:
+	default:
+		bad("mode", "%q must be %q or %q", in.Mode, Enforce, Shadow)
+	}
+	switch in.OnStale {
+	case "", Allow, Deny:
+	default:
+		bad("on_stale", "%q must be %q or %q", in.OnStale, Allow, Deny)
+	}
+	if in.StaleAfter < 0 {
+		bad("stale_after", "%v is negative", in.StaleAfter)
+	} else if in.StaleAfter%time.Second != 0 {
+		bad("stale_after", "%v is not a whole number of seconds", in.StaleAfter)
+	}
+	if in.Actor == "" {
+		bad("actor", "is required (who is changing the quota)")
+	}
+	return errors.Join(errs...)
+}
+
+func (in RuleInput) withDefaults(now time.Time) RuleInput {
+	if !in.WarnAt.Valid {
+		in.WarnAt = decimal.NewNullDecimal(DefaultWarnAt)
+	}
+	if in.Mode == "" {
+		in.Mode = Enforce
+	}
+	if in.OnStale == "" {
+		in.OnStale = Allow
+	}
+	if in.StaleAfter == 0 {
+		in.StaleAfter = DefaultStaleAfter
+	}
+	if in.EffectiveAt.IsZero() {
+		in.EffectiveAt = now
+	}
+	in.EffectiveAt = in.EffectiveAt.UTC().Truncate(time.Microsecond)
+	return in
+}
+
+// PutRule stores in as the next version of its rule, inside tx, and returns
+// it. It never touches usage: the new version applies to usage counted from
+// the period start, so lowering the limit below usage is exceeded at the
+// enforcer's next evaluation. EffectiveAt may lie in the future but never
+// before the previous version's (versions and effective times both ascend).
+func PutRule(ctx context.Context, tx pgx.Tx, in RuleInput) (Rule, error) {
+	return putRule(ctx, tx, in, time.Now())
+}
+
+func putRule(ctx context.Context, tx pgx.Tx, in RuleInput, now time.Time) (Rule, error) {
+	if err := in.Validate(); err != nil {
+		return Rule{}, err
+	}
+	now = now.UTC().Truncate(time.Microsecond)
+	in = in.withDefaults(now)
+	// Serialise versions of one rule: the next version number and the
+	// effective-time check read the previous version under this lock.
+	if _, err := tx.Exec(ctx, qLockRule, in.Customer+"/"+in.Meter); err != nil {
+		return Rule{}, fmt.Errorf("quota: lock rule: %w", err)
+	}
+	var prevVersion int64
+	var prevEffective *time.Time
+	if err := tx.QueryRow(ctx, qLatestVersion, in.Customer, in.Meter).Scan(&prevVersion, &prevEffective); err != nil {
+		return Rule{}, fmt.Errorf("quota: read rule versions: %w", err)
+	}
+	if prevEffective != nil && in.EffectiveAt.Before(*prevEffective) {
+		return Rule{}, fmt.Errorf("%w: effective_at: %s is before version %d's effective time %s",
+			ErrInvalid, in.EffectiveAt.Format(time.RFC3339Nano), prevVersion, prevEffective.UTC().Format(time.RFC3339Nano))
+	}
+	r := Rule{
+		Customer: in.Customer, Meter: in.Meter, Version: prevVersion + 1,
+		EffectiveAt: in.EffectiveAt, Limit: in.Limit, WarnAt: in.WarnAt.Decimal,
+		Mode: in.Mode, OnStale: in.OnStale, StaleAfter: Duration(in.StaleAfter),
+		CreatedAt: now, Actor: in.Actor, Reason: in.Reason,
+	}
+	_, err := tx.Exec(ctx, qInsertRule, r.Customer, r.Meter, r.Version, r.EffectiveAt,
+		r.Limit.String(), r.WarnAt.String(), string(r.Mode), string(r.OnStale),
+		int64(in.StaleAfter/time.Second), r.CreatedAt, r.Actor, r.Reason)
+	if err != nil {
+		return Rule{}, fmt.Errorf("quota: insert rule: %w", err)
+	}
+	return r, nil
+}
+
+// Rules returns the current rule of each of customer's meters (the newest
+// version whose effective time has come), ordered by meter.
+func Rules(ctx context.Context, db DBTX, customer string) ([]Rule, error) {
+	return queryRules(ctx, db, qCurrentRules, customer, time.Now())
+}
+
+// RuleHistory returns every version of a rule, oldest first, including
+// versions not yet effective. ErrNotFound when there is none.
+func RuleHistory(ctx context.Context, db DBTX, customer, meter string) ([]Rule, error) {
+	rs, err := queryRules(ctx, db, qRuleHistory, customer, meter)
+	if err != nil {
+		return nil, err
+	}
+	if len(rs) == 0 {
+		return nil, fmt.Errorf("%w: %s/%s", ErrNotFound, customer, meter)
+	}
+	return rs, nil
+}
+
+func queryRules(ctx context.Context, db DBTX, q string, args ...any) ([]Rule, error) {
+	rows, err := db.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("quota: read rules: %w", err)
+	}
+	rs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Rule, error) { return scanRule(row) })
+	if err != nil {
+		return nil, fmt.Errorf("quota: read rules: %w", err)
+	}
+	return rs, nil
+}
+
+// ruleColumns is the column list every rule query selects, in scanRule's order.
+const ruleColumns = `customer, meter, version, effective_at, "limit"::text, warn_at::text, mode, on_stale,
+       extract(epoch FROM stale_after)::bigint, created_at, actor, reason`
+
+func scanRule(row pgx.Row, extra ...any) (Rule, error) {
+	var r Rule
+	var limit, warn, mode, onStale string
+	var staleSec int64
+	dest := append([]any{&r.Customer, &r.Meter, &r.Version, &r.EffectiveAt, &limit, &warn, &mode, &onStale,
+		&staleSec, &r.CreatedAt, &r.Actor, &r.Reason}, extra...)
+	if err := row.Scan(dest...); err != nil {
+		return Rule{}, err
+	}
+	var err error
+	if r.Limit, err = decimal.NewFromString(limit); err != nil {
+		return Rule{}, fmt.Errorf("stored limit %q: %w", limit, err)
+	}
+	if r.WarnAt, err = decimal.NewFromString(warn); err != nil {
+		return Rule{}, fmt.Errorf("stored warn_at %q: %w", warn, err)
+	}
+	r.Mode, r.OnStale, r.StaleAfter = Mode(mode), OnStale(onStale), Duration(time.Duration(staleSec)*time.Second)
+	r.EffectiveAt, r.CreatedAt = r.EffectiveAt.UTC(), r.CreatedAt.UTC()
+	return r, nil
+}
+
+// Duration is a time.Duration that is a whole number of seconds in JSON
+// ("stale_after": 300). On input it also accepts a Go duration string ("5m").
+type Duration time.Duration
+
+// MarshalJSON writes whole seconds.
+func (d Duration) MarshalJSON() ([]byte, error) {
+	return strconv.AppendInt(nil, int64(time.Duration(d)/time.Second), 10), nil
+}
+
+// UnmarshalJSON reads seconds (an integer) or a Go duration string.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("duration %q: %w", s, err)
+		}
+		*d = Duration(v)
+		return nil
+	}
+	n, err := strconv.ParseInt(string(b), 10, 64)
+	if err != nil || n < 0 || n > int64(1<<62/time.Second) {
+		return fmt.Errorf("duration %s: want whole seconds or a string like \"5m\"", b)
+	}
+	*d = Duration(time.Duration(n) * time.Second)
+	return nil
+}

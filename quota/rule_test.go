@@ -1,0 +1,104 @@
+package quota_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/quota"
+)
+
+func TestRuleInputValidateNamesEveryField(t *testing.T) {
+	t.Parallel()
+	in := quota.RuleInput{
+		Customer: "bad customer", Meter: "", Limit: dec("-1"),
+		WarnAt: decimal.NewNullDecimal(dec("1.5")), Mode: "block", OnStale: "maybe",
+		StaleAfter: 1500 * time.Millisecond,
+	}
+	err := in.Validate()
+	if !errors.Is(err, quota.ErrInvalid) {
+		t.Fatalf("err = %v, want ErrInvalid", err)
+	}
+	for _, field := range []string{"customer:", "meter:", "limit:", "warn_at:", "mode:", "on_stale:", "stale_after:", "actor:"} {
+		if !strings.Contains(err.Error(), field) {
+			t.Errorf("error does not name %s: %v", field, err)
+		}
+	}
+	ok := quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("1000.5"), Actor: "ops"}
+	if err := ok.Validate(); err != nil {
+		t.Errorf("valid input: %v", err)
+	}
+}
+
+func TestDecodePutRequest(t *testing.T) {
+	t.Parallel()
+	in, err := quota.DecodePutRequest(strings.NewReader(`{"limit":"100000","warn_at":"0.9","mode":"shadow","stale_after":"2m","reason":"trial"}`), "acme", "api_calls", "admin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !in.Limit.Equal(dec("100000")) || !in.WarnAt.Decimal.Equal(dec("0.9")) || in.Mode != quota.Shadow ||
+		in.StaleAfter != 2*time.Minute || in.Actor != "admin" || in.Customer != "acme" {
+		t.Errorf("decoded %+v", in)
+	}
+	if in, err := quota.DecodePutRequest(strings.NewReader(`{"limit":500,"stale_after":60}`), "acme", "m", "admin"); err != nil || !in.Limit.Equal(dec("500")) || in.StaleAfter != time.Minute {
+		t.Errorf("integer forms: %+v %v", in, err)
+	}
+	_, err = quota.DecodePutRequest(strings.NewReader(`{"limit":1e3,"mode":"block"}`), "acme", "m", "admin")
+	if !errors.Is(err, quota.ErrInvalid) || !strings.Contains(err.Error(), "limit:") || !strings.Contains(err.Error(), "mode:") {
+		t.Errorf("exponent limit and bad mode: %v", err)
+	}
+	if _, err := quota.DecodePutRequest(strings.NewReader(`{"limit":"1","colour":"red"}`), "acme", "m", "admin"); !errors.Is(err, quota.ErrInvalid) {
+		t.Errorf("unknown field: %v", err)
+	}
+}
+
+func TestPutRuleVersionsAndHistory(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	r1 := e.put(quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("100")})
+	if r1.Version != 1 || !r1.WarnAt.Equal(dec("0.8")) || r1.Mode != quota.Enforce || r1.OnStale != quota.Allow ||
+		time.Duration(r1.StaleAfter) != 5*time.Minute {
+		t.Fatalf("defaults: %+v", r1)
+	}
+	r2 := e.put(quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("250.5"), Mode: quota.Shadow, OnStale: quota.Deny, StaleAfter: time.Minute})
+	future := e.put(quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("1"), EffectiveAt: time.Now().Add(time.Hour)})
+	e.put(quota.RuleInput{Customer: "acme", Meter: "storage", Limit: dec("5")})
+	if r2.Version != 2 || future.Version != 3 {
+		t.Fatalf("versions %d, %d", r2.Version, future.Version)
+	}
+	rules, err := quota.Rules(ctx, e.pool, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rules) != 2 || rules[0].Meter != "api_calls" || rules[0].Version != 2 || !rules[0].Limit.Equal(dec("250.5")) ||
+		rules[0].OnStale != quota.Deny || rules[1].Meter != "storage" {
+		t.Fatalf("current rules: %+v", rules)
+	}
+	hist, err := quota.RuleHistory(ctx, e.pool, "acme", "api_calls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(hist) != 3 || hist[0].Version != 1 || hist[2].Version != 3 || hist[0].Actor != "test" {
+		t.Fatalf("history: %+v", hist)
+	}
+	// Effective times never go backwards.
+	_, err = quota.PutRuleDB(ctx, e.pool, quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("2"), Actor: "x", EffectiveAt: time.Now()})
+	if !errors.Is(err, quota.ErrInvalid) || !strings.Contains(err.Error(), "effective_at") {
+		t.Errorf("effective_at before the previous version's: %v", err)
+	}
+	if _, err := quota.RuleHistory(ctx, e.pool, "acme", "nothing"); !errors.Is(err, quota.ErrNotFound) {
+		t.Errorf("missing rule: %v", err)
+	}
+	// History is insert-only.
+	if _, err := e.pool.Exec(ctx, `UPDATE quota_rules SET "limit" = 0`); err == nil || !strings.Contains(err.Error(), "insert-only") {
+		t.Errorf("UPDATE of quota_rules: %v", err)
+	}
+	if _, err := e.pool.Exec(ctx, `DELETE FROM quota_rules`); err == nil {
+		t.Errorf("DELETE of quota_rules succeeded")
+	}
+}
