@@ -24,6 +24,7 @@ const (
 	KindAbandoned        = "abandoned_stream"  // superseded by a newer epoch without a final record (notice)
 	KindConservation     = "conservation"      // ingest counters do not add up
 	KindDeepMismatch     = "deep_mismatch"     // Kafka's messages recomputed independently disagree with the ledger
+	KindOverage          = "overage"           // usage admitted while the quota was exceeded or its decision stale (notice)
 )
 
 // Severities.
@@ -377,4 +378,31 @@ func clip(s string, n int) string {
 		return s
 	}
 	return strings.ToValidUTF8(s[:n], "") + "…"
+}
+
+// checkOverage reports usage the quota enforcer measured as admitted while
+// a quota was exceeded (enforce mode) or its decision was stale. It is
+// billed like any usage; finance decides what to do about it.
+func (r *runner) checkOverage(ctx context.Context, tx pgx.Tx, tg target) error {
+	rows, err := tx.Query(ctx, `
+WITH `+targetsCTE+`
+SELECT o.customer, o.meter, trim_scale(o.while_exceeded)::text, trim_scale(o.while_stale)::text, trim_scale(o.over_limit)::text
+FROM quota_overage o JOIN t USING (customer, period_start)
+WHERE o.while_exceeded > 0 OR o.while_stale > 0
+ORDER BY 1, 2`, tg.customers, tg.starts, tg.ends)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var c, m, exceeded, stale, over string
+		if err := rows.Scan(&c, &m, &exceeded, &stale, &over); err != nil {
+			return err
+		}
+		a := dec(exceeded).Add(dec(stale))
+		r.find(Finding{Kind: KindOverage, Severity: Notice, Customer: c, Meter: m, Amount: &a,
+			Detail: fmt.Sprintf("%s admitted while the quota was exceeded and %s while its decision was stale (at most %s over the limit)",
+				exceeded, stale, over)})
+	}
+	return rows.Err()
 }

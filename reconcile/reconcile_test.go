@@ -227,3 +227,16 @@ func TestGateNeedsFreshCleanRun(t *testing.T) {
 		t.Fatalf("statement: %+v %v", st, err)
 	}
 }
+
+func TestOverageIsReported(t *testing.T) {
+	e := newEnv(t)
+	e.apply(rec("gw", 1, "acme", 1, "120", "120", nov))
+	e.exec(`INSERT INTO quota_overage (customer, meter, period_start, period, while_exceeded, while_stale, over_limit, updated_at)
+		VALUES ('acme', 'calls', '2026-11-01T00:00:00Z', '2026-11-01', 15, 5, 20, now())`)
+	r := e.run(reconcile.Options{Period: "2026-11-01"})
+	over := findings(t, r, reconcile.KindOverage)
+	if r.Status != reconcile.StatusClean || len(over) != 1 || over[0].Amount.String() != "20" ||
+		over[0].Detail != "15 admitted while the quota was exceeded and 5 while its decision was stale (at most 20 over the limit)" {
+		t.Fatalf("overage: %s %+v", r.Status, over)
+	}
+}

@@ -279,6 +279,7 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 	} else {
 		run.Checks = append(run.Checks, Check{Name: CheckConservation, Status: "skipped", Detail: "no ingest tables in this database"})
 	}
+	steps = append(steps, step{CheckOverage, func() error { return r.checkOverage(ctx, tx, tg) }})
 	for i, s := range steps {
 		before := len(run.Findings)
 		start := time.Now()
@@ -292,8 +293,6 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 		run.Checks = append(run.Checks, c)
 		rc.progress("[%d/%d] %-28s %-8s %s\n", i+1, len(steps), s.name, c.Status, time.Since(start).Round(time.Millisecond))
 	}
-	run.Checks = append(run.Checks, Check{Name: CheckOverage, Status: "skipped",
-		Detail: "quota enforcement is not built yet, so no overage is recorded"})
 	if opt.Deep {
 		if err := rc.deep(ctx, tx, r, tg); err != nil {
 			return nil, fmt.Errorf("reconcile: deep check: %w", err)
