@@ -1,0 +1,193 @@
+package cli
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tally-ledger/tally/internal/scenario"
+	"github.com/tally-ledger/tally/producer"
+)
+
+func newProduceCmd() *cobra.Command {
+	var (
+		brokers, faults, expectPath string
+		rate                        float64
+		crashes, bad                int
+		verbose                     bool
+	)
+	cfg := scenario.Config{}
+	fault := 0.05
+	cmd := &cobra.Command{
+		Use:   "produce",
+		Short: "Generate metering load and faults with the producer SDK, and write the ground truth",
+		Long: `Generate usage with the producer SDK: --producers producers each report usage of
+--meters meters for --customers customers, from --workers goroutines each,
+for --duration (or --records records), at --rate records/s (0: as fast as
+acknowledged, every Record fsynced). Ids are prefixed with a run id, so runs
+never mix.
+
+Faults (--faults all, or a comma list of duplicates, retransmits, lost,
+reorder, crashes, bad):
+  duplicates   a message is written twice
+  retransmits  a write succeeds but the producer is told it failed: it resends the same batch
+  lost         a middle batch is acknowledged but never written (its usage is in later totals: a gap)
+  reorder      a message is written after later ones (late fills)
+  crashes      a producer stops abruptly; alternately its state survives (same epoch) or is wiped (new epoch)
+  bad          raw messages ingest must dead-letter (malformed JSON, 10 decimals, wrong customer)
+
+--expect FILE writes the ground truth: the exact total to bill per customer,
+meter and period, every stream's final state and open gaps, and the dead
+letters. Check a ledger against it with: tally verify --expect FILE`,
+		Example: `  tally produce --duration 10s --faults all --expect /tmp/expect.json
+  tally verify --expect /tmp/expect.json --wait 60s`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg.Brokers = brokerList(brokers)
+			cfg.Rate = rate
+			f, err := parseFaults(faults, fault, cmd.Flags().Changed("crashes"), crashes, cmd.Flags().Changed("bad-messages"), bad)
+			if err != nil {
+				return err
+			}
+			cfg.Faults = f
+			level := slog.LevelError
+			if verbose {
+				level = slog.LevelInfo
+			}
+			cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+			tty := stderrIsTTY()
+			if tty {
+				cfg.Progress = func(s scenario.Stats) {
+					fmt.Fprintf(os.Stderr, "\r\033[Kproduce: %d records acknowledged (%.0f/s), %d messages, %d crashes",
+						s.Records, s.RecordsPerSecond, s.Messages, s.Crashes)
+				}
+			}
+			e, err := scenario.Run(cmd.Context(), cfg)
+			if tty {
+				fmt.Fprint(os.Stderr, "\r\033[K")
+			}
+			if e != nil && expectPath != "" {
+				if werr := writeExpect(expectPath, e); werr != nil {
+					return errors.Join(err, werr)
+				}
+			}
+			if err != nil {
+				return err
+			}
+			printRun(cmd.OutOrStdout(), e, expectPath)
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&brokers, "kafka-brokers", "127.0.0.1:9092", "Kafka bootstrap brokers, comma-separated")
+	envDefault(fs, "kafka-brokers", "TALLY_KAFKA_BROKERS")
+	fs.StringVar(&cfg.Topic, "topic", producer.DefaultTopic, "meter-batch topic")
+	envDefault(fs, "topic", "TALLY_TOPIC")
+	fs.IntVar(&cfg.Producers, "producers", 2, "producers (each with its own state directory and epochs)")
+	fs.IntVar(&cfg.Customers, "customers", 3, "customers")
+	fs.IntVar(&cfg.Meters, "meters", 2, "meters per customer")
+	fs.IntVar(&cfg.Workers, "workers", 4, "goroutines calling Record on each producer")
+	fs.Float64Var(&rate, "rate", 0, "records per second over all producers (0: as fast as they are acknowledged)")
+	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "how long to record usage")
+	fs.Int64Var(&cfg.Records, "records", 0, "stop after this many records (or at --duration, whichever comes first; --duration 0 for records only)")
+	fs.DurationVar(&cfg.Spread, "spread", 0, "spread occurred_at over this much of the past (e.g. 1080h covers several monthly periods)")
+	fs.StringVar(&cfg.Dir, "dir", "", "directory for the producers' state (default: a temporary directory, removed at the end)")
+	fs.Uint64Var(&cfg.Seed, "seed", 0, "random seed for quantities and faults (0: random)")
+	fs.StringVar(&cfg.Run, "run", "", "run id prefixing producer and customer ids (default: random)")
+	fs.DurationVar(&cfg.Linger, "linger", 50*time.Millisecond, "producer Linger: how long a record waits for more to share its message")
+	fs.StringVar(&faults, "faults", "", "faults to inject: all, or a comma list of duplicates,retransmits,lost,reorder,crashes,bad")
+	fs.Float64Var(&fault, "fault-rate", 0.05, "probability per message of each probabilistic fault")
+	fs.IntVar(&crashes, "crashes", 2, "producer crashes when crashes are on")
+	fs.IntVar(&bad, "bad-messages", 3, "bad messages when bad is on")
+	fs.StringVar(&expectPath, "expect", "", "write the ground truth (JSON) to this file")
+	fs.BoolVar(&verbose, "verbose", false, "log the producers' retries and restarts")
+	return cmd
+}
+
+func parseFaults(list string, rate float64, crashesSet bool, crashes int, badSet bool, bad int) (scenario.Faults, error) {
+	var f scenario.Faults
+	names := strings.Split(list, ",")
+	if list == "all" {
+		names = []string{"duplicates", "retransmits", "lost", "reorder", "crashes", "bad"}
+	}
+	for _, n := range names {
+		switch strings.TrimSpace(n) {
+		case "":
+		case "duplicates":
+			f.Duplicates = rate
+		case "retransmits":
+			f.Retransmits = rate
+		case "lost":
+			f.Lost = rate
+		case "reorder":
+			f.Reorder = rate
+		case "crashes":
+			f.Crashes = crashes
+		case "bad":
+			f.BadMessages = bad
+		default:
+			return f, fmt.Errorf("--faults: unknown fault %q; use all, or some of duplicates,retransmits,lost,reorder,crashes,bad", n)
+		}
+	}
+	if crashesSet && f.Crashes == 0 && crashes > 0 {
+		f.Crashes = crashes
+	}
+	if badSet && f.BadMessages == 0 && bad > 0 {
+		f.BadMessages = bad
+	}
+	return f, nil
+}
+
+func writeExpect(path string, e *scenario.Expect) error {
+	b, err := json.MarshalIndent(e, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(path, append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("--expect: %w", err)
+	}
+	return nil
+}
+
+func printRun(w io.Writer, e *scenario.Expect, expectPath string) {
+	s := e.Stats
+	gaps, periods := 0, map[string]bool{}
+	for _, st := range e.Streams {
+		gaps += len(st.Gaps)
+	}
+	for _, t := range e.Totals {
+		periods[t.Period] = true
+	}
+	fmt.Fprintf(w, "run %s: %d records acknowledged (each fsynced) in %.1fs by %d producers: %.0f records/s\n",
+		e.Run, s.Records, s.Seconds, s.Producers, s.RecordsPerSecond)
+	fmt.Fprintf(w, "kafka: %d messages; faults: %d duplicated, %d retransmitted, %d lost (%d open gaps), %d reordered, %d crashes (%d epochs), %d bad messages\n",
+		s.Messages, s.Duplicates, s.Retransmits, s.Lost, gaps, s.Reordered, s.Crashes, s.Epochs, s.BadMessages)
+	fmt.Fprintf(w, "ground truth: %d customer/meter/period totals over %d periods, %d streams\n", len(e.Totals), len(periods), len(e.Streams))
+	if expectPath != "" {
+		fmt.Fprintf(w, "wrote %s; check the ledger with: tally verify --expect %s --wait 60s\n", expectPath, expectPath)
+	}
+}
+
+// brokerList splits a comma-separated broker list.
+func brokerList(s string) []string {
+	var out []string
+	for _, b := range strings.Split(s, ",") {
+		if b = strings.TrimSpace(b); b != "" {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// stderrIsTTY: progress lines go to a terminal only.
+func stderrIsTTY() bool {
+	st, err := os.Stderr.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}

@@ -1,0 +1,97 @@
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/shopspring/decimal"
+	"go.uber.org/goleak"
+
+	"github.com/tally-ledger/tally/ingest"
+	"github.com/tally-ledger/tally/internal/kafkatest"
+	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/internal/scenario"
+	"github.com/tally-ledger/tally/ledger"
+)
+
+// TestProduceThenVerify runs `tally produce --faults all` against an
+// in-process Kafka with the real ingest running, then `tally verify`:
+// clean, and exit status 3 naming the difference once the truth is wrong.
+func TestProduceThenVerify(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+	const topic = "tally.meter-batches"
+	k := kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{{Name: topic, Partitions: 4}}})
+	db := pgtest.NewURL(t)
+	pool, err := pgxpool.New(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	l, err := ledger.New(ledger.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := ingest.NewConsumer(ingest.Config{Brokers: k.Addrs, Topic: topic, Pool: pool, Ledger: l,
+		Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry(), MaxBatchWait: 50 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond, SessionTimeout: 1500 * time.Millisecond, FetchMaxWait: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cons.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+
+	expect := filepath.Join(t.TempDir(), "expect.json")
+	out, err := runTally(t, "produce", "--kafka-brokers", strings.Join(k.Addrs, ","), "--duration", "2s", "--rate", "400",
+		"--faults", "all", "--fault-rate", "0.1", "--linger", "10ms", "--spread", "1080h", "--expect", expect)
+	if err != nil {
+		t.Fatalf("produce: %v\n%s", err, out)
+	}
+	for _, want := range []string{"records acknowledged (each fsynced)", "2 crashes", "3 bad messages", "wrote " + expect} {
+		if !strings.Contains(out, want) {
+			t.Errorf("produce printed no %q:\n%s", want, out)
+		}
+	}
+
+	out, err = runTally(t, "verify", "--expect", expect, "--database-url", db, "--wait", "60s")
+	if err != nil || !strings.HasPrefix(out, "clean: run ") {
+		t.Fatalf("verify: %v\n%s", err, out)
+	}
+
+	// Bill one more thousandth in the truth: verify must name it.
+	var e scenario.Expect
+	b, err := os.ReadFile(expect)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &e); err != nil {
+		t.Fatal(err)
+	}
+	e.Totals[0].Quantity = e.Totals[0].Quantity.Add(decimal.New(1, -3))
+	if err := writeExpect(expect, &e); err != nil {
+		t.Fatal(err)
+	}
+	out, err = runTally(t, "verify", "--expect", expect, "--database-url", db)
+	var ee *ExitError
+	if !errors.As(err, &ee) || ee.Code != 3 {
+		t.Fatalf("verify against a wrong truth: %v, want exit status 3\n%s", err, out)
+	}
+	want := e.Totals[0].Customer + "/" + e.Totals[0].Meter + " period " + e.Totals[0].Period
+	if !strings.Contains(out, "1 difference between") || !strings.Contains(out, want) || !strings.Contains(out, "short by 0.001") {
+		t.Errorf("verify output does not name the difference (%s ... short by 0.001):\n%s", want, out)
+	}
+}

@@ -1,0 +1,128 @@
+package scenario_test
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/shopspring/decimal"
+	"go.uber.org/goleak"
+
+	"github.com/tally-ledger/tally/ingest"
+	"github.com/tally-ledger/tally/internal/kafkatest"
+	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/internal/scenario"
+	"github.com/tally-ledger/tally/ledger"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const topic = "tally.meter-batches"
+
+// TestEveryFaultVerifiesClean runs a scenario with every fault against an
+// in-process Kafka, ingests it into a real ledger and checks that the
+// ledger matches the ground truth exactly; then that Verify names a
+// difference when there is one.
+func TestEveryFaultVerifiesClean(t *testing.T) {
+	c := kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{{Name: topic, Partitions: 4}}})
+	pool := pgtest.New(t)
+	runIngest(t, c.Addrs, pool)
+
+	f := scenario.AllFaults()
+	f.Lost, f.Reorder, f.Duplicates, f.Retransmits = 0.1, 0.1, 0.1, 0.2
+	f.Crashes = 4
+	ctx := context.Background()
+	e, err := scenario.Run(ctx, scenario.Config{
+		Brokers: c.Addrs, Topic: topic, Producers: 3, Customers: 4, Meters: 2, Workers: 2,
+		Duration: 3 * time.Second, Rate: 600, Spread: 45 * 24 * time.Hour, Faults: f, Linger: 10 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := e.Stats
+	t.Logf("stats %+v", s)
+	if s.Records < 500 || s.Duplicates == 0 || s.Retransmits == 0 || s.Lost == 0 || s.Reordered == 0 || s.Crashes != 4 || s.Epochs != 5 {
+		t.Errorf("not every fault happened: %+v", s)
+	}
+	gaps := 0
+	for _, st := range e.Streams {
+		gaps += len(st.Gaps)
+	}
+	periods := map[string]bool{}
+	for _, tot := range e.Totals {
+		periods[tot.Period] = true
+	}
+	if gaps == 0 || len(periods) < 2 {
+		t.Errorf("expected gaps and several periods; got %d gaps, periods %v", gaps, periods)
+	}
+
+	diffs := waitVerify(t, pool, e, 60*time.Second)
+	if len(diffs) > 0 {
+		t.Fatalf("ledger differs from the ground truth:\n%s", strings.Join(diffs, "\n"))
+	}
+
+	// A verify that cannot fail proves nothing: change the truth.
+	e.Totals[0].Quantity = e.Totals[0].Quantity.Add(decimal.RequireFromString("0.001"))
+	e.Streams[0].LastSeq++
+	e.DeadLetters[e.Run+"-bad"]++
+	diffs, err = scenario.Verify(ctx, pool, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(diffs) != 3 || !strings.Contains(strings.Join(diffs, "\n"), "short by 0.001") {
+		t.Errorf("verify against a wrong truth: %d differences, want 3:\n%s", len(diffs), strings.Join(diffs, "\n"))
+	}
+}
+
+func waitVerify(t *testing.T, pool *pgxpool.Pool, e *scenario.Expect, within time.Duration) []string {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		diffs, err := scenario.Verify(context.Background(), pool, e)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(diffs) == 0 || time.Now().After(deadline) {
+			return diffs
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func runIngest(t *testing.T, brokers []string, pool *pgxpool.Pool) {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	l, err := ledger.New(ledger.Config{Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cons, err := ingest.NewConsumer(ingest.Config{
+		Brokers: brokers, Topic: topic, Pool: pool, Ledger: l, Logger: log,
+		Registry: prometheus.NewRegistry(), MaxBatchWait: 50 * time.Millisecond,
+		RetryMin: 10 * time.Millisecond, RetryMax: 300 * time.Millisecond, PositionInterval: 200 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond, SessionTimeout: 1500 * time.Millisecond,
+		RebalanceTimeout: 3 * time.Second, FetchMaxWait: 100 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- cons.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("ingest: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Errorf("ingest did not stop within 30s")
+		}
+	})
+}

@@ -1,0 +1,77 @@
+// Package producer is the Go SDK for meter producers (SPEC §2, §9): it turns
+// "customer C used Q of meter M at T" into meter.batch.v1 messages on Kafka
+// that the ledger can bill exactly once, whatever happens to the process, the
+// disk cache or the network in between.
+//
+// It owns what producers get wrong by hand: per-stream seq and running
+// absolute total, UUIDv7 operation and batch ids, batching per customer (the
+// message key), retries that resend the same bytes, and a bounded disk buffer.
+//
+// # Guarantees
+//
+//   - Record returns nil only once the usage, with its seq and total, is
+//     fsynced to Dir. From then on it is billed exactly once, whatever
+//     crashes follow (of the process, the host, or Kafka), as long as Dir
+//     survives.
+//   - Record returning an error means the usage was not recorded and will
+//     never be billed. A Record call that is still in flight when the
+//     process dies may or may not have been made durable: its usage is billed
+//     once or not at all. So, after a crash, billed = acknowledged + at most
+//     the Record calls that were in flight at that instant.
+//   - A batch is formed once, written to disk with its batch id and encoded
+//     bytes, and only then sent; a retry (after an error, a timeout or a
+//     restart) resends exactly those bytes, so the ledger sees duplicates,
+//     never new usage. A batch is deleted from disk only after Kafka
+//     acknowledged it with acks=all.
+//   - Nothing is dropped silently: when MaxBuffered records wait for Kafka,
+//     Record blocks (BlockWhenFull) or returns ErrBufferFull. A batch Kafka
+//     keeps refusing is retried with capped backoff for as long as it takes,
+//     logged and counted (tally_producer_send_errors_total), never skipped.
+//
+// # Kafka
+//
+// Each message carries one customer's records (the key is the customer id,
+// partitioned with murmur2 like the Java client, so a customer's messages
+// stay in one partition and in order). Batches are formed per customer and
+// epoch when MaxBatchRecords records wait, when the oldest waited Linger, or
+// on Flush, and are sent in the order they were formed, with acks=all. If
+// Kafka acknowledges only some messages of a write, the others are resent
+// after later ones; the ledger applies such a record as a late fill, and
+// bills it once.
+//
+// # Epochs
+//
+// A stream is (producer, epoch, customer, meter). The epoch is stored in Dir
+// and kept across restarts, so a restarted producer continues its streams.
+// A new epoch starts when Dir is new, lost or unreadable (the old one is
+// renamed aside, never deleted), and after Close ended the previous one. A
+// new epoch is max(previous known epoch + 1, the current Unix time in
+// milliseconds): the clock floor is what keeps a producer whose Dir was wiped
+// (so that no previous epoch is known) from ever reusing an epoch, which
+// would make its new records conflict with the old ones and go unbilled.
+// It assumes the host clock does not jump back by more than the lifetime of
+// an epoch. The epoch is persisted before any record uses it.
+//
+// Close ends the epoch cleanly: it appends to every stream of the epoch one
+// record with quantity 0, the same total, seq+1 and "final": true, then
+// sends everything buffered. A zero quantity bills nothing; the flag tells
+// reconciliation the stream ended on purpose (SPEC §3: an epoch superseded
+// without a final record is reported as abandoned). Stop leaves the epoch
+// open, for a restart that continues it.
+//
+// # Why bbolt
+//
+// State lives in one go.etcd.io/bbolt file in Dir. bbolt is a small,
+// well-kept B+tree store (etcd's) whose write transactions are atomic and
+// durable on return (fsync of data, then of the meta page, copy-on-write, so
+// a crash at any instant leaves the previous or the new state, never a mix).
+// One transaction can move records from "pending" to "batches" and update
+// stream state at once, which an append-only log would need compaction and
+// a recovery scan to emulate. Its cost is one fsync pair per commit; Record
+// calls made concurrently share a commit (group commit), so throughput grows
+// with concurrent callers. bbolt's file lock also keeps two processes from
+// using one Dir.
+//
+// The package imports only the wire format (ingest/wire) and kafka-go; it
+// never depends on the ledger.
+package producer

@@ -1,0 +1,39 @@
+package producer
+
+import "github.com/prometheus/client_golang/prometheus"
+
+type metrics struct {
+	buffered    prometheus.Gauge
+	epoch       prometheus.Gauge
+	records     prometheus.Counter
+	batchesSent prometheus.Counter
+	sendErrors  prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer, producer string) (*metrics, error) {
+	labels := prometheus.Labels{"producer": producer}
+	m := &metrics{
+		buffered: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tally_producer_buffered_records",
+			Help: "Records durable on disk and not yet acknowledged by Kafka.", ConstLabels: labels}),
+		epoch: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tally_producer_epoch",
+			Help: "The producer's current epoch.", ConstLabels: labels}),
+		records: prometheus.NewCounter(prometheus.CounterOpts{Name: "tally_producer_records_total",
+			Help: "Records acknowledged to callers of Record (durable on disk).", ConstLabels: labels}),
+		batchesSent: prometheus.NewCounter(prometheus.CounterOpts{Name: "tally_producer_batches_sent_total",
+			Help: "Batches acknowledged by Kafka and removed from disk.", ConstLabels: labels}),
+		sendErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "tally_producer_send_errors_total",
+			Help: "Failed attempts to send batches to Kafka (each is retried).", ConstLabels: labels}),
+	}
+	for _, c := range []prometheus.Collector{m.buffered, m.epoch, m.records, m.batchesSent, m.sendErrors} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (m *metrics) unregister(reg prometheus.Registerer) {
+	for _, c := range []prometheus.Collector{m.buffered, m.epoch, m.records, m.batchesSent, m.sendErrors} {
+		reg.Unregister(c)
+	}
+}

@@ -1,0 +1,114 @@
+package producer_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/tally-ledger/tally/internal/kafkatest"
+	"github.com/tally-ledger/tally/producer"
+)
+
+// ackLost writes to a real Kafka but tells the producer its first write
+// failed, as when an acknowledgement is lost in the network.
+type ackLost struct {
+	*kafkatest.Writer
+	calls atomic.Int32
+}
+
+func (w *ackLost) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
+	if err := w.Writer.WriteMessages(ctx, msgs...); err != nil {
+		return err
+	}
+	if w.calls.Add(1) == 1 {
+		return errors.New("connection reset before the acknowledgement")
+	}
+	return nil
+}
+
+func TestARetryResendsTheSameBatch(t *testing.T) {
+	c := newCluster(t, 1)
+	w := &ackLost{Writer: c.Writer(topic)}
+	defer w.Close()
+	reg := prometheus.NewRegistry()
+	p := newProducer(t, producer.Config{Writer: w, Dir: t.TempDir(), Registerer: reg})
+	ctx := context.Background()
+	for _, q := range []string{"1", "2"} {
+		if err := p.Record(ctx, "acme", "m", d(q), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := p.Flush(fctx); err != nil {
+		t.Fatal(err)
+	}
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: c.Addrs, Topic: topic, Partition: 0, MaxWait: 50 * time.Millisecond})
+	defer r.Close()
+	var values [][]byte
+	for range 2 {
+		m, err := r.FetchMessage(fctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		values = append(values, m.Value)
+	}
+	if hw := c.HighWatermark(t, topic, 0); hw != 2 {
+		t.Fatalf("%d messages in Kafka, want 2 (the batch and its retransmit)", hw)
+	}
+	if !bytes.Equal(values[0], values[1]) {
+		t.Errorf("the retry is not the same batch:\n%s\n%s", values[0], values[1])
+	}
+	var errs float64
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == "tally_producer_send_errors_total" {
+			errs = mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	if errs != 1 {
+		t.Errorf("send errors metric %v, want 1", errs)
+	}
+}
+
+func TestKafkaOutageIsRiddenOut(t *testing.T) {
+	// A port nothing listens on yet.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+
+	p := newProducer(t, producer.Config{Brokers: []string{l.Addr().String()}, Dir: t.TempDir(), WriteTimeout: 500 * time.Millisecond})
+	ctx := context.Background()
+	for range 3 {
+		if err := p.Record(ctx, "acme", "m", d("1"), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // a few failed attempts
+	if p.Buffered() != 3 {
+		t.Fatalf("buffered %d during the outage, want 3", p.Buffered())
+	}
+	c := kafkatest.New(t, kafkatest.Options{Port: port, Topics: []kafkatest.Topic{{Name: topic, Partitions: 1}}})
+	fctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if err := p.Flush(fctx); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	for _, b := range readBatches(t, c, 1) {
+		n += len(b.Records)
+	}
+	if n != 3 || p.Buffered() != 0 {
+		t.Errorf("after the outage: %d records in Kafka, %d buffered; want 3 and 0", n, p.Buffered())
+	}
+}

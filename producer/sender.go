@@ -1,0 +1,297 @@
+package producer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/segmentio/kafka-go"
+	"github.com/shopspring/decimal"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/tally-ledger/tally/ingest/wire"
+)
+
+// Bounds of one round of work of the sender.
+const (
+	maxFormRecords = 50_000  // pending records turned into batches per transaction
+	maxSendBatches = 256     // batches per WriteMessages call
+	maxSendBytes   = 8 << 20 // bytes per WriteMessages call
+)
+
+// sendLoop forms batches when they are due and sends stored batches in
+// the order they were formed, until stopped.
+func (p *Producer) sendLoop() {
+	defer close(p.sendDone)
+	attempt := 0
+	for p.sendCtx.Err() == nil {
+		if err := p.formDue(); err != nil {
+			p.log.Error("forming batches failed; retrying", "err", err)
+			if !p.sleep(p.backoff(attempt)) {
+				return
+			}
+			attempt++
+			continue
+		}
+		sent, err := p.sendSome()
+		if err != nil {
+			if p.sendCtx.Err() != nil {
+				return
+			}
+			p.m.sendErrors.Inc()
+			d := p.backoff(attempt)
+			p.log.Warn("sending batches to Kafka failed; retrying the same batches", "err", err, "attempt", attempt+1, "retry_in", d)
+			if !p.sleep(d) {
+				return
+			}
+			attempt++
+			continue
+		}
+		attempt = 0
+		if sent {
+			continue
+		}
+		p.mu.Lock()
+		wait := time.Duration(-1)
+		if p.pending > 0 {
+			wait = max(p.cfg.Linger-time.Since(p.pendingSince), time.Millisecond)
+		}
+		p.mu.Unlock()
+		var timer <-chan time.Time
+		var t *time.Timer
+		if wait >= 0 {
+			t = time.NewTimer(wait)
+			timer = t.C
+		}
+		select {
+		case <-p.wake:
+		case <-timer:
+		case <-p.sendCtx.Done():
+		}
+		if t != nil {
+			t.Stop()
+		}
+	}
+}
+
+func (p *Producer) backoff(attempt int) time.Duration {
+	d := p.cfg.RetryMin << min(attempt, 20)
+	if d <= 0 || d > p.cfg.RetryMax {
+		d = p.cfg.RetryMax
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+func (p *Producer) sleep(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-p.sendCtx.Done():
+		return false
+	}
+}
+
+// formDue turns pending records into stored batches when enough records
+// wait, the oldest waited Linger, or a Flush asked for them.
+func (p *Producer) formDue() error {
+	for {
+		p.mu.Lock()
+		due := p.pending > 0 && (p.pending >= p.cfg.MaxBatchRecords ||
+			time.Since(p.pendingSince) >= p.cfg.Linger || p.formTarget > p.nextIndex-uint64(p.pending))
+		p.mu.Unlock()
+		if !due {
+			return nil
+		}
+		n, err := p.form()
+		if err != nil || n < maxFormRecords {
+			return err
+		}
+	}
+}
+
+// form moves up to maxFormRecords pending records into batches, in one
+// transaction: batches per (customer, epoch), in record order, each within
+// MaxBatchRecords and MaxBatchBytes. It returns the records moved.
+func (p *Producer) form() (int, error) {
+	type group struct {
+		first uint64
+		recs  []storedRecord
+		idx   []uint64
+	}
+	var moved int
+	var formed int
+	err := p.db.Update(func(tx *bolt.Tx) error {
+		moved, formed = 0, 0
+		pend := tx.Bucket(bucketPending)
+		groups := make(map[[2]any]*group)
+		var order []*group
+		var keys [][]byte
+		c := pend.Cursor()
+		for k, v := c.First(); k != nil && len(keys) < maxFormRecords; k, v = c.Next() {
+			var r storedRecord
+			if err := json.Unmarshal(v, &r); err != nil {
+				return fmt.Errorf("pending record %x is unreadable: %w", k, err)
+			}
+			gk := [2]any{r.Customer, r.Epoch}
+			g := groups[gk]
+			if g == nil {
+				g = &group{first: uint64(i64(k))}
+				groups[gk] = g
+				order = append(order, g)
+			}
+			g.recs = append(g.recs, r)
+			g.idx = append(g.idx, uint64(i64(k)))
+			keys = append(keys, append([]byte(nil), k...))
+		}
+		batches := tx.Bucket(bucketBatches)
+		now := time.Now().UTC()
+		for _, g := range order {
+			for start := 0; start < len(g.recs); start += p.cfg.MaxBatchRecords {
+				end := min(start+p.cfg.MaxBatchRecords, len(g.recs))
+				n, err := p.putBatches(batches, g.recs[start:end], g.idx[start:end], now)
+				if err != nil {
+					return err
+				}
+				formed += n
+			}
+		}
+		for _, k := range keys {
+			if err := pend.Delete(k); err != nil {
+				return err
+			}
+		}
+		moved = len(keys)
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	p.mu.Lock()
+	p.pending -= moved
+	if p.pending > 0 {
+		p.pendingSince = time.Now()
+	}
+	p.broadcast()
+	p.mu.Unlock()
+	p.log.Debug("batches formed", "records", moved, "batches", formed)
+	return moved, nil
+}
+
+// putBatches encodes recs as one message, halving it until it fits
+// MaxBatchBytes, and stores the result under the index of its first record.
+func (p *Producer) putBatches(b *bolt.Bucket, recs []storedRecord, idx []uint64, now time.Time) (int, error) {
+	id, err := uuid.NewV7()
+	if err != nil {
+		return 0, err
+	}
+	batch := wire.Batch{Schema: wire.Schema, BatchID: id, Producer: p.cfg.Producer, Epoch: recs[0].Epoch, SentAt: now,
+		Records: make([]wire.Record, len(recs))}
+	for i, r := range recs {
+		batch.Records[i] = wire.Record{OperationID: r.OperationID, Customer: r.Customer, Meter: r.Meter, Seq: r.Seq,
+			Total: r.Total, Quantity: decimal.NewNullDecimal(r.Quantity), OccurredAt: r.OccurredAt, Final: r.Final}
+	}
+	value, err := wire.Encode(batch)
+	var we *wire.Error
+	if (err == nil && len(value) > p.cfg.MaxBatchBytes) || (errors.As(err, &we) && we.Reason == wire.ReasonMessageTooLarge) {
+		if len(recs) == 1 {
+			return 0, fmt.Errorf("one record encodes to %d bytes, above MaxBatchBytes %d", len(value), p.cfg.MaxBatchBytes)
+		}
+		h := len(recs) / 2
+		n1, err := p.putBatches(b, recs[:h], idx[:h], now)
+		if err != nil {
+			return 0, err
+		}
+		n2, err := p.putBatches(b, recs[h:], idx[h:], now)
+		return n1 + n2, err
+	}
+	if err != nil {
+		// Record checked every field, so this is a bug; the records stay
+		// pending and the error is logged on every round, never dropped.
+		return 0, fmt.Errorf("encode batch: %w", err)
+	}
+	v, err := json.Marshal(storedBatch{Key: recs[0].Customer, Value: value, Records: len(recs)})
+	if err != nil {
+		return 0, err
+	}
+	return 1, b.Put(u64(idx[0]), v)
+}
+
+// sendSome sends the oldest stored batches in one write and deletes those
+// Kafka acknowledged. It reports whether there was anything to send.
+func (p *Producer) sendSome() (bool, error) {
+	var keys [][]byte
+	var msgs []kafka.Message
+	var counts []int
+	err := p.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketBatches).Cursor()
+		size := 0
+		for k, v := c.First(); k != nil && len(msgs) < maxSendBatches && size < maxSendBytes; k, v = c.Next() {
+			var b storedBatch
+			if err := json.Unmarshal(v, &b); err != nil {
+				return fmt.Errorf("stored batch %x is unreadable: %w", k, err)
+			}
+			keys = append(keys, append([]byte(nil), k...))
+			msgs = append(msgs, kafka.Message{Key: []byte(b.Key), Value: b.Value})
+			counts = append(counts, b.Records)
+			size += len(b.Value)
+		}
+		return nil
+	})
+	if err != nil || len(msgs) == 0 {
+		return false, err
+	}
+	ctx, cancel := context.WithTimeout(p.sendCtx, p.cfg.WriteTimeout)
+	werr := p.writer.WriteMessages(ctx, msgs...)
+	cancel()
+	acked := make([]bool, len(msgs))
+	var wes kafka.WriteErrors
+	switch {
+	case werr == nil:
+		for i := range acked {
+			acked[i] = true
+		}
+	case errors.As(werr, &wes) && len(wes) == len(msgs):
+		for i, e := range wes {
+			acked[i] = e == nil
+		}
+	}
+	var done [][]byte
+	records := 0
+	for i, ok := range acked {
+		if ok {
+			done = append(done, keys[i])
+			records += counts[i]
+		}
+	}
+	if len(done) > 0 {
+		// A crash before this commit resends these batches: the ledger
+		// counts them as duplicates.
+		if err := p.db.Update(func(tx *bolt.Tx) error {
+			b := tx.Bucket(bucketBatches)
+			for _, k := range done {
+				if err := b.Delete(k); err != nil {
+					return err
+				}
+			}
+			return nil
+		}); err != nil {
+			return true, fmt.Errorf("delete acknowledged batches: %w", err)
+		}
+		p.m.batchesSent.Add(float64(len(done)))
+		p.mu.Lock()
+		p.buffered -= records
+		p.m.buffered.Set(float64(p.buffered))
+		p.broadcast()
+		p.mu.Unlock()
+	}
+	if werr != nil {
+		return true, fmt.Errorf("%d of %d batches not acknowledged: %w", len(msgs)-len(done), len(msgs), werr)
+	}
+	return true, nil
+}

@@ -1,0 +1,236 @@
+package producer
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/shopspring/decimal"
+	bolt "go.etcd.io/bbolt"
+)
+
+// The state file and its buckets.
+//
+//	meta     producer, epoch, epoch_closed, next_index
+//	streams  customer 0x00 meter → streamState of the current epoch
+//	pending  index (8 bytes, big endian) → storedRecord not yet in a batch
+//	batches  index of its first record → storedBatch, formed, not yet acked
+//
+// Record indexes grow by one per record ever stored in this file, so
+// "everything below index i has been acknowledged by Kafka" is a single
+// comparison (Flush).
+const stateFile = "producer.db"
+
+var (
+	bucketMeta    = []byte("meta")
+	bucketStreams = []byte("streams")
+	bucketPending = []byte("pending")
+	bucketBatches = []byte("batches")
+
+	keyProducer    = []byte("producer")
+	keyEpoch       = []byte("epoch")
+	keyEpochClosed = []byte("epoch_closed")
+	keyNextIndex   = []byte("next_index")
+)
+
+type streamKey struct{ customer, meter string }
+
+func (k streamKey) bytes() []byte { return []byte(k.customer + "\x00" + k.meter) }
+
+func parseStreamKey(b []byte) (streamKey, bool) {
+	i := bytes.IndexByte(b, 0)
+	if i < 0 {
+		return streamKey{}, false
+	}
+	return streamKey{string(b[:i]), string(b[i+1:])}, true
+}
+
+type streamState struct {
+	Seq   int64           `json:"seq"`
+	Total decimal.Decimal `json:"total"`
+}
+
+// storedRecord is a record as Record made it durable; batches are formed
+// from these without changing any field.
+type storedRecord struct {
+	Epoch       int64           `json:"e"`
+	OperationID uuid.UUID       `json:"o"`
+	Customer    string          `json:"c"`
+	Meter       string          `json:"m"`
+	Seq         int64           `json:"s"`
+	Total       decimal.Decimal `json:"t"`
+	Quantity    decimal.Decimal `json:"q"`
+	OccurredAt  time.Time       `json:"at"`
+	Final       bool            `json:"f,omitempty"`
+}
+
+// storedBatch is an encoded message, sent as is on every attempt.
+type storedBatch struct {
+	Key     string `json:"k"`
+	Value   []byte `json:"v"`
+	Records int    `json:"n"`
+}
+
+func u64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
+
+func i64(b []byte) int64 {
+	if len(b) != 8 {
+		return 0
+	}
+	return int64(binary.BigEndian.Uint64(b))
+}
+
+// loaded is what open recovered.
+type loaded struct {
+	epoch     int64
+	newEpoch  bool
+	streams   map[streamKey]*streamState
+	nextIndex uint64
+	pending   int       // records not yet in a batch
+	buffered  int       // records not yet acknowledged (pending + in batches)
+	batches   int       // batches on disk
+	renamed   string    // a state file moved aside as unreadable, if any
+	oldest    time.Time // when the oldest pending record was found (now)
+}
+
+// errLocked: another process holds the state file.
+var errLocked = errors.New("producer: state directory is in use by another process")
+
+// openStore opens (creating or recovering) the state in dir for producer id.
+// now is the clock, used for the epoch floor.
+func openStore(dir, id string, now time.Time) (*bolt.DB, loaded, error) {
+	var l loaded
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, l, fmt.Errorf("producer: create state dir: %w", err)
+	}
+	path := filepath.Join(dir, stateFile)
+	db, prevEpoch, err := openFile(path)
+	if errors.Is(err, errLocked) {
+		return nil, l, err
+	}
+	if err != nil {
+		// Unreadable: keep it for inspection, start over in a new epoch.
+		l.renamed = path + ".unreadable-" + strconv.FormatInt(now.UnixNano(), 10)
+		if rerr := os.Rename(path, l.renamed); rerr != nil {
+			return nil, l, fmt.Errorf("producer: state file %s is unreadable (%v) and cannot be moved aside: %w", path, err, rerr)
+		}
+		if db, _, err = openFile(path); err != nil {
+			return nil, l, fmt.Errorf("producer: create state file: %w", err)
+		}
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketMeta, bucketStreams, bucketPending, bucketBatches} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		meta := tx.Bucket(bucketMeta)
+		if p := meta.Get(keyProducer); p == nil {
+			if err := meta.Put(keyProducer, []byte(id)); err != nil {
+				return err
+			}
+		} else if string(p) != id {
+			return fmt.Errorf("producer: %s holds the state of producer %q, not %q; use one directory per producer id", dir, p, id)
+		}
+		epoch := i64(meta.Get(keyEpoch))
+		if epoch == 0 || meta.Get(keyEpochClosed) != nil {
+			epoch = max(epoch+1, prevEpoch+1, now.UnixMilli())
+			l.newEpoch = true
+			if err := meta.Put(keyEpoch, u64(uint64(epoch))); err != nil {
+				return err
+			}
+			if err := meta.Delete(keyEpochClosed); err != nil {
+				return err
+			}
+			if err := tx.DeleteBucket(bucketStreams); err != nil {
+				return err
+			}
+			if _, err := tx.CreateBucket(bucketStreams); err != nil {
+				return err
+			}
+		}
+		l.epoch = epoch
+		l.nextIndex = uint64(i64(meta.Get(keyNextIndex)))
+		l.streams = make(map[streamKey]*streamState)
+		if err := tx.Bucket(bucketStreams).ForEach(func(k, v []byte) error {
+			sk, ok := parseStreamKey(k)
+			var st streamState
+			if !ok || json.Unmarshal(v, &st) != nil {
+				return fmt.Errorf("producer: stream state %q is unreadable", k)
+			}
+			l.streams[sk] = &st
+			return nil
+		}); err != nil {
+			return err
+		}
+		l.pending = tx.Bucket(bucketPending).Stats().KeyN
+		l.buffered = l.pending
+		if err := tx.Bucket(bucketBatches).ForEach(func(k, v []byte) error {
+			var b storedBatch
+			if err := json.Unmarshal(v, &b); err != nil {
+				return fmt.Errorf("producer: stored batch %x is unreadable: %w", k, err)
+			}
+			l.buffered += b.Records
+			l.batches++
+			return nil
+		}); err != nil {
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		db.Close()
+		return nil, l, err
+	}
+	// bbolt fsyncs the file, not the directory entry of a file it just
+	// created (or of one renamed aside): sync the directory so a host crash
+	// cannot make the whole state file vanish after Record acknowledged.
+	if err := syncDir(dir); err != nil {
+		db.Close()
+		return nil, l, fmt.Errorf("producer: sync state dir: %w", err)
+	}
+	l.oldest = now
+	return db, l, nil
+}
+
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return f.Sync()
+}
+
+// openFile opens the bbolt file; prevEpoch is 0 (the readable epoch, if any,
+// is read by the caller's transaction).
+func openFile(path string) (*bolt.DB, int64, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if errors.Is(err, bolt.ErrTimeout) {
+		return nil, 0, fmt.Errorf("%w: %s", errLocked, path)
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	// A file that opens but whose meta bucket is damaged is caught by the
+	// first transaction; check it here so it counts as unreadable.
+	if err := db.View(func(tx *bolt.Tx) error {
+		if m := tx.Bucket(bucketMeta); m != nil {
+			if e := m.Get(keyEpoch); e != nil && len(e) != 8 {
+				return errors.New("epoch is unreadable")
+			}
+		}
+		return nil
+	}); err != nil {
+		db.Close()
+		return nil, 0, err
+	}
+	return db, 0, nil
+}
