@@ -7,6 +7,12 @@
 --    The admin token is configuration (TALLY_ADMIN_TOKEN), not a row.
 --  * Revocation sets revoked_at and never deletes the row, so an audit can
 --    still tell which token existed, for whom, and when it stopped working.
+--  * rollups_usage serves the usage endpoint (one customer, one period, all
+--    or one meter) by an index-only scan: the rows of one customer are
+--    spread over the heap in arrival order, so reading them through the
+--    primary key costs a page per hour bucket (about 10 ms for a month on
+--    10M rows instead of 0.1 ms). INCLUDE (quantity) makes rollup updates
+--    non-HOT; ingest updates few rollup rows per micro-batch, so reads win.
 
 -- +goose Up
 CREATE TABLE api_tokens (
@@ -19,5 +25,8 @@ CREATE TABLE api_tokens (
 );
 CREATE INDEX api_tokens_customer ON api_tokens (customer, created_at);
 
+CREATE INDEX rollups_usage ON rollups (customer, period_start, meter, bucket) INCLUDE (quantity);
+
 -- +goose Down
+DROP INDEX rollups_usage;
 DROP TABLE api_tokens;

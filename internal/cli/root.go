@@ -59,6 +59,7 @@ Every flag can also be set with the environment variable shown in its help.`,
 	root.AddCommand(newServeCmd(), newBenchCmd())
 	root.AddCommand(newPeriodsCmd())
 	root.AddCommand(newReconcileCmd())
+	root.AddCommand(newTokensCmd())
 	root.AddCommand(newProduceCmd())
 	root.AddCommand(newVerifyCmd())
 	return root

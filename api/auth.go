@@ -1,0 +1,194 @@
+package api
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// TokenPrefix starts every customer token, so a leaked one is recognisable
+// (secret scanners, logs) and never confused with the admin token.
+const TokenPrefix = "tly_"
+
+// MinAdminTokenLength is the shortest admin token Config accepts.
+const MinAdminTokenLength = 32
+
+// principal is who is calling: the admin, or one customer's token.
+type principal struct {
+	admin    bool
+	customer string
+	tokenID  uuid.UUID
+}
+
+type principalKey struct{}
+
+func principalFrom(ctx context.Context) principal {
+	p, _ := ctx.Value(principalKey{}).(principal)
+	return p
+}
+
+// canRead reports whether the caller may read customer. A customer token
+// reading another customer gets the same 404 as an unknown customer.
+func canRead(ctx context.Context, customer string) error {
+	p := principalFrom(ctx)
+	if p.admin || p.customer == customer {
+		return nil
+	}
+	return customerNotFound(customer)
+}
+
+var errForbidden = &Problem{Type: TypeForbidden, Title: "Forbidden", Status: http.StatusForbidden,
+	Detail: "customer tokens may only read; this needs the admin token"}
+
+// requireAdmin lets only the admin token through (every write).
+func requireAdmin(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !principalFrom(r.Context()).admin {
+			writeProblemRequest(w, r, errForbidden)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func writeProblemRequest(w http.ResponseWriter, r *http.Request, p *Problem) {
+	cp := *p
+	cp.RequestID = requestID(r)
+	writeProblem(w, &cp)
+}
+
+func unauthorized(detail string) *Problem {
+	return &Problem{Type: TypeUnauthorized, Title: "Unauthorized", Status: http.StatusUnauthorized, Detail: detail}
+}
+
+// authenticate requires "Authorization: Bearer <token>": the admin token
+// (compared in constant time) or a customer token that is not revoked.
+func (a *API) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(tok) == "" {
+			a.writeError(w, r, unauthorized("send Authorization: Bearer <token> (the admin token or a customer token from `tally tokens create`)"))
+			return
+		}
+		tok = strings.TrimSpace(tok)
+		h := sha256.Sum256([]byte(tok))
+		var p principal
+		switch {
+		case subtle.ConstantTimeCompare(h[:], a.adminHash[:]) == 1:
+			p = principal{admin: true}
+		case strings.HasPrefix(tok, TokenPrefix) && len(tok) <= 128:
+			if cached, ok := a.tokens.get(h); ok {
+				p = cached
+				break
+			}
+			err := a.pool.QueryRow(r.Context(), qTokenByHash, h[:]).Scan(&p.tokenID, &p.customer)
+			if errors.Is(err, pgx.ErrNoRows) {
+				a.writeError(w, r, unauthorized("the token is unknown or revoked"))
+				return
+			}
+			if err != nil {
+				a.writeError(w, r, fmt.Errorf("authenticate: %w", err))
+				return
+			}
+			a.tokens.put(h, p) // only valid tokens: a revocation waits at most the TTL
+		default:
+			a.writeError(w, r, unauthorized("the token is unknown or revoked"))
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
+	})
+}
+
+// DBTX is what the token functions need: a pool, a connection or a transaction.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Token is a customer token as stored: never its secret.
+type Token struct {
+	ID          uuid.UUID  `json:"id"`
+	Customer    string     `json:"customer"`
+	Description string     `json:"description"`
+	CreatedAt   time.Time  `json:"created_at"`
+	RevokedAt   *time.Time `json:"revoked_at"`
+}
+
+// ErrTokenNotFound: no token has that id.
+var ErrTokenNotFound = errors.New("no token with that id")
+
+// CreateToken stores a new read-only token for customer and returns it with
+// its secret. Only the secret's SHA-256 is stored: the secret cannot be
+// shown again.
+func CreateToken(ctx context.Context, db DBTX, customer, description string, now time.Time) (Token, string, error) {
+	if !validID(customer) {
+		return Token{}, "", fmt.Errorf("customer: %s is not 1-128 characters of A-Z a-z 0-9 . _ : -", quote(customer))
+	}
+	if utf8.RuneCountInString(description) > 200 || !utf8.ValidString(description) {
+		return Token{}, "", errors.New("description: at most 200 characters of UTF-8")
+	}
+	var raw [32]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return Token{}, "", err
+	}
+	secret := TokenPrefix + base64.RawURLEncoding.EncodeToString(raw[:])
+	h := sha256.Sum256([]byte(secret))
+	id, err := uuid.NewV7()
+	if err != nil {
+		return Token{}, "", err
+	}
+	t := Token{ID: id, Customer: customer, Description: description, CreatedAt: now.UTC().Truncate(time.Microsecond)}
+	if _, err := db.Exec(ctx, qInsertToken, t.ID, t.Customer, t.Description, h[:], t.CreatedAt); err != nil {
+		return Token{}, "", fmt.Errorf("create token: %w", err)
+	}
+	return t, secret, nil
+}
+
+// RevokeToken revokes a token; revoking it again keeps the first time.
+func RevokeToken(ctx context.Context, db DBTX, id uuid.UUID, now time.Time) (Token, error) {
+	t := Token{ID: id}
+	err := db.QueryRow(ctx, qRevokeToken, id, now.UTC().Truncate(time.Microsecond)).Scan(&t.Customer, &t.RevokedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Token{}, ErrTokenNotFound
+	}
+	if err != nil {
+		return Token{}, fmt.Errorf("revoke token: %w", err)
+	}
+	return t, nil
+}
+
+// ListTokens lists the tokens of customer ("" for all), oldest first.
+func ListTokens(ctx context.Context, db DBTX, customer string) ([]Token, error) {
+	var filter *string
+	if customer != "" {
+		filter = &customer
+	}
+	rows, err := db.Query(ctx, qListTokens, filter)
+	if err != nil {
+		return nil, fmt.Errorf("list tokens: %w", err)
+	}
+	var out []Token
+	var t Token
+	_, err = pgx.ForEachRow(rows, []any{&t.ID, &t.Customer, &t.Description, &t.CreatedAt, &t.RevokedAt}, func() error {
+		out = append(out, t)
+		t = Token{}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list tokens: %w", err)
+	}
+	return out, nil
+}

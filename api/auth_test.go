@@ -1,0 +1,165 @@
+package api_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tally-ledger/tally/api"
+	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/ledger"
+)
+
+func TestAuthentication(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.usage("acme", "api_calls", date("2026-11-20T10:00:00Z"), "1")
+	acme := f.token("acme")
+	revoked := f.token("acme")
+	toks, err := api.ListTokens(context.Background(), f.pool, "acme")
+	if err != nil || len(toks) != 2 {
+		t.Fatalf("list: %v, %v", toks, err)
+	}
+	if _, err := api.RevokeToken(context.Background(), f.pool, toks[1].ID, f.clock()); err != nil {
+		t.Fatal(err)
+	}
+	path := "/v1/customers/acme/usage"
+	for _, tt := range []struct {
+		name, header string
+	}{
+		{"no header", ""},
+		{"basic auth", "Basic YWRtaW46YWRtaW4="},
+		{"empty bearer", "Bearer "},
+		{"wrong admin token", "Bearer " + adminToken + "x"},
+		{"admin token prefix", "Bearer " + adminToken[:len(adminToken)-1]},
+		{"made-up customer token", "Bearer tly_" + strings.Repeat("A", 43)},
+		{"revoked token", "Bearer " + revoked},
+		{"token without scheme", acme},
+		{"huge token", "Bearer tly_" + strings.Repeat("A", 4000)},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			req := mustRequest(t, "GET", f.srv.URL+path, "")
+			if tt.header != "" {
+				req.Header.Set("Authorization", tt.header)
+			}
+			r := f.send(req)
+			r.problem(t, 401, "urn:tally:problem:unauthorized")
+			if !strings.HasPrefix(r.header.Get("WWW-Authenticate"), "Bearer") {
+				t.Fatalf("WWW-Authenticate = %q", r.header.Get("WWW-Authenticate"))
+			}
+		})
+	}
+	// The scheme is case-insensitive (RFC 9110).
+	req := mustRequest(t, "GET", f.srv.URL+path, "")
+	req.Header.Set("Authorization", "bearer "+acme)
+	if r := f.send(req); r.status != 200 {
+		t.Fatalf("lower-case scheme: %d %s", r.status, r.body)
+	}
+	// Writes and the unauthenticated endpoints.
+	f.do("POST", "/v1/adjustments", "", map[string]any{}).problem(t, 401, "urn:tally:problem:unauthorized")
+	f.do("PUT", "/v1/customers/acme", "", map[string]any{"cadence": "monthly"}).problem(t, 401, "urn:tally:problem:unauthorized")
+	f.do("GET", "/metrics", "", nil).problem(t, 401, "urn:tally:problem:unauthorized")
+	f.do("GET", "/v1/nowhere", "", nil).problem(t, 401, "urn:tally:problem:unauthorized")
+	for _, p := range []string{"/healthz", "/readyz", "/openapi.json"} {
+		if r := f.do("GET", p, "", nil); r.status != 200 {
+			t.Errorf("%s without a token: %d", p, r.status)
+		}
+	}
+}
+
+// TestTenantIsolation: customer A's token against B's data and against writes.
+func TestTenantIsolation(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.usage("acme", "api_calls", date("2026-11-20T10:00:00Z"), "1")
+	f.usage("globex", "api_calls", date("2026-11-20T10:00:00Z"), "2")
+	acme := f.token("acme")
+
+	if r := f.do("GET", "/v1/customers/acme/usage", acme, nil); r.status != 200 {
+		t.Fatalf("own usage: %d %s", r.status, r.body)
+	}
+	if r := f.do("GET", "/v1/customers/acme", acme, nil); r.status != 200 {
+		t.Fatalf("own calendar: %d %s", r.status, r.body)
+	}
+	// Another customer's data looks exactly like a customer that does not exist.
+	for _, path := range []string{"/v1/customers/%s/usage", "/v1/customers/%s/usage?meter=api_calls&period=previous", "/v1/customers/%s"} {
+		other := f.do("GET", strings.Replace(path, "%s", "globex", 1), acme, nil).problem(t, 404, "urn:tally:problem:not-found")
+		none := f.do("GET", strings.Replace(path, "%s", "nobody", 1), acme, nil).problem(t, 404, "urn:tally:problem:not-found")
+		if strings.Replace(other.Detail, "globex", "X", 1) != strings.Replace(none.Detail, "nobody", "X", 1) {
+			t.Errorf("%s: 404 for another customer (%q) differs from an unknown one (%q)", path, other.Detail, none.Detail)
+		}
+	}
+	// Customer tokens cannot write, for themselves or anyone else.
+	adj := map[string]any{"operation_id": "0193e0a1-7c00-7d4e-9a51-3c2f9b7e4a10", "customer": "acme", "meter": "api_calls", "quantity": "-100", "reason": "r", "actor": "a"}
+	f.do("POST", "/v1/adjustments", acme, adj).problem(t, 403, "urn:tally:problem:forbidden")
+	adj["customer"] = "globex"
+	f.do("POST", "/v1/adjustments", acme, adj).problem(t, 403, "urn:tally:problem:forbidden")
+	f.do("PUT", "/v1/customers/acme", acme, map[string]any{"cadence": "daily"}).problem(t, 403, "urn:tally:problem:forbidden")
+	f.do("PUT", "/v1/customers/globex", acme, map[string]any{"cadence": "daily"}).problem(t, 403, "urn:tally:problem:forbidden")
+	f.do("GET", "/metrics", acme, nil).problem(t, 403, "urn:tally:problem:forbidden")
+	var n int
+	_ = f.pool.QueryRow(context.Background(), `SELECT count(*) FROM entries`).Scan(&n)
+	if n != 0 {
+		t.Fatalf("a customer token booked %d entries", n)
+	}
+	// globex's usage is untouched and readable by the admin.
+	if u := f.do("GET", "/v1/customers/globex/usage?meter=api_calls", adminToken, nil).json(t); u["total"] != "2" {
+		t.Fatalf("globex usage: %v", u)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.New(t)
+	l, _ := ledger.New(ledger.Config{})
+	for _, tt := range []struct {
+		cfg  api.Config
+		want []string
+	}{
+		{api.Config{}, []string{"Pool is required", "Ledger is required", "admin token is required"}},
+		{api.Config{Pool: pool, Ledger: l, AdminToken: "short"}, []string{"at least 32 characters"}},
+		{api.Config{Pool: pool, Ledger: l, AdminToken: adminToken, Grace: -1}, []string{"grace"}},
+	} {
+		_, err := api.New(tt.cfg)
+		for _, w := range tt.want {
+			if err == nil || !strings.Contains(err.Error(), w) {
+				t.Errorf("New(%+v) = %v, want %q", tt.cfg, err, w)
+			}
+		}
+	}
+	if _, err := api.New(api.Config{Pool: pool, Ledger: l, AdminToken: adminToken, Registry: prometheus.NewRegistry()}); err != nil {
+		t.Fatal(err)
+	}
+	srv := api.NewServer("127.0.0.1:0", http.NotFoundHandler())
+	if srv.ReadHeaderTimeout == 0 || srv.MaxHeaderBytes == 0 || srv.IdleTimeout == 0 || srv.WriteTimeout == 0 {
+		t.Fatalf("server limits: %+v", srv)
+	}
+}
+
+// TestRevocation: a revoked token stops working at once when the token
+// cache is off, and within TokenCacheTTL when it is on (the default 5s).
+func TestRevocation(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		ttl       time.Duration
+		afterword int
+	}{{-1, 401}, {time.Hour, 200}} {
+		f := newFixtureWith(t, func(c *api.Config) { c.TokenCacheTTL = tt.ttl })
+		f.usage("acme", "api_calls", date("2026-11-20T10:00:00Z"), "1")
+		tok := f.token("acme")
+		if r := f.do("GET", "/v1/customers/acme", tok, nil); r.status != 200 {
+			t.Fatalf("before revoke: %d", r.status)
+		}
+		toks, _ := api.ListTokens(context.Background(), f.pool, "acme")
+		if _, err := api.RevokeToken(context.Background(), f.pool, toks[0].ID, f.clock()); err != nil {
+			t.Fatal(err)
+		}
+		if r := f.do("GET", "/v1/customers/acme", tok, nil); r.status != tt.afterword {
+			t.Fatalf("TokenCacheTTL %s: after revoke %d, want %d", tt.ttl, r.status, tt.afterword)
+		}
+	}
+}

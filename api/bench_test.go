@@ -1,0 +1,279 @@
+package api_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tally-ledger/tally/api"
+	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/migrations"
+	"github.com/tally-ledger/tally/periods"
+)
+
+// The benchmark database: 10,000 customers × 2 meters, 500 records per
+// stream every 4 hours from 2026-09-10 (10M ledger records, 10M hourly
+// rollups over four monthly periods). Loading takes minutes, so it is built
+// once and kept as database tally_bench_api (new migrations are applied to
+// it on each run). Drop it by hand to rebuild it after a migration was
+// edited, or to reclaim its 4 GB.
+const (
+	benchCustomers = 10_000
+	benchRecords   = 500 // per stream
+	benchClients   = 50
+)
+
+var benchNow = time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+
+// BenchmarkUsage measures GET /v1/customers/{c}/usage through the real
+// handler and a real HTTP server, with 50 concurrent clients using
+// customer tokens, and reports latency percentiles. Run:
+//
+//	go test -run '^$' -bench BenchmarkUsage -benchtime 20000x -timeout 30m ./api/
+func BenchmarkUsage(b *testing.B) {
+	pool := benchDatabase(b)
+	l, _ := ledger.New(ledger.Config{Clock: func() time.Time { return benchNow }})
+	h, err := api.New(api.Config{Pool: pool, Ledger: l, AdminToken: adminToken, Clock: func() time.Time { return benchNow },
+		Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	tokens := benchTokens(b, pool, 1000)
+
+	// Saturation: 50 clients send back to back, so latency is 50 / throughput.
+	// At a fixed load: 50 clients together offer 2,000 requests/s, each on
+	// its own schedule; latency counts from the scheduled send time, so a
+	// slow response delays nothing unmeasured (no coordinated omission).
+	for _, q := range []struct {
+		name, query string
+		rate        float64
+	}{
+		{"month-by-day-one-meter", "?meter=api_calls&period=previous", 0},
+		{"month-by-hour-all-meters", "?period=previous&group_by=hour", 0},
+		{"current-by-day-all-meters", "", 0},
+		{"month-by-day-one-meter-at-2000rps", "?meter=api_calls&period=previous", 2000},
+		{"month-by-hour-all-meters-at-1000rps", "?period=previous&group_by=hour", 1000},
+	} {
+		b.Run(q.name, func(b *testing.B) {
+			benchClientsRun(b, srv.URL, tokens, q.query, q.rate)
+		})
+	}
+}
+
+func benchClientsRun(b *testing.B, base string, tokens map[string]string, query string, rate float64) {
+	customers := make([]string, 0, len(tokens))
+	for c := range tokens {
+		customers = append(customers, c)
+	}
+	slices.Sort(customers)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConns: 2 * benchClients, MaxIdleConnsPerHost: 2 * benchClients}}
+	get := func(rng *rand.Rand) (time.Duration, error) {
+		c := customers[rng.IntN(len(customers))]
+		req, _ := http.NewRequest("GET", base+"/v1/customers/"+c+"/usage"+query, nil)
+		req.Header.Set("Authorization", "Bearer "+tokens[c])
+		start := time.Now()
+		res, err := client.Do(req)
+		if err != nil {
+			return 0, err
+		}
+		_, _ = io.Copy(io.Discard, res.Body)
+		res.Body.Close()
+		d := time.Since(start)
+		if res.StatusCode != 200 {
+			return d, fmt.Errorf("status %d", res.StatusCode)
+		}
+		return d, nil
+	}
+	// Warm up connections and caches.
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 200 {
+		if _, err := get(rng); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var next atomic.Int64
+	lat := make([][]time.Duration, benchClients)
+	var wg sync.WaitGroup
+	var failed atomic.Value
+	interval := time.Duration(0) // per client, at a fixed load
+	if rate > 0 {
+		interval = time.Duration(float64(benchClients) / rate * float64(time.Second))
+	}
+	b.ResetTimer()
+	start := time.Now()
+	for i := range benchClients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(i), 7))
+			due := start.Add(interval * time.Duration(i) / benchClients) // spread the clients' phases
+			for next.Add(1) <= int64(b.N) {
+				if interval > 0 {
+					time.Sleep(time.Until(due))
+				}
+				d, err := get(rng)
+				if err != nil {
+					failed.Store(err)
+					return
+				}
+				if interval > 0 {
+					d = time.Since(due)
+					due = due.Add(interval)
+				}
+				lat[i] = append(lat[i], d)
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	if err := failed.Load(); err != nil {
+		b.Fatal(err)
+	}
+	all := slices.Concat(lat...)
+	slices.Sort(all)
+	pct := func(p float64) float64 {
+		return float64(all[min(len(all)-1, int(p*float64(len(all))))].Microseconds()) / 1000
+	}
+	b.ReportMetric(pct(0.50), "p50-ms")
+	b.ReportMetric(pct(0.99), "p99-ms")
+	b.ReportMetric(pct(0.999), "p99.9-ms")
+	b.ReportMetric(float64(len(all))/elapsed.Seconds(), "req/s")
+}
+
+// benchTokens replaces the benchmark database's tokens with one per
+// customer for n customers and returns customer → token.
+func benchTokens(b *testing.B, pool *pgxpool.Pool, n int) map[string]string {
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `DELETE FROM api_tokens`); err != nil {
+		b.Fatal(err)
+	}
+	out := map[string]string{}
+	for i := range n {
+		c := fmt.Sprintf("cust-%05d", i*(benchCustomers/n))
+		_, secret, err := api.CreateToken(ctx, pool, c, "bench", benchNow)
+		if err != nil {
+			b.Fatal(err)
+		}
+		out[c] = secret
+	}
+	return out
+}
+
+func benchDatabase(b *testing.B) *pgxpool.Pool {
+	ctx := context.Background()
+	name := "tally_bench_api"
+	admin, err := pgx.Connect(ctx, pgtest.AdminURL())
+	if err != nil {
+		b.Fatalf("benchmark needs Postgres: %v", err)
+	}
+	defer admin.Close(ctx)
+	var exists bool
+	if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)`, name).Scan(&exists); err != nil {
+		b.Fatal(err)
+	}
+	if !exists {
+		if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// TALLY_BENCH_DATABASE_URL points the API at the same database another
+	// way (e.g. over the Unix socket: host=/var/run/postgresql dbname=tally_bench_api).
+	url := pgtest.WithDatabase(pgtest.AdminURL(), name)
+	if v := os.Getenv("TALLY_BENCH_DATABASE_URL"); v != "" {
+		url = v
+	}
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(pool.Close)
+	if _, err := migrations.Up(ctx, pool, slog.New(slog.DiscardHandler)); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS bench_loaded (records bigint NOT NULL)`); err != nil {
+		b.Fatal(err)
+	}
+	var loaded int64
+	_ = pool.QueryRow(ctx, `SELECT coalesce(max(records), 0) FROM bench_loaded`).Scan(&loaded)
+	if loaded == benchCustomers*2*benchRecords {
+		return pool
+	}
+	b.Logf("loading %s: %d records (once per schema version)...", name, benchCustomers*2*benchRecords)
+	start := time.Now()
+	schedule, _ := json.Marshal(periods.NewSchedule(periods.DefaultCalendar()))
+	for _, q := range []struct {
+		sql  string
+		args []any
+	}{
+		{`TRUNCATE customers, streams, records, rollups, ingest_partitions, bench_loaded`, nil},
+		{`INSERT INTO customers (id, schedule) SELECT 'cust-' || lpad(c::text, 5, '0'), $1::jsonb FROM generate_series(0, $2 - 1) c`,
+			[]any{schedule, benchCustomers}},
+		{`INSERT INTO streams (producer, epoch, customer, meter, last_seq, last_total)
+		  SELECT 'bench', 1, 'cust-' || lpad(c::text, 5, '0'), m, $1::int, 0
+		  FROM generate_series(0, $2 - 1) c CROSS JOIN unnest(ARRAY['api_calls', 'storage_gb']) m ORDER BY 3, 4`,
+			[]any{benchRecords, benchCustomers}},
+		{`UPDATE streams SET last_total = last_seq * (1 + id % 5)`, nil},
+		{`INSERT INTO ingest_partitions (topic, partition, next_offset, high_watermark, applied_through)
+		  SELECT 'tally.meter-batches', p, 1000, 1000, $1::timestamptz - interval '2 seconds' FROM generate_series(0, 3) p`,
+			[]any{benchNow}},
+	} {
+		if _, err := pool.Exec(ctx, q.sql, q.args...); err != nil {
+			b.Fatalf("%s: %v", q.sql, err)
+		}
+	}
+	// Records (and the matching rollups: one record per stream-hour) in
+	// chunks of streams, in time order like real ingest would write them.
+	const chunk = 2000
+	for lo := int64(1); lo <= 2*benchCustomers; lo += chunk {
+		_, err := pool.Exec(ctx, `
+INSERT INTO records (stream_id, seq, operation_id, customer, meter, total, quantity, occurred_at,
+                     final, late_fill, billed, period_start, bucket, ingested_at)
+SELECT s.id, i, md5(s.customer || '/' || s.meter || '/' || i)::uuid, s.customer, s.meter,
+       (1 + s.id % 5) * i, 1 + s.id % 5, t, false, false, 1 + s.id % 5,
+       date_trunc('month', t, 'UTC'), date_trunc('hour', t, 'UTC'), t
+FROM streams s
+CROSS JOIN generate_series(1, $3::int) AS i
+CROSS JOIN LATERAL (SELECT timestamptz '2026-09-10 00:00:00+00' + make_interval(hours => (i - 1) * 4 + (s.id % 4)::int) AS t) AS tt
+WHERE s.id >= $1 AND s.id < $2
+ORDER BY t, s.id`, lo, lo+chunk, benchRecords)
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, err = pool.Exec(ctx, `
+INSERT INTO rollups (customer, meter, period_start, bucket, quantity)
+SELECT customer, meter, period_start, bucket, sum(billed)
+FROM records WHERE stream_id >= $1 AND stream_id < $2
+GROUP BY 1, 2, 3, 4 ORDER BY bucket, customer, meter`, lo, lo+chunk)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Logf("  streams %d..%d loaded (%s)", lo, lo+chunk-1, time.Since(start).Round(time.Second))
+	}
+	if _, err := pool.Exec(ctx, `VACUUM ANALYZE`); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO bench_loaded VALUES ($1)`, benchCustomers*2*benchRecords); err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("loaded in %s", time.Since(start).Round(time.Second))
+	return pool
+}

@@ -1,0 +1,149 @@
+package api
+
+import (
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/periods"
+)
+
+// Config configures the API handler. Zero values take the documented defaults.
+type Config struct {
+	Pool   *pgxpool.Pool  // required
+	Ledger *ledger.Ledger // required: adjustments go through it
+	// AdminToken may do everything (TALLY_ADMIN_TOKEN). Required, at least
+	// MinAdminTokenLength characters.
+	AdminToken string
+	// Grace is how long a period stays in grace after its end (SPEC §4).
+	// Default periods.DefaultGrace (24h).
+	Grace time.Duration
+	// Clock is the API's notion of now (current period, lag, period state).
+	// Default time.Now. Use the same clock as the Ledger.
+	Clock func() time.Time
+	// Logger receives access logs and errors. Default: discard.
+	Logger *slog.Logger
+	// Registry receives the HTTP metrics and is served at /metrics.
+	// Default: a new registry of its own.
+	Registry *prometheus.Registry
+	// Freshness gives as_of and lag_seconds. Default: IngestFreshness on Pool.
+	Freshness Freshness
+	// MaxBodyBytes limits request bodies. Default 64 KiB.
+	MaxBodyBytes int64
+	// MaxQueryBytes limits the raw query string. Default 1 KiB.
+	MaxQueryBytes int
+	// RequestTimeout bounds the work of one request. Default 10s.
+	RequestTimeout time.Duration
+	// TokenCacheTTL is how long a process trusts a customer token it has
+	// checked: a revoked token keeps working for at most this long.
+	// Default 5s; negative: check every request.
+	TokenCacheTTL time.Duration
+	// ScheduleCacheTTL is how long the usage endpoint reuses a customer's
+	// calendar history. A calendar change is never effective sooner than
+	// ledger.MaxClockSkew after it is made, so a TTL below that never
+	// resolves a started period differently. Default 30s; negative: off.
+	ScheduleCacheTTL time.Duration
+}
+
+// Validate reports every configuration problem at once.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Pool == nil {
+		errs = append(errs, errors.New("api: Pool is required"))
+	}
+	if c.Ledger == nil {
+		errs = append(errs, errors.New("api: Ledger is required"))
+	}
+	switch {
+	case c.AdminToken == "":
+		errs = append(errs, errors.New("api: an admin token is required (TALLY_ADMIN_TOKEN)"))
+	case len(c.AdminToken) < MinAdminTokenLength:
+		errs = append(errs, fmt.Errorf("api: the admin token must be at least %d characters (try: openssl rand -hex 32)", MinAdminTokenLength))
+	}
+	if err := periods.ValidateGrace(c.Grace); err != nil {
+		errs = append(errs, fmt.Errorf("api: %w", err))
+	}
+	if c.ScheduleCacheTTL >= ledger.MaxClockSkew {
+		errs = append(errs, fmt.Errorf("api: ScheduleCacheTTL %s must be below %s", c.ScheduleCacheTTL, ledger.MaxClockSkew))
+	}
+	if c.MaxBodyBytes < 0 || c.MaxQueryBytes < 0 || c.RequestTimeout < 0 {
+		errs = append(errs, errors.New("api: limits must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// API holds the handlers' dependencies.
+type API struct {
+	pool       *pgxpool.Pool
+	ledger     *ledger.Ledger
+	adminHash  [32]byte
+	grace      time.Duration
+	now        func() time.Time
+	log        *slog.Logger
+	registry   *prometheus.Registry
+	freshness  Freshness
+	maxBody    int64
+	maxQuery   int
+	reqTimeout time.Duration
+	metrics    *httpMetrics
+	tokens     *ttlCache[[32]byte, principal]
+	schedules  *ttlCache[string, cachedSchedule]
+}
+
+// New returns the API's http.Handler.
+func New(cfg Config) (http.Handler, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	a := &API{
+		pool: cfg.Pool, ledger: cfg.Ledger, adminHash: sha256.Sum256([]byte(cfg.AdminToken)),
+		grace: cfg.Grace, now: cfg.Clock, log: cfg.Logger, registry: cfg.Registry, freshness: cfg.Freshness,
+		maxBody: cfg.MaxBodyBytes, maxQuery: cfg.MaxQueryBytes, reqTimeout: cfg.RequestTimeout,
+	}
+	if a.grace == 0 {
+		a.grace = periods.DefaultGrace
+	}
+	if a.now == nil {
+		a.now = time.Now
+	}
+	if a.log == nil {
+		a.log = slog.New(slog.DiscardHandler)
+	}
+	if a.registry == nil {
+		a.registry = prometheus.NewRegistry()
+	}
+	if a.freshness == nil {
+		a.freshness = &IngestFreshness{Pool: cfg.Pool, Clock: a.now}
+	}
+	if a.maxBody == 0 {
+		a.maxBody = 64 << 10
+	}
+	if a.maxQuery == 0 {
+		a.maxQuery = 1 << 10
+	}
+	if a.reqTimeout == 0 {
+		a.reqTimeout = 10 * time.Second
+	}
+	tokenTTL, schedTTL := cfg.TokenCacheTTL, cfg.ScheduleCacheTTL
+	if tokenTTL == 0 {
+		tokenTTL = 5 * time.Second
+	}
+	if schedTTL == 0 {
+		schedTTL = 30 * time.Second
+	}
+	a.tokens = newTTLCache[[32]byte, principal](tokenTTL, 100_000)
+	a.schedules = newTTLCache[string, cachedSchedule](schedTTL, 100_000)
+	m, err := newHTTPMetrics(a.registry)
+	if err != nil {
+		return nil, err
+	}
+	a.metrics = m
+	return a.routes(), nil
+}

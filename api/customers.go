@@ -1,0 +1,215 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/periods"
+)
+
+// customerView is a customer's billing calendar: the one in force, a
+// pending change, and the whole history.
+type customerView struct {
+	Customer      string        `json:"customer"`
+	CreatedAt     time.Time     `json:"created_at"`
+	Calendar      calendarView  `json:"calendar"`
+	CurrentPeriod periodView    `json:"current_period"`
+	Pending       *versionView  `json:"pending"`
+	History       []versionView `json:"history"`
+}
+
+type calendarView struct {
+	Cadence    periods.Cadence `json:"cadence"`
+	AnchorDay  int             `json:"anchor_day"`
+	AnchorTime string          `json:"anchor_time"`
+	Zone       string          `json:"zone"`
+}
+
+// versionView is one calendar of the history; effective_from is null for
+// the first one, which applies from the beginning.
+type versionView struct {
+	EffectiveFrom *time.Time   `json:"effective_from"`
+	Calendar      calendarView `json:"calendar"`
+}
+
+// calendarBody is the PUT body. anchor_day defaults to 1 (the 1st, or
+// Monday) for monthly and weekly calendars and 0 for daily ones;
+// anchor_time to "00:00"; zone to "UTC".
+type calendarBody struct {
+	Cadence    string `json:"cadence"`
+	AnchorDay  *int   `json:"anchor_day"`
+	AnchorTime string `json:"anchor_time"`
+	Zone       string `json:"zone"`
+}
+
+func (b calendarBody) calendar() periods.Calendar {
+	c := periods.Calendar{Cadence: periods.Cadence(b.Cadence), AnchorTime: b.AnchorTime, Zone: b.Zone}
+	switch {
+	case b.AnchorDay != nil:
+		c.AnchorDay = *b.AnchorDay
+	case c.Cadence == periods.Monthly || c.Cadence == periods.Weekly:
+		c.AnchorDay = 1
+	}
+	if c.AnchorTime == "" {
+		c.AnchorTime = "00:00"
+	}
+	if c.Zone == "" {
+		c.Zone = "UTC"
+	}
+	return c
+}
+
+func viewCalendar(c periods.Calendar) calendarView {
+	v := calendarView{Cadence: c.Cadence, AnchorDay: c.AnchorDay, AnchorTime: c.AnchorTime, Zone: c.Zone}
+	if v.AnchorTime == "" {
+		v.AnchorTime = "00:00"
+	}
+	if v.Zone == "" {
+		v.Zone = "UTC"
+	}
+	return v
+}
+
+func (a *API) viewCustomer(customer string, created time.Time, s periods.Schedule, now time.Time) (customerView, error) {
+	v := customerView{Customer: customer, CreatedAt: created.UTC(), History: make([]versionView, 0, len(s))}
+	for i, ver := range s {
+		vv := versionView{Calendar: viewCalendar(ver.Calendar)}
+		if i > 0 {
+			t := ver.EffectiveFrom.UTC()
+			vv.EffectiveFrom = &t
+		}
+		v.History = append(v.History, vv)
+		if !ver.EffectiveFrom.After(now) {
+			v.Calendar = vv.Calendar
+		} else if v.Pending == nil {
+			v.Pending = &v.History[len(v.History)-1]
+		}
+	}
+	if v.Pending != nil {
+		p := *v.Pending // not an alias into History
+		v.Pending = &p
+	}
+	p, err := s.PeriodAt(now)
+	if err != nil {
+		return v, fmt.Errorf("customer %q: current period: %w", customer, err)
+	}
+	v.CurrentPeriod = periodView{Name: p.Name, Start: p.Start.UTC(), End: p.End.UTC()}
+	return v, nil
+}
+
+func (a *API) getCustomer(w http.ResponseWriter, r *http.Request) error {
+	ctx := r.Context()
+	customer := chi.URLParam(r, "customer")
+	if err := checkID("customer", customer); err != nil {
+		return err
+	}
+	if err := canRead(ctx, customer); err != nil {
+		return err
+	}
+	if _, err := queryParams(r); err != nil {
+		return err
+	}
+	s, created, err := a.loadSchedule(ctx, a.pool, customer, false)
+	if err != nil {
+		return err
+	}
+	v, err := a.viewCustomer(customer, created, s, a.now())
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, v)
+	return nil
+}
+
+// putCustomer sets a customer's billing calendar. For a known customer the
+// change takes effect at the next period boundary (SPEC §4), replacing any
+// change still pending; periods that have started never change. A change
+// asked for less than ledger.MaxClockSkew before a boundary takes effect at
+// the boundary after it, because usage stamped up to that far ahead may
+// already have been booked under the current calendar. An unknown customer
+// is created with this calendar from the beginning: it has no usage yet
+// (the ledger creates customers on their first usage).
+func (a *API) putCustomer(w http.ResponseWriter, r *http.Request) error {
+	ctx := r.Context()
+	customer := chi.URLParam(r, "customer")
+	if err := checkID("customer", customer); err != nil {
+		return err
+	}
+	if _, err := queryParams(r); err != nil {
+		return err
+	}
+	var body calendarBody
+	if err := decodeJSON(r, &body); err != nil {
+		return err
+	}
+	cal := body.calendar()
+	if err := cal.Validate(); err != nil {
+		return invalid(fieldErrors(err)...)
+	}
+
+	now := a.now()
+	var (
+		sched   periods.Schedule
+		created time.Time
+		isNew   bool
+	)
+	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+		fresh := periods.NewSchedule(cal)
+		raw, err := json.Marshal(fresh)
+		if err != nil {
+			return err
+		}
+		err = tx.QueryRow(ctx, qInsertCustomer, customer, raw, now.UTC()).Scan(&created)
+		if err == nil {
+			sched, isNew = fresh, true
+			return nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("create customer: %w", err)
+		}
+		old, c, err := a.loadSchedule(ctx, tx, customer, true)
+		if err != nil {
+			return err
+		}
+		created = c
+		next, _, err := old.Change(now.Add(ledger.MaxClockSkew), cal)
+		if err != nil {
+			return fmt.Errorf("customer %q: %w", customer, err)
+		}
+		sched = next
+		if slices.Equal(old, next) {
+			return nil
+		}
+		raw, err = json.Marshal(next)
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, qUpdateSchedule, customer, raw, now.UTC()); err != nil {
+			return fmt.Errorf("update calendar: %w", err)
+		}
+		return nil
+	})
+	a.schedules.del(customer)
+	if err != nil {
+		return err
+	}
+	v, err := a.viewCustomer(customer, created, sched, now)
+	if err != nil {
+		return err
+	}
+	status := http.StatusOK
+	if isNew {
+		status = http.StatusCreated
+		w.Header().Set("Location", "/v1/customers/"+customer)
+	}
+	writeJSON(w, status, v)
+	return nil
+}

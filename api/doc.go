@@ -1,0 +1,16 @@
+// Package api is Tally's REST API (SPEC §7): routing (chi), authentication,
+// problem+json errors and the OpenAPI document (openapi.json, served at
+// /openapi.json and tested against the real routes).
+//
+// Invariants:
+//   - Every /v1 request is authenticated. The admin token may do everything;
+//     a customer token may only read its own customer: another customer's
+//     data answers 404 exactly as an unknown customer does, so a token never
+//     learns which other customers exist, and any write answers 403.
+//   - Usage is read from rollups, never from raw records, and is never
+//     fresher than the ingest position says (as_of is a lower bound).
+//   - Input is validated before any query; every statement is a constant in
+//     queries.go with bind parameters.
+//   - Every error leaves through one function (writeError), which maps typed
+//     errors to application/problem+json (RFC 9457).
+package api

@@ -1,0 +1,327 @@
+package api_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/getkin/kin-openapi/openapi3"
+	"github.com/getkin/kin-openapi/openapi3filter"
+	"github.com/getkin/kin-openapi/routers"
+	"github.com/getkin/kin-openapi/routers/gorillamux"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/api"
+	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/ledger"
+)
+
+const adminToken = "admin-token-for-tests-0123456789abcdef"
+
+// fixture is the API on a real HTTP server over its own database, with a
+// settable clock shared by the ledger and the API. Every response a test
+// reads through do() is validated against openapi.json.
+type fixture struct {
+	t      *testing.T
+	pool   *pgxpool.Pool
+	ledger *ledger.Ledger
+	srv    *httptest.Server
+	logs   *syncBuffer
+
+	mu  sync.Mutex
+	now time.Time
+
+	totals map[string]decimal.Decimal // stream → running total
+	seqs   map[string]int64
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	return newFixtureWith(t, nil)
+}
+
+// newFixtureWith lets a test change the API's configuration.
+func newFixtureWith(t *testing.T, configure func(*api.Config)) *fixture {
+	t.Helper()
+	f := &fixture{t: t, pool: pgtest.New(t), now: time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC),
+		logs: &syncBuffer{}, totals: map[string]decimal.Decimal{}, seqs: map[string]int64{}}
+	l, err := ledger.New(ledger.Config{Clock: f.clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.ledger = l
+	cfg := api.Config{
+		Pool: f.pool, Ledger: l, AdminToken: adminToken, Clock: f.clock,
+		Logger:    slog.New(slog.NewJSONHandler(f.logs, nil)),
+		Registry:  prometheus.NewRegistry(),
+		Freshness: &api.IngestFreshness{Pool: f.pool, MaxAge: -1},
+	}
+	if configure != nil {
+		configure(&cfg)
+	}
+	h, err := api.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.srv = httptest.NewServer(h)
+	t.Cleanup(f.srv.Close)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("server log:\n%s", f.logs.String())
+		}
+	})
+	return f
+}
+
+func (f *fixture) clock() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.now
+}
+
+func (f *fixture) setNow(t time.Time) {
+	f.mu.Lock()
+	f.now = t
+	f.mu.Unlock()
+}
+
+// usage books qty of usage for customer/meter at t through the ledger.
+func (f *fixture) usage(customer, meter string, t time.Time, qty string) {
+	f.t.Helper()
+	k := customer + "/" + meter
+	f.seqs[k]++
+	f.totals[k] = f.totals[k].Add(amount.MustParse(qty))
+	rec := ledger.Record{
+		OperationID: uuid.Must(uuid.NewV7()),
+		Stream:      ledger.StreamKey{Producer: "test", Epoch: 1, Customer: customer, Meter: meter},
+		Seq:         f.seqs[k], Total: f.totals[k], OccurredAt: t,
+	}
+	err := pgx.BeginFunc(context.Background(), f.pool, func(tx pgx.Tx) error {
+		out, err := f.ledger.Apply(context.Background(), tx, []ledger.Record{rec})
+		if err == nil && out[0].Kind != ledger.Applied {
+			err = fmt.Errorf("outcome %v: %s", out[0].Kind, out[0].Detail)
+		}
+		return err
+	})
+	if err != nil {
+		f.t.Fatalf("usage: %v", err)
+	}
+}
+
+func (f *fixture) exec(sql string, args ...any) {
+	f.t.Helper()
+	if _, err := f.pool.Exec(context.Background(), sql, args...); err != nil {
+		f.t.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// token creates a customer token.
+func (f *fixture) token(customer string) string {
+	f.t.Helper()
+	_, secret, err := api.CreateToken(context.Background(), f.pool, customer, "test", f.clock())
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return secret
+}
+
+type response struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (r response) json(t *testing.T) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(r.body, &m); err != nil {
+		t.Fatalf("response is not a JSON object: %v\n%s", err, r.body)
+	}
+	return m
+}
+
+// problem checks that r is a problem+json with the status and type, and
+// returns it.
+func (r response) problem(t *testing.T, status int, typ string) api.Problem {
+	t.Helper()
+	if r.status != status {
+		t.Fatalf("status %d, want %d: %s", r.status, status, r.body)
+	}
+	if ct := r.header.Get("Content-Type"); ct != "application/problem+json" {
+		t.Fatalf("Content-Type %q, want application/problem+json", ct)
+	}
+	var p api.Problem
+	dec := json.NewDecoder(bytes.NewReader(r.body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&p); err != nil {
+		t.Fatalf("problem: %v: %s", err, r.body)
+	}
+	if p.Type != typ || p.Status != status || p.Title == "" || p.RequestID == "" {
+		t.Fatalf("problem %+v, want type %s status %d with a title and request_id", p, typ, status)
+	}
+	return p
+}
+
+// fields lists the problem's fields at fault.
+func fields(p api.Problem) []string {
+	var out []string
+	for _, e := range p.Errors {
+		out = append(out, e.Field)
+	}
+	return out
+}
+
+// do sends a request (body: nil, a string, or a value to encode as JSON)
+// with the token ("" for none) and validates the response against the
+// OpenAPI document when the path is documented.
+func (f *fixture) do(method, path, token string, body any) response {
+	f.t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(b)
+	case []byte:
+		rd = bytes.NewReader(b)
+	default:
+		j, err := json.Marshal(b)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		rd = bytes.NewReader(j)
+	}
+	req, err := http.NewRequest(method, f.srv.URL+path, rd)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	return f.send(req)
+}
+
+func (f *fixture) send(req *http.Request) response {
+	f.t.Helper()
+	res, err := f.srv.Client().Do(req)
+	if err != nil {
+		f.t.Fatalf("%s %s: %v", req.Method, req.URL, err)
+	}
+	defer res.Body.Close()
+	b, err := io.ReadAll(res.Body)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	r := response{status: res.StatusCode, header: res.Header, body: b}
+	validateResponse(f.t, req, r)
+	return r
+}
+
+var (
+	docOnce   sync.Once
+	docRouter routers.Router
+	docValue  *openapi3.T
+	docErr    error
+)
+
+func openapiDoc(t testing.TB) (*openapi3.T, routers.Router) {
+	t.Helper()
+	docOnce.Do(func() {
+		loader := openapi3.NewLoader()
+		docValue, docErr = loader.LoadFromData(api.OpenAPI())
+		if docErr != nil {
+			return
+		}
+		if docErr = docValue.Validate(loader.Context); docErr != nil {
+			return
+		}
+		docRouter, docErr = gorillamux.NewRouter(docValue)
+	})
+	if docErr != nil {
+		t.Fatalf("openapi.json: %v", docErr)
+	}
+	return docValue, docRouter
+}
+
+// validateResponse checks a real response against openapi.json: status
+// documented (or the default problem), content type and body schema.
+func validateResponse(t testing.TB, req *http.Request, r response) {
+	t.Helper()
+	_, router := openapiDoc(t)
+	vreq := req.Clone(context.Background())
+	vreq.Body = http.NoBody
+	route, params, err := router.FindRoute(vreq)
+	if err != nil {
+		return // an undocumented path (tests of 404 and 405)
+	}
+	opts := &openapi3filter.Options{IncludeResponseStatus: true, MultiError: true,
+		AuthenticationFunc: openapi3filter.NoopAuthenticationFunc}
+	in := &openapi3filter.ResponseValidationInput{
+		RequestValidationInput: &openapi3filter.RequestValidationInput{Request: vreq, PathParams: params, Route: route, Options: opts},
+		Status:                 r.status,
+		Header:                 r.header,
+		Body:                   io.NopCloser(bytes.NewReader(r.body)),
+		Options:                opts,
+	}
+	if err := openapi3filter.ValidateResponse(context.Background(), in); err != nil {
+		t.Errorf("%s %s → %d does not match openapi.json: %v\nbody: %s", req.Method, req.URL.Path, r.status, err, r.body)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func date(s string) time.Time {
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		panic(err)
+	}
+	return t
+}
+
+func mustRequest(t testing.TB, method, url, body string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return req
+}
+
+func ioNopCloser(r io.Reader) io.ReadCloser { return io.NopCloser(r) }
+
+func newServer(t testing.TB, h http.Handler) *httptest.Server {
+	s := httptest.NewServer(h)
+	t.Cleanup(s.Close)
+	return s
+}

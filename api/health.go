@@ -1,0 +1,52 @@
+package api
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/tally-ledger/tally/migrations"
+)
+
+// healthz: the process is up and serving. It touches nothing else, so a
+// database outage never gets a healthy process restarted.
+func (a *API) healthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// readyz: Postgres answers and its schema is the one this binary expects.
+func (a *API) readyz(w http.ResponseWriter, r *http.Request) error {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	notReady := func(detail string) error {
+		return &Problem{Type: TypeNotReady, Title: "Not ready", Status: http.StatusServiceUnavailable, Detail: detail}
+	}
+	if err := a.pool.Ping(ctx); err != nil {
+		a.log.WarnContext(ctx, "readyz: postgres unreachable", "err", err)
+		return notReady("postgres is unreachable")
+	}
+	current, latest, err := migrations.Status(ctx, a.pool)
+	if err != nil {
+		a.log.WarnContext(ctx, "readyz: schema version", "err", err)
+		return notReady("cannot read the schema version")
+	}
+	if current != latest {
+		return notReady(fmt.Sprintf("schema version %d, this binary needs %d: run `tally migrate`", current, latest))
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "schema_version": current})
+	return nil
+}
+
+//go:embed openapi.json
+var openapiDoc []byte
+
+// OpenAPI returns the OpenAPI 3.1 document of this API.
+func OpenAPI() []byte { return append([]byte(nil), openapiDoc...) }
+
+func serveOpenAPI(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "public, max-age=300")
+	_, _ = w.Write(openapiDoc)
+}

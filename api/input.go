@@ -1,0 +1,191 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"reflect"
+	"strings"
+	"unicode/utf8"
+)
+
+// validID reports whether s is a customer or meter id (SPEC §2):
+// 1-128 characters of [A-Za-z0-9._:-].
+func validID(s string) bool {
+	if len(s) == 0 || len(s) > 128 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == ':', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// checkID returns a field problem for an id that is not valid. The value is
+// quoted (and clipped) so control characters never reach a response raw.
+func checkID(field, s string) error {
+	if validID(s) {
+		return nil
+	}
+	return invalidField(field, "%s is not 1-128 characters of A-Z a-z 0-9 . _ : -", quote(s))
+}
+
+func quote(s string) string {
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
+	if utf8.RuneCountInString(s) > 64 {
+		s = string([]rune(s)[:61]) + "..."
+	}
+	return fmt.Sprintf("%q", s)
+}
+
+// queryParams returns the query with every parameter appearing at most once
+// and only the allowed ones: a misspelt parameter is an error, not silently
+// the default.
+func queryParams(r *http.Request, allowed ...string) (map[string]string, error) {
+	q, err := url.ParseQuery(r.URL.RawQuery)
+	if err != nil {
+		return nil, invalidField("query", "cannot parse the query string: %v", err)
+	}
+	out := make(map[string]string, len(q))
+	var errs []FieldError
+	for k, vs := range q {
+		known := false
+		for _, a := range allowed {
+			known = known || a == k
+		}
+		switch {
+		case !known:
+			errs = append(errs, FieldError{Field: k, Detail: fmt.Sprintf("unknown query parameter; allowed: %s", strings.Join(allowed, ", "))})
+		case len(vs) > 1:
+			errs = append(errs, FieldError{Field: k, Detail: "given more than once"})
+		default:
+			out[k] = vs[0]
+		}
+	}
+	if len(errs) > 0 {
+		sortFieldErrors(errs)
+		return nil, invalid(errs...)
+	}
+	return out, nil
+}
+
+func sortFieldErrors(errs []FieldError) {
+	for i := 1; i < len(errs); i++ {
+		for j := i; j > 0 && errs[j].Field < errs[j-1].Field; j-- {
+			errs[j], errs[j-1] = errs[j-1], errs[j]
+		}
+	}
+}
+
+// decodeJSON reads exactly one JSON object of type T from the body: the
+// content type must be JSON, unknown fields and trailing data are refused,
+// and the body is limited by the router's MaxBytesReader.
+func decodeJSON(r *http.Request, v any) error {
+	if ct := r.Header.Get("Content-Type"); ct != "" {
+		mt, _, err := mime.ParseMediaType(ct)
+		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
+			return &Problem{Type: TypeUnsupportedType, Title: "Unsupported media type", Status: http.StatusUnsupportedMediaType,
+				Detail: fmt.Sprintf("Content-Type %s is not application/json (with curl: --json '{...}', or -H 'Content-Type: application/json')", quote(ct))}
+		}
+	}
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return jsonProblem(err)
+	}
+	var extra json.RawMessage
+	switch err := dec.Decode(&extra); {
+	case errors.Is(err, io.EOF):
+		return nil
+	case err == nil:
+		return malformed("the body has data after the JSON object")
+	default:
+		var mb *http.MaxBytesError
+		if errors.As(err, &mb) {
+			return err
+		}
+		return malformed("the body has data after the JSON object")
+	}
+}
+
+func jsonProblem(err error) error {
+	var syntax *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	var mb *http.MaxBytesError
+	switch {
+	case errors.As(err, &mb):
+		return err
+	case errors.Is(err, io.EOF):
+		return malformed("the body is empty; a JSON object is required")
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return malformed("the JSON body ends too early (truncated?)")
+	case errors.As(err, &syntax):
+		return malformed(fmt.Sprintf("invalid JSON at byte %d: %s", syntax.Offset, strings.TrimPrefix(syntax.Error(), "json: ")))
+	case errors.As(err, &typ):
+		field := typ.Field
+		if field == "" {
+			return malformed(fmt.Sprintf("the body must be a JSON object, not %s", typ.Value))
+		}
+		return invalidField(field, "must be %s, not %s", jsonTypeName(typ.Type), typ.Value)
+	}
+	if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		return invalidField(strings.Trim(f, `"`), "unknown field")
+	}
+	return malformed(strings.TrimPrefix(err.Error(), "json: "))
+}
+
+func jsonTypeName(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return "an integer in range"
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.Bool:
+		return "a boolean"
+	}
+	return t.String()
+}
+
+// writeJSON writes v with the given status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := marshal(v)
+	if err != nil {
+		writeProblem(w, &Problem{Type: TypeInternal, Title: "Internal error", Status: 500, Detail: "cannot encode the response"})
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(b)
+}
+
+// marshal is json.Marshal without HTML escaping ("<" stays "<" in
+// details), ending in a newline.
+func marshal(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
+}

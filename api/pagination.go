@@ -1,0 +1,100 @@
+package api
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"net/http"
+	"strconv"
+)
+
+// Lists return Page and take ?limit= and ?cursor= (SPEC §7). Cursors are
+// keyset cursors: the sort key of the last item returned, so a page never
+// repeats or skips an item when rows are added meanwhile (as an offset
+// would), and reading on from a cursor later gives the same next item. They
+// are opaque to clients (versioned base64url JSON), so the key can change.
+
+// Page is one page of a list.
+type Page[T any] struct {
+	Items []T `json:"items"`
+	// NextCursor is empty on the last page.
+	NextCursor string `json:"next_cursor"`
+}
+
+// Limits of ?limit=.
+const (
+	DefaultPageLimit = 100
+	MaxPageLimit     = 1000
+)
+
+const cursorVersion = "c1."
+
+// PageRequest is a parsed ?limit=&cursor=.
+type PageRequest struct {
+	Limit int
+	// After is the sort key of the last item of the previous page; nil for
+	// the first page.
+	After []string
+}
+
+// ParsePageRequest reads limit and cursor from query parameters (as
+// returned by queryParams).
+func ParsePageRequest(q map[string]string) (PageRequest, error) {
+	pr := PageRequest{Limit: DefaultPageLimit}
+	var errs []FieldError
+	if s, ok := q["limit"]; ok {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 || n > MaxPageLimit {
+			errs = append(errs, FieldError{Field: "limit", Detail: quote(s) + " is not an integer from 1 to " + strconv.Itoa(MaxPageLimit)})
+		} else {
+			pr.Limit = n
+		}
+	}
+	if s, ok := q["cursor"]; ok {
+		key, err := DecodeCursor(s)
+		if err != nil {
+			errs = append(errs, FieldError{Field: "cursor", Detail: "not a cursor returned by this API (pass next_cursor back unchanged)"})
+		} else {
+			pr.After = key
+		}
+	}
+	if len(errs) > 0 {
+		return pr, invalid(errs...)
+	}
+	return pr, nil
+}
+
+// EncodeCursor makes a cursor from a sort key.
+func EncodeCursor(key ...string) string {
+	b, _ := json.Marshal(key)
+	return cursorVersion + base64.RawURLEncoding.EncodeToString(b)
+}
+
+// DecodeCursor reads a cursor made by EncodeCursor.
+func DecodeCursor(s string) ([]string, error) {
+	errBad := &Problem{Type: TypeInvalidRequest, Title: "Invalid cursor", Status: http.StatusBadRequest}
+	if len(s) < len(cursorVersion) || s[:len(cursorVersion)] != cursorVersion || len(s) > 1024 {
+		return nil, errBad
+	}
+	b, err := base64.RawURLEncoding.DecodeString(s[len(cursorVersion):])
+	if err != nil {
+		return nil, errBad
+	}
+	var key []string
+	if err := json.Unmarshal(b, &key); err != nil || len(key) == 0 {
+		return nil, errBad
+	}
+	return key, nil
+}
+
+// NewPage builds a page from up to limit+1 rows read in sort order after
+// the request's cursor: the extra row only says that there is a next page.
+func NewPage[T any](rows []T, limit int, key func(T) []string) Page[T] {
+	if rows == nil {
+		rows = []T{}
+	}
+	if len(rows) <= limit {
+		return Page[T]{Items: rows}
+	}
+	rows = rows[:limit]
+	return Page[T]{Items: rows, NextCursor: EncodeCursor(key(rows[limit-1])...)}
+}

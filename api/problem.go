@@ -1,0 +1,194 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5/middleware"
+
+	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/periods"
+)
+
+// Problem is an RFC 9457 problem detail. Handlers return it (or a typed
+// error of another package) and writeError turns it into the response.
+type Problem struct {
+	Type   string       `json:"type"`
+	Title  string       `json:"title"`
+	Status int          `json:"status"`
+	Detail string       `json:"detail,omitempty"`
+	Errors []FieldError `json:"errors,omitempty"`
+	// ContainingPeriod names the period that contains a date that is not a
+	// period start (period-not-found only).
+	ContainingPeriod string `json:"containing_period,omitempty"`
+	// RequestID lets a caller quote the request to an operator.
+	RequestID string `json:"request_id,omitempty"`
+}
+
+// FieldError is one problem with one input field. Field is a JSON field of
+// the body, a query parameter or a path parameter, as documented.
+type FieldError struct {
+	Field  string `json:"field"`
+	Detail string `json:"detail"`
+}
+
+func (p *Problem) Error() string {
+	s := p.Title
+	if p.Detail != "" {
+		s += ": " + p.Detail
+	}
+	for _, e := range p.Errors {
+		s += "; " + e.Field + ": " + e.Detail
+	}
+	return s
+}
+
+// The problem types. They are URNs: stable identifiers to switch on, not
+// links. openapi.json lists them.
+const (
+	typePrefix          = "urn:tally:problem:"
+	TypeUnauthorized    = typePrefix + "unauthorized"
+	TypeForbidden       = typePrefix + "forbidden"
+	TypeNotFound        = typePrefix + "not-found"
+	TypePeriodNotFound  = typePrefix + "period-not-found"
+	TypeInvalidRequest  = typePrefix + "invalid-request"
+	TypeMalformedJSON   = typePrefix + "malformed-json"
+	TypeBodyTooLarge    = typePrefix + "body-too-large"
+	TypeURITooLong      = typePrefix + "uri-too-long"
+	TypeUnsupportedType = typePrefix + "unsupported-media-type"
+	TypeMethod          = typePrefix + "method-not-allowed"
+	TypeConflict        = typePrefix + "idempotency-conflict"
+	TypeNotReady        = typePrefix + "not-ready"
+	TypeUnavailable     = typePrefix + "unavailable"
+	TypeInternal        = typePrefix + "internal"
+)
+
+func invalid(errs ...FieldError) *Problem {
+	return &Problem{Type: TypeInvalidRequest, Title: "Invalid request", Status: http.StatusBadRequest,
+		Detail: "the request has invalid fields; see errors", Errors: errs}
+}
+
+func invalidField(field, format string, args ...any) *Problem {
+	return invalid(FieldError{Field: field, Detail: fmt.Sprintf(format, args...)})
+}
+
+func notFound(detail string) *Problem {
+	return &Problem{Type: TypeNotFound, Title: "Not found", Status: http.StatusNotFound, Detail: detail}
+}
+
+func customerNotFound(customer string) *Problem {
+	return notFound(fmt.Sprintf("customer %q not found", customer))
+}
+
+func malformed(detail string) *Problem {
+	return &Problem{Type: TypeMalformedJSON, Title: "Malformed JSON body", Status: http.StatusBadRequest, Detail: detail}
+}
+
+// fieldErrors splits a validation error of another package (errors.Join of
+// "field: detail" errors, as ledger and periods produce) into field errors.
+func fieldErrors(err error) []FieldError {
+	var leaves []error
+	var walk func(error)
+	walk = func(e error) {
+		if e == nil {
+			return
+		}
+		if j, ok := e.(interface{ Unwrap() []error }); ok {
+			for _, c := range j.Unwrap() {
+				walk(c)
+			}
+			return
+		}
+		leaves = append(leaves, e)
+	}
+	walk(err)
+	out := make([]FieldError, 0, len(leaves))
+	for _, e := range leaves {
+		msg := e.Error()
+		field, detail, ok := strings.Cut(msg, ": ")
+		if !ok || strings.ContainsAny(field, " \"") {
+			field, detail = "", msg
+		}
+		out = append(out, FieldError{Field: field, Detail: detail})
+	}
+	return out
+}
+
+// writeError is the one place that maps errors to problem+json.
+func (a *API) writeError(w http.ResponseWriter, r *http.Request, err error) {
+	p := a.problemFor(r, err)
+	p.RequestID = middleware.GetReqID(r.Context())
+	if p.Status == http.StatusUnauthorized {
+		challenge := `Bearer realm="tally"`
+		if r.Header.Get("Authorization") != "" {
+			challenge += `, error="invalid_token"` // RFC 6750: a token was sent and refused
+		}
+		w.Header().Set("WWW-Authenticate", challenge)
+	}
+	writeProblem(w, p)
+}
+
+func (a *API) problemFor(r *http.Request, err error) *Problem {
+	var p *Problem
+	var maxBytes *http.MaxBytesError
+	switch {
+	case errors.As(err, &p):
+		cp := *p
+		return &cp
+	case errors.As(err, &maxBytes):
+		return &Problem{Type: TypeBodyTooLarge, Title: "Request body too large", Status: http.StatusRequestEntityTooLarge,
+			Detail: fmt.Sprintf("the body must be at most %d bytes", maxBytes.Limit)}
+	case errors.Is(err, ledger.ErrAdjustmentConflict):
+		return &Problem{Type: TypeConflict, Title: "Idempotency conflict", Status: http.StatusConflict,
+			Detail: "operation_id was already used for an adjustment with a different body; use a new operation_id",
+			Errors: []FieldError{{Field: "operation_id", Detail: "already used with a different body"}}}
+	case errors.Is(err, periods.ErrInvalidPeriodRef):
+		return invalidField("period", "%s", strings.TrimPrefix(err.Error(), "period "))
+	case errors.Is(err, periods.ErrNoSuchPeriod):
+		return &Problem{Type: TypePeriodNotFound, Title: "Period not found", Status: http.StatusNotFound,
+			Detail: err.Error(), Errors: []FieldError{{Field: "period", Detail: "not the start date of a period"}},
+			ContainingPeriod: containingPeriod(err)}
+	case errors.Is(err, context.DeadlineExceeded):
+		a.log.ErrorContext(r.Context(), "request timed out", "err", err, "request_id", middleware.GetReqID(r.Context()))
+		return &Problem{Type: TypeUnavailable, Title: "Timed out", Status: http.StatusServiceUnavailable,
+			Detail: "the request took too long; try again"}
+	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
+		// The client went away; nobody reads this.
+		return &Problem{Type: TypeUnavailable, Title: "Client closed request", Status: 499}
+	}
+	a.log.ErrorContext(r.Context(), "request failed", "err", err, "method", r.Method, "path", r.URL.Path,
+		"request_id", middleware.GetReqID(r.Context()))
+	return &Problem{Type: TypeInternal, Title: "Internal error", Status: http.StatusInternalServerError,
+		Detail: "the server failed; the error is logged with this request_id"}
+}
+
+// containingPeriod is the period named by periods' "no such period" error.
+// (periods does not export it; its message ends with the date.)
+func containingPeriod(err error) string {
+	msg := err.Error()
+	if i := strings.LastIndex(msg, "starts "); i >= 0 {
+		if d := msg[i+len("starts "):]; len(d) == len(time.DateOnly) {
+			if _, err := time.Parse(time.DateOnly, d); err == nil {
+				return d
+			}
+		}
+	}
+	return ""
+}
+
+func writeProblem(w http.ResponseWriter, p *Problem) {
+	b, err := marshal(p)
+	if err != nil {
+		b = []byte(`{"type":"` + TypeInternal + `","title":"Internal error","status":500}` + "\n")
+	}
+	h := w.Header()
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Cache-Control", "no-store")
+	h.Del("Content-Length")
+	w.WriteHeader(p.Status)
+	_, _ = w.Write(b)
+}

@@ -1,0 +1,159 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// routes builds the router. Every route here must be in openapi.json
+// (TestOpenAPICoversRoutes walks this tree).
+func (a *API) routes() http.Handler {
+	r := chi.NewRouter()
+	r.Use(sanitizeRequestID, middleware.RequestID, a.observe, a.recoverer, a.limits)
+	r.NotFound(a.handle(func(w http.ResponseWriter, r *http.Request) error {
+		return notFound(fmt.Sprintf("no route for %s %s; see /openapi.json", r.Method, quote(r.URL.Path)))
+	}))
+	r.MethodNotAllowed(a.handle(func(w http.ResponseWriter, r *http.Request) error {
+		allowed := allowedMethods(r)
+		for _, m := range allowed {
+			w.Header().Add("Allow", m)
+		}
+		return &Problem{Type: TypeMethod, Title: "Method not allowed", Status: http.StatusMethodNotAllowed,
+			Detail: fmt.Sprintf("%s is not allowed on this path; allowed: %v", r.Method, allowed)}
+	}))
+
+	r.Get("/healthz", a.healthz)
+	r.Get("/readyz", a.handle(a.readyz))
+	r.Get("/openapi.json", serveOpenAPI)
+	r.With(a.authenticate, requireAdmin).Get("/metrics",
+		promhttp.HandlerFor(a.registry, promhttp.HandlerOpts{Registry: a.registry}).ServeHTTP)
+
+	r.Route("/v1", func(r chi.Router) {
+		r.Use(a.authenticate)
+		r.Get("/customers/{customer}", a.handle(a.getCustomer))
+		r.With(requireAdmin).Put("/customers/{customer}", a.handle(a.putCustomer))
+		r.Get("/customers/{customer}/usage", a.handle(a.getUsage))
+		r.With(requireAdmin).Post("/adjustments", a.handle(a.postAdjustment))
+
+		// ---- Ingest (SPEC §7), added by the ingest issue: ----
+		//   GET  /v1/ingest/status
+		//   GET  /v1/dead-letters            (paginated: see pagination.go)
+		//   POST /v1/dead-letters/{id}/replay (admin only: r.With(requireAdmin))
+		// Document each in openapi.json; TestOpenAPICoversRoutes fails otherwise.
+
+		// ---- Later issues: periods (statement, close), quotas, reconciliations. ----
+	})
+	return r
+}
+
+// handle adapts a handler that returns an error to http.HandlerFunc; the
+// error goes to writeError, the one mapping to problem+json.
+func (a *API) handle(h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			a.writeError(w, r, err)
+		}
+	}
+}
+
+// limits bounds the request: query length, body size, and time.
+func (a *API) limits(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(r.URL.RawQuery) > a.maxQuery {
+			a.writeError(w, r, &Problem{Type: TypeURITooLong, Title: "Query string too long", Status: http.StatusRequestURITooLong,
+				Detail: fmt.Sprintf("the query string must be at most %d bytes", a.maxQuery)})
+			return
+		}
+		if r.ContentLength > a.maxBody {
+			a.writeError(w, r, &http.MaxBytesError{Limit: a.maxBody})
+			return
+		}
+		r.Body = http.MaxBytesReader(w, r.Body, a.maxBody)
+		ctx, cancel := context.WithTimeout(r.Context(), a.reqTimeout)
+		defer cancel()
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// recoverer turns a panic into a logged 500 problem.
+func (a *API) recoverer(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if v := recover(); v != nil {
+				if v == http.ErrAbortHandler {
+					panic(v)
+				}
+				a.writeError(w, r, fmt.Errorf("panic: %v\n%s", v, debug.Stack()))
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// allowedMethods lists the methods the router accepts on r's path.
+func allowedMethods(r *http.Request) []string {
+	rctx := chi.RouteContext(r.Context())
+	var out []string
+	if rctx == nil || rctx.Routes == nil {
+		return out
+	}
+	path := r.URL.RawPath
+	if path == "" {
+		path = r.URL.Path
+	}
+	for _, m := range []string{http.MethodGet, http.MethodPut, http.MethodPost, http.MethodPatch, http.MethodDelete} {
+		if rctx.Routes.Match(chi.NewRouteContext(), m, path) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+func requestID(r *http.Request) string { return middleware.GetReqID(r.Context()) }
+
+// sanitizeRequestID drops a client's X-Request-Id that is not a short
+// token, so logs and problems only carry ids a client cannot abuse.
+func sanitizeRequestID(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if id := r.Header.Get(middleware.RequestIDHeader); id != "" && !validRequestID(id) {
+			r.Header.Del(middleware.RequestIDHeader)
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func validRequestID(s string) bool {
+	if len(s) > 64 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("._:/+=-", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// NewServer returns an http.Server for handler with the limits a public
+// listener needs: header size and read/write/idle timeouts (so slow clients
+// cannot hold connections open). Bodies are limited by the handler.
+func NewServer(addr string, handler http.Handler) *http.Server {
+	return &http.Server{
+		Addr:              addr,
+		Handler:           handler,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       30 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       120 * time.Second,
+		MaxHeaderBytes:    16 << 10,
+	}
+}

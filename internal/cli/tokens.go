@@ -1,0 +1,119 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/spf13/cobra"
+
+	"github.com/tally-ledger/tally/api"
+)
+
+func newTokensCmd() *cobra.Command {
+	var dbURL string
+	cmd := &cobra.Command{
+		Use:   "tokens",
+		Short: "Create, list and revoke customer API tokens",
+		Long: `Customer tokens let a customer (or its portal) read its own usage and
+calendar over the REST API, and nothing else. Only a hash of each token is
+stored: the token is printed once, by create, and cannot be shown again.
+The admin token is not managed here; it is TALLY_ADMIN_TOKEN.`,
+	}
+	cmd.PersistentFlags().StringVar(&dbURL, "database-url", defaultDatabaseURL, "Postgres connection URL")
+	envDefault(cmd.PersistentFlags(), "database-url", "TALLY_DATABASE_URL")
+	open := func(cmd *cobra.Command) (*pgxpool.Pool, error) {
+		pool, err := pgxpool.New(cmd.Context(), dbURL)
+		if err != nil {
+			return nil, fmt.Errorf("database: %w", err)
+		}
+		return pool, nil
+	}
+
+	var customer, description string
+	create := &cobra.Command{
+		Use:     "create --customer C [--description D]",
+		Short:   "Create a read-only token for one customer and print it (once)",
+		Example: `  tally tokens create --customer acme --description "acme portal"`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			pool, err := open(cmd)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			t, secret, err := api.CreateToken(cmd.Context(), pool, customer, description, time.Now())
+			if err != nil {
+				return err
+			}
+			w := cmd.OutOrStdout()
+			fmt.Fprintln(w, secret)
+			fmt.Fprintf(cmd.ErrOrStderr(), "token %s for customer %s: store it now, it is not shown again\n", t.ID, t.Customer)
+			return nil
+		},
+	}
+	create.Flags().StringVar(&customer, "customer", "", "customer id the token may read (required)")
+	create.Flags().StringVar(&description, "description", "", "what the token is for (shown by list)")
+	_ = create.MarkFlagRequired("customer")
+
+	revoke := &cobra.Command{
+		Use:   "revoke ID",
+		Short: "Revoke a token (by the id shown by list); it stops working at once",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			id, err := uuid.Parse(args[0])
+			if err != nil {
+				return fmt.Errorf("%q is not a token id (see tally tokens list)", args[0])
+			}
+			pool, err := open(cmd)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			t, err := api.RevokeToken(cmd.Context(), pool, id, time.Now())
+			if errors.Is(err, api.ErrTokenNotFound) {
+				return fmt.Errorf("no token %s (see tally tokens list)", id)
+			}
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "revoked %s (customer %s) at %s\n", t.ID, t.Customer, t.RevokedAt.UTC().Format(time.RFC3339))
+			return nil
+		},
+	}
+
+	var listCustomer string
+	list := &cobra.Command{
+		Use:   "list [--customer C]",
+		Short: "List tokens (never their secrets)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			pool, err := open(cmd)
+			if err != nil {
+				return err
+			}
+			defer pool.Close()
+			ts, err := api.ListTokens(cmd.Context(), pool, listCustomer)
+			if err != nil {
+				return err
+			}
+			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "ID\tCUSTOMER\tCREATED (UTC)\tREVOKED (UTC)\tDESCRIPTION")
+			for _, t := range ts {
+				revoked := "-"
+				if t.RevokedAt != nil {
+					revoked = t.RevokedAt.UTC().Format(time.RFC3339)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.ID, t.Customer, t.CreatedAt.UTC().Format(time.RFC3339), revoked, t.Description)
+			}
+			return tw.Flush()
+		},
+	}
+	list.Flags().StringVar(&listCustomer, "customer", "", "only this customer's tokens")
+
+	cmd.AddCommand(create, revoke, list)
+	return cmd
+}
