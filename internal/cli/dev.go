@@ -1,6 +1,8 @@
 package cli
 
 import (
+	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -15,10 +17,12 @@ import (
 	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/internal/devstack"
 	"github.com/tally-ledger/tally/migrations"
+	"github.com/tally-ledger/tally/periods"
 )
 
 func newDevCmd() *cobra.Command {
 	var dir, listen, kafkaAddr string
+	var simulated bool
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run Tally on this machine with everything embedded (for trying it out)",
@@ -31,8 +35,11 @@ func newDevCmd() *cobra.Command {
     at 127.0.0.1:5432 (database tally, created if missing), else a private
     cluster started from the installed initdb/pg_ctl under ./.tally-dev/pg.
 
-Then it migrates the database, runs the ingest, serves /metrics and /healthz,
-prints what to try, and runs until Ctrl-C.`,
+Then it migrates the database and runs everything tally serve runs (ingest,
+REST API, quota enforcer) plus simulated producers (customers demo-acme and
+demo-globex, with a demo quota on demo-acme that is exceeded about two
+minutes after start). It prints the API's URL, an admin token (generated
+unless TALLY_ADMIN_TOKEN is set) and what to try, and runs until Ctrl-C.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
@@ -94,47 +101,70 @@ prints what to try, and runs until Ctrl-C.`,
 					k.Dir, strings.Join(devstack.DefaultTopics, ", "), devstack.DefaultPartitions)
 			}
 
-			return serveIngest(ctx, ingestOptions{
-				pool: pool, brokers: brokers, topic: ingest.DefaultTopic, group: ingest.DefaultGroup,
-				listen: listen, log: log,
+			token, generated := os.Getenv("TALLY_ADMIN_TOKEN"), false
+			if token == "" {
+				token, generated = rand.Text()+rand.Text(), true // 52 base32 characters, 260 bits
+			}
+			o := runOptions{
+				pool: pool, brokers: brokers, listen: listen, adminToken: token,
+				grace: periods.DefaultGrace, ingest: true, api: true, enforce: true, log: log,
 				ready: func(addr string) {
-					printDevBanner(out, brokers, kafkaNote, pg, v, addr)
+					printDevBanner(out, brokers, kafkaNote, pg, v, addr, token, generated, simulated)
 				},
-			})
+			}
+			if simulated {
+				o.also = func(ctx context.Context) error { return simulate(ctx, brokers, dir, pool, log) }
+			}
+			return run(ctx, o)
 		},
 	}
 	cmd.Flags().StringVar(&dir, "dir", devstack.DefaultDir, "directory for the embedded broker's and the private Postgres's data")
 	cmd.Flags().StringVar(&kafkaAddr, "kafka-addr", devstack.DefaultKafkaAddr, "address of the embedded broker (127.0.0.1:<port>; port 0 picks one)")
-	cmd.Flags().StringVar(&listen, "listen", defaultListen, "address for /metrics and /healthz")
+	cmd.Flags().StringVar(&listen, "listen", defaultListen, "address of the REST API (and /metrics, /healthz)")
+	cmd.Flags().BoolVar(&simulated, "simulate", true, "run simulated producers and a demo quota")
 	envDefault(cmd.Flags(), "listen", "TALLY_LISTEN")
 	return cmd
 }
 
-func printDevBanner(w io.Writer, brokers []string, kafkaNote string, pg *devstack.Postgres, version int64, addr string) {
+func printDevBanner(w io.Writer, brokers []string, kafkaNote string, pg *devstack.Postgres, version int64, addr, token string, generated, simulated bool) {
 	b := strings.Join(brokers, ",")
 	psql := fmt.Sprintf("psql '%s'", pg.URL)
+	tokenNote := "from TALLY_ADMIN_TOKEN"
+	if generated {
+		tokenNote = "generated for this run; set TALLY_ADMIN_TOKEN to choose one"
+	}
 	fmt.Fprintf(w, `
 tally dev is running (Ctrl-C to stop).
 
   Kafka     %s  (%s)
   Postgres  %s  (%s, schema version %d)
-  Metrics   http://%s/metrics   Health: http://%s/healthz
+  REST API  http://%s/v1   (OpenAPI: http://%s/openapi.json)
+  Admin     export TALLY_ADMIN_TOKEN=%s   (%s)
 
 Send a sample batch (key = customer id). Send it as often as you like: it is billed once.
 
   kcat -P -b %s -t %s -k acme testdata/batches/valid-spec-example.json
 
+Ask for acme's usage this period:
+
+  curl -s -H "Authorization: Bearer $TALLY_ADMIN_TOKEN" http://%s/v1/customers/acme/usage
+
 See it in the ledger:
 
-  %s -c "SELECT customer, meter, seq, total, billed, period_start FROM records ORDER BY ingested_at"
-
-Ingest position and conservation counters per partition:
-
-  %s -c "SELECT partition, next_offset, high_watermark, records_in, records_applied, records_duplicate, records_rejected FROM ingest_partitions ORDER BY partition"
+  %s -c "SELECT customer, meter, seq, total, billed, period_start FROM records ORDER BY ingested_at DESC LIMIT 5"
 
 Refused messages and records (try testdata/batches/invalid-*.json):
 
   %s -c "SELECT partition, \"offset\", record_index, reason, detail FROM dead_letters ORDER BY id"
+`, b, kafkaNote, pg.URL, pg.Source, version, addr, addr, token, tokenNote, b, ingest.DefaultTopic, addr, psql, psql)
+	if simulated {
+		fmt.Fprintf(w, `
+Simulated producers are recording usage for demo-acme and demo-globex. demo-acme's
+quota on api_calls goes ok -> warning -> exceeded in about two minutes; watch it:
 
-`, b, kafkaNote, pg.URL, pg.Source, version, addr, addr, b, ingest.DefaultTopic, psql, psql, psql)
+  curl -s -H "Authorization: Bearer $TALLY_ADMIN_TOKEN" http://%s/v1/customers/demo-acme/quotas
+  kcat -C -b %s -t tally.quota-decisions -o end -f '%%k %%s\n'
+`, addr, b)
+	}
+	fmt.Fprintln(w)
 }

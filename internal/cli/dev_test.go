@@ -3,8 +3,11 @@ package cli
 import (
 	"bytes"
 	"context"
+	"io"
+	"net/http"
 	"os"
 	"regexp"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -106,16 +109,45 @@ func TestDevEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	var in, records int
+	// The simulated producers run too: look only at acme, and at the
+	// counters of duplicates, which only the resent sample makes.
+	var dups, records int
 	var billed string
-	for deadline := time.Now().Add(30 * time.Second); in < 3 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		_ = conn.QueryRow(context.Background(), "SELECT coalesce(sum(records_in), 0) FROM ingest_partitions").Scan(&in)
+	for deadline := time.Now().Add(30 * time.Second); dups < 2 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		_ = conn.QueryRow(context.Background(), "SELECT coalesce(sum(records_duplicate), 0) FROM ingest_partitions").Scan(&dups)
 	}
-	if err := conn.QueryRow(context.Background(), "SELECT count(*), coalesce(sum(billed), 0)::text FROM records").Scan(&records, &billed); err != nil {
+	if err := conn.QueryRow(context.Background(), "SELECT count(*), coalesce(sum(billed), 0)::text FROM records WHERE customer = 'acme'").Scan(&records, &billed); err != nil {
 		t.Fatal(err)
 	}
-	if in != 3 || records != 1 || billed != "1234567" {
-		t.Errorf("sent 3 times: %d records in, %d in the ledger billing %s; want 3, 1 and 1234567", in, records, billed)
+	if dups != 2 || records != 1 || billed != "1234567" {
+		t.Errorf("sent 3 times: %d duplicates, %d in the ledger billing %s; want 2, 1 and 1234567", dups, records, billed)
+	}
+
+	// The REST API answers with the admin token the banner printed.
+	tok := regexp.MustCompile(`export TALLY_ADMIN_TOKEN=(\S+)`).FindStringSubmatch(out.String())
+	api := regexp.MustCompile(`REST API  http://(127\.0\.0\.1:\d+)/v1`).FindStringSubmatch(out.String())
+	if tok == nil || api == nil {
+		t.Fatalf("no admin token or API address in the banner:\n%s", out.String())
+	}
+	req, _ := http.NewRequest(http.MethodGet, "http://"+api[1]+"/v1/customers/acme/usage?meter=api_calls&period=2026-12-01", nil)
+	req.Header.Set("Authorization", "Bearer "+tok[1])
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), `"total":"1234567"`) {
+		t.Errorf("usage over REST: %d %s", resp.StatusCode, body)
+	}
+
+	// And the simulated producers' usage reaches the ledger.
+	var simulated int
+	for deadline := time.Now().Add(30 * time.Second); simulated == 0 && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		_ = conn.QueryRow(context.Background(), "SELECT count(*) FROM records WHERE customer = 'demo-acme'").Scan(&simulated)
+	}
+	if simulated == 0 {
+		t.Errorf("no simulated usage for demo-acme in the ledger")
 	}
 	stop()
 }

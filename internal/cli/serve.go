@@ -18,51 +18,60 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/tally-ledger/tally/api"
 	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/migrations"
+	"github.com/tally-ledger/tally/periods"
+	"github.com/tally-ledger/tally/quota"
 )
 
 const defaultListen = "127.0.0.1:8080"
 
 func newServeCmd() *cobra.Command {
 	var (
-		dbURL, brokers, topic, group, listen string
-		runIngest, runAPI, runEnforce        bool
+		o                             runOptions
+		dbURL, brokers                string
+		runIngest, runAPI, runEnforce bool
 	)
 	cmd := &cobra.Command{
-		Use:   "serve",
+		Use:   "serve [--ingest] [--api] [--enforce]",
 		Short: "Run Tally's long-running parts against a real Kafka and Postgres",
-		Long: `Run the Kafka ingest (and, once built, the REST API and the quota
-enforcer) against TALLY_KAFKA_BROKERS and TALLY_DATABASE_URL.
+		Long: `Run the Kafka ingest, the REST API and the quota enforcer against
+TALLY_KAFKA_BROKERS and TALLY_DATABASE_URL. With none of --ingest, --api,
+--enforce, all three run.
 
-With no --ingest/--api/--enforce flag, everything that is built runs. Several
-processes may run --ingest with the same --group: they share the topic's
-partitions, one partition owned by one process at a time.
+  --ingest   consume meter batches from --topic into the ledger. Several
+             processes with the same --group share the topic's partitions.
+  --api      serve the REST API on --listen (needs TALLY_ADMIN_TOKEN).
+  --enforce  evaluate quota rules and publish decisions to
+             --decisions-topic; one process publishes at a time (a lease).
 
 serve never migrates: it refuses to start when the schema is behind (run
-tally migrate first). /metrics and /healthz are served on --listen.
-SIGINT/SIGTERM finish or roll back in-flight work and leave the group.`,
+tally migrate first). /metrics (admin token with --api), /healthz and
+/readyz are served on --listen. SIGINT/SIGTERM finish or roll back
+in-flight work, leave the consumer group and release the enforcer lease.`,
+		Example: `  TALLY_ADMIN_TOKEN=$(openssl rand -hex 32) tally serve
+  tally serve --ingest --group tally-ingest        # one of several ingest processes`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			flags := cmd.Flags()
-			explicit := flags.Changed("ingest") || flags.Changed("api") || flags.Changed("enforce")
-			if !explicit {
-				runIngest = true
+			if !flags.Changed("ingest") && !flags.Changed("api") && !flags.Changed("enforce") {
+				runIngest, runAPI, runEnforce = true, true, true
 			}
-			for _, x := range []struct {
-				on   bool
-				name string
-			}{{runAPI, "--api (the REST API)"}, {runEnforce, "--enforce (the quota enforcer)"}} {
-				if x.on {
-					fmt.Fprintf(cmd.ErrOrStderr(), "tally serve: %s is not built yet; not running it\n", x.name)
-				}
+			o.ingest, o.api, o.enforce = runIngest, runAPI, runEnforce
+			if !o.ingest && !o.api && !o.enforce {
+				return errors.New("nothing to run: give --ingest, --api or --enforce (or none of them for all three)")
 			}
-			if !runIngest {
-				return errors.New("nothing to run: only --ingest is built so far")
+			if err := periods.ValidateGrace(o.grace); err != nil {
+				return err
 			}
-			log := newLogger()
+			if o.api && len(o.adminToken) < api.MinAdminTokenLength {
+				return fmt.Errorf("the REST API needs an admin token of at least %d characters in TALLY_ADMIN_TOKEN (try: export TALLY_ADMIN_TOKEN=$(openssl rand -hex 32))", api.MinAdminTokenLength)
+			}
+			o.log = newLogger()
+			o.brokers = splitBrokers(brokers)
 			pool, err := pgxpool.New(ctx, dbURL)
 			if err != nil {
 				return fmt.Errorf("database: %w", err)
@@ -71,28 +80,38 @@ SIGINT/SIGTERM finish or roll back in-flight work and leave the group.`,
 			if err := checkSchema(ctx, pool); err != nil {
 				return err
 			}
-			return serveIngest(ctx, ingestOptions{
-				pool: pool, brokers: splitBrokers(brokers), topic: topic, group: group,
-				listen: listen, log: log,
-			})
+			o.pool = pool
+			return run(ctx, o)
 		},
 	}
 	f := cmd.Flags()
 	f.BoolVar(&runIngest, "ingest", false, "run the Kafka ingest")
-	f.BoolVar(&runAPI, "api", false, "run the REST API (not built yet)")
-	f.BoolVar(&runEnforce, "enforce", false, "run the quota enforcer (not built yet)")
+	f.BoolVar(&runAPI, "api", false, "run the REST API")
+	f.BoolVar(&runEnforce, "enforce", false, "run the quota enforcer")
 	f.StringVar(&dbURL, "database-url", defaultDatabaseURL, "Postgres connection URL")
 	envDefault(f, "database-url", "TALLY_DATABASE_URL")
 	f.StringVar(&brokers, "kafka-brokers", "127.0.0.1:9092", "Kafka bootstrap brokers, comma-separated")
 	envDefault(f, "kafka-brokers", "TALLY_KAFKA_BROKERS")
-	f.StringVar(&topic, "topic", ingest.DefaultTopic, "topic of metering batches")
+	f.StringVar(&o.topic, "topic", ingest.DefaultTopic, "topic of metering batches")
 	envDefault(f, "topic", "TALLY_TOPIC")
-	f.StringVar(&group, "group", ingest.DefaultGroup, "Kafka consumer group of the ingest processes")
+	f.StringVar(&o.decisionsTopic, "decisions-topic", defaultDecisionsTopic, "topic the quota enforcer publishes decisions to")
+	envDefault(f, "decisions-topic", "TALLY_DECISIONS_TOPIC")
+	f.StringVar(&o.group, "group", ingest.DefaultGroup, "Kafka consumer group of the ingest processes")
 	envDefault(f, "group", "TALLY_GROUP")
-	f.StringVar(&listen, "listen", defaultListen, "address for /metrics and /healthz")
+	f.StringVar(&o.listen, "listen", defaultListen, "address of the HTTP listener (API, /metrics, /healthz)")
 	envDefault(f, "listen", "TALLY_LISTEN")
+	f.StringVar(&o.adminToken, "admin-token", "", "the REST API's admin token (at least 32 characters); prefer the environment variable")
+	envDefault(f, "admin-token", "TALLY_ADMIN_TOKEN")
+	f.DurationVar(&o.grace, "grace", periods.DefaultGrace, "how long after its end a period takes late usage")
+	envDefault(f, "grace", "TALLY_GRACE")
+	// Never print a token in --help.
+	if fl := f.Lookup("admin-token"); fl.DefValue != "" {
+		fl.DefValue = "(set)"
+	}
 	return cmd
 }
+
+const defaultDecisionsTopic = "tally.quota-decisions"
 
 func splitBrokers(s string) []string {
 	var out []string
@@ -116,51 +135,88 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
-type ingestOptions struct {
-	pool    *pgxpool.Pool
-	brokers []string
-	topic   string
-	group   string
-	listen  string // "" for no HTTP listener
-	log     *slog.Logger
+// runOptions says what run starts.
+type runOptions struct {
+	pool                  *pgxpool.Pool
+	brokers               []string
+	topic, decisionsTopic string
+	group                 string
+	listen                string // "" for no HTTP listener
+	adminToken            string
+	grace                 time.Duration
+	ingest, api, enforce  bool
+	log                   *slog.Logger
 	// ready, when set, is called once the HTTP listener is bound.
 	ready func(addr string)
-	// registry, when set, is used instead of a fresh one.
-	registry *prometheus.Registry
+	// also runs beside the components (tally dev's simulated producers).
+	also func(ctx context.Context) error
 }
 
-// serveIngest runs the consumer and the /metrics + /healthz listener until
-// ctx ends.
-func serveIngest(ctx context.Context, o ingestOptions) error {
-	reg := o.registry
-	if reg == nil {
-		reg = prometheus.NewRegistry()
-		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+// run runs the chosen components and the HTTP listener until ctx ends or
+// one of them fails; then it stops the others gracefully.
+func run(ctx context.Context, o runOptions) error {
+	if o.topic == "" {
+		o.topic = ingest.DefaultTopic
 	}
+	if o.decisionsTopic == "" {
+		o.decisionsTopic = defaultDecisionsTopic
+	}
+	if o.group == "" {
+		o.group = ingest.DefaultGroup
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	l, err := ledger.New(ledger.Config{Logger: o.log})
 	if err != nil {
 		return err
 	}
-	c, err := ingest.NewConsumer(ingest.Config{
-		Brokers: o.brokers, Topic: o.topic, Group: o.group,
-		Pool: o.pool, Ledger: l, Logger: o.log, Registry: reg,
-	})
-	if err != nil {
-		return err
-	}
 	g, gctx := errgroup.WithContext(ctx)
+
+	if o.ingest {
+		c, err := ingest.NewConsumer(ingest.Config{
+			Brokers: o.brokers, Topic: o.topic, Group: o.group,
+			Pool: o.pool, Ledger: l, Logger: o.log, Registry: reg,
+		})
+		if err != nil {
+			return err
+		}
+		g.Go(func() error { return c.Run(gctx) })
+	}
+	if o.enforce {
+		enf, err := quota.NewEnforcer(quota.Config{
+			Pool: o.pool, Brokers: o.brokers, Topic: o.decisionsTopic, IngestTopic: o.topic,
+			Logger: o.log, Registerer: reg,
+		})
+		if err != nil {
+			return err
+		}
+		g.Go(func() error { return enf.Run(gctx) })
+	}
 	if o.listen != "" {
+		var handler http.Handler
+		if o.api {
+			h, err := api.New(api.Config{Pool: o.pool, Ledger: l, AdminToken: o.adminToken, Grace: o.grace,
+				Logger: o.log, Registry: reg})
+			if err != nil {
+				return err
+			}
+			handler = h
+		} else {
+			// Without the API there is no token to guard /metrics with: it
+			// is served as usual for Prometheus; bind --listen accordingly.
+			mux := http.NewServeMux()
+			mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+			mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+				w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+				_, _ = io.WriteString(w, "ok\n")
+			})
+			handler = mux
+		}
 		ln, err := net.Listen("tcp", o.listen)
 		if err != nil {
 			return fmt.Errorf("listen %s: %w", o.listen, err)
 		}
-		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-			_, _ = io.WriteString(w, "ok\n")
-		})
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		srv := api.NewServer(ln.Addr().String(), handler)
 		g.Go(func() error {
 			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("http: %w", err)
@@ -173,13 +229,15 @@ func serveIngest(ctx context.Context, o ingestOptions) error {
 			defer cancel()
 			return srv.Shutdown(sctx)
 		})
-		o.log.Info("serving /metrics and /healthz", "addr", ln.Addr().String())
+		o.log.Info("listening", "addr", ln.Addr().String(), "api", o.api)
 		if o.ready != nil {
 			o.ready(ln.Addr().String())
 		}
 	} else if o.ready != nil {
 		o.ready("")
 	}
-	g.Go(func() error { return c.Run(gctx) })
+	if o.also != nil {
+		g.Go(func() error { return o.also(gctx) })
+	}
 	return g.Wait()
 }

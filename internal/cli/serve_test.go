@@ -20,23 +20,30 @@ import (
 	"github.com/tally-ledger/tally/internal/pgtest"
 )
 
+const testAdminToken = "test-admin-token-0123456789abcdef0123"
+
 func TestServeRefusesASchemaBehind(t *testing.T) {
 	db := pgtest.NewEmptyURL(t)
-	_, err := runTally(t, "serve", "--database-url", db, "--kafka-brokers", "127.0.0.1:1", "--listen", "127.0.0.1:0")
+	_, err := runTally(t, "serve", "--database-url", db, "--kafka-brokers", "127.0.0.1:1", "--listen", "127.0.0.1:0",
+		"--admin-token", testAdminToken)
 	if err == nil || !strings.Contains(err.Error(), "tally migrate") {
 		t.Fatalf("serve on an unmigrated database: %v; want a refusal naming tally migrate", err)
 	}
 }
 
-func TestServeOnlyUnbuiltParts(t *testing.T) {
-	_, err := runTally(t, "serve", "--api")
-	if err == nil || !strings.Contains(err.Error(), "only --ingest") {
-		t.Fatalf("serve --api: %v", err)
+func TestServeAPINeedsAnAdminToken(t *testing.T) {
+	t.Setenv("TALLY_ADMIN_TOKEN", "")
+	for _, args := range [][]string{{"serve"}, {"serve", "--api"}, {"serve", "--api", "--admin-token", "short"}} {
+		_, err := runTally(t, args...)
+		if err == nil || !strings.Contains(err.Error(), "TALLY_ADMIN_TOKEN") {
+			t.Errorf("%v: %v", args, err)
+		}
 	}
 }
 
-// serve --ingest applies a batch sent to Kafka, serves /metrics and
-// /healthz, and stops cleanly when its context ends.
+// serve (ingest, API and enforcer) applies a batch sent to Kafka, answers
+// for it over REST, serves /metrics (admin token) and /healthz, and stops
+// cleanly when its context ends.
 func TestServeIngests(t *testing.T) {
 	ignore := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, ignore) }) // runs last, after the cluster and database are gone
@@ -61,7 +68,8 @@ func TestServeIngests(t *testing.T) {
 		root := newRoot()
 		root.SetOut(io.Discard)
 		root.SetErr(io.Discard)
-		root.SetArgs([]string{"serve", "--database-url", db, "--kafka-brokers", strings.Join(k.Addrs, ","), "--listen", addr})
+		root.SetArgs([]string{"serve", "--database-url", db, "--kafka-brokers", strings.Join(k.Addrs, ","), "--listen", addr,
+			"--admin-token", testAdminToken})
 		done <- root.ExecuteContext(ctx)
 	}()
 	defer func() {
@@ -90,10 +98,17 @@ func TestServeIngests(t *testing.T) {
 	if n != 3 { // the sample's third record reuses the first one's operation_id: a conflict
 		t.Fatalf("%d records in the ledger, want the sample's 3", n)
 	}
-	for path, want := range map[string]string{"/healthz": "ok", "/metrics": `tally_ingest_records_total{outcome="applied",topic="tally.meter-batches"} 3`} {
+	for path, want := range map[string]string{
+		"/healthz": "ok",
+		"/readyz":  "ready",
+		"/metrics": `tally_ingest_records_total{outcome="applied",topic="tally.meter-batches"} 3`,
+		"/v1/customers/acme/usage?meter=api_calls&period=2026-12-01": `"total":"12.25"`,
+	} {
 		var body []byte
 		for range 50 { // the counter follows the commit by a moment
-			resp, err := http.Get("http://" + addr + path)
+			req, _ := http.NewRequest(http.MethodGet, "http://"+addr+path, nil)
+			req.Header.Set("Authorization", "Bearer "+testAdminToken)
+			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,0 +1,89 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/producer"
+	"github.com/tally-ledger/tally/quota"
+)
+
+// The simulated usage of tally dev: two customers metered through the
+// producer SDK, and a quota on the first that goes ok → warning → exceeded
+// within a few minutes.
+const (
+	simCustomer = "demo-acme"
+	simMeter    = "api_calls"
+	simRate     = 20 // demo-acme api_calls per second
+	// The demo quota is set at start to the period's usage so far plus
+	// this many seconds of simulated traffic: warning at 80% of it.
+	simHeadroom = 120
+)
+
+// simulate records usage until ctx ends. Its producer state lives in dir,
+// so a restarted tally dev continues the same streams.
+func simulate(ctx context.Context, brokers []string, dir string, pool *pgxpool.Pool, log *slog.Logger) error {
+	p, err := producer.New(producer.Config{
+		Brokers: brokers, Producer: "dev-simulator", Dir: filepath.Join(dir, "simulator"),
+		Logger: log.With("component", "simulator"), BlockWhenFull: true,
+	})
+	if err != nil {
+		return fmt.Errorf("simulator: %w", err)
+	}
+	defer func() {
+		// Stop, not Close: the next tally dev continues this epoch.
+		if err := p.Stop(context.WithoutCancel(ctx)); err != nil {
+			log.Warn("simulator: stop", "err", err)
+		}
+	}()
+	if err := demoQuota(ctx, pool); err != nil {
+		log.Warn("simulator: no demo quota", "err", err)
+	}
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for tick := 0; ; tick++ {
+		select {
+		case <-ctx.Done():
+			return nil
+		case now := <-t.C:
+			for _, u := range []struct {
+				customer, meter string
+				q               decimal.Decimal
+			}{
+				{simCustomer, simMeter, decimal.NewFromInt(simRate)},
+				{"demo-globex", "api_calls", decimal.NewFromInt(int64(3 + tick%5))},
+				{"demo-globex", "storage_gb_hours", decimal.RequireFromString("0.125")},
+			} {
+				if err := p.Record(ctx, u.customer, u.meter, u.q, now); err != nil {
+					if ctx.Err() != nil {
+						return nil
+					}
+					return fmt.Errorf("simulator: %w", err)
+				}
+			}
+		}
+	}
+}
+
+// demoQuota gives demo-acme's api_calls a limit a couple of minutes ahead
+// of its usage, so the decisions move while you watch.
+func demoQuota(ctx context.Context, pool *pgxpool.Pool) error {
+	var used string
+	if err := pool.QueryRow(ctx, `SELECT coalesce(sum(quantity), 0)::text FROM rollups
+		WHERE customer = $1 AND meter = $2 AND period_start = (SELECT max(period_start) FROM rollups WHERE customer = $1)`,
+		simCustomer, simMeter).Scan(&used); err != nil {
+		return err
+	}
+	limit := decimal.RequireFromString(used).Add(decimal.NewFromInt(simRate * simHeadroom)).Truncate(0)
+	_, err := quota.PutRuleDB(ctx, pool, quota.RuleInput{
+		Customer: simCustomer, Meter: simMeter, Limit: limit, Mode: quota.Enforce, OnStale: quota.Allow,
+		StaleAfter: 5 * time.Minute, Actor: "tally dev", Reason: "demo quota: exceeded about two minutes after start",
+	})
+	return err
+}
