@@ -123,6 +123,7 @@ func TestConfigValidate(t *testing.T) {
 		{api.Config{}, []string{"Pool is required", "Ledger is required", "admin token is required"}},
 		{api.Config{Pool: pool, Ledger: l, AdminToken: "short"}, []string{"at least 32 characters"}},
 		{api.Config{Pool: pool, Ledger: l, AdminToken: adminToken, Grace: -1}, []string{"grace"}},
+		{api.Config{Pool: pool, Ledger: l, AdminToken: adminToken, ReconcileTimeout: -1}, []string{"limits must not be negative"}},
 	} {
 		_, err := api.New(tt.cfg)
 		for _, w := range tt.want {

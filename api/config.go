@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/periods"
 )
@@ -33,14 +34,24 @@ type Config struct {
 	// Registry receives the HTTP metrics and is served at /metrics.
 	// Default: a new registry of its own.
 	Registry *prometheus.Registry
-	// Freshness gives as_of and lag_seconds. Default: IngestFreshness on Pool.
+	// Freshness gives as_of and lag_seconds. Default: IngestFreshness on
+	// Pool and Topic.
 	Freshness Freshness
+	// Topic is the ingest topic whose positions /v1/ingest/status reports
+	// and freshness and quota lag are read from (TALLY_TOPIC).
+	// Default ingest.DefaultTopic.
+	Topic string
 	// MaxBodyBytes limits request bodies. Default 64 KiB.
 	MaxBodyBytes int64
 	// MaxQueryBytes limits the raw query string. Default 1 KiB.
 	MaxQueryBytes int
 	// RequestTimeout bounds the work of one request. Default 10s.
 	RequestTimeout time.Duration
+	// ReconcileTimeout bounds POST /v1/reconciliations, which runs a
+	// reconciliation synchronously (and extends the connection's write
+	// deadline to match). Large runs belong to `tally reconcile`.
+	// Default 5m.
+	ReconcileTimeout time.Duration
 	// TokenCacheTTL is how long a process trusts a customer token it has
 	// checked: a revoked token keeps working for at most this long.
 	// Default 5s; negative: check every request.
@@ -73,7 +84,7 @@ func (c Config) Validate() error {
 	if c.ScheduleCacheTTL >= ledger.MaxClockSkew {
 		errs = append(errs, fmt.Errorf("api: ScheduleCacheTTL %s must be below %s", c.ScheduleCacheTTL, ledger.MaxClockSkew))
 	}
-	if c.MaxBodyBytes < 0 || c.MaxQueryBytes < 0 || c.RequestTimeout < 0 {
+	if c.MaxBodyBytes < 0 || c.MaxQueryBytes < 0 || c.RequestTimeout < 0 || c.ReconcileTimeout < 0 {
 		errs = append(errs, errors.New("api: limits must not be negative"))
 	}
 	return errors.Join(errs...)
@@ -92,6 +103,8 @@ type API struct {
 	maxBody    int64
 	maxQuery   int
 	reqTimeout time.Duration
+	recTimeout time.Duration
+	topic      string
 	metrics    *httpMetrics
 	tokens     *ttlCache[[32]byte, principal]
 	schedules  *ttlCache[string, cachedSchedule]
@@ -106,6 +119,13 @@ func New(cfg Config) (http.Handler, error) {
 		pool: cfg.Pool, ledger: cfg.Ledger, adminHash: sha256.Sum256([]byte(cfg.AdminToken)),
 		grace: cfg.Grace, now: cfg.Clock, log: cfg.Logger, registry: cfg.Registry, freshness: cfg.Freshness,
 		maxBody: cfg.MaxBodyBytes, maxQuery: cfg.MaxQueryBytes, reqTimeout: cfg.RequestTimeout,
+		recTimeout: cfg.ReconcileTimeout, topic: cfg.Topic,
+	}
+	if a.topic == "" {
+		a.topic = ingest.DefaultTopic
+	}
+	if a.recTimeout == 0 {
+		a.recTimeout = 5 * time.Minute
 	}
 	if a.grace == 0 {
 		a.grace = periods.DefaultGrace
@@ -120,7 +140,7 @@ func New(cfg Config) (http.Handler, error) {
 		a.registry = prometheus.NewRegistry()
 	}
 	if a.freshness == nil {
-		a.freshness = &IngestFreshness{Pool: cfg.Pool, Clock: a.now}
+		a.freshness = &IngestFreshness{Pool: cfg.Pool, Topic: a.topic, Clock: a.now}
 	}
 	if a.maxBody == 0 {
 		a.maxBody = 64 << 10

@@ -11,6 +11,11 @@
 //     fresher than the ingest position says (as_of is a lower bound).
 //   - Input is validated before any query; every statement is a constant in
 //     queries.go with bind parameters.
+//   - A period is closed only through periods.Store with reconcile.Gate, in
+//     one transaction: without a clean run whose totals still hold, only a
+//     forced close with a recorded reason gets through.
+//   - Ingest, dead letters and reconciliations are admin-only: they name
+//     customers.
 //   - Every error leaves through one function (writeError), which maps typed
 //     errors to application/problem+json (RFC 9457).
 package api

@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tally-ledger/tally/ingest"
 )
 
 // Freshness says through which instant a customer's usage is known to be
@@ -18,54 +20,63 @@ type Freshness interface {
 	AsOf(ctx context.Context, customer string) (asOf time.Time, ok bool, err error)
 }
 
-// IngestFreshness is the default Freshness: the oldest applied_through of
-// all ingest partitions. That is a lower bound for every customer whatever
-// partition it hashes to, so usage never looks more complete than it is.
-// (Refining it to the customer's own partition makes it fresher, never wrong.)
+// IngestFreshness is the default Freshness: the applied_through of the
+// customer's own ingest partition (ingest_customers records which one it
+// hashes to). For a customer ingest has not seen yet it is the oldest
+// applied_through of every partition of the topic: a lower bound whatever
+// partition the customer will hash to, so usage never looks more complete
+// than it is.
 //
-// The value is cached for MaxAge: a cached as_of is older than the truth,
-// which keeps it a lower bound.
+// Values are cached per customer for MaxAge: a cached as_of is older than
+// the truth, which keeps it a lower bound.
 type IngestFreshness struct {
 	Pool   *pgxpool.Pool
+	Topic  string        // default ingest.DefaultTopic
 	MaxAge time.Duration // default 1s; negative: no cache
 	Clock  func() time.Time
 
-	mu     sync.Mutex
-	readAt time.Time
-	asOf   time.Time
-	ok     bool
+	once  sync.Once
+	cache *ttlCache[string, freshAsOf]
+}
+
+type freshAsOf struct {
+	asOf time.Time
+	ok   bool
 }
 
 // AsOf implements Freshness.
-func (f *IngestFreshness) AsOf(ctx context.Context, _ string) (time.Time, bool, error) {
-	now := time.Now
-	if f.Clock != nil {
-		now = f.Clock
+func (f *IngestFreshness) AsOf(ctx context.Context, customer string) (time.Time, bool, error) {
+	f.once.Do(func() {
+		maxAge := f.MaxAge
+		if maxAge == 0 {
+			maxAge = time.Second
+		}
+		f.cache = newTTLCache[string, freshAsOf](maxAge, 100_000)
+		if f.Clock != nil {
+			f.cache.now = f.Clock
+		}
+	})
+	if v, ok := f.cache.get(customer); ok {
+		return v.asOf, v.ok, nil
 	}
-	maxAge := f.MaxAge
-	if maxAge == 0 {
-		maxAge = time.Second
-	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	t := now()
-	if maxAge > 0 && !f.readAt.IsZero() && t.Sub(f.readAt) < maxAge && !t.Before(f.readAt) {
-		return f.asOf, f.ok, nil
+	topic := f.Topic
+	if topic == "" {
+		topic = ingest.DefaultTopic
 	}
 	var asOf *time.Time
-	err := f.Pool.QueryRow(ctx, qIngestAsOf).Scan(&asOf)
+	err := f.Pool.QueryRow(ctx, qIngestAsOf, customer, topic).Scan(&asOf)
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table: ingest not migrated
-		f.readAt, f.asOf, f.ok = t, time.Time{}, false
+		f.cache.put(customer, freshAsOf{})
 		return time.Time{}, false, nil
 	}
 	if err != nil {
 		return time.Time{}, false, fmt.Errorf("ingest position: %w", err)
 	}
-	f.readAt, f.ok = t, asOf != nil
-	f.asOf = time.Time{}
+	var v freshAsOf
 	if asOf != nil {
-		f.asOf = asOf.UTC()
+		v = freshAsOf{asOf: asOf.UTC(), ok: true}
 	}
-	return f.asOf, f.ok, nil
+	f.cache.put(customer, v)
+	return v.asOf, v.ok, nil
 }

@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"strconv"
 )
@@ -97,4 +98,15 @@ func NewPage[T any](rows []T, limit int, key func(T) []string) Page[T] {
 	}
 	rows = rows[:limit]
 	return Page[T]{Items: rows, NextCursor: EncodeCursor(key(rows[limit-1])...)}
+}
+
+// parsePage is ParsePageRequest returning the field errors, for handlers
+// that check more parameters and report every problem at once.
+func parsePage(q map[string]string) (PageRequest, []FieldError) {
+	pr, err := ParsePageRequest(q)
+	var p *Problem
+	if errors.As(err, &p) {
+		return pr, p.Errors
+	}
+	return pr, nil
 }

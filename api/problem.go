@@ -10,8 +10,11 @@ import (
 
 	"github.com/go-chi/chi/v5/middleware"
 
+	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/periods"
+	"github.com/tally-ledger/tally/quota"
+	"github.com/tally-ledger/tally/reconcile"
 )
 
 // Problem is an RFC 9457 problem detail. Handlers return it (or a typed
@@ -62,6 +65,11 @@ const (
 	TypeUnsupportedType = typePrefix + "unsupported-media-type"
 	TypeMethod          = typePrefix + "method-not-allowed"
 	TypeConflict        = typePrefix + "idempotency-conflict"
+	TypeAlreadyReplayed = typePrefix + "already-replayed"
+	TypePeriodOpen      = typePrefix + "period-open"
+	TypeNotReconciled   = typePrefix + "not-reconciled"
+	TypeInconsistent    = typePrefix + "inconsistent"
+	TypeBusy            = typePrefix + "busy"
 	TypeNotReady        = typePrefix + "not-ready"
 	TypeUnavailable     = typePrefix + "unavailable"
 	TypeInternal        = typePrefix + "internal"
@@ -118,6 +126,26 @@ func fieldErrors(err error) []FieldError {
 	return out
 }
 
+// quotaFieldErrors turns quota's validation errors ("quota: invalid
+// input: field: detail", joined) into field errors.
+func quotaFieldErrors(err error) []FieldError {
+	prefix := quota.ErrInvalid.Error() + ": "
+	out := fieldErrors(err)
+	for i, fe := range out {
+		msg := fe.Detail
+		if fe.Field != "" {
+			msg = fe.Field + ": " + fe.Detail
+		}
+		msg = strings.TrimPrefix(msg, prefix)
+		if f, d, ok := strings.Cut(msg, ": "); ok && !strings.ContainsAny(f, " \"") {
+			out[i] = FieldError{Field: f, Detail: d}
+		} else {
+			out[i] = FieldError{Detail: msg}
+		}
+	}
+	return out
+}
+
 // writeError is the one place that maps errors to problem+json.
 func (a *API) writeError(w http.ResponseWriter, r *http.Request, err error) {
 	p := a.problemFor(r, err)
@@ -152,6 +180,29 @@ func (a *API) problemFor(r *http.Request, err error) *Problem {
 		return &Problem{Type: TypePeriodNotFound, Title: "Period not found", Status: http.StatusNotFound,
 			Detail: err.Error(), Errors: []FieldError{{Field: "period", Detail: "not the start date of a period"}},
 			ContainingPeriod: containingPeriod(err)}
+	case errors.Is(err, quota.ErrInvalid):
+		return invalid(quotaFieldErrors(err)...)
+	case errors.Is(err, periods.ErrUnknownCustomer):
+		return notFound(err.Error())
+	case errors.Is(err, ingest.ErrDeadLetterNotFound):
+		return notFound(err.Error())
+	case errors.Is(err, reconcile.ErrNotFound):
+		return notFound(err.Error())
+	case errors.Is(err, ingest.ErrAlreadyReplayed):
+		return &Problem{Type: TypeAlreadyReplayed, Title: "Already replayed", Status: http.StatusConflict,
+			Detail: "the dead letter was replayed before; its usage is in the ledger (see replayed_at and replay_outcome)"}
+	case errors.Is(err, periods.ErrPeriodOpen):
+		return &Problem{Type: TypePeriodOpen, Title: "Period not ended", Status: http.StatusConflict,
+			Detail: err.Error() + "; close it after its end"}
+	case errors.Is(err, periods.ErrNotReconciled):
+		return &Problem{Type: TypeNotReconciled, Title: "Period not reconciled", Status: http.StatusConflict,
+			Detail: err.Error() + `; reconcile it (POST /v1/reconciliations or tally reconcile) or close with {"force": true, "reason": "..."}`}
+	case errors.Is(err, periods.ErrInconsistent):
+		return &Problem{Type: TypeInconsistent, Title: "Rollups disagree with the ledger", Status: http.StatusConflict,
+			Detail: err.Error() + "; reconcile the period to see the findings"}
+	case errors.Is(err, reconcile.ErrBusy):
+		return &Problem{Type: TypeBusy, Title: "Reconciliation running", Status: http.StatusConflict,
+			Detail: err.Error() + "; try again when it has finished"}
 	case errors.Is(err, context.DeadlineExceeded):
 		a.log.ErrorContext(r.Context(), "request timed out", "err", err, "request_id", middleware.GetReqID(r.Context()))
 		return &Problem{Type: TypeUnavailable, Title: "Timed out", Status: http.StatusServiceUnavailable,

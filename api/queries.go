@@ -59,10 +59,17 @@ WHERE customer = $1 AND period_start = $2 AND ($3::text IS NULL OR meter = $3)
 GROUP BY GROUPING SETS ((meter, 2), (meter))
 ORDER BY meter, 2 NULLS FIRST`
 
-	// The ingest position: usage is complete through the oldest partition's
-	// applied_through. NULL when any partition has not reported one yet, or
-	// when there are no partitions at all: unknown, never "fresh".
+	// The ingest position of customer $1 on topic $2: usage is complete
+	// through its partition's applied_through. A customer ingest has not
+	// seen yet gets the oldest applied_through of the topic's partitions. NULL
+	// (unknown, never "fresh") when that partition has not reported one yet,
+	// or when any partition has not, or when there are no partitions at all.
 	qIngestAsOf = `
-SELECT CASE WHEN count(*) > 0 AND count(*) = count(applied_through) THEN min(applied_through) END
-FROM ingest_partitions`
+SELECT CASE WHEN ic.partition IS NOT NULL THEN p.applied_through ELSE t.as_of END
+FROM (SELECT CASE WHEN count(*) > 0 AND count(*) = count(applied_through) THEN min(applied_through) END AS as_of
+      FROM ingest_partitions WHERE topic = $2) t
+LEFT JOIN ingest_customers ic ON ic.customer = $1 AND ic.topic = $2
+LEFT JOIN ingest_partitions p ON p.topic = ic.topic AND p.partition = ic.partition`
+
+	qCustomerExists = `SELECT EXISTS (SELECT 1 FROM customers WHERE id = $1)`
 )

@@ -43,13 +43,22 @@ func (a *API) routes() http.Handler {
 		r.Get("/customers/{customer}/usage", a.handle(a.getUsage))
 		r.With(requireAdmin).Post("/adjustments", a.handle(a.postAdjustment))
 
-		// ---- Ingest (SPEC §7), added by the ingest issue: ----
-		//   GET  /v1/ingest/status
-		//   GET  /v1/dead-letters            (paginated: see pagination.go)
-		//   POST /v1/dead-letters/{id}/replay (admin only: r.With(requireAdmin))
-		// Document each in openapi.json; TestOpenAPICoversRoutes fails otherwise.
+		r.Get("/customers/{customer}/periods", a.handle(a.listPeriods))
+		r.Get("/customers/{customer}/periods/{period}/statement", a.handle(a.getStatement))
+		r.With(requireAdmin).Post("/customers/{customer}/periods/{period}/close", a.handle(a.closePeriod))
+		r.Get("/customers/{customer}/quotas", a.handle(a.getQuotas))
+		r.With(requireAdmin).Put("/customers/{customer}/quotas/{meter}", a.handle(a.putQuota))
 
-		// ---- Later issues: periods (statement, close), quotas, reconciliations. ----
+		r.Group(func(r chi.Router) {
+			r.Use(requireAdmin)
+			r.Get("/ingest/status", a.handle(a.getIngestStatus))
+			r.Get("/dead-letters", a.handle(a.listDeadLetters))
+			r.Get("/dead-letters/{id}", a.handle(a.getDeadLetter))
+			r.Post("/dead-letters/{id}/replay", a.handle(a.replayDeadLetter))
+			r.Get("/reconciliations", a.handle(a.listReconciliations))
+			r.Get("/reconciliations/{id}", a.handle(a.getReconciliation))
+			r.Post("/reconciliations", a.handle(a.postReconciliation))
+		})
 	})
 	return r
 }
@@ -64,6 +73,8 @@ func (a *API) handle(h func(http.ResponseWriter, *http.Request) error) http.Hand
 	}
 }
 
+const reconcilePath = "/v1/reconciliations"
+
 // limits bounds the request: query length, body size, and time.
 func (a *API) limits(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -77,7 +88,11 @@ func (a *API) limits(next http.Handler) http.Handler {
 			return
 		}
 		r.Body = http.MaxBytesReader(w, r.Body, a.maxBody)
-		ctx, cancel := context.WithTimeout(r.Context(), a.reqTimeout)
+		timeout := a.reqTimeout
+		if r.Method == http.MethodPost && r.URL.Path == reconcilePath {
+			timeout = a.recTimeout // a synchronous run: see postReconciliation
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), timeout)
 		defer cancel()
 		next.ServeHTTP(w, r.WithContext(ctx))
 	})

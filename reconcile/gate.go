@@ -25,7 +25,7 @@ func Gate(ctx context.Context, tx pgx.Tx, customer string, p periods.Period) (uu
 SELECT v.run_id, v.clean, v.totals FROM reconciliation_verdicts v
 JOIN reconciliation_runs r ON r.id = v.run_id
 WHERE v.customer = $1 AND v.period_start = $2 AND r.status <> 'failed'
-ORDER BY r.started_at DESC LIMIT 1`, customer, p.Start).Scan(&id, &clean, &raw)
+ORDER BY r.started_at DESC, r.id DESC LIMIT 1`, customer, p.Start).Scan(&id, &clean, &raw)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return uuid.Nil, fmt.Errorf("period %s of %q has never been reconciled: %w", p.Name, customer, periods.ErrNotReconciled)
 	}

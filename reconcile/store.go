@@ -66,3 +66,61 @@ FROM reconciliation_runs WHERE id = $1`, id).Scan(&r.Period, &customer, &r.Deep,
 	}
 	return r, rows.Err()
 }
+
+// Summary is a stored run without its findings, checks and totals, with
+// the findings counted: one line of a list of runs.
+type Summary struct {
+	ID             uuid.UUID  `json:"id"`
+	Period         string     `json:"period"`
+	Customer       string     `json:"customer,omitempty"`
+	Deep           bool       `json:"deep"`
+	Status         string     `json:"status"`
+	StartedAt      time.Time  `json:"started_at"`
+	FinishedAt     *time.Time `json:"finished_at,omitempty"`
+	EntriesScanned int64      `json:"entries_scanned"`
+	Findings       int        `json:"findings"`
+	Discrepancies  int        `json:"discrepancies"` // findings that block a close
+	Error          string     `json:"error,omitempty"`
+}
+
+// List returns stored runs newest first: those of period (as it was asked
+// for, e.g. "2026-11-01"; "" for every period), started before the run
+// after (uuid.Nil: from the newest), at most limit.
+func List(ctx context.Context, db interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, period string, after uuid.UUID, limit int) ([]Summary, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	var before *uuid.UUID
+	if after != uuid.Nil {
+		before = &after
+	}
+	rows, err := db.Query(ctx, `
+SELECT r.id, r.period, coalesce(r.customer, ''), r.deep, r.status, r.started_at, r.finished_at, r.entries_scanned,
+       coalesce(r.error, ''),
+       (SELECT count(*) FROM reconciliation_findings f WHERE f.run_id = r.id),
+       (SELECT count(*) FROM reconciliation_findings f WHERE f.run_id = r.id AND f.severity = $4)
+FROM reconciliation_runs r
+WHERE ($1 = '' OR r.period = $1) AND ($2::uuid IS NULL OR r.id < $2)
+ORDER BY r.id DESC
+LIMIT $3`, period, before, limit, Discrepancy)
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: list runs: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Summary, error) {
+		var s Summary
+		err := row.Scan(&s.ID, &s.Period, &s.Customer, &s.Deep, &s.Status, &s.StartedAt, &s.FinishedAt, &s.EntriesScanned,
+			&s.Error, &s.Findings, &s.Discrepancies)
+		s.StartedAt = s.StartedAt.UTC()
+		if s.FinishedAt != nil {
+			t := s.FinishedAt.UTC()
+			s.FinishedAt = &t
+		}
+		return s, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: list runs: %w", err)
+	}
+	return out, nil
+}

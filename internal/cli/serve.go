@@ -196,7 +196,7 @@ func run(ctx context.Context, o runOptions) error {
 		var handler http.Handler
 		if o.api {
 			h, err := api.New(api.Config{Pool: o.pool, Ledger: l, AdminToken: o.adminToken, Grace: o.grace,
-				Logger: o.log, Registry: reg})
+				Topic: o.topic, Logger: o.log, Registry: reg})
 			if err != nil {
 				return err
 			}

@@ -1,0 +1,133 @@
+package api_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/google/uuid"
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/ingest/wire"
+)
+
+func TestIngestStatus(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	if r := f.do("GET", "/v1/ingest/status", adminToken, nil); string(r.body) != `{"topic":"tally.meter-batches","partitions":[]}`+"\n" {
+		t.Fatalf("no partitions: %s", r.body)
+	}
+	f.exec(`INSERT INTO ingest_partitions (topic, partition, next_offset, high_watermark, applied_through, messages_in, records_in, records_applied, records_duplicate, owner, generation, updated_at) VALUES
+		('tally.meter-batches', 0, 90, 100, '2026-11-20T11:59:58Z', 90, 300, 299, 1, 'tally-1', 3, '2026-11-20T11:59:59Z'),
+		('tally.meter-batches', 1, 10, 10, NULL, 0, 0, 0, 0, NULL, NULL, '2026-11-20T11:59:59Z'),
+		('other.topic', 0, 5, 5, NULL, 0, 0, 0, 0, NULL, NULL, '2026-11-20T11:59:59Z')`)
+	var st struct {
+		Topic      string
+		Partitions []struct {
+			Partition, NextOffset, Lag int
+			AppliedThrough             *string `json:"applied_through"`
+			Counters                   map[string]int
+		}
+	}
+	r := f.do("GET", "/v1/ingest/status", adminToken, nil)
+	if err := json.Unmarshal(r.body, &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Partitions) != 2 || st.Partitions[0].Lag != 10 || *st.Partitions[0].AppliedThrough != "2026-11-20T11:59:58Z" ||
+		st.Partitions[0].Counters["applied"] != 299 || st.Partitions[1].AppliedThrough != nil || st.Partitions[1].Lag != 0 {
+		t.Fatalf("status: %s", r.body)
+	}
+	f.do("GET", "/v1/ingest/status", f.token("acme"), nil).problem(t, 403, "urn:tally:problem:forbidden")
+	f.do("GET", "/v1/ingest/status?topic=x", adminToken, nil).problem(t, 400, "urn:tally:problem:invalid-request")
+	f.do("GET", "/v1/ingest/status", "", nil).problem(t, 401, "urn:tally:problem:unauthorized")
+}
+
+func TestDeadLettersListAndReplay(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t) // now: 2026-11-20T12:00Z
+	// A message refused before a fix (say the producer's clock ran ahead):
+	// valid now. And one that will never be.
+	msg, err := wire.Encode(wire.Batch{Schema: wire.Schema, BatchID: uuid.Must(uuid.NewV7()), Producer: "gw-1", Epoch: 1,
+		SentAt: date("2026-11-20T11:00:00Z"), Records: []wire.Record{{OperationID: uuid.Must(uuid.NewV7()), Customer: "acme",
+			Meter: "api_calls", Seq: 1, Total: decimal.RequireFromString("42"), OccurredAt: date("2026-11-20T10:00:00Z")}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	good, bad, other := uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())
+	f.exec(`INSERT INTO dead_letters (id, topic, partition, "offset", reason, detail, key, raw, created_at) VALUES
+		($1, 'tally.meter-batches', 0, 7, 'clock_skew', 'occurred_at is in the future', 'acme', $2, '2026-11-20T11:00:00Z'),
+		($3, 'tally.meter-batches', 0, 8, 'bad_json', 'unexpected end of JSON', 'acme', '{"schema":', '2026-11-20T11:00:01Z'),
+		($4, 'tally.meter-batches', 1, 3, 'bad_json', 'unexpected end of JSON', 'globex', 'x', '2026-11-20T11:00:02Z')`,
+		good, msg, bad, other)
+
+	type page struct {
+		Items []struct {
+			ID            string  `json:"id"`
+			Key           string  `json:"key"`
+			ReplayedAt    *string `json:"replayed_at"`
+			ReplayOutcome *string `json:"replay_outcome"`
+		} `json:"items"`
+		NextCursor string `json:"next_cursor"`
+	}
+	list := func(query string) page {
+		t.Helper()
+		r := f.do("GET", "/v1/dead-letters"+query, adminToken, nil)
+		var p page
+		if err := json.Unmarshal(r.body, &p); err != nil || r.status != 200 {
+			t.Fatalf("%s: %d %v %s", query, r.status, err, r.body)
+		}
+		return p
+	}
+	p := list("?customer=acme&limit=1")
+	if len(p.Items) != 1 || p.Items[0].ID != good.String() || p.NextCursor == "" {
+		t.Fatalf("page 1: %+v", p)
+	}
+	p = list("?customer=acme&limit=1&cursor=" + p.NextCursor)
+	if len(p.Items) != 1 || p.Items[0].ID != bad.String() || p.NextCursor != "" {
+		t.Fatalf("page 2: %+v", p)
+	}
+	if p := list(""); len(p.Items) != 3 {
+		t.Fatalf("all: %+v", p)
+	}
+
+	// Replayed: booked once; a second replay is refused.
+	r := f.do("POST", "/v1/dead-letters/"+good.String()+"/replay", adminToken, nil)
+	res := r.json(t)
+	if r.status != 200 || res["replayed"] != true || res["outcomes"].(map[string]any)["applied"] != 1.0 ||
+		res["dead_letter"].(map[string]any)["replayed_at"] != "2026-11-20T12:00:00Z" {
+		t.Fatalf("replay: %d %s", r.status, r.body)
+	}
+	if u := f.do("GET", "/v1/customers/acme/usage?meter=api_calls", adminToken, nil).json(t); u["total"] != "42" {
+		t.Fatalf("usage after replay: %v", u)
+	}
+	p409 := f.do("POST", "/v1/dead-letters/"+good.String()+"/replay", adminToken, nil).problem(t, 409, "urn:tally:problem:already-replayed")
+	if !strings.Contains(p409.Detail, "replayed before") {
+		t.Fatalf("detail %q", p409.Detail)
+	}
+	// Refused again: 200, still pending, with the reason noted.
+	r = f.do("POST", "/v1/dead-letters/"+bad.String()+"/replay", adminToken, nil)
+	res = r.json(t)
+	if r.status != 200 || res["replayed"] != false || !strings.HasPrefix(res["detail"].(string), "refused again") {
+		t.Fatalf("refused again: %d %s", r.status, r.body)
+	}
+	got := f.do("GET", "/v1/dead-letters/"+bad.String(), adminToken, nil).json(t)
+	if got["replayed_at"] != nil || !strings.HasPrefix(got["replay_outcome"].(string), "refused again") || got["raw"] != `{"schema":` {
+		t.Fatalf("after refused replay: %v", got)
+	}
+	p = list("?pending=true")
+	if len(p.Items) != 2 || p.Items[0].ID != bad.String() || p.Items[1].ID != other.String() {
+		t.Fatalf("pending: %+v", p)
+	}
+
+	// Errors.
+	missing := uuid.Must(uuid.NewV7()).String()
+	f.do("GET", "/v1/dead-letters/"+missing, adminToken, nil).problem(t, 404, "urn:tally:problem:not-found")
+	f.do("POST", "/v1/dead-letters/"+missing+"/replay", adminToken, nil).problem(t, 404, "urn:tally:problem:not-found")
+	f.do("GET", "/v1/dead-letters/42", adminToken, nil).problem(t, 400, "urn:tally:problem:invalid-request")
+	f.do("POST", "/v1/dead-letters/"+bad.String()+"/replay", f.token("acme"), nil).problem(t, 403, "urn:tally:problem:forbidden")
+	f.do("GET", "/v1/dead-letters", f.token("acme"), nil).problem(t, 403, "urn:tally:problem:forbidden")
+	pr := f.do("GET", "/v1/dead-letters?pending=maybe&customer=a%20b&limit=5000&cursor=c1.x", adminToken, nil).problem(t, 400, "urn:tally:problem:invalid-request")
+	if got := strings.Join(fields(pr), ","); got != "cursor,customer,limit,pending" {
+		t.Fatalf("fields %s", got)
+	}
+}

@@ -1,0 +1,160 @@
+package api_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+type statementResp struct {
+	Customer string `json:"customer"`
+	Period   string `json:"period"`
+	State    string `json:"state"`
+	Final    bool   `json:"final"`
+	Lines    []struct {
+		Meter, Usage, Billed string
+		Adjustments          string `json:"adjustments"`
+	} `json:"lines"`
+	ClosedAt         string `json:"closed_at"`
+	Forced           bool   `json:"forced"`
+	Reason           string `json:"reason"`
+	Actor            string `json:"actor"`
+	ReconciliationID string `json:"reconciliation_id"`
+}
+
+func decodeStatement(t *testing.T, r response) statementResp {
+	t.Helper()
+	if r.status != 200 {
+		t.Fatalf("status %d: %s", r.status, r.body)
+	}
+	var s statementResp
+	if err := json.Unmarshal(r.body, &s); err != nil {
+		t.Fatalf("%v: %s", err, r.body)
+	}
+	return s
+}
+
+func TestPeriodsListAndStatement(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t) // now: 2026-11-20T12:00Z
+	f.usage("acme", "api_calls", date("2026-10-15T10:00:00Z"), "10")
+	f.usage("acme", "api_calls", date("2026-11-10T10:00:00Z"), "5.5")
+	f.usage("globex", "api_calls", date("2026-11-10T10:00:00Z"), "1")
+
+	var page struct {
+		Items []struct {
+			Period, State, Billed string
+		} `json:"items"`
+		NextCursor string `json:"next_cursor"`
+	}
+	r := f.do("GET", "/v1/customers/acme/periods", adminToken, nil)
+	if err := json.Unmarshal(r.body, &page); err != nil || r.status != 200 {
+		t.Fatalf("%d %v: %s", r.status, err, r.body)
+	}
+	if len(page.Items) != 2 || page.NextCursor != "" ||
+		page.Items[0].Period != "2026-11-01" || page.Items[0].State != "open" || page.Items[0].Billed != "5.5" ||
+		page.Items[1].Period != "2026-10-01" || page.Items[1].State != "awaiting_close" || page.Items[1].Billed != "10" {
+		t.Fatalf("periods: %s", r.body)
+	}
+	// Paged one at a time, with a customer token of its own.
+	tok := f.token("acme")
+	r = f.do("GET", "/v1/customers/acme/periods?limit=1", tok, nil)
+	_ = json.Unmarshal(r.body, &page)
+	if len(page.Items) != 1 || page.Items[0].Period != "2026-11-01" || page.NextCursor == "" {
+		t.Fatalf("page 1: %s", r.body)
+	}
+	r = f.do("GET", "/v1/customers/acme/periods?limit=1&cursor="+page.NextCursor, tok, nil)
+	page.NextCursor = "unset"
+	_ = json.Unmarshal(r.body, &page)
+	if len(page.Items) != 1 || page.Items[0].Period != "2026-10-01" || page.NextCursor != "" {
+		t.Fatalf("page 2: %s", r.body)
+	}
+
+	st := decodeStatement(t, f.do("GET", "/v1/customers/acme/periods/previous/statement", tok, nil))
+	if st.Period != "2026-10-01" || st.State != "awaiting_close" || st.Final || len(st.Lines) != 1 ||
+		st.Lines[0].Meter != "api_calls" || st.Lines[0].Usage != "10" || st.Lines[0].Billed != "10" {
+		t.Fatalf("statement: %+v", st)
+	}
+	if st := decodeStatement(t, f.do("GET", "/v1/customers/acme/periods/current/statement", adminToken, nil)); st.Period != "2026-11-01" || st.Lines[0].Billed != "5.5" {
+		t.Fatalf("current: %+v", st)
+	}
+
+	// Errors.
+	f.do("GET", "/v1/customers/globex/periods", tok, nil).problem(t, 404, "urn:tally:problem:not-found")
+	f.do("GET", "/v1/customers/globex/periods/current/statement", tok, nil).problem(t, 404, "urn:tally:problem:not-found")
+	f.do("GET", "/v1/customers/nobody/periods", adminToken, nil).problem(t, 404, "urn:tally:problem:not-found")
+	f.do("GET", "/v1/customers/nobody/periods/current/statement", adminToken, nil).problem(t, 404, "urn:tally:problem:not-found")
+	p := f.do("GET", "/v1/customers/acme/periods/2026-10-15/statement", adminToken, nil).problem(t, 404, "urn:tally:problem:period-not-found")
+	if p.ContainingPeriod != "2026-10-01" {
+		t.Fatalf("containing period %q", p.ContainingPeriod)
+	}
+	p = f.do("GET", "/v1/customers/acme/periods/last-month/statement", adminToken, nil).problem(t, 400, "urn:tally:problem:invalid-request")
+	if fs := fields(p); len(fs) != 1 || fs[0] != "period" {
+		t.Fatalf("fields %v", fs)
+	}
+	p = f.do("GET", "/v1/customers/acme/periods?limit=0&cursor=x&page=2", adminToken, nil).problem(t, 400, "urn:tally:problem:invalid-request")
+	if fs := fields(p); strings.Join(fs, ",") != "page" {
+		t.Fatalf("fields %v", fs) // unknown parameters are reported first
+	}
+	p = f.do("GET", "/v1/customers/acme/periods?limit=0&cursor=x", adminToken, nil).problem(t, 400, "urn:tally:problem:invalid-request")
+	if fs := fields(p); strings.Join(fs, ",") != "limit,cursor" {
+		t.Fatalf("fields %v", fs)
+	}
+}
+
+func TestPeriodClose(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t) // now: 2026-11-20T12:00Z
+	f.usage("acme", "api_calls", date("2026-10-15T10:00:00Z"), "10")
+	f.usage("globex", "api_calls", date("2026-10-15T10:00:00Z"), "7")
+	closeURL := "/v1/customers/acme/periods/2026-10-01/close"
+
+	// Not ended, not reconciled, no reason: each refused with what to do.
+	p := f.do("POST", "/v1/customers/acme/periods/current/close", adminToken, nil).problem(t, 409, "urn:tally:problem:period-open")
+	if !strings.Contains(p.Detail, "2026-12-01T00:00:00Z") {
+		t.Fatalf("detail %q", p.Detail)
+	}
+	p = f.do("POST", closeURL, adminToken, nil).problem(t, 409, "urn:tally:problem:not-reconciled")
+	if !strings.Contains(p.Detail, "never been reconciled") || !strings.Contains(p.Detail, "force") {
+		t.Fatalf("detail %q", p.Detail)
+	}
+	p = f.do("POST", closeURL, adminToken, map[string]any{"force": true, "actor": strings.Repeat("x", 501)}).problem(t, 400, "urn:tally:problem:invalid-request")
+	if strings.Join(fields(p), ",") != "reason,actor" {
+		t.Fatalf("fields %v", fields(p))
+	}
+	f.do("POST", closeURL, adminToken, map[string]any{"forse": true}).problem(t, 400, "urn:tally:problem:invalid-request")
+	f.do("POST", closeURL, adminToken, `{"force": tru`).problem(t, 400, "urn:tally:problem:malformed-json")
+	f.do("POST", closeURL, f.token("acme"), nil).problem(t, 403, "urn:tally:problem:forbidden")
+	f.do("POST", "/v1/customers/nobody/periods/2026-10-01/close", adminToken, nil).problem(t, 404, "urn:tally:problem:not-found")
+	f.do("POST", "/v1/customers/acme/periods/2026-10-02/close", adminToken, nil).problem(t, 404, "urn:tally:problem:period-not-found")
+
+	// Reconciled clean: closes, and a second close answers the same statement.
+	r := f.do("POST", "/v1/reconciliations", adminToken, map[string]any{"period": "2026-10-01", "customer": "acme"})
+	if r.status != 201 || r.json(t)["status"] != "clean" {
+		t.Fatalf("reconcile: %d %s", r.status, r.body)
+	}
+	runID := r.json(t)["id"]
+	first := f.do("POST", closeURL, adminToken, nil)
+	st := decodeStatement(t, first)
+	if !st.Final || st.State != "closed" || st.Forced || st.ReconciliationID != runID || st.ClosedAt != "2026-11-20T12:00:00Z" ||
+		len(st.Lines) != 1 || st.Lines[0].Billed != "10" {
+		t.Fatalf("closed: %s", first.body)
+	}
+	f.setNow(date("2026-11-21T09:00:00Z"))
+	again := f.do("POST", closeURL, adminToken, map[string]any{})
+	if again.status != 200 || string(again.body) != string(first.body) {
+		t.Fatalf("second close: %d %s\nfirst: %s", again.status, again.body, first.body)
+	}
+	// Frozen: late usage of October now lands in November.
+	f.usage("acme", "api_calls", date("2026-10-20T10:00:00Z"), "3")
+	if got := f.do("GET", "/v1/customers/acme/periods/2026-10-01/statement", adminToken, nil); string(got.body) != string(first.body) {
+		t.Fatalf("statement after close: %s", got.body)
+	}
+
+	// Forced with a reason: recorded with the actor.
+	st = decodeStatement(t, f.do("POST", "/v1/customers/globex/periods/2026-10-01/close", adminToken,
+		map[string]any{"force": true, "reason": "invoice run deadline", "actor": "ops@example.com"}))
+	if !st.Final || !st.Forced || st.Reason != "invoice run deadline" || st.Actor != "ops@example.com" || st.ReconciliationID != "" || st.Lines[0].Billed != "7" {
+		t.Fatalf("forced: %+v", st)
+	}
+}

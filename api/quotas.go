@@ -1,0 +1,148 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+	"unicode/utf8"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/tally-ledger/tally/quota"
+)
+
+func (a *API) getQuotas(w http.ResponseWriter, r *http.Request) error {
+	ctx := r.Context()
+	customer := chi.URLParam(r, "customer")
+	if err := checkID("customer", customer); err != nil {
+		return err
+	}
+	if err := canRead(ctx, customer); err != nil {
+		return err
+	}
+	if _, err := queryParams(r); err != nil {
+		return err
+	}
+	var exists bool
+	if err := a.pool.QueryRow(ctx, qCustomerExists, customer).Scan(&exists); err != nil {
+		return fmt.Errorf("customer %q: %w", customer, err)
+	}
+	if !exists {
+		return customerNotFound(customer)
+	}
+	items, err := quota.StatusWith(ctx, a.pool, customer, quota.StatusOptions{Now: a.now(), IngestTopic: a.topic})
+	if err != nil {
+		return err
+	}
+	// Every quota of the customer at once: a customer has one per meter.
+	writeJSON(w, http.StatusOK, Page[quota.MeterStatus]{Items: items})
+	return nil
+}
+
+// quotaBody checks the shape of a PUT body the API's way (content type,
+// syntax, unknown fields, trailing data) before quota decodes its values.
+// Value fields stay raw: quota reports their problems, all at once.
+type quotaBody struct {
+	Limit       json.RawMessage `json:"limit"`
+	WarnAt      json.RawMessage `json:"warn_at"`
+	Mode        json.RawMessage `json:"mode"`
+	OnStale     json.RawMessage `json:"on_stale"`
+	StaleAfter  json.RawMessage `json:"stale_after"`
+	EffectiveAt json.RawMessage `json:"effective_at"`
+	Reason      json.RawMessage `json:"reason"`
+	// Actor is who makes the change; default "admin" (the token's principal).
+	Actor *string `json:"actor"`
+}
+
+// putQuota stores a new version of the customer's rule for meter (SPEC §5).
+// The customer need not exist yet: a rule may come before the first usage.
+func (a *API) putQuota(w http.ResponseWriter, r *http.Request) error {
+	customer, meter := chi.URLParam(r, "customer"), chi.URLParam(r, "meter")
+	var errs []FieldError
+	for _, p := range []struct{ field, v string }{{"customer", customer}, {"meter", meter}} {
+		if !validID(p.v) {
+			errs = append(errs, FieldError{Field: p.field, Detail: quote(p.v) + " is not 1-128 characters of A-Z a-z 0-9 . _ : -"})
+		}
+	}
+	if len(errs) > 0 {
+		return invalid(errs...)
+	}
+	if _, err := queryParams(r); err != nil {
+		return err
+	}
+	raw, err := io.ReadAll(r.Body)
+	if err != nil {
+		return err
+	}
+	r.Body = io.NopCloser(bytes.NewReader(raw))
+	var body quotaBody
+	if err := decodeJSON(r, &body); err != nil {
+		return err
+	}
+	actor := "admin"
+	if body.Actor != nil {
+		actor = *body.Actor
+		if actor == "" || utf8.RuneCountInString(actor) > 200 {
+			return invalidField("actor", "1-200 characters, or leave it out for \"admin\"")
+		}
+	}
+	// quota's decoder stops at the first value of a wrong JSON type and
+	// reports it as "body"; check those here, leave them out, and let quota
+	// check the rest, so every problem is reported at once.
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return malformed(err.Error())
+	}
+	delete(fields, "actor")
+	for name, v := range fields {
+		var dest any
+		want := "a string"
+		switch name {
+		case "mode", "on_stale", "reason":
+			dest = new(string)
+		case "stale_after":
+			dest, want = new(quota.Duration), `whole seconds or a duration such as "5m"`
+		case "effective_at":
+			dest, want = new(time.Time), "an RFC 3339 time such as 2026-12-01T00:00:00Z"
+		default:
+			continue
+		}
+		if json.Unmarshal(v, dest) != nil {
+			errs = append(errs, FieldError{Field: name, Detail: "must be " + want + ", not " + quote(string(v))})
+			delete(fields, name)
+		}
+	}
+	rest, err := json.Marshal(fields)
+	if err != nil {
+		return err
+	}
+	in, err := quota.DecodePutRequest(bytes.NewReader(rest), customer, meter, actor)
+	if err != nil && !errors.Is(err, quota.ErrInvalid) {
+		return err
+	}
+	if err != nil || len(errs) > 0 {
+		if err != nil {
+			errs = append(errs, quotaFieldErrors(err)...)
+		}
+		sortFieldErrors(errs)
+		return invalid(errs...)
+	}
+	if in.EffectiveAt.IsZero() {
+		in.EffectiveAt = a.now() // the API's clock, like every other "now" here
+	}
+	rule, err := quota.PutRuleDB(r.Context(), a.pool, in)
+	if err != nil {
+		return err
+	}
+	status := http.StatusOK
+	if rule.Version == 1 {
+		status = http.StatusCreated
+		w.Header().Set("Location", "/v1/customers/"+customer+"/quotas")
+	}
+	writeJSON(w, status, rule)
+	return nil
+}
