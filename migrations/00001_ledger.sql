@@ -57,6 +57,9 @@ CREATE TABLE records (
     UNIQUE (operation_id)
 );
 CREATE INDEX records_period ON records (customer, period_start);
+-- Prior-period adjustments are rare; statements and reconciliation find
+-- them without reading the period's other records.
+CREATE INDEX records_prior ON records (customer, period_start) WHERE prior_period IS NOT NULL;
 
 -- Entries that are not usage records: manual adjustments, and the pairs of
 -- entries that move a late fill's quantity between periods (re-attribution).

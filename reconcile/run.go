@@ -246,7 +246,13 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 	defer tx.Rollback(ctx)
 	// The checks aggregate a whole period at once; let the hash aggregates
 	// stay in memory instead of spilling to disk (this transaction only).
-	if _, err := tx.Exec(ctx, `SET LOCAL work_mem = '256MB'`); err != nil {
+	// hash_mem_multiplier: a period's buckets (one per customer, meter and
+	// hour) are aggregated in one hash table, which needs room.
+	// force_custom_plan: a generic
+	// plan, which Postgres switches to after five runs on a connection,
+	// cannot see how selective the targets are. All last for this
+	// read-only transaction only.
+	if _, err := tx.Exec(ctx, `SET LOCAL work_mem = '256MB'; SET LOCAL hash_mem_multiplier = 8; SET LOCAL plan_cache_mode = force_custom_plan`); err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
 
@@ -334,7 +340,7 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 
 // targets resolves the period for each customer from its own calendar.
 func (rc *Reconciler) targets(ctx context.Context, tx pgx.Tx, opt Options, now time.Time) (target, map[string]periods.Period, error) {
-	var tg target
+	tg := target{all: opt.Customer == ""}
 	by := map[string]periods.Period{}
 	rows, err := tx.Query(ctx, `SELECT id, schedule FROM customers WHERE $1 = '' OR id = $1 ORDER BY id`, opt.Customer)
 	if err != nil {
