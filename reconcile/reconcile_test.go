@@ -240,3 +240,45 @@ func TestOverageIsReported(t *testing.T) {
 		t.Fatalf("overage: %s %+v", r.Status, over)
 	}
 }
+
+func TestDeadLettersAndConservation(t *testing.T) {
+	e := newEnv(t)
+	e.apply(rec("gw", 1, "acme", 1, "10", "10", nov))
+	e.exec(`INSERT INTO ingest_partitions (topic, partition, next_offset, messages_in, messages_rejected) VALUES ('tally.meter-batches', 0, 8, 8, 1)`)
+	e.exec(`INSERT INTO dead_letters (id, topic, partition, "offset", reason, detail, key, raw, created_at)
+		VALUES ('019a3c8e-7a40-7000-8000-0000000000d1', 'tally.meter-batches', 0, 7, 'bad_json', 'invalid JSON at offset 3', 'acme', '{"sch', $1)`, nov)
+	r := e.run(reconcile.Options{Period: "2026-11-01"})
+	dl := findings(t, r, reconcile.KindDeadLetter)
+	if r.Status != reconcile.StatusDiscrepancies || len(dl) != 1 || !strings.Contains(dl[0].Detail, "partition 0 offset 7): bad_json") {
+		t.Fatalf("dead letter: %s %+v", r.Status, dl)
+	}
+	// Tampering: a refused message without its dead letter breaks conservation.
+	e.exec(`UPDATE ingest_partitions SET messages_rejected = 2`)
+	r = e.run(reconcile.Options{Period: "2026-11-01"})
+	var cons []reconcile.Finding
+	for _, f := range r.Findings {
+		if f.Kind == reconcile.KindConservation {
+			cons = append(cons, f)
+		}
+	}
+	if len(cons) != 1 || cons[0].Detail != "tally.meter-batches/0: 2 messages and records refused, but 1 dead letters kept" {
+		t.Fatalf("conservation: %+v", cons)
+	}
+}
+
+func TestLateFillNotReattributed(t *testing.T) {
+	e := newEnv(t)
+	oct := time.Date(2026, 10, 30, 0, 0, 0, 0, time.UTC)
+	e.apply(rec("gw", 1, "acme", 1, "10", "10", oct))
+	e.exec(`INSERT INTO period_closes (customer, period_start, period_end, closed_at, statement, forced, reason, actor)
+		VALUES ('acme', '2026-10-01T00:00:00Z', '2026-11-01T00:00:00Z', now(), '{}', true, 'test', 'test')`)
+	e.apply(rec("gw", 1, "acme", 3, "30", "10", nov)) // seq 2 lost so far; its usage is billed in November
+	if o := e.apply(rec("gw", 1, "acme", 2, "20", "10", oct)); o[0].Kind != ledger.LateFill { // it happened in closed October
+		t.Fatalf("fill: %v", o[0].Kind)
+	}
+	r := e.run(reconcile.Options{Period: "2026-10-01"})
+	nr := findings(t, r, reconcile.KindNotReattributed)
+	if len(nr) != 1 || nr[0].Amount.String() != "10" || nr[0].Severity != reconcile.Notice {
+		t.Fatalf("not reattributed: %+v", nr)
+	}
+}

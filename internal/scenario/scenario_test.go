@@ -18,6 +18,7 @@ import (
 	"github.com/tally-ledger/tally/internal/pgtest"
 	"github.com/tally-ledger/tally/internal/scenario"
 	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/reconcile"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -125,4 +126,61 @@ func runIngest(t *testing.T, brokers []string, pool *pgxpool.Pool) {
 			t.Errorf("ingest did not stop within 30s")
 		}
 	})
+}
+
+// TestReconcileFaultyButCorrect: a scenario with duplicates, lost middle
+// batches, reordering, retransmits and producer crashes (new epochs), but
+// no bad input, reconciles clean in every period it touched; the only
+// findings are notices: the gaps the lost batches left (exactly those the
+// ground truth expects) and the streams the crashes abandoned.
+func TestReconcileFaultyButCorrect(t *testing.T) {
+	c := kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{{Name: topic, Partitions: 4}}})
+	pool := pgtest.New(t)
+	runIngest(t, c.Addrs, pool)
+	f := scenario.Faults{Duplicates: 0.1, Retransmits: 0.1, Lost: 0.1, Reorder: 0.1, Crashes: 2}
+	ctx := context.Background()
+	e, err := scenario.Run(ctx, scenario.Config{
+		Brokers: c.Addrs, Topic: topic, Producers: 2, Customers: 3, Meters: 2, Workers: 2,
+		Duration: 2 * time.Second, Rate: 500, Spread: 40 * 24 * time.Hour, Faults: f, Linger: 10 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diffs := waitVerify(t, pool, e, 60*time.Second); len(diffs) > 0 {
+		t.Fatalf("ledger differs from the ground truth:\n%s", strings.Join(diffs, "\n"))
+	}
+	wantGaps := 0
+	for _, st := range e.Streams {
+		wantGaps += len(st.Gaps)
+	}
+	rc, err := reconcile.New(reconcile.Config{Pool: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	periods := map[string]bool{}
+	for _, tot := range e.Totals {
+		periods[tot.Period] = true
+	}
+	gaps := 0
+	for p := range periods {
+		run, err := rc.Run(ctx, reconcile.Options{Period: p})
+		if err != nil {
+			t.Fatalf("reconcile %s: %v", p, err)
+		}
+		if run.Status != reconcile.StatusClean {
+			t.Errorf("period %s: %s", p, run.Status)
+		}
+		for _, fd := range run.Findings {
+			switch fd.Kind {
+			case reconcile.KindOpenGap:
+				gaps++
+			case reconcile.KindAbandoned:
+			default:
+				t.Errorf("period %s: unexpected finding %s (%s): %s", p, fd.Kind, fd.Severity, fd.Detail)
+			}
+		}
+	}
+	if gaps != wantGaps || wantGaps == 0 {
+		t.Errorf("%d open-gap findings across %d periods; the ground truth has %d gaps", gaps, len(periods), wantGaps)
+	}
 }
