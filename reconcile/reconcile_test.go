@@ -272,7 +272,7 @@ func TestLateFillNotReattributed(t *testing.T) {
 	e.apply(rec("gw", 1, "acme", 1, "10", "10", oct))
 	e.exec(`INSERT INTO period_closes (customer, period_start, period_end, closed_at, statement, forced, reason, actor)
 		VALUES ('acme', '2026-10-01T00:00:00Z', '2026-11-01T00:00:00Z', now(), '{}', true, 'test', 'test')`)
-	e.apply(rec("gw", 1, "acme", 3, "30", "10", nov)) // seq 2 lost so far; its usage is billed in November
+	e.apply(rec("gw", 1, "acme", 3, "30", "10", nov))                                         // seq 2 lost so far; its usage is billed in November
 	if o := e.apply(rec("gw", 1, "acme", 2, "20", "10", oct)); o[0].Kind != ledger.LateFill { // it happened in closed October
 		t.Fatalf("fill: %v", o[0].Kind)
 	}
