@@ -8,6 +8,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"github.com/go-chi/chi/v5"
 	"net/http"
 	"strings"
 	"time"
@@ -191,4 +192,17 @@ func ListTokens(ctx context.Context, db DBTX, customer string) ([]Token, error) 
 		return nil, fmt.Errorf("list tokens: %w", err)
 	}
 	return out, nil
+}
+
+// readableCustomer is the path's {customer}, checked, and one the caller
+// may read (another customer's answers 404, like an unknown one).
+func readableCustomer(r *http.Request) (string, error) {
+	customer := chi.URLParam(r, "customer")
+	if err := checkID("customer", customer); err != nil {
+		return "", err
+	}
+	if err := canRead(r.Context(), customer); err != nil {
+		return "", err
+	}
+	return customer, nil
 }

@@ -107,11 +107,8 @@ func (a *API) viewCustomer(customer string, created time.Time, s periods.Schedul
 
 func (a *API) getCustomer(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
-	customer := chi.URLParam(r, "customer")
-	if err := checkID("customer", customer); err != nil {
-		return err
-	}
-	if err := canRead(ctx, customer); err != nil {
+	customer, err := readableCustomer(r)
+	if err != nil {
 		return err
 	}
 	if _, err := queryParams(r); err != nil {

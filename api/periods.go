@@ -24,11 +24,8 @@ func (a *API) periodStore() periods.Store {
 // or a close record, and the current one), paged by start.
 func (a *API) listPeriods(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
-	customer := chi.URLParam(r, "customer")
-	if err := checkID("customer", customer); err != nil {
-		return err
-	}
-	if err := canRead(ctx, customer); err != nil {
+	customer, err := readableCustomer(r)
+	if err != nil {
 		return err
 	}
 	q, err := queryParams(r, "limit", "cursor")
@@ -75,11 +72,8 @@ func (a *API) listPeriods(w http.ResponseWriter, r *http.Request) error {
 
 func (a *API) getStatement(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
-	customer := chi.URLParam(r, "customer")
-	if err := checkID("customer", customer); err != nil {
-		return err
-	}
-	if err := canRead(ctx, customer); err != nil {
+	customer, err := readableCustomer(r)
+	if err != nil {
 		return err
 	}
 	if _, err := queryParams(r); err != nil {

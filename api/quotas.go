@@ -17,11 +17,8 @@ import (
 
 func (a *API) getQuotas(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
-	customer := chi.URLParam(r, "customer")
-	if err := checkID("customer", customer); err != nil {
-		return err
-	}
-	if err := canRead(ctx, customer); err != nil {
+	customer, err := readableCustomer(r)
+	if err != nil {
 		return err
 	}
 	if _, err := queryParams(r); err != nil {

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tally-ledger/tally/periods"
@@ -69,11 +68,8 @@ type meterUsage struct {
 
 func (a *API) getUsage(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
-	customer := chi.URLParam(r, "customer")
-	if err := checkID("customer", customer); err != nil {
-		return err
-	}
-	if err := canRead(ctx, customer); err != nil {
+	customer, err := readableCustomer(r)
+	if err != nil {
 		return err
 	}
 	q, err := queryParams(r, "meter", "period", "group_by")
