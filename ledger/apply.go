@@ -680,13 +680,7 @@ func (a *applier) bucketOf(customer string, t time.Time) (time.Time, error) {
 // Bucket is the rollup hour containing t: the start of its local hour in
 // the zone of the calendar in force at t.
 func Bucket(s periods.Schedule, t time.Time) (time.Time, error) {
-	cal := s[0].Calendar
-	for _, v := range s {
-		if !v.EffectiveFrom.After(t) {
-			cal = v.Calendar
-		}
-	}
-	loc, err := cal.Location()
+	loc, err := s.CalendarAt(t).Location()
 	if err != nil {
 		return time.Time{}, err
 	}

@@ -97,15 +97,27 @@ func (s Schedule) Previous(p Period) (Period, error) {
 	return s.PeriodAt(p.Start.Add(-time.Nanosecond))
 }
 
+// CalendarAt is the calendar in force at t (the first version's for any
+// earlier instant). s must not be empty.
+func (s Schedule) CalendarAt(t time.Time) Calendar {
+	return s[s.versionAt(t)].Calendar
+}
+
+// versionAt is the index of the version in force at t.
+func (s Schedule) versionAt(t time.Time) int {
+	i := len(s) - 1 // usage is mostly recent: search from the newest version
+	for i > 0 && s[i].EffectiveFrom.After(t) {
+		i--
+	}
+	return i
+}
+
 // periodAt also returns the period's name as a day number.
 func (s Schedule) periodAt(t time.Time) (Period, int64, error) {
 	if len(s) == 0 {
 		return Period{}, 0, errors.New("empty schedule")
 	}
-	i := len(s) - 1 // usage is mostly recent: search from the newest version
-	for i > 0 && s[i].EffectiveFrom.After(t) {
-		i--
-	}
+	i := s.versionAt(t)
 	r, err := s[i].Calendar.rule()
 	if err != nil {
 		return Period{}, 0, fmt.Errorf("schedule[%d]: %w", i, err)
