@@ -22,7 +22,7 @@ func (a *applier) write(ctx context.Context, tx pgx.Tx) error {
 	a.queueStreams(b)
 	a.queueGaps(b)
 	queueEntries(b, a.entries, a.now)
-	a.queueRollups(b)
+	queueRollups(b, a.rollups)
 	a.queueConflicts(b)
 	a.queueFindings(b)
 	if b.Len() == 0 {
@@ -143,10 +143,6 @@ func queueEntries(b *pgx.Batch, entries []entry, now time.Time) {
 		reason[i], actor[i], sid[i], seq[i] = e.reason, e.actor, e.streamID, e.seq
 	}
 	b.Queue(qInsertEntries, ids, kind, ops, cust, meter, amt, period, bucket, prior, occ, reason, actor, sid, seq, hash, now)
-}
-
-func (a *applier) queueRollups(b *pgx.Batch) {
-	queueRollups(b, a.rollups)
 }
 
 func queueRollups(b *pgx.Batch, rollups map[rollupKey]decimal.Decimal) {
