@@ -34,11 +34,8 @@ type Config struct {
 	// Registry receives the HTTP metrics and is served at /metrics.
 	// Default: a new registry of its own.
 	Registry *prometheus.Registry
-	// Freshness gives as_of and lag_seconds. Default: IngestFreshness on
-	// Pool and Topic.
-	Freshness Freshness
 	// Topic is the ingest topic whose positions /v1/ingest/status reports
-	// and freshness and quota lag are read from (TALLY_TOPIC).
+	// and usage's as_of and quota lag are read from (TALLY_TOPIC).
 	// Default ingest.DefaultTopic.
 	Topic string
 	// MaxBodyBytes limits request bodies. Default 64 KiB.
@@ -99,7 +96,6 @@ type API struct {
 	now        func() time.Time
 	log        *slog.Logger
 	registry   *prometheus.Registry
-	freshness  Freshness
 	maxBody    int64
 	maxQuery   int
 	reqTimeout time.Duration
@@ -117,7 +113,7 @@ func New(cfg Config) (http.Handler, error) {
 	}
 	a := &API{
 		pool: cfg.Pool, ledger: cfg.Ledger, adminHash: sha256.Sum256([]byte(cfg.AdminToken)),
-		grace: cfg.Grace, now: cfg.Clock, log: cfg.Logger, registry: cfg.Registry, freshness: cfg.Freshness,
+		grace: cfg.Grace, now: cfg.Clock, log: cfg.Logger, registry: cfg.Registry,
 		maxBody: cfg.MaxBodyBytes, maxQuery: cfg.MaxQueryBytes, reqTimeout: cfg.RequestTimeout,
 		recTimeout: cfg.ReconcileTimeout, topic: cfg.Topic,
 	}
@@ -138,9 +134,6 @@ func New(cfg Config) (http.Handler, error) {
 	}
 	if a.registry == nil {
 		a.registry = prometheus.NewRegistry()
-	}
-	if a.freshness == nil {
-		a.freshness = &IngestFreshness{Pool: cfg.Pool, Topic: a.topic, Clock: a.now}
 	}
 	if a.maxBody == 0 {
 		a.maxBody = 64 << 10

@@ -66,9 +66,8 @@ func newFixtureWith(t *testing.T, configure func(*api.Config)) *fixture {
 	f.ledger = l
 	cfg := api.Config{
 		Pool: f.pool, Ledger: l, AdminToken: adminToken, Clock: f.clock,
-		Logger:    slog.New(slog.NewJSONHandler(f.logs, nil)),
-		Registry:  prometheus.NewRegistry(),
-		Freshness: &api.IngestFreshness{Pool: f.pool, MaxAge: -1},
+		Logger:   slog.New(slog.NewJSONHandler(f.logs, nil)),
+		Registry: prometheus.NewRegistry(),
 	}
 	if configure != nil {
 		configure(&cfg)

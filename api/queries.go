@@ -35,41 +35,51 @@ RETURNING created_at`
 
 	qUpdateSchedule = `UPDATE customers SET schedule = $2, updated_at = $3 WHERE id = $1`
 
-	qPeriodClosed = `SELECT EXISTS (SELECT 1 FROM period_closes WHERE customer = $1 AND period_start = $2)`
+	// A usage answer is one statement, so one snapshot: the header row's
+	// closed flag and ingest position (as_of) and the usage rows below it
+	// are consistent with each other: usage holds everything ingest had
+	// applied through as_of. $1 customer, $2 period start, $3 meter or
+	// NULL for all, $4 the ingest topic.
+	//
+	// as_of is the applied_through of the customer's own partition
+	// (ingest_customers records which one its key hashes to). A customer
+	// ingest has not seen yet gets the oldest applied_through of the
+	// topic's partitions: a lower bound whatever partition it will hash
+	// to. NULL (unknown, never "fresh") when that partition has not
+	// reported one yet, or when any partition has not, or there are none.
+	//
+	// The usage rows are one per meter with usage in the period (key NULL,
+	// its total) followed by its series. Sums are exact NUMERIC;
+	// trim_scale gives canonical text. With no usage there is one row,
+	// the header's, with NULL usage columns.
+	usageHeader = `
+WITH h AS (
+  SELECT EXISTS (SELECT 1 FROM period_closes WHERE customer = $1 AND period_start = $2) AS closed,
+         (SELECT CASE WHEN ic.partition IS NOT NULL THEN p.applied_through ELSE t.as_of END
+          FROM (SELECT CASE WHEN count(*) > 0 AND count(*) = count(applied_through) THEN min(applied_through) END AS as_of
+                FROM ingest_partitions WHERE topic = $4) t
+          LEFT JOIN ingest_customers ic ON ic.customer = $1 AND ic.topic = $4
+          LEFT JOIN ingest_partitions p ON p.topic = ic.topic AND p.partition = ic.partition) AS as_of
+)
+SELECT h.closed, h.as_of, u.meter, u.key, u.qty
+FROM h LEFT JOIN LATERAL (`
 
-	// Billed usage of one period per meter: a total row (key NULL) first,
-	// then one row per series entry. By hour the key is the rollup bucket;
-	// by day it is width_bucket's index into $4, the local midnights of the
-	// period computed in Go (so day boundaries follow Go's zone rules, not
-	// the server's); an hour bucket that starts before the period (an anchor
-	// time such as 00:30) has index 0 and belongs to day 1. Sums are exact
-	// NUMERIC; trim_scale gives canonical text.
-	// Both read the rollups_usage index only.
-	qUsageByHour = `
-SELECT meter, bucket, trim_scale(sum(quantity))::text
-FROM rollups
-WHERE customer = $1 AND period_start = $2 AND ($3::text IS NULL OR meter = $3)
-GROUP BY GROUPING SETS ((meter, bucket), (meter))
-ORDER BY meter, bucket NULLS FIRST`
+	// By local day: the daily rollups (migration 00006), at most 31 rows
+	// per meter, read by an index-only scan of their primary key.
+	qUsageByDay = usageHeader + `
+  SELECT meter, day AS key, trim_scale(sum(quantity))::text AS qty
+  FROM rollups_daily
+  WHERE customer = $1 AND period_start = $2 AND ($3::text IS NULL OR meter = $3)
+  GROUP BY GROUPING SETS ((meter, day), (meter))) u ON true
+ORDER BY u.meter, u.key NULLS FIRST`
 
-	qUsageByDay = `
-SELECT meter, greatest(width_bucket(bucket, $4::timestamptz[]), 1), trim_scale(sum(quantity))::text
-FROM rollups
-WHERE customer = $1 AND period_start = $2 AND ($3::text IS NULL OR meter = $3)
-GROUP BY GROUPING SETS ((meter, 2), (meter))
-ORDER BY meter, 2 NULLS FIRST`
-
-	// The ingest position of customer $1 on topic $2: usage is complete
-	// through its partition's applied_through. A customer ingest has not
-	// seen yet gets the oldest applied_through of the topic's partitions. NULL
-	// (unknown, never "fresh") when that partition has not reported one yet,
-	// or when any partition has not, or when there are no partitions at all.
-	qIngestAsOf = `
-SELECT CASE WHEN ic.partition IS NOT NULL THEN p.applied_through ELSE t.as_of END
-FROM (SELECT CASE WHEN count(*) > 0 AND count(*) = count(applied_through) THEN min(applied_through) END AS as_of
-      FROM ingest_partitions WHERE topic = $2) t
-LEFT JOIN ingest_customers ic ON ic.customer = $1 AND ic.topic = $2
-LEFT JOIN ingest_partitions p ON p.topic = ic.topic AND p.partition = ic.partition`
+	// By hour: the hourly rollups, by an index-only scan of rollups_usage.
+	qUsageByHour = usageHeader + `
+  SELECT meter, bucket AS key, trim_scale(sum(quantity))::text AS qty
+  FROM rollups
+  WHERE customer = $1 AND period_start = $2 AND ($3::text IS NULL OR meter = $3)
+  GROUP BY GROUPING SETS ((meter, bucket), (meter))) u ON true
+ORDER BY u.meter, u.key NULLS FIRST`
 
 	qCustomerExists = `SELECT EXISTS (SELECT 1 FROM customers WHERE id = $1)`
 )

@@ -103,69 +103,68 @@ func (a *API) getUsage(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 
-	// One round trip: is the period closed, and its usage.
-	var closed bool
 	var meterArg *string
 	if oneMeter {
 		meterArg = &meter
 	}
-	var days []time.Time
+	query := qUsageByHour
+	var days []time.Time // by day: the starts of the period's local days
 	if groupBy == "day" {
-		days = localDays(p)
+		query, days = qUsageByDay, localDays(p)
 	}
-	var items []meterUsage
-	b := &pgx.Batch{}
-	b.Queue(qPeriodClosed, customer, p.Start.UTC()).QueryRow(func(row pgx.Row) error { return row.Scan(&closed) })
-	scan := func(rows pgx.Rows) error {
-		var m, qty string
-		var hour *time.Time
-		var day *int32
-		dest := []any{&m, &hour, &qty}
-		if days != nil {
-			dest[1] = &day
-		}
-		_, err := pgx.ForEachRow(rows, dest, func() error {
-			if hour == nil && day == nil { // the meter's total comes first
-				items = append(items, meterUsage{Meter: m, Total: qty, Series: []bucketView{}})
-				return nil
-			}
-			if len(items) == 0 || items[len(items)-1].Meter != m {
-				return fmt.Errorf("usage: series row of meter %q before its total", m)
-			}
-			var start, end time.Time
-			if hour != nil {
-				start, end = *hour, hour.Add(time.Hour)
-			} else {
-				// Index i is [days[i-1], days[i]); the last runs to the
-				// period's end (qUsageByDay folds index 0 into 1).
-				i := int(*day)
-				if i < 1 || i > len(days) {
-					return fmt.Errorf("usage: rollup outside period %s (day index %d)", p.Name, i)
-				}
-				start, end = days[i-1], p.End
-				if i < len(days) {
-					end = days[i]
-				}
-			}
-			// Clamp to the period: boundaries need not be whole local hours.
-			start, end = maxTime(start, p.Start), minTime(end, p.End)
-			it := &items[len(items)-1]
-			it.Series = append(it.Series, bucketView{Start: rfc3339(start), End: rfc3339(end), Quantity: qty})
-			return nil
-		})
-		return err
-	}
-	if days != nil {
-		b.Queue(qUsageByDay, customer, p.Start.UTC(), meterArg, days).Query(scan)
-	} else {
-		b.Queue(qUsageByHour, customer, p.Start.UTC(), meterArg).Query(scan)
-	}
-	if err := a.pool.SendBatch(ctx, b).Close(); err != nil {
+	rows, err := a.pool.Query(ctx, query, customer, p.Start.UTC(), meterArg, a.topic)
+	if err != nil {
 		return fmt.Errorf("usage: %w", err)
 	}
-	asOf, lag, err := a.asOf(ctx, customer, now)
+	var closed bool
+	var asOf *time.Time
+	var items []meterUsage
+	var m, qty *string
+	var key *time.Time
+	day := 0 // index into days of the last day row
+	_, err = pgx.ForEachRow(rows, []any{&closed, &asOf, &m, &key, &qty}, func() error {
+		switch {
+		case m == nil: // no usage: the header alone
+			return nil
+		case key == nil: // the meter's total comes first
+			items = append(items, meterUsage{Meter: *m, Total: *qty, Series: []bucketView{}})
+			return nil
+		case len(items) == 0 || items[len(items)-1].Meter != *m:
+			return fmt.Errorf("usage: series row of meter %q before its total", *m)
+		}
+		var start, end time.Time
+		if days == nil {
+			start, end = *key, key.Add(time.Hour)
+		} else {
+			// Rows come in date order: find the day whose local date it is.
+			if len(items[len(items)-1].Series) == 0 {
+				day = 0
+			}
+			for day < len(days) && !sameDate(days[day], *key) {
+				day++
+			}
+			if day == len(days) {
+				return fmt.Errorf("usage: daily rollup of %s outside period %s", key.Format(time.DateOnly), p.Name)
+			}
+			start, end = days[day], p.End
+			if day+1 < len(days) {
+				end = days[day+1]
+			}
+		}
+		// Clamp to the period: boundaries need not be whole local hours.
+		start, end = maxTime(start, p.Start), minTime(end, p.End)
+		it := &items[len(items)-1]
+		it.Series = append(it.Series, bucketView{Start: rfc3339(start), End: rfc3339(end), Quantity: *qty})
+		return nil
+	})
 	if err != nil {
-		return err
+		return fmt.Errorf("usage: %w", err)
+	}
+	var lag *float64
+	if asOf != nil {
+		t := asOf.UTC()
+		l := math.Round(max(now.Sub(t).Seconds(), 0)*1000) / 1000
+		asOf, lag = &t, &l
 	}
 	graceEnds := p.End.Add(a.grace).UTC()
 	pv := periodView{Name: p.Name, Start: p.Start.UTC(), End: p.End.UTC(), State: periods.StateOf(p, now, a.grace, closed), GraceEnds: &graceEnds}
@@ -203,6 +202,14 @@ func localDays(p periods.Period) []time.Time {
 	}
 }
 
+// sameDate reports whether local day start t falls on date d (a date
+// column: midnight UTC of that date).
+func sameDate(t, d time.Time) bool {
+	y, m, dd := t.Date()
+	y2, m2, d2 := d.UTC().Date()
+	return y == y2 && m == m2 && dd == d2
+}
+
 func maxTime(a, b time.Time) time.Time {
 	if a.After(b) {
 		return a
@@ -215,20 +222,6 @@ func minTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
-}
-
-// asOf returns as_of and lag_seconds, both nil when unknown.
-func (a *API) asOf(ctx context.Context, customer string, now time.Time) (*time.Time, *float64, error) {
-	t, ok, err := a.freshness.AsOf(ctx, customer)
-	if err != nil {
-		return nil, nil, err
-	}
-	if !ok {
-		return nil, nil, nil
-	}
-	t = t.UTC()
-	lag := math.Round(max(now.Sub(t).Seconds(), 0)*1000) / 1000
-	return &t, &lag, nil
 }
 
 type cachedSchedule struct {

@@ -116,7 +116,9 @@ func (l *Ledger) Adjust(ctx context.Context, tx pgx.Tx, adj Adjustment) (Adjustm
 	a.roll(adj.Customer, adj.Meter, period, bucket, adj.Quantity)
 	b := &pgx.Batch{}
 	queueEntries(b, a.entries, now)
-	queueRollups(b, a.rollups)
+	if err := a.queueRollups(b); err != nil {
+		return AdjustmentResult{}, err
+	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return AdjustmentResult{}, fmt.Errorf("ledger: adjust: %w", err)
 	}

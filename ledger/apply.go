@@ -138,6 +138,13 @@ type rollupKey struct {
 	period, bucket  int64 // unix micro
 }
 
+type dayKey struct {
+	customer string
+	period   int64 // unix micro
+	meter    string
+	day      int64 // unix seconds of the date's midnight UTC
+}
+
 type applier struct {
 	now       time.Time
 	out       []Outcome
@@ -687,6 +694,19 @@ func Bucket(s periods.Schedule, t time.Time) (time.Time, error) {
 	_, off := t.In(loc).Zone()
 	d := time.Duration(off) * time.Second
 	return t.Add(d).Truncate(time.Hour).Add(-d).UTC(), nil
+}
+
+// Day is the daily rollup an amount in rollup bucket of the period
+// starting at periodStart also goes to: the bucket's local date in the
+// zone of the calendar in force at the period's start (one period has one
+// zone), as midnight UTC of that date.
+func Day(s periods.Schedule, periodStart, bucket time.Time) (time.Time, error) {
+	loc, err := s.CalendarAt(periodStart).Location()
+	if err != nil {
+		return time.Time{}, err
+	}
+	y, m, d := bucket.In(loc).Date()
+	return time.Date(y, m, d, 0, 0, 0, 0, time.UTC), nil
 }
 
 func nullEqual(a, b decimal.NullDecimal) bool {

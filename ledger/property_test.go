@@ -67,6 +67,14 @@ func checkSchedule(rt *rapid.T, f *fixture, ns string) {
 	var streams []*genStream
 	var all []ledger.Record
 	base := time.Date(2026, 10, 30, 0, 0, 0, 0, time.UTC) // October ends in 2 days
+	// Customer c2's calendar is in a zone where usage at 00:xx UTC falls on
+	// the previous local day (St John's: a half-hour offset), so its daily
+	// rollups differ from UTC days; c1 keeps the default (UTC).
+	zone := rapid.SampledFrom([]string{"UTC", "America/New_York", "America/St_Johns"}).Draw(rt, "zone")
+	if _, err := f.pool.Exec(ctx, `INSERT INTO customers (id, schedule) VALUES ($1, $2)`, ns+"-c2",
+		`[{"effective_from":"0001-01-01T00:00:00Z","calendar":{"cadence":"monthly","anchor_day":1,"anchor_time":"00:00","zone":"`+zone+`"}}]`); err != nil {
+		rt.Fatal(err)
+	}
 	for i := 0; i < nStreams; i++ {
 		b := recBuilder{
 			producer: ns + "-p" + rapid.SampledFrom([]string{"a", "b"}).Draw(rt, "producer"),
@@ -260,6 +268,24 @@ WHERE coalesce(want.q, 0) <> coalesce(r.quantity, 0)`, ns+"-%").Scan(&bad)
 	if bad != 0 {
 		rt.Fatalf("%d rollup buckets differ from records + entries", bad)
 	}
+	// Daily rollups are the hourly ones summed by local date in the zone of
+	// the customer's calendar (Postgres's zone rules here, Go's in the ledger).
+	err = f.pool.QueryRow(context.Background(), `
+WITH want AS (
+  SELECT r.customer, r.meter, r.period_start, (r.bucket AT TIME ZONE coalesce(c.schedule -> 0 -> 'calendar' ->> 'zone', 'UTC'))::date AS day,
+         sum(r.quantity) AS q
+  FROM rollups r LEFT JOIN customers c ON c.id = r.customer
+  WHERE r.customer LIKE $1 GROUP BY 1, 2, 3, 4
+)
+SELECT count(*) FROM want FULL JOIN (SELECT * FROM rollups_daily WHERE customer LIKE $1) d
+  USING (customer, meter, period_start, day)
+WHERE coalesce(want.q, 0) <> coalesce(d.quantity, 0)`, ns+"-%").Scan(&bad)
+	if err != nil {
+		rt.Fatal(err)
+	}
+	if bad != 0 {
+		rt.Fatalf("%d daily rollups differ from the hourly ones", bad)
+	}
 }
 
 func checkPeriods(rt *rapid.T, f *fixture, ns string, all []ledger.Record) {
@@ -305,6 +331,8 @@ SELECT coalesce(string_agg(format('%s/%s/%s/%s=%s', customer, meter, period_star
        || '|' || (SELECT count(*) FROM records WHERE customer LIKE $1)
        || '|' || (SELECT count(*) FROM entries WHERE customer LIKE $1)
        || '|' || (SELECT count(*) FROM gaps WHERE customer LIKE $1)
+       || '|' || (SELECT coalesce(string_agg(format('%s/%s/%s/%s=%s', customer, meter, period_start, day, trim_scale(quantity)), ';'
+                  ORDER BY customer, meter, period_start, day), '') FROM rollups_daily WHERE customer LIKE $1)
 FROM rollups WHERE customer LIKE $1`, ns+"-%").Scan(&s)
 	if err != nil {
 		rt.Fatal(err)

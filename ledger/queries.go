@@ -107,6 +107,15 @@ FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::te
 ON CONFLICT (customer, meter, period_start, bucket)
 DO UPDATE SET quantity = r.quantity + EXCLUDED.quantity`
 
+	// The same amounts by local day (see migration 00006).
+	qUpsertDailyRollups = `
+INSERT INTO rollups_daily AS r (customer, period_start, meter, day, quantity)
+SELECT customer, period_start, meter, day, quantity::numeric
+FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::date[], $5::text[])
+  AS u(customer, period_start, meter, day, quantity)
+ON CONFLICT (customer, period_start, meter, day)
+DO UPDATE SET quantity = r.quantity + EXCLUDED.quantity`
+
 	qInsertConflicts = `
 INSERT INTO conflicts (id, reason, operation_id, stream_id, seq, customer, meter,
                        existing_operation_id, payload, payload_hash, detected_at)

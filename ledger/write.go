@@ -22,7 +22,9 @@ func (a *applier) write(ctx context.Context, tx pgx.Tx) error {
 	a.queueStreams(b)
 	a.queueGaps(b)
 	queueEntries(b, a.entries, a.now)
-	queueRollups(b, a.rollups)
+	if err := a.queueRollups(b); err != nil {
+		return err
+	}
 	a.queueConflicts(b)
 	a.queueFindings(b)
 	if b.Len() == 0 {
@@ -145,15 +147,18 @@ func queueEntries(b *pgx.Batch, entries []entry, now time.Time) {
 	b.Queue(qInsertEntries, ids, kind, ops, cust, meter, amt, period, bucket, prior, occ, reason, actor, sid, seq, hash, now)
 }
 
-func queueRollups(b *pgx.Batch, rollups map[rollupKey]decimal.Decimal) {
-	keys := make([]rollupKey, 0, len(rollups))
-	for k, q := range rollups {
+// queueRollups upserts the batch's hourly rollups and, summed by local
+// day, its daily rollups. Keys are sorted so concurrent upserts lock rows
+// of each table in one order.
+func (a *applier) queueRollups(b *pgx.Batch) error {
+	keys := make([]rollupKey, 0, len(a.rollups))
+	for k, q := range a.rollups {
 		if !q.IsZero() {
 			keys = append(keys, k)
 		}
 	}
 	if len(keys) == 0 {
-		return
+		return nil
 	}
 	sort.Slice(keys, func(i, j int) bool {
 		x, y := keys[i], keys[j]
@@ -171,11 +176,50 @@ func queueRollups(b *pgx.Batch, rollups map[rollupKey]decimal.Decimal) {
 	n := len(keys)
 	cust, meter, qty := make([]string, n), make([]string, n), make([]string, n)
 	period, bucket := make([]time.Time, n), make([]time.Time, n)
+	days := map[dayKey]decimal.Decimal{}
 	for i, k := range keys {
-		cust[i], meter[i], qty[i] = k.customer, k.meter, rollups[k].String()
+		q := a.rollups[k]
+		cust[i], meter[i], qty[i] = k.customer, k.meter, q.String()
 		period[i], bucket[i] = time.UnixMicro(k.period).UTC(), time.UnixMicro(k.bucket).UTC()
+		day, err := Day(a.calendars[k.customer], period[i], bucket[i])
+		if err != nil {
+			return fmt.Errorf("ledger: customer %q: %w", k.customer, err)
+		}
+		dk := dayKey{k.customer, k.period, k.meter, day.Unix()}
+		days[dk] = days[dk].Add(q)
 	}
 	b.Queue(qUpsertRollups, cust, meter, period, bucket, qty)
+
+	dkeys := make([]dayKey, 0, len(days))
+	for k, q := range days {
+		if !q.IsZero() {
+			dkeys = append(dkeys, k)
+		}
+	}
+	sort.Slice(dkeys, func(i, j int) bool {
+		x, y := dkeys[i], dkeys[j]
+		if c := strings.Compare(x.customer, y.customer); c != 0 {
+			return c < 0
+		}
+		if x.period != y.period {
+			return x.period < y.period
+		}
+		if c := strings.Compare(x.meter, y.meter); c != 0 {
+			return c < 0
+		}
+		return x.day < y.day
+	})
+	n = len(dkeys)
+	cust, meter, qty = make([]string, n), make([]string, n), make([]string, n)
+	period, day := make([]time.Time, n), make([]time.Time, n)
+	for i, k := range dkeys {
+		cust[i], meter[i], qty[i] = k.customer, k.meter, days[k].String()
+		period[i], day[i] = time.UnixMicro(k.period).UTC(), time.Unix(k.day, 0).UTC()
+	}
+	if n > 0 {
+		b.Queue(qUpsertDailyRollups, cust, period, meter, day, qty)
+	}
+	return nil
 }
 
 func (a *applier) queueConflicts(b *pgx.Batch) {

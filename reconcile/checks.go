@@ -14,6 +14,7 @@ import (
 // numbers but change nothing that is billed.
 const (
 	KindRollupMismatch   = "rollup_mismatch"        // rollups differ from ledger records and entries
+	KindDailyMismatch    = "daily_rollup_mismatch"  // a daily rollup differs from the hourly rollups of its day
 	KindStreamMismatch   = "stream_total_mismatch"  // a stream's billed deltas do not add up to its last total
 	KindOpenGap          = "open_gap"               // seqs never received; their usage is billed (notice)
 	KindConflict         = "conflict"               // a record lost to an earlier one with the same id or seq
@@ -51,6 +52,7 @@ type target struct {
 	customers []string
 	starts    []time.Time
 	ends      []time.Time
+	zones     []string // of each period's calendar: its local days
 }
 
 const targetsCTE = `t AS (SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[]) AS t(customer, period_start, period_end))`
@@ -121,7 +123,45 @@ GROUP BY 1, 2`, tg.customers, tg.starts, tg.ends)
 	if _, err := tx.Exec(ctx, `SET LOCAL enable_sort = on`); err != nil {
 		return err
 	}
+	if err := r.checkDailyRollups(ctx, tx, tg, filter); err != nil {
+		return err
+	}
 	return r.breakdown(ctx, tx, tg, filter)
+}
+
+// checkDailyRollups checks that each daily rollup (what the usage API
+// serves by day) is the sum of the hourly rollups of its local day in the
+// period's zone. The hourly ones were just checked against the ledger.
+// Days are computed with Postgres's zone rules here and Go's in the ledger:
+// a tz database that disagrees between them shows up as a mismatch.
+func (r *runner) checkDailyRollups(ctx context.Context, tx pgx.Tx, tg target, filter string) error {
+	rows, err := tx.Query(ctx, `
+WITH t AS (SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[]) AS t(customer, period_start, zone)),
+want AS (
+  SELECT customer, meter, period_start, (bucket AT TIME ZONE t.zone)::date AS day, sum(quantity) AS q
+  FROM rollups JOIN t USING (customer, period_start) WHERE `+filter+` GROUP BY 1, 2, 3, 4
+), got AS (
+  SELECT customer, meter, period_start, day, quantity FROM rollups_daily JOIN t USING (customer, period_start) WHERE `+filter+`
+)
+SELECT customer, meter, trim_scale(sum(coalesce(g.quantity, 0) - coalesce(w.q, 0)))::text,
+       string_agg(format('%s: hours %s, day %s', day, trim_scale(coalesce(w.q, 0)), trim_scale(coalesce(g.quantity, 0))), '; ' ORDER BY day)
+FROM want w FULL JOIN got g USING (customer, meter, period_start, day)
+WHERE coalesce(w.q, 0) <> coalesce(g.quantity, 0)
+GROUP BY 1, 2 ORDER BY 1, 2`, tg.customers, tg.starts, tg.zones)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var c, m, diff, bad string
+		if err := rows.Scan(&c, &m, &diff, &bad); err != nil {
+			return err
+		}
+		d := dec(diff)
+		r.find(Finding{Kind: KindDailyMismatch, Severity: Discrepancy, Customer: c, Meter: m, Amount: &d,
+			Detail: "daily rollups differ from the hourly rollups of their days: " + clip(bad, 2000)})
+	}
+	return rows.Err()
 }
 
 // breakdown splits each meter's billed total into usage, prior-period

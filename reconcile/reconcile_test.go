@@ -128,6 +128,23 @@ func TestCleanRunWithGapIsClean(t *testing.T) {
 	}
 }
 
+// TestDailyRollupsInTheCustomersZone: daily rollups follow the local days
+// of the period's zone; a run over a New York customer whose usage falls
+// on the previous local day (UTC 03:00) is clean.
+func TestDailyRollupsInTheCustomersZone(t *testing.T) {
+	e := newEnv(t)
+	e.exec(`INSERT INTO customers (id, schedule) VALUES ('ny', '[{"effective_from":"0001-01-01T00:00:00Z","calendar":{"cadence":"monthly","anchor_day":1,"anchor_time":"00:00","zone":"America/New_York"}}]')`)
+	e.apply(rec("gw", 1, "ny", 1, "5", "5", time.Date(2026, 11, 6, 3, 0, 0, 0, time.UTC)),
+		rec("gw", 1, "ny", 2, "12", "7", time.Date(2026, 11, 6, 5, 0, 0, 0, time.UTC)))
+	var days string
+	if err := e.pool.QueryRow(context.Background(), `SELECT string_agg(day || '=' || quantity, ' ' ORDER BY day) FROM rollups_daily`).Scan(&days); err != nil || days != "2026-11-05=5 2026-11-06=7" {
+		t.Fatalf("daily rollups %q, %v", days, err)
+	}
+	if r := e.run(reconcile.Options{Period: "2026-11-01"}); r.Status != reconcile.StatusClean {
+		t.Fatalf("status %s: %+v", r.Status, r.Findings)
+	}
+}
+
 func TestEachFindingKind(t *testing.T) {
 	e := newEnv(t)
 	e.apply(rec("gw", 1, "acme", 1, "10", "10", nov), rec("gw", 1, "acme", 2, "15", "4", nov)) // quantity says 4, total grew 5
@@ -137,8 +154,12 @@ func TestEachFindingKind(t *testing.T) {
 		t.Fatalf("setup: %v", o[0].Kind)
 	}
 	e.apply(rec("gw", 1, "bolt", 1, "3", "3", nov))
-	// Corruption: a rollup that drifted, and a stream whose state drifted.
+	e.apply(rec("gw", 1, "cole", 1, "2", "2", nov))
+	// Corruption: rollups that drifted (bolt's hour and day alike, cole's
+	// day alone), and a stream whose state drifted.
 	e.exec(`UPDATE rollups SET quantity = quantity + 1 WHERE customer = 'bolt'`)
+	e.exec(`UPDATE rollups_daily SET quantity = quantity + 1 WHERE customer = 'bolt'`)
+	e.exec(`UPDATE rollups_daily SET quantity = quantity + 2 WHERE customer = 'cole'`)
 	e.exec(`UPDATE streams SET last_total = 99 WHERE customer = 'acme' AND epoch = 2`)
 
 	r := e.run(reconcile.Options{Period: "2026-11-01"})
@@ -150,6 +171,7 @@ func TestEachFindingKind(t *testing.T) {
 		reconcile.KindAbandoned:        "notice acme calls gw/1",
 		reconcile.KindConflict:         "discrepancy acme calls gw/1",
 		reconcile.KindRollupMismatch:   "discrepancy bolt calls [1]",
+		reconcile.KindDailyMismatch:    "discrepancy cole calls [2]",
 		reconcile.KindStreamMismatch:   "discrepancy acme calls gw/2 [-92]",
 	}
 	got := map[string]string{}
