@@ -7,9 +7,13 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
+	"sort"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/tally-ledger/tally/periods"
 )
@@ -117,61 +121,62 @@ func (a *API) getUsage(w http.ResponseWriter, r *http.Request) error {
 		return fmt.Errorf("usage: %w", err)
 	}
 	var closed bool
-	var asOf *time.Time
+	var asOf pgtype.Timestamptz
+	var m, qty, total pgtype.Text
+	var hour pgtype.Timestamptz
+	var day pgtype.Date
+	dest := []any{&closed, &asOf, &m, &hour, &qty, &total}
+	if days != nil {
+		dest[3] = &day
+	}
 	var items []meterUsage
-	var m, qty *string
-	var key *time.Time
-	day := 0 // index into days of the last day row
-	_, err = pgx.ForEachRow(rows, []any{&closed, &asOf, &m, &key, &qty}, func() error {
-		switch {
-		case m == nil: // no usage: the header alone
+	_, err = pgx.ForEachRow(rows, dest, func() error {
+		if !m.Valid { // no usage: the header alone
 			return nil
-		case key == nil: // the meter's total comes first
-			items = append(items, meterUsage{Meter: *m, Total: *qty, Series: []bucketView{}})
-			return nil
-		case len(items) == 0 || items[len(items)-1].Meter != *m:
-			return fmt.Errorf("usage: series row of meter %q before its total", *m)
 		}
 		var start, end time.Time
 		if days == nil {
-			start, end = *key, key.Add(time.Hour)
+			start, end = hour.Time, hour.Time.Add(time.Hour)
 		} else {
-			// Rows come in date order: find the day whose local date it is.
-			if len(items[len(items)-1].Series) == 0 {
-				day = 0
+			i := dayIndex(days, day.Time)
+			if i < 0 {
+				return fmt.Errorf("daily rollup of %s outside period %s", day.Time.Format(time.DateOnly), p.Name)
 			}
-			for day < len(days) && !sameDate(days[day], *key) {
-				day++
-			}
-			if day == len(days) {
-				return fmt.Errorf("usage: daily rollup of %s outside period %s", key.Format(time.DateOnly), p.Name)
-			}
-			start, end = days[day], p.End
-			if day+1 < len(days) {
-				end = days[day+1]
+			start, end = days[i], p.End
+			if i+1 < len(days) {
+				end = days[i+1]
 			}
 		}
 		// Clamp to the period: boundaries need not be whole local hours.
 		start, end = maxTime(start, p.Start), minTime(end, p.End)
+		// Rows come ordered by meter and time (the index's order; checked
+		// below, so a plan that broke it fails rather than splits a meter).
+		if len(items) == 0 || items[len(items)-1].Meter != m.String {
+			items = append(items, meterUsage{Meter: m.String, Total: total.String, Series: []bucketView{}})
+		}
 		it := &items[len(items)-1]
-		it.Series = append(it.Series, bucketView{Start: rfc3339(start), End: rfc3339(end), Quantity: *qty})
+		it.Series = append(it.Series, bucketView{Start: rfc3339(start), End: rfc3339(end), Quantity: qty.String})
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("usage: %w", err)
 	}
+	if !slices.IsSortedFunc(items, func(a, b meterUsage) int { return strings.Compare(a.Meter, b.Meter) }) {
+		return fmt.Errorf("usage: rollups of customer %q not in meter order", customer)
+	}
+	var asOfTime *time.Time
 	var lag *float64
-	if asOf != nil {
-		t := asOf.UTC()
+	if asOf.Valid {
+		t := asOf.Time.UTC()
 		l := math.Round(max(now.Sub(t).Seconds(), 0)*1000) / 1000
-		asOf, lag = &t, &l
+		asOfTime, lag = &t, &l
 	}
 	graceEnds := p.End.Add(a.grace).UTC()
 	pv := periodView{Name: p.Name, Start: p.Start.UTC(), End: p.End.UTC(), State: periods.StateOf(p, now, a.grace, closed), GraceEnds: &graceEnds}
 
 	if oneMeter {
 		v := usageView{Customer: customer, Meter: meter, Period: pv, GroupBy: groupBy, Total: "0",
-			AsOf: asOf, LagSeconds: lag, Series: []bucketView{}}
+			AsOf: asOfTime, LagSeconds: lag, Series: []bucketView{}}
 		if len(items) == 1 {
 			v.Total, v.Series = items[0].Total, items[0].Series
 		}
@@ -181,7 +186,7 @@ func (a *API) getUsage(w http.ResponseWriter, r *http.Request) error {
 	if items == nil {
 		items = []meterUsage{}
 	}
-	writeJSON(w, http.StatusOK, usageAllView{Customer: customer, Period: pv, GroupBy: groupBy, AsOf: asOf, LagSeconds: lag, Items: items})
+	writeJSON(w, http.StatusOK, usageAllView{Customer: customer, Period: pv, GroupBy: groupBy, AsOf: asOfTime, LagSeconds: lag, Items: items})
 	return nil
 }
 
@@ -202,12 +207,21 @@ func localDays(p periods.Period) []time.Time {
 	}
 }
 
-// sameDate reports whether local day start t falls on date d (a date
-// column: midnight UTC of that date).
-func sameDate(t, d time.Time) bool {
-	y, m, dd := t.Date()
-	y2, m2, d2 := d.UTC().Date()
-	return y == y2 && m == m2 && dd == d2
+// dayIndex is the index of the day in days (local day starts, ascending)
+// whose local date is date d (a date column: midnight UTC), or -1.
+func dayIndex(days []time.Time, d time.Time) int {
+	want := civil(d.UTC())
+	i := sort.Search(len(days), func(i int) bool { return civil(days[i]) >= want })
+	if i < len(days) && civil(days[i]) == want {
+		return i
+	}
+	return -1
+}
+
+// civil is t's date in its own location as yyyymmdd.
+func civil(t time.Time) int {
+	y, m, d := t.Date()
+	return y*10000 + int(m)*100 + d
 }
 
 func maxTime(a, b time.Time) time.Time {
