@@ -104,6 +104,7 @@ func (a *API) postAdjustment(w http.ResponseWriter, r *http.Request) error {
 		res, err = a.ledger.Adjust(ctx, tx, adj)
 		return err
 	})
+	a.forgetUsage(adj.Customer) // after the commit, or after a failure that may have committed
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -49,41 +50,52 @@ var benchNow = time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
 func BenchmarkUsage(b *testing.B) {
 	pool := benchDatabase(b)
 	l, _ := ledger.New(ledger.Config{Clock: func() time.Time { return benchNow }})
-	h, err := api.New(api.Config{Pool: pool, Ledger: l, AdminToken: adminToken, Clock: func() time.Time { return benchNow },
-		Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry()})
-	if err != nil {
-		b.Fatal(err)
+	server := func(cacheTTL time.Duration) string {
+		h, err := api.New(api.Config{Pool: pool, Ledger: l, AdminToken: adminToken, Clock: func() time.Time { return benchNow },
+			Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry(), UsageCacheTTL: cacheTTL})
+		if err != nil {
+			b.Fatal(err)
+		}
+		srv := httptest.NewServer(h)
+		b.Cleanup(srv.Close)
+		return srv.URL
 	}
-	srv := httptest.NewServer(h)
-	defer srv.Close()
-	tokens := benchTokens(b, pool, 1000)
+	cached, uncached := server(0), server(-1) // the default 1s cache; none
+	tokens := benchTokens(b, pool)
+	all := slices.Sorted(maps.Keys(tokens))
+	var some []string // every 10th customer: 1,000
+	for i := 0; i < len(all); i += 10 {
+		some = append(some, all[i])
+	}
 
-	// Saturation: 50 clients send back to back, so latency is 50 / throughput.
-	// At a fixed load: 50 clients together offer 2,000 requests/s, each on
-	// its own schedule; latency counts from the scheduled send time, so a
-	// slow response delays nothing unmeasured (no coordinated omission).
+	// Saturation: 50 clients send back to back, so latency is 50 /
+	// throughput. At a fixed load: 50 clients together offer a rate, each
+	// on its own schedule; latency counts from the scheduled send time, so
+	// a slow response delays nothing unmeasured (no coordinated omission).
+	// Clients pick customers uniformly at random; "no-cache" reads Postgres
+	// on every request, the others use the API's default 1s usage cache,
+	// whose hit ratio depends on how many customers share the load.
 	for _, q := range []struct {
-		name, query string
-		rate        float64
+		name, url string
+		customers []string
+		query     string
+		rate      float64
 	}{
-		{"month-by-day-one-meter", "?meter=api_calls&period=previous", 0},
-		{"month-by-hour-all-meters", "?period=previous&group_by=hour", 0},
-		{"current-by-day-all-meters", "", 0},
-		{"month-by-day-one-meter-at-2000rps", "?meter=api_calls&period=previous", 2000},
-		{"month-by-hour-all-meters-at-1000rps", "?period=previous&group_by=hour", 1000},
+		{"month-by-day-one-meter/1k-customers", cached, some, "?meter=api_calls&period=previous", 0},
+		{"month-by-day-one-meter/10k-customers", cached, all, "?meter=api_calls&period=previous", 0},
+		{"month-by-day-one-meter/no-cache", uncached, all, "?meter=api_calls&period=previous", 0},
+		{"month-by-hour-all-meters/10k-customers", cached, all, "?period=previous&group_by=hour", 0},
+		{"current-by-day-all-meters/10k-customers", cached, all, "", 0},
+		{"month-by-day-one-meter/no-cache-at-2000rps", uncached, all, "?meter=api_calls&period=previous", 2000},
+		{"month-by-hour-all-meters/no-cache-at-1000rps", uncached, all, "?period=previous&group_by=hour", 1000},
 	} {
 		b.Run(q.name, func(b *testing.B) {
-			benchClientsRun(b, srv.URL, tokens, q.query, q.rate)
+			benchClientsRun(b, q.url, q.customers, tokens, q.query, q.rate)
 		})
 	}
 }
 
-func benchClientsRun(b *testing.B, base string, tokens map[string]string, query string, rate float64) {
-	customers := make([]string, 0, len(tokens))
-	for c := range tokens {
-		customers = append(customers, c)
-	}
-	slices.Sort(customers)
+func benchClientsRun(b *testing.B, base string, customers []string, tokens map[string]string, query string, rate float64) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConns: 2 * benchClients, MaxIdleConnsPerHost: 2 * benchClients}}
 	get := func(rng *rand.Rand) (time.Duration, error) {
 		c := customers[rng.IntN(len(customers))]
@@ -102,52 +114,61 @@ func benchClientsRun(b *testing.B, base string, tokens map[string]string, query 
 		}
 		return d, nil
 	}
-	// Warm up connections and caches.
-	rng := rand.New(rand.NewPCG(1, 2))
-	for range 200 {
-		if _, err := get(rng); err != nil {
+	// run drives the clients until n requests were sent (or, with n 0,
+	// for d) and returns each client's latencies.
+	run := func(n int64, d time.Duration) [][]time.Duration {
+		var next atomic.Int64
+		lat := make([][]time.Duration, benchClients)
+		var wg sync.WaitGroup
+		var failed atomic.Value
+		interval := time.Duration(0) // per client, at a fixed load
+		if rate > 0 {
+			interval = time.Duration(float64(benchClients) / rate * float64(time.Second))
+		}
+		start := time.Now()
+		more := func() bool {
+			if n > 0 {
+				return next.Add(1) <= n
+			}
+			return time.Since(start) < d
+		}
+		for i := range benchClients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rng := rand.New(rand.NewPCG(uint64(i), uint64(n)))
+				due := start.Add(interval * time.Duration(i) / benchClients) // spread the clients' phases
+				for more() {
+					if interval > 0 {
+						time.Sleep(time.Until(due))
+					}
+					d, err := get(rng)
+					if err != nil {
+						failed.Store(err)
+						return
+					}
+					if interval > 0 {
+						d = time.Since(due)
+						due = due.Add(interval)
+					}
+					lat[i] = append(lat[i], d)
+				}
+			}()
+		}
+		wg.Wait()
+		if err := failed.Load(); err != nil {
 			b.Fatal(err)
 		}
+		return lat
 	}
-	var next atomic.Int64
-	lat := make([][]time.Duration, benchClients)
-	var wg sync.WaitGroup
-	var failed atomic.Value
-	interval := time.Duration(0) // per client, at a fixed load
-	if rate > 0 {
-		interval = time.Duration(float64(benchClients) / rate * float64(time.Second))
-	}
+	// Warm up for 2s: connections, token and calendar caches, and the usage
+	// cache in its steady state (entries expiring and refilled), not full.
+	run(0, 2*time.Second)
 	b.ResetTimer()
 	start := time.Now()
-	for i := range benchClients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			rng := rand.New(rand.NewPCG(uint64(i), 7))
-			due := start.Add(interval * time.Duration(i) / benchClients) // spread the clients' phases
-			for next.Add(1) <= int64(b.N) {
-				if interval > 0 {
-					time.Sleep(time.Until(due))
-				}
-				d, err := get(rng)
-				if err != nil {
-					failed.Store(err)
-					return
-				}
-				if interval > 0 {
-					d = time.Since(due)
-					due = due.Add(interval)
-				}
-				lat[i] = append(lat[i], d)
-			}
-		}()
-	}
-	wg.Wait()
+	lat := run(int64(b.N), 0)
 	elapsed := time.Since(start)
 	b.StopTimer()
-	if err := failed.Load(); err != nil {
-		b.Fatal(err)
-	}
 	all := slices.Concat(lat...)
 	slices.Sort(all)
 	pct := func(p float64) float64 {
@@ -160,15 +181,15 @@ func benchClientsRun(b *testing.B, base string, tokens map[string]string, query 
 }
 
 // benchTokens replaces the benchmark database's tokens with one per
-// customer for n customers and returns customer → token.
-func benchTokens(b *testing.B, pool *pgxpool.Pool, n int) map[string]string {
+// customer and returns customer → token.
+func benchTokens(b *testing.B, pool *pgxpool.Pool) map[string]string {
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `DELETE FROM api_tokens`); err != nil {
 		b.Fatal(err)
 	}
 	out := map[string]string{}
-	for i := range n {
-		c := fmt.Sprintf("cust-%05d", i*(benchCustomers/n))
+	for i := range benchCustomers {
+		c := fmt.Sprintf("cust-%05d", i)
 		_, secret, err := api.CreateToken(ctx, pool, c, "bench", benchNow)
 		if err != nil {
 			b.Fatal(err)

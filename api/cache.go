@@ -1,6 +1,7 @@
 package api
 
 import (
+	"math/rand/v2"
 	"sync"
 	"time"
 )
@@ -48,7 +49,9 @@ func (c *ttlCache[K, V]) put(k K, v V) {
 	if len(c.m) >= c.max {
 		clear(c.m)
 	}
-	c.m[k] = ttlEntry[V]{v: v, expires: c.now().Add(c.ttl)}
+	// Each entry lives between half the TTL and the TTL, so entries filled
+	// together (after a restart, or a burst) do not all expire together.
+	c.m[k] = ttlEntry[V]{v: v, expires: c.now().Add(c.ttl - rand.N(c.ttl/2+1))}
 }
 
 func (c *ttlCache[K, V]) del(k K) {
@@ -58,4 +61,18 @@ func (c *ttlCache[K, V]) del(k K) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.m, k)
+}
+
+// deleteFunc removes the entries whose key matches.
+func (c *ttlCache[K, V]) deleteFunc(match func(K) bool) {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k := range c.m {
+		if match(k) {
+			delete(c.m, k)
+		}
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -58,6 +59,14 @@ type Config struct {
 	// ledger.MaxClockSkew after it is made, so a TTL below that never
 	// resolves a started period differently. Default 30s; negative: off.
 	ScheduleCacheTTL time.Duration
+	// UsageCacheTTL is how long a process reuses a usage answer read from
+	// Postgres for the same customer, period, meter and grouping. The
+	// answer keeps the as_of it was read with (its lag_seconds grows), so
+	// it never claims more than it holds; it is at most this much older
+	// than a fresh read. Adjustments, closes and calendar changes made
+	// through this process forget the customer's answers at once.
+	// Default 1s; negative: read Postgres on every request.
+	UsageCacheTTL time.Duration
 }
 
 // Validate reports every configuration problem at once.
@@ -104,6 +113,10 @@ type API struct {
 	metrics    *httpMetrics
 	tokens     *ttlCache[[32]byte, principal]
 	schedules  *ttlCache[string, cachedSchedule]
+	usage      *ttlCache[usageKey, usageData]
+	// usageWrites counts forgetUsage calls: an answer read while one ran
+	// is not cached (it may predate the write).
+	usageWrites atomic.Uint64
 }
 
 // New returns the API's http.Handler.
@@ -144,7 +157,7 @@ func New(cfg Config) (http.Handler, error) {
 	if a.reqTimeout == 0 {
 		a.reqTimeout = 10 * time.Second
 	}
-	tokenTTL, schedTTL := cfg.TokenCacheTTL, cfg.ScheduleCacheTTL
+	tokenTTL, schedTTL, usageTTL := cfg.TokenCacheTTL, cfg.ScheduleCacheTTL, cfg.UsageCacheTTL
 	if tokenTTL == 0 {
 		tokenTTL = 5 * time.Second
 	}
@@ -153,6 +166,10 @@ func New(cfg Config) (http.Handler, error) {
 	}
 	a.tokens = newTTLCache[[32]byte, principal](tokenTTL, 100_000)
 	a.schedules = newTTLCache[string, cachedSchedule](schedTTL, 100_000)
+	if usageTTL == 0 {
+		usageTTL = time.Second
+	}
+	a.usage = newTTLCache[usageKey, usageData](usageTTL, 100_000)
 	m, err := newHTTPMetrics(a.registry)
 	if err != nil {
 		return nil, err

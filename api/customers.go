@@ -195,6 +195,7 @@ func (a *API) putCustomer(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	})
 	a.schedules.del(customer)
+	a.forgetUsage(customer)
 	if err != nil {
 		return err
 	}

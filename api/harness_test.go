@@ -68,6 +68,9 @@ func newFixtureWith(t *testing.T, configure func(*api.Config)) *fixture {
 		Pool: f.pool, Ledger: l, AdminToken: adminToken, Clock: f.clock,
 		Logger:   slog.New(slog.NewJSONHandler(f.logs, nil)),
 		Registry: prometheus.NewRegistry(),
+		// Tests write usage through the ledger, behind the API's back:
+		// TestUsageCache turns the cache on.
+		UsageCacheTTL: -1,
 	}
 	if configure != nil {
 		configure(&cfg)

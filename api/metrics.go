@@ -14,8 +14,9 @@ import (
 // httpMetrics are labelled by route pattern (never by raw path, which holds
 // customer ids and would be unbounded), method and status.
 type httpMetrics struct {
-	requests *prometheus.CounterVec
-	duration *prometheus.HistogramVec
+	requests               *prometheus.CounterVec
+	duration               *prometheus.HistogramVec
+	usageHits, usageMisses prometheus.Counter
 }
 
 func newHTTPMetrics(reg *prometheus.Registry) (*httpMetrics, error) {
@@ -30,7 +31,12 @@ func newHTTPMetrics(reg *prometheus.Registry) (*httpMetrics, error) {
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 10},
 		}, []string{"route", "method"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration} {
+	usage := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tally_api_usage_cache_total",
+		Help: "Usage answers served from the process's short cache (hit) or read from Postgres (miss).",
+	}, []string{"result"})
+	m.usageHits, m.usageMisses = usage.WithLabelValues("hit"), usage.WithLabelValues("miss")
+	for _, c := range []prometheus.Collector{m.requests, m.duration, usage} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -132,6 +132,7 @@ func (a *API) closePeriod(w http.ResponseWriter, r *http.Request) error {
 		st, err = a.periodStore().Close(ctx, tx, req)
 		return err
 	})
+	a.forgetUsage(customer)
 	if err != nil {
 		return err
 	}

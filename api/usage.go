@@ -107,29 +107,88 @@ func (a *API) getUsage(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 
+	key := usageKey{customer: customer, period: p.Start.UnixMicro(), meter: meter, byHour: groupBy == "hour"}
+	d, ok := a.usage.get(key)
+	if ok {
+		a.metrics.usageHits.Inc()
+	} else {
+		a.metrics.usageMisses.Inc()
+		writes := a.usageWrites.Load()
+		if d, err = a.readUsage(ctx, key, p); err != nil {
+			return err
+		}
+		if a.usageWrites.Load() == writes {
+			a.usage.put(key, d)
+		}
+	}
+	closed, asOf, items := d.closed, d.asOf, d.items
+	var asOfTime *time.Time
+	var lag *float64
+	if asOf.Valid {
+		t := asOf.Time.UTC()
+		l := math.Round(max(now.Sub(t).Seconds(), 0)*1000) / 1000
+		asOfTime, lag = &t, &l
+	}
+	graceEnds := p.End.Add(a.grace).UTC()
+	pv := periodView{Name: p.Name, Start: p.Start.UTC(), End: p.End.UTC(), State: periods.StateOf(p, now, a.grace, closed), GraceEnds: &graceEnds}
+
+	if key.meter != "" {
+		v := usageView{Customer: customer, Meter: meter, Period: pv, GroupBy: groupBy, Total: "0",
+			AsOf: asOfTime, LagSeconds: lag, Series: []bucketView{}}
+		if len(items) == 1 {
+			v.Total, v.Series = items[0].Total, items[0].Series
+		}
+		writeJSON(w, http.StatusOK, v)
+		return nil
+	}
+	if items == nil {
+		items = []meterUsage{}
+	}
+	writeJSON(w, http.StatusOK, usageAllView{Customer: customer, Period: pv, GroupBy: groupBy, AsOf: asOfTime, LagSeconds: lag, Items: items})
+	return nil
+}
+
+// usageKey identifies a usage answer; meter "" is every meter.
+type usageKey struct {
+	customer string
+	period   int64 // start, unix microseconds
+	meter    string
+	byHour   bool
+}
+
+// usageData is what Postgres said of a usageKey. It is cached and shared:
+// never modified after readUsage returns it.
+type usageData struct {
+	closed bool
+	asOf   pgtype.Timestamptz
+	items  []meterUsage
+}
+
+// readUsage reads a usage answer with one statement (one snapshot).
+func (a *API) readUsage(ctx context.Context, key usageKey, p periods.Period) (usageData, error) {
 	var meterArg *string
-	if oneMeter {
-		meterArg = &meter
+	if key.meter != "" {
+		meterArg = &key.meter
 	}
-	query := qUsageByHour
+	query := qUsageByDay
 	var days []time.Time // by day: the starts of the period's local days
-	if groupBy == "day" {
-		query, days = qUsageByDay, localDays(p)
+	if key.byHour {
+		query = qUsageByHour
+	} else {
+		days = localDays(p)
 	}
-	rows, err := a.pool.Query(ctx, query, customer, p.Start.UTC(), meterArg, a.topic)
+	rows, err := a.pool.Query(ctx, query, key.customer, p.Start.UTC(), meterArg, a.topic)
 	if err != nil {
-		return fmt.Errorf("usage: %w", err)
+		return usageData{}, fmt.Errorf("usage: %w", err)
 	}
-	var closed bool
-	var asOf pgtype.Timestamptz
+	var d usageData
 	var m, qty, total pgtype.Text
 	var hour pgtype.Timestamptz
 	var day pgtype.Date
-	dest := []any{&closed, &asOf, &m, &hour, &qty, &total}
+	dest := []any{&d.closed, &d.asOf, &m, &hour, &qty, &total}
 	if days != nil {
 		dest[3] = &day
 	}
-	var items []meterUsage
 	_, err = pgx.ForEachRow(rows, dest, func() error {
 		if !m.Valid { // no usage: the header alone
 			return nil
@@ -151,43 +210,27 @@ func (a *API) getUsage(w http.ResponseWriter, r *http.Request) error {
 		start, end = maxTime(start, p.Start), minTime(end, p.End)
 		// Rows come ordered by meter and time (the index's order; checked
 		// below, so a plan that broke it fails rather than splits a meter).
-		if len(items) == 0 || items[len(items)-1].Meter != m.String {
-			items = append(items, meterUsage{Meter: m.String, Total: total.String, Series: []bucketView{}})
+		if len(d.items) == 0 || d.items[len(d.items)-1].Meter != m.String {
+			d.items = append(d.items, meterUsage{Meter: m.String, Total: total.String, Series: []bucketView{}})
 		}
-		it := &items[len(items)-1]
+		it := &d.items[len(d.items)-1]
 		it.Series = append(it.Series, bucketView{Start: rfc3339(start), End: rfc3339(end), Quantity: qty.String})
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("usage: %w", err)
+		return usageData{}, fmt.Errorf("usage: %w", err)
 	}
-	if !slices.IsSortedFunc(items, func(a, b meterUsage) int { return strings.Compare(a.Meter, b.Meter) }) {
-		return fmt.Errorf("usage: rollups of customer %q not in meter order", customer)
+	if !slices.IsSortedFunc(d.items, func(a, b meterUsage) int { return strings.Compare(a.Meter, b.Meter) }) {
+		return usageData{}, fmt.Errorf("usage: rollups of customer %q not in meter order", key.customer)
 	}
-	var asOfTime *time.Time
-	var lag *float64
-	if asOf.Valid {
-		t := asOf.Time.UTC()
-		l := math.Round(max(now.Sub(t).Seconds(), 0)*1000) / 1000
-		asOfTime, lag = &t, &l
-	}
-	graceEnds := p.End.Add(a.grace).UTC()
-	pv := periodView{Name: p.Name, Start: p.Start.UTC(), End: p.End.UTC(), State: periods.StateOf(p, now, a.grace, closed), GraceEnds: &graceEnds}
+	return d, nil
+}
 
-	if oneMeter {
-		v := usageView{Customer: customer, Meter: meter, Period: pv, GroupBy: groupBy, Total: "0",
-			AsOf: asOfTime, LagSeconds: lag, Series: []bucketView{}}
-		if len(items) == 1 {
-			v.Total, v.Series = items[0].Total, items[0].Series
-		}
-		writeJSON(w, http.StatusOK, v)
-		return nil
-	}
-	if items == nil {
-		items = []meterUsage{}
-	}
-	writeJSON(w, http.StatusOK, usageAllView{Customer: customer, Period: pv, GroupBy: groupBy, AsOf: asOfTime, LagSeconds: lag, Items: items})
-	return nil
+// forgetUsage drops the cached usage answers of customer after a write
+// through this process (adjustment, close, calendar change).
+func (a *API) forgetUsage(customer string) {
+	a.usageWrites.Add(1)
+	a.usage.deleteFunc(func(k usageKey) bool { return k.customer == customer })
 }
 
 // localDays returns the starts of the local calendar days of p in its
