@@ -51,7 +51,7 @@ type usageView struct {
 	Total      string       `json:"total"`
 	AsOf       *time.Time   `json:"as_of"`
 	LagSeconds *float64     `json:"lag_seconds"`
-	Series     []bucketView `json:"series"`
+	Series     json.RawMessage `json:"series"`
 }
 
 // usageAllView answers without ?meter=: every meter with usage in the period.
@@ -64,10 +64,12 @@ type usageAllView struct {
 	Items      []meterUsage `json:"items"`
 }
 
+// meterUsage is one meter's answer. Its series is encoded once, when read
+// from Postgres: a cached answer is served many times.
 type meterUsage struct {
-	Meter  string       `json:"meter"`
-	Total  string       `json:"total"`
-	Series []bucketView `json:"series"`
+	Meter  string          `json:"meter"`
+	Total  string          `json:"total"`
+	Series json.RawMessage `json:"series"`
 }
 
 func (a *API) getUsage(w http.ResponseWriter, r *http.Request) error {
@@ -134,7 +136,7 @@ func (a *API) getUsage(w http.ResponseWriter, r *http.Request) error {
 
 	if key.meter != "" {
 		v := usageView{Customer: customer, Meter: meter, Period: pv, GroupBy: groupBy, Total: "0",
-			AsOf: asOfTime, LagSeconds: lag, Series: []bucketView{}}
+			AsOf: asOfTime, LagSeconds: lag, Series: json.RawMessage("[]")}
 		if len(items) == 1 {
 			v.Total, v.Series = items[0].Total, items[0].Series
 		}
@@ -182,6 +184,15 @@ func (a *API) readUsage(ctx context.Context, key usageKey, p periods.Period) (us
 		return usageData{}, fmt.Errorf("usage: %w", err)
 	}
 	var d usageData
+	var series []bucketView // of the last item
+	encode := func() error {
+		if len(d.items) == 0 {
+			return nil
+		}
+		raw, err := json.Marshal(series)
+		d.items[len(d.items)-1].Series = raw
+		return err
+	}
 	var m, qty, total pgtype.Text
 	var hour pgtype.Timestamptz
 	var day pgtype.Date
@@ -211,12 +222,18 @@ func (a *API) readUsage(ctx context.Context, key usageKey, p periods.Period) (us
 		// Rows come ordered by meter and time (the index's order; checked
 		// below, so a plan that broke it fails rather than splits a meter).
 		if len(d.items) == 0 || d.items[len(d.items)-1].Meter != m.String {
-			d.items = append(d.items, meterUsage{Meter: m.String, Total: total.String, Series: []bucketView{}})
+			if err := encode(); err != nil {
+				return err
+			}
+			d.items = append(d.items, meterUsage{Meter: m.String, Total: total.String})
+			series = series[:0]
 		}
-		it := &d.items[len(d.items)-1]
-		it.Series = append(it.Series, bucketView{Start: rfc3339(start), End: rfc3339(end), Quantity: qty.String})
+		series = append(series, bucketView{Start: rfc3339(start), End: rfc3339(end), Quantity: qty.String})
 		return nil
 	})
+	if err == nil {
+		err = encode()
+	}
 	if err != nil {
 		return usageData{}, fmt.Errorf("usage: %w", err)
 	}

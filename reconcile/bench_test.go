@@ -50,7 +50,7 @@ func BenchmarkReconcileScan(b *testing.B) {
 
 func benchDB(b *testing.B, n int) *pgxpool.Pool {
 	ctx := context.Background()
-	name := "tally_bench_reconcile_v2_" + strconv.Itoa(n)
+	name := "tally_bench_reconcile_v3_" + strconv.Itoa(n)
 	admin, err := pgx.Connect(ctx, pgtest.AdminURL())
 	if err != nil {
 		b.Fatal(err)
@@ -102,6 +102,7 @@ func benchDB(b *testing.B, n int) *pgxpool.Pool {
 		 FROM streams s, generate_series(1, $1::int) seq,
 		      LATERAL (SELECT '2026-11-01T00:00:00Z'::timestamptz + seq * (interval '29 days' / $1::int)) t(ts)`,
 		`INSERT INTO rollups SELECT customer, meter, period_start, bucket, sum(billed) FROM records GROUP BY 1, 2, 3, 4`,
+		`INSERT INTO rollups_daily SELECT customer, period_start, meter, (bucket AT TIME ZONE 'UTC')::date, sum(quantity) FROM rollups GROUP BY 1, 2, 3, 4`,
 		`VACUUM ANALYZE`,
 		`CREATE TABLE bench_loaded AS SELECT true AS loaded`,
 	} {
