@@ -44,13 +44,13 @@ func rfc3339(t time.Time) string {
 
 // usageView answers ?meter=: one meter.
 type usageView struct {
-	Customer   string       `json:"customer"`
-	Meter      string       `json:"meter"`
-	Period     periodView   `json:"period"`
-	GroupBy    string       `json:"group_by"`
-	Total      string       `json:"total"`
-	AsOf       *time.Time   `json:"as_of"`
-	LagSeconds *float64     `json:"lag_seconds"`
+	Customer   string          `json:"customer"`
+	Meter      string          `json:"meter"`
+	Period     periodView      `json:"period"`
+	GroupBy    string          `json:"group_by"`
+	Total      string          `json:"total"`
+	AsOf       *time.Time      `json:"as_of"`
+	LagSeconds *float64        `json:"lag_seconds"`
 	Series     json.RawMessage `json:"series"`
 }
 
