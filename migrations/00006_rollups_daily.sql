@@ -9,16 +9,15 @@
 --    the calendar in force at the period's start, of the hourly bucket the
 --    amount went to. Calendar changes take effect at period boundaries, so
 --    one period has one zone and its days are well defined.
---  * Reconciliation checks that each day equals the sum of its hours, just
---    as it checks the hours against records and entries.
+--  * Reconciliation checks that a meter's days add up to its hours, as it
+--    checks the hours against records and entries.
 --  * The primary key leads with (customer, period_start) and includes the
 --    quantity, so a request is one index-only range scan; updates are
 --    non-HOT for it, which ingest pays once per (customer, meter, day) per
 --    micro-batch.
 --  * Existing hourly rollups are summed into days here, with the zone from
 --    each customer's stored calendar history (Postgres's zone rules; the
---    ledger uses Go's from now on, and reconciliation reports any day on
---    which they disagree).
+--    ledger uses Go's from now on).
 
 -- +goose Up
 CREATE TABLE rollups_daily (

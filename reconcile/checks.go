@@ -1,8 +1,11 @@
 package reconcile
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -14,7 +17,7 @@ import (
 // numbers but change nothing that is billed.
 const (
 	KindRollupMismatch   = "rollup_mismatch"        // rollups differ from ledger records and entries
-	KindDailyMismatch    = "daily_rollup_mismatch"  // a daily rollup differs from the hourly rollups of its day
+	KindDailyMismatch    = "daily_rollup_mismatch"  // the daily rollups of a meter do not add up to its hourly ones
 	KindStreamMismatch   = "stream_total_mismatch"  // a stream's billed deltas do not add up to its last total
 	KindOpenGap          = "open_gap"               // seqs never received; their usage is billed (notice)
 	KindConflict         = "conflict"               // a record lost to an earlier one with the same id or seq
@@ -52,7 +55,6 @@ type target struct {
 	customers []string
 	starts    []time.Time
 	ends      []time.Time
-	zones     []string // of each period's calendar: its local days
 }
 
 const targetsCTE = `t AS (SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[]) AS t(customer, period_start, period_end))`
@@ -101,12 +103,14 @@ GROUP BY 1, 2`, tg.customers, tg.starts, tg.ends)
 		return err
 	}
 	defer rows.Close()
+	hourly := map[[2]string]decimal.Decimal{} // rollup totals per customer and meter
 	for rows.Next() {
 		var c, m, wq, gq, bad string
 		var n int64
 		if err := rows.Scan(&c, &m, &wq, &gq, &n, &bad); err != nil {
 			return err
 		}
+		hourly[[2]string{c, m}] = dec(gq)
 		r.scanned += n
 		t := r.total(c, m)
 		t.Billed = dec(wq)
@@ -123,45 +127,55 @@ GROUP BY 1, 2`, tg.customers, tg.starts, tg.ends)
 	if _, err := tx.Exec(ctx, `SET LOCAL enable_sort = on`); err != nil {
 		return err
 	}
-	if err := r.checkDailyRollups(ctx, tx, tg, filter); err != nil {
+	if err := r.checkDailyRollups(ctx, tx, tg, filter, hourly); err != nil {
 		return err
 	}
 	return r.breakdown(ctx, tx, tg, filter)
 }
 
-// checkDailyRollups checks that each daily rollup (what the usage API
-// serves by day) is the sum of the hourly rollups of its local day in the
-// period's zone. The hourly ones were just checked against the ledger.
-// Days are computed with Postgres's zone rules here and Go's in the ledger:
-// a tz database that disagrees between them shows up as a mismatch.
-func (r *runner) checkDailyRollups(ctx context.Context, tx pgx.Tx, tg target, filter string) error {
+// checkDailyRollups checks that the daily rollups (what the usage API
+// serves by day) add up, per customer and meter, to the hourly rollups
+// just checked against the ledger. Which day of the period an amount
+// shows on moves no money; how much the days hold does. (Checking every
+// day against its hours cost a fifth of a whole run.)
+func (r *runner) checkDailyRollups(ctx context.Context, tx pgx.Tx, tg target, filter string, hourly map[[2]string]decimal.Decimal) error {
 	rows, err := tx.Query(ctx, `
-WITH t AS (SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::text[]) AS t(customer, period_start, zone)),
-want AS (
-  SELECT customer, meter, period_start, (bucket AT TIME ZONE t.zone)::date AS day, sum(quantity) AS q
-  FROM rollups JOIN t USING (customer, period_start) WHERE `+filter+` GROUP BY 1, 2, 3, 4
-), got AS (
-  SELECT customer, meter, period_start, day, quantity FROM rollups_daily JOIN t USING (customer, period_start) WHERE `+filter+`
-)
-SELECT customer, meter, trim_scale(sum(coalesce(g.quantity, 0) - coalesce(w.q, 0)))::text,
-       string_agg(format('%s: hours %s, day %s', day, trim_scale(coalesce(w.q, 0)), trim_scale(coalesce(g.quantity, 0))), '; ' ORDER BY day)
-FROM want w FULL JOIN got g USING (customer, meter, period_start, day)
-WHERE coalesce(w.q, 0) <> coalesce(g.quantity, 0)
-GROUP BY 1, 2 ORDER BY 1, 2`, tg.customers, tg.starts, tg.zones)
+WITH `+targetsCTE+`
+SELECT customer, meter, trim_scale(sum(quantity))::text
+FROM rollups_daily JOIN t USING (customer, period_start)
+WHERE `+filter+` GROUP BY 1, 2`, tg.customers, tg.starts, tg.ends)
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
+	daily := map[[2]string]decimal.Decimal{}
 	for rows.Next() {
-		var c, m, diff, bad string
-		if err := rows.Scan(&c, &m, &diff, &bad); err != nil {
+		var c, m, q string
+		if err := rows.Scan(&c, &m, &q); err != nil {
 			return err
 		}
-		d := dec(diff)
-		r.find(Finding{Kind: KindDailyMismatch, Severity: Discrepancy, Customer: c, Meter: m, Amount: &d,
-			Detail: "daily rollups differ from the hourly rollups of their days: " + clip(bad, 2000)})
+		daily[[2]string{c, m}] = dec(q)
 	}
-	return rows.Err()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	keys := slices.Collect(maps.Keys(daily))
+	for k := range hourly {
+		if _, ok := daily[k]; !ok {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, func(a, b [2]string) int { return cmp.Or(strings.Compare(a[0], b[0]), strings.Compare(a[1], b[1])) })
+	for _, k := range keys {
+		d, h := daily[k], hourly[k]
+		if d.Equal(h) {
+			continue
+		}
+		diff := d.Sub(h)
+		r.find(Finding{Kind: KindDailyMismatch, Severity: Discrepancy, Customer: k[0], Meter: k[1], Amount: &diff,
+			Detail: fmt.Sprintf("daily rollups hold %s, the hourly rollups %s", d, h)})
+	}
+	return nil
 }
 
 // breakdown splits each meter's billed total into usage, prior-period

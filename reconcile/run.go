@@ -368,7 +368,6 @@ func (rc *Reconciler) targets(ctx context.Context, tx pgx.Tx, opt Options, now t
 		tg.customers = append(tg.customers, id)
 		tg.starts = append(tg.starts, p.Start.UTC())
 		tg.ends = append(tg.ends, p.End.UTC())
-		tg.zones = append(tg.zones, p.Start.Location().String())
 	}
 	if err := rows.Err(); err != nil {
 		return tg, nil, err
