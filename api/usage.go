@@ -7,9 +7,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
-	"slices"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -184,61 +182,41 @@ func (a *API) readUsage(ctx context.Context, key usageKey, p periods.Period) (us
 		return usageData{}, fmt.Errorf("usage: %w", err)
 	}
 	var d usageData
-	var series []bucketView // of the last item
-	encode := func() error {
-		if len(d.items) == 0 {
-			return nil
-		}
-		raw, err := json.Marshal(series)
-		d.items[len(d.items)-1].Series = raw
-		return err
-	}
-	var m, qty, total pgtype.Text
-	var hour pgtype.Timestamptz
-	var day pgtype.Date
-	dest := []any{&d.closed, &d.asOf, &m, &hour, &qty, &total}
-	if days != nil {
-		dest[3] = &day
-	}
-	_, err = pgx.ForEachRow(rows, dest, func() error {
+	var m, total pgtype.Text
+	var keys []time.Time // hours, or dates (midnight UTC)
+	var qtys []string
+	_, err = pgx.ForEachRow(rows, []any{&d.closed, &d.asOf, &m, &keys, &qtys, &total}, func() error {
 		if !m.Valid { // no usage: the header alone
 			return nil
 		}
-		var start, end time.Time
-		if days == nil {
-			start, end = hour.Time, hour.Time.Add(time.Hour)
-		} else {
-			i := dayIndex(days, day.Time)
-			if i < 0 {
-				return fmt.Errorf("daily rollup of %s outside period %s", day.Time.Format(time.DateOnly), p.Name)
-			}
-			start, end = days[i], p.End
-			if i+1 < len(days) {
-				end = days[i+1]
-			}
+		if len(keys) != len(qtys) {
+			return fmt.Errorf("meter %q: %d buckets, %d quantities", m.String, len(keys), len(qtys))
 		}
-		// Clamp to the period: boundaries need not be whole local hours.
-		start, end = maxTime(start, p.Start), minTime(end, p.End)
-		// Rows come ordered by meter and time (the index's order; checked
-		// below, so a plan that broke it fails rather than splits a meter).
-		if len(d.items) == 0 || d.items[len(d.items)-1].Meter != m.String {
-			if err := encode(); err != nil {
-				return err
+		series := make([]bucketView, len(keys))
+		for j, k := range keys {
+			var start, end time.Time
+			if days == nil {
+				start, end = k, k.Add(time.Hour)
+			} else {
+				i := dayIndex(days, k)
+				if i < 0 {
+					return fmt.Errorf("daily rollup of %s outside period %s", k.Format(time.DateOnly), p.Name)
+				}
+				start, end = days[i], p.End
+				if i+1 < len(days) {
+					end = days[i+1]
+				}
 			}
-			d.items = append(d.items, meterUsage{Meter: m.String, Total: total.String})
-			series = series[:0]
+			// Clamp to the period: boundaries need not be whole local hours.
+			start, end = maxTime(start, p.Start), minTime(end, p.End)
+			series[j] = bucketView{Start: rfc3339(start), End: rfc3339(end), Quantity: qtys[j]}
 		}
-		series = append(series, bucketView{Start: rfc3339(start), End: rfc3339(end), Quantity: qty.String})
-		return nil
+		raw, err := json.Marshal(series)
+		d.items = append(d.items, meterUsage{Meter: m.String, Total: total.String, Series: raw})
+		return err
 	})
-	if err == nil {
-		err = encode()
-	}
 	if err != nil {
 		return usageData{}, fmt.Errorf("usage: %w", err)
-	}
-	if !slices.IsSortedFunc(d.items, func(a, b meterUsage) int { return strings.Compare(a.Meter, b.Meter) }) {
-		return usageData{}, fmt.Errorf("usage: rollups of customer %q not in meter order", key.customer)
 	}
 	return d, nil
 }
