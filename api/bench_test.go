@@ -81,13 +81,15 @@ func BenchmarkUsage(b *testing.B) {
 		query     string
 		rate      float64
 	}{
-		{"month-by-day-one-meter/1k-customers", cached, some, "?meter=api_calls&period=previous", 0},
-		{"month-by-day-one-meter/10k-customers", cached, all, "?meter=api_calls&period=previous", 0},
 		{"month-by-day-one-meter/no-cache", uncached, all, "?meter=api_calls&period=previous", 0},
-		{"month-by-hour-all-meters/10k-customers", cached, all, "?period=previous&group_by=hour", 0},
-		{"current-by-day-all-meters/10k-customers", cached, all, "", 0},
 		{"month-by-day-one-meter/no-cache-at-2000rps", uncached, all, "?meter=api_calls&period=previous", 2000},
+		{"month-by-day-one-meter/no-cache-at-5000rps", uncached, all, "?meter=api_calls&period=previous", 5000},
+		{"month-by-day-one-meter/10k-customers", cached, all, "?meter=api_calls&period=previous", 0},
+		{"month-by-day-one-meter/10k-customers-at-8000rps", cached, all, "?meter=api_calls&period=previous", 8000},
+		{"month-by-day-one-meter/1k-customers", cached, some, "?meter=api_calls&period=previous", 0},
+		{"month-by-hour-all-meters/10k-customers", cached, all, "?period=previous&group_by=hour", 0},
 		{"month-by-hour-all-meters/no-cache-at-1000rps", uncached, all, "?period=previous&group_by=hour", 1000},
+		{"current-by-day-all-meters/10k-customers", cached, all, "", 0},
 	} {
 		b.Run(q.name, func(b *testing.B) {
 			benchClientsRun(b, q.url, q.customers, tokens, q.query, q.rate)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/amount"
@@ -319,8 +320,8 @@ func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 		})
 		return err
 	})
-	b.Queue(qRecordsByOperation, opIDs).Query(func(rows pgx.Rows) error {
-		var op uuid.UUID
+	b.Queue(qRecordsByOperation, pgUUIDs(opIDs)).Query(func(rows pgx.Rows) error {
+		var op pgtype.UUID
 		var s stored
 		var total string
 		var quantity *string
@@ -337,7 +338,7 @@ func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 				}
 				st.quantity = decimal.NewNullDecimal(q)
 			}
-			a.ops[op] = &st
+			a.ops[op.Bytes] = &st
 			return nil
 		})
 		return err
@@ -367,9 +368,9 @@ func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	b = &pgx.Batch{}
 	b.Queue(qRecordsBySeq, candStream, candSeq).Query(func(rows pgx.Rows) error {
 		var sid, seq int64
-		var op uuid.UUID
+		var op pgtype.UUID
 		_, err := pgx.ForEachRow(rows, []any{&sid, &seq, &op}, func() error {
-			a.byID[sid].seen[seq] = op
+			a.byID[sid].seen[seq] = op.Bytes
 			return nil
 		})
 		return err

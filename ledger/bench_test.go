@@ -99,7 +99,7 @@ func benchCopy(b *testing.B, size int) {
 	rows := make([][][]any, b.N)
 	for i := range rows {
 		for _, r := range w.batch(size, 0) {
-			rows[i] = append(rows[i], []any{ids[r.Stream], r.Seq, r.OperationID, r.Stream.Customer, r.Stream.Meter,
+			rows[i] = append(rows[i], []any{ids[r.Stream], r.Seq, pgtype.UUID{Bytes: r.OperationID, Valid: true}, r.Stream.Customer, r.Stream.Meter,
 				numeric(r.Total), numeric(r.Quantity.Decimal), r.OccurredAt, false, false, numeric(r.Quantity.Decimal),
 				r.OccurredAt, r.OccurredAt.Truncate(time.Hour), nil, f.now})
 		}
