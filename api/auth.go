@@ -16,6 +16,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -94,7 +95,9 @@ func (a *API) authenticate(next http.Handler) http.Handler {
 				p = cached
 				break
 			}
-			err := a.pool.QueryRow(r.Context(), qTokenByHash, h[:]).Scan(&p.tokenID, &p.customer)
+			var id pgtype.UUID // not uuid.UUID: pgx would go through its text form
+			err := a.pool.QueryRow(r.Context(), qTokenByHash, h[:]).Scan(&id, &p.customer)
+			p.tokenID = id.Bytes
 			if errors.Is(err, pgx.ErrNoRows) {
 				a.writeError(w, r, unauthorized("the token is unknown or revoked"))
 				return
