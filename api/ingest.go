@@ -129,6 +129,7 @@ func (a *API) replayDeadLetter(w http.ResponseWriter, r *http.Request) error {
 		res, err = ingest.Replay(ctx, tx, a.ledger, id, a.now().UTC().Truncate(time.Microsecond))
 		return err
 	})
+	a.forgetUsage("") // a replayed message may hold usage of any customer
 	if err != nil {
 		return err
 	}

@@ -221,11 +221,12 @@ func (a *API) readUsage(ctx context.Context, key usageKey, p periods.Period) (us
 	return d, nil
 }
 
-// forgetUsage drops the cached usage answers of customer after a write
-// through this process (adjustment, close, calendar change).
+// forgetUsage drops the cached usage answers of customer ("": of every
+// customer) after a write through this process (adjustment, close,
+// calendar change, dead-letter replay).
 func (a *API) forgetUsage(customer string) {
 	a.usageWrites.Add(1)
-	a.usage.deleteFunc(func(k usageKey) bool { return k.customer == customer })
+	a.usage.deleteFunc(func(k usageKey) bool { return customer == "" || k.customer == customer })
 }
 
 // localDays returns the starts of the local calendar days of p in its
