@@ -63,8 +63,9 @@ type Config struct {
 	// Postgres for the same customer, period, meter and grouping. The
 	// answer keeps the as_of it was read with (its lag_seconds grows), so
 	// it never claims more than it holds; it is at most this much older
-	// than a fresh read. Adjustments, closes and calendar changes made
-	// through this process forget the customer's answers at once.
+	// than a fresh read. Adjustments, closes, calendar changes and
+	// dead-letter replays made through this process forget the answers
+	// they affect at once.
 	// Default 1s; negative: read Postgres on every request.
 	UsageCacheTTL time.Duration
 }
