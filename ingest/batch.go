@@ -2,7 +2,6 @@ package ingest
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -235,15 +234,12 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 			continue
 		}
 		m := &b.msgs[refs[k].msg]
-		r := m.batch.Records[refs[k].rec]
 		idx := int32(m.index[refs[k].rec])
-		// wire.Decode keeps the exact bytes only of records it refuses, so
-		// this is the record re-encoded: same values, exact decimals as
-		// strings (trailing zeros after the point may differ). The header
-		// (producer, epoch) is in the message at the same offset.
-		raw, err := json.Marshal(r)
-		if err != nil {
-			return s, fmt.Errorf("encode rejected record: %w", err)
+		// The record's exact bytes in the message (the header, producer
+		// and epoch, is in the message at the same offset).
+		raw := m.batch.RecordBytes(m.value, refs[k].rec)
+		if raw == nil {
+			return s, fmt.Errorf("rejected record %d of the message at offset %d: no bytes", refs[k].rec, m.offset)
 		}
 		detail := o.Detail
 		if detail == "" {

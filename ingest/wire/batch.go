@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strconv"
@@ -41,6 +42,18 @@ type Batch struct {
 	Epoch    int64     `json:"epoch"`
 	SentAt   time.Time `json:"sent_at"`
 	Records  []Record  `json:"records"`
+
+	// spans[i] is where Records[i] lies in the message Decode read.
+	spans [][2]int
+}
+
+// RecordBytes returns a copy of the exact JSON of Records[i] in value, the
+// message b was decoded from, or nil when b was not made by Decode.
+func (b *Batch) RecordBytes(value []byte, i int) []byte {
+	if i < 0 || i >= len(b.spans) || b.spans[i][1] > len(value) {
+		return nil
+	}
+	return bytes.Clone(value[b.spans[i][0]:b.spans[i][1]])
 }
 
 // Record is one usage report: the running total of the stream

@@ -135,6 +135,7 @@ func Decode(key, value []byte) (b Batch, index []int, rejected []RecordError, er
 
 	d := decoder{data: value, key: key, keyStr: string(key)}
 	b.Records = make([]Record, 0, n)
+	b.spans = make([][2]int, 0, n)
 	index = make([]int, 0, n)
 	pos := recordsAt + 1
 	for i := 0; i < n; i++ {
@@ -148,6 +149,7 @@ func Decode(key, value []byte) (b Batch, index []int, rejected []RecordError, er
 		}
 		if p.ok() {
 			b.Records = append(b.Records, r)
+			b.spans = append(b.spans, [2]int{pos, end})
 			index = append(index, i)
 		} else {
 			rejected = append(rejected, RecordError{
