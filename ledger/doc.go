@@ -6,7 +6,9 @@
 //     every unit is billed once, however records are duplicated, reordered
 //     or lost (a gap's usage is inside the delta of the record after it).
 //   - Per (customer, meter, period, hour), the rollup equals the sum of the
-//     records' billed amounts and the entries' amounts in that bucket.
+//     records' billed amounts and the entries' amounts in that bucket; per
+//     local day of the period's zone (see Day), the daily rollup equals the
+//     sum of that day's hourly rollups.
 //   - Nothing is updated or deleted except derivable state (stream state,
 //     open gaps, rollups); corrections are new entries.
 //   - Apply runs inside the caller's transaction: its effect commits or
