@@ -8,7 +8,8 @@
 //   - Per (customer, meter, period, hour), the rollup equals the sum of the
 //     records' billed amounts and the entries' amounts in that bucket; per
 //     local day of the period's zone (see Day), the daily rollup equals the
-//     sum of that day's hourly rollups.
+//     sum of that day's hourly rollups (reconciliation checks the days of
+//     each meter and period in total).
 //   - Nothing is updated or deleted except derivable state (stream state,
 //     open gaps, rollups); corrections are new entries.
 //   - Apply runs inside the caller's transaction: its effect commits or
