@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/shopspring/decimal"
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 )
 
 // The state file and its buckets.
@@ -213,7 +214,7 @@ func syncDir(dir string) error {
 // is read by the caller's transaction).
 func openFile(path string) (*bolt.DB, int64, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
-	if errors.Is(err, bolt.ErrTimeout) {
+	if errors.Is(err, bolterrors.ErrTimeout) {
 		return nil, 0, fmt.Errorf("%w: %s", errLocked, path)
 	}
 	if err != nil {
