@@ -1,7 +1,8 @@
 package api
 
-// The API's SQL, in one place. Every statement is a constant; values are
-// always bind parameters, never text assembled from input.
+// The API's SQL, in one place. Every statement is fixed text (the usage
+// pair is assembled from constants); values are always bind parameters,
+// never text assembled from input.
 
 const (
 	// Authentication: a customer token by the SHA-256 of its secret.
@@ -67,24 +68,25 @@ WITH h AS (
 SELECT h.closed, h.as_of, u.meter, u.keys, u.qtys, u.total
 FROM h LEFT JOIN LATERAL (`
 
-	// By local day: the daily rollups (migration 00006), at most 31 per
-	// meter, by an index-only scan of their primary key.
-	qUsageByDay = usageHeader + `
-  SELECT meter, array_agg(day ORDER BY day) AS keys,
-         array_agg(trim_scale(quantity)::text ORDER BY day) AS qtys, trim_scale(sum(quantity))::text AS total
-  FROM rollups_daily
-  WHERE customer = $1 AND period_start = $2 AND ($3::text IS NULL OR meter = $3)
-  GROUP BY meter) u ON true
-ORDER BY u.meter`
-
-	// By hour: the hourly rollups, by an index-only scan of rollups_usage.
-	qUsageByHour = usageHeader + `
-  SELECT meter, array_agg(bucket ORDER BY bucket) AS keys,
-         array_agg(trim_scale(quantity)::text ORDER BY bucket) AS qtys, trim_scale(sum(quantity))::text AS total
-  FROM rollups
-  WHERE customer = $1 AND period_start = $2 AND ($3::text IS NULL OR meter = $3)
-  GROUP BY meter) u ON true
-ORDER BY u.meter`
-
 	qCustomerExists = `SELECT EXISTS (SELECT 1 FROM customers WHERE id = $1)`
 )
+
+// The usage statements: by local day from the daily rollups (migration
+// 00006, at most 31 per meter), by hour from the hourly ones; each by an
+// index-only scan (rollups_daily's primary key, rollups_usage).
+var (
+	qUsageByDay  = usageQuery("rollups_daily", "day")
+	qUsageByHour = usageQuery("rollups", "bucket")
+)
+
+// usageQuery is usageHeader over one rollup table and its time column.
+// Both arguments are the constants above, never input.
+func usageQuery(table, key string) string {
+	return usageHeader + `
+  SELECT meter, array_agg(` + key + ` ORDER BY ` + key + `) AS keys,
+         array_agg(trim_scale(quantity)::text ORDER BY ` + key + `) AS qtys, trim_scale(sum(quantity))::text AS total
+  FROM ` + table + `
+  WHERE customer = $1 AND period_start = $2 AND ($3::text IS NULL OR meter = $3)
+  GROUP BY meter) u ON true
+ORDER BY u.meter`
+}
