@@ -134,16 +134,11 @@ type periodKey struct {
 	start    int64 // unix micro
 }
 
+// rollupKey is an hourly rollup's key, or a daily one's (bucket is then
+// the date's midnight UTC).
 type rollupKey struct {
 	customer, meter string
 	period, bucket  int64 // unix micro
-}
-
-type dayKey struct {
-	customer string
-	period   int64 // unix micro
-	meter    string
-	day      int64 // unix seconds of the date's midnight UTC
 }
 
 type applier struct {

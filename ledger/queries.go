@@ -107,12 +107,13 @@ FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::timestamptz[], $5::te
 ON CONFLICT (customer, meter, period_start, bucket)
 DO UPDATE SET quantity = r.quantity + EXCLUDED.quantity`
 
-	// The same amounts by local day (see migration 00006).
+	// The same amounts by local day (see migration 00006); the same
+	// parameters as qUpsertRollups, $4 being the day.
 	qUpsertDailyRollups = `
-INSERT INTO rollups_daily AS r (customer, period_start, meter, day, quantity)
-SELECT customer, period_start, meter, day, quantity::numeric
-FROM unnest($1::text[], $2::timestamptz[], $3::text[], $4::date[], $5::text[])
-  AS u(customer, period_start, meter, day, quantity)
+INSERT INTO rollups_daily AS r (customer, meter, period_start, day, quantity)
+SELECT customer, meter, period_start, day, quantity::numeric
+FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::date[], $5::text[])
+  AS u(customer, meter, period_start, day, quantity)
 ON CONFLICT (customer, period_start, meter, day)
 DO UPDATE SET quantity = r.quantity + EXCLUDED.quantity`
 

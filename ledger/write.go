@@ -1,9 +1,10 @@
 package ledger
 
 import (
+	"cmp"
 	"context"
 	"fmt"
-	"sort"
+	"slices"
 	"strings"
 	"time"
 
@@ -171,78 +172,47 @@ func queueEntries(b *pgx.Batch, entries []entry, now time.Time) {
 }
 
 // queueRollups upserts the batch's hourly rollups and, summed by local
-// day, its daily rollups. Keys are sorted so concurrent upserts lock rows
-// of each table in one order.
+// day, its daily rollups.
 func (a *applier) queueRollups(b *pgx.Batch) error {
-	keys := make([]rollupKey, 0, len(a.rollups))
+	days := map[rollupKey]decimal.Decimal{}
 	for k, q := range a.rollups {
+		day, err := Day(a.calendars[k.customer], time.UnixMicro(k.period), time.UnixMicro(k.bucket))
+		if err != nil {
+			return fmt.Errorf("ledger: customer %q: %w", k.customer, err)
+		}
+		dk := rollupKey{k.customer, k.meter, k.period, day.UnixMicro()}
+		days[dk] = days[dk].Add(q)
+	}
+	queueSums(b, qUpsertRollups, a.rollups)
+	queueSums(b, qUpsertDailyRollups, days)
+	return nil
+}
+
+// queueSums queues query (an upsert of $1 customer, $2 meter, $3 period,
+// $4 bucket or day, $5 quantity) for the non-zero sums, in key order so
+// concurrent upserts lock rows in one order.
+func queueSums(b *pgx.Batch, query string, sums map[rollupKey]decimal.Decimal) {
+	keys := make([]rollupKey, 0, len(sums))
+	for k, q := range sums {
 		if !q.IsZero() {
 			keys = append(keys, k)
 		}
 	}
 	if len(keys) == 0 {
-		return nil
+		return
 	}
-	sort.Slice(keys, func(i, j int) bool {
-		x, y := keys[i], keys[j]
-		if c := strings.Compare(x.customer, y.customer); c != 0 {
-			return c < 0
-		}
-		if c := strings.Compare(x.meter, y.meter); c != 0 {
-			return c < 0
-		}
-		if x.period != y.period {
-			return x.period < y.period
-		}
-		return x.bucket < y.bucket
+	slices.SortFunc(keys, func(x, y rollupKey) int {
+		return cmp.Or(strings.Compare(x.customer, y.customer), strings.Compare(x.meter, y.meter),
+			cmp.Compare(x.period, y.period), cmp.Compare(x.bucket, y.bucket))
 	})
 	n := len(keys)
 	cust, meter, qty := make([]string, n), make([]string, n), make([]string, n)
 	period, bucket := make([]time.Time, n), make([]time.Time, n)
-	days := map[dayKey]decimal.Decimal{}
 	for i, k := range keys {
-		q := a.rollups[k]
-		cust[i], meter[i], qty[i] = k.customer, k.meter, q.String()
+		cust[i], meter[i], qty[i] = k.customer, k.meter, sums[k].String()
 		period[i], bucket[i] = time.UnixMicro(k.period).UTC(), time.UnixMicro(k.bucket).UTC()
-		day, err := Day(a.calendars[k.customer], period[i], bucket[i])
-		if err != nil {
-			return fmt.Errorf("ledger: customer %q: %w", k.customer, err)
-		}
-		dk := dayKey{k.customer, k.period, k.meter, day.Unix()}
-		days[dk] = days[dk].Add(q)
 	}
-	b.Queue(qUpsertRollups, cust, meter, period, bucket, qty)
-
-	dkeys := make([]dayKey, 0, len(days))
-	for k, q := range days {
-		if !q.IsZero() {
-			dkeys = append(dkeys, k)
-		}
-	}
-	sort.Slice(dkeys, func(i, j int) bool {
-		x, y := dkeys[i], dkeys[j]
-		if c := strings.Compare(x.customer, y.customer); c != 0 {
-			return c < 0
-		}
-		if x.period != y.period {
-			return x.period < y.period
-		}
-		if c := strings.Compare(x.meter, y.meter); c != 0 {
-			return c < 0
-		}
-		return x.day < y.day
-	})
-	n = len(dkeys)
-	cust, meter, qty = make([]string, n), make([]string, n), make([]string, n)
-	period, day := make([]time.Time, n), make([]time.Time, n)
-	for i, k := range dkeys {
-		cust[i], meter[i], qty[i] = k.customer, k.meter, days[k].String()
-		period[i], day[i] = time.UnixMicro(k.period).UTC(), time.Unix(k.day, 0).UTC()
-	}
-	if n > 0 {
-		b.Queue(qUpsertDailyRollups, cust, period, meter, day, qty)
-	}
-	return nil
+	b.Queue(query, cust, meter, period, bucket, qty)
 }
 
 func (a *applier) queueConflicts(b *pgx.Batch) {
