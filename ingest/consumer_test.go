@@ -47,7 +47,7 @@ func TestRedeliveredMessagesBillOnce(t *testing.T) {
 		e.kafka.Produce(t, topic, msgs[0])
 	}
 	e.waitCaughtUp(30 * time.Second)
-	m.stop(t)
+	m.Stop(t)
 
 	e.checkLedger(streams)
 	e.checkOffsets()
@@ -135,7 +135,7 @@ func TestBadInputGoesToDeadLetters(t *testing.T) {
 	e.kafka.Produce(t, topic, msgs...)
 	m := e.start()
 	e.waitCaughtUp(30 * time.Second)
-	m.stop(t)
+	m.Stop(t)
 	e.checkOffsets()
 	c := e.checkCounters()
 	var futureRaw []byte
@@ -177,8 +177,8 @@ func TestBadInputGoesToDeadLetters(t *testing.T) {
 	if !strings.HasPrefix(field, "records[") || detail == "" {
 		t.Errorf("customer_mismatch dead letter: field %q detail %q", field, detail)
 	}
-	if m.counter("tally_ingest_messages_total", map[string]string{"result": "rejected"}) != float64(wantWhole) {
-		t.Errorf("metric messages rejected = %v", m.counter("tally_ingest_messages_total", map[string]string{"result": "rejected"}))
+	if m.Metric("tally_ingest_messages_total", map[string]string{"result": "rejected"}) != float64(wantWhole) {
+		t.Errorf("metric messages rejected = %v", m.Metric("tally_ingest_messages_total", map[string]string{"result": "rejected"}))
 	}
 	checkReplay(t, e, fb.Records[1].OccurredAt)
 }
@@ -241,7 +241,7 @@ func TestOffsetJumpIsRecorded(t *testing.T) {
 	e.kafka.Produce(t, topic, msgs[:4]...)
 	m := e.start()
 	e.waitCaughtUp(30 * time.Second)
-	m.stop(t)
+	m.Stop(t)
 
 	// Retention deletes offsets 4..6 before they are read.
 	e.kafka.Produce(t, topic, msgs[4:]...)
@@ -250,7 +250,7 @@ func TestOffsetJumpIsRecorded(t *testing.T) {
 	}
 	m = e.start()
 	e.waitCaughtUp(30 * time.Second)
-	m.stop(t)
+	m.Stop(t)
 
 	var from, to int64
 	if err := e.pool.QueryRow(context.Background(), `SELECT from_offset, to_offset FROM ingest_offset_jumps`).Scan(&from, &to); err != nil {
@@ -259,7 +259,7 @@ func TestOffsetJumpIsRecorded(t *testing.T) {
 	if from != 4 || to != 7 {
 		t.Errorf("jump %d..%d, want 4..7", from, to)
 	}
-	if got := m.counter("tally_ingest_offset_jumps_total", nil); got != 1 {
+	if got := m.Metric("tally_ingest_offset_jumps_total", nil); got != 1 {
 		t.Errorf("offset jump metric = %v, want 1", got)
 	}
 	// Records 13..21 (messages 4..6) never arrived: the next record reveals
@@ -323,5 +323,5 @@ func TestStatusOfAnIdlePartition(t *testing.T) {
 	}); err != nil {
 		t.Error(err)
 	}
-	m.stop(t)
+	m.Stop(t)
 }

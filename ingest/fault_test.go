@@ -122,11 +122,11 @@ func TestRebalanceMidStream(t *testing.T) {
 	time.Sleep(700 * time.Millisecond)
 	c := e.start()
 	time.Sleep(500 * time.Millisecond)
-	a.stop(t)
+	a.Stop(t)
 	p.wait()
 	e.waitCaughtUp(60 * time.Second)
-	b.stop(t)
-	c.stop(t)
+	b.Stop(t)
+	c.Stop(t)
 	e.checkLedger(streams)
 	e.checkOffsets()
 	e.checkCounters()
@@ -140,7 +140,7 @@ func TestRebalanceMidStream(t *testing.T) {
 	// kafka-go starts a generation only after every member finished the
 	// previous one, so ownership never overlapped: nobody was fenced.
 	for i, m := range []*member{a, b, c} {
-		if f := m.counter("tally_ingest_fenced_total", nil); f != 0 {
+		if f := m.Metric("tally_ingest_fenced_total", nil); f != 0 {
 			t.Errorf("member %d was fenced %v times: two members owned a partition at once", i, f)
 		}
 	}
@@ -163,14 +163,14 @@ func TestFencingConcurrentOwners(t *testing.T) {
 	b := e.start(func(c *ingest.Config) { c.Group = "group-b" })
 	p.wait()
 	e.waitCaughtUp(60 * time.Second)
-	a.stop(t)
-	b.stop(t)
+	a.Stop(t)
+	b.Stop(t)
 	e.checkLedger(streams)
 	e.checkOffsets()
 	if got, want := e.checkCounters().RecordsIn, p.records.Load(); got != want {
 		t.Errorf("records in %d, want exactly the %d sent (each counted once)", got, want)
 	}
-	fenced := a.counter("tally_ingest_fenced_total", nil) + b.counter("tally_ingest_fenced_total", nil)
+	fenced := a.Metric("tally_ingest_fenced_total", nil) + b.Metric("tally_ingest_fenced_total", nil)
 	t.Logf("fenced %v times", fenced)
 	if fenced == 0 {
 		t.Errorf("the two owners were never fenced; the test raced nothing")
@@ -218,9 +218,9 @@ func TestPostgresConnectionsTerminated(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	e.waitCaughtUp(60 * time.Second)
-	m.stop(t)
-	t.Logf("terminated %d backends; %v retries", killed, m.counter("tally_ingest_retries_total", nil))
-	if killed == 0 || m.counter("tally_ingest_retries_total", nil) == 0 {
+	m.Stop(t)
+	t.Logf("terminated %d backends; %v retries", killed, m.Metric("tally_ingest_retries_total", nil))
+	if killed == 0 || m.Metric("tally_ingest_retries_total", nil) == 0 {
 		t.Errorf("no transaction was interrupted (killed %d); the test proved nothing", killed)
 	}
 	e.checkLedger(streams)
@@ -269,7 +269,7 @@ func TestBrokerRestart(t *testing.T) {
 	}
 	k.Produce(t, topic, more...)
 	e.waitCaughtUp(60 * time.Second)
-	m.stop(t)
+	m.Stop(t)
 	e.checkLedger(streams)
 	e.checkOffsets()
 	e.checkCounters()

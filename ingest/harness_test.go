@@ -23,6 +23,7 @@ import (
 	"github.com/tally-ledger/tally/ingest/wire"
 	"github.com/tally-ledger/tally/internal/kafkatest"
 	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/internal/testrun"
 	"github.com/tally-ledger/tally/ledger"
 )
 
@@ -82,11 +83,7 @@ func testConfig(brokers []string, pool *pgxpool.Pool, log *slog.Logger) ingest.C
 }
 
 // member is a running consumer.
-type member struct {
-	cancel context.CancelFunc
-	done   chan error
-	reg    *prometheus.Registry
-}
+type member = testrun.Service
 
 func (e *env) start(mod ...func(*ingest.Config)) *member {
 	e.t.Helper()
@@ -100,59 +97,7 @@ func (e *env) start(mod ...func(*ingest.Config)) *member {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	m := &member{cancel: cancel, done: make(chan error, 1), reg: reg}
-	go func() { m.done <- c.Run(ctx) }()
-	e.t.Cleanup(func() { m.stop(e.t) })
-	return m
-}
-
-func (m *member) stop(t testing.TB) {
-	if m.cancel == nil {
-		return
-	}
-	m.cancel()
-	m.cancel = nil
-	select {
-	case err := <-m.done:
-		if err != nil {
-			t.Errorf("consumer Run: %v", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Errorf("consumer did not stop within 30s")
-	}
-}
-
-// counter reads a counter of m's registry (sum over label values matching).
-func (m *member) counter(name string, labels map[string]string) float64 {
-	mfs, err := m.reg.Gather()
-	if err != nil {
-		return -1
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, mt := range mf.GetMetric() {
-			for k, v := range labels {
-				found := false
-				for _, lp := range mt.GetLabel() {
-					if lp.GetName() == k && lp.GetValue() == v {
-						found = true
-					}
-				}
-				if !found {
-					continue metrics
-				}
-			}
-			if c := mt.GetCounter(); c != nil {
-				sum += c.GetValue()
-			}
-		}
-	}
-	return sum
+	return testrun.Start(e.t, reg, c.Run)
 }
 
 // testLogger logs WARN and above through t (ERROR lines are expected in

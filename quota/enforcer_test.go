@@ -71,8 +71,8 @@ func TestEnforcerAcrossWarnAndLimit(t *testing.T) {
 		st[0].Decision.State != quota.Exceeded || st[0].AsOf == nil {
 		t.Fatalf("status: %+v", st)
 	}
-	if enf.metric("tally_quota_leader") != 1 || enf.metric("tally_quota_decisions_published_total") < 4 {
-		t.Errorf("metrics: leader %v published %v", enf.metric("tally_quota_leader"), enf.metric("tally_quota_decisions_published_total"))
+	if enf.Metric("tally_quota_leader", nil) != 1 || enf.Metric("tally_quota_decisions_published_total", nil) < 4 {
+		t.Errorf("metrics: leader %v published %v", enf.Metric("tally_quota_leader", nil), enf.Metric("tally_quota_decisions_published_total", nil))
 	}
 	// Usage admitted after the exceeded decision is overage.
 	e.use("acme", "api_calls", 7)
@@ -182,8 +182,8 @@ func TestStalledIngestAndUnreadableLedger(t *testing.T) {
 	if !first.Stale(first.DecidedAt) || !first.Blocks(first.DecidedAt) {
 		t.Errorf("lag %v > stale_after 30s but the decision is not stale/denying", first.LagSeconds)
 	}
-	if enf.metric("tally_quota_lag_seconds") < 30 {
-		t.Errorf("lag metric %v", enf.metric("tally_quota_lag_seconds"))
+	if enf.Metric("tally_quota_lag_seconds", nil) < 30 {
+		t.Errorf("lag metric %v", enf.Metric("tally_quota_lag_seconds", nil))
 	}
 	// Ingest resumes with the usage it had held back: admitted while stale.
 	e.use("acme", "api_calls", 25)
@@ -199,7 +199,7 @@ func TestStalledIngestAndUnreadableLedger(t *testing.T) {
 	if _, err := e.pool.Exec(context.Background(), `ALTER TABLE rollups RENAME TO rollups_away`); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(5 * time.Second); enf.metric("tally_quota_evaluation_failures_total") < 3; time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); enf.Metric("tally_quota_evaluation_failures_total", nil) < 3; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("no evaluation failures counted")
 		}
@@ -234,8 +234,8 @@ func TestLeaderTakeoverWithoutGapOrReset(t *testing.T) {
 	rd.until(10*time.Second, "acme warning", func(d received) bool { return d.Customer == "acme" && d.State == quota.Warning })
 	b := e.start(e.config("b"))
 	time.Sleep(300 * time.Millisecond)
-	if a.metric("tally_quota_leader") != 1 || b.metric("tally_quota_leader") != 0 {
-		t.Fatalf("leaders: a=%v b=%v", a.metric("tally_quota_leader"), b.metric("tally_quota_leader"))
+	if a.Metric("tally_quota_leader", nil) != 1 || b.Metric("tally_quota_leader", nil) != 0 {
+		t.Fatalf("leaders: a=%v b=%v", a.Metric("tally_quota_leader", nil), b.Metric("tally_quota_leader", nil))
 	}
 	// Drain what a published, then kill it.
 	var lastAcme received
@@ -249,8 +249,8 @@ func TestLeaderTakeoverWithoutGapOrReset(t *testing.T) {
 		}
 	}
 	killed := time.Now()
-	a.stop(t)
-	for deadline := time.Now().Add(5 * time.Second); b.metric("tally_quota_leader") != 1; time.Sleep(10 * time.Millisecond) {
+	a.Stop(t)
+	for deadline := time.Now().Add(5 * time.Second); b.Metric("tally_quota_leader", nil) != 1; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("b did not take over")
 		}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/tally-ledger/tally/internal/kafkatest"
 	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/internal/testrun"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/quota"
 )
@@ -149,11 +150,7 @@ func (e *env) put(in quota.RuleInput) quota.Rule {
 }
 
 // enforcer is a running Enforcer.
-type enforcer struct {
-	reg    *prometheus.Registry
-	cancel context.CancelFunc
-	done   chan error
-}
+type enforcer = testrun.Service
 
 func (e *env) config(holder string) quota.Config {
 	return quota.Config{
@@ -171,50 +168,7 @@ func (e *env) start(cfg quota.Config) *enforcer {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r := &enforcer{reg: reg, cancel: cancel, done: make(chan error, 1)}
-	go func() { r.done <- enf.Run(ctx) }()
-	e.t.Cleanup(func() { r.stop(e.t) })
-	return r
-}
-
-func (r *enforcer) stop(t testing.TB) {
-	if r.cancel == nil {
-		return
-	}
-	r.cancel()
-	r.cancel = nil
-	select {
-	case err := <-r.done:
-		if err != nil {
-			t.Errorf("enforcer Run: %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Errorf("enforcer did not stop within 20s")
-	}
-}
-
-// metric reads a gauge or counter (summed over label values).
-func (r *enforcer) metric(name string) float64 {
-	mfs, err := r.reg.Gather()
-	if err != nil {
-		return -1
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			switch {
-			case m.Gauge != nil:
-				sum += m.Gauge.GetValue()
-			case m.Counter != nil:
-				sum += m.Counter.GetValue()
-			}
-		}
-	}
-	return sum
+	return testrun.Start(e.t, reg, enf.Run)
 }
 
 // reader reads the decisions topic from the start, as a gateway would.

@@ -29,8 +29,8 @@ func TestTakeoverAfterCrashedLeaderLeaseExpires(t *testing.T) {
 	if waited := time.Since(started); waited < time.Second {
 		t.Errorf("standby published %v after start, while the crashed leader's lease still ran", waited)
 	}
-	if d.State != quota.OK || b.metric("tally_quota_leader") != 1 {
-		t.Errorf("standby: %+v leader=%v", d.Decision, b.metric("tally_quota_leader"))
+	if d.State != quota.OK || b.Metric("tally_quota_leader", nil) != 1 {
+		t.Errorf("standby: %+v leader=%v", d.Decision, b.Metric("tally_quota_leader", nil))
 	}
 	var epoch int64
 	if err := e.pool.QueryRow(context.Background(), `SELECT epoch FROM quota_leases`).Scan(&epoch); err != nil || epoch != 8 {
@@ -52,7 +52,7 @@ func TestDeposedLeaderStopsPublishing(t *testing.T) {
 		UPDATE quota_leases SET holder = 'usurper', epoch = epoch + 1, expires_at = now() + interval '1 hour'`); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(5 * time.Second); a.metric("tally_quota_leader") != 0; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); a.Metric("tally_quota_leader", nil) != 0; time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("deposed leader still leading")
 		}
