@@ -475,7 +475,9 @@ func (p *partition) commit(ctx context.Context, b *microBatch) (int64, error) {
 }
 
 // committed updates metrics and, at most every KafkaCommitEvery, commits
-// the offset to Kafka for dashboards (never read back).
+// the offset to Kafka for dashboards (never read back). Metrics count
+// records, messages and dead letters (Prometheus takes float64); no usage
+// quantity is ever a metric value.
 func (p *partition) committed(b *microBatch, s summary, took time.Duration) {
 	m := p.c.m
 	m.batches.Inc()
