@@ -17,9 +17,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/api"
 	"github.com/tally-ledger/tally/internal/pgtest"
@@ -50,18 +52,41 @@ var benchNow = time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
 func BenchmarkUsage(b *testing.B) {
 	pool := benchDatabase(b)
 	l, _ := ledger.New(ledger.Config{Clock: func() time.Time { return benchNow }})
+	registries := map[string]*prometheus.Registry{} // by server URL
 	server := func(cacheTTL time.Duration) string {
+		reg := prometheus.NewRegistry()
 		h, err := api.New(api.Config{Pool: pool, Ledger: l, AdminToken: adminToken, Clock: func() time.Time { return benchNow },
-			Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry(), UsageCacheTTL: cacheTTL})
+			Logger: slog.New(slog.DiscardHandler), Registry: reg, UsageCacheTTL: cacheTTL})
 		if err != nil {
 			b.Fatal(err)
 		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- h.Run(ctx) }()
+		b.Cleanup(func() { cancel(); <-done })
 		srv := httptest.NewServer(h)
 		b.Cleanup(srv.Close)
+		registries[srv.URL] = reg
 		return srv.URL
 	}
-	cached, uncached := server(0), server(-1) // the default 1s cache; none
+	cached, uncached := server(0), server(-1) // the default cache; none
 	tokens := benchTokens(b, pool)
+	// The floor: the same clients against a handler that only writes a
+	// fixed answer of the same size (no auth, no routing, no Postgres).
+	floor := func() string {
+		res, err := http.DefaultClient.Do(benchRequest(b, cached, "cust-00000", tokens["cust-00000"], "?meter=api_calls&period=previous"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write(body)
+		}))
+		b.Cleanup(srv.Close)
+		return srv.URL
+	}()
 	all := slices.Sorted(maps.Keys(tokens))
 	var some []string // every 10th customer: 1,000
 	for i := 0; i < len(all); i += 10 {
@@ -80,29 +105,35 @@ func BenchmarkUsage(b *testing.B) {
 		customers []string
 		query     string
 		rate      float64
+		writes    int // records/s booked meanwhile, like ingest
 	}{
-		{"month-by-day-one-meter/no-cache", uncached, all, "?meter=api_calls&period=previous", 0},
-		{"month-by-day-one-meter/no-cache-at-2000rps", uncached, all, "?meter=api_calls&period=previous", 2000},
-		{"month-by-day-one-meter/no-cache-at-5000rps", uncached, all, "?meter=api_calls&period=previous", 5000},
-		{"month-by-day-one-meter/10k-customers", cached, all, "?meter=api_calls&period=previous", 0},
-		{"month-by-day-one-meter/10k-customers-at-8000rps", cached, all, "?meter=api_calls&period=previous", 8000},
-		{"month-by-day-one-meter/1k-customers", cached, some, "?meter=api_calls&period=previous", 0},
-		{"month-by-hour-all-meters/10k-customers", cached, all, "?period=previous&group_by=hour", 0},
-		{"month-by-hour-all-meters/no-cache-at-1000rps", uncached, all, "?period=previous&group_by=hour", 1000},
-		{"current-by-day-all-meters/10k-customers", cached, all, "", 0},
+		{"floor/fixed-answer", floor, all, "?meter=api_calls&period=previous", 0, 0},
+		{"month-by-day-one-meter/no-cache", uncached, all, "?meter=api_calls&period=previous", 0, 0},
+		{"month-by-day-one-meter/no-cache-at-2000rps", uncached, all, "?meter=api_calls&period=previous", 2000, 0},
+		{"month-by-day-one-meter/no-cache-at-5000rps", uncached, all, "?meter=api_calls&period=previous", 5000, 0},
+		{"month-by-day-one-meter/10k-customers", cached, all, "?meter=api_calls&period=previous", 0, 0},
+		{"month-by-day-one-meter/10k-customers-at-8000rps", cached, all, "?meter=api_calls&period=previous", 8000, 0},
+		{"month-by-day-one-meter/1k-customers", cached, some, "?meter=api_calls&period=previous", 0, 0},
+		{"current-by-day-one-meter/10k-customers-ingest-2000rps", cached, all, "?meter=api_calls", 0, 2000},
+		{"month-by-hour-all-meters/10k-customers", cached, all, "?period=previous&group_by=hour", 0, 0},
+		{"month-by-hour-all-meters/no-cache-at-1000rps", uncached, all, "?period=previous&group_by=hour", 1000, 0},
+		{"current-by-day-all-meters/10k-customers", cached, all, "", 0, 0},
 	} {
 		b.Run(q.name, func(b *testing.B) {
-			benchClientsRun(b, q.url, q.customers, tokens, q.query, q.rate)
+			if q.writes > 0 {
+				stop := benchWriter(b, pool, l, all, q.writes)
+				defer stop()
+			}
+			benchClientsRun(b, q.url, q.customers, tokens, q.query, q.rate, registries[q.url])
 		})
 	}
 }
 
-func benchClientsRun(b *testing.B, base string, customers []string, tokens map[string]string, query string, rate float64) {
+func benchClientsRun(b *testing.B, base string, customers []string, tokens map[string]string, query string, rate float64, reg *prometheus.Registry) {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConns: 2 * benchClients, MaxIdleConnsPerHost: 2 * benchClients}}
 	get := func(rng *rand.Rand) (time.Duration, error) {
 		c := customers[rng.IntN(len(customers))]
-		req, _ := http.NewRequest("GET", base+"/v1/customers/"+c+"/usage"+query, nil)
-		req.Header.Set("Authorization", "Bearer "+tokens[c])
+		req := benchRequest(b, base, c, tokens[c], query)
 		start := time.Now()
 		res, err := client.Do(req)
 		if err != nil {
@@ -166,11 +197,15 @@ func benchClientsRun(b *testing.B, base string, customers []string, tokens map[s
 	// Warm up for 2s: connections, token and calendar caches, and the usage
 	// cache in its steady state (entries expiring and refilled), not full.
 	run(0, 2*time.Second)
+	hits := benchCacheHits(b, reg)
 	b.ResetTimer()
 	start := time.Now()
 	lat := run(int64(b.N), 0)
 	elapsed := time.Since(start)
 	b.StopTimer()
+	if reg != nil {
+		b.ReportMetric(100*(benchCacheHits(b, reg)-hits)/float64(b.N), "hit-%")
+	}
 	all := slices.Concat(lat...)
 	slices.Sort(all)
 	pct := func(p float64) float64 {
@@ -180,6 +215,83 @@ func benchClientsRun(b *testing.B, base string, customers []string, tokens map[s
 	b.ReportMetric(pct(0.99), "p99-ms")
 	b.ReportMetric(pct(0.999), "p99.9-ms")
 	b.ReportMetric(float64(len(all))/elapsed.Seconds(), "req/s")
+}
+
+func benchRequest(b *testing.B, base, customer, token, query string) *http.Request {
+	req, err := http.NewRequest("GET", base+"/v1/customers/"+customer+"/usage"+query, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+token)
+	return req
+}
+
+// benchCacheHits reads tally_api_usage_cache_total{result="hit"}.
+func benchCacheHits(b *testing.B, reg *prometheus.Registry) float64 {
+	if reg == nil {
+		return 0
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "tally_api_usage_cache_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "result" && l.GetValue() == "hit" {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// benchWriter books perSecond records for random customers into the
+// current period, in ten transactions a second that also move the
+// customers' partition positions, as ingest would: every write forgets
+// its customers' cached answers. It returns a func that stops it.
+func benchWriter(b *testing.B, pool *pgxpool.Pool, l *ledger.Ledger, customers []string, perSecond int) func() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	epoch := time.Now().UnixMilli() // new streams every run
+	go func() {
+		defer close(done)
+		rng := rand.New(rand.NewPCG(uint64(epoch), 1))
+		seqs := map[string]int64{}
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for n := 0; ; n++ {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			recs := make([]ledger.Record, 0, perSecond/10)
+			for range perSecond / 10 {
+				c := customers[rng.IntN(len(customers))]
+				seqs[c]++
+				recs = append(recs, ledger.Record{OperationID: uuid.Must(uuid.NewV7()),
+					Stream: ledger.StreamKey{Producer: "bench-writer", Epoch: epoch, Customer: c, Meter: "api_calls"},
+					Seq:    seqs[c], Total: decimal.NewFromInt(seqs[c]), OccurredAt: benchNow.Add(-time.Minute)})
+			}
+			err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				if _, err := l.Apply(ctx, tx, recs); err != nil {
+					return err
+				}
+				_, err := tx.Exec(ctx, `UPDATE ingest_partitions SET applied_through = $1`, benchNow.Add(-2*time.Second))
+				return err
+			})
+			if err != nil && ctx.Err() == nil {
+				b.Errorf("bench writer: %v", err)
+				return
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
 }
 
 // benchTokens replaces the benchmark database's tokens with one per

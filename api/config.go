@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -59,15 +58,16 @@ type Config struct {
 	// ledger.MaxClockSkew after it is made, so a TTL below that never
 	// resolves a started period differently. Default 30s; negative: off.
 	ScheduleCacheTTL time.Duration
-	// UsageCacheTTL is how long a process reuses a usage answer read from
-	// Postgres for the same customer, period, meter and grouping. The
-	// answer keeps the as_of it was read with (its lag_seconds grows), so
-	// it never claims more than it holds; it is at most this much older
-	// than a fresh read. Adjustments, closes, calendar changes and
-	// dead-letter replays made through this process forget the answers
-	// they affect at once.
-	// Default 1s; negative: read Postgres on every request.
+	// UsageCacheTTL bounds how long a usage answer read from Postgres is
+	// reused. Answers are kept coherent by Postgres's change notifications
+	// while API.Run listens (see usage_watch.go): one is forgotten as soon
+	// as a commit changes it, so this is only a bound on memory held by
+	// answers nobody asks for. Without Run every answer is read afresh.
+	// Default 1m; negative: read Postgres on every request.
 	UsageCacheTTL time.Duration
+	// UsageCacheBytes bounds the cache's memory (roughly: the encoded
+	// answers); when full it is emptied. Default 64 MiB.
+	UsageCacheBytes int
 }
 
 // Validate reports every configuration problem at once.
@@ -114,14 +114,16 @@ type API struct {
 	metrics    *httpMetrics
 	tokens     *ttlCache[[32]byte, principal]
 	schedules  *ttlCache[string, cachedSchedule]
-	usage      *ttlCache[usageKey, usageData]
-	// usageWrites counts forgetUsage calls: an answer read while one ran
-	// is not cached (it may predate the write).
-	usageWrites atomic.Uint64
+	watch      *usageWatch
+	handler    http.Handler
 }
 
-// New returns the API's http.Handler.
-func New(cfg Config) (http.Handler, error) {
+// ServeHTTP serves the API.
+func (a *API) ServeHTTP(w http.ResponseWriter, r *http.Request) { a.handler.ServeHTTP(w, r) }
+
+// New returns the API. Run it beside the HTTP server to use the usage
+// cache.
+func New(cfg Config) (*API, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -168,13 +170,18 @@ func New(cfg Config) (http.Handler, error) {
 	a.tokens = newTTLCache[[32]byte, principal](tokenTTL, 100_000)
 	a.schedules = newTTLCache[string, cachedSchedule](schedTTL, 100_000)
 	if usageTTL == 0 {
-		usageTTL = time.Second
+		usageTTL = time.Minute
 	}
-	a.usage = newTTLCache[usageKey, usageData](usageTTL, 100_000)
+	usageBytes := cfg.UsageCacheBytes
+	if usageBytes <= 0 {
+		usageBytes = 64 << 20
+	}
+	a.watch = newUsageWatch(a.topic, usageTTL, usageBytes)
 	m, err := newHTTPMetrics(a.registry)
 	if err != nil {
 		return nil, err
 	}
 	a.metrics = m
-	return a.routes(), nil
+	a.handler = a.routes()
+	return a, nil
 }

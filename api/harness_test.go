@@ -47,6 +47,8 @@ type fixture struct {
 
 	totals map[string]decimal.Decimal // stream → running total
 	seqs   map[string]int64
+
+	synced chan string // the API's listener handled this sync notification
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -68,9 +70,6 @@ func newFixtureWith(t *testing.T, configure func(*api.Config)) *fixture {
 		Pool: f.pool, Ledger: l, AdminToken: adminToken, Clock: f.clock,
 		Logger:   slog.New(slog.NewJSONHandler(f.logs, nil)),
 		Registry: prometheus.NewRegistry(),
-		// Tests write usage through the ledger, behind the API's back:
-		// TestUsageCache turns the cache on.
-		UsageCacheTTL: -1,
 	}
 	if configure != nil {
 		configure(&cfg)
@@ -78,6 +77,26 @@ func newFixtureWith(t *testing.T, configure func(*api.Config)) *fixture {
 	h, err := api.New(cfg)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The usage cache is on, kept coherent by Postgres's notifications:
+	// tests write behind the API's back (f.usage, f.exec) and then wait
+	// until the API has heard of the write (f.sync), as any reader after
+	// a notification's short delay would.
+	f.synced = make(chan string, 16)
+	api.OnUsageSync(h, func(s string) { f.synced <- s })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("api.Run: %v", err)
+		}
+	})
+	for deadline := time.Now().Add(10 * time.Second); !api.UsageWatchUp(h); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the API's usage listener did not start")
+		}
 	}
 	f.srv = httptest.NewServer(h)
 	t.Cleanup(f.srv.Close)
@@ -122,6 +141,35 @@ func (f *fixture) usage(customer, meter string, t time.Time, qty string) {
 	if err != nil {
 		f.t.Fatalf("usage: %v", err)
 	}
+	f.sync()
+}
+
+// sync waits until the API's usage listener has handled every commit so
+// far (a notification sent now arrives after them). It sends again while
+// waiting: one sent while the listener reconnects is never heard.
+func (f *fixture) sync() {
+	f.t.Helper()
+	token := uuid.NewString()
+	timeout := time.After(10 * time.Second)
+	for {
+		if _, err := f.pool.Exec(context.Background(), `SELECT pg_notify('tally_usage', json_build_object('sync', $1::text)::text)`, token); err != nil {
+			f.t.Fatalf("sync: %v", err)
+		}
+		again := time.After(200 * time.Millisecond)
+	wait:
+		for {
+			select {
+			case s := <-f.synced:
+				if s == token {
+					return
+				}
+			case <-again:
+				break wait
+			case <-timeout:
+				f.t.Fatal("sync: the API's usage listener did not answer in 10s")
+			}
+		}
+	}
 }
 
 func (f *fixture) exec(sql string, args ...any) {
@@ -129,6 +177,7 @@ func (f *fixture) exec(sql string, args ...any) {
 	if _, err := f.pool.Exec(context.Background(), sql, args...); err != nil {
 		f.t.Fatalf("%s: %v", sql, err)
 	}
+	f.sync()
 }
 
 // token creates a customer token.

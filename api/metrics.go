@@ -17,6 +17,7 @@ type httpMetrics struct {
 	requests               *prometheus.CounterVec
 	duration               *prometheus.HistogramVec
 	usageHits, usageMisses prometheus.Counter
+	usageWatchUp           prometheus.Gauge
 }
 
 func newHTTPMetrics(reg *prometheus.Registry) (*httpMetrics, error) {
@@ -33,10 +34,14 @@ func newHTTPMetrics(reg *prometheus.Registry) (*httpMetrics, error) {
 	}
 	usage := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tally_api_usage_cache_total",
-		Help: "Usage answers served from the process's short cache (hit) or read from Postgres (miss).",
+		Help: "Usage answers served from the process's cache (hit) or read from Postgres (miss).",
 	}, []string{"result"})
 	m.usageHits, m.usageMisses = usage.WithLabelValues("hit"), usage.WithLabelValues("miss")
-	for _, c := range []prometheus.Collector{m.requests, m.duration, usage} {
+	m.usageWatchUp = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tally_api_usage_cache_up",
+		Help: "1 while the usage cache hears Postgres's change notifications and may be used; 0 while every answer is read from Postgres.",
+	})
+	for _, c := range []prometheus.Collector{m.requests, m.duration, usage, m.usageWatchUp} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -32,7 +32,7 @@ func TestOpenAPICoversRoutes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	routes, ok := h.(chi.Routes)
+	routes, ok := api.Routes(h)
 	if !ok {
 		t.Fatalf("the handler %T is not a chi router", h)
 	}

@@ -63,10 +63,14 @@ WITH h AS (
                       ELSE p.applied_through END
           FROM (SELECT) one
           LEFT JOIN ingest_customers ic ON ic.customer = $1 AND ic.topic = $4
-          LEFT JOIN ingest_partitions p ON p.topic = ic.topic AND p.partition = ic.partition) AS as_of
+          LEFT JOIN ingest_partitions p ON p.topic = ic.topic AND p.partition = ic.partition) AS as_of,
+         (SELECT partition FROM ingest_customers WHERE customer = $1 AND topic = $4) AS part
 )
-SELECT h.closed, h.as_of, u.meter, u.keys, u.qtys, u.total
+SELECT h.closed, h.as_of, h.part, u.meter, u.keys, u.qtys, u.total
 FROM h LEFT JOIN LATERAL (`
+
+	// The positions the usage cache starts from (usage_watch.go).
+	qWatchPositions = `SELECT partition, applied_through FROM ingest_partitions WHERE topic = $1`
 
 	qCustomerExists = `SELECT EXISTS (SELECT 1 FROM customers WHERE id = $1)`
 )

@@ -108,18 +108,16 @@ func (a *API) getUsage(w http.ResponseWriter, r *http.Request) error {
 	}
 
 	key := usageKey{customer: customer, period: p.Start.UnixMicro(), meter: meter, byHour: groupBy == "hour"}
-	d, ok := a.usage.get(key)
+	d, ok := a.watch.get(key, now)
 	if ok {
 		a.metrics.usageHits.Inc()
 	} else {
 		a.metrics.usageMisses.Inc()
-		writes := a.usageWrites.Load()
+		ticket := a.watch.ticket(customer)
 		if d, err = a.readUsage(ctx, key, p); err != nil {
 			return err
 		}
-		if a.usageWrites.Load() == writes {
-			a.usage.put(key, d)
-		}
+		a.watch.put(ticket, key, d, now)
 	}
 	closed, asOf, items := d.closed, d.asOf, d.items
 	var asOfTime *time.Time
@@ -161,7 +159,10 @@ type usageKey struct {
 type usageData struct {
 	closed bool
 	asOf   pgtype.Timestamptz
-	items  []meterUsage
+	// partition is the customer's ingest partition, whose position as_of
+	// is; -1 for a customer ingest has not seen (the oldest position).
+	partition int32
+	items     []meterUsage
 }
 
 // readUsage reads a usage answer with one statement (one snapshot).
@@ -182,10 +183,11 @@ func (a *API) readUsage(ctx context.Context, key usageKey, p periods.Period) (us
 		return usageData{}, fmt.Errorf("usage: %w", err)
 	}
 	var d usageData
+	var part pgtype.Int4
 	var m, total pgtype.Text
 	var keys []time.Time // hours, or dates (midnight UTC)
 	var qtys []string
-	_, err = pgx.ForEachRow(rows, []any{&d.closed, &d.asOf, &m, &keys, &qtys, &total}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&d.closed, &d.asOf, &part, &m, &keys, &qtys, &total}, func() error {
 		if !m.Valid { // no usage: the header alone
 			return nil
 		}
@@ -218,15 +220,23 @@ func (a *API) readUsage(ctx context.Context, key usageKey, p periods.Period) (us
 	if err != nil {
 		return usageData{}, fmt.Errorf("usage: %w", err)
 	}
+	d.partition = -1
+	if part.Valid {
+		d.partition = part.Int32
+	}
 	return d, nil
 }
 
 // forgetUsage drops the cached usage answers of customer ("": of every
 // customer) after a write through this process (adjustment, close,
-// calendar change, dead-letter replay).
+// calendar change, dead-letter replay), so the writer reads its write at
+// once rather than when the notification arrives.
 func (a *API) forgetUsage(customer string) {
-	a.usageWrites.Add(1)
-	a.usage.deleteFunc(func(k usageKey) bool { return customer == "" || k.customer == customer })
+	if customer == "" {
+		a.watch.forgetAll()
+		return
+	}
+	a.watch.forget(customer)
 }
 
 // localDays returns the starts of the local calendar days of p in its

@@ -1,65 +1,258 @@
 package api_test
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
-	"github.com/tally-ledger/tally/api"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/ledger"
 )
 
-// TestUsageCache: an answer is reused for at most UsageCacheTTL with the
-// as_of it was read with (never claiming more than it holds), and a write
-// through the API forgets the customer's answers at once.
-func TestUsageCache(t *testing.T) {
-	t.Parallel()
-	const ttl = time.Second
-	f := newFixtureWith(t, func(c *api.Config) { c.UsageCacheTTL = ttl })
-	seedAcme(f)
-	f.exec(`INSERT INTO ingest_partitions (topic, partition, next_offset, applied_through) VALUES
-		('tally.meter-batches', 0, 10, '2026-11-20T11:59:50Z')`)
-	get := func() map[string]any {
-		t.Helper()
-		return f.do("GET", "/v1/customers/acme/usage?meter=api_calls", adminToken, nil).json(t)
-	}
-	first := get()
-	if first["total"] != "18.5" || first["as_of"] != "2026-11-20T11:59:50Z" || first["lag_seconds"] != 10.0 {
-		t.Fatalf("first: %v", first)
-	}
-
-	// Usage and a newer position land behind the API's back: the cached
-	// answer keeps its old as_of, and its lag grows with the clock.
-	read := time.Now()
-	f.usage("acme", "api_calls", date("2026-11-20T11:00:00Z"), "1")
-	f.exec(`UPDATE ingest_partitions SET applied_through = '2026-11-20T11:59:59Z'`)
-	f.setNow(date("2026-11-20T12:00:03Z"))
-	cached := get()
-	if time.Since(read) < ttl/2 { // entries live between ttl/2 and ttl
-		t.Logf("checking the cached answer")
-		if cached["total"] != "18.5" || cached["as_of"] != "2026-11-20T11:59:50Z" || cached["lag_seconds"] != 13.0 {
-			t.Fatalf("cached: %v", cached)
+// cacheCounts reads tally_api_usage_cache_total{result="hit"} and "miss".
+func (f *fixture) cacheCounts() (hits, misses int) {
+	f.t.Helper()
+	m := f.do("GET", "/metrics", adminToken, nil)
+	for _, line := range strings.Split(string(m.body), "\n") {
+		for result, n := range map[string]*int{"hit": &hits, "miss": &misses} {
+			if rest, ok := strings.CutPrefix(line, `tally_api_usage_cache_total{result="`+result+`"} `); ok {
+				fmt.Sscan(rest, n)
+			}
 		}
 	}
+	return hits, misses
+}
 
-	// An adjustment through the API: the next answer is read afresh.
-	r := f.do("POST", "/v1/adjustments", adminToken, map[string]any{
-		"operation_id": "0193e0a1-7c00-7d4e-9a51-3c2f9b7e4a11", "customer": "acme", "meter": "api_calls",
-		"quantity": "-0.5", "reason": "goodwill", "actor": "ops"})
-	if r.status != 201 {
-		t.Fatalf("adjustment: %d %s", r.status, r.body)
+// TestUsageCache: an answer is served from the cache until a commit
+// changes it; a moved ingest position advances a cached answer's as_of
+// without a read; a write behind the API's back is seen as soon as its
+// notification is; losing the listening connection empties the cache.
+func TestUsageCache(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	seedAcme(f)
+	f.exec(`INSERT INTO ingest_customers (customer, topic, partition, first_seen) VALUES ('acme', 'tally.meter-batches', 0, now())`)
+	f.exec(`INSERT INTO ingest_partitions (topic, partition, next_offset, applied_through) VALUES
+		('tally.meter-batches', 0, 10, '2026-11-20T11:59:50Z'), ('tally.meter-batches', 1, 10, '2026-11-20T11:59:40Z')`)
+	get := func(want map[string]any) {
+		t.Helper()
+		got := f.do("GET", "/v1/customers/acme/usage?meter=api_calls", adminToken, nil).json(t)
+		for k, v := range want {
+			if got[k] != v {
+				t.Fatalf("%s = %v, want %v; answer %v", k, got[k], v, got)
+			}
+		}
 	}
-	fresh := get()
-	if fresh["total"] != "19" || fresh["as_of"] != "2026-11-20T11:59:59Z" || fresh["lag_seconds"] != 4.0 {
-		t.Fatalf("after the adjustment: %v", fresh)
+	counts := func(wantHits, wantMisses int) {
+		t.Helper()
+		if h, m := f.cacheCounts(); h != wantHits || m != wantMisses {
+			t.Fatalf("cache hits %d misses %d, want %d and %d", h, m, wantHits, wantMisses)
+		}
 	}
+	get(map[string]any{"total": "18.5", "as_of": "2026-11-20T11:59:50Z", "lag_seconds": 10.0})
+	get(map[string]any{"total": "18.5", "as_of": "2026-11-20T11:59:50Z", "lag_seconds": 10.0})
+	counts(1, 1)
 
-	// Another write behind its back shows once the TTL has passed.
-	f.usage("acme", "api_calls", date("2026-11-20T11:30:00Z"), "2")
-	time.Sleep(ttl + 50*time.Millisecond)
-	if later := get(); later["total"] != "21" {
-		t.Fatalf("after the TTL: %v", later)
+	// Ingest moves acme's partition (and another): the cached answer is
+	// still true, as of the new position.
+	f.exec(`UPDATE ingest_partitions SET applied_through = applied_through + interval '5 seconds'`)
+	get(map[string]any{"total": "18.5", "as_of": "2026-11-20T11:59:55Z", "lag_seconds": 5.0})
+	counts(2, 1)
+
+	// Usage lands behind the API's back: read afresh once notified.
+	f.usage("acme", "api_calls", date("2026-11-20T11:00:00Z"), "1")
+	get(map[string]any{"total": "19.5", "as_of": "2026-11-20T11:59:55Z"})
+	get(map[string]any{"total": "19.5"})
+	counts(3, 2)
+	// Another customer's usage forgets nothing of acme's.
+	f.usage("globex", "api_calls", date("2026-11-20T11:00:00Z"), "1")
+	get(map[string]any{"total": "19.5"})
+	counts(4, 2)
+
+	// A close is a change too (the period state).
+	f.exec(`INSERT INTO period_closes (customer, period_start, period_end, closed_at, statement, forced, reason, actor)
+		VALUES ('acme', '2026-11-01T04:00:00Z', '2026-12-01T05:00:00Z', now(), '{}', true, 'test', 'test')`)
+	get(map[string]any{"total": "19.5"})
+	counts(4, 3)
+
+	// A customer ingest has not seen takes the oldest position: globex's
+	// cached answer advances only when every partition has moved past it.
+	globex := func(asOf string) {
+		t.Helper()
+		got := f.do("GET", "/v1/customers/globex/usage?meter=api_calls", adminToken, nil).json(t)
+		if got["as_of"] != asOf || got["total"] != "8" {
+			t.Fatalf("globex: %v, want as_of %s", got, asOf)
+		}
 	}
-	if m := f.do("GET", "/metrics", adminToken, nil); !strings.Contains(string(m.body), `tally_api_usage_cache_total{result="hit"}`) {
-		t.Fatalf("metrics lack the cache counter:\n%s", m.body)
+	globex("2026-11-20T11:59:45Z")
+	f.exec(`UPDATE ingest_partitions SET applied_through = '2026-11-20T11:59:58Z' WHERE partition = 0`)
+	globex("2026-11-20T11:59:45Z")
+	f.exec(`UPDATE ingest_partitions SET applied_through = '2026-11-20T11:59:57Z' WHERE partition = 1`)
+	globex("2026-11-20T11:59:57Z")
+	counts(6, 4)
+
+	// The listener's connection is cut: the cache is emptied, and usage
+	// written meanwhile is read once it listens again.
+	f.exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'tally-api-usage-watch' AND datname = current_database()`)
+	f.usage("acme", "api_calls", date("2026-11-20T11:30:00Z"), "2") // its sync waits for the new connection
+	get(map[string]any{"total": "21.5"})
+	if !strings.Contains(f.logs.String(), "usage cache off") {
+		t.Fatalf("no log of the lost listener:\n%s", f.logs.String())
+	}
+	if m := f.do("GET", "/metrics", adminToken, nil); !strings.Contains(string(m.body), "tally_api_usage_cache_up 1") {
+		t.Fatalf("metrics: the cache is not back up:\n%s", m.body)
+	}
+}
+
+// TestUsageCacheCoherentUnderWrites races readers against a writer that,
+// like ingest, books usage and moves the partition's position in one
+// transaction, without telling the API. Every answer must hold all usage
+// committed through its as_of (never claim more than it holds), and once
+// the writer stops and the API has heard everything, every cached answer
+// must equal the database.
+func TestUsageCacheCoherentUnderWrites(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := context.Background()
+	const customers = 12
+	name := func(i int) string { return fmt.Sprintf("c%02d", i) }
+	for i := range customers {
+		if r := f.do("PUT", "/v1/customers/"+name(i), adminToken, map[string]any{"cadence": "monthly", "anchor_day": 1, "zone": "UTC"}); r.status != 201 {
+			t.Fatalf("create %s: %d %s", name(i), r.status, r.body)
+		}
+		f.exec(`INSERT INTO ingest_customers (customer, topic, partition, first_seen) VALUES ($1, 'tally.meter-batches', 0, now())`, name(i))
+	}
+	f.exec(`INSERT INTO ingest_partitions (topic, partition, next_offset, applied_through) VALUES ('tally.meter-batches', 0, 0, '2026-11-20T00:00:00Z')`)
+
+	// history[c] is customer c's total after each write, with the
+	// position the write's transaction set.
+	type point struct {
+		at    time.Time
+		total decimal.Decimal
+	}
+	var mu sync.Mutex
+	history := map[string][]point{}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // the writer
+		defer wg.Done()
+		rng := rand.New(rand.NewPCG(1, 2))
+		totals := map[string]decimal.Decimal{}
+		seqs := map[string]int64{}
+		at := date("2026-11-20T00:00:00Z")
+		for n := 0; ; n++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			c := name(rng.IntN(customers))
+			qty := amount.MustParse(fmt.Sprint(1 + rng.IntN(9)))
+			seqs[c]++
+			at = at.Add(time.Second)
+			rec := ledger.Record{OperationID: uuid.Must(uuid.NewV7()),
+				Stream: ledger.StreamKey{Producer: "w", Epoch: 1, Customer: c, Meter: "api_calls"},
+				Seq:    seqs[c], Total: totals[c].Add(qty), OccurredAt: date("2026-11-10T12:00:00Z")}
+			err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+				out, err := f.ledger.Apply(ctx, tx, []ledger.Record{rec})
+				if err == nil && out[0].Kind != ledger.Applied {
+					err = fmt.Errorf("outcome %v", out[0].Kind)
+				}
+				if err != nil {
+					return err
+				}
+				_, err = tx.Exec(ctx, `UPDATE ingest_partitions SET applied_through = $1 WHERE partition = 0`, at)
+				return err
+			})
+			if err != nil {
+				t.Errorf("write %d: %v", n, err)
+				return
+			}
+			totals[c] = rec.Total
+			mu.Lock()
+			history[c] = append(history[c], point{at, rec.Total})
+			mu.Unlock()
+		}
+	}()
+
+	// Readers check each answer against the history: all usage through
+	// as_of is in it.
+	var reads, checked int
+	var rmu sync.Mutex
+	for r := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(r), 7))
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				c := name(rng.IntN(customers))
+				res := f.do("GET", "/v1/customers/"+c+"/usage?meter=api_calls", adminToken, nil)
+				var got struct {
+					Total string    `json:"total"`
+					AsOf  time.Time `json:"as_of"`
+				}
+				if err := json.Unmarshal(res.body, &got); err != nil || res.status != 200 {
+					t.Errorf("%s: %d %s", c, res.status, res.body)
+					return
+				}
+				total := amount.MustParse(got.Total)
+				mu.Lock()
+				want := decimal.Zero
+				for _, p := range history[c] {
+					if !p.at.After(got.AsOf) {
+						want = p.total
+					}
+				}
+				mu.Unlock()
+				if total.LessThan(want) {
+					t.Errorf("%s: total %s as of %s, but %s was committed through then", c, total, got.AsOf.Format(time.RFC3339), want)
+					return
+				}
+				rmu.Lock()
+				reads++
+				if want.IsPositive() {
+					checked++
+				}
+				rmu.Unlock()
+			}
+		}()
+	}
+	time.Sleep(2 * time.Second)
+	close(stop)
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	f.sync()
+	for i := range customers {
+		c := name(i)
+		var want decimal.Decimal
+		if h := history[c]; len(h) > 0 {
+			want = h[len(h)-1].total
+		}
+		got := f.do("GET", "/v1/customers/"+c+"/usage?meter=api_calls", adminToken, nil).json(t)
+		if got["total"] != want.String() {
+			t.Errorf("%s: cached total %v after the writes, database %s", c, got["total"], want)
+		}
+	}
+	hits, misses := f.cacheCounts()
+	t.Logf("%d reads (%d with usage through as_of to check), %d hits, %d misses", reads, checked, hits, misses)
+	if hits == 0 || misses == 0 {
+		t.Fatalf("hits %d misses %d: the race was not exercised", hits, misses)
 	}
 }

@@ -200,6 +200,7 @@ func run(ctx context.Context, o runOptions) error {
 			if err != nil {
 				return err
 			}
+			g.Go(func() error { return h.Run(gctx) }) // keeps the usage cache coherent
 			handler = h
 		} else {
 			// Without the API there is no token to guard /metrics with: it

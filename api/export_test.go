@@ -1,0 +1,17 @@
+package api
+
+import "github.com/go-chi/chi/v5"
+
+// Routes is the router a serves, for TestOpenAPICoversRoutes.
+func Routes(a *API) (chi.Routes, bool) {
+	r, ok := a.handler.(chi.Routes)
+	return r, ok
+}
+
+// UsageWatchUp reports whether a's usage cache is in use.
+func UsageWatchUp(a *API) bool { return a.watch.epoch.Load()%2 == 0 }
+
+// OnUsageSync calls f with the value of every {"sync": value} notification
+// a's listener handles: everything committed before it was sent has been
+// handled by then.
+func OnUsageSync(a *API, f func(string)) { a.watch.onSync = f }

@@ -1,0 +1,362 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+)
+
+// The usage cache keeps answers read from Postgres for as long as they are
+// true. Migration 00007's triggers notify channel tally_usage, at commit,
+// of every customer whose rollups, closes or partition mapping changed,
+// and of every move of an ingest position; Run listens and forgets the
+// customers' answers as it is told. So a cached answer is never staler
+// than a fresh read would be, except for the moment it takes a
+// notification to arrive, and its as_of is then honest too:
+//
+//   - An answer read in snapshot S stays cached only while no notification
+//     since its read began named its customer (a read that overlaps one is
+//     not cached: the stamp check in get/put).
+//   - Notifications arrive in commit order. When the position of the
+//     customer's partition moves to A, every commit before that one has
+//     been seen, none of those after S touched the customer, so the answer
+//     is the customer's usage as of A: a hit reports as_of A (or the as_of
+//     it was read with, if later), not the older one it was read with.
+//   - The cache is used only while the listening connection is up and was
+//     set up before the answers were read: it is emptied and every read
+//     in flight refused when the connection is (re)established or lost.
+//
+// Writes through this process (adjustments, closes, calendar changes,
+// replays) also forget at once, so a client reads its own writes.
+// Answers are dropped after UsageCacheTTL anyway, and the cache is bounded
+// in bytes: when full it is emptied (answers are cheap to read again).
+
+// usageStampBuckets spreads customers over invalidation counters: a read
+// is refused when its customer's bucket moved during the read. More
+// buckets, fewer refusals caused by other customers.
+const usageStampBuckets = 4096
+
+// usageWatch is the listener's state shared with the request handlers.
+type usageWatch struct {
+	topic string
+	seed  maphash.Seed
+	// epoch changes whenever the cache is emptied as a whole; odd while
+	// the listener is down (the cache is then not used).
+	epoch     atomic.Uint64
+	stamps    [usageStampBuckets]atomic.Uint64
+	positions atomic.Pointer[map[int32]pgtype.Timestamptz] // partition → applied_through, of topic
+	cache     usageCache
+	notified  atomic.Uint64 // notifications handled, for tests
+	onSync    func(string)  // tests: a {"sync": ...} notification arrived
+}
+
+func newUsageWatch(topic string, ttl time.Duration, maxBytes int) *usageWatch {
+	w := &usageWatch{topic: topic, seed: maphash.MakeSeed()}
+	w.cache = usageCache{ttl: ttl, maxBytes: maxBytes, m: map[string]map[usageKey]usageEntry{}}
+	w.epoch.Store(1) // down until Run has connected
+	return w
+}
+
+// usageTicket is taken before a read: the read may be cached if the
+// ticket is still good after it.
+type usageTicket struct{ epoch, stamp uint64 }
+
+func (w *usageWatch) bucket(customer string) *atomic.Uint64 {
+	return &w.stamps[maphash.String(w.seed, customer)%usageStampBuckets]
+}
+
+func (w *usageWatch) ticket(customer string) usageTicket {
+	return usageTicket{epoch: w.epoch.Load(), stamp: w.bucket(customer).Load()}
+}
+
+// good reports whether nothing was forgotten of customer since t, and the
+// listener was up all along.
+func (w *usageWatch) good(t usageTicket, customer string) bool {
+	return t.epoch%2 == 0 && w.epoch.Load() == t.epoch && w.bucket(customer).Load() == t.stamp
+}
+
+// get returns a cached answer, its as_of advanced to what the
+// notifications have shown since it was read.
+func (w *usageWatch) get(key usageKey, now time.Time) (usageData, bool) {
+	if w.cache.ttl <= 0 || w.epoch.Load()%2 == 1 {
+		return usageData{}, false
+	}
+	d, ok := w.cache.get(key, now)
+	if !ok {
+		return usageData{}, false
+	}
+	if pos := w.position(d.partition); pos.Valid && (!d.asOf.Valid || pos.Time.After(d.asOf.Time)) {
+		d.asOf = pos
+	}
+	return d, true
+}
+
+// put caches an answer read under ticket t, if t is still good.
+func (w *usageWatch) put(t usageTicket, key usageKey, d usageData, now time.Time) {
+	if w.cache.ttl <= 0 {
+		return
+	}
+	w.cache.put(key, d, now, func() bool { return w.good(t, key.customer) })
+}
+
+// position is the applied_through usage's as_of comes from: the
+// partition's, or for a customer ingest has not seen (-1) the oldest of
+// the topic's, if every partition has one. As the usage statement does.
+func (w *usageWatch) position(partition int32) pgtype.Timestamptz {
+	m := w.positions.Load()
+	if m == nil {
+		return pgtype.Timestamptz{}
+	}
+	if partition >= 0 {
+		return (*m)[partition]
+	}
+	var oldest pgtype.Timestamptz
+	for _, p := range *m {
+		if !p.Valid {
+			return pgtype.Timestamptz{}
+		}
+		if !oldest.Valid || p.Time.Before(oldest.Time) {
+			oldest = p
+		}
+	}
+	return oldest
+}
+
+// forget drops customer's answers and refuses reads of it in flight.
+func (w *usageWatch) forget(customer string) {
+	w.bucket(customer).Add(1)
+	w.cache.forget(customer)
+}
+
+// reset drops every answer; up tells whether the cache may be used from
+// now on (the listener is connected and has loaded the positions).
+func (w *usageWatch) reset(up bool, positions map[int32]pgtype.Timestamptz) {
+	if up {
+		w.positions.Store(&positions)
+	}
+	for { // even: up, odd: down; always a new value
+		e := w.epoch.Load()
+		next := e + 1
+		if (next%2 == 0) != up {
+			next++
+		}
+		if w.epoch.CompareAndSwap(e, next) {
+			break
+		}
+	}
+	w.cache.clear()
+	if !up {
+		w.positions.Store(nil)
+	}
+}
+
+// forgetAll drops every answer and refuses every read in flight, leaving
+// the cache up or down as it is.
+func (w *usageWatch) forgetAll() {
+	w.epoch.Add(2)
+	w.cache.clear()
+}
+
+// change is a tally_usage payload (migration 00007).
+type change struct {
+	Customers      []string   `json:"customers"`
+	Topic          *string    `json:"topic"`
+	Partition      int32      `json:"partition"`
+	AppliedThrough *time.Time `json:"applied_through"`
+	Deleted        bool       `json:"deleted"`
+	Sync           string     `json:"sync"`
+}
+
+// apply handles one notification.
+func (w *usageWatch) apply(payload string) error {
+	defer w.notified.Add(1)
+	var c change
+	if err := json.Unmarshal([]byte(payload), &c); err != nil {
+		return fmt.Errorf("payload %.100q: %w", payload, err)
+	}
+	for _, customer := range c.Customers {
+		w.forget(customer)
+	}
+	switch {
+	case c.Topic != nil:
+		if *c.Topic != w.topic {
+			return nil
+		}
+		old := w.positions.Load()
+		if old == nil {
+			return nil
+		}
+		next := make(map[int32]pgtype.Timestamptz, len(*old)+1)
+		for k, v := range *old {
+			next[k] = v
+		}
+		if c.Deleted {
+			delete(next, c.Partition)
+		} else {
+			var p pgtype.Timestamptz
+			if c.AppliedThrough != nil {
+				p = pgtype.Timestamptz{Time: *c.AppliedThrough, Valid: true}
+			}
+			next[c.Partition] = p
+		}
+		w.positions.Store(&next)
+	case c.Sync != "":
+		if w.onSync != nil {
+			w.onSync(c.Sync)
+		}
+	case c.Customers == nil:
+		return fmt.Errorf("payload %.100q: neither customers, a position nor a sync", payload)
+	}
+	return nil
+}
+
+// Run keeps the usage cache coherent with Postgres (see usageWatch) until
+// ctx ends: it listens on a connection of its own, and reconnects after a
+// failure. Without Run the API reads every usage answer from Postgres.
+func (a *API) Run(ctx context.Context) error {
+	backoff := 100 * time.Millisecond
+	for {
+		start := time.Now()
+		err := a.watchUsage(ctx)
+		a.watch.reset(false, nil)
+		a.metrics.usageWatchUp.Set(0)
+		if ctx.Err() != nil {
+			return nil
+		}
+		if time.Since(start) > time.Minute {
+			backoff = 100 * time.Millisecond
+		}
+		a.log.Warn("usage cache off: change notifications lost; reconnecting", "err", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+}
+
+// usageChannel is the channel migration 00007's triggers notify.
+const usageChannel = "tally_usage"
+
+func (a *API) watchUsage(ctx context.Context) error {
+	cfg := a.pool.Config().ConnConfig.Copy()
+	cfg.RuntimeParams["application_name"] = "tally-api-usage-watch"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, "LISTEN "+usageChannel); err != nil {
+		return err
+	}
+	// Listening first, then the positions: a move after this read is
+	// notified (and applied in order after it).
+	rows, err := conn.Query(ctx, qWatchPositions, a.watch.topic)
+	if err != nil {
+		return err
+	}
+	positions := map[int32]pgtype.Timestamptz{}
+	var part int32
+	var at pgtype.Timestamptz
+	if _, err := pgx.ForEachRow(rows, []any{&part, &at}, func() error {
+		positions[part] = at
+		return nil
+	}); err != nil {
+		return err
+	}
+	a.watch.reset(true, positions)
+	a.metrics.usageWatchUp.Set(1)
+	a.log.Info("usage cache on: listening for changes", "channel", usageChannel)
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		if err := a.watch.apply(n.Payload); err != nil {
+			// Not understood: forget everything rather than guess.
+			a.log.Error("usage cache: unexpected notification; emptied the cache", "err", err)
+			if pos := a.watch.positions.Load(); pos != nil {
+				a.watch.reset(true, *pos)
+			}
+		}
+	}
+}
+
+// usageEntry is one cached answer.
+type usageEntry struct {
+	d       usageData
+	expires time.Time
+	size    int
+}
+
+// usageCache maps customer → their cached answers, bounded in bytes.
+type usageCache struct {
+	ttl      time.Duration
+	maxBytes int
+
+	mu    sync.Mutex
+	m     map[string]map[usageKey]usageEntry
+	bytes int
+}
+
+func (c *usageCache) get(key usageKey, now time.Time) (usageData, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[key.customer][key]
+	if !ok || !now.Before(e.expires) {
+		return usageData{}, false
+	}
+	return e.d, true
+}
+
+// put stores an answer if ok() holds, checked under the lock that forget
+// takes, so a forget cannot slip between the check and the store.
+func (c *usageCache) put(key usageKey, d usageData, now time.Time, ok func() bool) {
+	size := 256 + len(key.customer) + len(key.meter)
+	for _, it := range d.items {
+		size += len(it.Meter) + len(it.Total) + len(it.Series) + 64
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !ok() {
+		return
+	}
+	if c.bytes+size > c.maxBytes {
+		clear(c.m)
+		c.bytes = 0
+	}
+	byKey := c.m[key.customer]
+	if byKey == nil {
+		byKey = map[usageKey]usageEntry{}
+		c.m[key.customer] = byKey
+	}
+	if old, ok := byKey[key]; ok {
+		c.bytes -= old.size
+	}
+	byKey[key] = usageEntry{d: d, expires: now.Add(c.ttl), size: size}
+	c.bytes += size
+}
+
+func (c *usageCache) forget(customer string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, e := range c.m[customer] {
+		c.bytes -= e.size
+	}
+	delete(c.m, customer)
+}
+
+func (c *usageCache) clear() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	clear(c.m)
+	c.bytes = 0
+}
