@@ -62,17 +62,3 @@ func (c *ttlCache[K, V]) del(k K) {
 	defer c.mu.Unlock()
 	delete(c.m, k)
 }
-
-// deleteFunc removes the entries whose key matches.
-func (c *ttlCache[K, V]) deleteFunc(match func(K) bool) {
-	if c == nil {
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for k := range c.m {
-		if match(k) {
-			delete(c.m, k)
-		}
-	}
-}

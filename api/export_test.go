@@ -1,6 +1,10 @@
 package api
 
-import "github.com/go-chi/chi/v5"
+import (
+	"time"
+
+	"github.com/go-chi/chi/v5"
+)
 
 // Routes is the router a serves, for TestOpenAPICoversRoutes.
 func Routes(a *API) (chi.Routes, bool) {
@@ -15,3 +19,7 @@ func UsageWatchUp(a *API) bool { return a.watch.epoch.Load()%2 == 0 }
 // a's listener handles: everything committed before it was sent has been
 // handled by then.
 func OnUsageSync(a *API, f func(string)) { a.watch.onSync = f }
+
+// Tests ping the usage listener's connection often, so its quiet spells
+// are exercised.
+func init() { usageWatchPing = 100 * time.Millisecond }

@@ -100,6 +100,15 @@ func TestUsageCache(t *testing.T) {
 	globex("2026-11-20T11:59:57Z")
 	counts(6, 4)
 
+	// Quiet spells (the listener pings its connection every 100ms in
+	// tests) leave the cache up and its answers in place.
+	time.Sleep(350 * time.Millisecond)
+	get(map[string]any{"total": "19.5"})
+	counts(7, 4)
+	if strings.Contains(f.logs.String(), "usage cache off") {
+		t.Fatalf("the listener reconnected while quiet:\n%s", f.logs.String())
+	}
+
 	// The listener's connection is cut: the cache is emptied, and usage
 	// written meanwhile is read once it listens again.
 	f.exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'tally-api-usage-watch' AND datname = current_database()`)

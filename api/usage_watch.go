@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"hash/maphash"
 	"sync"
@@ -243,6 +244,10 @@ func (a *API) Run(ctx context.Context) error {
 	}
 }
 
+// usageWatchPing is how long the listener waits quietly before it checks
+// that its connection is alive.
+var usageWatchPing = 15 * time.Second
+
 // usageChannel is the channel migration 00007's triggers notify.
 const usageChannel = "tally_usage"
 
@@ -276,7 +281,20 @@ func (a *API) watchUsage(ctx context.Context) error {
 	a.metrics.usageWatchUp.Set(1)
 	a.log.Info("usage cache on: listening for changes", "channel", usageChannel)
 	for {
-		n, err := conn.WaitForNotification(ctx)
+		// A connection that died silently would never say so: after a
+		// quiet spell, a round trip proves it is alive.
+		wctx, cancel := context.WithTimeout(ctx, usageWatchPing)
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed() {
+			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			err = conn.Ping(pctx)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("ping: %w", err)
+			}
+			continue
+		}
 		if err != nil {
 			return err
 		}
