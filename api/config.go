@@ -66,7 +66,8 @@ type Config struct {
 	// Default 1m; negative: read Postgres on every request.
 	UsageCacheTTL time.Duration
 	// UsageCacheBytes bounds the cache's memory (roughly: the encoded
-	// answers); when full it is emptied. Default 64 MiB.
+	// answers); when full, customers chosen at random are dropped until
+	// half is free. Default 64 MiB.
 	UsageCacheBytes int
 }
 

@@ -37,7 +37,8 @@ import (
 // Writes through this process (adjustments, closes, calendar changes,
 // replays) also forget at once, so a client reads its own writes.
 // Answers are dropped after UsageCacheTTL anyway, and the cache is bounded
-// in bytes: when full it is emptied (answers are cheap to read again).
+// in bytes: when full, customers chosen at random are dropped until half
+// of it is free.
 
 // usageStampBuckets spreads customers over invalidation counters: a read
 // is refused when its customer's bucket moved during the read. More
@@ -348,8 +349,17 @@ func (c *usageCache) put(key usageKey, d usageData, now time.Time, ok func() boo
 		return
 	}
 	if c.bytes+size > c.maxBytes {
-		clear(c.m)
-		c.bytes = 0
+		// Full: drop customers until half is free, in map order (random),
+		// so a few large answers do not empty the whole cache.
+		for customer, byKey := range c.m {
+			if c.bytes+size <= c.maxBytes/2 {
+				break
+			}
+			for _, e := range byKey {
+				c.bytes -= e.size
+			}
+			delete(c.m, customer)
+		}
 	}
 	byKey := c.m[key.customer]
 	if byKey == nil {

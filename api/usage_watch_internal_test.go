@@ -1,0 +1,51 @@
+package api
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestUsageCacheBound: the cache's bytes stay within its bound and are
+// counted exactly as answers come, are replaced and are forgotten.
+func TestUsageCacheBound(t *testing.T) {
+	c := usageCache{ttl: time.Minute, maxBytes: 100_000, m: map[string]map[usageKey]usageEntry{}}
+	now := time.Now()
+	yes := func() bool { return true }
+	answer := func(n int) usageData {
+		return usageData{items: []meterUsage{{Meter: "m", Total: "1", Series: json.RawMessage(strings.Repeat("x", n))}}}
+	}
+	count := func() int {
+		total := 0
+		for _, byKey := range c.m {
+			for _, e := range byKey {
+				total += e.size
+			}
+		}
+		return total
+	}
+	for i := range 1000 {
+		key := usageKey{customer: fmt.Sprintf("c%d", i%300), meter: fmt.Sprint(i % 3)}
+		c.put(key, answer(100+i%7*500), now, yes)
+		if c.bytes != count() || c.bytes > c.maxBytes {
+			t.Fatalf("after %d puts: bytes %d, counted %d, bound %d", i+1, c.bytes, count(), c.maxBytes)
+		}
+		if i%10 == 0 {
+			c.forget(fmt.Sprintf("c%d", i%300))
+		}
+	}
+	if len(c.m) < 20 {
+		t.Fatalf("only %d customers left: a full cache should keep about half", len(c.m))
+	}
+	key := usageKey{customer: "fresh"}
+	c.put(key, answer(10), now, func() bool { return false })
+	if _, ok := c.get(key, now); ok {
+		t.Fatal("an answer whose ticket went stale was cached")
+	}
+	c.put(key, answer(10), now, yes)
+	if _, ok := c.get(key, now.Add(time.Minute)); ok {
+		t.Fatal("an answer was served past its TTL")
+	}
+}

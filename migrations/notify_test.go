@@ -1,0 +1,136 @@
+package migrations_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/migrations"
+)
+
+// TestUsageNotifications: migration 00007 notifies channel tally_usage at
+// commit of every change to what a usage answer is read from, one
+// notification per 50 customers per statement, and of every move of an
+// ingest position; nothing for a rolled-back transaction.
+func TestUsageNotifications(t *testing.T) {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, pgtest.NewEmptyURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := migrations.Up(ctx, pool, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	listener, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Release()
+	if _, err := listener.Exec(ctx, `LISTEN tally_usage`); err != nil {
+		t.Fatal(err)
+	}
+	type payload struct {
+		Customers      []string   `json:"customers"`
+		Topic          string     `json:"topic"`
+		Partition      int32      `json:"partition"`
+		AppliedThrough *time.Time `json:"applied_through"`
+		Deleted        bool       `json:"deleted"`
+	}
+	// expect runs sql and returns the notifications it caused.
+	expect := func(sql string, want int) []payload {
+		t.Helper()
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+		var got []payload
+		for {
+			wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			n, err := listener.Conn().WaitForNotification(wctx)
+			cancel()
+			if err != nil {
+				break
+			}
+			var p payload
+			if err := json.Unmarshal([]byte(n.Payload), &p); err != nil {
+				t.Fatalf("payload %s: %v", n.Payload, err)
+			}
+			got = append(got, p)
+		}
+		if len(got) != want {
+			t.Fatalf("%s: %d notifications, want %d: %+v", sql, len(got), want, got)
+		}
+		return got
+	}
+	customers := func(ps []payload) []string {
+		var out []string
+		for _, p := range ps {
+			out = append(out, p.Customers...)
+		}
+		slices.Sort(out)
+		return out
+	}
+
+	// 120 customers in one statement: three notifications of at most 50.
+	got := expect(`INSERT INTO rollups (customer, meter, period_start, bucket, quantity)
+		SELECT 'c' || lpad(i::text, 3, '0'), m, '2026-11-01', '2026-11-02 10:00', 1
+		FROM generate_series(1, 120) i CROSS JOIN unnest(ARRAY['a', 'b']) m`, 3)
+	var want []string
+	for i := 1; i <= 120; i++ {
+		want = append(want, fmt.Sprintf("c%03d", i))
+	}
+	if c := customers(got); !slices.Equal(c, want) {
+		t.Fatalf("customers %v", c)
+	}
+	for _, p := range got {
+		if len(p.Customers) > 50 {
+			t.Fatalf("%d customers in one notification", len(p.Customers))
+		}
+	}
+	for _, sql := range []string{
+		`UPDATE rollups SET quantity = quantity + 1 WHERE customer IN ('c001', 'c002')`,
+		`DELETE FROM rollups WHERE customer IN ('c001', 'c002')`,
+		`INSERT INTO rollups_daily (customer, period_start, meter, day, quantity) VALUES ('c001', '2026-11-01', 'a', '2026-11-02', 1), ('c002', '2026-11-01', 'a', '2026-11-02', 1)`,
+		`UPDATE rollups_daily SET quantity = 2`,
+		`DELETE FROM rollups_daily`,
+		`INSERT INTO period_closes (customer, period_start, period_end, closed_at, statement, forced, reason, actor) VALUES
+			('c001', '2026-10-01', '2026-11-01', now(), '{}', true, 'r', 'a'), ('c002', '2026-10-01', '2026-11-01', now(), '{}', true, 'r', 'a')`,
+		`INSERT INTO ingest_customers (customer, topic, partition, first_seen) VALUES ('c001', 't', 0, now()), ('c002', 't', 1, now())`,
+		`UPDATE ingest_customers SET partition = 2`,
+		`DELETE FROM ingest_customers`,
+	} {
+		if c := customers(expect(sql, 1)); !slices.Equal(c, []string{"c001", "c002"}) {
+			t.Fatalf("%s: customers %v", sql, c)
+		}
+	}
+	// Positions: one notification per row; a statement that changes
+	// nothing sends nothing; a rolled-back transaction sends nothing.
+	expect(`INSERT INTO ingest_partitions (topic, partition, next_offset, applied_through) VALUES ('t', 0, 0, NULL), ('t', 1, 0, '2026-11-02T10:00:00Z')`, 2)
+	p := expect(`UPDATE ingest_partitions SET applied_through = '2026-11-02T10:00:05Z', next_offset = 7 WHERE partition = 0`, 1)[0]
+	if p.Topic != "t" || p.Partition != 0 || p.AppliedThrough == nil || !p.AppliedThrough.Equal(time.Date(2026, 11, 2, 10, 0, 5, 0, time.UTC)) || p.Deleted {
+		t.Fatalf("position %+v", p)
+	}
+	expect(`UPDATE ingest_partitions SET high_watermark = 99`, 0)
+	expect(`UPDATE rollups SET quantity = 0 WHERE false`, 0)
+	if p := expect(`DELETE FROM ingest_partitions WHERE partition = 1`, 1)[0]; !p.Deleted || p.Partition != 1 {
+		t.Fatalf("deleted position %+v", p)
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `UPDATE rollups SET quantity = 5`); err != nil {
+			return err
+		}
+		return fmt.Errorf("roll back")
+	})
+	if err == nil {
+		t.Fatal("the transaction committed")
+	}
+	expect(`SELECT 1`, 0)
+}
