@@ -108,6 +108,7 @@ func BenchmarkUsage(b *testing.B) {
 		writes    int // records/s booked meanwhile, like ingest
 	}{
 		{"floor/fixed-answer", floor, all, "?meter=api_calls&period=previous", 0, 0},
+		{"floor/fixed-answer-at-8000rps", floor, all, "?meter=api_calls&period=previous", 8000, 0},
 		{"month-by-day-one-meter/no-cache", uncached, all, "?meter=api_calls&period=previous", 0, 0},
 		{"month-by-day-one-meter/no-cache-at-2000rps", uncached, all, "?meter=api_calls&period=previous", 2000, 0},
 		{"month-by-day-one-meter/no-cache-at-5000rps", uncached, all, "?meter=api_calls&period=previous", 5000, 0},

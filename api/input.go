@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"reflect"
 	"strings"
+	"sync"
 	"unicode/utf8"
 )
 
@@ -168,23 +169,42 @@ func jsonTypeName(t reflect.Type) string {
 
 // writeJSON writes v with the given status.
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	b, err := marshal(v)
-	if err != nil {
+	buf := buffers.Get().(*bytes.Buffer)
+	defer putBuffer(buf)
+	if err := encode(buf, v); err != nil {
 		writeProblem(w, &Problem{Type: TypeInternal, Title: "Internal error", Status: 500, Detail: "cannot encode the response"})
 		return
 	}
-	w.Header().Set("Content-Type", "application/json")
+	w.Header()["Content-Type"] = contentTypeJSON // shared: net/http never modifies it
 	w.WriteHeader(status)
-	_, _ = w.Write(b)
+	_, _ = w.Write(buf.Bytes())
 }
 
-// marshal is json.Marshal without HTML escaping ("<" stays "<" in
+var contentTypeJSON = []string{"application/json"}
+
+// buffers holds response buffers: a usage answer is a few kilobytes, and
+// growing a new buffer for each was much of the API's garbage.
+var buffers = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+func putBuffer(b *bytes.Buffer) {
+	if b.Cap() <= 1<<20 { // an unusually large answer is not kept
+		b.Reset()
+		buffers.Put(b)
+	}
+}
+
+// encode writes v to buf as JSON without HTML escaping ("<" stays "<" in
 // details), ending in a newline.
+func encode(buf *bytes.Buffer, v any) error {
+	enc := json.NewEncoder(buf)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+// marshal is encode into a new slice.
 func marshal(v any) ([]byte, error) {
 	var buf bytes.Buffer
-	enc := json.NewEncoder(&buf)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(v); err != nil {
+	if err := encode(&buf, v); err != nil {
 		return nil, err
 	}
 	return buf.Bytes(), nil

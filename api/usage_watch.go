@@ -61,7 +61,7 @@ type usageWatch struct {
 
 func newUsageWatch(topic string, ttl time.Duration, maxBytes int) *usageWatch {
 	w := &usageWatch{topic: topic, seed: maphash.MakeSeed()}
-	w.cache = usageCache{ttl: ttl, maxBytes: maxBytes, m: map[string]map[usageKey]usageEntry{}}
+	w.cache = usageCache{ttl: ttl, maxBytes: maxBytes, m: map[string][]usageEntry{}}
 	w.epoch.Store(1) // down until Run has connected
 	return w
 }
@@ -311,29 +311,33 @@ func (a *API) watchUsage(ctx context.Context) error {
 
 // usageEntry is one cached answer.
 type usageEntry struct {
+	key     usageKey
 	d       usageData
 	expires time.Time
 	size    int
 }
 
-// usageCache maps customer → their cached answers, bounded in bytes.
+// usageCache maps customer → their cached answers (a customer has a few:
+// a slice is smaller than a map, and less for the GC to scan), bounded in
+// bytes.
 type usageCache struct {
 	ttl      time.Duration
 	maxBytes int
 
 	mu    sync.Mutex
-	m     map[string]map[usageKey]usageEntry
+	m     map[string][]usageEntry
 	bytes int
 }
 
 func (c *usageCache) get(key usageKey, now time.Time) (usageData, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e, ok := c.m[key.customer][key]
-	if !ok || !now.Before(e.expires) {
-		return usageData{}, false
+	for _, e := range c.m[key.customer] {
+		if e.key == key {
+			return e.d, now.Before(e.expires)
+		}
 	}
-	return e.d, true
+	return usageData{}, false
 }
 
 // put stores an answer if ok() holds, checked under the lock that forget
@@ -351,25 +355,26 @@ func (c *usageCache) put(key usageKey, d usageData, now time.Time, ok func() boo
 	if c.bytes+size > c.maxBytes {
 		// Full: drop customers until half is free, in map order (random),
 		// so a few large answers do not empty the whole cache.
-		for customer, byKey := range c.m {
+		for customer, entries := range c.m {
 			if c.bytes+size <= c.maxBytes/2 {
 				break
 			}
-			for _, e := range byKey {
+			for _, e := range entries {
 				c.bytes -= e.size
 			}
 			delete(c.m, customer)
 		}
 	}
-	byKey := c.m[key.customer]
-	if byKey == nil {
-		byKey = map[usageKey]usageEntry{}
-		c.m[key.customer] = byKey
+	// Keep the customer's other answers that are still fresh.
+	entries := c.m[key.customer][:0]
+	for _, e := range c.m[key.customer] {
+		if e.key != key && now.Before(e.expires) {
+			entries = append(entries, e)
+		} else {
+			c.bytes -= e.size
+		}
 	}
-	if old, ok := byKey[key]; ok {
-		c.bytes -= old.size
-	}
-	byKey[key] = usageEntry{d: d, expires: now.Add(c.ttl), size: size}
+	c.m[key.customer] = append(entries, usageEntry{key: key, d: d, expires: now.Add(c.ttl), size: size})
 	c.bytes += size
 }
 

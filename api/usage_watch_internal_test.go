@@ -11,7 +11,7 @@ import (
 // TestUsageCacheBound: the cache's bytes stay within its bound and are
 // counted exactly as answers come, are replaced and are forgotten.
 func TestUsageCacheBound(t *testing.T) {
-	c := usageCache{ttl: time.Minute, maxBytes: 100_000, m: map[string]map[usageKey]usageEntry{}}
+	c := usageCache{ttl: time.Minute, maxBytes: 100_000, m: map[string][]usageEntry{}}
 	now := time.Now()
 	yes := func() bool { return true }
 	answer := func(n int) usageData {
@@ -19,8 +19,8 @@ func TestUsageCacheBound(t *testing.T) {
 	}
 	count := func() int {
 		total := 0
-		for _, byKey := range c.m {
-			for _, e := range byKey {
+		for _, entries := range c.m {
+			for _, e := range entries {
 				total += e.size
 			}
 		}
