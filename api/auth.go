@@ -91,10 +91,12 @@ func (a *API) authenticate(next http.Handler) http.Handler {
 		case subtle.ConstantTimeCompare(h[:], a.adminHash[:]) == 1:
 			p = principal{admin: true}
 		case strings.HasPrefix(tok, TokenPrefix) && len(tok) <= 128:
-			if cached, ok := a.tokens.get(h); ok {
-				p = cached
+			if cached, ok := a.tokens.get(h); ok && a.trusted(cached) {
+				p = cached.p
 				break
 			}
+			epoch, stamp := a.watch.epoch.Load(), a.watch.tokenStamp.Load()
+			read := time.Now()
 			var id pgtype.UUID // not uuid.UUID: pgx would go through its text form
 			err := a.pool.QueryRow(r.Context(), qTokenByHash, h[:]).Scan(&id, &p.customer)
 			p.tokenID = id.Bytes
@@ -106,13 +108,40 @@ func (a *API) authenticate(next http.Handler) http.Handler {
 				a.writeError(w, r, fmt.Errorf("authenticate: %w", err))
 				return
 			}
-			a.tokens.put(h, p) // only valid tokens: a revocation waits at most the TTL
+			// Only valid tokens, and only if no revocation was heard while
+			// this one was read (it might have been this one).
+			a.tokens.putIf(h, cachedPrincipal{p: p, epoch: epoch, read: read}, func() bool {
+				return a.watch.tokenStamp.Load() == stamp
+			})
 		default:
 			a.writeError(w, r, unauthorized("the token is unknown or revoked"))
 			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
 	})
+}
+
+// tokenCoherentTTL is how long a checked token is trusted while the API
+// hears revocations (see Config.TokenCacheTTL).
+const tokenCoherentTTL = time.Minute
+
+// cachedPrincipal is a checked customer token, with when it was read and
+// the usage watch's epoch then (even: revocations were being heard).
+type cachedPrincipal struct {
+	p     principal
+	epoch uint64
+	read  time.Time
+}
+
+// trusted reports whether a cached token may be used without asking
+// Postgres: within TokenCacheTTL of its read, or for longer while every
+// revocation since its read has been heard (the listener has been up
+// throughout, so its epoch has not changed).
+func (a *API) trusted(c cachedPrincipal) bool {
+	if a.tokenTTL > 0 && time.Since(c.read) < a.tokenTTL {
+		return true
+	}
+	return c.epoch%2 == 0 && a.watch.epoch.Load() == c.epoch
 }
 
 // DBTX is what the token functions need: a pool, a connection or a transaction.

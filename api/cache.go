@@ -40,18 +40,35 @@ func (c *ttlCache[K, V]) get(k K) (V, bool) {
 	return e.v, true
 }
 
-func (c *ttlCache[K, V]) put(k K, v V) {
+func (c *ttlCache[K, V]) put(k K, v V) { c.putIf(k, v, nil) }
+
+// putIf stores v if ok is nil or ok() holds, checked under the lock del
+// takes, so a del cannot slip between the check and the store.
+func (c *ttlCache[K, V]) putIf(k K, v V, ok func() bool) {
 	if c == nil || c.ttl <= 0 {
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if ok != nil && !ok() {
+		return
+	}
 	if len(c.m) >= c.max {
 		clear(c.m)
 	}
 	// Each entry lives between half the TTL and the TTL, so entries filled
 	// together (after a restart, or a burst) do not all expire together.
 	c.m[k] = ttlEntry[V]{v: v, expires: c.now().Add(c.ttl - rand.N(c.ttl/2+1))}
+}
+
+// clear drops every entry.
+func (c *ttlCache[K, V]) clear() {
+	if c == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	clear(c.m)
 }
 
 func (c *ttlCache[K, V]) del(k K) {

@@ -50,7 +50,10 @@ type Config struct {
 	// Default 5m.
 	ReconcileTimeout time.Duration
 	// TokenCacheTTL is how long a process trusts a customer token it has
-	// checked: a revoked token keeps working for at most this long.
+	// checked while it cannot hear revocations: a revoked token keeps
+	// working for at most this long then. While API.Run listens, Postgres
+	// notifies every revocation (migration 00007) and the process drops the
+	// token at once; a checked token is then trusted for up to a minute.
 	// Default 5s; negative: check every request.
 	TokenCacheTTL time.Duration
 	// ScheduleCacheTTL is how long the usage endpoint reuses a customer's
@@ -113,7 +116,8 @@ type API struct {
 	recTimeout time.Duration
 	topic      string
 	metrics    *httpMetrics
-	tokens     *ttlCache[[32]byte, principal]
+	tokens     *ttlCache[[32]byte, cachedPrincipal]
+	tokenTTL   time.Duration
 	schedules  *ttlCache[string, cachedSchedule]
 	watch      *usageWatch
 	handler    http.Handler
@@ -168,7 +172,12 @@ func New(cfg Config) (*API, error) {
 	if schedTTL == 0 {
 		schedTTL = 30 * time.Second
 	}
-	a.tokens = newTTLCache[[32]byte, principal](tokenTTL, 100_000)
+	a.tokenTTL = tokenTTL
+	cacheTTL := max(tokenTTL, tokenCoherentTTL)
+	if tokenTTL < 0 {
+		cacheTTL = tokenTTL // off
+	}
+	a.tokens = newTTLCache[[32]byte, cachedPrincipal](cacheTTL, 100_000)
 	a.schedules = newTTLCache[string, cachedSchedule](schedTTL, 100_000)
 	if usageTTL == 0 {
 		usageTTL = time.Minute
@@ -178,6 +187,7 @@ func New(cfg Config) (*API, error) {
 		usageBytes = 64 << 20
 	}
 	a.watch = newUsageWatch(a.topic, usageTTL, usageBytes)
+	a.watch.forgetToken = a.tokens.del
 	m, err := newHTTPMetrics(a.registry)
 	if err != nil {
 		return nil, err

@@ -152,7 +152,7 @@ func (f *fixture) sync() {
 	token := uuid.NewString()
 	timeout := time.After(10 * time.Second)
 	for {
-		if _, err := f.pool.Exec(context.Background(), `SELECT pg_notify('tally_usage', json_build_object('sync', $1::text)::text)`, token); err != nil {
+		if _, err := f.pool.Exec(context.Background(), `SELECT pg_notify('tally_api_cache', json_build_object('sync', $1::text)::text)`, token); err != nil {
 			f.t.Fatalf("sync: %v", err)
 		}
 		again := time.After(200 * time.Millisecond)

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,7 +16,7 @@ import (
 )
 
 // The usage cache keeps answers read from Postgres for as long as they are
-// true. Migration 00007's triggers notify channel tally_usage, at commit,
+// true. Migration 00007's triggers notify channel tally_api_cache, at commit,
 // of every customer whose rollups, closes or partition mapping changed,
 // and of every move of an ingest position; Run listens and forgets the
 // customers' answers as it is told. So a cached answer is never staler
@@ -57,6 +58,10 @@ type usageWatch struct {
 	cache     usageCache
 	notified  atomic.Uint64 // notifications handled, for tests
 	onSync    func(string)  // tests: a {"sync": ...} notification arrived
+	// tokenStamp counts revocations heard; forgetToken drops one from
+	// the token cache (see authenticate).
+	tokenStamp  atomic.Uint64
+	forgetToken func(hash [32]byte)
 }
 
 func newUsageWatch(topic string, ttl time.Duration, maxBytes int) *usageWatch {
@@ -166,8 +171,9 @@ func (w *usageWatch) forgetAll() {
 	w.cache.clear()
 }
 
-// change is a tally_usage payload (migration 00007).
+// change is a tally_api_cache payload (migration 00007).
 type change struct {
+	Tokens         []string   `json:"tokens"`
 	Customers      []string   `json:"customers"`
 	Topic          *string    `json:"topic"`
 	Partition      int32      `json:"partition"`
@@ -182,6 +188,16 @@ func (w *usageWatch) apply(payload string) error {
 	var c change
 	if err := json.Unmarshal([]byte(payload), &c); err != nil {
 		return fmt.Errorf("payload %.100q: %w", payload, err)
+	}
+	for _, t := range c.Tokens {
+		var h [32]byte
+		if n, err := hex.Decode(h[:], []byte(t)); err != nil || n != len(h) {
+			return fmt.Errorf("payload %.100q: token hash %.80q", payload, t)
+		}
+		w.tokenStamp.Add(1)
+		if w.forgetToken != nil {
+			w.forgetToken(h)
+		}
 	}
 	for _, customer := range c.Customers {
 		w.forget(customer)
@@ -213,8 +229,8 @@ func (w *usageWatch) apply(payload string) error {
 		if w.onSync != nil {
 			w.onSync(c.Sync)
 		}
-	case c.Customers == nil:
-		return fmt.Errorf("payload %.100q: neither customers, a position nor a sync", payload)
+	case c.Customers == nil && c.Tokens == nil:
+		return fmt.Errorf("payload %.100q: neither tokens, customers, a position nor a sync", payload)
 	}
 	return nil
 }
@@ -250,7 +266,7 @@ func (a *API) Run(ctx context.Context) error {
 var usageWatchPing = 15 * time.Second
 
 // usageChannel is the channel migration 00007's triggers notify.
-const usageChannel = "tally_usage"
+const usageChannel = "tally_api_cache"
 
 func (a *API) watchUsage(ctx context.Context) error {
 	cfg := a.pool.Config().ConnConfig.Copy()
@@ -305,6 +321,7 @@ func (a *API) watchUsage(ctx context.Context) error {
 			if pos := a.watch.positions.Load(); pos != nil {
 				a.watch.reset(true, *pos)
 			}
+			a.tokens.clear()
 		}
 	}
 }

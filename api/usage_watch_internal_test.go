@@ -49,3 +49,31 @@ func TestUsageCacheBound(t *testing.T) {
 		t.Fatal("an answer was served past its TTL")
 	}
 }
+
+// TestTokenTrust: a cached token is trusted without asking Postgres within
+// TokenCacheTTL of its read, and beyond only while the listener that hears
+// revocations has been up since the read.
+func TestTokenTrust(t *testing.T) {
+	a := &API{tokenTTL: 5 * time.Second, watch: newUsageWatch("t", time.Minute, 1<<20)}
+	a.watch.reset(true, nil)
+	up := a.watch.epoch.Load()
+	old := time.Now().Add(-time.Hour)
+	for _, tt := range []struct {
+		c    cachedPrincipal
+		want bool
+	}{
+		{cachedPrincipal{epoch: up, read: old}, true},            // heard everything since
+		{cachedPrincipal{epoch: up - 1, read: old}, false},       // read while the listener was down
+		{cachedPrincipal{epoch: up - 2, read: old}, false},       // the listener reconnected since
+		{cachedPrincipal{epoch: up - 1, read: time.Now()}, true}, // within TokenCacheTTL
+		{cachedPrincipal{epoch: up - 2, read: time.Now()}, true}, // within TokenCacheTTL
+	} {
+		if got := a.trusted(tt.c); got != tt.want {
+			t.Errorf("epoch %d (now %d), read %s ago: trusted %v, want %v", tt.c.epoch, up, time.Since(tt.c.read).Round(time.Second), got, tt.want)
+		}
+	}
+	a.watch.reset(false, nil)
+	if a.trusted(cachedPrincipal{epoch: up, read: old}) {
+		t.Error("trusted a token past TokenCacheTTL while the listener is down")
+	}
+}

@@ -1,10 +1,14 @@
--- Change notifications for the API's usage cache (channel tally_usage).
+-- Change notifications for the API's caches (channel tally_api_cache).
 --  * A usage answer is read from rollups, rollups_daily, period_closes,
 --    ingest_customers (which partition's position is the customer's
 --    as_of) and ingest_partitions (that position). Triggers on those
 --    tables notify, so every writer is covered: ingest, adjustments,
 --    replays, closes, and a hand-made fix in psql alike.
---  * Payloads are JSON. {"customers": [...]}: these customers' answers
+--  * A customer token's revocation (or deletion) notifies too, so API
+--    processes stop accepting it at once rather than after their token
+--    cache's TTL.
+--  * Payloads are JSON. {"tokens": [hex SHA-256, ...]}: these tokens were
+--    revoked or deleted. {"customers": [...]}: these customers' answers
 --    changed (at most 50 ids each, well under NOTIFY's 8000 bytes; a
 --    statement touching more sends several). {"topic", "partition",
 --    "applied_through", "deleted"}: a partition's ingest position moved,
@@ -22,7 +26,7 @@
 -- +goose StatementBegin
 CREATE FUNCTION tally_notify_customers() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('tally_usage', json_build_object('customers', json_agg(customer))::text)
+    PERFORM pg_notify('tally_api_cache', json_build_object('customers', json_agg(customer))::text)
     FROM (SELECT customer, (row_number() OVER () - 1) / 50 AS chunk
           FROM (SELECT DISTINCT customer FROM changed) d) c
     GROUP BY chunk;
@@ -36,12 +40,28 @@ CREATE FUNCTION tally_notify_position() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     r ingest_partitions := CASE WHEN TG_OP = 'DELETE' THEN OLD ELSE NEW END;
 BEGIN
-    PERFORM pg_notify('tally_usage', json_build_object('topic', r.topic, 'partition', r.partition,
+    PERFORM pg_notify('tally_api_cache', json_build_object('topic', r.topic, 'partition', r.partition,
         'applied_through', r.applied_through, 'deleted', TG_OP = 'DELETE')::text);
     RETURN NULL;
 END
 $$;
 -- +goose StatementEnd
+
+-- +goose StatementBegin
+CREATE FUNCTION tally_notify_tokens() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('tally_api_cache', json_build_object('tokens', json_agg(encode(token_hash, 'hex')))::text)
+    FROM (SELECT token_hash, (row_number() OVER () - 1) / 50 AS chunk FROM changed) c
+    GROUP BY chunk;
+    RETURN NULL;
+END
+$$;
+-- +goose StatementEnd
+
+CREATE TRIGGER api_tokens_notify_update AFTER UPDATE ON api_tokens
+    REFERENCING NEW TABLE AS changed FOR EACH STATEMENT EXECUTE FUNCTION tally_notify_tokens();
+CREATE TRIGGER api_tokens_notify_delete AFTER DELETE ON api_tokens
+    REFERENCING OLD TABLE AS changed FOR EACH STATEMENT EXECUTE FUNCTION tally_notify_tokens();
 
 -- One trigger per event: Postgres allows a transition table only on a
 -- trigger for a single event.
@@ -78,6 +98,9 @@ CREATE TRIGGER ingest_partitions_notify AFTER INSERT OR DELETE OR UPDATE OF appl
     FOR EACH ROW EXECUTE FUNCTION tally_notify_position();
 
 -- +goose Down
+DROP TRIGGER api_tokens_notify_delete ON api_tokens;
+DROP TRIGGER api_tokens_notify_update ON api_tokens;
+DROP FUNCTION tally_notify_tokens();
 DROP TRIGGER ingest_partitions_notify ON ingest_partitions;
 DROP TRIGGER ingest_customers_notify_delete ON ingest_customers;
 DROP TRIGGER ingest_customers_notify_update ON ingest_customers;

@@ -16,10 +16,11 @@ import (
 	"github.com/tally-ledger/tally/migrations"
 )
 
-// TestUsageNotifications: migration 00007 notifies channel tally_usage at
-// commit of every change to what a usage answer is read from, one
-// notification per 50 customers per statement, and of every move of an
-// ingest position; nothing for a rolled-back transaction.
+// TestUsageNotifications: migration 00007 notifies channel tally_api_cache
+// at commit of every change to what a usage answer is read from, one
+// notification per 50 customers per statement, of every move of an ingest
+// position, and of every revoked or deleted token; nothing for a
+// rolled-back transaction.
 func TestUsageNotifications(t *testing.T) {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, pgtest.NewEmptyURL(t))
@@ -35,10 +36,11 @@ func TestUsageNotifications(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer listener.Release()
-	if _, err := listener.Exec(ctx, `LISTEN tally_usage`); err != nil {
+	if _, err := listener.Exec(ctx, `LISTEN tally_api_cache`); err != nil {
 		t.Fatal(err)
 	}
 	type payload struct {
+		Tokens         []string   `json:"tokens"`
 		Customers      []string   `json:"customers"`
 		Topic          string     `json:"topic"`
 		Partition      int32      `json:"partition"`
@@ -122,6 +124,15 @@ func TestUsageNotifications(t *testing.T) {
 	expect(`UPDATE rollups SET quantity = 0 WHERE false`, 0)
 	if p := expect(`DELETE FROM ingest_partitions WHERE partition = 1`, 1)[0]; !p.Deleted || p.Partition != 1 {
 		t.Fatalf("deleted position %+v", p)
+	}
+	// Tokens: a revocation or a deletion names the token's hash; a new
+	// token nothing (only valid tokens are cached).
+	expect(`INSERT INTO api_tokens (id, customer, token_hash, created_at) VALUES (gen_random_uuid(), 'c001', sha256('secret'), now())`, 0)
+	hash := "2bb80d537b1da3e38bd30361aa855686bde0eacd7162fef6a25fe97bf527a25b" // sha256("secret")
+	for _, sql := range []string{`UPDATE api_tokens SET revoked_at = now()`, `DELETE FROM api_tokens`} {
+		if p := expect(sql, 1)[0]; !slices.Equal(p.Tokens, []string{hash}) {
+			t.Fatalf("%s: tokens %v", sql, p.Tokens)
+		}
 	}
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `UPDATE rollups SET quantity = 5`); err != nil {
