@@ -53,6 +53,7 @@ type usageWatch struct {
 	// epoch changes whenever the cache is emptied as a whole; odd while
 	// the listener is down (the cache is then not used).
 	epoch     atomic.Uint64
+	gen       atomic.Uint64 // forgetAll calls
 	stamps    [usageStampBuckets]atomic.Uint64
 	positions atomic.Pointer[map[int32]pgtype.Timestamptz] // partition → applied_through, of topic
 	cache     usageCache
@@ -73,20 +74,20 @@ func newUsageWatch(topic string, ttl time.Duration, maxBytes int) *usageWatch {
 
 // usageTicket is taken before a read: the read may be cached if the
 // ticket is still good after it.
-type usageTicket struct{ epoch, stamp uint64 }
+type usageTicket struct{ epoch, gen, stamp uint64 }
 
 func (w *usageWatch) bucket(customer string) *atomic.Uint64 {
 	return &w.stamps[maphash.String(w.seed, customer)%usageStampBuckets]
 }
 
 func (w *usageWatch) ticket(customer string) usageTicket {
-	return usageTicket{epoch: w.epoch.Load(), stamp: w.bucket(customer).Load()}
+	return usageTicket{epoch: w.epoch.Load(), gen: w.gen.Load(), stamp: w.bucket(customer).Load()}
 }
 
 // good reports whether nothing was forgotten of customer since t, and the
 // listener was up all along.
 func (w *usageWatch) good(t usageTicket, customer string) bool {
-	return t.epoch%2 == 0 && w.epoch.Load() == t.epoch && w.bucket(customer).Load() == t.stamp
+	return t.epoch%2 == 0 && w.epoch.Load() == t.epoch && w.gen.Load() == t.gen && w.bucket(customer).Load() == t.stamp
 }
 
 // get returns a cached answer, its as_of advanced to what the
@@ -148,26 +149,21 @@ func (w *usageWatch) reset(up bool, positions map[int32]pgtype.Timestamptz) {
 	if up {
 		w.positions.Store(&positions)
 	}
-	for { // even: up, odd: down; always a new value
-		e := w.epoch.Load()
-		next := e + 1
-		if (next%2 == 0) != up {
-			next++
-		}
-		if w.epoch.CompareAndSwap(e, next) {
-			break
-		}
+	e := w.epoch.Load() // only Run changes it: even while up, odd while down
+	next := e + 1
+	if (next%2 == 0) != up {
+		next++
 	}
+	w.epoch.Store(next)
 	w.cache.clear()
 	if !up {
 		w.positions.Store(nil)
 	}
 }
 
-// forgetAll drops every answer and refuses every read in flight, leaving
-// the cache up or down as it is.
+// forgetAll drops every answer and refuses every read in flight.
 func (w *usageWatch) forgetAll() {
-	w.epoch.Add(2)
+	w.gen.Add(1)
 	w.cache.clear()
 }
 
