@@ -64,8 +64,9 @@ type Config struct {
 	// UsageCacheTTL bounds how long a usage answer read from Postgres is
 	// reused. Answers are kept coherent by Postgres's change notifications
 	// while API.Run listens (see usage_watch.go): one is forgotten as soon
-	// as a commit changes it, so this is only a bound on memory held by
-	// answers nobody asks for. Without Run every answer is read afresh.
+	// as a commit changes it, so this is only a safety net. Without Run (or
+	// where LISTEN does not work, e.g. behind a transaction-pooling proxy)
+	// every answer is read afresh.
 	// Default 1m; negative: read Postgres on every request.
 	UsageCacheTTL time.Duration
 	// UsageCacheBytes bounds the cache's memory (roughly: the encoded
