@@ -23,3 +23,8 @@ func OnUsageSync(a *API, f func(string)) { a.watch.onSync = f }
 // Tests ping the usage listener's connection often, so its quiet spells
 // are exercised.
 func init() { usageWatchPing = 100 * time.Millisecond }
+
+// SlowPositions pauses the usage listener for d after each position it
+// applies (0: no pause), widening the window in which a position heard
+// before its transaction's customers would show.
+func SlowPositions(d time.Duration) { positionDelay.Store(int64(d)) }

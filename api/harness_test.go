@@ -83,7 +83,12 @@ func newFixtureWith(t *testing.T, configure func(*api.Config)) *fixture {
 	// until the API has heard of the write (f.sync), as any reader after
 	// a notification's short delay would.
 	f.synced = make(chan string, 16)
-	api.OnUsageSync(h, func(s string) { f.synced <- s })
+	api.OnUsageSync(h, func(s string) {
+		select { // never block the listener: sync sends again
+		case f.synced <- s:
+		default:
+		}
+	})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- h.Run(ctx) }()

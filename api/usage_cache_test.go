@@ -15,6 +15,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/api"
 	"github.com/tally-ledger/tally/ledger"
 )
 
@@ -124,13 +125,17 @@ func TestUsageCache(t *testing.T) {
 
 // TestUsageCacheCoherentUnderWrites races readers against a writer that,
 // like ingest, books usage and moves the partition's position in one
-// transaction, without telling the API. Every answer must hold all usage
+// transaction (in either order: ingest moves it first), without telling
+// the API. The listener pauses after each position, so an answer whose
+// as_of moved before its customer was forgotten would be seen. Every answer must hold all usage
 // committed through its as_of (never claim more than it holds), and once
 // the writer stops and the API has heard everything, every cached answer
 // must equal the database.
 func TestUsageCacheCoherentUnderWrites(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
+	api.SlowPositions(time.Millisecond)
+	t.Cleanup(func() { api.SlowPositions(0) })
 	ctx := context.Background()
 	const customers = 12
 	name := func(i int) string { return fmt.Sprintf("c%02d", i) }
@@ -172,16 +177,25 @@ func TestUsageCacheCoherentUnderWrites(t *testing.T) {
 			rec := ledger.Record{OperationID: uuid.Must(uuid.NewV7()),
 				Stream: ledger.StreamKey{Producer: "w", Epoch: 1, Customer: c, Meter: "api_calls"},
 				Seq:    seqs[c], Total: totals[c].Add(qty), OccurredAt: date("2026-11-10T12:00:00Z")}
+			positionFirst := rng.IntN(2) == 0
+			move := func(tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, `UPDATE ingest_partitions SET applied_through = $1 WHERE partition = 0`, at)
+				return err
+			}
 			err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+				if positionFirst {
+					if err := move(tx); err != nil {
+						return err
+					}
+				}
 				out, err := f.ledger.Apply(ctx, tx, []ledger.Record{rec})
 				if err == nil && out[0].Kind != ledger.Applied {
 					err = fmt.Errorf("outcome %v", out[0].Kind)
 				}
-				if err != nil {
+				if err != nil || positionFirst {
 					return err
 				}
-				_, err = tx.Exec(ctx, `UPDATE ingest_partitions SET applied_through = $1 WHERE partition = 0`, at)
-				return err
+				return move(tx)
 			})
 			if err != nil {
 				t.Errorf("write %d: %v", n, err)

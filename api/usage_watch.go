@@ -26,8 +26,9 @@ import (
 //   - An answer read in snapshot S stays cached only while no notification
 //     since its read began named its customer (a read that overlaps one is
 //     not cached: the stamp check in get/put).
-//   - Notifications arrive in commit order. When the position of the
-//     customer's partition moves to A, every commit before that one has
+//   - Notifications arrive in commit order, and a transaction's position
+//     last (its trigger is deferred to commit). When the position of the
+//     customer's partition moves to A, every commit up to that one has
 //     been seen, none of those after S touched the customer, so the answer
 //     is the customer's usage as of A: a hit reports as_of A (or the as_of
 //     it was read with, if later), not the older one it was read with.
@@ -40,6 +41,10 @@ import (
 // Answers are dropped after UsageCacheTTL anyway, and the cache is bounded
 // in bytes: when full, customers chosen at random are dropped until half
 // of it is free.
+
+// positionDelay is a pause after each position is applied, set by tests
+// to make a mis-ordered notification visible.
+var positionDelay atomic.Int64
 
 // usageStampBuckets spreads customers over invalidation counters: a read
 // is refused when its customer's bucket moved during the read. More
@@ -221,6 +226,9 @@ func (w *usageWatch) apply(payload string) error {
 			next[c.Partition] = p
 		}
 		w.positions.Store(&next)
+		if d := positionDelay.Load(); d > 0 { // tests: widen the race window
+			time.Sleep(time.Duration(d))
+		}
 	case c.Sync != "":
 		if w.onSync != nil {
 			w.onSync(c.Sync)

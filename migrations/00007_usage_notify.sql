@@ -13,7 +13,8 @@
 --    statement touching more sends several). {"topic", "partition",
 --    "applied_through", "deleted"}: a partition's ingest position moved,
 --    or its row was deleted.
---  * NOTIFY is delivered at commit, in commit order, and only to
+--  * NOTIFY is delivered at commit, in commit order (a transaction's in
+--    the order sent), and only to
 --    listeners: a process that is not listening pays nothing but the
 --    queue. The API forgets a customer's answers when told, and trusts
 --    its cache only while its listening connection is up (see
@@ -94,8 +95,12 @@ CREATE TRIGGER ingest_customers_notify_delete AFTER DELETE ON ingest_customers
     REFERENCING OLD TABLE AS changed FOR EACH STATEMENT EXECUTE FUNCTION tally_notify_customers();
 
 -- Positions: a few rows, updated once per micro-batch per partition.
-CREATE TRIGGER ingest_partitions_notify AFTER INSERT OR DELETE OR UPDATE OF applied_through ON ingest_partitions
-    FOR EACH ROW EXECUTE FUNCTION tally_notify_position();
+-- Deferred to commit, so a transaction's position comes after all its
+-- customers: ingest moves the position first (the offset fence) and
+-- books usage after, and a listener that heard the position first could
+-- advance a cached answer's as_of before forgetting it.
+CREATE CONSTRAINT TRIGGER ingest_partitions_notify AFTER INSERT OR DELETE OR UPDATE OF applied_through ON ingest_partitions
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION tally_notify_position();
 
 -- +goose Down
 DROP TRIGGER api_tokens_notify_delete ON api_tokens;
