@@ -35,7 +35,10 @@ func TestEveryFaultVerifiesClean(t *testing.T) {
 	runIngest(t, c.Addrs, pool)
 
 	f := scenario.AllFaults()
-	f.Lost, f.Reorder, f.Duplicates, f.Retransmits = 0.1, 0.1, 0.1, 0.2
+	// High enough that every fault happens in a 3 s run (a run writes in a
+	// few dozen calls: at 0.2, no retransmit at all happened about once in
+	// twenty runs).
+	f.Lost, f.Reorder, f.Duplicates, f.Retransmits = 0.15, 0.15, 0.15, 0.5
 	f.Crashes = 4
 	ctx := context.Background()
 	e, err := scenario.Run(ctx, scenario.Config{
