@@ -62,8 +62,7 @@ type usageWatch struct {
 	stamps    [usageStampBuckets]atomic.Uint64
 	positions atomic.Pointer[map[int32]pgtype.Timestamptz] // partition → applied_through, of topic
 	cache     usageCache
-	notified  atomic.Uint64 // notifications handled, for tests
-	onSync    func(string)  // tests: a {"sync": ...} notification arrived
+	onSync    func(string) // tests: a {"sync": ...} notification arrived
 	// tokenStamp counts revocations heard; forgetToken drops one from
 	// the token cache (see authenticate).
 	tokenStamp  atomic.Uint64
@@ -185,7 +184,6 @@ type change struct {
 
 // apply handles one notification.
 func (w *usageWatch) apply(payload string) error {
-	defer w.notified.Add(1)
 	var c change
 	if err := json.Unmarshal([]byte(payload), &c); err != nil {
 		return fmt.Errorf("payload %.100q: %w", payload, err)

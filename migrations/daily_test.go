@@ -4,9 +4,6 @@ import (
 	"context"
 	"testing"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/tally-ledger/tally/internal/pgtest"
 	"github.com/tally-ledger/tally/migrations"
 )
 
@@ -15,11 +12,7 @@ import (
 // start, and loses nothing.
 func TestDailyRollupsBackfill(t *testing.T) {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pgtest.NewEmptyURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := emptyPool(t)
 	if err := migrations.UpTo(ctx, pool, 5); err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +37,7 @@ func TestDailyRollupsBackfill(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got string
-	err = pool.QueryRow(ctx, `
+	err := pool.QueryRow(ctx, `
 SELECT string_agg(format('%s/%s/%s/%s=%s', customer, meter, to_char(period_start AT TIME ZONE 'UTC', 'MM-DD"T"HH24'), day, quantity), ' '
                   ORDER BY customer, period_start, day)
 FROM rollups_daily`).Scan(&got)

@@ -11,13 +11,20 @@ import (
 	"github.com/tally-ledger/tally/migrations"
 )
 
-func TestUpIsIdempotent(t *testing.T) {
-	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pgtest.NewEmptyURL(t))
+// emptyPool is a pool on a new database without any migration applied.
+func emptyPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), pgtest.NewEmptyURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer pool.Close()
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func TestUpIsIdempotent(t *testing.T) {
+	ctx := context.Background()
+	pool := emptyPool(t)
 	log := slog.New(slog.DiscardHandler)
 
 	v1, err := migrations.Up(ctx, pool, log)

@@ -10,9 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/tally-ledger/tally/internal/pgtest"
 	"github.com/tally-ledger/tally/migrations"
 )
 
@@ -23,11 +21,7 @@ import (
 // rolled-back transaction.
 func TestUsageNotifications(t *testing.T) {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, pgtest.NewEmptyURL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := emptyPool(t)
 	if _, err := migrations.Up(ctx, pool, slog.New(slog.DiscardHandler)); err != nil {
 		t.Fatal(err)
 	}
