@@ -103,7 +103,7 @@ letters. Check a ledger against it with: tally verify --expect FILE`,
 	fs.StringVar(&cfg.Run, "run", "", "run id prefixing producer and customer ids (default: random)")
 	fs.DurationVar(&cfg.Linger, "linger", 50*time.Millisecond, "producer Linger: how long a record waits for more to share its message")
 	fs.StringVar(&faults, "faults", "", "faults to inject: all, or a comma list of duplicates,retransmits,lost,reorder,crashes,bad")
-	fs.Float64Var(&fault, "fault-rate", 0.05, "probability per message of each probabilistic fault")
+	fs.Float64Var(&fault, "fault-rate", 0.05, "probability per message of each probabilistic fault (each one also happens at its first chance)")
 	fs.IntVar(&crashes, "crashes", 2, "producer crashes when crashes are on")
 	fs.IntVar(&bad, "bad-messages", 3, "bad messages when bad is on")
 	fs.StringVar(&expectPath, "expect", "", "write the ground truth (JSON) to this file")

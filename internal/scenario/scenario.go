@@ -20,7 +20,9 @@ import (
 	"github.com/tally-ledger/tally/producer"
 )
 
-// Faults choose which faults a run injects.
+// Faults choose which faults a run injects. Each fault with a
+// probability above zero happens at its first chance and then at that
+// rate, so even a short run shows every fault it asks for.
 type Faults struct {
 	// Duplicates is the probability that a message is written twice.
 	Duplicates float64

@@ -118,6 +118,19 @@ type tracker struct {
 	holds   []*held
 	stats   Stats
 	broken  error // a write whose outcome is unknown
+	did     struct{ lost, reorder, duplicate, retransmit bool }
+}
+
+// inject reports whether a fault of probability p happens at this chance
+// (hit: the dice said so). A fault with p > 0 always happens at its first
+// chance, so a short or CPU-starved run that writes only a few dozen
+// messages still shows every fault it was asked for.
+func (t *tracker) inject(done *bool, p float64, hit bool) bool {
+	if p <= 0 || (*done && !hit) {
+		return false
+	}
+	*done = true
+	return true
 }
 
 func newTracker(w *kafka.Writer, f Faults, seed uint64) *tracker {
@@ -139,15 +152,15 @@ func (t *tracker) WriteMessages(ctx context.Context, msgs ...kafka.Message) erro
 		streams := t.observe(b)
 		hasFinal := slices.ContainsFunc(b.Records, func(r wire.Record) bool { return r.Final })
 		switch x := t.rng.Float64(); {
-		case !hasFinal && x < t.faults.Lost:
+		case !hasFinal && t.inject(&t.did.lost, t.faults.Lost, x < t.faults.Lost):
 			t.holds = append(t.holds, &held{msg: m, streams: streams, lost: true})
-		case x < t.faults.Lost+t.faults.Reorder:
+		case t.inject(&t.did.reorder, t.faults.Reorder, x < t.faults.Lost+t.faults.Reorder):
 			t.holds = append(t.holds, &held{msg: m, streams: streams})
 			t.stats.Reordered++
 		default:
 			out = append(out, m)
 			outStreams = append(outStreams, streams)
-			if t.rng.Float64() < t.faults.Duplicates {
+			if t.inject(&t.did.duplicate, t.faults.Duplicates, t.rng.Float64() < t.faults.Duplicates) {
 				out = append(out, m)
 				outStreams = append(outStreams, streams)
 				t.stats.Duplicates++
@@ -165,7 +178,7 @@ func (t *tracker) WriteMessages(ctx context.Context, msgs ...kafka.Message) erro
 		}
 	}
 	t.holds = rest
-	retransmit := len(out) > 0 && t.rng.Float64() < t.faults.Retransmits
+	retransmit := len(out) > 0 && t.inject(&t.did.retransmit, t.faults.Retransmits, t.rng.Float64() < t.faults.Retransmits)
 	t.mu.Unlock()
 
 	if err := t.write(ctx, out, outStreams); err != nil {
