@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"unicode/utf8"
@@ -169,9 +170,35 @@ func jsonTypeName(t reflect.Type) string {
 
 // writeJSON writes v with the given status.
 func writeJSON(w http.ResponseWriter, status int, v any) {
+	writeJSONWith(w, status, v, "")
+}
+
+var contentTypeJSON = []string{"application/json"}
+
+// writeJSONWith is writeJSON of v, with, unless name is "", one more
+// member added to v's object: name, whose value is the concatenation of
+// parts, JSON encoded in advance and written as it is.
+func writeJSONWith(w http.ResponseWriter, status int, v any, name string, parts ...[]byte) {
 	buf := buffers.Get().(*bytes.Buffer)
 	defer putBuffer(buf)
-	if err := encode(buf, v); err != nil {
+	err := encode(buf, v)
+	if b := buf.Bytes(); err == nil && name != "" {
+		if !bytes.HasSuffix(b, []byte("}\n")) {
+			err = errors.New("not an object")
+		} else {
+			buf.Truncate(len(b) - 2)
+			if len(b) > 3 { // v has members
+				buf.WriteByte(',')
+			}
+			buf.WriteString(strconv.Quote(name))
+			buf.WriteByte(':')
+			for _, p := range parts {
+				buf.Write(p)
+			}
+			buf.WriteString("}\n")
+		}
+	}
+	if err != nil {
 		writeProblem(w, &Problem{Type: TypeInternal, Title: "Internal error", Status: 500, Detail: "cannot encode the response"})
 		return
 	}
@@ -179,8 +206,6 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	_, _ = w.Write(buf.Bytes())
 }
-
-var contentTypeJSON = []string{"application/json"}
 
 // buffers holds response buffers: a usage answer is a few kilobytes, and
 // growing a new buffer for each was much of the API's garbage.

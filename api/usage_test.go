@@ -131,6 +131,11 @@ func TestUsagePeriods(t *testing.T) {
 	if fut := get("period=2027-01-01"); fut["total"] != "0" || len(fut["series"].([]any)) != 0 {
 		t.Fatalf("future = %v", fut)
 	}
+	// Every meter of an empty period: an empty list, the last member.
+	r := f.do("GET", "/v1/customers/acme/usage?period=2027-01-01", adminToken, nil)
+	if r.status != 200 || !strings.HasSuffix(string(r.body), `"lag_seconds":null,"items":[]}`+"\n") {
+		t.Fatalf("future, every meter: %d %s", r.status, r.body)
+	}
 }
 
 func TestUsageFreshness(t *testing.T) {

@@ -364,7 +364,7 @@ func (c *usageCache) get(key usageKey, now time.Time) (usageData, bool) {
 func (c *usageCache) put(key usageKey, d usageData, now time.Time, ok func() bool) {
 	size := 256 + len(key.customer) + len(key.meter)
 	for _, it := range d.items {
-		size += len(it.Meter) + len(it.Total) + len(it.Series) + 64
+		size += len(it.total) + len(it.json) + 64
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

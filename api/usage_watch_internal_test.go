@@ -1,7 +1,6 @@
 package api
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
@@ -15,7 +14,7 @@ func TestUsageCacheBound(t *testing.T) {
 	now := time.Now()
 	yes := func() bool { return true }
 	answer := func(n int) usageData {
-		return usageData{items: []meterUsage{{Meter: "m", Total: "1", Series: json.RawMessage(strings.Repeat("x", n))}}}
+		return usageData{items: []meterUsage{{total: "1", json: []byte(strings.Repeat("x", n))}}}
 	}
 	count := func() int {
 		total := 0
