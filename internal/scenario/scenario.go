@@ -27,10 +27,13 @@ type Faults struct {
 	// Duplicates is the probability that a message is written twice.
 	Duplicates float64
 	// Retransmits is the probability that a write is reported failed after
-	// it succeeded, so the producer resends the same batches.
+	// it succeeded, so the producer resends the same batches. A write that
+	// lost a message is acknowledged, never reported failed.
 	Retransmits float64
 	// Lost is the probability that a message is acknowledged but never
-	// written (only middle batches end up lost; see the package doc).
+	// written (only middle batches end up lost; see the package doc). A
+	// loss that a resend undoes (after a producer crash) is no loss, and
+	// until one stands, every chance loses a message.
 	Lost float64
 	// Reorder is the probability that a message is written after later
 	// ones.

@@ -115,6 +115,7 @@ type tracker struct {
 	rng     *rand.Rand
 	streams map[sKey]map[int64]*seen
 	maxDel  map[sKey]int64 // highest delivered seq
+	epoch   map[string]int64 // producer → its newest epoch
 	holds   []*held
 	stats   Stats
 	broken  error // a write whose outcome is unknown
@@ -135,14 +136,20 @@ func (t *tracker) inject(done *bool, p float64, hit bool) bool {
 
 func newTracker(w *kafka.Writer, f Faults, seed uint64) *tracker {
 	return &tracker{w: w, faults: f, rng: rand.New(rand.NewPCG(seed, 7)),
-		streams: map[sKey]map[int64]*seen{}, maxDel: map[sKey]int64{}}
+		streams: map[sKey]map[int64]*seen{}, maxDel: map[sKey]int64{}, epoch: map[string]int64{}}
 }
 
 // WriteMessages implements producer.MessageWriter with faults.
 func (t *tracker) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
 	t.mu.Lock()
+	// Until a loss holds that is or can still become a gap, every chance
+	// loses a message: a resend can undo a loss, a crash can end its
+	// streams, and a run must still have a lost batch.
+	t.holds = slices.DeleteFunc(t.holds, func(h *held) bool { return h.lost && t.undone(h) })
+	t.did.lost = slices.ContainsFunc(t.holds, func(h *held) bool { return h.lost && (t.superseded(h) || t.alive(h)) })
 	var out []kafka.Message
 	var outStreams []map[sKey][]int64
+	lost := false // a message of this call is lost: the call is acknowledged
 	for _, m := range msgs {
 		b, _, rej, err := wire.Decode(m.Key, m.Value)
 		if err != nil || len(rej) > 0 {
@@ -154,6 +161,7 @@ func (t *tracker) WriteMessages(ctx context.Context, msgs ...kafka.Message) erro
 		switch x := t.rng.Float64(); {
 		case !hasFinal && t.inject(&t.did.lost, t.faults.Lost, x < t.faults.Lost):
 			t.holds = append(t.holds, &held{msg: m, streams: streams, lost: true})
+			lost = true
 		case t.inject(&t.did.reorder, t.faults.Reorder, x < t.faults.Lost+t.faults.Reorder):
 			t.holds = append(t.holds, &held{msg: m, streams: streams})
 			t.stats.Reordered++
@@ -178,7 +186,7 @@ func (t *tracker) WriteMessages(ctx context.Context, msgs ...kafka.Message) erro
 		}
 	}
 	t.holds = rest
-	retransmit := len(out) > 0 && t.inject(&t.did.retransmit, t.faults.Retransmits, t.rng.Float64() < t.faults.Retransmits)
+	retransmit := len(out) > 0 && !lost && t.inject(&t.did.retransmit, t.faults.Retransmits, t.rng.Float64() < t.faults.Retransmits)
 	t.mu.Unlock()
 
 	if err := t.write(ctx, out, outStreams); err != nil {
@@ -233,6 +241,7 @@ func (t *tracker) observe(b wire.Batch) map[sKey][]int64 {
 	out := map[sKey][]int64{}
 	for _, r := range b.Records {
 		k := sKey{b.Producer, b.Epoch, r.Customer, r.Meter}
+		t.epoch[b.Producer] = max(t.epoch[b.Producer], b.Epoch)
 		m := t.streams[k]
 		if m == nil {
 			m = map[int64]*seen{}
@@ -244,6 +253,41 @@ func (t *tracker) observe(b wire.Batch) map[sKey][]int64 {
 		out[k] = append(out[k], r.Seq)
 	}
 	return out
+}
+
+// superseded reports whether a later record of each of h's streams was
+// delivered: h's loss is in the middle of its streams.
+func (t *tracker) superseded(h *held) bool {
+	for k, seqs := range h.streams {
+		if t.maxDel[k] <= slices.Max(seqs) {
+			return false
+		}
+	}
+	return true
+}
+
+// alive reports whether h's streams can still go on: its producer has not
+// moved to a new epoch.
+func (t *tracker) alive(h *held) bool {
+	for k := range h.streams {
+		if k.epoch < t.epoch[k.producer] {
+			return false
+		}
+	}
+	return true
+}
+
+// undone reports whether every record of a lost message reached Kafka
+// anyway, resent after a reported failure or a crash: it is no loss.
+func (t *tracker) undone(h *held) bool {
+	for k, seqs := range h.streams {
+		for _, s := range seqs {
+			if !t.streams[k][s].delivered {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // delivered marks the records of a written message.
@@ -265,13 +309,10 @@ func (t *tracker) drain(ctx context.Context) error {
 	var out []kafka.Message
 	var outStreams []map[sKey][]int64
 	for _, h := range t.holds {
-		superseded := true
-		for k, seqs := range h.streams {
-			if t.maxDel[k] <= slices.Max(seqs) {
-				superseded = false
-			}
+		if h.lost && t.undone(h) {
+			continue
 		}
-		if h.lost && superseded {
+		if h.lost && t.superseded(h) {
 			t.stats.Lost++
 			continue
 		}
