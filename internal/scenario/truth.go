@@ -114,7 +114,7 @@ type tracker struct {
 	mu      sync.Mutex
 	rng     *rand.Rand
 	streams map[sKey]map[int64]*seen
-	maxDel  map[sKey]int64 // highest delivered seq
+	maxDel  map[sKey]int64   // highest delivered seq
 	epoch   map[string]int64 // producer → its newest epoch
 	holds   []*held
 	stats   Stats
