@@ -57,14 +57,14 @@ RETURNING created_at`
 	usageHeader = `
 WITH h AS (
   SELECT EXISTS (SELECT 1 FROM period_closes WHERE customer = $1 AND period_start = $2) AS closed,
-         (SELECT CASE WHEN ic.partition IS NULL
-                      THEN (SELECT CASE WHEN count(*) > 0 AND count(*) = count(applied_through) THEN min(applied_through) END
-                            FROM ingest_partitions WHERE topic = $4)
-                      ELSE p.applied_through END
-          FROM (SELECT) one
-          LEFT JOIN ingest_customers ic ON ic.customer = $1 AND ic.topic = $4
-          LEFT JOIN ingest_partitions p ON p.topic = ic.topic AND p.partition = ic.partition) AS as_of,
-         (SELECT partition FROM ingest_customers WHERE customer = $1 AND topic = $4) AS part
+         CASE WHEN ic.partition IS NULL
+              THEN (SELECT CASE WHEN count(*) > 0 AND count(*) = count(applied_through) THEN min(applied_through) END
+                    FROM ingest_partitions WHERE topic = $4)
+              ELSE p.applied_through END AS as_of,
+         ic.partition AS part
+  FROM (SELECT) one
+  LEFT JOIN ingest_customers ic ON ic.customer = $1 AND ic.topic = $4
+  LEFT JOIN ingest_partitions p ON p.topic = ic.topic AND p.partition = ic.partition
 )
 SELECT h.closed, h.as_of, h.part, u.meter, u.keys, u.qtys, u.total
 FROM h LEFT JOIN LATERAL (`

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -210,10 +211,7 @@ func (w *usageWatch) apply(payload string) error {
 		if old == nil {
 			return nil
 		}
-		next := make(map[int32]pgtype.Timestamptz, len(*old)+1)
-		for k, v := range *old {
-			next[k] = v
-		}
+		next := maps.Clone(*old)
 		if c.Deleted {
 			delete(next, c.Partition)
 		} else {

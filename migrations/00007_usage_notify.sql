@@ -27,10 +27,13 @@
 -- +goose StatementBegin
 CREATE FUNCTION tally_notify_customers() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('tally_api_cache', json_build_object('customers', json_agg(customer))::text)
-    FROM (SELECT customer, (row_number() OVER () - 1) / 50 AS chunk
+    -- Sorted, so the same customers give the same payloads: Postgres
+    -- sends identical payloads of one transaction once, and an ingest
+    -- micro-batch writes the same customers to rollups and rollups_daily.
+    PERFORM pg_notify('tally_api_cache', json_build_object('customers', json_agg(customer ORDER BY customer))::text)
+    FROM (SELECT customer, (row_number() OVER (ORDER BY customer) - 1) / 50 AS chunk
           FROM (SELECT DISTINCT customer FROM changed) d) c
-    GROUP BY chunk;
+    GROUP BY chunk ORDER BY chunk;
     RETURN NULL;
 END
 $$;

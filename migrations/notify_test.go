@@ -107,6 +107,15 @@ func TestUsageNotifications(t *testing.T) {
 			t.Fatalf("%s: customers %v", sql, c)
 		}
 	}
+	// One transaction writing the same customers to both rollups, as an
+	// ingest micro-batch does: one notification (identical payloads of a
+	// transaction are sent once).
+	if c := customers(expect(`WITH h AS (INSERT INTO rollups (customer, meter, period_start, bucket, quantity)
+		SELECT 'c' || lpad(i::text, 3, '0'), 'a', '2026-11-01', '2026-11-02 11:00', 1 FROM generate_series(1, 3) i RETURNING customer)
+		INSERT INTO rollups_daily (customer, period_start, meter, day, quantity)
+		SELECT 'c' || lpad(i::text, 3, '0'), '2026-11-01', 'a', '2026-11-02', 1 FROM generate_series(3, 1, -1) i`, 1)); !slices.Equal(c, []string{"c001", "c002", "c003"}) {
+		t.Fatalf("both rollups: customers %v", c)
+	}
 	// Positions: one notification per row; a statement that changes
 	// nothing sends nothing; a rolled-back transaction sends nothing.
 	expect(`INSERT INTO ingest_partitions (topic, partition, next_offset, applied_through) VALUES ('t', 0, 0, NULL), ('t', 1, 0, '2026-11-02T10:00:00Z')`, 2)
