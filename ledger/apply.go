@@ -652,26 +652,41 @@ func (a *applier) periodOf(customer string, t time.Time) (periods.Period, error)
 }
 
 // billingPlace is where usage that occurred at t is billed: its own
-// period and hour, or, when that period is closed, the current period and
-// hour as a prior-period adjustment referencing it.
+// period and hour, or, when that period is closed, the first later period
+// of the customer that is still not closed, as a prior-period adjustment
+// referencing its own period. Usage is never booked into a closed period,
+// whatever the clocks say: the closed periods were read after the customer
+// locks were taken (a close holds them exclusively), and the ledger's clock,
+// read before the locks and possibly behind a closer's, only picks the hour
+// within the chosen period.
 func (a *applier) billingPlace(customer string, t time.Time) (period, bucket time.Time, prior *time.Time, err error) {
 	p, err := a.periodOf(customer, t)
 	if err != nil {
 		return
 	}
-	start := p.Start.UTC()
-	if a.closed[periodKey{customer, start.UnixMicro()}] {
-		cur, err2 := a.periodOf(customer, a.now)
-		if err2 != nil {
-			err = err2
-			return
-		}
-		prior = &start
-		bucket, err = a.bucketOf(customer, a.now)
-		return cur.Start.UTC(), bucket, prior, err
+	own := p.Start.UTC()
+	if !a.closed[periodKey{customer, own.UnixMicro()}] {
+		bucket, err = a.bucketOf(customer, t)
+		return own, bucket, nil, err
 	}
-	bucket, err = a.bucketOf(customer, t)
-	return start, bucket, nil, err
+	// Closes are few (one per period), so this walk is short.
+	for a.closed[periodKey{customer, p.Start.UTC().UnixMicro()}] {
+		next, err := a.calendars[customer].Next(p)
+		if err != nil {
+			return period, bucket, nil, fmt.Errorf("ledger: customer %q: period after %s: %w", customer, p.Name, err)
+		}
+		p = next
+	}
+	// The hour of now when now lies in that period; else its first hour
+	// (a clock behind the close) or its last (a period awaiting its close).
+	at := a.now
+	if at.Before(p.Start) {
+		at = p.Start
+	} else if !at.Before(p.End) {
+		at = p.End.Add(-time.Microsecond)
+	}
+	bucket, err = a.bucketOf(customer, at)
+	return p.Start.UTC(), bucket, &own, err
 }
 
 // bucketOf is the start of the hour containing t in the customer's zone

@@ -1,0 +1,115 @@
+package ledger_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/periods"
+)
+
+// closeForced closes the customer's period (forced) with the closer's own
+// clock, which may be ahead of the ledger's.
+func (f *fixture) closeForced(customer, period string, closerNow time.Time) periods.Statement {
+	f.t.Helper()
+	var st periods.Statement
+	store := periods.Store{Clock: func() time.Time { return closerNow }}
+	err := pgx.BeginFunc(context.Background(), f.pool, func(tx pgx.Tx) error {
+		var err error
+		st, err = store.Close(context.Background(), tx, periods.CloseRequest{
+			Customer: customer, Period: period, Force: true, Reason: "test", Actor: "test"})
+		return err
+	})
+	if err != nil {
+		f.t.Fatalf("close %s %s: %v", customer, period, err)
+	}
+	return st
+}
+
+// billedIn is the rollups' total of a customer's period.
+func (f *fixture) billedIn(customer, period string) string {
+	f.t.Helper()
+	return f.scalar(`SELECT coalesce(trim_scale(sum(quantity)), 0)::text FROM rollups
+		WHERE customer = $1 AND period_start = $2::date::timestamptz`, customer, period)
+}
+
+// November is closed (forced, a second after its end, by a closer whose
+// clock is ahead); the ledger's clock still reads November. Usage of
+// November must not land in November's rollups, which no statement will
+// ever show: it goes to December, the first period still open, as a
+// prior-period adjustment.
+func TestApplyNeverBooksIntoAClosedPeriod(t *testing.T) {
+	f := newFixture(t)
+	s := recBuilder{"gw-1", 1, "acme", "api_calls"}
+	f.now = time.Date(2026, 11, 30, 23, 59, 59, 0, time.UTC)
+	f.apply(s.rec(1, "10", f.now.Add(-time.Hour)))
+	st := f.closeForced("acme", "2026-11-01", time.Date(2026, 12, 1, 0, 0, 1, 0, time.UTC))
+	if len(st.Lines) != 1 || st.Lines[0].Billed.String() != "10" {
+		t.Fatalf("frozen statement = %+v", st.Lines)
+	}
+
+	f.now = f.now.Add(900 * time.Millisecond) // 23:59:59.9: the ledger's clock is still in November
+	out := f.apply(s.rec(2, "15", f.now))
+	if got := kinds(out); got != "applied" || out[0].Period.Format(time.DateOnly) != "2026-12-01" {
+		t.Fatalf("outcome = %s in period %s, want applied in 2026-12-01", got, out[0].Period.Format(time.DateOnly))
+	}
+	if got := f.billedIn("acme", "2026-11-01"); got != "10" {
+		t.Fatalf("closed November's rollups = %s, want its frozen 10", got)
+	}
+	if got := f.billedIn("acme", "2026-12-01"); got != "5" {
+		t.Fatalf("December's rollups = %s, want 5", got)
+	}
+	if got := f.scalar(`SELECT format('%s %s %s', to_char(period_start, 'YYYY-MM-DD'), to_char(prior_period, 'YYYY-MM-DD'),
+		to_char(bucket AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI')) FROM records WHERE seq = 2`); got != "2026-12-01 2026-11-01 2026-12-01 00:00" {
+		t.Fatalf("record booked as %s, want period 2026-12-01, prior 2026-11-01, in December's first hour", got)
+	}
+	// December's live statement shows it as a prior-period adjustment.
+	dec, err := periods.Store{Clock: func() time.Time { return f.now }}.Statement(context.Background(), f.pool, "acme", "2026-12-01")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dec.Lines) != 1 || dec.Lines[0].PriorPeriodAdjustments.String() != "5" || dec.Lines[0].Billed.String() != "5" {
+		t.Fatalf("December's statement = %+v", dec.Lines)
+	}
+
+	// December closed too (forced early): January is the first open period.
+	f.closeForced("acme", "2026-12-01", time.Date(2027, 1, 1, 0, 0, 1, 0, time.UTC))
+	out = f.apply(s.rec(3, "17", f.now))
+	if got := out[0].Period.Format(time.DateOnly); got != "2027-01-01" {
+		t.Fatalf("with November and December closed, usage went to %s, want 2027-01-01", got)
+	}
+	if nov, dec := f.billedIn("acme", "2026-11-01"), f.billedIn("acme", "2026-12-01"); nov != "10" || dec != "5" {
+		t.Fatalf("closed periods' rollups changed: November %s, December %s", nov, dec)
+	}
+}
+
+// The same for a manual adjustment, with and without occurred_at.
+func TestAdjustNeverBooksIntoAClosedPeriod(t *testing.T) {
+	f := newFixture(t)
+	f.now = time.Date(2026, 11, 30, 23, 59, 59, 0, time.UTC)
+	f.apply(recBuilder{"gw-1", 1, "acme", "api_calls"}.rec(1, "10", f.now))
+	f.closeForced("acme", "2026-11-01", time.Date(2026, 12, 1, 0, 0, 1, 0, time.UTC))
+
+	for _, occurred := range []time.Time{{}, time.Date(2026, 11, 15, 0, 0, 0, 0, time.UTC)} {
+		res, err := f.adjust(ledger.Adjustment{
+			OperationID: uuid.Must(uuid.NewV7()), Customer: "acme", Meter: "api_calls", OccurredAt: occurred,
+			Quantity: amount.MustParse("-2"), Reason: "credit", Actor: "ops"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Period.Format(time.DateOnly) != "2026-12-01" || res.PriorPeriod == nil || res.PriorPeriod.Format(time.DateOnly) != "2026-11-01" {
+			t.Fatalf("occurred %v: booked in %s (prior %v), want 2026-12-01 referencing 2026-11-01", occurred, res.Period, res.PriorPeriod)
+		}
+	}
+	if got := f.billedIn("acme", "2026-11-01"); got != "10" {
+		t.Fatalf("closed November's rollups = %s, want its frozen 10", got)
+	}
+	if got := f.billedIn("acme", "2026-12-01"); got != "-4" {
+		t.Fatalf("December's rollups = %s, want -4", got)
+	}
+}
