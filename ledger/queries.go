@@ -93,6 +93,12 @@ FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::text[], $6::text
   AS e(id, kind, operation_id, customer, meter, amount, period_start, bucket,
        prior_period, occurred_at, reason, actor, stream_id, seq, request_hash)`
 
+	// One adjustment entry; nothing when its operation id is taken (by a
+	// concurrent request that committed first).
+	qInsertAdjustment = qInsertEntries + `
+ON CONFLICT (operation_id) WHERE kind = 'adjustment' DO NOTHING
+RETURNING id`
+
 	qSelectAdjustment = `
 SELECT id, period_start, prior_period, occurred_at, request_hash
 FROM entries WHERE operation_id = $1 AND kind = 'adjustment'`

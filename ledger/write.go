@@ -22,7 +22,7 @@ func (a *applier) write(ctx context.Context, tx pgx.Tx) error {
 	b := &pgx.Batch{}
 	a.queueStreams(b)
 	a.queueGaps(b)
-	queueEntries(b, a.entries, a.now)
+	queueEntries(b, a.entries, a.now, qInsertEntries)
 	if err := a.queueRollups(b); err != nil {
 		return err
 	}
@@ -146,10 +146,10 @@ func (a *applier) queueGaps(b *pgx.Batch) {
 	}
 }
 
-func queueEntries(b *pgx.Batch, entries []entry, now time.Time) {
+func queueEntries(b *pgx.Batch, entries []entry, now time.Time, query string) *pgx.QueuedQuery {
 	n := len(entries)
 	if n == 0 {
-		return
+		return nil
 	}
 	ids, ops := make([]uuid.UUID, n), make([]uuid.UUID, n)
 	kind, cust, meter, amt := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -168,7 +168,7 @@ func queueEntries(b *pgx.Batch, entries []entry, now time.Time) {
 		period[i], bucket[i], prior[i], occ[i] = e.period, e.bucket, e.priorPeriod, e.occurredAt
 		reason[i], actor[i], sid[i], seq[i] = e.reason, e.actor, e.streamID, e.seq
 	}
-	b.Queue(qInsertEntries, pgUUIDs(ids), kind, pgUUIDs(ops), cust, meter, amt, period, bucket, prior, occ, reason, actor, sid, seq, hash, now)
+	return b.Queue(query, pgUUIDs(ids), kind, pgUUIDs(ops), cust, meter, amt, period, bucket, prior, occ, reason, actor, sid, seq, hash, now)
 }
 
 // queueRollups upserts the batch's hourly rollups and, summed by local
