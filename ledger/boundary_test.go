@@ -113,3 +113,35 @@ func TestAdjustNeverBooksIntoAClosedPeriod(t *testing.T) {
 		t.Fatalf("December's rollups = %s, want -4", got)
 	}
 }
+
+// A gap's usage was billed in November; late fills whose quantities
+// disagree with each other must not move more out of November than the gap
+// billed there. Seq 6 says the gap 2..5 holds 100; seq 5 says it used 60
+// (so seq 4's total is 50), then seq 3 arrives with total 60, quantity 50:
+// only the 40 still unmoved may move, and the disagreement is a finding.
+func TestLateFillsNeverMoveMoreThanTheGap(t *testing.T) {
+	f := newFixture(t)
+	s := recBuilder{"gw-1", 1, "acme", "api_calls"}
+	oct := time.Date(2026, 10, 20, 0, 0, 0, 0, time.UTC)
+	f.apply(s.recQ(1, "10", "10", oct), s.recQ(6, "110", "0", nov))
+	if oct, nov := f.billedIn("acme", "2026-10-01"), f.billedIn("acme", "2026-11-01"); oct != "10" || nov != "100" {
+		t.Fatalf("before the fills: October %s, November %s", oct, nov)
+	}
+	if got := kinds(f.apply(s.recQ(5, "110", "60", oct))); got != "late_fill" {
+		t.Fatalf("seq 5: %s", got)
+	}
+	if got := kinds(f.apply(s.recQ(3, "60", "50", oct))); got != "late_fill" {
+		t.Fatalf("seq 3: %s", got)
+	}
+	if oct, nov := f.billedIn("acme", "2026-10-01"), f.billedIn("acme", "2026-11-01"); oct != "110" || nov != "0" {
+		t.Fatalf("after the fills: October %s, November %s; want 110 and 0 (never more moved than the gap's 100)", oct, nov)
+	}
+	if got := f.scalar(`SELECT coalesce(string_agg(format('%s seq %s %s', kind, seq, trim_scale(amount)), '; '), '') FROM findings`); got != "quantity_mismatch seq 3 10" {
+		t.Fatalf("findings = %q, want the 10 that could not move", got)
+	}
+	// Whatever arrives for the rest moves nothing more: November keeps 0.
+	f.apply(s.recQ(2, "10", "0", oct), s.recQ(4, "60", "0", oct))
+	if oct, nov := f.billedIn("acme", "2026-10-01"), f.billedIn("acme", "2026-11-01"); oct != "110" || nov != "0" {
+		t.Fatalf("after filling the rest: October %s, November %s", oct, nov)
+	}
+}

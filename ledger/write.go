@@ -122,6 +122,7 @@ func (a *applier) queueGaps(b *pgx.Batch) {
 	var sid, from, to []int64
 	var cust, meter, lower, upper []string
 	var upperQ []*string
+	var unmoved []string
 	var bp, bb []time.Time
 	for _, s := range a.streams {
 		for _, g := range s.gaps {
@@ -133,6 +134,7 @@ func (a *applier) queueGaps(b *pgx.Batch) {
 				cust, meter = append(cust, s.key.Customer), append(meter, s.key.Meter)
 				lower, upper = append(lower, g.lower.String()), append(upper, g.upper.String())
 				upperQ = append(upperQ, nullString(g.upperQuantity))
+				unmoved = append(unmoved, g.unmoved.String())
 				bp, bb = append(bp, g.billedPeriod), append(bb, g.billedBucket)
 			}
 		}
@@ -142,7 +144,7 @@ func (a *applier) queueGaps(b *pgx.Batch) {
 		b.Queue(qDeleteGaps, delSID, delFrom)
 	}
 	if len(sid) > 0 {
-		b.Queue(qInsertGaps, sid, from, to, cust, meter, lower, upper, upperQ, bp, bb, a.now)
+		b.Queue(qInsertGaps, sid, from, to, cust, meter, lower, upper, upperQ, bp, bb, a.now, unmoved)
 	}
 }
 
