@@ -269,3 +269,49 @@ func TestPropertyEveryUnitInOneStatement(t *testing.T) {
 		}
 	})
 }
+
+// TestLiveStatementReadsRollups: the statement of an open period (which a
+// customer token may ask for in a loop) is read from rollups; of the raw
+// usage records it reads only the prior-period adjustments, which are rare.
+func TestLiveStatementReadsRollups(t *testing.T) {
+	w := newWorld(t, time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC))
+	for i := range 30 {
+		w.use("acme", "1.5", time.Date(2026, 11, 1+i%19, 10, 0, 0, 0, time.UTC))
+	}
+	w.exec(`INSERT INTO period_closes (customer, period_start, period_end, closed_at, statement, forced, reason, actor)
+		VALUES ('acme', '2026-10-01T00:00:00Z', '2026-11-01T00:00:00Z', now(), '{}', true, 'test', 'test')`)
+	w.use("acme", "4", time.Date(2026, 10, 30, 0, 0, 0, 0, time.UTC)) // a prior-period adjustment
+	err := pgx.BeginFunc(context.Background(), w.pool, func(tx pgx.Tx) error {
+		_, err := w.l.Adjust(context.Background(), tx, ledger.Adjustment{OperationID: uuid.Must(uuid.NewV7()), Customer: "acme",
+			Meter: "calls", Quantity: amount.MustParse("-2"), Reason: "credit", Actor: "ops"})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	var st periods.Statement
+	var read int64
+	err = pgx.BeginFunc(context.Background(), w.pool, func(tx pgx.Tx) error {
+		// Indexes where they exist, as on a table of millions of rows.
+		if _, err := tx.Exec(context.Background(), `SET LOCAL enable_seqscan = off`); err != nil {
+			return err
+		}
+		var err error
+		if st, err = w.store.Statement(context.Background(), tx, "acme", "current"); err != nil {
+			return err
+		}
+		return tx.QueryRow(context.Background(), `SELECT seq_tup_read + coalesce(idx_tup_fetch, 0)
+			FROM pg_stat_xact_user_tables WHERE relname = 'records'`).Scan(&read)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := billed(st); got != "calls=47(usage 45, prior 4, adj -2) " || len(st.Absorbed) != 1 || st.Absorbed[0].Amount.String() != "4" {
+		t.Fatalf("live statement: %s %+v", got, st.Absorbed)
+	}
+	// Lines and the absorbed periods each read the one prior-period record.
+	if read > 2 {
+		t.Fatalf("the live statement read %d rows of records (the period has 31); want at most its prior-period ones, twice", read)
+	}
+}
