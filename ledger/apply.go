@@ -22,7 +22,8 @@ import (
 // Config configures a Ledger.
 type Config struct {
 	// Clock is the ledger's notion of now: it decides future timestamps
-	// and the current period for prior-period adjustments. Default time.Now.
+	// and the hour a prior-period adjustment is booked in (never its
+	// period: that is the first one not closed). Default time.Now.
 	Clock func() time.Time
 	// Logger receives the ledger's logs. Default: discard.
 	Logger *slog.Logger
