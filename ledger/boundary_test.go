@@ -145,3 +145,63 @@ func TestLateFillsNeverMoveMoreThanTheGap(t *testing.T) {
 		t.Fatalf("after filling the rest: October %s, November %s", oct, nov)
 	}
 }
+
+// A batch whose clock was read at 23:59:59.9 waits behind a close that
+// commits at 00:00:01: it sees November closed once it has the customer
+// lock, and books the usage in December.
+func TestApplyWaitingBehindACloseSeesItClosed(t *testing.T) {
+	f := newFixture(t)
+	s := recBuilder{"gw-1", 1, "acme", "api_calls"}
+	f.now = time.Date(2026, 11, 30, 23, 59, 59, 900_000_000, time.UTC)
+	f.apply(s.rec(1, "10", f.now.Add(-time.Minute)))
+
+	ctx := context.Background()
+	closer, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closer.Rollback(ctx)
+	store := periods.Store{Clock: func() time.Time { return time.Date(2026, 12, 1, 0, 0, 1, 0, time.UTC) }}
+	if _, err := store.Close(ctx, closer, periods.CloseRequest{Customer: "acme", Period: "2026-11-01", Force: true, Reason: "test", Actor: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	// The close holds the customer lock until it commits.
+	done := make(chan []ledger.Outcome, 1)
+	go func() {
+		var out []ledger.Outcome
+		err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+			var err error
+			out, err = f.l.Apply(ctx, tx, []ledger.Record{s.rec(2, "15", f.now)})
+			return err
+		})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- out
+	}()
+	// Commit the close once the batch waits for the lock.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		var waiting bool
+		if err := f.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the batch never waited for the close's lock")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := closer.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	out := <-done
+	if len(out) != 1 || out[0].Period.Format(time.DateOnly) != "2026-12-01" {
+		t.Fatalf("outcome %+v, want applied in 2026-12-01", out)
+	}
+	if got := f.billedIn("acme", "2026-11-01"); got != "10" {
+		t.Fatalf("closed November's rollups = %s, want its frozen 10", got)
+	}
+}
