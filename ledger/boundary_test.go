@@ -183,7 +183,8 @@ func TestApplyWaitingBehindACloseSeesItClosed(t *testing.T) {
 	deadline := time.Now().Add(time.Minute)
 	for {
 		var waiting bool
-		if err := f.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)`).Scan(&waiting); err != nil {
+		if err := f.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`).Scan(&waiting); err != nil {
 			t.Fatal(err)
 		}
 		if waiting {
