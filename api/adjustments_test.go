@@ -1,9 +1,12 @@
 package api_test
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -119,4 +122,84 @@ func TestAdjustmentErrors(t *testing.T) {
 	req.Header.Set("Authorization", "Bearer "+adminToken)
 	req.Header.Set("Content-Type", "application/json")
 	f.send(req).problem(t, 413, "urn:tally:problem:body-too-large")
+}
+
+// Concurrent retries of one adjustment (a client that timed out and
+// retried while the first request was still in flight) get the stored
+// answer, and a different body under the same operation_id gets 409:
+// never a 500 from the unique key, and the amount is booked once.
+func TestAdjustmentConcurrentRetries(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.usage("acme", "api_calls", date("2026-11-20T10:00:00Z"), "100")
+	const rounds, n = 6, 8
+	for round := 0; round < rounds; round++ {
+		op := fmt.Sprintf("0193e0a1-7c00-7d4e-9a51-3c2f9b7e4b%02d", round)
+		bodies := []map[string]any{
+			{"operation_id": op, "customer": "acme", "meter": "api_calls", "quantity": "-1", "reason": "credit", "actor": "ops"},
+			{"operation_id": op, "customer": "acme", "meter": "api_calls", "quantity": "-7", "reason": "credit", "actor": "ops"},
+		}
+		start := make(chan struct{})
+		res := make([]response, n)
+		sent := make([]string, n)
+		var wg sync.WaitGroup
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				// Round 0..2: all identical; later rounds: every fourth body differs.
+				body := bodies[0]
+				if round >= 3 && i%4 == 3 {
+					body = bodies[1]
+				}
+				sent[i] = body["quantity"].(string)
+				res[i] = f.do("POST", "/v1/adjustments", adminToken, body)
+			}()
+		}
+		close(start)
+		wg.Wait()
+		created := -1
+		for i, r := range res {
+			if r.status == 201 {
+				if created >= 0 {
+					t.Fatalf("round %d: two requests created the adjustment", round)
+				}
+				created = i
+			}
+		}
+		if created < 0 {
+			t.Fatalf("round %d: no request created the adjustment: %v", round, statuses(res))
+		}
+		winner := res[created].json(t)["quantity"]
+		for i, r := range res {
+			switch {
+			case i == created:
+			case sent[i] == winner && r.status == 200:
+				// Same body as the winner: the stored answer.
+				if string(r.body) != string(res[created].body) {
+					t.Fatalf("round %d: retry answered %s, first %s", round, r.body, res[created].body)
+				}
+			case sent[i] != winner && r.status == 409:
+			default:
+				t.Fatalf("round %d: request %d answered %d %s (statuses %v)", round, i, r.status, r.body, statuses(res))
+			}
+		}
+	}
+	// Each round booked exactly one credit.
+	var got int
+	if err := f.pool.QueryRow(context.Background(), `SELECT count(*) FROM entries WHERE kind = 'adjustment'`).Scan(&got); err != nil {
+		t.Fatal(err)
+	}
+	if got != rounds {
+		t.Fatalf("%d adjustments booked, want %d", got, rounds)
+	}
+}
+
+func statuses(rs []response) []int {
+	out := make([]int, len(rs))
+	for i, r := range rs {
+		out[i] = r.status
+	}
+	return out
 }

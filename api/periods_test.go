@@ -158,3 +158,46 @@ func TestPeriodClose(t *testing.T) {
 		t.Fatalf("forced: %+v", st)
 	}
 }
+
+// Period references outside the range Tally can name and encode (dates
+// 1970-01-01 to 9998-12-31, so every period ends before the year 10000)
+// are 400 problems naming period on every endpoint that takes one, never
+// a 500.
+func TestPeriodOutOfRange(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.usage("acme", "api_calls", date("2026-11-10T10:00:00Z"), "5")
+	for _, ref := range []string{"9999-12-01", "9999-01-01", "0000-01-01", "1969-12-01"} {
+		for _, c := range []struct{ method, path string }{
+			{"GET", "/v1/customers/acme/usage?period=" + ref},
+			{"GET", "/v1/customers/acme/usage?meter=api_calls&group_by=day&period=" + ref},
+			{"GET", "/v1/customers/acme/usage?meter=api_calls&group_by=hour&period=" + ref},
+			{"GET", "/v1/customers/acme/periods/" + ref + "/statement"},
+			{"POST", "/v1/customers/acme/periods/" + ref + "/close"},
+			{"GET", "/v1/reconciliations?period=" + ref},
+		} {
+			var body any
+			if c.method == "POST" {
+				body = map[string]any{"force": true, "reason": "r", "actor": "a"}
+			}
+			p := f.do(c.method, c.path, adminToken, body).problem(t, 400, "urn:tally:problem:invalid-request")
+			if got := fields(p); len(got) != 1 || got[0] != "period" {
+				t.Fatalf("%s %s: fields %v: %+v", c.method, c.path, got, p)
+			}
+		}
+		p := f.do("POST", "/v1/reconciliations", adminToken, map[string]any{"period": ref, "customer": "acme"}).
+			problem(t, 400, "urn:tally:problem:invalid-request")
+		if got := fields(p); len(got) != 1 || got[0] != "period" {
+			t.Fatalf("POST /v1/reconciliations %s: fields %v", ref, got)
+		}
+	}
+	// The first and last supported months are still periods.
+	for _, ref := range []string{"1970-01-01", "9998-12-01"} {
+		if r := f.do("GET", "/v1/customers/acme/usage?meter=api_calls&group_by=hour&period="+ref, adminToken, nil); r.status != 200 {
+			t.Fatalf("%s: %d %s", ref, r.status, r.body)
+		}
+		if r := f.do("GET", "/v1/customers/acme/periods/"+ref+"/statement", adminToken, nil); r.status != 200 {
+			t.Fatalf("%s statement: %d %s", ref, r.status, r.body)
+		}
+	}
+}

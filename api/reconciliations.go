@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/reconcile"
 )
 
@@ -17,6 +18,9 @@ func checkPeriodRef(field, s string) *FieldError {
 		return nil
 	}
 	if _, err := time.Parse(time.DateOnly, s); err == nil && len(s) == len(time.DateOnly) {
+		if periods.CheckRef(s) != nil {
+			return &FieldError{Field: field, Detail: quote(s) + " is " + periods.RangeText}
+		}
 		return nil
 	}
 	return &FieldError{Field: field, Detail: quote(s) + ` is not "current", "previous" or a period start date YYYY-MM-DD`}

@@ -111,10 +111,20 @@ func TestUsageCache(t *testing.T) {
 	}
 
 	// The listener's connection is cut: the cache is emptied, and usage
-	// written meanwhile is read once it listens again.
+	// written meanwhile is read once it listens again. (November is
+	// closed, so usage of it is billed in December, the first open period.)
+	december := func(want string) {
+		t.Helper()
+		if got := f.do("GET", "/v1/customers/acme/usage?meter=api_calls&period=2026-12-01", adminToken, nil).json(t); got["total"] != want {
+			t.Fatalf("December's total = %v, want %s; answer %v", got["total"], want, got)
+		}
+	}
+	december("0")
+	december("0") // cached
 	f.exec(`SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'tally-api-usage-watch' AND datname = current_database()`)
 	f.usage("acme", "api_calls", date("2026-11-20T11:30:00Z"), "2") // its sync waits for the new connection
-	get(map[string]any{"total": "21.5"})
+	december("2")
+	get(map[string]any{"total": "19.5"})
 	if !strings.Contains(f.logs.String(), "usage cache off") {
 		t.Fatalf("no log of the lost listener:\n%s", f.logs.String())
 	}

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/json"
@@ -72,7 +73,8 @@ type AdjustmentResult struct {
 // Adjust books a manual adjustment inside tx. It is idempotent by
 // operation id: the same request again returns the first result with
 // Created false; another request with the same id fails with
-// ErrAdjustmentConflict.
+// ErrAdjustmentConflict, also when the two requests race (it needs READ
+// COMMITTED, Postgres's default, to see the winner's row).
 func (l *Ledger) Adjust(ctx context.Context, tx pgx.Tx, adj Adjustment) (AdjustmentResult, error) {
 	if err := adj.Validate(); err != nil {
 		return AdjustmentResult{}, err
@@ -92,17 +94,8 @@ func (l *Ledger) Adjust(ctx context.Context, tx pgx.Tx, adj Adjustment) (Adjustm
 		return AdjustmentResult{}, err
 	}
 	// The same operation id again? Compare the request, not the derived fields.
-	var res AdjustmentResult
-	var stored []byte
-	err := tx.QueryRow(ctx, qSelectAdjustment, adj.OperationID).Scan(&res.ID, &res.Period, &res.PriorPeriod, &res.OccurredAt, &stored)
-	switch {
-	case err == nil:
-		if string(stored) != string(hash) {
-			return AdjustmentResult{}, ErrAdjustmentConflict
-		}
-		return res, nil
-	case !errors.Is(err, pgx.ErrNoRows):
-		return AdjustmentResult{}, fmt.Errorf("ledger: adjust: %w", err)
+	if res, found, err := storedAdjustment(ctx, tx, adj.OperationID, hash); found || err != nil {
+		return res, err
 	}
 
 	period, bucket, prior, err := a.billingPlace(adj.Customer, occurred)
@@ -113,9 +106,29 @@ func (l *Ledger) Adjust(ctx context.Context, tx pgx.Tx, adj Adjustment) (Adjustm
 	a.entries = []entry{{kind: "adjustment", operationID: adj.OperationID, customer: adj.Customer, meter: adj.Meter,
 		amount: adj.Quantity, period: period, bucket: bucket, priorPeriod: prior, occurredAt: occurred,
 		reason: &reason, actor: &actor, requestHash: hash}}
-	a.roll(adj.Customer, adj.Meter, period, bucket, adj.Quantity)
+	// A concurrent request with the same operation id may have inserted
+	// since the select: the insert then waits for it and, once it has
+	// committed, inserts nothing, and its stored answer (or the conflict)
+	// is ours. The rollups follow only an entry this call inserted.
 	b := &pgx.Batch{}
-	queueEntries(b, a.entries, now)
+	var inserted bool
+	queueEntries(b, a.entries, now, qInsertAdjustment).Query(func(rows pgx.Rows) error {
+		inserted = rows.Next()
+		rows.Close()
+		return rows.Err()
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return AdjustmentResult{}, fmt.Errorf("ledger: adjust: %w", err)
+	}
+	if !inserted {
+		res, found, err := storedAdjustment(ctx, tx, adj.OperationID, hash)
+		if err == nil && !found {
+			err = fmt.Errorf("ledger: adjust: operation_id %s: the insert found it taken, the select found nothing", adj.OperationID)
+		}
+		return res, err
+	}
+	a.roll(adj.Customer, adj.Meter, period, bucket, adj.Quantity)
+	b = &pgx.Batch{}
 	if err := a.queueRollups(b); err != nil {
 		return AdjustmentResult{}, err
 	}
@@ -123,6 +136,23 @@ func (l *Ledger) Adjust(ctx context.Context, tx pgx.Tx, adj Adjustment) (Adjustm
 		return AdjustmentResult{}, fmt.Errorf("ledger: adjust: %w", err)
 	}
 	return AdjustmentResult{ID: a.entries[0].id, Period: period, PriorPeriod: prior, OccurredAt: occurred, Created: true}, nil
+}
+
+// storedAdjustment is the adjustment booked under id, if any: its result
+// when its request hash is hash, else ErrAdjustmentConflict.
+func storedAdjustment(ctx context.Context, tx pgx.Tx, id uuid.UUID, hash []byte) (AdjustmentResult, bool, error) {
+	var res AdjustmentResult
+	var stored []byte
+	err := tx.QueryRow(ctx, qSelectAdjustment, id).Scan(&res.ID, &res.Period, &res.PriorPeriod, &res.OccurredAt, &stored)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return AdjustmentResult{}, false, nil
+	case err != nil:
+		return AdjustmentResult{}, false, fmt.Errorf("ledger: adjust: %w", err)
+	case !bytes.Equal(stored, hash):
+		return AdjustmentResult{}, true, ErrAdjustmentConflict
+	}
+	return res, true, nil
 }
 
 func (a Adjustment) requestHash() []byte {

@@ -22,7 +22,8 @@ import (
 // Config configures a Ledger.
 type Config struct {
 	// Clock is the ledger's notion of now: it decides future timestamps
-	// and the current period for prior-period adjustments. Default time.Now.
+	// and the hour a prior-period adjustment is booked in (never its
+	// period: that is the first one not closed). Default time.Now.
 	Clock func() time.Time
 	// Logger receives the ledger's logs. Default: discard.
 	Logger *slog.Logger
@@ -112,11 +113,15 @@ type gap struct {
 	from, to      int64
 	lower, upper  decimal.Decimal
 	upperQuantity decimal.NullDecimal
-	billedPeriod  time.Time
-	billedBucket  time.Time
-	billedClosed  bool
-	fromDB        bool // exists in the gaps table (delete it if it changes)
-	gone          bool // filled or split: no longer this shape
+	// unmoved is how much of the gap's usage is still billed in
+	// billedPeriod and may move out: at most its neighbours' difference,
+	// shared with the gaps it was split from (see migration 00009).
+	unmoved      decimal.Decimal
+	billedPeriod time.Time
+	billedBucket time.Time
+	billedClosed bool
+	fromDB       bool // exists in the gaps table (delete it if it changes)
+	gone         bool // filled or split: no longer this shape
 }
 
 // stored is the content of a recorded operation, for duplicate detection.
@@ -374,9 +379,9 @@ func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 		var sid int64
 		var g gap
 		var lower, upper string
-		var upperQ *string
+		var upperQ, unmoved *string
 		var err error
-		_, err = pgx.ForEachRow(rows, []any{&sid, &g.from, &g.to, &lower, &upper, &upperQ, &g.billedPeriod, &g.billedBucket, &g.billedClosed}, func() error {
+		_, err = pgx.ForEachRow(rows, []any{&sid, &g.from, &g.to, &lower, &upper, &upperQ, &unmoved, &g.billedPeriod, &g.billedBucket, &g.billedClosed}, func() error {
 			ng := g
 			ng.fromDB = true
 			if ng.lower, err = decimal.NewFromString(lower); err != nil {
@@ -391,6 +396,13 @@ func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 					return err
 				}
 				ng.upperQuantity = decimal.NewNullDecimal(q)
+			}
+			if unmoved != nil {
+				if ng.unmoved, err = decimal.NewFromString(*unmoved); err != nil {
+					return err
+				}
+			} else {
+				ng.unmoved = gapAmount(ng.lower, ng.upper, ng.upperQuantity)
 			}
 			s := a.byID[sid]
 			s.gaps = append(s.gaps, &ng)
@@ -499,6 +511,7 @@ func (a *applier) apply(i int) error {
 		s.gaps = append(s.gaps, &gap{
 			from: s.lastSeq + 1, to: r.Seq - 1,
 			lower: s.lastTotal, upper: r.Total, upperQuantity: r.Quantity,
+			unmoved:      gapAmount(s.lastTotal, r.Total, r.Quantity),
 			billedPeriod: p, billedBucket: bucket, billedClosed: a.closed[periodKey{r.Stream.Customer, p.UnixMicro()}],
 		})
 		if r.Quantity.Valid && r.Quantity.Decimal.GreaterThan(delta) {
@@ -567,15 +580,36 @@ func (a *applier) lateFill(i int, s *stream) error {
 		}
 	}
 
-	// Split the gap around the fill.
+	// Never more than the gap still holds in its billed period: when the
+	// neighbours' quantities disagree with this fill's, totals win (the
+	// fill's total lies within bounds) and the excess is a finding.
+	if q.Valid && q.Decimal.GreaterThan(g.unmoved) {
+		a.find(FindingQuantityMismatch, s, r.Seq, &ownPeriod, ptr(q.Decimal.Sub(g.unmoved)),
+			fmt.Sprintf("late fill seq %d's quantity %s is more than the %s of gap %d..%d still billed in period %s (the quantities sent around it disagree with the totals); %s of it is re-attributed",
+				r.Seq, q.Decimal, g.unmoved, g.from, g.to, g.billedPeriod.Format(time.RFC3339), g.unmoved))
+		q = decimal.NewNullDecimal(g.unmoved)
+	}
+
+	// Split the gap around the fill. The sub-gaps share what the fill
+	// leaves of the gap's unmoved amount, each at most what its own
+	// neighbours imply.
 	g.gone = true
+	left := g.unmoved
+	if q.Valid {
+		left = left.Sub(q.Decimal)
+	}
 	if r.Seq > g.from {
-		s.gaps = append(s.gaps, &gap{from: g.from, to: r.Seq - 1, lower: g.lower, upper: r.Total,
-			upperQuantity: r.Quantity, billedPeriod: g.billedPeriod, billedBucket: g.billedBucket, billedClosed: g.billedClosed})
+		sub := &gap{from: g.from, to: r.Seq - 1, lower: g.lower, upper: r.Total,
+			upperQuantity: r.Quantity, billedPeriod: g.billedPeriod, billedBucket: g.billedBucket, billedClosed: g.billedClosed}
+		sub.unmoved = decimal.Min(gapAmount(sub.lower, sub.upper, sub.upperQuantity), left)
+		left = left.Sub(sub.unmoved)
+		s.gaps = append(s.gaps, sub)
 	}
 	if r.Seq < g.to {
-		s.gaps = append(s.gaps, &gap{from: r.Seq + 1, to: g.to, lower: r.Total, upper: g.upper,
-			upperQuantity: g.upperQuantity, billedPeriod: g.billedPeriod, billedBucket: g.billedBucket, billedClosed: g.billedClosed})
+		sub := &gap{from: r.Seq + 1, to: g.to, lower: r.Total, upper: g.upper,
+			upperQuantity: g.upperQuantity, billedPeriod: g.billedPeriod, billedBucket: g.billedBucket, billedClosed: g.billedClosed}
+		sub.unmoved = decimal.Min(gapAmount(sub.lower, sub.upper, sub.upperQuantity), left)
+		s.gaps = append(s.gaps, sub)
 	}
 
 	// Re-attribution: move the fill's quantity from the period that billed
@@ -615,6 +649,17 @@ func (a *applier) lateFill(i int, s *stream) error {
 	return nil
 }
 
+// gapAmount is what a gap between totals lower and upper holds, as far as
+// its neighbours tell: upper minus lower, less the upper record's own
+// quantity when it was sent; never negative.
+func gapAmount(lower, upper decimal.Decimal, upperQuantity decimal.NullDecimal) decimal.Decimal {
+	d := upper.Sub(lower)
+	if upperQuantity.Valid {
+		d = d.Sub(upperQuantity.Decimal)
+	}
+	return decimal.Max(d, decimal.Zero)
+}
+
 func (a *applier) record(i int, s *stream, late bool, billed decimal.Decimal, period, bucket time.Time, prior *time.Time) {
 	r := &a.recs[i]
 	a.newRecords = append(a.newRecords, newRecord{rec: r, streamID: s.id, lateFill: late,
@@ -652,26 +697,41 @@ func (a *applier) periodOf(customer string, t time.Time) (periods.Period, error)
 }
 
 // billingPlace is where usage that occurred at t is billed: its own
-// period and hour, or, when that period is closed, the current period and
-// hour as a prior-period adjustment referencing it.
+// period and hour, or, when that period is closed, the first later period
+// of the customer that is still not closed, as a prior-period adjustment
+// referencing its own period. Usage is never booked into a closed period,
+// whatever the clocks say: the closed periods were read after the customer
+// locks were taken (a close holds them exclusively), and the ledger's clock,
+// read before the locks and possibly behind a closer's, only picks the hour
+// within the chosen period.
 func (a *applier) billingPlace(customer string, t time.Time) (period, bucket time.Time, prior *time.Time, err error) {
 	p, err := a.periodOf(customer, t)
 	if err != nil {
 		return
 	}
-	start := p.Start.UTC()
-	if a.closed[periodKey{customer, start.UnixMicro()}] {
-		cur, err2 := a.periodOf(customer, a.now)
-		if err2 != nil {
-			err = err2
-			return
-		}
-		prior = &start
-		bucket, err = a.bucketOf(customer, a.now)
-		return cur.Start.UTC(), bucket, prior, err
+	own := p.Start.UTC()
+	if !a.closed[periodKey{customer, own.UnixMicro()}] {
+		bucket, err = a.bucketOf(customer, t)
+		return own, bucket, nil, err
 	}
-	bucket, err = a.bucketOf(customer, t)
-	return start, bucket, nil, err
+	// Closes are few (one per period), so this walk is short.
+	for a.closed[periodKey{customer, p.Start.UTC().UnixMicro()}] {
+		next, err := a.calendars[customer].Next(p)
+		if err != nil {
+			return period, bucket, nil, fmt.Errorf("ledger: customer %q: period after %s: %w", customer, p.Name, err)
+		}
+		p = next
+	}
+	// The hour of now when now lies in that period; else its first hour
+	// (a clock behind the close) or its last (a period awaiting its close).
+	at := a.now
+	if at.Before(p.Start) {
+		at = p.Start
+	} else if !at.Before(p.End) {
+		at = p.End.Add(-time.Microsecond)
+	}
+	bucket, err = a.bucketOf(customer, at)
+	return p.Start.UTC(), bucket, &own, err
 }
 
 // bucketOf is the start of the hour containing t in the customer's zone

@@ -19,5 +19,11 @@
 // so two Applies cannot deadlock) and takes a shared advisory lock per
 // customer bucket; closing a period takes the same bucket lock exclusively,
 // so usage is either in the period before its statement freezes or sees the
-// period closed and becomes a prior-period adjustment.
+// period closed and becomes a prior-period adjustment in the first later
+// period that is not closed. Usage is never booked into a closed period,
+// whatever the clocks say: the close records are read under those locks.
+//
+// Re-attribution never moves more out of a period than the gap billed
+// there: each gap keeps its unmoved amount, shared by the sub-gaps a late
+// fill splits it into.
 package ledger

@@ -29,7 +29,12 @@ var errRollback = errors.New("simulated crash before commit")
 //   - re-applying the whole schedule changes nothing;
 //   - records in = sum of outcomes, with applied + late_fill = distinct records;
 //   - when nothing was lost and every record carries its quantity, each
-//     period holds exactly the usage that occurred in it.
+//     period holds exactly the usage that occurred in it;
+//   - re-attribution never moves more than the gaps held, whatever the
+//     quantities say: per stream and period, what its records billed plus
+//     what moved in or out is never negative, and what moved out of a
+//     stream's periods is at most what its records billed beyond their own
+//     quantities (the gaps' amounts).
 //
 // More schedules: go test ./ledger -run Property -rapid.checks=5000
 func TestPropertyLedgerInvariants(t *testing.T) {
@@ -106,6 +111,8 @@ func checkSchedule(rt *rapid.T, f *fixture, ns string) {
 			case 0, 1: // not sent
 			case 2: // sent, but wrong: total wins and a finding is recorded
 				r.Quantity = decimal.NewNullDecimal(q.Add(decimal.New(1, -3)))
+			case 3: // sent, and far too large (still within the total's growth since seq 1)
+				r.Quantity = decimal.NewNullDecimal(decimal.Min(total, q.Mul(decimal.NewFromInt(3)).Add(decimal.NewFromInt(7))))
 			default:
 				r.Quantity = decimal.NewNullDecimal(q)
 			}
@@ -184,6 +191,7 @@ func checkSchedule(rt *rapid.T, f *fixture, ns string) {
 		checkStream(rt, f, s, delivered)
 	}
 	checkRollups(rt, f, ns)
+	checkMoves(rt, f, ns)
 
 	lost := len(dropped) > 0
 	allQ := true
@@ -284,6 +292,37 @@ WITH want AS (
 SELECT count(*) FROM want FULL JOIN (SELECT * FROM rollups_daily WHERE customer LIKE $1) d
   USING (customer, meter, period_start, day)
 WHERE coalesce(want.q, 0) <> coalesce(d.quantity, 0)`)
+}
+
+// checkMoves: re-attribution only moves usage a gap billed.
+func checkMoves(rt *rapid.T, f *fixture, ns string) {
+	count := func(what, query string) {
+		var bad string
+		if err := f.pool.QueryRow(context.Background(), query, ns+"-%").Scan(&bad); err != nil {
+			rt.Fatal(err)
+		}
+		if bad != "" {
+			rt.Fatalf("%s: %s", what, bad)
+		}
+	}
+	count("a stream's billed amount in a period is negative after re-attribution", `
+WITH src AS (
+  SELECT stream_id, period_start, billed AS q FROM records WHERE customer LIKE $1
+  UNION ALL
+  SELECT stream_id, period_start, amount FROM entries WHERE customer LIKE $1 AND kind = 'reattribution'
+)
+SELECT coalesce(string_agg(format('stream %s period %s: %s', stream_id, period_start, q), '; '), '')
+FROM (SELECT stream_id, period_start, sum(q) AS q FROM src GROUP BY 1, 2) s WHERE q < 0`)
+	count("more moved out of a stream's periods than its gaps held", `
+WITH moved AS (
+  SELECT stream_id, -sum(amount) AS q FROM entries
+  WHERE customer LIKE $1 AND kind = 'reattribution' AND amount < 0 GROUP BY 1
+), gaps AS (
+  SELECT stream_id, sum(greatest(billed - coalesce(quantity, 0), 0)) AS q FROM records
+  WHERE customer LIKE $1 AND NOT late_fill GROUP BY 1
+)
+SELECT coalesce(string_agg(format('stream %s moved %s, gaps held at most %s', stream_id, m.q, g.q), '; '), '')
+FROM moved m JOIN gaps g USING (stream_id) WHERE m.q > g.q`)
 }
 
 func checkPeriods(rt *rapid.T, f *fixture, ns string, all []ledger.Record) {

@@ -50,7 +50,7 @@ JOIN records r USING (stream_id, seq)`
 	// The open gap containing each candidate seq, if any.
 	qGapsContaining = `
 SELECT DISTINCT g.stream_id, g.from_seq, g.to_seq, g.lower_total::text, g.upper_total::text,
-       g.upper_quantity::text, g.billed_period, g.billed_bucket,
+       g.upper_quantity::text, g.unmoved::text, g.billed_period, g.billed_bucket,
        EXISTS (SELECT 1 FROM period_closes pc WHERE pc.customer = g.customer AND pc.period_start = g.billed_period)
 FROM unnest($1::bigint[], $2::bigint[]) AS k(stream_id, seq)
 CROSS JOIN LATERAL (
@@ -74,13 +74,13 @@ WHERE g.stream_id = d.stream_id AND g.from_seq = d.from_seq`
 
 	qInsertGaps = `
 INSERT INTO gaps (stream_id, from_seq, to_seq, customer, meter, lower_total, upper_total,
-                  upper_quantity, billed_period, billed_bucket, opened_at)
+                  upper_quantity, billed_period, billed_bucket, opened_at, unmoved)
 SELECT stream_id, from_seq, to_seq, customer, meter, lower_total::numeric, upper_total::numeric,
-       upper_quantity::numeric, billed_period, billed_bucket, $11
+       upper_quantity::numeric, billed_period, billed_bucket, $11, unmoved::numeric
 FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[],
-            $8::text[], $9::timestamptz[], $10::timestamptz[])
+            $8::text[], $9::timestamptz[], $10::timestamptz[], $12::text[])
   AS g(stream_id, from_seq, to_seq, customer, meter, lower_total, upper_total,
-       upper_quantity, billed_period, billed_bucket)`
+       upper_quantity, billed_period, billed_bucket, unmoved)`
 
 	qInsertEntries = `
 INSERT INTO entries (id, kind, operation_id, customer, meter, amount, period_start, bucket,
@@ -92,6 +92,12 @@ FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::text[], $6::text
             $11::text[], $12::text[], $13::bigint[], $14::bigint[], $15::bytea[])
   AS e(id, kind, operation_id, customer, meter, amount, period_start, bucket,
        prior_period, occurred_at, reason, actor, stream_id, seq, request_hash)`
+
+	// One adjustment entry; nothing when its operation id is taken (by a
+	// concurrent request that committed first).
+	qInsertAdjustment = qInsertEntries + `
+ON CONFLICT (operation_id) WHERE kind = 'adjustment' DO NOTHING
+RETURNING id`
 
 	qSelectAdjustment = `
 SELECT id, period_start, prior_period, occurred_at, request_hash

@@ -22,7 +22,7 @@ func (a *applier) write(ctx context.Context, tx pgx.Tx) error {
 	b := &pgx.Batch{}
 	a.queueStreams(b)
 	a.queueGaps(b)
-	queueEntries(b, a.entries, a.now)
+	queueEntries(b, a.entries, a.now, qInsertEntries)
 	if err := a.queueRollups(b); err != nil {
 		return err
 	}
@@ -122,6 +122,7 @@ func (a *applier) queueGaps(b *pgx.Batch) {
 	var sid, from, to []int64
 	var cust, meter, lower, upper []string
 	var upperQ []*string
+	var unmoved []string
 	var bp, bb []time.Time
 	for _, s := range a.streams {
 		for _, g := range s.gaps {
@@ -133,6 +134,7 @@ func (a *applier) queueGaps(b *pgx.Batch) {
 				cust, meter = append(cust, s.key.Customer), append(meter, s.key.Meter)
 				lower, upper = append(lower, g.lower.String()), append(upper, g.upper.String())
 				upperQ = append(upperQ, nullString(g.upperQuantity))
+				unmoved = append(unmoved, g.unmoved.String())
 				bp, bb = append(bp, g.billedPeriod), append(bb, g.billedBucket)
 			}
 		}
@@ -142,14 +144,14 @@ func (a *applier) queueGaps(b *pgx.Batch) {
 		b.Queue(qDeleteGaps, delSID, delFrom)
 	}
 	if len(sid) > 0 {
-		b.Queue(qInsertGaps, sid, from, to, cust, meter, lower, upper, upperQ, bp, bb, a.now)
+		b.Queue(qInsertGaps, sid, from, to, cust, meter, lower, upper, upperQ, bp, bb, a.now, unmoved)
 	}
 }
 
-func queueEntries(b *pgx.Batch, entries []entry, now time.Time) {
+func queueEntries(b *pgx.Batch, entries []entry, now time.Time, query string) *pgx.QueuedQuery {
 	n := len(entries)
 	if n == 0 {
-		return
+		return nil
 	}
 	ids, ops := make([]uuid.UUID, n), make([]uuid.UUID, n)
 	kind, cust, meter, amt := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
@@ -168,7 +170,7 @@ func queueEntries(b *pgx.Batch, entries []entry, now time.Time) {
 		period[i], bucket[i], prior[i], occ[i] = e.period, e.bucket, e.priorPeriod, e.occurredAt
 		reason[i], actor[i], sid[i], seq[i] = e.reason, e.actor, e.streamID, e.seq
 	}
-	b.Queue(qInsertEntries, pgUUIDs(ids), kind, pgUUIDs(ops), cust, meter, amt, period, bucket, prior, occ, reason, actor, sid, seq, hash, now)
+	return b.Queue(query, pgUUIDs(ids), kind, pgUUIDs(ops), cust, meter, amt, period, bucket, prior, occ, reason, actor, sid, seq, hash, now)
 }
 
 // queueRollups upserts the batch's hourly rollups and, summed by local

@@ -200,10 +200,48 @@ func (s Schedule) Resolve(ref string, now time.Time) (Period, error) {
 		}
 		return s.Previous(p)
 	}
+	d, err := parseRef(ref)
+	if err != nil {
+		return Period{}, err
+	}
+	return s.resolveDate(ref, d)
+}
+
+// The dates a period reference may name: from 1970 (ingest refuses older
+// usage) through 9998, so that the period of any calendar ends before the
+// year 10000, whose instants RFC 3339 (and JSON answers) cannot express.
+var (
+	MinRefDate = time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC)
+	MaxRefDate = time.Date(9998, 12, 31, 0, 0, 0, 0, time.UTC)
+)
+
+// RangeText says which period dates are supported, for error messages.
+const RangeText = "outside the supported range 1970-01-01 to 9998-12-31"
+
+// CheckRef reports a period reference that is neither "current",
+// "previous" nor a start date YYYY-MM-DD in the supported range, as an
+// error wrapping ErrInvalidPeriodRef.
+func CheckRef(ref string) error {
+	if ref == "current" || ref == "previous" {
+		return nil
+	}
+	_, err := parseRef(ref)
+	return err
+}
+
+func parseRef(ref string) (time.Time, error) {
 	d, err := time.Parse(time.DateOnly, ref)
 	if err != nil || len(ref) != len(time.DateOnly) {
-		return Period{}, fmt.Errorf("period %q: %w: want \"current\", \"previous\" or a start date YYYY-MM-DD", ref, ErrInvalidPeriodRef)
+		return time.Time{}, fmt.Errorf("period %q: %w: want \"current\", \"previous\" or a start date YYYY-MM-DD", ref, ErrInvalidPeriodRef)
 	}
+	if d.Before(MinRefDate) || d.After(MaxRefDate) {
+		return time.Time{}, fmt.Errorf("period %q: %w: %s", ref, ErrInvalidPeriodRef, RangeText)
+	}
+	return d, nil
+}
+
+// resolveDate is the period of s named d.
+func (s Schedule) resolveDate(ref string, d time.Time) (Period, error) {
 	want := daysFromCivil(int64(d.Year()), int(d.Month()), d.Day())
 	// Names increase with time; noon UTC of that date is within a day of its
 	// midnight in any zone, so this walk takes a step or two.

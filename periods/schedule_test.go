@@ -277,6 +277,11 @@ func TestScheduleResolve(t *testing.T) {
 		{"2026-13-01", "2026-11-15T10:00:00Z", `period "2026-13-01": invalid period reference: want "current", "previous" or a start date YYYY-MM-DD`},
 		{"2026-11-1", "2026-11-15T10:00:00Z", `period "2026-11-1": invalid period reference: want "current", "previous" or a start date YYYY-MM-DD`},
 		{"", "2026-11-15T10:00:00Z", `period "": invalid period reference: want "current", "previous" or a start date YYYY-MM-DD`},
+		// Periods end before the year 10000 (RFC 3339 ends there) and start from 1970.
+		{"9998-12-15", "2026-11-15T10:00:00Z", "9998-12-15"},
+		{"9999-01-15", "2026-11-15T10:00:00Z", `period "9999-01-15": invalid period reference: outside the supported range 1970-01-01 to 9998-12-31`},
+		{"0000-01-01", "2026-11-15T10:00:00Z", `period "0000-01-01": invalid period reference: outside the supported range 1970-01-01 to 9998-12-31`},
+		{"1969-12-01", "2026-11-15T10:00:00Z", `period "1969-12-01": invalid period reference: outside the supported range 1970-01-01 to 9998-12-31`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.ref+"@"+tt.now, func(t *testing.T) {
@@ -423,6 +428,12 @@ func checkTiling(t *rapid.T, s periods.Schedule, ts time.Time) {
 	}
 	for ref, want := range map[string]periods.Period{p.Name: p, "current": p, "previous": q} {
 		got, err := s.Resolve(ref, ts)
+		if ref == p.Name && (p.Name < "1970-01-01" || p.Name > "9998-12-31") {
+			if !errors.Is(err, periods.ErrInvalidPeriodRef) {
+				t.Fatalf("Resolve(%q) outside the supported range = %s, %v", ref, got.Name, err)
+			}
+			continue
+		}
 		if err != nil || !samePeriod(got, want) {
 			t.Fatalf("Resolve(%q, %s) = %s [%s, %s), %v; want %s [%s, %s)", ref, ts, got.Name, got.Start, got.End, err, want.Name, want.Start, want.End)
 		}

@@ -212,7 +212,9 @@ func (s Store) Statement(ctx context.Context, db DBTX, customer, ref string) (St
 	if st, ok, err := s.stored(ctx, db, customer, p); err != nil || ok {
 		return st, err
 	}
-	st, _, err := s.compute(ctx, db, customer, p)
+	// Read from rollups: a customer may ask in a loop, and the period's
+	// records are many (a close computes from them and cross-checks).
+	st, _, err := s.computeWith(ctx, db, customer, p, qLiveStatementLines)
 	if err != nil {
 		return Statement{}, err
 	}
@@ -239,8 +241,14 @@ func (s Store) stored(ctx context.Context, db DBTX, customer string, p Period) (
 // compute builds a statement from the ledger's records and entries (the
 // source of truth) and returns the meters whose rollups disagree.
 func (s Store) compute(ctx context.Context, db DBTX, customer string, p Period) (st Statement, mismatched []string, err error) {
+	return s.computeWith(ctx, db, customer, p, qStatementLines)
+}
+
+// computeWith is compute with the query of the lines: qStatementLines or
+// qLiveStatementLines (same columns).
+func (s Store) computeWith(ctx context.Context, db DBTX, customer string, p Period, lines string) (st Statement, mismatched []string, err error) {
 	st = Statement{Customer: customer, Period: p.Name, Start: p.Start.UTC(), End: p.End.UTC(), Lines: []Line{}, Absorbed: []Absorbed{}}
-	rows, err := db.Query(ctx, qStatementLines, customer, p.Start)
+	rows, err := db.Query(ctx, lines, customer, p.Start)
 	if err != nil {
 		return st, nil, fmt.Errorf("periods: statement: %w", err)
 	}
@@ -300,6 +308,24 @@ WITH src AS (
 SELECT meter, trim_scale(coalesce(l.usage, 0))::text, trim_scale(coalesce(l.prior, 0))::text,
        trim_scale(coalesce(l.adj, 0))::text, trim_scale(coalesce(r.q, 0))::text
 FROM lines l FULL JOIN rolled r USING (meter)
+ORDER BY meter`
+
+	// The same columns from the rollups (index-only, see rollups_usage):
+	// usage is the billed total less the parts kept apart, which are rare
+	// rows read by their own indexes (records_prior, entries_period).
+	qLiveStatementLines = `
+WITH rolled AS (
+  SELECT meter, sum(quantity) AS q FROM rollups WHERE customer = $1 AND period_start = $2 GROUP BY meter
+), prior AS (
+  SELECT meter, sum(billed) AS q FROM records
+  WHERE customer = $1 AND period_start = $2 AND prior_period IS NOT NULL GROUP BY meter
+), adj AS (
+  SELECT meter, sum(amount) AS q FROM entries
+  WHERE customer = $1 AND period_start = $2 AND kind = 'adjustment' GROUP BY meter
+)
+SELECT meter, trim_scale(coalesce(r.q, 0) - coalesce(p.q, 0) - coalesce(a.q, 0))::text,
+       trim_scale(coalesce(p.q, 0))::text, trim_scale(coalesce(a.q, 0))::text, trim_scale(coalesce(r.q, 0))::text
+FROM rolled r FULL JOIN prior p USING (meter) FULL JOIN adj a USING (meter)
 ORDER BY meter`
 
 	qStatementAbsorbed = `

@@ -75,6 +75,9 @@ closed period prints the statement it was closed with.`,
 		Example: `  tally periods close --customer acme --period 2026-11-01 --force --reason "migrated from old system" --actor alice`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := periods.CheckRef(req.Period); err != nil {
+				return err
+			}
 			pool, err := open(cmd)
 			if err != nil {
 				return err

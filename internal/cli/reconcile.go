@@ -48,6 +48,11 @@ for the same period never overlap.`,
 			if err := periods.ValidateGrace(grace); err != nil {
 				return err
 			}
+			if !nightly {
+				if err := periods.CheckRef(opt.Period); err != nil {
+					return err
+				}
+			}
 			pool, err := pgxpool.New(cmd.Context(), dbURL)
 			if err != nil {
 				return fmt.Errorf("database: %w", err)
