@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	pgxdecimal "github.com/jackc/pgx-shopspring-decimal"
 	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 )
@@ -94,7 +95,7 @@ rec AS (
   SELECT customer, meter, period_start, bucket, coalesce(w.q, 0) AS wq, coalesce(g.quantity, 0) AS gq, coalesce(w.n, 0) AS n
   FROM want w FULL JOIN got g USING (customer, meter, period_start, bucket)
 )
-SELECT customer, meter, trim_scale(sum(wq))::text, trim_scale(sum(gq))::text, sum(n)::bigint,
+SELECT customer, meter, sum(wq), sum(gq), sum(n)::bigint,
        coalesce(string_agg(format('%s: entries %s, rollup %s', bucket, trim_scale(wq), trim_scale(gq)), '; ')
                 FILTER (WHERE wq <> gq), '')
 FROM b JOIN t USING (customer, period_start)
@@ -105,18 +106,20 @@ GROUP BY 1, 2`, tg.customers, tg.starts, tg.ends)
 	defer rows.Close()
 	hourly := map[[2]string]decimal.Decimal{} // rollup totals per customer and meter
 	for rows.Next() {
-		var c, m, wq, gq, bad string
+		var c, m, bad string
+		var wq, gq numeric
 		var n int64
 		if err := rows.Scan(&c, &m, &wq, &gq, &n, &bad); err != nil {
 			return err
 		}
-		hourly[[2]string{c, m}] = dec(gq)
+		hourly[[2]string{c, m}] = gq.dec()
 		r.scanned += n
+		r.usage[c] = append(r.usage[c], meterUsage{meter: m, rows: n, sum: wq.dec()})
 		t := r.total(c, m)
-		t.Billed = dec(wq)
+		t.Billed = wq.dec()
 		t.Usage = t.Billed
 		if bad != "" {
-			diff := dec(gq).Sub(dec(wq))
+			diff := gq.dec().Sub(wq.dec())
 			r.find(Finding{Kind: KindRollupMismatch, Severity: Discrepancy, Customer: c, Meter: m, Amount: &diff,
 				Detail: "rollups differ from the ledger's records and entries: " + clip(bad, 2000)})
 		}
@@ -141,7 +144,7 @@ GROUP BY 1, 2`, tg.customers, tg.starts, tg.ends)
 func (r *runner) checkDailyRollups(ctx context.Context, tx pgx.Tx, tg target, filter string, hourly map[[2]string]decimal.Decimal) error {
 	rows, err := tx.Query(ctx, `
 WITH `+targetsCTE+`
-SELECT customer, meter, trim_scale(sum(quantity))::text
+SELECT customer, meter, sum(quantity)
 FROM rollups_daily JOIN t USING (customer, period_start)
 WHERE `+filter+` GROUP BY 1, 2`, tg.customers, tg.starts, tg.ends)
 	if err != nil {
@@ -150,11 +153,12 @@ WHERE `+filter+` GROUP BY 1, 2`, tg.customers, tg.starts, tg.ends)
 	defer rows.Close()
 	daily := map[[2]string]decimal.Decimal{}
 	for rows.Next() {
-		var c, m, q string
+		var c, m string
+		var q numeric
 		if err := rows.Scan(&c, &m, &q); err != nil {
 			return err
 		}
-		daily[[2]string{c, m}] = dec(q)
+		daily[[2]string{c, m}] = q.dec()
 	}
 	if err := rows.Err(); err != nil {
 		return err
@@ -184,11 +188,11 @@ WHERE `+filter+` GROUP BY 1, 2`, tg.customers, tg.starts, tg.ends)
 func (r *runner) breakdown(ctx context.Context, tx pgx.Tx, tg target, filter string) error {
 	rows, err := tx.Query(ctx, `
 WITH `+targetsCTE+`
-SELECT customer, meter, 'prior', trim_scale(sum(billed))::text
+SELECT customer, meter, 'prior', sum(billed)
 FROM records JOIN t USING (customer, period_start)
 WHERE `+filter+` AND prior_period IS NOT NULL GROUP BY 1, 2
 UNION ALL
-SELECT customer, meter, 'adjustment', trim_scale(sum(amount))::text
+SELECT customer, meter, 'adjustment', sum(amount)
 FROM entries JOIN t USING (customer, period_start)
 WHERE `+filter+` AND kind = 'adjustment' GROUP BY 1, 2`, tg.customers, tg.starts, tg.ends)
 	if err != nil {
@@ -196,12 +200,13 @@ WHERE `+filter+` AND kind = 'adjustment' GROUP BY 1, 2`, tg.customers, tg.starts
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var c, m, kind, amt string
+		var c, m, kind string
+		var amt numeric
 		if err := rows.Scan(&c, &m, &kind, &amt); err != nil {
 			return err
 		}
 		t := r.total(c, m)
-		a := dec(amt)
+		a := amt.dec()
 		if kind == "prior" {
 			t.PriorPeriod = a
 		} else {
@@ -221,23 +226,24 @@ func (r *runner) checkStreams(ctx context.Context, tx pgx.Tx, tg target) error {
 WITH sums AS (
   SELECT stream_id, sum(billed) AS billed, count(*) AS n FROM records WHERE customer = ANY($1) GROUP BY 1
 )
-SELECT st.customer, st.meter, st.producer || '/' || st.epoch, trim_scale(st.last_total)::text,
-       trim_scale(coalesce(sums.billed, 0))::text, coalesce(sums.n, 0)
+SELECT st.customer, st.meter, st.producer || '/' || st.epoch, st.last_total,
+       coalesce(sums.billed, 0), coalesce(sums.n, 0)
 FROM streams st LEFT JOIN sums ON sums.stream_id = st.id
 WHERE st.customer = ANY($1) AND coalesce(sums.billed, 0) <> st.last_total`, tg.customers)
 	if err != nil {
 		return err
 	}
 	for rows.Next() {
-		var c, m, stream, last, billed string
+		var c, m, stream string
+		var last, billed numeric
 		var n int64
 		if err := rows.Scan(&c, &m, &stream, &last, &billed, &n); err != nil {
 			rows.Close()
 			return err
 		}
-		diff := dec(billed).Sub(dec(last))
+		diff := billed.dec().Sub(last.dec())
 		r.find(Finding{Kind: KindStreamMismatch, Severity: Discrepancy, Customer: c, Meter: m, Stream: stream, Amount: &diff,
-			Detail: fmt.Sprintf("%d records billed %s in all, but the stream's last total is %s", n, billed, last)})
+			Detail: fmt.Sprintf("%d records billed %s in all, but the stream's last total is %s", n, billed.dec(), last.dec())})
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -247,8 +253,8 @@ WHERE st.customer = ANY($1) AND coalesce(sums.billed, 0) <> st.last_total`, tg.c
 	rows, err = tx.Query(ctx, `
 WITH `+targetsCTE+`
 SELECT g.customer, g.meter, st.producer || '/' || st.epoch, g.from_seq, g.to_seq, g.billed_period,
-       trim_scale(g.upper_total - g.upper_quantity - g.lower_total)::text,
-       trim_scale(g.upper_total - g.lower_total)::text
+       g.upper_total - g.upper_quantity - g.lower_total,
+       g.upper_total - g.lower_total
 FROM gaps g JOIN t ON t.customer = g.customer AND t.period_start = g.billed_period
 JOIN streams st ON st.id = g.stream_id
 ORDER BY 1, 2, 3, 4`, tg.customers, tg.starts, tg.ends)
@@ -260,8 +266,8 @@ ORDER BY 1, 2, 3, 4`, tg.customers, tg.starts, tg.ends)
 		var c, m, stream string
 		var from, to int64
 		var period time.Time
-		var amt *string
-		var bound string
+		var amt nullNumeric
+		var bound numeric
 		if err := rows.Scan(&c, &m, &stream, &from, &to, &period, &amt, &bound); err != nil {
 			return err
 		}
@@ -270,12 +276,12 @@ ORDER BY 1, 2, 3, 4`, tg.customers, tg.starts, tg.ends)
 		if to > from {
 			seqs = fmt.Sprintf("seqs %d-%d", from, to)
 		}
-		if amt != nil {
-			a := dec(*amt)
+		if amt.Valid {
+			a := amt.dec()
 			f.Amount = &a
-			f.Detail = fmt.Sprintf("%s never arrived; their %s is billed (inside the next record's total)", seqs, *amt)
+			f.Detail = fmt.Sprintf("%s never arrived; their %s is billed (inside the next record's total)", seqs, a)
 		} else {
-			f.Detail = fmt.Sprintf("%s never arrived; their usage (at most %s, the next record sent no quantity) is billed", seqs, bound)
+			f.Detail = fmt.Sprintf("%s never arrived; their usage (at most %s, the next record sent no quantity) is billed", seqs, bound.dec())
 		}
 		t := r.total(c, m)
 		t.OpenGaps++
@@ -354,24 +360,25 @@ ORDER BY d.created_at`, tg.customers, tg.starts, tg.ends)
 func (r *runner) checkLate(ctx context.Context, tx pgx.Tx, tg target) error {
 	rows, err := tx.Query(ctx, `
 WITH `+targetsCTE+`
-SELECT r.customer, r.meter, r.period_start, trim_scale(sum(r.billed))::text, count(*)
+SELECT r.customer, r.meter, r.period_start, sum(r.billed), count(*)
 FROM records r JOIN t ON t.customer = r.customer AND r.prior_period = t.period_start
 GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`, tg.customers, tg.starts, tg.ends)
 	if err != nil {
 		return err
 	}
 	for rows.Next() {
-		var c, m, amt string
+		var c, m string
+		var amt numeric
 		var billedIn time.Time
 		var n int64
 		if err := rows.Scan(&c, &m, &billedIn, &amt, &n); err != nil {
 			rows.Close()
 			return err
 		}
-		a := dec(amt)
+		a := amt.dec()
 		r.find(Finding{Kind: KindLateAfterClose, Severity: Notice, Customer: c, Meter: m, Amount: &a, Period: &billedIn,
 			Detail: fmt.Sprintf("%d records (%s) for this period arrived after it closed; billed in the period starting %s as a prior-period adjustment",
-				n, amt, billedIn.UTC().Format(time.RFC3339))})
+				n, a, billedIn.UTC().Format(time.RFC3339))})
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -379,7 +386,7 @@ GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`, tg.customers, tg.starts, tg.ends)
 	}
 	rows, err = tx.Query(ctx, `
 WITH `+targetsCTE+`
-SELECT f.kind, f.customer, f.meter, coalesce(st.producer || '/' || st.epoch, ''), trim_scale(f.amount)::text, f.detail
+SELECT f.kind, f.customer, f.meter, coalesce(st.producer || '/' || st.epoch, ''), f.amount, f.detail
 FROM findings f JOIN t ON t.customer = f.customer AND t.period_start = f.period_start
 LEFT JOIN streams st ON st.id = f.stream_id
 ORDER BY f.created_at`, tg.customers, tg.starts, tg.ends)
@@ -389,13 +396,13 @@ ORDER BY f.created_at`, tg.customers, tg.starts, tg.ends)
 	defer rows.Close()
 	for rows.Next() {
 		var kind, c, m, stream, detail string
-		var amt *string
+		var amt nullNumeric
 		if err := rows.Scan(&kind, &c, &m, &stream, &amt, &detail); err != nil {
 			return err
 		}
 		f := Finding{Kind: kind, Severity: Notice, Customer: c, Meter: m, Stream: stream, Detail: detail}
-		if amt != nil {
-			a := dec(*amt)
+		if amt.Valid {
+			a := amt.dec()
 			f.Amount = &a
 		}
 		r.find(f)
@@ -411,7 +418,7 @@ func (r *runner) checkAbandoned(ctx context.Context, tx pgx.Tx, tg target) error
 	// for their records in the period.
 	rows, err := tx.Query(ctx, `
 WITH `+targetsCTE+`
-SELECT st.customer, st.meter, st.producer || '/' || st.epoch, st.last_seq, trim_scale(st.last_total)::text,
+SELECT st.customer, st.meter, st.producer || '/' || st.epoch, st.last_seq, st.last_total,
        (SELECT min(n.epoch) FROM streams n WHERE n.producer = st.producer AND n.customer = st.customer
           AND n.meter = st.meter AND n.epoch > st.epoch)
 FROM streams st JOIN t ON t.customer = st.customer
@@ -425,14 +432,15 @@ ORDER BY 1, 2, 3`, tg.customers, tg.starts, tg.ends)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var c, m, stream, total string
+		var c, m, stream string
+		var total numeric
 		var last, next int64
 		if err := rows.Scan(&c, &m, &stream, &last, &total, &next); err != nil {
 			return err
 		}
 		r.find(Finding{Kind: KindAbandoned, Severity: Notice, Customer: c, Meter: m, Stream: stream,
 			Detail: fmt.Sprintf("epoch ended at seq %d (total %s) without a final record and epoch %d took over: usage the producer had not sent is lost",
-				last, total, next)})
+				last, total.dec(), next)})
 	}
 	return rows.Err()
 }
@@ -469,13 +477,16 @@ FROM ingest_partitions p ORDER BY 1, 2`)
 	return rows.Err()
 }
 
-func dec(s string) decimal.Decimal {
-	d, err := decimal.NewFromString(s)
-	if err != nil {
-		return decimal.Zero
-	}
-	return d
-}
+// numeric scans a NUMERIC straight into an exact decimal (pgx's binary
+// numeric, no text round trip); NULL, NaN or infinity fail the scan.
+type numeric struct{ pgxdecimal.Decimal }
+
+func (n numeric) dec() decimal.Decimal { return decimal.Decimal(n.Decimal) }
+
+// nullNumeric is numeric for a column that may be NULL.
+type nullNumeric struct{ pgxdecimal.NullDecimal }
+
+func (n nullNumeric) dec() decimal.Decimal { return n.NullDecimal.Decimal }
 
 func clip(s string, n int) string {
 	if len(s) <= n {
@@ -490,7 +501,7 @@ func clip(s string, n int) string {
 func (r *runner) checkOverage(ctx context.Context, tx pgx.Tx, tg target) error {
 	rows, err := tx.Query(ctx, `
 WITH `+targetsCTE+`
-SELECT o.customer, o.meter, trim_scale(o.while_exceeded)::text, trim_scale(o.while_stale)::text, trim_scale(o.over_limit)::text
+SELECT o.customer, o.meter, o.while_exceeded, o.while_stale, o.over_limit
 FROM quota_overage o JOIN t USING (customer, period_start)
 WHERE o.while_exceeded > 0 OR o.while_stale > 0
 ORDER BY 1, 2`, tg.customers, tg.starts, tg.ends)
@@ -499,14 +510,15 @@ ORDER BY 1, 2`, tg.customers, tg.starts, tg.ends)
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var c, m, exceeded, stale, over string
+		var c, m string
+		var exceeded, stale, over numeric
 		if err := rows.Scan(&c, &m, &exceeded, &stale, &over); err != nil {
 			return err
 		}
-		a := dec(exceeded).Add(dec(stale))
+		a := exceeded.dec().Add(stale.dec())
 		r.find(Finding{Kind: KindOverage, Severity: Notice, Customer: c, Meter: m, Amount: &a,
 			Detail: fmt.Sprintf("%s admitted while the quota was exceeded and %s while its decision was stale (at most %s over the limit)",
-				exceeded, stale, over)})
+				exceeded.dec(), stale.dec(), over.dec())})
 	}
 	return rows.Err()
 }

@@ -43,7 +43,7 @@ func (rc *Reconciler) deep(ctx context.Context, tx pgx.Tx, r *runner, tg target)
 	if err != nil {
 		return err
 	}
-	rows, err := tx.Query(ctx, `SELECT producer, epoch, customer, meter, last_seq, trim_scale(last_total)::text FROM streams WHERE customer = ANY($1)`, tg.customers)
+	rows, err := tx.Query(ctx, `SELECT producer, epoch, customer, meter, last_seq, last_total FROM streams WHERE customer = ANY($1)`, tg.customers)
 	if err != nil {
 		return err
 	}
@@ -51,12 +51,12 @@ func (rc *Reconciler) deep(ctx context.Context, tx pgx.Tx, r *runner, tg target)
 	for rows.Next() {
 		var id StreamID
 		var st StreamTotal
-		var total string
+		var total numeric
 		if err := rows.Scan(&id.Producer, &id.Epoch, &id.Customer, &id.Meter, &st.LastSeq, &total); err != nil {
 			rows.Close()
 			return err
 		}
-		st.LastTotal = dec(total)
+		st.LastTotal = total.dec()
 		ledger[id] = st
 	}
 	rows.Close()
