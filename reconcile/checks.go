@@ -23,6 +23,7 @@ const (
 	KindOpenGap          = "open_gap"               // seqs never received; their usage is billed (notice)
 	KindConflict         = "conflict"               // a record lost to an earlier one with the same id or seq
 	KindDeadLetter       = "dead_letter"            // refused input not replayed yet: usage may be missing
+	KindOffsetJump       = "offset_jump"            // Kafka deleted messages before ingest read them: usage may be missing
 	KindLateAfterClose   = "late_usage_after_close" // usage of this period billed later as a prior-period adjustment (notice)
 	KindNotReattributed  = "late_fill_not_reattributed"
 	KindQuantityMismatch = "quantity_mismatch" // a record's quantity disagreed with its totals; totals won (notice)
@@ -293,31 +294,33 @@ ORDER BY 1, 2, 3, 4`, tg.customers, tg.starts, tg.ends)
 	return rows.Err()
 }
 
-// checkConflicts lists conflicts whose losing record occurred in a target
-// period, and dead letters of the targets' customers not replayed yet.
+// checkConflicts lists the conflicts of a target period (the losing
+// record occurred in it, or was detected in it: a conflict on late usage of
+// a closed period is reported where it can still block a close), then
+// dead letters and offset jumps not replayed or accepted.
 func (r *runner) checkConflicts(ctx context.Context, tx pgx.Tx, tg target) error {
 	rows, err := tx.Query(ctx, `
 WITH `+targetsCTE+`
 SELECT c.customer, c.meter, (c.payload->>'producer') || '/' || (c.payload->>'epoch'), c.reason, c.seq,
-       c.operation_id::text, c.payload->>'total', c.detected_at
+       c.operation_id::text, c.payload->>'total', c.payload->>'occurred_at', c.detected_at
 FROM conflicts c JOIN t ON t.customer = c.customer
- AND (c.payload->>'occurred_at')::timestamptz >= t.period_start
- AND (c.payload->>'occurred_at')::timestamptz < t.period_end
+ AND ((c.payload->>'occurred_at')::timestamptz >= t.period_start AND (c.payload->>'occurred_at')::timestamptz < t.period_end
+      OR c.detected_at >= t.period_start AND c.detected_at < t.period_end)
 ORDER BY c.detected_at`, tg.customers, tg.starts, tg.ends)
 	if err != nil {
 		return err
 	}
 	for rows.Next() {
-		var c, m, stream, reason, op, total string
+		var c, m, stream, reason, op, total, occurred string
 		var seq int64
 		var at time.Time
-		if err := rows.Scan(&c, &m, &stream, &reason, &seq, &op, &total, &at); err != nil {
+		if err := rows.Scan(&c, &m, &stream, &reason, &seq, &op, &total, &occurred, &at); err != nil {
 			rows.Close()
 			return err
 		}
 		r.find(Finding{Kind: KindConflict, Severity: Discrepancy, Customer: c, Meter: m, Stream: stream,
-			Detail: fmt.Sprintf("%s: seq %d (operation %s, total %s) lost to an earlier record on %s; the first write stands",
-				reason, seq, op, total, at.UTC().Format(time.RFC3339))})
+			Detail: fmt.Sprintf("%s: seq %d (operation %s, total %s, occurred %s) lost to an earlier record on %s; the first write stands",
+				reason, seq, op, total, occurred, at.UTC().Format(time.RFC3339))})
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
@@ -326,30 +329,77 @@ ORDER BY c.detected_at`, tg.customers, tg.starts, tg.ends)
 	if !r.hasIngest {
 		return nil
 	}
+	// Dead letters count for every period that had started when they were
+	// refused. One whose key is no known customer (every message of a new
+	// customer refused) belongs to no target: it is reported without a
+	// customer, which makes the whole run dirty.
 	rows, err = tx.Query(ctx, `
-WITH `+targetsCTE+`
-SELECT t.customer, d.id::text, d.reason, d.detail, d.partition, d."offset", d.record_index
-FROM dead_letters d JOIN t ON d.key = convert_to(t.customer, 'UTF8')
-WHERE d.replayed_at IS NULL AND d.created_at >= t.period_start
-ORDER BY d.created_at`, tg.customers, tg.starts, tg.ends)
+WITH `+targetsCTE+`,
+pending AS MATERIALIZED (
+  SELECT d.* FROM dead_letters d
+  WHERE d.replayed_at IS NULL
+    AND NOT EXISTS (SELECT 1 FROM reconciliation_acceptances a WHERE a.kind = 'dead_letter' AND a.id = d.id)
+)
+SELECT t.customer, d.id::text, d.reason, d.detail, d.partition, d."offset", d.record_index, '' AS key
+FROM pending d JOIN t ON d.key = convert_to(t.customer, 'UTF8') AND d.created_at >= t.period_start
+UNION ALL
+SELECT '', d.id::text, d.reason, d.detail, d.partition, d."offset", d.record_index, coalesce(encode(d.key, 'escape'), '(none)')
+FROM pending d
+WHERE d.created_at >= (SELECT min(period_start) FROM t)
+  AND (d.key IS NULL OR NOT EXISTS (SELECT 1 FROM customers cu WHERE convert_to(cu.id, 'UTF8') = d.key))
+ORDER BY 2`, tg.customers, tg.starts, tg.ends)
 	if err != nil {
 		return err
 	}
-	defer rows.Close()
 	for rows.Next() {
-		var c, id, reason, detail string
+		var c, id, reason, detail, key string
 		var part int32
 		var off int64
 		var idx *int32
-		if err := rows.Scan(&c, &id, &reason, &detail, &part, &off, &idx); err != nil {
+		if err := rows.Scan(&c, &id, &reason, &detail, &part, &off, &idx, &key); err != nil {
+			rows.Close()
 			return err
 		}
 		where := fmt.Sprintf("partition %d offset %d", part, off)
 		if idx != nil {
 			where += fmt.Sprintf(" record %d", *idx)
 		}
-		r.find(Finding{Kind: KindDeadLetter, Severity: Discrepancy, Customer: c,
-			Detail: fmt.Sprintf("dead letter %s (%s): %s: %s; fix and replay it, or accept the loss and force the close", id, where, reason, clip(detail, 300))})
+		f := Finding{Kind: KindDeadLetter, Severity: Discrepancy, Customer: c,
+			Detail: fmt.Sprintf("dead letter %s (%s): %s: %s; fix and replay it, or accept the loss and force the close", id, where, reason, clip(detail, 300))}
+		if c == "" {
+			f.Detail = fmt.Sprintf("dead letter %s (%s) keyed %q, a customer the ledger does not know: %s: %s; it blocks every close until it is replayed or accepted (tally reconcile accept)",
+				id, where, clip(key, 100), reason, clip(detail, 300))
+		}
+		r.find(f)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	// Messages Kafka deleted before ingest read them may hold anyone's
+	// usage: every period that had started is dirty until accepted.
+	rows, err = tx.Query(ctx, `
+WITH `+targetsCTE+`
+SELECT j.id::text, j.topic, j.partition, j.from_offset, j.to_offset, j.detected_at, j.detail
+FROM ingest_offset_jumps j
+WHERE j.detected_at >= (SELECT min(period_start) FROM t)
+  AND NOT EXISTS (SELECT 1 FROM reconciliation_acceptances a WHERE a.kind = 'offset_jump' AND a.id = j.id)
+ORDER BY j.detected_at`, tg.customers, tg.starts, tg.ends)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id, topic, detail string
+		var part int32
+		var from, to int64
+		var at time.Time
+		if err := rows.Scan(&id, &topic, &part, &from, &to, &at, &detail); err != nil {
+			return err
+		}
+		r.find(Finding{Kind: KindOffsetJump, Severity: Discrepancy,
+			Detail: fmt.Sprintf("offset jump %s: %s/%d offsets %d-%d were deleted before ingest read them (detected %s): %s; whose usage they held is unknown; accept the loss (tally reconcile accept) to close",
+				id, topic, part, from, to-1, at.UTC().Format(time.RFC3339), clip(detail, 300))})
 	}
 	return rows.Err()
 }
