@@ -30,6 +30,7 @@ const (
 	KindAbandoned        = "abandoned_stream"  // superseded by a newer epoch without a final record (notice)
 	KindConservation     = "conservation"      // ingest counters do not add up
 	KindDeepMismatch     = "deep_mismatch"     // Kafka's messages recomputed independently disagree with the ledger
+	KindDeepNotChecked   = "deep_not_checked"  // retention deleted messages the deep check would need (notice: not ok either)
 	KindOverage          = "overage"           // usage admitted while the quota was exceeded or its decision stale (notice)
 )
 
