@@ -62,6 +62,21 @@ ORDER BY r.started_at DESC, r.id DESC LIMIT 1`, customer, p.Start).Scan(&id, &cl
 		return uuid.Nil, fmt.Errorf("period %s of %q changed since run %s (%s): reconcile again: %w",
 			p.Name, customer, id, strings.Join(changed, ", "), periods.ErrNotReconciled)
 	}
+	// Stream state is not part of the fingerprint (any new usage moves
+	// it, in any period), so its invariant is checked again here: the
+	// billed deltas of each of the customer's streams add up to its last
+	// total (the primary key of records finds each stream's rows).
+	var broken int64
+	if err := tx.QueryRow(ctx, `
+SELECT count(*) FROM streams st
+WHERE st.customer = $1 AND st.last_total <> (SELECT coalesce(sum(r.billed), 0) FROM records r WHERE r.stream_id = st.id)`,
+		customer).Scan(&broken); err != nil {
+		return uuid.Nil, fmt.Errorf("reconcile: gate: %w", err)
+	}
+	if broken > 0 {
+		return uuid.Nil, fmt.Errorf("period %s of %q: %d streams' totals no longer add up to their billed records since run %s: reconcile again: %w",
+			p.Name, customer, broken, id, periods.ErrNotReconciled)
+	}
 	return id, nil
 }
 

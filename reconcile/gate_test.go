@@ -53,6 +53,9 @@ func TestGateRefusesWhatArrivedAfterTheRun(t *testing.T) {
 			e.exec(`INSERT INTO findings (id, kind, customer, meter, period_start, amount, detail, created_at)
 				VALUES (gen_random_uuid(), 'quantity_mismatch', 'acme', 'calls', '2026-10-01T00:00:00Z', 1, 'x', now())`)
 		}, "finding"},
+		{"tampered stream", func(e *env) {
+			e.exec(`UPDATE streams SET last_total = 99 WHERE customer = 'acme'`)
+		}, "streams"},
 		{"zero usage", func(e *env) {
 			e.apply(rec("gw", 2, "acme", 1, "0", "0", oct))
 		}, "usage"},
