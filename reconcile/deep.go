@@ -39,7 +39,6 @@ type KafkaView struct {
 	// Partitions whose first messages retention deleted: what they held
 	// cannot be recomputed.
 	Incomplete map[int]bool
-	Partitions int
 }
 
 // KafkaRecord is one record as the wire decoder read it.

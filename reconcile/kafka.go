@@ -40,7 +40,7 @@ func (k KafkaSource) Read(ctx context.Context, customers []string) (*KafkaView, 
 	if err != nil {
 		return nil, fmt.Errorf("kafka: partitions of %s: %w", k.Topic, err)
 	}
-	view := &KafkaView{Streams: map[StreamID][]KafkaRecord{}, Partition: map[string]int{}, Incomplete: map[int]bool{}, Partitions: len(parts)}
+	view := &KafkaView{Streams: map[StreamID][]KafkaRecord{}, Partition: map[string]int{}, Incomplete: map[int]bool{}}
 	for _, p := range parts {
 		if err := k.readPartition(ctx, p, want, view); err != nil {
 			return nil, err

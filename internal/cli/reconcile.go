@@ -34,7 +34,12 @@ usage, abandoned streams and ingest conservation counters. It stores the
 run and prints a report.
 
 --nightly reconciles every period whose grace has ended and that is not
-closed yet, closes the clean ones, and checks the current periods.
+closed yet (each customer's, from its calendar, empty ones included),
+closes the clean ones, and checks the current periods.
+
+A dead letter of a customer the ledger does not know, or an offset jump
+(messages deleted before ingest read them), blocks every close it could
+touch until it is replayed or accepted: see "tally reconcile accept".
 
 Exit codes: 0 clean, 3 discrepancies found, 1 error. Safe to re-run; runs
 for the same period never overlap.`,
