@@ -12,7 +12,8 @@ import (
 )
 
 // maxDuePerCustomer bounds how many ended periods of one customer a
-// nightly run lists (a daily calendar over a decade is under 4,000).
+// nightly run lists (a daily calendar over a decade is under 4,000); the
+// oldest are listed first, the rest on the following nights.
 const maxDuePerCustomer = 5000
 
 // Nightly reconciles every period whose grace has ended and that is not
@@ -86,7 +87,10 @@ FROM customers c`)
 		}
 		for n := 0; periods.StateOf(p, now, rc.cfg.Grace, false) == periods.AwaitingClose; n++ {
 			if n == maxDuePerCustomer {
-				return nil, fmt.Errorf("customer %q: more than %d periods awaiting close since %s", id, maxDuePerCustomer, first.UTC().Format(time.RFC3339))
+				// The oldest are listed; the rest come on the next nights.
+				rc.log.Warn("customer has more periods awaiting close than one nightly run lists",
+					"customer", id, "listed", maxDuePerCustomer, "since", first)
+				break
 			}
 			if !closed[p.Start.UnixMicro()] {
 				due[p.Name] = true
