@@ -407,7 +407,9 @@ ORDER BY j.detected_at`, tg.customers, tg.starts, tg.ends)
 
 // checkLate: usage of a target period that arrived after it closed (billed
 // as prior-period adjustments elsewhere), late fills that could not be
-// moved, and quantity mismatches the ledger noted.
+// moved, and quantity mismatches the ledger noted, about the period or
+// noted during it (one about a closed period is reported where it can
+// still be seen before a close).
 func (r *runner) checkLate(ctx context.Context, tx pgx.Tx, tg target) error {
 	rows, err := tx.Query(ctx, `
 WITH `+targetsCTE+`
@@ -438,7 +440,8 @@ GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`, tg.customers, tg.starts, tg.ends)
 	rows, err = tx.Query(ctx, `
 WITH `+targetsCTE+`
 SELECT f.kind, f.customer, f.meter, coalesce(st.producer || '/' || st.epoch, ''), f.amount, f.detail
-FROM findings f JOIN t ON t.customer = f.customer AND t.period_start = f.period_start
+FROM findings f JOIN t ON t.customer = f.customer
+ AND (t.period_start = f.period_start OR f.created_at >= t.period_start AND f.created_at < t.period_end)
 LEFT JOIN streams st ON st.id = f.stream_id
 ORDER BY f.created_at`, tg.customers, tg.starts, tg.ends)
 	if err != nil {

@@ -161,7 +161,8 @@ SELECT meter, sum(n)::bigint, sum(q) FROM (
 }
 
 // qFingerprint reads, per target, everything but usage that a run checks
-// and a close compares. Conflicts count in the period their record
+// and a close compares. Ledger findings count in the period they are about
+// and in the one they were noted in; conflicts in the period their record
 // occurred in and in the one they were detected in. Dead letters and
 // offset jumps count for every period that had started when they
 // happened, until they are replayed or accepted.
@@ -177,7 +178,9 @@ g AS (
         OR c.detected_at >= t.period_start AND c.detected_at < t.period_end)
   GROUP BY 1
 ), f AS (
-  SELECT f.customer, count(*) AS n FROM findings f JOIN t ON t.customer = f.customer AND t.period_start = f.period_start GROUP BY 1
+  SELECT f.customer, count(*) AS n FROM findings f JOIN t ON t.customer = f.customer
+   AND (t.period_start = f.period_start OR f.created_at >= t.period_start AND f.created_at < t.period_end)
+  GROUP BY 1
 ), l AS (
   SELECT r.customer, count(*) AS n FROM records r JOIN t ON t.customer = r.customer AND r.prior_period = t.period_start GROUP BY 1
 ), pending AS MATERIALIZED (

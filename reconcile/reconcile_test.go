@@ -303,6 +303,12 @@ func TestLateFillNotReattributed(t *testing.T) {
 	if len(nr) != 1 || nr[0].Amount.String() != "10" || nr[0].Severity != reconcile.Notice {
 		t.Fatalf("not reattributed: %+v", nr)
 	}
+	// October is closed: the period it was noticed in, which still gates a
+	// close, reports it too.
+	r = e.run(reconcile.Options{Period: "2026-11-01"})
+	if nr := findings(t, r, reconcile.KindNotReattributed); len(nr) != 1 {
+		t.Fatalf("november: %+v", r.Findings)
+	}
 }
 
 // TestUnreadableNumberFailsTheRun: a NUMERIC the run cannot read as an
