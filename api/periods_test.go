@@ -128,6 +128,14 @@ func TestPeriodClose(t *testing.T) {
 	f.do("POST", "/v1/customers/nobody/periods/2026-10-01/close", adminToken, nil).problem(t, 404, "urn:tally:problem:not-found")
 	f.do("POST", "/v1/customers/acme/periods/2026-10-02/close", adminToken, nil).problem(t, 404, "urn:tally:problem:period-not-found")
 
+	// In grace: refused unless forced.
+	f.setNow(date("2026-11-01T06:00:00Z"))
+	p = f.do("POST", closeURL, adminToken, nil).problem(t, 409, "urn:tally:problem:period-open")
+	if !strings.Contains(p.Detail, "in grace until 2026-11-02T00:00:00Z") || !strings.Contains(p.Detail, "force") {
+		t.Fatalf("detail %q", p.Detail)
+	}
+	f.setNow(date("2026-11-20T12:00:00Z"))
+
 	// Reconciled clean: closes, and a second close answers the same statement.
 	r := f.do("POST", "/v1/reconciliations", adminToken, map[string]any{"period": "2026-10-01", "customer": "acme"})
 	if r.status != 201 || r.json(t)["status"] != "clean" {

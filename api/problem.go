@@ -194,6 +194,9 @@ func (a *API) problemFor(r *http.Request, err error) *Problem {
 	case errors.Is(err, periods.ErrPeriodOpen):
 		return &Problem{Type: TypePeriodOpen, Title: "Period not ended", Status: http.StatusConflict,
 			Detail: err.Error() + "; close it after its end"}
+	case errors.Is(err, periods.ErrInGrace):
+		return &Problem{Type: TypePeriodOpen, Title: "Period in grace", Status: http.StatusConflict,
+			Detail: err.Error()}
 	case errors.Is(err, periods.ErrNotReconciled):
 		return &Problem{Type: TypeNotReconciled, Title: "Period not reconciled", Status: http.StatusConflict,
 			Detail: err.Error() + `; reconcile it (POST /v1/reconciliations or tally reconcile) or close with {"force": true, "reason": "..."}`}

@@ -26,6 +26,7 @@ const (
 var (
 	ErrUnknownCustomer = errors.New("unknown customer")
 	ErrPeriodOpen      = errors.New("the period has not ended yet")
+	ErrInGrace         = errors.New("the period's grace has not ended yet")
 	ErrNotReconciled   = errors.New("the period has no clean reconciliation run")
 	ErrInconsistent    = errors.New("rollups disagree with ledger entries")
 )
@@ -130,7 +131,8 @@ type CloseRequest struct {
 // Close closes the period and freezes its statement, inside tx. Closing a
 // closed period returns its stored statement and changes nothing. Closing
 // a period that has not ended is refused (ErrPeriodOpen); so is closing
-// without a clean reconciliation unless forced with a reason.
+// without a clean reconciliation, or before its grace has ended (ErrInGrace),
+// unless forced with a reason.
 func (s Store) Close(ctx context.Context, tx pgx.Tx, req CloseRequest) (Statement, error) {
 	if req.Force && (req.Reason == "" || req.Actor == "") {
 		return Statement{}, errors.New("a forced close needs a reason and an actor")
@@ -155,6 +157,12 @@ func (s Store) Close(ctx context.Context, tx pgx.Tx, req CloseRequest) (Statemen
 	}
 	if now.Before(p.End) {
 		return Statement{}, fmt.Errorf("period %s of %q ends %s: %w", p.Name, req.Customer, p.End.UTC().Format(time.RFC3339), ErrPeriodOpen)
+	}
+	// Late usage still lands in a period in grace: a close now would leave
+	// it out of the statement. Only a person who says why may close early.
+	if !req.Force && now.Before(p.End.Add(s.grace())) {
+		return Statement{}, fmt.Errorf("period %s of %q is in grace until %s: %w (force the close with a reason to close it now)",
+			p.Name, req.Customer, p.End.Add(s.grace()).UTC().Format(time.RFC3339), ErrInGrace)
 	}
 	var runID *uuid.UUID
 	if !req.Force {

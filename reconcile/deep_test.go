@@ -60,3 +60,98 @@ func TestDeepRecomputesFromKafka(t *testing.T) {
 		t.Fatalf("deep findings: %+v", deep)
 	}
 }
+
+// produce sends records to Kafka, one message each, as a producer would.
+func produce(t *testing.T, kc *kafkatest.Cluster, recs ...ledger.Record) {
+	t.Helper()
+	for _, r := range recs {
+		b := wire.Batch{Schema: wire.Schema, BatchID: uuid.Must(uuid.NewV7()), Producer: r.Stream.Producer, Epoch: r.Stream.Epoch, SentAt: r.OccurredAt,
+			Records: []wire.Record{{OperationID: r.OperationID, Customer: r.Stream.Customer, Meter: r.Stream.Meter, Seq: r.Seq,
+				Total: r.Total, Quantity: r.Quantity, OccurredAt: r.OccurredAt}}}
+		v, err := wire.Encode(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kc.ProduceTo(t, "tally.meter-batches", 0, kafka.Message{Key: []byte(r.Stream.Customer), Value: v})
+	}
+}
+
+func deepRun(t *testing.T, e *env, kc *kafkatest.Cluster, period string) *reconcile.Run {
+	t.Helper()
+	rc, err := reconcile.New(reconcile.Config{Pool: e.pool, Clock: func() time.Time { return e.now },
+		Deep: reconcile.KafkaSource{Brokers: kc.Addrs, Topic: "tally.meter-batches"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := rc.Run(context.Background(), reconcile.Options{Period: period, Deep: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func deepCheck(r *reconcile.Run) reconcile.Check {
+	for _, c := range r.Checks {
+		if c.Name == reconcile.CheckDeep {
+			return c
+		}
+	}
+	return reconcile.Check{}
+}
+
+// TestDeepComparesThePeriodPerMeter: usage billed to the wrong period has
+// the right stream totals; the deep check recomputes the period's usage
+// per meter and finds it.
+func TestDeepComparesThePeriodPerMeter(t *testing.T) {
+	e := newEnv(t)
+	kc := kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{{Name: "tally.meter-batches", Partitions: 1}}})
+	oct := time.Date(2026, 10, 20, 0, 0, 0, 0, time.UTC)
+	sent := []ledger.Record{rec("gw", 1, "acme", 1, "10", "10", oct), rec("gw", 1, "acme", 2, "15", "5", nov)}
+	produce(t, kc, sent...)
+	// The ledger saw seq 2 as October usage (a clock or calendar fault).
+	e.apply(sent[0], rec("gw", 1, "acme", 2, "15", "5", oct))
+	r := deepRun(t, e, kc, "2026-11-01")
+	var deep []reconcile.Finding
+	for _, f := range r.Findings {
+		if f.Kind == reconcile.KindDeepMismatch {
+			deep = append(deep, f)
+		}
+	}
+	if len(deep) != 1 || deep[0].Amount.String() != "-5" || deep[0].Meter != "calls" {
+		t.Fatalf("deep findings: %+v", r.Findings)
+	}
+}
+
+// TestDeepSaysWhatItCouldNotCheck: after retention deleted messages, the
+// streams they held are reported as not checked, never ok; a ledger stream
+// Kafka never held is compared when no message was lost.
+func TestDeepSaysWhatItCouldNotCheck(t *testing.T) {
+	e := newEnv(t)
+	kc := kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{{Name: "tally.meter-batches", Partitions: 1}}})
+	e.apply(rec("gw", 1, "ghost", 1, "7", "7", nov)) // in the ledger, never in Kafka
+	r := deepRun(t, e, kc, "2026-11-01")
+	if c := deepCheck(r); c.Status != "findings" || r.Status != reconcile.StatusDiscrepancies {
+		t.Fatalf("a ledger stream Kafka never held: %s %+v %+v", r.Status, c, r.Findings)
+	}
+	recs := []ledger.Record{rec("gw", 1, "acme", 1, "10", "10", nov), rec("gw", 1, "acme", 2, "15", "5", nov)}
+	produce(t, kc, recs...)
+	e.apply(recs...)
+	e.exec(`UPDATE streams SET last_total = 99 WHERE customer = 'acme'`) // tampered
+	if err := kc.DeleteRecords("tally.meter-batches", 0, 2); err != nil {
+		t.Fatal(err)
+	}
+	r = deepRun(t, e, kc, "2026-11-01")
+	c := deepCheck(r)
+	if c.Status == "ok" || !strings.Contains(c.Detail, "not checked") {
+		t.Fatalf("deep check after retention: %+v", c)
+	}
+	var nc []string
+	for _, f := range r.Findings {
+		if f.Kind == reconcile.KindDeepNotChecked {
+			nc = append(nc, f.Customer)
+		}
+	}
+	if strings.Join(nc, ",") != "acme,ghost" {
+		t.Fatalf("not checked: %v (%+v)", nc, r.Findings)
+	}
+}

@@ -5,24 +5,31 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/periods"
 )
 
 // Gate is the periods.Gate that makes a clean run the precondition of a
-// close: the newest run for the customer's period must be clean and the
-// period's billed totals (read inside the closing transaction, under the
-// customer lock) must still equal what that run saw.
+// close: the newest run for the customer's period must be clean, and
+// everything that run checked for the period (read again inside the
+// closing transaction, under the customer lock that keeps new usage out)
+// must be as the run saw it: the ledger rows billed in it, its open gaps,
+// conflicts, ledger findings and late usage, and the unreplayed dead
+// letters and offset jumps that could hold its usage. A run that predates
+// any of these is no ticket to close: reconcile again.
 func Gate(ctx context.Context, tx pgx.Tx, customer string, p periods.Period) (uuid.UUID, error) {
 	var id uuid.UUID
 	var clean bool
 	var raw []byte
 	err := tx.QueryRow(ctx, `
-SELECT v.run_id, v.clean, v.totals FROM reconciliation_verdicts v
+SELECT v.run_id, v.clean, v.fingerprint FROM reconciliation_verdicts v
 JOIN reconciliation_runs r ON r.id = v.run_id
 WHERE v.customer = $1 AND v.period_start = $2 AND r.status <> 'failed'
 ORDER BY r.started_at DESC, r.id DESC LIMIT 1`, customer, p.Start).Scan(&id, &clean, &raw)
@@ -35,46 +42,186 @@ ORDER BY r.started_at DESC, r.id DESC LIMIT 1`, customer, p.Start).Scan(&id, &cl
 	if !clean {
 		return uuid.Nil, fmt.Errorf("period %s of %q: the latest run %s found discrepancies: %w", p.Name, customer, id, periods.ErrNotReconciled)
 	}
-	var saw map[string]string
+	if raw == nil {
+		return uuid.Nil, fmt.Errorf("period %s of %q: run %s predates the checks a close rests on: reconcile again: %w", p.Name, customer, id, periods.ErrNotReconciled)
+	}
+	var saw fingerprint
 	if err := json.Unmarshal(raw, &saw); err != nil {
-		return uuid.Nil, err
+		return uuid.Nil, fmt.Errorf("reconcile: gate: run %s: %w", id, err)
 	}
-	rows, err := tx.Query(ctx, `SELECT meter, trim_scale(sum(quantity))::text FROM rollups WHERE customer = $1 AND period_start = $2 GROUP BY 1`, customer, p.Start)
+	tg := target{customers: []string{customer}, starts: []time.Time{p.Start.UTC()}, ends: []time.Time{p.End.UTC()}}
+	usage, err := ledgerUsage(ctx, tx, customer, p.Start)
 	if err != nil {
-		return uuid.Nil, err
+		return uuid.Nil, fmt.Errorf("reconcile: gate: %w", err)
 	}
-	now := map[string]string{}
-	for rows.Next() {
-		var m, q string
-		if err := rows.Scan(&m, &q); err != nil {
-			rows.Close()
-			return uuid.Nil, err
-		}
-		now[m] = q
+	fps, err := fingerprints(ctx, tx, tg, map[string]string{customer: usage})
+	if err != nil {
+		return uuid.Nil, fmt.Errorf("reconcile: gate: %w", err)
 	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return uuid.Nil, err
+	if changed := saw.changes(fps[customer]); len(changed) > 0 {
+		return uuid.Nil, fmt.Errorf("period %s of %q changed since run %s (%s): reconcile again: %w",
+			p.Name, customer, id, strings.Join(changed, ", "), periods.ErrNotReconciled)
 	}
-	for m, q := range now {
-		if !dec(q).Equal(dec(saw[m])) {
-			return uuid.Nil, fmt.Errorf("period %s of %q changed since run %s (%s: %s then, %s now): reconcile again: %w",
-				p.Name, customer, id, m, orZero(saw[m]), q, periods.ErrNotReconciled)
-		}
+	// Stream state is not part of the fingerprint (any new usage moves
+	// it, in any period), so its invariant is checked again here: the
+	// billed deltas of each of the customer's streams add up to its last
+	// total (the primary key of records finds each stream's rows).
+	var broken int64
+	if err := tx.QueryRow(ctx, `
+SELECT count(*) FROM streams st
+WHERE st.customer = $1 AND st.last_total <> (SELECT coalesce(sum(r.billed), 0) FROM records r WHERE r.stream_id = st.id)`,
+		customer).Scan(&broken); err != nil {
+		return uuid.Nil, fmt.Errorf("reconcile: gate: %w", err)
 	}
-	for m, q := range saw {
-		if _, ok := now[m]; !ok && !dec(q).IsZero() {
-			return uuid.Nil, fmt.Errorf("period %s of %q changed since run %s (%s): reconcile again: %w", p.Name, customer, id, m, periods.ErrNotReconciled)
-		}
+	if broken > 0 {
+		return uuid.Nil, fmt.Errorf("period %s of %q: %d streams' totals no longer add up to their billed records since run %s: reconcile again: %w",
+			p.Name, customer, broken, id, periods.ErrNotReconciled)
 	}
 	return id, nil
 }
 
-func orZero(s string) string {
-	if s == "" {
-		return "0"
+// fingerprint is what a run checked for one customer's period, compact
+// enough to store with its verdict and cheap enough to recompute at close.
+// The ledger's tables are append-only where it counts (records, entries,
+// conflicts, findings), so a count and a sum see every addition; sets that
+// shrink too (open gaps, pending dead letters) are hashed whole.
+type fingerprint struct {
+	Usage       string `json:"usage"` // per meter: ledger rows (records and entries) and their billed sum
+	Gaps        string `json:"gaps"`
+	Conflicts   int64  `json:"conflicts"`
+	Findings    int64  `json:"findings"`
+	Late        int64  `json:"late"`
+	DeadLetters string `json:"dead_letters"`
+	Unowned     string `json:"unowned_dead_letters"`
+	Jumps       string `json:"offset_jumps"`
+}
+
+func (a fingerprint) changes(b fingerprint) []string {
+	var out []string
+	add := func(changed bool, what string) {
+		if changed {
+			out = append(out, what)
+		}
 	}
-	return s
+	add(a.Usage != b.Usage, "new usage or adjustments")
+	add(a.Gaps != b.Gaps, "open gaps changed")
+	add(a.Conflicts != b.Conflicts, fmt.Sprintf("conflicts: %d then, %d now", a.Conflicts, b.Conflicts))
+	add(a.Findings != b.Findings, fmt.Sprintf("ledger findings: %d then, %d now", a.Findings, b.Findings))
+	add(a.Late != b.Late, "late usage")
+	add(a.DeadLetters != b.DeadLetters, "unreplayed dead letters changed")
+	add(a.Unowned != b.Unowned, "unreplayed dead letters of no known customer changed")
+	add(a.Jumps != b.Jumps, "offset jumps (messages deleted unread) changed")
+	return out
+}
+
+// meterUsage is one meter's ledger rows billed in a period.
+type meterUsage struct {
+	meter string
+	rows  int64
+	sum   decimal.Decimal
+}
+
+// usageKey renders a customer's per-meter usage, the same way from a run's
+// rollup check and from the gate's query.
+func usageKey(ms []meterUsage) string {
+	slices.SortFunc(ms, func(a, b meterUsage) int { return strings.Compare(a.meter, b.meter) })
+	var b strings.Builder
+	for _, m := range ms {
+		if m.rows == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "%s:%d:%s;", m.meter, m.rows, m.sum.String())
+	}
+	return b.String()
+}
+
+// ledgerUsage reads, per meter, the ledger rows billed in one customer's
+// period (the index on customer and period finds them).
+func ledgerUsage(ctx context.Context, tx pgx.Tx, customer string, start time.Time) (string, error) {
+	rows, err := tx.Query(ctx, `
+SELECT meter, sum(n)::bigint, sum(q) FROM (
+  SELECT meter, count(*) AS n, sum(billed) AS q FROM records WHERE customer = $1 AND period_start = $2 GROUP BY 1
+  UNION ALL
+  SELECT meter, count(*), sum(amount) FROM entries WHERE customer = $1 AND period_start = $2 GROUP BY 1
+) u GROUP BY 1`, customer, start)
+	if err != nil {
+		return "", err
+	}
+	ms, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (meterUsage, error) {
+		var m meterUsage
+		var q numeric
+		err := row.Scan(&m.meter, &m.rows, &q)
+		m.sum = q.dec()
+		return m, err
+	})
+	if err != nil {
+		return "", err
+	}
+	return usageKey(ms), nil
+}
+
+// qFingerprint reads, per target, everything but usage that a run checks
+// and a close compares. Ledger findings count in the period they are about
+// and in the one they were noted in; conflicts in the period their record
+// occurred in and in the one they were detected in. Dead letters and
+// offset jumps count for every period that had started when they
+// happened, until they are replayed or accepted.
+const qFingerprint = `
+WITH ` + targetsCTE + `,
+g AS (
+  SELECT g.customer, md5(string_agg(format('%s:%s:%s:%s', g.stream_id, g.from_seq, g.to_seq, g.upper_total), ','
+                                    ORDER BY g.stream_id, g.from_seq)) AS h
+  FROM gaps g JOIN t ON t.customer = g.customer AND t.period_start = g.billed_period GROUP BY 1
+), c AS (
+  SELECT t.customer, count(*) AS n FROM conflicts c JOIN t ON t.customer = c.customer
+   AND ((c.payload->>'occurred_at')::timestamptz >= t.period_start AND (c.payload->>'occurred_at')::timestamptz < t.period_end
+        OR c.detected_at >= t.period_start AND c.detected_at < t.period_end)
+  GROUP BY 1
+), f AS (
+  SELECT f.customer, count(*) AS n FROM findings f JOIN t ON t.customer = f.customer
+   AND (t.period_start = f.period_start OR f.created_at >= t.period_start AND f.created_at < t.period_end)
+  GROUP BY 1
+), l AS (
+  SELECT r.customer, count(*) AS n FROM records r JOIN t ON t.customer = r.customer AND r.prior_period = t.period_start GROUP BY 1
+), pending AS MATERIALIZED (
+  SELECT d.id, d.key, d.created_at FROM dead_letters d
+  WHERE d.replayed_at IS NULL
+    AND NOT EXISTS (SELECT 1 FROM reconciliation_acceptances a WHERE a.kind = 'dead_letter' AND a.id = d.id)
+), d AS (
+  SELECT t.customer, md5(string_agg(p.id::text, ',' ORDER BY p.id)) AS h
+  FROM pending p JOIN t ON p.key = convert_to(t.customer, 'UTF8') AND p.created_at >= t.period_start GROUP BY 1
+), u AS MATERIALIZED (
+  SELECT p.id, p.created_at FROM pending p
+  WHERE p.key IS NULL OR NOT EXISTS (SELECT 1 FROM customers cu WHERE convert_to(cu.id, 'UTF8') = p.key)
+), j AS MATERIALIZED (
+  SELECT j.id, j.detected_at FROM ingest_offset_jumps j
+  WHERE NOT EXISTS (SELECT 1 FROM reconciliation_acceptances a WHERE a.kind = 'offset_jump' AND a.id = j.id)
+)
+SELECT t.customer, coalesce(g.h, ''), coalesce(c.n, 0), coalesce(f.n, 0), coalesce(l.n, 0), coalesce(d.h, ''),
+       coalesce((SELECT md5(string_agg(u.id::text, ',' ORDER BY u.id)) FROM u WHERE u.created_at >= t.period_start), ''),
+       coalesce((SELECT md5(string_agg(j.id::text, ',' ORDER BY j.id)) FROM j WHERE j.detected_at >= t.period_start), '')
+FROM t LEFT JOIN g USING (customer) LEFT JOIN c USING (customer) LEFT JOIN f USING (customer)
+LEFT JOIN l USING (customer) LEFT JOIN d USING (customer)`
+
+// fingerprints computes the fingerprint of every target, given each
+// customer's usage key.
+func fingerprints(ctx context.Context, tx pgx.Tx, tg target, usage map[string]string) (map[string]fingerprint, error) {
+	rows, err := tx.Query(ctx, qFingerprint, tg.customers, tg.starts, tg.ends)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make(map[string]fingerprint, len(tg.customers))
+	for rows.Next() {
+		var c string
+		var fp fingerprint
+		if err := rows.Scan(&c, &fp.Gaps, &fp.Conflicts, &fp.Findings, &fp.Late, &fp.DeadLetters, &fp.Unowned, &fp.Jumps); err != nil {
+			return nil, err
+		}
+		fp.Usage = usage[c]
+		out[c] = fp
+	}
+	return out, rows.Err()
 }
 
 // closeClean closes the period of every customer the run found clean and

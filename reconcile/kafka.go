@@ -15,15 +15,15 @@ import (
 
 // KafkaSource is the DeepSource that reads the metering topic from the
 // first offset Kafka still has to the end, decoding every message with the
-// wire decoder only: the totals it returns never went through the ledger.
+// wire decoder only: the records it returns never went through the ledger.
 type KafkaSource struct {
 	Brokers []string
 	Topic   string
 }
 
-// StreamTotals returns, per stream of the given customers, the highest seq
-// found in the topic and its total.
-func (k KafkaSource) StreamTotals(ctx context.Context, customers []string) (map[StreamID]StreamTotal, error) {
+// Read returns every record of the given customers the topic still holds,
+// and which partitions retention truncated.
+func (k KafkaSource) Read(ctx context.Context, customers []string) (*KafkaView, error) {
 	if len(k.Brokers) == 0 {
 		return nil, errors.New("no Kafka brokers")
 	}
@@ -40,16 +40,16 @@ func (k KafkaSource) StreamTotals(ctx context.Context, customers []string) (map[
 	if err != nil {
 		return nil, fmt.Errorf("kafka: partitions of %s: %w", k.Topic, err)
 	}
-	out := map[StreamID]StreamTotal{}
+	view := &KafkaView{Streams: map[StreamID][]KafkaRecord{}, Partition: map[string]int{}, Incomplete: map[int]bool{}}
 	for _, p := range parts {
-		if err := k.readPartition(ctx, p, want, out); err != nil {
+		if err := k.readPartition(ctx, p, want, view); err != nil {
 			return nil, err
 		}
 	}
-	return out, nil
+	return view, nil
 }
 
-func (k KafkaSource) readPartition(ctx context.Context, p kafka.Partition, want map[string]bool, out map[StreamID]StreamTotal) error {
+func (k KafkaSource) readPartition(ctx context.Context, p kafka.Partition, want map[string]bool, view *KafkaView) error {
 	leader := net.JoinHostPort(p.Leader.Host, strconv.Itoa(p.Leader.Port))
 	conn, err := kafka.DialLeader(ctx, "tcp", leader, k.Topic, p.ID)
 	if err != nil {
@@ -60,7 +60,9 @@ func (k KafkaSource) readPartition(ctx context.Context, p kafka.Partition, want 
 	if err != nil {
 		return fmt.Errorf("kafka: offsets of partition %d: %w", p.ID, err)
 	}
-	complete := first == 0
+	if first > 0 {
+		view.Incomplete[p.ID] = true
+	}
 	if last <= first {
 		return nil
 	}
@@ -75,14 +77,13 @@ func (k KafkaSource) readPartition(ctx context.Context, p kafka.Partition, want 
 			return fmt.Errorf("kafka: read partition %d: %w", p.ID, err)
 		}
 		if want[string(m.Key)] {
-			if b, idx, _, err := wire.Decode(m.Key, m.Value); err == nil {
-				_ = idx
+			view.Partition[string(m.Key)] = p.ID
+			// A message the wire decoder refuses was refused by ingest too
+			// (a dead letter, reported as such).
+			if b, _, _, err := wire.Decode(m.Key, m.Value); err == nil {
 				for _, rec := range b.Records {
 					id := StreamID{Producer: b.Producer, Epoch: b.Epoch, Customer: rec.Customer, Meter: rec.Meter}
-					cur, ok := out[id]
-					if !ok || rec.Seq > cur.LastSeq {
-						out[id] = StreamTotal{LastSeq: rec.Seq, LastTotal: rec.Total, Complete: complete}
-					}
+					view.Streams[id] = append(view.Streams[id], KafkaRecord{Seq: rec.Seq, Total: rec.Total, OccurredAt: rec.OccurredAt})
 				}
 			}
 		}

@@ -6,55 +6,31 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"time"
 
 	"github.com/tally-ledger/tally/periods"
 )
 
+// maxDuePerCustomer bounds how many ended periods of one customer a
+// nightly run lists (a daily calendar over a decade is under 4,000); the
+// oldest are listed first, the rest on the following nights.
+const maxDuePerCustomer = 5000
+
 // Nightly reconciles every period whose grace has ended and that is not
 // closed, closing the clean ones, then checks the current open periods
 // without closing them. It returns every run it made.
+//
+// Due periods come from each customer's calendar, from its first period
+// (the earlier of its creation and its first usage) to now: a period with
+// no usage is due like any other and closes with a zero statement, so
+// usage that arrives months late is a prior-period adjustment, never a new
+// statement for an old month.
 func (rc *Reconciler) Nightly(ctx context.Context) ([]*Run, error) {
 	now := rc.cfg.Clock().UTC()
-	rows, err := rc.cfg.Pool.Query(ctx, `
-SELECT c.id, c.schedule, p.period_start
-FROM customers c
-JOIN (SELECT DISTINCT customer, period_start FROM rollups) p ON p.customer = c.id
-WHERE NOT EXISTS (SELECT 1 FROM period_closes pc WHERE pc.customer = c.id AND pc.period_start = p.period_start)`)
+	names, err := rc.duePeriods(ctx, now)
 	if err != nil {
-		return nil, fmt.Errorf("reconcile: nightly: %w", err)
-	}
-	due := map[string]bool{}
-	for rows.Next() {
-		var id string
-		var raw []byte
-		var p periods.Period
-		if err := rows.Scan(&id, &raw, &p.Start); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		var s periods.Schedule
-		if err := json.Unmarshal(raw, &s); err != nil {
-			rows.Close()
-			return nil, fmt.Errorf("customer %q: stored calendar: %w", id, err)
-		}
-		if p, err = s.PeriodAt(p.Start); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		if periods.StateOf(p, now, rc.cfg.Grace, false) == periods.AwaitingClose {
-			due[p.Name] = true
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	names := make([]string, 0, len(due))
-	for n := range due {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-
 	var runs []*Run
 	var errs []error
 	for _, n := range names {
@@ -74,4 +50,63 @@ WHERE NOT EXISTS (SELECT 1 FROM period_closes pc WHERE pc.customer = c.id AND pc
 		errs = append(errs, err)
 	}
 	return runs, errors.Join(errs...)
+}
+
+// duePeriods lists, by name, every customer's periods whose grace has
+// ended and that have no close record.
+func (rc *Reconciler) duePeriods(ctx context.Context, now time.Time) ([]string, error) {
+	rows, err := rc.cfg.Pool.Query(ctx, `
+SELECT c.id, c.schedule,
+       least(c.created_at, (SELECT min(r.period_start) FROM rollups r WHERE r.customer = c.id)),
+       coalesce((SELECT array_agg(pc.period_start) FROM period_closes pc WHERE pc.customer = c.id), '{}')
+FROM customers c`)
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: nightly: %w", err)
+	}
+	defer rows.Close()
+	due := map[string]bool{}
+	for rows.Next() {
+		var id string
+		var raw []byte
+		var first time.Time
+		var closedAt []time.Time
+		if err := rows.Scan(&id, &raw, &first, &closedAt); err != nil {
+			return nil, err
+		}
+		var s periods.Schedule
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return nil, fmt.Errorf("customer %q: stored calendar: %w", id, err)
+		}
+		closed := make(map[int64]bool, len(closedAt))
+		for _, t := range closedAt {
+			closed[t.UnixMicro()] = true
+		}
+		p, err := s.PeriodAt(first)
+		if err != nil {
+			return nil, fmt.Errorf("customer %q: %w", id, err)
+		}
+		for n := 0; periods.StateOf(p, now, rc.cfg.Grace, false) == periods.AwaitingClose; n++ {
+			if n == maxDuePerCustomer {
+				// The oldest are listed; the rest come on the next nights.
+				rc.log.Warn("customer has more periods awaiting close than one nightly run lists",
+					"customer", id, "listed", maxDuePerCustomer, "since", first)
+				break
+			}
+			if !closed[p.Start.UnixMicro()] {
+				due[p.Name] = true
+			}
+			if p, err = s.Next(p); err != nil {
+				return nil, fmt.Errorf("customer %q: %w", id, err)
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	names := make([]string, 0, len(due))
+	for n := range due {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names, nil
 }

@@ -303,4 +303,23 @@ func TestLateFillNotReattributed(t *testing.T) {
 	if len(nr) != 1 || nr[0].Amount.String() != "10" || nr[0].Severity != reconcile.Notice {
 		t.Fatalf("not reattributed: %+v", nr)
 	}
+	// October is closed: the period it was noticed in, which still gates a
+	// close, reports it too.
+	r = e.run(reconcile.Options{Period: "2026-11-01"})
+	if nr := findings(t, r, reconcile.KindNotReattributed); len(nr) != 1 {
+		t.Fatalf("november: %+v", r.Findings)
+	}
+}
+
+// TestUnreadableNumberFailsTheRun: a NUMERIC the run cannot read as an
+// exact decimal (here NaN in a tampered rollup) fails the run; it is never
+// read as zero.
+func TestUnreadableNumberFailsTheRun(t *testing.T) {
+	e := newEnv(t)
+	e.apply(rec("gw", 1, "acme", 1, "10", "10", nov))
+	e.exec(`UPDATE rollups SET quantity = 'NaN'`)
+	r, err := e.rc.Run(context.Background(), reconcile.Options{Period: "2026-11-01"})
+	if err == nil || r == nil || r.Status != reconcile.StatusFailed {
+		t.Fatalf("run over a NaN rollup: %v %+v", err, r)
+	}
 }

@@ -17,6 +17,15 @@ const (
 	FormatCSV  = "csv"
 )
 
+// ValidateFormat checks a report format before anything is run.
+func ValidateFormat(format string) error {
+	switch format {
+	case FormatText, FormatJSON, FormatCSV, "":
+		return nil
+	}
+	return fmt.Errorf("unknown format %q (text, json or csv)", format)
+}
+
 // WriteReport writes runs for people (text), machines (json) or
 // spreadsheets (csv: one row per customer and meter, then one per finding).
 func WriteReport(w io.Writer, format string, runs ...*Run) error {

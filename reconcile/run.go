@@ -151,6 +151,7 @@ type runner struct {
 	run       *Run
 	totals    map[[2]string]*Total
 	periodOf  map[string]string // customer -> period name
+	usage     map[string][]meterUsage
 	scanned   int64
 	hasIngest bool
 }
@@ -174,23 +175,28 @@ func (rc *Reconciler) Run(ctx context.Context, opt Options) (*Run, error) {
 	if opt.Period == "" {
 		return nil, errors.New("reconcile: a period is required (a start date such as 2026-11-01, or previous)")
 	}
-	// One run per period at a time, across processes. A session lock on a
-	// dedicated connection, released when the run ends.
+	now := rc.cfg.Clock().UTC()
+	// One run per period at a time, across processes: session locks on a
+	// dedicated connection, one per period the reference resolves to in
+	// the customers' calendars ("previous" and its date are one period),
+	// released when the run ends.
 	conn, err := rc.cfg.Pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
 	defer conn.Release()
-	var got bool
-	if err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1::int, hashtext($2))`, runLockSpace, opt.Period).Scan(&got); err != nil {
-		return nil, fmt.Errorf("reconcile: lock: %w", err)
+	locks := &runLocks{conn: conn, held: map[string]bool{}}
+	defer locks.release(context.WithoutCancel(ctx))
+	if err := pgx.BeginTxFunc(ctx, rc.cfg.Pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		_, by, err := rc.targets(ctx, tx, opt, now)
+		if err != nil {
+			return err
+		}
+		return locks.lockAll(ctx, by)
+	}); err != nil {
+		return nil, err
 	}
-	if !got {
-		return nil, fmt.Errorf("period %s: %w", opt.Period, ErrBusy)
-	}
-	defer conn.Exec(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock($1::int, hashtext($2))`, runLockSpace, opt.Period)
 
-	now := rc.cfg.Clock().UTC()
 	run := &Run{ID: uuid.Must(uuid.NewV7()), Period: opt.Period, Customer: opt.Customer, Deep: opt.Deep,
 		Status: StatusRunning, StartedAt: now.Truncate(time.Microsecond), Findings: []Finding{}, Checks: []Check{}, Totals: []Total{}}
 	if _, err := rc.cfg.Pool.Exec(ctx, `INSERT INTO reconciliation_runs (id, period, customer, deep, status, started_at) VALUES ($1, $2, $3, $4, $5, $6)`,
@@ -199,7 +205,7 @@ func (rc *Reconciler) Run(ctx context.Context, opt Options) (*Run, error) {
 	}
 	rc.log.Info("reconciliation started", "run", run.ID, "period", opt.Period, "customer", opt.Customer, "deep", opt.Deep)
 
-	verdicts, err := rc.check(ctx, run, opt, now)
+	verdicts, err := rc.check(ctx, run, opt, now, locks)
 	if err != nil {
 		run.Status, run.Error = StatusFailed, err.Error()
 		rc.log.Error("reconciliation failed", "run", run.ID, "err", err)
@@ -228,17 +234,56 @@ func (rc *Reconciler) Run(ctx context.Context, opt Options) (*Run, error) {
 
 const runLockSpace = 71541
 
+// runLocks are the period locks of one run, held on one connection.
+type runLocks struct {
+	conn *pgxpool.Conn
+	held map[string]bool
+}
+
+// lockAll takes the lock of every period in by (in name order, so two
+// runs cannot each hold what the other waits for: neither waits anyway).
+func (l *runLocks) lockAll(ctx context.Context, by map[string]periods.Period) error {
+	names := make([]string, 0, len(by))
+	for _, p := range by {
+		if !l.held[p.Name] {
+			names = append(names, p.Name)
+		}
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		if l.held[n] {
+			continue
+		}
+		var got bool
+		if err := l.conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1::int, hashtext($2))`, runLockSpace, n).Scan(&got); err != nil {
+			return fmt.Errorf("reconcile: lock: %w", err)
+		}
+		if !got {
+			return fmt.Errorf("period %s: %w", n, ErrBusy)
+		}
+		l.held[n] = true
+	}
+	return nil
+}
+
+func (l *runLocks) release(ctx context.Context) {
+	for n := range l.held {
+		_, _ = l.conn.Exec(ctx, `SELECT pg_advisory_unlock($1::int, hashtext($2))`, runLockSpace, n)
+	}
+}
+
 // verdict is one customer's result in a run.
 type verdict struct {
 	customer string
 	period   periods.Period
 	clean    bool
 	totals   map[string]string // meter -> billed
+	fp       fingerprint
 }
 
 // check resolves the targets and runs every check in one REPEATABLE READ
 // transaction, so all checks see the same snapshot of the ledger.
-func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time.Time) ([]verdict, error) {
+func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time.Time, locks *runLocks) ([]verdict, error) {
 	tx, err := rc.cfg.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)
@@ -260,7 +305,12 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 	if err != nil {
 		return nil, err
 	}
-	r := &runner{run: run, totals: map[[2]string]*Total{}, periodOf: map[string]string{}}
+	// A customer created since the locks were taken may resolve to a
+	// period not locked yet.
+	if err := locks.lockAll(ctx, byCustomer); err != nil {
+		return nil, err
+	}
+	r := &runner{run: run, totals: map[[2]string]*Total{}, periodOf: map[string]string{}, usage: map[string][]meterUsage{}}
 	for c, p := range byCustomer {
 		r.periodOf[c] = p.Name
 	}
@@ -305,6 +355,14 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 		}
 	}
 	run.EntriesScanned = r.scanned
+	usage := make(map[string]string, len(r.usage))
+	for c, ms := range r.usage {
+		usage[c] = usageKey(ms)
+	}
+	fps, err := fingerprints(ctx, tx, tg, usage)
+	if err != nil {
+		return nil, fmt.Errorf("reconcile: fingerprint: %w", err)
+	}
 
 	// Totals, sorted; customers with a period but no usage still get a verdict.
 	for _, t := range r.totals {
@@ -326,7 +384,7 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 	}
 	var vs []verdict
 	for c, p := range byCustomer {
-		v := verdict{customer: c, period: p, clean: !global && !dirty[c], totals: map[string]string{}}
+		v := verdict{customer: c, period: p, clean: !global && !dirty[c], totals: map[string]string{}, fp: fps[c]}
 		for _, t := range run.Totals {
 			if t.Customer == c {
 				v.totals[t.Meter] = t.Billed.String()
@@ -418,8 +476,9 @@ VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::text::numeric, $10)`, row...)
 		b := &pgx.Batch{}
 		for _, v := range vs {
 			t, _ := json.Marshal(v.totals)
-			b.Queue(`INSERT INTO reconciliation_verdicts (run_id, customer, period_start, clean, totals) VALUES ($1, $2, $3, $4, $5)`,
-				run.ID, v.customer, v.period.Start, v.clean, t)
+			fp, _ := json.Marshal(v.fp)
+			b.Queue(`INSERT INTO reconciliation_verdicts (run_id, customer, period_start, clean, totals, fingerprint) VALUES ($1, $2, $3, $4, $5, $6)`,
+				run.ID, v.customer, v.period.Start, v.clean, t, fp)
 		}
 		if err := tx.SendBatch(ctx, b).Close(); err != nil {
 			return fmt.Errorf("reconcile: store verdicts: %w", err)

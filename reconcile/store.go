@@ -9,7 +9,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/shopspring/decimal"
 )
 
 // ErrNotFound: no such run.
@@ -45,7 +44,7 @@ FROM reconciliation_runs WHERE id = $1`, id).Scan(&r.Period, &customer, &r.Deep,
 		return nil, err
 	}
 	rows, err := db.Query(ctx, `SELECT kind, severity, coalesce(customer, ''), coalesce(meter, ''), coalesce(stream, ''), period_start,
-       trim_scale(amount)::text, detail FROM reconciliation_findings WHERE run_id = $1 ORDER BY n`, id)
+       amount, detail FROM reconciliation_findings WHERE run_id = $1 ORDER BY n`, id)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: load findings: %w", err)
 	}
@@ -53,13 +52,13 @@ FROM reconciliation_runs WHERE id = $1`, id).Scan(&r.Period, &customer, &r.Deep,
 	for rows.Next() {
 		var f Finding
 		var period *time.Time
-		var amt *string
+		var amt nullNumeric
 		if err := rows.Scan(&f.Kind, &f.Severity, &f.Customer, &f.Meter, &f.Stream, &period, &amt, &f.Detail); err != nil {
 			return nil, err
 		}
 		f.Period = period
-		if amt != nil {
-			d := decimal.RequireFromString(*amt)
+		if amt.Valid {
+			d := amt.dec()
 			f.Amount = &d
 		}
 		r.Findings = append(r.Findings, f)

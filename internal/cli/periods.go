@@ -69,9 +69,11 @@ adjustment, and the closed statement never changes.`,
 		Use:   "close --customer C --period P [--force --reason R --actor A]",
 		Short: "Close a period and print its frozen statement (JSON)",
 		Long: `Close a customer's period and print its frozen statement as JSON.
-The period must have ended. Without --force it needs a clean reconciliation
-run; --force closes anyway and records --reason and --actor. Closing a
-closed period prints the statement it was closed with.`,
+The period must have ended. Without --force its grace must have ended too
+(late usage still lands in a period in grace) and it needs a clean
+reconciliation run that nothing has invalidated since; --force closes
+anyway and records --reason and --actor. Closing a closed period prints the
+statement it was closed with.`,
 		Example: `  tally periods close --customer acme --period 2026-11-01 --force --reason "migrated from old system" --actor alice`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
@@ -33,7 +34,12 @@ usage, abandoned streams and ingest conservation counters. It stores the
 run and prints a report.
 
 --nightly reconciles every period whose grace has ended and that is not
-closed yet, closes the clean ones, and checks the current periods.
+closed yet (each customer's, from its calendar, empty ones included),
+closes the clean ones, and checks the current periods.
+
+A dead letter of a customer the ledger does not know, or an offset jump
+(messages deleted before ingest read them), blocks every close it could
+touch until it is replayed or accepted: see "tally reconcile accept".
 
 Exit codes: 0 clean, 3 discrepancies found, 1 error. Safe to re-run; runs
 for the same period never overlap.`,
@@ -42,10 +48,18 @@ for the same period never overlap.`,
   tally reconcile --nightly        # from cron: 30 2 * * *`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// Every flag is checked before anything is run, stored or closed.
+			var errs []error
 			if nightly == (opt.Period != "") {
-				return errors.New("give either --period or --nightly")
+				errs = append(errs, errors.New("give either --period or --nightly"))
+			}
+			if err := reconcile.ValidateFormat(format); err != nil {
+				errs = append(errs, fmt.Errorf("--format: %w", err))
 			}
 			if err := periods.ValidateGrace(grace); err != nil {
+				errs = append(errs, err)
+			}
+			if err := errors.Join(errs...); err != nil {
 				return err
 			}
 			if !nightly {
@@ -108,6 +122,66 @@ for the same period never overlap.`,
 	envDefault(f, "database-url", "TALLY_DATABASE_URL")
 	f.DurationVar(&grace, "grace", periods.DefaultGrace, "how long after its end a period takes late usage")
 	envDefault(f, "grace", "TALLY_GRACE")
+	cmd.AddCommand(newReconcileAcceptCmd())
+	return cmd
+}
+
+func newReconcileAcceptCmd() *cobra.Command {
+	var dbURL, deadLetter, jump string
+	var a reconcile.Acceptance
+	cmd := &cobra.Command{
+		Use:   "accept (--dead-letter ID | --offset-jump ID) --actor A --reason R",
+		Short: "Accept a loss that no replay will undo, so it stops blocking closes",
+		Long: `An unreplayed dead letter of a customer the ledger does not know, and an
+offset jump (Kafka deleted messages before ingest read them), block every
+close they could touch. When the loss stands (test traffic, a producer
+that will resend, a topic that was meant to be empty), accept it: the
+acceptance is recorded with --actor and --reason; nothing billed changes.
+Then reconcile again.`,
+		Example: `  tally reconcile accept --dead-letter 019a3c8e-7a40-7000-8000-0000000000d1 --actor alice --reason "load test traffic"`,
+		Args:    cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var errs []error
+			ref := deadLetter
+			a.Kind = reconcile.AcceptDeadLetter
+			if jump != "" {
+				ref, a.Kind = jump, reconcile.AcceptOffsetJump
+			}
+			if (deadLetter == "") == (jump == "") {
+				errs = append(errs, errors.New("give either --dead-letter or --offset-jump"))
+			} else if id, err := uuid.Parse(ref); err != nil {
+				errs = append(errs, fmt.Errorf("--%s: %w", strings.ReplaceAll(a.Kind, "_", "-"), err))
+			} else {
+				a.ID = id
+			}
+			if a.Actor == "" {
+				errs = append(errs, errors.New("--actor is required"))
+			}
+			if a.Reason == "" {
+				errs = append(errs, errors.New("--reason is required"))
+			}
+			if err := errors.Join(errs...); err != nil {
+				return err
+			}
+			pool, err := pgxpool.New(cmd.Context(), dbURL)
+			if err != nil {
+				return fmt.Errorf("database: %w", err)
+			}
+			defer pool.Close()
+			if err := reconcile.Accept(cmd.Context(), pool, a); err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "accepted %s %s (%s: %s); reconcile again to close\n", a.Kind, a.ID, a.Actor, a.Reason)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&deadLetter, "dead-letter", "", "id of the dead letter to accept")
+	f.StringVar(&jump, "offset-jump", "", "id of the offset jump to accept")
+	f.StringVar(&a.Actor, "actor", "", "who accepts the loss (recorded)")
+	f.StringVar(&a.Reason, "reason", "", "why the loss stands (recorded)")
+	f.StringVar(&dbURL, "database-url", defaultDatabaseURL, "Postgres connection URL")
+	envDefault(f, "database-url", "TALLY_DATABASE_URL")
 	return cmd
 }
 

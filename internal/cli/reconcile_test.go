@@ -1,0 +1,57 @@
+package cli
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tally-ledger/tally/internal/pgtest"
+)
+
+// TestReconcileValidatesFlagsFirst: a bad --format is refused before the
+// run is stored or any period closed.
+func TestReconcileValidatesFlagsFirst(t *testing.T) {
+	url := pgtest.NewURL(t)
+	_, err := runTally(t, "reconcile", "--database-url", url, "--period", "2026-10-01", "--close", "--format", "yaml")
+	if err == nil || !strings.Contains(err.Error(), "format") {
+		t.Fatalf("bad format: %v", err)
+	}
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM reconciliation_runs`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("runs stored despite a bad flag: %d %v", n, err)
+	}
+}
+
+// TestReconcileAccept: an accepted dead letter is recorded with who and why.
+func TestReconcileAccept(t *testing.T) {
+	url := pgtest.NewURL(t)
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(context.Background(), `INSERT INTO dead_letters (id, topic, partition, "offset", reason, detail, key, raw, created_at)
+		VALUES ('019a3c8e-7a40-7000-8000-0000000000d4', 't', 0, 1, 'schema', 'x', 'newco', '{}', now())`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runTally(t, "reconcile", "accept", "--database-url", url, "--dead-letter", "019a3c8e-7a40-7000-8000-0000000000d4", "--actor", "alice"); err == nil {
+		t.Fatal("accepted without a reason")
+	}
+	out, err := runTally(t, "reconcile", "accept", "--database-url", url, "--dead-letter", "019a3c8e-7a40-7000-8000-0000000000d4",
+		"--actor", "alice", "--reason", "test traffic")
+	if err != nil || !strings.Contains(out, "accepted") {
+		t.Fatalf("accept: %q %v", out, err)
+	}
+	var actor, reason string
+	if err := pool.QueryRow(context.Background(), `SELECT actor, reason FROM reconciliation_acceptances`).Scan(&actor, &reason); err != nil ||
+		actor != "alice" || reason != "test traffic" {
+		t.Fatalf("acceptance: %s %s %v", actor, reason, err)
+	}
+}
