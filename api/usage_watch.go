@@ -101,11 +101,17 @@ func (w *usageWatch) get(key usageKey, now time.Time) (usageData, bool) {
 	if w.cache.ttl <= 0 || w.epoch.Load()%2 == 1 {
 		return usageData{}, false
 	}
+	// The positions first, then the answer: a position is published only
+	// after every commit through it has forgotten what it changed, so an
+	// answer still cached after the position was read holds all of it. The
+	// other order could stamp an answer read before a commit with that
+	// commit's position.
+	positions := w.positions.Load()
 	d, ok := w.cache.get(key, now)
 	if !ok {
 		return usageData{}, false
 	}
-	if pos := w.position(d.partition); pos.Valid && (!d.asOf.Valid || pos.Time.After(d.asOf.Time)) {
+	if pos := positionOf(positions, d.partition); pos.Valid && (!d.asOf.Valid || pos.Time.After(d.asOf.Time)) {
 		d.asOf = pos
 	}
 	return d, true
@@ -119,11 +125,10 @@ func (w *usageWatch) put(t usageTicket, key usageKey, d usageData, now time.Time
 	w.cache.put(key, d, now, func() bool { return w.good(t, key.customer) })
 }
 
-// position is the applied_through usage's as_of comes from: the
-// partition's, or for a customer ingest has not seen (-1) the oldest of
+// positionOf is the applied_through usage's as_of comes from: the
+// partition's (in positions m), or for a customer ingest has not seen (-1) the oldest of
 // the topic's, if every partition has one. As the usage statement does.
-func (w *usageWatch) position(partition int32) pgtype.Timestamptz {
-	m := w.positions.Load()
+func positionOf(m *map[int32]pgtype.Timestamptz, partition int32) pgtype.Timestamptz {
 	if m == nil {
 		return pgtype.Timestamptz{}
 	}
@@ -140,6 +145,31 @@ func (w *usageWatch) position(partition int32) pgtype.Timestamptz {
 		}
 	}
 	return oldest
+}
+
+// setPosition records partition's applied_through.
+func (w *usageWatch) setPosition(partition int32, at time.Time) {
+	w.storePosition(partition, pgtype.Timestamptz{Time: at, Valid: true})
+}
+
+func (w *usageWatch) storePosition(partition int32, p pgtype.Timestamptz) {
+	old := w.positions.Load()
+	if old == nil {
+		return
+	}
+	next := maps.Clone(*old)
+	next[partition] = p
+	w.positions.Store(&next)
+}
+
+func (w *usageWatch) deletePosition(partition int32) {
+	old := w.positions.Load()
+	if old == nil {
+		return
+	}
+	next := maps.Clone(*old)
+	delete(next, partition)
+	w.positions.Store(&next)
 }
 
 // forget drops customer's answers and refuses reads of it in flight.
@@ -207,21 +237,15 @@ func (w *usageWatch) apply(payload string) error {
 		if *c.Topic != w.topic {
 			return nil
 		}
-		old := w.positions.Load()
-		if old == nil {
-			return nil
-		}
-		next := maps.Clone(*old)
 		if c.Deleted {
-			delete(next, c.Partition)
+			w.deletePosition(c.Partition)
 		} else {
 			var p pgtype.Timestamptz
 			if c.AppliedThrough != nil {
 				p = pgtype.Timestamptz{Time: *c.AppliedThrough, Valid: true}
 			}
-			next[c.Partition] = p
+			w.storePosition(c.Partition, p)
 		}
-		w.positions.Store(&next)
 		if d := positionDelay.Load(); d > 0 { // tests: widen the race window
 			time.Sleep(time.Duration(d))
 		}

@@ -2,9 +2,14 @@ package api
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // TestUsageCacheBound: the cache's bytes stay within its bound and are
@@ -74,5 +79,63 @@ func TestTokenTrust(t *testing.T) {
 	a.watch.reset(false, nil)
 	if a.trusted(cachedPrincipal{epoch: up, read: old}) {
 		t.Error("trusted a token past TokenCacheTTL while the listener is down")
+	}
+}
+
+// TestUsageWatchGetAgainstApply drives get against apply: a commit
+// forgets the customer, then moves its partition's position. An answer
+// read before the commit must never go out stamped with the position
+// after it (as_of claims usage the answer does not hold).
+func TestUsageWatchGetAgainstApply(t *testing.T) {
+	w := newUsageWatch("t", time.Minute, 1<<20)
+	base := time.Date(2026, 11, 20, 0, 0, 0, 0, time.UTC)
+	at := func(v int) time.Time { return base.Add(time.Duration(v) * time.Second) }
+	w.reset(true, map[int32]pgtype.Timestamptz{0: {Time: at(0), Valid: true}})
+	key := usageKey{customer: "c", meter: "m"}
+	version := func(v int) usageData {
+		return usageData{asOf: pgtype.Timestamptz{Time: at(v), Valid: true}, items: []meterUsage{{total: strconv.Itoa(v)}}}
+	}
+	w.put(w.ticket("c"), key, version(0), time.Now())
+
+	var stop atomic.Bool
+	var violations, hits atomic.Int64
+	var first atomic.Value
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				d, ok := w.get(key, time.Now())
+				if !ok {
+					continue
+				}
+				hits.Add(1)
+				v, _ := strconv.Atoi(d.items[0].total)
+				if d.asOf.Time.After(at(v)) {
+					violations.Add(1)
+					first.CompareAndSwap(nil, fmt.Sprintf("answer of version %d stamped %s", v, d.asOf.Time.Format(time.RFC3339)))
+				}
+			}
+		}()
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	v := 0
+	for ; time.Now().Before(deadline); v++ {
+		// Commit v+1: its customers, then (deferred to commit) its position.
+		if err := w.apply(`{"customers":["c"]}`); err != nil {
+			t.Fatal(err)
+		}
+		w.setPosition(0, at(v+1))
+		w.put(w.ticket("c"), key, version(v+1), time.Now())
+	}
+	stop.Store(true)
+	wg.Wait()
+	t.Logf("%d commits, %d hits, %d violations", v, hits.Load(), violations.Load())
+	if n := violations.Load(); n > 0 {
+		t.Fatalf("%d stale answers stamped with a newer as_of, e.g. %v", n, first.Load())
+	}
+	if hits.Load() == 0 {
+		t.Fatal("no hits: the race was not exercised")
 	}
 }
