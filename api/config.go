@@ -189,6 +189,7 @@ func New(cfg Config) (*API, error) {
 	}
 	a.watch = newUsageWatch(a.topic, usageTTL, usageBytes)
 	a.watch.forgetToken = a.tokens.del
+	a.watch.forgetTokens = a.tokens.clear
 	m, err := newHTTPMetrics(a.registry)
 	if err != nil {
 		return nil, err

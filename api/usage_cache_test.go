@@ -279,3 +279,70 @@ func TestUsageCacheCoherentUnderWrites(t *testing.T) {
 		t.Fatalf("hits %d misses %d: the race was not exercised", hits, misses)
 	}
 }
+
+// TestForgedNotifications: anyone with a database login can NOTIFY the
+// cache's channel. A forged position must not advance a cached answer's
+// as_of (positions are read from the table, a notification only says that
+// something changed), and a forged answer to that read is ignored.
+func TestForgedNotifications(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	seedAcme(f)
+	f.exec(`INSERT INTO ingest_customers (customer, topic, partition, first_seen) VALUES ('acme', 'tally.meter-batches', 0, now())`)
+	f.exec(`INSERT INTO ingest_partitions (topic, partition, next_offset, applied_through) VALUES ('tally.meter-batches', 0, 10, '2026-11-20T11:59:50Z')`)
+	asOf := func() any {
+		t.Helper()
+		return f.do("GET", "/v1/customers/acme/usage?meter=api_calls", adminToken, nil).json(t)["as_of"]
+	}
+	if got := asOf(); got != "2026-11-20T11:59:50Z" {
+		t.Fatalf("as_of %v", got)
+	}
+	for _, forged := range []string{
+		`{"topic":"tally.meter-batches","partition":0,"applied_through":"2100-01-01T00:00:00Z","deleted":false}`,
+		`{"topic":"tally.meter-batches","partition":0,"applied_through":null,"deleted":true}`,
+		`{"positions_read":"x"}`,
+	} {
+		f.exec(`SELECT pg_notify('tally_api_cache', $1)`, forged)
+		if got := asOf(); got != "2026-11-20T11:59:50Z" {
+			t.Fatalf("after a forged %s: as_of %v, want the table's 2026-11-20T11:59:50Z", forged, got)
+		}
+	}
+	// A real move still advances it.
+	f.exec(`UPDATE ingest_partitions SET applied_through = '2026-11-20T11:59:55Z'`)
+	if got := asOf(); got != "2026-11-20T11:59:55Z" {
+		t.Fatalf("after a real move: as_of %v", got)
+	}
+	if h, _ := f.cacheCounts(); h < 4 {
+		t.Fatalf("%d hits: the cached answer was not exercised", h)
+	}
+}
+
+// TestTruncateForgets: TRUNCATE fires no row or statement trigger of
+// INSERT, UPDATE or DELETE; the cache hears of it all the same. A token
+// removed by TRUNCATE api_tokens stops working, however long
+// TokenCacheTTL is, and usage removed by TRUNCATE is not served.
+func TestTruncateForgets(t *testing.T) {
+	t.Parallel()
+	f := newFixtureWith(t, func(c *api.Config) { c.TokenCacheTTL = time.Hour })
+	seedAcme(f)
+	tok := f.token("acme")
+	if r := f.do("GET", "/v1/customers/acme", tok, nil); r.status != 200 {
+		t.Fatalf("before: %d", r.status)
+	}
+	f.exec(`TRUNCATE api_tokens`)
+	if r := f.do("GET", "/v1/customers/acme", tok, nil); r.status != 401 {
+		t.Fatalf("after TRUNCATE api_tokens: %d, want 401", r.status)
+	}
+	total := func() any {
+		t.Helper()
+		return f.do("GET", "/v1/customers/acme/usage?meter=api_calls", adminToken, nil).json(t)["total"]
+	}
+	if got := total(); got != "18.5" {
+		t.Fatalf("total %v", got)
+	}
+	total()
+	f.exec(`TRUNCATE rollups, rollups_daily`)
+	if got := total(); got != "0" {
+		t.Fatalf("after TRUNCATE rollups: total %v, want 0", got)
+	}
+}

@@ -2,12 +2,12 @@ package api
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/maphash"
-	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,12 +27,15 @@ import (
 //   - An answer read in snapshot S stays cached only while no notification
 //     since its read began named its customer (a read that overlaps one is
 //     not cached: the stamp check in get/put).
-//   - Notifications arrive in commit order, and a transaction's position
-//     last (its trigger is deferred to commit). When the position of the
-//     customer's partition moves to A, every commit up to that one has
-//     been seen, none of those after S touched the customer, so the answer
-//     is the customer's usage as of A: a hit reports as_of A (or the as_of
-//     it was read with, if later), not the older one it was read with.
+//   - Notifications arrive in commit order. A position's move is only a
+//     hint (any database login can NOTIFY the channel): the listener reads
+//     the positions from ingest_partitions and uses them once it has heard
+//     every notification of the commits that read saw (positionRead). When
+//     the position of the customer's partition is A, every commit up to A
+//     has been heard, none of those after S touched the customer, so the
+//     answer is the customer's usage as of A: a hit reports as_of A (or
+//     the as_of it was read with, if later), not the older one it was read
+//     with. get reads the positions before the answer, for the same reason.
 //   - The cache is used only while the listening connection is up and was
 //     set up before the answers were read: it is emptied and every read
 //     in flight refused when the connection is (re)established or lost.
@@ -66,8 +69,9 @@ type usageWatch struct {
 	onSync    func(string) // tests: a {"sync": ...} notification arrived
 	// tokenStamp counts revocations heard; forgetToken drops one from
 	// the token cache (see authenticate).
-	tokenStamp  atomic.Uint64
-	forgetToken func(hash [32]byte)
+	tokenStamp   atomic.Uint64
+	forgetToken  func(hash [32]byte)
+	forgetTokens func() // drops every token (a TRUNCATE)
 }
 
 func newUsageWatch(topic string, ttl time.Duration, maxBytes int) *usageWatch {
@@ -147,29 +151,11 @@ func positionOf(m *map[int32]pgtype.Timestamptz, partition int32) pgtype.Timesta
 	return oldest
 }
 
-// setPosition records partition's applied_through.
-func (w *usageWatch) setPosition(partition int32, at time.Time) {
-	w.storePosition(partition, pgtype.Timestamptz{Time: at, Valid: true})
-}
-
-func (w *usageWatch) storePosition(partition int32, p pgtype.Timestamptz) {
-	old := w.positions.Load()
-	if old == nil {
-		return
-	}
-	next := maps.Clone(*old)
-	next[partition] = p
-	w.positions.Store(&next)
-}
-
-func (w *usageWatch) deletePosition(partition int32) {
-	old := w.positions.Load()
-	if old == nil {
-		return
-	}
-	next := maps.Clone(*old)
-	delete(next, partition)
-	w.positions.Store(&next)
+// publish makes positions (read from ingest_partitions) the ones hits
+// are stamped with. Only after every notification committed before they
+// were read has been handled (see positionRead).
+func (w *usageWatch) publish(positions map[int32]pgtype.Timestamptz) {
+	w.positions.Store(&positions)
 }
 
 // forget drops customer's answers and refuses reads of it in flight.
@@ -202,27 +188,32 @@ func (w *usageWatch) forgetAll() {
 	w.cache.clear()
 }
 
-// change is a tally_api_cache payload (migration 00007).
+// change is a tally_api_cache payload (migrations 00007 and 00014). Any
+// database login can NOTIFY the channel, so a payload is only ever taken
+// as "this changed": it can make the API forget, never believe. A
+// position's value in particular is read from ingest_partitions, not
+// from the payload.
 type change struct {
-	Tokens         []string   `json:"tokens"`
-	Customers      []string   `json:"customers"`
-	Topic          *string    `json:"topic"`
-	Partition      int32      `json:"partition"`
-	AppliedThrough *time.Time `json:"applied_through"`
-	Deleted        bool       `json:"deleted"`
-	Sync           string     `json:"sync"`
+	Tokens    []string `json:"tokens"`
+	Customers []string `json:"customers"`
+	Topic     *string  `json:"topic"` // a position of this topic moved
+	Truncated string   `json:"truncated"`
+	// PositionsRead marks the end of a read of the positions by this
+	// listener (see positionRead); Sync is a test's barrier.
+	PositionsRead string `json:"positions_read"`
+	Sync          string `json:"sync"`
 }
 
-// apply handles one notification.
-func (w *usageWatch) apply(payload string) error {
+// apply forgets what one notification says changed, and returns it.
+func (w *usageWatch) apply(payload string) (change, error) {
 	var c change
 	if err := json.Unmarshal([]byte(payload), &c); err != nil {
-		return fmt.Errorf("payload %.100q: %w", payload, err)
+		return change{}, fmt.Errorf("payload %.100q: %w", payload, err)
 	}
 	for _, t := range c.Tokens {
 		var h [32]byte
 		if n, err := hex.Decode(h[:], []byte(t)); err != nil || n != len(h) {
-			return fmt.Errorf("payload %.100q: token hash %.80q", payload, t)
+			return change{}, fmt.Errorf("payload %.100q: token hash %.80q", payload, t)
 		}
 		w.tokenStamp.Add(1)
 		if w.forgetToken != nil {
@@ -232,31 +223,34 @@ func (w *usageWatch) apply(payload string) error {
 	for _, customer := range c.Customers {
 		w.forget(customer)
 	}
-	switch {
-	case c.Topic != nil:
-		if *c.Topic != w.topic {
-			return nil
+	if c.Truncated != "" {
+		// Every token and every answer may be gone.
+		w.tokenStamp.Add(1)
+		if w.forgetTokens != nil {
+			w.forgetTokens()
 		}
-		if c.Deleted {
-			w.deletePosition(c.Partition)
-		} else {
-			var p pgtype.Timestamptz
-			if c.AppliedThrough != nil {
-				p = pgtype.Timestamptz{Time: *c.AppliedThrough, Valid: true}
-			}
-			w.storePosition(c.Partition, p)
-		}
-		if d := positionDelay.Load(); d > 0 { // tests: widen the race window
-			time.Sleep(time.Duration(d))
-		}
-	case c.Sync != "":
-		if w.onSync != nil {
-			w.onSync(c.Sync)
-		}
-	case c.Customers == nil && c.Tokens == nil:
-		return fmt.Errorf("payload %.100q: neither tokens, customers, a position nor a sync", payload)
+		w.forgetAll()
 	}
-	return nil
+	if c.Customers == nil && c.Tokens == nil && c.Topic == nil && c.Truncated == "" && c.PositionsRead == "" && c.Sync == "" {
+		return change{}, fmt.Errorf("payload %.100q: neither tokens, customers, a position, a truncation nor a sync", payload)
+	}
+	return c, nil
+}
+
+// positionRead is the listener's read of the positions. A notification
+// says a position moved; the listener then reads every position of its
+// topic from ingest_partitions (snapshot S) and, after the read, notifies
+// the channel itself with a random marker. Every commit visible in S put
+// its notifications in Postgres's queue before it became visible, so
+// before the marker: when the listener hears its marker, it has forgotten
+// everything those commits changed, and the positions read in S may
+// stamp cached answers. One read is in flight at a time; moves heard
+// meanwhile are covered by one more read after it.
+type positionRead struct {
+	marker    string // of the read in flight; "" when none
+	positions map[int32]pgtype.Timestamptz
+	again     bool     // a position moved after the read in flight began
+	syncs     []string // test barriers heard while a read was in flight
 }
 
 // Run keeps the usage cache coherent with Postgres (see usageWatch) until
@@ -321,6 +315,23 @@ func (a *API) watchUsage(ctx context.Context) error {
 	a.watch.reset(true, positions)
 	a.metrics.usageWatchUp.Set(1)
 	a.log.Info("usage cache on: listening for changes", "channel", usageChannel)
+	var pr positionRead
+	readPositions := func() error {
+		rows, err := conn.Query(ctx, qWatchPositions, a.watch.topic)
+		if err != nil {
+			return err
+		}
+		pr.positions = map[int32]pgtype.Timestamptz{}
+		if _, err := pgx.ForEachRow(rows, []any{&part, &at}, func() error {
+			pr.positions[part] = at
+			return nil
+		}); err != nil {
+			return err
+		}
+		pr.marker, pr.again = rand.Text(), false
+		_, err = conn.Exec(ctx, qNotify, usageChannel, `{"positions_read":"`+pr.marker+`"}`)
+		return err
+	}
 	for {
 		// A connection that died silently would never say so: after a
 		// quiet spell, a round trip proves it is alive.
@@ -339,14 +350,59 @@ func (a *API) watchUsage(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if err := a.watch.apply(n.Payload); err != nil {
+		c, err := a.watch.apply(n.Payload)
+		if err != nil {
 			// Not understood: forget everything rather than guess.
 			a.log.Error("usage cache: unexpected notification; emptied the cache", "err", err)
 			if pos := a.watch.positions.Load(); pos != nil {
 				a.watch.reset(true, *pos)
 			}
 			a.tokens.clear()
+			continue
 		}
+		switch {
+		case c.PositionsRead != "":
+			// Only this connection's own marker (another login could
+			// send one) of the read in flight.
+			if n.PID != conn.PgConn().PID() || c.PositionsRead != pr.marker {
+				continue
+			}
+			a.watch.publish(pr.positions)
+			pr.marker, pr.positions = "", nil
+			if d := positionDelay.Load(); d > 0 { // tests: widen the race window
+				time.Sleep(time.Duration(d))
+			}
+			for _, s := range pr.syncs {
+				a.watch.synced(s)
+			}
+			pr.syncs = nil
+			if pr.again {
+				if err := readPositions(); err != nil {
+					return err
+				}
+			}
+		case (c.Topic != nil && *c.Topic == a.watch.topic) || c.Truncated != "":
+			if pr.marker != "" {
+				pr.again = true
+				continue
+			}
+			if err := readPositions(); err != nil {
+				return err
+			}
+		case c.Sync != "":
+			if pr.marker != "" { // answered once the positions are in
+				pr.syncs = append(pr.syncs, c.Sync)
+				continue
+			}
+			a.watch.synced(c.Sync)
+		}
+	}
+}
+
+// synced tells a test that a {"sync": s} notification was handled.
+func (w *usageWatch) synced(s string) {
+	if w.onSync != nil {
+		w.onSync(s)
 	}
 }
 

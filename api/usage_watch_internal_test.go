@@ -123,10 +123,10 @@ func TestUsageWatchGetAgainstApply(t *testing.T) {
 	v := 0
 	for ; time.Now().Before(deadline); v++ {
 		// Commit v+1: its customers, then (deferred to commit) its position.
-		if err := w.apply(`{"customers":["c"]}`); err != nil {
+		if _, err := w.apply(`{"customers":["c"]}`); err != nil {
 			t.Fatal(err)
 		}
-		w.setPosition(0, at(v+1))
+		w.publish(map[int32]pgtype.Timestamptz{0: {Time: at(v + 1), Valid: true}})
 		w.put(w.ticket("c"), key, version(v+1), time.Now())
 	}
 	stop.Store(true)

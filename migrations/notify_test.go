@@ -40,6 +40,7 @@ func TestUsageNotifications(t *testing.T) {
 		Partition      int32      `json:"partition"`
 		AppliedThrough *time.Time `json:"applied_through"`
 		Deleted        bool       `json:"deleted"`
+		Truncated      string     `json:"truncated"`
 	}
 	// expect runs sql and returns the notifications it caused.
 	expect := func(sql string, want int) []payload {
@@ -135,6 +136,13 @@ func TestUsageNotifications(t *testing.T) {
 	for _, sql := range []string{`UPDATE api_tokens SET revoked_at = now()`, `DELETE FROM api_tokens`} {
 		if p := expect(sql, 1)[0]; !slices.Equal(p.Tokens, []string{hash}) {
 			t.Fatalf("%s: tokens %v", sql, p.Tokens)
+		}
+	}
+	// TRUNCATE fires no row trigger: each table names itself (migration
+	// 00014).
+	for _, table := range []string{"api_tokens", "rollups", "rollups_daily", "period_closes", "ingest_customers", "ingest_partitions"} {
+		if p := expect(`TRUNCATE `+table, 1)[0]; p.Truncated != table {
+			t.Fatalf("TRUNCATE %s: %+v", table, p)
 		}
 	}
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
