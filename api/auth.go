@@ -136,12 +136,14 @@ type cachedPrincipal struct {
 // trusted reports whether a cached token may be used without asking
 // Postgres: within TokenCacheTTL of its read, or for longer while every
 // revocation since its read has been heard (the listener has been up
-// throughout, so its epoch has not changed).
+// throughout, so its epoch has not changed) and the listener is live (it
+// heard a probe sent within its lease: a listener that died silently is
+// not trusted for longer).
 func (a *API) trusted(c cachedPrincipal) bool {
 	if a.tokenTTL > 0 && time.Since(c.read) < a.tokenTTL {
 		return true
 	}
-	return c.epoch%2 == 0 && a.watch.epoch.Load() == c.epoch
+	return c.epoch%2 == 0 && a.watch.epoch.Load() == c.epoch && a.watch.live()
 }
 
 // DBTX is what the token functions need: a pool, a connection or a transaction.

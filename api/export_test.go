@@ -28,3 +28,15 @@ func init() { usageWatchPing = 100 * time.Millisecond }
 // applies (0: no pause), widening the window in which a position heard
 // before its transaction's customers would show.
 func SlowPositions(d time.Duration) { positionDelay.Store(int64(d)) }
+
+// ListenerTimings sets how often a's watchdog probes its change listener,
+// how long the listener is trusted after the newest probe it heard was
+// sent, and how far behind it may fall before its connection is closed.
+// Call it before Run.
+func ListenerTimings(a *API, probeEvery, lease, behind time.Duration) {
+	a.watch.probeEvery, a.watch.lease, a.watch.behindLimit = probeEvery, lease, behind
+}
+
+// HoldListener has a's change listener call f before it handles each
+// notification (f blocking: a listener that hangs). Call it before Run.
+func HoldListener(a *API, f func()) { a.watch.hold = f }

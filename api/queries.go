@@ -75,6 +75,11 @@ FROM h LEFT JOIN LATERAL (`
 	// The listener's marker after a read of the positions.
 	qNotify = `SELECT pg_notify($1, $2)`
 
+	// The watchdog's probe, and how full Postgres's notification queue is.
+	qProbe = `SELECT pg_notification_queue_usage() FROM (SELECT pg_notify($1, $2)) probe`
+
+	qNotifyQueueUsage = `SELECT pg_notification_queue_usage()`
+
 	qCustomerExists = `SELECT EXISTS (SELECT 1 FROM customers WHERE id = $1)`
 )
 

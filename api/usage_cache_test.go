@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -344,5 +345,136 @@ func TestTruncateForgets(t *testing.T) {
 	f.exec(`TRUNCATE rollups, rollups_daily`)
 	if got := total(); got != "0" {
 		t.Fatalf("after TRUNCATE rollups: total %v, want 0", got)
+	}
+}
+
+// metric reads one sample of /metrics.
+func (f *fixture) metric(name string) float64 {
+	f.t.Helper()
+	m := f.do("GET", "/metrics", adminToken, nil)
+	for _, line := range strings.Split(string(m.body), "\n") {
+		if rest, ok := strings.CutPrefix(line, name+" "); ok {
+			var v float64
+			fmt.Sscan(rest, &v)
+			return v
+		}
+	}
+	f.t.Fatalf("no metric %s", name)
+	return 0
+}
+
+// TestStuckListener: the API's change listener hangs while connected (a
+// bug: it stops reading notifications). Postgres would keep every
+// notification for it until the queue is full and every notifying commit
+// — ingest's — fails. The API notices that the listener is behind: within
+// its lease it stops trusting it (no cached answer, no token trusted past
+// TokenCacheTTL), and past its limit it closes the listener's connection,
+// so Postgres forgets it. Once the listener runs again, it reconnects.
+func TestStuckListener(t *testing.T) {
+	t.Parallel()
+	var stuck atomic.Bool
+	f := newFixtureAPI(t, func(c *api.Config) { c.TokenCacheTTL = time.Nanosecond }, func(a *api.API) {
+		api.ListenerTimings(a, 50*time.Millisecond, time.Second, 3*time.Second)
+		api.HoldListener(a, func() {
+			for stuck.Load() {
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	})
+	t.Cleanup(func() { stuck.Store(false) }) // before the fixture stops Run
+	ctx := context.Background()
+	seedAcme(f)
+	tok := f.token("acme")
+	total := func() any {
+		t.Helper()
+		return f.do("GET", "/v1/customers/acme/usage?meter=api_calls", tok, nil).json(t)["total"]
+	}
+	if total() != "18.5" || total() != "18.5" {
+		t.Fatal("usage")
+	}
+	if h, _ := f.cacheCounts(); h == 0 {
+		t.Fatal("no hit before the listener hangs")
+	}
+	listeners := func() int {
+		var n int
+		if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'tally-api-usage-watch' AND datname = current_database()`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := listeners(); n != 1 {
+		t.Fatalf("%d listening connections", n)
+	}
+
+	stuck.Store(true)
+	hung := time.Now()
+	// Behind the API's back, unheard: usage booked and the token revoked.
+	rec := ledger.Record{OperationID: uuid.Must(uuid.NewV7()),
+		Stream: ledger.StreamKey{Producer: "test", Epoch: 1, Customer: "acme", Meter: "api_calls"},
+		Seq:    100, Total: amount.MustParse("1000"), OccurredAt: date("2026-11-20T11:00:00Z")}
+	if err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+		_, err := f.ledger.Apply(ctx, tx, []ledger.Record{rec})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var stale int
+	var fresh any
+	for {
+		fresh = f.do("GET", "/v1/customers/acme/usage?meter=api_calls", adminToken, nil).json(t)["total"]
+		if fresh != "18.5" {
+			break
+		}
+		stale++
+		if time.Since(hung) > 30*time.Second {
+			t.Fatal("the cached answer was served 30s after the listener hung")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("the new usage was read %s after the listener hung (%d stale answers before; lease 1s)", time.Since(hung).Round(time.Millisecond), stale)
+	toks, _ := api.ListTokens(ctx, f.pool, "acme")
+	if _, err := api.RevokeToken(ctx, f.pool, toks[0].ID, f.clock()); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.do("GET", "/v1/customers/acme", tok, nil); r.status != 401 {
+		t.Fatalf("a revoked token while the listener hangs: %d, want 401", r.status)
+	}
+
+	// Past the limit, the listener's connection is closed.
+	for listeners() != 0 {
+		if time.Since(hung) > 60*time.Second {
+			t.Fatal("the hung listener's connection was still open after 60s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("the hung listener's connection was closed %s after it hung (limit 3s)", time.Since(hung).Round(time.Millisecond))
+	if api.UsageWatchUp(f.h) {
+		t.Fatal("the cache is up with its listener dropped")
+	}
+	if got := f.metric("tally_api_usage_watch_dropped_total"); got != 1 {
+		t.Fatalf("dropped_total %v", got)
+	}
+	if !strings.Contains(f.logs.String(), "the change listener is behind") {
+		t.Fatalf("no log line:\n%s", f.logs.String())
+	}
+
+	// Running again: it reconnects, and the cache serves again.
+	stuck.Store(false)
+	for deadline := time.Now().Add(30 * time.Second); !api.UsageWatchUp(f.h); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the listener did not come back")
+		}
+	}
+	f.sync()
+	h0, _ := f.cacheCounts()
+	f.do("GET", "/v1/customers/acme/usage?meter=api_calls", adminToken, nil)
+	if got := f.do("GET", "/v1/customers/acme/usage?meter=api_calls", adminToken, nil).json(t)["total"]; got != fresh {
+		t.Fatalf("total %v after the listener came back", got)
+	}
+	if h, _ := f.cacheCounts(); h <= h0 {
+		t.Fatal("no hit after the listener came back")
+	}
+	if got := f.metric("tally_postgres_notify_queue_usage"); got < 0 || got > 1 {
+		t.Fatalf("queue usage %v", got)
 	}
 }

@@ -72,11 +72,14 @@ type usageWatch struct {
 	tokenStamp   atomic.Uint64
 	forgetToken  func(hash [32]byte)
 	forgetTokens func() // drops every token (a TRUNCATE)
+	resetMu      sync.Mutex
+	liveness
 }
 
 func newUsageWatch(topic string, ttl time.Duration, maxBytes int) *usageWatch {
 	w := &usageWatch{topic: topic, seed: maphash.MakeSeed()}
 	w.cache = usageCache{ttl: ttl, maxBytes: maxBytes, m: map[string][]usageEntry{}}
+	w.liveness = liveness{probeEvery: defaultProbeEvery, lease: defaultLease, behindLimit: defaultBehindLimit, probes: map[string]probe{}}
 	w.epoch.Store(1) // down until Run has connected
 	return w
 }
@@ -96,13 +99,13 @@ func (w *usageWatch) ticket(customer string) usageTicket {
 // good reports whether nothing was forgotten of customer since t, and the
 // listener was up all along.
 func (w *usageWatch) good(t usageTicket, customer string) bool {
-	return t.epoch%2 == 0 && w.epoch.Load() == t.epoch && w.gen.Load() == t.gen && w.bucket(customer).Load() == t.stamp
+	return t.epoch%2 == 0 && w.live() && w.epoch.Load() == t.epoch && w.gen.Load() == t.gen && w.bucket(customer).Load() == t.stamp
 }
 
 // get returns a cached answer, its as_of advanced to what the
 // notifications have shown since it was read.
 func (w *usageWatch) get(key usageKey, now time.Time) (usageData, bool) {
-	if w.cache.ttl <= 0 || w.epoch.Load()%2 == 1 {
+	if w.cache.ttl <= 0 || !w.up() || !w.live() {
 		return usageData{}, false
 	}
 	// The positions first, then the answer: a position is published only
@@ -167,20 +170,27 @@ func (w *usageWatch) forget(customer string) {
 // reset drops every answer; up tells whether the cache may be used from
 // now on (the listener is connected and has loaded the positions).
 func (w *usageWatch) reset(up bool, positions map[int32]pgtype.Timestamptz) {
+	w.resetMu.Lock()
+	defer w.resetMu.Unlock()
 	if up {
 		w.positions.Store(&positions)
+		w.heardAt(time.Now())
 	}
-	e := w.epoch.Load() // only Run changes it: even while up, odd while down
+	e := w.epoch.Load() // even while up, odd while down
 	next := e + 1
 	if (next%2 == 0) != up {
 		next++
 	}
 	w.epoch.Store(next)
 	w.cache.clear()
+	w.forgetProbes()
 	if !up {
 		w.positions.Store(nil)
 	}
 }
+
+// up reports whether the listener is connected and has read the positions.
+func (w *usageWatch) up() bool { return w.epoch.Load()%2 == 0 }
 
 // forgetAll drops every answer and refuses every read in flight.
 func (w *usageWatch) forgetAll() {
@@ -202,6 +212,7 @@ type change struct {
 	// listener (see positionRead); Sync is a test's barrier.
 	PositionsRead string `json:"positions_read"`
 	Sync          string `json:"sync"`
+	Probe         string `json:"probe"` // the watchdog's (usage_watchdog.go)
 }
 
 // apply forgets what one notification says changed, and returns it.
@@ -231,7 +242,7 @@ func (w *usageWatch) apply(payload string) (change, error) {
 		}
 		w.forgetAll()
 	}
-	if c.Customers == nil && c.Tokens == nil && c.Topic == nil && c.Truncated == "" && c.PositionsRead == "" && c.Sync == "" {
+	if c.Customers == nil && c.Tokens == nil && c.Topic == nil && c.Truncated == "" && c.PositionsRead == "" && c.Sync == "" && c.Probe == "" {
 		return change{}, fmt.Errorf("payload %.100q: neither tokens, customers, a position, a truncation nor a sync", payload)
 	}
 	return c, nil
@@ -257,6 +268,16 @@ type positionRead struct {
 // ctx ends: it listens on a connection of its own, and reconnects after a
 // failure. Without Run the API reads every usage answer from Postgres.
 func (a *API) Run(ctx context.Context) error {
+	wctx, stop := context.WithCancel(ctx)
+	dog := make(chan struct{})
+	go func() {
+		defer close(dog)
+		a.watchdog(wctx)
+	}()
+	defer func() {
+		stop()
+		<-dog
+	}()
 	backoff := 100 * time.Millisecond
 	for {
 		start := time.Now()
@@ -294,6 +315,9 @@ func (a *API) watchUsage(ctx context.Context) error {
 		return err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	nc := conn.PgConn().Conn()
+	a.watch.conn.Store(&nc)
+	defer a.watch.conn.Store(nil)
 	if _, err := conn.Exec(ctx, "LISTEN "+usageChannel); err != nil {
 		return err
 	}
@@ -350,17 +374,21 @@ func (a *API) watchUsage(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		if a.watch.hold != nil {
+			a.watch.hold()
+		}
 		c, err := a.watch.apply(n.Payload)
 		if err != nil {
 			// Not understood: forget everything rather than guess.
 			a.log.Error("usage cache: unexpected notification; emptied the cache", "err", err)
-			if pos := a.watch.positions.Load(); pos != nil {
-				a.watch.reset(true, *pos)
-			}
+			a.watch.tokenStamp.Add(1)
 			a.tokens.clear()
+			a.watch.forgetAll()
 			continue
 		}
 		switch {
+		case c.Probe != "":
+			a.watch.heard(c.Probe)
 		case c.PositionsRead != "":
 			// Only this connection's own marker (another login could
 			// send one) of the read in flight.

@@ -76,6 +76,33 @@ func TestTokenTrust(t *testing.T) {
 			t.Errorf("epoch %d (now %d), read %s ago: trusted %v, want %v", tt.c.epoch, up, time.Since(tt.c.read).Round(time.Second), got, tt.want)
 		}
 	}
+	// A listener that has heard no probe sent within its lease (it hangs,
+	// or its connection died silently) is not trusted past TokenCacheTTL,
+	// and its cache is not used.
+	key := usageKey{customer: "c"}
+	a.watch.put(a.watch.ticket("c"), key, usageData{}, time.Now())
+	if _, ok := a.watch.get(key, time.Now()); !ok {
+		t.Fatal("no hit while live")
+	}
+	a.watch.alive.Store(time.Now().Add(-a.watch.lease).UnixNano())
+	if a.trusted(cachedPrincipal{epoch: up, read: old}) {
+		t.Error("trusted a token past TokenCacheTTL while the listener is not live")
+	}
+	if !a.trusted(cachedPrincipal{epoch: up, read: time.Now()}) {
+		t.Error("a token within TokenCacheTTL was not trusted")
+	}
+	if _, ok := a.watch.get(key, time.Now()); ok {
+		t.Error("a cached answer was served while the listener is not live")
+	}
+	a.watch.heard("forged") // a probe this process did not send proves nothing
+	if a.watch.live() {
+		t.Error("a forged probe made the listener live")
+	}
+	a.watch.sending("p", time.Now())
+	a.watch.heard("p")
+	if !a.trusted(cachedPrincipal{epoch: up, read: old}) {
+		t.Error("not trusted once a probe was heard")
+	}
 	a.watch.reset(false, nil)
 	if a.trusted(cachedPrincipal{epoch: up, read: old}) {
 		t.Error("trusted a token past TokenCacheTTL while the listener is down")
