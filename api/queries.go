@@ -75,8 +75,12 @@ FROM h LEFT JOIN LATERAL (`
 	// The listener's marker after a read of the positions.
 	qNotify = `SELECT pg_notify($1, $2)`
 
-	// The watchdog's probe, and how full Postgres's notification queue is.
-	qProbe = `SELECT pg_notification_queue_usage() FROM (SELECT pg_notify($1, $2)) probe`
+	// The watchdog's probe, how full Postgres's notification queue is, and
+	// how full it may be before the triggers stop notifying (migration
+	// 00014).
+	qProbe = `SELECT pg_notification_queue_usage(),
+       coalesce(nullif(current_setting('tally.notify_queue_limit', true), '')::float8, 0.5)
+FROM (SELECT pg_notify($1, $2)) probe`
 
 	qNotifyQueueUsage = `SELECT pg_notification_queue_usage()`
 

@@ -478,3 +478,59 @@ func TestStuckListener(t *testing.T) {
 		t.Fatalf("queue usage %v", got)
 	}
 }
+
+// TestNotifyQueueFilling: past tally.notify_queue_limit the triggers stop
+// notifying (so that a full queue never fails ingest's commits); the API
+// stops using its caches from half that limit on, and uses them again only
+// after the queue has drained, emptied first.
+func TestNotifyQueueFilling(t *testing.T) {
+	t.Parallel()
+	f := newFixtureAPI(t, nil, func(a *api.API) {
+		api.ListenerTimings(a, 50*time.Millisecond, 500*time.Millisecond, time.Minute)
+	})
+	ctx := context.Background()
+	seedAcme(f)
+	hits := func() int { h, _ := f.cacheCounts(); return h }
+	get := func() { f.do("GET", "/v1/customers/acme/usage?meter=api_calls", adminToken, nil) }
+	get()
+	get()
+	if hits() != 1 {
+		t.Fatal("no hit")
+	}
+	setLimit := func(sql string) {
+		t.Helper()
+		var db string
+		if err := f.pool.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.pool.Exec(ctx, fmt.Sprintf(sql, pgx.Identifier{db}.Sanitize())); err != nil {
+			t.Fatal(err)
+		}
+		f.pool.Reset() // sessions read the setting when they start
+	}
+	// A limit of 0: the queue is "full" at any usage.
+	setLimit(`ALTER DATABASE %s SET tally.notify_queue_limit = 0`)
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(f.logs.String(), "notification queue is filling"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the API did not notice the queue filling")
+		}
+	}
+	h := hits()
+	get()
+	get()
+	if hits() != h {
+		t.Fatal("a cached answer was served while notifications may be skipped")
+	}
+	// Drained: after a lease, the cache is used again.
+	setLimit(`ALTER DATABASE %s RESET tally.notify_queue_limit`)
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(f.logs.String(), "notification queue has drained"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the API did not notice the queue drained")
+		}
+	}
+	get()
+	get()
+	if hits() != h+1 {
+		t.Fatalf("hits %d, want %d once the queue drained", hits(), h+1)
+	}
+}

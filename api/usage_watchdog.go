@@ -29,6 +29,11 @@ import (
 //     reconnected.
 //   - pg_notification_queue_usage() is read with each probe: the metric
 //     tally_postgres_notify_queue_usage and GET /v1/ingest/status show it.
+//     The triggers stop notifying once the queue is as full as
+//     tally.notify_queue_limit (migration 00014: 0.5 unless set), so that
+//     ingest's commits never fail for it. The caches need every
+//     notification: from half that limit on, they are not used, and when
+//     the queue is below it again they are emptied before they are used.
 //
 // Probes are random and remembered until heard, so a probe forged by
 // another database login proves nothing.
@@ -49,6 +54,7 @@ type liveness struct {
 	probes     map[string]probe // sent, not yet heard
 	conn       atomic.Pointer[net.Conn]
 	queueUsage atomic.Uint64 // float64 bits: pg_notification_queue_usage()
+	queueHigh  atomic.Bool   // at least half of tally.notify_queue_limit
 	// hold, if set, is called before each notification is handled
 	// (tests: a listener that hangs).
 	hold func()
@@ -60,9 +66,10 @@ type probe struct {
 	committed bool
 }
 
-// live reports whether the listener has heard a probe sent within lease.
+// live reports whether the listener has heard a probe sent within lease,
+// and notifications are not being skipped.
 func (l *liveness) live() bool {
-	return time.Since(time.Unix(0, l.alive.Load())) < l.lease
+	return !l.queueHigh.Load() && time.Since(time.Unix(0, l.alive.Load())) < l.lease
 }
 
 // heardAt marks the listener as having read everything committed by t.
@@ -158,6 +165,7 @@ func (a *API) watchdog(ctx context.Context) {
 	w := a.watch
 	t := time.NewTicker(w.probeEvery)
 	defer t.Stop()
+	var lowSince time.Time // the queue below the limit again, since
 	for {
 		select {
 		case <-ctx.Done():
@@ -178,8 +186,8 @@ func (a *API) watchdog(ctx context.Context) {
 			w.sending(id, time.Now())
 		}
 		pctx, cancel := context.WithTimeout(ctx, w.probeEvery+time.Second)
-		var usage float64
-		err := a.pool.QueryRow(pctx, qProbe, usageChannel, `{"probe":"`+id+`"}`).Scan(&usage)
+		var usage, limit float64
+		err := a.pool.QueryRow(pctx, qProbe, usageChannel, `{"probe":"`+id+`"}`).Scan(&usage, &limit)
 		cancel()
 		if up {
 			w.committed(id, err == nil)
@@ -192,5 +200,27 @@ func (a *API) watchdog(ctx context.Context) {
 		}
 		w.queueUsage.Store(math.Float64bits(usage))
 		a.metrics.notifyQueueUsage.Set(usage)
+		high := usage >= limit/2
+		switch {
+		case high:
+			lowSince = time.Time{}
+			if !w.queueHigh.Load() {
+				w.queueHigh.Store(true)
+				a.log.Error("usage cache off: Postgres's notification queue is filling (a listening connection is not reading: look for LISTEN sessions idle in a transaction in pg_stat_activity); past tally.notify_queue_limit ingest stops notifying",
+					"queue_usage", usage, "limit", limit)
+			}
+		case w.queueHigh.Load() && lowSince.IsZero():
+			lowSince = time.Now()
+		case w.queueHigh.Load() && time.Since(lowSince) >= w.lease:
+			// Drained a while ago (a transaction that skipped its
+			// notifications has committed by now): nothing cached is
+			// known to be true.
+			w.tokenStamp.Add(1)
+			a.tokens.clear()
+			w.forgetAll()
+			w.queueHigh.Store(false)
+			lowSince = time.Time{}
+			a.log.Info("usage cache on: Postgres's notification queue has drained", "queue_usage", usage)
+		}
 	}
 }
