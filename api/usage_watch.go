@@ -39,6 +39,9 @@ import (
 //   - The cache is used only while the listening connection is up and was
 //     set up before the answers were read: it is emptied and every read
 //     in flight refused when the connection is (re)established or lost.
+//     And only while the listener is live: it heard a probe sent within
+//     its lease, and Postgres's notification queue is not filling
+//     (usage_watchdog.go).
 //
 // Writes through this process (adjustments, closes, calendar changes,
 // replays) also forget at once, so a client reads its own writes.
