@@ -97,6 +97,7 @@ func newFixtureAPI(t *testing.T, configure func(*api.Config), prepare func(*api.
 		}
 	})
 	f.h = h
+	api.PingEvery(h, 100*time.Millisecond)
 	if prepare != nil {
 		prepare(h)
 	}

@@ -134,9 +134,7 @@ func TestUsageCache(t *testing.T) {
 // must equal the database.
 func TestUsageCacheCoherentUnderWrites(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
-	api.SlowPositions(time.Millisecond)
-	t.Cleanup(func() { api.SlowPositions(0) })
+	f := newFixtureAPI(t, nil, func(a *api.API) { api.SlowPositions(a, time.Millisecond) })
 	ctx := context.Background()
 	const customers = 12
 	name := func(i int) string { return fmt.Sprintf("c%02d", i) }

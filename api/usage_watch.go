@@ -49,10 +49,6 @@ import (
 // in bytes: when full, customers chosen at random are dropped until half
 // of it is free.
 
-// positionDelay is a pause after each position is applied, set by tests
-// to make a mis-ordered notification visible.
-var positionDelay atomic.Int64
-
 // usageStampBuckets spreads customers over invalidation counters: a read
 // is refused when its customer's bucket moved during the read. More
 // buckets, fewer refusals caused by other customers.
@@ -70,6 +66,12 @@ type usageWatch struct {
 	positions atomic.Pointer[map[int32]pgtype.Timestamptz] // partition → applied_through, of topic
 	cache     usageCache
 	onSync    func(string) // tests: a {"sync": ...} notification arrived
+	// positionDelay is a pause after each read of the positions is used
+	// (tests: makes a mis-ordered notification visible).
+	positionDelay time.Duration
+	// pingEvery is how long the listener waits quietly before it checks
+	// that its connection is alive.
+	pingEvery time.Duration
 	// tokenStamp counts revocations heard; forgetToken drops one from
 	// the token cache (see authenticate).
 	tokenStamp   atomic.Uint64
@@ -82,6 +84,7 @@ type usageWatch struct {
 func newUsageWatch(topic string, ttl time.Duration, maxBytes int) *usageWatch {
 	w := &usageWatch{topic: topic, seed: maphash.MakeSeed()}
 	w.cache = usageCache{ttl: ttl, maxBytes: maxBytes, m: map[string][]usageEntry{}}
+	w.pingEvery = 15 * time.Second
 	w.liveness = liveness{probeEvery: defaultProbeEvery, lease: defaultLease, behindLimit: defaultBehindLimit, probes: map[string]probe{}}
 	w.epoch.Store(1) // down until Run has connected
 	return w
@@ -303,10 +306,6 @@ func (a *API) Run(ctx context.Context) error {
 	}
 }
 
-// usageWatchPing is how long the listener waits quietly before it checks
-// that its connection is alive.
-var usageWatchPing = 15 * time.Second
-
 // usageChannel is the channel migration 00007's triggers notify.
 const usageChannel = "tally_api_cache"
 
@@ -362,7 +361,7 @@ func (a *API) watchUsage(ctx context.Context) error {
 	for {
 		// A connection that died silently would never say so: after a
 		// quiet spell, a round trip proves it is alive.
-		wctx, cancel := context.WithTimeout(ctx, usageWatchPing)
+		wctx, cancel := context.WithTimeout(ctx, a.watch.pingEvery)
 		n, err := conn.WaitForNotification(wctx)
 		cancel()
 		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed() {
@@ -400,8 +399,8 @@ func (a *API) watchUsage(ctx context.Context) error {
 			}
 			a.watch.publish(pr.positions)
 			pr.marker, pr.positions = "", nil
-			if d := positionDelay.Load(); d > 0 { // tests: widen the race window
-				time.Sleep(time.Duration(d))
+			if d := a.watch.positionDelay; d > 0 { // tests: widen the race window
+				time.Sleep(d)
 			}
 			for _, s := range pr.syncs {
 				a.watch.synced(s)
