@@ -95,7 +95,7 @@ func (a *API) authenticate(next http.Handler) http.Handler {
 				p = cached.p
 				break
 			}
-			epoch, stamp := a.watch.epoch.Load(), a.watch.tokenStamp.Load()
+			epoch, stamp := a.watch.l.Epoch(), a.tokenWatch.stamp.Load()
 			read := time.Now()
 			var id pgtype.UUID // not uuid.UUID: pgx would go through its text form
 			err := a.pool.QueryRow(r.Context(), qTokenByHash, h[:]).Scan(&id, &p.customer)
@@ -111,7 +111,7 @@ func (a *API) authenticate(next http.Handler) http.Handler {
 			// Only valid tokens, and only if no revocation was heard while
 			// this one was read (it might have been this one).
 			a.tokens.putIf(h, cachedPrincipal{p: p, epoch: epoch, read: read}, func() bool {
-				return a.watch.tokenStamp.Load() == stamp
+				return a.tokenWatch.stamp.Load() == stamp
 			})
 		default:
 			a.writeError(w, r, unauthorized("the token is unknown or revoked"))
@@ -143,7 +143,7 @@ func (a *API) trusted(c cachedPrincipal) bool {
 	if a.tokenTTL > 0 && time.Since(c.read) < a.tokenTTL {
 		return true
 	}
-	return c.epoch%2 == 0 && a.watch.epoch.Load() == c.epoch && a.watch.live()
+	return c.epoch%2 == 0 && a.watch.l.Epoch() == c.epoch && a.watch.l.Live()
 }
 
 // DBTX is what the token functions need: a pool, a connection or a transaction.

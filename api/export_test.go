@@ -13,7 +13,7 @@ func Routes(a *API) (chi.Routes, bool) {
 }
 
 // UsageWatchUp reports whether a's usage cache is in use.
-func UsageWatchUp(a *API) bool { return a.watch.epoch.Load()%2 == 0 }
+func UsageWatchUp(a *API) bool { return a.listener.Up() }
 
 // OnUsageSync calls f with the value of every {"sync": value} notification
 // a's listener handles: everything committed before it was sent has been
@@ -23,7 +23,7 @@ func OnUsageSync(a *API, f func(string)) { a.watch.onSync = f }
 // PingEvery sets how long a's listener waits quietly before it pings its
 // connection (tests ping often, so quiet spells are exercised). Call it
 // before Run.
-func PingEvery(a *API, d time.Duration) { a.watch.pingEvery = d }
+func PingEvery(a *API, d time.Duration) { a.listener.PingEvery = d }
 
 // SlowPositions pauses a's usage listener for d after each read of the
 // positions it starts using, widening the window in which a position used
@@ -36,9 +36,9 @@ func SlowPositions(a *API, d time.Duration) { a.watch.positionDelay = d }
 // sent, and how far behind it may fall before its connection is closed.
 // Call it before Run.
 func ListenerTimings(a *API, probeEvery, lease, behind time.Duration) {
-	a.watch.probeEvery, a.watch.lease, a.watch.behindLimit = probeEvery, lease, behind
+	a.listener.ProbeEvery, a.listener.Lease, a.listener.BehindLimit = probeEvery, lease, behind
 }
 
 // HoldListener has a's change listener call f before it handles each
 // notification (f blocking: a listener that hangs). Call it before Run.
-func HoldListener(a *API, f func()) { a.watch.hold = f }
+func HoldListener(a *API, f func()) { a.listener.Hold = f }

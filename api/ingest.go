@@ -18,7 +18,7 @@ type ingestStatusView struct {
 	Topic      string                   `json:"topic"`
 	Partitions []ingest.PartitionStatus `json:"partitions"`
 	// NotificationQueueUsage is pg_notification_queue_usage() (see
-	// usage_watchdog.go).
+	// internal/notify).
 	NotificationQueueUsage float64 `json:"notification_queue_usage"`
 }
 

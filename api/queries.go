@@ -75,13 +75,6 @@ FROM h LEFT JOIN LATERAL (`
 	// The listener's marker after a read of the positions.
 	qNotify = `SELECT pg_notify($1, $2)`
 
-	// The watchdog's probe, how full Postgres's notification queue is, and
-	// how full it may be before the triggers stop notifying (migration
-	// 00014).
-	qProbe = `SELECT pg_notification_queue_usage(),
-       coalesce(nullif(current_setting('tally.notify_queue_limit', true), '')::float8, 0.5)
-FROM (SELECT pg_notify($1, $2)) probe`
-
 	qNotifyQueueUsage = `SELECT pg_notification_queue_usage()`
 
 	qCustomerExists = `SELECT EXISTS (SELECT 1 FROM customers WHERE id = $1)`
