@@ -98,6 +98,9 @@ func newFixtureAPI(t *testing.T, configure func(*api.Config), prepare func(*api.
 	})
 	f.h = h
 	api.PingEvery(h, 100*time.Millisecond)
+	// Probes often, and a lease long enough that a loaded machine does not
+	// turn the cache off under tests that count its hits.
+	api.ListenerTimings(h, 200*time.Millisecond, 20*time.Second, time.Minute)
 	if prepare != nil {
 		prepare(h)
 	}

@@ -372,7 +372,7 @@ func TestStuckListener(t *testing.T) {
 	t.Parallel()
 	var stuck atomic.Bool
 	f := newFixtureAPI(t, func(c *api.Config) { c.TokenCacheTTL = time.Nanosecond }, func(a *api.API) {
-		api.ListenerTimings(a, 50*time.Millisecond, time.Second, 3*time.Second)
+		api.ListenerTimings(a, 50*time.Millisecond, 2*time.Second, 5*time.Second)
 		api.HoldListener(a, func() {
 			for stuck.Load() {
 				time.Sleep(5 * time.Millisecond)
@@ -400,8 +400,10 @@ func TestStuckListener(t *testing.T) {
 		}
 		return n
 	}
-	if n := listeners(); n != 1 {
-		t.Fatalf("%d listening connections", n)
+	for deadline := time.Now().Add(30 * time.Second); listeners() != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d listening connections", listeners())
+		}
 	}
 
 	stuck.Store(true)
@@ -429,7 +431,7 @@ func TestStuckListener(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	t.Logf("the new usage was read %s after the listener hung (%d stale answers before; lease 1s)", time.Since(hung).Round(time.Millisecond), stale)
+	t.Logf("the new usage was read %s after the listener hung (%d stale answers before; lease 2s)", time.Since(hung).Round(time.Millisecond), stale)
 	toks, _ := api.ListTokens(ctx, f.pool, "acme")
 	if _, err := api.RevokeToken(ctx, f.pool, toks[0].ID, f.clock()); err != nil {
 		t.Fatal(err)
@@ -445,11 +447,11 @@ func TestStuckListener(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Logf("the hung listener's connection was closed %s after it hung (limit 3s)", time.Since(hung).Round(time.Millisecond))
+	t.Logf("the hung listener's connection was closed %s after it hung (limit 5s)", time.Since(hung).Round(time.Millisecond))
 	if api.UsageWatchUp(f.h) {
 		t.Fatal("the cache is up with its listener dropped")
 	}
-	if got := f.metric("tally_api_usage_watch_dropped_total"); got != 1 {
+	if got := f.metric("tally_api_usage_watch_dropped_total"); got < 1 {
 		t.Fatalf("dropped_total %v", got)
 	}
 	if !strings.Contains(f.logs.String(), "the change listener is behind") {
@@ -484,7 +486,7 @@ func TestStuckListener(t *testing.T) {
 func TestNotifyQueueFilling(t *testing.T) {
 	t.Parallel()
 	f := newFixtureAPI(t, nil, func(a *api.API) {
-		api.ListenerTimings(a, 50*time.Millisecond, 500*time.Millisecond, time.Minute)
+		api.ListenerTimings(a, 50*time.Millisecond, 3*time.Second, time.Minute)
 	})
 	ctx := context.Background()
 	seedAcme(f)
