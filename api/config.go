@@ -54,7 +54,9 @@ type Config struct {
 	// checked while it cannot hear revocations: a revoked token keeps
 	// working for at most this long then. While API.Run listens, Postgres
 	// notifies every revocation (migration 00007) and the process drops the
-	// token at once; a checked token is then trusted for up to a minute.
+	// token at once; a checked token is then trusted for up to a minute,
+	// while the listener is heard to keep up (internal/notify: a listener
+	// that hangs or died silently is trusted for at most 5 s).
 	// Default 5s; negative: check every request.
 	TokenCacheTTL time.Duration
 	// ScheduleCacheTTL is how long the usage endpoint reuses a customer's
