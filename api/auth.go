@@ -95,7 +95,7 @@ func (a *API) authenticate(next http.Handler) http.Handler {
 				p = cached.p
 				break
 			}
-			epoch, stamp := a.watch.epoch.Load(), a.watch.tokenStamp.Load()
+			epoch, stamp := a.watch.l.Epoch(), a.tokenWatch.stamp.Load()
 			read := time.Now()
 			var id pgtype.UUID // not uuid.UUID: pgx would go through its text form
 			err := a.pool.QueryRow(r.Context(), qTokenByHash, h[:]).Scan(&id, &p.customer)
@@ -111,7 +111,7 @@ func (a *API) authenticate(next http.Handler) http.Handler {
 			// Only valid tokens, and only if no revocation was heard while
 			// this one was read (it might have been this one).
 			a.tokens.putIf(h, cachedPrincipal{p: p, epoch: epoch, read: read}, func() bool {
-				return a.watch.tokenStamp.Load() == stamp
+				return a.tokenWatch.stamp.Load() == stamp
 			})
 		default:
 			a.writeError(w, r, unauthorized("the token is unknown or revoked"))
@@ -136,12 +136,14 @@ type cachedPrincipal struct {
 // trusted reports whether a cached token may be used without asking
 // Postgres: within TokenCacheTTL of its read, or for longer while every
 // revocation since its read has been heard (the listener has been up
-// throughout, so its epoch has not changed).
+// throughout, so its epoch has not changed) and the listener is live (it
+// heard a probe sent within its lease: a listener that died silently is
+// not trusted for longer).
 func (a *API) trusted(c cachedPrincipal) bool {
 	if a.tokenTTL > 0 && time.Since(c.read) < a.tokenTTL {
 		return true
 	}
-	return c.epoch%2 == 0 && a.watch.epoch.Load() == c.epoch
+	return c.epoch%2 == 0 && a.watch.l.Epoch() == c.epoch && a.watch.l.Live()
 }
 
 // DBTX is what the token functions need: a pool, a connection or a transaction.

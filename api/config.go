@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tally-ledger/tally/ingest"
+	"github.com/tally-ledger/tally/internal/notify"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/periods"
 )
@@ -53,7 +54,9 @@ type Config struct {
 	// checked while it cannot hear revocations: a revoked token keeps
 	// working for at most this long then. While API.Run listens, Postgres
 	// notifies every revocation (migration 00007) and the process drops the
-	// token at once; a checked token is then trusted for up to a minute.
+	// token at once; a checked token is then trusted for up to a minute,
+	// while the listener is heard to keep up (internal/notify: a listener
+	// that hangs or died silently is trusted for at most 5 s).
 	// Default 5s; negative: check every request.
 	TokenCacheTTL time.Duration
 	// ScheduleCacheTTL is how long the usage endpoint reuses a customer's
@@ -121,6 +124,8 @@ type API struct {
 	tokenTTL   time.Duration
 	schedules  *ttlCache[string, cachedSchedule]
 	watch      *usageWatch
+	tokenWatch *tokenWatch
+	listener   *notify.Listener
 	handler    http.Handler
 }
 
@@ -187,13 +192,27 @@ func New(cfg Config) (*API, error) {
 	if usageBytes <= 0 {
 		usageBytes = 64 << 20
 	}
-	a.watch = newUsageWatch(a.topic, usageTTL, usageBytes)
-	a.watch.forgetToken = a.tokens.del
 	m, err := newHTTPMetrics(a.registry)
 	if err != nil {
 		return nil, err
 	}
 	a.metrics = m
+	a.listener = notify.New(notify.Config{Pool: a.pool, Channel: usageChannel,
+		ApplicationName: "tally-api-usage-watch", Logger: a.log,
+		OnState: func(up bool) {
+			if up {
+				m.usageWatchUp.Set(1)
+			} else {
+				m.usageWatchUp.Set(0)
+			}
+		},
+		OnDropped:    m.usageWatchDropped.Inc,
+		OnQueueUsage: m.notifyQueueUsage.Set,
+	})
+	a.tokenWatch = &tokenWatch{cache: a.tokens}
+	a.watch = newUsageWatch(a.topic, a.listener, usageTTL, usageBytes)
+	a.listener.Subscribe(a.tokenWatch)
+	a.listener.Subscribe(a.watch)
 	a.handler = a.routes()
 	return a, nil
 }

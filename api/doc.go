@@ -16,6 +16,9 @@
 //     forced close with a recorded reason gets through.
 //   - Ingest, dead letters and reconciliations are admin-only: they name
 //     customers.
+//   - A change notification is a hint, never data: it makes the caches
+//     forget, and positions are read from ingest_partitions. The caches are
+//     used only while their listener is heard to keep up (internal/notify).
 //   - Every error leaves through one function (writeError), which maps typed
 //     errors to application/problem+json (RFC 9457).
 package api

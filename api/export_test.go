@@ -13,18 +13,32 @@ func Routes(a *API) (chi.Routes, bool) {
 }
 
 // UsageWatchUp reports whether a's usage cache is in use.
-func UsageWatchUp(a *API) bool { return a.watch.epoch.Load()%2 == 0 }
+func UsageWatchUp(a *API) bool { return a.listener.Up() }
 
 // OnUsageSync calls f with the value of every {"sync": value} notification
 // a's listener handles: everything committed before it was sent has been
 // handled by then.
 func OnUsageSync(a *API, f func(string)) { a.watch.onSync = f }
 
-// Tests ping the usage listener's connection often, so its quiet spells
-// are exercised.
-func init() { usageWatchPing = 100 * time.Millisecond }
+// PingEvery sets how long a's listener waits quietly before it pings its
+// connection (tests ping often, so quiet spells are exercised). Call it
+// before Run.
+func PingEvery(a *API, d time.Duration) { a.listener.PingEvery = d }
 
-// SlowPositions pauses the usage listener for d after each position it
-// applies (0: no pause), widening the window in which a position heard
-// before its transaction's customers would show.
-func SlowPositions(d time.Duration) { positionDelay.Store(int64(d)) }
+// SlowPositions pauses a's usage listener for d after each read of the
+// positions it starts using, widening the window in which a position used
+// before its transaction's customers were forgotten would show. Call it
+// before Run.
+func SlowPositions(a *API, d time.Duration) { a.watch.positionDelay = d }
+
+// ListenerTimings sets how often a's watchdog probes its change listener,
+// how long the listener is trusted after the newest probe it heard was
+// sent, and how far behind it may fall before its connection is closed.
+// Call it before Run.
+func ListenerTimings(a *API, probeEvery, lease, behind time.Duration) {
+	a.listener.ProbeEvery, a.listener.Lease, a.listener.BehindLimit = probeEvery, lease, behind
+}
+
+// HoldListener has a's change listener call f before it handles each
+// notification (f blocking: a listener that hangs). Call it before Run.
+func HoldListener(a *API, f func()) { a.listener.Hold = f }

@@ -40,6 +40,7 @@ type fixture struct {
 	pool   *pgxpool.Pool
 	ledger *ledger.Ledger
 	srv    *httptest.Server
+	h      *api.API
 	logs   *syncBuffer
 
 	mu  sync.Mutex
@@ -58,6 +59,12 @@ func newFixture(t *testing.T) *fixture {
 
 // newFixtureWith lets a test change the API's configuration.
 func newFixtureWith(t *testing.T, configure func(*api.Config)) *fixture {
+	t.Helper()
+	return newFixtureAPI(t, configure, nil)
+}
+
+// newFixtureAPI also lets a test change the API before it runs.
+func newFixtureAPI(t *testing.T, configure func(*api.Config), prepare func(*api.API)) *fixture {
 	t.Helper()
 	f := &fixture{t: t, pool: pgtest.New(t), now: time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC),
 		logs: &syncBuffer{}, totals: map[string]decimal.Decimal{}, seqs: map[string]int64{}}
@@ -89,6 +96,14 @@ func newFixtureWith(t *testing.T, configure func(*api.Config)) *fixture {
 		default:
 		}
 	})
+	f.h = h
+	api.PingEvery(h, 100*time.Millisecond)
+	// Probes often, and a lease long enough that a loaded machine does not
+	// turn the cache off under tests that count its hits.
+	api.ListenerTimings(h, 200*time.Millisecond, 20*time.Second, time.Minute)
+	if prepare != nil {
+		prepare(h)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- h.Run(ctx) }()

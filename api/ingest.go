@@ -17,6 +17,9 @@ import (
 type ingestStatusView struct {
 	Topic      string                   `json:"topic"`
 	Partitions []ingest.PartitionStatus `json:"partitions"`
+	// NotificationQueueUsage is pg_notification_queue_usage() (see
+	// internal/notify).
+	NotificationQueueUsage float64 `json:"notification_queue_usage"`
 }
 
 func (a *API) getIngestStatus(w http.ResponseWriter, r *http.Request) error {
@@ -30,7 +33,11 @@ func (a *API) getIngestStatus(w http.ResponseWriter, r *http.Request) error {
 	if ps == nil {
 		ps = []ingest.PartitionStatus{}
 	}
-	writeJSON(w, http.StatusOK, ingestStatusView{Topic: a.topic, Partitions: ps})
+	view := ingestStatusView{Topic: a.topic, Partitions: ps}
+	if err := a.pool.QueryRow(r.Context(), qNotifyQueueUsage).Scan(&view.NotificationQueueUsage); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, view)
 	return nil
 }
 

@@ -18,6 +18,8 @@ type httpMetrics struct {
 	duration               *prometheus.HistogramVec
 	usageHits, usageMisses prometheus.Counter
 	usageWatchUp           prometheus.Gauge
+	usageWatchDropped      prometheus.Counter
+	notifyQueueUsage       prometheus.Gauge
 }
 
 func newHTTPMetrics(reg *prometheus.Registry) (*httpMetrics, error) {
@@ -41,7 +43,15 @@ func newHTTPMetrics(reg *prometheus.Registry) (*httpMetrics, error) {
 		Name: "tally_api_usage_cache_up",
 		Help: "1 while the usage cache hears Postgres's change notifications and may be used; 0 while every answer is read from Postgres.",
 	})
-	for _, c := range []prometheus.Collector{m.requests, m.duration, usage, m.usageWatchUp} {
+	m.usageWatchDropped = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tally_api_usage_watch_dropped_total",
+		Help: "Times the change listener fell behind (hung, or its connection died silently) and its connection was closed so Postgres's notification queue keeps draining.",
+	})
+	m.notifyQueueUsage = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tally_postgres_notify_queue_usage",
+		Help: "pg_notification_queue_usage(): the fraction of Postgres's notification queue in use (0 to 1). It grows while some listening connection does not read; near 1, commits that notify fail.",
+	})
+	for _, c := range []prometheus.Collector{m.requests, m.duration, usage, m.usageWatchUp, m.usageWatchDropped, m.notifyQueueUsage} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

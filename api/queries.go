@@ -72,6 +72,11 @@ FROM h LEFT JOIN LATERAL (`
 	// The positions the usage cache starts from (usage_watch.go).
 	qWatchPositions = `SELECT partition, applied_through FROM ingest_partitions WHERE topic = $1`
 
+	// The listener's marker after a read of the positions.
+	qNotify = `SELECT pg_notify($1, $2)`
+
+	qNotifyQueueUsage = `SELECT pg_notification_queue_usage()`
+
 	qCustomerExists = `SELECT EXISTS (SELECT 1 FROM customers WHERE id = $1)`
 )
 

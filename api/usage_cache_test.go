@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -143,9 +144,7 @@ func TestUsageCache(t *testing.T) {
 // must equal the database.
 func TestUsageCacheCoherentUnderWrites(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
-	api.SlowPositions(time.Millisecond)
-	t.Cleanup(func() { api.SlowPositions(0) })
+	f := newFixtureAPI(t, nil, func(a *api.API) { api.SlowPositions(a, time.Millisecond) })
 	ctx := context.Background()
 	const customers = 12
 	name := func(i int) string { return fmt.Sprintf("c%02d", i) }
@@ -287,5 +286,261 @@ func TestUsageCacheCoherentUnderWrites(t *testing.T) {
 	t.Logf("%d reads (%d with usage through as_of to check), %d hits, %d misses", reads, checked, hits, misses)
 	if hits == 0 || misses == 0 {
 		t.Fatalf("hits %d misses %d: the race was not exercised", hits, misses)
+	}
+}
+
+// TestForgedNotifications: anyone with a database login can NOTIFY the
+// cache's channel. A forged position must not advance a cached answer's
+// as_of (positions are read from the table, a notification only says that
+// something changed), and a forged answer to that read is ignored.
+func TestForgedNotifications(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	seedAcme(f)
+	f.exec(`INSERT INTO ingest_customers (customer, topic, partition, first_seen) VALUES ('acme', 'tally.meter-batches', 0, now())`)
+	f.exec(`INSERT INTO ingest_partitions (topic, partition, next_offset, applied_through) VALUES ('tally.meter-batches', 0, 10, '2026-11-20T11:59:50Z')`)
+	asOf := func() any {
+		t.Helper()
+		return f.do("GET", "/v1/customers/acme/usage?meter=api_calls", adminToken, nil).json(t)["as_of"]
+	}
+	if got := asOf(); got != "2026-11-20T11:59:50Z" {
+		t.Fatalf("as_of %v", got)
+	}
+	for _, forged := range []string{
+		`{"topic":"tally.meter-batches","partition":0,"applied_through":"2100-01-01T00:00:00Z","deleted":false}`,
+		`{"topic":"tally.meter-batches","partition":0,"applied_through":null,"deleted":true}`,
+		`{"positions_read":"x"}`,
+	} {
+		f.exec(`SELECT pg_notify('tally_api_cache', $1)`, forged)
+		if got := asOf(); got != "2026-11-20T11:59:50Z" {
+			t.Fatalf("after a forged %s: as_of %v, want the table's 2026-11-20T11:59:50Z", forged, got)
+		}
+	}
+	// A real move still advances it.
+	f.exec(`UPDATE ingest_partitions SET applied_through = '2026-11-20T11:59:55Z'`)
+	if got := asOf(); got != "2026-11-20T11:59:55Z" {
+		t.Fatalf("after a real move: as_of %v", got)
+	}
+	if h, _ := f.cacheCounts(); h < 4 {
+		t.Fatalf("%d hits: the cached answer was not exercised", h)
+	}
+}
+
+// TestTruncateForgets: TRUNCATE fires no row or statement trigger of
+// INSERT, UPDATE or DELETE; the cache hears of it all the same. A token
+// removed by TRUNCATE api_tokens stops working, however long
+// TokenCacheTTL is, and usage removed by TRUNCATE is not served.
+func TestTruncateForgets(t *testing.T) {
+	t.Parallel()
+	f := newFixtureWith(t, func(c *api.Config) { c.TokenCacheTTL = time.Hour })
+	seedAcme(f)
+	tok := f.token("acme")
+	if r := f.do("GET", "/v1/customers/acme", tok, nil); r.status != 200 {
+		t.Fatalf("before: %d", r.status)
+	}
+	f.exec(`TRUNCATE api_tokens`)
+	if r := f.do("GET", "/v1/customers/acme", tok, nil); r.status != 401 {
+		t.Fatalf("after TRUNCATE api_tokens: %d, want 401", r.status)
+	}
+	total := func() any {
+		t.Helper()
+		return f.do("GET", "/v1/customers/acme/usage?meter=api_calls", adminToken, nil).json(t)["total"]
+	}
+	if got := total(); got != "18.5" {
+		t.Fatalf("total %v", got)
+	}
+	total()
+	f.exec(`TRUNCATE rollups, rollups_daily`)
+	if got := total(); got != "0" {
+		t.Fatalf("after TRUNCATE rollups: total %v, want 0", got)
+	}
+}
+
+// metric reads one sample of /metrics.
+func (f *fixture) metric(name string) float64 {
+	f.t.Helper()
+	m := f.do("GET", "/metrics", adminToken, nil)
+	for _, line := range strings.Split(string(m.body), "\n") {
+		if rest, ok := strings.CutPrefix(line, name+" "); ok {
+			var v float64
+			fmt.Sscan(rest, &v)
+			return v
+		}
+	}
+	f.t.Fatalf("no metric %s", name)
+	return 0
+}
+
+// TestStuckListener: the API's change listener hangs while connected (a
+// bug: it stops reading notifications). Postgres would keep every
+// notification for it until the queue is full and every notifying commit
+// — ingest's — fails. The API notices that the listener is behind: within
+// its lease it stops trusting it (no cached answer, no token trusted past
+// TokenCacheTTL), and past its limit it closes the listener's connection,
+// so Postgres forgets it. Once the listener runs again, it reconnects.
+func TestStuckListener(t *testing.T) {
+	t.Parallel()
+	var stuck atomic.Bool
+	f := newFixtureAPI(t, func(c *api.Config) { c.TokenCacheTTL = time.Nanosecond }, func(a *api.API) {
+		api.ListenerTimings(a, 50*time.Millisecond, 2*time.Second, 5*time.Second)
+		api.HoldListener(a, func() {
+			for stuck.Load() {
+				time.Sleep(5 * time.Millisecond)
+			}
+		})
+	})
+	t.Cleanup(func() { stuck.Store(false) }) // before the fixture stops Run
+	ctx := context.Background()
+	seedAcme(f)
+	tok := f.token("acme")
+	total := func() any {
+		t.Helper()
+		return f.do("GET", "/v1/customers/acme/usage?meter=api_calls", tok, nil).json(t)["total"]
+	}
+	if total() != "18.5" || total() != "18.5" {
+		t.Fatal("usage")
+	}
+	if h, _ := f.cacheCounts(); h == 0 {
+		t.Fatal("no hit before the listener hangs")
+	}
+	listeners := func() int {
+		var n int
+		if err := f.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE application_name = 'tally-api-usage-watch' AND datname = current_database()`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for deadline := time.Now().Add(30 * time.Second); listeners() != 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d listening connections", listeners())
+		}
+	}
+
+	stuck.Store(true)
+	hung := time.Now()
+	// Behind the API's back, unheard: usage booked and the token revoked.
+	rec := ledger.Record{OperationID: uuid.Must(uuid.NewV7()),
+		Stream: ledger.StreamKey{Producer: "test", Epoch: 1, Customer: "acme", Meter: "api_calls"},
+		Seq:    100, Total: amount.MustParse("1000"), OccurredAt: date("2026-11-20T11:00:00Z")}
+	if err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+		_, err := f.ledger.Apply(ctx, tx, []ledger.Record{rec})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var stale int
+	var fresh any
+	for {
+		fresh = f.do("GET", "/v1/customers/acme/usage?meter=api_calls", adminToken, nil).json(t)["total"]
+		if fresh != "18.5" {
+			break
+		}
+		stale++
+		if time.Since(hung) > 30*time.Second {
+			t.Fatal("the cached answer was served 30s after the listener hung")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("the new usage was read %s after the listener hung (%d stale answers before; lease 2s)", time.Since(hung).Round(time.Millisecond), stale)
+	toks, _ := api.ListTokens(ctx, f.pool, "acme")
+	if _, err := api.RevokeToken(ctx, f.pool, toks[0].ID, f.clock()); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.do("GET", "/v1/customers/acme", tok, nil); r.status != 401 {
+		t.Fatalf("a revoked token while the listener hangs: %d, want 401", r.status)
+	}
+
+	// Past the limit, the listener's connection is closed.
+	for listeners() != 0 {
+		if time.Since(hung) > 60*time.Second {
+			t.Fatal("the hung listener's connection was still open after 60s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("the hung listener's connection was closed %s after it hung (limit 5s)", time.Since(hung).Round(time.Millisecond))
+	if api.UsageWatchUp(f.h) {
+		t.Fatal("the cache is up with its listener dropped")
+	}
+	if got := f.metric("tally_api_usage_watch_dropped_total"); got < 1 {
+		t.Fatalf("dropped_total %v", got)
+	}
+	if !strings.Contains(f.logs.String(), "the change listener is behind") {
+		t.Fatalf("no log line:\n%s", f.logs.String())
+	}
+
+	// Running again: it reconnects, and the cache serves again.
+	stuck.Store(false)
+	for deadline := time.Now().Add(30 * time.Second); !api.UsageWatchUp(f.h); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the listener did not come back")
+		}
+	}
+	f.sync()
+	h0, _ := f.cacheCounts()
+	f.do("GET", "/v1/customers/acme/usage?meter=api_calls", adminToken, nil)
+	if got := f.do("GET", "/v1/customers/acme/usage?meter=api_calls", adminToken, nil).json(t)["total"]; got != fresh {
+		t.Fatalf("total %v after the listener came back", got)
+	}
+	if h, _ := f.cacheCounts(); h <= h0 {
+		t.Fatal("no hit after the listener came back")
+	}
+	if got := f.metric("tally_postgres_notify_queue_usage"); got < 0 || got > 1 {
+		t.Fatalf("queue usage %v", got)
+	}
+}
+
+// TestNotifyQueueFilling: past tally.notify_queue_limit the triggers stop
+// notifying (so that a full queue never fails ingest's commits); the API
+// stops using its caches from half that limit on, and uses them again only
+// after the queue has drained, emptied first.
+func TestNotifyQueueFilling(t *testing.T) {
+	t.Parallel()
+	f := newFixtureAPI(t, nil, func(a *api.API) {
+		api.ListenerTimings(a, 50*time.Millisecond, 3*time.Second, time.Minute)
+	})
+	ctx := context.Background()
+	seedAcme(f)
+	hits := func() int { h, _ := f.cacheCounts(); return h }
+	get := func() { f.do("GET", "/v1/customers/acme/usage?meter=api_calls", adminToken, nil) }
+	get()
+	get()
+	if hits() != 1 {
+		t.Fatal("no hit")
+	}
+	setLimit := func(sql string) {
+		t.Helper()
+		var db string
+		if err := f.pool.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.pool.Exec(ctx, fmt.Sprintf(sql, pgx.Identifier{db}.Sanitize())); err != nil {
+			t.Fatal(err)
+		}
+		f.pool.Reset() // sessions read the setting when they start
+	}
+	// A limit of 0: the queue is "full" at any usage.
+	setLimit(`ALTER DATABASE %s SET tally.notify_queue_limit = 0`)
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(f.logs.String(), "notification queue is filling"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the API did not notice the queue filling")
+		}
+	}
+	h := hits()
+	get()
+	get()
+	if hits() != h {
+		t.Fatal("a cached answer was served while notifications may be skipped")
+	}
+	// Drained: after a lease, the cache is used again.
+	setLimit(`ALTER DATABASE %s RESET tally.notify_queue_limit`)
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(f.logs.String(), "notification queue has drained"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the API did not notice the queue drained")
+		}
+	}
+	get()
+	get()
+	if hits() != h+1 {
+		t.Fatalf("hits %d, want %d once the queue drained", hits(), h+1)
 	}
 }

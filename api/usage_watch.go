@@ -2,24 +2,27 @@ package api
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"hash/maphash"
-	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/tally-ledger/tally/internal/notify"
 )
 
 // The usage cache keeps answers read from Postgres for as long as they are
 // true. Migration 00007's triggers notify channel tally_api_cache, at commit,
 // of every customer whose rollups, closes or partition mapping changed,
-// and of every move of an ingest position; Run listens and forgets the
+// and of every move of an ingest position; Run listens (internal/notify,
+// with this cache and the token cache as subscribers) and forgets the
 // customers' answers as it is told. So a cached answer is never staler
 // than a fresh read would be, except for the moment it takes a
 // notification to arrive, and its as_of is then honest too:
@@ -27,15 +30,21 @@ import (
 //   - An answer read in snapshot S stays cached only while no notification
 //     since its read began named its customer (a read that overlaps one is
 //     not cached: the stamp check in get/put).
-//   - Notifications arrive in commit order, and a transaction's position
-//     last (its trigger is deferred to commit). When the position of the
-//     customer's partition moves to A, every commit up to that one has
-//     been seen, none of those after S touched the customer, so the answer
-//     is the customer's usage as of A: a hit reports as_of A (or the as_of
-//     it was read with, if later), not the older one it was read with.
+//   - Notifications arrive in commit order. A position's move is only a
+//     hint (any database login can NOTIFY the channel): the listener reads
+//     the positions from ingest_partitions and uses them once it has heard
+//     every notification of the commits that read saw (positionRead). When
+//     the position of the customer's partition is A, every commit up to A
+//     has been heard, none of those after S touched the customer, so the
+//     answer is the customer's usage as of A: a hit reports as_of A (or
+//     the as_of it was read with, if later), not the older one it was read
+//     with. get reads the positions before the answer, for the same reason.
 //   - The cache is used only while the listening connection is up and was
 //     set up before the answers were read: it is emptied and every read
 //     in flight refused when the connection is (re)established or lost.
+//     And only while the listener is live: it heard a probe sent within
+//     its lease, and Postgres's notification queue is not filling
+//     (internal/notify).
 //
 // Writes through this process (adjustments, closes, calendar changes,
 // replays) also forget at once, so a client reads its own writes.
@@ -43,37 +52,40 @@ import (
 // in bytes: when full, customers chosen at random are dropped until half
 // of it is free.
 
-// positionDelay is a pause after each position is applied, set by tests
-// to make a mis-ordered notification visible.
-var positionDelay atomic.Int64
-
 // usageStampBuckets spreads customers over invalidation counters: a read
 // is refused when its customer's bucket moved during the read. More
 // buckets, fewer refusals caused by other customers.
 const usageStampBuckets = 4096
 
-// usageWatch is the listener's state shared with the request handlers.
+// listenerState is what the caches need of the listener (a
+// *notify.Listener): its epoch (even while listening, changed on every
+// (re)connection and loss) and whether it is live.
+type listenerState interface {
+	Epoch() uint64
+	Up() bool
+	Live() bool
+}
+
+// usageWatch is the usage cache, a subscriber of the listener, shared with
+// the request handlers.
 type usageWatch struct {
-	topic string
-	seed  maphash.Seed
-	// epoch changes whenever the cache is emptied as a whole; odd while
-	// the listener is down (the cache is then not used).
-	epoch     atomic.Uint64
+	topic     string
+	seed      maphash.Seed
+	l         listenerState
 	gen       atomic.Uint64 // forgetAll calls
 	stamps    [usageStampBuckets]atomic.Uint64
 	positions atomic.Pointer[map[int32]pgtype.Timestamptz] // partition → applied_through, of topic
 	cache     usageCache
 	onSync    func(string) // tests: a {"sync": ...} notification arrived
-	// tokenStamp counts revocations heard; forgetToken drops one from
-	// the token cache (see authenticate).
-	tokenStamp  atomic.Uint64
-	forgetToken func(hash [32]byte)
+	// positionDelay is a pause after each read of the positions is used
+	// (tests: makes a mis-ordered notification visible).
+	positionDelay time.Duration
+	pr            positionRead // the listener's goroutine only
 }
 
-func newUsageWatch(topic string, ttl time.Duration, maxBytes int) *usageWatch {
-	w := &usageWatch{topic: topic, seed: maphash.MakeSeed()}
+func newUsageWatch(topic string, l listenerState, ttl time.Duration, maxBytes int) *usageWatch {
+	w := &usageWatch{topic: topic, seed: maphash.MakeSeed(), l: l}
 	w.cache = usageCache{ttl: ttl, maxBytes: maxBytes, m: map[string][]usageEntry{}}
-	w.epoch.Store(1) // down until Run has connected
 	return w
 }
 
@@ -86,26 +98,32 @@ func (w *usageWatch) bucket(customer string) *atomic.Uint64 {
 }
 
 func (w *usageWatch) ticket(customer string) usageTicket {
-	return usageTicket{epoch: w.epoch.Load(), gen: w.gen.Load(), stamp: w.bucket(customer).Load()}
+	return usageTicket{epoch: w.l.Epoch(), gen: w.gen.Load(), stamp: w.bucket(customer).Load()}
 }
 
 // good reports whether nothing was forgotten of customer since t, and the
 // listener was up all along.
 func (w *usageWatch) good(t usageTicket, customer string) bool {
-	return t.epoch%2 == 0 && w.epoch.Load() == t.epoch && w.gen.Load() == t.gen && w.bucket(customer).Load() == t.stamp
+	return t.epoch%2 == 0 && w.l.Live() && w.l.Epoch() == t.epoch && w.gen.Load() == t.gen && w.bucket(customer).Load() == t.stamp
 }
 
 // get returns a cached answer, its as_of advanced to what the
 // notifications have shown since it was read.
 func (w *usageWatch) get(key usageKey, now time.Time) (usageData, bool) {
-	if w.cache.ttl <= 0 || w.epoch.Load()%2 == 1 {
+	if w.cache.ttl <= 0 || !w.l.Up() || !w.l.Live() {
 		return usageData{}, false
 	}
+	// The positions first, then the answer: a position is published only
+	// after every commit through it has forgotten what it changed, so an
+	// answer still cached after the position was read holds all of it. The
+	// other order could stamp an answer read before a commit with that
+	// commit's position.
+	positions := w.positions.Load()
 	d, ok := w.cache.get(key, now)
 	if !ok {
 		return usageData{}, false
 	}
-	if pos := w.position(d.partition); pos.Valid && (!d.asOf.Valid || pos.Time.After(d.asOf.Time)) {
+	if pos := positionOf(positions, d.partition); pos.Valid && (!d.asOf.Valid || pos.Time.After(d.asOf.Time)) {
 		d.asOf = pos
 	}
 	return d, true
@@ -119,11 +137,10 @@ func (w *usageWatch) put(t usageTicket, key usageKey, d usageData, now time.Time
 	w.cache.put(key, d, now, func() bool { return w.good(t, key.customer) })
 }
 
-// position is the applied_through usage's as_of comes from: the
-// partition's, or for a customer ingest has not seen (-1) the oldest of
+// positionOf is the applied_through usage's as_of comes from: the
+// partition's (in positions m), or for a customer ingest has not seen (-1) the oldest of
 // the topic's, if every partition has one. As the usage statement does.
-func (w *usageWatch) position(partition int32) pgtype.Timestamptz {
-	m := w.positions.Load()
+func positionOf(m *map[int32]pgtype.Timestamptz, partition int32) pgtype.Timestamptz {
 	if m == nil {
 		return pgtype.Timestamptz{}
 	}
@@ -142,28 +159,17 @@ func (w *usageWatch) position(partition int32) pgtype.Timestamptz {
 	return oldest
 }
 
+// publish makes positions (read from ingest_partitions) the ones hits
+// are stamped with. Only after every notification committed before they
+// were read has been handled (see positionRead).
+func (w *usageWatch) publish(positions map[int32]pgtype.Timestamptz) {
+	w.positions.Store(&positions)
+}
+
 // forget drops customer's answers and refuses reads of it in flight.
 func (w *usageWatch) forget(customer string) {
 	w.bucket(customer).Add(1)
 	w.cache.forget(customer)
-}
-
-// reset drops every answer; up tells whether the cache may be used from
-// now on (the listener is connected and has loaded the positions).
-func (w *usageWatch) reset(up bool, positions map[int32]pgtype.Timestamptz) {
-	if up {
-		w.positions.Store(&positions)
-	}
-	e := w.epoch.Load() // only Run changes it: even while up, odd while down
-	next := e + 1
-	if (next%2 == 0) != up {
-		next++
-	}
-	w.epoch.Store(next)
-	w.cache.clear()
-	if !up {
-		w.positions.Store(nil)
-	}
 }
 
 // forgetAll drops every answer and refuses every read in flight.
@@ -172,159 +178,206 @@ func (w *usageWatch) forgetAll() {
 	w.cache.clear()
 }
 
-// change is a tally_api_cache payload (migration 00007).
+// change is a tally_api_cache payload (migrations 00007 and 00014). Any
+// database login can NOTIFY the channel, so a payload is only ever taken
+// as "this changed": it can make the API forget, never believe. A
+// position's value in particular is read from ingest_partitions, not
+// from the payload.
 type change struct {
-	Tokens         []string   `json:"tokens"`
-	Customers      []string   `json:"customers"`
-	Topic          *string    `json:"topic"`
-	Partition      int32      `json:"partition"`
-	AppliedThrough *time.Time `json:"applied_through"`
-	Deleted        bool       `json:"deleted"`
-	Sync           string     `json:"sync"`
+	Tokens    []string `json:"tokens"` // the token cache's (tokenWatch)
+	Customers []string `json:"customers"`
+	Topic     *string  `json:"topic"` // a position of this topic moved
+	Truncated string   `json:"truncated"`
+	// PositionsRead marks the end of a read of the positions by this
+	// listener (see positionRead); Sync is a test's barrier.
+	PositionsRead string `json:"positions_read"`
+	Sync          string `json:"sync"`
 }
 
-// apply handles one notification.
-func (w *usageWatch) apply(payload string) error {
+// apply forgets what one notification says changed, and returns it.
+func (w *usageWatch) apply(payload string) (change, error) {
 	var c change
 	if err := json.Unmarshal([]byte(payload), &c); err != nil {
-		return fmt.Errorf("payload %.100q: %w", payload, err)
-	}
-	for _, t := range c.Tokens {
-		var h [32]byte
-		if n, err := hex.Decode(h[:], []byte(t)); err != nil || n != len(h) {
-			return fmt.Errorf("payload %.100q: token hash %.80q", payload, t)
-		}
-		w.tokenStamp.Add(1)
-		if w.forgetToken != nil {
-			w.forgetToken(h)
-		}
+		return change{}, fmt.Errorf("%w: payload %.100q: %w", notify.ErrNotUnderstood, payload, err)
 	}
 	for _, customer := range c.Customers {
 		w.forget(customer)
 	}
+	if c.Truncated != "" {
+		w.forgetAll() // every answer may be gone
+	}
+	if c.Customers == nil && c.Tokens == nil && c.Topic == nil && c.Truncated == "" && c.PositionsRead == "" && c.Sync == "" {
+		return change{}, fmt.Errorf("%w: payload %.100q: neither tokens, customers, a position, a truncation nor a sync", notify.ErrNotUnderstood, payload)
+	}
+	return c, nil
+}
+
+// positionRead is the listener's read of the positions. A notification
+// says a position moved; the listener then reads every position of its
+// topic from ingest_partitions (snapshot S) and, after the read, notifies
+// the channel itself with a random marker. Every commit visible in S put
+// its notifications in Postgres's queue before it became visible, so
+// before the marker: when the listener hears its marker, it has forgotten
+// everything those commits changed, and the positions read in S may
+// stamp cached answers. One read is in flight at a time; moves heard
+// meanwhile are covered by one more read after it.
+type positionRead struct {
+	marker    string // of the read in flight; "" when none
+	positions map[int32]pgtype.Timestamptz
+	again     bool     // a position moved after the read in flight began
+	syncs     []string // test barriers heard while a read was in flight
+}
+
+// Listening reads the positions the cache starts from (on the listening
+// connection, after LISTEN: a move after this read is notified) and
+// empties the cache.
+func (w *usageWatch) Listening(ctx context.Context, conn *pgx.Conn) error {
+	positions, err := readPositions(ctx, conn, w.topic)
+	if err != nil {
+		return err
+	}
+	w.positions.Store(&positions)
+	w.pr = positionRead{}
+	w.cache.clear()
+	return nil
+}
+
+// Stopped empties the cache: it is not used until the listener is back.
+func (w *usageWatch) Stopped() {
+	w.cache.clear()
+	w.positions.Store(nil)
+}
+
+// Forget drops every answer and refuses every read in flight.
+func (w *usageWatch) Forget() { w.forgetAll() }
+
+// Handle forgets what a notification says changed and keeps the positions.
+func (w *usageWatch) Handle(ctx context.Context, conn *pgx.Conn, n *pgconn.Notification) error {
+	c, err := w.apply(n.Payload)
+	if err != nil {
+		return err
+	}
+	pr := &w.pr
 	switch {
-	case c.Topic != nil:
-		if *c.Topic != w.topic {
+	case c.PositionsRead != "":
+		// Only this connection's own marker (another login could send
+		// one) of the read in flight.
+		if n.PID != conn.PgConn().PID() || c.PositionsRead != pr.marker {
 			return nil
 		}
-		old := w.positions.Load()
-		if old == nil {
+		w.publish(pr.positions)
+		pr.marker, pr.positions = "", nil
+		if d := w.positionDelay; d > 0 { // tests: widen the race window
+			time.Sleep(d)
+		}
+		for _, s := range pr.syncs {
+			w.synced(s)
+		}
+		pr.syncs = nil
+		if pr.again {
+			return w.readPositions(ctx, conn)
+		}
+	case (c.Topic != nil && *c.Topic == w.topic) || c.Truncated != "":
+		if pr.marker != "" {
+			pr.again = true
 			return nil
 		}
-		next := maps.Clone(*old)
-		if c.Deleted {
-			delete(next, c.Partition)
-		} else {
-			var p pgtype.Timestamptz
-			if c.AppliedThrough != nil {
-				p = pgtype.Timestamptz{Time: *c.AppliedThrough, Valid: true}
-			}
-			next[c.Partition] = p
-		}
-		w.positions.Store(&next)
-		if d := positionDelay.Load(); d > 0 { // tests: widen the race window
-			time.Sleep(time.Duration(d))
-		}
+		return w.readPositions(ctx, conn)
 	case c.Sync != "":
-		if w.onSync != nil {
-			w.onSync(c.Sync)
+		if pr.marker != "" { // answered once the positions are in
+			pr.syncs = append(pr.syncs, c.Sync)
+			return nil
 		}
-	case c.Customers == nil && c.Tokens == nil:
-		return fmt.Errorf("payload %.100q: neither tokens, customers, a position nor a sync", payload)
+		w.synced(c.Sync)
 	}
 	return nil
 }
 
-// Run keeps the usage cache coherent with Postgres (see usageWatch) until
-// ctx ends: it listens on a connection of its own, and reconnects after a
-// failure. Without Run the API reads every usage answer from Postgres.
-func (a *API) Run(ctx context.Context) error {
-	backoff := 100 * time.Millisecond
-	for {
-		start := time.Now()
-		err := a.watchUsage(ctx)
-		a.watch.reset(false, nil)
-		a.metrics.usageWatchUp.Set(0)
-		if ctx.Err() != nil {
-			return nil
-		}
-		if time.Since(start) > time.Minute {
-			backoff = 100 * time.Millisecond
-		}
-		a.log.Warn("usage cache off: change notifications lost; reconnecting", "err", err, "retry_in", backoff)
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, 30*time.Second)
+// readPositions starts a read of the positions (see positionRead).
+func (w *usageWatch) readPositions(ctx context.Context, conn *pgx.Conn) error {
+	positions, err := readPositions(ctx, conn, w.topic)
+	if err != nil {
+		return err
 	}
+	w.pr.positions, w.pr.marker, w.pr.again = positions, rand.Text(), false
+	_, err = conn.Exec(ctx, qNotify, usageChannel, `{"positions_read":"`+w.pr.marker+`"}`)
+	return err
 }
 
-// usageWatchPing is how long the listener waits quietly before it checks
-// that its connection is alive.
-var usageWatchPing = 15 * time.Second
-
-// usageChannel is the channel migration 00007's triggers notify.
-const usageChannel = "tally_api_cache"
-
-func (a *API) watchUsage(ctx context.Context) error {
-	cfg := a.pool.Config().ConnConfig.Copy()
-	cfg.RuntimeParams["application_name"] = "tally-api-usage-watch"
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+func readPositions(ctx context.Context, conn *pgx.Conn, topic string) (map[int32]pgtype.Timestamptz, error) {
+	rows, err := conn.Query(ctx, qWatchPositions, topic)
 	if err != nil {
-		return err
-	}
-	defer conn.Close(context.WithoutCancel(ctx))
-	if _, err := conn.Exec(ctx, "LISTEN "+usageChannel); err != nil {
-		return err
-	}
-	// Listening first, then the positions: a move after this read is
-	// notified (and applied in order after it).
-	rows, err := conn.Query(ctx, qWatchPositions, a.watch.topic)
-	if err != nil {
-		return err
+		return nil, err
 	}
 	positions := map[int32]pgtype.Timestamptz{}
 	var part int32
 	var at pgtype.Timestamptz
-	if _, err := pgx.ForEachRow(rows, []any{&part, &at}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&part, &at}, func() error {
 		positions[part] = at
 		return nil
-	}); err != nil {
-		return err
-	}
-	a.watch.reset(true, positions)
-	a.metrics.usageWatchUp.Set(1)
-	a.log.Info("usage cache on: listening for changes", "channel", usageChannel)
-	for {
-		// A connection that died silently would never say so: after a
-		// quiet spell, a round trip proves it is alive.
-		wctx, cancel := context.WithTimeout(ctx, usageWatchPing)
-		n, err := conn.WaitForNotification(wctx)
-		cancel()
-		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) && !conn.IsClosed() {
-			pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			err = conn.Ping(pctx)
-			cancel()
-			if err != nil {
-				return fmt.Errorf("ping: %w", err)
-			}
-			continue
-		}
-		if err != nil {
-			return err
-		}
-		if err := a.watch.apply(n.Payload); err != nil {
-			// Not understood: forget everything rather than guess.
-			a.log.Error("usage cache: unexpected notification; emptied the cache", "err", err)
-			if pos := a.watch.positions.Load(); pos != nil {
-				a.watch.reset(true, *pos)
-			}
-			a.tokens.clear()
-		}
+	})
+	return positions, err
+}
+
+// synced tells a test that a {"sync": s} notification was handled.
+func (w *usageWatch) synced(s string) {
+	if w.onSync != nil {
+		w.onSync(s)
 	}
 }
+
+// usageChannel is the channel the triggers notify (migration 00007).
+const usageChannel = "tally_api_cache"
+
+// tokenWatch is the token cache's subscriber: a revoked or deleted token
+// is dropped when its notification arrives.
+type tokenWatch struct {
+	// stamp counts revocations heard: a token read while one was heard
+	// is not cached (it might have been this one; see authenticate).
+	stamp atomic.Uint64
+	cache *ttlCache[[32]byte, cachedPrincipal]
+}
+
+func (t *tokenWatch) Listening(context.Context, *pgx.Conn) error { return nil }
+
+// Stopped keeps the tokens: beyond TokenCacheTTL they are trusted only
+// while the listener's epoch is the one they were read in (trusted).
+func (t *tokenWatch) Stopped() {}
+
+// Forget drops every token.
+func (t *tokenWatch) Forget() {
+	t.stamp.Add(1)
+	t.cache.clear()
+}
+
+func (t *tokenWatch) Handle(_ context.Context, _ *pgx.Conn, n *pgconn.Notification) error {
+	var c struct {
+		Tokens    []string `json:"tokens"`
+		Truncated string   `json:"truncated"`
+	}
+	if err := json.Unmarshal([]byte(n.Payload), &c); err != nil {
+		return fmt.Errorf("%w: payload %.100q: %w", notify.ErrNotUnderstood, n.Payload, err)
+	}
+	for _, tok := range c.Tokens {
+		var h [32]byte
+		if k, err := hex.Decode(h[:], []byte(tok)); err != nil || k != len(h) {
+			return fmt.Errorf("%w: payload %.100q: token hash %.80q", notify.ErrNotUnderstood, n.Payload, tok)
+		}
+		t.stamp.Add(1)
+		t.cache.del(h)
+	}
+	if c.Truncated != "" {
+		t.Forget() // every token may be gone
+	}
+	return nil
+}
+
+// Run keeps the usage and token caches coherent with Postgres (see
+// usageWatch and internal/notify) until ctx ends: it listens on a
+// connection of its own, and reconnects after a failure. Without Run the
+// API reads every usage answer from Postgres, and trusts a checked token
+// for TokenCacheTTL.
+func (a *API) Run(ctx context.Context) error { return a.listener.Run(ctx) }
 
 // usageEntry is one cached answer.
 type usageEntry struct {

@@ -2,9 +2,14 @@ package api
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // TestUsageCacheBound: the cache's bytes stay within its bound and are
@@ -49,13 +54,31 @@ func TestUsageCacheBound(t *testing.T) {
 	}
 }
 
+// fakeListener stands for the listener's state (internal/notify tests
+// the listener itself).
+type fakeListener struct {
+	epoch atomic.Uint64
+	live  atomic.Bool
+}
+
+func (f *fakeListener) Epoch() uint64 { return f.epoch.Load() }
+func (f *fakeListener) Up() bool      { return f.epoch.Load()%2 == 0 }
+func (f *fakeListener) Live() bool    { return f.live.Load() }
+
+func upListener() *fakeListener {
+	l := &fakeListener{}
+	l.epoch.Store(2)
+	l.live.Store(true)
+	return l
+}
+
 // TestTokenTrust: a cached token is trusted without asking Postgres within
 // TokenCacheTTL of its read, and beyond only while the listener that hears
-// revocations has been up since the read.
+// revocations has been up since the read and is live.
 func TestTokenTrust(t *testing.T) {
-	a := &API{tokenTTL: 5 * time.Second, watch: newUsageWatch("t", time.Minute, 1<<20)}
-	a.watch.reset(true, nil)
-	up := a.watch.epoch.Load()
+	l := upListener()
+	a := &API{tokenTTL: 5 * time.Second, watch: newUsageWatch("t", l, time.Minute, 1<<20)}
+	up := l.Epoch()
 	old := time.Now().Add(-time.Hour)
 	for _, tt := range []struct {
 		c    cachedPrincipal
@@ -71,8 +94,89 @@ func TestTokenTrust(t *testing.T) {
 			t.Errorf("epoch %d (now %d), read %s ago: trusted %v, want %v", tt.c.epoch, up, time.Since(tt.c.read).Round(time.Second), got, tt.want)
 		}
 	}
-	a.watch.reset(false, nil)
+	// A listener that is not live (it heard no probe sent within its
+	// lease: it hangs, or its connection died silently; or the queue is
+	// filling) is not trusted past TokenCacheTTL, and its cache is not
+	// used.
+	key := usageKey{customer: "c"}
+	a.watch.put(a.watch.ticket("c"), key, usageData{}, time.Now())
+	if _, ok := a.watch.get(key, time.Now()); !ok {
+		t.Fatal("no hit while live")
+	}
+	l.live.Store(false)
+	if a.trusted(cachedPrincipal{epoch: up, read: old}) {
+		t.Error("trusted a token past TokenCacheTTL while the listener is not live")
+	}
+	if !a.trusted(cachedPrincipal{epoch: up, read: time.Now()}) {
+		t.Error("a token within TokenCacheTTL was not trusted")
+	}
+	if _, ok := a.watch.get(key, time.Now()); ok {
+		t.Error("a cached answer was served while the listener is not live")
+	}
+	l.live.Store(true)
+	if !a.trusted(cachedPrincipal{epoch: up, read: old}) {
+		t.Error("not trusted once live again")
+	}
+	l.epoch.Add(1) // down
 	if a.trusted(cachedPrincipal{epoch: up, read: old}) {
 		t.Error("trusted a token past TokenCacheTTL while the listener is down")
+	}
+}
+
+// TestUsageWatchGetAgainstApply drives get against apply: a commit
+// forgets the customer, then moves its partition's position. An answer
+// read before the commit must never go out stamped with the position
+// after it (as_of claims usage the answer does not hold).
+func TestUsageWatchGetAgainstApply(t *testing.T) {
+	w := newUsageWatch("t", upListener(), time.Minute, 1<<20)
+	base := time.Date(2026, 11, 20, 0, 0, 0, 0, time.UTC)
+	at := func(v int) time.Time { return base.Add(time.Duration(v) * time.Second) }
+	w.publish(map[int32]pgtype.Timestamptz{0: {Time: at(0), Valid: true}})
+	key := usageKey{customer: "c", meter: "m"}
+	version := func(v int) usageData {
+		return usageData{asOf: pgtype.Timestamptz{Time: at(v), Valid: true}, items: []meterUsage{{total: strconv.Itoa(v)}}}
+	}
+	w.put(w.ticket("c"), key, version(0), time.Now())
+
+	var stop atomic.Bool
+	var violations, hits atomic.Int64
+	var first atomic.Value
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !stop.Load() {
+				d, ok := w.get(key, time.Now())
+				if !ok {
+					continue
+				}
+				hits.Add(1)
+				v, _ := strconv.Atoi(d.items[0].total)
+				if d.asOf.Time.After(at(v)) {
+					violations.Add(1)
+					first.CompareAndSwap(nil, fmt.Sprintf("answer of version %d stamped %s", v, d.asOf.Time.Format(time.RFC3339)))
+				}
+			}
+		}()
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	v := 0
+	for ; time.Now().Before(deadline); v++ {
+		// Commit v+1: its customers, then (deferred to commit) its position.
+		if _, err := w.apply(`{"customers":["c"]}`); err != nil {
+			t.Fatal(err)
+		}
+		w.publish(map[int32]pgtype.Timestamptz{0: {Time: at(v + 1), Valid: true}})
+		w.put(w.ticket("c"), key, version(v+1), time.Now())
+	}
+	stop.Store(true)
+	wg.Wait()
+	t.Logf("%d commits, %d hits, %d violations", v, hits.Load(), violations.Load())
+	if n := violations.Load(); n > 0 {
+		t.Fatalf("%d stale answers stamped with a newer as_of, e.g. %v", n, first.Load())
+	}
+	if hits.Load() == 0 {
+		t.Fatal("no hits: the race was not exercised")
 	}
 }

@@ -40,6 +40,7 @@ func TestUsageNotifications(t *testing.T) {
 		Partition      int32      `json:"partition"`
 		AppliedThrough *time.Time `json:"applied_through"`
 		Deleted        bool       `json:"deleted"`
+		Truncated      string     `json:"truncated"`
 	}
 	// expect runs sql and returns the notifications it caused.
 	expect := func(sql string, want int) []payload {
@@ -137,6 +138,13 @@ func TestUsageNotifications(t *testing.T) {
 			t.Fatalf("%s: tokens %v", sql, p.Tokens)
 		}
 	}
+	// TRUNCATE fires no row trigger: each table names itself (migration
+	// 00014).
+	for _, table := range []string{"api_tokens", "rollups", "rollups_daily", "period_closes", "ingest_customers", "ingest_partitions"} {
+		if p := expect(`TRUNCATE `+table, 1)[0]; p.Truncated != table {
+			t.Fatalf("TRUNCATE %s: %+v", table, p)
+		}
+	}
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `UPDATE rollups SET quantity = 5`); err != nil {
 			return err
@@ -147,4 +155,108 @@ func TestUsageNotifications(t *testing.T) {
 		t.Fatal("the transaction committed")
 	}
 	expect(`SELECT 1`, 0)
+}
+
+// TestNotifyQueueGuard: Postgres's notification queue fills while some
+// listening connection does not read, and a commit that notifies into a
+// full queue fails. Migration 00014's triggers stop notifying once the
+// queue is as full as tally.notify_queue_limit (0.5 unless set), so
+// writes never fail for it. Here a listener that never reads (idle in a
+// transaction) holds the queue, writes fill it past a limit set just
+// below its usage, and the next write notifies nothing and commits.
+func TestNotifyQueueGuard(t *testing.T) {
+	ctx := context.Background()
+	pool := emptyPool(t)
+	if _, err := migrations.Up(ctx, pool, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	conn := func() *pgx.Conn {
+		t.Helper()
+		c, err := pool.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Release)
+		return c.Conn()
+	}
+	reader, writer, stuck := conn(), conn(), conn()
+	for _, c := range []*pgx.Conn{reader, stuck} {
+		if _, err := c.Exec(ctx, `LISTEN tally_api_cache`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	heard := func() int {
+		n := 0
+		for {
+			wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			_, err := reader.WaitForNotification(wctx)
+			cancel()
+			if err != nil {
+				return n
+			}
+			n++
+		}
+	}
+	batch := 0
+	write := func() {
+		t.Helper()
+		batch++
+		if _, err := writer.Exec(ctx, `INSERT INTO rollups (customer, meter, period_start, bucket, quantity)
+			SELECT 'cust_' || lpad(($1 * 1000 + i)::text, 8, '0'), 'a', '2026-11-01', '2026-11-02 10:00', 1
+			FROM generate_series(1, 1000) i`, batch); err != nil {
+			t.Fatalf("write %d: %v", batch, err)
+		}
+	}
+	usage := func() float64 {
+		t.Helper()
+		var u float64
+		if err := writer.QueryRow(ctx, `SELECT pg_notification_queue_usage()`).Scan(&u); err != nil {
+			t.Fatal(err)
+		}
+		return u
+	}
+	setLimit := func(limit float64) {
+		t.Helper()
+		if _, err := writer.Exec(ctx, `SELECT set_config('tally.notify_queue_limit', $1, false)`, fmt.Sprint(limit)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Below the limit (the default): every write notifies.
+	write()
+	if n := heard(); n != 20 {
+		t.Fatalf("below the limit: %d notifications, want 20", n)
+	}
+	// The stuck listener stops reading; the queue grows.
+	if _, err := stuck.Exec(ctx, `BEGIN`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stuck.Exec(ctx, `SELECT 1`); err != nil {
+		t.Fatal(err)
+	}
+	start := usage()
+	for usage() <= start {
+		write()
+		heard()
+		if batch > 1000 {
+			t.Fatalf("the queue did not grow (usage %g) with a listener idle in a transaction", usage())
+		}
+	}
+	// Full as far as the limit says: writes commit, and notify nothing.
+	setLimit(usage())
+	for range 3 {
+		write()
+	}
+	if n := heard(); n != 0 {
+		t.Fatalf("at the limit (usage %g): %d notifications, want none", usage(), n)
+	}
+	// With room below the limit, notifications flow again.
+	setLimit(1)
+	write()
+	if n := heard(); n != 20 {
+		t.Fatalf("below the limit again: %d notifications, want 20", n)
+	}
+	if _, err := stuck.Exec(ctx, `ROLLBACK`); err != nil {
+		t.Fatal(err)
+	}
 }
