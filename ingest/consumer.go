@@ -368,9 +368,66 @@ func (p *partition) collect(ctx context.Context, r *kafka.Reader, next int64) (*
 		if deadline.IsZero() {
 			deadline = time.Now().Add(cfg.MaxBatchWait)
 		}
+		if m.Key == nil || m.Value == nil {
+			p.exactNulls(ctx, &m)
+		}
 		p.add(b, m)
 	}
 	return b, nil
+}
+
+// exactNulls tells a null key or value from an empty one: kafka-go's
+// Reader returns nil for both, but a dead letter keeps what arrived (a
+// tombstone's value is NULL, an empty value is empty). It re-reads the one
+// message through the protocol-level Fetch, which keeps the difference;
+// tombstones and empty values are rare, so the hot path never pays for it.
+// If Kafka cannot answer within a few tries, nil stays nil (stored as NULL)
+// and a warning says so.
+func (p *partition) exactNulls(ctx context.Context, m *kafka.Message) {
+	var err error
+	for attempt := 0; attempt < 5 && ctx.Err() == nil; attempt++ {
+		var key, value bool // null?
+		if key, value, err = p.fetchNulls(ctx, m.Offset); err == nil {
+			if m.Key == nil && !key {
+				m.Key = []byte{}
+			}
+			if m.Value == nil && !value {
+				m.Value = []byte{}
+			}
+			return
+		}
+		if !sleep(ctx, p.c.backoff(attempt)) {
+			return
+		}
+	}
+	p.log.Warn("cannot tell a null key or value from an empty one; storing it as null", "offset", m.Offset, "err", err)
+}
+
+// fetchNulls reports whether the key and the value of the message at offset
+// are null.
+func (p *partition) fetchNulls(ctx context.Context, offset int64) (key, value bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	res, err := p.c.client.Fetch(ctx, &kafka.FetchRequest{Topic: p.c.cfg.Topic, Partition: p.id, Offset: offset,
+		MinBytes: 1, MaxBytes: 2 << 20, MaxWait: time.Second, IsolationLevel: kafka.ReadCommitted})
+	if err != nil {
+		return false, false, err
+	}
+	if res.Error != nil {
+		return false, false, res.Error
+	}
+	if res.Records == nil {
+		return false, false, fmt.Errorf("fetch offset %d: no records", offset)
+	}
+	for {
+		r, err := res.Records.ReadRecord()
+		if err != nil {
+			return false, false, fmt.Errorf("fetch offset %d: %w", offset, err)
+		}
+		if r.Offset == offset {
+			return r.Key == nil, r.Value == nil, nil
+		}
+	}
 }
 
 // add appends m to b, checking its offset.
