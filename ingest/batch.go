@@ -28,6 +28,7 @@ type microBatch struct {
 // message is one Kafka message and what Decode made of it.
 type message struct {
 	offset   int64
+	time     time.Time // the Kafka timestamp
 	key      []byte
 	value    []byte
 	batch    wire.Batch
@@ -43,7 +44,7 @@ type jump struct {
 }
 
 func (b *microBatch) add(m kafka.Message) {
-	msg := message{offset: m.Offset, key: m.Key, value: m.Value}
+	msg := message{offset: m.Offset, time: m.Time, key: m.Key, value: m.Value}
 	wb, index, rejected, err := decode(m.Key, m.Value)
 	if err != nil {
 		var we *wire.Error
@@ -139,10 +140,15 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 
 	tx, err := cfg.Pool.BeginTx(ctx, txOptions)
 	if err != nil {
-		return s, fmt.Errorf("begin: %w", err)
+		return s, &connLost{fmt.Errorf("begin: %w", err)}
 	}
 	defer func() {
 		if err != nil {
+			// A closed connection means the connection failed, not the
+			// data (asked before Rollback hands the connection back).
+			if tx.Conn().IsClosed() && !errors.Is(err, errFenced) {
+				err = &connLost{err}
+			}
 			// Rollback errors add nothing: the connection is discarded and
 			// the server rolls back on its own.
 			_ = tx.Rollback(context.WithoutCancel(ctx))

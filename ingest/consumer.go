@@ -131,6 +131,7 @@ type partition struct {
 	aheadLog bool // logged "stored offset ahead of the partition's end" already
 
 	lastKafkaCommit time.Time
+	stall           stall
 }
 
 // runPartition must not return before the generation ends: a function
@@ -138,8 +139,10 @@ type partition struct {
 func (c *Consumer) runPartition(ctx context.Context, gen *kafka.Generation, id int) {
 	p := &partition{c: c, gen: gen, id: id, label: strconv.Itoa(id),
 		log: c.log.With("partition", id, "generation", gen.ID)}
+	c.m.stalled.WithLabelValues(p.label).Set(0)
 	p.run(ctx)
 	<-ctx.Done()
+	c.m.stalled.WithLabelValues(p.label).Set(0) // the next owner reports its own state
 }
 
 func (p *partition) run(ctx context.Context) {
@@ -489,30 +492,52 @@ func (p *partition) idle(ctx context.Context, next int64) (int64, error) {
 	return next, nil
 }
 
-// commit applies b in one transaction, retrying Postgres failures with
-// backoff until it commits, is fenced, or ctx ends. It returns the new
-// stored next offset.
+// commit applies b in one transaction, retrying failures that pass
+// (connection loss, timeouts, serialization failures, deadlocks, a server
+// shutting down) with backoff until it commits, is fenced, or ctx ends. Any
+// other failure that repeats on retry is the database refusing something in
+// b: b is then bisected until the message it refuses alone is found, that
+// message becomes a store_refused dead letter and the others commit in
+// order (see isolate). It returns the new stored next offset.
 func (p *partition) commit(ctx context.Context, b *microBatch) (int64, error) {
+	err := p.attempt(ctx, b, 2)
+	var r *refusal
+	if errors.As(err, &r) {
+		return p.isolate(ctx, b, r)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return b.to, nil
+}
+
+// attempt runs b's transaction until it commits (nil), is fenced
+// (errFenced), ctx ends, or it failed refusals times in a row with an error
+// that is not worth retrying (a *refusal).
+func (p *partition) attempt(ctx context.Context, b *microBatch, refusals int) error {
+	refused := 0
 	for attempt := 0; ; attempt++ {
 		t0 := time.Now()
 		s, err := p.tryCommit(ctx, b)
 		if err == nil {
 			p.committed(b, s, time.Since(t0))
-			return b.to, nil
+			return nil
 		}
 		if errors.Is(err, errFenced) {
 			p.c.m.fenced.Inc()
-			return 0, err
+			return err
 		}
-		p.c.m.retries.WithLabelValues("postgres").Inc()
-		level := slog.LevelWarn
-		if attempt >= 5 {
-			level = slog.LevelError // not a blip any more: the partition is stalled
+		cause := "postgres"
+		if !retryable(err) {
+			cause = "refused"
+			if refused++; refusals > 0 && refused >= refusals {
+				return &refusal{err: err}
+			}
 		}
-		p.log.Log(context.Background(), level, "micro-batch transaction failed; rolled back, will retry the same batch",
-			"err", err, "attempt", attempt+1, "from", b.from, "to", b.to)
+		p.c.m.retries.WithLabelValues(cause).Inc()
+		p.retrying(ctx, b, err, attempt)
 		if !sleep(ctx, p.c.backoff(attempt)) {
-			return 0, ctx.Err()
+			return ctx.Err()
 		}
 		// A failed COMMIT may have committed after all: the stored offset
 		// tells.
@@ -523,10 +548,10 @@ func (p *partition) commit(ctx context.Context, b *microBatch) (int64, error) {
 		case stored == b.to && b.to != b.from:
 			p.log.Info("the failed commit had committed", "to", b.to)
 			p.committed(b, s, time.Since(t0))
-			return b.to, nil
+			return nil
 		case stored != b.from:
 			p.c.m.fenced.Inc()
-			return 0, errFenced
+			return errFenced
 		}
 	}
 }
@@ -537,6 +562,7 @@ func (p *partition) commit(ctx context.Context, b *microBatch) (int64, error) {
 // quantity is ever a metric value.
 func (p *partition) committed(b *microBatch, s summary, took time.Duration) {
 	m := p.c.m
+	p.resumed()
 	m.batches.Inc()
 	m.txSeconds.Observe(took.Seconds())
 	for k, n := range s.outcomes {

@@ -1,0 +1,121 @@
+package ingest_test
+
+import (
+	"bytes"
+	"context"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/tally-ledger/tally/ingest"
+	"github.com/tally-ledger/tally/ledger"
+)
+
+// installPoison makes the database refuse, deterministically, any record of
+// the meter "poison": a trigger raises on the marker.
+func installPoison(t *testing.T, e *env) {
+	t.Helper()
+	_, err := e.pool.Exec(context.Background(), `
+CREATE FUNCTION test_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'poison record % refused by a test trigger', NEW.operation_id USING ERRCODE = 'P0001';
+END $$;
+CREATE TRIGGER test_poison BEFORE INSERT ON records FOR EACH ROW WHEN (NEW.meter = 'poison') EXECUTE FUNCTION test_poison();`)
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A message the database refuses deterministically (a trigger raises on
+// it) inside a micro-batch of good ones: bisection isolates exactly that
+// message as a store_refused dead letter with its bytes and the SQLSTATE,
+// every other message is applied exactly once in one pass of the offsets,
+// and once the cause is fixed the dead letter replays like any other.
+func TestBisectionIsolatesTheRefusedMessage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	installPoison(t, e)
+	rng := rand.New(rand.NewPCG(8, 9))
+	streams := models(5)
+	poison := &streamModel{producer: "gw-1", epoch: 1, customer: "cust-poison", meter: "poison"}
+	var msgs []kafka.Message
+	poisonAt := map[int64][]byte{} // offset -> value
+	for i := range 41 {
+		if i == 0 || i == 23 { // the first message and one in the middle
+			m := encode(t, poison.next(rng, 2))
+			poisonAt[int64(len(msgs))] = m.Value
+			msgs = append(msgs, m)
+			continue
+		}
+		msgs = append(msgs, encode(t, streams[i%len(streams)].next(rng, 1+rng.IntN(5))))
+	}
+	// Written before the consumer starts, so the first micro-batch holds
+	// them all.
+	e.kafka.ProduceTo(t, topic, 0, msgs...)
+	m := e.start()
+	e.waitCaughtUp(60 * time.Second)
+	m.Stop(t)
+
+	e.checkLedger(streams)
+	e.checkOffsets()
+	c := e.checkCounters()
+	if c.MessagesIn != int64(len(msgs)) || c.MessagesRejected != 2 {
+		t.Errorf("messages in %d rejected %d, want %d and 2", c.MessagesIn, c.MessagesRejected, len(msgs))
+	}
+	ctx := context.Background()
+	dls, err := ingest.ListDeadLetters(ctx, e.pool, ingest.DeadLetterFilter{Limit: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dls) != 2 {
+		t.Fatalf("%d dead letters, want the 2 poison messages: %+v", len(dls), dls)
+	}
+	for _, d := range dls {
+		want, ok := poisonAt[d.Offset]
+		if !ok || d.Reason != ingest.ReasonStoreRefused || d.RecordIndex != nil {
+			t.Errorf("dead letter at offset %d reason %s index %v; want store_refused at %v", d.Offset, d.Reason, d.RecordIndex, poisonAt)
+			continue
+		}
+		if d.Raw == nil || !bytes.Equal([]byte(*d.Raw), want) || d.Key == nil || *d.Key != "cust-poison" {
+			t.Errorf("dead letter at offset %d: key %v raw %v, want the message's bytes", d.Offset, d.Key, d.Raw)
+		}
+		if !strings.Contains(d.Detail, "SQLSTATE P0001") || !strings.Contains(d.Detail, "refused by a test trigger") {
+			t.Errorf("dead letter detail %q lacks the SQLSTATE and the database's message", d.Detail)
+		}
+	}
+	if got := m.Metric("tally_ingest_dead_letters_total", map[string]string{"reason": "store_refused"}); got != 2 {
+		t.Errorf("store_refused dead letters metric = %v, want 2", got)
+	}
+
+	// Replayed while the cause is still there: refused again, still pending.
+	l, err := ledger.New(ledger.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	replay := func(id [16]byte) (ingest.ReplayResult, error) {
+		var res ingest.ReplayResult
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			var err error
+			res, err = ingest.Replay(ctx, tx, l, id, time.Now())
+			return err
+		})
+		return res, err
+	}
+	if _, err := replay(dls[0].ID); err == nil || !strings.Contains(err.Error(), "poison record") {
+		t.Fatalf("replay before the fix: %v, want the database's refusal", err)
+	}
+	if _, err := e.pool.Exec(ctx, `DROP TRIGGER test_poison ON records`); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range dls {
+		res, err := replay(d.ID)
+		if err != nil || !res.Replayed || res.Outcomes["applied"] != 2 {
+			t.Fatalf("replay after the fix: %+v %v", res, err)
+		}
+	}
+	e.checkLedger(append(streams, poison))
+}
