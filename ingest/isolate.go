@@ -203,7 +203,7 @@ func (p *partition) retrying(ctx context.Context, b *microBatch, err error, atte
 	}
 	p.log.Log(ctx, level, "micro-batch transaction failed; rolled back, will retry the same batch",
 		"err", err, "attempt", attempt+1, "from", b.from, "to", b.to, "retrying_for", now.Sub(p.stall.since).Round(time.Millisecond))
-	if !p.stall.reported && now.Sub(p.stall.since) >= StallAfter {
+	if !p.stall.reported && now.Sub(p.stall.since) >= p.c.cfg.StallAfter {
 		p.stall.reported = true
 		p.c.m.stalled.WithLabelValues(p.label).Set(1)
 		p.log.Error("partition stalled: no usage on it has been applied for over a minute, so its customers' usage, as_of "+

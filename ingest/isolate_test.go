@@ -3,6 +3,7 @@ package ingest_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -118,4 +119,67 @@ func TestBisectionIsolatesTheRefusedMessage(t *testing.T) {
 		}
 	}
 	e.checkLedger(append(streams, poison))
+}
+
+// A failure that retrying can cure (here the database reports a full disk,
+// SQLSTATE 53100, on one message) is retried, never bisected or
+// dead-lettered: the partition stalls, says so (status, the gauge, the
+// stored last error), and once the cause is gone it resumes and bills
+// everything exactly once.
+func TestRetryableFailureStallsVisiblyAndResumes(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	ctx := context.Background()
+	_, err := e.pool.Exec(ctx, `
+CREATE FUNCTION test_disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'could not extend file: No space left on device' USING ERRCODE = '53100';
+END $$;
+CREATE TRIGGER test_disk_full BEFORE INSERT ON records FOR EACH ROW WHEN (NEW.meter = 'disk_full') EXECUTE FUNCTION test_disk_full();`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(10, 11))
+	streams := models(3)
+	full := &streamModel{producer: "gw-1", epoch: 1, customer: "cust-full", meter: "disk_full"}
+	e.kafka.ProduceTo(t, topic, 0, encode(t, streams[0].next(rng, 3)))
+	m := e.start(func(c *ingest.Config) { c.StallAfter = 500 * time.Millisecond })
+	e.waitCaughtUp(30 * time.Second)
+	e.kafka.ProduceTo(t, topic, 0, encode(t, streams[1].next(rng, 2)), encode(t, full.next(rng, 1)), encode(t, streams[2].next(rng, 2)))
+
+	err = eventually(30*time.Second, func() error {
+		st, err := ingest.Status(ctx, e.pool, topic)
+		if err != nil {
+			return err
+		}
+		if s := st[0]; s.RetryingSince == nil || !strings.Contains(s.LastError, "SQLSTATE 53100") || s.State == "consuming" {
+			return fmt.Errorf("status %+v", s)
+		}
+		if g := m.Metric("tally_ingest_partition_stalled", map[string]string{"partition": "0"}); g != 1 {
+			return fmt.Errorf("stalled gauge %v", g)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("the stall is not visible: %v", err)
+	}
+	var dls int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM dead_letters`).Scan(&dls); err != nil || dls != 0 {
+		t.Fatalf("%d dead letters (%v): a retryable failure must not be dead-lettered", dls, err)
+	}
+	if _, err := e.pool.Exec(ctx, `DROP TRIGGER test_disk_full ON records`); err != nil {
+		t.Fatal(err)
+	}
+	e.waitCaughtUp(30 * time.Second)
+	st, err := ingest.Status(ctx, e.pool, topic)
+	if err != nil || st[0].State != "consuming" || st[0].RetryingSince != nil || st[0].LastError != "" {
+		t.Fatalf("after the fix: %+v %v", st, err)
+	}
+	if g := m.Metric("tally_ingest_partition_stalled", map[string]string{"partition": "0"}); g != 0 {
+		t.Errorf("stalled gauge %v after resuming", g)
+	}
+	m.Stop(t)
+	e.checkLedger(append(streams, full))
+	e.checkCounters()
+	e.checkOffsets()
 }
