@@ -23,6 +23,23 @@ type microBatch struct {
 	msgs     []message
 	records  int // records in decoded messages; a message refused whole counts 1 (for sizing only)
 	jumps    []jump
+	// Offsets that held no message for ingest and are no loss: by cause
+	// (skipCompaction, skipCommitMarker, skipAbortMarker).
+	skipped map[string]int64
+}
+
+// Causes of offsets skipped legitimately.
+const (
+	skipCompaction   = "compaction"         // a gap above the partition's first offset: compaction removed it
+	skipCommitMarker = "transaction_commit" // a transaction's commit marker
+	skipAbortMarker  = "transaction_abort"  // a transaction's abort marker
+)
+
+func (b *microBatch) skip(cause string, n int64) {
+	if b.skipped == nil {
+		b.skipped = map[string]int64{}
+	}
+	b.skipped[cause] += n
 }
 
 // message is one Kafka message and what Decode made of it.

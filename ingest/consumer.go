@@ -301,8 +301,11 @@ func (p *partition) newReader(next int64) *kafka.Reader {
 		ReadBackoffMin:        100 * time.Millisecond,
 		ReadBackoffMax:        time.Second,
 		OffsetOutOfRangeError: true,
-		Logger:                kafkaLogger(p.log, slog.LevelDebug),
-		ErrorLogger:           kafkaLogger(p.log, slog.LevelDebug),
+		// Never read past the last stable offset: a transaction still open
+		// is not read until it is decided.
+		IsolationLevel: kafka.ReadCommitted,
+		Logger:         kafkaLogger(p.log, slog.LevelDebug),
+		ErrorLogger:    kafkaLogger(p.log, slog.LevelDebug),
 	})
 	// SetOffset on a fresh partition reader only records the offset; it
 	// cannot fail before Close.
@@ -320,7 +323,7 @@ func (p *partition) consume(ctx context.Context, r *kafka.Reader, next *int64) e
 			// re-reads it from the stored offset.
 			return ctx.Err()
 		}
-		if len(b.msgs) > 0 {
+		if len(b.msgs) > 0 || b.to != b.from {
 			to, err := p.commit(ctx, b)
 			if err != nil {
 				return err
@@ -364,8 +367,10 @@ func (p *partition) collect(ctx context.Context, r *kafka.Reader, next int64) (*
 		cancel()
 		if err != nil {
 			if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+				p.classifyGaps(ctx, b)
 				return b, nil
 			}
+			p.classifyGaps(ctx, b)
 			return b, err
 		}
 		if deadline.IsZero() {
@@ -376,6 +381,7 @@ func (p *partition) collect(ctx context.Context, r *kafka.Reader, next int64) (*
 		}
 		p.add(b, m)
 	}
+	p.classifyGaps(ctx, b)
 	return b, nil
 }
 
@@ -447,6 +453,12 @@ func (p *partition) add(b *microBatch, m kafka.Message) {
 		detail := fmt.Sprintf("expected offset %d, the partition returned %d: %d messages were deleted (retention) "+
 			"or are missing before they were consumed", b.to, m.Offset, m.Offset-b.to)
 		b.jumps = append(b.jumps, jump{from: b.to, to: m.Offset, detail: detail})
+	}
+	if cause := controlRecord(m); cause != "" {
+		// kafka-go's Reader hands transaction markers over as messages.
+		b.skip(cause, 1)
+		b.to = m.Offset + 1
+		return
 	}
 	b.add(m)
 	b.to = m.Offset + 1
@@ -579,6 +591,16 @@ func (p *partition) committed(b *microBatch, s summary, took time.Duration) {
 		m.jumps.WithLabelValues(p.label).Inc()
 		p.log.Error("offset jump: messages were lost before ingest read them", "from", j.from, "to", j.to, "detail", j.detail)
 	}
+	for cause, n := range b.skipped {
+		m.skipped.WithLabelValues(cause).Add(float64(n))
+		if cause == skipAbortMarker {
+			m.anomalies.WithLabelValues("aborted_transaction").Inc()
+			p.log.Error("a Kafka transaction was aborted on this partition: kafka-go cannot filter aborted transactions, "+
+				"so its messages were applied like any other. A producer that retries them with the same operation ids "+
+				"is billed once; usage it abandoned is billed anyway: check the producer, and adjust if needed",
+				"markers", n, "from", b.from, "to", b.to)
+		}
+	}
 	lag := max(b.hwm-b.to, 0)
 	m.position(p.id, lag, b.through)
 	p.log.Debug("micro-batch committed", "from", b.from, "to", b.to, "messages", s.messages,
@@ -630,3 +652,58 @@ func kafkaLogger(log *slog.Logger, level slog.Level) kafka.Logger {
 
 // txOptions: READ COMMITTED is what ledger.Apply needs.
 var txOptions = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+
+// controlRecord recognises a transaction marker that kafka-go's Reader
+// returned as a message (it does not test the control bit of the record
+// batch): key = version 0 (int16) and type 0 (abort) or 1 (commit), value =
+// version 0 (int16) and the coordinator epoch (int32). A message key never
+// holds a NUL byte legitimately, so this cannot swallow usage.
+func controlRecord(m kafka.Message) string {
+	k, v := m.Key, m.Value
+	if len(k) != 4 || k[0] != 0 || k[1] != 0 || k[2] != 0 || k[3] > 1 || len(v) != 6 || v[0] != 0 || v[1] != 0 {
+		return ""
+	}
+	if k[3] == 1 {
+		return skipCommitMarker
+	}
+	return skipAbortMarker
+}
+
+// classifyGaps keeps as offset jumps only offsets that retention deleted:
+// those below the partition's first available offset. Retention deletes
+// from the head of the log; a gap above the first offset is compaction
+// (or a marker kafka-go did not return), no loss, and is counted as
+// skipped instead of paging an operator. If the first offset cannot be
+// read, every gap stays a jump: a possible loss is never hidden.
+func (p *partition) classifyGaps(ctx context.Context, b *microBatch) {
+	if len(b.jumps) == 0 {
+		return
+	}
+	first, _, err := p.offsets(ctx)
+	if err != nil {
+		p.log.Warn("cannot read the partition's first offset to tell compaction from retention; recording the gaps as offset jumps", "err", err)
+		return
+	}
+	b.jumps = splitGaps(b, first)
+}
+
+// splitGaps returns the part of each of b's jumps below first (retention
+// loss) and counts the rest as compaction.
+func splitGaps(b *microBatch, first int64) []jump {
+	var lost []jump
+	for _, j := range b.jumps {
+		if j.to <= first {
+			lost = append(lost, j)
+			continue
+		}
+		if j.from < first {
+			j.detail = fmt.Sprintf("expected offset %d, the partition's first available offset is %d: %d messages were deleted (retention) before they were consumed",
+				j.from, first, first-j.from)
+			lost = append(lost, jump{from: j.from, to: first, detail: j.detail})
+			b.skip(skipCompaction, j.to-first)
+			continue
+		}
+		b.skip(skipCompaction, j.to-j.from)
+	}
+	return lost
+}
