@@ -11,9 +11,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/ingest/wire"
+	"github.com/tally-ledger/tally/ledger"
 )
 
 // ReasonStoreRefused is the dead-letter reason of a message the database
@@ -52,14 +55,17 @@ func retryable(err error) bool {
 		switch pe.Code {
 		case "40001", "40P01", "40003", // serialization failure, deadlock, completion unknown
 			"55P03", "55006", // lock not available, object in use
-			"25P03": // idle-in-transaction timeout
+			"25P03", // idle-in-transaction timeout
+			"25006": // read-only transaction: a standby, during a failover
 			return true
 		}
 		switch pe.Code[:min(2, len(pe.Code))] {
 		case "08", // connection exception
-			"53", // insufficient resources: disk full, out of memory, too many connections
-			"57", // operator intervention: admin or crash shutdown, statement timeout, cannot connect now
-			"58": // system error (I/O)
+			"53",       // insufficient resources: disk full, out of memory, too many connections
+			"57",       // operator intervention: admin or crash shutdown, statement timeout, cannot connect now
+			"58",       // system error (I/O)
+			"42",       // undefined table or column, insufficient privilege: the schema, not the data
+			"3D", "3F": // invalid database or schema name
 			return true
 		}
 		return false
@@ -88,6 +94,15 @@ func (p *partition) isolate(ctx context.Context, b *microBatch, r *refusal) (int
 		// reported stalled after StallAfter).
 		return b.to, p.attempt(ctx, b, -1)
 	case 1:
+		if cerr := p.canary(ctx); cerr != nil {
+			// The database refuses a harmless record too: the fault is
+			// not this message's (a broken schema, revoked privileges).
+			// Dead-lettering would refuse every message one by one;
+			// retry instead, visibly, until the database is fixed.
+			p.log.Error("the database refuses any record, not only this message's: retrying until it is fixed (nothing is dead-lettered)",
+				"offset", b.msgs[0].offset, "err", r.err, "canary_err", cerr)
+			return b.to, p.attempt(ctx, b, -1)
+		}
 		rb := b.refuse(r.err)
 		m := &rb.msgs[0]
 		p.log.Error("the database refuses this message: stored as a store_refused dead letter, the partition moves on; "+
@@ -109,6 +124,28 @@ func (p *partition) isolate(ctx context.Context, b *microBatch, r *refusal) (int
 		}
 	}
 	return b.to, nil
+}
+
+// canary applies a harmless record in a transaction that is always rolled
+// back: it tells a message the database refuses from a database that
+// refuses everything.
+func (p *partition) canary(parent context.Context) error {
+	cfg := p.c.cfg
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), cfg.TxTimeout)
+	defer cancel()
+	tx, err := cfg.Pool.BeginTx(ctx, txOptions)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	id, err := uuid.NewV7()
+	if err != nil {
+		return err
+	}
+	_, err = cfg.Ledger.Apply(ctx, tx, []ledger.Record{{OperationID: id,
+		Stream: ledger.StreamKey{Producer: "tally-canary", Epoch: 1, Customer: "tally-canary", Meter: "tally-canary"},
+		Seq:    1, Total: decimal.Zero, OccurredAt: cfg.Clock().UTC().Add(-time.Minute)}})
+	return err
 }
 
 // split returns b's two halves by message: consecutive ranges of offsets,

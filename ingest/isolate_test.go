@@ -3,6 +3,7 @@ package ingest_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -87,6 +88,9 @@ func TestBisectionIsolatesTheRefusedMessage(t *testing.T) {
 		if !strings.Contains(d.Detail, "SQLSTATE P0001") || !strings.Contains(d.Detail, "refused by a test trigger") {
 			t.Errorf("dead letter detail %q lacks the SQLSTATE and the database's message", d.Detail)
 		}
+	}
+	if js, err := json.MarshalIndent(dls[1], "", "  "); err == nil {
+		t.Logf("a store_refused dead letter, as GET /v1/dead-letters shows it:\n%s", js)
 	}
 	if got := m.Metric("tally_ingest_dead_letters_total", map[string]string{"reason": "store_refused"}); got != 2 {
 		t.Errorf("store_refused dead letters metric = %v, want 2", got)
@@ -182,4 +186,58 @@ CREATE TRIGGER test_disk_full BEFORE INSERT ON records FOR EACH ROW WHEN (NEW.me
 	e.checkLedger(append(streams, full))
 	e.checkCounters()
 	e.checkOffsets()
+}
+
+// A database that refuses every record (here a trigger raising on all of
+// them; in life a broken schema) is not a reason to dead-letter messages
+// one by one: the harmless canary record is refused too, so ingest retries,
+// visibly, and once the database is fixed it bills everything exactly once,
+// with no dead letter.
+func TestDatabaseRefusingEverythingIsNotDeadLettered(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	ctx := context.Background()
+	_, err := e.pool.Exec(ctx, `
+CREATE FUNCTION test_refuse_all() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'records are refused by a test trigger';
+END $$;
+CREATE TRIGGER test_refuse_all BEFORE INSERT ON records FOR EACH ROW EXECUTE FUNCTION test_refuse_all();`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(16, 17))
+	streams := models(3)
+	var msgs []kafka.Message
+	for i := range 6 {
+		msgs = append(msgs, encode(t, streams[i%3].next(rng, 2)))
+	}
+	e.kafka.ProduceTo(t, topic, 0, msgs...)
+	m := e.start()
+	err = eventually(30*time.Second, func() error {
+		st, err := ingest.Status(ctx, e.pool, topic)
+		if err != nil || len(st) == 0 || !strings.Contains(st[0].LastError, "refused by a test trigger") {
+			return fmt.Errorf("status %+v %v", st, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // let it retry a while
+	var dls int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM dead_letters`).Scan(&dls); err != nil || dls != 0 {
+		t.Fatalf("%d dead letters (%v) while the database refused everything; want none", dls, err)
+	}
+	if _, err := e.pool.Exec(ctx, `DROP TRIGGER test_refuse_all ON records`); err != nil {
+		t.Fatal(err)
+	}
+	e.waitCaughtUp(30 * time.Second)
+	m.Stop(t)
+	e.checkLedger(streams)
+	e.checkCounters()
+	e.checkOffsets()
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM dead_letters`).Scan(&dls); err != nil || dls != 0 {
+		t.Fatalf("%d dead letters (%v); want none", dls, err)
+	}
 }
