@@ -457,10 +457,9 @@ func (p *partition) add(b *microBatch, m kafka.Message) {
 	if cause := controlRecord(m); cause != "" {
 		// kafka-go's Reader hands transaction markers over as messages.
 		b.skip(cause, 1)
-		b.to = m.Offset + 1
-		return
+	} else {
+		b.add(m)
 	}
-	b.add(m)
 	b.to = m.Offset + 1
 	if m.HighWaterMark > b.hwm {
 		b.hwm = m.HighWaterMark

@@ -94,14 +94,25 @@ func (p *partition) isolate(ctx context.Context, b *microBatch, r *refusal) (int
 		// reported stalled after StallAfter).
 		return b.to, p.attempt(ctx, b, -1)
 	case 1:
-		if cerr := p.canary(ctx); cerr != nil {
+		for round := 0; ; round++ {
+			cerr := p.canary(ctx)
+			if cerr == nil {
+				break
+			}
 			// The database refuses a harmless record too: the fault is
-			// not this message's (a broken schema, revoked privileges).
-			// Dead-lettering would refuse every message one by one;
-			// retry instead, visibly, until the database is fixed.
+			// not this message's (a broken schema, revoked privileges,
+			// or Postgres is unreachable). Dead-lettering would refuse
+			// every message one by one; retry instead, visibly, until
+			// the message commits or the canary passes.
 			p.log.Error("the database refuses any record, not only this message's: retrying until it is fixed (nothing is dead-lettered)",
 				"offset", b.msgs[0].offset, "err", r.err, "canary_err", cerr)
-			return b.to, p.attempt(ctx, b, -1)
+			if !sleep(ctx, p.c.backoff(round)) {
+				return 0, ctx.Err()
+			}
+			err := p.attempt(ctx, b, 1)
+			if !errors.As(err, &r) {
+				return b.to, err // committed (nil), fenced, or ctx ended
+			}
 		}
 		rb := b.refuse(r.err)
 		m := &rb.msgs[0]
