@@ -241,3 +241,69 @@ CREATE TRIGGER test_refuse_all BEFORE INSERT ON records FOR EACH ROW EXECUTE FUN
 		t.Fatalf("%d dead letters (%v); want none", dls, err)
 	}
 }
+
+// A full default micro-batch (5000 one-record messages) with one message
+// the database refuses: bisection finds exactly that one. The time to
+// catch up is logged beside that of the same messages with nothing refused
+// (what one bad message costs a partition); it is not asserted.
+func TestBisectionOfAFullMicroBatch(t *testing.T) {
+	t.Parallel()
+	const n = ingest.DefaultMaxBatchRecords
+	rng := rand.New(rand.NewPCG(18, 19))
+	bad := 1 + rng.IntN(n-1)
+	run := func(poisoned bool) time.Duration {
+		e := newEnv(t, 1)
+		if poisoned {
+			installPoison(t, e)
+		}
+		rng := rand.New(rand.NewPCG(20, 21))
+		streams := models(10)
+		poison := &streamModel{producer: "gw-1", epoch: 1, customer: "cust-poison", meter: "poison"}
+		msgs := make([]kafka.Message, 0, n)
+		for i := range n {
+			s := streams[i%len(streams)]
+			if i == bad {
+				s = poison
+			}
+			msgs = append(msgs, encode(t, s.next(rng, 1)))
+		}
+		e.kafka.ProduceTo(t, topic, 0, msgs...)
+		t0 := time.Now()
+		m := e.start(func(c *ingest.Config) {
+			c.MaxBatchRecords, c.MaxBatchWait = n, 10*time.Second // one micro-batch
+			c.RetryMin, c.RetryMax = ingest.DefaultRetryMin, ingest.DefaultRetryMax
+		})
+		e.waitCaughtUp(180 * time.Second)
+		took := time.Since(t0)
+		m.Stop(t)
+		if !poisoned {
+			e.checkLedger(append(streams, poison))
+			return took
+		}
+		e.checkLedger(streams)
+		e.checkOffsets()
+		e.checkCounters()
+		var offs []int64
+		rows, err := e.pool.Query(context.Background(), `SELECT "offset" FROM dead_letters WHERE reason = 'store_refused'`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for rows.Next() {
+			var o int64
+			if err := rows.Scan(&o); err != nil {
+				t.Fatal(err)
+			}
+			offs = append(offs, o)
+		}
+		rows.Close()
+		if len(offs) != 1 || offs[0] != int64(bad) {
+			t.Fatalf("store_refused dead letters at %v, want exactly offset %d", offs, bad)
+		}
+		t.Logf("transactions committed: %v", m.Metric("tally_ingest_batches_total", nil))
+		return took
+	}
+	clean := run(false)
+	poisoned := run(true)
+	t.Logf("%d messages in one micro-batch: caught up in %v with nothing refused, %v with the message at offset %d refused and isolated",
+		n, clean.Round(time.Millisecond), poisoned.Round(time.Millisecond), bad)
+}
