@@ -5,8 +5,10 @@ import (
 	_ "embed"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
+	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/migrations"
 )
 
@@ -35,8 +37,36 @@ func (a *API) readyz(w http.ResponseWriter, r *http.Request) error {
 	if current != latest {
 		return notReady(fmt.Sprintf("schema version %d, this binary needs %d: run `tally migrate`", current, latest))
 	}
+	if detail, err := stalledIngest(ctx, a.pool); err != nil {
+		a.log.WarnContext(ctx, "readyz: ingest status", "err", err)
+		return notReady("cannot read the ingest status")
+	} else if detail != "" {
+		return notReady(detail)
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "schema_version": current})
 	return nil
+}
+
+// stalledIngest names the partitions whose micro-batch has been retried for
+// longer than ingest.StallAfter (their usage is not being applied), or
+// returns "" when there are none.
+func stalledIngest(ctx context.Context, db ingest.DBTX) (string, error) {
+	st, err := ingest.Status(ctx, db, "")
+	if err != nil {
+		return "", err
+	}
+	var stalled []string
+	for _, s := range st {
+		if s.State == "stalled" {
+			stalled = append(stalled, fmt.Sprintf("%s/%d retrying since %s (last error: %s)",
+				s.Topic, s.Partition, s.RetryingSince.Format(time.RFC3339), s.LastError))
+		}
+	}
+	if len(stalled) == 0 {
+		return "", nil
+	}
+	return "ingest stalled, usage is not being applied on partition " + strings.Join(stalled, "; partition ") +
+		"; see /v1/ingest/status and the ingest log", nil
 }
 
 //go:embed openapi.json

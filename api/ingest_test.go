@@ -134,3 +134,75 @@ func TestDeadLettersListAndReplay(t *testing.T) {
 		t.Fatalf("fields %s", got)
 	}
 }
+
+// A partition retrying its micro-batch for over a minute is visible: its
+// state, since when and its last error in /v1/ingest/status, and /readyz is
+// not ready, naming it. One retrying for less is shown but still ready.
+func TestIngestStallVisible(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.exec(`INSERT INTO ingest_partitions (topic, partition, next_offset, retrying_since, last_error) VALUES
+		('tally.meter-batches', 0, 7, now() - interval '10 seconds', 'commit: connection refused'),
+		('tally.meter-batches', 1, 3, NULL, NULL)`)
+	if m := f.do("GET", "/readyz", "", nil).json(t); m["status"] != "ready" {
+		t.Fatalf("readyz while retrying for 10s: %v", m)
+	}
+	f.exec(`INSERT INTO ingest_partitions (topic, partition, next_offset, retrying_since, last_error) VALUES
+		('tally.meter-batches', 2, 9, now() - interval '2 minutes', 'dead letters and counters: ERROR: no space left on device (SQLSTATE 53100)')`)
+	var st struct {
+		Partitions []struct {
+			Partition     int
+			State         string
+			RetryingSince *string `json:"retrying_since"`
+			LastError     string  `json:"last_error"`
+		}
+	}
+	r := f.do("GET", "/v1/ingest/status", adminToken, nil)
+	if err := json.Unmarshal(r.body, &st); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"retrying", "consuming", "stalled"}
+	if len(st.Partitions) != 3 {
+		t.Fatalf("status: %s", r.body)
+	}
+	for i, p := range st.Partitions {
+		if p.State != want[i] || (p.RetryingSince == nil) != (i == 1) || (p.LastError == "") != (i == 1) {
+			t.Errorf("partition %d: state %q since %v error %q; want %s", p.Partition, p.State, p.RetryingSince, p.LastError, want[i])
+		}
+	}
+	p := f.do("GET", "/readyz", "", nil).problem(t, 503, "urn:tally:problem:not-ready")
+	if !strings.Contains(p.Detail, "tally.meter-batches/2 retrying since") || !strings.Contains(p.Detail, "SQLSTATE 53100") ||
+		strings.Contains(p.Detail, "/0 ") {
+		t.Fatalf("readyz detail %q, want partition 2 named with its error, and only it", p.Detail)
+	}
+}
+
+// A dead letter shows what arrived: a null value (a Kafka tombstone) and a
+// null key as null, an empty value as "", and bytes that are not UTF-8 in
+// base64 as well.
+func TestDeadLetterNullEmptyAndBinary(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.exec(`INSERT INTO dead_letters (id, topic, partition, "offset", reason, detail, key, raw, created_at) VALUES
+		('019a3c8e-7a40-7000-8000-000000000001', 'tally.meter-batches', 0, 1, 'bad_json', 'null', 'acme', NULL, now()),
+		('019a3c8e-7a40-7000-8000-000000000002', 'tally.meter-batches', 0, 2, 'bad_json', 'empty', NULL, '', now()),
+		('019a3c8e-7a40-7000-8000-000000000003', 'tally.meter-batches', 0, 3, 'bad_key', 'binary', '\xff00', '\x7b00ff', now())`)
+	r := f.do("GET", "/v1/dead-letters", adminToken, nil)
+	var page struct{ Items []map[string]any }
+	if err := json.Unmarshal(r.body, &page); err != nil || len(page.Items) != 3 {
+		t.Fatalf("%v: %s", err, r.body)
+	}
+	tomb, empty, bin := page.Items[0], page.Items[1], page.Items[2]
+	if tomb["raw"] != nil || tomb["key"] != "acme" {
+		t.Errorf("tombstone: %v", tomb)
+	}
+	if empty["raw"] != "" || empty["key"] != nil {
+		t.Errorf("empty value with a null key: %v", empty)
+	}
+	if bin["raw_base64"] != "ewD/" || bin["key_base64"] != "/wA=" || bin["raw"] != "{\x00\uFFFD" {
+		t.Errorf("binary: %v", bin)
+	}
+	if _, ok := tomb["raw_base64"]; ok {
+		t.Errorf("raw_base64 shown for valid UTF-8: %v", tomb)
+	}
+}

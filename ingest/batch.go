@@ -23,11 +23,29 @@ type microBatch struct {
 	msgs     []message
 	records  int // records in decoded messages; a message refused whole counts 1 (for sizing only)
 	jumps    []jump
+	// Offsets that held no message for ingest and are no loss: by cause
+	// (skipCompaction, skipCommitMarker, skipAbortMarker).
+	skipped map[string]int64
+}
+
+// Causes of offsets skipped legitimately.
+const (
+	skipCompaction   = "compaction"         // a gap above the partition's first offset: compaction removed it
+	skipCommitMarker = "transaction_commit" // a transaction's commit marker
+	skipAbortMarker  = "transaction_abort"  // a transaction's abort marker
+)
+
+func (b *microBatch) skip(cause string, n int64) {
+	if b.skipped == nil {
+		b.skipped = map[string]int64{}
+	}
+	b.skipped[cause] += n
 }
 
 // message is one Kafka message and what Decode made of it.
 type message struct {
 	offset   int64
+	time     time.Time // the Kafka timestamp
 	key      []byte
 	value    []byte
 	batch    wire.Batch
@@ -43,7 +61,7 @@ type jump struct {
 }
 
 func (b *microBatch) add(m kafka.Message) {
-	msg := message{offset: m.Offset, key: m.Key, value: m.Value}
+	msg := message{offset: m.Offset, time: m.Time, key: m.Key, value: m.Value}
 	wb, index, rejected, err := decode(m.Key, m.Value)
 	if err != nil {
 		var we *wire.Error
@@ -139,10 +157,15 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 
 	tx, err := cfg.Pool.BeginTx(ctx, txOptions)
 	if err != nil {
-		return s, fmt.Errorf("begin: %w", err)
+		return s, &connLost{fmt.Errorf("begin: %w", err)}
 	}
 	defer func() {
 		if err != nil {
+			// A closed connection means the connection failed, not the
+			// data (asked before Rollback hands the connection back).
+			if tx.Conn().IsClosed() && !errors.Is(err, errFenced) {
+				err = &connLost{err}
+			}
 			// Rollback errors add nothing: the connection is discarded and
 			// the server rolls back on its own.
 			_ = tx.Rollback(context.WithoutCancel(ctx))

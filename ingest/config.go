@@ -65,6 +65,11 @@ type Config struct {
 	RetryMin, RetryMax time.Duration
 	// TxTimeout bounds one attempt of a micro-batch transaction. Default 30s.
 	TxTimeout time.Duration
+	// StallAfter is how long a partition retries a failing micro-batch
+	// before this member reports it stalled (the
+	// tally_ingest_partition_stalled gauge and an ERROR line). Default
+	// StallAfter (1m), which is also what /v1/ingest/status and /readyz use.
+	StallAfter time.Duration
 	// PositionInterval is how often an idle partition checks that it is
 	// caught up and advances its applied-through time. Default 1s.
 	PositionInterval time.Duration
@@ -117,6 +122,7 @@ func (c Config) withDefaults() Config {
 	def(&c.RetryMin, DefaultRetryMin)
 	def(&c.RetryMax, DefaultRetryMax)
 	def(&c.TxTimeout, DefaultTxTimeout)
+	def(&c.StallAfter, StallAfter)
 	def(&c.PositionInterval, DefaultPositionInterval)
 	def(&c.HeartbeatInterval, DefaultHeartbeatInterval)
 	def(&c.SessionTimeout, DefaultSessionTimeout)
@@ -157,7 +163,7 @@ func (c Config) Validate() error {
 		v    time.Duration
 	}{
 		{"MaxBatchWait", c.MaxBatchWait}, {"RetryMin", c.RetryMin}, {"RetryMax", c.RetryMax},
-		{"TxTimeout", c.TxTimeout}, {"PositionInterval", c.PositionInterval},
+		{"TxTimeout", c.TxTimeout}, {"StallAfter", c.StallAfter}, {"PositionInterval", c.PositionInterval},
 		{"HeartbeatInterval", c.HeartbeatInterval}, {"SessionTimeout", c.SessionTimeout},
 		{"RebalanceTimeout", c.RebalanceTimeout}, {"FetchMaxWait", c.FetchMaxWait},
 	} {

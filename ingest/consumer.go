@@ -131,6 +131,7 @@ type partition struct {
 	aheadLog bool // logged "stored offset ahead of the partition's end" already
 
 	lastKafkaCommit time.Time
+	stall           stall
 }
 
 // runPartition must not return before the generation ends: a function
@@ -138,8 +139,10 @@ type partition struct {
 func (c *Consumer) runPartition(ctx context.Context, gen *kafka.Generation, id int) {
 	p := &partition{c: c, gen: gen, id: id, label: strconv.Itoa(id),
 		log: c.log.With("partition", id, "generation", gen.ID)}
+	c.m.stalled.WithLabelValues(p.label).Set(0)
 	p.run(ctx)
 	<-ctx.Done()
+	c.m.stalled.WithLabelValues(p.label).Set(0) // the next owner reports its own state
 }
 
 func (p *partition) run(ctx context.Context) {
@@ -298,8 +301,11 @@ func (p *partition) newReader(next int64) *kafka.Reader {
 		ReadBackoffMin:        100 * time.Millisecond,
 		ReadBackoffMax:        time.Second,
 		OffsetOutOfRangeError: true,
-		Logger:                kafkaLogger(p.log, slog.LevelDebug),
-		ErrorLogger:           kafkaLogger(p.log, slog.LevelDebug),
+		// Never read past the last stable offset: a transaction still open
+		// is not read until it is decided.
+		IsolationLevel: kafka.ReadCommitted,
+		Logger:         kafkaLogger(p.log, slog.LevelDebug),
+		ErrorLogger:    kafkaLogger(p.log, slog.LevelDebug),
 	})
 	// SetOffset on a fresh partition reader only records the offset; it
 	// cannot fail before Close.
@@ -317,7 +323,7 @@ func (p *partition) consume(ctx context.Context, r *kafka.Reader, next *int64) e
 			// re-reads it from the stored offset.
 			return ctx.Err()
 		}
-		if len(b.msgs) > 0 {
+		if len(b.msgs) > 0 || b.to != b.from {
 			to, err := p.commit(ctx, b)
 			if err != nil {
 				return err
@@ -361,16 +367,76 @@ func (p *partition) collect(ctx context.Context, r *kafka.Reader, next int64) (*
 		cancel()
 		if err != nil {
 			if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+				p.classifyGaps(ctx, b)
 				return b, nil
 			}
+			p.classifyGaps(ctx, b)
 			return b, err
 		}
 		if deadline.IsZero() {
 			deadline = time.Now().Add(cfg.MaxBatchWait)
 		}
+		if m.Key == nil || m.Value == nil {
+			p.exactNulls(ctx, &m)
+		}
 		p.add(b, m)
 	}
+	p.classifyGaps(ctx, b)
 	return b, nil
+}
+
+// exactNulls tells a null key or value from an empty one: kafka-go's
+// Reader returns nil for both, but a dead letter keeps what arrived (a
+// tombstone's value is NULL, an empty value is empty). It re-reads the one
+// message through the protocol-level Fetch, which keeps the difference;
+// tombstones and empty values are rare, so the hot path never pays for it.
+// If Kafka cannot answer within a few tries, nil stays nil (stored as NULL)
+// and a warning says so.
+func (p *partition) exactNulls(ctx context.Context, m *kafka.Message) {
+	var err error
+	for attempt := 0; attempt < 5 && ctx.Err() == nil; attempt++ {
+		var key, value bool // null?
+		if key, value, err = p.fetchNulls(ctx, m.Offset); err == nil {
+			if m.Key == nil && !key {
+				m.Key = []byte{}
+			}
+			if m.Value == nil && !value {
+				m.Value = []byte{}
+			}
+			return
+		}
+		if !sleep(ctx, p.c.backoff(attempt)) {
+			return
+		}
+	}
+	p.log.Warn("cannot tell a null key or value from an empty one; storing it as null", "offset", m.Offset, "err", err)
+}
+
+// fetchNulls reports whether the key and the value of the message at offset
+// are null.
+func (p *partition) fetchNulls(ctx context.Context, offset int64) (key, value bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	res, err := p.c.client.Fetch(ctx, &kafka.FetchRequest{Topic: p.c.cfg.Topic, Partition: p.id, Offset: offset,
+		MinBytes: 1, MaxBytes: 2 << 20, MaxWait: time.Second, IsolationLevel: kafka.ReadCommitted})
+	if err != nil {
+		return false, false, err
+	}
+	if res.Error != nil {
+		return false, false, res.Error
+	}
+	if res.Records == nil {
+		return false, false, fmt.Errorf("fetch offset %d: no records", offset)
+	}
+	for {
+		r, err := res.Records.ReadRecord()
+		if err != nil {
+			return false, false, fmt.Errorf("fetch offset %d: %w", offset, err)
+		}
+		if r.Offset == offset {
+			return r.Key == nil, r.Value == nil, nil
+		}
+	}
 }
 
 // add appends m to b, checking its offset.
@@ -388,7 +454,12 @@ func (p *partition) add(b *microBatch, m kafka.Message) {
 			"or are missing before they were consumed", b.to, m.Offset, m.Offset-b.to)
 		b.jumps = append(b.jumps, jump{from: b.to, to: m.Offset, detail: detail})
 	}
-	b.add(m)
+	if cause := controlRecord(m); cause != "" {
+		// kafka-go's Reader hands transaction markers over as messages.
+		b.skip(cause, 1)
+	} else {
+		b.add(m)
+	}
 	b.to = m.Offset + 1
 	if m.HighWaterMark > b.hwm {
 		b.hwm = m.HighWaterMark
@@ -432,30 +503,52 @@ func (p *partition) idle(ctx context.Context, next int64) (int64, error) {
 	return next, nil
 }
 
-// commit applies b in one transaction, retrying Postgres failures with
-// backoff until it commits, is fenced, or ctx ends. It returns the new
-// stored next offset.
+// commit applies b in one transaction, retrying failures that pass
+// (connection loss, timeouts, serialization failures, deadlocks, a server
+// shutting down) with backoff until it commits, is fenced, or ctx ends. Any
+// other failure that repeats on retry is the database refusing something in
+// b: b is then bisected until the message it refuses alone is found, that
+// message becomes a store_refused dead letter and the others commit in
+// order (see isolate). It returns the new stored next offset.
 func (p *partition) commit(ctx context.Context, b *microBatch) (int64, error) {
+	err := p.attempt(ctx, b, 2)
+	var r *refusal
+	if errors.As(err, &r) {
+		return p.isolate(ctx, b, r)
+	}
+	if err != nil {
+		return 0, err
+	}
+	return b.to, nil
+}
+
+// attempt runs b's transaction until it commits (nil), is fenced
+// (errFenced), ctx ends, or it failed refusals times in a row with an error
+// that is not worth retrying (a *refusal).
+func (p *partition) attempt(ctx context.Context, b *microBatch, refusals int) error {
+	refused := 0
 	for attempt := 0; ; attempt++ {
 		t0 := time.Now()
 		s, err := p.tryCommit(ctx, b)
 		if err == nil {
 			p.committed(b, s, time.Since(t0))
-			return b.to, nil
+			return nil
 		}
 		if errors.Is(err, errFenced) {
 			p.c.m.fenced.Inc()
-			return 0, err
+			return err
 		}
-		p.c.m.retries.WithLabelValues("postgres").Inc()
-		level := slog.LevelWarn
-		if attempt >= 5 {
-			level = slog.LevelError // not a blip any more: the partition is stalled
+		cause := "postgres"
+		if !retryable(err) {
+			cause = "refused"
+			if refused++; refusals > 0 && refused >= refusals {
+				return &refusal{err: err}
+			}
 		}
-		p.log.Log(context.Background(), level, "micro-batch transaction failed; rolled back, will retry the same batch",
-			"err", err, "attempt", attempt+1, "from", b.from, "to", b.to)
+		p.c.m.retries.WithLabelValues(cause).Inc()
+		p.retrying(ctx, b, err, attempt)
 		if !sleep(ctx, p.c.backoff(attempt)) {
-			return 0, ctx.Err()
+			return ctx.Err()
 		}
 		// A failed COMMIT may have committed after all: the stored offset
 		// tells.
@@ -466,10 +559,10 @@ func (p *partition) commit(ctx context.Context, b *microBatch) (int64, error) {
 		case stored == b.to && b.to != b.from:
 			p.log.Info("the failed commit had committed", "to", b.to)
 			p.committed(b, s, time.Since(t0))
-			return b.to, nil
+			return nil
 		case stored != b.from:
 			p.c.m.fenced.Inc()
-			return 0, errFenced
+			return errFenced
 		}
 	}
 }
@@ -480,6 +573,7 @@ func (p *partition) commit(ctx context.Context, b *microBatch) (int64, error) {
 // quantity is ever a metric value.
 func (p *partition) committed(b *microBatch, s summary, took time.Duration) {
 	m := p.c.m
+	p.resumed()
 	m.batches.Inc()
 	m.txSeconds.Observe(took.Seconds())
 	for k, n := range s.outcomes {
@@ -495,6 +589,16 @@ func (p *partition) committed(b *microBatch, s summary, took time.Duration) {
 	for _, j := range b.jumps {
 		m.jumps.WithLabelValues(p.label).Inc()
 		p.log.Error("offset jump: messages were lost before ingest read them", "from", j.from, "to", j.to, "detail", j.detail)
+	}
+	for cause, n := range b.skipped {
+		m.skipped.WithLabelValues(cause).Add(float64(n))
+		if cause == skipAbortMarker {
+			m.anomalies.WithLabelValues("aborted_transaction").Inc()
+			p.log.Error("a Kafka transaction was aborted on this partition: kafka-go cannot filter aborted transactions, "+
+				"so its messages were applied like any other. A producer that retries them with the same operation ids "+
+				"is billed once; usage it abandoned is billed anyway: check the producer, and adjust if needed",
+				"markers", n, "from", b.from, "to", b.to)
+		}
 	}
 	lag := max(b.hwm-b.to, 0)
 	m.position(p.id, lag, b.through)
@@ -547,3 +651,58 @@ func kafkaLogger(log *slog.Logger, level slog.Level) kafka.Logger {
 
 // txOptions: READ COMMITTED is what ledger.Apply needs.
 var txOptions = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+
+// controlRecord recognises a transaction marker that kafka-go's Reader
+// returned as a message (it does not test the control bit of the record
+// batch): key = version 0 (int16) and type 0 (abort) or 1 (commit), value =
+// version 0 (int16) and the coordinator epoch (int32). A message key never
+// holds a NUL byte legitimately, so this cannot swallow usage.
+func controlRecord(m kafka.Message) string {
+	k, v := m.Key, m.Value
+	if len(k) != 4 || k[0] != 0 || k[1] != 0 || k[2] != 0 || k[3] > 1 || len(v) != 6 || v[0] != 0 || v[1] != 0 {
+		return ""
+	}
+	if k[3] == 1 {
+		return skipCommitMarker
+	}
+	return skipAbortMarker
+}
+
+// classifyGaps keeps as offset jumps only offsets that retention deleted:
+// those below the partition's first available offset. Retention deletes
+// from the head of the log; a gap above the first offset is compaction
+// (or a marker kafka-go did not return), no loss, and is counted as
+// skipped instead of paging an operator. If the first offset cannot be
+// read, every gap stays a jump: a possible loss is never hidden.
+func (p *partition) classifyGaps(ctx context.Context, b *microBatch) {
+	if len(b.jumps) == 0 {
+		return
+	}
+	first, _, err := p.offsets(ctx)
+	if err != nil {
+		p.log.Warn("cannot read the partition's first offset to tell compaction from retention; recording the gaps as offset jumps", "err", err)
+		return
+	}
+	b.jumps = splitGaps(b, first)
+}
+
+// splitGaps returns the part of each of b's jumps below first (retention
+// loss) and counts the rest as compaction.
+func splitGaps(b *microBatch, first int64) []jump {
+	var lost []jump
+	for _, j := range b.jumps {
+		if j.to <= first {
+			lost = append(lost, j)
+			continue
+		}
+		if j.from < first {
+			j.detail = fmt.Sprintf("expected offset %d, the partition's first available offset is %d: %d messages were deleted (retention) before they were consumed",
+				j.from, first, first-j.from)
+			lost = append(lost, jump{from: j.from, to: first, detail: j.detail})
+			b.skip(skipCompaction, j.to-first)
+			continue
+		}
+		b.skip(skipCompaction, j.to-j.from)
+	}
+	return lost
+}

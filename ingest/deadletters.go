@@ -2,12 +2,14 @@ package ingest
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -24,21 +26,30 @@ var (
 
 // DeadLetter is input that ingest refused, with its exact bytes.
 type DeadLetter struct {
-	ID            uuid.UUID  `json:"id"`
-	Topic         string     `json:"topic"`
-	Partition     int32      `json:"partition"`
-	Offset        int64      `json:"offset"`
-	RecordIndex   *int32     `json:"record_index"` // nil: the whole message was refused
-	Reason        string     `json:"reason"`
-	Field         string     `json:"field,omitempty"`
-	Detail        string     `json:"detail"`
-	Key           string     `json:"key"` // the message key (the customer id, if it was one)
-	Raw           string     `json:"raw"` // the refused bytes (the message, or the record's JSON)
+	ID          uuid.UUID `json:"id"`
+	Topic       string    `json:"topic"`
+	Partition   int32     `json:"partition"`
+	Offset      int64     `json:"offset"`
+	RecordIndex *int32    `json:"record_index"` // nil: the whole message was refused
+	Reason      string    `json:"reason"`
+	Field       string    `json:"field,omitempty"`
+	Detail      string    `json:"detail"`
+	// Key is the message key (the customer id, if it was one) and Raw the
+	// refused bytes (the message value, or the record's JSON), as text:
+	// nil for a null key or value (a Kafka tombstone), "" for an empty
+	// one, invalid UTF-8 replaced by U+FFFD. When that replacement changed
+	// them, KeyBase64 and RawBase64 hold the exact bytes.
+	Key           *string    `json:"key"`
+	Raw           *string    `json:"raw"`
+	KeyBase64     string     `json:"key_base64,omitempty"`
+	RawBase64     string     `json:"raw_base64,omitempty"`
 	Producer      *string    `json:"producer,omitempty"`
 	Epoch         *int64     `json:"epoch,omitempty"`
 	CreatedAt     time.Time  `json:"created_at"`
 	ReplayedAt    *time.Time `json:"replayed_at"`
 	ReplayOutcome *string    `json:"replay_outcome"`
+
+	key, raw []byte // exactly as stored (nil: NULL), for Replay
 }
 
 // DeadLetterFilter selects dead letters; results are ordered by id
@@ -51,7 +62,7 @@ type DeadLetterFilter struct {
 }
 
 const deadLetterColumns = `id, topic, partition, "offset", record_index, reason, coalesce(field, ''), detail,
-       coalesce(key, ''::bytea), raw, producer, epoch, created_at, replayed_at, replay_outcome`
+       key, raw, producer, epoch, created_at, replayed_at, replay_outcome`
 
 // ListDeadLetters returns a page of dead letters.
 func ListDeadLetters(ctx context.Context, db DBTX, f DeadLetterFilter) ([]DeadLetter, error) {
@@ -83,11 +94,25 @@ func GetDeadLetter(ctx context.Context, db DBTX, id uuid.UUID) (DeadLetter, erro
 
 func scanDeadLetter(row pgx.CollectableRow) (DeadLetter, error) {
 	var d DeadLetter
-	var key, raw []byte
 	err := row.Scan(&d.ID, &d.Topic, &d.Partition, &d.Offset, &d.RecordIndex, &d.Reason, &d.Field, &d.Detail,
-		&key, &raw, &d.Producer, &d.Epoch, &d.CreatedAt, &d.ReplayedAt, &d.ReplayOutcome)
-	d.Key, d.Raw = strings.ToValidUTF8(string(key), "\uFFFD"), strings.ToValidUTF8(string(raw), "\uFFFD")
+		&d.key, &d.raw, &d.Producer, &d.Epoch, &d.CreatedAt, &d.ReplayedAt, &d.ReplayOutcome)
+	d.Key, d.KeyBase64 = shownBytes(d.key)
+	d.Raw, d.RawBase64 = shownBytes(d.raw)
 	return d, err
+}
+
+// shownBytes returns b as text (nil for nil) and, when b is not valid
+// UTF-8, its exact bytes in base64.
+func shownBytes(b []byte) (*string, string) {
+	if b == nil {
+		return nil, ""
+	}
+	s := string(b)
+	if utf8.ValidString(s) {
+		return &s, ""
+	}
+	s = strings.ToValidUTF8(s, "\uFFFD")
+	return &s, base64.StdEncoding.EncodeToString(b)
 }
 
 // ReplayResult says what replaying a dead letter did.
@@ -122,20 +147,20 @@ func Replay(ctx context.Context, tx pgx.Tx, l *ledger.Ledger, id uuid.UUID, now 
 		return res, ErrAlreadyReplayed
 	}
 
-	value := []byte(d.Raw)
+	value := d.raw
 	if d.RecordIndex != nil {
 		if d.Producer == nil || d.Epoch == nil {
 			return res, fmt.Errorf("ingest: replay: dead letter %s is a record without its message header", id)
 		}
 		// The record alone, wrapped in a message with its original header.
 		env := map[string]any{"schema": wire.Schema, "batch_id": uuid.Must(uuid.NewV7()), "producer": *d.Producer,
-			"epoch": *d.Epoch, "sent_at": now.UTC().Format(time.RFC3339Nano), "records": []json.RawMessage{json.RawMessage(d.Raw)}}
+			"epoch": *d.Epoch, "sent_at": now.UTC().Format(time.RFC3339Nano), "records": []json.RawMessage{json.RawMessage(d.raw)}}
 		if value, err = json.Marshal(env); err != nil {
 			res.Detail = "refused again: the stored record is not JSON"
 			return res, markAttempt(ctx, tx, id, res.Detail)
 		}
 	}
-	b, _, rejected, err := wire.Decode([]byte(d.Key), value)
+	b, _, rejected, err := wire.Decode(d.key, value)
 	if err != nil {
 		res.Outcomes[ledger.Rejected.String()]++
 		res.Detail = "refused again: " + err.Error()

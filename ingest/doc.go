@@ -21,7 +21,19 @@
 //     letter with its raw bytes, partition, offset and reason; every offset
 //     that Kafka no longer had (retention, a recreated topic) is an offset
 //     jump row, an ERROR log line and a metric.
-//   - A Postgres error never advances the offset: the same micro-batch is
-//     retried with capped exponential backoff while the member stays in its
-//     group. Offsets committed to Kafka are for lag dashboards only.
+//   - A Postgres error that retrying can cure (connection loss, timeouts,
+//     serialization failures, deadlocks, shutdown, resources, the schema)
+//     never advances the offset: the same micro-batch is retried with capped
+//     exponential backoff while the member stays in its group, and after
+//     StallAfter the partition is reported stalled. Offsets committed to
+//     Kafka are for lag dashboards only.
+//   - No message halts a partition: any bytes are bad input (a dead letter
+//     with them exactly, null kept apart from empty), and a micro-batch the
+//     database refuses again on retry is bisected until the message refused
+//     alone is found; it becomes a store_refused dead letter (only if a
+//     harmless canary record is accepted: a database refusing everything is
+//     retried instead) and the others commit in order, exactly once.
+//   - Offsets that held nothing (compaction, transaction markers) are
+//     counted as skipped; only offsets below the partition's first offset
+//     (retention) are offset jumps.
 package ingest

@@ -38,7 +38,7 @@ const topic = "tally.meter-batches"
 
 // env is one test's Kafka cluster and database.
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	kafka  *kafkatest.Cluster
 	dbURL  string
 	pool   *pgxpool.Pool
@@ -46,13 +46,13 @@ type env struct {
 	offMon *offsetMonitor
 }
 
-func newEnv(t *testing.T, partitions int) *env {
+func newEnv(t testing.TB, partitions int) *env {
 	t.Helper()
 	return newEnvWith(t, kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{{Name: topic, Partitions: int32(partitions)}}}), partitions)
 }
 
 // newEnvWith is newEnv on a cluster the test manages itself.
-func newEnvWith(t *testing.T, k *kafkatest.Cluster, partitions int) *env {
+func newEnvWith(t testing.TB, k *kafkatest.Cluster, partitions int) *env {
 	t.Helper()
 	dbURL := pgtest.NewURL(t)
 	pool, err := pgxpool.New(context.Background(), dbURL)
@@ -279,7 +279,7 @@ type offsetMonitor struct {
 	done      chan struct{}
 }
 
-func monitorOffsets(t *testing.T, pool *pgxpool.Pool) *offsetMonitor {
+func monitorOffsets(t testing.TB, pool *pgxpool.Pool) *offsetMonitor {
 	m := &offsetMonitor{last: map[int]int64{}, stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(m.done)

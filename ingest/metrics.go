@@ -23,6 +23,8 @@ type metrics struct {
 	through     *prometheus.GaugeVec   // partition
 	owned       prometheus.Gauge       //
 	anomalies   *prometheus.CounterVec // kind
+	stalled     *prometheus.GaugeVec   // partition
+	skipped     *prometheus.CounterVec // cause
 }
 
 func newMetrics(reg prometheus.Registerer, topic string) (*metrics, error) {
@@ -65,9 +67,15 @@ func newMetrics(reg prometheus.Registerer, topic string) (*metrics, error) {
 		anomalies: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tally_ingest_anomalies_total", Help: "Conditions that need an operator: stored offset ahead of the partition's end, offsets going backwards.", ConstLabels: cl,
 		}, []string{"kind"}),
+		stalled: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "tally_ingest_partition_stalled", Help: "1 while this member has been retrying the partition's micro-batch for over a minute (its usage is not being applied), else 0.", ConstLabels: cl,
+		}, []string{"partition"}),
+		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tally_ingest_offsets_skipped_total", Help: "Offsets that held no message for ingest and are no loss, by cause: compaction, transaction_commit or transaction_abort (markers). Losses are tally_ingest_offset_jumps_total.", ConstLabels: cl,
+		}, []string{"cause"}),
 	}
 	for _, c := range []prometheus.Collector{m.records, m.messages, m.deadLetters, m.batches, m.txSeconds,
-		m.retries, m.jumps, m.fenced, m.lag, m.through, m.owned, m.anomalies} {
+		m.retries, m.jumps, m.fenced, m.lag, m.through, m.owned, m.anomalies, m.stalled, m.skipped} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

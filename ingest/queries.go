@@ -25,7 +25,18 @@ SET next_offset     = $4,
     applied_through = GREATEST(applied_through, $6),
     owner           = $7,
     generation      = $8,
+    retrying_since  = NULL,
+    last_error      = NULL,
     updated_at      = now()
+WHERE topic = $1 AND partition = $2 AND next_offset = $3`
+
+// noteRetrying records, outside the failing transaction, that the
+// partition's micro-batch at next offset $3 keeps failing; the next commit
+// clears it.
+const noteRetrying = `
+UPDATE ingest_partitions
+SET retrying_since = coalesce(retrying_since, $4),
+    last_error     = $5
 WHERE topic = $1 AND partition = $2 AND next_offset = $3`
 
 // addCounters adds a micro-batch's conservation counters.
@@ -65,7 +76,11 @@ WHERE topic = $1 AND partition = $2 AND next_offset = $3`
 const selectStatus = `
 SELECT topic, partition, next_offset, high_watermark, applied_through,
        messages_in, messages_rejected, records_in, records_applied, records_duplicate,
-       records_conflict, records_late_fill, records_rejected, owner, generation, updated_at
+       records_conflict, records_late_fill, records_rejected, owner, generation, updated_at,
+       CASE WHEN retrying_since IS NULL THEN 'consuming'
+            WHEN retrying_since <= now() - $2::bigint * interval '1 millisecond' THEN 'stalled'
+            ELSE 'retrying' END,
+       retrying_since, coalesce(last_error, '')
 FROM ingest_partitions
 WHERE $1 = '' OR topic = $1
 ORDER BY topic, partition`

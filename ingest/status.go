@@ -47,12 +47,19 @@ type PartitionStatus struct {
 	Owner          string     `json:"owner,omitempty"` // consumer-group member that wrote last
 	Generation     int32      `json:"generation,omitempty"`
 	UpdatedAt      time.Time  `json:"updated_at"`
+	// State is "consuming", "retrying" (its micro-batch failed and is
+	// being retried since RetryingSince) or "stalled" (retrying for longer
+	// than StallAfter: its usage is not being applied). LastError is the
+	// last failure while retrying.
+	State         string     `json:"state"`
+	RetryingSince *time.Time `json:"retrying_since"`
+	LastError     string     `json:"last_error,omitempty"`
 }
 
 // Status returns every partition's stored position and counters, for topic
 // or (topic "") for all topics, ordered by topic and partition.
 func Status(ctx context.Context, db DBTX, topic string) ([]PartitionStatus, error) {
-	rows, err := db.Query(ctx, selectStatus, topic)
+	rows, err := db.Query(ctx, selectStatus, topic, StallAfter.Milliseconds())
 	if err != nil {
 		return nil, fmt.Errorf("ingest status: %w", err)
 	}
@@ -65,7 +72,8 @@ func Status(ctx context.Context, db DBTX, topic string) ([]PartitionStatus, erro
 		c := &s.Counters
 		if err := rows.Scan(&s.Topic, &s.Partition, &s.NextOffset, &s.HighWatermark, &s.AppliedThrough,
 			&c.MessagesIn, &c.MessagesRejected, &c.RecordsIn, &c.Applied, &c.Duplicate,
-			&c.Conflict, &c.LateFill, &c.Rejected, &owner, &gen, &s.UpdatedAt); err != nil {
+			&c.Conflict, &c.LateFill, &c.Rejected, &owner, &gen, &s.UpdatedAt,
+			&s.State, &s.RetryingSince, &s.LastError); err != nil {
 			return nil, fmt.Errorf("ingest status: %w", err)
 		}
 		if owner != nil {
@@ -80,6 +88,10 @@ func Status(ctx context.Context, db DBTX, topic string) ([]PartitionStatus, erro
 			s.AppliedThrough = &t
 		}
 		s.UpdatedAt = s.UpdatedAt.UTC()
+		if s.RetryingSince != nil {
+			t := s.RetryingSince.UTC()
+			s.RetryingSince = &t
+		}
 		out = append(out, s)
 	}
 	if err := rows.Err(); err != nil {
