@@ -1,6 +1,7 @@
 package producer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -17,14 +18,15 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultTopic           = "tally.meter-batches"
-	DefaultMaxBatchRecords = 1000
-	DefaultMaxBatchBytes   = 512 << 10
-	DefaultLinger          = 200 * time.Millisecond
-	DefaultMaxBuffered     = 1_000_000
-	DefaultRetryMin        = 100 * time.Millisecond
-	DefaultRetryMax        = 10 * time.Second
-	DefaultWriteTimeout    = 30 * time.Second
+	DefaultTopic             = "tally.meter-batches"
+	DefaultMaxBatchRecords   = 1000
+	DefaultMaxBatchBytes     = 512 << 10
+	DefaultMaxPartitionBytes = 1_000_000
+	DefaultLinger            = 200 * time.Millisecond
+	DefaultMaxBuffered       = 1_000_000
+	DefaultRetryMin          = 100 * time.Millisecond
+	DefaultRetryMax          = 10 * time.Second
+	DefaultWriteTimeout      = 30 * time.Second
 )
 
 // MessageWriter writes messages to Kafka. *kafka.Writer satisfies it. It
@@ -56,6 +58,15 @@ type Config struct {
 	// MaxBatchBytes bounds the size of one message. Default 512 KiB; must
 	// be below 1 MiB (the wire limit).
 	MaxBatchBytes int
+	// MaxPartitionBytes bounds the bytes of the record batch one produce
+	// request carries for one partition: a broker refuses a larger one
+	// ("[10] Message Size Too Large"). Default 1,000,000, below Kafka's
+	// default message.max.bytes (1 MiB + 12 bytes); set it below the
+	// topic's max.message.bytes when that is lower. It must be at least
+	// MaxBatchBytes + 1024. (A refusal is survived anyway: the producer
+	// then sends less at once and splits a batch refused on its own, but
+	// each refusal costs a round trip.)
+	MaxPartitionBytes int
 	// Linger is how long a record may wait for more records to share its
 	// message. Default 200ms.
 	Linger time.Duration
@@ -93,6 +104,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxBatchBytes == 0 {
 		c.MaxBatchBytes = DefaultMaxBatchBytes
+	}
+	if c.MaxPartitionBytes == 0 {
+		c.MaxPartitionBytes = DefaultMaxPartitionBytes
 	}
 	if c.Linger == 0 {
 		c.Linger = DefaultLinger
@@ -156,6 +170,9 @@ func (c Config) Validate() error {
 		add("MaxBatchBytes %d must be below %d (1 MiB)", c.MaxBatchBytes, wire.MaxMessageBytes)
 	} else if c.MaxBatchBytes > 0 && c.MaxBatchBytes < 4096 {
 		add("MaxBatchBytes %d is below 4096; one record with long ids may not fit", c.MaxBatchBytes)
+	}
+	if mb, mp := cmp.Or(c.MaxBatchBytes, DefaultMaxBatchBytes), cmp.Or(c.MaxPartitionBytes, DefaultMaxPartitionBytes); mp < mb+1024 {
+		add("MaxPartitionBytes %d is below MaxBatchBytes %d + 1024 (one message, its key and the record batch overhead)", mp, mb)
 	}
 	if c.MaxBuffered < 0 {
 		add("MaxBuffered %d is negative", c.MaxBuffered)

@@ -63,6 +63,8 @@ type Producer struct {
 	stopSend      context.CancelFunc
 	sendDone      chan struct{}
 	wake          chan struct{}
+	sendBudget    int // bytes of stored batches per write; owned by sendLoop
+	sendOK        int // writes without a size refusal since the budget last changed
 	shutOnce      sync.Once
 	shutErr       error
 
@@ -126,15 +128,21 @@ func New(cfg Config) (*Producer, error) {
 			RequiredAcks: kafka.RequireAll,
 			// One WriteMessages call carries everything to send; do not
 			// wait for more (the batching is ours, by Linger).
-			BatchTimeout:    2 * time.Millisecond,
-			BatchSize:       1 << 20,
-			BatchBytes:      64 << 20,
+			BatchTimeout: 2 * time.Millisecond,
+			BatchSize:    1 << 20,
+			// kafka-go puts the messages of one partition into record
+			// batches of at most BatchBytes (its estimate: 22 bytes per
+			// record on top of key and value, above the real overhead);
+			// the 128 bytes left are for the batch header (61 bytes).
+			BatchBytes:      int64(cfg.MaxPartitionBytes - 128),
 			MaxAttempts:     3,
 			WriteBackoffMin: 50 * time.Millisecond,
 			WriteBackoffMax: time.Second,
 		}
 		p.writer = p.kwriter
 	}
+	p.sendBudget = maxSendBytes
+	m.sendBudget.Set(maxSendBytes)
 	m.epoch.Set(float64(l.epoch))
 	m.buffered.Set(float64(l.buffered))
 	log.Info("producer started", "epoch", l.epoch, "new_epoch", l.newEpoch, "buffered", l.buffered, "batches", l.batches)

@@ -23,6 +23,7 @@ import (
 //	streams  customer 0x00 meter → streamState of the current epoch
 //	pending  index (8 bytes, big endian) → storedRecord not yet in a batch
 //	batches  index of its first record → storedBatch, formed, not yet acked
+//	         (index ‖ u32 offset for the later half of a split batch)
 //
 // Record indexes grow by one per record ever stored in this file, so
 // "everything below index i has been acknowledged by Kafka" is a single
@@ -81,11 +82,14 @@ type storedBatch struct {
 
 func u64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
 
+// i64 reads a u64 value, or the index prefix of a batch key (a batch
+// split in two keeps its key; the second half's key is the same index
+// followed by the half's offset in the original batch).
 func i64(b []byte) int64 {
-	if len(b) != 8 {
+	if len(b) < 8 {
 		return 0
 	}
-	return int64(binary.BigEndian.Uint64(b))
+	return int64(binary.BigEndian.Uint64(b[:8]))
 }
 
 // loaded is what open recovered.
