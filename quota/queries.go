@@ -8,9 +8,11 @@ package quota
 const qLockRule = `SELECT pg_advisory_xact_lock(71542, hashtext($1))`
 
 // qLatestVersion is the highest version of a rule and the effective time
-// of the version in force at $3.
+// and version of the version in force at $3.
 const qLatestVersion = `
-SELECT coalesce(max(version), 0), max(effective_at) FILTER (WHERE effective_at <= $3)
+SELECT coalesce(max(version), 0),
+       (array_agg(version ORDER BY effective_at DESC, version DESC) FILTER (WHERE effective_at <= $3))[1],
+       max(effective_at) FILTER (WHERE effective_at <= $3)
 FROM quota_rules WHERE customer = $1 AND meter = $2`
 
 const qInsertRule = `

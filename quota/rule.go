@@ -185,14 +185,15 @@ func putRule(ctx context.Context, tx pgx.Tx, in RuleInput, now time.Time) (Rule,
 		return Rule{}, fmt.Errorf("quota: lock rule: %w", err)
 	}
 	var prevVersion int64
+	var inForceVersion *int64
 	var inForce *time.Time
-	if err := tx.QueryRow(ctx, qLatestVersion, in.Customer, in.Meter, now).Scan(&prevVersion, &inForce); err != nil {
+	if err := tx.QueryRow(ctx, qLatestVersion, in.Customer, in.Meter, now).Scan(&prevVersion, &inForceVersion, &inForce); err != nil {
 		return Rule{}, fmt.Errorf("quota: read rule versions: %w", err)
 	}
 	// A version dated before the one in force would never be in force.
 	if inForce != nil && in.EffectiveAt.Before(*inForce) {
-		return Rule{}, fmt.Errorf("%w: effective_at: %s is before %s, the effective time of the version in force, so it would never take effect",
-			ErrInvalid, in.EffectiveAt.Format(time.RFC3339Nano), inForce.UTC().Format(time.RFC3339Nano))
+		return Rule{}, fmt.Errorf("%w: effective_at: %s is before %s, the effective time of version %d (in force), so it would never take effect",
+			ErrInvalid, in.EffectiveAt.Format(time.RFC3339Nano), inForce.UTC().Format(time.RFC3339Nano), *inForceVersion)
 	}
 	r := Rule{
 		Customer: in.Customer, Meter: in.Meter, Version: prevVersion + 1,
