@@ -24,6 +24,7 @@ const (
 	DefaultMaxPartitionBytes = 1_000_000
 	DefaultLinger            = 200 * time.Millisecond
 	DefaultMaxBuffered       = 1_000_000
+	DefaultStreamCache       = 100_000
 	DefaultRetryMin          = 100 * time.Millisecond
 	DefaultRetryMax          = 10 * time.Second
 	DefaultWriteTimeout      = 30 * time.Second
@@ -74,6 +75,10 @@ type Config struct {
 	// reached Record blocks (BlockWhenFull) or returns ErrBufferFull.
 	// Default 1,000,000.
 	MaxBuffered int
+	// StreamCache bounds the stream states (seq and running total per
+	// customer and meter) kept in memory; the others are read back from
+	// Dir when their stream records again. Default 100,000.
+	StreamCache int
 	// BlockWhenFull makes Record wait for room instead of failing with
 	// ErrBufferFull.
 	BlockWhenFull bool
@@ -113,6 +118,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxBuffered == 0 {
 		c.MaxBuffered = DefaultMaxBuffered
+	}
+	if c.StreamCache == 0 {
+		c.StreamCache = DefaultStreamCache
 	}
 	if c.RetryMin == 0 {
 		c.RetryMin = DefaultRetryMin
@@ -176,6 +184,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxBuffered < 0 {
 		add("MaxBuffered %d is negative", c.MaxBuffered)
+	}
+	if c.StreamCache < 0 {
+		add("StreamCache %d is negative", c.StreamCache)
 	}
 	for _, d := range []struct {
 		name string

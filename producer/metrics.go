@@ -11,6 +11,7 @@ type metrics struct {
 	tooLarge    prometheus.Counter
 	splits      prometheus.Counter
 	sendBudget  prometheus.Gauge
+	streams     prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer, producer string) (*metrics, error) {
@@ -32,8 +33,10 @@ func newMetrics(reg prometheus.Registerer, producer string) (*metrics, error) {
 			Help: "Stored batches split in two because Kafka refused one alone as too large.", ConstLabels: labels}),
 		sendBudget: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tally_producer_send_request_bytes",
 			Help: "Bytes of stored batches the producer puts in one write (lowered after a size refusal).", ConstLabels: labels}),
+		streams: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tally_producer_streams_in_memory",
+			Help: "Stream states (seq and running total) cached in memory, at most StreamCache.", ConstLabels: labels}),
 	}
-	for _, c := range []prometheus.Collector{m.buffered, m.epoch, m.records, m.batchesSent, m.sendErrors, m.tooLarge, m.splits, m.sendBudget} {
+	for _, c := range []prometheus.Collector{m.buffered, m.epoch, m.records, m.batchesSent, m.sendErrors, m.tooLarge, m.splits, m.sendBudget, m.streams} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -42,7 +45,7 @@ func newMetrics(reg prometheus.Registerer, producer string) (*metrics, error) {
 }
 
 func (m *metrics) unregister(reg prometheus.Registerer) {
-	for _, c := range []prometheus.Collector{m.buffered, m.epoch, m.records, m.batchesSent, m.sendErrors, m.tooLarge, m.splits, m.sendBudget} {
+	for _, c := range []prometheus.Collector{m.buffered, m.epoch, m.records, m.batchesSent, m.sendErrors, m.tooLarge, m.splits, m.sendBudget, m.streams} {
 		reg.Unregister(c)
 	}
 }

@@ -41,7 +41,10 @@ var (
 	keyProducer    = []byte("producer")
 	keyEpoch       = []byte("epoch")
 	keyEpochClosed = []byte("epoch_closed")
-	keyNextIndex   = []byte("next_index")
+	// epoch_closing: Close began writing final records (and may not have
+	// finished); the epoch is not continued.
+	keyEpochClosing = []byte("epoch_closing")
+	keyNextIndex    = []byte("next_index")
 )
 
 type streamKey struct{ customer, meter string }
@@ -59,6 +62,7 @@ func parseStreamKey(b []byte) (streamKey, bool) {
 type streamState struct {
 	Seq   int64           `json:"seq"`
 	Total decimal.Decimal `json:"total"`
+	Final bool            `json:"final,omitempty"` // its final record is written (Close)
 }
 
 // storedRecord is a record as Record made it durable; batches are formed
@@ -122,12 +126,12 @@ var errUnreadable = errors.New("state file is unreadable")
 // now is the clock, used for the epoch floor. Only an unreadable file is
 // renamed aside (kept for inspection) and replaced by a new one in a new
 // epoch.
-func openStore(dir, id string, now time.Time) (*bolt.DB, loaded, error) {
+func openStore(dir, id string, now time.Time, streamCache int) (*bolt.DB, loaded, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, loaded{}, fmt.Errorf("producer: create state dir: %w", err)
 	}
 	path := filepath.Join(dir, stateFile)
-	db, l, err := loadFile(dir, path, id, now)
+	db, l, err := loadFile(dir, path, id, now, streamCache)
 	if !errors.Is(err, errUnreadable) {
 		return db, l, err
 	}
@@ -135,7 +139,7 @@ func openStore(dir, id string, now time.Time) (*bolt.DB, loaded, error) {
 	if rerr := os.Rename(path, renamed); rerr != nil {
 		return nil, l, fmt.Errorf("producer: %w and cannot be moved aside: %w", err, rerr)
 	}
-	if db, l, err = loadFile(dir, path, id, now); err != nil {
+	if db, l, err = loadFile(dir, path, id, now, streamCache); err != nil {
 		return nil, l, fmt.Errorf("producer: create state file: %w", err)
 	}
 	l.renamed = renamed
@@ -143,7 +147,8 @@ func openStore(dir, id string, now time.Time) (*bolt.DB, loaded, error) {
 }
 
 // loadFile opens and checks the state file at path and reads it.
-func loadFile(dir, path, id string, now time.Time) (db *bolt.DB, l loaded, err error) {
+// At most streamCache stream states are kept in l.streams (all are checked).
+func loadFile(dir, path, id string, now time.Time, streamCache int) (db *bolt.DB, l loaded, err error) {
 	defer func() {
 		// bbolt panics on some damaged pages (an unknown page type in the
 		// freelist, a branch page where a leaf is expected). A panic inside
@@ -176,13 +181,16 @@ func loadFile(dir, path, id string, now time.Time) (db *bolt.DB, l loaded, err e
 			return fmt.Errorf("producer: %s holds the state of producer %q, not %q; use one directory per producer id", dir, p, id)
 		}
 		epoch := i64(meta.Get(keyEpoch))
-		if epoch == 0 || meta.Get(keyEpochClosed) != nil {
+		if epoch == 0 || meta.Get(keyEpochClosed) != nil || meta.Get(keyEpochClosing) != nil {
 			epoch = max(epoch+1, now.UnixMilli())
 			l.newEpoch = true
 			if err := meta.Put(keyEpoch, u64(uint64(epoch))); err != nil {
 				return err
 			}
 			if err := meta.Delete(keyEpochClosed); err != nil {
+				return err
+			}
+			if err := meta.Delete(keyEpochClosing); err != nil {
 				return err
 			}
 			if err := tx.DeleteBucket(bucketStreams); err != nil {
@@ -201,7 +209,9 @@ func loadFile(dir, path, id string, now time.Time) (db *bolt.DB, l loaded, err e
 			if !ok || json.Unmarshal(v, &st) != nil {
 				return fmt.Errorf("%w: %s: stream state %q does not decode", errUnreadable, path, k)
 			}
-			l.streams[sk] = &st
+			if len(l.streams) < streamCache {
+				l.streams[sk] = &st
+			}
 			return nil
 		}); err != nil {
 			return err
