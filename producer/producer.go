@@ -131,7 +131,10 @@ func New(cfg Config) (*Producer, error) {
 			// One WriteMessages call carries everything to send; do not
 			// wait for more (the batching is ours, by Linger).
 			BatchTimeout: 2 * time.Millisecond,
-			BatchSize:    1 << 20,
+			// At most one write's messages: kafka-go allocates room for
+			// BatchSize messages per record batch (1<<20 cost ~100 MiB
+			// of zeroed memory on every write).
+			BatchSize: maxSendBatches,
 			// kafka-go puts the messages of one partition into record
 			// batches of at most BatchBytes (its estimate: 22 bytes per
 			// record on top of key and value, above the real overhead);
