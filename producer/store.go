@@ -116,8 +116,7 @@ var errLocked = errors.New("producer: state directory is in use by another proce
 
 // errUnreadable marks a state file that bbolt finds damaged: its meta
 // pages fail validation or their checksum, it is shorter than two pages,
-// a page fails bbolt's consistency check, reading it panics, or a value in
-// it does not decode. Any other error opening it (EMFILE, EACCES, ENOMEM,
+// reading a page of it panics, or a value in it does not decode. Any other error opening it (EMFILE, EACCES, ENOMEM,
 // EIO, a full disk) says nothing about the file and is returned as is: the
 // file stays where it is and a later New reads it.
 var errUnreadable = errors.New("state file is unreadable")
@@ -255,7 +254,7 @@ func syncDir(dir string) error {
 	return f.Sync()
 }
 
-// openFile opens the bbolt file and checks every page of it.
+// openFile opens the bbolt file and checks its meta bucket.
 func openFile(path string) (*bolt.DB, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
 	if errors.Is(err, bolterrors.ErrTimeout) {
@@ -267,21 +266,22 @@ func openFile(path string) (*bolt.DB, error) {
 		}
 		return nil, fmt.Errorf("producer: open state file %s: %w", path, err)
 	}
-	// bbolt validates the meta pages only; a damaged data or freelist page
-	// shows (or panics) when it is read, which might be long after New
-	// returned. tx.Check reads every page now (it recovers its own panics).
-	// A file whose meta bucket is damaged in a way Check cannot see (an
-	// epoch of the wrong length) is unreadable too.
+	// bbolt validates the meta pages only; a damaged freelist page panics
+	// in bolt.Open, a damaged data page when it is read. loadFile recovers
+	// those panics, and its transaction reads every page that holds state
+	// (the stream states and batches are decoded, the pending bucket's
+	// Stats walks its pages), so damage shows here, not long after New
+	// returned. (tx.Check would also read freed pages, at a cost of
+	// seconds per open on a large file.) A file whose meta bucket is
+	// damaged in a way bbolt cannot see (an epoch of the wrong length) is
+	// unreadable too.
+	defer func() {
+		if r := recover(); r != nil {
+			db.Close() // the panicking transaction was rolled back
+			panic(r)   // loadFile's recover makes it errUnreadable
+		}
+	}()
 	if err := db.View(func(tx *bolt.Tx) error {
-		var first error
-		for err := range tx.Check() {
-			if first == nil {
-				first = err
-			}
-		}
-		if first != nil {
-			return fmt.Errorf("%w: %s: %v", errUnreadable, path, first)
-		}
 		if m := tx.Bucket(bucketMeta); m != nil {
 			if e := m.Get(keyEpoch); e != nil && len(e) != 8 {
 				return fmt.Errorf("%w: %s: epoch is %d bytes long", errUnreadable, path, len(e))
