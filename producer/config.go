@@ -1,6 +1,7 @@
 package producer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -17,14 +18,16 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultTopic           = "tally.meter-batches"
-	DefaultMaxBatchRecords = 1000
-	DefaultMaxBatchBytes   = 512 << 10
-	DefaultLinger          = 200 * time.Millisecond
-	DefaultMaxBuffered     = 1_000_000
-	DefaultRetryMin        = 100 * time.Millisecond
-	DefaultRetryMax        = 10 * time.Second
-	DefaultWriteTimeout    = 30 * time.Second
+	DefaultTopic             = "tally.meter-batches"
+	DefaultMaxBatchRecords   = 1000
+	DefaultMaxBatchBytes     = 512 << 10
+	DefaultMaxPartitionBytes = 1_000_000
+	DefaultLinger            = 200 * time.Millisecond
+	DefaultMaxBuffered       = 1_000_000
+	DefaultStreamCache       = 100_000
+	DefaultRetryMin          = 100 * time.Millisecond
+	DefaultRetryMax          = 10 * time.Second
+	DefaultWriteTimeout      = 30 * time.Second
 )
 
 // MessageWriter writes messages to Kafka. *kafka.Writer satisfies it. It
@@ -56,6 +59,15 @@ type Config struct {
 	// MaxBatchBytes bounds the size of one message. Default 512 KiB; must
 	// be below 1 MiB (the wire limit).
 	MaxBatchBytes int
+	// MaxPartitionBytes bounds the bytes of the record batch one produce
+	// request carries for one partition: a broker refuses a larger one
+	// ("[10] Message Size Too Large"). Default 1,000,000, below Kafka's
+	// default message.max.bytes (1 MiB + 12 bytes); set it below the
+	// topic's max.message.bytes when that is lower. It must be at least
+	// MaxBatchBytes + 1024. (A refusal is survived anyway: the producer
+	// then sends less at once and splits a batch refused on its own, but
+	// each refusal costs a round trip.)
+	MaxPartitionBytes int
 	// Linger is how long a record may wait for more records to share its
 	// message. Default 200ms.
 	Linger time.Duration
@@ -63,6 +75,10 @@ type Config struct {
 	// reached Record blocks (BlockWhenFull) or returns ErrBufferFull.
 	// Default 1,000,000.
 	MaxBuffered int
+	// StreamCache bounds the stream states (seq and running total per
+	// customer and meter) kept in memory; the others are read back from
+	// Dir when their stream records again. Default 100,000.
+	StreamCache int
 	// BlockWhenFull makes Record wait for room instead of failing with
 	// ErrBufferFull.
 	BlockWhenFull bool
@@ -94,11 +110,17 @@ func (c Config) withDefaults() Config {
 	if c.MaxBatchBytes == 0 {
 		c.MaxBatchBytes = DefaultMaxBatchBytes
 	}
+	if c.MaxPartitionBytes == 0 {
+		c.MaxPartitionBytes = DefaultMaxPartitionBytes
+	}
 	if c.Linger == 0 {
 		c.Linger = DefaultLinger
 	}
 	if c.MaxBuffered == 0 {
 		c.MaxBuffered = DefaultMaxBuffered
+	}
+	if c.StreamCache == 0 {
+		c.StreamCache = DefaultStreamCache
 	}
 	if c.RetryMin == 0 {
 		c.RetryMin = DefaultRetryMin
@@ -157,8 +179,14 @@ func (c Config) Validate() error {
 	} else if c.MaxBatchBytes > 0 && c.MaxBatchBytes < 4096 {
 		add("MaxBatchBytes %d is below 4096; one record with long ids may not fit", c.MaxBatchBytes)
 	}
+	if mb, mp := cmp.Or(c.MaxBatchBytes, DefaultMaxBatchBytes), cmp.Or(c.MaxPartitionBytes, DefaultMaxPartitionBytes); mp < mb+1024 {
+		add("MaxPartitionBytes %d is below MaxBatchBytes %d + 1024 (one message, its key and the record batch overhead)", mp, mb)
+	}
 	if c.MaxBuffered < 0 {
 		add("MaxBuffered %d is negative", c.MaxBuffered)
+	}
+	if c.StreamCache < 0 {
+		add("StreamCache %d is negative", c.StreamCache)
 	}
 	for _, d := range []struct {
 		name string

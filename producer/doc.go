@@ -27,6 +27,15 @@
 //     Record blocks (BlockWhenFull) or returns ErrBufferFull. A batch Kafka
 //     keeps refusing is retried with capped backoff for as long as it takes,
 //     logged and counted (tally_producer_send_errors_total), never skipped.
+//   - Any backlog drains against a broker that accepts one record: a write
+//     carries at most MaxPartitionBytes for one partition, and a "[10]
+//     Message Size Too Large" refusal halves the bytes per write, or splits
+//     a batch refused on its own into two batches of the same records
+//     (tally_producer_size_refusals_total, tally_producer_batch_splits_total).
+//   - A disk commit that fails fails its Record calls; stream states are
+//     then read back from the file, so no seq is given to two operations.
+//     If the file holds the records all the same, the error says the usage
+//     may be billed (like a Record in flight at a crash).
 //
 // # Kafka
 //
@@ -44,7 +53,11 @@
 // A stream is (producer, epoch, customer, meter). The epoch is stored in Dir
 // and kept across restarts, so a restarted producer continues its streams.
 // A new epoch starts when Dir is new, lost or unreadable (the old one is
-// renamed aside, never deleted), and after Close ended the previous one. A
+// renamed aside, never deleted), and after Close ended (or began to end)
+// the previous one. Unreadable means damaged: bbolt's meta checks fail, a
+// page panics when read, or a value does not decode. A
+// system error opening the file (EMFILE, EACCES, EIO…) is returned by New
+// and leaves the file as it is. A
 // new epoch is max(previous known epoch + 1, the current Unix time in
 // milliseconds): the clock floor is what keeps a producer whose Dir was wiped
 // (so that no previous epoch is known) from ever reusing an epoch, which
@@ -54,7 +67,8 @@
 //
 // Close ends the epoch cleanly: it appends to every stream of the epoch one
 // record with quantity 0, the same total, seq+1 and "final": true, then
-// sends everything buffered. A zero quantity bills nothing; the flag tells
+// sends everything buffered. The final records count against MaxBuffered:
+// they are written as Kafka drains the buffer. A zero quantity bills nothing; the flag tells
 // reconciliation the stream ended on purpose (SPEC §3: an epoch superseded
 // without a final record is reported as abandoned). Stop leaves the epoch
 // open, for a restart that continues it.

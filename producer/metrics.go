@@ -8,6 +8,10 @@ type metrics struct {
 	records     prometheus.Counter
 	batchesSent prometheus.Counter
 	sendErrors  prometheus.Counter
+	tooLarge    prometheus.Counter
+	splits      prometheus.Counter
+	sendBudget  prometheus.Gauge
+	streams     prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer, producer string) (*metrics, error) {
@@ -23,8 +27,16 @@ func newMetrics(reg prometheus.Registerer, producer string) (*metrics, error) {
 			Help: "Batches acknowledged by Kafka and removed from disk.", ConstLabels: labels}),
 		sendErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "tally_producer_send_errors_total",
 			Help: "Failed attempts to send batches to Kafka (each is retried).", ConstLabels: labels}),
+		tooLarge: prometheus.NewCounter(prometheus.CounterOpts{Name: "tally_producer_size_refusals_total",
+			Help: "Messages Kafka refused as too large ([10] Message Size Too Large); each is resent in a smaller request or split.", ConstLabels: labels}),
+		splits: prometheus.NewCounter(prometheus.CounterOpts{Name: "tally_producer_batch_splits_total",
+			Help: "Stored batches split in two because Kafka refused one alone as too large.", ConstLabels: labels}),
+		sendBudget: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tally_producer_send_request_bytes",
+			Help: "Bytes of stored batches the producer puts in one write (lowered after a size refusal).", ConstLabels: labels}),
+		streams: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tally_producer_streams_in_memory",
+			Help: "Stream states (seq and running total) cached in memory, at most StreamCache.", ConstLabels: labels}),
 	}
-	for _, c := range []prometheus.Collector{m.buffered, m.epoch, m.records, m.batchesSent, m.sendErrors} {
+	for _, c := range []prometheus.Collector{m.buffered, m.epoch, m.records, m.batchesSent, m.sendErrors, m.tooLarge, m.splits, m.sendBudget, m.streams} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -33,7 +45,7 @@ func newMetrics(reg prometheus.Registerer, producer string) (*metrics, error) {
 }
 
 func (m *metrics) unregister(reg prometheus.Registerer) {
-	for _, c := range []prometheus.Collector{m.buffered, m.epoch, m.records, m.batchesSent, m.sendErrors} {
+	for _, c := range []prometheus.Collector{m.buffered, m.epoch, m.records, m.batchesSent, m.sendErrors, m.tooLarge, m.splits, m.sendBudget, m.streams} {
 		reg.Unregister(c)
 	}
 }

@@ -1,6 +1,7 @@
 package producer
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -48,13 +49,14 @@ type Producer struct {
 	ktrans  *kafka.Transport
 
 	// Owned by the committer goroutine.
-	streams map[streamKey]*streamState
-	ended   bool // the epoch's final records are written
+	streams map[streamKey]*streamState // a cache of at most StreamCache; Dir has them all
+	ending  bool                       // Close began writing final records: no more records
+	ended   bool                       // the epoch's final records are written
 
 	epoch atomic.Int64
 
 	reqs          chan *request
-	ctl           chan chan error
+	ctl           chan closeReq
 	closing       chan struct{}
 	closeOnce     sync.Once
 	stopCommit    chan struct{}
@@ -63,6 +65,8 @@ type Producer struct {
 	stopSend      context.CancelFunc
 	sendDone      chan struct{}
 	wake          chan struct{}
+	sendBudget    int // bytes of stored batches per write; owned by sendLoop
+	sendOK        int // writes without a size refusal since the budget last changed
 	shutOnce      sync.Once
 	shutErr       error
 
@@ -84,7 +88,7 @@ func New(cfg Config) (*Producer, error) {
 	}
 	cfg = cfg.withDefaults()
 	log := cfg.Logger.With("producer", cfg.Producer)
-	db, l, err := openStore(cfg.Dir, cfg.Producer, time.Now())
+	db, l, err := openStore(cfg.Dir, cfg.Producer, time.Now(), cfg.StreamCache)
 	if err != nil {
 		return nil, err
 	}
@@ -101,7 +105,7 @@ func New(cfg Config) (*Producer, error) {
 		cfg: cfg, log: log, m: m, db: db,
 		streams:       l.streams,
 		reqs:          make(chan *request),
-		ctl:           make(chan chan error),
+		ctl:           make(chan closeReq),
 		closing:       make(chan struct{}),
 		stopCommit:    make(chan struct{}),
 		committerDone: make(chan struct{}),
@@ -126,16 +130,26 @@ func New(cfg Config) (*Producer, error) {
 			RequiredAcks: kafka.RequireAll,
 			// One WriteMessages call carries everything to send; do not
 			// wait for more (the batching is ours, by Linger).
-			BatchTimeout:    2 * time.Millisecond,
-			BatchSize:       1 << 20,
-			BatchBytes:      64 << 20,
+			BatchTimeout: 2 * time.Millisecond,
+			// At most one write's messages: kafka-go allocates room for
+			// BatchSize messages per record batch (1<<20 cost ~100 MiB
+			// of zeroed memory on every write).
+			BatchSize: maxSendBatches,
+			// kafka-go puts the messages of one partition into record
+			// batches of at most BatchBytes (its estimate: 22 bytes per
+			// record on top of key and value, above the real overhead);
+			// the 128 bytes left are for the batch header (61 bytes).
+			BatchBytes:      int64(cfg.MaxPartitionBytes - 128),
 			MaxAttempts:     3,
 			WriteBackoffMin: 50 * time.Millisecond,
 			WriteBackoffMax: time.Second,
 		}
 		p.writer = p.kwriter
 	}
+	p.sendBudget = maxSendBytes
+	m.sendBudget.Set(maxSendBytes)
 	m.epoch.Set(float64(l.epoch))
+	m.streams.Set(float64(len(l.streams)))
 	m.buffered.Set(float64(l.buffered))
 	log.Info("producer started", "epoch", l.epoch, "new_epoch", l.newEpoch, "buffered", l.buffered, "batches", l.batches)
 	p.sendCtx, p.stopSend = context.WithCancel(context.Background())
@@ -153,6 +167,12 @@ func (p *Producer) Buffered() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.buffered
+}
+
+// closeReq asks the committer to end the epoch (Close).
+type closeReq struct {
+	ctx   context.Context
+	reply chan error
 }
 
 // request is one Record call waiting for the committer.
@@ -253,8 +273,8 @@ func (p *Producer) commitLoop() {
 		select {
 		case r := <-p.reqs:
 			group = append(group, r)
-		case reply := <-p.ctl:
-			reply <- p.finalize()
+		case req := <-p.ctl:
+			req.reply <- p.finalize(req.ctx)
 			continue
 		case <-p.stopCommit:
 			return
@@ -275,7 +295,7 @@ func (p *Producer) commitLoop() {
 func (p *Producer) commitGroup(group []*request) {
 	taken := make([]*request, 0, len(group))
 	for _, r := range group {
-		if p.ended {
+		if p.ended || p.ending {
 			if r.claim() {
 				r.done <- ErrClosed
 			}
@@ -337,15 +357,25 @@ func (p *Producer) commit(taken []*request) {
 		return
 	}
 	epoch := p.epoch.Load()
+	keys := make([]streamKey, len(taken))
+	for i, r := range taken {
+		keys[i] = r.key
+	}
+	cur, err := p.loadStreams(keys)
+	if err != nil {
+		err = fmt.Errorf("producer: usage not recorded: read stream state: %w", err)
+		for _, r := range taken {
+			r.done <- err
+		}
+		return
+	}
 	next := make(map[streamKey]streamState)
 	recs := make([]storedRecord, 0, len(taken))
 	ok := make([]*request, 0, len(taken))
 	for _, r := range taken {
 		st, seen := next[r.key]
 		if !seen {
-			if cur := p.streams[r.key]; cur != nil {
-				st = *cur
-			}
+			st = cur[r.key]
 		}
 		st.Seq++
 		st.Total = st.Total.Add(r.quantity)
@@ -366,7 +396,11 @@ func (p *Producer) commit(taken []*request) {
 		ok = append(ok, r)
 	}
 	if err := p.store(recs, next, false); err != nil {
-		err = fmt.Errorf("producer: usage not recorded: %w", err)
+		if errors.Is(err, errOutcomeUnknown) {
+			err = fmt.Errorf("producer: %w", err)
+		} else {
+			err = fmt.Errorf("producer: usage not recorded: %w", err)
+		}
 		p.log.Error("storing records failed", "err", err, "records", len(recs))
 		for _, r := range ok {
 			r.done <- err
@@ -413,15 +447,35 @@ func (p *Producer) store(recs []storedRecord, states map[streamKey]streamState, 
 				return err
 			}
 		}
+		if len(recs) > 0 && recs[0].Final {
+			if err := meta.Put(keyEpochClosing, []byte{1}); err != nil {
+				return err
+			}
+		}
 		return meta.Put(keyNextIndex, u64(first+uint64(len(recs))))
 	})
 	if err != nil {
-		return err
+		// A failed commit may have reached the file all the same (say, the
+		// meta page was written and its fsync failed): memory no longer
+		// says what the file holds. Reload: forget the cached stream
+		// states (they are read back from the file), and adopt the
+		// records if the file has them, so that no seq is given twice.
+		p.streams = make(map[streamKey]*streamState)
+		p.m.streams.Set(0)
+		var have uint64
+		if verr := p.db.View(func(tx *bolt.Tx) error {
+			have = uint64(i64(tx.Bucket(bucketMeta).Get(keyNextIndex)))
+			return nil
+		}); verr != nil || have != first+uint64(len(recs)) || len(recs) == 0 {
+			return err
+		}
+		err = fmt.Errorf("%w (%d records are in the state file and will be sent: do not record them again): %w", errOutcomeUnknown, len(recs), err)
 	}
 	for k, st := range states {
 		s := st
 		p.streams[k] = &s
 	}
+	p.trimStreams(states)
 	n := len(recs)
 	p.mu.Lock()
 	p.nextIndex = first + uint64(n)
@@ -433,38 +487,155 @@ func (p *Producer) store(recs []storedRecord, states map[streamKey]streamState, 
 	p.m.buffered.Set(float64(p.buffered))
 	p.mu.Unlock()
 	p.poke()
-	return nil
+	return err
+}
+
+// errOutcomeUnknown: a commit failed but its records are in the state file.
+var errOutcomeUnknown = errors.New("the disk commit failed and its outcome is unknown: the usage may be billed")
+
+// loadStreams returns the states of keys: from the cache, or read from the
+// file (absent: a stream not yet seen this epoch), and caches them.
+func (p *Producer) loadStreams(keys []streamKey) (map[streamKey]streamState, error) {
+	out := make(map[streamKey]streamState, len(keys))
+	var miss []streamKey
+	for _, k := range keys {
+		if st := p.streams[k]; st != nil {
+			out[k] = *st
+		} else if _, dup := out[k]; !dup {
+			out[k] = streamState{}
+			miss = append(miss, k)
+		}
+	}
+	if len(miss) == 0 {
+		return out, nil
+	}
+	err := p.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketStreams)
+		for _, k := range miss {
+			var st streamState
+			if v := b.Get(k.bytes()); v != nil {
+				if err := json.Unmarshal(v, &st); err != nil {
+					return fmt.Errorf("stream state %q: %w", k.bytes(), err)
+				}
+			}
+			out[k] = st
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range miss {
+		st := out[k]
+		p.streams[k] = &st
+	}
+	p.trimStreams(out)
+	return out, nil
+}
+
+// trimStreams evicts cached stream states beyond StreamCache, keeping
+// those of keep (the ones just used). The file has them all.
+func (p *Producer) trimStreams(keep map[streamKey]streamState) {
+	for k := range p.streams {
+		if len(p.streams) <= p.cfg.StreamCache {
+			break
+		}
+		if _, ok := keep[k]; !ok {
+			delete(p.streams, k)
+		}
+	}
+	p.m.streams.Set(float64(len(p.streams)))
 }
 
 // finalize ends the epoch: one final record (quantity 0, same total) per
-// stream that has records in it.
-func (p *Producer) finalize() error {
+// stream that has records in it. The final records count against
+// MaxBuffered like any other: they are written as room frees up (the
+// sender drains meanwhile), until ctx ends. From the first of them on the
+// file says the epoch is closing, so that a producer started on it after
+// an interrupted Close begins a new epoch instead of continuing streams
+// that already have their final record.
+func (p *Producer) finalize(ctx context.Context) error {
 	if p.ended {
 		return nil
 	}
+	p.ending = true
 	epoch := p.epoch.Load()
-	now := time.Now().UTC().Truncate(time.Microsecond)
-	var recs []storedRecord
-	states := make(map[streamKey]streamState)
-	for k, st := range p.streams {
-		if st.Seq == 0 {
-			continue
-		}
-		id, err := uuid.NewV7()
+	var after []byte
+	for {
+		room, err := p.waitForRoom(ctx)
 		if err != nil {
-			return err
+			return fmt.Errorf("producer: end epoch %d: %w", epoch, err)
 		}
-		ns := streamState{Seq: st.Seq + 1, Total: st.Total}
-		states[k] = ns
-		recs = append(recs, storedRecord{Epoch: epoch, OperationID: id, Customer: k.customer, Meter: k.meter,
-			Seq: ns.Seq, Total: ns.Total, Quantity: decimal.Zero, OccurredAt: now, Final: true})
-	}
-	if err := p.store(recs, states, true); err != nil {
-		return fmt.Errorf("producer: end epoch %d: %w", epoch, err)
+		now := time.Now().UTC().Truncate(time.Microsecond)
+		var recs []storedRecord
+		states := make(map[streamKey]streamState)
+		more := false
+		err = p.db.View(func(tx *bolt.Tx) error {
+			c := tx.Bucket(bucketStreams).Cursor()
+			k, v := c.First()
+			if after != nil {
+				k, v = c.Seek(after)
+				if k != nil && bytes.Equal(k, after) {
+					k, v = c.Next()
+				}
+			}
+			for ; k != nil; k, v = c.Next() {
+				if len(recs) >= room {
+					more = true
+					break
+				}
+				after = append(after[:0], k...)
+				sk, ok := parseStreamKey(k)
+				var st streamState
+				if !ok || json.Unmarshal(v, &st) != nil {
+					return fmt.Errorf("stream state %q is unreadable", k)
+				}
+				if st.Seq == 0 || st.Final {
+					continue
+				}
+				id, err := uuid.NewV7()
+				if err != nil {
+					return err
+				}
+				ns := streamState{Seq: st.Seq + 1, Total: st.Total, Final: true}
+				states[sk] = ns
+				recs = append(recs, storedRecord{Epoch: epoch, OperationID: id, Customer: sk.customer, Meter: sk.meter,
+					Seq: ns.Seq, Total: ns.Total, Quantity: decimal.Zero, OccurredAt: now, Final: true})
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("producer: end epoch %d: %w", epoch, err)
+		}
+		if err := p.store(recs, states, !more); err != nil {
+			return fmt.Errorf("producer: end epoch %d: %w", epoch, err)
+		}
+		if !more {
+			break
+		}
 	}
 	p.ended = true
-	p.log.Info("epoch ended", "epoch", epoch, "streams", len(recs))
+	p.log.Info("epoch ended", "epoch", epoch)
 	return nil
+}
+
+// waitForRoom waits until at least one record fits under MaxBuffered and
+// returns how many do (at most maxFormRecords).
+func (p *Producer) waitForRoom(ctx context.Context) (int, error) {
+	for {
+		p.mu.Lock()
+		room := p.cfg.MaxBuffered - p.buffered
+		ch := p.progress
+		p.mu.Unlock()
+		if room > 0 {
+			return min(room, maxFormRecords), nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return 0, fmt.Errorf("%w with MaxBuffered records waiting for Kafka", ctx.Err())
+		}
+	}
 }
 
 func (p *Producer) poke() {
@@ -539,7 +710,7 @@ func (p *Producer) Close(ctx context.Context) error {
 	reply := make(chan error, 1)
 	var err error
 	select {
-	case p.ctl <- reply:
+	case p.ctl <- closeReq{ctx, reply}:
 		err = <-reply
 	case <-p.committerDone:
 		return p.shutdown() // closed or stopped before

@@ -74,7 +74,9 @@ func readBatches(t *testing.T, c *kafkatest.Cluster, partitions int) []wire.Batc
 			continue
 		}
 		r := kafka.NewReader(kafka.ReaderConfig{Brokers: c.Addrs, Topic: topic, Partition: part, MaxWait: 50 * time.Millisecond})
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		// Generous: a backlog test reads 100,000 records under -race on a
+		// loaded machine.
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		for {
 			m, err := r.FetchMessage(ctx)
 			if err != nil {

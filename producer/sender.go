@@ -2,6 +2,7 @@ package producer
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -224,17 +225,29 @@ func (p *Producer) putBatches(b *bolt.Bucket, recs []storedRecord, idx []uint64,
 
 // sendSome sends the oldest stored batches in one write and deletes those
 // Kafka acknowledged. It reports whether there was anything to send.
+//
+// A write carries at most sendBudget bytes of batches. Kafka refuses a
+// record batch above its message.max.bytes for one partition ("[10]
+// Message Size Too Large"); the writer built by New keeps each partition
+// within MaxPartitionBytes, and a refusal all the same (a lower topic
+// limit, or a Writer of the caller's) halves sendBudget for the next writes
+// and, when one message alone is refused, splits its stored batch in two.
+// So any backlog drains, whatever the broker's limit, as long as one record
+// fits in it.
 func (p *Producer) sendSome() (bool, error) {
 	var keys [][]byte
 	var msgs []kafka.Message
 	var counts []int
+	size := 0
 	err := p.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketBatches).Cursor()
-		size := 0
-		for k, v := c.First(); k != nil && len(msgs) < maxSendBatches && size < maxSendBytes; k, v = c.Next() {
+		for k, v := c.First(); k != nil && len(msgs) < maxSendBatches; k, v = c.Next() {
 			var b storedBatch
 			if err := json.Unmarshal(v, &b); err != nil {
 				return fmt.Errorf("stored batch %x is unreadable: %w", k, err)
+			}
+			if len(msgs) > 0 && size+len(b.Value) > p.sendBudget {
+				break
 			}
 			keys = append(keys, append([]byte(nil), k...))
 			msgs = append(msgs, kafka.Message{Key: []byte(b.Key), Value: b.Value})
@@ -250,7 +263,9 @@ func (p *Producer) sendSome() (bool, error) {
 	werr := p.writer.WriteMessages(ctx, msgs...)
 	cancel()
 	acked := make([]bool, len(msgs))
+	tooLarge := make([]bool, len(msgs))
 	var wes kafka.WriteErrors
+	var mtl kafka.MessageTooLargeError
 	switch {
 	case werr == nil:
 		for i := range acked {
@@ -259,14 +274,22 @@ func (p *Producer) sendSome() (bool, error) {
 	case errors.As(werr, &wes) && len(wes) == len(msgs):
 		for i, e := range wes {
 			acked[i] = e == nil
+			tooLarge[i] = errors.Is(e, kafka.MessageSizeTooLarge)
+		}
+	case errors.Is(werr, kafka.MessageSizeTooLarge) || errors.As(werr, &mtl):
+		for i := range tooLarge {
+			tooLarge[i] = true
 		}
 	}
 	var done [][]byte
-	records := 0
+	records, refused := 0, 0
 	for i, ok := range acked {
 		if ok {
 			done = append(done, keys[i])
 			records += counts[i]
+		}
+		if tooLarge[i] {
+			refused++
 		}
 	}
 	if len(done) > 0 {
@@ -290,8 +313,113 @@ func (p *Producer) sendSome() (bool, error) {
 		p.broadcast()
 		p.mu.Unlock()
 	}
+	if refused > 0 {
+		return true, p.tooLarge(keys, tooLarge, size, werr)
+	}
+	p.sendOK++
+	if p.sendOK >= budgetRegrow && p.sendBudget < maxSendBytes {
+		// A refusal may have been a partition's burst; try more again.
+		p.sendBudget = min(2*p.sendBudget, maxSendBytes)
+		p.sendOK = 0
+		p.m.sendBudget.Set(float64(p.sendBudget))
+	}
 	if werr != nil {
 		return true, fmt.Errorf("%d of %d batches not acknowledged: %w", len(msgs)-len(done), len(msgs), werr)
 	}
 	return true, nil
+}
+
+// budgetRegrow is how many writes without a size refusal double a lowered
+// sendBudget again.
+const budgetRegrow = 64
+
+// tooLarge reacts to Kafka refusing messages of a write of size bytes as
+// too large: a write of several messages is retried at once with half the
+// bytes; a message refused alone has its batch split in two. Only a single
+// record above the broker's limit is an error (retried with backoff, and
+// logged, for as long as it takes: nothing is skipped).
+func (p *Producer) tooLarge(keys [][]byte, refused []bool, size int, werr error) error {
+	n := 0
+	for _, r := range refused {
+		if r {
+			n++
+		}
+	}
+	p.m.tooLarge.Add(float64(n))
+	p.sendOK = 0
+	if len(keys) > 1 {
+		p.sendBudget = max(size/2, 1)
+		p.m.sendBudget.Set(float64(p.sendBudget))
+		p.log.Warn("Kafka refused messages as too large; sending fewer bytes per write",
+			"refused", n, "of", len(keys), "bytes", size, "next_bytes", p.sendBudget, "err", werr)
+		return nil
+	}
+	split, err := p.split(keys[0])
+	if err != nil {
+		return fmt.Errorf("split a batch Kafka refused as too large: %w", err)
+	}
+	if !split {
+		return fmt.Errorf("kafka refuses a message of one record (%d bytes) as too large; raise the topic's max.message.bytes: %w", size, werr)
+	}
+	p.m.splits.Inc()
+	p.log.Warn("Kafka refused a batch as too large; split it in two", "bytes", size, "err", werr)
+	return nil
+}
+
+// split replaces the stored batch at key by its two halves: the first keeps
+// the key, the second gets the key's index followed by its offset in the
+// original batch, so both sort where the batch was and Flush still sees the
+// lowest index. The records, their operation ids, seqs and totals are those
+// of the batch, so a half the ledger already has is a duplicate. False if
+// the batch holds one record.
+func (p *Producer) split(key []byte) (bool, error) {
+	split := false
+	err := p.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketBatches)
+		v := b.Get(key)
+		if v == nil {
+			return nil // acknowledged meanwhile
+		}
+		var sb storedBatch
+		if err := json.Unmarshal(v, &sb); err != nil {
+			return fmt.Errorf("stored batch %x is unreadable: %w", key, err)
+		}
+		batch, _, rejected, err := wire.Decode([]byte(sb.Key), sb.Value)
+		if err != nil || len(rejected) > 0 {
+			return fmt.Errorf("stored batch %x does not decode: %v %v", key, err, rejected)
+		}
+		if len(batch.Records) < 2 {
+			return nil
+		}
+		var base uint32
+		if len(key) == 12 {
+			base = binary.BigEndian.Uint32(key[8:])
+		}
+		h := len(batch.Records) / 2
+		for i, part := range [][]wire.Record{batch.Records[:h], batch.Records[h:]} {
+			id, err := uuid.NewV7()
+			if err != nil {
+				return err
+			}
+			value, err := wire.Encode(wire.Batch{Schema: wire.Schema, BatchID: id, Producer: batch.Producer,
+				Epoch: batch.Epoch, SentAt: batch.SentAt, Records: part})
+			if err != nil {
+				return fmt.Errorf("encode half of batch %x: %w", key, err)
+			}
+			nv, err := json.Marshal(storedBatch{Key: sb.Key, Value: value, Records: len(part)})
+			if err != nil {
+				return err
+			}
+			k := key
+			if i == 1 {
+				k = binary.BigEndian.AppendUint32(append([]byte(nil), key[:8]...), base+uint32(h))
+			}
+			if err := b.Put(k, nv); err != nil {
+				return err
+			}
+		}
+		split = true
+		return nil
+	})
+	return split, err
 }

@@ -9,6 +9,8 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -23,6 +25,7 @@ import (
 //	streams  customer 0x00 meter → streamState of the current epoch
 //	pending  index (8 bytes, big endian) → storedRecord not yet in a batch
 //	batches  index of its first record → storedBatch, formed, not yet acked
+//	         (index ‖ u32 offset for the later half of a split batch)
 //
 // Record indexes grow by one per record ever stored in this file, so
 // "everything below index i has been acknowledged by Kafka" is a single
@@ -38,7 +41,10 @@ var (
 	keyProducer    = []byte("producer")
 	keyEpoch       = []byte("epoch")
 	keyEpochClosed = []byte("epoch_closed")
-	keyNextIndex   = []byte("next_index")
+	// epoch_closing: Close began writing final records (and may not have
+	// finished); the epoch is not continued.
+	keyEpochClosing = []byte("epoch_closing")
+	keyNextIndex    = []byte("next_index")
 )
 
 type streamKey struct{ customer, meter string }
@@ -56,6 +62,7 @@ func parseStreamKey(b []byte) (streamKey, bool) {
 type streamState struct {
 	Seq   int64           `json:"seq"`
 	Total decimal.Decimal `json:"total"`
+	Final bool            `json:"final,omitempty"` // its final record is written (Close)
 }
 
 // storedRecord is a record as Record made it durable; batches are formed
@@ -81,11 +88,14 @@ type storedBatch struct {
 
 func u64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
 
+// i64 reads a u64 value, or the index prefix of a batch key (a batch
+// split in two keeps its key; the second half's key is the same index
+// followed by the half's offset in the original batch).
 func i64(b []byte) int64 {
-	if len(b) != 8 {
+	if len(b) < 8 {
 		return 0
 	}
-	return int64(binary.BigEndian.Uint64(b))
+	return int64(binary.BigEndian.Uint64(b[:8]))
 }
 
 // loaded is what open recovered.
@@ -104,27 +114,56 @@ type loaded struct {
 // errLocked: another process holds the state file.
 var errLocked = errors.New("producer: state directory is in use by another process")
 
+// errUnreadable marks a state file that bbolt finds damaged: its meta
+// pages fail validation or their checksum, it is shorter than two pages,
+// reading a page of it panics, or a value in it does not decode. Any other error opening it (EMFILE, EACCES, ENOMEM,
+// EIO, a full disk) says nothing about the file and is returned as is: the
+// file stays where it is and a later New reads it.
+var errUnreadable = errors.New("state file is unreadable")
+
 // openStore opens (creating or recovering) the state in dir for producer id.
-// now is the clock, used for the epoch floor.
-func openStore(dir, id string, now time.Time) (*bolt.DB, loaded, error) {
-	var l loaded
+// now is the clock, used for the epoch floor. Only an unreadable file is
+// renamed aside (kept for inspection) and replaced by a new one in a new
+// epoch.
+func openStore(dir, id string, now time.Time, streamCache int) (*bolt.DB, loaded, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, l, fmt.Errorf("producer: create state dir: %w", err)
+		return nil, loaded{}, fmt.Errorf("producer: create state dir: %w", err)
 	}
 	path := filepath.Join(dir, stateFile)
-	db, prevEpoch, err := openFile(path)
-	if errors.Is(err, errLocked) {
-		return nil, l, err
+	db, l, err := loadFile(dir, path, id, now, streamCache)
+	if !errors.Is(err, errUnreadable) {
+		return db, l, err
 	}
+	renamed := path + ".unreadable-" + strconv.FormatInt(now.UnixNano(), 10)
+	if rerr := os.Rename(path, renamed); rerr != nil {
+		return nil, l, fmt.Errorf("producer: %w and cannot be moved aside: %w", err, rerr)
+	}
+	if db, l, err = loadFile(dir, path, id, now, streamCache); err != nil {
+		return nil, l, fmt.Errorf("producer: create state file: %w", err)
+	}
+	l.renamed = renamed
+	return db, l, nil
+}
+
+// loadFile opens and checks the state file at path and reads it.
+// At most streamCache stream states are kept in l.streams (all are checked).
+func loadFile(dir, path, id string, now time.Time, streamCache int) (db *bolt.DB, l loaded, err error) {
+	defer func() {
+		// bbolt panics on some damaged pages (an unknown page type in the
+		// freelist, a branch page where a leaf is expected). A panic inside
+		// bolt.Open leaves its file open (and locked, but the file is about
+		// to be renamed aside); one inside a transaction was rolled back by
+		// bbolt, so the db can be closed.
+		if r := recover(); r != nil {
+			if db != nil {
+				db.Close()
+			}
+			db, err = nil, fmt.Errorf("%w: %s: reading it panicked: %v", errUnreadable, path, r)
+		}
+	}()
+	db, err = openFile(path)
 	if err != nil {
-		// Unreadable: keep it for inspection, start over in a new epoch.
-		l.renamed = path + ".unreadable-" + strconv.FormatInt(now.UnixNano(), 10)
-		if rerr := os.Rename(path, l.renamed); rerr != nil {
-			return nil, l, fmt.Errorf("producer: state file %s is unreadable (%v) and cannot be moved aside: %w", path, err, rerr)
-		}
-		if db, _, err = openFile(path); err != nil {
-			return nil, l, fmt.Errorf("producer: create state file: %w", err)
-		}
+		return nil, l, err
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bucketMeta, bucketStreams, bucketPending, bucketBatches} {
@@ -141,13 +180,16 @@ func openStore(dir, id string, now time.Time) (*bolt.DB, loaded, error) {
 			return fmt.Errorf("producer: %s holds the state of producer %q, not %q; use one directory per producer id", dir, p, id)
 		}
 		epoch := i64(meta.Get(keyEpoch))
-		if epoch == 0 || meta.Get(keyEpochClosed) != nil {
-			epoch = max(epoch+1, prevEpoch+1, now.UnixMilli())
+		if epoch == 0 || meta.Get(keyEpochClosed) != nil || meta.Get(keyEpochClosing) != nil {
+			epoch = max(epoch+1, now.UnixMilli())
 			l.newEpoch = true
 			if err := meta.Put(keyEpoch, u64(uint64(epoch))); err != nil {
 				return err
 			}
 			if err := meta.Delete(keyEpochClosed); err != nil {
+				return err
+			}
+			if err := meta.Delete(keyEpochClosing); err != nil {
 				return err
 			}
 			if err := tx.DeleteBucket(bucketStreams); err != nil {
@@ -164,9 +206,11 @@ func openStore(dir, id string, now time.Time) (*bolt.DB, loaded, error) {
 			sk, ok := parseStreamKey(k)
 			var st streamState
 			if !ok || json.Unmarshal(v, &st) != nil {
-				return fmt.Errorf("producer: stream state %q is unreadable", k)
+				return fmt.Errorf("%w: %s: stream state %q does not decode", errUnreadable, path, k)
 			}
-			l.streams[sk] = &st
+			if len(l.streams) < streamCache {
+				l.streams[sk] = &st
+			}
 			return nil
 		}); err != nil {
 			return err
@@ -176,7 +220,7 @@ func openStore(dir, id string, now time.Time) (*bolt.DB, loaded, error) {
 		if err := tx.Bucket(bucketBatches).ForEach(func(k, v []byte) error {
 			var b storedBatch
 			if err := json.Unmarshal(v, &b); err != nil {
-				return fmt.Errorf("producer: stored batch %x is unreadable: %w", k, err)
+				return fmt.Errorf("%w: %s: stored batch %x does not decode: %v", errUnreadable, path, k, err)
 			}
 			l.buffered += b.Records
 			l.batches++
@@ -210,28 +254,55 @@ func syncDir(dir string) error {
 	return f.Sync()
 }
 
-// openFile opens the bbolt file; prevEpoch is 0 (the readable epoch, if any,
-// is read by the caller's transaction).
-func openFile(path string) (*bolt.DB, int64, error) {
+// openFile opens the bbolt file and checks its meta bucket.
+func openFile(path string) (*bolt.DB, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
 	if errors.Is(err, bolterrors.ErrTimeout) {
-		return nil, 0, fmt.Errorf("%w: %s", errLocked, path)
+		return nil, fmt.Errorf("%w: %s", errLocked, path)
 	}
 	if err != nil {
-		return nil, 0, err
+		if corrupt(err) {
+			return nil, fmt.Errorf("%w: %s: %v", errUnreadable, path, err)
+		}
+		return nil, fmt.Errorf("producer: open state file %s: %w", path, err)
 	}
-	// A file that opens but whose meta bucket is damaged is caught by the
-	// first transaction; check it here so it counts as unreadable.
+	// bbolt validates the meta pages only; a damaged freelist page panics
+	// in bolt.Open, a damaged data page when it is read. loadFile recovers
+	// those panics, and its transaction reads every page that holds state
+	// (the stream states and batches are decoded, the pending bucket's
+	// Stats walks its pages), so damage shows here, not long after New
+	// returned. (tx.Check would also read freed pages, at a cost of
+	// seconds per open on a large file.) A file whose meta bucket is
+	// damaged in a way bbolt cannot see (an epoch of the wrong length) is
+	// unreadable too.
+	defer func() {
+		if r := recover(); r != nil {
+			db.Close() // the panicking transaction was rolled back
+			panic(r)   // loadFile's recover makes it errUnreadable
+		}
+	}()
 	if err := db.View(func(tx *bolt.Tx) error {
 		if m := tx.Bucket(bucketMeta); m != nil {
 			if e := m.Get(keyEpoch); e != nil && len(e) != 8 {
-				return errors.New("epoch is unreadable")
+				return fmt.Errorf("%w: %s: epoch is %d bytes long", errUnreadable, path, len(e))
 			}
 		}
 		return nil
 	}); err != nil {
 		db.Close()
-		return nil, 0, err
+		return nil, err
 	}
-	return db, 0, nil
+	return db, nil
+}
+
+// corrupt tells bbolt's errors about the file's content from those about
+// the system (a syscall error: descriptors, permissions, memory, I/O).
+func corrupt(err error) bool {
+	if errors.Is(err, bolterrors.ErrInvalid) || errors.Is(err, bolterrors.ErrChecksum) || errors.Is(err, bolterrors.ErrVersionMismatch) {
+		return true
+	}
+	var errno syscall.Errno
+	// "file size too small": bbolt's check of a truncated file, a plain
+	// error with no sentinel.
+	return !errors.As(err, &errno) && strings.Contains(err.Error(), "file size too small")
 }

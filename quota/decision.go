@@ -25,8 +25,8 @@ var States = []State{OK, Warning, Exceeded}
 // DefaultTopic is the Kafka topic decisions are published to.
 const DefaultTopic = "tally.quota-decisions"
 
-// Decision is what the enforcer publishes (SPEC §5): exactly these fields,
-// as JSON, with the key "customer/meter". Quantities are decimal strings.
+// Decision is what the enforcer publishes: exactly these fields, as JSON,
+// with the key "customer/meter". Quantities are decimal strings.
 type Decision struct {
 	Customer  string          `json:"customer"`
 	Meter     string          `json:"meter"`
@@ -49,6 +49,23 @@ type Decision struct {
 	OnStale     OnStale         `json:"on_stale"`
 	StaleAfter  Duration        `json:"stale_after"` // whole seconds
 	DecidedAt   time.Time       `json:"decided_at"`
+	// LeaderEpoch is the lease epoch of the enforcer that published the
+	// decision, and Seq its number among the key's decisions (it grows
+	// with every publication of the key, across leaders). Of two decisions
+	// for a key, the newer has the higher (LeaderEpoch, Seq): a consumer
+	// keeps it and ignores an older one that arrives later (a deposed or
+	// paused leader's write that Kafka took after its lease ended).
+	LeaderEpoch int64 `json:"leader_epoch"`
+	Seq         int64 `json:"seq"`
+}
+
+// Newer reports whether d supersedes o, a decision for the same key: it
+// has a higher leader epoch, or the same epoch and a higher seq.
+func (d Decision) Newer(o Decision) bool {
+	if d.LeaderEpoch != o.LeaderEpoch {
+		return d.LeaderEpoch > o.LeaderEpoch
+	}
+	return d.Seq > o.Seq
 }
 
 // Key is the decision's Kafka message key: "customer/meter".

@@ -151,6 +151,7 @@ type Enforcer struct {
 
 	// Leader state, touched only by Run's goroutine.
 	last    map[string]Decision // the latest published decision per key
+	seqs    map[string]int64    // the highest seq published per key (stored or not)
 	samples map[string][]sample // recent (as_of, used) per key, for the rate
 	byCust  bool                // the ingest_customers table exists
 	checked time.Time           // when byCust was last checked
@@ -197,6 +198,26 @@ func (e *Enforcer) Run(ctx context.Context) error {
 type lease struct {
 	epoch    int64
 	deadline time.Time // local monotonic time after which it must not publish
+	// Republication of every current decision (even unchanged): at the
+	// first evaluation, and once a previous leader's writes can no longer
+	// land (republishAt).
+	takenOver   bool
+	republishAt time.Time
+	republished bool
+}
+
+// Bounds of the decision writer: with them, writerMaxTime bounds how long
+// after WriteMessages was called one of its messages can still reach Kafka
+// (kafka-go keeps sending after the caller's context ended).
+const (
+	writerAttempts   = 3
+	writerBackoffMax = time.Second
+)
+
+// writerMaxTime is how long a write of the decision writer can take:
+// every attempt up to WriteTimeout, with backoffs between them.
+func (e *Enforcer) writerMaxTime() time.Duration {
+	return writerAttempts*e.cfg.WriteTimeout + (writerAttempts-1)*min(writerBackoffMax, e.cfg.WriteTimeout)
 }
 
 // margin is how long before the lease's expiry (as measured from the start
@@ -252,9 +273,17 @@ func (e *Enforcer) lead(ctx context.Context, l lease) {
 		return
 	}
 	e.last = make(map[string]Decision, len(last))
+	e.seqs = make(map[string]int64, len(last))
 	for _, d := range last {
 		e.last[d.Key()] = d
+		e.seqs[d.Key()] = d.Seq
 	}
+	// The lease was free: the previous leader's lease had ended (or it
+	// released it after closing its writer). A write it started before
+	// then lands within writerMaxTime, unless it was paused: republish
+	// everything after that, so the last decision of every key on the
+	// topic is this leader's; consumers ignore anything older by epoch.
+	l.republishAt = time.Now().Add(e.writerMaxTime())
 	e.samples = map[string][]sample{}
 	e.checked = time.Time{}
 	tr := e.cfg.Transport
@@ -269,7 +298,10 @@ func (e *Enforcer) lead(ctx context.Context, l lease) {
 		RequiredAcks:           kafka.RequireAll,
 		BatchTimeout:           2 * time.Millisecond,
 		BatchSize:              1000,
-		MaxAttempts:            3,
+		MaxAttempts:            writerAttempts,
+		WriteBackoffMax:        min(writerBackoffMax, e.cfg.WriteTimeout),
+		WriteTimeout:           e.cfg.WriteTimeout, // per attempt, whatever the caller's context
+		ReadTimeout:            e.cfg.WriteTimeout,
 		AllowAutoTopicCreation: true,
 		Transport:              tr,
 	}
@@ -290,7 +322,7 @@ func (e *Enforcer) lead(ctx context.Context, l lease) {
 			}
 			log.Warn("quota enforcer: cannot renew the lease; still within it", "err", err)
 		}
-		if err := e.evaluate(ctx, w, l); err != nil {
+		if err := e.evaluate(ctx, w, &l); err != nil {
 			if errors.Is(err, ErrNotLeader) {
 				log.Warn("quota enforcer: fenced while storing decisions; stepping down")
 				return
@@ -306,7 +338,7 @@ func (e *Enforcer) lead(ctx context.Context, l lease) {
 
 // evaluate reads every rule's usage, decides, publishes what changed or is
 // due, and stores it. Read failures publish nothing.
-func (e *Enforcer) evaluate(ctx context.Context, w *kafka.Writer, l lease) error {
+func (e *Enforcer) evaluate(ctx context.Context, w *kafka.Writer, l *lease) error {
 	start := time.Now()
 	defer func() { e.m.evalSeconds.Observe(time.Since(start).Seconds()) }()
 	if time.Since(e.checked) > time.Minute {
@@ -325,6 +357,7 @@ func (e *Enforcer) evaluate(ctx context.Context, w *kafka.Writer, l lease) error
 	if err != nil {
 		return e.readFailed(ctx, err)
 	}
+	republish := !l.takenOver || (!l.republished && !time.Now().Before(l.republishAt))
 	var pub []Decision
 	var starts []time.Time
 	var tails []tail
@@ -339,7 +372,9 @@ func (e *Enforcer) evaluate(ctx context.Context, w *kafka.Writer, l lease) error
 		} else {
 			maxLag = max(maxLag, *d.LagSeconds)
 		}
-		if prev, ok := e.last[key]; !ok || e.due(prev, d) {
+		if prev, ok := e.last[key]; !ok || republish || e.due(prev, d) {
+			e.seqs[key]++
+			d.LeaderEpoch, d.Seq = l.epoch, e.seqs[key]
 			pub = append(pub, d)
 			starts = append(starts, u.period.Start.UTC())
 			if ok && prev.Period != d.Period && prev.Period == u.prev.Name {
@@ -356,10 +391,13 @@ func (e *Enforcer) evaluate(ctx context.Context, w *kafka.Writer, l lease) error
 	e.m.maxLag.Set(maxLag.Duration().Seconds())
 	e.m.unknownAsOf.Set(float64(unknown))
 	if len(pub) == 0 {
+		l.takenOver, l.republished = true, l.republished || republish && l.takenOver
 		return nil
 	}
-	if time.Now().After(l.deadline) {
-		return nil // the next renewal decides
+	if time.Now().After(l.deadline) || ctx.Err() != nil {
+		// The next renewal decides. (kafka-go would send even with an
+		// expired context.)
+		return nil
 	}
 	msgs := make([]kafka.Message, len(pub))
 	payloads := make([][]byte, len(pub))
@@ -388,9 +426,15 @@ func (e *Enforcer) evaluate(ctx context.Context, w *kafka.Writer, l lease) error
 	for _, d := range pub {
 		e.m.published.WithLabelValues(string(d.State), string(d.Mode)).Inc()
 	}
+	if republish {
+		if l.takenOver {
+			l.republished = true
+		}
+		l.takenOver = true
+	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.WriteTimeout)
 	defer cancel()
-	if err := e.store(sctx, l, pub, starts, tails, payloads); err != nil {
+	if err := e.store(sctx, *l, pub, starts, tails, payloads); err != nil {
 		if !errors.Is(err, ErrNotLeader) {
 			e.m.storeErrors.Inc()
 			e.log.Error("quota enforcer: published decisions not stored; they are republished at the next evaluation", "err", err)

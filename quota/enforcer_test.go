@@ -11,9 +11,9 @@ import (
 	"github.com/tally-ledger/tally/quota"
 )
 
-// The SPEC §5 fields, exactly.
+// The decision's fields, exactly.
 var decisionFields = []string{"customer", "meter", "period", "state", "used", "limit", "remaining", "as_of",
-	"lag_seconds", "projected", "rule_version", "mode", "on_stale", "stale_after", "decided_at"}
+	"lag_seconds", "projected", "rule_version", "mode", "on_stale", "stale_after", "decided_at", "leader_epoch", "seq"}
 
 func TestEnforcerAcrossWarnAndLimit(t *testing.T) {
 	t.Parallel()
@@ -231,14 +231,13 @@ func TestLeaderTakeoverWithoutGapOrReset(t *testing.T) {
 	e.use("beta", "api_calls", 1)
 	rd := e.reader()
 	a := e.start(e.config("a"))
-	rd.until(10*time.Second, "acme warning", func(d received) bool { return d.Customer == "acme" && d.State == quota.Warning })
+	lastAcme := rd.until(10*time.Second, "acme warning", func(d received) bool { return d.Customer == "acme" && d.State == quota.Warning })
 	b := e.start(e.config("b"))
 	time.Sleep(300 * time.Millisecond)
 	if a.Metric("tally_quota_leader", nil) != 1 || b.Metric("tally_quota_leader", nil) != 0 {
 		t.Fatalf("leaders: a=%v b=%v", a.Metric("tally_quota_leader", nil), b.Metric("tally_quota_leader", nil))
 	}
 	// Drain what a published, then kill it.
-	var lastAcme received
 	for {
 		d, ok := rd.next(300 * time.Millisecond)
 		if !ok {
@@ -256,12 +255,18 @@ func TestLeaderTakeoverWithoutGapOrReset(t *testing.T) {
 		}
 	}
 	t.Logf("takeover after %v", time.Since(killed))
-	// b starts from the stored decisions: no re-flap of unchanged states
-	// before they are due, and a state change is published at once.
+	// b starts from the stored decisions: it republishes them under its
+	// epoch (the same states: no re-flap), and a state change is published
+	// at once.
 	e.use("acme", "api_calls", 15)
-	d := rd.until(5*time.Second, "acme exceeded from b", func(d received) bool { return d.Customer == "acme" })
-	if d.State != quota.Exceeded || !d.Used.Equal(dec("105")) {
-		t.Fatalf("first acme decision after takeover: %+v (the last one before was %+v)", d.Decision, lastAcme.Decision)
+	d := rd.until(5*time.Second, "acme exceeded from b", func(d received) bool {
+		if d.Customer == "acme" && d.State != quota.Exceeded && (d.State != lastAcme.State || d.LeaderEpoch != 2 || d.Seq <= lastAcme.Seq) {
+			t.Errorf("acme decision after takeover: %+v (the last one before was %+v)", d.Decision, lastAcme.Decision)
+		}
+		return d.Customer == "acme" && d.State == quota.Exceeded
+	})
+	if !d.Used.Equal(dec("105")) || d.LeaderEpoch != 2 {
+		t.Fatalf("acme exceeded after takeover: %+v", d.Decision)
 	}
 	// Without a gap: republishing continues on the previous cadence.
 	var beta []received

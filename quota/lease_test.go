@@ -2,8 +2,11 @@ package quota_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
+
+	"github.com/segmentio/kafka-go"
 
 	"github.com/tally-ledger/tally/quota"
 )
@@ -101,5 +104,79 @@ func TestAsOfFromTheCustomersPartition(t *testing.T) {
 	st, err := quota.Status(ctx, e.pool, "acme")
 	if err != nil || len(st) != 1 || st[0].LagSeconds == nil || st[0].LagSeconds.Duration() > 5*time.Second {
 		t.Errorf("status of acme: %+v %v", st, err)
+	}
+}
+
+// A deposed or paused leader's write can reach Kafka after its lease ended
+// (kafka-go retries on its own). Every decision carries the leader epoch
+// and a per-key seq, so a consumer keeping the newest (epoch, seq) ignores
+// it; and a new leader republishes every current decision at takeover and
+// again once the old lease plus the writer's longest write has passed, so
+// the last decision of every key on the topic (all a compacted topic keeps)
+// is the new leader's, even when nothing changed.
+func TestANewLeaderOutranksALateDecisionOfTheOldOne(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.follow()
+	for _, c := range []string{"acme", "globex"} {
+		e.put(quota.RuleInput{Customer: c, Meter: "api_calls", Limit: dec("100")})
+		e.use(c, "api_calls", 10)
+	}
+	rd := e.reader()
+	cfg := e.config("a")
+	cfg.Republish, cfg.WriteTimeout = time.Hour, 300*time.Millisecond // nothing is due by age in this test
+	a := e.start(cfg)
+	newest := map[string]quota.Decision{}
+	last := map[string]received{}
+	keep := func(d received) {
+		last[d.key] = d
+		if cur, ok := newest[d.key]; !ok || d.Newer(cur) {
+			newest[d.key] = d.Decision
+		}
+	}
+	for len(last) < 2 {
+		keep(rd.until(10*time.Second, "a decision of leader a", func(received) bool { return true }))
+	}
+	epochA := newest["acme/api_calls"].LeaderEpoch
+	if epochA == 0 || newest["acme/api_calls"].Seq == 0 {
+		t.Fatalf("leader a's decision has no epoch or seq: %+v", newest["acme/api_calls"])
+	}
+	a.Stop(t)
+
+	cfg.Holder = "b"
+	b := e.start(cfg)
+	takeover := time.Now()
+	for len(last) < 2 || last["acme/api_calls"].LeaderEpoch == epochA || last["globex/api_calls"].LeaderEpoch == epochA {
+		keep(rd.until(10*time.Second, "leader b's decisions at takeover", func(received) bool { return true }))
+	}
+	epochB := newest["acme/api_calls"].LeaderEpoch
+	if epochB <= epochA {
+		t.Fatalf("leader b's epoch %d is not above a's %d", epochB, epochA)
+	}
+	// Leader a's write lands now, after b's decision: exceeded, a seq far
+	// ahead.
+	late := newest["acme/api_calls"]
+	late.LeaderEpoch, late.Seq, late.State = epochA, 1000, quota.Exceeded
+	v, err := json.Marshal(late)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.kafka.Produce(t, decisionsTopic, kafka.Message{Key: []byte(late.Key()), Value: v})
+	keep(rd.until(10*time.Second, "the late decision", func(d received) bool { return d.LeaderEpoch == epochA }))
+	if newest["acme/api_calls"].State != quota.OK || newest["acme/api_calls"].LeaderEpoch != epochB {
+		t.Errorf("a consumer keeping the newest holds %+v after the late decision", newest["acme/api_calls"])
+	}
+	// Nothing changes; b republishes both keys once a's writes can no
+	// longer land.
+	for last["acme/api_calls"].LeaderEpoch != epochB || last["globex/api_calls"].LeaderEpoch != epochB || last["acme/api_calls"].at.Before(takeover.Add(time.Second)) {
+		keep(rd.until(15*time.Second, "leader b's republication", func(received) bool { return true }))
+	}
+	for k, d := range last {
+		if d.LeaderEpoch != epochB || d.State != quota.OK {
+			t.Errorf("last decision of %s on the topic: %+v, want leader b's ok", k, d.Decision)
+		}
+	}
+	if b.Metric("tally_quota_leader", nil) != 1 {
+		t.Error("b is not leading")
 	}
 }

@@ -7,8 +7,12 @@ package quota
 // (periods uses 71540, reconcile 71541), second key the hash of "customer/meter".
 const qLockRule = `SELECT pg_advisory_xact_lock(71542, hashtext($1))`
 
+// qLatestVersion is the highest version of a rule and the effective time
+// and version of the version in force at $3.
 const qLatestVersion = `
-SELECT coalesce(max(version), 0), max(effective_at)
+SELECT coalesce(max(version), 0),
+       (array_agg(version ORDER BY effective_at DESC, version DESC) FILTER (WHERE effective_at <= $3))[1],
+       max(effective_at) FILTER (WHERE effective_at <= $3)
 FROM quota_rules WHERE customer = $1 AND meter = $2`
 
 const qInsertRule = `
@@ -20,7 +24,7 @@ const qCurrentRules = `
 SELECT DISTINCT ON (meter) ` + ruleColumns + `
 FROM quota_rules
 WHERE customer = $1 AND effective_at <= $2
-ORDER BY meter, version DESC`
+ORDER BY meter, effective_at DESC, version DESC`
 
 const qRuleHistory = `
 SELECT ` + ruleColumns + `
@@ -36,7 +40,7 @@ SELECT ` + ruleColumns + `, (SELECT c.schedule FROM customers c WHERE c.id = q.c
 FROM (SELECT DISTINCT ON (customer, meter) *
       FROM quota_rules
       WHERE effective_at <= $1 AND ($2::text IS NULL OR customer = $2)
-      ORDER BY customer, meter, version DESC) AS q
+      ORDER BY customer, meter, effective_at DESC, version DESC) AS q
 ORDER BY customer, meter`
 
 // qUsage reads, for each (customer, meter) in one round trip, the billed

@@ -161,8 +161,14 @@ func (in RuleInput) withDefaults(now time.Time) RuleInput {
 // PutRule stores in as the next version of its rule, inside tx, and returns
 // it. It never touches usage: the new version applies to usage counted from
 // the period start, so lowering the limit below usage is exceeded at the
-// enforcer's next evaluation. EffectiveAt may lie in the future but never
-// before the previous version's (versions and effective times both ascend).
+// enforcer's next evaluation.
+//
+// The version in force is the one with the latest effective time that has
+// come, the highest version among equal times: so a change effective now
+// takes effect at once even when a version is scheduled for later (which
+// still takes effect at its time). EffectiveAt may lie in the future, but
+// not before the effective time of the version in force, where it would
+// never take effect.
 func PutRule(ctx context.Context, tx pgx.Tx, in RuleInput) (Rule, error) {
 	return putRule(ctx, tx, in, time.Now())
 }
@@ -179,13 +185,15 @@ func putRule(ctx context.Context, tx pgx.Tx, in RuleInput, now time.Time) (Rule,
 		return Rule{}, fmt.Errorf("quota: lock rule: %w", err)
 	}
 	var prevVersion int64
-	var prevEffective *time.Time
-	if err := tx.QueryRow(ctx, qLatestVersion, in.Customer, in.Meter).Scan(&prevVersion, &prevEffective); err != nil {
+	var inForceVersion *int64
+	var inForce *time.Time
+	if err := tx.QueryRow(ctx, qLatestVersion, in.Customer, in.Meter, now).Scan(&prevVersion, &inForceVersion, &inForce); err != nil {
 		return Rule{}, fmt.Errorf("quota: read rule versions: %w", err)
 	}
-	if prevEffective != nil && in.EffectiveAt.Before(*prevEffective) {
-		return Rule{}, fmt.Errorf("%w: effective_at: %s is before version %d's effective time %s",
-			ErrInvalid, in.EffectiveAt.Format(time.RFC3339Nano), prevVersion, prevEffective.UTC().Format(time.RFC3339Nano))
+	// A version dated before the one in force would never be in force.
+	if inForce != nil && in.EffectiveAt.Before(*inForce) {
+		return Rule{}, fmt.Errorf("%w: effective_at: %s is before %s, the effective time of version %d (in force), so it would never take effect",
+			ErrInvalid, in.EffectiveAt.Format(time.RFC3339Nano), inForce.UTC().Format(time.RFC3339Nano), *inForceVersion)
 	}
 	r := Rule{
 		Customer: in.Customer, Meter: in.Meter, Version: prevVersion + 1,
@@ -202,8 +210,9 @@ func putRule(ctx context.Context, tx pgx.Tx, in RuleInput, now time.Time) (Rule,
 	return r, nil
 }
 
-// Rules returns the current rule of each of customer's meters (the newest
-// version whose effective time has come), ordered by meter.
+// Rules returns the current rule of each of customer's meters (of the
+// versions whose effective time has come, the latest effective, then the
+// highest version), ordered by meter.
 func Rules(ctx context.Context, db DBTX, customer string) ([]Rule, error) {
 	return queryRules(ctx, db, qCurrentRules, customer, time.Now())
 }

@@ -86,10 +86,10 @@ func TestPutRuleVersionsAndHistory(t *testing.T) {
 	if len(hist) != 3 || hist[0].Version != 1 || hist[2].Version != 3 || hist[0].Actor != "test" {
 		t.Fatalf("history: %+v", hist)
 	}
-	// Effective times never go backwards.
-	_, err = quota.PutRuleDB(ctx, e.pool, quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("2"), Actor: "x", EffectiveAt: time.Now()})
+	// A version that would never take effect (before the one in force) is refused.
+	_, err = quota.PutRuleDB(ctx, e.pool, quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("2"), Actor: "x", EffectiveAt: r2.EffectiveAt.Add(-time.Second)})
 	if !errors.Is(err, quota.ErrInvalid) || !strings.Contains(err.Error(), "effective_at") {
-		t.Errorf("effective_at before the previous version's: %v", err)
+		t.Errorf("effective_at before the version in force: %v", err)
 	}
 	if _, err := quota.RuleHistory(ctx, e.pool, "acme", "nothing"); !errors.Is(err, quota.ErrNotFound) {
 		t.Errorf("missing rule: %v", err)
@@ -100,5 +100,41 @@ func TestPutRuleVersionsAndHistory(t *testing.T) {
 	}
 	if _, err := e.pool.Exec(ctx, `DELETE FROM quota_rules`); err == nil {
 		t.Errorf("DELETE of quota_rules succeeded")
+	}
+}
+
+// An urgent change takes effect at once even when a version is scheduled
+// for later, and the scheduled one still takes effect at its time: the
+// version in force is the one with the latest effective time that has come
+// (the highest version among equal times).
+func TestAnImmediateChangeOvertakesAScheduledOne(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	e.put(quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("100")})
+	at := time.Now().Add(3 * time.Second)
+	e.put(quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("1000"), EffectiveAt: at})
+	cut, err := quota.PutRuleDB(ctx, e.pool, quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("10"), Actor: "oncall", Reason: "abuse"})
+	if err != nil {
+		t.Fatalf("an immediate limit cut with a version scheduled: %v", err)
+	}
+	current := func() quota.Rule {
+		t.Helper()
+		rules, err := quota.Rules(ctx, e.pool, "acme")
+		if err != nil || len(rules) != 1 {
+			t.Fatalf("rules %+v, %v", rules, err)
+		}
+		return rules[0]
+	}
+	if r := current(); r.Version != cut.Version || !r.Limit.Equal(dec("10")) {
+		t.Errorf("in force after the cut: version %d limit %s; want version %d limit 10", r.Version, r.Limit, cut.Version)
+	}
+	time.Sleep(time.Until(at) + 500*time.Millisecond)
+	if r := current(); r.Version != 2 || !r.Limit.Equal(dec("1000")) {
+		t.Errorf("in force after the scheduled time: version %d limit %s; want version 2 limit 1000", r.Version, r.Limit)
+	}
+	e.put(quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("5")})
+	if r := current(); !r.Limit.Equal(dec("5")) {
+		t.Errorf("a change after the scheduled version took effect: limit %s in force, want 5", r.Limit)
 	}
 }

@@ -33,7 +33,9 @@ func newDevCmd() *cobra.Command {
     4 partitions each; data kept in ./.tally-dev/kafka).
   - Postgres: TALLY_DATABASE_URL if set and reachable, else the local server
     at 127.0.0.1:5432 (database tally, created if missing), else a private
-    cluster started from the installed initdb/pg_ctl under ./.tally-dev/pg.
+    cluster started from the installed initdb/pg_ctl under ./.tally-dev/pg
+    (Unix socket only, in a directory only its user can enter; reused if a
+    killed tally dev left it running).
 
 Then it migrates the database and runs everything tally serve runs (ingest,
 REST API, quota enforcer) plus simulated producers (customers demo-acme and

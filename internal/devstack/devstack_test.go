@@ -2,6 +2,7 @@ package devstack_test
 
 import (
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -111,4 +112,70 @@ func TestPrivatePostgres(t *testing.T) {
 	if _, err := pgx.Connect(ctx, pg.URL); err == nil {
 		t.Error("private Postgres still accepts connections after Close")
 	}
+}
+
+// tally dev killed (SIGKILL, OOM) leaves its private Postgres running: the
+// next start reuses it instead of failing in pg_ctl start.
+func TestPrivatePostgresIsReusedAfterAKill(t *testing.T) {
+	base := t.TempDir()
+	for d := base; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	cfg := devstack.PostgresConfig{Dir: base, PrivatePort: 54392}
+	first, err := devstack.StartPrivate(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = first.Close() }) // a no-op once the second one stopped it
+	// The first owner dies without Close; a second one starts.
+	second, err := devstack.StartPrivate(ctx, cfg)
+	if err != nil {
+		t.Fatalf("start again with the cluster still running: %v", err)
+	}
+	c, err := pgx.Connect(ctx, second.URL)
+	if err != nil {
+		_ = second.Close()
+		t.Fatal(err)
+	}
+	c.Close(ctx)
+	if err := second.Close(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// The private cluster trusts whoever connects, so only its user may
+// connect: it listens on no TCP port, only on a Unix socket in a directory
+// only that user (and root) can enter.
+func TestPrivatePostgresIsOnlyForItsUser(t *testing.T) {
+	base := t.TempDir()
+	for d := base; d != "/" && d != os.TempDir(); d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	pg, err := devstack.StartPrivate(ctx, devstack.PostgresConfig{Dir: base, PrivatePort: 54393})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Close()
+	if c, err := net.DialTimeout("tcp", "127.0.0.1:54393", time.Second); err == nil {
+		c.Close()
+		t.Error("the private Postgres accepts TCP connections on 127.0.0.1:54393")
+	}
+	fi, err := os.Stat(filepath.Join(base, "pg", "run"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		t.Errorf("socket directory mode %v: other users can reach the socket", fi.Mode().Perm())
+	}
+	c, err := pgx.Connect(ctx, pg.URL)
+	if err != nil {
+		t.Fatalf("connect through the socket: %v", err)
+	}
+	c.Close(ctx)
 }

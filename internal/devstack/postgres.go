@@ -168,7 +168,10 @@ func isExec(p string) bool {
 }
 
 // StartPrivate starts (initialising it on first use) a cluster of its own
-// under cfg.Dir/pg on cfg.PrivatePort; Close stops it.
+// under cfg.Dir/pg, reachable only through the Unix socket
+// cfg.Dir/pg/run/.s.PGSQL.<PrivatePort> (a directory only its user can
+// enter; no TCP); Close stops it. A cluster left running by a tally dev
+// that was killed is reused.
 func StartPrivate(ctx context.Context, cfg PostgresConfig) (*Postgres, error) {
 	log := cfg.Logger
 	if log == nil {
@@ -188,7 +191,17 @@ func StartPrivate(ctx context.Context, cfg PostgresConfig) (*Postgres, error) {
 	data := filepath.Join(base, "pg", "data")
 	sock := filepath.Join(base, "pg", "run")
 	logFile := filepath.Join(base, "pg", "postgres.log")
-	if err := os.MkdirAll(sock, 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Join(base, "pg"), 0o755); err != nil {
+		return nil, err
+	}
+	// The cluster trusts whoever connects (it is a dev database with a
+	// superuser), so only its own user may connect: it listens on no TCP
+	// port, only on a Unix socket in a directory of mode 0700 owned by the
+	// user it runs as (root, running tally dev, enters it anyway).
+	if err := os.MkdirAll(sock, 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(sock, 0o700); err != nil {
 		return nil, err
 	}
 
@@ -250,8 +263,20 @@ func StartPrivate(ctx context.Context, cfg PostgresConfig) (*Postgres, error) {
 		}
 	}
 	port := strconv.Itoa(cfg.PrivatePort)
-	opts := fmt.Sprintf("-p %s -k %s -c listen_addresses=127.0.0.1 -c fsync=off", port, sock)
-	if err := run("pg_ctl", "-D", data, "-l", logFile, "-o", opts, "-w", "-t", "60", "start"); err != nil {
+	opts := fmt.Sprintf("-p %s -k %s -c listen_addresses='' -c fsync=off", port, sock)
+	admin := (&url.URL{Scheme: "postgres", User: url.User("tally"), Path: "/postgres",
+		RawQuery: url.Values{"host": {sock}, "port": {port}, "sslmode": {"disable"}}.Encode()}).String()
+	// A tally dev that was killed (SIGKILL, OOM) left its cluster running:
+	// reuse it when it serves our socket with no TCP listener; restart it
+	// with our options otherwise (a cluster started by an older tally dev
+	// listened on 127.0.0.1).
+	if run("pg_ctl", "-D", data, "status") == nil {
+		if private(ctx, admin) {
+			log.Info("reusing the private Postgres cluster left running", "dir", data)
+		} else if err := run("pg_ctl", "-D", data, "-l", logFile, "-o", opts, "-m", "fast", "-w", "-t", "60", "restart"); err != nil {
+			return nil, fmt.Errorf("restart private Postgres (log: %s): %w", logFile, err)
+		}
+	} else if err := run("pg_ctl", "-D", data, "-l", logFile, "-o", opts, "-w", "-t", "60", "start"); err != nil {
 		return nil, fmt.Errorf("start private Postgres (log: %s): %w", logFile, err)
 	}
 	stop := func() error {
@@ -269,13 +294,26 @@ func StartPrivate(ctx context.Context, cfg PostgresConfig) (*Postgres, error) {
 		}
 		return nil
 	}
-	admin := (&url.URL{Scheme: "postgres", User: url.User("tally"), Host: "127.0.0.1:" + port, Path: "/postgres", RawQuery: "sslmode=disable"}).String()
 	u, err := ensureDatabase(ctx, admin, DefaultDatabase)
 	if err != nil {
 		_ = stop()
 		return nil, err
 	}
 	return &Postgres{URL: u, Source: "private cluster (" + data + ")", stop: stop}, nil
+}
+
+// private reports whether the server at admin (a socket URL) answers and
+// listens on no TCP address.
+func private(ctx context.Context, admin string) bool {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(ctx, admin)
+	if err != nil {
+		return false
+	}
+	defer c.Close(context.WithoutCancel(ctx))
+	var listen string
+	return c.QueryRow(ctx, "SHOW listen_addresses").Scan(&listen) == nil && listen == ""
 }
 
 // chownTree chowns p and everything under it, if p exists.

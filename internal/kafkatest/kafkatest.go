@@ -10,6 +10,7 @@ package kafkatest
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -38,6 +39,10 @@ type Options struct {
 	// (kfake's default minimum is 6s), so tests of dead members are fast.
 	// Default 500ms.
 	MinSessionTimeout time.Duration
+	// MessageMaxBytes, when set, is the broker's message.max.bytes: the
+	// largest record batch it accepts in a produce request (real Kafka's
+	// default is 1048588). Default 4 MiB.
+	MessageMaxBytes int
 }
 
 // Cluster is a running kfake cluster.
@@ -62,14 +67,17 @@ func Start(o Options) (*Cluster, error) {
 	if o.MinSessionTimeout == 0 {
 		o.MinSessionTimeout = 500 * time.Millisecond
 	}
+	if o.MessageMaxBytes == 0 {
+		o.MessageMaxBytes = 4 << 20
+	}
 	opts := []kfake.Opt{
 		kfake.NumBrokers(1),
 		kfake.GroupMinSessionTimeout(o.MinSessionTimeout),
 		kfake.DefaultNumPartitions(1),
 		// Larger than SPEC's 1 MiB message limit, so a too-large message
 		// reaches Tally (and its dead-letter table) instead of being
-		// refused by the broker.
-		kfake.BrokerConfigs(map[string]string{"message.max.bytes": "4194304"}),
+		// refused by the broker (unless MessageMaxBytes says otherwise).
+		kfake.BrokerConfigs(map[string]string{"message.max.bytes": strconv.Itoa(o.MessageMaxBytes)}),
 	}
 	for _, tp := range o.Topics {
 		opts = append(opts, kfake.SeedTopics(tp.Partitions, tp.Name))

@@ -1,0 +1,57 @@
+package cli
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+// An environment variable that does not parse is an error naming it (exit
+// 2), never silently the default: TALLY_GRACE=2d once meant a grace of 24h.
+func TestAnInvalidEnvironmentValueIsAnError(t *testing.T) {
+	for _, tc := range []struct{ env, value string }{
+		{"TALLY_GRACE", "2d"},
+		{"TALLY_GRACE", ""},
+	} {
+		t.Setenv(tc.env, tc.value)
+		_, err := runTally(t, "serve", "--api")
+		var ee *ExitError
+		if err == nil || !errors.As(err, &ee) || ee.Code != 2 || !strings.Contains(err.Error(), tc.env) {
+			t.Errorf("%s=%q: got %v; want an error naming %s with exit code 2", tc.env, tc.value, err, tc.env)
+		}
+		if code := Main([]string{"periods", "list"}); code != 2 {
+			t.Errorf("%s=%q: tally periods list exits %d, want 2", tc.env, tc.value, code)
+		}
+	}
+}
+
+// An invalid flag value exits 2 too, naming the flag.
+func TestAnInvalidFlagValueExitsTwo(t *testing.T) {
+	_, err := runTally(t, "serve", "--api", "--grace", "2d")
+	var ee *ExitError
+	if err == nil || !errors.As(err, &ee) || ee.Code != 2 || !strings.Contains(err.Error(), "--grace") {
+		t.Errorf("got %v; want an error naming --grace with exit code 2", err)
+	}
+}
+
+// --help never prints a password given in TALLY_DATABASE_URL.
+func TestHelpMasksTheDatabasePassword(t *testing.T) {
+	t.Setenv("TALLY_DATABASE_URL", "postgres://billing:s3cr3t-pw@db.internal:5432/tally?sslmode=require")
+	for _, cmd := range [][]string{{"serve", "--help"}, {"migrate", "--help"}, {"reconcile", "--help"}} {
+		out, err := runTally(t, cmd...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(out, "s3cr3t-pw") || !strings.Contains(out, "billing:") {
+			t.Errorf("tally %s prints the password or no user:\n%s", strings.Join(cmd, " "), out)
+		}
+	}
+	t.Setenv("TALLY_DATABASE_URL", "host=db.internal user=billing password=s3cr3t-pw dbname=tally")
+	out, err := runTally(t, "serve", "--help")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, "s3cr3t-pw") {
+		t.Errorf("tally serve --help prints a keyword/value password:\n%s", out)
+	}
+}
