@@ -42,7 +42,9 @@ func TestEveryFaultVerifiesClean(t *testing.T) {
 	ctx := context.Background()
 	e, err := scenario.Run(ctx, scenario.Config{
 		Brokers: c.Addrs, Topic: topic, Producers: 3, Customers: 4, Meters: 2, Workers: 2,
-		Duration: 3 * time.Second, Rate: 600, Spread: 45 * 24 * time.Hour, Faults: f, Linger: 10 * time.Millisecond,
+		// A record count, not a duration: a CPU-starved machine takes longer
+		// but still writes enough for every fault to happen.
+		Records: 1200, Rate: 600, Spread: 45 * 24 * time.Hour, Faults: f, Linger: 10 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)
