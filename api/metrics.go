@@ -11,13 +11,20 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// httpMetrics are labelled by route pattern (never by raw path, which holds
-// customer ids and would be unbounded), method and status.
+// httpMetrics are labelled from fixed sets only: route pattern (never the
+// raw path, which holds customer ids), method (the standard ones, else
+// "other") and status.
 type httpMetrics struct {
 	requests               *prometheus.CounterVec
 	duration               *prometheus.HistogramVec
 	usageHits, usageMisses prometheus.Counter
 	usageWatchUp           prometheus.Gauge
+	// shed counts requests answered 429/503 before any work, by reason:
+	// address_rate, token_rate, in_flight.
+	shed *prometheus.CounterVec
+	// tokenChecks counts customer-token checks by where the answer came
+	// from: malformed (no query), refused_cached, cached, queried.
+	tokenChecks *prometheus.CounterVec
 }
 
 func newHTTPMetrics(reg *prometheus.Registry) (*httpMetrics, error) {
@@ -41,7 +48,21 @@ func newHTTPMetrics(reg *prometheus.Registry) (*httpMetrics, error) {
 		Name: "tally_api_usage_cache_up",
 		Help: "1 while the usage cache hears Postgres's change notifications and may be used; 0 while every answer is read from Postgres.",
 	})
-	for _, c := range []prometheus.Collector{m.requests, m.duration, usage, m.usageWatchUp} {
+	m.shed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tally_http_shed_total",
+		Help: "Requests answered at once with 429 (address_rate, token_rate) or 503 (in_flight) instead of being served.",
+	}, []string{"reason"})
+	m.tokenChecks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tally_api_token_checks_total",
+		Help: "Customer-token checks by outcome: malformed (refused without a query), refused_cached (refused again without a query), cached, queried.",
+	}, []string{"outcome"})
+	for _, r := range []string{"address_rate", "token_rate", "in_flight"} {
+		m.shed.WithLabelValues(r)
+	}
+	for _, o := range []string{"malformed", "refused_cached", "cached", "queried"} {
+		m.tokenChecks.WithLabelValues(o)
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.duration, usage, m.usageWatchUp, m.shed, m.tokenChecks} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -69,22 +90,30 @@ func (a *API) observe(next http.Handler) http.Handler {
 			if rctx := chi.RouteContext(r.Context()); rctx != nil && rctx.RoutePattern() != "" {
 				route = rctx.RoutePattern()
 			}
-			a.metrics.requests.WithLabelValues(route, r.Method, strconv.Itoa(status)).Inc()
-			a.metrics.duration.WithLabelValues(route, r.Method).Observe(d.Seconds())
+			method := methodLabel(r.Method)
+			a.metrics.requests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()
+			a.metrics.duration.WithLabelValues(route, method).Observe(d.Seconds())
 			level := slog.LevelInfo
 			if status >= 500 {
 				level = slog.LevelError
 			}
-			a.log.LogAttrs(r.Context(), level, "http request",
+			attrs := []slog.Attr{
 				slog.String("request_id", id),
-				slog.String("method", r.Method),
+				slog.String("method", method),
 				slog.String("path", r.URL.Path),
 				slog.String("route", route),
 				slog.Int("status", status),
 				slog.Int("bytes", ww.BytesWritten()),
 				slog.Duration("duration", d),
 				slog.String("remote", r.RemoteAddr),
-			)
+			}
+			if method != r.Method {
+				attrs = append(attrs, slog.String("raw_method", quote(r.Method)))
+			}
+			if cid := clientRequestID(r); cid != "" {
+				attrs = append(attrs, slog.String("client_request_id", cid))
+			}
+			a.log.LogAttrs(r.Context(), level, "http request", attrs...)
 		}()
 		next.ServeHTTP(ww, r)
 	})
