@@ -234,22 +234,24 @@ type apiLimits struct {
 
 // runOptions says what run starts.
 type runOptions struct {
-	// pool is the ingest's; apiPool and enforcePool, when nil, are pool
-	// too (tally dev runs everything on one).
-	pool, apiPool, enforcePool *pgxpool.Pool
-	apiLimits                  apiLimits
-	brokers                    []string
-	topic, decisionsTopic      string
-	group                      string
-	listen                     string // "" for no HTTP listener
-	adminToken                 string
-	grace                      time.Duration
-	ingest, api, enforce       bool
-	log                        *slog.Logger
+	pool                  *pgxpool.Pool
+	brokers               []string
+	topic, decisionsTopic string
+	group                 string
+	listen                string // "" for no HTTP listener
+	adminToken            string
+	grace                 time.Duration
+	ingest, api, enforce  bool
+	log                   *slog.Logger
 	// ready, when set, is called once the HTTP listener is bound.
 	ready func(addr string)
 	// also runs beside the components (tally dev's simulated producers).
 	also func(ctx context.Context) error
+
+	// pool is the ingest's; apiPool and enforcePool, when nil, are pool
+	// too (tally dev runs everything on one).
+	apiPool, enforcePool *pgxpool.Pool
+	apiLimits            apiLimits
 }
 
 // run runs the chosen components and the HTTP listener until ctx ends or
