@@ -260,3 +260,18 @@ func TestServeAPILoadNeverStarvesIngest(t *testing.T) {
 		t.Fatalf("the batch was applied only after %d API requests gave up", a)
 	}
 }
+
+// A small run of tally bench flood: every measurement is made and printed.
+func TestBenchFloodSmall(t *testing.T) {
+	out, err := runTally(t, "bench", "flood", "--records", "2000", "--per-message", "200", "--rounds", "1", "--conns", "8",
+		"--methods", "2000", "--saturation", "1s", "--warmup", "200ms", "--database-url", pgtest.AdminURL(), "--database-prefix", "tally_test_flood")
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, out)
+	}
+	for _, want := range []string{"API saturation", "CPU-only (/healthz)", "flood (made-up tokens)", "ingest flood / CPU-only", "each with a method name never sent before", "HTTP series"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in\n%s", want, out)
+		}
+	}
+	t.Log(out)
+}
