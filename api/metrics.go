@@ -94,7 +94,13 @@ func (a *API) observe(next http.Handler) http.Handler {
 			a.metrics.requests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()
 			a.metrics.duration.WithLabelValues(route, method).Observe(d.Seconds())
 			level := slog.LevelInfo
-			if status >= 500 {
+			switch {
+			case (status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable) && ww.Header().Get("Retry-After") != "":
+				// Shed by a rate limit or MaxInFlight: counted by
+				// tally_http_shed_total; a line each at a higher level
+				// would let a flood fill the logs.
+				level = slog.LevelDebug
+			case status >= 500:
 				level = slog.LevelError
 			}
 			attrs := []slog.Attr{
