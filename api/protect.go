@@ -158,9 +158,7 @@ func clientAddress(r *http.Request) string {
 }
 
 // rateLimits is a token bucket (golang.org/x/time/rate) per key, in a
-// bounded map: when it is full, buckets that have refilled are dropped
-// (a full bucket is the same as a new one, so nothing is lost), and if
-// that is not enough, arbitrary ones until half is free.
+// bounded map: when it is full, half is freed (see evict).
 type rateLimits struct {
 	rate  rate.Limit
 	burst int
@@ -201,16 +199,19 @@ func (l *rateLimits) allow(key string, now time.Time) (bool, time.Duration) {
 }
 
 func (l *rateLimits) evict(now time.Time) {
-	for k, lim := range l.m {
-		if lim.TokensAt(now) >= float64(l.burst) {
-			delete(l.m, k)
+	// Dropping a bucket gives its key a full one. First the buckets that
+	// are full (nothing lost), then those that would allow the next
+	// request anyway (at most a burst given away), and only then others:
+	// a flood of new keys does not reset the keys that are being limited.
+	for _, floor := range []float64{float64(l.burst), 1, math.Inf(-1)} {
+		for k, lim := range l.m { // random order
+			if len(l.m) <= l.max/2 {
+				return
+			}
+			if lim.TokensAt(now) >= floor {
+				delete(l.m, k)
+			}
 		}
-	}
-	for k := range l.m { // random order
-		if len(l.m) <= l.max/2 {
-			break
-		}
-		delete(l.m, k)
 	}
 }
 
