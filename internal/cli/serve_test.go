@@ -275,3 +275,12 @@ func TestBenchFloodSmall(t *testing.T) {
 	}
 	t.Log(out)
 }
+
+func TestServeRefusesAnEmptyPool(t *testing.T) {
+	for _, flag := range []string{"--ingest-pool-size", "--api-pool-size", "--enforce-pool-size"} {
+		_, err := runTally(t, "serve", "--database-url", pgtest.AdminURL(), "--admin-token", testAdminToken, flag, "0")
+		if err == nil || !strings.Contains(err.Error(), flag+" must be at least 1") {
+			t.Errorf("%s 0: %v", flag, err)
+		}
+	}
+}
