@@ -76,7 +76,10 @@ func unauthorized(detail string) *Problem {
 }
 
 // authenticate requires "Authorization: Bearer <token>": the admin token
-// (compared in constant time) or a customer token that is not revoked.
+// (compared in constant time) or a customer token that is not revoked. A
+// token not shaped like a customer token is refused without a query, and
+// one Postgres did not know is remembered for FailedTokenTTL, so a client
+// repeating a bad token costs no round trip.
 func (a *API) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
@@ -90,17 +93,28 @@ func (a *API) authenticate(next http.Handler) http.Handler {
 		switch {
 		case subtle.ConstantTimeCompare(h[:], a.adminHash[:]) == 1:
 			p = principal{admin: true}
-		case strings.HasPrefix(tok, TokenPrefix) && len(tok) <= 128:
+		case wellFormedToken(tok):
 			if cached, ok := a.tokens.get(h); ok && a.trusted(cached) {
+				a.metrics.tokenChecks.WithLabelValues("cached").Inc()
 				p = cached.p
 				break
 			}
+			if _, refused := a.badTokens.get(h); refused {
+				a.metrics.tokenChecks.WithLabelValues("refused_cached").Inc()
+				a.writeError(w, r, unauthorized("the token is unknown or revoked"))
+				return
+			}
+			a.metrics.tokenChecks.WithLabelValues("queried").Inc()
 			epoch, stamp := a.watch.l.Epoch(), a.tokenWatch.stamp.Load()
 			read := time.Now()
 			var id pgtype.UUID // not uuid.UUID: pgx would go through its text form
 			err := a.pool.QueryRow(r.Context(), qTokenByHash, h[:]).Scan(&id, &p.customer)
 			p.tokenID = id.Bytes
 			if errors.Is(err, pgx.ErrNoRows) {
+				// Remembered so a client repeating it costs no query. A
+				// token is never created after being refused (its secret is
+				// 32 random bytes); a revoked one stays refused.
+				a.badTokens.put(h, struct{}{})
 				a.writeError(w, r, unauthorized("the token is unknown or revoked"))
 				return
 			}
@@ -114,8 +128,18 @@ func (a *API) authenticate(next http.Handler) http.Handler {
 				return a.tokenWatch.stamp.Load() == stamp
 			})
 		default:
+			if strings.HasPrefix(tok, TokenPrefix) {
+				a.metrics.tokenChecks.WithLabelValues("malformed").Inc()
+			}
 			a.writeError(w, r, unauthorized("the token is unknown or revoked"))
 			return
+		}
+		if !p.admin {
+			if ok, wait := a.tokenLimits.allow(string(h[:]), time.Now()); !ok {
+				a.metrics.shed.WithLabelValues("token_rate").Inc()
+				a.tooMany(w, r, wait, "this token sends too many requests")
+				return
+			}
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
 	})

@@ -56,7 +56,8 @@ func BenchmarkUsage(b *testing.B) {
 	server := func(cacheTTL time.Duration) string {
 		reg := prometheus.NewRegistry()
 		h, err := api.New(api.Config{Pool: pool, Ledger: l, AdminToken: adminToken, Clock: func() time.Time { return benchNow },
-			Logger: slog.New(slog.DiscardHandler), Registry: reg, UsageCacheTTL: cacheTTL})
+			Logger: slog.New(slog.DiscardHandler), Registry: reg, UsageCacheTTL: cacheTTL,
+			AddressRate: -1}) // every client is one address here
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -76,6 +76,28 @@ type Config struct {
 	// answers); when full, customers chosen at random are dropped until
 	// half is free. Default 64 MiB.
 	UsageCacheBytes int
+	// MaxInFlight bounds the requests served at once (/healthz and /readyz
+	// aside). One more is answered 503 with Retry-After at once rather than
+	// queued, so a flood cannot pile up goroutines, memory and waits for
+	// the pool. Default 64; negative: no bound.
+	MaxInFlight int
+	// AddressRate limits requests per second from one client address (the
+	// connection's peer, never a header; IPv6 by /64), with bursts of
+	// AddressBurst; a request over it is answered 429 with Retry-After
+	// before any other work. Behind a proxy every client shares the
+	// proxy's address: raise it or turn it off there and limit at the
+	// proxy. Default 100/s, burst 200; negative: off.
+	AddressRate  float64
+	AddressBurst int
+	// TokenRate limits requests per second with one customer token, with
+	// bursts of TokenBurst (429 with Retry-After). The admin token is not
+	// limited. Default 20/s, burst 40; negative: off.
+	TokenRate  float64
+	TokenBurst int
+	// FailedTokenTTL is how long a well-formed customer token Postgres
+	// does not know is refused without asking again (at most 100,000 are
+	// remembered). Default 1m; negative: ask every time.
+	FailedTokenTTL time.Duration
 }
 
 // Validate reports every configuration problem at once.
@@ -98,6 +120,9 @@ func (c Config) Validate() error {
 	}
 	if c.ScheduleCacheTTL >= ledger.MaxClockSkew {
 		errs = append(errs, fmt.Errorf("api: ScheduleCacheTTL %s must be below %s", c.ScheduleCacheTTL, ledger.MaxClockSkew))
+	}
+	if c.AddressBurst < 0 || c.TokenBurst < 0 {
+		errs = append(errs, errors.New("api: rate-limit bursts must not be negative"))
 	}
 	if c.MaxBodyBytes < 0 || c.MaxQueryBytes < 0 || c.RequestTimeout < 0 || c.ReconcileTimeout < 0 {
 		errs = append(errs, errors.New("api: limits must not be negative"))
@@ -127,6 +152,12 @@ type API struct {
 	tokenWatch *tokenWatch
 	listener   *notify.Listener
 	handler    http.Handler
+
+	inFlight    chan struct{} // nil: no bound
+	addrLimits  *rateLimits   // nil: off
+	tokenLimits *rateLimits   // nil: off
+	badTokens   *ttlCache[[32]byte, struct{}]
+	ready       readyCache
 }
 
 // ServeHTTP serves the API.
@@ -192,6 +223,23 @@ func New(cfg Config) (*API, error) {
 	if usageBytes <= 0 {
 		usageBytes = 64 << 20
 	}
+	if n := cfg.MaxInFlight; n >= 0 {
+		if n == 0 {
+			n = 64
+		}
+		a.inFlight = make(chan struct{}, n)
+	}
+	addrRate, addrBurst := orDefault(cfg.AddressRate, 100), cfg.AddressBurst
+	if addrBurst == 0 {
+		addrBurst = max(1, int(2*addrRate))
+	}
+	a.addrLimits = newRateLimits(addrRate, addrBurst, 100_000)
+	tokRate, tokBurst := orDefault(cfg.TokenRate, 20), cfg.TokenBurst
+	if tokBurst == 0 {
+		tokBurst = max(1, int(2*tokRate))
+	}
+	a.tokenLimits = newRateLimits(tokRate, tokBurst, 100_000)
+	a.badTokens = newTTLCache[[32]byte, struct{}](orDefault(cfg.FailedTokenTTL, time.Minute), 100_000)
 	m, err := newHTTPMetrics(a.registry)
 	if err != nil {
 		return nil, err
@@ -215,4 +263,13 @@ func New(cfg Config) (*API, error) {
 	a.listener.Subscribe(a.watch)
 	a.handler = a.routes()
 	return a, nil
+}
+
+// orDefault is v, or def when v is zero.
+func orDefault[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
 }

@@ -7,6 +7,14 @@
 //     a customer token may only read its own customer: another customer's
 //     data answers 404 exactly as an unknown customer does, so a token never
 //     learns which other customers exist, and any write answers 403.
+//   - A customer token sees its data, never the operator's policy and
+//     notes: no quota mode, on_stale, stale_after, actor or reason, and not
+//     how a period was closed (forced, reason, actor, reconciliation).
+//   - Nothing a caller sends grows the process without bound or waits in a
+//     queue: metric labels come from fixed sets, rate limits (per address,
+//     per customer token) answer 429 and a full MaxInFlight answers 503,
+//     both with Retry-After; a token not shaped like one costs no query, and
+//     an unknown one is remembered. The API's Postgres pool is its own.
 //   - Usage is read from rollups, never from raw records, and is never
 //     fresher than the ingest position says (as_of is a lower bound).
 //   - Input is validated before any query; every statement is a constant in

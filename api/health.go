@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tally-ledger/tally/ingest"
@@ -18,33 +19,62 @@ func (a *API) healthz(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
+// readyCache holds /readyz's last answer: under a flood of probes the
+// process asks Postgres at most once per readyFor (concurrent probes wait
+// for the one asking).
+type readyCache struct {
+	mu      sync.Mutex
+	at      time.Time
+	version int64
+	err     error
+}
+
+const readyFor = time.Second
+
 // readyz: Postgres answers and its schema is the one this binary expects.
 func (a *API) readyz(w http.ResponseWriter, r *http.Request) error {
-	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	c := &a.ready
+	c.mu.Lock()
+	if c.at.IsZero() || time.Since(c.at) >= readyFor {
+		// Not the probe's context: one that hangs up must not leave a
+		// failure for the others to read.
+		c.version, c.err = a.checkReady(context.WithoutCancel(r.Context()))
+		c.at = time.Now()
+	}
+	version, err := c.version, c.err
+	c.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "schema_version": version})
+	return nil
+}
+
+func (a *API) checkReady(ctx context.Context) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	notReady := func(detail string) error {
 		return &Problem{Type: TypeNotReady, Title: "Not ready", Status: http.StatusServiceUnavailable, Detail: detail}
 	}
 	if err := a.pool.Ping(ctx); err != nil {
 		a.log.WarnContext(ctx, "readyz: postgres unreachable", "err", err)
-		return notReady("postgres is unreachable")
+		return 0, notReady("postgres is unreachable")
 	}
 	current, latest, err := migrations.Status(ctx, a.pool)
 	if err != nil {
 		a.log.WarnContext(ctx, "readyz: schema version", "err", err)
-		return notReady("cannot read the schema version")
+		return 0, notReady("cannot read the schema version")
 	}
 	if current != latest {
-		return notReady(fmt.Sprintf("schema version %d, this binary needs %d: run `tally migrate`", current, latest))
+		return 0, notReady(fmt.Sprintf("schema version %d, this binary needs %d: run `tally migrate`", current, latest))
 	}
 	if detail, err := stalledIngest(ctx, a.pool); err != nil {
 		a.log.WarnContext(ctx, "readyz: ingest status", "err", err)
-		return notReady("cannot read the ingest status")
+		return 0, notReady("cannot read the ingest status")
 	} else if detail != "" {
-		return notReady(detail)
+		return 0, notReady(detail)
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "schema_version": current})
-	return nil
+	return current, nil
 }
 
 // stalledIngest names the partitions whose micro-batch has been retried for

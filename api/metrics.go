@@ -11,8 +11,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// httpMetrics are labelled by route pattern (never by raw path, which holds
-// customer ids and would be unbounded), method and status.
+// httpMetrics are labelled from fixed sets only: route pattern (never the
+// raw path, which holds customer ids), method (the standard ones, else
+// "other") and status.
 type httpMetrics struct {
 	requests               *prometheus.CounterVec
 	duration               *prometheus.HistogramVec
@@ -20,6 +21,12 @@ type httpMetrics struct {
 	usageWatchUp           prometheus.Gauge
 	usageWatchDropped      prometheus.Counter
 	notifyQueueUsage       prometheus.Gauge
+	// shed counts requests answered 429/503 before any work, by reason:
+	// address_rate, token_rate, in_flight.
+	shed *prometheus.CounterVec
+	// tokenChecks counts customer-token checks by where the answer came
+	// from: malformed (no query), refused_cached, cached, queried.
+	tokenChecks *prometheus.CounterVec
 }
 
 func newHTTPMetrics(reg *prometheus.Registry) (*httpMetrics, error) {
@@ -51,7 +58,21 @@ func newHTTPMetrics(reg *prometheus.Registry) (*httpMetrics, error) {
 		Name: "tally_postgres_notify_queue_usage",
 		Help: "pg_notification_queue_usage(): the fraction of Postgres's notification queue in use (0 to 1). It grows while some listening connection does not read; near 1, commits that notify fail.",
 	})
-	for _, c := range []prometheus.Collector{m.requests, m.duration, usage, m.usageWatchUp, m.usageWatchDropped, m.notifyQueueUsage} {
+	m.shed = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tally_http_shed_total",
+		Help: "Requests answered at once with 429 (address_rate, token_rate) or 503 (in_flight) instead of being served.",
+	}, []string{"reason"})
+	m.tokenChecks = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tally_api_token_checks_total",
+		Help: "Customer-token checks by outcome: malformed (refused without a query), refused_cached (refused again without a query), cached, queried.",
+	}, []string{"outcome"})
+	for _, r := range []string{"address_rate", "token_rate", "in_flight"} {
+		m.shed.WithLabelValues(r)
+	}
+	for _, o := range []string{"malformed", "refused_cached", "cached", "queried"} {
+		m.tokenChecks.WithLabelValues(o)
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.duration, usage, m.usageWatchUp, m.shed, m.tokenChecks, m.usageWatchDropped, m.notifyQueueUsage} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -79,22 +100,36 @@ func (a *API) observe(next http.Handler) http.Handler {
 			if rctx := chi.RouteContext(r.Context()); rctx != nil && rctx.RoutePattern() != "" {
 				route = rctx.RoutePattern()
 			}
-			a.metrics.requests.WithLabelValues(route, r.Method, strconv.Itoa(status)).Inc()
-			a.metrics.duration.WithLabelValues(route, r.Method).Observe(d.Seconds())
+			method := methodLabel(r.Method)
+			a.metrics.requests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()
+			a.metrics.duration.WithLabelValues(route, method).Observe(d.Seconds())
 			level := slog.LevelInfo
-			if status >= 500 {
+			switch {
+			case (status == http.StatusTooManyRequests || status == http.StatusServiceUnavailable) && ww.Header().Get("Retry-After") != "":
+				// Shed by a rate limit or MaxInFlight: counted by
+				// tally_http_shed_total; a line each at a higher level
+				// would let a flood fill the logs.
+				level = slog.LevelDebug
+			case status >= 500:
 				level = slog.LevelError
 			}
-			a.log.LogAttrs(r.Context(), level, "http request",
+			attrs := []slog.Attr{
 				slog.String("request_id", id),
-				slog.String("method", r.Method),
+				slog.String("method", method),
 				slog.String("path", r.URL.Path),
 				slog.String("route", route),
 				slog.Int("status", status),
 				slog.Int("bytes", ww.BytesWritten()),
 				slog.Duration("duration", d),
 				slog.String("remote", r.RemoteAddr),
-			)
+			}
+			if method != r.Method {
+				attrs = append(attrs, slog.String("raw_method", quote(r.Method)))
+			}
+			if cid := clientRequestID(r); cid != "" {
+				attrs = append(attrs, slog.String("client_request_id", cid))
+			}
+			a.log.LogAttrs(r.Context(), level, "http request", attrs...)
 		}()
 		next.ServeHTTP(ww, r)
 	})

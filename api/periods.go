@@ -83,6 +83,9 @@ func (a *API) getStatement(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if !principalFrom(ctx).admin {
+		st = customerStatement(st)
+	}
 	writeJSON(w, http.StatusOK, st)
 	return nil
 }
@@ -152,4 +155,13 @@ func decodeOptionalJSON(r *http.Request, v any) error {
 	}
 	r.Body = io.NopCloser(bytes.NewReader(raw))
 	return decodeJSON(r, v)
+}
+
+// customerStatement is what a customer token sees of a statement: what it
+// is billed and whether that is final. How the period was closed (forced,
+// the reason, who closed it, the reconciliation run) is the operator's
+// audit trail, for the admin token only.
+func customerStatement(st periods.Statement) periods.Statement {
+	st.Forced, st.Reason, st.Actor, st.ReconciliationID = false, "", "", nil
+	return st
 }

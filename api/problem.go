@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -72,6 +73,8 @@ const (
 	TypeBusy            = typePrefix + "busy"
 	TypeNotReady        = typePrefix + "not-ready"
 	TypeUnavailable     = typePrefix + "unavailable"
+	TypeRateLimited     = typePrefix + "rate-limited"
+	TypeOverloaded      = typePrefix + "overloaded"
 	TypeInternal        = typePrefix + "internal"
 )
 
@@ -235,7 +238,11 @@ func containingPeriod(err error) string {
 }
 
 func writeProblem(w http.ResponseWriter, p *Problem) {
-	b, err := marshal(p)
+	// Details quote what the client sent (a path, a method, an id): they
+	// are encoded with HTML escaping on, so no markup leaves raw even if a
+	// browser ignores the content type.
+	b, err := json.Marshal(p)
+	b = append(b, '\n')
 	if err != nil {
 		b = []byte(`{"type":"` + TypeInternal + `","title":"Internal error","status":500}` + "\n")
 	}

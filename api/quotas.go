@@ -36,8 +36,47 @@ func (a *API) getQuotas(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	// Every quota of the customer at once: a customer has one per meter.
-	writeJSON(w, http.StatusOK, Page[quota.MeterStatus]{Items: items})
+	if principalFrom(ctx).admin {
+		writeJSON(w, http.StatusOK, Page[quota.MeterStatus]{Items: items})
+		return nil
+	}
+	views := make([]customerQuota, len(items))
+	for i, it := range items {
+		views[i] = customerQuota{MeterStatus: it, Rule: customerRule{Rule: it.Rule}}
+		if it.Decision != nil {
+			views[i].Decision = &customerDecision{Decision: *it.Decision}
+		}
+	}
+	writeJSON(w, http.StatusOK, Page[customerQuota]{Items: views})
 	return nil
+}
+
+// What a customer token sees of its quotas: its limits, usage and the
+// state gateways act on. Not the operator's policy and notes: the mode
+// (shadow says the quota is not enforced), on_stale and stale_after (when
+// a gateway admits usage it cannot check), and who changed the rule and
+// why. Each hidden field is shadowed by a shallower field of the same
+// JSON name that is always empty, which encoding/json prefers and omits.
+type customerQuota struct {
+	quota.MeterStatus
+	Rule     customerRule      `json:"rule"`
+	Decision *customerDecision `json:"decision"`
+}
+
+type customerRule struct {
+	quota.Rule
+	Mode       *struct{} `json:"mode,omitempty"`
+	OnStale    *struct{} `json:"on_stale,omitempty"`
+	StaleAfter *struct{} `json:"stale_after,omitempty"`
+	Actor      *struct{} `json:"actor,omitempty"`
+	Reason     *struct{} `json:"reason,omitempty"`
+}
+
+type customerDecision struct {
+	quota.Decision
+	Mode       *struct{} `json:"mode,omitempty"`
+	OnStale    *struct{} `json:"on_stale,omitempty"`
+	StaleAfter *struct{} `json:"stale_after,omitempty"`
 }
 
 // quotaBody checks the shape of a PUT body the API's way (content type,

@@ -17,9 +17,9 @@ import (
 // (TestOpenAPICoversRoutes walks this tree).
 func (a *API) routes() http.Handler {
 	r := chi.NewRouter()
-	r.Use(sanitizeRequestID, middleware.RequestID, a.observe, a.recoverer, a.limits)
+	r.Use(assignRequestID, secureHeaders, a.observe, a.recoverer, a.shed, a.limits)
 	r.NotFound(a.handle(func(w http.ResponseWriter, r *http.Request) error {
-		return notFound(fmt.Sprintf("no route for %s %s; see /openapi.json", r.Method, quote(r.URL.Path)))
+		return notFound(fmt.Sprintf("no route for %s %s; see /openapi.json", quote(r.Method), quote(r.URL.Path)))
 	}))
 	r.MethodNotAllowed(a.handle(func(w http.ResponseWriter, r *http.Request) error {
 		allowed := allowedMethods(r)
@@ -27,7 +27,7 @@ func (a *API) routes() http.Handler {
 			w.Header().Add("Allow", m)
 		}
 		return &Problem{Type: TypeMethod, Title: "Method not allowed", Status: http.StatusMethodNotAllowed,
-			Detail: fmt.Sprintf("%s is not allowed on this path; allowed: %v", r.Method, allowed)}
+			Detail: fmt.Sprintf("%s is not allowed on this path; allowed: %v", quote(r.Method), allowed)}
 	}))
 
 	r.Get("/healthz", a.healthz)
@@ -134,17 +134,8 @@ func allowedMethods(r *http.Request) []string {
 
 func requestID(r *http.Request) string { return middleware.GetReqID(r.Context()) }
 
-// sanitizeRequestID drops a client's X-Request-Id that is not a short
-// token, so logs and problems only carry ids a client cannot abuse.
-func sanitizeRequestID(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if id := r.Header.Get(middleware.RequestIDHeader); id != "" && !validRequestID(id) {
-			r.Header.Del(middleware.RequestIDHeader)
-		}
-		next.ServeHTTP(w, r)
-	})
-}
-
+// validRequestID reports whether a client-sent request id is a short
+// token that may be logged.
 func validRequestID(s string) bool {
 	if len(s) > 64 {
 		return false

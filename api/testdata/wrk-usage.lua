@@ -11,13 +11,13 @@
 --
 --   psql -h 127.0.0.1 -U root tally_bench_api <<'SQL'
 --   DELETE FROM api_tokens;
---   CREATE TEMP TABLE t AS SELECT id AS customer, 'tly_' || md5(random()::text) || md5(random()::text) AS secret FROM customers;
+--   CREATE TEMP TABLE t AS SELECT id AS customer, 'tly_' || substr(md5(random()::text) || md5(random()::text), 1, 43) AS secret FROM customers;
 --   INSERT INTO api_tokens (id, customer, description, token_hash, created_at)
 --     SELECT gen_random_uuid(), customer, 'wrk', sha256(convert_to(secret, 'UTF8')), now() FROM t;
 --   \copy (SELECT customer || ' ' || secret FROM t) TO 'tokens.txt'
 --   SQL
 --   TALLY_DATABASE_URL='postgres://root@127.0.0.1:5432/tally_bench_api?sslmode=disable' \
---     TALLY_ADMIN_TOKEN=$(openssl rand -hex 32) tally serve --api &
+--     TALLY_ADMIN_TOKEN=$(openssl rand -hex 32) tally serve --api --api-rate-per-address 0 --api-rate-per-token 0 &
 --
 -- USAGE_QUERY sets the query string (default: one meter, previous period).
 local toks = {}

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"os"
 	"testing"
 )
 
@@ -15,4 +16,13 @@ func runTally(t *testing.T, args ...string) (string, error) {
 	root.SetArgs(args)
 	err := root.ExecuteContext(t.Context())
 	return out.String(), err
+}
+
+// TestMain lets the test binary stand in for tally where a command runs
+// tally as a child process (bench flood's load generator).
+func TestMain(m *testing.M) {
+	if os.Getenv("TALLY_BENCH_LOAD") == "1" {
+		os.Exit(Main(os.Args[1:]))
+	}
+	os.Exit(m.Run())
 }

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"time"
 
@@ -33,6 +34,8 @@ func newServeCmd() *cobra.Command {
 		o                             runOptions
 		dbURL, brokers                string
 		runIngest, runAPI, runEnforce bool
+		sizes                         poolSizes
+		limits                        apiLimits
 	)
 	cmd := &cobra.Command{
 		Use:   "serve [--ingest] [--api] [--enforce]",
@@ -72,15 +75,17 @@ in-flight work, leave the consumer group and release the enforcer lease.`,
 			}
 			o.log = newLogger()
 			o.brokers = splitBrokers(brokers)
-			pool, err := pgxpool.New(ctx, dbURL)
+			pools, err := openPools(ctx, dbURL, o, sizes)
 			if err != nil {
-				return fmt.Errorf("database: %w", err)
-			}
-			defer pool.Close()
-			if err := checkSchema(ctx, pool); err != nil {
 				return err
 			}
-			o.pool = pool
+			defer pools.close()
+			if err := checkSchema(ctx, pools.any()); err != nil {
+				return err
+			}
+			o.pool, o.apiPool, o.enforcePool = pools.ingest, pools.api, pools.enforce
+			limits.addressRate, limits.tokenRate = flagRate(limits.addressRate), flagRate(limits.tokenRate)
+			o.apiLimits = limits
 			return run(ctx, o)
 		},
 	}
@@ -104,6 +109,18 @@ in-flight work, leave the consumer group and release the enforcer lease.`,
 	envDefault(f, "admin-token", "TALLY_ADMIN_TOKEN")
 	f.DurationVar(&o.grace, "grace", periods.DefaultGrace, "how long after its end a period takes late usage")
 	envDefault(f, "grace", "TALLY_GRACE")
+	f.IntVar(&sizes.ingest, "ingest-pool-size", defaultIngestPoolSize(), "Postgres connections of the ingest (its own pool: API load never takes them)")
+	envDefault(f, "ingest-pool-size", "TALLY_INGEST_POOL_SIZE")
+	f.IntVar(&sizes.api, "api-pool-size", 4, "Postgres connections of the REST API (its own pool)")
+	envDefault(f, "api-pool-size", "TALLY_API_POOL_SIZE")
+	f.IntVar(&sizes.enforce, "enforce-pool-size", 2, "Postgres connections of the quota enforcer (its own pool)")
+	envDefault(f, "enforce-pool-size", "TALLY_ENFORCE_POOL_SIZE")
+	f.IntVar(&limits.maxInFlight, "api-max-in-flight", 64, "requests the API serves at once; more are answered 503 with Retry-After")
+	envDefault(f, "api-max-in-flight", "TALLY_API_MAX_IN_FLIGHT")
+	f.Float64Var(&limits.addressRate, "api-rate-per-address", 100, "requests per second from one client address, bursts of twice that (429 beyond; 0: off, e.g. behind a proxy)")
+	envDefault(f, "api-rate-per-address", "TALLY_API_RATE_PER_ADDRESS")
+	f.Float64Var(&limits.tokenRate, "api-rate-per-token", 20, "requests per second with one customer token, bursts of twice that (429 beyond; 0: off)")
+	envDefault(f, "api-rate-per-token", "TALLY_API_RATE_PER_TOKEN")
 	// Never print a token in --help.
 	if fl := f.Lookup("admin-token"); fl.DefValue != "" {
 		fl.DefValue = "(set)"
@@ -135,6 +152,86 @@ func checkSchema(ctx context.Context, pool *pgxpool.Pool) error {
 	return nil
 }
 
+// poolSizes are the connections of each component's pool. Each component
+// has its own (a bulkhead): a flood of API requests waits for the API's
+// connections and never for those that apply usage or publish decisions.
+type poolSizes struct{ ingest, api, enforce int }
+
+func defaultIngestPoolSize() int { return max(4, runtime.NumCPU()) } // pgxpool's own default
+
+type pools struct{ ingest, api, enforce *pgxpool.Pool }
+
+// openPools opens one pool per component o runs, each with its size and an
+// application_name (tally-ingest, tally-api, tally-enforce: pg_stat_activity
+// shows whose a connection is) unless the URL names one.
+func openPools(ctx context.Context, dbURL string, o runOptions, sizes poolSizes) (p *pools, err error) {
+	p = &pools{}
+	defer func() {
+		if err != nil {
+			p.close()
+		}
+	}()
+	open := func(name string, size int) (*pgxpool.Pool, error) {
+		if size < 1 {
+			return nil, fmt.Errorf("--%s-pool-size must be at least 1, got %d", name, size)
+		}
+		cfg, err := pgxpool.ParseConfig(dbURL)
+		if err != nil {
+			return nil, fmt.Errorf("database: %w", err)
+		}
+		cfg.MaxConns = int32(size)
+		cfg.MinConns = 0
+		if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
+			cfg.ConnConfig.RuntimeParams["application_name"] = "tally-" + name
+		}
+		pool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			return nil, fmt.Errorf("database: %w", err)
+		}
+		return pool, nil
+	}
+	if o.ingest {
+		if p.ingest, err = open("ingest", sizes.ingest); err != nil {
+			return p, err
+		}
+	}
+	if o.api {
+		if p.api, err = open("api", sizes.api); err != nil {
+			return p, err
+		}
+	}
+	if o.enforce {
+		if p.enforce, err = open("enforce", sizes.enforce); err != nil {
+			return p, err
+		}
+	}
+	return p, nil
+}
+
+func (p *pools) any() *pgxpool.Pool {
+	for _, pool := range []*pgxpool.Pool{p.ingest, p.api, p.enforce} {
+		if pool != nil {
+			return pool
+		}
+	}
+	return nil
+}
+
+func (p *pools) close() {
+	for _, pool := range []*pgxpool.Pool{p.ingest, p.api, p.enforce} {
+		if pool != nil {
+			pool.Close()
+		}
+	}
+}
+
+// apiLimits are the API's overload answers, as in api.Config: zero values
+// take its defaults, a negative rate is off.
+type apiLimits struct {
+	maxInFlight            int
+	addressRate, tokenRate float64
+}
+
 // runOptions says what run starts.
 type runOptions struct {
 	pool                  *pgxpool.Pool
@@ -150,6 +247,11 @@ type runOptions struct {
 	ready func(addr string)
 	// also runs beside the components (tally dev's simulated producers).
 	also func(ctx context.Context) error
+
+	// pool is the ingest's; apiPool and enforcePool, when nil, are pool
+	// too (tally dev runs everything on one).
+	apiPool, enforcePool *pgxpool.Pool
+	apiLimits            apiLimits
 }
 
 // run runs the chosen components and the HTTP listener until ctx ends or
@@ -163,6 +265,12 @@ func run(ctx context.Context, o runOptions) error {
 	}
 	if o.group == "" {
 		o.group = ingest.DefaultGroup
+	}
+	if o.apiPool == nil {
+		o.apiPool = o.pool
+	}
+	if o.enforcePool == nil {
+		o.enforcePool = o.pool
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -184,7 +292,7 @@ func run(ctx context.Context, o runOptions) error {
 	}
 	if o.enforce {
 		enf, err := quota.NewEnforcer(quota.Config{
-			Pool: o.pool, Brokers: o.brokers, Topic: o.decisionsTopic, IngestTopic: o.topic,
+			Pool: o.enforcePool, Brokers: o.brokers, Topic: o.decisionsTopic, IngestTopic: o.topic,
 			Logger: o.log, Registerer: reg,
 		})
 		if err != nil {
@@ -195,8 +303,9 @@ func run(ctx context.Context, o runOptions) error {
 	if o.listen != "" {
 		var handler http.Handler
 		if o.api {
-			h, err := api.New(api.Config{Pool: o.pool, Ledger: l, AdminToken: o.adminToken, Grace: o.grace,
-				Topic: o.topic, Logger: o.log, Registry: reg})
+			h, err := api.New(api.Config{Pool: o.apiPool, Ledger: l, AdminToken: o.adminToken, Grace: o.grace,
+				Topic: o.topic, Logger: o.log, Registry: reg,
+				MaxInFlight: o.apiLimits.maxInFlight, AddressRate: o.apiLimits.addressRate, TokenRate: o.apiLimits.tokenRate})
 			if err != nil {
 				return err
 			}
@@ -241,4 +350,13 @@ func run(ctx context.Context, o runOptions) error {
 		g.Go(func() error { return o.also(gctx) })
 	}
 	return g.Wait()
+}
+
+// flagRate maps a rate flag, where 0 is off, to api.Config, where off is
+// negative and 0 the default.
+func flagRate(r float64) float64 {
+	if r == 0 {
+		return -1
+	}
+	return r
 }

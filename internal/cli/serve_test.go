@@ -3,12 +3,15 @@ package cli
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -140,6 +143,144 @@ func TestBenchIngestSmall(t *testing.T) {
 	for _, want := range []string{"ingest, unique records", "% duplicates", "COPY into a records-shaped table", "ingest unique / COPY", "ingest duplicates / unique"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in\n%s", want, out)
+		}
+	}
+}
+
+// TestServeAPILoadNeverStarvesIngest: the API has a pool of its own. With
+// every API connection stuck (a lock on api_tokens holds each token check)
+// and a flood of made-up tokens waiting behind them, a batch sent to Kafka
+// is applied before any of them gives up, and the API never holds more
+// connections than its pool.
+func TestServeAPILoadNeverStarvesIngest(t *testing.T) {
+	db := pgtest.NewURL(t)
+	k := kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{{Name: "tally.meter-batches", Partitions: 2}}})
+	sample, err := readSample("valid-quantity-final.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		root := newRoot()
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		root.SetArgs([]string{"serve", "--database-url", db, "--kafka-brokers", strings.Join(k.Addrs, ","), "--listen", addr,
+			"--admin-token", testAdminToken, "--api-pool-size", "2", "--api-rate-per-address", "0", "--api-max-in-flight", "200"})
+		done <- root.ExecuteContext(ctx)
+	}()
+	defer func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("serve: %v", err)
+			}
+		case <-time.After(60 * time.Second):
+			t.Error("serve did not stop within 60s of its context ending")
+		}
+	}()
+	pool, err := pgxpool.New(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	get := func(path, token string) int {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+addr+path, nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for deadline := time.Now().Add(30 * time.Second); get("/readyz", "") != 200; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("serve not ready in 30s")
+		}
+	}
+	// Every token check now waits for this lock, holding an API connection.
+	tx, err := pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(context.Background(), `LOCK TABLE api_tokens IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var answered atomic.Int64 // none is, until the API's 10s request timeout
+	for i := range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := 0; ; j++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				get("/v1/customers/acme", fmt.Sprintf("tly_%043d", i*1_000_000+j))
+				answered.Add(1)
+			}
+		}()
+	}
+	defer func() { close(stop); _ = tx.Rollback(context.Background()); wg.Wait() }()
+	apiConns := func() (n int) {
+		_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'tally-api'`).Scan(&n)
+		return n
+	}
+	for deadline := time.Now().Add(30 * time.Second); apiConns() < 2; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the flood did not reach the API's pool")
+		}
+	}
+	k.Produce(t, "tally.meter-batches", kafka.Message{Key: []byte("acme"), Value: sample})
+	var n int
+	for deadline := time.Now().Add(30 * time.Second); n == 0 && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		_ = pool.QueryRow(context.Background(), "SELECT count(*) FROM records").Scan(&n)
+		if c := apiConns(); c > 2 {
+			t.Fatalf("the API holds %d connections, its pool has 2", c)
+		}
+	}
+	if n != 3 {
+		t.Fatalf("%d records applied while the API was flooded, want the sample's 3", n)
+	}
+	// Applied while every API request was still waiting: ingest did not
+	// need one of them to give up its connection.
+	if a := answered.Load(); a != 0 {
+		t.Fatalf("the batch was applied only after %d API requests gave up", a)
+	}
+}
+
+// A small run of tally bench flood: every measurement is made and printed.
+func TestBenchFloodSmall(t *testing.T) {
+	out, err := runTally(t, "bench", "flood", "--records", "2000", "--per-message", "200", "--rounds", "1", "--conns", "8",
+		"--methods", "2000", "--saturation", "1s", "--warmup", "200ms", "--database-url", pgtest.AdminURL(), "--database-prefix", "tally_test_flood")
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, out)
+	}
+	for _, want := range []string{"API saturation", "CPU-only (/healthz)", "flood (made-up tokens)", "ingest flood / CPU-only", "each with a method name never sent before", "HTTP series"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in\n%s", want, out)
+		}
+	}
+	t.Log(out)
+}
+
+func TestServeRefusesAnEmptyPool(t *testing.T) {
+	for _, flag := range []string{"--ingest-pool-size", "--api-pool-size", "--enforce-pool-size"} {
+		_, err := runTally(t, "serve", "--database-url", pgtest.AdminURL(), "--admin-token", testAdminToken, flag, "0")
+		if err == nil || !strings.Contains(err.Error(), flag+" must be at least 1") {
+			t.Errorf("%s 0: %v", flag, err)
 		}
 	}
 }

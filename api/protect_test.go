@@ -1,0 +1,388 @@
+package api_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tally-ledger/tally/api"
+	"github.com/tally-ledger/tally/internal/pgtest"
+)
+
+// seriesCount is how many series reg holds.
+func seriesCount(t *testing.T, reg *prometheus.Registry) int {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, mf := range mfs {
+		n += len(mf.GetMetric())
+	}
+	return n
+}
+
+// TestMethodNamesAddNoSeries: a client may send any token as a method;
+// metrics name the standard ones and "other", so 10k made-up methods add
+// no series beyond the first.
+func TestMethodNamesAddNoSeries(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	f := newFixtureWith(t, func(c *api.Config) { c.Registry = reg; c.AddressRate = -1 })
+	send := func(method, path string) int {
+		req := mustRequest(t, method, f.srv.URL+path, "")
+		res, err := f.srv.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		res.Body.Close()
+		return res.StatusCode
+	}
+	for _, p := range []string{"/", "/v1/adjustments", "/healthz"} {
+		send("ZZFIRST", p)
+	}
+	before := seriesCount(t, reg)
+	for i := range 10_000 {
+		if st := send(fmt.Sprintf("Z%dQ", i), []string{"/", "/v1/adjustments", "/healthz"}[i%3]); st == 200 {
+			t.Fatalf("made-up method answered 200")
+		}
+	}
+	if after := seriesCount(t, reg); after != before {
+		t.Fatalf("10k made-up methods added %d series", after-before)
+	}
+	m := f.do("GET", "/metrics", adminToken, nil)
+	if !strings.Contains(string(m.body), `method="other"`) || strings.Contains(string(m.body), "Z1Q") {
+		t.Fatalf("metrics do not label made-up methods \"other\":\n%s", m.body)
+	}
+}
+
+var requestIDPattern = regexp.MustCompile(`^[0-9a-f]{24}$`)
+
+// TestRequestIDs: ids are random (no host name, no counter); a client's id
+// is logged in its own field and never becomes the request's id.
+func TestRequestIDs(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	seen := map[string]bool{}
+	host, _ := os.Hostname()
+	for range 50 {
+		id := f.do("GET", "/healthz", "", nil).header.Get("X-Request-Id")
+		if !requestIDPattern.MatchString(id) || seen[id] || (host != "" && strings.Contains(id, host)) {
+			t.Fatalf("request id %q: want 24 random hex digits, never repeated", id)
+		}
+		seen[id] = true
+	}
+	req := mustRequest(t, "GET", f.srv.URL+"/healthz", "")
+	req.Header.Set("X-Request-Id", "trace-123")
+	r := f.send(req)
+	id := r.header.Get("X-Request-Id")
+	if id == "trace-123" || !requestIDPattern.MatchString(id) {
+		t.Fatalf("client's id adopted: %q", id)
+	}
+	// A problem names the server's id, never the client's.
+	req = mustRequest(t, "GET", f.srv.URL+"/v1/customers/acme", "")
+	req.Header.Set("X-Request-Id", "trace-456")
+	p := f.send(req).problem(t, 401, api.TypeUnauthorized)
+	if p.RequestID == "trace-456" || !requestIDPattern.MatchString(p.RequestID) {
+		t.Fatalf("problem request_id %q", p.RequestID)
+	}
+	// A client id that is not a short token is not logged at all.
+	req = mustRequest(t, "GET", f.srv.URL+"/healthz", "")
+	req.Header.Set("X-Request-Id", "evil\" id with spaces "+strings.Repeat("x", 100))
+	evil := f.send(req).header.Get("X-Request-Id")
+	var logged, evilLogged bool
+	for _, line := range strings.Split(f.logs.String(), "\n") {
+		var e map[string]any
+		if json.Unmarshal([]byte(line), &e) != nil || e["msg"] != "http request" {
+			continue
+		}
+		if e["request_id"] == id {
+			logged = e["client_request_id"] == "trace-123"
+		}
+		if e["request_id"] == evil {
+			evilLogged = true
+			if _, ok := e["client_request_id"]; ok {
+				t.Errorf("an invalid client id was logged: %v", e)
+			}
+		}
+	}
+	if !logged || !evilLogged {
+		t.Fatalf("access log lacks client_request_id trace-123 under request %s:\n%s", id, f.logs.String())
+	}
+}
+
+// TestSecureHeaders: every response carries the headers a JSON API sends,
+// and a problem never echoes markup from the request.
+func TestSecureHeaders(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	acme := f.token("acme")
+	f.do("PUT", "/v1/customers/acme", adminToken, map[string]any{"cadence": "monthly"})
+	for _, tt := range []struct {
+		method, path, token string
+		status              int
+	}{
+		{"GET", "/healthz", "", 200},
+		{"GET", "/readyz", "", 200},
+		{"GET", "/openapi.json", "", 200},
+		{"GET", "/v1/customers/acme", acme, 200},
+		{"GET", "/v1/customers/acme", "", 401},
+		{"DELETE", "/v1/adjustments", adminToken, 405},
+		{"GET", "/nowhere", "", 404},
+	} {
+		r := f.do(tt.method, tt.path, tt.token, nil)
+		if r.status != tt.status {
+			t.Fatalf("%s %s: %d, want %d: %s", tt.method, tt.path, r.status, tt.status, r.body)
+		}
+		for h, want := range map[string]string{
+			"X-Content-Type-Options":  "nosniff",
+			"X-Frame-Options":         "DENY",
+			"Content-Security-Policy": "default-src 'none'; frame-ancestors 'none'",
+			"Referrer-Policy":         "no-referrer",
+		} {
+			if got := r.header.Get(h); got != want {
+				t.Errorf("%s %s: %s = %q, want %q", tt.method, tt.path, h, got, want)
+			}
+		}
+		cc := r.header.Get("Cache-Control")
+		if tt.path == "/openapi.json" && !strings.HasPrefix(cc, "public") || tt.path != "/openapi.json" && cc != "no-store" {
+			t.Errorf("%s %s: Cache-Control %q", tt.method, tt.path, cc)
+		}
+	}
+	for _, path := range []string{"/%3Cscript%3Ealert(1)%3C/script%3E", "/v1/customers/%3Cimg%20src=x%3E/usage"} {
+		r := f.do("GET", path, adminToken, nil)
+		if r.status != 404 && r.status != 400 {
+			t.Fatalf("%s: %d %s", path, r.status, r.body)
+		}
+		if bytes.ContainsAny(r.body, "<>") {
+			t.Fatalf("%s: the problem echoes markup: %s", path, r.body)
+		}
+	}
+	req := mustRequest(t, "X&Y", f.srv.URL+"/v1/adjustments", "")
+	if r := f.send(req); r.status != 405 || bytes.ContainsAny(r.body, "&") {
+		t.Fatalf("a method echoed raw: %d %s", r.status, r.body)
+	}
+}
+
+// queryCounter counts the statements sent through a pool whose SQL
+// contains a word.
+type queryCounter struct {
+	words map[string]*atomic.Int64
+}
+
+func (q *queryCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	for w, n := range q.words {
+		if strings.Contains(d.SQL, w) {
+			n.Add(1)
+		}
+	}
+	return ctx
+}
+
+func (q *queryCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+// countingPool is a second pool on f's database whose queries naming
+// any of words are counted.
+func countingPool(t *testing.T, words ...string) (*pgxpool.Pool, map[string]*atomic.Int64) {
+	t.Helper()
+	base := pgtest.New(t)
+	cfg := base.Config()
+	qc := &queryCounter{words: map[string]*atomic.Int64{}}
+	for _, w := range words {
+		qc.words[w] = new(atomic.Int64)
+	}
+	cfg.ConnConfig.Tracer = qc
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, qc.words
+}
+
+// TestTokenChecksCostNoQueryTwice: a token not shaped like a customer
+// token costs no query; a well-formed unknown one costs one, and
+// repeating it costs none; a valid token still works.
+func TestTokenChecksCostNoQueryTwice(t *testing.T) {
+	t.Parallel()
+	pool, n := countingPool(t, "api_tokens")
+	f := newFixtureWith(t, func(c *api.Config) { c.Pool = pool })
+	f.pool = pool
+	acme := f.token("acme")
+	f.do("PUT", "/v1/customers/acme", adminToken, map[string]any{"cadence": "monthly"})
+	queries := func() int64 { return n["api_tokens"].Load() }
+	path := "/v1/customers/acme"
+	for _, bad := range []string{"tly_short", "tly_" + strings.Repeat("A", 42) + "!", "tly_" + strings.Repeat("A", 44), "tly_" + strings.Repeat("A", 4000)} {
+		before := queries()
+		f.do("GET", path, bad, nil).problem(t, 401, api.TypeUnauthorized)
+		if d := queries() - before; d != 0 {
+			t.Errorf("malformed token %.20q cost %d queries", bad, d)
+		}
+	}
+	unknown := "tly_" + strings.Repeat("B", 43)
+	before := queries()
+	f.do("GET", path, unknown, nil).problem(t, 401, api.TypeUnauthorized)
+	if d := queries() - before; d != 1 {
+		t.Fatalf("a well-formed unknown token cost %d queries, want 1", d)
+	}
+	for range 20 {
+		f.do("GET", path, unknown, nil).problem(t, 401, api.TypeUnauthorized)
+	}
+	if d := queries() - before; d != 1 {
+		t.Fatalf("repeating an unknown token cost %d more queries, want 0", d-1)
+	}
+	if r := f.do("GET", path, acme, nil); r.status != 200 {
+		t.Fatalf("valid token: %d %s", r.status, r.body)
+	}
+}
+
+// TestReadyzAnswerReused: a flood of /readyz asks Postgres about once a
+// second, not twice per probe.
+func TestReadyzAnswerReused(t *testing.T) {
+	t.Parallel()
+	pool, n := countingPool(t, "goose_db_version")
+	f := newFixtureWith(t, func(c *api.Config) { c.Pool = pool })
+	start := time.Now()
+	if r := f.do("GET", "/readyz", "", nil); r.status != 200 {
+		t.Fatalf("readyz: %d %s", r.status, r.body)
+	}
+	perCheck := n["goose_db_version"].Load() // the statements of one check
+	if perCheck == 0 {
+		t.Fatal("readyz did not read the schema version")
+	}
+	const probes = 200
+	for range probes {
+		if r := f.do("GET", "/readyz", "", nil); r.status != 200 {
+			t.Fatalf("readyz: %d %s", r.status, r.body)
+		}
+	}
+	// At most one check per started second, plus the first (and one for
+	// slack); without reuse it would be one per probe.
+	checks := int64(time.Since(start)/time.Second) + 2
+	if got := n["goose_db_version"].Load(); got > perCheck*checks {
+		t.Fatalf("%d probes in %s read the schema version %d times, want at most %d (%d per check)",
+			probes+1, time.Since(start).Round(time.Millisecond), got, perCheck*checks, perCheck)
+	}
+}
+
+// TestOverloadAnswers503: with MaxInFlight requests being served, one more
+// is answered 503 with Retry-After at once; probes still answer.
+func TestOverloadAnswers503(t *testing.T) {
+	t.Parallel()
+	f := newFixtureWith(t, func(c *api.Config) { c.MaxInFlight = 1 })
+	f.do("PUT", "/v1/customers/acme", adminToken, map[string]any{"cadence": "monthly"})
+	// A request whose body has not all arrived stays in flight. Written
+	// on a raw connection: an HTTP client may buffer a streamed body's
+	// headers until the body ends.
+	body := `{"cadence":"monthly"}`
+	conn, err := net.Dial("tcp", strings.TrimPrefix(f.srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() }) // before the server's Close, which waits for it
+	if _, err := fmt.Fprintf(conn, "PUT /v1/customers/acme HTTP/1.1\r\nHost: tally\r\nAuthorization: Bearer %s\r\n"+
+		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", adminToken, len(body), body[:11]); err != nil {
+		t.Fatal(err)
+	}
+	var r response
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if r = f.do("GET", "/v1/customers/acme", adminToken, nil); r.status == 503 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no 503 while a request is in flight: %d %s", r.status, r.body)
+		}
+	}
+	r.problem(t, 503, api.TypeOverloaded)
+	if s, err := strconv.Atoi(r.header.Get("Retry-After")); err != nil || s < 1 {
+		t.Fatalf("Retry-After %q", r.header.Get("Retry-After"))
+	}
+	for _, p := range []string{"/healthz", "/readyz"} {
+		if r := f.do("GET", p, "", nil); r.status != 200 {
+			t.Fatalf("%s while overloaded: %d", p, r.status)
+		}
+	}
+	if _, err := io.WriteString(conn, body[11:]); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(time.Minute))
+	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != 200 {
+		t.Fatalf("the request in flight: %d", res.StatusCode)
+	}
+	if r := f.do("GET", "/v1/customers/acme", adminToken, nil); r.status != 200 {
+		t.Fatalf("after the load: %d %s", r.status, r.body)
+	}
+}
+
+// TestRateLimits: per client address (before authentication) and per
+// customer token, each answered 429 with Retry-After; the admin token
+// has no per-token limit; probes are never limited.
+func TestRateLimits(t *testing.T) {
+	t.Parallel()
+	t.Run("address", func(t *testing.T) {
+		t.Parallel()
+		// 0.01/s: a used token comes back after 100s, longer than the test.
+		f := newFixtureWith(t, func(c *api.Config) { c.AddressRate, c.AddressBurst = 0.01, 3 })
+		for i := range 3 {
+			if r := f.do("GET", "/v1/customers/acme", "tly_"+strings.Repeat("C", 43), nil); r.status != 401 {
+				t.Fatalf("request %d: %d", i, r.status)
+			}
+		}
+		r := f.do("GET", "/v1/customers/acme", adminToken, nil)
+		r.problem(t, 429, api.TypeRateLimited)
+		if s, err := strconv.Atoi(r.header.Get("Retry-After")); err != nil || s < 60 {
+			t.Fatalf("Retry-After %q, want about 100", r.header.Get("Retry-After"))
+		}
+		for _, p := range []string{"/healthz", "/readyz"} {
+			if r := f.do("GET", p, "", nil); r.status != 200 {
+				t.Fatalf("%s over the rate: %d", p, r.status)
+			}
+		}
+	})
+	t.Run("token", func(t *testing.T) {
+		t.Parallel()
+		f := newFixtureWith(t, func(c *api.Config) { c.AddressRate, c.TokenRate, c.TokenBurst = -1, 0.01, 2 })
+		f.do("PUT", "/v1/customers/acme", adminToken, map[string]any{"cadence": "monthly"})
+		acme, acme2 := f.token("acme"), f.token("acme")
+		for range 2 {
+			if r := f.do("GET", "/v1/customers/acme", acme, nil); r.status != 200 {
+				t.Fatalf("%d %s", r.status, r.body)
+			}
+		}
+		r := f.do("GET", "/v1/customers/acme", acme, nil)
+		r.problem(t, 429, api.TypeRateLimited)
+		if r.header.Get("Retry-After") == "" {
+			t.Fatal("no Retry-After")
+		}
+		if r := f.do("GET", "/v1/customers/acme", acme2, nil); r.status != 200 {
+			t.Fatalf("another token: %d", r.status)
+		}
+		for range 10 {
+			if r := f.do("GET", "/v1/customers/acme", adminToken, nil); r.status != 200 {
+				t.Fatalf("admin: %d", r.status)
+			}
+		}
+	})
+}
