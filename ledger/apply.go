@@ -298,9 +298,7 @@ func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	sort.Strings(customers)
 
 	b := &pgx.Batch{}
-	if err := a.queueCustomers(b, customers, minOccurred); err != nil {
-		return err
-	}
+	a.queueCustomers(b, customers, minOccurred)
 	a.queueStreamState(b, keys)
 	a.queueOperations(b, opIDs)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
@@ -420,12 +418,8 @@ func (a *applier) queueOpenGaps(b *pgx.Batch, streamIDs, seqs []int64) {
 // queueCustomers creates unknown customers with the default calendar, takes
 // the shared customer locks (see doc.go), and loads their calendars and the
 // closed periods that usage from minOccurred on could fall into.
-func (a *applier) queueCustomers(b *pgx.Batch, customers []string, minOccurred time.Time) error {
-	defaultSchedule, err := json.Marshal(periods.NewSchedule(periods.DefaultCalendar()))
-	if err != nil {
-		return err
-	}
-	b.Queue(qInsertCustomers, customers, defaultSchedule)
+func (a *applier) queueCustomers(b *pgx.Batch, customers []string, minOccurred time.Time) {
+	periods.QueueCreateCustomers(b, customers)
 	b.Queue(qLockCustomersShared, customers, periods.CustomerLockSpace, periods.CustomerLockBuckets)
 	b.Queue(qSelectCustomers, customers).Query(func(rows pgx.Rows) error {
 		var id string
@@ -451,15 +445,12 @@ func (a *applier) queueCustomers(b *pgx.Batch, customers []string, minOccurred t
 		})
 		return err
 	})
-	return nil
 }
 
 // loadCustomers is queueCustomers in a round trip of its own.
 func (a *applier) loadCustomers(ctx context.Context, tx pgx.Tx, customers []string, minOccurred time.Time) error {
 	b := &pgx.Batch{}
-	if err := a.queueCustomers(b, customers, minOccurred); err != nil {
-		return err
-	}
+	a.queueCustomers(b, customers, minOccurred)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("ledger: load customers: %w", err)
 	}

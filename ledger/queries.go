@@ -6,12 +6,6 @@ package ledger
 // into decimals, so nothing is ever a float.
 
 const (
-	qInsertCustomers = `
-INSERT INTO customers (id, schedule)
-SELECT id, $2::jsonb FROM unnest($1::text[]) AS id
-ORDER BY id
-ON CONFLICT (id) DO NOTHING`
-
 	// Shared: many Applies at once; period close takes the same key
 	// exclusively (periods.CustomerLockSpace).
 	qLockCustomersShared = `
