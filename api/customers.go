@@ -1,17 +1,13 @@
 package api
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"github.com/jackc/pgx/v5"
 
-	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/periods"
 )
 
@@ -106,7 +102,6 @@ func (a *API) viewCustomer(customer string, created time.Time, s periods.Schedul
 }
 
 func (a *API) getCustomer(w http.ResponseWriter, r *http.Request) error {
-	ctx := r.Context()
 	customer, err := readableCustomer(r)
 	if err != nil {
 		return err
@@ -114,11 +109,14 @@ func (a *API) getCustomer(w http.ResponseWriter, r *http.Request) error {
 	if _, err := queryParams(r); err != nil {
 		return err
 	}
-	s, created, err := a.loadSchedule(ctx, a.pool, customer, false)
+	c, err := a.periodStore().Customer(r.Context(), a.pool, customer)
+	if errors.Is(err, periods.ErrUnknownCustomer) {
+		return customerNotFound(customer)
+	}
 	if err != nil {
 		return err
 	}
-	v, err := a.viewCustomer(customer, created, s, a.now())
+	v, err := a.viewCustomer(customer, c.CreatedAt, c.Schedule, a.now())
 	if err != nil {
 		return err
 	}
@@ -126,16 +124,9 @@ func (a *API) getCustomer(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// putCustomer sets a customer's billing calendar. For a known customer the
-// change takes effect at the next period boundary (SPEC §4), replacing any
-// change still pending; periods that have started never change. A change
-// asked for less than ledger.MaxClockSkew before a boundary takes effect at
-// the boundary after it, because usage stamped up to that far ahead may
-// already have been booked under the current calendar. An unknown customer
-// is created with this calendar from the beginning: it has no usage yet
-// (the ledger creates customers on their first usage).
+// putCustomer sets a customer's billing calendar (periods.Store.SetCalendar
+// says when a change takes effect; an unknown customer is created with it).
 func (a *API) putCustomer(w http.ResponseWriter, r *http.Request) error {
-	ctx := r.Context()
 	customer := chi.URLParam(r, "customer")
 	if err := checkID("customer", customer); err != nil {
 		return err
@@ -151,60 +142,18 @@ func (a *API) putCustomer(w http.ResponseWriter, r *http.Request) error {
 	if err := cal.Validate(); err != nil {
 		return invalid(fieldErrors(err)...)
 	}
-
-	now := a.now()
-	var (
-		sched   periods.Schedule
-		created time.Time
-		isNew   bool
-	)
-	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-		fresh := periods.NewSchedule(cal)
-		raw, err := json.Marshal(fresh)
-		if err != nil {
-			return err
-		}
-		err = tx.QueryRow(ctx, qInsertCustomer, customer, raw, now.UTC()).Scan(&created)
-		if err == nil {
-			sched, isNew = fresh, true
-			return nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("create customer: %w", err)
-		}
-		old, c, err := a.loadSchedule(ctx, tx, customer, true)
-		if err != nil {
-			return err
-		}
-		created = c
-		next, _, err := old.Change(now.Add(ledger.MaxClockSkew), cal)
-		if err != nil {
-			return fmt.Errorf("customer %q: %w", customer, err)
-		}
-		sched = next
-		if slices.Equal(old, next) {
-			return nil
-		}
-		raw, err = json.Marshal(next)
-		if err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, qUpdateSchedule, customer, raw, now.UTC()); err != nil {
-			return fmt.Errorf("update calendar: %w", err)
-		}
-		return nil
-	})
+	c, created, err := a.periodStore().SetCalendar(r.Context(), a.pool, customer, cal)
 	a.schedules.del(customer)
 	a.forgetUsage(customer)
 	if err != nil {
 		return err
 	}
-	v, err := a.viewCustomer(customer, created, sched, now)
+	v, err := a.viewCustomer(customer, c.CreatedAt, c.Schedule, a.now())
 	if err != nil {
 		return err
 	}
 	status := http.StatusOK
-	if isNew {
+	if created {
 		status = http.StatusCreated
 		w.Header().Set("Location", "/v1/customers/"+customer)
 	}

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
-	"time"
 
 	"github.com/go-chi/chi/v5/middleware"
 
@@ -166,6 +165,8 @@ func (a *API) writeError(w http.ResponseWriter, r *http.Request, err error) {
 func (a *API) problemFor(r *http.Request, err error) *Problem {
 	var p *Problem
 	var maxBytes *http.MaxBytesError
+	var badRef *periods.InvalidPeriodRefError
+	var noSuchPeriod *periods.NoSuchPeriodError
 	switch {
 	case errors.As(err, &p):
 		cp := *p
@@ -177,12 +178,12 @@ func (a *API) problemFor(r *http.Request, err error) *Problem {
 		return &Problem{Type: TypeConflict, Title: "Idempotency conflict", Status: http.StatusConflict,
 			Detail: "operation_id was already used for an adjustment with a different body; use a new operation_id",
 			Errors: []FieldError{{Field: "operation_id", Detail: "already used with a different body"}}}
-	case errors.Is(err, periods.ErrInvalidPeriodRef):
-		return invalidField("period", "%s", strings.TrimPrefix(err.Error(), "period "))
-	case errors.Is(err, periods.ErrNoSuchPeriod):
+	case errors.As(err, &badRef):
+		return invalidField("period", "%q: %v: %s", badRef.Ref, periods.ErrInvalidPeriodRef, badRef.Detail)
+	case errors.As(err, &noSuchPeriod):
 		return &Problem{Type: TypePeriodNotFound, Title: "Period not found", Status: http.StatusNotFound,
 			Detail: err.Error(), Errors: []FieldError{{Field: "period", Detail: "not the start date of a period"}},
-			ContainingPeriod: containingPeriod(err)}
+			ContainingPeriod: noSuchPeriod.Containing.Name}
 	case errors.Is(err, quota.ErrInvalid):
 		return invalid(quotaFieldErrors(err)...)
 	case errors.Is(err, periods.ErrUnknownCustomer):
@@ -221,20 +222,6 @@ func (a *API) problemFor(r *http.Request, err error) *Problem {
 		"request_id", middleware.GetReqID(r.Context()))
 	return &Problem{Type: TypeInternal, Title: "Internal error", Status: http.StatusInternalServerError,
 		Detail: "the server failed; the error is logged with this request_id"}
-}
-
-// containingPeriod is the period named by periods' "no such period" error.
-// (periods does not export it; its message ends with the date.)
-func containingPeriod(err error) string {
-	msg := err.Error()
-	if i := strings.LastIndex(msg, "starts "); i >= 0 {
-		if d := msg[i+len("starts "):]; len(d) == len(time.DateOnly) {
-			if _, err := time.Parse(time.DateOnly, d); err == nil {
-				return d
-			}
-		}
-	}
-	return ""
 }
 
 func writeProblem(w http.ResponseWriter, p *Problem) {

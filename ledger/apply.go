@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	pgxdecimal "github.com/jackc/pgx-shopspring-decimal"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/shopspring/decimal"
@@ -295,54 +296,11 @@ func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 		}
 	}
 	sort.Strings(customers)
-	producers, epochs, scust, meters := streamArrays(keys)
 
 	b := &pgx.Batch{}
-	if err := a.queueCustomers(b, customers, minOccurred); err != nil {
-		return err
-	}
-	b.Queue(qInsertStreams, producers, epochs, scust, meters)
-	a.byID = make(map[int64]*stream, len(keys))
-	b.Queue(qLockStreams, producers, epochs, scust, meters).Query(func(rows pgx.Rows) error {
-		var s stream
-		var total string
-		_, err := pgx.ForEachRow(rows, []any{&s.id, &s.key.Producer, &s.key.Epoch, &s.key.Customer, &s.key.Meter, &s.lastSeq, &total}, func() error {
-			st := s
-			t, err := decimal.NewFromString(total)
-			if err != nil {
-				return fmt.Errorf("stream %d: last_total %q: %w", s.id, total, err)
-			}
-			st.lastTotal, st.dbLastSeq = t, st.lastSeq
-			st.seen = map[int64]uuid.UUID{}
-			a.streams[st.key] = &st
-			a.byID[st.id] = &st
-			return nil
-		})
-		return err
-	})
-	b.Queue(qRecordsByOperation, pgUUIDs(opIDs)).Query(func(rows pgx.Rows) error {
-		var op pgtype.UUID
-		var s stored
-		var total string
-		var quantity *string
-		_, err := pgx.ForEachRow(rows, []any{&op, &s.streamID, &s.seq, &total, &quantity, &s.occurredAt, &s.final}, func() error {
-			st := s
-			var err error
-			if st.total, err = decimal.NewFromString(total); err != nil {
-				return err
-			}
-			if quantity != nil {
-				q, err := decimal.NewFromString(*quantity)
-				if err != nil {
-					return err
-				}
-				st.quantity = decimal.NewNullDecimal(q)
-			}
-			a.ops[op.Bytes] = &st
-			return nil
-		})
-		return err
-	})
+	a.queueCustomers(b, customers, minOccurred)
+	a.queueStreamState(b, keys)
+	a.queueOperations(b, opIDs)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("ledger: load: %w", err)
 	}
@@ -366,7 +324,64 @@ func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 		return nil
 	}
 	b = &pgx.Batch{}
-	b.Queue(qRecordsBySeq, candStream, candSeq).Query(func(rows pgx.Rows) error {
+	a.queueRecordedSeqs(b, candStream, candSeq)
+	a.queueOpenGaps(b, candStream, candSeq)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("ledger: load recorded seqs: %w", err)
+	}
+	return nil
+}
+
+// NUMERIC columns scan straight into decimals through the pgx adapter's
+// types (conversions of decimal.Decimal, so no copy and no parse), whatever
+// the pool's type map: the ledger does not depend on how its caller
+// configured the connection.
+func numericDst(d *decimal.Decimal) *pgxdecimal.Decimal { return (*pgxdecimal.Decimal)(d) }
+
+func nullNumericDst(d *decimal.NullDecimal) *pgxdecimal.NullDecimal {
+	return (*pgxdecimal.NullDecimal)(d)
+}
+
+// queueStreamState creates the batch's streams that do not exist yet and
+// loads all of them, row-locked, into a.streams and a.byID.
+func (a *applier) queueStreamState(b *pgx.Batch, keys []StreamKey) {
+	producers, epochs, customers, meters := streamArrays(keys)
+	b.Queue(qInsertStreams, producers, epochs, customers, meters)
+	a.byID = make(map[int64]*stream, len(keys))
+	b.Queue(qLockStreams, producers, epochs, customers, meters).Query(func(rows pgx.Rows) error {
+		var s stream
+		_, err := pgx.ForEachRow(rows, []any{&s.id, &s.key.Producer, &s.key.Epoch, &s.key.Customer, &s.key.Meter,
+			&s.lastSeq, numericDst(&s.lastTotal)}, func() error {
+			st := s
+			st.dbLastSeq = st.lastSeq
+			st.seen = map[int64]uuid.UUID{}
+			a.streams[st.key] = &st
+			a.byID[st.id] = &st
+			return nil
+		})
+		return err
+	})
+}
+
+// queueOperations loads the records already stored under the batch's
+// operation ids into a.ops, for duplicate detection.
+func (a *applier) queueOperations(b *pgx.Batch, opIDs []uuid.UUID) {
+	b.Queue(qRecordsByOperation, pgUUIDs(opIDs)).Query(func(rows pgx.Rows) error {
+		var op pgtype.UUID
+		var s stored
+		_, err := pgx.ForEachRow(rows, []any{&op, &s.streamID, &s.seq, numericDst(&s.total), nullNumericDst(&s.quantity),
+			&s.occurredAt, &s.final}, func() error {
+			st := s
+			a.ops[op.Bytes] = &st
+			return nil
+		})
+		return err
+	})
+}
+
+// queueRecordedSeqs loads which operation recorded each candidate seq.
+func (a *applier) queueRecordedSeqs(b *pgx.Batch, streamIDs, seqs []int64) {
+	b.Queue(qRecordsBySeq, streamIDs, seqs).Query(func(rows pgx.Rows) error {
 		var sid, seq int64
 		var op pgtype.UUID
 		_, err := pgx.ForEachRow(rows, []any{&sid, &seq, &op}, func() error {
@@ -375,33 +390,21 @@ func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 		})
 		return err
 	})
-	b.Queue(qGapsContaining, candStream, candSeq).Query(func(rows pgx.Rows) error {
+}
+
+// queueOpenGaps loads the open gaps containing the candidate seqs. A gap
+// stored before migration 00009 has no unmoved amount: all of it is.
+func (a *applier) queueOpenGaps(b *pgx.Batch, streamIDs, seqs []int64) {
+	b.Queue(qGapsContaining, streamIDs, seqs).Query(func(rows pgx.Rows) error {
 		var sid int64
 		var g gap
-		var lower, upper string
-		var upperQ, unmoved *string
-		var err error
-		_, err = pgx.ForEachRow(rows, []any{&sid, &g.from, &g.to, &lower, &upper, &upperQ, &unmoved, &g.billedPeriod, &g.billedBucket, &g.billedClosed}, func() error {
+		var unmoved decimal.NullDecimal
+		_, err := pgx.ForEachRow(rows, []any{&sid, &g.from, &g.to, numericDst(&g.lower), numericDst(&g.upper),
+			nullNumericDst(&g.upperQuantity), nullNumericDst(&unmoved), &g.billedPeriod, &g.billedBucket, &g.billedClosed}, func() error {
 			ng := g
 			ng.fromDB = true
-			if ng.lower, err = decimal.NewFromString(lower); err != nil {
-				return err
-			}
-			if ng.upper, err = decimal.NewFromString(upper); err != nil {
-				return err
-			}
-			if upperQ != nil {
-				q, err := decimal.NewFromString(*upperQ)
-				if err != nil {
-					return err
-				}
-				ng.upperQuantity = decimal.NewNullDecimal(q)
-			}
-			if unmoved != nil {
-				if ng.unmoved, err = decimal.NewFromString(*unmoved); err != nil {
-					return err
-				}
-			} else {
+			ng.unmoved = unmoved.Decimal
+			if !unmoved.Valid {
 				ng.unmoved = gapAmount(ng.lower, ng.upper, ng.upperQuantity)
 			}
 			s := a.byID[sid]
@@ -410,21 +413,13 @@ func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 		})
 		return err
 	})
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("ledger: load recorded seqs: %w", err)
-	}
-	return nil
 }
 
 // queueCustomers creates unknown customers with the default calendar, takes
 // the shared customer locks (see doc.go), and loads their calendars and the
 // closed periods that usage from minOccurred on could fall into.
-func (a *applier) queueCustomers(b *pgx.Batch, customers []string, minOccurred time.Time) error {
-	defaultSchedule, err := json.Marshal(periods.NewSchedule(periods.DefaultCalendar()))
-	if err != nil {
-		return err
-	}
-	b.Queue(qInsertCustomers, customers, defaultSchedule)
+func (a *applier) queueCustomers(b *pgx.Batch, customers []string, minOccurred time.Time) {
+	periods.QueueCreateCustomers(b, customers)
 	b.Queue(qLockCustomersShared, customers, periods.CustomerLockSpace, periods.CustomerLockBuckets)
 	b.Queue(qSelectCustomers, customers).Query(func(rows pgx.Rows) error {
 		var id string
@@ -450,15 +445,12 @@ func (a *applier) queueCustomers(b *pgx.Batch, customers []string, minOccurred t
 		})
 		return err
 	})
-	return nil
 }
 
 // loadCustomers is queueCustomers in a round trip of its own.
 func (a *applier) loadCustomers(ctx context.Context, tx pgx.Tx, customers []string, minOccurred time.Time) error {
 	b := &pgx.Batch{}
-	if err := a.queueCustomers(b, customers, minOccurred); err != nil {
-		return err
-	}
+	a.queueCustomers(b, customers, minOccurred)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("ledger: load customers: %w", err)
 	}

@@ -150,3 +150,39 @@ func TestApplyQuantityMismatchAndClosedPeriod(t *testing.T) {
 		t.Fatalf("finding = %s", got)
 	}
 }
+
+// Stored NUMERICs read back exactly (fractions included), and a gap opened
+// before migration 00009 (unmoved NULL) moves the amount its neighbours
+// imply.
+func TestApplyLoadsStoredAmountsExactly(t *testing.T) {
+	f := newFixture(t)
+	s := recBuilder{"gw-1", 1, "acme", "api_calls"}
+	oct := time.Date(2026, 10, 31, 23, 0, 0, 0, time.UTC)
+
+	first, last := s.rec(1, "10.25", oct), s.recQ(5, "50.75", "10.5", nov)
+	if got := kinds(f.apply(first, last)); got != "applied applied" {
+		t.Fatalf("outcomes = %s", got)
+	}
+	f.exec(`UPDATE gaps SET unmoved = NULL`)
+
+	// A retransmit is a duplicate only if total and quantity compare equal
+	// to the stored ones; the next record's delta starts from the stored total.
+	out := f.apply(last, s.rec(6, "51.0001", nov))
+	if got := kinds(out); got != "duplicate applied" || out[1].Billed.String() != "0.2501" {
+		t.Fatalf("outcomes = %s, billed %s", got, out[1].Billed)
+	}
+	// Seq 3 happened in October: its 5.125 move there out of the 30 the gap billed.
+	if got := kinds(f.apply(s.recQ(3, "25.125", "5.125", oct))); got != "late_fill" {
+		t.Fatalf("late fill outcome = %s", got)
+	}
+	if got := f.scalar(`SELECT string_agg(format('%s=%s', to_char(period_start, 'YYYY-MM'), trim_scale(q)), ',' ORDER BY period_start)
+		FROM (SELECT period_start, sum(quantity) q FROM rollups GROUP BY 1) s`); got != "2026-10=15.375,2026-11=35.6251" {
+		t.Fatalf("per period = %s", got)
+	}
+	if got := f.scalar(`SELECT string_agg(format('%s-%s:%s', from_seq, to_seq, trim_scale(unmoved)), ',' ORDER BY from_seq) FROM gaps`); got != "2-2:9.75,4-4:15.125" {
+		t.Fatalf("gaps = %s", got)
+	}
+	if got := f.scalar(`SELECT count(*)::text FROM findings`); got != "0" {
+		t.Fatalf("findings = %s", got)
+	}
+}

@@ -1,16 +1,11 @@
 package ledger
 
 // The ledger's SQL, in one place. Every statement is set-based: arrays in,
-// one round trip per statement, all of them pipelined. Numbers travel as
-// text and are cast to NUMERIC by Postgres, so nothing is ever a float.
+// one round trip per statement, all of them pipelined. Numbers go in as
+// text cast to NUMERIC by Postgres and come out as NUMERIC scanned straight
+// into decimals, so nothing is ever a float.
 
 const (
-	qInsertCustomers = `
-INSERT INTO customers (id, schedule)
-SELECT id, $2::jsonb FROM unnest($1::text[]) AS id
-ORDER BY id
-ON CONFLICT (id) DO NOTHING`
-
 	// Shared: many Applies at once; period close takes the same key
 	// exclusively (periods.CustomerLockSpace).
 	qLockCustomersShared = `
@@ -31,7 +26,7 @@ ON CONFLICT (producer, customer, meter, epoch) DO NOTHING`
 
 	// Row locks in id order: two Applies never wait on each other in a cycle.
 	qLockStreams = `
-SELECT s.id, s.producer, s.epoch, s.customer, s.meter, s.last_seq, s.last_total::text
+SELECT s.id, s.producer, s.epoch, s.customer, s.meter, s.last_seq, s.last_total
 FROM streams s
 JOIN unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS k(producer, epoch, customer, meter)
   USING (producer, epoch, customer, meter)
@@ -39,7 +34,7 @@ ORDER BY s.id
 FOR UPDATE OF s`
 
 	qRecordsByOperation = `
-SELECT operation_id, stream_id, seq, total::text, quantity::text, occurred_at, final
+SELECT operation_id, stream_id, seq, total, quantity, occurred_at, final
 FROM records WHERE operation_id = ANY($1::uuid[])`
 
 	qRecordsBySeq = `
@@ -49,8 +44,8 @@ JOIN records r USING (stream_id, seq)`
 
 	// The open gap containing each candidate seq, if any.
 	qGapsContaining = `
-SELECT DISTINCT g.stream_id, g.from_seq, g.to_seq, g.lower_total::text, g.upper_total::text,
-       g.upper_quantity::text, g.unmoved::text, g.billed_period, g.billed_bucket,
+SELECT DISTINCT g.stream_id, g.from_seq, g.to_seq, g.lower_total, g.upper_total,
+       g.upper_quantity, g.unmoved, g.billed_period, g.billed_bucket,
        EXISTS (SELECT 1 FROM period_closes pc WHERE pc.customer = g.customer AND pc.period_start = g.billed_period)
 FROM unnest($1::bigint[], $2::bigint[]) AS k(stream_id, seq)
 CROSS JOIN LATERAL (

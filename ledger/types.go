@@ -62,6 +62,7 @@ const (
 )
 
 // MaxClockSkew is how far ahead of the ledger's clock occurred_at may be.
+// A calendar change needs as much notice (periods.ChangeNotice equals it).
 const MaxClockSkew = 5 * time.Minute
 
 // Outcome is the result of applying one record.

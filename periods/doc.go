@@ -15,6 +15,10 @@
 //   - A calendar change takes effect at the next boundary and never alters a
 //     period that has started.
 //
+// Store owns the customers table (each customer's Schedule): only
+// SetCalendar and QueueCreateCustomers (the ledger's create-on-first-usage)
+// write it.
+//
 // Calendar and Schedule are pure (no database, no I/O beyond loading time
 // zones, which are cached) and cheap enough to call for every ingested record.
 package periods

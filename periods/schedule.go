@@ -232,10 +232,10 @@ func CheckRef(ref string) error {
 func parseRef(ref string) (time.Time, error) {
 	d, err := time.Parse(time.DateOnly, ref)
 	if err != nil || len(ref) != len(time.DateOnly) {
-		return time.Time{}, fmt.Errorf("period %q: %w: want \"current\", \"previous\" or a start date YYYY-MM-DD", ref, ErrInvalidPeriodRef)
+		return time.Time{}, &InvalidPeriodRefError{Ref: ref, Detail: `want "current", "previous" or a start date YYYY-MM-DD`}
 	}
 	if d.Before(MinRefDate) || d.After(MaxRefDate) {
-		return time.Time{}, fmt.Errorf("period %q: %w: %s", ref, ErrInvalidPeriodRef, RangeText)
+		return time.Time{}, &InvalidPeriodRefError{Ref: ref, Detail: RangeText}
 	}
 	return d, nil
 }
@@ -264,17 +264,34 @@ func (s Schedule) resolveDate(ref string, d time.Time) (Period, error) {
 		return Period{}, err
 	}
 	if name != want {
-		return Period{}, &noSuchPeriodError{ref: ref, containing: p.Name}
+		return Period{}, &NoSuchPeriodError{Ref: ref, Containing: p}
 	}
 	return p, nil
 }
 
-type noSuchPeriodError struct {
-	ref, containing string
+// InvalidPeriodRefError is a period reference that is neither "current",
+// "previous" nor a start date in the supported range. It wraps
+// ErrInvalidPeriodRef.
+type InvalidPeriodRefError struct {
+	Ref    string // the reference, as given
+	Detail string // why it is not one
 }
 
-func (e *noSuchPeriodError) Error() string {
-	return fmt.Sprintf("period %q: no period of this calendar starts on that date; the period containing it starts %s", e.ref, e.containing)
+func (e *InvalidPeriodRefError) Error() string {
+	return fmt.Sprintf("period %q: %v: %s", e.Ref, ErrInvalidPeriodRef, e.Detail)
 }
 
-func (e *noSuchPeriodError) Unwrap() error { return ErrNoSuchPeriod }
+func (e *InvalidPeriodRefError) Unwrap() error { return ErrInvalidPeriodRef }
+
+// NoSuchPeriodError is a date that is not the start of a period of the
+// schedule. It wraps ErrNoSuchPeriod.
+type NoSuchPeriodError struct {
+	Ref        string // the date asked for, as given
+	Containing Period // the period the date lies in
+}
+
+func (e *NoSuchPeriodError) Error() string {
+	return fmt.Sprintf("period %q: no period of this calendar starts on that date; the period containing it starts %s", e.Ref, e.Containing.Name)
+}
+
+func (e *NoSuchPeriodError) Unwrap() error { return ErrNoSuchPeriod }

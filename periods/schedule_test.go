@@ -294,6 +294,17 @@ func TestScheduleResolve(t *testing.T) {
 				if errors.Is(err, periods.ErrNoSuchPeriod) != wantNoSuch || errors.Is(err, periods.ErrInvalidPeriodRef) == wantNoSuch {
 					t.Fatalf("error %v: Is(ErrNoSuchPeriod) = %v, want %v", err, errors.Is(err, periods.ErrNoSuchPeriod), wantNoSuch)
 				}
+				var ns *periods.NoSuchPeriodError
+				if errors.As(err, &ns) != wantNoSuch {
+					t.Fatalf("error %v: As(*NoSuchPeriodError) = %v, want %v", err, !wantNoSuch, wantNoSuch)
+				}
+				if wantNoSuch {
+					d := at(t, tt.ref+"T12:00:00Z")
+					if ns.Ref != tt.ref || !strings.HasSuffix(tt.want, " "+ns.Containing.Name) ||
+						d.Before(ns.Containing.Start.Add(-24*time.Hour)) || !d.Before(ns.Containing.End.Add(24*time.Hour)) {
+						t.Fatalf("NoSuchPeriodError %+v for %q", ns, tt.ref)
+					}
+				}
 				return
 			}
 			if err != nil {

@@ -11,10 +11,10 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/ingest"
+	"github.com/tally-ledger/tally/internal/enforcebench"
 	"github.com/tally-ledger/tally/internal/kafkatest"
 	"github.com/tally-ledger/tally/internal/pgtest"
 	"github.com/tally-ledger/tally/quota"
-	"github.com/tally-ledger/tally/quota/enforcebench"
 )
 
 func runPipeline(tb testing.TB, o enforcebench.Options) enforcebench.Result {

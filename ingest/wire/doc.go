@@ -1,6 +1,18 @@
 // Package wire owns the meter.batch.v1 message format (SPEC §2): the Batch
 // and Record types, Encode for producers and Decode for ingest.
 //
+// Decode walks the message with a minimal scanner of its own (scan.go) over
+// JSON that json.Valid has accepted, not with encoding/json: encoding/json
+// cannot report repeated keys, replaces bad UTF-8 without a word, and its
+// Token API allocates per token; walking valid JSON is simple and keeps
+// every value's exact bytes and offset (a rejected record is dead-lettered
+// with exactly the bytes it was sent as).
+//
+// The decoder by concern: decode.go (the message and its top-level
+// fields), record.go (a record's fields, in the order they are checked),
+// values.go (strings, UUIDs, integers, JSON types), decimal.go, time.go
+// (strict RFC 3339), scan.go.
+//
 // Invariants:
 //   - Decode accepts a record only if it satisfies every rule of SPEC §2; it
 //     never rounds, trims or repairs a value. Decimals go through package

@@ -14,9 +14,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tally-ledger/tally/internal/devstack"
+	"github.com/tally-ledger/tally/internal/enforcebench"
 	"github.com/tally-ledger/tally/migrations"
 	"github.com/tally-ledger/tally/quota"
-	"github.com/tally-ledger/tally/quota/enforcebench"
 )
 
 type benchEnforceOptions struct {

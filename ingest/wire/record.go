@@ -1,0 +1,140 @@
+package wire
+
+import "bytes"
+
+// Record fields.
+const (
+	rOperationID = iota
+	rCustomer
+	rMeter
+	rSeq
+	rTotal
+	rQuantity
+	rOccurredAt
+	rFinal
+	nRec
+)
+
+var recNames = [nRec]string{"operation_id", "customer", "meter", "seq", "total", "quantity", "occurred_at", "final"}
+
+const recList = "operation_id, customer, meter, seq, total, quantity, occurred_at, final"
+
+func recField(name []byte) int {
+	switch string(name) {
+	case "operation_id":
+		return rOperationID
+	case "customer":
+		return rCustomer
+	case "meter":
+		return rMeter
+	case "seq":
+		return rSeq
+	case "total":
+		return rTotal
+	case "quantity":
+		return rQuantity
+	case "occurred_at":
+		return rOccurredAt
+	case "final":
+		return rFinal
+	}
+	return -1
+}
+
+// record decodes the record whose JSON starts at offset at of the message.
+// It returns the offset just past the record, or -1 if it stopped before
+// reaching it; and on a problem, the offending field's name ("" for the
+// record as a whole).
+func (d *decoder) record(at int) (r Record, end int, field string, p problem) {
+	if d.data[at] != '{' {
+		return r, -1, "", problem{ReasonWrongType, mustBe("an object", d.data[at:endValue(d.data, at)])}
+	}
+	var f [nRec][]byte
+	it := members{d: d.data, i: at + 1}
+	for {
+		m, ok := it.next()
+		if !ok {
+			break
+		}
+		k := recField(m.name())
+		if k < 0 {
+			return r, -1, string(m.name()), problem{ReasonUnknownField, "is not a meter.batch.v1 record field; records have " + recList}
+		}
+		if f[k] != nil {
+			return r, -1, recNames[k], problem{ReasonBadJSON, repeated(m.keyAt)}
+		}
+		f[k] = m.val
+	}
+	end = it.i
+	field, p = d.fields(&r, &f)
+	return r, end, field, p
+}
+
+// fields decodes and checks the members of a record in the documented order.
+func (d *decoder) fields(r *Record, f *[nRec][]byte) (field string, p problem) {
+	if r.OperationID, p = parseUUID(f[rOperationID]); !p.ok() {
+		return "operation_id", p
+	}
+
+	customer, p := stringField(f[rCustomer], ReasonBadID)
+	if p.ok() {
+		if detail := idProblem(customer); detail != "" {
+			p = problem{ReasonBadID, detail}
+		} else if !bytes.Equal(customer, d.key) {
+			p = problem{ReasonCustomerMismatch, quote(string(customer)) + " is not the message key " +
+				quote(d.keyStr) + "; a message carries only its key's customer"}
+		}
+	}
+	if !p.ok() {
+		return "customer", p
+	}
+	r.Customer = d.keyStr
+
+	meter, p := stringField(f[rMeter], ReasonBadID)
+	if p.ok() {
+		if detail := idProblem(meter); detail != "" {
+			p = problem{ReasonBadID, detail}
+		}
+	}
+	if !p.ok() {
+		return "meter", p
+	}
+	r.Meter = d.intern(meter)
+
+	if r.Seq, p = parseInt(f[rSeq], ReasonBadSeq); !p.ok() {
+		return "seq", p
+	}
+	if r.Total, p = parseDecimal(f[rTotal]); !p.ok() {
+		return "total", p
+	}
+	if q := f[rQuantity]; q != nil && !isNull(q) {
+		if r.Quantity.Decimal, p = parseDecimal(q); !p.ok() {
+			return "quantity", p
+		}
+		r.Quantity.Valid = true
+	}
+	if r.OccurredAt, p = parseTime(f[rOccurredAt]); !p.ok() {
+		return "occurred_at", p
+	}
+	switch v := f[rFinal]; {
+	case v == nil || isNull(v):
+	case v[0] == 't':
+		r.Final = true
+	case v[0] == 'f':
+	default:
+		return "final", problem{ReasonWrongType, mustBe("true or false", v)}
+	}
+	return "", problem{}
+}
+
+func (d *decoder) intern(b []byte) string {
+	if s, ok := d.meters[string(b)]; ok {
+		return s
+	}
+	if d.meters == nil {
+		d.meters = make(map[string]string)
+	}
+	s := string(b)
+	d.meters[s] = s
+	return s
+}
