@@ -42,3 +42,6 @@ func ListenerTimings(a *API, probeEvery, lease, behind time.Duration) {
 // HoldListener has a's change listener call f before it handles each
 // notification (f blocking: a listener that hangs). Call it before Run.
 func HoldListener(a *API, f func()) { a.listener.Hold = f }
+
+// ReadyFor is how long /readyz reuses its answer.
+const ReadyFor = readyFor

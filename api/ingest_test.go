@@ -5,10 +5,12 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/shopspring/decimal"
 
+	"github.com/tally-ledger/tally/api"
 	"github.com/tally-ledger/tally/ingest/wire"
 )
 
@@ -170,6 +172,9 @@ func TestIngestStallVisible(t *testing.T) {
 			t.Errorf("partition %d: state %q since %v error %q; want %s", p.Partition, p.State, p.RetryingSince, p.LastError, want[i])
 		}
 	}
+	// /readyz reuses its answer for up to ReadyFor (a flood of probes asks
+	// Postgres once a second): wait that long for the first answer to age.
+	time.Sleep(api.ReadyFor)
 	p := f.do("GET", "/readyz", "", nil).problem(t, 503, "urn:tally:problem:not-ready")
 	if !strings.Contains(p.Detail, "tally.meter-batches/2 retrying since") || !strings.Contains(p.Detail, "SQLSTATE 53100") ||
 		strings.Contains(p.Detail, "/0 ") {

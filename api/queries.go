@@ -23,19 +23,6 @@ FROM api_tokens
 WHERE ($1::text IS NULL OR customer = $1)
 ORDER BY created_at, id`
 
-	qSelectSchedule = `SELECT schedule, created_at FROM customers WHERE id = $1`
-
-	qSelectScheduleForUpdate = `SELECT schedule, created_at FROM customers WHERE id = $1 FOR UPDATE`
-
-	// A customer created by PUT: its calendar applies from the beginning.
-	qInsertCustomer = `
-INSERT INTO customers (id, schedule, created_at, updated_at)
-VALUES ($1, $2, $3, $3)
-ON CONFLICT (id) DO NOTHING
-RETURNING created_at`
-
-	qUpdateSchedule = `UPDATE customers SET schedule = $2, updated_at = $3 WHERE id = $1`
-
 	// A usage answer is one statement, so one snapshot: the header's
 	// closed flag and ingest position (as_of) and the usage rows with it
 	// are consistent with each other: usage holds everything ingest had

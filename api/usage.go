@@ -326,33 +326,13 @@ func (a *API) resolvePeriod(ctx context.Context, customer, ref string, now time.
 			return p, nil
 		}
 	}
-	s, _, err := a.loadSchedule(ctx, a.pool, customer, false)
+	c, err := a.periodStore().Customer(ctx, a.pool, customer)
+	if errors.Is(err, periods.ErrUnknownCustomer) {
+		return periods.Period{}, customerNotFound(customer)
+	}
 	if err != nil {
 		return periods.Period{}, err
 	}
-	a.schedules.put(customer, cachedSchedule{s})
-	return s.Resolve(ref, now)
-}
-
-// loadSchedule reads a customer's calendar history; forUpdate locks the row
-// (in a transaction) so calendar changes serialise.
-func (a *API) loadSchedule(ctx context.Context, db DBTX, customer string, forUpdate bool) (periods.Schedule, time.Time, error) {
-	query := qSelectSchedule
-	if forUpdate {
-		query = qSelectScheduleForUpdate
-	}
-	var raw []byte
-	var created time.Time
-	err := db.QueryRow(ctx, query, customer).Scan(&raw, &created)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, time.Time{}, customerNotFound(customer)
-	}
-	if err != nil {
-		return nil, time.Time{}, fmt.Errorf("customer %q: %w", customer, err)
-	}
-	var s periods.Schedule
-	if err := json.Unmarshal(raw, &s); err != nil {
-		return nil, time.Time{}, fmt.Errorf("customer %q: stored calendar: %w", customer, err)
-	}
-	return s, created, nil
+	a.schedules.put(customer, cachedSchedule{c.Schedule})
+	return c.Schedule.Resolve(ref, now)
 }
