@@ -5,8 +5,10 @@ import (
 	_ "embed"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
+	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/migrations"
 )
 
@@ -35,8 +37,37 @@ func (a *API) readyz(w http.ResponseWriter, r *http.Request) error {
 	if current != latest {
 		return notReady(fmt.Sprintf("schema version %d, this binary needs %d: run `tally migrate`", current, latest))
 	}
+	if detail, err := a.unownedPartitions(ctx); err != nil {
+		a.log.WarnContext(ctx, "readyz: ingest partition owners", "err", err)
+		return notReady("cannot read the ingest partitions' owners")
+	} else if detail != "" {
+		return notReady(detail)
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "schema_version": current})
 	return nil
+}
+
+// unownedPartitions describes the ingest partitions that have had no live
+// owner for a.unowned ("" when there are none, or the check is off).
+func (a *API) unownedPartitions(ctx context.Context) (string, error) {
+	if a.unowned < 0 {
+		return "", nil
+	}
+	ps, err := ingest.Unowned(ctx, a.pool, a.topic, a.unowned)
+	if err != nil || len(ps) == 0 {
+		return "", err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d partition(s) of %s without a live ingest owner for over %s:", len(ps), a.topic, a.unowned)
+	for _, p := range ps {
+		if p.Since != nil {
+			fmt.Fprintf(&b, " %d (since %s)", p.Partition, p.Since.Format(time.RFC3339))
+		} else {
+			fmt.Fprintf(&b, " %d", p.Partition)
+		}
+	}
+	b.WriteString("; start or check the `tally serve --ingest` processes")
+	return b.String(), nil
 }
 
 //go:embed openapi.json

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -129,17 +130,35 @@ func (d *deadLetters) add(offset int64, index *int32, reason, field, detail stri
 	return nil
 }
 
-// tryCommit is one attempt at b's transaction. The transaction runs to its
-// end even if ctx is cancelled meanwhile (bounded by TxTimeout), so a
-// shutdown finishes the in-flight micro-batch instead of wasting it.
+// tryCommit is one attempt at b's transaction. On a shutdown (the member's
+// run context ends) the transaction runs to its end (bounded by TxTimeout),
+// so the in-flight micro-batch is finished instead of wasted; when only the
+// partition's context ends (the member lost it: rebalance, lease claimed by
+// another member) it is rolled back at once, so the partition's row is not
+// kept locked from its next owner.
 func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary, err error) {
 	cfg := p.c.cfg
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), cfg.TxTimeout)
 	defer cancel()
+	if p.runCtx != nil {
+		stop := context.AfterFunc(parent, func() {
+			if p.runCtx.Err() == nil {
+				cancel()
+			}
+		})
+		defer stop()
+	}
 
 	tx, err := cfg.Pool.BeginTx(ctx, txOptions)
 	if err != nil {
 		return s, fmt.Errorf("begin: %w", err)
+	}
+	// A member stalled as a whole (stopped, swapped out) mid-transaction
+	// would keep the partition's row locked from the member that takes the
+	// partition over: Postgres ends a transaction idle for a session
+	// timeout (the member has been evicted by then).
+	if _, err = tx.Exec(ctx, setIdleTimeout, strconv.FormatInt(cfg.SessionTimeout.Milliseconds(), 10)); err != nil {
+		return s, fmt.Errorf("set idle timeout: %w", err)
 	}
 	defer func() {
 		if err != nil {

@@ -80,7 +80,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		HeartbeatInterval:     c.cfg.HeartbeatInterval,
 		SessionTimeout:        c.cfg.SessionTimeout,
 		RebalanceTimeout:      c.cfg.RebalanceTimeout,
-		JoinGroupBackoff:      c.cfg.RetryMax,
+		JoinGroupBackoff:      c.cfg.JoinGroupBackoff,
 		WatchPartitionChanges: true,
 		Logger:                kafkaLogger(c.log, slog.LevelDebug),
 		ErrorLogger:           kafkaLogger(c.log, slog.LevelDebug),
@@ -105,8 +105,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		c.log.Info("generation joined", "generation", gen.ID, "member", gen.MemberID, "partitions", ids)
 		c.m.owned.Set(float64(len(ids)))
+		c.m.generations.Inc()
+		l := c.newLeases(gen)
+		gen.Start(l.renewLoop)
 		for _, p := range ids {
-			gen.Start(func(gctx context.Context) { c.runPartition(gctx, gen, p) })
+			gen.Start(func(gctx context.Context) { c.runPartition(ctx, gctx, gen, l, p) })
 		}
 	}
 	// Close ends the generation (its partition loops finish or roll back
@@ -131,15 +134,38 @@ type partition struct {
 	aheadLog bool // logged "stored offset ahead of the partition's end" already
 
 	lastKafkaCommit time.Time
+
+	// runCtx is Consumer.Run's context: when the partition's context ends
+	// while runCtx does not, the member lost the partition (rebalance,
+	// lease claimed by another member) and an in-flight transaction is
+	// rolled back at once instead of finished.
+	runCtx context.Context
+	leases *leases
 }
 
 // runPartition must not return before the generation ends: a function
 // passed to Generation.Start that returns ends the generation for everyone.
-func (c *Consumer) runPartition(ctx context.Context, gen *kafka.Generation, id int) {
+func (c *Consumer) runPartition(runCtx, gctx context.Context, gen *kafka.Generation, l *leases, id int) {
 	p := &partition{c: c, gen: gen, id: id, label: strconv.Itoa(id),
-		log: c.log.With("partition", id, "generation", gen.ID)}
+		log: c.log.With("partition", id, "generation", gen.ID), runCtx: runCtx, leases: l}
+	if !l.claim(gctx, id) {
+		if gctx.Err() == nil {
+			// A member of a newer generation holds it: this generation is
+			// stale already and ends with the next heartbeat.
+			c.m.leaseLost.Inc()
+			p.log.Warn("partition is claimed by a newer generation; not consuming it")
+		}
+		<-gctx.Done()
+		return
+	}
+	ctx, cancel := context.WithCancel(gctx)
+	defer cancel()
+	l.track(id, cancel)
 	p.run(ctx)
-	<-ctx.Done()
+	<-gctx.Done()
+	if runCtx.Err() != nil {
+		l.release(id) // clean shutdown: visibly unowned until the next claim
+	}
 }
 
 func (p *partition) run(ctx context.Context) {
@@ -165,11 +191,15 @@ func (p *partition) run(ctx context.Context) {
 			attempt = -1
 		case errors.Is(err, errFenced):
 			// Another member committed this partition. Either this member
-			// lost it (its heartbeat will end the generation shortly) or a
-			// member that lost it wrote before noticing; wait a session
-			// timeout, then continue from what is stored.
-			p.log.Warn("partition fenced: stopped; will re-read the stored offset", "expected", next)
-			if !sleep(ctx, p.c.cfg.SessionTimeout) {
+			// lost it (another member claimed its lease: stop reading and
+			// applying it for the rest of the generation) or a member that
+			// lost it wrote before noticing (continue from what is stored).
+			if !p.leases.holds(ctx, p.id) {
+				p.leases.lose(p.id)
+				return
+			}
+			p.log.Warn("partition fenced by a stale member's write; re-reading the stored offset", "expected", next)
+			if !sleep(ctx, p.c.backoff(0)) {
 				return
 			}
 			if next, ok = p.load(ctx); !ok {
@@ -446,6 +476,11 @@ func (p *partition) commit(ctx context.Context, b *microBatch) (int64, error) {
 		if errors.Is(err, errFenced) {
 			p.c.m.fenced.Inc()
 			return 0, err
+		}
+		if ctx.Err() != nil {
+			// The partition was lost or the member stops: rolled back; the
+			// next owner re-reads the batch from the stored offset.
+			return 0, ctx.Err()
 		}
 		p.c.m.retries.WithLabelValues("postgres").Inc()
 		level := slog.LevelWarn

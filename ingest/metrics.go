@@ -23,6 +23,8 @@ type metrics struct {
 	through     *prometheus.GaugeVec   // partition
 	owned       prometheus.Gauge       //
 	anomalies   *prometheus.CounterVec // kind
+	leaseLost   prometheus.Counter     //
+	generations prometheus.Counter     //
 }
 
 func newMetrics(reg prometheus.Registerer, topic string) (*metrics, error) {
@@ -65,9 +67,15 @@ func newMetrics(reg prometheus.Registerer, topic string) (*metrics, error) {
 		anomalies: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tally_ingest_anomalies_total", Help: "Conditions that need an operator: stored offset ahead of the partition's end, offsets going backwards.", ConstLabels: cl,
 		}, []string{"kind"}),
+		leaseLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tally_ingest_leases_lost_total", Help: "Partitions this member stopped because another member claimed them before its generation ended.", ConstLabels: cl,
+		}),
+		generations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tally_ingest_generations_total", Help: "Consumer-group generations this member joined (each is a rebalance).", ConstLabels: cl,
+		}),
 	}
 	for _, c := range []prometheus.Collector{m.records, m.messages, m.deadLetters, m.batches, m.txSeconds,
-		m.retries, m.jumps, m.fenced, m.lag, m.through, m.owned, m.anomalies} {
+		m.retries, m.jumps, m.fenced, m.lag, m.through, m.owned, m.anomalies, m.leaseLost, m.generations} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
