@@ -153,13 +153,6 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 	if err != nil {
 		return s, fmt.Errorf("begin: %w", err)
 	}
-	// A member stalled as a whole (stopped, swapped out) mid-transaction
-	// would keep the partition's row locked from the member that takes the
-	// partition over: Postgres ends a transaction idle for a session
-	// timeout (the member has been evicted by then).
-	if _, err = tx.Exec(ctx, setIdleTimeout, strconv.FormatInt(cfg.SessionTimeout.Milliseconds(), 10)); err != nil {
-		return s, fmt.Errorf("set idle timeout: %w", err)
-	}
 	defer func() {
 		if err != nil {
 			// Rollback errors add nothing: the connection is discarded and
@@ -167,6 +160,14 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 			_ = tx.Rollback(context.WithoutCancel(ctx))
 		}
 	}()
+
+	// A member stalled as a whole (stopped, swapped out) mid-transaction
+	// would keep the partition's row locked from the member that takes the
+	// partition over: Postgres ends a transaction idle for a session
+	// timeout (the member has been evicted by then).
+	if _, err = tx.Exec(ctx, setIdleTimeout, strconv.FormatInt(cfg.SessionTimeout.Milliseconds(), 10)); err != nil {
+		return s, fmt.Errorf("set idle timeout: %w", err)
+	}
 
 	// Kafka timestamps come from producers' clocks: one ahead of ours must
 	// not claim completeness for a time that has not come yet.

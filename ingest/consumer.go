@@ -149,14 +149,7 @@ func (c *Consumer) runPartition(runCtx, gctx context.Context, gen *kafka.Generat
 	p := &partition{c: c, gen: gen, id: id, label: strconv.Itoa(id),
 		log: c.log.With("partition", id, "generation", gen.ID), runCtx: runCtx, leases: l}
 	if !l.claim(gctx, id) {
-		if gctx.Err() == nil {
-			// A member of a newer generation holds it: this generation is
-			// stale already and ends with the next heartbeat.
-			c.m.leaseLost.Inc()
-			p.log.Warn("partition is claimed by a newer generation; not consuming it")
-		}
-		<-gctx.Done()
-		return
+		return // the generation ended
 	}
 	ctx, cancel := context.WithCancel(gctx)
 	defer cancel()

@@ -24,4 +24,12 @@
 //   - A Postgres error never advances the offset: the same micro-batch is
 //     retried with capped exponential backoff while the member stays in its
 //     group. Offsets committed to Kafka are for lag dashboards only.
+//   - Each member leases the partitions the group assigns it in Postgres
+//     (ingest_partition_owners: claimed at assignment, renewed every
+//     heartbeat for a session timeout, released on shutdown), so an owner
+//     that died is visible. A member that loses a partition (its generation
+//     ends, or its lease renewal misses it) stops reading it and rolls its
+//     in-flight transaction back at once; a transaction idle for a session
+//     timeout is ended by Postgres, so a stalled member never keeps the
+//     partition's row locked from the next owner.
 package ingest

@@ -27,9 +27,9 @@ import (
 // claim of an older generation, a released one or one whose lease ran out;
 // since is kept while the same member keeps the partition.
 const claimPartition = `
-INSERT INTO ingest_partition_owners AS o (topic, partition, member, generation, process, since, lease_until)
-VALUES ($1, $2, $3, $4, $5, now(), now() + $6::interval)
-ON CONFLICT (topic, partition) DO UPDATE
+INSERT INTO ingest_partition_owners AS o (topic, partition, consumer_group, member, generation, process, since, lease_until)
+VALUES ($1, $2, $7, $3, $4, $5, now(), now() + $6::interval)
+ON CONFLICT (topic, partition, consumer_group) DO UPDATE
 SET member      = EXCLUDED.member,
     generation  = EXCLUDED.generation,
     process     = EXCLUDED.process,
@@ -42,35 +42,42 @@ WHERE o.member IS NULL OR o.member = EXCLUDED.member OR o.generation < EXCLUDED.
 const renewLeases = `
 UPDATE ingest_partition_owners
 SET lease_until = now() + $4::interval
-WHERE topic = $1 AND member = $2 AND generation = $3
+WHERE topic = $1 AND consumer_group = $5 AND member = $2 AND generation = $3
 RETURNING partition`
 
 // releasePartition gives a partition up on a clean shutdown.
 const releasePartition = `
 UPDATE ingest_partition_owners
 SET member = NULL, since = now(), lease_until = now()
-WHERE topic = $1 AND partition = $2 AND member = $3 AND generation = $4`
+WHERE topic = $1 AND partition = $2 AND consumer_group = $5 AND member = $3 AND generation = $4`
 
 // holdsLease reports whether (member, generation) still holds the partition.
 const holdsLease = `
 SELECT EXISTS (SELECT 1 FROM ingest_partition_owners
-               WHERE topic = $1 AND partition = $2 AND member = $3 AND generation = $4)`
+               WHERE topic = $1 AND partition = $2 AND consumer_group = $5 AND member = $3 AND generation = $4)`
 
-// selectOwners is the lease of every partition of a topic (or all topics).
+// selectOwners is the lease of every partition of a topic (or all topics):
+// a live one if any group holds one (one group is the normal case), else the
+// one that ran out last.
 const selectOwners = `
-SELECT topic, partition, member, process, since, lease_until, lease_until > now() AND member IS NOT NULL
+SELECT DISTINCT ON (topic, partition)
+       topic, partition, member, process, since, lease_until, lease_until > now() AND member IS NOT NULL AS live
 FROM ingest_partition_owners
-WHERE $1 = '' OR topic = $1`
+WHERE $1 = '' OR topic = $1
+ORDER BY topic, partition, live DESC, lease_until DESC`
 
 // selectUnowned lists the partitions of a topic that have had no live owner
 // for at least $2.
 const selectUnowned = `
-SELECT p.partition, o.lease_until
+SELECT p.partition, o.until
 FROM ingest_partitions p
-LEFT JOIN ingest_partition_owners o ON o.topic = p.topic AND o.partition = p.partition
+LEFT JOIN LATERAL (SELECT max(lease_until) AS until,
+                          bool_or(member IS NOT NULL AND lease_until > now()) AS live
+                   FROM ingest_partition_owners
+                   WHERE topic = p.topic AND partition = p.partition) o ON true
 WHERE p.topic = $1
-  AND (o.partition IS NULL OR o.member IS NULL OR o.lease_until <= now())
-  AND coalesce(o.lease_until, p.updated_at) <= now() - $2::interval
+  AND NOT coalesce(o.live, false)
+  AND coalesce(o.until, p.updated_at) <= now() - $2::interval
 ORDER BY p.partition`
 
 // processName identifies this process in the owners table: host:pid.
@@ -92,32 +99,54 @@ type leases struct {
 	c   *Consumer
 	gen *kafka.Generation
 
-	mu     sync.Mutex
-	cancel map[int]context.CancelFunc // partition → cancels its work
+	mu      sync.Mutex
+	tracked map[int]trackedPartition
+	seq     uint64 // counts track calls
+}
+
+// trackedPartition is a claimed partition whose work runs.
+type trackedPartition struct {
+	cancel context.CancelFunc // stops its work
+	seq    uint64             // leases.seq when it was tracked
 }
 
 func (c *Consumer) newLeases(gen *kafka.Generation) *leases {
-	return &leases{c: c, gen: gen, cancel: map[int]context.CancelFunc{}}
+	return &leases{c: c, gen: gen, tracked: map[int]trackedPartition{}}
 }
 
 // claim takes partition id for this generation; it retries until it
-// succeeds or ctx ends. A claim that matches no row means a newer
-// generation's member holds the partition: this member has lost it already.
+// succeeds or ctx ends. A claim that matches no row means another member of
+// the group holds a live lease of the same or a newer generation: either
+// this member is stale already (its generation ends with its next
+// heartbeat) or the group's generations restarted (a recreated group) and
+// the old holder's lease runs out within a session timeout; it waits.
 func (l *leases) claim(ctx context.Context, id int) bool {
 	cfg := l.c.cfg
+	refused := 0
 	for attempt := 0; ; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, cfg.TxTimeout)
-		tag, err := cfg.Pool.Exec(cctx, claimPartition, cfg.Topic, id, l.gen.MemberID, l.gen.ID, processName, interval(cfg.SessionTimeout))
+		tag, err := cfg.Pool.Exec(cctx, claimPartition, cfg.Topic, id, l.gen.MemberID, l.gen.ID, processName,
+			interval(cfg.SessionTimeout), cfg.Group)
 		cancel()
-		if err == nil {
-			return tag.RowsAffected() == 1
+		if err == nil && tag.RowsAffected() == 1 {
+			return true
 		}
 		if ctx.Err() != nil {
 			return false
 		}
-		l.c.m.retries.WithLabelValues("postgres").Inc()
-		l.c.log.Warn("cannot claim the partition's lease; retrying", "partition", id, "err", err, "attempt", attempt+1)
-		if !sleep(ctx, l.c.backoff(attempt)) {
+		d := l.c.backoff(attempt)
+		if err != nil {
+			l.c.m.retries.WithLabelValues("postgres").Inc()
+			l.c.log.Warn("cannot claim the partition's lease; retrying", "partition", id, "err", err, "attempt", attempt+1)
+		} else {
+			if refused%30 == 0 {
+				l.c.log.Warn("partition is leased by another member of the group (a newer or the same generation); "+
+					"waiting for that lease to end", "partition", id, "generation", l.gen.ID)
+			}
+			refused++
+			attempt, d = -1, cfg.HeartbeatInterval
+		}
+		if !sleep(ctx, d) {
 			return false
 		}
 	}
@@ -126,15 +155,16 @@ func (l *leases) claim(ctx context.Context, id int) bool {
 // track registers the cancel function of partition id's work.
 func (l *leases) track(id int, cancel context.CancelFunc) {
 	l.mu.Lock()
-	l.cancel[id] = cancel
+	l.seq++
+	l.tracked[id] = trackedPartition{cancel: cancel, seq: l.seq}
 	l.mu.Unlock()
 }
 
 // lose cancels partition id's work: another member holds it.
 func (l *leases) lose(id int) {
 	l.mu.Lock()
-	cancel := l.cancel[id]
-	delete(l.cancel, id)
+	cancel := l.tracked[id].cancel
+	delete(l.tracked, id)
 	l.mu.Unlock()
 	if cancel != nil {
 		l.c.m.leaseLost.Inc()
@@ -157,6 +187,12 @@ func (l *leases) renewLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		// Only partitions claimed before the renewal started can be missing
+		// from its answer because they were lost (its snapshot may predate
+		// a claim that committed meanwhile).
+		l.mu.Lock()
+		before := l.seq
+		l.mu.Unlock()
 		held, err := l.renew(ctx)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -166,8 +202,8 @@ func (l *leases) renewLoop(ctx context.Context) {
 		}
 		l.mu.Lock()
 		var lost []int
-		for id := range l.cancel {
-			if !held[id] {
+		for id, t := range l.tracked {
+			if t.seq <= before && !held[id] {
 				lost = append(lost, id)
 			}
 		}
@@ -182,7 +218,7 @@ func (l *leases) renew(ctx context.Context) (map[int]bool, error) {
 	cfg := l.c.cfg
 	ctx, cancel := context.WithTimeout(ctx, cfg.HeartbeatInterval+cfg.SessionTimeout/2)
 	defer cancel()
-	rows, err := cfg.Pool.Query(ctx, renewLeases, cfg.Topic, l.gen.MemberID, l.gen.ID, interval(cfg.SessionTimeout))
+	rows, err := cfg.Pool.Query(ctx, renewLeases, cfg.Topic, l.gen.MemberID, l.gen.ID, interval(cfg.SessionTimeout), cfg.Group)
 	if err != nil {
 		return nil, err
 	}
@@ -205,7 +241,7 @@ func (l *leases) holds(ctx context.Context, id int) bool {
 	ctx, cancel := context.WithTimeout(ctx, cfg.TxTimeout)
 	defer cancel()
 	var ok bool
-	if err := cfg.Pool.QueryRow(ctx, holdsLease, cfg.Topic, id, l.gen.MemberID, l.gen.ID).Scan(&ok); err != nil {
+	if err := cfg.Pool.QueryRow(ctx, holdsLease, cfg.Topic, id, l.gen.MemberID, l.gen.ID, cfg.Group).Scan(&ok); err != nil {
 		return true
 	}
 	return ok
@@ -217,7 +253,7 @@ func (l *leases) release(id int) {
 	cfg := l.c.cfg
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if _, err := cfg.Pool.Exec(ctx, releasePartition, cfg.Topic, id, l.gen.MemberID, l.gen.ID); err != nil {
+	if _, err := cfg.Pool.Exec(ctx, releasePartition, cfg.Topic, id, l.gen.MemberID, l.gen.ID, cfg.Group); err != nil {
 		l.c.log.Debug("cannot release the partition's lease (it runs out by itself)", "partition", id, "err", err)
 	}
 }

@@ -8,9 +8,10 @@
 --    lease (lease_until = now() + its session timeout) every heartbeat
 --    interval, in a table of its own so that renewing never waits for the
 --    row lock a micro-batch transaction holds on ingest_partitions.
---  * A claim overwrites an older generation's or an expired claim; a renewal
---    matches only the member's own claim, so a member that was claimed over
---    sees its renewal miss.
+--  * Leases are per consumer group (generations only compare within one
+--    group). A claim overwrites an older generation's, a released or an
+--    expired claim, and waits otherwise; a renewal matches only the member's
+--    own claim, so a member that was claimed over sees its renewal miss.
 --  * On a clean shutdown the member releases (member NULL, lease_until =
 --    now()); a crashed member's lease simply runs out. Either way the
 --    partition is unowned from lease_until on until the next claim.
@@ -18,8 +19,9 @@
 
 -- +goose Up
 CREATE TABLE ingest_partition_owners (
-    topic        text        NOT NULL,
-    partition    integer     NOT NULL CHECK (partition >= 0),
+    topic          text        NOT NULL,
+    partition      integer     NOT NULL CHECK (partition >= 0),
+    consumer_group text        NOT NULL,
     -- The Kafka consumer-group member id; NULL once released.
     member       text,
     generation   integer     NOT NULL,
@@ -29,7 +31,7 @@ CREATE TABLE ingest_partition_owners (
     -- the same member keeps it), or when it released it.
     since        timestamptz NOT NULL,
     lease_until  timestamptz NOT NULL,
-    PRIMARY KEY (topic, partition)
+    PRIMARY KEY (topic, partition, consumer_group)
 );
 
 -- +goose Down
