@@ -3,6 +3,7 @@ package ingest_test
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"slices"
@@ -233,7 +234,15 @@ func TestPausedMemberIsFencedAndRejoins(t *testing.T) {
 	e.auditWrites()
 	streams := models(16)
 	p := startProducer(t, e.kafka.Addrs, streams, 29, 1_000_000, 5*time.Millisecond)
-	a, b := e.child(t), e.child(t)
+	// a's connections are recognisable in pg_stat_activity.
+	aURL, err := url.Parse(e.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := aURL.Query()
+	q.Set("application_name", "member-a")
+	aURL.RawQuery = q.Encode()
+	a, b := e.child(t, "TALLY_TEST_CHILD_DB="+aURL.String()), e.child(t)
 	defer func() {
 		for _, c := range []*exec.Cmd{a, b} {
 			_ = c.Process.Signal(syscall.SIGCONT)
@@ -259,8 +268,36 @@ func TestPausedMemberIsFencedAndRejoins(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.Process.Signal(syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
+	// Stop a in the middle of a micro-batch transaction, holding the row
+	// lock of a partition (what a member stalled by a pause, swapping or a
+	// VM freeze does): b must still take the partition over.
+	locked := func() bool {
+		var n int
+		if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity s JOIN pg_locks l ON l.pid = s.pid
+			WHERE s.application_name = 'member-a' AND s.xact_start IS NOT NULL
+			  AND l.relation = 'ingest_partitions'::regclass AND l.granted`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n > 0
+	}
+	caught := false
+	for deadline := time.Now().Add(60 * time.Second); !caught && time.Now().Before(deadline); {
+		if !locked() {
+			continue
+		}
+		if err := a.Process.Signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond) // a statement already sent completes
+		if caught = locked(); caught {
+			break
+		}
+		if err := a.Process.Signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !caught {
+		t.Fatal("never caught member a inside a transaction holding a partition's row lock")
 	}
 	tStop := time.Now()
 	// b takes a's partitions over and applies messages produced after the

@@ -336,8 +336,9 @@ const childEnv = "TALLY_INGEST_TEST_CHILD"
 func (e *env) child(t *testing.T, env ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(append(os.Environ(), env...), childEnv+"=1",
-		"TALLY_TEST_CHILD_DB="+e.dbURL, "TALLY_TEST_CHILD_BROKERS="+strings.Join(e.kafka.Addrs, ","))
+	// env comes last: it may override (os/exec keeps the last value).
+	cmd.Env = append(append(os.Environ(), childEnv+"=1",
+		"TALLY_TEST_CHILD_DB="+e.dbURL, "TALLY_TEST_CHILD_BROKERS="+strings.Join(e.kafka.Addrs, ",")), env...)
 	cmd.Stderr = tWriter{t}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
