@@ -35,6 +35,7 @@ type benchFailoverOptions struct {
 	kills               int
 	every, soak         time.Duration
 	timeout             time.Duration
+	steadyLag           time.Duration
 	timings             groupTimings
 	adminURL            string
 	keep                bool
@@ -48,8 +49,10 @@ func newBenchFailoverCmd() *cobra.Command {
 		Short: "Kill an ingest member (SIGKILL) under steady load: time until its partitions are caught up again",
 		Long: `Start --members ingest processes (tally serve --ingest, subprocesses of this
 binary) in one consumer group on an embedded broker and a fresh database,
-produce --rate records/s steadily, then --kills times: SIGKILL one member and
-measure, for every partition it owned, the time from the kill until the
+produce --rate records/s steadily, then --kills times: once every
+partition's enforcement lag is below --steady-lag (the backlog of the last
+failover drained), SIGKILL one member and measure, for every partition it
+owned, the time from the kill until the
 partition has applied a message produced after the kill (kill → caught up),
 and the enforcement lag a customer on such a partition sees meanwhile (now
 minus the partition's applied-through time, what the quota enforcer and
@@ -75,6 +78,8 @@ exactly the records produced. Prints p50/p99/max over the kills.`,
 	f.DurationVar(&o.every, "every", 10*time.Second, "steady running before each kill (after the group settled)")
 	f.DurationVar(&o.soak, "soak", 0, "after the kills, run this long with nothing killed and count false evictions")
 	f.DurationVar(&o.timeout, "timeout", 2*time.Minute, "give up on a kill whose partitions are not caught up after this long")
+	f.DurationVar(&o.steadyLag, "steady-lag", 2*time.Second,
+		"kill only once every partition's enforcement lag is below this (waits up to a minute; 0: do not wait)")
 	addGroupTimingFlags(f, &o.timings)
 	f.StringVar(&o.adminURL, "database-url", defaultDatabaseURL, "Postgres server to create the benchmark database on")
 	envDefault(f, "database-url", "TALLY_DATABASE_URL")
@@ -189,12 +194,21 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 	if err := b.settle(ctx); err != nil {
 		return err
 	}
-	var caughtUp, steady, during []float64
+	var caughtUp, steady, during, claims []float64
 	for i := range o.kills {
 		if !sleepCtx(ctx, o.every) {
 			return ctx.Err()
 		}
+		// Kill from a steady state: the backlog a previous failover or the
+		// restart's rebalance left is drained first (that is capacity, not
+		// failover).
 		s, err := b.lagNow(ctx, nil)
+		for wait := time.Now().Add(time.Minute); err == nil && o.steadyLag > 0 && s > o.steadyLag.Seconds() && time.Now().Before(wait); {
+			if !sleepCtx(ctx, 200*time.Millisecond) {
+				return ctx.Err()
+			}
+			s, err = b.lagNow(ctx, nil)
+		}
 		if err != nil {
 			return err
 		}
@@ -217,7 +231,7 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 		if err != nil {
 			return fmt.Errorf("kill %d (member %d, partitions %v): %w", i+1, victim.pid, parts, err)
 		}
-		caughtUp, during = append(caughtUp, rec.Seconds()), append(during, maxLag)
+		caughtUp, during, claims = append(caughtUp, rec.Seconds()), append(during, maxLag), append(claims, claimed.Seconds())
 		fmt.Fprintf(out, "  kill %2d: member pid %d (partitions %v): claimed by another member after %5.2fs, caught up after %5.2fs; enforcement lag meanwhile max %5.2fs (steady %4.2fs)\n",
 			i+1, victim.pid, parts, claimed.Seconds(), rec.Seconds(), maxLag, s)
 		// Restart it so that every kill hits a group of --members.
@@ -265,6 +279,8 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 		if p99 > 10 {
 			verdict = "MISSED"
 		}
+		fmt.Fprintf(out, "kill → claimed by another member over %d kills:  p50 %.2fs  p99 %.2fs\n",
+			len(claims), quantile(claims, 0.5), quantile(claims, 0.99))
 		fmt.Fprintf(out, "kill → caught up over %d kills:  p50 %.2fs  p99 %.2fs  max %.2fs   (target p99 ≤ 10s: %s)\n",
 			len(caughtUp), quantile(caughtUp, 0.5), p99, slices.Max(caughtUp), verdict)
 		fmt.Fprintf(out, "enforcement lag on a killed member's partitions, worst per kill:  p50 %.2fs  p99 %.2fs;  steady (same run, before each kill): p50 %.2fs  = %.1f× steady\n",
