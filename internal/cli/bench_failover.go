@@ -106,11 +106,8 @@ type failoverBench struct {
 	logOut  io.Writer
 	members []*failoverMember
 
-	mu      sync.Mutex
-	seen    map[int]map[string]bool // pid → member ids seen in the owners table
-	killed  map[int]bool
-	lastGen int32
-	gens    int // generation changes observed
+	mu   sync.Mutex
+	seen map[int]map[string]bool // pid → member ids seen in the owners table
 }
 
 func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) error {
@@ -146,7 +143,7 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 		return err
 	}
 	b := &failoverBench{o: o, out: out, pool: pool, dbURL: dbURL, broker: k.Addr, topic: topic, exe: exe,
-		logOut: io.Discard, seen: map[int]map[string]bool{}, killed: map[int]bool{}}
+		logOut: io.Discard, seen: map[int]map[string]bool{}}
 	if o.logFile != "" {
 		f, err := os.OpenFile(o.logFile, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 		if err != nil {
@@ -221,9 +218,6 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 		if len(parts) == 0 {
 			return fmt.Errorf("kill %d: member %d owns no partition", i+1, victim.pid)
 		}
-		b.mu.Lock()
-		b.killed[victim.pid] = true
-		b.mu.Unlock()
 		tKill := time.Now()
 		_ = victim.cmd.Process.Signal(syscall.SIGKILL)
 		<-victim.done
@@ -243,8 +237,11 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 			return err
 		}
 	}
-	soakFrom := b.generationChanges()
 	if o.soak > 0 {
+		genFrom, err := b.maxGeneration(ctx)
+		if err != nil {
+			return err
+		}
 		fmt.Fprintf(out, "  soak: %s with nothing killed ...\n", o.soak)
 		var soakLags []float64
 		end := time.Now().Add(o.soak)
@@ -258,8 +255,12 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 			}
 			soakLags = append(soakLags, s)
 		}
+		genTo, err := b.maxGeneration(ctx)
+		if err != nil {
+			return err
+		}
 		fmt.Fprintf(out, "  soak: enforcement lag p50 %.2fs p99 %.2fs max %.2fs; rebalances %d\n",
-			quantile(soakLags, 0.5), quantile(soakLags, 0.99), slices.Max(soakLags), b.generationChanges()-soakFrom)
+			quantile(soakLags, 0.5), quantile(soakLags, 0.99), slices.Max(soakLags), genTo-genFrom)
 	}
 
 	if err := stopProd(); err != nil {
@@ -470,10 +471,10 @@ func (b *failoverBench) waitCaughtUp(ctx context.Context, parts []int, tKill tim
 }
 
 // watchMembership records, every 200ms, which member ids each process has
-// held and how often the group's generation changed.
+// held.
 func (b *failoverBench) watchMembership(ctx context.Context) {
 	for sleepCtx(ctx, 200*time.Millisecond) {
-		rows, err := b.pool.Query(ctx, `SELECT process, member, generation FROM ingest_partition_owners
+		rows, err := b.pool.Query(ctx, `SELECT process, member FROM ingest_partition_owners
 			WHERE topic = $1 AND member IS NOT NULL AND lease_until > now()`, b.topic)
 		if err != nil {
 			continue
@@ -481,8 +482,7 @@ func (b *failoverBench) watchMembership(ctx context.Context) {
 		b.mu.Lock()
 		for rows.Next() {
 			var process, member string
-			var gen int32
-			if rows.Scan(&process, &member, &gen) != nil {
+			if rows.Scan(&process, &member) != nil {
 				break
 			}
 			pid, _ := strconv.Atoi(process[strings.LastIndexByte(process, ':')+1:])
@@ -490,22 +490,17 @@ func (b *failoverBench) watchMembership(ctx context.Context) {
 				b.seen[pid] = map[string]bool{}
 			}
 			b.seen[pid][member] = true
-			if gen > b.lastGen {
-				if b.lastGen != 0 {
-					b.gens++
-				}
-				b.lastGen = gen
-			}
 		}
 		b.mu.Unlock()
 		rows.Close()
 	}
 }
 
-func (b *failoverBench) generationChanges() int {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.gens
+// maxGeneration is the newest generation that claimed a partition.
+func (b *failoverBench) maxGeneration(ctx context.Context) (int32, error) {
+	var g int32
+	err := b.pool.QueryRow(ctx, `SELECT coalesce(max(generation), 0) FROM ingest_partition_owners WHERE topic = $1`, b.topic).Scan(&g)
+	return g, err
 }
 
 // falseEvictions counts member ids beyond the first of every process: a
