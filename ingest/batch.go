@@ -179,7 +179,13 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 		}
 		through = &t
 	}
+	// The row lock this takes waits for a transaction of a member that lost
+	// the partition; one stalled mid-statement (stopped in the middle of a
+	// COPY or a pipelined batch) is not idle, so Postgres would never end
+	// it: after a session timeout of waiting, its session is ended.
+	breaker := time.AfterFunc(cfg.SessionTimeout, func() { p.endBlockers(tx.Conn().PgConn().PID()) })
 	tag, err := tx.Exec(ctx, advanceOffset, cfg.Topic, p.id, b.from, b.to, b.hwm, through, p.gen.MemberID, p.gen.ID)
+	breaker.Stop()
 	if err != nil {
 		return s, fmt.Errorf("advance offset: %w", err)
 	}
@@ -305,4 +311,23 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 		return s, fmt.Errorf("commit: %w", err)
 	}
 	return s, nil
+}
+
+// endBlockers ends the sessions that keep backend pid (this member's
+// micro-batch transaction) waiting for the partition's row lock: only the
+// transaction of a member that lost the partition and stalled holds it that
+// long, and ending it only rolls it back (its offset compare-and-set would
+// fail anyway).
+func (p *partition) endBlockers(pid uint32) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var n int
+	if err := p.c.cfg.Pool.QueryRow(ctx, endBlockers, int32(pid)).Scan(&n); err != nil {
+		p.log.Warn("cannot end the session holding the partition's row lock", "err", err)
+		return
+	}
+	if n > 0 {
+		p.c.m.anomalies.WithLabelValues("stalled_lock_holder_ended").Inc()
+		p.log.Warn("ended the session of a stalled transaction holding the partition's row lock", "sessions", n)
+	}
 }

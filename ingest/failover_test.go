@@ -365,24 +365,31 @@ func TestUnownedPartitionsAreVisible(t *testing.T) {
 	ctx := context.Background()
 	m := e.start()
 	e.waitOwnedBy(30*time.Second, os.Getpid())
-	st, err := ingest.Status(ctx, e.pool, topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(st) != 2 {
-		t.Fatalf("status: %+v", st)
-	}
-	for _, s := range st {
-		if s.OwnedBy == nil || s.OwnerProcess == nil || s.OwnedSince == nil || s.UnownedSince != nil {
-			t.Errorf("partition %d of a running member: owned_by %v, owner_process %v, owned_since %v, unowned_since %v",
-				s.Partition, s.OwnedBy, s.OwnerProcess, s.OwnedSince, s.UnownedSince)
+	// A partition's status row appears once its new owner has read its
+	// stored offset (just after the claim).
+	if err := eventually(30*time.Second, func() error {
+		st, err := ingest.Status(ctx, e.pool, topic)
+		if err != nil {
+			return err
 		}
+		if len(st) != 2 {
+			return fmt.Errorf("status: %+v", st)
+		}
+		for _, s := range st {
+			if s.OwnedBy == nil || s.OwnerProcess == nil || s.OwnedSince == nil || s.UnownedSince != nil {
+				return fmt.Errorf("partition %d of a running member: owned_by %v, owner_process %v, owned_since %v, unowned_since %v",
+					s.Partition, s.OwnedBy, s.OwnerProcess, s.OwnedSince, s.UnownedSince)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	if u, err := ingest.Unowned(ctx, e.pool, topic, 0); err != nil || len(u) != 0 {
 		t.Errorf("Unowned with a running member: %v, %v", u, err)
 	}
 	m.Stop(t) // releases
-	st, err = ingest.Status(ctx, e.pool, topic)
+	st, err := ingest.Status(ctx, e.pool, topic)
 	if err != nil {
 		t.Fatal(err)
 	}

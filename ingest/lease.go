@@ -325,3 +325,7 @@ func owners(ctx context.Context, db DBTX, topic string) (map[[2]any]ownership, e
 // setIdleTimeout bounds how long the micro-batch transaction may sit idle
 // (milliseconds, this transaction only).
 const setIdleTimeout = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
+
+// endBlockers ends the sessions blocking backend $1.
+const endBlockers = `
+SELECT count(*) FILTER (WHERE pg_terminate_backend(b)) FROM unnest(pg_blocking_pids($1)) AS b`
