@@ -52,9 +52,8 @@ binary) in one consumer group on an embedded broker and a fresh database,
 produce --rate records/s steadily, then --kills times: once every
 partition's enforcement lag is below --steady-lag (the backlog of the last
 failover drained), SIGKILL one member and measure, for every partition it
-owned, the time from the kill until the
-partition has applied a message produced after the kill (kill → caught up),
-and the enforcement lag a customer on such a partition sees meanwhile (now
+owned, the time from the kill until the partition has applied a message
+produced after the kill (kill → caught up), and the enforcement lag a customer on such a partition sees meanwhile (now
 minus the partition's applied-through time, what the quota enforcer and
 as_of use), against the same lag measured while nothing is killed. The
 killed member is restarted before the next kill. Then, with --soak, the
