@@ -283,6 +283,7 @@ func TestPausedMemberIsFencedAndRejoins(t *testing.T) {
 	caught := false
 	for deadline := time.Now().Add(60 * time.Second); !caught && time.Now().Before(deadline); {
 		if !locked() {
+			time.Sleep(time.Millisecond) // transactions take milliseconds; do not hammer Postgres
 			continue
 		}
 		if err := a.Process.Signal(syscall.SIGSTOP); err != nil {
