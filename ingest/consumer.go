@@ -235,13 +235,17 @@ func (p *partition) load(ctx context.Context) (int64, bool) {
 func (p *partition) readNext(ctx context.Context, ensure bool) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.c.cfg.TxTimeout)
 	defer cancel()
-	if ensure {
+	var next int64
+	err := p.c.cfg.Pool.QueryRow(ctx, selectNextOffset, p.c.cfg.Topic, p.id).Scan(&next)
+	if ensure && errors.Is(err, pgx.ErrNoRows) {
+		// Insert only when missing: an INSERT ... ON CONFLICT on an existing
+		// row waits for a transaction updating it, which may be a stalled
+		// member's; a plain read never waits.
 		if _, err := p.c.cfg.Pool.Exec(ctx, ensurePartition, p.c.cfg.Topic, p.id); err != nil {
 			return 0, err
 		}
+		err = p.c.cfg.Pool.QueryRow(ctx, selectNextOffset, p.c.cfg.Topic, p.id).Scan(&next)
 	}
-	var next int64
-	err := p.c.cfg.Pool.QueryRow(ctx, selectNextOffset, p.c.cfg.Topic, p.id).Scan(&next)
 	return next, err
 }
 
