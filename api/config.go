@@ -72,6 +72,12 @@ type Config struct {
 	// every answer is read afresh.
 	// Default 1m; negative: read Postgres on every request.
 	UsageCacheTTL time.Duration
+	// UnownedAfter: /readyz answers 503 while a partition of Topic has had
+	// no live ingest owner (its owner crashed or stopped and no member has
+	// claimed it) for at least this long; a crash's failover takes seconds,
+	// so only a partition nobody consumes trips it. Default
+	// DefaultUnownedAfter; negative: never.
+	UnownedAfter time.Duration
 	// UsageCacheBytes bounds the cache's memory (roughly: the encoded
 	// answers); when full, customers chosen at random are dropped until
 	// half is free. Default 64 MiB.
@@ -99,6 +105,9 @@ type Config struct {
 	// remembered). Default 1m; negative: ask every time.
 	FailedTokenTTL time.Duration
 }
+
+// DefaultUnownedAfter is Config.UnownedAfter's default.
+const DefaultUnownedAfter = 30 * time.Second
 
 // Validate reports every configuration problem at once.
 func (c Config) Validate() error {
@@ -144,6 +153,7 @@ type API struct {
 	reqTimeout time.Duration
 	recTimeout time.Duration
 	topic      string
+	unowned    time.Duration // readyz: a partition without an owner this long; < 0 off
 	metrics    *httpMetrics
 	tokens     *ttlCache[[32]byte, cachedPrincipal]
 	tokenTTL   time.Duration
@@ -173,7 +183,10 @@ func New(cfg Config) (*API, error) {
 		pool: cfg.Pool, ledger: cfg.Ledger, adminHash: sha256.Sum256([]byte(cfg.AdminToken)),
 		grace: cfg.Grace, now: cfg.Clock, log: cfg.Logger, registry: cfg.Registry,
 		maxBody: cfg.MaxBodyBytes, maxQuery: cfg.MaxQueryBytes, reqTimeout: cfg.RequestTimeout,
-		recTimeout: cfg.ReconcileTimeout, topic: cfg.Topic,
+		recTimeout: cfg.ReconcileTimeout, topic: cfg.Topic, unowned: cfg.UnownedAfter,
+	}
+	if a.unowned == 0 {
+		a.unowned = DefaultUnownedAfter
 	}
 	if a.topic == "" {
 		a.topic = ingest.DefaultTopic

@@ -74,6 +74,12 @@ func (a *API) checkReady(ctx context.Context) (int64, error) {
 	} else if detail != "" {
 		return 0, notReady(detail)
 	}
+	if detail, err := a.unownedPartitions(ctx); err != nil {
+		a.log.WarnContext(ctx, "readyz: ingest partition owners", "err", err)
+		return 0, notReady("cannot read the ingest partitions' owners")
+	} else if detail != "" {
+		return 0, notReady(detail)
+	}
 	return current, nil
 }
 
@@ -97,6 +103,29 @@ func stalledIngest(ctx context.Context, db ingest.DBTX) (string, error) {
 	}
 	return "ingest stalled, usage is not being applied on partition " + strings.Join(stalled, "; partition ") +
 		"; see /v1/ingest/status and the ingest log", nil
+}
+
+// unownedPartitions describes the ingest partitions that have had no live
+// owner for a.unowned ("" when there are none, or the check is off).
+func (a *API) unownedPartitions(ctx context.Context) (string, error) {
+	if a.unowned < 0 {
+		return "", nil
+	}
+	ps, err := ingest.Unowned(ctx, a.pool, a.topic, a.unowned)
+	if err != nil || len(ps) == 0 {
+		return "", err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d partition(s) of %s without a live ingest owner for over %s:", len(ps), a.topic, a.unowned)
+	for _, p := range ps {
+		if p.Since != nil {
+			fmt.Fprintf(&b, " %d (since %s)", p.Partition, p.Since.Format(time.RFC3339))
+		} else {
+			fmt.Fprintf(&b, " %d", p.Partition)
+		}
+	}
+	b.WriteString("; start or check the `tally serve --ingest` processes")
+	return b.String(), nil
 }
 
 //go:embed openapi.json

@@ -26,12 +26,21 @@ func TestIngestStatus(t *testing.T) {
 		('tally.meter-batches', 0, 90, 100, '2026-11-20T11:59:58Z', 90, 300, 299, 1, 'tally-1', 3, '2026-11-20T11:59:59Z'),
 		('tally.meter-batches', 1, 10, 10, NULL, 0, 0, 0, 0, NULL, NULL, '2026-11-20T11:59:59Z'),
 		('other.topic', 0, 5, 5, NULL, 0, 0, 0, 0, NULL, NULL, '2026-11-20T11:59:59Z')`)
+	// Partition 0 is held by a live member; partition 1's owner crashed
+	// (its lease ran out).
+	f.exec(`INSERT INTO ingest_partition_owners (topic, partition, consumer_group, member, generation, process, since, lease_until) VALUES
+		('tally.meter-batches', 0, 'tally-ingest', 'tally-1', 3, 'host-a:41', '2026-11-20T11:00:00Z', now() + interval '1 hour'),
+		('tally.meter-batches', 1, 'tally-ingest', 'tally-2', 3, 'host-b:42', '2026-11-20T10:00:00Z', '2026-11-20T11:59:30Z')`)
 	var st struct {
 		Topic      string
 		Partitions []struct {
 			Partition, NextOffset, Lag int
 			AppliedThrough             *string `json:"applied_through"`
 			Counters                   map[string]int
+			OwnedBy                    *string `json:"owned_by"`
+			OwnerProcess               *string `json:"owner_process"`
+			OwnedSince                 *string `json:"owned_since"`
+			UnownedSince               *string `json:"unowned_since"`
 		}
 	}
 	r := f.do("GET", "/v1/ingest/status", adminToken, nil)
@@ -41,6 +50,14 @@ func TestIngestStatus(t *testing.T) {
 	if len(st.Partitions) != 2 || st.Partitions[0].Lag != 10 || *st.Partitions[0].AppliedThrough != "2026-11-20T11:59:58Z" ||
 		st.Partitions[0].Counters["applied"] != 299 || st.Partitions[1].AppliedThrough != nil || st.Partitions[1].Lag != 0 {
 		t.Fatalf("status: %s", r.body)
+	}
+	if p := st.Partitions[0]; p.OwnedBy == nil || *p.OwnedBy != "tally-1" || *p.OwnerProcess != "host-a:41" ||
+		*p.OwnedSince != "2026-11-20T11:00:00Z" || p.UnownedSince != nil {
+		t.Errorf("owned partition: %s", r.body)
+	}
+	if p := st.Partitions[1]; p.OwnedBy != nil || p.OwnerProcess != nil || p.OwnedSince != nil ||
+		p.UnownedSince == nil || *p.UnownedSince != "2026-11-20T11:59:30Z" {
+		t.Errorf("partition whose owner's lease ran out: %s", r.body)
 	}
 	f.do("GET", "/v1/ingest/status", f.token("acme"), nil).problem(t, 403, "urn:tally:problem:forbidden")
 	f.do("GET", "/v1/ingest/status?topic=x", adminToken, nil).problem(t, 400, "urn:tally:problem:invalid-request")
@@ -209,5 +226,39 @@ func TestDeadLetterNullEmptyAndBinary(t *testing.T) {
 	}
 	if _, ok := tomb["raw_base64"]; ok {
 		t.Errorf("raw_base64 shown for valid UTF-8: %v", tomb)
+	}
+}
+
+// TestReadyzUnownedPartition: /readyz answers 503 once a partition of the
+// API's topic has had no live ingest owner for UnownedAfter, and 200 while
+// every partition's lease is live or ran out more recently.
+func TestReadyzUnownedPartition(t *testing.T) {
+	t.Parallel()
+	f := newFixtureWith(t, func(c *api.Config) { c.UnownedAfter = time.Minute })
+	f.exec(`INSERT INTO ingest_partitions (topic, partition, next_offset) VALUES ('tally.meter-batches', 0, 0), ('tally.meter-batches', 1, 0), ('other.topic', 0, 0)`)
+	f.exec(`INSERT INTO ingest_partition_owners (topic, partition, consumer_group, member, generation, process, since, lease_until) VALUES
+		('tally.meter-batches', 0, 'tally-ingest', 'tally-1', 3, 'host-a:41', now(), now() + interval '6 seconds'),
+		('tally.meter-batches', 1, 'tally-ingest', 'tally-2', 3, 'host-b:42', now(), now() - interval '10 seconds'),
+		('other.topic', 0, 'tally-ingest', NULL, 3, '', now(), now() - interval '1 hour')`)
+	if r := f.do("GET", "/readyz", "", nil); r.status != 200 {
+		t.Fatalf("a lease that ran out 10s ago, UnownedAfter 1m: %d %s", r.status, r.body)
+	}
+	f.exec(`UPDATE ingest_partition_owners SET lease_until = now() - interval '61 seconds' WHERE topic = 'tally.meter-batches' AND partition = 1`)
+	time.Sleep(api.ReadyFor) // /readyz reuses its answer that long
+	p := f.do("GET", "/readyz", "", nil).problem(t, 503, "urn:tally:problem:not-ready")
+	if !strings.Contains(p.Detail, "without a live ingest owner") || !strings.Contains(p.Detail, " 1 (since ") {
+		t.Errorf("detail %q", p.Detail)
+	}
+	// Claimed again: ready.
+	f.exec(`UPDATE ingest_partition_owners SET member = 'tally-1', lease_until = now() + interval '6 seconds' WHERE topic = 'tally.meter-batches' AND partition = 1`)
+	time.Sleep(api.ReadyFor)
+	if r := f.do("GET", "/readyz", "", nil); r.status != 200 {
+		t.Fatalf("every partition owned: %d %s", r.status, r.body)
+	}
+
+	off := newFixtureWith(t, func(c *api.Config) { c.UnownedAfter = -1 })
+	off.exec(`INSERT INTO ingest_partitions (topic, partition, next_offset, updated_at) VALUES ('tally.meter-batches', 0, 0, now() - interval '1 day')`)
+	if r := off.do("GET", "/readyz", "", nil); r.status != 200 {
+		t.Fatalf("check off: %d %s", r.status, r.body)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -147,13 +148,24 @@ func (d *deadLetters) add(offset int64, index *int32, reason, field, detail stri
 	return nil
 }
 
-// tryCommit is one attempt at b's transaction. The transaction runs to its
-// end even if ctx is cancelled meanwhile (bounded by TxTimeout), so a
-// shutdown finishes the in-flight micro-batch instead of wasting it.
+// tryCommit is one attempt at b's transaction. On a shutdown (the member's
+// run context ends) the transaction runs to its end (bounded by TxTimeout),
+// so the in-flight micro-batch is finished instead of wasted; when only the
+// partition's context ends (the member lost it: rebalance, lease claimed by
+// another member) it is rolled back at once, so the partition's row is not
+// kept locked from its next owner.
 func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary, err error) {
 	cfg := p.c.cfg
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), cfg.TxTimeout)
 	defer cancel()
+	if p.runCtx != nil {
+		stop := context.AfterFunc(parent, func() {
+			if p.runCtx.Err() == nil {
+				cancel()
+			}
+		})
+		defer stop()
+	}
 
 	tx, err := cfg.Pool.BeginTx(ctx, txOptions)
 	if err != nil {
@@ -172,6 +184,14 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 		}
 	}()
 
+	// A member stalled as a whole (stopped, swapped out) mid-transaction
+	// would keep the partition's row locked from the member that takes the
+	// partition over: Postgres ends a transaction idle for a session
+	// timeout (the member has been evicted by then).
+	if _, err = tx.Exec(ctx, setIdleTimeout, strconv.FormatInt(cfg.SessionTimeout.Milliseconds(), 10)); err != nil {
+		return s, fmt.Errorf("set idle timeout: %w", err)
+	}
+
 	// Kafka timestamps come from producers' clocks: one ahead of ours must
 	// not claim completeness for a time that has not come yet.
 	var through *time.Time
@@ -182,7 +202,13 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 		}
 		through = &t
 	}
+	// The row lock this takes waits for a transaction of a member that lost
+	// the partition; one stalled mid-statement (stopped in the middle of a
+	// COPY or a pipelined batch) is not idle, so Postgres would never end
+	// it: after a session timeout of waiting, its session is ended.
+	breaker := time.AfterFunc(cfg.SessionTimeout, func() { p.endBlockers(tx.Conn().PgConn().PID()) })
 	tag, err := tx.Exec(ctx, advanceOffset, cfg.Topic, p.id, b.from, b.to, b.hwm, through, p.gen.MemberID, p.gen.ID)
+	breaker.Stop()
 	if err != nil {
 		return s, fmt.Errorf("advance offset: %w", err)
 	}
@@ -308,4 +334,23 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 		return s, fmt.Errorf("commit: %w", err)
 	}
 	return s, nil
+}
+
+// endBlockers ends the sessions that keep backend pid (this member's
+// micro-batch transaction) waiting for the partition's row lock: only the
+// transaction of a member that lost the partition and stalled holds it that
+// long, and ending it only rolls it back (its offset compare-and-set would
+// fail anyway).
+func (p *partition) endBlockers(pid uint32) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var n int
+	if err := p.c.cfg.Pool.QueryRow(ctx, endBlockers, int32(pid)).Scan(&n); err != nil {
+		p.log.Warn("cannot end the session holding the partition's row lock", "err", err)
+		return
+	}
+	if n > 0 {
+		p.c.m.anomalies.WithLabelValues("stalled_lock_holder_ended").Inc()
+		p.log.Warn("ended the session of a stalled transaction holding the partition's row lock", "sessions", n)
+	}
 }

@@ -80,7 +80,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		HeartbeatInterval:     c.cfg.HeartbeatInterval,
 		SessionTimeout:        c.cfg.SessionTimeout,
 		RebalanceTimeout:      c.cfg.RebalanceTimeout,
-		JoinGroupBackoff:      c.cfg.RetryMax,
+		JoinGroupBackoff:      c.cfg.JoinGroupBackoff,
 		WatchPartitionChanges: true,
 		Logger:                kafkaLogger(c.log, slog.LevelDebug),
 		ErrorLogger:           kafkaLogger(c.log, slog.LevelDebug),
@@ -105,8 +105,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		c.log.Info("generation joined", "generation", gen.ID, "member", gen.MemberID, "partitions", ids)
 		c.m.owned.Set(float64(len(ids)))
+		c.m.generations.Inc()
+		l := c.newLeases(gen)
+		gen.Start(l.renewLoop)
 		for _, p := range ids {
-			gen.Start(func(gctx context.Context) { c.runPartition(gctx, gen, p) })
+			gen.Start(func(gctx context.Context) { c.runPartition(ctx, gctx, gen, l, p) })
 		}
 	}
 	// Close ends the generation (its partition loops finish or roll back
@@ -132,17 +135,33 @@ type partition struct {
 
 	lastKafkaCommit time.Time
 	stall           stall
+
+	// runCtx is Consumer.Run's context: when the partition's context ends
+	// while runCtx does not, the member lost the partition (rebalance,
+	// lease claimed by another member) and an in-flight transaction is
+	// rolled back at once instead of finished.
+	runCtx context.Context
+	leases *leases
 }
 
 // runPartition must not return before the generation ends: a function
 // passed to Generation.Start that returns ends the generation for everyone.
-func (c *Consumer) runPartition(ctx context.Context, gen *kafka.Generation, id int) {
+func (c *Consumer) runPartition(runCtx, gctx context.Context, gen *kafka.Generation, l *leases, id int) {
 	p := &partition{c: c, gen: gen, id: id, label: strconv.Itoa(id),
-		log: c.log.With("partition", id, "generation", gen.ID)}
+		log: c.log.With("partition", id, "generation", gen.ID), runCtx: runCtx, leases: l}
+	if !l.claim(gctx, id) {
+		return // the generation ended
+	}
+	ctx, cancel := context.WithCancel(gctx)
+	defer cancel()
+	l.track(id, cancel)
 	c.m.stalled.WithLabelValues(p.label).Set(0)
 	p.run(ctx)
-	<-ctx.Done()
+	<-gctx.Done()
 	c.m.stalled.WithLabelValues(p.label).Set(0) // the next owner reports its own state
+	if runCtx.Err() != nil {
+		l.release(id) // clean shutdown: visibly unowned until the next claim
+	}
 }
 
 func (p *partition) run(ctx context.Context) {
@@ -168,11 +187,15 @@ func (p *partition) run(ctx context.Context) {
 			attempt = -1
 		case errors.Is(err, errFenced):
 			// Another member committed this partition. Either this member
-			// lost it (its heartbeat will end the generation shortly) or a
-			// member that lost it wrote before noticing; wait a session
-			// timeout, then continue from what is stored.
-			p.log.Warn("partition fenced: stopped; will re-read the stored offset", "expected", next)
-			if !sleep(ctx, p.c.cfg.SessionTimeout) {
+			// lost it (another member claimed its lease: stop reading and
+			// applying it for the rest of the generation) or a member that
+			// lost it wrote before noticing (continue from what is stored).
+			if !p.leases.holds(ctx, p.id) {
+				p.leases.lose(p.id)
+				return
+			}
+			p.log.Warn("partition fenced by a stale member's write; re-reading the stored offset", "expected", next)
+			if !sleep(ctx, p.c.backoff(0)) {
 				return
 			}
 			if next, ok = p.load(ctx); !ok {
@@ -215,13 +238,17 @@ func (p *partition) load(ctx context.Context) (int64, bool) {
 func (p *partition) readNext(ctx context.Context, ensure bool) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.c.cfg.TxTimeout)
 	defer cancel()
-	if ensure {
+	var next int64
+	err := p.c.cfg.Pool.QueryRow(ctx, selectNextOffset, p.c.cfg.Topic, p.id).Scan(&next)
+	if ensure && errors.Is(err, pgx.ErrNoRows) {
+		// Insert only when missing: an INSERT ... ON CONFLICT on an existing
+		// row waits for a transaction updating it, which may be a stalled
+		// member's; a plain read never waits.
 		if _, err := p.c.cfg.Pool.Exec(ctx, ensurePartition, p.c.cfg.Topic, p.id); err != nil {
 			return 0, err
 		}
+		err = p.c.cfg.Pool.QueryRow(ctx, selectNextOffset, p.c.cfg.Topic, p.id).Scan(&next)
 	}
-	var next int64
-	err := p.c.cfg.Pool.QueryRow(ctx, selectNextOffset, p.c.cfg.Topic, p.id).Scan(&next)
 	return next, err
 }
 
@@ -537,6 +564,11 @@ func (p *partition) attempt(ctx context.Context, b *microBatch, refusals int) er
 		if errors.Is(err, errFenced) {
 			p.c.m.fenced.Inc()
 			return err
+		}
+		if ctx.Err() != nil {
+			// The partition was lost or the member stops: rolled back; the
+			// next owner re-reads the batch from the stored offset.
+			return ctx.Err()
 		}
 		cause := "postgres"
 		if !retryable(err) {

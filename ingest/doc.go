@@ -36,4 +36,12 @@
 //   - Offsets that held nothing (compaction, transaction markers) are
 //     counted as skipped; only offsets below the partition's first offset
 //     (retention) are offset jumps.
+//   - Each member leases the partitions the group assigns it in Postgres
+//     (ingest_partition_owners: claimed at assignment, renewed every
+//     heartbeat for a session timeout, released on shutdown), so an owner
+//     that died is visible. A member that loses a partition (its generation
+//     ends, or its lease renewal misses it) stops reading it and rolls its
+//     in-flight transaction back at once; a transaction idle for a session
+//     timeout is ended by Postgres, so a stalled member never keeps the
+//     partition's row locked from the next owner.
 package ingest

@@ -333,11 +333,12 @@ const childEnv = "TALLY_INGEST_TEST_CHILD"
 
 // child starts this test binary as a consumer process and returns once it
 // handles SIGTERM.
-func (e *env) child(t *testing.T) *exec.Cmd {
+func (e *env) child(t *testing.T, env ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"=1",
-		"TALLY_TEST_CHILD_DB="+e.dbURL, "TALLY_TEST_CHILD_BROKERS="+strings.Join(e.kafka.Addrs, ","))
+	// env comes last: it may override (os/exec keeps the last value).
+	cmd.Env = append(append(os.Environ(), childEnv+"=1",
+		"TALLY_TEST_CHILD_DB="+e.dbURL, "TALLY_TEST_CHILD_BROKERS="+strings.Join(e.kafka.Addrs, ",")), env...)
 	cmd.Stderr = tWriter{t}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -366,6 +367,9 @@ func childMain() int {
 	}
 	defer pool.Close()
 	cfg := testConfig(strings.Split(os.Getenv("TALLY_TEST_CHILD_BROKERS"), ","), pool, log)
+	if os.Getenv(childDefaultTimingsEnv) != "" {
+		cfg.HeartbeatInterval, cfg.SessionTimeout, cfg.RebalanceTimeout = 0, 0, 0
+	}
 	c, err := ingest.NewConsumer(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -25,6 +25,8 @@ type metrics struct {
 	anomalies   *prometheus.CounterVec // kind
 	stalled     *prometheus.GaugeVec   // partition
 	skipped     *prometheus.CounterVec // cause
+	leaseLost   prometheus.Counter     //
+	generations prometheus.Counter     //
 }
 
 func newMetrics(reg prometheus.Registerer, topic string) (*metrics, error) {
@@ -73,9 +75,15 @@ func newMetrics(reg prometheus.Registerer, topic string) (*metrics, error) {
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tally_ingest_offsets_skipped_total", Help: "Offsets that held no message for ingest and are no loss, by cause: compaction, transaction_commit or transaction_abort (markers). Losses are tally_ingest_offset_jumps_total.", ConstLabels: cl,
 		}, []string{"cause"}),
+		leaseLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tally_ingest_leases_lost_total", Help: "Partitions this member stopped because another member claimed them before its generation ended.", ConstLabels: cl,
+		}),
+		generations: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tally_ingest_generations_total", Help: "Consumer-group generations this member joined (each is a rebalance).", ConstLabels: cl,
+		}),
 	}
 	for _, c := range []prometheus.Collector{m.records, m.messages, m.deadLetters, m.batches, m.txSeconds,
-		m.retries, m.jumps, m.fenced, m.lag, m.through, m.owned, m.anomalies, m.stalled, m.skipped} {
+		m.retries, m.jumps, m.fenced, m.lag, m.through, m.owned, m.anomalies, m.stalled, m.skipped, m.leaseLost, m.generations} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

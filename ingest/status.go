@@ -54,6 +54,15 @@ type PartitionStatus struct {
 	State         string     `json:"state"`
 	RetryingSince *time.Time `json:"retrying_since"`
 	LastError     string     `json:"last_error,omitempty"`
+	// OwnedBy is the consumer-group member that holds the partition's lease
+	// now, OwnerProcess its host:pid and OwnedSince when it claimed the
+	// partition; all null while no live member holds it. UnownedSince is
+	// then when the last lease ran out or was released (null if the
+	// partition was never leased).
+	OwnedBy      *string    `json:"owned_by"`
+	OwnerProcess *string    `json:"owner_process"`
+	OwnedSince   *time.Time `json:"owned_since"`
+	UnownedSince *time.Time `json:"unowned_since"`
 }
 
 // Status returns every partition's stored position and counters, for topic
@@ -96,6 +105,23 @@ func Status(ctx context.Context, db DBTX, topic string) ([]PartitionStatus, erro
 	}
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("ingest status: %w", err)
+	}
+	rows.Close()
+	own, err := owners(ctx, db, topic)
+	if err != nil {
+		return nil, fmt.Errorf("ingest status: owners: %w", err)
+	}
+	for i := range out {
+		s := &out[i]
+		o, ok := own[[2]any{s.Topic, s.Partition}]
+		switch {
+		case ok && o.live:
+			since := o.since.UTC()
+			s.OwnedBy, s.OwnerProcess, s.OwnedSince = &o.member, &o.process, &since
+		case ok:
+			until := o.until.UTC()
+			s.UnownedSince = &until
+		}
 	}
 	return out, nil
 }

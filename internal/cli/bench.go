@@ -35,7 +35,7 @@ func newBenchCmd() *cobra.Command {
 		Use:   "bench",
 		Short: "Measure Tally against the targets of SPEC §10",
 	}
-	cmd.AddCommand(newBenchIngestCmd(), newBenchEnforceCmd(), newBenchFloodCmd())
+	cmd.AddCommand(newBenchIngestCmd(), newBenchEnforceCmd(), newBenchFloodCmd(), newBenchFailoverCmd())
 	return cmd
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/tally-ledger/tally/api"
@@ -121,6 +122,10 @@ in-flight work, leave the consumer group and release the enforcer lease.`,
 	envDefault(f, "api-rate-per-address", "TALLY_API_RATE_PER_ADDRESS")
 	f.Float64Var(&limits.tokenRate, "api-rate-per-token", 20, "requests per second with one customer token, bursts of twice that (429 beyond; 0: off)")
 	envDefault(f, "api-rate-per-token", "TALLY_API_RATE_PER_TOKEN")
+	addGroupTimingFlags(f, &o.timings)
+	f.DurationVar(&o.unownedAfter, "ready-unowned-after", api.DefaultUnownedAfter,
+		"/readyz of the API answers 503 while an ingest partition has had no live owner this long (negative: never)")
+	envDefault(f, "ready-unowned-after", "TALLY_READY_UNOWNED_AFTER")
 	// Never print a token in --help.
 	if fl := f.Lookup("admin-token"); fl.DefValue != "" {
 		fl.DefValue = "(set)"
@@ -241,6 +246,8 @@ type runOptions struct {
 	listen                string // "" for no HTTP listener
 	adminToken            string
 	grace                 time.Duration
+	timings               groupTimings
+	unownedAfter          time.Duration
 	ingest, api, enforce  bool
 	log                   *slog.Logger
 	// ready, when set, is called once the HTTP listener is bound.
@@ -284,6 +291,8 @@ func run(ctx context.Context, o runOptions) error {
 		c, err := ingest.NewConsumer(ingest.Config{
 			Brokers: o.brokers, Topic: o.topic, Group: o.group,
 			Pool: o.pool, Ledger: l, Logger: o.log, Registry: reg,
+			HeartbeatInterval: o.timings.heartbeat, SessionTimeout: o.timings.session,
+			RebalanceTimeout: o.timings.rebalance, JoinGroupBackoff: o.timings.joinBackoff,
 		})
 		if err != nil {
 			return err
@@ -305,7 +314,8 @@ func run(ctx context.Context, o runOptions) error {
 		if o.api {
 			h, err := api.New(api.Config{Pool: o.apiPool, Ledger: l, AdminToken: o.adminToken, Grace: o.grace,
 				Topic: o.topic, Logger: o.log, Registry: reg,
-				MaxInFlight: o.apiLimits.maxInFlight, AddressRate: o.apiLimits.addressRate, TokenRate: o.apiLimits.tokenRate})
+				MaxInFlight: o.apiLimits.maxInFlight, AddressRate: o.apiLimits.addressRate, TokenRate: o.apiLimits.tokenRate,
+				UnownedAfter: o.unownedAfter})
 			if err != nil {
 				return err
 			}
@@ -359,4 +369,25 @@ func flagRate(r float64) float64 {
 		return -1
 	}
 	return r
+}
+
+// groupTimings are the ingest consumer group's membership timings (zero:
+// ingest's defaults).
+type groupTimings struct {
+	heartbeat, session, rebalance, joinBackoff time.Duration
+}
+
+func addGroupTimingFlags(f *pflag.FlagSet, t *groupTimings) {
+	f.DurationVar(&t.session, "session-timeout", ingest.DefaultSessionTimeout,
+		"ingest: a member silent this long is evicted and its partitions move on (a crash costs about this much)")
+	envDefault(f, "session-timeout", "TALLY_SESSION_TIMEOUT")
+	f.DurationVar(&t.heartbeat, "heartbeat-interval", ingest.DefaultHeartbeatInterval,
+		"ingest: how often a member heartbeats and renews its partition leases (at most half of --session-timeout)")
+	envDefault(f, "heartbeat-interval", "TALLY_HEARTBEAT_INTERVAL")
+	f.DurationVar(&t.rebalance, "rebalance-timeout", ingest.DefaultRebalanceTimeout,
+		"ingest: how long a rebalance waits for the members to rejoin")
+	envDefault(f, "rebalance-timeout", "TALLY_REBALANCE_TIMEOUT")
+	f.DurationVar(&t.joinBackoff, "join-group-backoff", ingest.DefaultJoinGroupBackoff,
+		"ingest: pause before rejoining the group after a failed join")
+	envDefault(f, "join-group-backoff", "TALLY_JOIN_GROUP_BACKOFF")
 }
