@@ -51,6 +51,11 @@ type quotaBody struct {
 	StaleAfter  json.RawMessage `json:"stale_after"`
 	EffectiveAt json.RawMessage `json:"effective_at"`
 	Reason      json.RawMessage `json:"reason"`
+	// Exact admission settings, checked by quota like the rest.
+	Admission     json.RawMessage `json:"admission"`
+	OnUnreachable json.RawMessage `json:"on_unreachable"`
+	LocalAmount   json.RawMessage `json:"local_amount"`
+	LocalEvery    json.RawMessage `json:"local_every"`
 	// Actor is who makes the change; default "admin" (the token's principal).
 	Actor *string `json:"actor"`
 }
@@ -99,9 +104,9 @@ func (a *API) putQuota(w http.ResponseWriter, r *http.Request) error {
 		var dest any
 		want := "a string"
 		switch name {
-		case "mode", "on_stale", "reason":
+		case "mode", "on_stale", "reason", "admission", "on_unreachable":
 			dest = new(string)
-		case "stale_after":
+		case "stale_after", "local_every":
 			dest, want = new(quota.Duration), `whole seconds or a duration such as "5m"`
 		case "effective_at":
 			dest, want = new(time.Time), "an RFC 3339 time such as 2026-12-01T00:00:00Z"
