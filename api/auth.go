@@ -31,6 +31,7 @@ const MinAdminTokenLength = 32
 type principal struct {
 	admin    bool
 	customer string
+	gateway  string // a gateway token: may manage only this holder's grants
 	tokenID  uuid.UUID
 }
 
@@ -98,7 +99,7 @@ func (a *API) authenticate(next http.Handler) http.Handler {
 			epoch, stamp := a.watch.epoch.Load(), a.watch.tokenStamp.Load()
 			read := time.Now()
 			var id pgtype.UUID // not uuid.UUID: pgx would go through its text form
-			err := a.pool.QueryRow(r.Context(), qTokenByHash, h[:]).Scan(&id, &p.customer)
+			err := a.pool.QueryRow(r.Context(), qTokenByHash, h[:]).Scan(&id, &p.customer, &p.gateway)
 			p.tokenID = id.Bytes
 			if errors.Is(err, pgx.ErrNoRows) {
 				a.writeError(w, r, unauthorized("the token is unknown or revoked"))
@@ -155,6 +156,7 @@ type DBTX interface {
 type Token struct {
 	ID          uuid.UUID  `json:"id"`
 	Customer    string     `json:"customer"`
+	Gateway     string     `json:"gateway,omitempty"`
 	Description string     `json:"description"`
 	CreatedAt   time.Time  `json:"created_at"`
 	RevokedAt   *time.Time `json:"revoked_at"`
@@ -167,7 +169,21 @@ var ErrTokenNotFound = errors.New("no token with that id")
 // its secret. Only the secret's SHA-256 is stored: the secret cannot be
 // shown again.
 func CreateToken(ctx context.Context, db DBTX, customer, description string, now time.Time) (Token, string, error) {
-	if !validID(customer) {
+	return createToken(ctx, db, customer, "", description, now)
+}
+
+// CreateGatewayToken stores a new token for the gateway whose holder id is
+// gateway: it may issue, renew and release only that holder's grants and
+// report only its bypasses. The secret is shown once, like CreateToken's.
+func CreateGatewayToken(ctx context.Context, db DBTX, gateway, description string, now time.Time) (Token, string, error) {
+	if !validID(gateway) {
+		return Token{}, "", fmt.Errorf("gateway: %s is not 1-128 characters of A-Z a-z 0-9 . _ : -", quote(gateway))
+	}
+	return createToken(ctx, db, "", gateway, description, now)
+}
+
+func createToken(ctx context.Context, db DBTX, customer, gateway, description string, now time.Time) (Token, string, error) {
+	if gateway == "" && !validID(customer) {
 		return Token{}, "", fmt.Errorf("customer: %s is not 1-128 characters of A-Z a-z 0-9 . _ : -", quote(customer))
 	}
 	if utf8.RuneCountInString(description) > 200 || !utf8.ValidString(description) {
@@ -183,8 +199,8 @@ func CreateToken(ctx context.Context, db DBTX, customer, description string, now
 	if err != nil {
 		return Token{}, "", err
 	}
-	t := Token{ID: id, Customer: customer, Description: description, CreatedAt: now.UTC().Truncate(time.Microsecond)}
-	if _, err := db.Exec(ctx, qInsertToken, t.ID, t.Customer, t.Description, h[:], t.CreatedAt); err != nil {
+	t := Token{ID: id, Customer: customer, Gateway: gateway, Description: description, CreatedAt: now.UTC().Truncate(time.Microsecond)}
+	if _, err := db.Exec(ctx, qInsertToken, t.ID, t.Customer, t.Description, h[:], t.CreatedAt, t.Gateway); err != nil {
 		return Token{}, "", fmt.Errorf("create token: %w", err)
 	}
 	return t, secret, nil
@@ -215,7 +231,7 @@ func ListTokens(ctx context.Context, db DBTX, customer string) ([]Token, error) 
 	}
 	var out []Token
 	var t Token
-	_, err = pgx.ForEachRow(rows, []any{&t.ID, &t.Customer, &t.Description, &t.CreatedAt, &t.RevokedAt}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&t.ID, &t.Customer, &t.Description, &t.CreatedAt, &t.RevokedAt, &t.Gateway}, func() error {
 		out = append(out, t)
 		t = Token{}
 		return nil

@@ -22,6 +22,9 @@
 --    reconciliation reads (stranded = amount - spent of ended grants).
 --    reclaim_at = valid_until + max_skew, fixed when the grant is issued or
 --    renewed, so a configuration change never shortens a live grant.
+--  * api_tokens gain gateway tokens: a token for one gateway (holder id),
+--    which may manage only that holder's grants and bypasses. A token is for
+--    exactly one customer or one gateway.
 --  * admission_bypasses records admissions made without a grant (Tally was
 --    unreachable), reported later by the holder, idempotent by report id.
 
@@ -33,6 +36,11 @@ ALTER TABLE quota_rules
     ADD COLUMN local_every    interval CHECK (local_every > interval '0'),
     ADD CONSTRAINT quota_rules_local_policy CHECK (
         (on_unreachable = 'local') = (local_amount IS NOT NULL AND local_every IS NOT NULL));
+
+ALTER TABLE api_tokens
+    ALTER COLUMN customer DROP NOT NULL,
+    ADD COLUMN gateway text CHECK (gateway ~ '^[A-Za-z0-9._:-]{1,128}$'),
+    ADD CONSTRAINT api_tokens_one_principal CHECK ((customer IS NULL) <> (gateway IS NULL));
 
 CREATE TABLE admission_budgets (
     customer     text        NOT NULL,
@@ -94,6 +102,11 @@ CREATE INDEX admission_bypasses_budget ON admission_bypasses (customer, meter, p
 
 -- +goose Down
 DROP TABLE admission_bypasses, admission_grants, admission_holders, admission_budgets;
+DELETE FROM api_tokens WHERE gateway IS NOT NULL;
+ALTER TABLE api_tokens
+    DROP CONSTRAINT api_tokens_one_principal,
+    DROP COLUMN gateway,
+    ALTER COLUMN customer SET NOT NULL;
 ALTER TABLE quota_rules
     DROP CONSTRAINT quota_rules_local_policy,
     DROP COLUMN local_every, DROP COLUMN local_amount, DROP COLUMN on_unreachable, DROP COLUMN admission;
