@@ -1,0 +1,152 @@
+package admit_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/admit"
+)
+
+func newClient(t testing.TB, ts *tally, holder, dir string, cfg admit.Config) *admit.Client {
+	t.Helper()
+	cfg.URL, cfg.Token, cfg.Holder, cfg.Dir = ts.srv.URL, ts.gatewayToken(holder), holder, dir
+	c, err := admit.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// Two gateways share one exact budget: together they never admit more
+// than the limit, and once they close, Tally's consumed is exactly what
+// they admitted (every grant released with its true spent).
+func TestGatewaysShareOneBudgetExactly(t *testing.T) {
+	ts := startTally(t)
+	ts.exactRule("acme", "tokens", "1000")
+	ctx := context.Background()
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	clients := []*admit.Client{
+		newClient(t, ts, "gw1", t.TempDir(), admit.Config{MinGrant: 20}),
+		newClient(t, ts, "gw2", t.TempDir(), admit.Config{MinGrant: 20}),
+	}
+	for _, c := range clients {
+		for range 3 {
+			wg.Go(func() {
+				denied := 0
+				for denied < 50 {
+					d, err := c.Admit(ctx, "acme", "tokens", 1)
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					if d.Admitted {
+						if d.How != admit.FromGrant {
+							t.Errorf("admitted by %v while Tally was up", d.How)
+						}
+						admitted.Add(1)
+						denied = 0
+					} else {
+						denied++
+						time.Sleep(5 * time.Millisecond)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if got := admitted.Load(); got > 1000 || got < 900 {
+		t.Fatalf("admitted %d of a limit of 1000", got)
+	}
+	for _, c := range clients {
+		if err := c.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := ts.budget("acme", "tokens")
+	if !b.Consumed.Equal(decimal.NewFromInt(admitted.Load())) || !b.Live.IsZero() {
+		t.Fatalf("admitted %d, budget %+v", admitted.Load(), b)
+	}
+}
+
+func TestGenerationGrowsPerRun(t *testing.T) {
+	ts := startTally(t)
+	dir := t.TempDir()
+	for want := int64(1); want <= 3; want++ {
+		c := newClient(t, ts, "gw1", dir, admit.Config{})
+		if c.Generation() != want {
+			t.Fatalf("generation %d, want %d", c.Generation(), want)
+		}
+		if err := c.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// Tally is killed mid-run under each policy: deny refuses, allow and local
+// admit as bypasses (local at most LocalAmount per LocalEvery), and every
+// bypass reaches Tally once it is back, even across a gateway restart.
+func TestTallyUnreachable(t *testing.T) {
+	for _, tc := range []struct {
+		policy admit.Policy
+		want   int64 // bypassed of 30 attempts
+	}{{admit.Deny, 0}, {admit.Allow, 30}, {admit.Local, 7}} {
+		t.Run(string(tc.policy), func(t *testing.T) {
+			ts := startTally(t)
+			ts.exactRule("acme", "tokens", "1000000")
+			ctx := context.Background()
+			dir := t.TempDir()
+			cfg := admit.Config{OnUnreachable: tc.policy, LocalAmount: 7, LocalEvery: time.Hour, MinGrant: 5}
+			c := newClient(t, ts, "gw1", dir, cfg)
+			if d, err := c.Admit(ctx, "acme", "tokens", 1); err != nil || !d.Admitted || d.How != admit.FromGrant {
+				t.Fatalf("first admit: %+v %v", d, err)
+			}
+			ts.down.Store(true)
+			// Admit from the grant's rest, then 30 times without a grant.
+			var bypassed, fromGrant, attempts int64
+			for attempts < 30 {
+				d, err := c.Admit(ctx, "acme", "tokens", 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.How == admit.FromGrant {
+					if fromGrant++; fromGrant > 1_000_000 {
+						t.Fatal("admitting from a grant forever while Tally is down")
+					}
+					continue
+				}
+				attempts++
+				if !d.Unreachable || d.Admitted != (d.How == admit.Bypass) {
+					t.Fatalf("decision %+v while Tally is down", d)
+				}
+				if d.Admitted {
+					bypassed++
+				}
+			}
+			if bypassed != tc.want {
+				t.Fatalf("bypassed %d, want %d", bypassed, tc.want)
+			}
+			// The gateway restarts while Tally is still down: nothing lost.
+			if err := c.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+			c = newClient(t, ts, "gw1", dir, cfg)
+			defer c.Close(ctx)
+			ts.down.Store(false)
+			eventually(t, "bypasses reported", func() bool {
+				return ts.budget("acme", "tokens").Bypassed.Equal(decimal.NewFromInt(bypassed))
+			})
+			if bypassed == 0 {
+				time.Sleep(200 * time.Millisecond) // give a wrong report time to show
+				if b := ts.budget("acme", "tokens"); !b.Bypassed.IsZero() {
+					t.Fatalf("deny reported bypasses: %+v", b)
+				}
+			}
+		})
+	}
+}
