@@ -30,47 +30,57 @@ func TestGatewaysShareOneBudgetExactly(t *testing.T) {
 	ts.exactRule("acme", "tokens", "1000")
 	ctx := context.Background()
 	var admitted atomic.Int64
-	var wg sync.WaitGroup
-	clients := []*admit.Client{
-		newClient(t, ts, "gw1", t.TempDir(), admit.Config{MinGrant: 20}),
-		newClient(t, ts, "gw2", t.TempDir(), admit.Config{MinGrant: 20}),
-	}
-	for _, c := range clients {
-		for range 3 {
-			wg.Go(func() {
-				denied := 0
-				for denied < 50 {
-					d, err := c.Admit(ctx, "acme", "tokens", 1)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					if d.Admitted {
+	// run has two gateways, three workers each, admit until stop says so,
+	// then close them (releasing what they did not spend).
+	run := func(stop func(deniedInARow int) bool) {
+		var wg sync.WaitGroup
+		clients := []*admit.Client{
+			newClient(t, ts, "gw1", t.TempDir(), admit.Config{MinGrant: 20}),
+			newClient(t, ts, "gw2", t.TempDir(), admit.Config{MinGrant: 20}),
+		}
+		for _, c := range clients {
+			for range 3 {
+				wg.Go(func() {
+					denied := 0
+					for !stop(denied) {
+						d, err := c.Admit(ctx, "acme", "tokens", 1)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if !d.Admitted {
+							denied++
+							time.Sleep(5 * time.Millisecond)
+							continue
+						}
 						if d.How != admit.FromGrant {
 							t.Errorf("admitted by %v while Tally was up", d.How)
 						}
-						admitted.Add(1)
+						if admitted.Add(1) > 1000 {
+							t.Errorf("admitted more than the limit")
+						}
 						denied = 0
-					} else {
-						denied++
-						time.Sleep(5 * time.Millisecond)
 					}
-				}
-			})
+				})
+			}
+		}
+		wg.Wait()
+		for _, c := range clients {
+			if err := c.Close(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b := ts.budget("acme", "tokens")
+		if !b.Consumed.Equal(decimal.NewFromInt(admitted.Load())) || !b.Live.IsZero() {
+			t.Fatalf("admitted %d, budget %+v", admitted.Load(), b)
 		}
 	}
-	wg.Wait()
+	// Demand stops early: every unspent unit goes back to the budget.
+	run(func(int) bool { return admitted.Load() >= 600 })
+	// New generations then take the rest, never more.
+	run(func(denied int) bool { return denied >= 50 })
 	if got := admitted.Load(); got > 1000 || got < 900 {
 		t.Fatalf("admitted %d of a limit of 1000", got)
-	}
-	for _, c := range clients {
-		if err := c.Close(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	b := ts.budget("acme", "tokens")
-	if !b.Consumed.Equal(decimal.NewFromInt(admitted.Load())) || !b.Live.IsZero() {
-		t.Fatalf("admitted %d, budget %+v", admitted.Load(), b)
 	}
 }
 
