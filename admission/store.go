@@ -105,6 +105,12 @@ type Grant struct {
 	EndReason string     `json:"end_reason,omitempty"`
 	// State is live or ended, by the store's clock when read.
 	State string `json:"state"`
+	// OnUnreachable, with LocalAmount per LocalEvery (seconds) for local,
+	// is the rule's policy for a holder that cannot reach Tally. Set on
+	// issue only, so a gateway learns its rule with its grant.
+	OnUnreachable string              `json:"on_unreachable,omitempty"`
+	LocalAmount   decimal.NullDecimal `json:"local_amount,omitzero"`
+	LocalEvery    int64               `json:"local_every,omitempty"`
 }
 
 // Binding is the name of a budget in errors and problems.
@@ -244,6 +250,8 @@ func (s *Store) IssueTx(ctx context.Context, tx pgx.Tx, req IssueRequest) (Grant
 		PeriodStart: p.Start.UTC(), PeriodEnd: p.End.UTC(), RuleVersion: rule.Version,
 		Holder: req.Holder, Generation: req.Generation, Amount: amt, Spent: decimal.Zero,
 		IssuedAt: now, ValidUntil: validUntil, ReclaimAt: validUntil.Add(s.cfg.MaxSkew), State: "live",
+		OnUnreachable: string(rule.OnUnreachable), LocalAmount: rule.LocalAmount,
+		LocalEvery: int64(time.Duration(rule.LocalEvery) / time.Second),
 	}
 	if _, err := tx.Exec(ctx, qSetBudget, merge(key, pgx.NamedArgs{"limit": rule.Limit.String(),
 		"rule_version": rule.Version, "delta": amt.String()})); err != nil {

@@ -54,7 +54,7 @@ type Decision struct {
 }
 
 // Policy is what Admit does when it needs a grant and Tally cannot be
-// reached. It must match the rule's on_unreachable.
+// reached: the rule's on_unreachable, learnt with each grant.
 type Policy string
 
 // Policies.
@@ -75,7 +75,9 @@ type Config struct {
 	// Dir keeps the generation and the bypass journal. Required; one
 	// directory per holder.
 	Dir string
-	// OnUnreachable with LocalAmount per LocalEvery for Local. Default Deny.
+	// OnUnreachable with LocalAmount per LocalEvery for Local: the policy
+	// for a budget until a grant has brought its rule's on_unreachable
+	// (which then applies). Default Deny.
 	OnUnreachable Policy
 	LocalAmount   int64
 	LocalEvery    time.Duration
@@ -281,10 +283,14 @@ func (c *Client) admitSlow(ctx context.Context, customer, meter string, cost int
 // unreachable applies OnUnreachable.
 func (c *Client) unreachable(customer, meter string, cost int64, b *budget) (Decision, error) {
 	d := Decision{Binding: b.binding, Unreachable: true}
-	switch c.cfg.OnUnreachable {
+	p := policy{how: c.cfg.OnUnreachable, amount: c.cfg.LocalAmount, every: c.cfg.LocalEvery}
+	if learnt := b.policy.Load(); learnt != nil {
+		p = *learnt
+	}
+	switch p.how {
 	case Allow:
 	case Local:
-		if !b.local.take(cost, c.cfg.LocalAmount, c.cfg.LocalEvery, time.Now()) {
+		if p.every <= 0 || !b.local.take(cost, p.amount, p.every, time.Now()) {
 			return d, nil
 		}
 	default:
@@ -349,6 +355,7 @@ type budget struct {
 	misses                   atomic.Int64
 	refusedUntil             atomic.Int64 // unix nanos
 	local                    localBucket
+	policy                   atomic.Pointer[policy] // the rule's on_unreachable, from the last grant
 
 	// Below: under mu (the slow path and the background loop).
 	mu        sync.Mutex
@@ -438,6 +445,13 @@ func (b *budget) taken() int64 {
 		s += b.shards[i].taken.Load()
 	}
 	return s
+}
+
+// policy is an on_unreachable setting.
+type policy struct {
+	how    Policy
+	amount int64
+	every  time.Duration
 }
 
 // localBucket is the bounded fallback of policy Local.

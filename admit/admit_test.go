@@ -103,15 +103,19 @@ func TestGenerationGrowsPerRun(t *testing.T) {
 // bypass reaches Tally once it is back, even across a gateway restart.
 func TestTallyUnreachable(t *testing.T) {
 	for _, tc := range []struct {
-		policy admit.Policy
-		want   int64 // bypassed of 30 attempts
+		policy admit.Policy // the rule's on_unreachable; the SDK's default is the opposite
+		want   int64        // bypassed of 30 attempts
 	}{{admit.Deny, 0}, {admit.Allow, 30}, {admit.Local, 7}} {
 		t.Run(string(tc.policy), func(t *testing.T) {
 			ts := startTally(t)
-			ts.exactRule("acme", "tokens", "1000000")
+			ts.exactRuleWith("acme", "tokens", "1000000", tc.policy)
 			ctx := context.Background()
 			dir := t.TempDir()
-			cfg := admit.Config{OnUnreachable: tc.policy, LocalAmount: 7, LocalEvery: time.Hour, MinGrant: 5}
+			// The rule's policy comes with the grant and overrides this one.
+			cfg := admit.Config{OnUnreachable: admit.Allow, MinGrant: 5}
+			if tc.policy == admit.Allow {
+				cfg.OnUnreachable = admit.Deny
+			}
 			c := newClient(t, ts, "gw1", dir, cfg)
 			if d, err := c.Admit(ctx, "acme", "tokens", 1); err != nil || !d.Admitted || d.How != admit.FromGrant {
 				t.Fatalf("first admit: %+v %v", d, err)

@@ -15,8 +15,9 @@
 //     demand no longer needs, so a busy gateway elsewhere can get it.
 //   - The holder id and its generation are kept on disk; every New is a new
 //     generation, so a restarted gateway never reuses an earlier grant.
-//   - When Tally cannot be reached, OnUnreachable applies: deny, allow, or
-//     local (at most LocalAmount per LocalEvery). Every admission made
+//   - When Tally cannot be reached, the rule's on_unreachable applies (learnt
+//     with each grant; Config.OnUnreachable until a first grant): deny,
+//     allow, or local (at most an amount per duration). Every admission made
 //     without a grant is a bypass: appended to a journal on disk before
 //     Admit returns, and reported (idempotently, by journal file) once Tally
 //     answers again, by this generation or a later one.

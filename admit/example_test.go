@@ -16,7 +16,7 @@ func Example() {
 		Token:         os.Getenv("TALLY_GATEWAY_TOKEN"), // tally tokens create --gateway gw-eu-1
 		Holder:        "gw-eu-1",
 		Dir:           "/var/lib/gateway/tally", // generation and bypass journal
-		OnUnreachable: admit.Deny,               // as the rule's on_unreachable
+		OnUnreachable: admit.Deny,               // until a grant brings the rule's policy
 	})
 	if err != nil {
 		log.Fatal(err)

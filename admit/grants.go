@@ -44,9 +44,12 @@ type problem struct {
 }
 
 type grantAnswer struct {
-	ID         string    `json:"id"`
-	Amount     string    `json:"amount"`
-	ValidUntil time.Time `json:"valid_until"`
+	ID            string    `json:"id"`
+	Amount        string    `json:"amount"`
+	ValidUntil    time.Time `json:"valid_until"`
+	OnUnreachable Policy    `json:"on_unreachable"`
+	LocalAmount   string    `json:"local_amount"`
+	LocalEvery    int64     `json:"local_every"`
 }
 
 // call POSTs body to path and decodes a 2xx answer into out.
@@ -130,6 +133,14 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 		return err
 	}
 	b.refusedUntil.Store(0)
+	if g.OnUnreachable != "" {
+		// The rule's policy, learnt with the grant, overrides the default.
+		p := policy{how: g.OnUnreachable, every: time.Duration(g.LocalEvery) * time.Second}
+		if g.LocalAmount != "" {
+			p.amount, _ = parseUnits(g.LocalAmount)
+		}
+		b.policy.Store(&p)
+	}
 	amount, err := parseUnits(g.Amount)
 	if err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tally-ledger/tally/admission"
+	"github.com/tally-ledger/tally/admit"
 	"github.com/tally-ledger/tally/api"
 	"github.com/tally-ledger/tally/internal/pgtest"
 	"github.com/tally-ledger/tally/ledger"
@@ -69,6 +70,20 @@ func (ts *tally) exactRule(customer, meter, limit string) {
 	_, err := quota.PutRuleDB(context.Background(), ts.pool, quota.RuleInput{Customer: customer, Meter: meter,
 		Limit: decimal.RequireFromString(limit), Admission: quota.Exact, Actor: "test"})
 	if err != nil {
+		ts.t.Fatal(err)
+	}
+}
+
+// exactRuleWith stores an exact rule with on_unreachable policy (local: 7
+// per hour).
+func (ts *tally) exactRuleWith(customer, meter, limit string, policy admit.Policy) {
+	ts.t.Helper()
+	in := quota.RuleInput{Customer: customer, Meter: meter, Limit: decimal.RequireFromString(limit),
+		Admission: quota.Exact, OnUnreachable: quota.OnUnreachable(policy), Actor: "test"}
+	if policy == admit.Local {
+		in.LocalAmount, in.LocalEvery = decimal.NewNullDecimal(decimal.NewFromInt(7)), time.Hour
+	}
+	if _, err := quota.PutRuleDB(context.Background(), ts.pool, in); err != nil {
 		ts.t.Fatal(err)
 	}
 }
