@@ -25,7 +25,8 @@
 //     silent holder may still be admitting. A grant that ends without a
 //     final report counts as fully spent (its unspent part is stranded), so
 //     expiry never changes consumed and no clock can hand capacity out
-//     twice.
+//     twice. Expiry is read from the clock (reclaim_at <= now), never
+//     written: a stored grant keeps ended_at NULL until it is released.
 //   - A rule change never hands out a fresh allowance: the limit applies to
 //     consumed, which no rule change touches. Lowering the limit below
 //     consumed stops new grants while live ones run out; raising it frees

@@ -35,13 +35,6 @@ SELECT 1 FROM admission_budgets
 WHERE customer = @customer AND meter = @meter AND period_start = @period_start
 FOR UPDATE`
 
-// qExpire marks the budget's grants whose reclaim time has come as ended.
-// consumed does not move: they count as fully spent.
-const qExpire = `
-UPDATE admission_grants SET ended_at = reclaim_at, end_reason = 'expired'
-WHERE customer = @customer AND meter = @meter AND period_start = @period_start
-  AND ended_at IS NULL AND reclaim_at <= @now`
-
 const qEarliestReclaim = `
 SELECT min(reclaim_at) FROM admission_grants
 WHERE customer = @customer AND meter = @meter AND period_start = @period_start
@@ -54,7 +47,10 @@ const grantFrom = `
 FROM admission_grants g
 JOIN admission_budgets b USING (customer, meter, period_start)`
 
-const qInsertGrant = `
+// qIssue moves consumed and inserts the grant in one round trip (the
+// budget row is already locked by qLockBudget).
+const qIssue = `
+WITH b AS (` + qSetBudget + `)
 INSERT INTO admission_grants (id, customer, meter, period_start, rule_version, holder, generation, amount,
                               issued_at, valid_until, reclaim_at)
 VALUES (@id, @customer, @meter, @period_start, @rule_version, @holder, @generation, @amount::numeric,

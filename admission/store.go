@@ -223,9 +223,6 @@ func (s *Store) IssueTx(ctx context.Context, tx pgx.Tx, req IssueRequest) (Grant
 	if rule, err = exactRule(ctx, tx, req.Customer, req.Meter, now); err != nil {
 		return Grant{}, err
 	}
-	if _, err := tx.Exec(ctx, qExpire, key); err != nil {
-		return Grant{}, fmt.Errorf("admission: expire grants: %w", err)
-	}
 	consumed, err := decimal.NewFromString(consumedText)
 	if err != nil {
 		return Grant{}, fmt.Errorf("admission: stored consumed %q: %w", consumedText, err)
@@ -253,14 +250,10 @@ func (s *Store) IssueTx(ctx context.Context, tx pgx.Tx, req IssueRequest) (Grant
 		OnUnreachable: string(rule.OnUnreachable), LocalAmount: rule.LocalAmount,
 		LocalEvery: int64(time.Duration(rule.LocalEvery) / time.Second),
 	}
-	if _, err := tx.Exec(ctx, qSetBudget, merge(key, pgx.NamedArgs{"limit": rule.Limit.String(),
-		"rule_version": rule.Version, "delta": amt.String()})); err != nil {
-		return Grant{}, fmt.Errorf("admission: update budget: %w", err)
-	}
-	if _, err := tx.Exec(ctx, qInsertGrant, merge(key, pgx.NamedArgs{"id": g.ID, "rule_version": rule.Version,
-		"holder": g.Holder, "generation": g.Generation, "amount": amt.String(),
-		"valid_until": g.ValidUntil, "reclaim_at": g.ReclaimAt})); err != nil {
-		return Grant{}, fmt.Errorf("admission: insert grant: %w", err)
+	if _, err := tx.Exec(ctx, qIssue, merge(key, pgx.NamedArgs{"limit": rule.Limit.String(), "delta": amt.String(),
+		"id": g.ID, "rule_version": rule.Version, "holder": g.Holder, "generation": g.Generation,
+		"amount": amt.String(), "valid_until": g.ValidUntil, "reclaim_at": g.ReclaimAt})); err != nil {
+		return Grant{}, fmt.Errorf("admission: issue grant: %w", err)
 	}
 	return g, nil
 }
