@@ -164,3 +164,38 @@ func TestTallyUnreachable(t *testing.T) {
 		})
 	}
 }
+
+// A burst makes grants grow with demand; when demand stops, the gateway
+// gives the capacity back by itself (without Close), so another gateway can
+// get it.
+func TestIdleGatewayGivesCapacityBack(t *testing.T) {
+	ts := startTally(t)
+	ts.exactRule("acme", "tokens", "1000000")
+	ctx := context.Background()
+	c := newClient(t, ts, "gw1", t.TempDir(), admit.Config{MinGrant: 10})
+	defer c.Close(ctx)
+	const burst = 20_000
+	var peakLive decimal.Decimal
+	for i := range burst {
+		d, err := c.Admit(ctx, "acme", "tokens", 1)
+		if err != nil || !d.Admitted {
+			t.Fatalf("admit %d: %+v %v", i, d, err)
+		}
+		if i%2000 == 0 {
+			time.Sleep(60 * time.Millisecond) // let the loop measure the demand and top up
+			peakLive = decimal.Max(peakLive, ts.budget("acme", "tokens").Live)
+		}
+	}
+	if peakLive.LessThan(decimal.NewFromInt(100)) {
+		t.Fatalf("grants did not grow with demand: peak live %s", peakLive)
+	}
+	eventually(t, "idle capacity given back", func() bool {
+		return ts.budget("acme", "tokens").Live.LessThanOrEqual(decimal.NewFromInt(30))
+	})
+	// Released grants reported what they spent; what is still live may
+	// have been spent or not.
+	b := ts.budget("acme", "tokens")
+	if a := decimal.NewFromInt(burst); b.Consumed.Sub(b.Live).GreaterThan(a) || b.Consumed.LessThan(a) {
+		t.Fatalf("admitted %d, budget %+v", burst, b)
+	}
+}

@@ -281,11 +281,13 @@ func (c *Client) tend(ctx context.Context, b *budget) {
 		_ = c.topUpLocked(ctx, b, 1)
 	}
 	// Give back what demand no longer needs: the newest grant, when what
-	// is left without it still covers the target twice.
-	if n := len(b.grants); n > 1 {
+	// is left without it still covers the target twice, or when what is
+	// held is more than three times the target (the next miss asks for a
+	// grant sized to the demand then).
+	if n := len(b.grants); n > 0 {
 		alloc = b.allocate()
 		g := b.grants[n-1]
-		if avail-(g.amount-alloc[n-1]) > 2*target {
+		if avail-(g.amount-alloc[n-1]) > 2*target || avail > 3*target {
 			c.release(ctx, b, g, alloc[n-1])
 		}
 	}
