@@ -31,6 +31,7 @@ const MinAdminTokenLength = 32
 type principal struct {
 	admin    bool
 	customer string
+	gateway  string // a gateway token: may manage only this holder's grants
 	tokenID  uuid.UUID
 }
 
@@ -108,7 +109,7 @@ func (a *API) authenticate(next http.Handler) http.Handler {
 			epoch, stamp := a.watch.l.Epoch(), a.tokenWatch.stamp.Load()
 			read := time.Now()
 			var id pgtype.UUID // not uuid.UUID: pgx would go through its text form
-			err := a.pool.QueryRow(r.Context(), qTokenByHash, h[:]).Scan(&id, &p.customer)
+			err := a.pool.QueryRow(r.Context(), qTokenByHash, h[:]).Scan(&id, &p.customer, &p.gateway)
 			p.tokenID = id.Bytes
 			if errors.Is(err, pgx.ErrNoRows) {
 				// Remembered so a client repeating it costs no query. A
@@ -181,6 +182,7 @@ type DBTX interface {
 type Token struct {
 	ID          uuid.UUID  `json:"id"`
 	Customer    string     `json:"customer"`
+	Gateway     string     `json:"gateway,omitempty"`
 	Description string     `json:"description"`
 	CreatedAt   time.Time  `json:"created_at"`
 	RevokedAt   *time.Time `json:"revoked_at"`
@@ -193,7 +195,21 @@ var ErrTokenNotFound = errors.New("no token with that id")
 // its secret. Only the secret's SHA-256 is stored: the secret cannot be
 // shown again.
 func CreateToken(ctx context.Context, db DBTX, customer, description string, now time.Time) (Token, string, error) {
-	if !validID(customer) {
+	return createToken(ctx, db, customer, "", description, now)
+}
+
+// CreateGatewayToken stores a new token for the gateway whose holder id is
+// gateway: it may issue, renew and release only that holder's grants and
+// report only its bypasses. The secret is shown once, like CreateToken's.
+func CreateGatewayToken(ctx context.Context, db DBTX, gateway, description string, now time.Time) (Token, string, error) {
+	if !validID(gateway) {
+		return Token{}, "", fmt.Errorf("gateway: %s is not 1-128 characters of A-Z a-z 0-9 . _ : -", quote(gateway))
+	}
+	return createToken(ctx, db, "", gateway, description, now)
+}
+
+func createToken(ctx context.Context, db DBTX, customer, gateway, description string, now time.Time) (Token, string, error) {
+	if gateway == "" && !validID(customer) {
 		return Token{}, "", fmt.Errorf("customer: %s is not 1-128 characters of A-Z a-z 0-9 . _ : -", quote(customer))
 	}
 	if utf8.RuneCountInString(description) > 200 || !utf8.ValidString(description) {
@@ -209,8 +225,8 @@ func CreateToken(ctx context.Context, db DBTX, customer, description string, now
 	if err != nil {
 		return Token{}, "", err
 	}
-	t := Token{ID: id, Customer: customer, Description: description, CreatedAt: now.UTC().Truncate(time.Microsecond)}
-	if _, err := db.Exec(ctx, qInsertToken, t.ID, t.Customer, t.Description, h[:], t.CreatedAt); err != nil {
+	t := Token{ID: id, Customer: customer, Gateway: gateway, Description: description, CreatedAt: now.UTC().Truncate(time.Microsecond)}
+	if _, err := db.Exec(ctx, qInsertToken, t.ID, t.Customer, t.Description, h[:], t.CreatedAt, t.Gateway); err != nil {
 		return Token{}, "", fmt.Errorf("create token: %w", err)
 	}
 	return t, secret, nil
@@ -241,7 +257,7 @@ func ListTokens(ctx context.Context, db DBTX, customer string) ([]Token, error) 
 	}
 	var out []Token
 	var t Token
-	_, err = pgx.ForEachRow(rows, []any{&t.ID, &t.Customer, &t.Description, &t.CreatedAt, &t.RevokedAt}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&t.ID, &t.Customer, &t.Description, &t.CreatedAt, &t.RevokedAt, &t.Gateway}, func() error {
 		out = append(out, t)
 		t = Token{}
 		return nil

@@ -28,6 +28,11 @@ type Problem struct {
 	// ContainingPeriod names the period that contains a date that is not a
 	// period start (period-not-found only).
 	ContainingPeriod string `json:"containing_period,omitempty"`
+	// Binding, Available and RetryAfter (whole seconds) explain a
+	// budget-exhausted refusal.
+	Binding    string `json:"binding,omitempty"`
+	Available  string `json:"available,omitempty"`
+	RetryAfter *int64 `json:"retry_after,omitempty"`
 	// RequestID lets a caller quote the request to an operator.
 	RequestID string `json:"request_id,omitempty"`
 }

@@ -53,8 +53,8 @@ func (a *API) getQuotas(w http.ResponseWriter, r *http.Request) error {
 
 // What a customer token sees of its quotas: its limits, usage and the
 // state gateways act on. Not the operator's policy and notes: the mode
-// (shadow says the quota is not enforced), on_stale and stale_after (when
-// a gateway admits usage it cannot check), and who changed the rule and
+// (shadow says the quota is not enforced), on_stale, stale_after and
+// on_unreachable (when a gateway admits usage it cannot check), and who changed the rule and
 // why. Each hidden field is shadowed by a shallower field of the same
 // JSON name that is always empty, which encoding/json prefers and omits.
 type customerQuota struct {
@@ -70,6 +70,10 @@ type customerRule struct {
 	StaleAfter *struct{} `json:"stale_after,omitempty"`
 	Actor      *struct{} `json:"actor,omitempty"`
 	Reason     *struct{} `json:"reason,omitempty"`
+	// What a gateway does when it cannot reach Tally: policy, like on_stale.
+	OnUnreachable *struct{} `json:"on_unreachable,omitempty"`
+	LocalAmount   *struct{} `json:"local_amount,omitempty"`
+	LocalEvery    *struct{} `json:"local_every,omitempty"`
 }
 
 type customerDecision struct {
@@ -90,6 +94,11 @@ type quotaBody struct {
 	StaleAfter  json.RawMessage `json:"stale_after"`
 	EffectiveAt json.RawMessage `json:"effective_at"`
 	Reason      json.RawMessage `json:"reason"`
+	// Exact admission settings, checked by quota like the rest.
+	Admission     json.RawMessage `json:"admission"`
+	OnUnreachable json.RawMessage `json:"on_unreachable"`
+	LocalAmount   json.RawMessage `json:"local_amount"`
+	LocalEvery    json.RawMessage `json:"local_every"`
 	// Actor is who makes the change; default "admin" (the token's principal).
 	Actor *string `json:"actor"`
 }
@@ -138,9 +147,9 @@ func (a *API) putQuota(w http.ResponseWriter, r *http.Request) error {
 		var dest any
 		want := "a string"
 		switch name {
-		case "mode", "on_stale", "reason":
+		case "mode", "on_stale", "reason", "admission", "on_unreachable":
 			dest = new(string)
-		case "stale_after":
+		case "stale_after", "local_every":
 			dest, want = new(quota.Duration), `whole seconds or a duration such as "5m"`
 		case "effective_at":
 			dest, want = new(time.Time), "an RFC 3339 time such as 2026-12-01T00:00:00Z"

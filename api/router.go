@@ -49,6 +49,16 @@ func (a *API) routes() http.Handler {
 		r.Get("/customers/{customer}/quotas", a.handle(a.getQuotas))
 		r.With(requireAdmin).Put("/customers/{customer}/quotas/{meter}", a.handle(a.putQuota))
 
+		r.Get("/customers/{customer}/grants", a.handle(a.listGrants))
+		r.Get("/customers/{customer}/budgets", a.handle(a.listBudgets))
+		r.Group(func(r chi.Router) {
+			r.Use(requireGrantManager)
+			r.Post("/grants", a.handle(a.postGrant))
+			r.Post("/grants/{id}/renew", a.handle(a.renewGrant))
+			r.Post("/grants/{id}/release", a.handle(a.releaseGrant))
+			r.Post("/bypasses", a.handle(a.postBypasses))
+		})
+
 		r.Group(func(r chi.Router) {
 			r.Use(requireAdmin)
 			r.Get("/ingest/status", a.handle(a.getIngestStatus))

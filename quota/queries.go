@@ -17,8 +17,9 @@ FROM quota_rules WHERE customer = $1 AND meter = $2`
 
 const qInsertRule = `
 INSERT INTO quota_rules (customer, meter, version, effective_at, "limit", warn_at, mode, on_stale,
-                         stale_after, created_at, actor, reason)
-VALUES ($1, $2, $3, $4, $5::numeric, $6::numeric, $7, $8, make_interval(secs => $9), $10, $11, $12)`
+                         stale_after, created_at, actor, reason, admission, on_unreachable, local_amount, local_every)
+VALUES ($1, $2, $3, $4, $5::numeric, $6::numeric, $7, $8, make_interval(secs => $9), $10, $11, $12,
+        $13, $14, $15::numeric, CASE WHEN $16::bigint > 0 THEN make_interval(secs => $16) END)`
 
 const qCurrentRules = `
 SELECT DISTINCT ON (meter) ` + ruleColumns + `

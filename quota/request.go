@@ -30,6 +30,12 @@ type PutRequest struct {
 	StaleAfter  *Duration       `json:"stale_after,omitempty"`
 	EffectiveAt *time.Time      `json:"effective_at,omitempty"`
 	Reason      string          `json:"reason,omitempty"`
+	// Exact admission (optional): "admission": "exact", "on_unreachable":
+	// "local", "local_amount": "100", "local_every": "1m".
+	Admission     Admission       `json:"admission,omitempty"`
+	OnUnreachable OnUnreachable   `json:"on_unreachable,omitempty"`
+	LocalAmount   json.RawMessage `json:"local_amount,omitempty"`
+	LocalEvery    *Duration       `json:"local_every,omitempty"`
 }
 
 // DecodePutRequest reads a PutRequest body (at most 64 KiB, no unknown
@@ -50,8 +56,20 @@ func DecodePutRequest(body io.Reader, customer, meter, actor string) (RuleInput,
 	if err := dec.Decode(&p); err != nil {
 		return RuleInput{}, fmt.Errorf("%w: body: %v", ErrInvalid, err)
 	}
-	in := RuleInput{Customer: customer, Meter: meter, Mode: p.Mode, OnStale: p.OnStale, Actor: actor, Reason: p.Reason}
+	in := RuleInput{Customer: customer, Meter: meter, Mode: p.Mode, OnStale: p.OnStale, Actor: actor, Reason: p.Reason,
+		Admission: p.Admission, OnUnreachable: p.OnUnreachable}
 	var errs []error
+	if len(p.LocalAmount) > 0 && string(p.LocalAmount) != "null" {
+		v, err := decodeDecimal(p.LocalAmount)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%w: local_amount: %v", ErrInvalid, err))
+		} else {
+			in.LocalAmount = decimal.NewNullDecimal(v)
+		}
+	}
+	if p.LocalEvery != nil {
+		in.LocalEvery = time.Duration(*p.LocalEvery)
+	}
 	if len(p.Limit) == 0 {
 		errs = append(errs, fmt.Errorf("%w: limit: is required", ErrInvalid))
 	} else if in.Limit, err = decodeDecimal(p.Limit); err != nil {

@@ -36,6 +36,30 @@ const (
 	Deny  OnStale = "deny"
 )
 
+// Admission says how gateways admit requests under a rule.
+type Admission string
+
+// Admission modes of a rule.
+const (
+	// Lagged: gateways act on published decisions (the default).
+	Lagged Admission = "lagged"
+	// Exact: gateways admit only from grants leased by the admission package,
+	// so everything all gateways may admit stays within the limit.
+	Exact Admission = "exact"
+)
+
+// OnUnreachable is what a gateway does under an exact rule when it cannot
+// reach Tally for a grant: deny (fail closed), local (at most LocalAmount
+// per LocalEvery per holder), or allow (fail open).
+type OnUnreachable string
+
+// Unreachable policies.
+const (
+	UnreachableDeny  OnUnreachable = "deny"
+	UnreachableLocal OnUnreachable = "local"
+	UnreachableAllow OnUnreachable = "allow"
+)
+
 // Defaults of a rule (SPEC §5).
 var (
 	DefaultWarnAt     = decimal.RequireFromString("0.8")
@@ -70,25 +94,37 @@ type Rule struct {
 	Mode        Mode            `json:"mode"`
 	OnStale     OnStale         `json:"on_stale"`
 	StaleAfter  Duration        `json:"stale_after"`
-	CreatedAt   time.Time       `json:"created_at"`
-	Actor       string          `json:"actor"`
-	Reason      string          `json:"reason,omitempty"`
+	// Admission: lagged (default) or exact; OnUnreachable applies to exact
+	// rules, with LocalAmount per LocalEvery when it is local.
+	Admission     Admission           `json:"admission"`
+	OnUnreachable OnUnreachable       `json:"on_unreachable"`
+	LocalAmount   decimal.NullDecimal `json:"local_amount,omitzero"`
+	LocalEvery    Duration            `json:"local_every,omitzero"`
+	CreatedAt     time.Time           `json:"created_at"`
+	Actor         string              `json:"actor"`
+	Reason        string              `json:"reason,omitempty"`
 }
 
 // RuleInput is a new version of a rule. Zero optional fields take the
 // defaults: WarnAt 0.8, Mode enforce, OnStale allow, StaleAfter 5m,
 // EffectiveAt now.
 type RuleInput struct {
-	Customer    string
-	Meter       string
-	Limit       decimal.Decimal
-	WarnAt      decimal.NullDecimal
-	Mode        Mode
-	OnStale     OnStale
-	StaleAfter  time.Duration
-	EffectiveAt time.Time // zero: now
-	Actor       string    // who made the change (required)
-	Reason      string
+	Customer   string
+	Meter      string
+	Limit      decimal.Decimal
+	WarnAt     decimal.NullDecimal
+	Mode       Mode
+	OnStale    OnStale
+	StaleAfter time.Duration
+	// Admission defaults to lagged, OnUnreachable to deny; LocalAmount and
+	// LocalEvery are required exactly when OnUnreachable is local.
+	Admission     Admission
+	OnUnreachable OnUnreachable
+	LocalAmount   decimal.NullDecimal
+	LocalEvery    time.Duration
+	EffectiveAt   time.Time // zero: now
+	Actor         string    // who made the change (required)
+	Reason        string
 }
 
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
@@ -132,6 +168,28 @@ func (in RuleInput) Validate() error {
 	} else if in.StaleAfter%time.Second != 0 {
 		bad("stale_after", "%v is not a whole number of seconds", in.StaleAfter)
 	}
+	switch in.Admission {
+	case "", Lagged, Exact:
+	default:
+		bad("admission", "%q must be %q or %q", in.Admission, Lagged, Exact)
+	}
+	switch in.OnUnreachable {
+	case "", UnreachableDeny, UnreachableAllow:
+		if in.LocalAmount.Valid || in.LocalEvery != 0 {
+			bad("on_unreachable", "local_amount and local_every go only with %q", UnreachableLocal)
+		}
+	case UnreachableLocal:
+		if !in.LocalAmount.Valid || in.LocalAmount.Decimal.IsNegative() {
+			bad("local_amount", "a non-negative amount is required with on_unreachable %q", UnreachableLocal)
+		} else if err := amount.Check(in.LocalAmount.Decimal); err != nil {
+			bad("local_amount", "%v", err)
+		}
+		if in.LocalEvery <= 0 || in.LocalEvery%time.Second != 0 {
+			bad("local_every", "a positive whole number of seconds is required with on_unreachable %q", UnreachableLocal)
+		}
+	default:
+		bad("on_unreachable", "%q must be %q, %q or %q", in.OnUnreachable, UnreachableDeny, UnreachableLocal, UnreachableAllow)
+	}
 	if in.Actor == "" {
 		bad("actor", "is required (who is changing the quota)")
 	}
@@ -150,6 +208,12 @@ func (in RuleInput) withDefaults(now time.Time) RuleInput {
 	}
 	if in.StaleAfter == 0 {
 		in.StaleAfter = DefaultStaleAfter
+	}
+	if in.Admission == "" {
+		in.Admission = Lagged
+	}
+	if in.OnUnreachable == "" {
+		in.OnUnreachable = UnreachableDeny
 	}
 	if in.EffectiveAt.IsZero() {
 		in.EffectiveAt = now
@@ -199,11 +263,19 @@ func putRule(ctx context.Context, tx pgx.Tx, in RuleInput, now time.Time) (Rule,
 		Customer: in.Customer, Meter: in.Meter, Version: prevVersion + 1,
 		EffectiveAt: in.EffectiveAt, Limit: in.Limit, WarnAt: in.WarnAt.Decimal,
 		Mode: in.Mode, OnStale: in.OnStale, StaleAfter: Duration(in.StaleAfter),
+		Admission: in.Admission, OnUnreachable: in.OnUnreachable,
+		LocalAmount: in.LocalAmount, LocalEvery: Duration(in.LocalEvery),
 		CreatedAt: now, Actor: in.Actor, Reason: in.Reason,
+	}
+	var localAmount *string
+	if in.LocalAmount.Valid {
+		v := in.LocalAmount.Decimal.String()
+		localAmount = &v
 	}
 	_, err := tx.Exec(ctx, qInsertRule, r.Customer, r.Meter, r.Version, r.EffectiveAt,
 		r.Limit.String(), r.WarnAt.String(), string(r.Mode), string(r.OnStale),
-		int64(in.StaleAfter/time.Second), r.CreatedAt, r.Actor, r.Reason)
+		int64(in.StaleAfter/time.Second), r.CreatedAt, r.Actor, r.Reason,
+		string(r.Admission), string(r.OnUnreachable), localAmount, int64(in.LocalEvery/time.Second))
 	if err != nil {
 		return Rule{}, fmt.Errorf("quota: insert rule: %w", err)
 	}
@@ -244,14 +316,17 @@ func queryRules(ctx context.Context, db DBTX, q string, args ...any) ([]Rule, er
 
 // ruleColumns is the column list every rule query selects, in scanRule's order.
 const ruleColumns = `customer, meter, version, effective_at, "limit"::text, warn_at::text, mode, on_stale,
-       extract(epoch FROM stale_after)::bigint, created_at, actor, reason`
+       extract(epoch FROM stale_after)::bigint, created_at, actor, reason,
+       admission, on_unreachable, local_amount::text, coalesce(extract(epoch FROM local_every)::bigint, 0)`
 
 func scanRule(row pgx.Row, extra ...any) (Rule, error) {
 	var r Rule
 	var limit, warn, mode, onStale string
-	var staleSec int64
+	var staleSec, localSec int64
+	var admission, onUnreachable string
+	var localAmount *string
 	dest := append([]any{&r.Customer, &r.Meter, &r.Version, &r.EffectiveAt, &limit, &warn, &mode, &onStale,
-		&staleSec, &r.CreatedAt, &r.Actor, &r.Reason}, extra...)
+		&staleSec, &r.CreatedAt, &r.Actor, &r.Reason, &admission, &onUnreachable, &localAmount, &localSec}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return Rule{}, err
 	}
@@ -263,6 +338,15 @@ func scanRule(row pgx.Row, extra ...any) (Rule, error) {
 		return Rule{}, fmt.Errorf("stored warn_at %q: %w", warn, err)
 	}
 	r.Mode, r.OnStale, r.StaleAfter = Mode(mode), OnStale(onStale), Duration(time.Duration(staleSec)*time.Second)
+	r.Admission, r.OnUnreachable = Admission(admission), OnUnreachable(onUnreachable)
+	r.LocalEvery = Duration(time.Duration(localSec) * time.Second)
+	if localAmount != nil {
+		v, err := decimal.NewFromString(*localAmount)
+		if err != nil {
+			return Rule{}, fmt.Errorf("stored local_amount %q: %w", *localAmount, err)
+		}
+		r.LocalAmount = decimal.NewNullDecimal(v)
+	}
 	r.EffectiveAt, r.CreatedAt = r.EffectiveAt.UTC(), r.CreatedAt.UTC()
 	return r, nil
 }

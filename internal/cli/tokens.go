@@ -33,31 +33,40 @@ The admin token is not managed here; it is TALLY_ADMIN_TOKEN.`,
 		return pool, nil
 	}
 
-	var customer, description string
+	var customer, gateway, description string
 	create := &cobra.Command{
-		Use:     "create --customer C [--description D]",
-		Short:   "Create a read-only token for one customer and print it (once)",
-		Example: `  tally tokens create --customer acme --description "acme portal"`,
-		Args:    cobra.NoArgs,
+		Use:   "create (--customer C | --gateway H) [--description D]",
+		Short: "Create a read-only token for one customer, or a gateway token, and print it (once)",
+		Long: `A customer token reads its own customer. A gateway token (--gateway H)
+may issue, renew and release only holder H's grants and report its bypasses.`,
+		Example: `  tally tokens create --customer acme --description "acme portal"
+  tally tokens create --gateway gw-eu-1`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			pool, err := open(cmd)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			t, secret, err := api.CreateToken(cmd.Context(), pool, customer, description, time.Now())
+			create, owner := api.CreateToken, "customer "+customer
+			if gateway != "" {
+				create, owner = api.CreateGatewayToken, "gateway "+gateway
+			}
+			t, secret, err := create(cmd.Context(), pool, customer+gateway, description, time.Now())
 			if err != nil {
 				return err
 			}
 			w := cmd.OutOrStdout()
 			fmt.Fprintln(w, secret)
-			fmt.Fprintf(cmd.ErrOrStderr(), "token %s for customer %s: store it now, it is not shown again\n", t.ID, t.Customer)
+			fmt.Fprintf(cmd.ErrOrStderr(), "token %s for %s: store it now, it is not shown again\n", t.ID, owner)
 			return nil
 		},
 	}
-	create.Flags().StringVar(&customer, "customer", "", "customer id the token may read (required)")
+	create.Flags().StringVar(&customer, "customer", "", "customer id the token may read")
+	create.Flags().StringVar(&gateway, "gateway", "", "holder id of the gateway whose grants the token manages")
 	create.Flags().StringVar(&description, "description", "", "what the token is for (shown by list)")
-	_ = create.MarkFlagRequired("customer")
+	create.MarkFlagsOneRequired("customer", "gateway")
+	create.MarkFlagsMutuallyExclusive("customer", "gateway")
 
 	revoke := &cobra.Command{
 		Use:   "revoke ID",
@@ -101,13 +110,17 @@ The admin token is not managed here; it is TALLY_ADMIN_TOKEN.`,
 				return err
 			}
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tCUSTOMER\tCREATED (UTC)\tREVOKED (UTC)\tDESCRIPTION")
+			fmt.Fprintln(tw, "ID\tCUSTOMER/GATEWAY\tCREATED (UTC)\tREVOKED (UTC)\tDESCRIPTION")
 			for _, t := range ts {
 				revoked := "-"
 				if t.RevokedAt != nil {
 					revoked = t.RevokedAt.UTC().Format(time.RFC3339)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.ID, t.Customer, t.CreatedAt.UTC().Format(time.RFC3339), revoked, t.Description)
+				owner := t.Customer
+				if t.Gateway != "" {
+					owner = "gateway:" + t.Gateway
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.ID, owner, t.CreatedAt.UTC().Format(time.RFC3339), revoked, t.Description)
 			}
 			return tw.Flush()
 		},

@@ -1,0 +1,99 @@
+package admission
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/shopspring/decimal"
+)
+
+// ErrNotFound: no such grant.
+var ErrNotFound = errors.New("admission: no such grant")
+
+// FieldError is one problem of an input, naming its field.
+type FieldError struct {
+	Field  string
+	Detail string
+}
+
+func (e *FieldError) Error() string { return "admission: " + e.Field + ": " + e.Detail }
+
+// BudgetExhaustedError refuses a grant: the binding budget has less than
+// the amount (or min_amount) available.
+type BudgetExhaustedError struct {
+	// Binding names the budget that refused: "customer:<id>/<meter>".
+	Binding string
+	// Available is limit - consumed, never negative.
+	Available decimal.Decimal
+	// RetryAfter is when the earliest live grant is reclaimed at the latest
+	// (it may be released earlier), or the period's end when none is live.
+	RetryAfter time.Duration
+}
+
+func (e *BudgetExhaustedError) Error() string {
+	return fmt.Sprintf("admission: budget %s exhausted: %s available, retry after %s", e.Binding, e.Available, e.RetryAfter)
+}
+
+// NotExactError: customer and meter have no rule in force, or their rule's
+// admission is not exact (Rule is then "" or "lagged").
+type NotExactError struct {
+	Customer, Meter string
+	Admission       string // "" when there is no rule
+}
+
+func (e *NotExactError) Error() string {
+	if e.Admission == "" {
+		return fmt.Sprintf("admission: %s/%s has no quota rule", e.Customer, e.Meter)
+	}
+	return fmt.Sprintf("admission: %s/%s has a %s rule, not exact", e.Customer, e.Meter, e.Admission)
+}
+
+// StaleGenerationError: the holder has shown a newer generation; the older
+// one is refused everything.
+type StaleGenerationError struct {
+	Holder     string
+	Generation int64
+	Current    int64
+}
+
+func (e *StaleGenerationError) Error() string {
+	return fmt.Sprintf("admission: holder %s generation %d is older than its generation %d", e.Holder, e.Generation, e.Current)
+}
+
+// FencedError: a renew or release for a grant held by another holder or
+// generation.
+type FencedError struct {
+	Grant      uuid.UUID
+	Holder     string
+	Generation int64
+}
+
+func (e *FencedError) Error() string {
+	return fmt.Sprintf("admission: grant %s is not held by %s generation %d", e.Grant, e.Holder, e.Generation)
+}
+
+// GrantEndedError: the grant was released or reclaimed.
+type GrantEndedError struct {
+	Grant   uuid.UUID
+	EndedAt time.Time
+	Reason  string // released or expired
+}
+
+func (e *GrantEndedError) Error() string {
+	return fmt.Sprintf("admission: grant %s ended (%s) at %s", e.Grant, e.Reason, e.EndedAt.Format(time.RFC3339Nano))
+}
+
+// SpentError: a reported spent went backwards or above the amount.
+type SpentError struct {
+	Grant    uuid.UUID
+	Spent    decimal.Decimal
+	Previous decimal.Decimal
+	Amount   decimal.Decimal
+}
+
+func (e *SpentError) Error() string {
+	return fmt.Sprintf("admission: grant %s: spent %s must be between the last reported %s and the amount %s",
+		e.Grant, e.Spent, e.Previous, e.Amount)
+}

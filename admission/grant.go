@@ -1,0 +1,275 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
+)
+
+// Report is a holder's renew or release of one grant.
+type Report struct {
+	Grant      uuid.UUID
+	Holder     string
+	Generation int64
+	// Spent is everything admitted from the grant so far: never less than
+	// the last report, never more than the amount.
+	Spent decimal.Decimal
+	// TTL (renew only): valid_until becomes now + TTL unless already later,
+	// never past the period's end. Default 30 s.
+	TTL time.Duration
+}
+
+// Validate reports every problem of r at once.
+func (r Report) Validate() error {
+	errs := checkHolder(r.Holder, r.Generation)
+	if r.Spent.IsNegative() {
+		errs = append(errs, &FieldError{Field: "spent", Detail: fmt.Sprintf("%s is negative", r.Spent)})
+	}
+	errs = append(errs, checkTTL(r.TTL)...)
+	return errors.Join(errs...)
+}
+
+// Renew records spent and extends the grant's validity.
+func (s *Store) Renew(ctx context.Context, r Report) (Grant, error) {
+	if err := r.Validate(); err != nil {
+		return Grant{}, err
+	}
+	if r.TTL == 0 {
+		r.TTL = DefaultTTL
+	}
+	var g Grant
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		now := s.now()
+		var err error
+		if g, err = s.fenced(ctx, tx, r, now, false); err != nil {
+			return err
+		}
+		validUntil := now.Add(r.TTL)
+		if validUntil.After(g.PeriodEnd) {
+			validUntil = g.PeriodEnd
+		}
+		if validUntil.After(g.ValidUntil) {
+			g.ValidUntil = validUntil
+		}
+		if reclaim := validUntil.Add(s.cfg.MaxSkew); reclaim.After(g.ReclaimAt) {
+			g.ReclaimAt = reclaim
+		}
+		g.Spent = r.Spent
+		_, err = tx.Exec(ctx, qRenewGrant, pgx.NamedArgs{"id": g.ID, "spent": r.Spent.String(),
+			"valid_until": g.ValidUntil, "reclaim_at": g.ReclaimAt})
+		return err
+	})
+	if err != nil {
+		return Grant{}, err
+	}
+	return g, nil
+}
+
+// Release ends the grant with its final spent; amount - spent is free for
+// new grants once it returns.
+func (s *Store) Release(ctx context.Context, r Report) (Grant, error) {
+	r.TTL = 0
+	if err := r.Validate(); err != nil {
+		return Grant{}, err
+	}
+	var g Grant
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		now := s.now()
+		var err error
+		if g, err = s.fenced(ctx, tx, r, now, true); err != nil {
+			return err
+		}
+		key := pgx.NamedArgs{"customer": g.Customer, "meter": g.Meter, "period_start": g.PeriodStart, "now": now}
+		if _, err := tx.Exec(ctx, qReleaseGrant, pgx.NamedArgs{"id": g.ID, "spent": r.Spent.String(), "now": now}); err != nil {
+			return fmt.Errorf("admission: release grant: %w", err)
+		}
+		freed := g.Amount.Sub(r.Spent)
+		if _, err := tx.Exec(ctx, qFreeBudget, merge(key, pgx.NamedArgs{"delta": freed.String()})); err != nil {
+			return fmt.Errorf("admission: free budget: %w", err)
+		}
+		g.Spent, g.EndedAt, g.EndReason, g.State = r.Spent, &now, "released", "ended"
+		return nil
+	})
+	if err != nil {
+		return Grant{}, err
+	}
+	return g, nil
+}
+
+// fenced locks the holder row (shared), the grant's budget (when
+// lockBudget: a release moves consumed) and the grant, in that order, and
+// checks that r may report on the grant.
+func (s *Store) fenced(ctx context.Context, tx pgx.Tx, r Report, now time.Time, lockBudget bool) (Grant, error) {
+	var current int64
+	err := tx.QueryRow(ctx, qHolderGeneration, pgx.NamedArgs{"holder": r.Holder}).Scan(&current)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Grant{}, &FencedError{Grant: r.Grant, Holder: r.Holder, Generation: r.Generation}
+	}
+	if err != nil {
+		return Grant{}, fmt.Errorf("admission: read holder: %w", err)
+	}
+	if current > r.Generation {
+		return Grant{}, &StaleGenerationError{Holder: r.Holder, Generation: r.Generation, Current: current}
+	}
+	q := qGrantForUpdate
+	if lockBudget {
+		g, err := scanGrant(tx.QueryRow(ctx, qGrant, pgx.NamedArgs{"id": r.Grant}), now)
+		if err != nil {
+			return Grant{}, err
+		}
+		if _, err := tx.Exec(ctx, qLockBudgetRow, pgx.NamedArgs{"customer": g.Customer, "meter": g.Meter,
+			"period_start": g.PeriodStart}); err != nil {
+			return Grant{}, fmt.Errorf("admission: lock budget: %w", err)
+		}
+	}
+	g, err := scanGrant(tx.QueryRow(ctx, q, pgx.NamedArgs{"id": r.Grant}), now)
+	if err != nil {
+		return Grant{}, err
+	}
+	if g.Holder != r.Holder || g.Generation != r.Generation {
+		return Grant{}, &FencedError{Grant: g.ID, Holder: r.Holder, Generation: r.Generation}
+	}
+	if g.State != "live" {
+		ended, reason := g.ReclaimAt, "expired"
+		if g.EndedAt != nil {
+			ended, reason = *g.EndedAt, g.EndReason
+		}
+		return Grant{}, &GrantEndedError{Grant: g.ID, EndedAt: ended, Reason: reason}
+	}
+	if r.Spent.LessThan(g.Spent) || r.Spent.GreaterThan(g.Amount) {
+		return Grant{}, &SpentError{Grant: g.ID, Spent: r.Spent, Previous: g.Spent, Amount: g.Amount}
+	}
+	return g, nil
+}
+
+// Get returns one grant.
+func (s *Store) Get(ctx context.Context, id uuid.UUID) (Grant, error) {
+	return scanGrant(s.db.QueryRow(ctx, qGrant, pgx.NamedArgs{"id": id}), s.now())
+}
+
+func scanGrant(row pgx.Row, now time.Time) (Grant, error) {
+	var g Grant
+	var amt, spent string
+	var reason *string
+	err := row.Scan(&g.ID, &g.Customer, &g.Meter, &g.PeriodStart, &g.Period, &g.PeriodEnd, &g.RuleVersion,
+		&g.Holder, &g.Generation, &amt, &spent, &g.IssuedAt, &g.ValidUntil, &g.ReclaimAt, &g.EndedAt, &reason)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Grant{}, ErrNotFound
+	}
+	if err != nil {
+		return Grant{}, fmt.Errorf("admission: read grant: %w", err)
+	}
+	if g.Amount, err = decimal.NewFromString(amt); err != nil {
+		return Grant{}, fmt.Errorf("admission: stored amount %q: %w", amt, err)
+	}
+	if g.Spent, err = decimal.NewFromString(spent); err != nil {
+		return Grant{}, fmt.Errorf("admission: stored spent %q: %w", spent, err)
+	}
+	if reason != nil {
+		g.EndReason = *reason
+	}
+	g.PeriodStart, g.PeriodEnd, g.IssuedAt = g.PeriodStart.UTC(), g.PeriodEnd.UTC(), g.IssuedAt.UTC()
+	g.ValidUntil, g.ReclaimAt = g.ValidUntil.UTC(), g.ReclaimAt.UTC()
+	g.State = "live"
+	if g.EndedAt != nil {
+		t := g.EndedAt.UTC()
+		g.EndedAt, g.State = &t, "ended"
+	} else if !now.Before(g.ReclaimAt) {
+		t := g.ReclaimAt
+		g.EndedAt, g.EndReason, g.State = &t, "expired", "ended"
+	}
+	return g, nil
+}
+
+// ListRequest selects a customer's grants.
+type ListRequest struct {
+	Customer string
+	State    string // "", live or ended
+	Limit    int
+	// After is the (issued_at, id) of the last grant of the previous page.
+	AfterIssued *time.Time
+	AfterID     uuid.UUID
+}
+
+// Grants lists a customer's grants, newest first.
+func (s *Store) Grants(ctx context.Context, req ListRequest) ([]Grant, error) {
+	switch req.State {
+	case "", "live", "ended":
+	default:
+		return nil, &FieldError{Field: "state", Detail: fmt.Sprintf("%q must be live or ended", req.State)}
+	}
+	if req.Limit <= 0 {
+		req.Limit = 100
+	}
+	now := s.now()
+	rows, err := s.db.Query(ctx, qCustomerGrants, pgx.NamedArgs{"customer": req.Customer, "state": req.State,
+		"now": now, "after_issued": req.AfterIssued, "after_id": req.AfterID, "limit": req.Limit})
+	if err != nil {
+		return nil, fmt.Errorf("admission: list grants: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Grant, error) { return scanGrant(row, now) })
+	if err != nil {
+		return nil, fmt.Errorf("admission: list grants: %w", err)
+	}
+	return out, nil
+}
+
+// Budget is one exact budget of a period.
+type Budget struct {
+	Customer    string          `json:"customer"`
+	Meter       string          `json:"meter"`
+	Period      string          `json:"period"`
+	PeriodStart time.Time       `json:"period_start"`
+	PeriodEnd   time.Time       `json:"period_end"`
+	Limit       decimal.Decimal `json:"limit"`
+	RuleVersion int64           `json:"rule_version"`
+	// Consumed = Σ amount of grants not released + Σ spent of released.
+	Consumed decimal.Decimal `json:"consumed"`
+	// Available = limit - consumed, never negative (as of the last issue's
+	// rule version).
+	Available decimal.Decimal `json:"available"`
+	// Live is Σ amount of live grants.
+	Live decimal.Decimal `json:"live"`
+	// Stranded is Σ amount - spent of ended grants: granted, never spent.
+	Stranded decimal.Decimal `json:"stranded"`
+	// Bypassed is Σ reported bypasses (admitted without a grant).
+	Bypassed decimal.Decimal `json:"bypassed"`
+}
+
+// Budgets lists a customer's exact budgets, newest period first.
+func (s *Store) Budgets(ctx context.Context, customer string) ([]Budget, error) {
+	rows, err := s.db.Query(ctx, qBudgets, pgx.NamedArgs{"customer": customer, "now": s.now()})
+	if err != nil {
+		return nil, fmt.Errorf("admission: list budgets: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Budget, error) {
+		var b Budget
+		var lim, cons, live, stranded, bypassed string
+		if err := row.Scan(&b.Customer, &b.Meter, &b.Period, &b.PeriodStart, &b.PeriodEnd, &lim, &b.RuleVersion,
+			&cons, &live, &stranded, &bypassed); err != nil {
+			return Budget{}, err
+		}
+		for _, p := range []struct {
+			s string
+			d *decimal.Decimal
+		}{{lim, &b.Limit}, {cons, &b.Consumed}, {live, &b.Live}, {stranded, &b.Stranded}, {bypassed, &b.Bypassed}} {
+			v, err := decimal.NewFromString(p.s)
+			if err != nil {
+				return Budget{}, err
+			}
+			*p.d = v
+		}
+		b.Available = decimal.Max(decimal.Zero, b.Limit.Sub(b.Consumed))
+		b.PeriodStart, b.PeriodEnd = b.PeriodStart.UTC(), b.PeriodEnd.UTC()
+		return b, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("admission: list budgets: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,236 @@
+package admission_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/admission"
+	"github.com/tally-ledger/tally/quota"
+)
+
+func TestIssueIsExactAndRefusalCarriesData(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.rule("acme", "tokens", d("100"))
+
+	g, err := e.store.Issue(ctx, admission.IssueRequest{Holder: "gw1", Generation: 1, Customer: "acme", Meter: "tokens",
+		Amount: d("60.5"), TTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !g.Amount.Equal(d("60.5")) || g.Period != "2026-12-01" || !g.ReclaimAt.Equal(g.ValidUntil.Add(admission.DefaultMaxSkew)) {
+		t.Fatalf("grant %+v", g)
+	}
+	_, err = e.store.Issue(ctx, admission.IssueRequest{Holder: "gw2", Generation: 1, Customer: "acme", Meter: "tokens",
+		Amount: d("40"), TTL: 30 * time.Second})
+	ex, ok := errors.AsType[*admission.BudgetExhaustedError](err)
+	if !ok {
+		t.Fatalf("want BudgetExhaustedError, got %v", err)
+	}
+	if ex.Binding != "customer:acme/tokens" || !ex.Available.Equal(d("39.5")) || ex.RetryAfter != 35*time.Second {
+		t.Fatalf("refusal %+v", ex)
+	}
+	// min_amount accepts what is left, exactly.
+	g2, err := e.store.Issue(ctx, admission.IssueRequest{Holder: "gw2", Generation: 1, Customer: "acme", Meter: "tokens",
+		Amount: d("40"), MinAmount: decimal.NewNullDecimal(d("10"))})
+	if err != nil || !g2.Amount.Equal(d("39.5")) {
+		t.Fatalf("min_amount grant %+v, %v", g2, err)
+	}
+	b := e.budget("acme", "tokens")
+	if !b.Consumed.Equal(d("100")) || !b.Available.IsZero() || !b.Live.Equal(d("100")) {
+		t.Fatalf("budget %+v", b)
+	}
+	// Releasing with its final spend frees exactly the unspent part.
+	if _, err := e.store.Release(ctx, admission.Report{Grant: g.ID, Holder: "gw1", Generation: 1, Spent: d("20.25")}); err != nil {
+		t.Fatal(err)
+	}
+	b = e.budget("acme", "tokens")
+	if !b.Available.Equal(d("40.25")) || !b.Stranded.Equal(d("40.25")) {
+		t.Fatalf("after release: %+v", b)
+	}
+}
+
+func TestIssueRefusesLaggedAndMissingRules(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	req := admission.IssueRequest{Holder: "gw1", Generation: 1, Customer: "acme", Meter: "tokens", Amount: d("1")}
+	if _, err := e.store.Issue(ctx, req); !isNotExact(err, "") {
+		t.Fatalf("no rule: %v", err)
+	}
+	if _, err := quota.PutRuleDB(ctx, e.pool, quota.RuleInput{Customer: "acme", Meter: "tokens", Limit: d("5"),
+		EffectiveAt: e.clock.Now(), Actor: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.store.Issue(ctx, req); !isNotExact(err, "lagged") {
+		t.Fatalf("lagged rule: %v", err)
+	}
+}
+
+func isNotExact(err error, admissionMode string) bool {
+	ne, ok := errors.AsType[*admission.NotExactError](err)
+	return ok && ne.Admission == admissionMode
+}
+
+func TestSilentHolderIsNotReclaimedBeforeValidUntilPlusMaxSkew(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.rule("acme", "tokens", d("100"))
+	g, err := e.store.Issue(ctx, admission.IssueRequest{Holder: "gw1", Generation: 1, Customer: "acme", Meter: "tokens",
+		Amount: d("70"), TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Heartbeat late: past valid_until, 1µs before reclaim. Still live, the
+	// holder may still report, and nobody else gets its capacity.
+	e.clock.Advance(10*time.Second + admission.DefaultMaxSkew - time.Microsecond)
+	if got, _ := e.store.Get(ctx, g.ID); got.State != "live" {
+		t.Fatalf("reclaimed early: %+v", got)
+	}
+	if _, err := e.store.Issue(ctx, admission.IssueRequest{Holder: "gw2", Generation: 1, Customer: "acme", Meter: "tokens",
+		Amount: d("31")}); err == nil {
+		t.Fatal("capacity of a live grant handed out")
+	}
+	g, err = e.store.Renew(ctx, admission.Report{Grant: g.ID, Holder: "gw1", Generation: 1, Spent: d("30"), TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("late renew within max_skew: %v", err)
+	}
+	// Then silence until the renewed reclaim time.
+	e.clock.Advance(10*time.Second + admission.DefaultMaxSkew - time.Microsecond)
+	if got, _ := e.store.Get(ctx, g.ID); got.State != "live" {
+		t.Fatalf("reclaimed early after renew: %+v", got)
+	}
+	e.clock.Advance(time.Microsecond)
+	got, err := e.store.Get(ctx, g.ID)
+	if err != nil || got.State != "ended" || got.EndReason != "expired" {
+		t.Fatalf("at reclaim_at: %+v %v", got, err)
+	}
+	_, err = e.store.Release(ctx, admission.Report{Grant: g.ID, Holder: "gw1", Generation: 1, Spent: d("40")})
+	if _, ok := errors.AsType[*admission.GrantEndedError](err); !ok {
+		t.Fatalf("release after reclaim: %v", err)
+	}
+	// Ended without a final report: fully spent. Its unspent part is stranded.
+	b := e.budget("acme", "tokens")
+	if !b.Consumed.Equal(d("70")) || !b.Stranded.Equal(d("40")) || !b.Live.IsZero() {
+		t.Fatalf("budget %+v", b)
+	}
+	if _, err := e.store.Issue(ctx, admission.IssueRequest{Holder: "gw2", Generation: 1, Customer: "acme", Meter: "tokens",
+		Amount: d("30")}); err != nil {
+		t.Fatalf("the rest: %v", err)
+	}
+}
+
+func TestOlderGenerationIsRefused(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.rule("acme", "tokens", d("100"))
+	issue := func(holder string, gen int64) (admission.Grant, error) {
+		return e.store.Issue(ctx, admission.IssueRequest{Holder: holder, Generation: gen, Customer: "acme", Meter: "tokens", Amount: d("10")})
+	}
+	old, err := issue("gw1", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := issue("gw1", 2); err != nil { // gw1 restarted
+		t.Fatal(err)
+	}
+	stale := func(err error) bool {
+		se, ok := errors.AsType[*admission.StaleGenerationError](err)
+		return ok && se.Current == 2 && se.Generation == 1
+	}
+	if _, err := e.store.Renew(ctx, admission.Report{Grant: old.ID, Holder: "gw1", Generation: 1, Spent: d("1")}); !stale(err) {
+		t.Fatalf("renew from generation 1: %v", err)
+	}
+	if _, err := e.store.Release(ctx, admission.Report{Grant: old.ID, Holder: "gw1", Generation: 1, Spent: d("1")}); !stale(err) {
+		t.Fatalf("release from generation 1: %v", err)
+	}
+	if _, err := issue("gw1", 1); !stale(err) {
+		t.Fatalf("issue to generation 1: %v", err)
+	}
+	// The new generation does not inherit the old one's grant, nor does
+	// another holder manage it.
+	for _, r := range []admission.Report{{Holder: "gw1", Generation: 2}, {Holder: "gw2", Generation: 1}} {
+		r.Grant, r.Spent = old.ID, d("0")
+		if _, err := e.store.Release(ctx, r); err == nil {
+			t.Fatalf("%s/%d released another's grant", r.Holder, r.Generation)
+		} else if _, ok := errors.AsType[*admission.FencedError](err); !ok {
+			t.Fatalf("%s/%d: %v", r.Holder, r.Generation, err)
+		}
+	}
+	if b := e.budget("acme", "tokens"); !b.Consumed.Equal(d("20")) {
+		t.Fatalf("budget %+v", b)
+	}
+}
+
+func TestSpentIsMonotonicAndBounded(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.rule("acme", "tokens", d("100"))
+	g, err := e.store.Issue(ctx, admission.IssueRequest{Holder: "gw1", Generation: 1, Customer: "acme", Meter: "tokens", Amount: d("10")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.store.Renew(ctx, admission.Report{Grant: g.ID, Holder: "gw1", Generation: 1, Spent: d("5")}); err != nil {
+		t.Fatal(err)
+	}
+	for _, spent := range []string{"4.99", "10.01"} {
+		_, err := e.store.Release(ctx, admission.Report{Grant: g.ID, Holder: "gw1", Generation: 1, Spent: d(spent)})
+		if _, ok := errors.AsType[*admission.SpentError](err); !ok {
+			t.Fatalf("spent %s: %v", spent, err)
+		}
+	}
+}
+
+func TestRuleChangesNeverHandOutFreshAllowance(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.rule("acme", "tokens", d("100"))
+	issue := func(amt string) error {
+		_, err := e.store.Issue(ctx, admission.IssueRequest{Holder: "gw1", Generation: 1, Customer: "acme", Meter: "tokens", Amount: d(amt)})
+		return err
+	}
+	if err := issue("80"); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(time.Second)
+	e.rule("acme", "tokens", d("50")) // below consumed: no new grants
+	if err := issue("1"); err == nil {
+		t.Fatal("issued while consumed > lowered limit")
+	} else if ex, ok := errors.AsType[*admission.BudgetExhaustedError](err); !ok || !ex.Available.IsZero() {
+		t.Fatalf("lowered: %v", err)
+	}
+	e.clock.Advance(time.Second)
+	e.rule("acme", "tokens", d("120")) // raised: 40 free at once, not 120
+	if err := issue("40.000000001"); err == nil {
+		t.Fatal("raising handed out a fresh allowance")
+	}
+	if err := issue("40"); err != nil {
+		t.Fatalf("raised: %v", err)
+	}
+	if b := e.budget("acme", "tokens"); !b.Consumed.Equal(d("120")) || b.RuleVersion != 3 {
+		t.Fatalf("budget %+v", b)
+	}
+}
+
+func TestBypassReportsAreIdempotent(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.rule("acme", "tokens", d("100"))
+	if _, err := e.store.Issue(ctx, admission.IssueRequest{Holder: "gw1", Generation: 1, Customer: "acme", Meter: "tokens", Amount: d("1")}); err != nil {
+		t.Fatal(err)
+	}
+	rep := admission.BypassReport{Holder: "gw1", Generation: 1, ReportID: "r1", Items: []admission.BypassItem{{
+		Customer: "acme", Meter: "tokens", Amount: d("7.5"), Admissions: 3, FirstAt: e.clock.Now(), LastAt: e.clock.Now(),
+	}}}
+	for range 2 {
+		if err := e.store.RecordBypasses(ctx, rep); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b := e.budget("acme", "tokens"); !b.Bypassed.Equal(d("7.5")) || !b.Consumed.Equal(d("1")) {
+		t.Fatalf("budget %+v", b)
+	}
+}

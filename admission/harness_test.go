@@ -1,0 +1,98 @@
+package admission_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/shopspring/decimal"
+	"go.uber.org/goleak"
+
+	"github.com/tally-ledger/tally/admission"
+	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/quota"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// clock is a settable clock shared by the store and the test.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *clock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+type env struct {
+	t     testing.TB
+	pool  *pgxpool.Pool
+	clock *clock
+	store *admission.Store
+}
+
+func newEnv(t testing.TB) *env {
+	t.Helper()
+	pool := pgtest.New(t)
+	c := &clock{t: time.Date(2026, 12, 3, 10, 0, 0, 0, time.UTC)}
+	s, err := admission.New(pool, admission.Config{Now: c.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, pool: pool, clock: c, store: s}
+}
+
+// rule stores a new exact rule version effective at the clock's now.
+func (e *env) rule(customer, meter string, limit decimal.Decimal) {
+	e.t.Helper()
+	_, err := quota.PutRuleDB(context.Background(), e.pool, quota.RuleInput{
+		Customer: customer, Meter: meter, Limit: limit, Admission: quota.Exact,
+		EffectiveAt: e.clock.Now(), Actor: "test",
+	})
+	if err != nil {
+		e.t.Fatalf("put rule: %v", err)
+	}
+}
+
+func d(s string) decimal.Decimal { return decimal.RequireFromString(s) }
+
+// budgetOrZero is the budget, or a zero one before its first grant.
+func (e *env) budgetOrZero(customer, meter string) admission.Budget {
+	e.t.Helper()
+	bs, err := e.store.Budgets(context.Background(), customer)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, b := range bs {
+		if b.Meter == meter {
+			return b
+		}
+	}
+	return admission.Budget{}
+}
+
+func (e *env) budget(customer, meter string) admission.Budget {
+	e.t.Helper()
+	bs, err := e.store.Budgets(context.Background(), customer)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	for _, b := range bs {
+		if b.Meter == meter {
+			return b
+		}
+	}
+	e.t.Fatalf("no budget %s/%s in %+v", customer, meter, bs)
+	return admission.Budget{}
+}

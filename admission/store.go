@@ -1,0 +1,327 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/periods"
+	"github.com/tally-ledger/tally/quota"
+)
+
+// Defaults of Config.
+const (
+	DefaultMaxSkew = 5 * time.Second
+	DefaultTTL     = 30 * time.Second
+	MaxTTL         = time.Hour
+)
+
+// DB is what the store needs of a pool.
+type DB interface {
+	DBTX
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// DBTX is what reads need of a pool, a connection or a transaction.
+type DBTX interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// Config configures a Store.
+type Config struct {
+	// MaxSkew is added to valid_until to give the time a grant is
+	// reclaimed: the clock skew tolerated between Tally and a holder.
+	// Default 5 s.
+	MaxSkew time.Duration
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+	// Logger; default discards.
+	Logger *slog.Logger
+}
+
+// Validate reports every problem of c at once.
+func (c Config) Validate() error {
+	if c.MaxSkew < 0 {
+		return &FieldError{Field: "max_skew", Detail: "is negative"}
+	}
+	return nil
+}
+
+// Store issues, renews and releases grants.
+type Store struct {
+	db  DB
+	cfg Config
+}
+
+// New returns a Store on db.
+func New(db DB, cfg Config) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.MaxSkew == 0 {
+		cfg.MaxSkew = DefaultMaxSkew
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Store{db: db, cfg: cfg}, nil
+}
+
+func (s *Store) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }
+
+// Grant is one leased permission.
+type Grant struct {
+	ID          uuid.UUID       `json:"id"`
+	Customer    string          `json:"customer"`
+	Meter       string          `json:"meter"`
+	Period      string          `json:"period"`
+	PeriodStart time.Time       `json:"period_start"`
+	PeriodEnd   time.Time       `json:"period_end"`
+	RuleVersion int64           `json:"rule_version"`
+	Holder      string          `json:"holder"`
+	Generation  int64           `json:"generation"`
+	Amount      decimal.Decimal `json:"amount"`
+	Spent       decimal.Decimal `json:"spent"`
+	IssuedAt    time.Time       `json:"issued_at"`
+	ValidUntil  time.Time       `json:"valid_until"`
+	// ReclaimAt is valid_until + max_skew: the grant ends then unless
+	// released before.
+	ReclaimAt time.Time  `json:"reclaim_at"`
+	EndedAt   *time.Time `json:"ended_at"`
+	EndReason string     `json:"end_reason,omitempty"`
+	// State is live or ended, by the store's clock when read.
+	State string `json:"state"`
+	// OnUnreachable, with LocalAmount per LocalEvery (seconds) for local,
+	// is the rule's policy for a holder that cannot reach Tally. Set on
+	// issue only, so a gateway learns its rule with its grant.
+	OnUnreachable string              `json:"on_unreachable,omitempty"`
+	LocalAmount   decimal.NullDecimal `json:"local_amount,omitzero"`
+	LocalEvery    int64               `json:"local_every,omitempty"`
+}
+
+// Binding is the name of a budget in errors and problems.
+func Binding(customer, meter string) string { return "customer:" + customer + "/" + meter }
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
+
+// IssueRequest asks for a grant.
+type IssueRequest struct {
+	Holder     string
+	Generation int64
+	Customer   string
+	Meter      string
+	Amount     decimal.Decimal
+	// MinAmount, when set, accepts a smaller grant (what is available) of
+	// at least MinAmount.
+	MinAmount decimal.NullDecimal
+	// TTL: valid_until = now + TTL (never past the period's end). Default 30 s.
+	TTL time.Duration
+}
+
+func checkHolder(holder string, generation int64) []error {
+	var errs []error
+	if !idPattern.MatchString(holder) {
+		errs = append(errs, &FieldError{Field: "holder", Detail: fmt.Sprintf("%q must be 1-128 characters of [A-Za-z0-9._:-]", holder)})
+	}
+	if generation < 1 {
+		errs = append(errs, &FieldError{Field: "generation", Detail: "must be a positive integer"})
+	}
+	return errs
+}
+
+func checkTTL(ttl time.Duration) []error {
+	if ttl < 0 || ttl > MaxTTL {
+		return []error{&FieldError{Field: "ttl", Detail: fmt.Sprintf("%v must be positive and at most %v", ttl, MaxTTL)}}
+	}
+	return nil
+}
+
+// Validate reports every problem of r at once.
+func (r IssueRequest) Validate() error {
+	errs := checkHolder(r.Holder, r.Generation)
+	if !idPattern.MatchString(r.Customer) {
+		errs = append(errs, &FieldError{Field: "customer", Detail: fmt.Sprintf("%q must be 1-128 characters of [A-Za-z0-9._:-]", r.Customer)})
+	}
+	if !idPattern.MatchString(r.Meter) {
+		errs = append(errs, &FieldError{Field: "meter", Detail: fmt.Sprintf("%q must be 1-128 characters of [A-Za-z0-9._:-]", r.Meter)})
+	}
+	if !r.Amount.IsPositive() {
+		errs = append(errs, &FieldError{Field: "amount", Detail: fmt.Sprintf("%s must be positive", r.Amount)})
+	} else if err := amount.Check(r.Amount); err != nil {
+		errs = append(errs, &FieldError{Field: "amount", Detail: err.Error()})
+	}
+	if r.MinAmount.Valid {
+		m := r.MinAmount.Decimal
+		if !m.IsPositive() || m.GreaterThan(r.Amount) {
+			errs = append(errs, &FieldError{Field: "min_amount", Detail: fmt.Sprintf("%s must be positive and at most amount", m)})
+		} else if err := amount.Check(m); err != nil {
+			errs = append(errs, &FieldError{Field: "min_amount", Detail: err.Error()})
+		}
+	}
+	errs = append(errs, checkTTL(r.TTL)...)
+	return errors.Join(errs...)
+}
+
+// Issue leases a grant in a transaction of its own, answering only after
+// it committed.
+func (s *Store) Issue(ctx context.Context, req IssueRequest) (Grant, error) {
+	var g Grant
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		var err error
+		g, err = s.IssueTx(ctx, tx, req)
+		return err
+	})
+	if err != nil {
+		return Grant{}, err
+	}
+	return g, nil
+}
+
+// IssueTx leases a grant inside tx: the grant exists once tx commits.
+func (s *Store) IssueTx(ctx context.Context, tx pgx.Tx, req IssueRequest) (Grant, error) {
+	if err := req.Validate(); err != nil {
+		return Grant{}, err
+	}
+	if req.TTL == 0 {
+		req.TTL = DefaultTTL
+	}
+	now := s.now()
+	if err := s.lockHolder(ctx, tx, req.Holder, req.Generation, now); err != nil {
+		return Grant{}, err
+	}
+	rule, err := exactRule(ctx, tx, req.Customer, req.Meter, now)
+	if err != nil {
+		return Grant{}, err
+	}
+	p, err := periodAt(ctx, tx, req.Customer, now)
+	if err != nil {
+		return Grant{}, err
+	}
+	key := pgx.NamedArgs{"customer": req.Customer, "meter": req.Meter, "period_start": p.Start.UTC(), "now": now}
+	args := merge(key, pgx.NamedArgs{"period_end": p.End.UTC(), "period": p.Name,
+		"limit": rule.Limit.String(), "rule_version": rule.Version})
+	var consumedText string
+	if err := tx.QueryRow(ctx, qLockBudget, args).Scan(&consumedText); err != nil {
+		return Grant{}, fmt.Errorf("admission: lock budget: %w", err)
+	}
+	// The rule read under the budget lock is the one that decides: a rule
+	// version committed before this point is never missed.
+	if rule, err = exactRule(ctx, tx, req.Customer, req.Meter, now); err != nil {
+		return Grant{}, err
+	}
+	consumed, err := decimal.NewFromString(consumedText)
+	if err != nil {
+		return Grant{}, fmt.Errorf("admission: stored consumed %q: %w", consumedText, err)
+	}
+	available := rule.Limit.Sub(consumed)
+	if available.IsNegative() {
+		available = decimal.Zero
+	}
+	amt := req.Amount
+	if available.LessThan(amt) {
+		if !req.MinAmount.Valid || available.LessThan(req.MinAmount.Decimal) {
+			return Grant{}, s.exhausted(ctx, tx, key, req, available, p.End)
+		}
+		amt = available
+	}
+	validUntil := now.Add(req.TTL)
+	if validUntil.After(p.End) {
+		validUntil = p.End.UTC()
+	}
+	g := Grant{
+		ID: uuid.New(), Customer: req.Customer, Meter: req.Meter, Period: p.Name,
+		PeriodStart: p.Start.UTC(), PeriodEnd: p.End.UTC(), RuleVersion: rule.Version,
+		Holder: req.Holder, Generation: req.Generation, Amount: amt, Spent: decimal.Zero,
+		IssuedAt: now, ValidUntil: validUntil, ReclaimAt: validUntil.Add(s.cfg.MaxSkew), State: "live",
+		OnUnreachable: string(rule.OnUnreachable), LocalAmount: rule.LocalAmount,
+		LocalEvery: int64(time.Duration(rule.LocalEvery) / time.Second),
+	}
+	if _, err := tx.Exec(ctx, qIssue, merge(key, pgx.NamedArgs{"limit": rule.Limit.String(), "delta": amt.String(),
+		"id": g.ID, "rule_version": rule.Version, "holder": g.Holder, "generation": g.Generation,
+		"amount": amt.String(), "valid_until": g.ValidUntil, "reclaim_at": g.ReclaimAt})); err != nil {
+		return Grant{}, fmt.Errorf("admission: issue grant: %w", err)
+	}
+	return g, nil
+}
+
+func (s *Store) exhausted(ctx context.Context, tx pgx.Tx, key pgx.NamedArgs, req IssueRequest, available decimal.Decimal, periodEnd time.Time) error {
+	now := key["now"].(time.Time)
+	var earliest *time.Time
+	if err := tx.QueryRow(ctx, qEarliestReclaim, key).Scan(&earliest); err != nil {
+		return fmt.Errorf("admission: earliest reclaim: %w", err)
+	}
+	at := periodEnd
+	if earliest != nil {
+		at = *earliest
+	}
+	retry := at.Sub(now)
+	if retry < 0 {
+		retry = 0
+	}
+	return &BudgetExhaustedError{Binding: Binding(req.Customer, req.Meter), Available: available, RetryAfter: retry}
+}
+
+// lockHolder records generation as the holder's newest (locking its row)
+// and refuses an older one.
+func (s *Store) lockHolder(ctx context.Context, tx pgx.Tx, holder string, generation int64, now time.Time) error {
+	var current int64
+	if err := tx.QueryRow(ctx, qUpsertHolder, pgx.NamedArgs{"holder": holder, "generation": generation, "now": now}).Scan(&current); err != nil {
+		return fmt.Errorf("admission: record holder: %w", err)
+	}
+	if current > generation {
+		return &StaleGenerationError{Holder: holder, Generation: generation, Current: current}
+	}
+	return nil
+}
+
+func exactRule(ctx context.Context, db DBTX, customer, meter string, now time.Time) (quota.Rule, error) {
+	rule, err := quota.RuleAt(ctx, db, customer, meter, now)
+	if errors.Is(err, quota.ErrNotFound) {
+		return quota.Rule{}, &NotExactError{Customer: customer, Meter: meter}
+	}
+	if err != nil {
+		return quota.Rule{}, err
+	}
+	if rule.Admission != quota.Exact {
+		return quota.Rule{}, &NotExactError{Customer: customer, Meter: meter, Admission: string(rule.Admission)}
+	}
+	return rule, nil
+}
+
+// periodAt is the customer's billing period at t (the default calendar for
+// a customer Tally has not seen yet, as the enforcer does).
+func periodAt(ctx context.Context, db DBTX, customer string, t time.Time) (periods.Period, error) {
+	sch, err := periods.Store{}.Schedule(ctx, db, customer)
+	if errors.Is(err, periods.ErrUnknownCustomer) {
+		sch, err = periods.NewSchedule(periods.DefaultCalendar()), nil
+	}
+	if err != nil {
+		return periods.Period{}, err
+	}
+	return sch.PeriodAt(t)
+}
+
+func merge(a, b pgx.NamedArgs) pgx.NamedArgs {
+	out := make(pgx.NamedArgs, len(a)+len(b))
+	for k, v := range a {
+		out[k] = v
+	}
+	for k, v := range b {
+		out[k] = v
+	}
+	return out
+}

@@ -1,0 +1,475 @@
+package admit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// How says where a decision came from.
+type How uint8
+
+// Sources of a decision.
+const (
+	// Denied without a source: no grant and no capacity.
+	None How = iota
+	// FromGrant: from capacity leased from Tally.
+	FromGrant
+	// Bypass: admitted without a grant (Tally unreachable, policy allow or
+	// local); recorded on disk and reported later.
+	Bypass
+)
+
+func (h How) String() string {
+	switch h {
+	case FromGrant:
+		return "grant"
+	case Bypass:
+		return "bypass"
+	}
+	return "none"
+}
+
+// Decision is the answer of Admit.
+type Decision struct {
+	Admitted bool
+	How      How
+	// Binding names the budget that refused ("customer:<id>/<meter>").
+	Binding string
+	// RetryAfter is Tally's estimate of when capacity may free up.
+	RetryAfter time.Duration
+	// Unreachable: Tally could not be reached when a grant was needed.
+	Unreachable bool
+}
+
+// Policy is what Admit does when it needs a grant and Tally cannot be
+// reached: the rule's on_unreachable, learnt with each grant.
+type Policy string
+
+// Policies.
+const (
+	Deny  Policy = "deny"
+	Local Policy = "local"
+	Allow Policy = "allow"
+)
+
+// Config configures a Client.
+type Config struct {
+	// URL of Tally's API, e.g. "http://127.0.0.1:8080". Required.
+	URL string
+	// Token: a gateway token for Holder (tally tokens create --gateway H).
+	Token string
+	// Holder is this gateway's stable id. Required.
+	Holder string
+	// Dir keeps the generation and the bypass journal. Required; one
+	// directory per holder.
+	Dir string
+	// OnUnreachable with LocalAmount per LocalEvery for Local: the policy
+	// for a budget until a grant has brought its rule's on_unreachable
+	// (which then applies). Default Deny.
+	OnUnreachable Policy
+	LocalAmount   int64
+	LocalEvery    time.Duration
+	// GrantTTL asked for each grant. Default 30 s.
+	GrantTTL time.Duration
+	// Lookahead: grants are sized to cover this much of measured demand.
+	// Default 2 s.
+	Lookahead time.Duration
+	// MinGrant is the smallest grant asked for. Default 10.
+	MinGrant int64
+	// Tick is the period of the background loop. Default 50 ms.
+	Tick time.Duration
+	// HTTPClient; default one with a 2 s timeout.
+	HTTPClient *http.Client
+	Logger     *slog.Logger
+}
+
+// Validate reports every problem of c at once.
+func (c Config) Validate() error {
+	var errs []error
+	if c.URL == "" {
+		errs = append(errs, errors.New("admit: URL is required"))
+	}
+	if c.Holder == "" {
+		errs = append(errs, errors.New("admit: Holder is required"))
+	}
+	if c.Dir == "" {
+		errs = append(errs, errors.New("admit: Dir is required"))
+	}
+	switch c.OnUnreachable {
+	case "", Deny, Allow:
+	case Local:
+		if c.LocalAmount <= 0 || c.LocalEvery <= 0 {
+			errs = append(errs, errors.New("admit: Local needs a positive LocalAmount and LocalEvery"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("admit: OnUnreachable %q must be deny, local or allow", c.OnUnreachable))
+	}
+	return errors.Join(errs...)
+}
+
+// Client admits requests for one holder.
+type Client struct {
+	cfg        Config
+	generation int64
+	http       *http.Client
+	log        *slog.Logger
+	budgets    atomic.Pointer[map[key]*budget]
+	mu         sync.Mutex // adding budgets, and the background loop's grant bookkeeping
+	journal    *journal
+	wake       chan struct{}
+	stop       chan struct{}
+	done       chan struct{}
+	closeOnce  sync.Once
+}
+
+type key struct{ customer, meter string }
+
+// New reads and bumps the holder's generation on disk, reports bypasses
+// left by earlier runs when Tally answers, and starts the background loop.
+func New(cfg Config) (*Client, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.OnUnreachable == "" {
+		cfg.OnUnreachable = Deny
+	}
+	if cfg.GrantTTL == 0 {
+		cfg.GrantTTL = 30 * time.Second
+	}
+	if cfg.Lookahead == 0 {
+		cfg.Lookahead = 2 * time.Second
+	}
+	if cfg.MinGrant == 0 {
+		cfg.MinGrant = 10
+	}
+	if cfg.Tick == 0 {
+		cfg.Tick = 50 * time.Millisecond
+	}
+	if cfg.HTTPClient == nil {
+		cfg.HTTPClient = &http.Client{Timeout: 2 * time.Second}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("admit: state directory: %w", err)
+	}
+	gen, err := bumpGeneration(cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
+	j, err := openJournal(cfg.Dir, gen)
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{cfg: cfg, generation: gen, http: cfg.HTTPClient, log: cfg.Logger, journal: j,
+		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+	empty := map[key]*budget{}
+	c.budgets.Store(&empty)
+	go c.loop()
+	return c, nil
+}
+
+// Generation is this run's generation of the holder.
+func (c *Client) Generation() int64 { return c.generation }
+
+// bumpGeneration reads the generation file, writes the next one durably,
+// and returns it.
+func bumpGeneration(dir string) (int64, error) {
+	path := filepath.Join(dir, "generation")
+	var gen int64
+	b, err := os.ReadFile(path)
+	switch {
+	case err == nil:
+		gen, err = strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+		if err != nil || gen < 0 {
+			return 0, fmt.Errorf("admit: %s: not a generation: %q", path, b)
+		}
+	case errors.Is(err, os.ErrNotExist):
+	default:
+		return 0, fmt.Errorf("admit: read generation: %w", err)
+	}
+	gen++
+	if err := writeFileSync(path, []byte(strconv.FormatInt(gen, 10)+"\n")); err != nil {
+		return 0, fmt.Errorf("admit: write generation: %w", err)
+	}
+	return gen, nil
+}
+
+func writeFileSync(path string, data []byte) error {
+	tmp := path + ".tmp"
+	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return err
+	}
+	d, err := os.Open(filepath.Dir(path))
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// Admit decides whether a request of cost units of meter for customer may
+// pass. From a held grant it answers from memory without locking or
+// allocating; with no capacity left it asks Tally for a grant (bounded by
+// ctx), and when Tally cannot be reached it applies OnUnreachable.
+func (c *Client) Admit(ctx context.Context, customer, meter string, cost int64) (Decision, error) {
+	if cost <= 0 {
+		return Decision{}, fmt.Errorf("admit: cost %d must be positive", cost)
+	}
+	b := (*c.budgets.Load())[key{customer, meter}]
+	if b != nil && b.take(cost) {
+		return Decision{Admitted: true, How: FromGrant}, nil
+	}
+	return c.admitSlow(ctx, customer, meter, cost, b)
+}
+
+func (c *Client) admitSlow(ctx context.Context, customer, meter string, cost int64, b *budget) (Decision, error) {
+	if b == nil {
+		b = c.budget(customer, meter)
+		if b.take(cost) {
+			return Decision{Admitted: true, How: FromGrant}, nil
+		}
+	}
+	b.misses.Add(1)
+	// Refused recently: answer from memory until retry_after.
+	if until := b.refusedUntil.Load(); until > 0 && time.Now().UnixNano() < until {
+		return Decision{Binding: b.binding, RetryAfter: time.Duration(until - time.Now().UnixNano())}, nil
+	}
+	err := c.topUp(ctx, b, cost)
+	if b.take(cost) {
+		return Decision{Admitted: true, How: FromGrant}, nil
+	}
+	var ex *exhaustedError
+	switch {
+	case errors.As(err, &ex):
+		return Decision{Binding: ex.Binding, RetryAfter: ex.RetryAfter}, nil
+	case err != nil && isUnreachable(err):
+		return c.unreachable(customer, meter, cost, b)
+	case err != nil:
+		return Decision{}, err
+	}
+	// Granted, but the capacity went to concurrent callers.
+	return Decision{Binding: b.binding}, nil
+}
+
+// unreachable applies OnUnreachable.
+func (c *Client) unreachable(customer, meter string, cost int64, b *budget) (Decision, error) {
+	d := Decision{Binding: b.binding, Unreachable: true}
+	p := policy{how: c.cfg.OnUnreachable, amount: c.cfg.LocalAmount, every: c.cfg.LocalEvery}
+	if learnt := b.policy.Load(); learnt != nil {
+		p = *learnt
+	}
+	switch p.how {
+	case Allow:
+	case Local:
+		if p.every <= 0 || !b.local.take(cost, p.amount, p.every, time.Now()) {
+			return d, nil
+		}
+	default:
+		return d, nil
+	}
+	if err := c.journal.append(customer, meter, cost, time.Now()); err != nil {
+		// Not on disk, so not admitted: a bypass must never go unrecorded.
+		return d, fmt.Errorf("admit: record bypass: %w", err)
+	}
+	d.Admitted, d.How = true, Bypass
+	return d, nil
+}
+
+// budget returns the budget of customer and meter, adding it (copy on
+// write: Admit reads the map without a lock).
+func (c *Client) budget(customer, meter string) *budget {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m := *c.budgets.Load()
+	if b := m[key{customer, meter}]; b != nil {
+		return b
+	}
+	b := newBudget(customer, meter)
+	next := make(map[key]*budget, len(m)+1)
+	for k, v := range m {
+		next[k] = v
+	}
+	next[key{customer, meter}] = b
+	c.budgets.Store(&next)
+	return b
+}
+
+// Close releases every held grant with its spent (when Tally answers),
+// reports pending bypasses, and stops the background loop.
+func (c *Client) Close(ctx context.Context) error {
+	var err error
+	c.closeOnce.Do(func() {
+		close(c.stop)
+		<-c.done
+		for _, b := range *c.budgets.Load() {
+			c.releaseAll(ctx, b)
+		}
+		c.reportBypasses(ctx)
+		err = c.journal.close()
+	})
+	return err
+}
+
+// shards is the number of capacity counters per budget: one per CPU, so
+// concurrent Admit calls rarely touch the same cache line.
+var shards = runtime.GOMAXPROCS(0)
+
+type shard struct {
+	avail atomic.Int64
+	taken atomic.Int64 // admitted from grants, for the demand measure
+	_     [48]byte
+}
+
+type budget struct {
+	customer, meter, binding string
+	shards                   []shard
+	misses                   atomic.Int64
+	refusedUntil             atomic.Int64 // unix nanos
+	local                    localBucket
+	policy                   atomic.Pointer[policy] // the rule's on_unreachable, from the last grant
+
+	// Below: under mu (the slow path and the background loop).
+	mu        sync.Mutex
+	grants    []*held // oldest first
+	finals    int64   // admitted from grants no longer held
+	lastTaken int64
+	lastAt    time.Time
+	rate      float64 // units per second, smoothed
+}
+
+type held struct {
+	id         string
+	amount     int64
+	validUntil time.Time
+	spent      int64 // last reported
+}
+
+func newBudget(customer, meter string) *budget {
+	return &budget{customer: customer, meter: meter, binding: "customer:" + customer + "/" + meter,
+		shards: make([]shard, shards), lastAt: time.Now()}
+}
+
+// take admits cost from one shard, trying the others when it is short.
+func (b *budget) take(cost int64) bool {
+	n := len(b.shards)
+	start := int(rand.Uint32()) % n
+	for i := range n {
+		s := &b.shards[(start+i)%n]
+		for {
+			v := s.avail.Load()
+			if v < cost {
+				break
+			}
+			if s.avail.CompareAndSwap(v, v-cost) {
+				s.taken.Add(cost)
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// add spreads capacity over the shards.
+func (b *budget) add(amount int64) {
+	n := int64(len(b.shards))
+	per, rest := amount/n, amount%n
+	for i := range b.shards {
+		v := per
+		if int64(i) < rest {
+			v++
+		}
+		b.shards[i].avail.Add(v)
+	}
+}
+
+// withdraw takes back up to amount of unadmitted capacity and returns how
+// much it took.
+func (b *budget) withdraw(amount int64) int64 {
+	var got int64
+	for i := range b.shards {
+		s := &b.shards[i]
+		for got < amount {
+			v := s.avail.Load()
+			if v <= 0 {
+				break
+			}
+			t := min(v, amount-got)
+			if s.avail.CompareAndSwap(v, v-t) {
+				got += t
+			}
+		}
+	}
+	return got
+}
+
+func (b *budget) available() int64 {
+	var s int64
+	for i := range b.shards {
+		s += b.shards[i].avail.Load()
+	}
+	return s
+}
+
+func (b *budget) taken() int64 {
+	var s int64
+	for i := range b.shards {
+		s += b.shards[i].taken.Load()
+	}
+	return s
+}
+
+// policy is an on_unreachable setting.
+type policy struct {
+	how    Policy
+	amount int64
+	every  time.Duration
+}
+
+// localBucket is the bounded fallback of policy Local.
+type localBucket struct {
+	mu     sync.Mutex
+	window time.Time
+	used   int64
+}
+
+func (l *localBucket) take(cost, amount int64, every time.Duration, now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.Sub(l.window) >= every {
+		l.window, l.used = now, 0
+	}
+	if l.used+cost > amount {
+		return false
+	}
+	l.used += cost
+	return true
+}

@@ -1,0 +1,190 @@
+package admit
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// journal keeps bypasses on disk: one line per admission made without a
+// grant, synced before Admit returns. Reporting renames the file to a
+// pending report first, so a report is sent under one id until Tally has
+// it, across restarts.
+type journal struct {
+	mu   sync.Mutex
+	dir  string
+	gen  int64
+	seq  int
+	f    *os.File
+	size int64
+}
+
+func openJournal(dir string, gen int64) (*journal, error) {
+	// Logs of earlier generations become pending reports.
+	old, _ := filepath.Glob(filepath.Join(dir, "bypass-*.log"))
+	for _, p := range old {
+		if err := os.Rename(p, strings.TrimSuffix(p, ".log")+".pending"); err != nil {
+			return nil, fmt.Errorf("admit: bypass journal: %w", err)
+		}
+	}
+	j := &journal{dir: dir, gen: gen}
+	if err := j.open(); err != nil {
+		return nil, err
+	}
+	return j, nil
+}
+
+func (j *journal) path() string {
+	return filepath.Join(j.dir, fmt.Sprintf("bypass-%d-%d.log", j.gen, j.seq))
+}
+
+func (j *journal) open() error {
+	f, err := os.OpenFile(j.path(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("admit: bypass journal: %w", err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return err
+	}
+	j.f, j.size = f, st.Size()
+	return nil
+}
+
+func (j *journal) append(customer, meter string, cost int64, at time.Time) error {
+	line := customer + "\t" + meter + "\t" + strconv.FormatInt(cost, 10) + "\t" + strconv.FormatInt(at.UnixNano(), 10) + "\n"
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.f == nil {
+		return fmt.Errorf("admit: closed")
+	}
+	n, err := j.f.WriteString(line)
+	j.size += int64(n)
+	if err != nil {
+		return err
+	}
+	return j.f.Sync()
+}
+
+// seal turns the current log, when not empty, into a pending report.
+func (j *journal) seal() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.f == nil || j.size == 0 {
+		return nil
+	}
+	if err := j.f.Close(); err != nil {
+		return err
+	}
+	p := j.path()
+	if err := os.Rename(p, strings.TrimSuffix(p, ".log")+".pending"); err != nil {
+		return err
+	}
+	j.seq++
+	return j.open()
+}
+
+func (j *journal) close() error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.f == nil {
+		return nil
+	}
+	err := j.f.Close()
+	j.f = nil
+	if j.size == 0 {
+		_ = os.Remove(j.path())
+	}
+	return err
+}
+
+type bypassItem struct {
+	Customer   string    `json:"customer"`
+	Meter      string    `json:"meter"`
+	Amount     string    `json:"amount"`
+	Admissions int64     `json:"admissions"`
+	FirstAt    time.Time `json:"first_at"`
+	LastAt     time.Time `json:"last_at"`
+}
+
+// readReport aggregates a pending file per customer and meter.
+func readReport(path string) ([]bypassItem, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	type agg struct {
+		amount, n     int64
+		first, last   int64
+		customer, mtr string
+	}
+	byKey := map[string]*agg{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		parts := strings.Split(sc.Text(), "\t")
+		if len(parts) != 4 {
+			continue // a torn last line of a crash: its Admit never returned
+		}
+		cost, err1 := strconv.ParseInt(parts[2], 10, 64)
+		at, err2 := strconv.ParseInt(parts[3], 10, 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		k := parts[0] + "\t" + parts[1]
+		a := byKey[k]
+		if a == nil {
+			a = &agg{first: at, last: at, customer: parts[0], mtr: parts[1]}
+			byKey[k] = a
+		}
+		a.amount += cost
+		a.n++
+		a.first, a.last = min(a.first, at), max(a.last, at)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	var out []bypassItem
+	for _, a := range byKey {
+		out = append(out, bypassItem{Customer: a.customer, Meter: a.mtr, Amount: strconv.FormatInt(a.amount, 10),
+			Admissions: a.n, FirstAt: time.Unix(0, a.first).UTC(), LastAt: time.Unix(0, a.last).UTC()})
+	}
+	sort.Slice(out, func(i, k int) bool { return out[i].Customer+out[i].Meter < out[k].Customer+out[k].Meter })
+	return out, nil
+}
+
+// reportBypasses sends every pending report; each file is removed once
+// Tally has stored it (resending the same report id is harmless).
+func (c *Client) reportBypasses(ctx context.Context) {
+	if err := c.journal.seal(); err != nil {
+		c.log.Error("bypass journal", "err", err)
+		return
+	}
+	pending, _ := filepath.Glob(filepath.Join(c.cfg.Dir, "bypass-*.pending"))
+	for _, p := range pending {
+		items, err := readReport(p)
+		if err != nil {
+			c.log.Error("bypass report", "file", p, "err", err)
+			continue
+		}
+		if len(items) > 0 {
+			id := strings.TrimSuffix(filepath.Base(p), ".pending")
+			err = c.call(ctx, "/v1/bypasses", map[string]any{"holder": c.cfg.Holder, "generation": c.generation,
+				"report_id": id, "items": items}, nil)
+			if err != nil {
+				return // try again on the next round
+			}
+		}
+		if err := os.Remove(p); err != nil {
+			c.log.Error("bypass report", "file", p, "err", err)
+		}
+	}
+}

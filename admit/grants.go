@@ -1,0 +1,294 @@
+package admit
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+type exhaustedError struct {
+	Binding    string
+	Available  string
+	RetryAfter time.Duration
+}
+
+func (e *exhaustedError) Error() string {
+	return fmt.Sprintf("admit: budget %s exhausted (%s available)", e.Binding, e.Available)
+}
+
+// unreachableError: Tally did not answer (connection refused, timeout, 5xx).
+type unreachableError struct{ err error }
+
+func (e *unreachableError) Error() string { return "admit: Tally unreachable: " + e.err.Error() }
+func (e *unreachableError) Unwrap() error { return e.err }
+
+func isUnreachable(err error) bool {
+	var u *unreachableError
+	return errors.As(err, &u)
+}
+
+type problem struct {
+	Type       string `json:"type"`
+	Detail     string `json:"detail"`
+	Binding    string `json:"binding"`
+	Available  string `json:"available"`
+	RetryAfter *int64 `json:"retry_after"`
+}
+
+type grantAnswer struct {
+	ID            string    `json:"id"`
+	Amount        string    `json:"amount"`
+	ValidUntil    time.Time `json:"valid_until"`
+	OnUnreachable Policy    `json:"on_unreachable"`
+	LocalAmount   string    `json:"local_amount"`
+	LocalEvery    int64     `json:"local_every"`
+}
+
+// call POSTs body to path and decodes a 2xx answer into out.
+func (c *Client) call(ctx context.Context, path string, body, out any) error {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.cfg.URL+path, bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+c.cfg.Token)
+	resp, err := c.http.Do(req)
+	if err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || ctx.Err() == nil {
+			return &unreachableError{err}
+		}
+		return err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return &unreachableError{err}
+	}
+	if resp.StatusCode >= 500 {
+		return &unreachableError{fmt.Errorf("%s: %s", resp.Status, raw)}
+	}
+	if resp.StatusCode >= 300 {
+		var p problem
+		_ = json.Unmarshal(raw, &p)
+		if p.Type == "urn:tally:problem:budget-exhausted" {
+			e := &exhaustedError{Binding: p.Binding, Available: p.Available}
+			if p.RetryAfter != nil {
+				e.RetryAfter = time.Duration(*p.RetryAfter) * time.Second
+			}
+			return e
+		}
+		return fmt.Errorf("admit: %s %s: %s (%s)", path, resp.Status, p.Type, p.Detail)
+	}
+	if out == nil {
+		return nil
+	}
+	return json.Unmarshal(raw, out)
+}
+
+// topUp asks for a grant big enough for at least need, sized from the
+// measured demand. Caller must not hold b.mu.
+func (c *Client) topUp(ctx context.Context, b *budget, need int64) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.available() >= need {
+		return nil // another caller topped up meanwhile
+	}
+	return c.topUpLocked(ctx, b, need)
+}
+
+func (c *Client) target(b *budget) int64 {
+	t := int64(math.Ceil(b.rate * c.cfg.Lookahead.Seconds()))
+	return max(t, c.cfg.MinGrant)
+}
+
+func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
+	size := max(c.target(b)-b.available(), need)
+	var g grantAnswer
+	err := c.call(ctx, "/v1/grants", map[string]any{
+		"holder": c.cfg.Holder, "generation": c.generation, "customer": b.customer, "meter": b.meter,
+		"amount": strconv.FormatInt(size, 10), "min_amount": strconv.FormatInt(need, 10),
+		"ttl": c.cfg.GrantTTL.String(),
+	}, &g)
+	var ex *exhaustedError
+	if errors.As(err, &ex) {
+		// Answer refusals from memory for a while: fewer central calls.
+		wait := min(ex.RetryAfter, 250*time.Millisecond)
+		b.refusedUntil.Store(time.Now().Add(wait).UnixNano())
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	b.refusedUntil.Store(0)
+	if g.OnUnreachable != "" {
+		// The rule's policy, learnt with the grant, overrides the default.
+		p := policy{how: g.OnUnreachable, every: time.Duration(g.LocalEvery) * time.Second}
+		if g.LocalAmount != "" {
+			p.amount, _ = parseUnits(g.LocalAmount)
+		}
+		b.policy.Store(&p)
+	}
+	amount, err := parseUnits(g.Amount)
+	if err != nil {
+		return err
+	}
+	if amount <= 0 {
+		// A fractional grant: nothing usable in whole units. Give it back.
+		c.release(ctx, b, &held{id: g.ID, amount: 0}, 0)
+		return nil
+	}
+	// Keep a tick of margin before valid_until: the loop renews or gives
+	// back the grant before Tally may consider it expired.
+	b.grants = append(b.grants, &held{id: g.ID, amount: amount, validUntil: g.ValidUntil})
+	b.add(amount)
+	return nil
+}
+
+// parseUnits reads a decimal string as whole units, flooring a fraction
+// (the fraction is never admitted, so never over-admitted).
+func parseUnits(s string) (int64, error) {
+	whole := s
+	for i := range len(s) {
+		if s[i] == '.' {
+			whole = s[:i]
+			break
+		}
+	}
+	return strconv.ParseInt(whole, 10, 64)
+}
+
+// allocate assigns what was admitted from held grants to them, oldest
+// first, and returns each grant's spent.
+func (b *budget) allocate() []int64 {
+	pending := b.taken() - b.finals
+	out := make([]int64, len(b.grants))
+	for i, g := range b.grants {
+		s := min(g.amount, max(pending, 0))
+		out[i] = max(s, g.spent) // spent reports never go backwards
+		pending -= s
+	}
+	return out
+}
+
+// release withdraws what g has not spent, releases it with its final spent
+// and forgets it. Under b.mu.
+func (c *Client) release(ctx context.Context, b *budget, g *held, allocated int64) {
+	w := b.withdraw(g.amount - allocated)
+	local := g.amount - w // admitted from g, as far as this gateway knows
+	b.finals += local
+	final := max(local, g.spent)
+	err := c.call(ctx, "/v1/grants/"+g.id+"/release", map[string]any{
+		"holder": c.cfg.Holder, "generation": c.generation, "spent": strconv.FormatInt(final, 10),
+	}, nil)
+	if err != nil {
+		// Tally reclaims it at valid_until + max_skew, counted fully spent.
+		c.log.Warn("grant release failed; it will expire", "grant", g.id, "err", err)
+	}
+	for i, h := range b.grants {
+		if h == g {
+			b.grants = append(b.grants[:i], b.grants[i+1:]...)
+			break
+		}
+	}
+}
+
+func (c *Client) releaseAll(ctx context.Context, b *budget) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for len(b.grants) > 0 {
+		alloc := b.allocate()
+		n := len(b.grants) - 1
+		c.release(ctx, b, b.grants[n], alloc[n])
+	}
+}
+
+// loop tops up, renews and releases grants, and reports bypasses.
+func (c *Client) loop() {
+	defer close(c.done)
+	t := time.NewTicker(c.cfg.Tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-t.C:
+		case <-c.wake:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*c.cfg.Tick+2*time.Second)
+		for _, b := range *c.budgets.Load() {
+			c.tend(ctx, b)
+		}
+		c.reportBypasses(ctx)
+		cancel()
+	}
+}
+
+// tend is one round of the loop for one budget.
+func (c *Client) tend(ctx context.Context, b *budget) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := time.Now()
+	taken := b.taken()
+	if dt := now.Sub(b.lastAt).Seconds(); dt > 0 {
+		inst := float64(taken-b.lastTaken) / dt
+		b.rate = 0.7*b.rate + 0.3*inst
+		if b.misses.Swap(0) > 0 && b.rate < inst*2 {
+			b.rate = max(b.rate, inst) * 1.5 // ran dry: grow faster
+		}
+	}
+	b.lastTaken, b.lastAt = taken, now
+
+	// Grants about to run out: give back what is unspent while Tally can
+	// still take it; fully spent ones end at once.
+	alloc := b.allocate()
+	for i := len(b.grants) - 1; i >= 0; i-- {
+		g := b.grants[i]
+		if now.Add(2*c.cfg.Tick).After(g.validUntil) || alloc[i] >= g.amount {
+			c.release(ctx, b, g, alloc[i])
+		}
+	}
+	// Renew the rest when half their TTL is gone.
+	alloc = b.allocate()
+	for i, g := range b.grants {
+		if g.validUntil.Sub(now) < c.cfg.GrantTTL/2 {
+			var ans grantAnswer
+			err := c.call(ctx, "/v1/grants/"+g.id+"/renew", map[string]any{
+				"holder": c.cfg.Holder, "generation": c.generation, "spent": strconv.FormatInt(alloc[i], 10),
+				"ttl": c.cfg.GrantTTL.String(),
+			}, &ans)
+			if err == nil {
+				g.spent, g.validUntil = alloc[i], ans.ValidUntil
+			}
+		}
+	}
+	target := c.target(b)
+	avail := b.available()
+	// Top up before running dry.
+	if avail < target/2 && time.Now().UnixNano() >= b.refusedUntil.Load() && len(b.grants) > 0 {
+		_ = c.topUpLocked(ctx, b, 1)
+	}
+	// Give back what demand no longer needs: the newest grant, when what
+	// is left without it still covers the target twice, or when what is
+	// held is more than three times the target (the next miss asks for a
+	// grant sized to the demand then).
+	if n := len(b.grants); n > 0 {
+		alloc = b.allocate()
+		g := b.grants[n-1]
+		if avail-(g.amount-alloc[n-1]) > 2*target || avail > 3*target {
+			c.release(ctx, b, g, alloc[n-1])
+		}
+	}
+}

@@ -1,0 +1,127 @@
+package admit_test
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/shopspring/decimal"
+	"go.uber.org/goleak"
+
+	"github.com/tally-ledger/tally/admission"
+	"github.com/tally-ledger/tally/admit"
+	"github.com/tally-ledger/tally/api"
+	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/quota"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const adminToken = "admit-test-admin-token-0123456789abcdef"
+
+// tally is a real Tally API over loopback whose process can be "killed":
+// while down, every connection is cut before an answer.
+type tally struct {
+	t    testing.TB
+	pool *pgxpool.Pool
+	srv  *httptest.Server
+	down atomic.Bool
+}
+
+func startTally(t testing.TB) *tally {
+	t.Helper()
+	pool := pgtest.New(t)
+	l, err := ledger.New(ledger.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := api.New(api.Config{Pool: pool, Ledger: l, AdminToken: adminToken,
+		Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- h.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
+	ts := &tally{t: t, pool: pool}
+	ts.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if ts.down.Load() {
+			panic(http.ErrAbortHandler) // the connection dies without an answer
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(ts.srv.Close)
+	return ts
+}
+
+func (ts *tally) exactRule(customer, meter, limit string) {
+	ts.t.Helper()
+	_, err := quota.PutRuleDB(context.Background(), ts.pool, quota.RuleInput{Customer: customer, Meter: meter,
+		Limit: decimal.RequireFromString(limit), Admission: quota.Exact, Actor: "test"})
+	if err != nil {
+		ts.t.Fatal(err)
+	}
+}
+
+// exactRuleWith stores an exact rule with on_unreachable policy (local: 7
+// per hour).
+func (ts *tally) exactRuleWith(customer, meter, limit string, policy admit.Policy) {
+	ts.t.Helper()
+	in := quota.RuleInput{Customer: customer, Meter: meter, Limit: decimal.RequireFromString(limit),
+		Admission: quota.Exact, OnUnreachable: quota.OnUnreachable(policy), Actor: "test"}
+	if policy == admit.Local {
+		in.LocalAmount, in.LocalEvery = decimal.NewNullDecimal(decimal.NewFromInt(7)), time.Hour
+	}
+	if _, err := quota.PutRuleDB(context.Background(), ts.pool, in); err != nil {
+		ts.t.Fatal(err)
+	}
+}
+
+func (ts *tally) gatewayToken(holder string) string {
+	ts.t.Helper()
+	_, secret, err := api.CreateGatewayToken(context.Background(), ts.pool, holder, "test", time.Now())
+	if err != nil {
+		ts.t.Fatal(err)
+	}
+	return secret
+}
+
+func (ts *tally) budget(customer, meter string) admission.Budget {
+	ts.t.Helper()
+	s, err := admission.New(ts.pool, admission.Config{})
+	if err != nil {
+		ts.t.Fatal(err)
+	}
+	bs, err := s.Budgets(context.Background(), customer)
+	if err != nil {
+		ts.t.Fatal(err)
+	}
+	for _, b := range bs {
+		if b.Meter == meter {
+			return b
+		}
+	}
+	return admission.Budget{}
+}
+
+// eventually polls cond for up to a generous minute (the machine may be
+// loaded): it asserts behaviour, not speed.
+func eventually(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+	}
+}

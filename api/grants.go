@@ -1,0 +1,284 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/google/uuid"
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/admission"
+	"github.com/tally-ledger/tally/quota"
+)
+
+// Problem types of exact admission.
+const (
+	TypeBudgetExhausted = typePrefix + "budget-exhausted"
+	TypeStaleGeneration = typePrefix + "stale-generation"
+	TypeNotHolder       = typePrefix + "not-holder"
+	TypeGrantEnded      = typePrefix + "grant-ended"
+	TypeNotExact        = typePrefix + "not-exact"
+)
+
+// admissionStore is the grant store on the API's pool and clock. It holds
+// no state of its own, so one per request costs a small allocation only.
+func (a *API) admissionStore() (*admission.Store, error) {
+	return admission.New(a.pool, admission.Config{Now: a.now, Logger: a.log})
+}
+
+// requireGrantManager lets through the admin token and gateway tokens;
+// handlers check that a gateway token names its own holder.
+func requireGrantManager(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p := principalFrom(r.Context()); !p.admin && p.gateway == "" {
+			writeProblemRequest(w, r, &Problem{Type: TypeForbidden, Title: "Forbidden", Status: http.StatusForbidden,
+				Detail: "grants are managed by the admin token or a gateway token (tally tokens create --gateway H)"})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// checkHolder refuses a gateway token acting for another holder.
+func checkHolder(r *http.Request, holder string) error {
+	p := principalFrom(r.Context())
+	if p.admin || p.gateway == holder {
+		return nil
+	}
+	return &Problem{Type: TypeForbidden, Title: "Forbidden", Status: http.StatusForbidden,
+		Detail: fmt.Sprintf("this gateway token manages only holder %q, not %q", p.gateway, holder),
+		Errors: []FieldError{{Field: "holder", Detail: "not this token's gateway"}}}
+}
+
+type grantBody struct {
+	Holder     string              `json:"holder"`
+	Generation int64               `json:"generation"`
+	Customer   string              `json:"customer"`
+	Meter      string              `json:"meter"`
+	Amount     decimal.Decimal     `json:"amount"`
+	MinAmount  decimal.NullDecimal `json:"min_amount"`
+	TTL        quota.Duration      `json:"ttl"`
+}
+
+type reportBody struct {
+	Holder     string          `json:"holder"`
+	Generation int64           `json:"generation"`
+	Spent      decimal.Decimal `json:"spent"`
+	TTL        quota.Duration  `json:"ttl"`
+}
+
+type bypassBody struct {
+	Holder     string                 `json:"holder"`
+	Generation int64                  `json:"generation"`
+	ReportID   string                 `json:"report_id"`
+	Items      []admission.BypassItem `json:"items"`
+}
+
+// postGrant issues a grant: 201 with the grant, or 409 budget-exhausted.
+func (a *API) postGrant(w http.ResponseWriter, r *http.Request) error {
+	if _, err := queryParams(r); err != nil {
+		return err
+	}
+	var b grantBody
+	if err := decodeJSON(r, &b); err != nil {
+		return err
+	}
+	if err := checkHolder(r, b.Holder); err != nil {
+		return err
+	}
+	s, err := a.admissionStore()
+	if err != nil {
+		return err
+	}
+	g, err := s.Issue(r.Context(), admission.IssueRequest{Holder: b.Holder, Generation: b.Generation,
+		Customer: b.Customer, Meter: b.Meter, Amount: b.Amount, MinAmount: b.MinAmount, TTL: time.Duration(b.TTL)})
+	if err != nil {
+		return admissionProblem(w, err)
+	}
+	w.Header().Set("Location", "/v1/customers/"+g.Customer+"/grants?state=live")
+	writeJSON(w, http.StatusCreated, g)
+	return nil
+}
+
+func (a *API) renewGrant(w http.ResponseWriter, r *http.Request) error   { return a.report(w, r, false) }
+func (a *API) releaseGrant(w http.ResponseWriter, r *http.Request) error { return a.report(w, r, true) }
+
+func (a *API) report(w http.ResponseWriter, r *http.Request, release bool) error {
+	id, err := uuid.Parse(chi.URLParam(r, "id"))
+	if err != nil {
+		return invalidField("id", "%s is not a grant id", quote(chi.URLParam(r, "id")))
+	}
+	if _, err := queryParams(r); err != nil {
+		return err
+	}
+	var b reportBody
+	if err := decodeJSON(r, &b); err != nil {
+		return err
+	}
+	if err := checkHolder(r, b.Holder); err != nil {
+		return err
+	}
+	s, err := a.admissionStore()
+	if err != nil {
+		return err
+	}
+	rep := admission.Report{Grant: id, Holder: b.Holder, Generation: b.Generation, Spent: b.Spent, TTL: time.Duration(b.TTL)}
+	var g admission.Grant
+	if release {
+		if b.TTL != 0 {
+			return invalidField("ttl", "a release takes no ttl")
+		}
+		g, err = s.Release(r.Context(), rep)
+	} else {
+		g, err = s.Renew(r.Context(), rep)
+	}
+	if err != nil {
+		return admissionProblem(w, err)
+	}
+	writeJSON(w, http.StatusOK, g)
+	return nil
+}
+
+// postBypasses stores a holder's report of admissions made without a grant.
+func (a *API) postBypasses(w http.ResponseWriter, r *http.Request) error {
+	if _, err := queryParams(r); err != nil {
+		return err
+	}
+	var b bypassBody
+	if err := decodeJSON(r, &b); err != nil {
+		return err
+	}
+	if err := checkHolder(r, b.Holder); err != nil {
+		return err
+	}
+	s, err := a.admissionStore()
+	if err != nil {
+		return err
+	}
+	if err := s.RecordBypasses(r.Context(), admission.BypassReport{Holder: b.Holder, Generation: b.Generation,
+		ReportID: b.ReportID, Items: b.Items}); err != nil {
+		return admissionProblem(w, err)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"report_id": b.ReportID, "items": len(b.Items)})
+	return nil
+}
+
+// listGrants serves GET /v1/customers/{customer}/grants?state=live|ended.
+func (a *API) listGrants(w http.ResponseWriter, r *http.Request) error {
+	customer, err := readableCustomer(r)
+	if err != nil {
+		return err
+	}
+	q, err := queryParams(r, "state", "limit", "cursor")
+	if err != nil {
+		return err
+	}
+	pr, err := ParsePageRequest(q)
+	if err != nil {
+		return err
+	}
+	req := admission.ListRequest{Customer: customer, State: q["state"], Limit: pr.Limit + 1}
+	if len(pr.After) == 2 {
+		at, err1 := time.Parse(time.RFC3339Nano, pr.After[0])
+		id, err2 := uuid.Parse(pr.After[1])
+		if err1 != nil || err2 != nil {
+			return invalidField("cursor", "not a cursor returned by this API (pass next_cursor back unchanged)")
+		}
+		req.AfterIssued, req.AfterID = &at, id
+	} else if pr.After != nil {
+		return invalidField("cursor", "not a cursor returned by this API (pass next_cursor back unchanged)")
+	}
+	s, err := a.admissionStore()
+	if err != nil {
+		return err
+	}
+	gs, err := s.Grants(r.Context(), req)
+	if err != nil {
+		return admissionProblem(w, err)
+	}
+	page := Page[admission.Grant]{Items: gs}
+	if len(gs) > pr.Limit {
+		page.Items = gs[:pr.Limit]
+		last := page.Items[len(page.Items)-1]
+		page.NextCursor = EncodeCursor(last.IssuedAt.Format(time.RFC3339Nano), last.ID.String())
+	}
+	if page.Items == nil {
+		page.Items = []admission.Grant{}
+	}
+	writeJSON(w, http.StatusOK, page)
+	return nil
+}
+
+// listBudgets serves GET /v1/customers/{customer}/budgets.
+func (a *API) listBudgets(w http.ResponseWriter, r *http.Request) error {
+	customer, err := readableCustomer(r)
+	if err != nil {
+		return err
+	}
+	if _, err := queryParams(r); err != nil {
+		return err
+	}
+	s, err := a.admissionStore()
+	if err != nil {
+		return err
+	}
+	bs, err := s.Budgets(r.Context(), customer)
+	if err != nil {
+		return err
+	}
+	if bs == nil {
+		bs = []admission.Budget{}
+	}
+	writeJSON(w, http.StatusOK, Page[admission.Budget]{Items: bs})
+	return nil
+}
+
+// admissionProblem maps admission's typed errors to problems, copying
+// their data; anything else goes on to writeError's mapping.
+func admissionProblem(w http.ResponseWriter, err error) error {
+	if ex, ok := errors.AsType[*admission.BudgetExhaustedError](err); ok {
+		secs := int64(math.Ceil(ex.RetryAfter.Seconds()))
+		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+		return &Problem{Type: TypeBudgetExhausted, Title: "Budget exhausted", Status: http.StatusConflict,
+			Detail: ex.Error(), Binding: ex.Binding, Available: ex.Available.String(), RetryAfter: &secs}
+	}
+	if se, ok := errors.AsType[*admission.StaleGenerationError](err); ok {
+		return &Problem{Type: TypeStaleGeneration, Title: "Older generation", Status: http.StatusConflict, Detail: se.Error()}
+	}
+	if fe, ok := errors.AsType[*admission.FencedError](err); ok {
+		return &Problem{Type: TypeNotHolder, Title: "Not the grant's holder", Status: http.StatusConflict, Detail: fe.Error()}
+	}
+	if ge, ok := errors.AsType[*admission.GrantEndedError](err); ok {
+		return &Problem{Type: TypeGrantEnded, Title: "Grant ended", Status: http.StatusConflict, Detail: ge.Error()}
+	}
+	if ne, ok := errors.AsType[*admission.NotExactError](err); ok {
+		return &Problem{Type: TypeNotExact, Title: "No exact rule", Status: http.StatusConflict, Detail: ne.Error()}
+	}
+	if sp, ok := errors.AsType[*admission.SpentError](err); ok {
+		return invalidField("spent", "%s must be between the last reported %s and the amount %s", sp.Spent, sp.Previous, sp.Amount)
+	}
+	if errors.Is(err, admission.ErrNotFound) {
+		return notFound(err.Error())
+	}
+	var fields []FieldError
+	var walk func(error)
+	walk = func(e error) {
+		if j, ok := e.(interface{ Unwrap() []error }); ok {
+			for _, c := range j.Unwrap() {
+				walk(c)
+			}
+		} else if fe, ok := e.(*admission.FieldError); ok {
+			fields = append(fields, FieldError{Field: fe.Field, Detail: fe.Detail})
+		}
+	}
+	walk(err)
+	if len(fields) > 0 {
+		return invalid(fields...)
+	}
+	return err
+}

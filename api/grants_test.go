@@ -1,0 +1,124 @@
+package api_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tally-ledger/tally/api"
+)
+
+func (f *fixture) gatewayToken(gateway string) string {
+	f.t.Helper()
+	_, secret, err := api.CreateGatewayToken(context.Background(), f.pool, gateway, "test", f.clock())
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return secret
+}
+
+func TestGrants(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t) // now: 2026-11-20T12:00Z
+	const problem = "urn:tally:problem:"
+	if r := f.do("PUT", "/v1/customers/acme/quotas/tokens", adminToken, map[string]any{"limit": "100", "admission": "exact"}); r.status != 201 ||
+		r.json(t)["admission"] != "exact" || r.json(t)["on_unreachable"] != "deny" {
+		t.Fatalf("exact rule: %d %s", r.status, r.body)
+	}
+	gw1, gw2, cust := f.gatewayToken("gw1"), f.gatewayToken("gw2"), f.token("acme")
+	grant := func(tok, holder string, gen int, amount string) response {
+		return f.do("POST", "/v1/grants", tok, map[string]any{"holder": holder, "generation": gen, "customer": "acme",
+			"meter": "tokens", "amount": amount, "ttl": "30s"})
+	}
+
+	r := grant(gw1, "gw1", 1, "60")
+	g := r.json(t)
+	if r.status != 201 || g["amount"] != "60" || g["spent"] != "0" || g["valid_until"] != "2026-11-20T12:00:30Z" ||
+		g["reclaim_at"] != "2026-11-20T12:00:35Z" || g["state"] != "live" || g["period"] != "2026-11-01" {
+		t.Fatalf("grant: %d %s", r.status, r.body)
+	}
+	id := g["id"].(string)
+
+	// A gateway token manages only its own holder; customer tokens none.
+	grant(gw1, "gw2", 1, "1").problem(t, 403, problem+"forbidden")
+	grant(cust, "gw1", 1, "1").problem(t, 403, problem+"forbidden")
+
+	p := grant(gw2, "gw2", 1, "50").problem(t, 409, problem+"budget-exhausted")
+	if p.Binding != "customer:acme/tokens" || p.Available != "40" || p.RetryAfter == nil || *p.RetryAfter != 35 {
+		t.Fatalf("refusal: %+v", p)
+	}
+	if r := f.do("POST", "/v1/grants", gw2, map[string]any{"holder": "gw2", "generation": 1, "customer": "acme",
+		"meter": "tokens", "amount": "50", "min_amount": "40"}); r.status != 201 || r.json(t)["amount"] != "40" {
+		t.Fatalf("min_amount: %d %s", r.status, r.body)
+	}
+
+	f.setNow(f.clock().Add(10 * time.Second))
+	if r := f.do("POST", "/v1/grants/"+id+"/renew", gw1, map[string]any{"holder": "gw1", "generation": 1, "spent": "10", "ttl": "30s"}); r.status != 200 ||
+		r.json(t)["valid_until"] != "2026-11-20T12:00:40Z" || r.json(t)["spent"] != "10" {
+		t.Fatalf("renew: %d %s", r.status, r.body)
+	}
+	f.do("POST", "/v1/grants/"+id+"/release", gw2, map[string]any{"holder": "gw2", "generation": 1, "spent": "20"}).problem(t, 409, problem+"not-holder")
+	p = f.do("POST", "/v1/grants/"+id+"/release", gw1, map[string]any{"holder": "gw1", "generation": 1, "spent": "5"}).problem(t, 400, problem+"invalid-request")
+	if got := strings.Join(fields(p), ","); got != "spent" {
+		t.Fatalf("spent backwards: %+v", p)
+	}
+	if r := f.do("POST", "/v1/grants/"+id+"/release", gw1, map[string]any{"holder": "gw1", "generation": 1, "spent": "20"}); r.status != 200 ||
+		r.json(t)["state"] != "ended" || r.json(t)["end_reason"] != "released" {
+		t.Fatalf("release: %d %s", r.status, r.body)
+	}
+	f.do("POST", "/v1/grants/"+id+"/renew", gw1, map[string]any{"holder": "gw1", "generation": 1, "spent": "20"}).problem(t, 409, problem+"grant-ended")
+
+	// A restarted holder: its older generation is refused.
+	r = grant(gw1, "gw1", 2, "10")
+	if r.status != 201 {
+		t.Fatalf("generation 2: %d %s", r.status, r.body)
+	}
+	f.do("POST", "/v1/grants/"+r.json(t)["id"].(string)+"/renew", gw1, map[string]any{"holder": "gw1", "generation": 1, "spent": "0"}).
+		problem(t, 409, problem+"stale-generation")
+	grant(gw1, "gw1", 1, "1").problem(t, 409, problem+"stale-generation")
+
+	if r := f.do("POST", "/v1/bypasses", gw2, map[string]any{"holder": "gw2", "generation": 1, "report_id": "r1",
+		"items": []map[string]any{{"customer": "acme", "meter": "tokens", "amount": "3", "admissions": 3,
+			"first_at": "2026-11-20T11:00:00Z", "last_at": "2026-11-20T11:01:00Z"}}}); r.status != 200 {
+		t.Fatalf("bypasses: %d %s", r.status, r.body)
+	}
+
+	// Listings, readable by the customer's token.
+	r = f.do("GET", "/v1/customers/acme/budgets", cust, nil)
+	b := asSlice(r.json(t)["items"])
+	if r.status != 200 || len(b) != 1 {
+		t.Fatalf("budgets: %d %s", r.status, r.body)
+	}
+	bud := b[0].(map[string]any)
+	if bud["limit"] != "100" || bud["consumed"] != "70" || bud["live"] != "50" || bud["stranded"] != "40" ||
+		bud["bypassed"] != "3" || bud["available"] != "30" {
+		t.Fatalf("budget: %s", r.body)
+	}
+	if r := f.do("GET", "/v1/customers/acme/grants?state=live", cust, nil); r.status != 200 || len(asSlice(r.json(t)["items"])) != 2 {
+		t.Fatalf("live grants: %d %s", r.status, r.body)
+	}
+	r = f.do("GET", "/v1/customers/acme/grants?state=ended&limit=1", adminToken, nil)
+	if items := asSlice(r.json(t)["items"]); r.status != 200 || len(items) != 1 || items[0].(map[string]any)["id"] != id {
+		t.Fatalf("ended grants: %d %s", r.status, r.body)
+	}
+	r = f.do("GET", "/v1/customers/acme/grants?limit=2", adminToken, nil)
+	next := r.json(t)["next_cursor"].(string)
+	r = f.do("GET", "/v1/customers/acme/grants?limit=2&cursor="+next, adminToken, nil)
+	if items := asSlice(r.json(t)["items"]); r.status != 200 || len(items) != 1 || r.json(t)["next_cursor"] != "" {
+		t.Fatalf("second page: %d %s", r.status, r.body)
+	}
+	f.do("GET", "/v1/customers/acme/grants?state=gone", adminToken, nil).problem(t, 400, problem+"invalid-request")
+	f.do("GET", "/v1/customers/acme/grants", f.token("globex"), nil).problem(t, 404, problem+"not-found")
+	f.do("GET", "/v1/customers/acme/budgets", gw1, nil).problem(t, 404, problem+"not-found")
+
+	// Lagged rules are not served by grants.
+	f.do("PUT", "/v1/customers/acme/quotas/calls", adminToken, map[string]any{"limit": "5"})
+	f.do("POST", "/v1/grants", adminToken, map[string]any{"holder": "gw1", "generation": 2, "customer": "acme",
+		"meter": "calls", "amount": "1"}).problem(t, 409, problem+"not-exact")
+	p = f.do("POST", "/v1/grants", adminToken, map[string]any{"holder": "g w", "generation": 0, "customer": "acme",
+		"meter": "calls", "amount": "-1", "ttl": "2h"}).problem(t, 400, problem+"invalid-request")
+	if got := strings.Join(fields(p), ","); got != "holder,generation,amount,ttl" {
+		t.Fatalf("fields %s", got)
+	}
+}

@@ -1,0 +1,84 @@
+package reconcile
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/admission"
+)
+
+// Findings of exact admission, per exact budget and period.
+const (
+	// KindOverGranted: Σ spent on grants is above the limit. Grants are
+	// issued only within the limit, so this must never happen.
+	KindOverGranted = "over_granted"
+	// KindUngrantedUsage: billed usage above what grants and bypasses
+	// allowed: overshoot that escaped the protocol (notice, with amount).
+	KindUngrantedUsage = "ungranted_usage"
+	// KindStranded: granted but never spent (notice).
+	KindStranded = "stranded"
+	// KindBypass: admitted without a grant while Tally was unreachable
+	// (notice, amounts per holder).
+	KindBypass = "bypass"
+
+	CheckAdmission = "exact_admission"
+)
+
+const qBudgetUsage = `
+SELECT coalesce(sum(quantity), 0)::text FROM rollups
+WHERE customer = $1 AND meter = $2 AND period_start = $3`
+
+// checkAdmission compares each exact budget's grants with billed usage.
+func (r *runner) checkAdmission(ctx context.Context, tx pgx.Tx, tg target, now time.Time) error {
+	accounts, err := admission.Accounts(ctx, tx, tg.customers, tg.starts, now)
+	if err != nil {
+		return err
+	}
+	for _, a := range accounts {
+		var usedText string
+		if err := tx.QueryRow(ctx, qBudgetUsage, a.Customer, a.Meter, a.PeriodStart).Scan(&usedText); err != nil {
+			return err
+		}
+		used, err := decimal.NewFromString(usedText)
+		if err != nil {
+			return err
+		}
+		if over := a.Spent.Sub(a.Limit); over.IsPositive() {
+			r.find(Finding{Kind: KindOverGranted, Severity: Discrepancy, Customer: a.Customer, Meter: a.Meter, Amount: &over,
+				Detail: fmt.Sprintf("grants report %s spent against a limit of %s", a.Spent, a.Limit)})
+		}
+		bypassed := decimal.Zero
+		holders := make([]string, 0, len(a.Bypassed))
+		for h, v := range a.Bypassed {
+			bypassed = bypassed.Add(v)
+			holders = append(holders, h)
+		}
+		sort.Strings(holders)
+		// Unreleased grants may have been spent up to their amount, so
+		// consumed (not the reported spent) is what grants allowed.
+		if escaped := used.Sub(a.Consumed).Sub(bypassed); escaped.IsPositive() {
+			r.find(Finding{Kind: KindUngrantedUsage, Severity: Notice, Customer: a.Customer, Meter: a.Meter, Amount: &escaped,
+				Detail: fmt.Sprintf("%s billed, grants allowed %s and bypasses %s", used, a.Consumed, bypassed)})
+		}
+		if a.Stranded.IsPositive() {
+			s := a.Stranded
+			r.find(Finding{Kind: KindStranded, Severity: Notice, Customer: a.Customer, Meter: a.Meter, Amount: &s,
+				Detail: fmt.Sprintf("%s granted and never spent (limit %s)", s, a.Limit)})
+		}
+		if bypassed.IsPositive() {
+			parts := make([]string, len(holders))
+			for i, h := range holders {
+				parts[i] = h + " " + a.Bypassed[h].String()
+			}
+			r.find(Finding{Kind: KindBypass, Severity: Notice, Customer: a.Customer, Meter: a.Meter, Amount: &bypassed,
+				Detail: "admitted without a grant while Tally was unreachable: " + strings.Join(parts, ", ")})
+		}
+	}
+	return nil
+}

@@ -1,0 +1,76 @@
+package reconcile_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/admission"
+	"github.com/tally-ledger/tally/quota"
+	"github.com/tally-ledger/tally/reconcile"
+)
+
+func TestExactAdmissionFindings(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	d := decimal.RequireFromString
+	if _, err := quota.PutRuleDB(ctx, e.pool, quota.RuleInput{Customer: "acme", Meter: "calls", Limit: d("100"),
+		Admission: quota.Exact, EffectiveAt: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), Actor: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := admission.New(e.pool, admission.Config{Now: func() time.Time { return e.now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	issue := func(holder, amt string) admission.Grant {
+		g, err := s.Issue(ctx, admission.IssueRequest{Holder: holder, Generation: 1, Customer: "acme", Meter: "calls", Amount: d(amt)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	g1 := issue("gw1", "50")
+	if _, err := s.Release(ctx, admission.Report{Grant: g1.ID, Holder: "gw1", Generation: 1, Spent: d("40")}); err != nil {
+		t.Fatal(err)
+	}
+	issue("gw2", "30") // live: may be spent up to 30
+	if err := s.RecordBypasses(ctx, admission.BypassReport{Holder: "gw2", Generation: 1, ReportID: "r1", Items: []admission.BypassItem{
+		{Customer: "acme", Meter: "calls", Amount: d("5"), Admissions: 5, FirstAt: e.now, LastAt: e.now}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RecordBypasses(ctx, admission.BypassReport{Holder: "gw3", Generation: 1, ReportID: "r1", Items: []admission.BypassItem{
+		{Customer: "acme", Meter: "calls", Amount: d("3"), Admissions: 1, FirstAt: e.now, LastAt: e.now}}}); err != nil {
+		t.Fatal(err)
+	}
+	e.apply(rec("gw", 1, "acme", 1, "120", "120", time.Date(2026, 11, 10, 0, 0, 0, 0, time.UTC)))
+
+	r := e.run(reconcile.Options{Period: "2026-11-01"})
+	check := func(kind, amount, detail string) {
+		t.Helper()
+		fs := findings(t, r, kind)
+		if len(fs) != 1 || fs[0].Amount.String() != amount || fs[0].Detail != detail {
+			t.Errorf("%s: %+v", kind, fs)
+		}
+	}
+	check(reconcile.KindUngrantedUsage, "42", "120 billed, grants allowed 70 and bypasses 8")
+	check(reconcile.KindStranded, "10", "10 granted and never spent (limit 100)")
+	check(reconcile.KindBypass, "8", "admitted without a grant while Tally was unreachable: gw2 5, gw3 3")
+	if r.Status != reconcile.StatusClean || len(findings(t, r, reconcile.KindOverGranted)) != 0 {
+		t.Fatalf("status %s: %+v", r.Status, r.Findings)
+	}
+
+	// A budget whose grants report more spent than its limit: a discrepancy.
+	e.exec(`UPDATE admission_budgets SET "limit" = 30`)
+	r = e.run(reconcile.Options{Period: "2026-11-01"})
+	var over []reconcile.Finding
+	for _, f := range r.Findings {
+		if f.Kind == reconcile.KindOverGranted {
+			over = append(over, f)
+		}
+	}
+	if r.Status != reconcile.StatusDiscrepancies || len(over) != 1 || over[0].Amount.String() != "10" {
+		t.Fatalf("over_granted: %s %+v", r.Status, over)
+	}
+}
