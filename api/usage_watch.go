@@ -178,7 +178,7 @@ func (w *usageWatch) forgetAll() {
 	w.cache.clear()
 }
 
-// change is a tally_api_cache payload (migrations 00007 and 00014). Any
+// change is a tally_api_cache payload (migrations 00007 and 00012). Any
 // database login can NOTIFY the channel, so a payload is only ever taken
 // as "this changed": it can make the API forget, never believe. A
 // position's value in particular is read from ingest_partitions, not

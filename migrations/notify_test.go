@@ -139,7 +139,7 @@ func TestUsageNotifications(t *testing.T) {
 		}
 	}
 	// TRUNCATE fires no row trigger: each table names itself (migration
-	// 00014).
+	// 00012).
 	for _, table := range []string{"api_tokens", "rollups", "rollups_daily", "period_closes", "ingest_customers", "ingest_partitions"} {
 		if p := expect(`TRUNCATE `+table, 1)[0]; p.Truncated != table {
 			t.Fatalf("TRUNCATE %s: %+v", table, p)
@@ -159,7 +159,7 @@ func TestUsageNotifications(t *testing.T) {
 
 // TestNotifyQueueGuard: Postgres's notification queue fills while some
 // listening connection does not read, and a commit that notifies into a
-// full queue fails. Migration 00014's triggers stop notifying once the
+// full queue fails. Migration 00012's triggers stop notifying once the
 // queue is as full as tally.notify_queue_limit (0.5 unless set), so
 // writes never fail for it. Here a listener that never reads (idle in a
 // transaction) holds the queue, writes fill it past a limit set just

@@ -23,7 +23,7 @@
 //     nothing.
 //   - The queue. pg_notification_queue_usage() is read with each probe
 //     (QueueUsage). The triggers stop notifying once the queue is as full
-//     as tally.notify_queue_limit (migration 00014: 0.5 unless set), so
+//     as tally.notify_queue_limit (migration 00012: 0.5 unless set), so
 //     that a full queue never fails ingest; from half that limit on the
 //     listener is not live, and when the queue is below it again for a
 //     Lease, every subscriber forgets everything before it is live again.

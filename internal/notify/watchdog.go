@@ -94,7 +94,7 @@ func (l *Listener) dropConn() {
 
 // qProbe sends a probe and reads how full Postgres's notification queue
 // is, and how full it may be before the triggers stop notifying
-// (migration 00014).
+// (migration 00012).
 const qProbe = `SELECT pg_notification_queue_usage(),
        coalesce(nullif(current_setting('tally.notify_queue_limit', true), '')::float8, 0.5)
 FROM (SELECT pg_notify($1, $2)) probe`
