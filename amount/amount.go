@@ -11,7 +11,7 @@ import (
 	"github.com/shopspring/decimal"
 )
 
-// Limits of an exact quantity (SPEC §2).
+// Limits of an exact quantity (docs/design.md §2).
 const (
 	MaxDigits = 38 // significant digits
 	MaxScale  = 9  // digits after the point

@@ -12,7 +12,7 @@ import (
 	"github.com/tally-ledger/tally/ledger"
 )
 
-// adjustmentBody is the POST /v1/adjustments body (SPEC §7).
+// adjustmentBody is the POST /v1/adjustments body (docs/design.md §7).
 type adjustmentBody struct {
 	OperationID string  `json:"operation_id"`
 	Customer    string  `json:"customer"`

@@ -1,4 +1,4 @@
-// Package api is Tally's REST API (SPEC §7): routing (chi), authentication,
+// Package api is Tally's REST API (docs/design.md §7): routing (chi), authentication,
 // problem+json errors and the OpenAPI document (openapi.json, served at
 // /openapi.json and tested against the real routes).
 //

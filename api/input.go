@@ -16,7 +16,7 @@ import (
 	"unicode/utf8"
 )
 
-// validID reports whether s is a customer or meter id (SPEC §2):
+// validID reports whether s is a customer or meter id (docs/design.md §2):
 // 1-128 characters of [A-Za-z0-9._:-].
 func validID(s string) bool {
 	if len(s) == 0 || len(s) > 128 {

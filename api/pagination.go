@@ -8,7 +8,7 @@ import (
 	"strconv"
 )
 
-// Lists return Page and take ?limit= and ?cursor= (SPEC §7). Cursors are
+// Lists return Page and take ?limit= and ?cursor= (docs/design.md §7). Cursors are
 // keyset cursors: the sort key of the last item returned, so a page never
 // repeats or skips an item when rows are added meanwhile (as an offset
 // would), and reading on from a cursor later gives the same next item. They

@@ -103,7 +103,7 @@ type quotaBody struct {
 	Actor *string `json:"actor"`
 }
 
-// putQuota stores a new version of the customer's rule for meter (SPEC §5).
+// putQuota stores a new version of the customer's rule for meter (docs/design.md §5).
 // The customer need not exist yet: a rule may come before the first usage.
 func (a *API) putQuota(w http.ResponseWriter, r *http.Request) error {
 	customer, meter := chi.URLParam(r, "customer"), chi.URLParam(r, "meter")

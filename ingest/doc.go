@@ -1,5 +1,5 @@
 // Package ingest consumes meter.batch.v1 messages from Kafka and applies them
-// to the ledger exactly once in effect (SPEC §2, §3, §9).
+// to the ledger exactly once in effect (docs/design.md §2, §3, §9).
 //
 // The consumer joins a Kafka consumer group only to learn which partitions it
 // owns; it reads each owned partition with a partition reader from the next

@@ -13,7 +13,7 @@ type DBTX interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// Counters are a partition's conservation counters (SPEC §3): RecordsIn
+// Counters are a partition's conservation counters (docs/design.md §3): RecordsIn
 // always equals Applied + Duplicate + Conflict + LateFill + Rejected.
 type Counters struct {
 	MessagesIn       int64 `json:"messages_in"`

@@ -1,4 +1,4 @@
-// Package ledger is Tally's ledger (SPEC §3): streams of running totals,
+// Package ledger is Tally's ledger (docs/design.md §3): streams of running totals,
 // the idempotent apply algorithm, rollups, and their Postgres store.
 //
 // Invariants, each checked by property tests and by reconciliation:

@@ -22,7 +22,7 @@ var errRollback = errors.New("simulated crash before commit")
 // epochs, customers and meters, decimal quantities, usage across a period
 // boundary) and random delivery schedules (duplicates, reorders, drops of
 // middle records, whole micro-batches delivered again, transactions rolled
-// back), then checks SPEC §3's invariants after every schedule:
+// back), then checks docs/design.md §3's invariants after every schedule:
 //   - per stream, billed total = last delivered total = stream state;
 //   - per customer, meter, period and hour, rollups = records + entries;
 //   - open gaps are exactly the undelivered seqs below the last delivered one;

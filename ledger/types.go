@@ -16,7 +16,7 @@ type StreamKey struct {
 	Meter    string
 }
 
-// Record is one usage report as the ledger sees it (SPEC §2).
+// Record is one usage report as the ledger sees it (docs/design.md §2).
 type Record struct {
 	OperationID uuid.UUID
 	Stream      StreamKey
@@ -30,7 +30,7 @@ type Record struct {
 // Kind is what applying a record did.
 type Kind uint8
 
-// The outcomes of SPEC §3. Their String forms are stored and counted.
+// The outcomes of docs/design.md §3. Their String forms are stored and counted.
 const (
 	Applied Kind = iota + 1
 	Duplicate

@@ -1,4 +1,4 @@
--- The ledger of SPEC §3. Why it looks like this:
+-- The ledger of docs/design.md §3. Why it looks like this:
 --  * Idempotency lives in the schema: records are unique by operation_id and
 --    by (stream, seq); adjustments by operation_id. Apply decides outcomes
 --    under row locks on the streams, and these constraints are the last line

@@ -1,4 +1,4 @@
--- The Kafka consumer's state (SPEC §3 "Exactly-once effect", "Conservation",
+-- The Kafka consumer's state (docs/design.md §3 "Exactly-once effect", "Conservation",
 -- §9). Why it lives here and looks like this:
 --  * The next offset of each (topic, partition) is stored in Postgres and
 --    written in the same transaction as the ledger rows it covers, with a

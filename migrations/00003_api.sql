@@ -1,4 +1,4 @@
--- Customer API tokens (SPEC §7). Why it looks like this:
+-- Customer API tokens (docs/design.md §7). Why it looks like this:
 --  * Only the SHA-256 of a token is stored, never the token: a database dump,
 --    a backup or a read replica leaks no usable credential. Tokens are 256
 --    random bits, so an unsalted fast hash is enough (there is nothing to

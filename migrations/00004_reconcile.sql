@@ -1,4 +1,4 @@
--- Reconciliation runs and their findings (SPEC §6). A run is stored whole
+-- Reconciliation runs and their findings (docs/design.md §6). A run is stored whole
 -- (status, per-meter totals, every finding) so that finance can read it
 -- later over REST and a period close can rest on it: the close records the
 -- run's id, and a clean run only counts while the period's totals still

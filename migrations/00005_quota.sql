@@ -1,4 +1,4 @@
--- Quota rules, decisions and overage (SPEC §5). Why it looks like this:
+-- Quota rules, decisions and overage (docs/design.md §5). Why it looks like this:
 --  * Rules are versioned and insert-only: a change is a new version with a
 --    monotonic number and an effective time, so every past decision can be
 --    explained by the exact rule it applied. A trigger refuses UPDATE and
@@ -10,7 +10,7 @@
 --    enforcer leader starts from it (it never starts empty, never re-flaps).
 --  * quota_overage measures usage admitted while a quota was exceeded
 --    (enforce mode) or its decision was stale, per period, customer and meter,
---    for reconciliation (SPEC §6 check 7).
+--    for reconciliation (docs/design.md §6 check 7).
 --  * quota_leases is the enforcer's leader lease. A lease row, not an
 --    advisory lock on a dedicated connection: a lease has an expiry both
 --    sides agree on (Postgres's clock), so a leader that cannot reach

@@ -1,4 +1,4 @@
-// Package periods owns the accounting calendar (SPEC §4): which accounting
+// Package periods owns the accounting calendar (docs/design.md §4): which accounting
 // period an instant belongs to, for one customer's billing calendar and for
 // its history of calendar changes (a Schedule).
 //

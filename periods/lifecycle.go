@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// State is where a period is in its lifecycle (SPEC §4).
+// State is where a period is in its lifecycle (docs/design.md §4).
 type State string
 
 // Lifecycle states. Open and Grace follow from the clock alone; Closed from

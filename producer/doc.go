@@ -1,4 +1,4 @@
-// Package producer is the Go SDK for meter producers (SPEC §2, §9): it turns
+// Package producer is the Go SDK for meter producers (docs/design.md §2, §9): it turns
 // "customer C used Q of meter M at T" into meter.batch.v1 messages on Kafka
 // that the ledger can bill exactly once, whatever happens to the process, the
 // disk cache or the network in between.
@@ -69,7 +69,7 @@
 // record with quantity 0, the same total, seq+1 and "final": true, then
 // sends everything buffered. The final records count against MaxBuffered:
 // they are written as Kafka drains the buffer. A zero quantity bills nothing; the flag tells
-// reconciliation the stream ended on purpose (SPEC §3: an epoch superseded
+// reconciliation the stream ended on purpose (docs/design.md §3: an epoch superseded
 // without a final record is reported as abandoned). Stop leaves the epoch
 // open, for a restart that continues it.
 //

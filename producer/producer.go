@@ -28,7 +28,7 @@ var (
 	ErrClosed = errors.New("producer: closed")
 )
 
-// maxFuture mirrors the ledger's future_timestamp rule (SPEC §3): usage
+// maxFuture mirrors the ledger's future_timestamp rule (docs/design.md §3): usage
 // more than 5 minutes ahead of ingest is refused, so it is refused here,
 // where the caller can still act on the error.
 const maxFuture = 5 * time.Minute

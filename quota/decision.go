@@ -124,7 +124,7 @@ type rate struct {
 }
 
 // projectedScale is the number of digits after the point of Projected
-// (the ledger's scale, SPEC §2).
+// (the ledger's scale, docs/design.md §2).
 const projectedScale = 9
 
 // project returns used + q × lag / millis, rounded up (never understated)

@@ -1,4 +1,4 @@
-// Package quota owns quota rules and the lagged enforcer (SPEC §5).
+// Package quota owns quota rules and the lagged enforcer (docs/design.md §5).
 //
 // A rule limits a customer's billed usage of one meter per billing period.
 // Rules are versioned and insert-only; usage is always the period's rollups

@@ -73,7 +73,7 @@ func fastIngest(c *ingest.Config) {
 	c.RebalanceTimeout = 3 * time.Second
 }
 
-// BenchmarkEnforceEndToEnd: SPEC §10 enforcement lag at 20k records/s.
+// BenchmarkEnforceEndToEnd: docs/design.md §10 enforcement lag at 20k records/s.
 //
 //	go test -run '^$' -bench EnforceEndToEnd -benchtime 1x ./quota/
 //

@@ -60,7 +60,7 @@ const (
 	UnreachableAllow OnUnreachable = "allow"
 )
 
-// Defaults of a rule (SPEC §5).
+// Defaults of a rule (docs/design.md §5).
 var (
 	DefaultWarnAt     = decimal.RequireFromString("0.8")
 	DefaultStaleAfter = 5 * time.Minute

@@ -40,7 +40,7 @@ func Decisions(ctx context.Context, db DBTX, customer string) ([]Decision, error
 }
 
 // Overage is usage admitted while a quota was exceeded or stale, for one
-// period, customer and meter (SPEC §6 check 7).
+// period, customer and meter (docs/design.md §6 check 7).
 type Overage struct {
 	Customer    string    `json:"customer"`
 	Meter       string    `json:"meter"`

@@ -40,7 +40,7 @@ const (
 	Notice      = "notice"
 )
 
-// Check names, in the order they run (SPEC §6).
+// Check names, in the order they run (docs/design.md §6).
 const (
 	CheckRollups      = "rollups_equal_entries"
 	CheckStreams      = "stream_totals_and_gaps"

@@ -18,7 +18,7 @@ import (
 // Schema is the value of the "schema" field of every message this package reads and writes.
 const Schema = "meter.batch.v1"
 
-// Limits of a message (SPEC §2).
+// Limits of a message (docs/design.md §2).
 const (
 	MaxMessageBytes = 1 << 20 // a message value is at most 1 MiB
 	MaxRecords      = 10000   // and carries at most this many records

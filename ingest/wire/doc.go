@@ -1,4 +1,4 @@
-// Package wire owns the meter.batch.v1 message format (SPEC §2): the Batch
+// Package wire owns the meter.batch.v1 message format (docs/design.md §2): the Batch
 // and Record types, Encode for producers and Decode for ingest.
 //
 // Decode walks the message with a minimal scanner of its own (scan.go) over
@@ -14,7 +14,7 @@
 // (strict RFC 3339), scan.go.
 //
 // Invariants:
-//   - Decode accepts a record only if it satisfies every rule of SPEC §2; it
+//   - Decode accepts a record only if it satisfies every rule of docs/design.md §2; it
 //     never rounds, trims or repairs a value. Decimals go through package
 //     amount and never through float64.
 //   - Nothing is lost: a message is either rejected whole (one *Error), or

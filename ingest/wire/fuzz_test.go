@@ -24,7 +24,7 @@ import (
 // FuzzDecode checks, for any key and value, that Decode does not panic; that
 // a rejected message comes with a known reason and nothing else; that every
 // record sent is either accepted or rejected, once; that every accepted value
-// obeys the rules of SPEC §2, re-checked here from encoding/json's reading of
+// obeys the rules of docs/design.md §2, re-checked here from encoding/json's reading of
 // the same bytes; and that what Decode accepts survives Encode and Decode
 // unchanged.
 func FuzzDecode(f *testing.F) {

@@ -33,7 +33,7 @@ import (
 func newBenchCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Measure Tally against the targets of SPEC §10",
+		Short: "Measure Tally against the targets of docs/design.md §10",
 	}
 	cmd.AddCommand(newBenchIngestCmd(), newBenchEnforceCmd(), newBenchFloodCmd(), newBenchFailoverCmd())
 	return cmd
@@ -57,7 +57,7 @@ func newBenchIngestCmd() *cobra.Command {
 broker, ingest them end to end into a fresh database and time it; do the same
 with a share of retransmitted (duplicate) messages; then COPY the same rows
 into a table with the columns and indexes of records. Prints records/s for
-each and the ratios (SPEC §10: ingest ≥ 50% of COPY; duplicates no slower).
+each and the ratios (docs/design.md §10: ingest ≥ 50% of COPY; duplicates no slower).
 
 Each run uses a database of its own on the server of --database-url,
 dropped afterwards (unless --keep).`,

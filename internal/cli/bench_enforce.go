@@ -30,7 +30,7 @@ func newBenchEnforceCmd() *cobra.Command {
 	o := benchEnforceOptions{}
 	cmd := &cobra.Command{
 		Use:   "enforce",
-		Short: "Produce → quota decision latency and overshoot at a fixed rate (SPEC §10: p99 ≤ 2s at 20k records/s)",
+		Short: "Produce → quota decision latency and overshoot at a fixed rate (docs/design.md §10: p99 ≤ 2s at 20k records/s)",
 		Long: `Produce --rate records/s for --duration, spread over --customers customers with
 one quota each (limits crossed at staggered times), to an embedded broker;
 the real ingest consumer, ledger and quota enforcer run with their defaults

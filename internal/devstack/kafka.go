@@ -3,7 +3,7 @@
 // ./.tally-dev/kafka, and a Postgres database (the configured one, the local
 // server, or a private cluster started from the installed initdb/pg_ctl).
 //
-// Its fixed defaults (SPEC §8) let scripts rely on them: Kafka at
+// Its fixed defaults (docs/design.md §8) let scripts rely on them: Kafka at
 // 127.0.0.1:9092 with topics of 4 partitions, the database `tally`.
 package devstack
 
@@ -72,7 +72,7 @@ func StartKafka(cfg KafkaConfig) (*Kafka, error) {
 		kfake.NumBrokers(1),
 		kfake.Ports(port),
 		kfake.DefaultNumPartitions(int(cfg.Partitions)),
-		// Above SPEC's 1 MiB message limit, so an oversized message reaches
+		// Above the wire format's 1 MiB message limit (docs/design.md §2), so an oversized message reaches
 		// the dead-letter table instead of being refused by the broker.
 		kfake.BrokerConfigs(map[string]string{"message.max.bytes": "4194304"}),
 	}

@@ -1,4 +1,4 @@
-// Package enforcebench is the end-to-end enforcement benchmark of SPEC §10
+// Package enforcebench is the end-to-end enforcement benchmark of docs/design.md §10
 // ("enforcement lag, produce → decision, at 20k records/s: p99 ≤ 2 s"),
 // shared by `tally bench enforce` and quota's BenchmarkEnforceEndToEnd. It
 // is a measuring tool, not an API.

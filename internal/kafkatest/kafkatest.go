@@ -74,7 +74,7 @@ func Start(o Options) (*Cluster, error) {
 		kfake.NumBrokers(1),
 		kfake.GroupMinSessionTimeout(o.MinSessionTimeout),
 		kfake.DefaultNumPartitions(1),
-		// Larger than SPEC's 1 MiB message limit, so a too-large message
+		// Larger than the wire format's 1 MiB message limit (docs/design.md §2), so a too-large message
 		// reaches Tally (and its dead-letter table) instead of being
 		// refused by the broker (unless MessageMaxBytes says otherwise).
 		kfake.BrokerConfigs(map[string]string{"message.max.bytes": strconv.Itoa(o.MessageMaxBytes)}),

@@ -25,7 +25,7 @@ import (
 	"github.com/tally-ledger/tally/migrations"
 )
 
-// DefaultURL is the local development server (SPEC: trust auth, user root).
+// DefaultURL is the local development server (trust auth, user root).
 const DefaultURL = "postgres://root@127.0.0.1:5432/test?sslmode=disable"
 
 // AdminURL returns TALLY_TEST_DATABASE_URL or DefaultURL.

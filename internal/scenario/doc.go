@@ -23,7 +23,7 @@
 //     next to valid records that must be billed.
 //
 // The ground truth is computed from what was actually delivered, with the
-// ledger's rules (SPEC §3): a delivered record's usage is billed in the
+// ledger's rules (docs/design.md §3): a delivered record's usage is billed in the
 // period of its occurred_at (late fills are re-attributed there); an
 // undelivered record's usage is billed, inside the next delivered total,
 // in that record's period. It is cross-checked against the generator's

@@ -376,7 +376,7 @@ func (t *tracker) truth(e *Expect, delivered map[sKey][]int64) (unbilled map[[2]
 		}
 		// Replay the delivery order: a record past the last seq reveals
 		// the seqs before it as a gap, billed in its own period; a late
-		// fill moves only its own quantity to its period (SPEC §3).
+		// fill moves only its own quantity to its period (docs/design.md §3).
 		got := map[int64]bool{}
 		billedAt := map[int64]time.Time{}
 		last := int64(0)
