@@ -373,6 +373,32 @@ func withDB(u, name string) string {
 	return parsed.String()
 }
 
+// benchDB creates a fresh database named prefix_<random>, migrates it and
+// opens a pool on it; done closes the pool and, unless keep, drops the
+// database.
+func benchDB(ctx context.Context, adminURL, prefix string, keep bool, log *slog.Logger) (pool *pgxpool.Pool, dbURL string, done func(), err error) {
+	name := prefix + "_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
+	if err := createBenchDB(ctx, adminURL, name); err != nil {
+		return nil, "", nil, err
+	}
+	drop := func() {
+		if !keep {
+			dropBenchDB(adminURL, name)
+		}
+	}
+	dbURL = withDB(adminURL, name)
+	if pool, err = pgxpool.New(ctx, dbURL); err != nil {
+		drop()
+		return nil, "", nil, err
+	}
+	if _, err := migrations.Up(ctx, pool, log); err != nil {
+		pool.Close()
+		drop()
+		return nil, "", nil, err
+	}
+	return pool, dbURL, func() { pool.Close(); drop() }, nil
+}
+
 // createBenchDB and dropBenchDB work through the server's maintenance
 // database, so --database-url may name a database that does not exist yet.
 func createBenchDB(ctx context.Context, admin, name string) error {
@@ -399,4 +425,12 @@ func dropBenchDB(admin, name string) {
 	if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
 		fmt.Fprintf(os.Stderr, "tally bench: cannot drop %s: %v\n", name, err)
 	}
+}
+
+// dbName is the database a URL names.
+func dbName(u string) string {
+	if parsed, err := neturl.Parse(u); err == nil {
+		return strings.TrimPrefix(parsed.Path, "/")
+	}
+	return u
 }

@@ -6,16 +6,12 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"strings"
 	"time"
 
-	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/tally-ledger/tally/internal/devstack"
 	"github.com/tally-ledger/tally/internal/enforcebench"
-	"github.com/tally-ledger/tally/migrations"
 	"github.com/tally-ledger/tally/quota"
 )
 
@@ -66,21 +62,11 @@ func benchEnforce(ctx context.Context, out io.Writer, o benchEnforceOptions) err
 		return err
 	}
 	defer k.Close()
-	name := "tally_bench_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
-	if err := createBenchDB(ctx, o.adminURL, name); err != nil {
-		return err
-	}
-	if !o.keep {
-		defer dropBenchDB(o.adminURL, name)
-	}
-	pool, err := pgxpool.New(ctx, withDB(o.adminURL, name))
+	pool, _, done, err := benchDB(ctx, o.adminURL, "tally_bench", o.keep, log)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	if _, err := migrations.Up(ctx, pool, log); err != nil {
-		return err
-	}
+	defer done()
 	fmt.Fprintf(out, "tally bench enforce: %d records/s for %v over %d customers, %d partitions, enforcer interval %v, embedded broker %s\n",
 		o.rate, o.duration, o.customers, o.partitions, o.interval, k.Addr)
 	r, err := enforcebench.Run(ctx, enforcebench.Options{Pool: pool, Brokers: []string{k.Addr},

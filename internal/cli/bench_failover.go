@@ -26,7 +26,6 @@ import (
 
 	"github.com/tally-ledger/tally/ingest/wire"
 	"github.com/tally-ledger/tally/internal/devstack"
-	"github.com/tally-ledger/tally/migrations"
 )
 
 type benchFailoverOptions struct {
@@ -125,22 +124,11 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 	}
 	defer k.Close()
 
-	name := "tally_bench_failover_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
-	if err := createBenchDB(ctx, o.adminURL, name); err != nil {
-		return err
-	}
-	if !o.keep {
-		defer dropBenchDB(o.adminURL, name)
-	}
-	dbURL := withDB(o.adminURL, name)
-	pool, err := pgxpool.New(ctx, dbURL)
+	pool, dbURL, done, err := benchDB(ctx, o.adminURL, "tally_bench_failover", o.keep, log)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	if _, err := migrations.Up(ctx, pool, log); err != nil {
-		return err
-	}
+	defer done()
 	b := &failoverBench{o: o, out: out, pool: pool, dbURL: dbURL, broker: k.Addr, topic: topic, exe: exe,
 		logOut: io.Discard, seen: map[int]map[string]bool{}}
 	if o.logFile != "" {

@@ -30,7 +30,6 @@ import (
 	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/ingest/wire"
 	"github.com/tally-ledger/tally/internal/devstack"
-	"github.com/tally-ledger/tally/migrations"
 )
 
 type benchFloodOptions struct {
@@ -101,22 +100,11 @@ func benchFlood(ctx context.Context, out io.Writer, o benchFloodOptions) error {
 		return err
 	}
 	defer k.Close()
-	name := o.dbPrefix + "_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:8]
-	if err := createBenchDB(ctx, o.adminURL, name); err != nil {
-		return err
-	}
-	if !o.keep {
-		defer dropBenchDB(o.adminURL, name)
-	}
-	dbURL := withDB(o.adminURL, name)
-	mpool, err := pgxpool.New(ctx, dbURL)
+	mpool, dbURL, done, err := benchDB(ctx, o.adminURL, o.dbPrefix, o.keep, log)
 	if err != nil {
 		return err
 	}
-	defer mpool.Close()
-	if _, err := migrations.Up(ctx, mpool, log); err != nil {
-		return err
-	}
+	defer done()
 
 	// tally serve, in this process: the same run and pools as the command.
 	var tok [32]byte
@@ -149,7 +137,7 @@ func benchFlood(ctx context.Context, out io.Writer, o benchFloodOptions) error {
 		return fmt.Errorf("serve: %w", err)
 	}
 	fmt.Fprintf(out, "tally bench flood: serve on %s (%s; per-address limit off), broker %s, database %s, GOMAXPROCS %d\n",
-		base, poolNote, k.Addr, name, runtime.GOMAXPROCS(0))
+		base, poolNote, k.Addr, dbName(dbURL), runtime.GOMAXPROCS(0))
 
 	customers := o.partitions * 8
 	admin := &http.Client{Timeout: 30 * time.Second}
