@@ -182,7 +182,7 @@ func TestIssuingProperty(t *testing.T) {
 			},
 			"renew": func(rt *rapid.T) {
 				if len(m.grants) == 0 {
-					rt.Skip("no grant")
+					return // nothing to report on yet: the step is a no-op
 				}
 				g := rapid.SampledFrom(m.grants).Draw(rt, "grant")
 				spent := decimal.Min(g.amount, g.spent.Add(genAmount.Draw(rt, "more")))
@@ -196,7 +196,7 @@ func TestIssuingProperty(t *testing.T) {
 			},
 			"release": func(rt *rapid.T) {
 				if len(m.grants) == 0 {
-					rt.Skip("no grant")
+					return // nothing to report on yet: the step is a no-op
 				}
 				g := rapid.SampledFrom(m.grants).Draw(rt, "grant")
 				spent := decimal.Min(g.amount, g.spent.Add(genAmount.Draw(rt, "more")))

@@ -103,9 +103,9 @@ func (e *env) nextOffsets() map[int]int64 {
 	return out
 }
 
-// childWithDefaults is e.child with ingest's default group timings (session
-// timeout, heartbeat, rebalance timeout, join backoff), the ones a crash
-// costs in production.
+// childWithDefaults is e.child with ingest's default group timings: the
+// session timeout, heartbeat, rebalance timeout and join backoff that a
+// crash costs in production.
 func (e *env) childWithDefaults(t *testing.T) *exec.Cmd {
 	return e.child(t, childDefaultTimingsEnv+"=1")
 }
