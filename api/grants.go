@@ -79,19 +79,30 @@ type bypassBody struct {
 	Items      []admission.BypassItem `json:"items"`
 }
 
-// postGrant issues a grant: 201 with the grant, or 409 budget-exhausted.
-func (a *API) postGrant(w http.ResponseWriter, r *http.Request) error {
+// holderRequest decodes a grant-protocol body (no query parameters),
+// checks that the token may act for the body's holder, and opens the
+// admission store: what every grant, report and bypass handler does first.
+func holderRequest[T any](a *API, r *http.Request, holder func(*T) string) (*T, *admission.Store, error) {
 	if _, err := queryParams(r); err != nil {
-		return err
+		return nil, nil, err
 	}
-	var b grantBody
-	if err := decodeJSON(r, &b); err != nil {
-		return err
+	b := new(T)
+	if err := decodeJSON(r, b); err != nil {
+		return nil, nil, err
 	}
-	if err := checkHolder(r, b.Holder); err != nil {
-		return err
+	if err := checkHolder(r, holder(b)); err != nil {
+		return nil, nil, err
 	}
 	s, err := a.admissionStore()
+	if err != nil {
+		return nil, nil, err
+	}
+	return b, s, nil
+}
+
+// postGrant issues a grant: 201 with the grant, or 409 budget-exhausted.
+func (a *API) postGrant(w http.ResponseWriter, r *http.Request) error {
+	b, s, err := holderRequest[grantBody](a, r, func(b *grantBody) string { return b.Holder })
 	if err != nil {
 		return err
 	}
@@ -113,17 +124,7 @@ func (a *API) report(w http.ResponseWriter, r *http.Request, release bool) error
 	if err != nil {
 		return invalidField("id", "%s is not a grant id", quote(chi.URLParam(r, "id")))
 	}
-	if _, err := queryParams(r); err != nil {
-		return err
-	}
-	var b reportBody
-	if err := decodeJSON(r, &b); err != nil {
-		return err
-	}
-	if err := checkHolder(r, b.Holder); err != nil {
-		return err
-	}
-	s, err := a.admissionStore()
+	b, s, err := holderRequest[reportBody](a, r, func(b *reportBody) string { return b.Holder })
 	if err != nil {
 		return err
 	}
@@ -146,17 +147,7 @@ func (a *API) report(w http.ResponseWriter, r *http.Request, release bool) error
 
 // postBypasses stores a holder's report of admissions made without a grant.
 func (a *API) postBypasses(w http.ResponseWriter, r *http.Request) error {
-	if _, err := queryParams(r); err != nil {
-		return err
-	}
-	var b bypassBody
-	if err := decodeJSON(r, &b); err != nil {
-		return err
-	}
-	if err := checkHolder(r, b.Holder); err != nil {
-		return err
-	}
-	s, err := a.admissionStore()
+	b, s, err := holderRequest[bypassBody](a, r, func(b *bypassBody) string { return b.Holder })
 	if err != nil {
 		return err
 	}
