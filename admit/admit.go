@@ -363,7 +363,10 @@ type budget struct {
 	finals    int64   // admitted from grants no longer held
 	lastTaken int64
 	lastAt    time.Time
-	rate      float64 // units per second, smoothed
+	// rate is measured demand in units per second, smoothed: an estimate
+	// that only sizes the next grant request (rounded up to whole units),
+	// never an amount admitted, granted or reported.
+	rate float64
 }
 
 type held struct {
