@@ -97,6 +97,14 @@ func (p *partition) isolate(ctx context.Context, b *microBatch, r *refusal) (int
 		for round := 0; ; round++ {
 			cerr := p.canary(ctx)
 			if cerr == nil {
+				// The database takes a harmless record. The message is
+				// blamed only if it is refused again after that: a fault
+				// cured between its refusal and the canary (a trigger
+				// dropped, a privilege granted) must not cost it.
+				err := p.attempt(ctx, b, 1)
+				if !errors.As(err, &r) {
+					return b.to, err // committed (nil), fenced, or ctx ended
+				}
 				break
 			}
 			// The database refuses a harmless record too: the fault is
