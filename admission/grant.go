@@ -9,6 +9,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/quota"
 )
 
 // Report is a holder's renew or release of one grant.
@@ -89,8 +91,13 @@ func (s *Store) Release(ctx context.Context, r Report) (Grant, error) {
 			return fmt.Errorf("admission: release grant: %w", err)
 		}
 		freed := g.Amount.Sub(r.Spent)
-		if _, err := tx.Exec(ctx, qFreeBudget, merge(key, pgx.NamedArgs{"delta": freed.String()})); err != nil {
-			return fmt.Errorf("admission: free budget: %w", err)
+		if g.drawsCustomer {
+			if _, err := tx.Exec(ctx, qFreeBudget, merge(key, pgx.NamedArgs{"delta": freed.String()})); err != nil {
+				return fmt.Errorf("admission: free budget: %w", err)
+			}
+		}
+		if _, err := tx.Exec(ctx, qFreeGrantDraws, pgx.NamedArgs{"id": g.ID, "delta": freed.String(), "now": now}); err != nil {
+			return fmt.Errorf("admission: free budgets: %w", err)
 		}
 		g.Spent, g.EndedAt, g.EndReason, g.State = r.Spent, &now, "released", "ended"
 		return nil
@@ -126,6 +133,9 @@ func (s *Store) fenced(ctx context.Context, tx pgx.Tx, r Report, now time.Time, 
 			"period_start": g.PeriodStart}); err != nil {
 			return Grant{}, fmt.Errorf("admission: lock budget: %w", err)
 		}
+		if _, err := tx.Exec(ctx, qLockGrantDraws, pgx.NamedArgs{"id": g.ID}); err != nil {
+			return Grant{}, fmt.Errorf("admission: lock budgets: %w", err)
+		}
 	}
 	g, err := scanGrant(tx.QueryRow(ctx, q, pgx.NamedArgs{"id": r.Grant}), now)
 	if err != nil {
@@ -156,8 +166,11 @@ func scanGrant(row pgx.Row, now time.Time) (Grant, error) {
 	var g Grant
 	var amt, spent string
 	var reason *string
+	var drawsCustomer bool
+	var draws []string
 	err := row.Scan(&g.ID, &g.Customer, &g.Meter, &g.PeriodStart, &g.Period, &g.PeriodEnd, &g.RuleVersion,
-		&g.Holder, &g.Generation, &amt, &spent, &g.IssuedAt, &g.ValidUntil, &g.ReclaimAt, &g.EndedAt, &reason)
+		&g.Holder, &g.Generation, &amt, &spent, &g.IssuedAt, &g.ValidUntil, &g.ReclaimAt, &g.EndedAt, &reason,
+		&drawsCustomer, &draws)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Grant{}, ErrNotFound
 	}
@@ -173,6 +186,11 @@ func scanGrant(row pgx.Row, now time.Time) (Grant, error) {
 	if reason != nil {
 		g.EndReason = *reason
 	}
+	g.drawsCustomer = drawsCustomer
+	if drawsCustomer {
+		g.Budgets = append(g.Budgets, quota.CustomerScope(g.Customer))
+	}
+	g.Budgets = append(g.Budgets, draws...)
 	g.PeriodStart, g.PeriodEnd, g.IssuedAt = g.PeriodStart.UTC(), g.PeriodEnd.UTC(), g.IssuedAt.UTC()
 	g.ValidUntil, g.ReclaimAt = g.ValidUntil.UTC(), g.ReclaimAt.UTC()
 	g.State = "live"

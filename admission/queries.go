@@ -14,18 +14,6 @@ RETURNING generation`
 
 const qHolderGeneration = `SELECT generation FROM admission_holders WHERE holder = @holder FOR SHARE`
 
-// qLockBudget creates the budget row of a period if needed and locks it.
-const qLockBudget = `
-INSERT INTO admission_budgets AS b (customer, meter, period_start, period_end, period, "limit", rule_version, updated_at)
-VALUES (@customer, @meter, @period_start, @period_end, @period, @limit::numeric, @rule_version, @now)
-ON CONFLICT (customer, meter, period_start) DO UPDATE SET updated_at = EXCLUDED.updated_at
-RETURNING consumed::text`
-
-const qSetBudget = `
-UPDATE admission_budgets
-SET "limit" = @limit::numeric, rule_version = @rule_version, consumed = consumed + @delta::numeric, updated_at = @now
-WHERE customer = @customer AND meter = @meter AND period_start = @period_start`
-
 const qFreeBudget = `
 UPDATE admission_budgets SET consumed = consumed - @delta::numeric, updated_at = @now
 WHERE customer = @customer AND meter = @meter AND period_start = @period_start`
@@ -35,26 +23,29 @@ SELECT 1 FROM admission_budgets
 WHERE customer = @customer AND meter = @meter AND period_start = @period_start
 FOR UPDATE`
 
-const qEarliestReclaim = `
-SELECT min(reclaim_at) FROM admission_grants
-WHERE customer = @customer AND meter = @meter AND period_start = @period_start
-  AND ended_at IS NULL AND reclaim_at > @now`
+// qLockGrantDraws locks the pool and global budgets a grant drew from, in
+// the fixed order (after the customer's row, before the grant's).
+const qLockGrantDraws = `
+SELECT 1 FROM admission_scope_budgets s
+JOIN admission_grant_draws d USING (scope, meter, period_start)
+WHERE d.grant_id = @id
+ORDER BY s.scope, s.meter, s.period_start
+FOR UPDATE OF s`
+
+// qFreeGrantDraws gives back delta to every pool and global budget the
+// grant drew from.
+const qFreeGrantDraws = `
+UPDATE admission_scope_budgets s SET consumed = s.consumed - @delta::numeric, updated_at = @now
+FROM admission_grant_draws d
+WHERE d.grant_id = @id AND (s.scope, s.meter, s.period_start) = (d.scope, d.meter, d.period_start)`
 
 const grantColumns = `g.id, g.customer, g.meter, g.period_start, b.period, b.period_end, g.rule_version, g.holder, g.generation,
-       g.amount::text, g.spent::text, g.issued_at, g.valid_until, g.reclaim_at, g.ended_at, g.end_reason`
+       g.amount::text, g.spent::text, g.issued_at, g.valid_until, g.reclaim_at, g.ended_at, g.end_reason,
+       g.draws_customer, coalesce((SELECT array_agg(d.scope ORDER BY d.scope) FROM admission_grant_draws d WHERE d.grant_id = g.id), '{}')`
 
 const grantFrom = `
 FROM admission_grants g
 JOIN admission_budgets b USING (customer, meter, period_start)`
-
-// qIssue moves consumed and inserts the grant in one round trip (the
-// budget row is already locked by qLockBudget).
-const qIssue = `
-WITH b AS (` + qSetBudget + `)
-INSERT INTO admission_grants (id, customer, meter, period_start, rule_version, holder, generation, amount,
-                              issued_at, valid_until, reclaim_at)
-VALUES (@id, @customer, @meter, @period_start, @rule_version, @holder, @generation, @amount::numeric,
-        @now, @valid_until, @reclaim_at)`
 
 const qGrant = `SELECT ` + grantColumns + grantFrom + ` WHERE g.id = @id`
 
@@ -88,14 +79,14 @@ const qBudgets = `
 SELECT b.customer, b.meter, b.period, b.period_start, b.period_end, b."limit"::text, b.rule_version, b.consumed::text,
        coalesce((SELECT sum(g.amount) FROM admission_grants g
                  WHERE (g.customer, g.meter, g.period_start) = (b.customer, b.meter, b.period_start)
-                   AND g.ended_at IS NULL AND g.reclaim_at > @now), 0)::text AS live,
+                   AND g.draws_customer AND g.ended_at IS NULL AND g.reclaim_at > @now), 0)::text AS live,
        coalesce((SELECT sum(g.amount - g.spent) FROM admission_grants g
                  WHERE (g.customer, g.meter, g.period_start) = (b.customer, b.meter, b.period_start)
-                   AND (g.ended_at IS NOT NULL OR g.reclaim_at <= @now)), 0)::text AS stranded,
+                   AND g.draws_customer AND (g.ended_at IS NOT NULL OR g.reclaim_at <= @now)), 0)::text AS stranded,
        coalesce((SELECT sum(x.amount) FROM admission_bypasses x
                  WHERE (x.customer, x.meter, x.period_start) = (b.customer, b.meter, b.period_start)), 0)::text AS bypassed
 FROM admission_budgets b
-WHERE b.customer = @customer
+WHERE b.customer = @customer AND b."limit" IS NOT NULL
 ORDER BY b.period_start DESC, b.meter`
 
 const qInsertBypass = `

@@ -31,15 +31,17 @@ const qAccounts = `
 WITH t AS (SELECT * FROM unnest(@customers::text[], @starts::timestamptz[]) AS t(customer, period_start))
 SELECT b.customer, b.meter, b.period_start, b."limit"::text, b.consumed::text,
        coalesce((SELECT sum(g.spent) FROM admission_grants g
-                 WHERE (g.customer, g.meter, g.period_start) = (b.customer, b.meter, b.period_start)), 0)::text,
+                 WHERE (g.customer, g.meter, g.period_start) = (b.customer, b.meter, b.period_start)
+                   AND g.draws_customer), 0)::text,
        coalesce((SELECT sum(g.amount - g.spent) FROM admission_grants g
                  WHERE (g.customer, g.meter, g.period_start) = (b.customer, b.meter, b.period_start)
-                   AND (g.ended_at IS NOT NULL OR g.reclaim_at <= @now)), 0)::text,
+                   AND g.draws_customer AND (g.ended_at IS NOT NULL OR g.reclaim_at <= @now)), 0)::text,
        coalesce((SELECT jsonb_object_agg(x.holder, x.amount::text) FROM
                    (SELECT holder, sum(amount) AS amount FROM admission_bypasses y
                     WHERE (y.customer, y.meter, y.period_start) = (b.customer, b.meter, b.period_start)
                     GROUP BY holder) x), '{}')
 FROM admission_budgets b JOIN t USING (customer, period_start)
+WHERE b."limit" IS NOT NULL
 ORDER BY 1, 2, 3`
 
 // Accounts returns the account of every exact budget of the given

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -29,6 +30,7 @@ const (
 type DB interface {
 	DBTX
 	Begin(ctx context.Context) (pgx.Tx, error)
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // DBTX is what reads need of a pool, a connection or a transaction.
@@ -111,6 +113,11 @@ type Grant struct {
 	OnUnreachable string              `json:"on_unreachable,omitempty"`
 	LocalAmount   decimal.NullDecimal `json:"local_amount,omitzero"`
 	LocalEvery    int64               `json:"local_every,omitempty"`
+	// Budgets are the scopes the grant drew from ("customer:<id>",
+	// "pool:<name>", "global"), in lock order.
+	Budgets []string `json:"budgets"`
+
+	drawsCustomer bool
 }
 
 // Binding is the name of a budget in errors and problems.
@@ -130,6 +137,10 @@ type IssueRequest struct {
 	MinAmount decimal.NullDecimal
 	// TTL: valid_until = now + TTL (never past the period's end). Default 30 s.
 	TTL time.Duration
+	// Budgets, when set, names the subset of the customer's exact budgets
+	// to draw from (scopes: "customer:<id>", "pool:<name>", "global");
+	// empty draws from every exact budget that applies.
+	Budgets []string
 }
 
 func checkHolder(holder string, generation int64) []error {
@@ -173,106 +184,22 @@ func (r IssueRequest) Validate() error {
 		}
 	}
 	errs = append(errs, checkTTL(r.TTL)...)
+	for i, b := range r.Budgets {
+		if b != quota.CustomerScope(r.Customer) && !quota.ValidScope(b) {
+			errs = append(errs, &FieldError{Field: fmt.Sprintf("budgets[%d]", i),
+				Detail: fmt.Sprintf("%q must be %q, pool:<name> or global", b, quota.CustomerScope(r.Customer))})
+		} else if slices.Contains(r.Budgets[:i], b) {
+			errs = append(errs, &FieldError{Field: fmt.Sprintf("budgets[%d]", i), Detail: fmt.Sprintf("%q is named twice", b)})
+		}
+	}
 	return errors.Join(errs...)
 }
 
 // Issue leases a grant in a transaction of its own, answering only after
-// it committed.
+// it committed. It draws from every exact budget that applies to the
+// customer and meter (or the subset req names), all or nothing.
 func (s *Store) Issue(ctx context.Context, req IssueRequest) (Grant, error) {
-	var g Grant
-	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		var err error
-		g, err = s.IssueTx(ctx, tx, req)
-		return err
-	})
-	if err != nil {
-		return Grant{}, err
-	}
-	return g, nil
-}
-
-// IssueTx leases a grant inside tx: the grant exists once tx commits.
-func (s *Store) IssueTx(ctx context.Context, tx pgx.Tx, req IssueRequest) (Grant, error) {
-	if err := req.Validate(); err != nil {
-		return Grant{}, err
-	}
-	if req.TTL == 0 {
-		req.TTL = DefaultTTL
-	}
-	now := s.now()
-	if err := s.lockHolder(ctx, tx, req.Holder, req.Generation, now); err != nil {
-		return Grant{}, err
-	}
-	rule, err := exactRule(ctx, tx, req.Customer, req.Meter, now)
-	if err != nil {
-		return Grant{}, err
-	}
-	p, err := periodAt(ctx, tx, req.Customer, now)
-	if err != nil {
-		return Grant{}, err
-	}
-	key := pgx.NamedArgs{"customer": req.Customer, "meter": req.Meter, "period_start": p.Start.UTC(), "now": now}
-	args := merge(key, pgx.NamedArgs{"period_end": p.End.UTC(), "period": p.Name,
-		"limit": rule.Limit.String(), "rule_version": rule.Version})
-	var consumedText string
-	if err := tx.QueryRow(ctx, qLockBudget, args).Scan(&consumedText); err != nil {
-		return Grant{}, fmt.Errorf("admission: lock budget: %w", err)
-	}
-	// The rule read under the budget lock is the one that decides: a rule
-	// version committed before this point is never missed.
-	if rule, err = exactRule(ctx, tx, req.Customer, req.Meter, now); err != nil {
-		return Grant{}, err
-	}
-	consumed, err := decimal.NewFromString(consumedText)
-	if err != nil {
-		return Grant{}, fmt.Errorf("admission: stored consumed %q: %w", consumedText, err)
-	}
-	available := rule.Limit.Sub(consumed)
-	if available.IsNegative() {
-		available = decimal.Zero
-	}
-	amt := req.Amount
-	if available.LessThan(amt) {
-		if !req.MinAmount.Valid || available.LessThan(req.MinAmount.Decimal) {
-			return Grant{}, s.exhausted(ctx, tx, key, req, available, p.End)
-		}
-		amt = available
-	}
-	validUntil := now.Add(req.TTL)
-	if validUntil.After(p.End) {
-		validUntil = p.End.UTC()
-	}
-	g := Grant{
-		ID: uuid.New(), Customer: req.Customer, Meter: req.Meter, Period: p.Name,
-		PeriodStart: p.Start.UTC(), PeriodEnd: p.End.UTC(), RuleVersion: rule.Version,
-		Holder: req.Holder, Generation: req.Generation, Amount: amt, Spent: decimal.Zero,
-		IssuedAt: now, ValidUntil: validUntil, ReclaimAt: validUntil.Add(s.cfg.MaxSkew), State: "live",
-		OnUnreachable: string(rule.OnUnreachable), LocalAmount: rule.LocalAmount,
-		LocalEvery: int64(time.Duration(rule.LocalEvery) / time.Second),
-	}
-	if _, err := tx.Exec(ctx, qIssue, merge(key, pgx.NamedArgs{"limit": rule.Limit.String(), "delta": amt.String(),
-		"id": g.ID, "rule_version": rule.Version, "holder": g.Holder, "generation": g.Generation,
-		"amount": amt.String(), "valid_until": g.ValidUntil, "reclaim_at": g.ReclaimAt})); err != nil {
-		return Grant{}, fmt.Errorf("admission: issue grant: %w", err)
-	}
-	return g, nil
-}
-
-func (s *Store) exhausted(ctx context.Context, tx pgx.Tx, key pgx.NamedArgs, req IssueRequest, available decimal.Decimal, periodEnd time.Time) error {
-	now := key["now"].(time.Time)
-	var earliest *time.Time
-	if err := tx.QueryRow(ctx, qEarliestReclaim, key).Scan(&earliest); err != nil {
-		return fmt.Errorf("admission: earliest reclaim: %w", err)
-	}
-	at := periodEnd
-	if earliest != nil {
-		at = *earliest
-	}
-	retry := at.Sub(now)
-	if retry < 0 {
-		retry = 0
-	}
-	return &BudgetExhaustedError{Binding: Binding(req.Customer, req.Meter), Available: available, RetryAfter: retry}
+	return s.issue(ctx, s.db, req)
 }
 
 // lockHolder records generation as the holder's newest (locking its row)

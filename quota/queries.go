@@ -137,3 +137,25 @@ WHERE name = $1 AND holder = $2 AND epoch = $3`
 const qReleaseLease = `
 UPDATE quota_leases SET expires_at = now()
 WHERE name = $1 AND holder = $2 AND epoch = $3`
+
+// qScopeLatestVersion is the highest version of a scope rule and the
+// effective time of the version in force at @now.
+const qScopeLatestVersion = `
+SELECT coalesce(max(version), 0), max(effective_at) FILTER (WHERE effective_at <= @now)
+FROM quota_scope_rules WHERE scope = @scope AND meter = @meter`
+
+const qInsertScopeRule = `
+INSERT INTO quota_scope_rules (scope, meter, version, effective_at, "limit", warn_at, mode, admission,
+                               created_at, actor, reason)
+VALUES (@scope, @meter, @version, @effective_at, @limit::numeric, @warn_at::numeric, @mode, @admission,
+        @created_at, @actor, @reason)`
+
+const scopeRuleColumns = `scope, meter, version, effective_at, "limit"::text, warn_at::text, mode, admission,
+       created_at, actor, reason`
+
+// qScopeRules is the rule in force at @now of each meter of @scope.
+const qScopeRules = `
+SELECT DISTINCT ON (meter) ` + scopeRuleColumns + `
+FROM quota_scope_rules
+WHERE scope = @scope AND effective_at <= @now
+ORDER BY meter, effective_at DESC, version DESC`

@@ -1,0 +1,43 @@
+package pools
+
+// The package's SQL, in one place. Every statement is a constant; values are
+// always bind parameters.
+
+// qLockPool creates the pool if needed, locks its row and returns the time
+// of its latest membership change.
+const qLockPool = `
+WITH p AS (
+    INSERT INTO pools AS p (name, created_at, updated_at) VALUES (@name, @now, @now)
+    ON CONFLICT (name) DO UPDATE SET updated_at = EXCLUDED.updated_at
+    RETURNING name
+)
+SELECT max(greatest(m.joined_at, coalesce(m.left_at, m.joined_at)))
+FROM p LEFT JOIN pool_members m ON m.pool = p.name`
+
+const qMembers = `SELECT customer FROM pool_members WHERE pool = @pool AND left_at IS NULL ORDER BY customer`
+
+const qLeave = `
+UPDATE pool_members SET left_at = @at
+WHERE pool = @pool AND left_at IS NULL AND customer = ANY(@customers::text[])`
+
+const qJoin = `
+INSERT INTO pool_members (pool, customer, joined_at, actor)
+SELECT @pool, c, @at, @actor FROM unnest(@customers::text[]) AS c`
+
+const qPool = `SELECT name, created_at, updated_at FROM pools WHERE name = @name`
+
+const qHistory = `
+SELECT customer, joined_at, left_at, actor FROM pool_members
+WHERE pool = @pool ORDER BY joined_at, customer`
+
+const qPools = `
+SELECT p.name, p.created_at, p.updated_at,
+       coalesce((SELECT array_agg(m.customer ORDER BY m.customer) FROM pool_members m
+                 WHERE m.pool = p.name AND m.left_at IS NULL), '{}')
+FROM pools p ORDER BY p.name`
+
+// qPoolsOf is the pools customer is a member of at @at.
+const qPoolsOf = `
+SELECT DISTINCT pool FROM pool_members
+WHERE customer = @customer AND joined_at <= @at AND (left_at IS NULL OR left_at > @at)
+ORDER BY pool`

@@ -1,0 +1,161 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/amount"
+)
+
+// Global is the scope of the budget every customer draws from.
+const Global = "global"
+
+// PoolScope is the scope of a pool's budget: "pool:<name>".
+func PoolScope(pool string) string { return "pool:" + pool }
+
+// CustomerScope is the scope of a customer's own budget: "customer:<id>".
+func CustomerScope(customer string) string { return "customer:" + customer }
+
+var poolNamePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
+
+// ValidPoolName says whether name can name a pool.
+func ValidPoolName(name string) bool { return poolNamePattern.MatchString(name) }
+
+// ValidScope says whether scope is a pool or the global scope (the scopes
+// of ScopeRule; a customer's rules are Rule).
+func ValidScope(scope string) bool {
+	if scope == Global {
+		return true
+	}
+	name, ok := strings.CutPrefix(scope, "pool:")
+	return ok && ValidPoolName(name)
+}
+
+// ScopeRule is one version of the rule of a pool or of the global scope
+// (docs/design.md §13): versioned and insert-only like a customer's Rule.
+type ScopeRule struct {
+	Scope       string          `json:"scope"`
+	Meter       string          `json:"meter"`
+	Version     int64           `json:"version"`
+	EffectiveAt time.Time       `json:"effective_at"`
+	Limit       decimal.Decimal `json:"limit"`
+	WarnAt      decimal.Decimal `json:"warn_at"`
+	Mode        Mode            `json:"mode"`
+	Admission   Admission       `json:"admission"`
+	CreatedAt   time.Time       `json:"created_at"`
+	Actor       string          `json:"actor"`
+	Reason      string          `json:"reason,omitempty"`
+}
+
+// ScopeRuleInput is a new version of a scope rule. Zero optional fields
+// take the defaults of RuleInput (warn_at 0.8, enforce, lagged, now).
+type ScopeRuleInput struct {
+	Scope       string
+	Meter       string
+	Limit       decimal.Decimal
+	WarnAt      decimal.NullDecimal
+	Mode        Mode
+	Admission   Admission
+	EffectiveAt time.Time
+	Actor       string
+	Reason      string
+}
+
+// Validate reports every problem of in at once; the errors wrap ErrInvalid.
+func (in ScopeRuleInput) Validate() error {
+	var errs []error
+	if !ValidScope(in.Scope) {
+		errs = append(errs, fmt.Errorf("%w: scope: %q must be %q or pool:<name> (1-128 characters of [A-Za-z0-9._-])", ErrInvalid, in.Scope, Global))
+	}
+	// The rest is a customer rule's validation, with a placeholder customer.
+	r := RuleInput{Customer: "scope", Meter: in.Meter, Limit: in.Limit, WarnAt: in.WarnAt, Mode: in.Mode,
+		Admission: in.Admission, Actor: in.Actor}
+	if err := r.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// PutScopeRule stores in as the next version of its scope rule inside tx.
+// Like PutRule, it never touches usage or consumed: a lower limit stops new
+// grants while live ones run out, a higher one frees capacity at once.
+func PutScopeRule(ctx context.Context, tx pgx.Tx, in ScopeRuleInput) (ScopeRule, error) {
+	return putScopeRule(ctx, tx, in, time.Now())
+}
+
+// PutScopeRuleAt is PutScopeRule with the caller's clock (tests and the
+// API, whose clock is configurable).
+func PutScopeRuleAt(ctx context.Context, tx pgx.Tx, in ScopeRuleInput, now time.Time) (ScopeRule, error) {
+	return putScopeRule(ctx, tx, in, now)
+}
+
+func putScopeRule(ctx context.Context, tx pgx.Tx, in ScopeRuleInput, now time.Time) (ScopeRule, error) {
+	if err := in.Validate(); err != nil {
+		return ScopeRule{}, err
+	}
+	now = now.UTC().Truncate(time.Microsecond)
+	d := RuleInput{WarnAt: in.WarnAt, Mode: in.Mode, Admission: in.Admission, EffectiveAt: in.EffectiveAt}.withDefaults(now)
+	if _, err := tx.Exec(ctx, qLockRule, "scope/"+in.Scope+"/"+in.Meter); err != nil {
+		return ScopeRule{}, fmt.Errorf("quota: lock scope rule: %w", err)
+	}
+	var prev int64
+	var inForce *time.Time
+	if err := tx.QueryRow(ctx, qScopeLatestVersion, pgx.NamedArgs{"scope": in.Scope, "meter": in.Meter, "now": now}).
+		Scan(&prev, &inForce); err != nil {
+		return ScopeRule{}, fmt.Errorf("quota: read scope rule versions: %w", err)
+	}
+	if inForce != nil && d.EffectiveAt.Before(*inForce) {
+		return ScopeRule{}, fmt.Errorf("%w: effective_at: %s is before %s, the effective time of the version in force, so it would never take effect",
+			ErrInvalid, d.EffectiveAt.Format(time.RFC3339Nano), inForce.UTC().Format(time.RFC3339Nano))
+	}
+	r := ScopeRule{Scope: in.Scope, Meter: in.Meter, Version: prev + 1, EffectiveAt: d.EffectiveAt, Limit: in.Limit,
+		WarnAt: d.WarnAt.Decimal, Mode: d.Mode, Admission: d.Admission, CreatedAt: now, Actor: in.Actor, Reason: in.Reason}
+	if err := amount.Check(r.Limit); err != nil {
+		return ScopeRule{}, fmt.Errorf("%w: limit: %v", ErrInvalid, err)
+	}
+	if _, err := tx.Exec(ctx, qInsertScopeRule, pgx.NamedArgs{"scope": r.Scope, "meter": r.Meter, "version": r.Version,
+		"effective_at": r.EffectiveAt, "limit": r.Limit.String(), "warn_at": r.WarnAt.String(), "mode": string(r.Mode),
+		"admission": string(r.Admission), "created_at": r.CreatedAt, "actor": r.Actor, "reason": r.Reason}); err != nil {
+		return ScopeRule{}, fmt.Errorf("quota: insert scope rule: %w", err)
+	}
+	return r, nil
+}
+
+// ScopeRules returns the rule in force at t of each meter of scope, by meter.
+func ScopeRules(ctx context.Context, db DBTX, scope string, t time.Time) ([]ScopeRule, error) {
+	rows, err := db.Query(ctx, qScopeRules, pgx.NamedArgs{"scope": scope, "now": t})
+	if err != nil {
+		return nil, fmt.Errorf("quota: read scope rules: %w", err)
+	}
+	rs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ScopeRule, error) { return scanScopeRule(row) })
+	if err != nil {
+		return nil, fmt.Errorf("quota: read scope rules: %w", err)
+	}
+	return rs, nil
+}
+
+func scanScopeRule(row pgx.Row) (ScopeRule, error) {
+	var r ScopeRule
+	var limit, warn, mode, admission string
+	if err := row.Scan(&r.Scope, &r.Meter, &r.Version, &r.EffectiveAt, &limit, &warn, &mode, &admission,
+		&r.CreatedAt, &r.Actor, &r.Reason); err != nil {
+		return ScopeRule{}, err
+	}
+	var err error
+	if r.Limit, err = decimal.NewFromString(limit); err != nil {
+		return ScopeRule{}, fmt.Errorf("stored limit %q: %w", limit, err)
+	}
+	if r.WarnAt, err = decimal.NewFromString(warn); err != nil {
+		return ScopeRule{}, fmt.Errorf("stored warn_at %q: %w", warn, err)
+	}
+	r.Mode, r.Admission = Mode(mode), Admission(admission)
+	r.EffectiveAt, r.CreatedAt = r.EffectiveAt.UTC(), r.CreatedAt.UTC()
+	return r, nil
+}
