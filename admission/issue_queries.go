@@ -166,3 +166,45 @@ SELECT c.scope, c.available::text, c.period_end,
        amt.amount::text, d.current_gen, d.complete AND d.same
 FROM d CROSS JOIN amt LEFT JOIN calc c ON true
 ORDER BY c.ord, c.scope`
+
+// qLockCustomersBudgets locks the current budget rows of @customers, in
+// the customer-row order issuing uses.
+const qLockCustomersBudgets = `
+SELECT 1 FROM admission_budgets
+WHERE customer = ANY(@customers::text[]) AND period_start <= @now AND period_end > @now
+ORDER BY customer, meter, period_start
+FOR UPDATE`
+
+// qLockScopeBudgetsOf locks a scope's budgets of the current period.
+const qLockScopeBudgetsOf = `
+SELECT 1 FROM admission_scope_budgets
+WHERE scope = @scope AND period_start <= @now AND period_end > @now
+ORDER BY scope, meter, period_start
+FOR UPDATE`
+
+// qBringIn adds to each of a pool's current budgets what @customers (who
+// just joined) consumed of its meter in their current periods.
+const qBringIn = `
+UPDATE admission_scope_budgets s
+SET consumed = s.consumed + ` + consumptionOfMeter + `g.customer = ANY(@customers::text[])), 0),
+    updated_at = @now
+WHERE s.scope = @scope AND s.period_start <= @now AND s.period_end > @now`
+
+// consumptionOfMeter is consumptionOf for the meter of the row s.
+const consumptionOfMeter = `
+coalesce((SELECT sum(CASE WHEN g.ended_at IS NULL THEN g.amount ELSE g.spent END)
+          FROM admission_grants g JOIN admission_budgets b USING (customer, meter, period_start)
+          WHERE g.meter = s.meter AND b.period_start <= @now AND b.period_end > @now AND `
+
+// qScopeBudgets lists a scope's budgets with what is live and stranded.
+const qScopeBudgets = `
+SELECT s.scope, s.meter, s.period, s.period_start, s.period_end, s."limit"::text, s.rule_version, s.consumed::text,
+       coalesce((SELECT sum(g.amount) FROM admission_grant_draws d JOIN admission_grants g ON g.id = d.grant_id
+                 WHERE (d.scope, d.meter, d.period_start) = (s.scope, s.meter, s.period_start)
+                   AND g.ended_at IS NULL AND g.reclaim_at > @now), 0)::text,
+       coalesce((SELECT sum(g.amount - g.spent) FROM admission_grant_draws d JOIN admission_grants g ON g.id = d.grant_id
+                 WHERE (d.scope, d.meter, d.period_start) = (s.scope, s.meter, s.period_start)
+                   AND (g.ended_at IS NOT NULL OR g.reclaim_at <= @now)), 0)::text
+FROM admission_scope_budgets s
+WHERE s.scope = @scope
+ORDER BY s.period_start DESC, s.meter`
