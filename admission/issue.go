@@ -321,3 +321,6 @@ func (o issueOutcome) refusal(req IssueRequest, now time.Time) error {
 	retry := max(at.Sub(now), 0)
 	return &BudgetExhaustedError{Binding: bind.scope + "/" + req.Meter, Available: bind.available, RetryAfter: retry}
 }
+
+// ScopePeriod is the period of pool and global budgets at t.
+func ScopePeriod(t time.Time) (periods.Period, error) { return scopeCalendar.PeriodAt(t) }

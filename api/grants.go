@@ -63,6 +63,7 @@ type grantBody struct {
 	Amount     decimal.Decimal     `json:"amount"`
 	MinAmount  decimal.NullDecimal `json:"min_amount"`
 	TTL        quota.Duration      `json:"ttl"`
+	Budgets    []string            `json:"budgets"`
 }
 
 type reportBody struct {
@@ -107,7 +108,7 @@ func (a *API) postGrant(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	g, err := s.Issue(r.Context(), admission.IssueRequest{Holder: b.Holder, Generation: b.Generation,
-		Customer: b.Customer, Meter: b.Meter, Amount: b.Amount, MinAmount: b.MinAmount, TTL: time.Duration(b.TTL)})
+		Customer: b.Customer, Meter: b.Meter, Amount: b.Amount, MinAmount: b.MinAmount, TTL: time.Duration(b.TTL), Budgets: b.Budgets})
 	if err != nil {
 		return admissionProblem(w, err)
 	}

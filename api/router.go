@@ -68,6 +68,11 @@ func (a *API) routes() http.Handler {
 			r.Get("/reconciliations", a.handle(a.listReconciliations))
 			r.Get("/reconciliations/{id}", a.handle(a.getReconciliation))
 			r.Post("/reconciliations", a.handle(a.postReconciliation))
+			r.Get("/pools", a.handle(a.listPools))
+			r.Get("/pools/{name}", a.handle(a.getPool))
+			r.Put("/pools/{name}", a.handle(a.putPool))
+			r.Put("/pools/{name}/quotas/{meter}", a.handle(a.putPoolQuota))
+			r.Put("/global/quotas/{meter}", a.handle(a.putGlobalQuota))
 		})
 	})
 	return r

@@ -1,0 +1,259 @@
+package api
+
+import (
+	"errors"
+	"net/http"
+	"time"
+	"unicode/utf8"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/admission"
+	"github.com/tally-ledger/tally/pools"
+	"github.com/tally-ledger/tally/quota"
+)
+
+// Pools and the global budget (docs/design.md §13), admin only.
+
+type poolBody struct {
+	Members     []string   `json:"members"`
+	EffectiveAt *time.Time `json:"effective_at"`
+	Actor       *string    `json:"actor"`
+}
+
+// poolView is a pool with its rules, budgets and usage this period.
+type poolView struct {
+	pools.Pool
+	Rules   []quota.ScopeRule       `json:"rules"`
+	Budgets []admission.ScopeBudget `json:"budgets"`
+	// Usage is Σ of the current members' metered usage (rollups) per meter
+	// in the pool's current period (monthly, UTC).
+	Usage []poolUsage `json:"usage"`
+}
+
+type poolUsage struct {
+	Meter       string          `json:"meter"`
+	PeriodStart time.Time       `json:"period_start"`
+	Used        decimal.Decimal `json:"used"`
+}
+
+// qPoolUsage sums the current members' rollups per meter over the pool's
+// period.
+const qPoolUsage = `
+SELECT u.meter, sum(u.quantity)::text
+FROM rollups u
+WHERE u.customer IN (SELECT m.customer FROM pool_members m WHERE m.pool = @pool AND m.left_at IS NULL)
+  AND u.bucket >= @start AND u.bucket < @end
+GROUP BY u.meter ORDER BY u.meter`
+
+func actorOf(p *string) (string, error) {
+	if p == nil {
+		return "admin", nil
+	}
+	if *p == "" || utf8.RuneCountInString(*p) > 200 {
+		return "", invalidField("actor", "1-200 characters, or leave it out for \"admin\"")
+	}
+	return *p, nil
+}
+
+// putPool sets a pool's members (creating the pool): 201 when created.
+func (a *API) putPool(w http.ResponseWriter, r *http.Request) error {
+	name := chi.URLParam(r, "name")
+	if _, err := queryParams(r); err != nil {
+		return err
+	}
+	var b poolBody
+	if err := decodeJSON(r, &b); err != nil {
+		return err
+	}
+	actor, err := actorOf(b.Actor)
+	if err != nil {
+		return err
+	}
+	if b.Members == nil {
+		return invalidField("members", "is required (an empty list empties the pool)")
+	}
+	in := pools.PutInput{Name: name, Members: b.Members, Actor: actor}
+	if b.EffectiveAt != nil {
+		in.EffectiveAt = *b.EffectiveAt
+	}
+	_, existed := pools.Get(r.Context(), a.pool, name)
+	s, err := a.admissionStore()
+	if err != nil {
+		return err
+	}
+	if _, err := s.PutPool(r.Context(), in); err != nil {
+		return poolsProblem(err)
+	}
+	v, err := a.poolView(r, name)
+	if err != nil {
+		return err
+	}
+	status := http.StatusOK
+	if errors.Is(existed, pools.ErrNotFound) {
+		status = http.StatusCreated
+		w.Header().Set("Location", "/v1/pools/"+name)
+	}
+	writeJSON(w, status, v)
+	return nil
+}
+
+func (a *API) listPools(w http.ResponseWriter, r *http.Request) error {
+	if _, err := queryParams(r); err != nil {
+		return err
+	}
+	ps, err := pools.List(r.Context(), a.pool)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, Page[pools.Pool]{Items: ps})
+	return nil
+}
+
+func (a *API) getPool(w http.ResponseWriter, r *http.Request) error {
+	if _, err := queryParams(r); err != nil {
+		return err
+	}
+	v, err := a.poolView(r, chi.URLParam(r, "name"))
+	if err != nil {
+		return poolsProblem(err)
+	}
+	writeJSON(w, http.StatusOK, v)
+	return nil
+}
+
+func (a *API) poolView(r *http.Request, name string) (poolView, error) {
+	ctx := r.Context()
+	p, err := pools.Get(ctx, a.pool, name)
+	if err != nil {
+		return poolView{}, err
+	}
+	v := poolView{Pool: p}
+	now := a.now()
+	if v.Rules, err = quota.ScopeRules(ctx, a.pool, quota.PoolScope(name), now); err != nil {
+		return poolView{}, err
+	}
+	s, err := a.admissionStore()
+	if err != nil {
+		return poolView{}, err
+	}
+	if v.Budgets, err = s.ScopeBudgets(ctx, quota.PoolScope(name)); err != nil {
+		return poolView{}, err
+	}
+	period, err := admission.ScopePeriod(now)
+	if err != nil {
+		return poolView{}, err
+	}
+	rows, err := a.pool.Query(ctx, qPoolUsage, pgx.NamedArgs{"pool": name, "start": period.Start, "end": period.End})
+	if err != nil {
+		return poolView{}, err
+	}
+	v.Usage, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (poolUsage, error) {
+		u := poolUsage{PeriodStart: period.Start.UTC()}
+		var used string
+		if err := row.Scan(&u.Meter, &used); err != nil {
+			return u, err
+		}
+		u.Used, err = decimal.NewFromString(used)
+		return u, err
+	})
+	if v.Rules == nil {
+		v.Rules = []quota.ScopeRule{}
+	}
+	if v.Budgets == nil {
+		v.Budgets = []admission.ScopeBudget{}
+	}
+	if v.Usage == nil {
+		v.Usage = []poolUsage{}
+	}
+	return v, err
+}
+
+type scopeRuleBody struct {
+	Limit       decimal.Decimal     `json:"limit"`
+	WarnAt      decimal.NullDecimal `json:"warn_at"`
+	Mode        quota.Mode          `json:"mode"`
+	Admission   quota.Admission     `json:"admission"`
+	EffectiveAt *time.Time          `json:"effective_at"`
+	Reason      string              `json:"reason"`
+	Actor       *string             `json:"actor"`
+}
+
+func (a *API) putPoolQuota(w http.ResponseWriter, r *http.Request) error {
+	name := chi.URLParam(r, "name")
+	if !quota.ValidPoolName(name) {
+		return invalidField("name", "%s is not 1-128 characters of A-Z a-z 0-9 . _ -", quote(name))
+	}
+	if _, err := pools.Get(r.Context(), a.pool, name); err != nil {
+		return poolsProblem(err)
+	}
+	return a.putScopeQuota(w, r, quota.PoolScope(name), "/v1/pools/"+name)
+}
+
+func (a *API) putGlobalQuota(w http.ResponseWriter, r *http.Request) error {
+	return a.putScopeQuota(w, r, quota.Global, "")
+}
+
+// putScopeQuota stores a new version of a pool's or the global rule of a
+// meter: 201 for its first version.
+func (a *API) putScopeQuota(w http.ResponseWriter, r *http.Request, scope, location string) error {
+	if _, err := queryParams(r); err != nil {
+		return err
+	}
+	var b scopeRuleBody
+	if err := decodeJSON(r, &b); err != nil {
+		return err
+	}
+	actor, err := actorOf(b.Actor)
+	if err != nil {
+		return err
+	}
+	in := quota.ScopeRuleInput{Scope: scope, Meter: chi.URLParam(r, "meter"), Limit: b.Limit, WarnAt: b.WarnAt,
+		Mode: b.Mode, Admission: b.Admission, Reason: b.Reason, Actor: actor}
+	if b.EffectiveAt != nil {
+		in.EffectiveAt = *b.EffectiveAt
+	}
+	var rule quota.ScopeRule
+	err = pgx.BeginFunc(r.Context(), a.pool, func(tx pgx.Tx) error {
+		var err error
+		rule, err = quota.PutScopeRuleAt(r.Context(), tx, in, a.now())
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	status := http.StatusOK
+	if rule.Version == 1 {
+		status = http.StatusCreated
+		if location != "" {
+			w.Header().Set("Location", location)
+		}
+	}
+	writeJSON(w, status, rule)
+	return nil
+}
+
+// poolsProblem maps the pools package's errors to problems.
+func poolsProblem(err error) error {
+	if errors.Is(err, pools.ErrNotFound) {
+		return notFound(err.Error())
+	}
+	var fields []FieldError
+	var walk func(error)
+	walk = func(e error) {
+		if j, ok := e.(interface{ Unwrap() []error }); ok {
+			for _, c := range j.Unwrap() {
+				walk(c)
+			}
+		} else if fe, ok := e.(*pools.FieldError); ok {
+			fields = append(fields, FieldError{Field: fe.Field, Detail: fe.Detail})
+		}
+	}
+	walk(err)
+	if len(fields) > 0 {
+		return invalid(fields...)
+	}
+	return err
+}
