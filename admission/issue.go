@@ -1,11 +1,14 @@
 package admission
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -108,116 +111,541 @@ func planIssue(ctx context.Context, db DBTX, req IssueRequest, now time.Time) (p
 // membership changed between its plan and its locks.
 const maxReplans = 3
 
+var errReplan = errors.New("admission: budgets changed while issuing")
+
 // IssueTx leases a grant inside tx: the grant exists once tx commits.
 func (s *Store) IssueTx(ctx context.Context, tx pgx.Tx, req IssueRequest) (Grant, error) {
-	return s.issue(ctx, tx, req)
-}
-
-// issue plans, then sends the issue batch: one round trip, one implicit
-// transaction when db is a pool, or statements of the caller's transaction.
-func (s *Store) issue(ctx context.Context, db batcher, req IssueRequest) (Grant, error) {
 	if err := req.Validate(); err != nil {
 		return Grant{}, err
 	}
-	if req.TTL == 0 {
-		req.TTL = DefaultTTL
-	}
 	for range maxReplans {
-		now := s.now()
-		pl, err := planIssue(ctx, db, req, now)
-		if err != nil {
+		c := &call{req: req}
+		if err := s.issueBatch(ctx, tx, false, []*call{c}); err != nil {
 			return Grant{}, err
 		}
-		g, err := s.issuePlanned(ctx, db, req, pl, now)
-		if errors.Is(err, errReplan) {
+		if !errors.Is(c.err, errReplan) {
+			return c.grant, c.err
+		}
+	}
+	return Grant{}, errKeptChanging(req)
+}
+
+func errKeptChanging(req IssueRequest) error {
+	return fmt.Errorf("admission: the budgets of %s/%s kept changing while issuing; try again", req.Customer, req.Meter)
+}
+
+// call is one request waiting in the combiner.
+type call struct {
+	req   IssueRequest
+	grant Grant
+	err   error
+	done  chan struct{}
+}
+
+// combiner lets concurrent Issue calls share transactions: while one batch
+// is in flight, requests queue; when it ends, the caller that ran it (the
+// leader) runs the next batch with everything queued, up to MaxBatch. One
+// hot budget row is then locked once per batch, not once per request, and
+// the issue rate is no longer one commit per grant. No goroutine of its
+// own: a caller leads while there is work.
+type combiner struct {
+	mu      sync.Mutex
+	pending []*call
+	running bool
+}
+
+// Issue leases a grant in a transaction (shared with concurrent requests of
+// this Store), answering only after it committed. It draws from every
+// exact budget that applies to the customer and meter (or the subset req
+// names), all or nothing.
+func (s *Store) Issue(ctx context.Context, req IssueRequest) (Grant, error) {
+	if err := req.Validate(); err != nil {
+		return Grant{}, err
+	}
+	for range maxReplans {
+		c := &call{req: req, done: make(chan struct{})}
+		s.comb.mu.Lock()
+		s.comb.pending = append(s.comb.pending, c)
+		lead := !s.comb.running
+		s.comb.running = true
+		s.comb.mu.Unlock()
+		if lead {
+			s.lead(context.WithoutCancel(ctx))
+		}
+		select {
+		case <-c.done:
+		case <-ctx.Done():
+			// The request may still be issued by the batch it is in; a grant
+			// nobody holds is reclaimed at reclaim_at and counts as spent.
+			return Grant{}, ctx.Err()
+		}
+		if !errors.Is(c.err, errReplan) {
+			return c.grant, c.err
+		}
+	}
+	return Grant{}, errKeptChanging(req)
+}
+
+// lead runs batches until nothing is queued.
+func (s *Store) lead(ctx context.Context) {
+	for {
+		s.comb.mu.Lock()
+		n := min(len(s.comb.pending), s.cfg.MaxBatch)
+		if n == 0 {
+			s.comb.running = false
+			s.comb.mu.Unlock()
+			return
+		}
+		batch := slices.Clone(s.comb.pending[:n])
+		s.comb.pending = slices.Delete(s.comb.pending, 0, n)
+		s.comb.mu.Unlock()
+		err := s.issueOwnTx(ctx, batch)
+		for _, c := range batch {
+			if err != nil {
+				c.err = err
+			}
+			close(c.done)
+		}
+	}
+}
+
+func (s *Store) issueOwnTx(ctx context.Context, batch []*call) error {
+	conn, err := s.db.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("admission: issue: %w", err)
+	}
+	defer conn.Release()
+	start := time.Now()
+	err = s.issueBatch(ctx, conn, true, batch)
+	s.cfg.Logger.Debug("grant batch", "requests", len(batch), "duration", time.Since(start), "error", err)
+	return err
+}
+
+// key of a budget row.
+type budgetKey struct {
+	scope string // customer:<id>, pool:<name> or global
+	meter string
+	start time.Time
+}
+
+type budgetRow struct {
+	drawn    drawn
+	customer string // for customer rows
+	meter    string
+	consumed decimal.Decimal
+	limit    decimal.NullDecimal // the rule in force under the locks
+	version  int64
+	taken    decimal.Decimal
+}
+
+// issueBatch issues a batch of requests: plan them (reads, no locks), then
+// one round trip that locks holders, customer rows and scope rows in the
+// fixed order and reads the state under the locks, decide every request in
+// arrival order against running totals (each all or nothing), and one
+// round trip that writes everything set-based (and commits, when ownTx).
+// A request whose plan no longer matches the rules and memberships under
+// the locks gets errReplan. The returned error fails the whole batch.
+func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []*call) (err error) {
+	now := s.now()
+	plans := make([]plan, len(batch))
+	planned := map[string]int{} // one plan per customer, meter and subset
+	live := batch[:0:0]
+	for i, c := range batch {
+		k := c.req.Customer + "\x00" + c.req.Meter + "\x00" + strings.Join(c.req.Budgets, ",")
+		if j, ok := planned[k]; ok {
+			plans[i] = plans[j]
+			live = append(live, c)
 			continue
 		}
-		return g, err
+		if plans[i], c.err = planIssue(ctx, db, c.req, now); c.err == nil {
+			planned[k] = i
+			live = append(live, c)
+		}
 	}
-	return Grant{}, fmt.Errorf("admission: the budgets of %s/%s kept changing while issuing; try again", req.Customer, req.Meter)
+	if len(live) == 0 {
+		return nil
+	}
+	rows := map[budgetKey]*budgetRow{}
+	var custKeys, scopeKeys []budgetKey
+	holders := map[string]int64{}
+	pairs := map[[2]string]bool{}
+	for i, c := range batch {
+		if c.err != nil {
+			continue
+		}
+		pl := plans[i]
+		holders[c.req.Holder] = 0
+		pairs[[2]string{c.req.Customer, c.req.Meter}] = true
+		ck := budgetKey{quota.CustomerScope(c.req.Customer), c.req.Meter, pl.custPeriod.Start.UTC()}
+		if rows[ck] == nil {
+			rows[ck] = &budgetRow{customer: c.req.Customer, meter: c.req.Meter,
+				drawn: drawn{scope: ck.scope, period: pl.custPeriod, limit: pl.rule.Limit, version: pl.rule.Version}}
+			if !pl.customerExact {
+				rows[ck].drawn.version = -1 // no exact rule: the row's limit stays NULL
+			}
+			custKeys = append(custKeys, ck)
+		}
+		for _, d := range pl.scopes {
+			sk := budgetKey{d.scope, c.req.Meter, d.period.Start.UTC()}
+			if rows[sk] == nil {
+				rows[sk] = &budgetRow{meter: c.req.Meter, drawn: d}
+				scopeKeys = append(scopeKeys, sk)
+			}
+		}
+	}
+	args := pgx.NamedArgs{"now": now, "holders": slices.Sorted(maps.Keys(holders))}
+	addKeys(args, "c", custKeys, rows)
+	addKeys(args, "s", scopeKeys, rows)
+	var kc, km []string
+	for p := range pairs {
+		kc, km = append(kc, p[0]), append(km, p[1])
+	}
+	args["k_customers"], args["k_meters"] = kc, km
+
+	if ownTx {
+		if _, err := db.Exec(ctx, "BEGIN"); err != nil {
+			return fmt.Errorf("admission: issue: %w", err)
+		}
+		defer func() {
+			if err != nil {
+				_, _ = db.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+			}
+		}()
+	}
+	applicable := map[[2]string][]string{}
+	b := &pgx.Batch{}
+	b.Queue(qLockHolders, args).Query(func(r pgx.Rows) error {
+		return scanAll(r, func() error {
+			var h string
+			var g int64
+			if err := r.Scan(&h, &g); err != nil {
+				return err
+			}
+			holders[h] = g
+			return nil
+		})
+	})
+	b.Queue(qEnsureCustomerBudgets, args)
+	b.Queue(qEnsureScopeBudgets, args)
+	b.Queue(qLockCustomerBudgets, args)
+	b.Queue(qLockScopeBudgets, args)
+	b.Queue(qCustomerState, args).Query(func(r pgx.Rows) error {
+		return scanAll(r, func() error {
+			var k budgetKey
+			var customer, consumed string
+			var lim, admission *string
+			var version *int64
+			if err := r.Scan(&customer, &k.meter, &k.start, &consumed, &lim, &version, &admission); err != nil {
+				return err
+			}
+			k.scope, k.start = quota.CustomerScope(customer), k.start.UTC()
+			row := rows[k]
+			if row == nil {
+				return fmt.Errorf("unexpected budget %v", k)
+			}
+			if admission != nil && *admission == string(quota.Exact) {
+				row.limit = decimal.NewNullDecimal(decimal.RequireFromString(*lim))
+				row.version = *version
+			}
+			row.consumed = decimal.RequireFromString(consumed)
+			return nil
+		})
+	})
+	b.Queue(qScopeState, args).Query(func(r pgx.Rows) error {
+		return scanAll(r, func() error {
+			var k budgetKey
+			var consumed string
+			var lim *string
+			var version *int64
+			if err := r.Scan(&k.scope, &k.meter, &k.start, &consumed, &lim, &version); err != nil {
+				return err
+			}
+			k.start = k.start.UTC()
+			row := rows[k]
+			if row == nil {
+				return fmt.Errorf("unexpected budget %v", k)
+			}
+			if lim != nil {
+				row.limit = decimal.NewNullDecimal(decimal.RequireFromString(*lim))
+				row.version = *version
+			}
+			row.consumed = decimal.RequireFromString(consumed)
+			return nil
+		})
+	})
+	b.Queue(qApplicableNow, args).Query(func(r pgx.Rows) error {
+		return scanAll(r, func() error {
+			var c, m, scope string
+			if err := r.Scan(&c, &m, &scope); err != nil {
+				return err
+			}
+			applicable[[2]string{c, m}] = append(applicable[[2]string{c, m}], scope)
+			return nil
+		})
+	})
+	if err := db.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("admission: issue: %w", err)
+	}
+
+	// Decide, in arrival order, each all or nothing.
+	w := newWrites()
+	var refused []*call
+	var refusedAt []budgetKey
+	for i, c := range batch {
+		if c.err != nil {
+			continue
+		}
+		pl, req := plans[i], c.req
+		if cur := holders[req.Holder]; cur > req.Generation {
+			c.err = &StaleGenerationError{Holder: req.Holder, Generation: req.Generation, Current: cur}
+			continue
+		}
+		keys := drawnKeys(pl, req)
+		if !stillApplies(pl, keys, rows, applicable[[2]string{req.Customer, req.Meter}]) {
+			c.err = errReplan
+			continue
+		}
+		avail, bind := decimal.Decimal{}, -1
+		for j, k := range keys {
+			r := rows[k]
+			a := decimal.Max(decimal.Zero, r.limit.Decimal.Sub(r.consumed.Add(r.taken)))
+			if bind < 0 || a.LessThan(avail) {
+				avail, bind = a, j
+			}
+		}
+		amt := req.Amount
+		if avail.LessThan(amt) {
+			if !req.MinAmount.Valid || avail.LessThan(req.MinAmount.Decimal) {
+				c.err = &BudgetExhaustedError{Binding: keys[bind].scope + "/" + req.Meter, Available: avail}
+				refused, refusedAt = append(refused, c), append(refusedAt, keys[bind])
+				continue
+			}
+			amt = avail
+		}
+		for _, k := range keys {
+			rows[k].taken = rows[k].taken.Add(amt)
+		}
+		holders[req.Holder] = req.Generation
+		c.grant = s.newGrant(req, pl, amt, now)
+		if !pl.drawsCustomer {
+			c.grant.drawsCustomer = false
+		}
+		w.add(c.grant, keys, rows[budgetKey{quota.CustomerScope(req.Customer), req.Meter, pl.custPeriod.Start.UTC()}])
+	}
+	wb := w.batch(now, rows, custKeys, scopeKeys)
+	if ownTx {
+		wb.Queue("COMMIT")
+	}
+	if err := db.SendBatch(ctx, wb).Close(); err != nil {
+		for _, c := range batch {
+			c.grant = Grant{}
+		}
+		return fmt.Errorf("admission: issue: %w", err)
+	}
+	if len(refused) > 0 {
+		s.retryAfter(ctx, db, now, refused, refusedAt, rows)
+	}
+	return nil
 }
 
-var errReplan = errors.New("admission: budgets changed while issuing")
-
-// batcher is a pool or a transaction: what sends a batch.
-type batcher interface {
-	DBTX
-	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+func scanAll(r pgx.Rows, f func() error) error {
+	for r.Next() {
+		if err := f(); err != nil {
+			return err
+		}
+	}
+	return r.Err()
 }
 
-func (s *Store) issuePlanned(ctx context.Context, db batcher, req IssueRequest, pl plan, now time.Time) (Grant, error) {
-	validUntil := now.Add(req.TTL)
+func addKeys(args pgx.NamedArgs, p string, keys []budgetKey, rows map[budgetKey]*budgetRow) {
+	slices.SortFunc(keys, func(a, b budgetKey) int {
+		return cmp.Or(strings.Compare(a.scope, b.scope), strings.Compare(a.meter, b.meter), a.start.Compare(b.start))
+	})
+	n := len(keys)
+	ids, meters, starts, ends, names, limits, versions := make([]string, n), make([]string, n), make([]time.Time, n),
+		make([]time.Time, n), make([]string, n), make([]*string, n), make([]int64, n)
+	for i, k := range keys {
+		r := rows[k]
+		ids[i], meters[i], starts[i] = k.scope, k.meter, k.start
+		if p == "c" {
+			ids[i] = r.customer
+		}
+		ends[i], names[i] = r.drawn.period.End.UTC(), r.drawn.period.Name
+		if r.drawn.version >= 0 {
+			v := r.drawn.limit.String()
+			limits[i] = &v
+			versions[i] = r.drawn.version
+		}
+	}
+	first := map[string]string{"c": "c_customers", "s": "s_scopes"}[p]
+	args[first], args[p+"_meters"], args[p+"_starts"], args[p+"_ends"] = ids, meters, starts, ends
+	args[p+"_names"], args[p+"_limits"], args[p+"_versions"] = names, limits, versions
+}
+
+// drawnKeys are the budget rows a request draws from, in lock order.
+func drawnKeys(pl plan, req IssueRequest) []budgetKey {
+	var keys []budgetKey
+	if pl.drawsCustomer {
+		keys = append(keys, budgetKey{quota.CustomerScope(req.Customer), req.Meter, pl.custPeriod.Start.UTC()})
+	}
+	for _, d := range pl.scopes {
+		keys = append(keys, budgetKey{d.scope, req.Meter, d.period.Start.UTC()})
+	}
+	return keys
+}
+
+// stillApplies says whether the plan made without locks still holds under
+// them: every budget drawn still has an exact rule, and (unless the request
+// named a subset) no pool or global budget started to apply.
+func stillApplies(pl plan, keys []budgetKey, rows map[budgetKey]*budgetRow, applicable []string) bool {
+	for _, k := range keys {
+		if !rows[k].limit.Valid {
+			return false
+		}
+	}
+	for _, d := range pl.scopes {
+		if !slices.Contains(applicable, d.scope) {
+			return false
+		}
+	}
+	return pl.subset || len(applicable) == len(pl.scopes)
+}
+
+func (s *Store) newGrant(req IssueRequest, pl plan, amt decimal.Decimal, now time.Time) Grant {
+	ttl := req.TTL
+	if ttl == 0 {
+		ttl = DefaultTTL
+	}
 	end := pl.custPeriod.End.UTC()
 	for _, d := range pl.scopes {
 		end = minTime(end, d.period.End.UTC())
 	}
-	validUntil = minTime(validUntil, end)
+	validUntil := minTime(now.Add(ttl), end)
 	g := Grant{
 		ID: uuid.New(), Customer: req.Customer, Meter: req.Meter, Period: pl.custPeriod.Name,
 		PeriodStart: pl.custPeriod.Start.UTC(), PeriodEnd: pl.custPeriod.End.UTC(), RuleVersion: pl.rule.Version,
-		Holder: req.Holder, Generation: req.Generation, Spent: decimal.Zero,
+		Holder: req.Holder, Generation: req.Generation, Amount: amt, Spent: decimal.Zero,
 		IssuedAt: now, ValidUntil: validUntil, ReclaimAt: validUntil.Add(s.cfg.MaxSkew), State: "live",
-		OnUnreachable: string(quota.UnreachableDeny),
+		OnUnreachable: string(quota.UnreachableDeny), drawsCustomer: pl.drawsCustomer,
 	}
 	if pl.customerExact {
 		g.OnUnreachable, g.LocalAmount = string(pl.rule.OnUnreachable), pl.rule.LocalAmount
 		g.LocalEvery = int64(time.Duration(pl.rule.LocalEvery) / time.Second)
 	}
-	var custLimit *string
-	if pl.customerExact {
-		v := pl.rule.Limit.String()
-		custLimit = &v
-	}
-	var minAmount *string
-	if req.MinAmount.Valid {
-		v := req.MinAmount.Decimal.String()
-		minAmount = &v
-	}
-	n := len(pl.scopes)
-	scopes, starts, ends, names, limits, versions := make([]string, n), make([]time.Time, n), make([]time.Time, n),
-		make([]string, n), make([]string, n), make([]int64, n)
-	for i, d := range pl.scopes {
-		scopes[i], starts[i], ends[i], names[i] = d.scope, d.period.Start.UTC(), d.period.End.UTC(), d.period.Name
-		limits[i], versions[i] = d.limit.String(), d.version
-	}
-	args := pgx.NamedArgs{
-		"holder": req.Holder, "generation": req.Generation, "now": now,
-		"customer": req.Customer, "meter": req.Meter, "cust_start": g.PeriodStart, "cust_end": g.PeriodEnd,
-		"cust_period": g.Period, "cust_limit": custLimit, "cust_version": pl.rule.Version,
-		"draws_customer": pl.drawsCustomer, "subset": pl.subset,
-		"scopes": scopes, "starts": starts, "ends": ends, "names": names, "limits": limits, "versions": versions,
-		"id": g.ID, "amount": req.Amount.String(), "min_amount": minAmount,
-		"valid_until": g.ValidUntil, "reclaim_at": g.ReclaimAt,
-	}
-	b := &pgx.Batch{}
-	b.Queue(qLockHolder, args)
-	b.Queue(qEnsureCustomerBudget, args)
-	b.Queue(qEnsureScopeBudgets, args)
-	b.Queue(qLockCustomerBudget, args)
-	b.Queue(qLockScopeBudgets, args)
-	b.Queue(qIssueDecide, args)
-	br := db.SendBatch(ctx, b)
-	outcome, err := readIssue(br)
-	if cerr := br.Close(); err == nil && cerr != nil {
-		err = fmt.Errorf("admission: issue: %w", cerr)
-	}
-	if err != nil {
-		return Grant{}, err
-	}
-	switch {
-	case outcome.currentGen > req.Generation:
-		return Grant{}, &StaleGenerationError{Holder: req.Holder, Generation: req.Generation, Current: outcome.currentGen}
-	case !outcome.valid:
-		return Grant{}, errReplan
-	case outcome.amount == nil:
-		return Grant{}, outcome.refusal(req, now)
-	}
-	g.Amount = *outcome.amount
 	if pl.drawsCustomer {
 		g.Budgets = append(g.Budgets, quota.CustomerScope(req.Customer))
 	}
-	g.Budgets = append(g.Budgets, scopes...)
-	return g, nil
+	for _, d := range pl.scopes {
+		g.Budgets = append(g.Budgets, d.scope)
+	}
+	return g
+}
+
+// writes collects a batch's grants as columns.
+type writes struct {
+	hHolders                                []string
+	hGens                                   []int64
+	gIDs                                    []uuid.UUID
+	gCustomers, gMeters, gHolders, gAmounts []string
+	gStarts, gValid, gReclaim               []time.Time
+	gVersions, gGens                        []int64
+	gDraws                                  []bool
+	dIDs                                    []uuid.UUID
+	dScopes, dMeters                        []string
+	dStarts                                 []time.Time
+}
+
+func newWrites() *writes { return &writes{} }
+
+func (w *writes) add(g Grant, keys []budgetKey, _ *budgetRow) {
+	w.hHolders, w.hGens = append(w.hHolders, g.Holder), append(w.hGens, g.Generation)
+	w.gIDs, w.gCustomers, w.gMeters = append(w.gIDs, g.ID), append(w.gCustomers, g.Customer), append(w.gMeters, g.Meter)
+	w.gHolders, w.gAmounts = append(w.gHolders, g.Holder), append(w.gAmounts, g.Amount.String())
+	w.gStarts, w.gValid, w.gReclaim = append(w.gStarts, g.PeriodStart), append(w.gValid, g.ValidUntil), append(w.gReclaim, g.ReclaimAt)
+	w.gVersions, w.gGens, w.gDraws = append(w.gVersions, g.RuleVersion), append(w.gGens, g.Generation), append(w.gDraws, g.drawsCustomer)
+	for _, k := range keys {
+		if strings.HasPrefix(k.scope, "customer:") {
+			continue
+		}
+		w.dIDs, w.dScopes, w.dMeters, w.dStarts = append(w.dIDs, g.ID), append(w.dScopes, k.scope), append(w.dMeters, k.meter), append(w.dStarts, k.start)
+	}
+}
+
+// batch is the write round trip: holders, budgets (in lock order: their
+// locks are already held), grants, draws.
+func (w *writes) batch(now time.Time, rows map[budgetKey]*budgetRow, custKeys, scopeKeys []budgetKey) *pgx.Batch {
+	b := &pgx.Batch{}
+	if len(w.gIDs) == 0 {
+		return b
+	}
+	b.Queue(qUpsertHolders, pgx.NamedArgs{"now": now, "h_holders": w.hHolders, "h_generations": w.hGens})
+	var uc, um, ud, ul []string
+	var us []time.Time
+	var uv []int64
+	for _, k := range custKeys {
+		r := rows[k]
+		if r.taken.IsZero() {
+			continue
+		}
+		uc, um, us, ud = append(uc, r.customer), append(um, k.meter), append(us, k.start), append(ud, r.taken.String())
+		ul, uv = append(ul, r.limit.Decimal.String()), append(uv, r.version)
+	}
+	b.Queue(qTakeCustomerBudgets, pgx.NamedArgs{"now": now, "u_customers": uc, "u_meters": um, "u_starts": us,
+		"u_deltas": ud, "u_limits": ul, "u_versions": uv})
+	var vs, vm, vd, vl []string
+	var vt []time.Time
+	var vv []int64
+	for _, k := range scopeKeys {
+		r := rows[k]
+		if r.taken.IsZero() {
+			continue
+		}
+		vs, vm, vt, vd = append(vs, k.scope), append(vm, k.meter), append(vt, k.start), append(vd, r.taken.String())
+		vl, vv = append(vl, r.limit.Decimal.String()), append(vv, r.version)
+	}
+	b.Queue(qTakeScopeBudgets, pgx.NamedArgs{"now": now, "v_scopes": vs, "v_meters": vm, "v_starts": vt,
+		"v_deltas": vd, "v_limits": vl, "v_versions": vv})
+	b.Queue(qInsertGrants, pgx.NamedArgs{"now": now, "g_ids": w.gIDs, "g_customers": w.gCustomers, "g_meters": w.gMeters,
+		"g_starts": w.gStarts, "g_versions": w.gVersions, "g_holders": w.gHolders, "g_generations": w.gGens,
+		"g_amounts": w.gAmounts, "g_valid_until": w.gValid, "g_reclaim_at": w.gReclaim, "g_draws_customer": w.gDraws})
+	b.Queue(qInsertDraws, pgx.NamedArgs{"d_ids": w.dIDs, "d_scopes": w.dScopes, "d_meters": w.dMeters, "d_starts": w.dStarts})
+	return b
+}
+
+// retryAfter fills the refusals' retry_after: when the binding budget's
+// earliest live grant is reclaimed at the latest, or its period's end.
+func (s *Store) retryAfter(ctx context.Context, db DBTX, now time.Time, refused []*call, at []budgetKey, rows map[budgetKey]*budgetRow) {
+	n := len(at)
+	scopes, meters, starts := make([]string, n), make([]string, n), make([]time.Time, n)
+	for i, k := range at {
+		scopes[i], meters[i], starts[i] = k.scope, k.meter, k.start
+	}
+	earliest := make([]*time.Time, n)
+	r, err := db.Query(ctx, qEarliestReclaims, pgx.NamedArgs{"now": now, "r_scopes": scopes, "r_meters": meters, "r_starts": starts})
+	if err == nil {
+		err = scanAll(r, func() error {
+			var i int
+			var t *time.Time
+			if err := r.Scan(&i, &t); err != nil {
+				return err
+			}
+			earliest[i-1] = t
+			return nil
+		})
+	}
+	if err != nil {
+		s.cfg.Logger.Warn("retry_after of refused grants", "error", err)
+	}
+	for i, c := range refused {
+		end := rows[at[i]].drawn.period.End.UTC()
+		if earliest[i] != nil {
+			end = *earliest[i]
+		}
+		// A grant of this batch is reclaimed after any stored one.
+		if ex, ok := c.err.(*BudgetExhaustedError); ok {
+			ex.RetryAfter = max(end.Sub(now), 0)
+		}
+	}
 }
 
 func minTime(a, b time.Time) time.Time {
@@ -227,99 +655,10 @@ func minTime(a, b time.Time) time.Time {
 	return a
 }
 
-type budgetState struct {
-	scope     string
-	available decimal.Decimal
-	periodEnd time.Time
-	earliest  *time.Time // set for a budget that refused
-}
-
-type issueOutcome struct {
-	budgets    []budgetState
-	amount     *decimal.Decimal
-	currentGen int64
-	valid      bool
-}
-
-func readIssue(br pgx.BatchResults) (issueOutcome, error) {
-	for range 5 {
-		if _, err := br.Exec(); err != nil {
-			return issueOutcome{}, fmt.Errorf("admission: issue: %w", err)
-		}
-	}
-	rows, err := br.Query()
-	if err != nil {
-		return issueOutcome{}, fmt.Errorf("admission: issue: %w", err)
-	}
-	var out issueOutcome
-	for rows.Next() {
-		var scope, avail, amt *string
-		var periodEnd, earliest *time.Time
-		var gen *int64
-		if err := rows.Scan(&scope, &avail, &periodEnd, &earliest, &amt, &gen, &out.valid); err != nil {
-			rows.Close()
-			return issueOutcome{}, fmt.Errorf("admission: issue: %w", err)
-		}
-		if gen != nil {
-			out.currentGen = *gen
-		}
-		if amt != nil {
-			v, err := decimal.NewFromString(*amt)
-			if err != nil {
-				rows.Close()
-				return issueOutcome{}, fmt.Errorf("admission: granted %q: %w", *amt, err)
-			}
-			out.amount = &v
-		}
-		if scope == nil {
-			continue
-		}
-		b := budgetState{scope: *scope, periodEnd: periodEnd.UTC(), earliest: earliest}
-		if avail != nil {
-			v, err := decimal.NewFromString(*avail)
-			if err != nil {
-				rows.Close()
-				return issueOutcome{}, fmt.Errorf("admission: available %q: %w", *avail, err)
-			}
-			b.available = v
-		} else {
-			b.available = decimal.NewFromInt(-1) // no limit (no exact rule): never binding
-		}
-		out.budgets = append(out.budgets, b)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return issueOutcome{}, fmt.Errorf("admission: issue: %w", err)
-	}
-	return out, nil
-}
-
-// refusal names the binding budget: of those without room, the one with
-// the least available (the first in lock order on a tie).
-func (o issueOutcome) refusal(req IssueRequest, now time.Time) error {
-	need := req.Amount
-	if req.MinAmount.Valid {
-		need = req.MinAmount.Decimal
-	}
-	var bind *budgetState
-	for i := range o.budgets {
-		b := &o.budgets[i]
-		if b.available.IsNegative() || !b.available.LessThan(need) {
-			continue
-		}
-		if bind == nil || b.available.LessThan(bind.available) {
-			bind = b
-		}
-	}
-	if bind == nil {
-		return fmt.Errorf("admission: %s/%s refused without a binding budget", req.Customer, req.Meter)
-	}
-	at := bind.periodEnd
-	if bind.earliest != nil {
-		at = *bind.earliest
-	}
-	retry := max(at.Sub(now), 0)
-	return &BudgetExhaustedError{Binding: bind.scope + "/" + req.Meter, Available: bind.available, RetryAfter: retry}
+// batcher is a connection or a transaction: what sends a batch.
+type batcher interface {
+	DBTX
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // ScopePeriod is the period of pool and global budgets at t.

@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/amount"
@@ -31,6 +32,7 @@ type DB interface {
 	DBTX
 	Begin(ctx context.Context) (pgx.Tx, error)
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	Acquire(ctx context.Context) (*pgxpool.Conn, error)
 }
 
 // DBTX is what reads need of a pool, a connection or a transaction.
@@ -50,20 +52,31 @@ type Config struct {
 	Now func() time.Time
 	// Logger; default discards.
 	Logger *slog.Logger
+	// MaxBatch bounds how many concurrent grant requests share one
+	// transaction. Default 256.
+	MaxBatch int
 }
+
+// DefaultMaxBatch is Config.MaxBatch's default.
+const DefaultMaxBatch = 256
 
 // Validate reports every problem of c at once.
 func (c Config) Validate() error {
+	var errs []error
 	if c.MaxSkew < 0 {
-		return &FieldError{Field: "max_skew", Detail: "is negative"}
+		errs = append(errs, &FieldError{Field: "max_skew", Detail: "is negative"})
 	}
-	return nil
+	if c.MaxBatch < 0 {
+		errs = append(errs, &FieldError{Field: "max_batch", Detail: "is negative"})
+	}
+	return errors.Join(errs...)
 }
 
 // Store issues, renews and releases grants.
 type Store struct {
-	db  DB
-	cfg Config
+	db   DB
+	cfg  Config
+	comb combiner
 }
 
 // New returns a Store on db.
@@ -73,6 +86,9 @@ func New(db DB, cfg Config) (*Store, error) {
 	}
 	if cfg.MaxSkew == 0 {
 		cfg.MaxSkew = DefaultMaxSkew
+	}
+	if cfg.MaxBatch == 0 {
+		cfg.MaxBatch = DefaultMaxBatch
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -193,13 +209,6 @@ func (r IssueRequest) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// Issue leases a grant in a transaction of its own, answering only after
-// it committed. It draws from every exact budget that applies to the
-// customer and meter (or the subset req names), all or nothing.
-func (s *Store) Issue(ctx context.Context, req IssueRequest) (Grant, error) {
-	return s.issue(ctx, s.db, req)
 }
 
 // lockHolder records generation as the holder's newest (locking its row)
