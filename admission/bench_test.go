@@ -13,12 +13,18 @@ import (
 
 	"github.com/tally-ledger/tally/admission"
 	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/pools"
+	"github.com/tally-ledger/tally/quota"
 )
 
 // BenchmarkIssueHotBudget issues grants from one budget with 50 concurrent
-// holders (alone, and each released at once), and reports operations/s. Its baseline, measured in the same run on the same
-// pool, is a central counter: one UPDATE ... RETURNING on the budget row
-// per call, the cheapest exact check Postgres can do.
+// holders (alone, and each released at once), and reports operations/s.
+// issue-customer-pool-global: each holder serves its own customer, all in
+// one pool, every grant drawing from the customer's, the pool's and the
+// one global budget (the hot row). Its baseline, measured in the same run
+// on the same pool, is a central counter: one UPDATE ... RETURNING on the
+// budget row per call, the cheapest exact check Postgres can do when every
+// request takes its own transaction.
 //
 //	go test -run '^$' -bench HotBudget -benchtime 3000x ./admission
 func BenchmarkIssueHotBudget(b *testing.B) {
@@ -74,6 +80,26 @@ func BenchmarkIssueHotBudget(b *testing.B) {
 				return err
 			}
 			_, err = s.Release(ctx, admission.Report{Grant: g.ID, Holder: holder, Generation: 1, Spent: decimal.NewFromInt(100)})
+			return err
+		})
+	})
+	var members []string
+	for h := range holders {
+		c := fmt.Sprintf("cust%d", h)
+		e.rule(c, "calls", decimal.NewFromInt(1_000_000_000))
+		members = append(members, c)
+	}
+	if _, err := s.PutPool(ctx, pools.PutInput{Name: "all", Members: members, Actor: "bench"}); err != nil {
+		b.Fatal(err)
+	}
+	e.scopeRule(quota.PoolScope("all"), "calls", decimal.NewFromInt(1_000_000_000))
+	e.scopeRule(quota.Global, "calls", decimal.NewFromInt(1_000_000_000))
+	b.Run("issue-customer-pool-global", func(b *testing.B) {
+		run(b, func(h int) error {
+			g, err := s.Issue(ctx, admission.IssueRequest{Holder: fmt.Sprintf("h%d", h), Generation: 1, Customer: members[h], Meter: "calls", Amount: decimal.NewFromInt(1)})
+			if err == nil && len(g.Budgets) != 3 {
+				err = fmt.Errorf("drew from %v", g.Budgets)
+			}
 			return err
 		})
 	})

@@ -137,6 +137,7 @@ func errKeptChanging(req IssueRequest) error {
 // call is one request waiting in the combiner.
 type call struct {
 	req   IssueRequest
+	plan  *plan // made by the caller before it queued; nil: the batch plans
 	grant Grant
 	err   error
 	done  chan struct{}
@@ -163,7 +164,13 @@ func (s *Store) Issue(ctx context.Context, req IssueRequest) (Grant, error) {
 		return Grant{}, err
 	}
 	for range maxReplans {
-		c := &call{req: req, done: make(chan struct{})}
+		// Each caller plans on its own connection, concurrently; the batch
+		// checks the plan under its locks.
+		pl, err := s.plans.get(ctx, s.db, req, s.now())
+		if err != nil {
+			return Grant{}, err
+		}
+		c := &call{req: req, plan: &pl, done: make(chan struct{})}
 		s.comb.mu.Lock()
 		s.comb.pending = append(s.comb.pending, c)
 		lead := !s.comb.running
@@ -182,8 +189,57 @@ func (s *Store) Issue(ctx context.Context, req IssueRequest) (Grant, error) {
 		if !errors.Is(c.err, errReplan) {
 			return c.grant, c.err
 		}
+		s.plans.forget(req)
 	}
 	return Grant{}, errKeptChanging(req)
+}
+
+// planTTL is how long a plan is reused. A plan is only a guess of which
+// budgets apply: every batch checks it under its locks (rules in force,
+// memberships, periods) and a request whose plan no longer holds is
+// planned again, so reuse never decides anything.
+const planTTL = time.Second
+
+type cachedPlan struct {
+	plan plan
+	at   time.Time
+}
+
+// planCache keeps recent plans per customer, meter and named subset.
+type planCache struct {
+	mu sync.Mutex
+	m  map[string]cachedPlan
+}
+
+func planKey(req IssueRequest) string {
+	return req.Customer + "\x00" + req.Meter + "\x00" + strings.Join(req.Budgets, ",")
+}
+
+func (c *planCache) get(ctx context.Context, db DBTX, req IssueRequest, now time.Time) (plan, error) {
+	k := planKey(req)
+	c.mu.Lock()
+	p, ok := c.m[k]
+	c.mu.Unlock()
+	if ok && now.Sub(p.at) < planTTL && !now.Before(p.at) && p.plan.custPeriod.Contains(now) {
+		return p.plan, nil
+	}
+	pl, err := planIssue(ctx, db, req, now)
+	if err != nil {
+		return plan{}, err
+	}
+	c.mu.Lock()
+	if c.m == nil || len(c.m) > 100_000 {
+		c.m = map[string]cachedPlan{}
+	}
+	c.m[k] = cachedPlan{plan: pl, at: now}
+	c.mu.Unlock()
+	return pl, nil
+}
+
+func (c *planCache) forget(req IssueRequest) {
+	c.mu.Lock()
+	delete(c.m, planKey(req))
+	c.mu.Unlock()
 }
 
 // lead runs batches until nothing is queued.
@@ -251,7 +307,12 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 	planned := map[string]int{} // one plan per customer, meter and subset
 	live := batch[:0:0]
 	for i, c := range batch {
-		k := c.req.Customer + "\x00" + c.req.Meter + "\x00" + strings.Join(c.req.Budgets, ",")
+		if c.plan != nil && c.plan.custPeriod.Contains(now) {
+			plans[i] = *c.plan
+			live = append(live, c)
+			continue
+		}
+		k := planKey(c.req)
 		if j, ok := planned[k]; ok {
 			plans[i] = plans[j]
 			live = append(live, c)
@@ -401,7 +462,12 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 			continue
 		}
 		keys := drawnKeys(pl, req)
-		if !stillApplies(pl, keys, rows, applicable[[2]string{req.Customer, req.Meter}]) {
+		cust := rows[budgetKey{quota.CustomerScope(req.Customer), req.Meter, pl.custPeriod.Start.UTC()}]
+		if !pl.subset && cust.limit.Valid != pl.drawsCustomer {
+			c.err = errReplan // the customer's rule became exact, or stopped being
+			continue
+		}
+		if !stillApplies(pl, keys, rows, applicable[[2]string{req.Customer, req.Meter}], now) {
 			c.err = errReplan
 			continue
 		}
@@ -497,7 +563,7 @@ func drawnKeys(pl plan, req IssueRequest) []budgetKey {
 // stillApplies says whether the plan made without locks still holds under
 // them: every budget drawn still has an exact rule, and (unless the request
 // named a subset) no pool or global budget started to apply.
-func stillApplies(pl plan, keys []budgetKey, rows map[budgetKey]*budgetRow, applicable []string) bool {
+func stillApplies(pl plan, keys []budgetKey, rows map[budgetKey]*budgetRow, applicable []string, now time.Time) bool {
 	for _, k := range keys {
 		if !rows[k].limit.Valid {
 			return false
@@ -506,6 +572,11 @@ func stillApplies(pl plan, keys []budgetKey, rows map[budgetKey]*budgetRow, appl
 	for _, d := range pl.scopes {
 		if !slices.Contains(applicable, d.scope) {
 			return false
+		}
+	}
+	for _, k := range keys {
+		if !rows[k].drawn.period.Contains(now) {
+			return false // planned in the previous period
 		}
 	}
 	return pl.subset || len(applicable) == len(pl.scopes)

@@ -74,9 +74,10 @@ func (c Config) Validate() error {
 
 // Store issues, renews and releases grants.
 type Store struct {
-	db   DB
-	cfg  Config
-	comb combiner
+	db    DB
+	cfg   Config
+	comb  combiner
+	plans planCache
 }
 
 // New returns a Store on db.
