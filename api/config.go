@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tally-ledger/tally/admission"
 	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/internal/notify"
 	"github.com/tally-ledger/tally/ledger"
@@ -168,6 +169,9 @@ type API struct {
 	tokenLimits *rateLimits   // nil: off
 	badTokens   *ttlCache[[32]byte, struct{}]
 	ready       readyCache
+	// admission is the one grant store: concurrent grant requests share
+	// its transactions (admission.Store's combiner).
+	admission *admission.Store
 }
 
 // ServeHTTP serves the API.
@@ -274,6 +278,9 @@ func New(cfg Config) (*API, error) {
 	a.watch = newUsageWatch(a.topic, a.listener, usageTTL, usageBytes)
 	a.listener.Subscribe(a.tokenWatch)
 	a.listener.Subscribe(a.watch)
+	if a.admission, err = admission.New(a.pool, admission.Config{Now: a.now, Logger: a.log}); err != nil {
+		return nil, err
+	}
 	a.handler = a.routes()
 	return a, nil
 }

@@ -25,10 +25,9 @@ const (
 	TypeNotExact        = typePrefix + "not-exact"
 )
 
-// admissionStore is the grant store on the API's pool and clock. It holds
-// no state of its own, so one per request costs a small allocation only.
+// admissionStore is the API's one grant store, on its pool and clock.
 func (a *API) admissionStore() (*admission.Store, error) {
-	return admission.New(a.pool, admission.Config{Now: a.now, Logger: a.log})
+	return a.admission, nil
 }
 
 // requireGrantManager lets through the admin token and gateway tokens;
