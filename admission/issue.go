@@ -355,8 +355,11 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 		}
 	}
 	args := pgx.NamedArgs{"now": now, "holders": slices.Sorted(maps.Keys(holders))}
-	addKeys(args, "c", custKeys, rows)
-	addKeys(args, "s", scopeKeys, rows)
+	addKeys(args, "c", true, custKeys, rows)
+	addKeys(args, "s", false, scopeKeys, rows)
+	newCust, newScope := s.known.unknown(custKeys), s.known.unknown(scopeKeys)
+	addKeys(args, "ec", true, newCust, rows)
+	addKeys(args, "es", false, newScope, rows)
 	var kc, km []string
 	for p := range pairs {
 		kc, km = append(kc, p[0]), append(km, p[1])
@@ -386,8 +389,12 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 			return nil
 		})
 	})
-	b.Queue(qEnsureCustomerBudgets, args)
-	b.Queue(qEnsureScopeBudgets, args)
+	if len(newCust) > 0 {
+		b.Queue(qEnsureCustomerBudgets, args)
+	}
+	if len(newScope) > 0 {
+		b.Queue(qEnsureScopeBudgets, args)
+	}
 	b.Queue(qLockCustomerBudgets, args)
 	b.Queue(qLockScopeBudgets, args)
 	b.Queue(qCustomerState, args).Query(func(r pgx.Rows) error {
@@ -449,6 +456,7 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 	}
 
 	// Decide, in arrival order, each all or nothing.
+	stored := maps.Clone(holders)
 	w := newWrites()
 	var refused []*call
 	var refusedAt []budgetKey
@@ -496,7 +504,7 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 		if !pl.drawsCustomer {
 			c.grant.drawsCustomer = false
 		}
-		w.add(c.grant, keys, rows[budgetKey{quota.CustomerScope(req.Customer), req.Meter, pl.custPeriod.Start.UTC()}])
+		w.add(c.grant, keys, req.Generation > stored[req.Holder])
 	}
 	wb := w.batch(now, rows, custKeys, scopeKeys)
 	if ownTx {
@@ -507,6 +515,11 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 			c.grant = Grant{}
 		}
 		return fmt.Errorf("admission: issue: %w", err)
+	}
+	if ownTx {
+		// Committed: these rows exist for good (budget rows are never deleted).
+		s.known.add(newCust)
+		s.known.add(newScope)
 	}
 	if len(refused) > 0 {
 		s.retryAfter(ctx, db, now, refused, refusedAt, rows)
@@ -523,7 +536,7 @@ func scanAll(r pgx.Rows, f func() error) error {
 	return r.Err()
 }
 
-func addKeys(args pgx.NamedArgs, p string, keys []budgetKey, rows map[budgetKey]*budgetRow) {
+func addKeys(args pgx.NamedArgs, p string, customers bool, keys []budgetKey, rows map[budgetKey]*budgetRow) {
 	slices.SortFunc(keys, func(a, b budgetKey) int {
 		return cmp.Or(strings.Compare(a.scope, b.scope), strings.Compare(a.meter, b.meter), a.start.Compare(b.start))
 	})
@@ -533,7 +546,7 @@ func addKeys(args pgx.NamedArgs, p string, keys []budgetKey, rows map[budgetKey]
 	for i, k := range keys {
 		r := rows[k]
 		ids[i], meters[i], starts[i] = k.scope, k.meter, k.start
-		if p == "c" {
+		if customers {
 			ids[i] = r.customer
 		}
 		ends[i], names[i] = r.drawn.period.End.UTC(), r.drawn.period.Name
@@ -543,9 +556,42 @@ func addKeys(args pgx.NamedArgs, p string, keys []budgetKey, rows map[budgetKey]
 			versions[i] = r.drawn.version
 		}
 	}
-	first := map[string]string{"c": "c_customers", "s": "s_scopes"}[p]
+	first := p + "_scopes"
+	if customers {
+		first = p + "_customers"
+	}
 	args[first], args[p+"_meters"], args[p+"_starts"], args[p+"_ends"] = ids, meters, starts, ends
 	args[p+"_names"], args[p+"_limits"], args[p+"_versions"] = names, limits, versions
+}
+
+// knownBudgets are budget rows this Store saw committed: budget rows are
+// never deleted, so a known row needs no insert before it is locked.
+type knownBudgets struct {
+	mu sync.Mutex
+	m  map[budgetKey]struct{}
+}
+
+func (k *knownBudgets) unknown(keys []budgetKey) []budgetKey {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	var out []budgetKey
+	for _, key := range keys {
+		if _, ok := k.m[key]; !ok {
+			out = append(out, key)
+		}
+	}
+	return out
+}
+
+func (k *knownBudgets) add(keys []budgetKey) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.m == nil || len(k.m) > 100_000 {
+		k.m = map[budgetKey]struct{}{}
+	}
+	for _, key := range keys {
+		k.m[key] = struct{}{}
+	}
 }
 
 // drawnKeys are the budget rows a request draws from, in lock order.
@@ -628,8 +674,10 @@ type writes struct {
 
 func newWrites() *writes { return &writes{} }
 
-func (w *writes) add(g Grant, keys []budgetKey, _ *budgetRow) {
-	w.hHolders, w.hGens = append(w.hHolders, g.Holder), append(w.hGens, g.Generation)
+func (w *writes) add(g Grant, keys []budgetKey, newGeneration bool) {
+	if newGeneration {
+		w.hHolders, w.hGens = append(w.hHolders, g.Holder), append(w.hGens, g.Generation)
+	}
 	w.gIDs, w.gCustomers, w.gMeters = append(w.gIDs, g.ID), append(w.gCustomers, g.Customer), append(w.gMeters, g.Meter)
 	w.gHolders, w.gAmounts = append(w.gHolders, g.Holder), append(w.gAmounts, g.Amount.String())
 	w.gStarts, w.gValid, w.gReclaim = append(w.gStarts, g.PeriodStart), append(w.gValid, g.ValidUntil), append(w.gReclaim, g.ReclaimAt)
@@ -649,7 +697,9 @@ func (w *writes) batch(now time.Time, rows map[budgetKey]*budgetRow, custKeys, s
 	if len(w.gIDs) == 0 {
 		return b
 	}
-	b.Queue(qUpsertHolders, pgx.NamedArgs{"now": now, "h_holders": w.hHolders, "h_generations": w.hGens})
+	if len(w.hHolders) > 0 {
+		b.Queue(qUpsertHolders, pgx.NamedArgs{"now": now, "h_holders": w.hHolders, "h_generations": w.hGens})
+	}
 	var uc, um, ud, ul []string
 	var us []time.Time
 	var uv []int64

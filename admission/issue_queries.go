@@ -32,12 +32,13 @@ ORDER BY holder
 FOR UPDATE`
 
 // qEnsureCustomerBudgets creates the customers' budget rows of the period
-// if needed, without locking existing rows. Their limit is NULL when the
+// if needed (those this Store has not seen committed), without locking
+// existing rows. Their limit is NULL when the
 // customer has no exact rule (the row then only carries the period).
 const qEnsureCustomerBudgets = `
 INSERT INTO admission_budgets (customer, meter, period_start, period_end, period, "limit", rule_version, updated_at)
-SELECT * , @now::timestamptz FROM unnest(@c_customers::text[], @c_meters::text[], @c_starts::timestamptz[],
-                      @c_ends::timestamptz[], @c_names::text[], @c_limits::numeric[], @c_versions::bigint[])
+SELECT * , @now::timestamptz FROM unnest(@ec_customers::text[], @ec_meters::text[], @ec_starts::timestamptz[],
+                      @ec_ends::timestamptz[], @ec_names::text[], @ec_limits::numeric[], @ec_versions::bigint[])
 ORDER BY 1, 2, 3
 ON CONFLICT DO NOTHING`
 
@@ -55,8 +56,8 @@ SELECT w.scope, w.meter, w.period_start, w.period_end, w.period, w.lim, w.versio
                         SELECT m.customer FROM pool_members m
                         WHERE 'pool:' || m.pool = w.scope AND m.joined_at <= @now AND (m.left_at IS NULL OR m.left_at > @now)))), 0),
        @now
-FROM unnest(@s_scopes::text[], @s_meters::text[], @s_starts::timestamptz[], @s_ends::timestamptz[], @s_names::text[],
-            @s_limits::numeric[], @s_versions::bigint[])
+FROM unnest(@es_scopes::text[], @es_meters::text[], @es_starts::timestamptz[], @es_ends::timestamptz[], @es_names::text[],
+            @es_limits::numeric[], @es_versions::bigint[])
      AS w(scope, meter, period_start, period_end, period, lim, version)
 WHERE NOT EXISTS (SELECT 1 FROM admission_scope_budgets x
                   WHERE x.scope = w.scope AND x.meter = w.meter AND x.period_start = w.period_start)
@@ -121,6 +122,8 @@ WHERE r.admission = 'exact'`
 
 // The writes of a batch, set-based.
 
+// qUpsertHolders records new holders and newer generations (seen_at: when
+// the holder's newest generation was first issued a grant).
 const qUpsertHolders = `
 INSERT INTO admission_holders AS h (holder, generation, seen_at)
 SELECT holder, max(generation), @now FROM unnest(@h_holders::text[], @h_generations::bigint[]) AS u(holder, generation)

@@ -78,6 +78,7 @@ type Store struct {
 	cfg   Config
 	comb  combiner
 	plans planCache
+	known knownBudgets
 }
 
 // New returns a Store on db.
