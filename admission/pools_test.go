@@ -269,3 +269,34 @@ func TestOverlappingBudgetsNeverDeadlock(t *testing.T) {
 		t.Fatalf("global consumed %s, want 200 (8 holders x 25 grants, fully spent)", c)
 	}
 }
+
+// A request plans its budgets before it locks them; a rule or membership
+// that changed meanwhile is seen under the locks and the request is
+// planned again: a customer whose rule became exact draws from it at once.
+func TestRuleAndMembershipChangesApplyToTheNextRequest(t *testing.T) {
+	e := newEnv(t)
+	e.scopeRule(quota.PoolScope("team"), "calls", d("100"))
+	e.putPool("team", "a")
+	g, err := e.issue("gw", "a", d("5"))
+	if err != nil || fmt.Sprint(g.Budgets) != "[pool:team]" {
+		t.Fatalf("no customer rule: %v %v", g.Budgets, err)
+	}
+	e.rule("a", "calls", d("3"))
+	_, err = e.issue("gw", "a", d("5"))
+	if ex, ok := errors.AsType[*admission.BudgetExhaustedError](err); !ok || ex.Binding != "customer:a/calls" {
+		t.Fatalf("after the customer rule became exact: %v", err)
+	}
+	// A global budget created mid-period starts at what everyone consumed
+	// this period: a's first 5.
+	e.scopeRule(quota.Global, "calls", d("12"))
+	if g, err = e.issue("gw", "a", d("3")); err != nil || fmt.Sprint(g.Budgets) != "[customer:a global pool:team]" {
+		t.Fatalf("after a global rule: %v %v", g.Budgets, err)
+	}
+	e.putPool("team")
+	if g, err = e.issue("gw", "b", d("4")); err != nil || fmt.Sprint(g.Budgets) != "[global]" {
+		t.Fatalf("b: %v %v", g.Budgets, err)
+	}
+	if _, err = e.issue("gw", "b", d("1")); err == nil {
+		t.Fatal("a global budget of 12 gave 13 (5 before it, 3 to a, 4 and 1 to b)")
+	}
+}

@@ -36,7 +36,7 @@ CREATE TABLE pool_members (
     pool      text        NOT NULL REFERENCES pools (name),
     customer  text        NOT NULL CHECK (customer ~ '^[A-Za-z0-9._:-]{1,128}$'),
     joined_at timestamptz NOT NULL,
-    left_at   timestamptz CHECK (left_at > joined_at),
+    left_at   timestamptz CHECK (left_at >= joined_at),  -- equal: a stay that never counted
     actor     text        NOT NULL CHECK (actor <> ''),
     PRIMARY KEY (pool, customer, joined_at)
 );
