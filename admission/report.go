@@ -84,3 +84,67 @@ func Accounts(ctx context.Context, db DBTX, customers []string, starts []time.Ti
 	}
 	return out, nil
 }
+
+// ScopeAccount is what the protocol handed out from one pool or global
+// budget and period, for reconciliation.
+type ScopeAccount struct {
+	Scope       string
+	Meter       string
+	PeriodStart time.Time
+	Limit       decimal.Decimal
+	// Consumed counts the grants drawn from it and what members brought in.
+	Consumed decimal.Decimal
+	// Spent is Σ spent reported on the grants drawn from it.
+	Spent decimal.Decimal
+	// Stranded is Σ amount - spent of ended grants drawn from it.
+	Stranded decimal.Decimal
+}
+
+// qScopeAccounts is every pool and global budget that grants of the given
+// (customer, period start) pairs drew from.
+const qScopeAccounts = `
+WITH t AS (SELECT * FROM unnest(@customers::text[], @starts::timestamptz[]) AS t(customer, period_start))
+SELECT s.scope, s.meter, s.period_start, s."limit"::text, s.consumed::text,
+       coalesce((SELECT sum(g.spent) FROM admission_grant_draws d JOIN admission_grants g ON g.id = d.grant_id
+                 WHERE (d.scope, d.meter, d.period_start) = (s.scope, s.meter, s.period_start)), 0)::text,
+       coalesce((SELECT sum(g.amount - g.spent) FROM admission_grant_draws d JOIN admission_grants g ON g.id = d.grant_id
+                 WHERE (d.scope, d.meter, d.period_start) = (s.scope, s.meter, s.period_start)
+                   AND (g.ended_at IS NOT NULL OR g.reclaim_at <= @now)), 0)::text
+FROM admission_scope_budgets s
+WHERE EXISTS (SELECT 1 FROM admission_grant_draws d
+              JOIN admission_grants g ON g.id = d.grant_id
+              JOIN t ON (t.customer, t.period_start) = (g.customer, g.period_start)
+              WHERE (d.scope, d.meter, d.period_start) = (s.scope, s.meter, s.period_start))
+ORDER BY 1, 2, 3`
+
+// ScopeAccounts returns the account of every pool and global budget that
+// grants of the given (customer, period start) pairs drew from.
+func ScopeAccounts(ctx context.Context, db DBTX, customers []string, starts []time.Time, now time.Time) ([]ScopeAccount, error) {
+	rows, err := db.Query(ctx, qScopeAccounts, pgx.NamedArgs{"customers": customers, "starts": starts, "now": now})
+	if err != nil {
+		return nil, fmt.Errorf("admission: scope accounts: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ScopeAccount, error) {
+		var a ScopeAccount
+		var lim, cons, spent, stranded string
+		if err := row.Scan(&a.Scope, &a.Meter, &a.PeriodStart, &lim, &cons, &spent, &stranded); err != nil {
+			return ScopeAccount{}, err
+		}
+		for _, p := range []struct {
+			s string
+			d *decimal.Decimal
+		}{{lim, &a.Limit}, {cons, &a.Consumed}, {spent, &a.Spent}, {stranded, &a.Stranded}} {
+			v, err := decimal.NewFromString(p.s)
+			if err != nil {
+				return ScopeAccount{}, err
+			}
+			*p.d = v
+		}
+		a.PeriodStart = a.PeriodStart.UTC()
+		return a, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("admission: scope accounts: %w", err)
+	}
+	return out, nil
+}

@@ -80,5 +80,30 @@ func (r *runner) checkAdmission(ctx context.Context, tx pgx.Tx, tg target, now t
 				Detail: "admitted without a grant while Tally was unreachable: " + strings.Join(parts, ", ")})
 		}
 	}
+	return r.checkScopeBudgets(ctx, tx, tg, now)
+}
+
+// checkScopeBudgets reconciles the pool and global budgets that the
+// targets' grants drew from: over_granted and stranded, per budget, its
+// scope in the detail (a finding of no one customer). Usage is compared
+// per customer budget only: a pool's members change over a period.
+func (r *runner) checkScopeBudgets(ctx context.Context, tx pgx.Tx, tg target, now time.Time) error {
+	accounts, err := admission.ScopeAccounts(ctx, tx, tg.customers, tg.starts, now)
+	if err != nil {
+		return err
+	}
+	for _, a := range accounts {
+		period := a.PeriodStart
+		budget := a.Scope + "/" + a.Meter
+		if over := a.Spent.Sub(a.Limit); over.IsPositive() {
+			r.find(Finding{Kind: KindOverGranted, Severity: Discrepancy, Meter: a.Meter, Period: &period, Amount: &over,
+				Detail: fmt.Sprintf("%s: grants report %s spent against a limit of %s", budget, a.Spent, a.Limit)})
+		}
+		if a.Stranded.IsPositive() {
+			s := a.Stranded
+			r.find(Finding{Kind: KindStranded, Severity: Notice, Meter: a.Meter, Period: &period, Amount: &s,
+				Detail: fmt.Sprintf("%s: %s granted and never spent (limit %s)", budget, s, a.Limit)})
+		}
+	}
 	return nil
 }

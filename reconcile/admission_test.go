@@ -2,12 +2,15 @@ package reconcile_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/admission"
+	"github.com/tally-ledger/tally/pools"
 	"github.com/tally-ledger/tally/quota"
 	"github.com/tally-ledger/tally/reconcile"
 )
@@ -71,6 +74,62 @@ func TestExactAdmissionFindings(t *testing.T) {
 		}
 	}
 	if r.Status != reconcile.StatusDiscrepancies || len(over) != 1 || over[0].Amount.String() != "10" {
+		t.Fatalf("over_granted: %s %+v", r.Status, over)
+	}
+}
+
+// Pool and global budgets a period's grants drew from are reconciled per
+// budget: stranded capacity, and over_granted when grants report more spent
+// than the budget's limit.
+func TestExactAdmissionFindingsPerScope(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	d := decimal.RequireFromString
+	s, err := admission.New(e.pool, admission.Config{Now: func() time.Time { return e.now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.PutPool(ctx, pools.PutInput{Name: "team", Members: []string{"acme"}, Actor: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	for scope, limit := range map[string]string{quota.PoolScope("team"): "100", quota.Global: "1000"} {
+		err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			_, err := quota.PutScopeRuleAt(ctx, tx, quota.ScopeRuleInput{Scope: scope, Meter: "calls", Limit: d(limit),
+				Admission: quota.Exact, Actor: "test"}, e.now)
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	g, err := s.Issue(ctx, admission.IssueRequest{Holder: "gw", Generation: 1, Customer: "acme", Meter: "calls", Amount: d("50")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Release(ctx, admission.Report{Grant: g.ID, Holder: "gw", Generation: 1, Spent: d("40")}); err != nil {
+		t.Fatal(err)
+	}
+	e.apply(rec("gw", 1, "acme", 1, "40", "40", time.Date(2026, 11, 10, 0, 0, 0, 0, time.UTC)))
+
+	r := e.run(reconcile.Options{Period: "2026-11-01"})
+	var details []string
+	for _, f := range findings(t, r, reconcile.KindStranded) {
+		details = append(details, f.Detail)
+	}
+	slices.Sort(details)
+	if want := []string{"global/calls: 10 granted and never spent (limit 1000)",
+		"pool:team/calls: 10 granted and never spent (limit 100)"}; !slices.Equal(details, want) {
+		t.Fatalf("stranded: %q", details)
+	}
+	if r.Status != reconcile.StatusClean {
+		t.Fatalf("status %s: %+v", r.Status, r.Findings)
+	}
+
+	e.exec(`UPDATE admission_scope_budgets SET "limit" = 30 WHERE scope = 'pool:team'`)
+	r = e.run(reconcile.Options{Period: "2026-11-01"})
+	over := findings(t, r, reconcile.KindOverGranted)
+	if r.Status != reconcile.StatusDiscrepancies || len(over) != 1 || over[0].Amount.String() != "10" ||
+		over[0].Detail != "pool:team/calls: grants report 40 spent against a limit of 30" {
 		t.Fatalf("over_granted: %s %+v", r.Status, over)
 	}
 }
