@@ -1,6 +1,7 @@
-// Package admission owns exact admission: grants leased to gateways from a
-// budget per (customer, meter, billing period) of a quota rule whose
-// admission is exact.
+// Package admission owns exact admission: grants leased to gateways from
+// budgets per (scope, meter, period) of quota rules whose admission is
+// exact. A scope is a customer ("customer:<id>", in its billing calendar),
+// a pool ("pool:<name>") or "global" (both monthly, UTC): docs/design.md §13.
 //
 // A grant {id, customer, meter, period, rule_version, holder, generation,
 // amount, spent, issued_at, valid_until, ended_at, end_reason} is a stored
@@ -36,7 +37,22 @@
 //     bypasses, stored per holder, budget and period, idempotent by the
 //     holder's report id. They are not drawn from the budget.
 //
+//   - A grant draws the same amount from every exact budget that applies to
+//     its customer and meter (or the subset the request names), all or
+//     nothing: taken from all in one transaction, or from none. Release
+//     frees amount - spent in each; expiry counts it fully spent in each.
+//   - Locks are taken in one order everywhere: holder rows (sorted),
+//     customer budget rows (sorted), pool and global budget rows sorted by
+//     (scope, meter, period), grant rows. So no two transactions deadlock.
+//   - Concurrent Issue calls share transactions (the combiner): each
+//     request is decided in arrival order against the running totals of
+//     its batch. Which budgets a request draws from is planned without
+//     locks and checked under them (rules in force, memberships, periods);
+//     a stale plan is made again, never used to decide.
+//   - Joining a pool, or a pool or global budget created mid-period, never
+//     hands out a fresh allowance: the budget counts what its members
+//     consumed this period.
+//
 // Times come from Config.Now (the API's clock), never from Postgres, so
-// tests control expiry exactly; locks order holder row, budget row, grant
-// row, everywhere.
+// tests control expiry exactly.
 package admission

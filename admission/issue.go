@@ -700,37 +700,35 @@ func (w *writes) batch(now time.Time, rows map[budgetKey]*budgetRow, custKeys, s
 	if len(w.hHolders) > 0 {
 		b.Queue(qUpsertHolders, pgx.NamedArgs{"now": now, "h_holders": w.hHolders, "h_generations": w.hGens})
 	}
-	var uc, um, ud, ul []string
-	var us []time.Time
-	var uv []int64
-	for _, k := range custKeys {
-		r := rows[k]
-		if r.taken.IsZero() {
-			continue
-		}
-		uc, um, us, ud = append(uc, r.customer), append(um, k.meter), append(us, k.start), append(ud, r.taken.String())
-		ul, uv = append(ul, r.limit.Decimal.String()), append(uv, r.version)
-	}
-	b.Queue(qTakeCustomerBudgets, pgx.NamedArgs{"now": now, "u_customers": uc, "u_meters": um, "u_starts": us,
-		"u_deltas": ud, "u_limits": ul, "u_versions": uv})
-	var vs, vm, vd, vl []string
-	var vt []time.Time
-	var vv []int64
-	for _, k := range scopeKeys {
-		r := rows[k]
-		if r.taken.IsZero() {
-			continue
-		}
-		vs, vm, vt, vd = append(vs, k.scope), append(vm, k.meter), append(vt, k.start), append(vd, r.taken.String())
-		vl, vv = append(vl, r.limit.Decimal.String()), append(vv, r.version)
-	}
-	b.Queue(qTakeScopeBudgets, pgx.NamedArgs{"now": now, "v_scopes": vs, "v_meters": vm, "v_starts": vt,
-		"v_deltas": vd, "v_limits": vl, "v_versions": vv})
+	b.Queue(qTakeCustomerBudgets, takeArgs(now, "u_customers", custKeys, rows))
+	b.Queue(qTakeScopeBudgets, takeArgs(now, "u_scopes", scopeKeys, rows))
 	b.Queue(qInsertGrants, pgx.NamedArgs{"now": now, "g_ids": w.gIDs, "g_customers": w.gCustomers, "g_meters": w.gMeters,
 		"g_starts": w.gStarts, "g_versions": w.gVersions, "g_holders": w.gHolders, "g_generations": w.gGens,
 		"g_amounts": w.gAmounts, "g_valid_until": w.gValid, "g_reclaim_at": w.gReclaim, "g_draws_customer": w.gDraws})
 	b.Queue(qInsertDraws, pgx.NamedArgs{"d_ids": w.dIDs, "d_scopes": w.dScopes, "d_meters": w.dMeters, "d_starts": w.dStarts})
 	return b
+}
+
+// takeArgs are the deltas of the rows of keys that a batch took from, as
+// columns; first names the column of ids (customers or scopes).
+func takeArgs(now time.Time, first string, keys []budgetKey, rows map[budgetKey]*budgetRow) pgx.NamedArgs {
+	var ids, meters, deltas, limits []string
+	var starts []time.Time
+	var versions []int64
+	for _, k := range keys {
+		r := rows[k]
+		if r.taken.IsZero() {
+			continue
+		}
+		id := k.scope
+		if r.customer != "" {
+			id = r.customer
+		}
+		ids, meters, starts, deltas = append(ids, id), append(meters, k.meter), append(starts, k.start), append(deltas, r.taken.String())
+		limits, versions = append(limits, r.limit.Decimal.String()), append(versions, r.version)
+	}
+	return pgx.NamedArgs{"now": now, first: ids, "u_meters": meters, "u_starts": starts,
+		"u_deltas": deltas, "u_limits": limits, "u_versions": versions}
 }
 
 // retryAfter fills the refusals' retry_after: when the binding budget's

@@ -141,8 +141,8 @@ WHERE (b.customer, b.meter, b.period_start) = (u.customer, u.meter, u.period_sta
 const qTakeScopeBudgets = `
 UPDATE admission_scope_budgets s
 SET consumed = s.consumed + u.delta, "limit" = u.lim, rule_version = u.version, updated_at = @now
-FROM unnest(@v_scopes::text[], @v_meters::text[], @v_starts::timestamptz[], @v_deltas::numeric[],
-            @v_limits::numeric[], @v_versions::bigint[]) AS u(scope, meter, period_start, delta, lim, version)
+FROM unnest(@u_scopes::text[], @u_meters::text[], @u_starts::timestamptz[], @u_deltas::numeric[],
+            @u_limits::numeric[], @u_versions::bigint[]) AS u(scope, meter, period_start, delta, lim, version)
 WHERE (s.scope, s.meter, s.period_start) = (u.scope, u.meter, u.period_start)`
 
 const qInsertGrants = `

@@ -82,15 +82,8 @@ func (s *Store) ScopeBudgets(ctx context.Context, scope string) ([]ScopeBudget, 
 			&cons, &live, &stranded); err != nil {
 			return ScopeBudget{}, err
 		}
-		for _, p := range []struct {
-			s string
-			d *decimal.Decimal
-		}{{lim, &b.Limit}, {cons, &b.Consumed}, {live, &b.Live}, {stranded, &b.Stranded}} {
-			v, err := decimal.NewFromString(p.s)
-			if err != nil {
-				return ScopeBudget{}, err
-			}
-			*p.d = v
+		if err := parseDecimals(map[*decimal.Decimal]string{&b.Limit: lim, &b.Consumed: cons, &b.Live: live, &b.Stranded: stranded}); err != nil {
+			return ScopeBudget{}, err
 		}
 		b.Available = decimal.Max(decimal.Zero, b.Limit.Sub(b.Consumed))
 		b.PeriodStart, b.PeriodEnd = b.PeriodStart.UTC(), b.PeriodEnd.UTC()

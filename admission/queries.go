@@ -3,15 +3,6 @@ package admission
 // The package's SQL, in one place. Every statement is a constant; values are
 // always bind parameters. Times are parameters too (Config.Now).
 
-// qUpsertHolder records a holder's newest generation and locks its row for
-// the transaction; it returns the newest generation ever shown.
-const qUpsertHolder = `
-INSERT INTO admission_holders AS h (holder, generation, seen_at)
-VALUES (@holder, @generation, @now)
-ON CONFLICT (holder) DO UPDATE
-SET generation = GREATEST(h.generation, EXCLUDED.generation), seen_at = EXCLUDED.seen_at
-RETURNING generation`
-
 const qHolderGeneration = `SELECT generation FROM admission_holders WHERE holder = @holder FOR SHARE`
 
 const qFreeBudget = `

@@ -130,15 +130,8 @@ func ScopeAccounts(ctx context.Context, db DBTX, customers []string, starts []ti
 		if err := row.Scan(&a.Scope, &a.Meter, &a.PeriodStart, &lim, &cons, &spent, &stranded); err != nil {
 			return ScopeAccount{}, err
 		}
-		for _, p := range []struct {
-			s string
-			d *decimal.Decimal
-		}{{lim, &a.Limit}, {cons, &a.Consumed}, {spent, &a.Spent}, {stranded, &a.Stranded}} {
-			v, err := decimal.NewFromString(p.s)
-			if err != nil {
-				return ScopeAccount{}, err
-			}
-			*p.d = v
+		if err := parseDecimals(map[*decimal.Decimal]string{&a.Limit: lim, &a.Consumed: cons, &a.Spent: spent, &a.Stranded: stranded}); err != nil {
+			return ScopeAccount{}, err
 		}
 		a.PeriodStart = a.PeriodStart.UTC()
 		return a, nil
@@ -147,4 +140,16 @@ func ScopeAccounts(ctx context.Context, db DBTX, customers []string, starts []ti
 		return nil, fmt.Errorf("admission: scope accounts: %w", err)
 	}
 	return out, nil
+}
+
+// parseDecimals parses each stored decimal text into its destination.
+func parseDecimals(m map[*decimal.Decimal]string) error {
+	for d, text := range m {
+		v, err := decimal.NewFromString(text)
+		if err != nil {
+			return fmt.Errorf("admission: stored decimal %q: %w", text, err)
+		}
+		*d = v
+	}
+	return nil
 }

@@ -213,19 +213,6 @@ func (r IssueRequest) Validate() error {
 	return errors.Join(errs...)
 }
 
-// lockHolder records generation as the holder's newest (locking its row)
-// and refuses an older one.
-func (s *Store) lockHolder(ctx context.Context, tx pgx.Tx, holder string, generation int64, now time.Time) error {
-	var current int64
-	if err := tx.QueryRow(ctx, qUpsertHolder, pgx.NamedArgs{"holder": holder, "generation": generation, "now": now}).Scan(&current); err != nil {
-		return fmt.Errorf("admission: record holder: %w", err)
-	}
-	if current > generation {
-		return &StaleGenerationError{Holder: holder, Generation: generation, Current: current}
-	}
-	return nil
-}
-
 func exactRule(ctx context.Context, db DBTX, customer, meter string, now time.Time) (quota.Rule, error) {
 	rule, err := quota.RuleAt(ctx, db, customer, meter, now)
 	if errors.Is(err, quota.ErrNotFound) {
