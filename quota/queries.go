@@ -159,3 +159,60 @@ SELECT DISTINCT ON (meter) ` + scopeRuleColumns + `
 FROM quota_scope_rules
 WHERE scope = @scope AND effective_at <= @now
 ORDER BY meter, effective_at DESC, version DESC`
+
+// qScopeRulesInForce is every lagged pool and global rule in force at @now.
+const qScopeRulesInForce = `
+SELECT ` + scopeRuleColumns + `
+FROM (SELECT DISTINCT ON (scope, meter) *
+      FROM quota_scope_rules
+      WHERE effective_at <= @now
+      ORDER BY scope, meter, effective_at DESC, version DESC) AS q
+WHERE admission = 'lagged'
+ORDER BY scope, meter`
+
+// qScopeUsageHead reads, per (scope, meter), the usage of its members in
+// the scope's period and the one before, from rollups. A pool's member is
+// every customer in the pool at some time since the previous period's
+// start: its usage counts from the period's start (joining brings the
+// period's usage in) until it left (leaving takes nothing back, and what
+// it uses after leaving is no longer the pool's). Global: every customer.
+const qScopeUsageHead = `
+WITH k AS (
+    SELECT * FROM unnest(@scopes::text[], @meters::text[]) WITH ORDINALITY AS k(scope, meter, i)
+), mem AS (
+    SELECT k.i, m.customer, CASE WHEN bool_or(m.left_at IS NULL) THEN NULL ELSE max(m.left_at) END AS until
+    FROM k JOIN pool_members m ON k.scope = 'pool:' || m.pool
+    WHERE m.joined_at <= @now AND (m.left_at IS NULL OR m.left_at > @prev_start)
+    GROUP BY k.i, m.customer
+    UNION
+    SELECT DISTINCT k.i, u.customer, NULL::timestamptz FROM k JOIN rollups u ON k.scope = 'global' AND u.meter = k.meter
+    WHERE u.bucket >= @prev_start AND u.bucket < @end
+), topic AS (
+    SELECT CASE WHEN count(*) = 0 OR bool_or(applied_through IS NULL) THEN NULL
+                ELSE min(applied_through) END AS as_of
+    FROM ingest_partitions WHERE topic = @topic
+)
+SELECT k.i,
+       coalesce((SELECT sum(u.quantity) FROM rollups u JOIN mem ON mem.customer = u.customer AND mem.i = k.i
+                 WHERE u.meter = k.meter AND u.bucket >= @start AND u.bucket < @end
+                   AND (mem.until IS NULL OR u.bucket < mem.until)), 0)::text,
+       coalesce((SELECT sum(u.quantity) FROM rollups u JOIN mem ON mem.customer = u.customer AND mem.i = k.i
+                 WHERE u.meter = k.meter AND u.bucket >= @prev_start AND u.bucket < @start
+                   AND (mem.until IS NULL OR u.bucket < mem.until)), 0)::text,
+`
+
+const qScopeUsageByTopic = qScopeUsageHead + `       topic.as_of
+FROM k CROSS JOIN topic
+ORDER BY k.i`
+
+// With ingest_customers: as_of is the oldest applied-through of the
+// members' partitions (the topic's for a member without one, and for a
+// pool without members); unknown when any is.
+const qScopeUsageByCustomer = qScopeUsageHead + `       (SELECT CASE WHEN count(*) = 0 THEN topic.as_of WHEN bool_or(x.a IS NULL) THEN NULL ELSE min(x.a) END
+        FROM (SELECT CASE WHEN ic.partition IS NULL THEN topic.as_of ELSE p.applied_through END AS a
+              FROM mem
+              LEFT JOIN ingest_customers ic ON ic.customer = mem.customer AND ic.topic = @topic
+              LEFT JOIN ingest_partitions p ON p.topic = ic.topic AND p.partition = ic.partition
+              WHERE mem.i = k.i) x)
+FROM k CROSS JOIN topic
+ORDER BY k.i`

@@ -48,6 +48,18 @@ type snapshotQuery struct {
 // one set-based query over rollups and ingest positions. An error is
 // returned whole: a partial read is never treated as zero usage.
 func loadSnapshot(ctx context.Context, db DBTX, q snapshotQuery) ([]ruleUsage, error) {
+	out, err := loadCustomerSnapshot(ctx, db, q)
+	if err != nil || q.customer != nil {
+		return out, err
+	}
+	scoped, err := loadScopeSnapshot(ctx, db, q)
+	if err != nil {
+		return nil, err
+	}
+	return append(out, scoped...), nil
+}
+
+func loadCustomerSnapshot(ctx context.Context, db DBTX, q snapshotQuery) ([]ruleUsage, error) {
 	rows, err := db.Query(ctx, qEffectiveRules, q.now, q.customer)
 	if err != nil {
 		return nil, fmt.Errorf("quota: read rules: %w", err)
