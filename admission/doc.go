@@ -8,6 +8,7 @@
 // permission for its holder (a gateway) to admit up to amount locally.
 //
 // Invariants:
+//
 //   - consumed = Σ amount of grants not released + Σ spent of released
 //     grants, kept as a counter on the budget row. A grant is issued only if
 //     consumed + amount ≤ limit (or a smaller grant of at least min_amount,
@@ -16,11 +17,13 @@
 //     answered only after that transaction committed. So Σ of what all
 //     holders may admit never exceeds the limit in force when each grant was
 //     issued.
+//
 //   - spent is monotonic and never above amount. Renew and release are
 //     fenced: only the grant's holder, in the grant's generation, and only
 //     while that generation is the holder's newest; an older generation is
 //     refused everything, so a restarted holder never inherits, or receives
 //     again as fresh, what it held before.
+//
 //   - A grant ends when released (its final spent frees amount - spent at
 //     once) or at valid_until + max_skew (reclaim_at), never earlier: a
 //     silent holder may still be admitting. A grant that ends without a
@@ -28,11 +31,13 @@
 //     expiry never changes consumed and no clock can hand capacity out
 //     twice. Expiry is read from the clock (reclaim_at <= now), never
 //     written: a stored grant keeps ended_at NULL until it is released.
+//
 //   - A rule change never hands out a fresh allowance: the limit applies to
 //     consumed, which no rule change touches. Lowering the limit below
 //     consumed stops new grants while live ones run out; raising it frees
 //     capacity at once. Grants belong to one period (valid_until never
 //     passes its end); a new period needs new grants.
+//
 //   - Admissions a holder made without a grant (Tally unreachable) are
 //     bypasses, stored per holder, budget and period, idempotent by the
 //     holder's report id. They are not drawn from the budget.
@@ -41,14 +46,17 @@
 //     its customer and meter (or the subset the request names), all or
 //     nothing: taken from all in one transaction, or from none. Release
 //     frees amount - spent in each; expiry counts it fully spent in each.
+//
 //   - Locks are taken in one order everywhere: holder rows (sorted),
 //     customer budget rows (sorted), pool and global budget rows sorted by
 //     (scope, meter, period), grant rows. So no two transactions deadlock.
+//
 //   - Concurrent Issue calls share transactions (the combiner): each
 //     request is decided in arrival order against the running totals of
 //     its batch. Which budgets a request draws from is planned without
 //     locks and checked under them (rules in force, memberships, periods);
 //     a stale plan is made again, never used to decide.
+//
 //   - Joining a pool, or a pool or global budget created mid-period, never
 //     hands out a fresh allowance: the budget counts what its members
 //     consumed this period.
