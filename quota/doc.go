@@ -9,6 +9,12 @@
 // publishes a Decision to Kafka (key "customer/meter") on every change and at
 // least every Republish, and stores the latest one per rule in Postgres.
 //
+// Pools and the global scope have rules too (ScopeRule, docs/design.md §13),
+// versioned and insert-only. The enforcer evaluates the lagged ones like a
+// customer's: usage is the sum of the members' rollups over the scope's
+// month, as_of the oldest of the members' partitions, and the decision is
+// keyed "<scope>/<meter>". Exact ones are enforced by grants (admission).
+//
 // Invariants:
 //   - Lag is explicit: AsOf is the instant through which the customer's usage
 //     is known complete (the ingest position of its partition, or the
