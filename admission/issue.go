@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -273,7 +274,21 @@ func (s *Store) issueOwnTx(ctx context.Context, batch []*call) error {
 	defer conn.Release()
 	start := time.Now()
 	err = s.issueBatch(ctx, conn, true, batch)
-	s.cfg.Logger.Debug("grant batch", "requests", len(batch), "duration", time.Since(start), "error", err)
+	d := time.Since(start)
+	s.m.batchSize.Observe(float64(len(batch)))
+	s.m.batchSecs.Observe(d.Seconds())
+	s.cfg.Logger.Debug("grant batch", "requests", len(batch), "duration", d, "error", err)
+	if err == nil {
+		for _, c := range batch {
+			if c.err == nil {
+				s.m.issued.WithLabelValues(strconv.Itoa(len(c.grant.Budgets))).Inc()
+			} else if ex, ok := c.err.(*BudgetExhaustedError); ok {
+				kind, _, _ := strings.Cut(ex.Binding, ":")
+				kind, _, _ = strings.Cut(kind, "/") // "global/calls"
+				s.m.refused.WithLabelValues(kind).Inc()
+			}
+		}
+	}
 	return err
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/amount"
@@ -55,6 +56,9 @@ type Config struct {
 	// MaxBatch bounds how many concurrent grant requests share one
 	// transaction. Default 256.
 	MaxBatch int
+	// Registerer, when set, receives the issuing metrics
+	// (tally_admission_*). Default none.
+	Registerer prometheus.Registerer
 }
 
 // DefaultMaxBatch is Config.MaxBatch's default.
@@ -79,6 +83,7 @@ type Store struct {
 	comb  combiner
 	plans planCache
 	known knownBudgets
+	m     *metrics
 }
 
 // New returns a Store on db.
@@ -98,7 +103,7 @@ func New(db DB, cfg Config) (*Store, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Store{db: db, cfg: cfg}, nil
+	return &Store{db: db, cfg: cfg, m: newMetrics(cfg.Registerer)}, nil
 }
 
 func (s *Store) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }

@@ -278,7 +278,7 @@ func New(cfg Config) (*API, error) {
 	a.watch = newUsageWatch(a.topic, a.listener, usageTTL, usageBytes)
 	a.listener.Subscribe(a.tokenWatch)
 	a.listener.Subscribe(a.watch)
-	if a.admission, err = admission.New(a.pool, admission.Config{Now: a.now, Logger: a.log}); err != nil {
+	if a.admission, err = admission.New(a.pool, admission.Config{Now: a.now, Logger: a.log, Registerer: a.registry}); err != nil {
 		return nil, err
 	}
 	a.handler = a.routes()

@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -79,6 +80,14 @@ func TestPoolsAndGlobalBudget(t *testing.T) {
 	p = f.do("PUT", "/v1/global/quotas/calls", adminToken, map[string]any{"limit": "-1", "mode": "loud"}).problem(t, 400, problem+"invalid-request")
 	if fmt.Sprint(fields(p)) != "[limit mode]" {
 		t.Fatalf("invalid rule: %+v", p)
+	}
+	m := f.do("GET", "/metrics", adminToken, nil)
+	for _, want := range []string{`tally_admission_grants_issued_total{budgets="3"} 2`, `tally_admission_grants_issued_total{budgets="2"} 1`,
+		`tally_admission_grants_refused_total{binding="customer"} 1`, `tally_admission_grants_refused_total{binding="pool"} 1`,
+		`tally_admission_grants_refused_total{binding="global"} 1`} {
+		if !strings.Contains(string(m.body), want) {
+			t.Errorf("metrics lack %s", want)
+		}
 	}
 	f.do("PUT", "/v1/pools/free", f.token("a"), map[string]any{"members": []string{}}).problem(t, 403, problem+"forbidden")
 	f.do("PUT", "/v1/global/quotas/calls", gw, map[string]any{"limit": "1"}).problem(t, 403, problem+"forbidden")

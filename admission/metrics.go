@@ -1,0 +1,38 @@
+package admission
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics of issuing, registered when Config.Registerer is set.
+type metrics struct {
+	issued    *prometheus.CounterVec // grants, by budgets drawn (customer, pool, global)
+	refused   *prometheus.CounterVec // refusals, by the binding budget's kind
+	batchSize prometheus.Histogram
+	batchSecs prometheus.Histogram
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		issued: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tally_admission_grants_issued_total",
+			Help: "Grants issued, by the number of budgets each drew from.",
+		}, []string{"budgets"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tally_admission_grants_refused_total",
+			Help: "Grant requests refused as budget_exhausted, by the kind of the binding budget (customer, pool, global).",
+		}, []string{"binding"}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tally_admission_issue_batch_requests",
+			Help:    "Grant requests decided in one issuing transaction.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 10),
+		}),
+		batchSecs: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tally_admission_issue_batch_seconds",
+			Help:    "Time of one issuing transaction, locks to commit.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.issued, m.refused, m.batchSize, m.batchSecs)
+	}
+	return m
+}
