@@ -142,14 +142,18 @@ type call struct {
 	grant Grant
 	err   error
 	done  chan struct{}
+	// lead is signalled (once, under the combiner's lock, with leading
+	// set) when this queued call is to run the next batch.
+	lead    chan struct{}
+	leading bool
 }
 
 // combiner lets concurrent Issue calls share transactions: while one batch
-// is in flight, requests queue; when it ends, the caller that ran it (the
-// leader) runs the next batch with everything queued, up to MaxBatch. One
+// is in flight, requests queue; when it ends, the oldest queued caller
+// runs the next batch with everything queued, up to MaxBatch. One
 // hot budget row is then locked once per batch, not once per request, and
 // the issue rate is no longer one commit per grant. No goroutine of its
-// own: a caller leads while there is work.
+// own: callers take turns running batches.
 type combiner struct {
 	mu      sync.Mutex
 	pending []*call
@@ -171,21 +175,16 @@ func (s *Store) Issue(ctx context.Context, req IssueRequest) (Grant, error) {
 		if err != nil {
 			return Grant{}, err
 		}
-		c := &call{req: req, plan: &pl, done: make(chan struct{})}
+		c := &call{req: req, plan: &pl, done: make(chan struct{}), lead: make(chan struct{}, 1)}
 		s.comb.mu.Lock()
 		s.comb.pending = append(s.comb.pending, c)
-		lead := !s.comb.running
-		s.comb.running = true
-		s.comb.mu.Unlock()
-		if lead {
-			s.lead(context.WithoutCancel(ctx))
+		if !s.comb.running {
+			s.comb.running, c.leading = true, true
+			c.lead <- struct{}{}
 		}
-		select {
-		case <-c.done:
-		case <-ctx.Done():
-			// The request may still be issued by the batch it is in; a grant
-			// nobody holds is reclaimed at reclaim_at and counts as spent.
-			return Grant{}, ctx.Err()
+		s.comb.mu.Unlock()
+		if err := s.await(ctx, c); err != nil {
+			return Grant{}, err
 		}
 		if !errors.Is(c.err, errReplan) {
 			return c.grant, c.err
@@ -243,19 +242,50 @@ func (c *planCache) forget(req IssueRequest) {
 	c.mu.Unlock()
 }
 
-// lead runs batches until nothing is queued.
-func (s *Store) lead(ctx context.Context) {
+// await waits for c's batch. When c is signalled to lead, it runs one
+// batch (the oldest queued requests, c among them) and hands the lead to
+// the oldest request still queued, so no caller leads for longer than one
+// batch. A caller whose ctx ends while queued leaves the queue; one that
+// was signalled to lead runs its batch first (others wait on it).
+func (s *Store) await(ctx context.Context, c *call) error {
 	for {
-		s.comb.mu.Lock()
-		n := min(len(s.comb.pending), s.cfg.MaxBatch)
-		if n == 0 {
-			s.comb.running = false
+		select {
+		case <-c.done:
+			return nil
+		case <-c.lead:
+			s.runBatch(context.WithoutCancel(ctx))
+		case <-ctx.Done():
+			s.comb.mu.Lock()
+			if c.leading {
+				s.comb.mu.Unlock()
+				select {
+				case <-c.lead:
+					s.runBatch(context.WithoutCancel(ctx))
+				case <-c.done:
+				}
+				return ctx.Err()
+			}
+			if i := slices.Index(s.comb.pending, c); i >= 0 {
+				s.comb.pending = slices.Delete(s.comb.pending, i, i+1)
+			}
 			s.comb.mu.Unlock()
-			return
+			// When it was no longer queued it is in a batch that may still
+			// issue it: a grant nobody holds is reclaimed at reclaim_at and
+			// counts as spent.
+			return ctx.Err()
 		}
-		batch := slices.Clone(s.comb.pending[:n])
-		s.comb.pending = slices.Delete(s.comb.pending, 0, n)
-		s.comb.mu.Unlock()
+	}
+}
+
+// runBatch issues the oldest queued requests, up to MaxBatch, in one
+// transaction, then passes the lead on.
+func (s *Store) runBatch(ctx context.Context) {
+	s.comb.mu.Lock()
+	n := min(len(s.comb.pending), s.cfg.MaxBatch)
+	batch := slices.Clone(s.comb.pending[:n])
+	s.comb.pending = slices.Delete(s.comb.pending, 0, n)
+	s.comb.mu.Unlock()
+	if n > 0 {
 		err := s.issueOwnTx(ctx, batch)
 		for _, c := range batch {
 			if err != nil {
@@ -264,6 +294,15 @@ func (s *Store) lead(ctx context.Context) {
 			close(c.done)
 		}
 	}
+	s.comb.mu.Lock()
+	if len(s.comb.pending) == 0 {
+		s.comb.running = false
+	} else {
+		next := s.comb.pending[0]
+		next.leading = true
+		next.lead <- struct{}{}
+	}
+	s.comb.mu.Unlock()
 }
 
 func (s *Store) issueOwnTx(ctx context.Context, batch []*call) error {
