@@ -3,6 +3,7 @@ package admission_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -52,19 +53,27 @@ func BenchmarkIssueHotBudget(b *testing.B) {
 	run := func(b *testing.B, op func(h int) error) {
 		var next atomic.Int64
 		var wg sync.WaitGroup
+		lat := make([][]time.Duration, holders)
 		start := time.Now()
 		for h := range holders {
 			wg.Go(func() {
 				for next.Add(1) <= int64(b.N) {
+					t := time.Now()
 					if err := op(h); err != nil {
 						b.Error(err)
 						return
 					}
+					lat[h] = append(lat[h], time.Since(t))
 				}
 			})
 		}
 		wg.Wait()
 		b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "ops/s")
+		all := slices.Concat(lat...)
+		slices.Sort(all)
+		if len(all) > 0 {
+			b.ReportMetric(float64(all[len(all)*99/100].Microseconds())/1000, "p99-ms")
+		}
 	}
 	b.Run("issue", func(b *testing.B) {
 		run(b, func(h int) error {
