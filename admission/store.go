@@ -83,7 +83,7 @@ type Store struct {
 	comb  combiner
 	plans planCache
 	known knownBudgets
-	m     *metrics
+	m     *issueMetrics
 }
 
 // New returns a Store on db.
@@ -103,7 +103,7 @@ func New(db DB, cfg Config) (*Store, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Store{db: db, cfg: cfg, m: newMetrics(cfg.Registerer)}, nil
+	return &Store{db: db, cfg: cfg, m: newIssueMetrics(cfg.Registerer)}, nil
 }
 
 func (s *Store) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }

@@ -2,16 +2,17 @@ package admission
 
 import "github.com/prometheus/client_golang/prometheus"
 
-// metrics of issuing, registered when Config.Registerer is set.
-type metrics struct {
+// issueMetrics are the metrics of issuing, registered when
+// Config.Registerer is set.
+type issueMetrics struct {
 	issued    *prometheus.CounterVec // grants, by budgets drawn (customer, pool, global)
 	refused   *prometheus.CounterVec // refusals, by the binding budget's kind
 	batchSize prometheus.Histogram
 	batchSecs prometheus.Histogram
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
-	m := &metrics{
+func newIssueMetrics(reg prometheus.Registerer) *issueMetrics {
+	m := &issueMetrics{
 		issued: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tally_admission_grants_issued_total",
 			Help: "Grants issued, by the number of budgets each drew from.",
