@@ -138,11 +138,7 @@ func (a *API) putCustomer(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(r, &body); err != nil {
 		return err
 	}
-	cal := body.calendar()
-	if err := cal.Validate(); err != nil {
-		return invalid(fieldErrors(err)...)
-	}
-	c, created, err := a.periodStore().SetCalendar(r.Context(), a.pool, customer, cal)
+	c, created, err := a.periodStore().SetCalendar(r.Context(), a.pool, customer, body.calendar())
 	a.schedules.del(customer)
 	a.forgetUsage(customer)
 	if err != nil {
