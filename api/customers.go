@@ -139,7 +139,7 @@ func (a *API) putCustomer(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	c, created, err := a.periodStore().SetCalendar(r.Context(), a.pool, customer, body.calendar())
-	a.schedules.del(customer)
+	a.schedules.Del(customer)
 	a.forgetUsage(customer)
 	if err != nil {
 		return err
