@@ -14,6 +14,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/internal/locks"
 	"github.com/tally-ledger/tally/validation"
 )
 
@@ -259,7 +260,7 @@ func putRule(ctx context.Context, tx pgx.Tx, in RuleInput, now time.Time) (Rule,
 	in = in.withDefaults(now)
 	// Serialise versions of one rule: the next version number and the
 	// effective-time check read the previous version under this lock.
-	if _, err := tx.Exec(ctx, qLockRule, in.Customer+"/"+in.Meter); err != nil {
+	if _, err := tx.Exec(ctx, qLockRule, locks.QuotaRule, in.Customer+"/"+in.Meter); err != nil {
 		return Rule{}, fmt.Errorf("quota: lock rule: %w", err)
 	}
 	var prevVersion int64
