@@ -138,7 +138,11 @@ func (a *API) putCustomer(w http.ResponseWriter, r *http.Request) error {
 	if err := decodeJSON(r, &body); err != nil {
 		return err
 	}
-	c, created, err := a.periodStore().SetCalendar(r.Context(), a.pool, customer, body.calendar())
+	cal := body.calendar()
+	if err := cal.Validate(); err != nil {
+		return err // before the caches below are dropped for nothing
+	}
+	c, created, err := a.periodStore().SetCalendar(r.Context(), a.pool, customer, cal)
 	a.schedules.Del(customer)
 	a.forgetUsage(customer)
 	if err != nil {
