@@ -146,9 +146,9 @@ func (a *API) putQuota(w http.ResponseWriter, r *http.Request) error {
 		{"reason", body.Reason, into(&p.Reason), aString},
 		{"admission", body.Admission, into(&p.Admission), aString},
 		{"on_unreachable", body.OnUnreachable, into(&p.OnUnreachable), aString},
-		{"stale_after", body.StaleAfter, into(&p.StaleAfter), duration},
-		{"local_every", body.LocalEvery, into(&p.LocalEvery), duration},
-		{"effective_at", body.EffectiveAt, into(&p.EffectiveAt), "an RFC 3339 time such as 2026-12-01T00:00:00Z"},
+		{"stale_after", body.StaleAfter, intoPtr(&p.StaleAfter), duration},
+		{"local_every", body.LocalEvery, intoPtr(&p.LocalEvery), duration},
+		{"effective_at", body.EffectiveAt, intoPtr(&p.EffectiveAt), "an RFC 3339 time such as 2026-12-01T00:00:00Z"},
 	} {
 		if f.raw != nil && f.set(f.raw) != nil {
 			errs = append(errs, FieldError{Field: f.name, Detail: "must be " + f.want + ", not " + quote(string(f.raw))})
@@ -188,6 +188,20 @@ func into[T any](dst *T) func(json.RawMessage) error {
 			return err
 		}
 		*dst = v
+		return nil
+	}
+}
+
+// intoPtr is into for an optional field: the value is decoded as a T (so
+// null is checked by T's own decoder, as for any other value) and *dst
+// points to it.
+func intoPtr[T any](dst **T) func(json.RawMessage) error {
+	return func(raw json.RawMessage) error {
+		var v T
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return err
+		}
+		*dst = &v
 		return nil
 	}
 }
