@@ -21,7 +21,9 @@ const (
 	// A usage row is one meter with usage in the period: its buckets and
 	// their quantities as arrays in time order, and its total (one row per
 	// meter instead of one per bucket halves Postgres's work per request).
-	// Sums are exact NUMERIC; trim_scale gives canonical text. With no
+	// Sums are exact NUMERIC; trim_scale gives canonical text, which the
+	// answer carries as its JSON strings unparsed (the API does no
+	// arithmetic on them, so there is nothing to scan them into). With no
 	// usage there is one row, the header, with NULL usage columns.
 	usageHeader = `
 WITH h AS (
