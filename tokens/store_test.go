@@ -66,7 +66,10 @@ func TestCreateRefusesBadInput(t *testing.T) {
 	}{
 		{func() error { _, _, err := tokens.Create(ctx, pool, "bad id", "", time.Now()); return err }, "customer"},
 		{func() error { _, _, err := tokens.CreateGateway(ctx, pool, "", "", time.Now()); return err }, "gateway"},
-		{func() error { _, _, err := tokens.Create(ctx, pool, "acme", string(make([]byte, 201)), time.Now()); return err }, "description"},
+		{func() error {
+			_, _, err := tokens.Create(ctx, pool, "acme", string(make([]byte, 201)), time.Now())
+			return err
+		}, "description"},
 	} {
 		fes := validation.Fields(tc.create())
 		if len(fes) != 1 || fes[0].Field != tc.field {
