@@ -20,6 +20,7 @@ import (
 	"github.com/tally-ledger/tally/internal/pgtest"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/quota"
+	"github.com/tally-ledger/tally/tokens"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -90,7 +91,7 @@ func (ts *tally) exactRuleWith(customer, meter, limit string, policy admit.Polic
 
 func (ts *tally) gatewayToken(holder string) string {
 	ts.t.Helper()
-	_, secret, err := api.CreateGatewayToken(context.Background(), ts.pool, holder, "test", time.Now())
+	_, secret, err := tokens.CreateGateway(context.Background(), ts.pool, holder, "test", time.Now())
 	if err != nil {
 		ts.t.Fatal(err)
 	}

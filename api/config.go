@@ -13,8 +13,10 @@ import (
 
 	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/internal/notify"
+	"github.com/tally-ledger/tally/internal/ttlcache"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/periods"
+	"github.com/tally-ledger/tally/tokens"
 )
 
 // Config configures the API handler. Zero values take the documented defaults.
@@ -155,18 +157,15 @@ type API struct {
 	topic      string
 	unowned    time.Duration // readyz: a partition without an owner this long; < 0 off
 	metrics    *httpMetrics
-	tokens     *ttlCache[[32]byte, cachedPrincipal]
-	tokenTTL   time.Duration
-	schedules  *ttlCache[string, cachedSchedule]
+	tokens     *tokens.Store
+	schedules  *ttlcache.Cache[string, cachedSchedule]
 	watch      *usageWatch
-	tokenWatch *tokenWatch
 	listener   *notify.Listener
 	handler    http.Handler
 
 	inFlight    chan struct{} // nil: no bound
 	addrLimits  *rateLimits   // nil: off
 	tokenLimits *rateLimits   // nil: off
-	badTokens   *ttlCache[[32]byte, struct{}]
 	ready       readyCache
 }
 
@@ -215,20 +214,11 @@ func New(cfg Config) (*API, error) {
 	if a.reqTimeout == 0 {
 		a.reqTimeout = 10 * time.Second
 	}
-	tokenTTL, schedTTL, usageTTL := cfg.TokenCacheTTL, cfg.ScheduleCacheTTL, cfg.UsageCacheTTL
-	if tokenTTL == 0 {
-		tokenTTL = 5 * time.Second
-	}
+	schedTTL, usageTTL := cfg.ScheduleCacheTTL, cfg.UsageCacheTTL
 	if schedTTL == 0 {
 		schedTTL = 30 * time.Second
 	}
-	a.tokenTTL = tokenTTL
-	cacheTTL := max(tokenTTL, tokenCoherentTTL)
-	if tokenTTL < 0 {
-		cacheTTL = tokenTTL // off
-	}
-	a.tokens = newTTLCache[[32]byte, cachedPrincipal](cacheTTL, 100_000)
-	a.schedules = newTTLCache[string, cachedSchedule](schedTTL, 100_000)
+	a.schedules = ttlcache.New[string, cachedSchedule](schedTTL, 100_000)
 	if usageTTL == 0 {
 		usageTTL = time.Minute
 	}
@@ -252,7 +242,6 @@ func New(cfg Config) (*API, error) {
 		tokBurst = max(1, int(2*tokRate))
 	}
 	a.tokenLimits = newRateLimits(tokRate, tokBurst, 100_000)
-	a.badTokens = newTTLCache[[32]byte, struct{}](orDefault(cfg.FailedTokenTTL, time.Minute), 100_000)
 	m, err := newHTTPMetrics(a.registry)
 	if err != nil {
 		return nil, err
@@ -270,9 +259,12 @@ func New(cfg Config) (*API, error) {
 		OnDropped:    m.usageWatchDropped.Inc,
 		OnQueueUsage: m.notifyQueueUsage.Set,
 	})
-	a.tokenWatch = &tokenWatch{cache: a.tokens}
+	a.tokens, err = tokens.New(tokens.Config{DB: a.pool, CacheTTL: cfg.TokenCacheTTL, FailedTTL: cfg.FailedTokenTTL,
+		Listener: a.listener, OnCheck: func(c tokens.Check) { m.tokenChecks.WithLabelValues(string(c)).Inc() }})
+	if err != nil {
+		return nil, err
+	}
 	a.watch = newUsageWatch(a.topic, a.listener, usageTTL, usageBytes)
-	a.listener.Subscribe(a.tokenWatch)
 	a.listener.Subscribe(a.watch)
 	a.handler = a.routes()
 	return a, nil

@@ -256,20 +256,5 @@ func admissionProblem(w http.ResponseWriter, err error) error {
 	if errors.Is(err, admission.ErrNotFound) {
 		return notFound(err.Error())
 	}
-	var fields []FieldError
-	var walk func(error)
-	walk = func(e error) {
-		if j, ok := e.(interface{ Unwrap() []error }); ok {
-			for _, c := range j.Unwrap() {
-				walk(c)
-			}
-		} else if fe, ok := e.(*admission.FieldError); ok {
-			fields = append(fields, FieldError{Field: fe.Field, Detail: fe.Detail})
-		}
-	}
-	walk(err)
-	if len(fields) > 0 {
-		return invalid(fields...)
-	}
 	return err
 }

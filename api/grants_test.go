@@ -6,12 +6,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tally-ledger/tally/api"
+	"github.com/tally-ledger/tally/tokens"
 )
 
 func (f *fixture) gatewayToken(gateway string) string {
 	f.t.Helper()
-	_, secret, err := api.CreateGatewayToken(context.Background(), f.pool, gateway, "test", f.clock())
+	_, secret, err := tokens.CreateGateway(context.Background(), f.pool, gateway, "test", f.clock())
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -9,6 +9,8 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tally-ledger/tally/tokens"
 )
 
 // httpMetrics are labelled from fixed sets only: route pattern (never the
@@ -69,8 +71,8 @@ func newHTTPMetrics(reg *prometheus.Registry) (*httpMetrics, error) {
 	for _, r := range []string{"address_rate", "token_rate", "in_flight"} {
 		m.shed.WithLabelValues(r)
 	}
-	for _, o := range []string{"malformed", "refused_cached", "cached", "queried"} {
-		m.tokenChecks.WithLabelValues(o)
+	for _, o := range []tokens.Check{tokens.Malformed, tokens.RefusedCached, tokens.Cached, tokens.Queried} {
+		m.tokenChecks.WithLabelValues(string(o))
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.duration, usage, m.usageWatchUp, m.shed, m.tokenChecks, m.usageWatchDropped, m.notifyQueueUsage} {
 		if err := reg.Register(c); err != nil {

@@ -320,7 +320,7 @@ type cachedSchedule struct {
 // period that has started exactly as the stored one (see ScheduleCacheTTL),
 // so only a period that starts in the future is resolved from the database.
 func (a *API) resolvePeriod(ctx context.Context, customer, ref string, now time.Time) (periods.Period, error) {
-	if c, ok := a.schedules.get(customer); ok {
+	if c, ok := a.schedules.Get(customer); ok {
 		p, err := c.s.Resolve(ref, now)
 		if err == nil && !p.Start.After(now) {
 			return p, nil
@@ -333,6 +333,6 @@ func (a *API) resolvePeriod(ctx context.Context, customer, ref string, now time.
 	if err != nil {
 		return periods.Period{}, err
 	}
-	a.schedules.put(customer, cachedSchedule{c.Schedule})
+	a.schedules.Put(customer, cachedSchedule{c.Schedule})
 	return c.Schedule.Resolve(ref, now)
 }

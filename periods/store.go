@@ -11,15 +11,15 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/internal/locks"
 )
 
-// The customer lock that orders applying usage against closing a period:
-// Apply takes it shared for every customer of its batch, Close takes it
-// exclusively for one customer. The second key is a bucket of the
-// customer id's hash, so a micro-batch takes a bounded number of locks.
+// The customer lock that orders applying usage against closing a period
+// (internal/locks.Customer says who takes it and how).
 const (
-	CustomerLockSpace   = 71540
-	CustomerLockBuckets = 256
+	CustomerLockSpace   = locks.Customer
+	CustomerLockBuckets = locks.CustomerBuckets
 )
 
 // Errors of the period store. The API maps them to HTTP statuses.

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/shopspring/decimal"
 
+	"github.com/tally-ledger/tally/internal/locks"
 	"github.com/tally-ledger/tally/periods"
 )
 
@@ -232,7 +233,8 @@ func (rc *Reconciler) Run(ctx context.Context, opt Options) (*Run, error) {
 	return run, nil
 }
 
-const runLockSpace = 71541
+// runLockSpace: see internal/locks.ReconcileRun.
+const runLockSpace = locks.ReconcileRun
 
 // runLocks are the period locks of one run, held on one connection.
 type runLocks struct {
