@@ -105,7 +105,7 @@ type summary struct {
 
 func kindName(k int) string { return ledger.Kind(k).String() }
 
-// deadLetters collects the rows of one insertDeadLetters statement.
+// deadLetters collects the rows of one qInsertDeadLetters statement.
 type deadLetters struct {
 	ids     []uuid.UUID
 	offsets []int64
@@ -148,6 +148,13 @@ func (d *deadLetters) add(offset int64, index *int32, reason, field, detail stri
 	return nil
 }
 
+// args are the named arguments of qInsertDeadLetters.
+func (d *deadLetters) args(topic string, partition int, now time.Time) pgx.NamedArgs {
+	return pgx.NamedArgs{"topic": topic, "partition": partition, "created_at": now,
+		"ids": d.ids, "offsets": d.offsets, "indexes": d.indexes, "reasons": d.reasons, "fields": d.fields,
+		"details": d.details, "keys": d.keys, "raws": d.raws, "producers": d.producers, "epochs": d.epochs}
+}
+
 // tryCommit is one attempt at b's transaction. On a shutdown (the member's
 // run context ends) the transaction runs to its end (bounded by TxTimeout),
 // so the in-flight micro-batch is finished instead of wasted; when only the
@@ -188,7 +195,7 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 	// would keep the partition's row locked from the member that takes the
 	// partition over: Postgres ends a transaction idle for a session
 	// timeout (the member has been evicted by then).
-	if _, err = tx.Exec(ctx, setIdleTimeout, strconv.FormatInt(cfg.SessionTimeout.Milliseconds(), 10)); err != nil {
+	if _, err = tx.Exec(ctx, qSetIdleTimeout, strconv.FormatInt(cfg.SessionTimeout.Milliseconds(), 10)); err != nil {
 		return s, fmt.Errorf("set idle timeout: %w", err)
 	}
 
@@ -207,7 +214,7 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 	// COPY or a pipelined batch) is not idle, so Postgres would never end
 	// it: after a session timeout of waiting, its session is ended.
 	breaker := time.AfterFunc(cfg.SessionTimeout, func() { p.endBlockers(tx.Conn().PgConn().PID()) })
-	tag, err := tx.Exec(ctx, advanceOffset, cfg.Topic, p.id, b.from, b.to, b.hwm, through, p.gen.MemberID, p.gen.ID)
+	tag, err := tx.Exec(ctx, qAdvanceOffset, cfg.Topic, p.id, b.from, b.to, b.hwm, through, p.gen.MemberID, p.gen.ID)
 	breaker.Stop()
 	if err != nil {
 		return s, fmt.Errorf("advance offset: %w", err)
@@ -302,15 +309,14 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 	now := cfg.Clock().UTC()
 	batch := &pgx.Batch{}
 	if len(dl.ids) > 0 {
-		batch.Queue(insertDeadLetters, cfg.Topic, p.id, now,
-			dl.ids, dl.offsets, dl.indexes, dl.reasons, dl.fields, dl.details, dl.keys, dl.raws, dl.producers, dl.epochs)
+		batch.Queue(qInsertDeadLetters, dl.args(cfg.Topic, p.id, now))
 	}
 	for _, j := range b.jumps {
 		id, err := uuid.NewV7()
 		if err != nil {
 			return s, err
 		}
-		batch.Queue(insertJump, id, cfg.Topic, p.id, j.from, j.to, now, j.detail)
+		batch.Queue(qInsertJump, id, cfg.Topic, p.id, j.from, j.to, now, j.detail)
 	}
 	customers := make([]string, 0, 8)
 	seen := map[string]bool{}
@@ -322,9 +328,9 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 	}
 	if len(customers) > 0 {
 		sort.Strings(customers)
-		batch.Queue(noteCustomers, cfg.Topic, p.id, customers, now)
+		batch.Queue(qNoteCustomers, cfg.Topic, p.id, customers, now)
 	}
-	batch.Queue(addCounters, cfg.Topic, p.id, s.messages, s.messagesRejected, s.records,
+	batch.Queue(qAddCounters, cfg.Topic, p.id, s.messages, s.messagesRejected, s.records,
 		s.outcomes[ledger.Applied], s.outcomes[ledger.Duplicate], s.outcomes[ledger.Conflict],
 		s.outcomes[ledger.LateFill], s.outcomes[ledger.Rejected])
 	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
@@ -345,7 +351,7 @@ func (p *partition) endBlockers(pid uint32) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var n int
-	if err := p.c.cfg.Pool.QueryRow(ctx, endBlockers, int32(pid)).Scan(&n); err != nil {
+	if err := p.c.cfg.Pool.QueryRow(ctx, qEndBlockers, int32(pid)).Scan(&n); err != nil {
 		p.log.Warn("cannot end the session holding the partition's row lock", "err", err)
 		return
 	}
