@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -68,8 +69,8 @@ func (l *leases) claim(ctx context.Context, id int) bool {
 	refused := 0
 	for attempt := 0; ; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, cfg.TxTimeout)
-		tag, err := cfg.Pool.Exec(cctx, qClaimPartition, cfg.Topic, id, l.gen.MemberID, l.gen.ID, processName,
-			interval(cfg.SessionTimeout), cfg.Group)
+		tag, err := cfg.Pool.Exec(cctx, qClaimPartition, pgx.NamedArgs{"topic": cfg.Topic, "partition": id, "member": l.gen.MemberID,
+			"generation": l.gen.ID, "process": processName, "lease": interval(cfg.SessionTimeout), "group": cfg.Group})
 		cancel()
 		if err == nil && tag.RowsAffected() == 1 {
 			return true

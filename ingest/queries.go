@@ -20,15 +20,15 @@ SELECT next_offset FROM ingest_partitions WHERE topic = $1 AND partition = $2`
 // the row lock serialises any competing member before the ledger work.
 const qAdvanceOffset = `
 UPDATE ingest_partitions
-SET next_offset     = $4,
-    high_watermark  = $5,
-    applied_through = GREATEST(applied_through, $6),
-    owner           = $7,
-    generation      = $8,
+SET next_offset     = @to,
+    high_watermark  = @hwm,
+    applied_through = GREATEST(applied_through, @through),
+    owner           = @member,
+    generation      = @generation,
     retrying_since  = NULL,
     last_error      = NULL,
     updated_at      = now()
-WHERE topic = $1 AND partition = $2 AND next_offset = $3`
+WHERE topic = @topic AND partition = @partition AND next_offset = @from`
 
 // qNoteRetrying records, outside the failing transaction, that the
 // partition's micro-batch at next offset $3 keeps failing; the next commit
@@ -42,18 +42,18 @@ WHERE topic = $1 AND partition = $2 AND next_offset = $3`
 // qAddCounters adds a micro-batch's conservation counters.
 const qAddCounters = `
 UPDATE ingest_partitions
-SET messages_in       = messages_in + $3,
-    messages_rejected = messages_rejected + $4,
-    records_in        = records_in + $5,
-    records_applied   = records_applied + $6,
-    records_duplicate = records_duplicate + $7,
-    records_conflict  = records_conflict + $8,
-    records_late_fill = records_late_fill + $9,
-    records_rejected  = records_rejected + $10
-WHERE topic = $1 AND partition = $2`
+SET messages_in       = messages_in + @messages,
+    messages_rejected = messages_rejected + @messages_rejected,
+    records_in        = records_in + @records,
+    records_applied   = records_applied + @applied,
+    records_duplicate = records_duplicate + @duplicate,
+    records_conflict  = records_conflict + @conflict,
+    records_late_fill = records_late_fill + @late_fill,
+    records_rejected  = records_rejected + @rejected
+WHERE topic = @topic AND partition = @partition`
 
 // qInsertDeadLetters writes a micro-batch's dead letters in one statement,
-// its rows as columns (deadLetters.args).
+// its rows as columns (deadLetterArgs).
 const qInsertDeadLetters = `
 INSERT INTO dead_letters (id, topic, partition, "offset", record_index, reason, field, detail, key, raw,
                           producer, epoch, created_at)
@@ -64,7 +64,7 @@ FROM unnest(@ids::uuid[], @offsets::bigint[], @indexes::int[], @reasons::text[],
 
 const qInsertJump = `
 INSERT INTO ingest_offset_jumps (id, topic, partition, from_offset, to_offset, detected_at, detail)
-VALUES ($1, $2, $3, $4, $5, $6, $7)`
+VALUES (@id, @topic, @partition, @from, @to, @detected_at, @detail)`
 
 // qTouchPosition records that an idle partition is caught up.
 const qTouchPosition = `
@@ -102,7 +102,7 @@ WHERE ingest_customers.partition <> EXCLUDED.partition`
 // since is kept while the same member keeps the partition.
 const qClaimPartition = `
 INSERT INTO ingest_partition_owners AS o (topic, partition, consumer_group, member, generation, process, since, lease_until)
-VALUES ($1, $2, $7, $3, $4, $5, now(), now() + $6::interval)
+VALUES (@topic, @partition, @group, @member, @generation, @process, now(), now() + @lease::interval)
 ON CONFLICT (topic, partition, consumer_group) DO UPDATE
 SET member      = EXCLUDED.member,
     generation  = EXCLUDED.generation,
