@@ -121,7 +121,7 @@ type deadLetter struct {
 
 // deadLetterArgs turns a micro-batch's dead letters into the columns of
 // qInsertDeadLetters, each with a new id.
-func deadLetterArgs(topic string, partition int, now time.Time, dls []deadLetter) (pgx.NamedArgs, error) {
+func deadLetterArgs(topic string, partition int, now time.Time, dls []deadLetter) (pgx.StrictNamedArgs, error) {
 	n := len(dls)
 	ids, offsets, indexes := make([]uuid.UUID, n), make([]int64, n), make([]*int32, n)
 	reasons, fields, details := make([]string, n), make([]*string, n), make([]string, n)
@@ -140,7 +140,7 @@ func deadLetterArgs(topic string, partition int, now time.Time, dls []deadLetter
 			producers[i], epochs[i] = &d.header.Producer, &d.header.Epoch
 		}
 	}
-	return pgx.NamedArgs{"topic": topic, "partition": partition, "created_at": now,
+	return pgx.StrictNamedArgs{"topic": topic, "partition": partition, "created_at": now,
 		"ids": ids, "offsets": offsets, "indexes": indexes, "reasons": reasons, "fields": fields,
 		"details": details, "keys": keys, "raws": raws, "producers": producers, "epochs": epochs}, nil
 }
@@ -238,7 +238,7 @@ func (p *partition) fence(ctx context.Context, tx pgx.Tx, b *microBatch) error {
 	// COPY or a pipelined batch) is not idle, so Postgres would never end
 	// it: after a session timeout of waiting, its session is ended.
 	breaker := time.AfterFunc(cfg.SessionTimeout, func() { p.endBlockers(tx.Conn().PgConn().PID()) })
-	tag, err := tx.Exec(ctx, qAdvanceOffset, pgx.NamedArgs{"topic": cfg.Topic, "partition": p.id, "from": b.from, "to": b.to,
+	tag, err := tx.Exec(ctx, qAdvanceOffset, pgx.StrictNamedArgs{"topic": cfg.Topic, "partition": p.id, "from": b.from, "to": b.to,
 		"hwm": b.hwm, "through": through, "member": p.gen.MemberID, "generation": p.gen.ID})
 	breaker.Stop()
 	if err != nil {
@@ -362,13 +362,13 @@ func (p *partition) record(ctx context.Context, tx pgx.Tx, b *microBatch, s summ
 		if err != nil {
 			return err
 		}
-		batch.Queue(qInsertJump, pgx.NamedArgs{"id": id, "topic": cfg.Topic, "partition": p.id, "from": j.from, "to": j.to,
+		batch.Queue(qInsertJump, pgx.StrictNamedArgs{"id": id, "topic": cfg.Topic, "partition": p.id, "from": j.from, "to": j.to,
 			"detected_at": now, "detail": j.detail})
 	}
 	if customers := b.customers(); len(customers) > 0 {
 		batch.Queue(qNoteCustomers, cfg.Topic, p.id, customers, now)
 	}
-	batch.Queue(qAddCounters, pgx.NamedArgs{"topic": cfg.Topic, "partition": p.id,
+	batch.Queue(qAddCounters, pgx.StrictNamedArgs{"topic": cfg.Topic, "partition": p.id,
 		"messages": s.messages, "messages_rejected": s.messagesRejected, "records": s.records,
 		"applied": s.outcomes[ledger.Applied], "duplicate": s.outcomes[ledger.Duplicate], "conflict": s.outcomes[ledger.Conflict],
 		"late_fill": s.outcomes[ledger.LateFill], "rejected": s.outcomes[ledger.Rejected]})

@@ -69,7 +69,7 @@ func (l *leases) claim(ctx context.Context, id int) bool {
 	refused := 0
 	for attempt := 0; ; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, cfg.TxTimeout)
-		tag, err := cfg.Pool.Exec(cctx, qClaimPartition, pgx.NamedArgs{"topic": cfg.Topic, "partition": id, "member": l.gen.MemberID,
+		tag, err := cfg.Pool.Exec(cctx, qClaimPartition, pgx.StrictNamedArgs{"topic": cfg.Topic, "partition": id, "member": l.gen.MemberID,
 			"generation": l.gen.ID, "process": processName, "lease": interval(cfg.SessionTimeout), "group": cfg.Group})
 		cancel()
 		if err == nil && tag.RowsAffected() == 1 {

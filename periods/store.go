@@ -195,7 +195,7 @@ func (s Store) Close(ctx context.Context, tx pgx.Tx, req CloseRequest) (Statemen
 	if req.Force {
 		reason, actor = &req.Reason, &req.Actor
 	}
-	_, err = tx.Exec(ctx, qInsertClose, pgx.NamedArgs{"customer": req.Customer, "period_start": p.Start, "period_end": p.End,
+	_, err = tx.Exec(ctx, qInsertClose, pgx.StrictNamedArgs{"customer": req.Customer, "period_start": p.Start, "period_end": p.End,
 		"closed_at": closedAt, "statement": raw, "forced": req.Force, "reason": reason, "actor": actor, "reconciliation_id": runID})
 	if err != nil {
 		return Statement{}, fmt.Errorf("periods: close: %w", err)

@@ -62,7 +62,7 @@ type target struct {
 }
 
 // args are the named arguments of the statements over the targets (see
-// queries.go).
+// queries.go); not strict, since not every statement uses all of them.
 func (tg target) args() pgx.NamedArgs {
 	return pgx.NamedArgs{"customers": tg.customers, "starts": tg.starts, "ends": tg.ends, "all": tg.all}
 }

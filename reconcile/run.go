@@ -199,7 +199,7 @@ func (rc *Reconciler) Run(ctx context.Context, opt Options) (*Run, error) {
 
 	run := &Run{ID: uuid.Must(uuid.NewV7()), Period: opt.Period, Customer: opt.Customer, Deep: opt.Deep,
 		Status: StatusRunning, StartedAt: now.Truncate(time.Microsecond), Findings: []Finding{}, Checks: []Check{}, Totals: []Total{}}
-	if _, err := rc.cfg.Pool.Exec(ctx, qRunInsert, pgx.NamedArgs{"id": run.ID, "period": run.Period, "customer": nullable(run.Customer),
+	if _, err := rc.cfg.Pool.Exec(ctx, qRunInsert, pgx.StrictNamedArgs{"id": run.ID, "period": run.Period, "customer": nullable(run.Customer),
 		"deep": run.Deep, "status": run.Status, "started_at": run.StartedAt}); err != nil {
 		return nil, fmt.Errorf("reconcile: store run: %w", err)
 	}
@@ -440,7 +440,7 @@ func (rc *Reconciler) store(ctx context.Context, run *Run, vs []verdict) error {
 	checks, _ := json.Marshal(run.Checks)
 	totals, _ := json.Marshal(run.Totals)
 	return pgx.BeginFunc(ctx, rc.cfg.Pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, qRunFinish, pgx.NamedArgs{"id": run.ID, "status": run.Status, "finished_at": run.FinishedAt,
+		if _, err := tx.Exec(ctx, qRunFinish, pgx.StrictNamedArgs{"id": run.ID, "status": run.Status, "finished_at": run.FinishedAt,
 			"entries_scanned": run.EntriesScanned, "checks": checks, "totals": totals, "error": nullable(run.Error)}); err != nil {
 			return fmt.Errorf("reconcile: store run: %w", err)
 		}
@@ -461,7 +461,7 @@ func (rc *Reconciler) store(ctx context.Context, run *Run, vs []verdict) error {
 
 // findingsArgs turns a run's findings into the columns of qFindingsInsert
 // (n: the finding's place in the run).
-func findingsArgs(runID uuid.UUID, fs []Finding) pgx.NamedArgs {
+func findingsArgs(runID uuid.UUID, fs []Finding) pgx.StrictNamedArgs {
 	n := make([]int32, len(fs))
 	kinds, severities, details := make([]string, len(fs)), make([]string, len(fs)), make([]string, len(fs))
 	customers, meters, streams, amounts := make([]*string, len(fs)), make([]*string, len(fs)), make([]*string, len(fs)), make([]*string, len(fs))
@@ -473,12 +473,12 @@ func findingsArgs(runID uuid.UUID, fs []Finding) pgx.NamedArgs {
 			amounts[i] = nullable(f.Amount.String())
 		}
 	}
-	return pgx.NamedArgs{"run_id": runID, "n": n, "kind": kinds, "severity": severities, "customer": customers,
+	return pgx.StrictNamedArgs{"run_id": runID, "n": n, "kind": kinds, "severity": severities, "customer": customers,
 		"meter": meters, "stream": streams, "period_start": starts, "amount": amounts, "detail": details}
 }
 
 // verdictsArgs turns a run's verdicts into the columns of qVerdictsInsert.
-func verdictsArgs(runID uuid.UUID, vs []verdict) pgx.NamedArgs {
+func verdictsArgs(runID uuid.UUID, vs []verdict) pgx.StrictNamedArgs {
 	customers, starts, clean := make([]string, len(vs)), make([]time.Time, len(vs)), make([]bool, len(vs))
 	totals, fps := make([]string, len(vs)), make([]string, len(vs))
 	for i, v := range vs {
@@ -486,7 +486,7 @@ func verdictsArgs(runID uuid.UUID, vs []verdict) pgx.NamedArgs {
 		fp, _ := json.Marshal(v.fp)
 		customers[i], starts[i], clean[i], totals[i], fps[i] = v.customer, v.period.Start, v.clean, string(t), string(fp)
 	}
-	return pgx.NamedArgs{"run_id": runID, "customer": customers, "period_start": starts, "clean": clean,
+	return pgx.StrictNamedArgs{"run_id": runID, "customer": customers, "period_start": starts, "clean": clean,
 		"totals": totals, "fingerprint": fps}
 }
 
