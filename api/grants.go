@@ -248,7 +248,11 @@ func admissionProblem(w http.ResponseWriter, err error) error {
 		return &Problem{Type: TypeGrantEnded, Title: "Grant ended", Status: http.StatusConflict, Detail: ge.Error()}
 	}
 	if ne, ok := errors.AsType[*admission.NotExactError](err); ok {
-		return &Problem{Type: TypeNotExact, Title: "No exact rule", Status: http.StatusConflict, Detail: ne.Error()}
+		adm := ne.Admission
+		if adm == "" {
+			adm = "none"
+		}
+		return &Problem{Type: TypeNotExact, Title: "No exact rule", Status: http.StatusConflict, Detail: ne.Error(), Admission: adm}
 	}
 	if sp, ok := errors.AsType[*admission.SpentError](err); ok {
 		return invalidField("spent", "%s must be between the last reported %s and the amount %s", sp.Spent, sp.Previous, sp.Amount)

@@ -114,8 +114,18 @@ func TestGrants(t *testing.T) {
 
 	// Lagged rules are not served by grants.
 	f.do("PUT", "/v1/customers/acme/quotas/calls", adminToken, map[string]any{"limit": "5"})
-	f.do("POST", "/v1/grants", adminToken, map[string]any{"holder": "gw1", "generation": 2, "customer": "acme",
+	// The problem says which (the admit SDK then answers from decisions,
+	// or admits: no rule, no quota).
+	p = f.do("POST", "/v1/grants", adminToken, map[string]any{"holder": "gw1", "generation": 2, "customer": "acme",
 		"meter": "calls", "amount": "1"}).problem(t, 409, problem+"not-exact")
+	if p.Admission != "lagged" {
+		t.Fatalf("not-exact for a lagged rule: admission %q", p.Admission)
+	}
+	p = f.do("POST", "/v1/grants", adminToken, map[string]any{"holder": "gw1", "generation": 2, "customer": "acme",
+		"meter": "no-rule", "amount": "1"}).problem(t, 409, problem+"not-exact")
+	if p.Admission != "none" {
+		t.Fatalf("not-exact without a rule: admission %q", p.Admission)
+	}
 	p = f.do("POST", "/v1/grants", adminToken, map[string]any{"holder": "g w", "generation": 0, "customer": "acme",
 		"meter": "calls", "amount": "-1", "ttl": "2h"}).problem(t, 400, problem+"invalid-request")
 	if got := strings.Join(fields(p), ","); got != "holder,generation,amount,ttl" {
