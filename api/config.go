@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tally-ledger/tally/admission"
 	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/internal/notify"
 	"github.com/tally-ledger/tally/ledger"
@@ -168,6 +169,9 @@ type API struct {
 	tokenLimits *rateLimits   // nil: off
 	badTokens   *ttlCache[[32]byte, struct{}]
 	ready       readyCache
+
+	// grantMetrics counts the grant protocol's requests (exact admission).
+	grantMetrics *admission.Metrics
 }
 
 // ServeHTTP serves the API.
@@ -258,6 +262,9 @@ func New(cfg Config) (*API, error) {
 		return nil, err
 	}
 	a.metrics = m
+	if a.grantMetrics, err = admission.NewMetrics(a.registry, a.pool, a.now, a.log); err != nil {
+		return nil, err
+	}
 	a.listener = notify.New(notify.Config{Pool: a.pool, Channel: usageChannel,
 		ApplicationName: "tally-api-usage-watch", Logger: a.log,
 		OnState: func(up bool) {

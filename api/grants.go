@@ -106,8 +106,10 @@ func (a *API) postGrant(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	start := time.Now()
 	g, err := s.Issue(r.Context(), admission.IssueRequest{Holder: b.Holder, Generation: b.Generation,
 		Customer: b.Customer, Meter: b.Meter, Amount: b.Amount, MinAmount: b.MinAmount, TTL: time.Duration(b.TTL)})
+	a.grantMetrics.Issued(g, err, time.Since(start))
 	if err != nil {
 		return admissionProblem(w, err)
 	}
@@ -135,8 +137,10 @@ func (a *API) report(w http.ResponseWriter, r *http.Request, release bool) error
 			return invalidField("ttl", "a release takes no ttl")
 		}
 		g, err = s.Release(r.Context(), rep)
+		a.grantMetrics.Released(err)
 	} else {
 		g, err = s.Renew(r.Context(), rep)
+		a.grantMetrics.Renewed(err)
 	}
 	if err != nil {
 		return admissionProblem(w, err)
@@ -151,8 +155,10 @@ func (a *API) postBypasses(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := s.RecordBypasses(r.Context(), admission.BypassReport{Holder: b.Holder, Generation: b.Generation,
-		ReportID: b.ReportID, Items: b.Items}); err != nil {
+	rep := admission.BypassReport{Holder: b.Holder, Generation: b.Generation, ReportID: b.ReportID, Items: b.Items}
+	err = s.RecordBypasses(r.Context(), rep)
+	a.grantMetrics.Bypassed(rep, err)
+	if err != nil {
 		return admissionProblem(w, err)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"report_id": b.ReportID, "items": len(b.Items)})
