@@ -101,6 +101,11 @@ type Config struct {
 	// limited. Default 20/s, burst 40; negative: off.
 	TokenRate  float64
 	TokenBurst int
+	// MaxSkew is the clock skew tolerated between Tally and a gateway
+	// holding a grant: a grant is reclaimed at valid_until + MaxSkew, never
+	// earlier (docs/design.md §12). Default 5 s; between
+	// admission.MinMaxSkew and admission.MaxMaxSkew.
+	MaxSkew time.Duration
 	// FailedTokenTTL is how long a well-formed customer token Postgres
 	// does not know is refused without asking again (at most 100,000 are
 	// remembered). Default 1m; negative: ask every time.
@@ -130,6 +135,11 @@ func (c Config) Validate() error {
 	}
 	if c.ScheduleCacheTTL >= ledger.MaxClockSkew {
 		errs = append(errs, fmt.Errorf("api: ScheduleCacheTTL %s must be below %s", c.ScheduleCacheTTL, ledger.MaxClockSkew))
+	}
+	if c.MaxSkew != 0 {
+		if err := admission.ValidateMaxSkew(c.MaxSkew); err != nil {
+			errs = append(errs, fmt.Errorf("api: MaxSkew: %w", err))
+		}
 	}
 	if c.AddressBurst < 0 || c.TokenBurst < 0 {
 		errs = append(errs, errors.New("api: rate-limit bursts must not be negative"))
@@ -170,6 +180,7 @@ type API struct {
 	badTokens   *ttlCache[[32]byte, struct{}]
 	ready       readyCache
 
+	maxSkew time.Duration // of grants
 	// grantMetrics counts the grant protocol's requests (exact admission).
 	grantMetrics *admission.Metrics
 }
@@ -188,6 +199,7 @@ func New(cfg Config) (*API, error) {
 		grace: cfg.Grace, now: cfg.Clock, log: cfg.Logger, registry: cfg.Registry,
 		maxBody: cfg.MaxBodyBytes, maxQuery: cfg.MaxQueryBytes, reqTimeout: cfg.RequestTimeout,
 		recTimeout: cfg.ReconcileTimeout, topic: cfg.Topic, unowned: cfg.UnownedAfter,
+		maxSkew: cfg.MaxSkew,
 	}
 	if a.unowned == 0 {
 		a.unowned = DefaultUnownedAfter

@@ -28,7 +28,7 @@ const (
 // admissionStore is the grant store on the API's pool and clock. It holds
 // no state of its own, so one per request costs a small allocation only.
 func (a *API) admissionStore() (*admission.Store, error) {
-	return admission.New(a.pool, admission.Config{Now: a.now, Logger: a.log})
+	return admission.New(a.pool, admission.Config{Now: a.now, Logger: a.log, MaxSkew: a.maxSkew})
 }
 
 // requireGrantManager lets through the admin token and gateway tokens;

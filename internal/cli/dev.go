@@ -10,10 +10,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/tally-ledger/tally/admission"
 	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/internal/devstack"
 	"github.com/tally-ledger/tally/migrations"
@@ -23,6 +25,7 @@ import (
 func newDevCmd() *cobra.Command {
 	var dir, listen, kafkaAddr string
 	var simulated bool
+	var maxSkew time.Duration
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run Tally on this machine with everything embedded (for trying it out)",
@@ -46,6 +49,9 @@ unless TALLY_ADMIN_TOKEN is set) and what to try, and runs until Ctrl-C.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			out := cmd.OutOrStdout()
+			if err := admission.ValidateMaxSkew(maxSkew); err != nil {
+				return &ExitError{Code: exitUsage, Err: fmt.Errorf("--grant-max-skew (TALLY_GRANT_MAX_SKEW): %w", err)}
+			}
 			log := newLogger()
 
 			pg, err := devstack.StartPostgres(ctx, devstack.PostgresConfig{
@@ -109,7 +115,7 @@ unless TALLY_ADMIN_TOKEN is set) and what to try, and runs until Ctrl-C.`,
 			}
 			o := runOptions{
 				pool: pool, brokers: brokers, listen: listen, adminToken: token,
-				grace: periods.DefaultGrace, ingest: true, api: true, enforce: true, log: log,
+				grace: periods.DefaultGrace, ingest: true, api: true, enforce: true, log: log, maxSkew: maxSkew,
 				ready: func(addr string) {
 					printDevBanner(out, brokers, kafkaNote, pg, v, addr, token, generated, simulated)
 				},
@@ -125,6 +131,7 @@ unless TALLY_ADMIN_TOKEN is set) and what to try, and runs until Ctrl-C.`,
 	cmd.Flags().StringVar(&listen, "listen", defaultListen, "address of the REST API (and /metrics, /healthz)")
 	cmd.Flags().BoolVar(&simulated, "simulate", true, "run simulated producers and a demo quota")
 	envDefault(cmd.Flags(), "listen", "TALLY_LISTEN")
+	addMaxSkewFlag(cmd.Flags(), &maxSkew)
 	return cmd
 }
 
