@@ -300,6 +300,12 @@ func run(ctx context.Context, o runOptions) error {
 		return err
 	}
 	g, gctx := errgroup.WithContext(ctx)
+	// The HTTP server stops after also has returned: tally dev's demo
+	// gateways give their grants back through the API as they stop.
+	alsoDone := make(chan struct{})
+	if o.also == nil {
+		close(alsoDone)
+	}
 
 	if o.ingest {
 		c, err := ingest.NewConsumer(ingest.Config{
@@ -359,6 +365,7 @@ func run(ctx context.Context, o runOptions) error {
 		})
 		g.Go(func() error {
 			<-gctx.Done()
+			<-alsoDone
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			defer cancel()
 			return srv.Shutdown(sctx)
@@ -371,7 +378,10 @@ func run(ctx context.Context, o runOptions) error {
 		o.ready("")
 	}
 	if o.also != nil {
-		g.Go(func() error { return o.also(gctx) })
+		g.Go(func() error {
+			defer close(alsoDone)
+			return o.also(gctx)
+		})
 	}
 	return g.Wait()
 }
