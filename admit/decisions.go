@@ -103,18 +103,18 @@ func (c *Client) onDecision(d quota.Decision) {
 func (c *Client) readDecisions(ctx context.Context, wg *sync.WaitGroup) {
 	defer wg.Done()
 	var parts []kafka.Partition
-	for {
+	for wait := time.Second; ; wait = min(2*wait, 30*time.Second) {
 		var err error
 		parts, err = c.partitions(ctx)
 		if err == nil {
 			break
 		}
 		c.log.Warn("admit: cannot list the decision topic's partitions; lagged rules follow on_stale meanwhile",
-			"topic", c.cfg.DecisionsTopic, "err", err)
+			"topic", c.cfg.DecisionsTopic, "err", err, "retry_in", wait)
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(time.Second):
+		case <-time.After(wait):
 		}
 	}
 	for _, p := range parts {

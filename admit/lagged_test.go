@@ -2,12 +2,15 @@ package admit_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/admit"
+	"github.com/tally-ledger/tally/internal/kafkatest"
 	"github.com/tally-ledger/tally/quota"
 )
 
@@ -160,4 +163,41 @@ func TestExactAndLaggedRulesInOneClient(t *testing.T) {
 	admitUntil(t, c, "acme", "calls", "calls admitted from a grant", func(d admit.Decision) bool {
 		return d.Admitted && d.How == admit.FromGrant
 	})
+}
+
+// A gateway started after the decisions were published reads them from
+// the topic's recent history, and keeps the newest by (leader_epoch, seq)
+// whatever order they arrive in.
+func TestDecisionsReadFromHistoryNewestWins(t *testing.T) {
+	ts := startTally(t)
+	p := ts.startPipeline()
+	p.enf.Stop(t) // only the decisions written below
+	ts.rule(quota.RuleInput{Customer: "acme", Meter: "tokens", Limit: decimal.NewFromInt(100)})
+	asOf := time.Now()
+	decision := func(epoch, seq int64, state quota.State) kafka.Message {
+		d := quota.Decision{Customer: "acme", Meter: "tokens", Period: "2026-12-01", State: state, AsOf: &asOf,
+			Mode: quota.Enforce, OnStale: quota.Allow, StaleAfter: quota.Duration(time.Hour), DecidedAt: asOf,
+			RuleVersion: 1, LeaderEpoch: epoch, Seq: seq}
+		b, err := json.Marshal(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return kafka.Message{Key: []byte(d.Key()), Value: b}
+	}
+	w := kafkatest.NewWriter(p.brokers, quota.DefaultTopic)
+	// The newest says exceeded; a deposed leader's ok lands after it.
+	err := w.WriteMessages(context.Background(), decision(2, 7, quota.Exceeded), decision(1, 9, quota.OK))
+	w.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, ts, "gw1", t.TempDir(), admit.Config{Brokers: p.brokers})
+	defer c.Close(context.Background())
+	d := admitUntil(t, c, "acme", "tokens", "a decision from history", func(d admit.Decision) bool { return !d.Stale })
+	if d.Admitted {
+		t.Fatalf("answered from the deposed leader's decision: %+v", d)
+	}
+	if ld, _ := c.Latest("acme", "tokens"); ld.LeaderEpoch != 2 || ld.Seq != 7 {
+		t.Fatalf("latest decision %+v", ld)
+	}
 }
