@@ -109,12 +109,13 @@ func (c *Client) readDecisions(ctx context.Context, wg *sync.WaitGroup) {
 		if err == nil {
 			break
 		}
+		if ctx.Err() != nil {
+			return
+		}
 		c.log.Warn("admit: cannot list the decision topic's partitions; lagged rules follow on_stale meanwhile",
 			"topic", c.cfg.DecisionsTopic, "err", err, "retry_in", wait)
-		select {
-		case <-ctx.Done():
+		if !pause(ctx, wait) {
 			return
-		case <-time.After(wait):
 		}
 	}
 	for _, p := range parts {
@@ -154,11 +155,12 @@ func (c *Client) readPartition(ctx context.Context, wg *sync.WaitGroup, partitio
 		if err == nil {
 			break
 		}
-		c.log.Warn("admit: cannot position the decision reader", "partition", partition, "err", err)
-		select {
-		case <-ctx.Done():
+		if ctx.Err() != nil {
 			return
-		case <-time.After(time.Second):
+		}
+		c.log.Warn("admit: cannot position the decision reader", "partition", partition, "err", err)
+		if !pause(ctx, time.Second) {
+			return
 		}
 	}
 	for {
@@ -168,10 +170,8 @@ func (c *Client) readPartition(ctx context.Context, wg *sync.WaitGroup, partitio
 				return
 			}
 			c.log.Error("admit: read decisions", "partition", partition, "err", err)
-			select {
-			case <-ctx.Done():
+			if !pause(ctx, time.Second) {
 				return
-			case <-time.After(time.Second):
 			}
 			continue
 		}
@@ -181,5 +181,17 @@ func (c *Client) readPartition(ctx context.Context, wg *sync.WaitGroup, partitio
 			continue
 		}
 		c.onDecision(d)
+	}
+}
+
+// pause waits d; false when ctx ended first.
+func pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
 	}
 }
