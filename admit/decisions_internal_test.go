@@ -39,3 +39,22 @@ func TestFromDecisionAgreesWithBlocks(t *testing.T) {
 		}
 	}
 }
+
+// Admit under a lagged rule allocates nothing (the benchmark measures its
+// cost; this keeps it allocation-free).
+func TestAdmitFromDecisionDoesNotAllocate(t *testing.T) {
+	c := &Client{cfg: Config{OnStale: Allow}}
+	b := newBudget("acme", "tokens")
+	b.kind.Store(kindLagged)
+	at := time.Now()
+	b.dec.Store(newLagged(quota.Decision{Customer: "acme", Meter: "tokens", Mode: quota.Enforce, State: quota.Exceeded,
+		AsOf: &at, StaleAfter: quota.Duration(time.Hour)}))
+	m := map[key]*budget{{"acme", "tokens"}: b}
+	c.budgets.Store(&m)
+	ctx := t.Context()
+	var d Decision
+	allocs := testing.AllocsPerRun(1000, func() { d, _ = c.Admit(ctx, "acme", "tokens", 1) })
+	if allocs != 0 || d.Admitted || d.How != FromDecision {
+		t.Fatalf("%v allocations per Admit; last answer %+v", allocs, d)
+	}
+}
