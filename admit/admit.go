@@ -459,13 +459,15 @@ type budget struct {
 	dec                      atomic.Pointer[lagged] // the latest decision, for a lagged rule
 
 	// Below: under mu (the slow path and the background loop).
-	mu             sync.Mutex
-	grants         []*held // oldest first
-	finals         int64   // admitted from grants no longer held
-	lastTaken      int64
-	lastAt         time.Time
-	checkedAt      time.Time // when Tally last said the rule is not exact
-	checkedVersion int64     // the decision's rule version then
+	mu        sync.Mutex
+	grants    []*held // oldest first
+	finals    int64   // admitted from grants no longer held
+	lastTaken int64
+	lastAt    time.Time
+	checkedAt time.Time // when Tally last said the rule is not exact
+	// checkedVersion is the rule version last checked: of the decision
+	// when Tally said the rule is not exact, of the newest grant else.
+	checkedVersion int64
 	// rate is measured demand in units per second, smoothed: an estimate
 	// that only sizes the next grant request (rounded up to whole units),
 	// never an amount admitted, granted or reported.

@@ -53,6 +53,7 @@ type grantAnswer struct {
 	ID            string    `json:"id"`
 	Amount        string    `json:"amount"`
 	ValidUntil    time.Time `json:"valid_until"`
+	RuleVersion   int64     `json:"rule_version"`
 	OnUnreachable Policy    `json:"on_unreachable"`
 	LocalAmount   string    `json:"local_amount"`
 	LocalEvery    int64     `json:"local_every"`
@@ -148,6 +149,7 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	}
 	b.refusedUntil.Store(0)
 	b.kind.Store(kindExact)
+	b.checkedVersion = max(b.checkedVersion, g.RuleVersion)
 	if g.OnUnreachable != "" {
 		// The rule's policy, learnt with the grant, overrides the default.
 		p := policy{how: g.OnUnreachable, every: time.Duration(g.LocalEvery) * time.Second}
@@ -298,6 +300,16 @@ func (c *Client) tend(ctx context.Context, b *budget) {
 	if b.kind.Load() >= kindLagged {
 		c.tendNotExact(ctx, b, now)
 		return
+	}
+	// A decision with a newer rule version than the grants': the rule may
+	// have turned lagged. A grant request tells (once per version).
+	if l := b.dec.Load(); l != nil && b.kind.Load() == kindExact && l.d.RuleVersion > b.checkedVersion {
+		b.checkedVersion = l.d.RuleVersion
+		_ = c.topUpLocked(ctx, b, 1) // refused not-exact: kind turns lagged
+		if b.kind.Load() >= kindLagged {
+			c.tendNotExact(ctx, b, now) // gives the grants back
+			return
+		}
 	}
 	taken := b.taken()
 	if dt := now.Sub(b.lastAt).Seconds(); dt > 0 {

@@ -201,3 +201,25 @@ func TestDecisionsReadFromHistoryNewestWins(t *testing.T) {
 		t.Fatalf("latest decision %+v", ld)
 	}
 }
+
+// A rule turned from exact to lagged is noticed from the decision's new
+// rule version while the gateway still holds plenty of grant: it answers
+// from decisions and gives its grants back.
+func TestRuleTurnedLaggedReleasesGrants(t *testing.T) {
+	ts := startTally(t)
+	p := ts.startPipeline()
+	p.follow()
+	ts.exactRule("acme", "tokens", "1000000")
+	ctx := context.Background()
+	c := newClient(t, ts, "gw1", t.TempDir(), admit.Config{Brokers: p.brokers, MinGrant: 100_000})
+	defer c.Close(ctx)
+	if d, err := c.Admit(ctx, "acme", "tokens", 1); err != nil || !d.Admitted || d.How != admit.FromGrant {
+		t.Fatalf("first admit: %+v %v", d, err)
+	}
+	p.use("acme", "tokens", 500)
+	ts.rule(quota.RuleInput{Customer: "acme", Meter: "tokens", Limit: decimal.NewFromInt(100)}) // lagged, exceeded
+	admitUntil(t, c, "acme", "tokens", "refused from the decision", func(d admit.Decision) bool {
+		return !d.Admitted && d.How == admit.FromDecision && !d.Stale
+	})
+	eventually(t, "grants given back", func() bool { return ts.budget("acme", "tokens").Live.IsZero() })
+}
