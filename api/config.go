@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tally-ledger/tally/admission"
 	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/internal/notify"
 	"github.com/tally-ledger/tally/internal/ttlcache"
@@ -102,6 +103,11 @@ type Config struct {
 	// limited. Default 20/s, burst 40; negative: off.
 	TokenRate  float64
 	TokenBurst int
+	// MaxSkew is the clock skew tolerated between Tally and a gateway
+	// holding a grant: a grant is reclaimed at valid_until + MaxSkew, never
+	// earlier (docs/design.md §12). Default 5 s; between
+	// admission.MinMaxSkew and admission.MaxMaxSkew.
+	MaxSkew time.Duration
 	// FailedTokenTTL is how long a well-formed customer token Postgres
 	// does not know is refused without asking again (at most 100,000 are
 	// remembered). Default 1m; negative: ask every time.
@@ -131,6 +137,11 @@ func (c Config) Validate() error {
 	}
 	if c.ScheduleCacheTTL >= ledger.MaxClockSkew {
 		errs = append(errs, fmt.Errorf("api: ScheduleCacheTTL %s must be below %s", c.ScheduleCacheTTL, ledger.MaxClockSkew))
+	}
+	if c.MaxSkew != 0 {
+		if err := admission.ValidateMaxSkew(c.MaxSkew); err != nil {
+			errs = append(errs, fmt.Errorf("api: MaxSkew: %w", err))
+		}
 	}
 	if c.AddressBurst < 0 || c.TokenBurst < 0 {
 		errs = append(errs, errors.New("api: rate-limit bursts must not be negative"))
@@ -167,6 +178,10 @@ type API struct {
 	addrLimits  *rateLimits   // nil: off
 	tokenLimits *rateLimits   // nil: off
 	ready       readyCache
+
+	maxSkew time.Duration // of grants
+	// grantMetrics counts the grant protocol's requests (exact admission).
+	grantMetrics *admission.Metrics
 }
 
 // ServeHTTP serves the API.
@@ -183,6 +198,7 @@ func New(cfg Config) (*API, error) {
 		grace: cfg.Grace, now: cfg.Clock, log: cfg.Logger, registry: cfg.Registry,
 		maxBody: cfg.MaxBodyBytes, maxQuery: cfg.MaxQueryBytes, reqTimeout: cfg.RequestTimeout,
 		recTimeout: cfg.ReconcileTimeout, topic: cfg.Topic, unowned: cfg.UnownedAfter,
+		maxSkew: cfg.MaxSkew,
 	}
 	if a.unowned == 0 {
 		a.unowned = DefaultUnownedAfter
@@ -247,6 +263,9 @@ func New(cfg Config) (*API, error) {
 		return nil, err
 	}
 	a.metrics = m
+	if a.grantMetrics, err = admission.NewMetrics(a.registry, a.pool, a.now, a.log); err != nil {
+		return nil, err
+	}
 	a.listener = notify.New(notify.Config{Pool: a.pool, Channel: usageChannel,
 		ApplicationName: "tally-api-usage-watch", Logger: a.log,
 		OnState: func(up bool) {

@@ -28,7 +28,7 @@ const (
 // admissionStore is the grant store on the API's pool and clock. It holds
 // no state of its own, so one per request costs a small allocation only.
 func (a *API) admissionStore() (*admission.Store, error) {
-	return admission.New(a.pool, admission.Config{Now: a.now, Logger: a.log})
+	return admission.New(a.pool, admission.Config{Now: a.now, Logger: a.log, MaxSkew: a.maxSkew})
 }
 
 // requireGrantManager lets through the admin token and gateway tokens;
@@ -106,8 +106,10 @@ func (a *API) postGrant(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	start := time.Now()
 	g, err := s.Issue(r.Context(), admission.IssueRequest{Holder: b.Holder, Generation: b.Generation,
 		Customer: b.Customer, Meter: b.Meter, Amount: b.Amount, MinAmount: b.MinAmount, TTL: time.Duration(b.TTL)})
+	a.grantMetrics.Issued(g, err, time.Since(start))
 	if err != nil {
 		return admissionProblem(w, err)
 	}
@@ -135,8 +137,10 @@ func (a *API) report(w http.ResponseWriter, r *http.Request, release bool) error
 			return invalidField("ttl", "a release takes no ttl")
 		}
 		g, err = s.Release(r.Context(), rep)
+		a.grantMetrics.Released(err)
 	} else {
 		g, err = s.Renew(r.Context(), rep)
+		a.grantMetrics.Renewed(err)
 	}
 	if err != nil {
 		return admissionProblem(w, err)
@@ -151,8 +155,10 @@ func (a *API) postBypasses(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := s.RecordBypasses(r.Context(), admission.BypassReport{Holder: b.Holder, Generation: b.Generation,
-		ReportID: b.ReportID, Items: b.Items}); err != nil {
+	rep := admission.BypassReport{Holder: b.Holder, Generation: b.Generation, ReportID: b.ReportID, Items: b.Items}
+	err = s.RecordBypasses(r.Context(), rep)
+	a.grantMetrics.Bypassed(rep, err)
+	if err != nil {
 		return admissionProblem(w, err)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"report_id": b.ReportID, "items": len(b.Items)})
@@ -248,7 +254,11 @@ func admissionProblem(w http.ResponseWriter, err error) error {
 		return &Problem{Type: TypeGrantEnded, Title: "Grant ended", Status: http.StatusConflict, Detail: ge.Error()}
 	}
 	if ne, ok := errors.AsType[*admission.NotExactError](err); ok {
-		return &Problem{Type: TypeNotExact, Title: "No exact rule", Status: http.StatusConflict, Detail: ne.Error()}
+		adm := ne.Admission
+		if adm == "" {
+			adm = "none"
+		}
+		return &Problem{Type: TypeNotExact, Title: "No exact rule", Status: http.StatusConflict, Detail: ne.Error(), Admission: adm}
 	}
 	if sp, ok := errors.AsType[*admission.SpentError](err); ok {
 		return invalidField("spent", "%s must be between the last reported %s and the amount %s", sp.Spent, sp.Previous, sp.Amount)

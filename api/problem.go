@@ -32,6 +32,9 @@ type Problem struct {
 	Binding    string `json:"binding,omitempty"`
 	Available  string `json:"available,omitempty"`
 	RetryAfter *int64 `json:"retry_after,omitempty"`
+	// Admission says why a grant was refused as not-exact: the rule in
+	// force is "lagged", or there is "none".
+	Admission string `json:"admission,omitempty"`
 	// RequestID lets a caller quote the request to an operator.
 	RequestID string `json:"request_id,omitempty"`
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/tally-ledger/tally/admission"
 	"github.com/tally-ledger/tally/api"
 	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/ledger"
@@ -70,6 +71,9 @@ in-flight work, leave the consumer group and release the enforcer lease.`,
 			}
 			if err := periods.ValidateGrace(o.grace); err != nil {
 				return err
+			}
+			if err := admission.ValidateMaxSkew(o.maxSkew); err != nil {
+				return &ExitError{Code: exitUsage, Err: fmt.Errorf("--grant-max-skew (TALLY_GRANT_MAX_SKEW): %w", err)}
 			}
 			if o.api && len(o.adminToken) < api.MinAdminTokenLength {
 				return fmt.Errorf("the REST API needs an admin token of at least %d characters in TALLY_ADMIN_TOKEN (try: export TALLY_ADMIN_TOKEN=$(openssl rand -hex 32))", api.MinAdminTokenLength)
@@ -126,6 +130,7 @@ in-flight work, leave the consumer group and release the enforcer lease.`,
 	f.DurationVar(&o.unownedAfter, "ready-unowned-after", api.DefaultUnownedAfter,
 		"/readyz of the API answers 503 while an ingest partition has had no live owner this long (negative: never)")
 	envDefault(f, "ready-unowned-after", "TALLY_READY_UNOWNED_AFTER")
+	addMaxSkewFlag(f, &o.maxSkew)
 	// Never print a token in --help.
 	if fl := f.Lookup("admin-token"); fl.DefValue != "" {
 		fl.DefValue = "(set)"
@@ -237,6 +242,14 @@ type apiLimits struct {
 	addressRate, tokenRate float64
 }
 
+// addMaxSkewFlag adds --grant-max-skew (serve and dev).
+func addMaxSkewFlag(f *pflag.FlagSet, d *time.Duration) {
+	f.DurationVar(d, "grant-max-skew", admission.DefaultMaxSkew,
+		fmt.Sprintf("clock skew tolerated between Tally and a gateway: a grant is reclaimed at valid_until plus this, never earlier (%s to %s)",
+			admission.MinMaxSkew, admission.MaxMaxSkew))
+	envDefault(f, "grant-max-skew", "TALLY_GRANT_MAX_SKEW")
+}
+
 // runOptions says what run starts.
 type runOptions struct {
 	pool                  *pgxpool.Pool
@@ -248,6 +261,7 @@ type runOptions struct {
 	grace                 time.Duration
 	timings               groupTimings
 	unownedAfter          time.Duration
+	maxSkew               time.Duration // of grants; 0: admission.DefaultMaxSkew
 	ingest, api, enforce  bool
 	log                   *slog.Logger
 	// ready, when set, is called once the HTTP listener is bound.
@@ -286,6 +300,12 @@ func run(ctx context.Context, o runOptions) error {
 		return err
 	}
 	g, gctx := errgroup.WithContext(ctx)
+	// The HTTP server stops after also has returned: tally dev's demo
+	// gateways give their grants back through the API as they stop.
+	alsoDone := make(chan struct{})
+	if o.also == nil {
+		close(alsoDone)
+	}
 
 	if o.ingest {
 		c, err := ingest.NewConsumer(ingest.Config{
@@ -315,7 +335,7 @@ func run(ctx context.Context, o runOptions) error {
 			h, err := api.New(api.Config{Pool: o.apiPool, Ledger: l, AdminToken: o.adminToken, Grace: o.grace,
 				Topic: o.topic, Logger: o.log, Registry: reg,
 				MaxInFlight: o.apiLimits.maxInFlight, AddressRate: o.apiLimits.addressRate, TokenRate: o.apiLimits.tokenRate,
-				UnownedAfter: o.unownedAfter})
+				UnownedAfter: o.unownedAfter, MaxSkew: o.maxSkew})
 			if err != nil {
 				return err
 			}
@@ -345,6 +365,7 @@ func run(ctx context.Context, o runOptions) error {
 		})
 		g.Go(func() error {
 			<-gctx.Done()
+			<-alsoDone
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			defer cancel()
 			return srv.Shutdown(sctx)
@@ -357,7 +378,10 @@ func run(ctx context.Context, o runOptions) error {
 		o.ready("")
 	}
 	if o.also != nil {
-		g.Go(func() error { return o.also(gctx) })
+		g.Go(func() error {
+			defer close(alsoDone)
+			return o.also(gctx)
+		})
 	}
 	return g.Wait()
 }
