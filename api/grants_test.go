@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tally-ledger/tally/api"
 	"github.com/tally-ledger/tally/tokens"
 )
 
