@@ -3,7 +3,6 @@ package admissionbench
 import (
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 	"time"
 )
@@ -37,14 +36,16 @@ func (r Result) Report(w io.Writer) {
 		switch {
 		case row.Skipped != "":
 			fmt.Fprintf(w, "  %-26s %s\n", row.Regime, row.Skipped)
-		case strings.HasPrefix(row.Regime, "exact"):
+		case row.Key == "fixed" || row.Key == "sized":
 			fmt.Fprintf(w, "  %-26s overshoot %d units: %s; grant calls at steady demand %s per 1,000 admissions (all calls %s): %s; false denials at demand ≤ 95%%: %s: %s\n",
 				row.Regime, row.OverLimit, met(row.OverLimit == 0),
 				perThousand(row.SteadyGrantCalls, row.SteadyAdmitted), perThousand(row.SteadyCalls, row.SteadyAdmitted),
 				met(row.SteadyGrantCalls*100 <= row.SteadyAdmitted),
 				percent(row.Below95False, row.Below95), met(row.Below95False*100 <= row.Below95))
-			fmt.Fprintf(w, "  %-26s %s\n", "", row.CallDetail)
-		case row.DecisionLag != [2]time.Duration{}:
+			fmt.Fprintf(w, "  %-26s %s; the replay took %s\n", "", row.CallDetail, row.Elapsed.Round(10*time.Millisecond))
+		case row.Key == "lagged" && row.DecisionLag == [2]time.Duration{}:
+			fmt.Fprintf(w, "  %-26s overshoot %d units; no customer reached the limit\n", row.Regime, row.OverLimit)
+		case row.Key == "lagged":
 			fmt.Fprintf(w, "  %-26s overshoot %d units (not exact); decision lag, limit reached → blocked: p50 %s, p99 %s (decision every %s, usage metered every %s)\n",
 				row.Regime, row.OverLimit, dur(row.DecisionLag[0]), dur(row.DecisionLag[1]), o.LagInterval, o.LagFlush)
 		default:

@@ -122,6 +122,7 @@ func (o Options) Validate() error {
 
 // Row is one regime's figures.
 type Row struct {
+	Key     string // one of RegimeKeys
 	Regime  string
 	Skipped string // why the regime did not run; empty when it ran
 	// Requests = Admitted + Refused + Errors.
@@ -210,14 +211,14 @@ func Run(ctx context.Context, o Options) (Result, error) {
 		sys, err := r.start(ctx, o)
 		var skip errSkip
 		if errors.As(err, &skip) {
-			res.Rows = append(res.Rows, Row{Regime: r.name, Skipped: skip.why})
+			res.Rows = append(res.Rows, Row{Key: r.key, Regime: r.name, Skipped: skip.why})
 			continue
 		}
 		if err != nil {
 			return res, fmt.Errorf("%s: %w", r.name, err)
 		}
 		row, err := replay(ctx, o, tr, sys)
-		row.Regime = r.name
+		row.Key, row.Regime = r.key, r.name
 		if err != nil {
 			return res, fmt.Errorf("%s: %w", r.name, err)
 		}
