@@ -31,6 +31,17 @@ func (o benchAdmissionOptions) Validate() error {
 	if o.adminURL == "" {
 		errs = append(errs, errors.New("--database-url is required"))
 	}
+	// The simulation takes 0 for its default; on the command line the
+	// defaults are the flags', so a 0 is a mistake.
+	for _, f := range []struct {
+		name string
+		zero bool
+	}{{"gateways", sim.Gateways == 0}, {"customers", sim.Customers == 0}, {"rate", sim.Rate == 0},
+		{"duration", sim.Duration == 0}, {"limit", sim.Limit == 0}, {"fixed-grant", sim.FixedGrant == 0}, {"burst", sim.Burst == 0}} {
+		if f.zero {
+			errs = append(errs, fmt.Errorf("--%s must not be 0", f.name))
+		}
+	}
 	return errors.Join(append(errs, sim.Validate())...)
 }
 
