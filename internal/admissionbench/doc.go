@@ -37,5 +37,18 @@
 //   - central calls: HTTP requests to Tally (grants, renewals, releases,
 //     bypass reports), statements or scripts of a central counter, decision
 //     evaluations of the lagged loop; per 1,000 admissions.
-//   - latency: of the admission call as the gateway sees it.
+//   - latency: of the admission call as the gateway sees it; the grant
+//     requests' own latency is in the exact rows' detail line.
+//
+// Several budgets per request (docs/design.md §13) are not simulated: every
+// request draws on its customer's budget only. The way in is a
+// `--budgets customer,pool,global` option naming the budgets a request
+// draws on: the trace stays as it is, each system maps a request to its
+// budgets (a pool per group of customers, one global budget), the counters
+// check-and-add every budget in one statement or script, the lagged loop
+// blocks on any budget over its limit, the exact regimes need the SDK to
+// hold a grant per budget, and the per-customer figures become per-budget
+// ones. The hot-budget figure (grants/s and p99 grant latency with 50
+// holders on one global budget) is then this benchmark with --budgets
+// global --gateways 50.
 package admissionbench

@@ -276,6 +276,8 @@ func startGrants(ctx context.Context, o Options, fixed bool) (_ system, err erro
 // callCounts counts the HTTP requests gateways send to Tally, by kind.
 type callCounts struct {
 	all, issued, refused, renewed, released, bypasses atomic.Int64
+	mu                                                sync.Mutex
+	grantLatency                                      []time.Duration // of POST /v1/grants, as the gateway saw it
 }
 
 // counting is a gateway's transport, counting into n.
@@ -286,11 +288,18 @@ type counting struct {
 
 func (c counting) RoundTrip(r *http.Request) (*http.Response, error) {
 	c.n.all.Add(1)
+	t0 := time.Now()
 	resp, err := c.rt.RoundTrip(r)
 	if err != nil {
 		return resp, err
 	}
 	p := r.URL.Path
+	if p == "/v1/grants" {
+		took := time.Since(t0)
+		c.n.mu.Lock()
+		c.n.grantLatency = append(c.n.grantLatency, took)
+		c.n.mu.Unlock()
+	}
 	switch {
 	case p == "/v1/grants" && resp.StatusCode == http.StatusCreated:
 		c.n.issued.Add(1)
@@ -308,8 +317,13 @@ func (c counting) RoundTrip(r *http.Request) (*http.Response, error) {
 
 func (g *grants) detail() string {
 	n := &g.requests
-	return fmt.Sprintf("%d calls: %d grants issued, %d refused (budget exhausted), %d renewals, %d releases, %d bypass reports",
-		n.all.Load(), n.issued.Load(), n.refused.Load(), n.renewed.Load(), n.released.Load(), n.bypasses.Load())
+	n.mu.Lock()
+	lat := slices.Clone(n.grantLatency)
+	n.mu.Unlock()
+	slices.Sort(lat)
+	return fmt.Sprintf("%d calls: %d grants issued, %d refused (budget exhausted), %d renewals, %d releases, %d bypass reports; grant request p50 %s, p99 %s",
+		n.all.Load(), n.issued.Load(), n.refused.Load(), n.renewed.Load(), n.released.Load(), n.bypasses.Load(),
+		dur(pct(lat, 0.5)), dur(pct(lat, 0.99)))
 }
 
 func (g *grants) admit(ctx context.Context, gw int, c int, cost int64) (bool, error) {
