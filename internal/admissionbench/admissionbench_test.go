@@ -23,7 +23,7 @@ const redisAddr = "127.0.0.1:6379"
 // busiest customers cross early.
 func small(t *testing.T) admissionbench.Options {
 	return admissionbench.Options{DatabaseURL: pgtest.NewURL(t), Gateways: 3, Customers: 8, Rate: 400,
-		Duration: 2 * time.Second, Limit: 60, FixedGrant: 10, LagInterval: 300 * time.Millisecond,
+		Duration: 2 * time.Second, Limit: 60, Skew: 1.1, FixedGrant: 10, LagInterval: 300 * time.Millisecond,
 		RedisAddr: redisAddr, Seed: 7}
 }
 

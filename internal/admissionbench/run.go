@@ -24,7 +24,7 @@ type Options struct {
 	Rate        int           // requests per second, all customers together [2000]
 	Duration    time.Duration // of the replay, per regime: the period [6s]
 	Limit       int64         // units per customer for the period [500]
-	Skew        float64       // Zipf exponent of demand across customers [1.1]
+	Skew        float64       // Zipf exponent of demand across customers [0: even; the command's default is 1.1]
 	Burst       float64       // rate multiplier in a burst, 1 to 5; 1: no bursts [4]
 	FixedGrant  int64         // units per gateway and budget of the fixed-grant regime [50]
 	Lookahead   time.Duration // the SDK's Lookahead in the sized regime [the SDK's default, 2s]
@@ -53,9 +53,6 @@ func (o *Options) defaults() {
 	}
 	if o.Limit == 0 {
 		o.Limit = 500
-	}
-	if o.Skew == 0 {
-		o.Skew = 1.1
 	}
 	if o.Burst == 0 {
 		o.Burst = 4

@@ -120,7 +120,7 @@ dropped afterwards (unless --keep). Redis is used by this benchmark only.`,
 	f.DurationVar(&o.sim.LagFlush, "lag-flush", 100*time.Millisecond, "how often the lagged regime meters admitted usage")
 	f.StringVar(&o.sim.RedisAddr, "redis", "127.0.0.1:6379", `Redis for the central-counter row ("" skips it)`)
 	f.Uint64Var(&o.sim.Seed, "seed", 1, "seed of the demand trace")
-	f.StringSliceVar(&o.sim.Regimes, "regimes", admissionbench.RegimeKeys, "regimes to run (they run in this order)")
+	f.StringSliceVar(&o.sim.Regimes, "regimes", admissionbench.RegimeKeys, "regimes to run, of lagged, fixed, sized, postgres, redis (they run in that order)")
 	f.StringVar(&o.adminURL, "database-url", defaultDatabaseURL, "Postgres server to create the benchmark database on")
 	envDefault(f, "database-url", "TALLY_DATABASE_URL")
 	f.BoolVar(&o.keep, "keep", false, "keep the benchmark database")
