@@ -37,7 +37,8 @@ func (o benchAdmissionOptions) Validate() error {
 		name string
 		zero bool
 	}{{"gateways", sim.Gateways == 0}, {"customers", sim.Customers == 0}, {"rate", sim.Rate == 0},
-		{"duration", sim.Duration == 0}, {"limit", sim.Limit == 0}, {"fixed-grant", sim.FixedGrant == 0}, {"burst", sim.Burst == 0}} {
+		{"duration", sim.Duration == 0}, {"limit", sim.Limit == 0}, {"fixed-grant", sim.FixedGrant == 0}, {"burst", sim.Burst == 0},
+		{"lag-interval", sim.LagInterval == 0}, {"lag-flush", sim.LagFlush == 0}} {
 		if f.zero {
 			errs = append(errs, fmt.Errorf("--%s must not be 0", f.name))
 		}
