@@ -25,9 +25,9 @@ import (
 	"github.com/tally-ledger/tally/admission"
 	"github.com/tally-ledger/tally/admit"
 	"github.com/tally-ledger/tally/api"
-	"github.com/tally-ledger/tally/tokens"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/quota"
+	"github.com/tally-ledger/tally/tokens"
 )
 
 const meter = "requests"
