@@ -89,52 +89,12 @@ func (a *API) authenticate(next http.Handler) http.Handler {
 			return
 		}
 		tok = strings.TrimSpace(tok)
-		h := sha256.Sum256([]byte(tok))
-		var p principal
-		switch {
-		case subtle.ConstantTimeCompare(h[:], a.adminHash[:]) == 1:
-			p = principal{admin: true}
-		case wellFormedToken(tok):
-			if cached, ok := a.tokens.get(h); ok && a.trusted(cached) {
-				a.metrics.tokenChecks.WithLabelValues("cached").Inc()
-				p = cached.p
-				break
-			}
-			if _, refused := a.badTokens.get(h); refused {
-				a.metrics.tokenChecks.WithLabelValues("refused_cached").Inc()
-				a.writeError(w, r, unauthorized("the token is unknown or revoked"))
-				return
-			}
-			a.metrics.tokenChecks.WithLabelValues("queried").Inc()
-			epoch, stamp := a.watch.l.Epoch(), a.tokenWatch.stamp.Load()
-			read := time.Now()
-			var id pgtype.UUID // not uuid.UUID: pgx would go through its text form
-			err := a.pool.QueryRow(r.Context(), qTokenByHash, h[:]).Scan(&id, &p.customer, &p.gateway)
-			p.tokenID = id.Bytes
-			if errors.Is(err, pgx.ErrNoRows) {
-				// Remembered so a client repeating it costs no query. A
-				// token is never created after being refused (its secret is
-				// 32 random bytes); a revoked one stays refused.
-				a.badTokens.put(h, struct{}{})
-				a.writeError(w, r, unauthorized("the token is unknown or revoked"))
-				return
-			}
-			if err != nil {
-				a.writeError(w, r, fmt.Errorf("authenticate: %w", err))
-				return
-			}
-			// Only valid tokens, and only if no revocation was heard while
-			// this one was read (it might have been this one).
-			a.tokens.putIf(h, cachedPrincipal{p: p, epoch: epoch, read: read}, func() bool {
-				return a.tokenWatch.stamp.Load() == stamp
-			})
-		default:
-			if strings.HasPrefix(tok, TokenPrefix) {
-				a.metrics.tokenChecks.WithLabelValues("malformed").Inc()
-			}
-			a.writeError(w, r, unauthorized("the token is unknown or revoked"))
+		p, err := a.identify(r.Context(), tok)
+		if err != nil {
+			a.writeError(w, r, err)
 			return
 		}
+		h := sha256.Sum256([]byte(tok))
 		if !p.admin {
 			if ok, wait := a.tokenLimits.allow(string(h[:]), time.Now()); !ok {
 				a.metrics.shed.WithLabelValues("token_rate").Inc()
@@ -144,6 +104,53 @@ func (a *API) authenticate(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
 	})
+}
+
+// identify says whose tok is: the admin's, or a customer or gateway
+// token's (not revoked). An unknown token is a 401 problem.
+func (a *API) identify(ctx context.Context, tok string) (principal, error) {
+	h := sha256.Sum256([]byte(tok))
+	switch {
+	case subtle.ConstantTimeCompare(h[:], a.adminHash[:]) == 1:
+		return principal{admin: true}, nil
+	case wellFormedToken(tok):
+		if cached, ok := a.tokens.get(h); ok && a.trusted(cached) {
+			a.metrics.tokenChecks.WithLabelValues("cached").Inc()
+			return cached.p, nil
+		}
+		if _, refused := a.badTokens.get(h); refused {
+			a.metrics.tokenChecks.WithLabelValues("refused_cached").Inc()
+			return principal{}, unauthorized("the token is unknown or revoked")
+		}
+		a.metrics.tokenChecks.WithLabelValues("queried").Inc()
+		epoch, stamp := a.watch.l.Epoch(), a.tokenWatch.stamp.Load()
+		read := time.Now()
+		var p principal
+		var id pgtype.UUID // not uuid.UUID: pgx would go through its text form
+		err := a.pool.QueryRow(ctx, qTokenByHash, h[:]).Scan(&id, &p.customer, &p.gateway)
+		p.tokenID = id.Bytes
+		if errors.Is(err, pgx.ErrNoRows) {
+			// Remembered so a client repeating it costs no query. A
+			// token is never created after being refused (its secret is
+			// 32 random bytes); a revoked one stays refused.
+			a.badTokens.put(h, struct{}{})
+			return principal{}, unauthorized("the token is unknown or revoked")
+		}
+		if err != nil {
+			return principal{}, fmt.Errorf("authenticate: %w", err)
+		}
+		// Only valid tokens, and only if no revocation was heard while
+		// this one was read (it might have been this one).
+		a.tokens.putIf(h, cachedPrincipal{p: p, epoch: epoch, read: read}, func() bool {
+			return a.tokenWatch.stamp.Load() == stamp
+		})
+		return p, nil
+	default:
+		if strings.HasPrefix(tok, TokenPrefix) {
+			a.metrics.tokenChecks.WithLabelValues("malformed").Inc()
+		}
+		return principal{}, unauthorized("the token is unknown or revoked")
+	}
 }
 
 // tokenCoherentTTL is how long a checked token is trusted while the API
