@@ -12,7 +12,7 @@ import (
 // Chart geometry, in SVG user units (the SVG scales to its box).
 const (
 	chartW, chartH         = 720.0, 240.0
-	chartLeft, chartRight  = 64.0, 12.0
+	chartLeft, chartRight  = 88.0, 12.0
 	chartTop, chartBottom  = 16.0, 28.0
 	chartPlotW, chartPlotH = chartW - chartLeft - chartRight, chartH - chartTop - chartBottom
 )
@@ -29,6 +29,7 @@ type chart struct {
 	Bars         []bar
 	Limit, Warn  *rule
 	Ticks        []tick
+	Labels       []label // dates under the bars
 	Days         []dayRow
 	Total        decimal.Decimal
 	Summary      string // for screen readers
@@ -41,6 +42,11 @@ type bar struct {
 
 type rule struct {
 	Y     float64
+	Label string
+}
+
+type label struct {
+	X     float64
 	Label string
 }
 
@@ -70,12 +76,11 @@ func newChart(meter string, m api.MeterUsage, start, end time.Time, loc *time.Lo
 	}
 	days := localDays(start, end, loc)
 	var run decimal.Decimal
-	for i, d := range days {
+	for _, d := range days {
 		q, used := byStart[d.Unix()]
 		run = run.Add(q)
 		c.Days = append(c.Days, dayRow{Date: d.In(loc).Format("Mon 2 Jan"), Start: d.UTC().Format(time.RFC3339Nano),
 			Quantity: q, Cumulative: run, Used: used, Future: d.After(now)})
-		_ = i
 	}
 	top := run
 	if limit.Valid && limit.Decimal.GreaterThan(top) {
@@ -93,6 +98,9 @@ func newChart(meter string, m api.MeterUsage, start, end time.Time, loc *time.Lo
 	n := float64(max(len(days), 1))
 	slot := chartPlotW / n
 	for i, d := range c.Days {
+		if i%7 == 0 || i == len(c.Days)-1 && i%7 > 3 {
+			c.Labels = append(c.Labels, label{X: chartLeft + float64(i)*slot + slot/2, Label: days[i].In(loc).Format("2 Jan")})
+		}
 		if d.Future {
 			continue
 		}

@@ -257,9 +257,9 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 		outcome = "admin"
 	}
 	c.metrics.signIns.WithLabelValues(outcome).Inc()
-	id, sess := c.sessions.create(token, c.now())
+	id, _ := c.sessions.create(token, c.now())
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: id, Path: Prefix + "/", HttpOnly: true,
-		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode, Expires: sess.expires})
+		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode, MaxAge: int(c.sessions.ttl.Seconds())})
 	http.SetCookie(w, &http.Cookie{Name: signInCookie, Value: "", Path: Prefix + "/sign-in", MaxAge: -1,
 		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
 	next := safeNext(r.PostFormValue("next"))
