@@ -13,8 +13,8 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/ingest"
-	"github.com/tally-ledger/tally/reconcile"
 	"github.com/tally-ledger/tally/ingest/wire"
+	"github.com/tally-ledger/tally/reconcile"
 )
 
 // demo fills the fixture with what the pages show: two customers with
