@@ -152,6 +152,18 @@ func TestCustomerTokenSeesOnlyItsCustomer(t *testing.T) {
 	}
 	screenshot(t, ctx, "customer-as-customer")
 
+	// On a phone: nothing wider than the screen (wide tables scroll in
+	// their own box), the chart scaled to fit.
+	do(t, ctx, chromedp.EmulateViewport(390, 844, chromedp.EmulateScale(2), chromedp.EmulateMobile), chromedp.Reload())
+	if over := eval[int](t, ctx, `document.documentElement.scrollWidth - window.innerWidth`); over > 0 {
+		t.Fatalf("on a 390 px wide screen the page is %d px too wide", over)
+	}
+	if w := eval[float64](t, ctx, `document.querySelector('figure.chart svg').getBoundingClientRect().width`); w > 390 || w < 300 {
+		t.Fatalf("the chart is %.0f px wide on a 390 px screen", w)
+	}
+	screenshot(t, ctx, "customer-phone")
+	do(t, ctx, chromedp.ResetViewport())
+
 	// Another customer is the same 404 as one that does not exist.
 	other := f.open(t, ctx, "/console/customers/globex")
 	otherText := text(t, ctx, "main")

@@ -66,10 +66,10 @@ func newFixtureTLS(t *testing.T, tls bool) *fixture {
 		t.Fatal(err)
 	}
 	f.ledger = l
-	// UsageCacheTTL off: without api.Run nothing would tell the cache
-	// about the tests' writes.
+	// Caches off: without api.Run nothing would tell them about the
+	// tests' writes and revocations.
 	h, err := api.New(api.Config{Pool: f.pool, Ledger: l, AdminToken: adminToken, Clock: clock, Logger: log,
-		Registry: prometheus.NewRegistry(), UsageCacheTTL: -1})
+		Registry: prometheus.NewRegistry(), UsageCacheTTL: -1, TokenCacheTTL: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

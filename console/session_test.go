@@ -1,0 +1,158 @@
+package console_test
+
+import (
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/tally-ledger/tally/api"
+)
+
+func sessionCookie(t *testing.T, res httpPage) *http.Cookie {
+	t.Helper()
+	for _, c := range (&http.Response{Header: res.header}).Cookies() {
+		if c.Name == "tally_console" {
+			return c
+		}
+	}
+	t.Fatalf("no session cookie in %v", res.header["Set-Cookie"])
+	return nil
+}
+
+func TestSessionCookieIsHttpOnlyStrictAndSecureOverTLS(t *testing.T) {
+	t.Parallel()
+	for _, tls := range []bool{false, true} {
+		f := newFixtureTLS(t, tls)
+		c := f.client()
+		ck := sessionCookie(t, f.signInHTTP(c, adminToken))
+		if !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode || ck.Secure != tls || ck.Path != "/console/" || ck.MaxAge <= 0 {
+			t.Fatalf("TLS %v: session cookie %+v, want HttpOnly, SameSite=Strict, Secure only over TLS, Path /console/", tls, ck)
+		}
+		if len(ck.Value) < 40 {
+			t.Fatalf("session id %q is too short to be unguessable", ck.Value)
+		}
+	}
+}
+
+func TestEveryPageSetsAContentSecurityPolicy(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.demo()
+	c := f.client()
+	check := func(path string, res httpPage) {
+		t.Helper()
+		csp := res.header.Get("Content-Security-Policy")
+		if !strings.Contains(csp, "default-src 'none'") || strings.Contains(csp, "unsafe") || !strings.Contains(csp, "frame-ancestors 'none'") {
+			t.Fatalf("%s (%d): Content-Security-Policy %q", path, res.status, csp)
+		}
+		if res.header.Get("X-Content-Type-Options") != "nosniff" {
+			t.Fatalf("%s: no nosniff", path)
+		}
+	}
+	for _, p := range []string{"/console/sign-in", "/console/", "/console/assets/console.css", "/console/no-such-page"} {
+		check(p, f.get(c, p))
+	}
+	f.signInHTTP(c, adminToken)
+	for p, want := range map[string]int{"/console/": 200, "/console/customers": 200, "/console/customers/acme": 200,
+		"/console/customers/acme/periods/2026-11-01": 200, "/console/customers/nobody": 404, "/console/reconciliations": 200,
+		"/console/dead-letters": 200, "/console/no-such-page": 404} {
+		res := f.get(c, p)
+		if res.status != want {
+			t.Fatalf("%s: %d, want %d: %s", p, res.status, want, res.body)
+		}
+		check(p, res)
+	}
+	// The API beside it is untouched.
+	if res := f.get(c, "/v1/customers/acme"); res.status != 401 || res.header.Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("/v1 without a token: %d %s", res.status, res.header.Get("Content-Type"))
+	}
+}
+
+func TestSignInRefusesForgedFormsAndBadTokens(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	_, gateway, err := api.CreateGatewayToken(f.ctx(), f.pool, "gw-1", "test", f.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := f.client()
+	csrf := hidden(t, f.get(c, "/console/sign-in").body, "csrf")
+	for _, tc := range []struct {
+		name   string
+		form   url.Values
+		site   string
+		status int
+		says   string
+	}{
+		{"no CSRF token", url.Values{"token": {adminToken}}, "same-origin", 403, "CSRF"},
+		{"a forged CSRF token", url.Values{"token": {adminToken}, "csrf": {"forged"}}, "same-origin", 403, "CSRF"},
+		{"sent from another site", url.Values{"token": {adminToken}, "csrf": {csrf}}, "cross-site", 403, "another site"},
+		{"an unknown token", url.Values{"token": {"tly_" + strings.Repeat("A", 43)}, "csrf": {csrf}}, "same-origin", 401, "unknown or revoked"},
+		{"the admin token, almost", url.Values{"token": {adminToken + "x"}, "csrf": {csrf}}, "same-origin", 401, "unknown or revoked"},
+		{"a gateway token", url.Values{"token": {gateway}, "csrf": {csrf}}, "same-origin", 401, "gateway token cannot sign in"},
+		{"no token", url.Values{"csrf": {csrf}}, "same-origin", 400, "Enter a token"},
+	} {
+		res := f.post(c, "/console/sign-in", tc.form, "Sec-Fetch-Site", tc.site)
+		if res.status != tc.status || !strings.Contains(res.body, tc.says) {
+			t.Errorf("%s: %d, want %d saying %q:\n%s", tc.name, res.status, tc.status, tc.says, res.body)
+		}
+		for _, ck := range (&http.Response{Header: res.header}).Cookies() {
+			if ck.Name == "tally_console" && ck.Value != "" {
+				t.Errorf("%s: a session cookie was set", tc.name)
+			}
+		}
+	}
+	// A token never comes back in the page.
+	res := f.post(c, "/console/sign-in", url.Values{"token": {"tly_secret-that-was-wrong"}, "csrf": {csrf}}, "Sec-Fetch-Site", "same-origin")
+	if strings.Contains(res.body, "secret-that-was-wrong") {
+		t.Fatal("the sign-in page echoes the token")
+	}
+}
+
+func TestSignInGoesBackOnlyToTheConsole(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	for next, want := range map[string]string{
+		"/console/dead-letters":        "/console/dead-letters",
+		"//evil.example/x":             "/console/",
+		"https://evil.example/console": "/console/",
+		"/console//evil.example":       "/console/",
+		"/console/\\evil.example":      "/console/",
+	} {
+		c := f.client()
+		csrf := hidden(t, f.get(c, "/console/sign-in").body, "csrf")
+		res := f.post(c, "/console/sign-in", url.Values{"token": {adminToken}, "csrf": {csrf}, "next": {next}})
+		if res.status != http.StatusSeeOther || res.header.Get("Location") != want {
+			t.Errorf("next %q: %d to %q, want %q", next, res.status, res.header.Get("Location"), want)
+		}
+	}
+}
+
+func TestRevokingTheTokenEndsItsSessions(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.demo()
+	tok, secret, err := api.CreateToken(f.ctx(), f.pool, "acme", "test", f.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := f.client()
+	if loc := f.signInHTTP(c, secret).header.Get("Location"); loc != "/console/customers/acme" {
+		t.Fatalf("a customer lands on %q", loc)
+	}
+	if res := f.get(c, "/console/customers/acme"); res.status != 200 {
+		t.Fatalf("signed in: %d", res.status)
+	}
+	if _, err := api.RevokeToken(f.ctx(), f.pool, tok.ID, f.now); err != nil {
+		t.Fatal(err)
+	}
+	res := f.get(c, "/console/customers/acme")
+	if res.status != http.StatusSeeOther || !strings.HasPrefix(res.header.Get("Location"), "/console/sign-in") {
+		t.Fatalf("after revocation: %d %q, want the sign-in page", res.status, res.header.Get("Location"))
+	}
+	// And a form sent with the old session is refused, not redirected.
+	if res := f.post(c, "/console/sign-out", url.Values{}); res.status != 403 {
+		t.Fatalf("POST with an ended session: %d", res.status)
+	}
+}
