@@ -146,20 +146,27 @@ func readable(r *http.Request) (string, error) {
 	return customer, nil
 }
 
-func (c *Console) customer(w http.ResponseWriter, r *http.Request) error {
-	ctx := r.Context()
+// readCustomer is the path's customer and its calendar, when the viewer
+// may read it.
+func (c *Console) readCustomer(r *http.Request) (periods.Customer, error) {
 	customer, err := readable(r)
 	if err != nil {
-		return err
+		return periods.Customer{}, err
 	}
-	store := c.periodStore()
-	cust, err := store.Customer(ctx, c.pool, customer)
+	cust, err := c.periodStore().Customer(r.Context(), c.pool, customer)
 	if errors.Is(err, periods.ErrUnknownCustomer) {
-		return notFoundError{what: "customer " + strconv.Quote(customer)}
+		return periods.Customer{}, notFoundError{what: "customer " + strconv.Quote(customer)}
 	}
+	return cust, err
+}
+
+func (c *Console) customer(w http.ResponseWriter, r *http.Request) error {
+	ctx := r.Context()
+	cust, err := c.readCustomer(r)
 	if err != nil {
 		return err
 	}
+	customer, store := cust.ID, c.periodStore()
 	now := c.now()
 	ref := r.URL.Query().Get("period")
 	if ref == "" {
@@ -203,10 +210,15 @@ func charts(u api.Usage, quotas []quota.MeterStatus, p periods.Period, now time.
 		byMeter[m.Meter] = m
 		meters = append(meters, m.Meter)
 	}
+	// A quota's status is about the current period: its line is drawn on
+	// that period's chart only.
 	rules := map[string]quota.Rule{}
 	for _, q := range quotas {
+		if q.Period != p.Name {
+			continue
+		}
 		rules[q.Meter] = q.Rule
-		if _, ok := byMeter[q.Meter]; !ok && q.Period == p.Name {
+		if _, ok := byMeter[q.Meter]; !ok {
 			meters = append(meters, q.Meter)
 		}
 	}
@@ -234,20 +246,12 @@ type statementView struct {
 }
 
 func (c *Console) statement(w http.ResponseWriter, r *http.Request) error {
-	ctx := r.Context()
-	customer, err := readable(r)
+	cust, err := c.readCustomer(r)
 	if err != nil {
 		return err
 	}
-	store := c.periodStore()
-	cust, err := store.Customer(ctx, c.pool, customer)
-	if errors.Is(err, periods.ErrUnknownCustomer) {
-		return notFoundError{what: "customer " + strconv.Quote(customer)}
-	}
-	if err != nil {
-		return err
-	}
-	st, err := store.Statement(ctx, c.pool, customer, chi.URLParam(r, "period"))
+	customer := cust.ID
+	st, err := c.periodStore().Statement(r.Context(), c.pool, customer, chi.URLParam(r, "period"))
 	if err != nil {
 		return err
 	}

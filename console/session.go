@@ -245,6 +245,7 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		c.metrics.signIns.WithLabelValues("refused").Inc()
+		c.log.InfoContext(r.Context(), "console: sign-in refused", "remote", r.RemoteAddr, "reason", err.Error())
 		detail := "This token is unknown or revoked."
 		if errors.Is(err, errGatewayToken) {
 			detail = "A gateway token cannot sign in: use the admin token or a customer token."
