@@ -87,6 +87,9 @@ func TestAdminSignsInAndSeesEveryPage(t *testing.T) {
 	if p := text(t, ctx, "#quotas ~ .scroll tbody tr td:nth-child(7)"); !strings.Contains(p, "enforce") || !strings.Contains(p, "not for customers") {
 		t.Fatalf("the admin's policy column: %q", p)
 	}
+	if h := eval[string](t, ctx, `document.querySelector('details.history tbody').textContent`); !strings.Contains(h, "test: operator note") {
+		t.Fatalf("the admin's rule history: %q", h)
+	}
 	screenshot(t, ctx, "customer")
 
 	if s := f.open(t, ctx, "/console/reconciliations"); s != 200 {
@@ -147,8 +150,10 @@ func TestCustomerTokenSeesOnlyItsCustomer(t *testing.T) {
 	if cols := eval[int](t, ctx, `document.querySelectorAll('#quotas ~ .scroll thead th').length`); cols != 7 {
 		t.Fatalf("a customer's quota table has %d columns, want 7 (no policy)", cols)
 	}
-	if body := text(t, ctx, "main"); strings.Contains(body, "not for customers") {
-		t.Fatal("a customer sees the operator's reason")
+	// Not even folded away in the rule's history (textContent: hidden text too).
+	if all := eval[string](t, ctx, `document.body.textContent`); strings.Contains(all, "not for customers") ||
+		strings.Contains(all, "enforce") || !strings.Contains(all, "Every version of the api_calls rule") {
+		t.Fatalf("a customer's page shows the operator's policy or notes, or no rule history:\n%s", all)
 	}
 	screenshot(t, ctx, "customer-as-customer")
 

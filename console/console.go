@@ -49,6 +49,10 @@ type Config struct {
 	MaxSessions int
 	// RequestTimeout bounds the work of one page. Default 10s.
 	RequestTimeout time.Duration
+	// SecureCookies marks the cookies Secure on every request, not only
+	// on those that arrived over TLS: set it when a proxy in front
+	// terminates TLS.
+	SecureCookies bool
 }
 
 // Validate reports every missing or wrong setting at once.
@@ -81,6 +85,7 @@ type Console struct {
 	now      func() time.Time
 	log      *slog.Logger
 	timeout  time.Duration
+	secure   bool // cookies Secure on every request
 	sessions *sessions
 	pages    map[string]*template.Template
 	metrics  metrics
@@ -93,7 +98,7 @@ func New(cfg Config) (*Console, error) {
 		return nil, err
 	}
 	c := &Console{api: cfg.API, pool: cfg.Pool, topic: cfg.Topic, grace: cfg.Grace, now: cfg.Clock,
-		log: cfg.Logger, timeout: cfg.RequestTimeout}
+		log: cfg.Logger, timeout: cfg.RequestTimeout, secure: cfg.SecureCookies}
 	if c.topic == "" {
 		c.topic = ingest.DefaultTopic
 	}

@@ -56,6 +56,11 @@ func newFixture(t *testing.T) *fixture {
 }
 
 func newFixtureTLS(t *testing.T, tls bool) *fixture {
+	return newFixtureWith(t, tls, nil)
+}
+
+// newFixtureWith lets a test change the console's configuration.
+func newFixtureWith(t *testing.T, tls bool, configure func(*console.Config)) *fixture {
 	t.Helper()
 	f := &fixture{t: t, pool: pgtest.New(t), logs: &syncBuffer{}, now: testNow,
 		seqs: map[string]int64{}, totals: map[string]decimal.Decimal{}}
@@ -74,7 +79,11 @@ func newFixtureTLS(t *testing.T, tls bool) *fixture {
 		t.Fatal(err)
 	}
 	f.api = h
-	c, err := console.New(console.Config{API: h, Pool: f.pool, Clock: clock, Logger: log, Registerer: prometheus.NewRegistry()})
+	cfg := console.Config{API: h, Pool: f.pool, Clock: clock, Logger: log, Registerer: prometheus.NewRegistry()}
+	if configure != nil {
+		configure(&cfg)
+	}
+	c, err := console.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,6 +3,7 @@ package console
 import (
 	"errors"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -129,6 +130,7 @@ type customerView struct {
 	Usage          api.Usage
 	Charts         []chart
 	Quotas         []quota.MeterStatus
+	History        map[string][]quota.Rule // every version of each quota's rule, newest first
 	Periods        []periods.Summary
 	Grants         []admission.Grant
 	Budgets        []admission.Budget
@@ -185,6 +187,15 @@ func (c *Console) customer(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	cv.Charts = charts(cv.Usage, cv.Quotas, p, now)
+	cv.History = map[string][]quota.Rule{}
+	for _, q := range cv.Quotas {
+		h, err := quota.RuleHistory(ctx, c.pool, customer, q.Meter)
+		if err != nil {
+			return err
+		}
+		slices.Reverse(h)
+		cv.History[q.Meter] = h
+	}
 	if cv.Periods, err = store.List(ctx, c.pool, customer); err != nil {
 		return err
 	}

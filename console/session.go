@@ -214,7 +214,7 @@ func (c *Console) showSignIn(w http.ResponseWriter, r *http.Request, status int,
 		token = rand.Text()
 	}
 	http.SetCookie(w, &http.Cookie{Name: signInCookie, Value: token, Path: Prefix + "/sign-in", HttpOnly: true,
-		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode, MaxAge: 3600})
+		Secure: c.secureCookie(r), SameSite: http.SameSiteStrictMode, MaxAge: 3600})
 	next := r.URL.Query().Get("next")
 	if r.Method == http.MethodPost {
 		next = r.PostFormValue("next")
@@ -260,9 +260,9 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 	c.metrics.signIns.WithLabelValues(outcome).Inc()
 	id, _ := c.sessions.create(token, c.now())
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: id, Path: Prefix + "/", HttpOnly: true,
-		Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode, MaxAge: int(c.sessions.ttl.Seconds())})
+		Secure: c.secureCookie(r), SameSite: http.SameSiteStrictMode, MaxAge: int(c.sessions.ttl.Seconds())})
 	http.SetCookie(w, &http.Cookie{Name: signInCookie, Value: "", Path: Prefix + "/sign-in", MaxAge: -1,
-		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+		HttpOnly: true, Secure: c.secureCookie(r), SameSite: http.SameSiteStrictMode})
 	next := safeNext(r.PostFormValue("next"))
 	if !v.Admin && next == Prefix+"/" {
 		next = customerPath(v.Customer)
@@ -273,9 +273,12 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 func (c *Console) signOut(w http.ResponseWriter, r *http.Request) error {
 	c.sessions.end(requestFrom(r.Context()).sessionID)
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: Prefix + "/", MaxAge: -1,
-		HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteStrictMode})
+		HttpOnly: true, Secure: c.secureCookie(r), SameSite: http.SameSiteStrictMode})
 	http.Redirect(w, r, Prefix+"/sign-in", http.StatusSeeOther)
 	return nil
 }
+
+// secureCookie: whether cookies set in answer to r are Secure.
+func (c *Console) secureCookie(r *http.Request) bool { return c.secure || r.TLS != nil }
 
 func customerPath(customer string) string { return Prefix + "/customers/" + url.PathEscape(customer) }

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/tally-ledger/tally/api"
+	"github.com/tally-ledger/tally/console"
 )
 
 func sessionCookie(t *testing.T, res httpPage) *http.Cookie {
@@ -32,6 +33,14 @@ func TestSessionCookieIsHttpOnlyStrictAndSecureOverTLS(t *testing.T) {
 		if len(ck.Value) < 40 {
 			t.Fatalf("session id %q is too short to be unguessable", ck.Value)
 		}
+	}
+	// Behind a proxy that terminates TLS: Secure on plain HTTP too.
+	f := newFixtureWith(t, false, func(c *console.Config) { c.SecureCookies = true })
+	c := f.client()
+	csrf := hidden(t, f.get(c, "/console/sign-in").body, "csrf")
+	res := f.post(c, "/console/sign-in", url.Values{"csrf": {csrf}, "token": {adminToken}})
+	if ck := sessionCookie(t, res); !ck.Secure {
+		t.Fatalf("SecureCookies: session cookie %+v is not Secure", ck)
 	}
 }
 

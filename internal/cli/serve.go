@@ -36,7 +36,7 @@ func newServeCmd() *cobra.Command {
 		o                             runOptions
 		dbURL, brokers                string
 		runIngest, runAPI, runEnforce bool
-		noConsole                     bool
+		noConsole, consoleSecure      bool
 		sizes                         poolSizes
 		limits                        apiLimits
 	)
@@ -69,7 +69,7 @@ in-flight work, leave the consumer group and release the enforcer lease.`,
 				runIngest, runAPI, runEnforce = true, true, true
 			}
 			o.ingest, o.api, o.enforce = runIngest, runAPI, runEnforce
-			o.noConsole = noConsole
+			o.noConsole, o.consoleSecure = noConsole, consoleSecure
 			if !o.ingest && !o.api && !o.enforce {
 				return errors.New("nothing to run: give --ingest, --api or --enforce (or none of them for all three)")
 			}
@@ -101,6 +101,8 @@ in-flight work, leave the consumer group and release the enforcer lease.`,
 	f.BoolVar(&runEnforce, "enforce", false, "run the quota enforcer")
 	f.BoolVar(&noConsole, "no-console", false, "with the API: do not serve the web console at /console/")
 	envDefault(f, "no-console", "TALLY_NO_CONSOLE")
+	f.BoolVar(&consoleSecure, "console-secure-cookies", false, "mark the console's cookies Secure on plain HTTP too (a proxy in front terminates TLS)")
+	envDefault(f, "console-secure-cookies", "TALLY_CONSOLE_SECURE_COOKIES")
 	f.StringVar(&dbURL, "database-url", defaultDatabaseURL, "Postgres connection URL")
 	envDefault(f, "database-url", "TALLY_DATABASE_URL")
 	f.StringVar(&brokers, "kafka-brokers", "127.0.0.1:9092", "Kafka bootstrap brokers, comma-separated")
@@ -257,6 +259,7 @@ type runOptions struct {
 	unownedAfter          time.Duration
 	ingest, api, enforce  bool
 	noConsole             bool // with api: no web console at /console/
+	consoleSecure         bool // the console's cookies are Secure on plain HTTP too (TLS ends at a proxy)
 	log                   *slog.Logger
 	// ready, when set, is called once the HTTP listener is bound.
 	ready func(addr string)
@@ -331,7 +334,7 @@ func run(ctx context.Context, o runOptions) error {
 			handler = h
 			if !o.noConsole {
 				con, err := console.New(console.Config{API: h, Pool: o.apiPool, Topic: o.topic, Grace: o.grace,
-					Logger: o.log, Registerer: reg})
+					Logger: o.log, Registerer: reg, SecureCookies: o.consoleSecure})
 				if err != nil {
 					return err
 				}
