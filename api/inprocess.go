@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"time"
 
 	"github.com/google/uuid"
@@ -106,6 +107,20 @@ func (a *API) Usage(ctx context.Context, customer, ref string) (Usage, error) {
 		u.Meters = append(u.Meters, m)
 	}
 	return u, nil
+}
+
+type routeLabelKey struct{}
+
+// Guard puts a handler of the same process (the web console) behind what
+// protects the API: a request id, the access log and HTTP metrics (with
+// route as their route label: a fixed string), panic recovery, the
+// per-address rate limit and MaxInFlight. What these refuse is answered
+// as the API answers it (problem+json, Retry-After).
+func (a *API) Guard(route string, next http.Handler) http.Handler {
+	inner := a.observe(a.recoverer(a.shed(next)))
+	return assignRequestID(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		inner.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), routeLabelKey{}, route)))
+	}))
 }
 
 // ReplayDeadLetter replays a dead letter as POST

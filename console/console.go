@@ -223,12 +223,14 @@ func newMetrics(reg prometheus.Registerer) metrics {
 	return m
 }
 
-// Beside serves the console under Prefix and everything else with next
-// (the REST API), leaving next's paths exactly as they are.
+// Beside serves the console under Prefix, behind the API's guard (access
+// log, metrics, rate limits), and everything else with next (the REST
+// API), leaving next's paths exactly as they are.
 func (c *Console) Beside(next http.Handler) http.Handler {
+	guarded := c.api.Guard(Prefix, c)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == Prefix || strings.HasPrefix(r.URL.Path, Prefix+"/") {
-			c.ServeHTTP(w, r)
+			guarded.ServeHTTP(w, r)
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -56,11 +56,12 @@ func newFixture(t *testing.T) *fixture {
 }
 
 func newFixtureTLS(t *testing.T, tls bool) *fixture {
-	return newFixtureWith(t, tls, nil)
+	return newFixtureWith(t, tls, nil, nil)
 }
 
-// newFixtureWith lets a test change the console's configuration.
-func newFixtureWith(t *testing.T, tls bool, configure func(*console.Config)) *fixture {
+// newFixtureWith lets a test change the API's and the console's
+// configuration.
+func newFixtureWith(t *testing.T, tls bool, configureAPI func(*api.Config), configure func(*console.Config)) *fixture {
 	t.Helper()
 	f := &fixture{t: t, pool: pgtest.New(t), logs: &syncBuffer{}, now: testNow,
 		seqs: map[string]int64{}, totals: map[string]decimal.Decimal{}}
@@ -73,8 +74,12 @@ func newFixtureWith(t *testing.T, tls bool, configure func(*console.Config)) *fi
 	f.ledger = l
 	// Caches off: without api.Run nothing would tell them about the
 	// tests' writes and revocations.
-	h, err := api.New(api.Config{Pool: f.pool, Ledger: l, AdminToken: adminToken, Clock: clock, Logger: log,
-		Registry: prometheus.NewRegistry(), UsageCacheTTL: -1, TokenCacheTTL: -1})
+	apiCfg := api.Config{Pool: f.pool, Ledger: l, AdminToken: adminToken, Clock: clock, Logger: log,
+		Registry: prometheus.NewRegistry(), UsageCacheTTL: -1, TokenCacheTTL: -1}
+	if configureAPI != nil {
+		configureAPI(&apiCfg)
+	}
+	h, err := api.New(apiCfg)
 	if err != nil {
 		t.Fatal(err)
 	}

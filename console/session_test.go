@@ -35,7 +35,7 @@ func TestSessionCookieIsHttpOnlyStrictAndSecureOverTLS(t *testing.T) {
 		}
 	}
 	// Behind a proxy that terminates TLS: Secure on plain HTTP too.
-	f := newFixtureWith(t, false, func(c *console.Config) { c.SecureCookies = true })
+	f := newFixtureWith(t, false, nil, func(c *console.Config) { c.SecureCookies = true })
 	c := f.client()
 	csrf := hidden(t, f.get(c, "/console/sign-in").body, "csrf")
 	res := f.post(c, "/console/sign-in", url.Values{"csrf": {csrf}, "token": {adminToken}})
@@ -163,5 +163,22 @@ func TestRevokingTheTokenEndsItsSessions(t *testing.T) {
 	// And a form sent with the old session is refused, not redirected.
 	if res := f.post(c, "/console/sign-out", url.Values{}); res.status != 403 {
 		t.Fatalf("POST with an ended session: %d", res.status)
+	}
+}
+
+func TestTheConsoleIsBehindTheAPIsGuard(t *testing.T) {
+	t.Parallel()
+	f := newFixtureWith(t, false, func(c *api.Config) { c.AddressRate = 1 }, nil) // bursts of 2
+	c := f.client()
+	var statuses []int
+	for range 4 {
+		statuses = append(statuses, f.get(c, "/console/sign-in").status)
+	}
+	if statuses[0] != 200 || statuses[3] != http.StatusTooManyRequests {
+		t.Fatalf("statuses %v: want 200 first, then 429 once the address is over its rate", statuses)
+	}
+	// Logged like the API's requests, with a fixed route label.
+	if logs := f.logs.String(); !strings.Contains(logs, `"path":"/console/sign-in","route":"/console","status":200`) {
+		t.Fatalf("no access log line for the console:\n%s", logs)
 	}
 }
