@@ -41,8 +41,7 @@ func requireAdmin(r *http.Request) error {
 type overviewView struct {
 	Topic          string
 	Partitions     []ingest.PartitionStatus
-	PendingDead    int
-	PendingMore    bool // at least maxCount pending
+	PendingDead    int64
 	LastRuns       []reconcile.Summary
 	Leader         *quota.Lease
 	Customers      []string
@@ -50,10 +49,7 @@ type overviewView struct {
 	RefreshSeconds int
 }
 
-const (
-	maxCount         = 1000 // dead letters counted on the overview
-	overviewCustomer = 50
-)
+const overviewCustomer = 50
 
 func (c *Console) overview(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
@@ -67,11 +63,9 @@ func (c *Console) overview(w http.ResponseWriter, r *http.Request) error {
 	if ov.Partitions, err = ingest.Status(ctx, c.pool, c.topic); err != nil {
 		return err
 	}
-	dead, err := ingest.ListDeadLetters(ctx, c.pool, ingest.DeadLetterFilter{Pending: true, Limit: maxCount})
-	if err != nil {
+	if ov.PendingDead, err = ingest.PendingDeadLetters(ctx, c.pool); err != nil {
 		return err
 	}
-	ov.PendingDead, ov.PendingMore = len(dead), len(dead) >= maxCount
 	runs, err := reconcile.List(ctx, c.pool, "", uuid.Nil, 200)
 	if err != nil {
 		return err
@@ -364,7 +358,7 @@ type deadLettersView struct {
 	Next  string
 }
 
-const deadPage = 100
+const deadPage = 50
 
 func (c *Console) deadLetters(w http.ResponseWriter, r *http.Request) error {
 	if err := requireAdmin(r); err != nil {
