@@ -5,9 +5,14 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/admission"
 	"github.com/tally-ledger/tally/api"
 	"github.com/tally-ledger/tally/console"
+	"github.com/tally-ledger/tally/quota"
 )
 
 func sessionCookie(t *testing.T, res httpPage) *http.Cookie {
@@ -180,5 +185,37 @@ func TestTheConsoleIsBehindTheAPIsGuard(t *testing.T) {
 	// Logged like the API's requests, with a fixed route label.
 	if logs := f.logs.String(); !strings.Contains(logs, `"path":"/console/sign-in","route":"/console","status":200`) {
 		t.Fatalf("no access log line for the console:\n%s", logs)
+	}
+}
+
+func TestCustomerPageShowsBudgetsAndLiveGrants(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.calendar("acme", "UTC")
+	if _, err := quota.PutRuleDB(f.ctx(), f.pool, quota.RuleInput{Customer: "acme", Meter: "llm_tokens",
+		Limit: decimal.RequireFromString("1000000"), Admission: quota.Exact, EffectiveAt: f.now.Add(-time.Hour), Actor: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	store, err := admission.New(f.pool, admission.Config{Now: func() time.Time { return f.now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Issue(f.ctx(), admission.IssueRequest{Holder: "gw-eu-1", Generation: 1, Customer: "acme", Meter: "llm_tokens",
+		Amount: decimal.RequireFromString("25000.5"), TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	c := f.client()
+	f.signInHTTP(c, f.customerToken("acme"))
+	res := f.get(c, "/console/customers/acme")
+	if res.status != 200 {
+		t.Fatalf("customer page: %d %s", res.status, res.body)
+	}
+	for _, want := range []string{
+		`<td>llm_tokens</td><td>2026-11-01</td><td class="n">1,000,000</td><td class="n">25,000.5</td><td class="n">974,999.5</td><td class="n">25,000.5</td>`,
+		`<td><code>gw-eu-1</code></td><td class="n">25,000.5</td><td class="n">0</td>`,
+	} {
+		if !strings.Contains(res.body, want) {
+			t.Fatalf("the page lacks %s:\n%s", want, res.body)
+		}
 	}
 }
