@@ -51,11 +51,19 @@ type overviewView struct {
 
 const overviewCustomer = 50
 
-func (c *Console) overview(w http.ResponseWriter, r *http.Request) error {
-	ctx := r.Context()
-	v := requestFrom(ctx)
+// sentHome sends a customer from an admin's list page to its own page,
+// and says whether it did.
+func sentHome(w http.ResponseWriter, r *http.Request) bool {
+	v := requestFrom(r.Context())
 	if !v.Admin {
 		http.Redirect(w, r, customerPath(v.Customer), http.StatusSeeOther)
+	}
+	return !v.Admin
+}
+
+func (c *Console) overview(w http.ResponseWriter, r *http.Request) error {
+	ctx := r.Context()
+	if sentHome(w, r) {
 		return nil
 	}
 	ov := overviewView{Topic: c.topic, RefreshSeconds: refresh(r)}
@@ -97,13 +105,10 @@ type customersView struct {
 const customersPage = 200
 
 func (c *Console) customers(w http.ResponseWriter, r *http.Request) error {
-	ctx := r.Context()
-	v := requestFrom(ctx)
-	if !v.Admin {
-		http.Redirect(w, r, customerPath(v.Customer), http.StatusSeeOther)
+	if sentHome(w, r) {
 		return nil
 	}
-	ids, err := periods.CustomerIDs(ctx, c.pool, r.URL.Query().Get("after"), customersPage+1)
+	ids, err := periods.CustomerIDs(r.Context(), c.pool, r.URL.Query().Get("after"), customersPage+1)
 	if err != nil {
 		return err
 	}
