@@ -38,7 +38,7 @@ const adminToken = "admin-token-for-console-tests-0123456789"
 // fixture is the API and the console of one process over their own
 // database, served over HTTP, on a fixed clock.
 type fixture struct {
-	t      *testing.T
+	t      testing.TB
 	pool   *pgxpool.Pool
 	ledger *ledger.Ledger
 	api    *api.API
@@ -61,7 +61,7 @@ func newFixtureTLS(t *testing.T, tls bool) *fixture {
 
 // newFixtureWith lets a test change the API's and the console's
 // configuration.
-func newFixtureWith(t *testing.T, tls bool, configureAPI func(*api.Config), configure func(*console.Config)) *fixture {
+func newFixtureWith(t testing.TB, tls bool, configureAPI func(*api.Config), configure func(*console.Config)) *fixture {
 	t.Helper()
 	f := &fixture{t: t, pool: pgtest.New(t), logs: &syncBuffer{}, now: testNow,
 		seqs: map[string]int64{}, totals: map[string]decimal.Decimal{}}
@@ -237,7 +237,7 @@ func (f *fixture) send(c *http.Client, req *http.Request) httpPage {
 }
 
 // hidden is the value of the hidden input name in an HTML page.
-func hidden(t *testing.T, body, name string) string {
+func hidden(t testing.TB, body, name string) string {
 	t.Helper()
 	marker := `name="` + name + `" value="`
 	i := strings.Index(body, marker)
