@@ -76,6 +76,7 @@ func TestAdminSignsInAndSeesEveryPage(t *testing.T) {
 	if s := text(t, ctx, "#recs ~ .scroll td:nth-child(3)"); s != "discrepancies" {
 		t.Fatalf("last reconciliation's status %q, want discrepancies (the dead letter)", s)
 	}
+	accessible(t, ctx)
 	screenshot(t, ctx, "overview")
 
 	// From the overview to a customer, by its link.
@@ -90,6 +91,7 @@ func TestAdminSignsInAndSeesEveryPage(t *testing.T) {
 	if h := eval[string](t, ctx, `document.querySelector('details.history tbody').textContent`); !strings.Contains(h, "test: operator note") {
 		t.Fatalf("the admin's rule history: %q", h)
 	}
+	accessible(t, ctx)
 	screenshot(t, ctx, "customer")
 
 	if s := f.open(t, ctx, "/console/reconciliations"); s != 200 {
@@ -110,11 +112,13 @@ func TestAdminSignsInAndSeesEveryPage(t *testing.T) {
 	if href := eval[string](t, ctx, `document.querySelector('#findings ~ .scroll tbody a').getAttribute('href')`); href != "/console/customers/acme" {
 		t.Fatalf("a finding links to %q, want its customer", href)
 	}
+	accessible(t, ctx)
 	screenshot(t, ctx, "reconciliation")
 
 	if s := f.open(t, ctx, "/console/dead-letters"); s != 200 {
 		t.Fatalf("dead letters: %d", s)
 	}
+	accessible(t, ctx)
 	screenshot(t, ctx, "dead-letters")
 	if s := f.open(t, ctx, "/console/dead-letters/"+dead.String()); s != 200 {
 		t.Fatalf("dead letter: %d", s)
@@ -122,6 +126,7 @@ func TestAdminSignsInAndSeesEveryPage(t *testing.T) {
 	if r, fl := text(t, ctx, ".reason"), text(t, ctx, ".field"); r != "bad_decimal" || fl != "records[0].total" {
 		t.Fatalf("dead letter reason %q field %q", r, fl)
 	}
+	accessible(t, ctx)
 	screenshot(t, ctx, "dead-letter")
 
 	// Signing out ends the session: the console asks to sign in again.
@@ -352,4 +357,30 @@ func (f *fixture) getDeadLetter(id uuid.UUID) ingest.DeadLetter {
 		f.t.Fatal(err)
 	}
 	return d
+}
+
+// accessible checks what a screen-reader or keyboard user needs of every
+// page: a language, a title, one h1, a skip link to main, a label for every
+// form control, a text alternative for every chart, and a header cell
+// scoped in every table.
+func accessible(t *testing.T, ctx context.Context) {
+	t.Helper()
+	problems := eval[[]string](t, ctx, `(() => {
+		const p = [];
+		if (!document.documentElement.lang) p.push('no lang');
+		if (!document.title) p.push('no title');
+		if (document.querySelectorAll('h1').length !== 1) p.push(document.querySelectorAll('h1').length + ' h1');
+		const skip = document.querySelector('a.skip');
+		if (!skip || !document.querySelector(skip.getAttribute('href'))) p.push('no skip link to main');
+		for (const i of document.querySelectorAll('input:not([type=hidden]), select, textarea'))
+			if (!i.labels || i.labels.length === 0) p.push('unlabelled ' + (i.name || i.id));
+		for (const s of document.querySelectorAll('svg'))
+			if (s.getAttribute('role') !== 'img' || !s.querySelector('title')) p.push('chart without a text alternative');
+		for (const tb of document.querySelectorAll('table'))
+			if (!tb.querySelector('th[scope]')) p.push('table without scoped headers');
+		return p;
+	})()`)
+	if len(problems) > 0 {
+		t.Fatalf("%s: %v", run(t, ctx, chromedp.Location()), problems)
+	}
 }

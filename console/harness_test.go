@@ -399,6 +399,7 @@ func (f *fixture) signIn(t *testing.T, ctx context.Context, token string) string
 	if loc := run(t, ctx, chromedp.Location()); !strings.Contains(loc, "/console/sign-in") {
 		t.Fatalf("signed out, /console/ went to %s, not the sign-in page", loc)
 	}
+	accessible(t, ctx)
 	do(t, ctx, chromedp.SendKeys(chromedp.CSS("#token"), token))
 	res, err := chromedp.RunResponse(ctx, chromedp.Click(chromedp.CSS(".signin button")))
 	if err != nil {
