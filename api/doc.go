@@ -30,4 +30,7 @@
 //     used only while their listener is heard to keep up (internal/notify).
 //   - Every error leaves through one function (writeError), which maps typed
 //     errors to application/problem+json (RFC 9457).
+//   - The web console (package console) goes through the same token check,
+//     usage answer, replay and guard in process (inprocess.go), never
+//     around them.
 package api

@@ -101,6 +101,8 @@ func (a *API) observe(next http.Handler) http.Handler {
 			route := "unmatched"
 			if rctx := chi.RouteContext(r.Context()); rctx != nil && rctx.RoutePattern() != "" {
 				route = rctx.RoutePattern()
+			} else if l, ok := r.Context().Value(routeLabelKey{}).(string); ok {
+				route = l // a guarded in-process handler (Guard)
 			}
 			method := methodLabel(r.Method)
 			a.metrics.requests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()

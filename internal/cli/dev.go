@@ -41,7 +41,7 @@ func newDevCmd() *cobra.Command {
     killed tally dev left it running).
 
 Then it migrates the database and runs everything tally serve runs (ingest,
-REST API, quota enforcer) plus simulated producers (customers demo-acme and
+REST API and web console, quota enforcer) plus simulated producers (customers demo-acme and
 demo-globex, with a demo quota on demo-acme that is exceeded about two
 minutes after start), and two simulated gateways that admit demo-initech's
 tokens through the admit SDK from one exact budget (their grants are
@@ -154,6 +154,7 @@ tally dev is running (Ctrl-C to stop).
   Kafka     %s  (%s)
   Postgres  %s  (%s, schema version %d)
   REST API  http://%s/v1   (OpenAPI: http://%s/openapi.json)
+  Console   http://%s/console/   (sign in with the admin token below)
   Admin     export TALLY_ADMIN_TOKEN=%s   (%s)
 
 Send a sample batch (key = customer id). Send it as often as you like: it is billed once.
@@ -171,7 +172,7 @@ See it in the ledger:
 Refused messages and records (try testdata/batches/invalid-*.json):
 
   %s -c "SELECT partition, \"offset\", record_index, reason, detail FROM dead_letters ORDER BY id"
-`, b, kafkaNote, pg.URL, pg.Source, version, addr, addr, token, tokenNote, b, ingest.DefaultTopic, addr, psql, psql)
+`, b, kafkaNote, pg.URL, pg.Source, version, addr, addr, addr, token, tokenNote, b, ingest.DefaultTopic, addr, psql, psql)
 	if simulated {
 		fmt.Fprintf(w, `
 Simulated producers are recording usage for demo-acme and demo-globex. demo-acme's

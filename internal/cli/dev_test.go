@@ -142,6 +142,21 @@ func TestDevEndToEnd(t *testing.T) {
 		t.Errorf("usage over REST: %d %s", resp.StatusCode, body)
 	}
 
+	// The banner's console URL serves the sign-in page.
+	console := regexp.MustCompile(`Console   (http://127\.0\.0\.1:\d+/console/)`).FindStringSubmatch(out.String())
+	if console == nil {
+		t.Fatalf("no console URL in the banner:\n%s", out.String())
+	}
+	resp, err = http.Get(console[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "Sign in to Tally") {
+		t.Errorf("console: %d %s", resp.StatusCode, body)
+	}
+
 	// And the simulated producers' usage reaches the ledger.
 	var simulated int
 	for deadline := time.Now().Add(30 * time.Second); simulated == 0 && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/tally-ledger/tally/admission"
 	"github.com/tally-ledger/tally/api"
+	"github.com/tally-ledger/tally/console"
 	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/migrations"
@@ -36,6 +37,7 @@ func newServeCmd() *cobra.Command {
 		o                             runOptions
 		dbURL, brokers                string
 		runIngest, runAPI, runEnforce bool
+		noConsole, consoleSecure      bool
 		sizes                         poolSizes
 		limits                        apiLimits
 	)
@@ -48,7 +50,9 @@ TALLY_KAFKA_BROKERS and TALLY_DATABASE_URL. With none of --ingest, --api,
 
   --ingest   consume meter batches from --topic into the ledger. Several
              processes with the same --group share the topic's partitions.
-  --api      serve the REST API on --listen (needs TALLY_ADMIN_TOKEN).
+  --api      serve the REST API on --listen (needs TALLY_ADMIN_TOKEN), and
+             the web console at /console/ (sign in with a token; see
+             docs/console.md) unless --no-console.
   --enforce  evaluate quota rules and publish decisions to
              --decisions-topic; one process publishes at a time (a lease).
 
@@ -66,6 +70,7 @@ in-flight work, leave the consumer group and release the enforcer lease.`,
 				runIngest, runAPI, runEnforce = true, true, true
 			}
 			o.ingest, o.api, o.enforce = runIngest, runAPI, runEnforce
+			o.noConsole, o.consoleSecure = noConsole, consoleSecure
 			if !o.ingest && !o.api && !o.enforce {
 				return errors.New("nothing to run: give --ingest, --api or --enforce (or none of them for all three)")
 			}
@@ -98,6 +103,10 @@ in-flight work, leave the consumer group and release the enforcer lease.`,
 	f.BoolVar(&runIngest, "ingest", false, "run the Kafka ingest")
 	f.BoolVar(&runAPI, "api", false, "run the REST API")
 	f.BoolVar(&runEnforce, "enforce", false, "run the quota enforcer")
+	f.BoolVar(&noConsole, "no-console", false, "with the API: do not serve the web console at /console/")
+	envDefault(f, "no-console", "TALLY_NO_CONSOLE")
+	f.BoolVar(&consoleSecure, "console-secure-cookies", false, "mark the console's cookies Secure on plain HTTP too (a proxy in front terminates TLS)")
+	envDefault(f, "console-secure-cookies", "TALLY_CONSOLE_SECURE_COOKIES")
 	f.StringVar(&dbURL, "database-url", defaultDatabaseURL, "Postgres connection URL")
 	envDefault(f, "database-url", "TALLY_DATABASE_URL")
 	f.StringVar(&brokers, "kafka-brokers", "127.0.0.1:9092", "Kafka bootstrap brokers, comma-separated")
@@ -263,6 +272,8 @@ type runOptions struct {
 	unownedAfter          time.Duration
 	maxSkew               time.Duration // of grants; 0: admission.DefaultMaxSkew
 	ingest, api, enforce  bool
+	noConsole             bool // with api: no web console at /console/
+	consoleSecure         bool // the console's cookies are Secure on plain HTTP too (TLS ends at a proxy)
 	log                   *slog.Logger
 	// ready, when set, is called once the HTTP listener is bound.
 	ready func(addr string)
@@ -341,6 +352,14 @@ func run(ctx context.Context, o runOptions) error {
 			}
 			g.Go(func() error { return h.Run(gctx) }) // keeps the usage cache coherent
 			handler = h
+			if !o.noConsole {
+				con, err := console.New(console.Config{API: h, Pool: o.apiPool, Topic: o.topic, Grace: o.grace,
+					Logger: o.log, Registerer: reg, SecureCookies: o.consoleSecure})
+				if err != nil {
+					return err
+				}
+				handler = con.Beside(h)
+			}
 		} else {
 			// Without the API there is no token to guard /metrics with: it
 			// is served as usual for Prometheus; bind --listen accordingly.
