@@ -7,18 +7,16 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/validation"
 )
 
 // ErrNotFound: no such grant.
 var ErrNotFound = errors.New("admission: no such grant")
 
-// FieldError is one problem of an input, naming its field.
-type FieldError struct {
-	Field  string
-	Detail string
-}
-
-func (e *FieldError) Error() string { return "admission: " + e.Field + ": " + e.Detail }
+// FieldError is one problem of an input, naming its field: the shape
+// every domain package returns, so the REST API maps them in one place.
+type FieldError = validation.FieldError
 
 // BudgetExhaustedError refuses a grant: the binding budget has less than
 // the amount (or min_amount) available.

@@ -86,3 +86,16 @@ INSERT INTO admission_bypasses (holder, report_id, customer, meter, period_start
 VALUES (@holder, @report_id, @customer, @meter, @period_start, @period, @rule_version, @generation,
         @amount::numeric, @admissions, @first_at, @last_at, @now)
 ON CONFLICT DO NOTHING`
+
+// qGrantGauges reads the grants of open periods: live ones, and those
+// that ended without a final report (expired; their unspent part is
+// stranded until the period ends). Budgets of open periods are few (one
+// per exact rule), and each is looked up by admission_grants_budget.
+const qGrantGauges = `
+SELECT count(*) FILTER (WHERE g.reclaim_at > @now),
+       coalesce(sum(g.amount) FILTER (WHERE g.reclaim_at > @now), 0)::text,
+       count(*) FILTER (WHERE g.reclaim_at <= @now),
+       coalesce(sum(g.amount - g.spent) FILTER (WHERE g.reclaim_at <= @now), 0)::text
+FROM admission_budgets b
+JOIN admission_grants g ON (g.customer, g.meter, g.period_start) = (b.customer, b.meter, b.period_start)
+WHERE b.period_end > @now AND g.ended_at IS NULL`

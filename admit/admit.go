@@ -15,6 +15,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/tally-ledger/tally/quota"
 )
 
 // How says where a decision came from.
@@ -29,6 +33,11 @@ const (
 	// Bypass: admitted without a grant (Tally unreachable, policy allow or
 	// local); recorded on disk and reported later.
 	Bypass
+	// FromDecision: a lagged rule, answered from the latest decision read
+	// from tally.quota-decisions (or by on_stale, see Decision.Stale).
+	FromDecision
+	// NoRule: admitted; the customer and meter have no quota rule.
+	NoRule
 )
 
 func (h How) String() string {
@@ -37,6 +46,10 @@ func (h How) String() string {
 		return "grant"
 	case Bypass:
 		return "bypass"
+	case FromDecision:
+		return "decision"
+	case NoRule:
+		return "no-rule"
 	}
 	return "none"
 }
@@ -51,6 +64,12 @@ type Decision struct {
 	RetryAfter time.Duration
 	// Unreachable: Tally could not be reached when a grant was needed.
 	Unreachable bool
+	// Stale (How FromDecision): the decision was older than its rule's
+	// stale_after, or none had been read, so on_stale answered.
+	Stale bool
+	// Shadow (How FromDecision): the customer is over a shadow-mode rule,
+	// which only observes: admitted all the same.
+	Shadow bool
 }
 
 // Policy is what Admit does when it needs a grant and Tally cannot be
@@ -93,6 +112,26 @@ type Config struct {
 	// HTTPClient; default one with a 2 s timeout.
 	HTTPClient *http.Client
 	Logger     *slog.Logger
+
+	// Brokers are Kafka bootstrap addresses: lagged rules are answered
+	// from the decisions read there. Without Brokers a lagged rule is
+	// always answered by OnStale.
+	Brokers []string
+	// DecisionsTopic. Default "tally.quota-decisions".
+	DecisionsTopic string
+	// DecisionHistory: how far back the topic is read at start. Default
+	// 2 min (the enforcer republishes every key at least every 30 s).
+	DecisionHistory time.Duration
+	// Dialer connects to Kafka (TLS, SASL). Default kafka.DefaultDialer.
+	Dialer *kafka.Dialer
+	// OnStale (Allow or Deny, default Allow as a rule's on_stale) answers
+	// a lagged rule for which no decision has been read yet. Once one has
+	// been read, the rule's own on_stale applies when it is stale.
+	OnStale Policy
+	// RuleRecheck: how often a budget found lagged or without a rule asks
+	// Tally again whether its rule became exact (also whenever a decision
+	// with a new rule version arrives). Default 30 s.
+	RuleRecheck time.Duration
 }
 
 // Validate reports every problem of c at once.
@@ -116,6 +155,19 @@ func (c Config) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("admit: OnUnreachable %q must be deny, local or allow", c.OnUnreachable))
 	}
+	switch c.OnStale {
+	case "", Deny, Allow:
+	default:
+		errs = append(errs, fmt.Errorf("admit: OnStale %q must be deny or allow", c.OnStale))
+	}
+	for i, b := range c.Brokers {
+		if b == "" {
+			errs = append(errs, fmt.Errorf("admit: Brokers[%d] is empty", i))
+		}
+	}
+	if c.DecisionHistory < 0 || c.RuleRecheck < 0 {
+		errs = append(errs, errors.New("admit: DecisionHistory and RuleRecheck must not be negative"))
+	}
 	return errors.Join(errs...)
 }
 
@@ -132,6 +184,11 @@ type Client struct {
 	stop       chan struct{}
 	done       chan struct{}
 	closeOnce  sync.Once
+
+	decMu      sync.Mutex // decisions, and handing them to budgets as they are added
+	decisions  map[key]*lagged
+	stopReader context.CancelFunc
+	readers    sync.WaitGroup
 }
 
 type key struct{ customer, meter string }
@@ -163,6 +220,21 @@ func New(cfg Config) (*Client, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if cfg.OnStale == "" {
+		cfg.OnStale = Allow
+	}
+	if cfg.DecisionsTopic == "" {
+		cfg.DecisionsTopic = quota.DefaultTopic
+	}
+	if cfg.DecisionHistory == 0 {
+		cfg.DecisionHistory = 2 * time.Minute
+	}
+	if cfg.Dialer == nil {
+		cfg.Dialer = kafka.DefaultDialer
+	}
+	if cfg.RuleRecheck == 0 {
+		cfg.RuleRecheck = 30 * time.Second
+	}
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("admit: state directory: %w", err)
 	}
@@ -175,9 +247,16 @@ func New(cfg Config) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{cfg: cfg, generation: gen, http: cfg.HTTPClient, log: cfg.Logger, journal: j,
-		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
+		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+		decisions: map[key]*lagged{}}
 	empty := map[key]*budget{}
 	c.budgets.Store(&empty)
+	rctx, cancel := context.WithCancel(context.Background())
+	c.stopReader = cancel
+	if len(cfg.Brokers) > 0 {
+		c.readers.Add(1)
+		go c.readDecisions(rctx, &c.readers)
+	}
 	go c.loop()
 	return c, nil
 }
@@ -237,16 +316,24 @@ func writeFileSync(path string, data []byte) error {
 }
 
 // Admit decides whether a request of cost units of meter for customer may
-// pass. From a held grant it answers from memory without locking or
-// allocating; with no capacity left it asks Tally for a grant (bounded by
-// ctx), and when Tally cannot be reached it applies OnUnreachable.
+// pass. Under an exact rule, from a held grant it answers from memory
+// without locking or allocating; with no capacity left it asks Tally for a
+// grant (bounded by ctx), and when Tally cannot be reached it applies
+// OnUnreachable. Under a lagged rule it answers from the latest decision
+// in memory, without locking or allocating either. The first call for a
+// customer and meter asks Tally which kind of rule they have.
 func (c *Client) Admit(ctx context.Context, customer, meter string, cost int64) (Decision, error) {
 	if cost <= 0 {
 		return Decision{}, fmt.Errorf("admit: cost %d must be positive", cost)
 	}
 	b := (*c.budgets.Load())[key{customer, meter}]
-	if b != nil && b.take(cost) {
-		return Decision{Admitted: true, How: FromGrant}, nil
+	if b != nil {
+		if b.kind.Load() >= kindLagged {
+			return c.fromDecision(b), nil
+		}
+		if b.take(cost) {
+			return Decision{Admitted: true, How: FromGrant}, nil
+		}
 	}
 	return c.admitSlow(ctx, customer, meter, cost, b)
 }
@@ -264,6 +351,9 @@ func (c *Client) admitSlow(ctx context.Context, customer, meter string, cost int
 		return Decision{Binding: b.binding, RetryAfter: time.Duration(until - time.Now().UnixNano())}, nil
 	}
 	err := c.topUp(ctx, b, cost)
+	if b.kind.Load() >= kindLagged {
+		return c.fromDecision(b), nil
+	}
 	if b.take(cost) {
 		return Decision{Admitted: true, How: FromGrant}, nil
 	}
@@ -319,7 +409,14 @@ func (c *Client) budget(customer, meter string) *budget {
 		next[k] = v
 	}
 	next[key{customer, meter}] = b
+	// Under decMu: a decision read meanwhile is either handed over here
+	// or finds b in the map.
+	c.decMu.Lock()
+	if l := c.decisions[key{customer, meter}]; l != nil {
+		b.dec.Store(l)
+	}
 	c.budgets.Store(&next)
+	c.decMu.Unlock()
 	return b
 }
 
@@ -330,6 +427,8 @@ func (c *Client) Close(ctx context.Context) error {
 	c.closeOnce.Do(func() {
 		close(c.stop)
 		<-c.done
+		c.stopReader()
+		c.readers.Wait()
 		for _, b := range *c.budgets.Load() {
 			c.releaseAll(ctx, b)
 		}
@@ -356,6 +455,8 @@ type budget struct {
 	refusedUntil             atomic.Int64 // unix nanos
 	local                    localBucket
 	policy                   atomic.Pointer[policy] // the rule's on_unreachable, from the last grant
+	kind                     atomic.Uint32          // kindUnknown, kindExact, kindLagged, kindNoRule
+	dec                      atomic.Pointer[lagged] // the latest decision, for a lagged rule
 
 	// Below: under mu (the slow path and the background loop).
 	mu        sync.Mutex
@@ -363,6 +464,10 @@ type budget struct {
 	finals    int64   // admitted from grants no longer held
 	lastTaken int64
 	lastAt    time.Time
+	checkedAt time.Time // when Tally last said the rule is not exact
+	// checkedVersion is the rule version last checked: of the decision
+	// when Tally said the rule is not exact, of the newest grant else.
+	checkedVersion int64
 	// rate is measured demand in units per second, smoothed: an estimate
 	// that only sizes the next grant request (rounded up to whole units),
 	// never an amount admitted, granted or reported.

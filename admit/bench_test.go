@@ -4,8 +4,12 @@ import (
 	"context"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/admit"
+	"github.com/tally-ledger/tally/quota"
 )
 
 // BenchmarkAdmit measures Admit from a held grant: the budget's limit is
@@ -54,3 +58,32 @@ func BenchmarkAtomicBaseline(b *testing.B) {
 }
 
 type atomicCounter struct{ v atomic.Int64 }
+
+// BenchmarkAdmitDecision measures Admit under a lagged rule: answered from
+// the latest decision read from Kafka (a real enforcer's, over kfake).
+//
+//	go test -run '^$' -bench Admit -benchmem -cpu 1,2 ./admit
+func BenchmarkAdmitDecision(b *testing.B) {
+	ts := startTally(b)
+	p := ts.startPipeline()
+	p.position(time.Now().Add(time.Hour)) // fresh for the whole run
+	ts.rule(quota.RuleInput{Customer: "acme", Meter: "tokens", Limit: decimal.NewFromInt(1_000_000)})
+	ctx := context.Background()
+	c := newClient(b, ts, "gw1", b.TempDir(), admit.Config{Brokers: p.brokers})
+	defer c.Close(ctx)
+	eventually(b, "a fresh decision", func() bool {
+		d, err := c.Admit(ctx, "acme", "tokens", 1)
+		return err == nil && d.Admitted && d.How == admit.FromDecision && !d.Stale
+	})
+	p.enf.Stop(b) // the decision stays fresh (as_of an hour ahead); the enforcer's loop is not measured
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if d, _ := c.Admit(ctx, "acme", "tokens", 1); !d.Admitted || d.How != admit.FromDecision {
+				b.Error("not admitted from the decision")
+				return
+			}
+		}
+	})
+}

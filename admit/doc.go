@@ -1,6 +1,9 @@
-// Package admit is the gateway side of exact admission: Admit answers from
-// memory, from grants leased from Tally, so that everything all gateways
-// may admit stays within each exact budget's limit.
+// Package admit is the gateway side of quotas: Admit answers from memory,
+// from grants leased from Tally for exact rules (so that everything all
+// gateways may admit stays within each exact budget's limit), and from the
+// latest decision read from tally.quota-decisions for lagged rules. The
+// first Admit of a customer and meter asks Tally for a grant; a not-exact
+// refusal says whether the rule is lagged or absent (then Admit admits).
 //
 // Invariants:
 //   - Admit from a held grant takes no lock and allocates nothing: a
@@ -21,4 +24,13 @@
 //     without a grant is a bypass: appended to a journal on disk before
 //     Admit returns, and reported (idempotently, by journal file) once Tally
 //     answers again, by this generation or a later one.
+//   - A lagged rule is answered as quota.Decision.Blocks says, from the
+//     newest decision per key by (leader_epoch, seq), read by one reader per
+//     partition from Config.DecisionHistory ago. Admit reads it through one
+//     atomic pointer (no lock, no allocation). Stale (now - as_of >
+//     stale_after): the rule's on_stale. None read yet: Config.OnStale.
+//   - A rule's kind is asked again whenever a decision brings a rule
+//     version newer than the one last checked (and every RuleRecheck for a
+//     lagged rule or none), so a rule turned exact gets grants, and grants
+//     held under a rule turned lagged are released.
 package admit

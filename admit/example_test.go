@@ -15,8 +15,9 @@ func Example() {
 		URL:           "http://127.0.0.1:8080",
 		Token:         os.Getenv("TALLY_GATEWAY_TOKEN"), // tally tokens create --gateway gw-eu-1
 		Holder:        "gw-eu-1",
-		Dir:           "/var/lib/gateway/tally", // generation and bypass journal
-		OnUnreachable: admit.Deny,               // until a grant brings the rule's policy
+		Dir:           "/var/lib/gateway/tally",   // generation and bypass journal
+		OnUnreachable: admit.Deny,                 // until a grant brings the rule's policy
+		Brokers:       []string{"127.0.0.1:9092"}, // lagged rules: decisions from tally.quota-decisions
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -35,7 +35,13 @@ func isUnreachable(err error) bool {
 	return errors.As(err, &u)
 }
 
+// notExactError: the rule is lagged ("lagged") or there is none ("none").
+type notExactError struct{ Admission string }
+
+func (e *notExactError) Error() string { return "admit: not an exact rule: " + e.Admission }
+
 type problem struct {
+	Admission  string `json:"admission"`
 	Type       string `json:"type"`
 	Detail     string `json:"detail"`
 	Binding    string `json:"binding"`
@@ -47,6 +53,7 @@ type grantAnswer struct {
 	ID            string    `json:"id"`
 	Amount        string    `json:"amount"`
 	ValidUntil    time.Time `json:"valid_until"`
+	RuleVersion   int64     `json:"rule_version"`
 	OnUnreachable Policy    `json:"on_unreachable"`
 	LocalAmount   string    `json:"local_amount"`
 	LocalEvery    int64     `json:"local_every"`
@@ -90,6 +97,9 @@ func (c *Client) call(ctx context.Context, path string, body, out any) error {
 			}
 			return e
 		}
+		if p.Type == "urn:tally:problem:not-exact" {
+			return &notExactError{Admission: p.Admission}
+		}
 		return fmt.Errorf("admit: %s %s: %s (%s)", path, resp.Status, p.Type, p.Detail)
 	}
 	if out == nil {
@@ -103,8 +113,8 @@ func (c *Client) call(ctx context.Context, path string, body, out any) error {
 func (c *Client) topUp(ctx context.Context, b *budget, need int64) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.available() >= need {
-		return nil // another caller topped up meanwhile
+	if b.available() >= need || b.kind.Load() >= kindLagged {
+		return nil // another caller topped up, or found the rule lagged, meanwhile
 	}
 	return c.topUpLocked(ctx, b, need)
 }
@@ -122,6 +132,11 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 		"amount": strconv.FormatInt(size, 10), "min_amount": strconv.FormatInt(need, 10),
 		"ttl": c.cfg.GrantTTL.String(),
 	}, &g)
+	var ne *notExactError
+	if errors.As(err, &ne) {
+		c.notExact(b, ne.Admission)
+		return err
+	}
 	var ex *exhaustedError
 	if errors.As(err, &ex) {
 		// Answer refusals from memory for a while: fewer central calls.
@@ -133,6 +148,8 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 		return err
 	}
 	b.refusedUntil.Store(0)
+	b.kind.Store(kindExact)
+	b.checkedVersion = max(b.checkedVersion, g.RuleVersion)
 	if g.OnUnreachable != "" {
 		// The rule's policy, learnt with the grant, overrides the default.
 		p := policy{how: g.OnUnreachable, every: time.Duration(g.LocalEvery) * time.Second}
@@ -236,11 +253,64 @@ func (c *Client) loop() {
 	}
 }
 
+// notExact records that b's rule is lagged or absent. Under b.mu.
+func (c *Client) notExact(b *budget, admission string) {
+	k := kindLagged // "lagged", or a Tally that does not say
+	if admission == "none" {
+		k = kindNoRule
+	}
+	b.checkedAt = time.Now()
+	if l := b.dec.Load(); l != nil {
+		b.checkedVersion = l.d.RuleVersion
+	}
+	b.kind.Store(k)
+}
+
+// tendNotExact: a lagged (or absent) rule needs no grants; grants held
+// from when it was exact go back, and Tally is asked again after
+// RuleRecheck or when a decision brings a new rule version.
+func (c *Client) tendNotExact(ctx context.Context, b *budget, now time.Time) {
+	for len(b.grants) > 0 {
+		alloc := b.allocate()
+		n := len(b.grants) - 1
+		c.release(ctx, b, b.grants[n], alloc[n])
+	}
+	l := b.dec.Load()
+	if now.Sub(b.checkedAt) < c.cfg.RuleRecheck && (l == nil || l.d.RuleVersion == b.checkedVersion) {
+		return
+	}
+	b.checkedAt = now // also when Tally does not answer: try again later
+	if l != nil {
+		b.checkedVersion = l.d.RuleVersion
+	}
+	// Admit keeps answering from the decision meanwhile. A grant, or a
+	// refusal for lack of budget, says the rule is exact now; unreachable
+	// changes nothing.
+	var ex *exhaustedError
+	if err := c.topUpLocked(ctx, b, 1); errors.As(err, &ex) {
+		b.kind.Store(kindExact)
+	}
+}
+
 // tend is one round of the loop for one budget.
 func (c *Client) tend(ctx context.Context, b *budget) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	now := time.Now()
+	if b.kind.Load() >= kindLagged {
+		c.tendNotExact(ctx, b, now)
+		return
+	}
+	// A decision with a newer rule version than the grants': the rule may
+	// have turned lagged. A grant request tells (once per version).
+	if l := b.dec.Load(); l != nil && b.kind.Load() == kindExact && l.d.RuleVersion > b.checkedVersion {
+		b.checkedVersion = l.d.RuleVersion
+		_ = c.topUpLocked(ctx, b, 1) // refused not-exact: kind turns lagged
+		if b.kind.Load() >= kindLagged {
+			c.tendNotExact(ctx, b, now) // gives the grants back
+			return
+		}
+	}
 	taken := b.taken()
 	if dt := now.Sub(b.lastAt).Seconds(); dt > 0 {
 		inst := float64(taken-b.lastTaken) / dt

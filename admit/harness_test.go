@@ -2,6 +2,7 @@ package admit_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -9,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/shopspring/decimal"
@@ -17,9 +20,12 @@ import (
 	"github.com/tally-ledger/tally/admission"
 	"github.com/tally-ledger/tally/admit"
 	"github.com/tally-ledger/tally/api"
+	"github.com/tally-ledger/tally/internal/kafkatest"
 	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/internal/testrun"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/quota"
+	"github.com/tally-ledger/tally/tokens"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -90,7 +96,7 @@ func (ts *tally) exactRuleWith(customer, meter, limit string, policy admit.Polic
 
 func (ts *tally) gatewayToken(holder string) string {
 	ts.t.Helper()
-	_, secret, err := api.CreateGatewayToken(context.Background(), ts.pool, holder, "test", time.Now())
+	_, secret, err := tokens.CreateGateway(context.Background(), ts.pool, holder, "test", time.Now())
 	if err != nil {
 		ts.t.Fatal(err)
 	}
@@ -123,5 +129,103 @@ func eventually(t testing.TB, what string, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
+	}
+}
+
+const ingestTopic = "tally.meter-batches"
+
+// pipeline is the lagged side of a Tally: a Kafka-protocol cluster (kfake)
+// and a real quota enforcer publishing decisions to it from the same
+// Postgres as ts's API.
+type pipeline struct {
+	ts      *tally
+	brokers []string
+	led     *ledger.Ledger
+	seq     map[string]int64
+	total   map[string]decimal.Decimal
+	enf     *testrun.Service
+}
+
+func (ts *tally) startPipeline() *pipeline {
+	ts.t.Helper()
+	k := kafkatest.New(ts.t, kafkatest.Options{Topics: []kafkatest.Topic{
+		{Name: quota.DefaultTopic, Partitions: 2}, {Name: ingestTopic, Partitions: 2}}})
+	l, err := ledger.New(ledger.Config{})
+	if err != nil {
+		ts.t.Fatal(err)
+	}
+	p := &pipeline{ts: ts, brokers: k.Addrs, led: l, seq: map[string]int64{}, total: map[string]decimal.Decimal{}}
+	reg := prometheus.NewRegistry()
+	enf, err := quota.NewEnforcer(quota.Config{Pool: ts.pool, Brokers: k.Addrs, IngestTopic: ingestTopic,
+		Interval: 50 * time.Millisecond, Republish: 2 * time.Second, LeaseTTL: time.Second,
+		Logger: slog.New(slog.DiscardHandler), Registerer: reg})
+	if err != nil {
+		ts.t.Fatal(err)
+	}
+	p.enf = testrun.Start(ts.t, reg, enf.Run)
+	return p
+}
+
+// use applies qty of usage of customer and meter to the ledger, as ingest
+// would.
+func (p *pipeline) use(customer, meter string, qty int64) {
+	p.ts.t.Helper()
+	k := customer + "/" + meter
+	p.seq[k]++
+	p.total[k] = p.total[k].Add(decimal.NewFromInt(qty))
+	rec := ledger.Record{OperationID: uuid.New(),
+		Stream: ledger.StreamKey{Producer: "test", Epoch: 1, Customer: customer, Meter: meter},
+		Seq:    p.seq[k], Total: p.total[k], OccurredAt: time.Now().Add(-time.Second)}
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, p.ts.pool, func(tx pgx.Tx) error {
+		out, err := p.led.Apply(ctx, tx, []ledger.Record{rec})
+		if err == nil && out[0].Kind != ledger.Applied {
+			err = fmt.Errorf("outcome %v %s", out[0].Kind, out[0].Detail)
+		}
+		return err
+	})
+	if err != nil {
+		p.ts.t.Fatalf("apply usage: %v", err)
+	}
+}
+
+// position says ingest has applied everything through at, on every
+// partition of the meter topic (the as_of of the decisions).
+func (p *pipeline) position(at time.Time) {
+	p.ts.t.Helper()
+	_, err := p.ts.pool.Exec(context.Background(), `
+		INSERT INTO ingest_partitions (topic, partition, next_offset, high_watermark, applied_through)
+		SELECT $1, p, 0, 0, $2 FROM generate_series(0, 1) AS p
+		ON CONFLICT (topic, partition) DO UPDATE SET applied_through = EXCLUDED.applied_through`, ingestTopic, at)
+	if err != nil {
+		p.ts.t.Fatal(err)
+	}
+}
+
+// follow keeps the ingest position at now (a caught-up ingest) until the
+// test ends.
+func (p *pipeline) follow() {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	p.position(time.Now())
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			_, _ = p.ts.pool.Exec(ctx, `UPDATE ingest_partitions SET applied_through = $2 WHERE topic = $1`, ingestTopic, time.Now())
+		}
+	}()
+	p.ts.t.Cleanup(func() { cancel(); <-done })
+}
+
+func (ts *tally) rule(in quota.RuleInput) {
+	ts.t.Helper()
+	in.Actor = "test"
+	if _, err := quota.PutRuleDB(context.Background(), ts.pool, in); err != nil {
+		ts.t.Fatal(err)
 	}
 }

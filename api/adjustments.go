@@ -74,7 +74,7 @@ func (b adjustmentBody) parse(now time.Time) (ledger.Adjustment, error) {
 			adj.OccurredAt = t
 		}
 	}
-	for _, fe := range fieldErrors(adj.Validate()) {
+	for _, fe := range fieldsOf(adj.Validate()) {
 		if !bad[fe.Field] {
 			errs = append(errs, fe)
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/tally-ledger/tally/api"
 	"github.com/tally-ledger/tally/internal/pgtest"
 	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/tokens"
 )
 
 func TestAuthentication(t *testing.T) {
@@ -20,11 +21,11 @@ func TestAuthentication(t *testing.T) {
 	f.usage("acme", "api_calls", date("2026-11-20T10:00:00Z"), "1")
 	acme := f.token("acme")
 	revoked := f.token("acme")
-	toks, err := api.ListTokens(context.Background(), f.pool, "acme")
+	toks, err := tokens.List(context.Background(), f.pool, "acme")
 	if err != nil || len(toks) != 2 {
 		t.Fatalf("list: %v, %v", toks, err)
 	}
-	if _, err := api.RevokeToken(context.Background(), f.pool, toks[1].ID, f.clock()); err != nil {
+	if _, err := tokens.Revoke(context.Background(), f.pool, toks[1].ID, f.clock()); err != nil {
 		t.Fatal(err)
 	}
 	path := "/v1/customers/acme/usage"
@@ -156,8 +157,8 @@ func TestRevocation(t *testing.T) {
 		if r := f.do("GET", "/v1/customers/acme", tok, nil); r.status != 200 {
 			t.Fatalf("before revoke: %d", r.status)
 		}
-		toks, _ := api.ListTokens(context.Background(), f.pool, "acme")
-		if _, err := api.RevokeToken(context.Background(), f.pool, toks[0].ID, f.clock()); err != nil {
+		toks, _ := tokens.List(context.Background(), f.pool, "acme")
+		if _, err := tokens.Revoke(context.Background(), f.pool, toks[0].ID, f.clock()); err != nil {
 			t.Fatal(err)
 		}
 		if r := f.do("GET", "/v1/customers/acme", tok, nil); tt.afterword != 0 && r.status != tt.afterword {

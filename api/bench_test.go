@@ -28,6 +28,7 @@ import (
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/migrations"
 	"github.com/tally-ledger/tally/periods"
+	"github.com/tally-ledger/tally/tokens"
 )
 
 // The benchmark database: 10,000 customers × 2 meters, 500 records per
@@ -339,7 +340,7 @@ func benchTokens(b *testing.B, pool *pgxpool.Pool) map[string]string {
 	out := map[string]string{}
 	for i := range benchCustomers {
 		c := fmt.Sprintf("cust-%05d", i)
-		_, secret, err := api.CreateToken(ctx, pool, c, "bench", benchNow)
+		_, secret, err := tokens.Create(ctx, pool, c, "bench", benchNow)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -14,8 +14,10 @@ import (
 	"github.com/tally-ledger/tally/admission"
 	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/internal/notify"
+	"github.com/tally-ledger/tally/internal/ttlcache"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/periods"
+	"github.com/tally-ledger/tally/tokens"
 )
 
 // Config configures the API handler. Zero values take the documented defaults.
@@ -101,6 +103,11 @@ type Config struct {
 	// limited. Default 20/s, burst 40; negative: off.
 	TokenRate  float64
 	TokenBurst int
+	// MaxSkew is the clock skew tolerated between Tally and a gateway
+	// holding a grant: a grant is reclaimed at valid_until + MaxSkew, never
+	// earlier (docs/design.md §12). Default 5 s; between
+	// admission.MinMaxSkew and admission.MaxMaxSkew.
+	MaxSkew time.Duration
 	// FailedTokenTTL is how long a well-formed customer token Postgres
 	// does not know is refused without asking again (at most 100,000 are
 	// remembered). Default 1m; negative: ask every time.
@@ -131,6 +138,11 @@ func (c Config) Validate() error {
 	if c.ScheduleCacheTTL >= ledger.MaxClockSkew {
 		errs = append(errs, fmt.Errorf("api: ScheduleCacheTTL %s must be below %s", c.ScheduleCacheTTL, ledger.MaxClockSkew))
 	}
+	if c.MaxSkew != 0 {
+		if err := admission.ValidateMaxSkew(c.MaxSkew); err != nil {
+			errs = append(errs, fmt.Errorf("api: MaxSkew: %w", err))
+		}
+	}
 	if c.AddressBurst < 0 || c.TokenBurst < 0 {
 		errs = append(errs, errors.New("api: rate-limit bursts must not be negative"))
 	}
@@ -156,19 +168,20 @@ type API struct {
 	topic      string
 	unowned    time.Duration // readyz: a partition without an owner this long; < 0 off
 	metrics    *httpMetrics
-	tokens     *ttlCache[[32]byte, cachedPrincipal]
-	tokenTTL   time.Duration
-	schedules  *ttlCache[string, cachedSchedule]
+	tokens     *tokens.Store
+	schedules  *ttlcache.Cache[string, cachedSchedule]
 	watch      *usageWatch
-	tokenWatch *tokenWatch
 	listener   *notify.Listener
 	handler    http.Handler
 
 	inFlight    chan struct{} // nil: no bound
 	addrLimits  *rateLimits   // nil: off
 	tokenLimits *rateLimits   // nil: off
-	badTokens   *ttlCache[[32]byte, struct{}]
 	ready       readyCache
+
+	maxSkew time.Duration // of grants
+	// grantMetrics counts the grant protocol's requests (exact admission).
+	grantMetrics *admission.Metrics
 	// admission is the one grant store: concurrent grant requests share
 	// its transactions (admission.Store's combiner).
 	admission *admission.Store
@@ -188,6 +201,7 @@ func New(cfg Config) (*API, error) {
 		grace: cfg.Grace, now: cfg.Clock, log: cfg.Logger, registry: cfg.Registry,
 		maxBody: cfg.MaxBodyBytes, maxQuery: cfg.MaxQueryBytes, reqTimeout: cfg.RequestTimeout,
 		recTimeout: cfg.ReconcileTimeout, topic: cfg.Topic, unowned: cfg.UnownedAfter,
+		maxSkew: cfg.MaxSkew,
 	}
 	if a.unowned == 0 {
 		a.unowned = DefaultUnownedAfter
@@ -219,20 +233,11 @@ func New(cfg Config) (*API, error) {
 	if a.reqTimeout == 0 {
 		a.reqTimeout = 10 * time.Second
 	}
-	tokenTTL, schedTTL, usageTTL := cfg.TokenCacheTTL, cfg.ScheduleCacheTTL, cfg.UsageCacheTTL
-	if tokenTTL == 0 {
-		tokenTTL = 5 * time.Second
-	}
+	schedTTL, usageTTL := cfg.ScheduleCacheTTL, cfg.UsageCacheTTL
 	if schedTTL == 0 {
 		schedTTL = 30 * time.Second
 	}
-	a.tokenTTL = tokenTTL
-	cacheTTL := max(tokenTTL, tokenCoherentTTL)
-	if tokenTTL < 0 {
-		cacheTTL = tokenTTL // off
-	}
-	a.tokens = newTTLCache[[32]byte, cachedPrincipal](cacheTTL, 100_000)
-	a.schedules = newTTLCache[string, cachedSchedule](schedTTL, 100_000)
+	a.schedules = ttlcache.New[string, cachedSchedule](schedTTL, 100_000)
 	if usageTTL == 0 {
 		usageTTL = time.Minute
 	}
@@ -256,12 +261,14 @@ func New(cfg Config) (*API, error) {
 		tokBurst = max(1, int(2*tokRate))
 	}
 	a.tokenLimits = newRateLimits(tokRate, tokBurst, 100_000)
-	a.badTokens = newTTLCache[[32]byte, struct{}](orDefault(cfg.FailedTokenTTL, time.Minute), 100_000)
 	m, err := newHTTPMetrics(a.registry)
 	if err != nil {
 		return nil, err
 	}
 	a.metrics = m
+	if a.grantMetrics, err = admission.NewMetrics(a.registry, a.pool, a.now, a.log); err != nil {
+		return nil, err
+	}
 	a.listener = notify.New(notify.Config{Pool: a.pool, Channel: usageChannel,
 		ApplicationName: "tally-api-usage-watch", Logger: a.log,
 		OnState: func(up bool) {
@@ -274,11 +281,14 @@ func New(cfg Config) (*API, error) {
 		OnDropped:    m.usageWatchDropped.Inc,
 		OnQueueUsage: m.notifyQueueUsage.Set,
 	})
-	a.tokenWatch = &tokenWatch{cache: a.tokens}
+	a.tokens, err = tokens.New(tokens.Config{DB: a.pool, CacheTTL: cfg.TokenCacheTTL, FailedTTL: cfg.FailedTokenTTL,
+		Listener: a.listener, OnCheck: func(c tokens.Check) { m.tokenChecks.WithLabelValues(string(c)).Inc() }})
+	if err != nil {
+		return nil, err
+	}
 	a.watch = newUsageWatch(a.topic, a.listener, usageTTL, usageBytes)
-	a.listener.Subscribe(a.tokenWatch)
 	a.listener.Subscribe(a.watch)
-	if a.admission, err = admission.New(a.pool, admission.Config{Now: a.now, Logger: a.log, Registerer: a.registry}); err != nil {
+	if a.admission, err = admission.New(a.pool, admission.Config{Now: a.now, Logger: a.log, MaxSkew: a.maxSkew, Registerer: a.registry}); err != nil {
 		return nil, err
 	}
 	a.handler = a.routes()

@@ -140,10 +140,10 @@ func (a *API) putCustomer(w http.ResponseWriter, r *http.Request) error {
 	}
 	cal := body.calendar()
 	if err := cal.Validate(); err != nil {
-		return invalid(fieldErrors(err)...)
+		return err // before the caches below are dropped for nothing
 	}
 	c, created, err := a.periodStore().SetCalendar(r.Context(), a.pool, customer, cal)
-	a.schedules.del(customer)
+	a.schedules.Del(customer)
 	a.forgetUsage(customer)
 	if err != nil {
 		return err

@@ -14,7 +14,8 @@
 //     queue: metric labels come from fixed sets, rate limits (per address,
 //     per customer token) answer 429 and a full MaxInFlight answers 503,
 //     both with Retry-After; a token not shaped like one costs no query, and
-//     an unknown one is remembered. The API's Postgres pool is its own.
+//     an unknown one is remembered (package tokens verifies them). The
+//     API's Postgres pool is its own.
 //   - Usage is read from rollups, never from raw records, and is never
 //     fresher than the ingest position says (as_of is a lower bound).
 //   - Input is validated before any query; every statement is a constant in
@@ -29,4 +30,7 @@
 //     used only while their listener is heard to keep up (internal/notify).
 //   - Every error leaves through one function (writeError), which maps typed
 //     errors to application/problem+json (RFC 9457).
+//   - The web console (package console) goes through the same token check,
+//     usage answer, replay and guard in process (inprocess.go), never
+//     around them.
 package api

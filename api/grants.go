@@ -106,8 +106,10 @@ func (a *API) postGrant(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	start := time.Now()
 	g, err := s.Issue(r.Context(), admission.IssueRequest{Holder: b.Holder, Generation: b.Generation,
 		Customer: b.Customer, Meter: b.Meter, Amount: b.Amount, MinAmount: b.MinAmount, TTL: time.Duration(b.TTL), Budgets: b.Budgets})
+	a.grantMetrics.Issued(g, err, time.Since(start))
 	if err != nil {
 		return admissionProblem(w, err)
 	}
@@ -135,8 +137,10 @@ func (a *API) report(w http.ResponseWriter, r *http.Request, release bool) error
 			return invalidField("ttl", "a release takes no ttl")
 		}
 		g, err = s.Release(r.Context(), rep)
+		a.grantMetrics.Released(err)
 	} else {
 		g, err = s.Renew(r.Context(), rep)
+		a.grantMetrics.Renewed(err)
 	}
 	if err != nil {
 		return admissionProblem(w, err)
@@ -151,8 +155,10 @@ func (a *API) postBypasses(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if err := s.RecordBypasses(r.Context(), admission.BypassReport{Holder: b.Holder, Generation: b.Generation,
-		ReportID: b.ReportID, Items: b.Items}); err != nil {
+	rep := admission.BypassReport{Holder: b.Holder, Generation: b.Generation, ReportID: b.ReportID, Items: b.Items}
+	err = s.RecordBypasses(r.Context(), rep)
+	a.grantMetrics.Bypassed(rep, err)
+	if err != nil {
 		return admissionProblem(w, err)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"report_id": b.ReportID, "items": len(b.Items)})
@@ -248,28 +254,17 @@ func admissionProblem(w http.ResponseWriter, err error) error {
 		return &Problem{Type: TypeGrantEnded, Title: "Grant ended", Status: http.StatusConflict, Detail: ge.Error()}
 	}
 	if ne, ok := errors.AsType[*admission.NotExactError](err); ok {
-		return &Problem{Type: TypeNotExact, Title: "No exact rule", Status: http.StatusConflict, Detail: ne.Error()}
+		adm := ne.Admission
+		if adm == "" {
+			adm = "none"
+		}
+		return &Problem{Type: TypeNotExact, Title: "No exact rule", Status: http.StatusConflict, Detail: ne.Error(), Admission: adm}
 	}
 	if sp, ok := errors.AsType[*admission.SpentError](err); ok {
 		return invalidField("spent", "%s must be between the last reported %s and the amount %s", sp.Spent, sp.Previous, sp.Amount)
 	}
 	if errors.Is(err, admission.ErrNotFound) {
 		return notFound(err.Error())
-	}
-	var fields []FieldError
-	var walk func(error)
-	walk = func(e error) {
-		if j, ok := e.(interface{ Unwrap() []error }); ok {
-			for _, c := range j.Unwrap() {
-				walk(c)
-			}
-		} else if fe, ok := e.(*admission.FieldError); ok {
-			fields = append(fields, FieldError{Field: fe.Field, Detail: fe.Detail})
-		}
-	}
-	walk(err)
-	if len(fields) > 0 {
-		return invalid(fields...)
 	}
 	return err
 }

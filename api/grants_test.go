@@ -7,11 +7,12 @@ import (
 	"time"
 
 	"github.com/tally-ledger/tally/api"
+	"github.com/tally-ledger/tally/tokens"
 )
 
 func (f *fixture) gatewayToken(gateway string) string {
 	f.t.Helper()
-	_, secret, err := api.CreateGatewayToken(context.Background(), f.pool, gateway, "test", f.clock())
+	_, secret, err := tokens.CreateGateway(context.Background(), f.pool, gateway, "test", f.clock())
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -114,11 +115,54 @@ func TestGrants(t *testing.T) {
 
 	// Lagged rules are not served by grants.
 	f.do("PUT", "/v1/customers/acme/quotas/calls", adminToken, map[string]any{"limit": "5"})
-	f.do("POST", "/v1/grants", adminToken, map[string]any{"holder": "gw1", "generation": 2, "customer": "acme",
+	// The problem says which (the admit SDK then answers from decisions,
+	// or admits: no rule, no quota).
+	p = f.do("POST", "/v1/grants", adminToken, map[string]any{"holder": "gw1", "generation": 2, "customer": "acme",
 		"meter": "calls", "amount": "1"}).problem(t, 409, problem+"not-exact")
+	if p.Admission != "lagged" {
+		t.Fatalf("not-exact for a lagged rule: admission %q", p.Admission)
+	}
+	p = f.do("POST", "/v1/grants", adminToken, map[string]any{"holder": "gw1", "generation": 2, "customer": "acme",
+		"meter": "no-rule", "amount": "1"}).problem(t, 409, problem+"not-exact")
+	if p.Admission != "none" {
+		t.Fatalf("not-exact without a rule: admission %q", p.Admission)
+	}
 	p = f.do("POST", "/v1/grants", adminToken, map[string]any{"holder": "g w", "generation": 0, "customer": "acme",
 		"meter": "calls", "amount": "-1", "ttl": "2h"}).problem(t, 400, problem+"invalid-request")
 	if got := strings.Join(fields(p), ","); got != "holder,generation,amount,ttl" {
 		t.Fatalf("fields %s", got)
+	}
+}
+
+// Config.MaxSkew sets reclaim_at = valid_until + MaxSkew; a grant is not
+// reclaimed before (its capacity stays taken), and is once it passes.
+// Out of bounds, the API does not start.
+func TestGrantMaxSkewConfigured(t *testing.T) {
+	t.Parallel()
+	f := newFixtureWith(t, func(c *api.Config) { c.MaxSkew = 40 * time.Second })
+	f.do("PUT", "/v1/customers/acme/quotas/tokens", adminToken, map[string]any{"limit": "100", "admission": "exact"})
+	grant := func(holder string) response {
+		return f.do("POST", "/v1/grants", adminToken, map[string]any{"holder": holder, "generation": 1, "customer": "acme",
+			"meter": "tokens", "amount": "100", "ttl": "30s"})
+	}
+	if g := grant("gw1").json(t); g["valid_until"] != "2026-11-20T12:00:30Z" || g["reclaim_at"] != "2026-11-20T12:01:10Z" {
+		t.Fatalf("grant: %v", g)
+	}
+	live := func() int {
+		return len(asSlice(f.do("GET", "/v1/customers/acme/grants?state=live", adminToken, nil).json(t)["items"]))
+	}
+	f.setNow(f.clock().Add(69 * time.Second)) // past valid_until + the default 5 s, within 40 s
+	if p := grant("gw2").problem(t, 409, "urn:tally:problem:budget-exhausted"); p.RetryAfter == nil || *p.RetryAfter != 1 || live() != 1 {
+		t.Fatalf("before reclaim_at: %+v, %d live", p, live())
+	}
+	f.setNow(f.clock().Add(time.Second))
+	if live() != 0 {
+		t.Fatalf("a grant is live at its reclaim_at")
+	}
+	for _, d := range []time.Duration{500 * time.Millisecond, 11 * time.Minute} {
+		_, err := api.New(api.Config{Pool: f.pool, Ledger: f.ledger, AdminToken: adminToken, MaxSkew: d})
+		if err == nil || !strings.Contains(err.Error(), "max_skew") {
+			t.Errorf("MaxSkew %s: %v", d, err)
+		}
 	}
 }

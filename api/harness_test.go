@@ -28,6 +28,7 @@ import (
 	"github.com/tally-ledger/tally/api"
 	"github.com/tally-ledger/tally/internal/pgtest"
 	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/tokens"
 )
 
 const adminToken = "admin-token-for-tests-0123456789abcdef"
@@ -203,7 +204,7 @@ func (f *fixture) exec(sql string, args ...any) {
 // token creates a customer token.
 func (f *fixture) token(customer string) string {
 	f.t.Helper()
-	_, secret, err := api.CreateToken(context.Background(), f.pool, customer, "test", f.clock())
+	_, secret, err := tokens.Create(context.Background(), f.pool, customer, "test", f.clock())
 	if err != nil {
 		f.t.Fatal(err)
 	}

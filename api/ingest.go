@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"net/http"
 	"strconv"
 	"time"
@@ -130,16 +131,23 @@ func (a *API) replayDeadLetter(w http.ResponseWriter, r *http.Request) error {
 	if _, err := queryParams(r); err != nil {
 		return err
 	}
-	var res ingest.ReplayResult
-	err = pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
-		var err error
-		res, err = ingest.Replay(ctx, tx, a.ledger, id, a.now().UTC().Truncate(time.Microsecond))
-		return err
-	})
-	a.forgetUsage("") // a replayed message may hold usage of any customer
+	res, err := a.replay(ctx, id)
 	if err != nil {
 		return err
 	}
 	writeJSON(w, http.StatusOK, res)
 	return nil
+}
+
+// replay replays dead letter id in one transaction and forgets the cached
+// usage it may change.
+func (a *API) replay(ctx context.Context, id uuid.UUID) (ingest.ReplayResult, error) {
+	var res ingest.ReplayResult
+	err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+		var err error
+		res, err = ingest.Replay(ctx, tx, a.ledger, id, a.now().UTC().Truncate(time.Microsecond))
+		return err
+	})
+	a.forgetUsage("") // a replayed message may hold usage of any customer
+	return res, err
 }

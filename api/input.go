@@ -142,6 +142,9 @@ func jsonProblem(err error) error {
 		}
 		return invalidField(field, "must be %s, not %s", jsonTypeName(typ.Type), typ.Value)
 	}
+	// encoding/json has no error type for an unknown field (DisallowUnknownFields
+	// reports it as text only); this is the one message matched, and it is
+	// the standard library's, not one of Tally's errors.
 	if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
 		return invalidField(strings.Trim(f, `"`), "unknown field")
 	}

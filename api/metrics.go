@@ -9,6 +9,8 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tally-ledger/tally/tokens"
 )
 
 // httpMetrics are labelled from fixed sets only: route pattern (never the
@@ -69,8 +71,8 @@ func newHTTPMetrics(reg *prometheus.Registry) (*httpMetrics, error) {
 	for _, r := range []string{"address_rate", "token_rate", "in_flight"} {
 		m.shed.WithLabelValues(r)
 	}
-	for _, o := range []string{"malformed", "refused_cached", "cached", "queried"} {
-		m.tokenChecks.WithLabelValues(o)
+	for _, o := range []tokens.Check{tokens.Malformed, tokens.RefusedCached, tokens.Cached, tokens.Queried} {
+		m.tokenChecks.WithLabelValues(string(o))
 	}
 	for _, c := range []prometheus.Collector{m.requests, m.duration, usage, m.usageWatchUp, m.shed, m.tokenChecks, m.usageWatchDropped, m.notifyQueueUsage} {
 		if err := reg.Register(c); err != nil {
@@ -99,6 +101,8 @@ func (a *API) observe(next http.Handler) http.Handler {
 			route := "unmatched"
 			if rctx := chi.RouteContext(r.Context()); rctx != nil && rctx.RoutePattern() != "" {
 				route = rctx.RoutePattern()
+			} else if l, ok := r.Context().Value(routeLabelKey{}).(string); ok {
+				route = l // a guarded in-process handler (Guard)
 			}
 			method := methodLabel(r.Method)
 			a.metrics.requests.WithLabelValues(route, method, strconv.Itoa(status)).Inc()

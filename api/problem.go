@@ -6,15 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strings"
 
 	"github.com/go-chi/chi/v5/middleware"
 
 	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/periods"
-	"github.com/tally-ledger/tally/quota"
 	"github.com/tally-ledger/tally/reconcile"
+	"github.com/tally-ledger/tally/validation"
 )
 
 // Problem is an RFC 9457 problem detail. Handlers return it (or a typed
@@ -33,6 +32,9 @@ type Problem struct {
 	Binding    string `json:"binding,omitempty"`
 	Available  string `json:"available,omitempty"`
 	RetryAfter *int64 `json:"retry_after,omitempty"`
+	// Admission says why a grant was refused as not-exact: the rule in
+	// force is "lagged", or there is "none".
+	Admission string `json:"admission,omitempty"`
 	// RequestID lets a caller quote the request to an operator.
 	RequestID string `json:"request_id,omitempty"`
 }
@@ -103,52 +105,13 @@ func malformed(detail string) *Problem {
 	return &Problem{Type: TypeMalformedJSON, Title: "Malformed JSON body", Status: http.StatusBadRequest, Detail: detail}
 }
 
-// fieldErrors splits a validation error of another package (errors.Join of
-// "field: detail" errors, as ledger and periods produce) into field errors.
-func fieldErrors(err error) []FieldError {
-	var leaves []error
-	var walk func(error)
-	walk = func(e error) {
-		if e == nil {
-			return
-		}
-		if j, ok := e.(interface{ Unwrap() []error }); ok {
-			for _, c := range j.Unwrap() {
-				walk(c)
-			}
-			return
-		}
-		leaves = append(leaves, e)
-	}
-	walk(err)
-	out := make([]FieldError, 0, len(leaves))
-	for _, e := range leaves {
-		msg := e.Error()
-		field, detail, ok := strings.Cut(msg, ": ")
-		if !ok || strings.ContainsAny(field, " \"") {
-			field, detail = "", msg
-		}
-		out = append(out, FieldError{Field: field, Detail: detail})
-	}
-	return out
-}
-
-// quotaFieldErrors turns quota's validation errors ("quota: invalid
-// input: field: detail", joined) into field errors.
-func quotaFieldErrors(err error) []FieldError {
-	prefix := quota.ErrInvalid.Error() + ": "
-	out := fieldErrors(err)
-	for i, fe := range out {
-		msg := fe.Detail
-		if fe.Field != "" {
-			msg = fe.Field + ": " + fe.Detail
-		}
-		msg = strings.TrimPrefix(msg, prefix)
-		if f, d, ok := strings.Cut(msg, ": "); ok && !strings.ContainsAny(f, " \"") {
-			out[i] = FieldError{Field: f, Detail: d}
-		} else {
-			out[i] = FieldError{Detail: msg}
-		}
+// fieldsOf is every validation.FieldError in err, as the problem's field
+// errors.
+func fieldsOf(err error) []FieldError {
+	fes := validation.Fields(err)
+	out := make([]FieldError, len(fes))
+	for i, fe := range fes {
+		out[i] = FieldError{Field: fe.Field, Detail: fe.Detail}
 	}
 	return out
 }
@@ -172,6 +135,7 @@ func (a *API) problemFor(r *http.Request, err error) *Problem {
 	var maxBytes *http.MaxBytesError
 	var badRef *periods.InvalidPeriodRefError
 	var noSuchPeriod *periods.NoSuchPeriodError
+	var field *validation.FieldError
 	switch {
 	case errors.As(err, &p):
 		cp := *p
@@ -189,8 +153,8 @@ func (a *API) problemFor(r *http.Request, err error) *Problem {
 		return &Problem{Type: TypePeriodNotFound, Title: "Period not found", Status: http.StatusNotFound,
 			Detail: err.Error(), Errors: []FieldError{{Field: "period", Detail: "not the start date of a period"}},
 			ContainingPeriod: noSuchPeriod.Containing.Name}
-	case errors.Is(err, quota.ErrInvalid):
-		return invalid(quotaFieldErrors(err)...)
+	case errors.As(err, &field):
+		return invalid(fieldsOf(err)...)
 	case errors.Is(err, periods.ErrUnknownCustomer):
 		return notFound(err.Error())
 	case errors.Is(err, ingest.ErrDeadLetterNotFound):

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/netip"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -76,22 +75,6 @@ func secureHeaders(next http.Handler) http.Handler {
 		h.Set("Cache-Control", "no-store")
 		next.ServeHTTP(w, r)
 	})
-}
-
-// wellFormedToken reports whether tok has the shape CreateToken gives
-// every customer token: TokenPrefix and 43 characters of unpadded
-// base64url (32 random bytes). Anything else is refused without a query.
-func wellFormedToken(tok string) bool {
-	if len(tok) != len(TokenPrefix)+43 || !strings.HasPrefix(tok, TokenPrefix) {
-		return false
-	}
-	for i := len(TokenPrefix); i < len(tok); i++ {
-		c := tok[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
-			return false
-		}
-	}
-	return true
 }
 
 // exempt reports whether r is a probe: /healthz and /readyz are never

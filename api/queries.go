@@ -5,24 +5,6 @@ package api
 // never text assembled from input.
 
 const (
-	// Authentication: a customer token by the SHA-256 of its secret.
-	qTokenByHash = `SELECT id, coalesce(customer, ''), coalesce(gateway, '') FROM api_tokens WHERE token_hash = $1 AND revoked_at IS NULL`
-
-	qInsertToken = `
-INSERT INTO api_tokens (id, customer, description, token_hash, created_at, gateway)
-VALUES ($1, nullif($2, ''), $3, $4, $5, nullif($6, ''))`
-
-	qRevokeToken = `
-UPDATE api_tokens SET revoked_at = coalesce(revoked_at, $2)
-WHERE id = $1
-RETURNING coalesce(customer, ''), revoked_at`
-
-	qListTokens = `
-SELECT id, coalesce(customer, ''), description, created_at, revoked_at, coalesce(gateway, '')
-FROM api_tokens
-WHERE ($1::text IS NULL OR customer = $1)
-ORDER BY created_at, id`
-
 	// A usage answer is one statement, so one snapshot: the header's
 	// closed flag and ingest position (as_of) and the usage rows with it
 	// are consistent with each other: usage holds everything ingest had
@@ -39,7 +21,9 @@ ORDER BY created_at, id`
 	// A usage row is one meter with usage in the period: its buckets and
 	// their quantities as arrays in time order, and its total (one row per
 	// meter instead of one per bucket halves Postgres's work per request).
-	// Sums are exact NUMERIC; trim_scale gives canonical text. With no
+	// Sums are exact NUMERIC; trim_scale gives canonical text, which the
+	// answer carries as its JSON strings unparsed (the API does no
+	// arithmetic on them, so there is nothing to scan them into). With no
 	// usage there is one row, the header, with NULL usage columns.
 	usageHeader = `
 WITH h AS (

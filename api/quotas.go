@@ -1,13 +1,10 @@
 package api
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"time"
 	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
@@ -119,11 +116,6 @@ func (a *API) putQuota(w http.ResponseWriter, r *http.Request) error {
 	if _, err := queryParams(r); err != nil {
 		return err
 	}
-	raw, err := io.ReadAll(r.Body)
-	if err != nil {
-		return err
-	}
-	r.Body = io.NopCloser(bytes.NewReader(raw))
 	var body quotaBody
 	if err := decodeJSON(r, &body); err != nil {
 		return err
@@ -135,44 +127,39 @@ func (a *API) putQuota(w http.ResponseWriter, r *http.Request) error {
 			return invalidField("actor", "1-200 characters, or leave it out for \"admin\"")
 		}
 	}
-	// quota's decoder stops at the first value of a wrong JSON type and
-	// reports it as "body"; check those here, leave them out, and let quota
-	// check the rest, so every problem is reported at once.
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &fields); err != nil {
-		return malformed(err.Error())
-	}
-	delete(fields, "actor")
-	for name, v := range fields {
-		var dest any
-		want := "a string"
-		switch name {
-		case "mode", "on_stale", "reason", "admission", "on_unreachable":
-			dest = new(string)
-		case "stale_after", "local_every":
-			dest, want = new(quota.Duration), `whole seconds or a duration such as "5m"`
-		case "effective_at":
-			dest, want = new(time.Time), "an RFC 3339 time such as 2026-12-01T00:00:00Z"
-		default:
-			continue
+	// The body's values stay raw until here so that a value of a wrong JSON
+	// type is one field error among all the others, not the first and only
+	// one. Decimals stay raw: quota reads them.
+	p := quota.PutRequest{Limit: body.Limit, WarnAt: body.WarnAt, LocalAmount: body.LocalAmount}
+	const (
+		aString  = "a string"
+		duration = `whole seconds or a duration such as "5m"`
+	)
+	for _, f := range []struct {
+		name string
+		raw  json.RawMessage
+		set  func(json.RawMessage) error
+		want string
+	}{
+		{"mode", body.Mode, into(&p.Mode), aString},
+		{"on_stale", body.OnStale, into(&p.OnStale), aString},
+		{"reason", body.Reason, into(&p.Reason), aString},
+		{"admission", body.Admission, into(&p.Admission), aString},
+		{"on_unreachable", body.OnUnreachable, into(&p.OnUnreachable), aString},
+		{"stale_after", body.StaleAfter, intoPtr(&p.StaleAfter), duration},
+		{"local_every", body.LocalEvery, intoPtr(&p.LocalEvery), duration},
+		{"effective_at", body.EffectiveAt, intoPtr(&p.EffectiveAt), "an RFC 3339 time such as 2026-12-01T00:00:00Z"},
+	} {
+		if f.raw != nil && f.set(f.raw) != nil {
+			errs = append(errs, FieldError{Field: f.name, Detail: "must be " + f.want + ", not " + quote(string(f.raw))})
 		}
-		if json.Unmarshal(v, dest) != nil {
-			errs = append(errs, FieldError{Field: name, Detail: "must be " + want + ", not " + quote(string(v))})
-			delete(fields, name)
-		}
 	}
-	rest, err := json.Marshal(fields)
-	if err != nil {
-		return err
-	}
-	in, err := quota.DecodePutRequest(bytes.NewReader(rest), customer, meter, actor)
+	in, err := p.Input(customer, meter, actor)
 	if err != nil && !errors.Is(err, quota.ErrInvalid) {
 		return err
 	}
 	if err != nil || len(errs) > 0 {
-		if err != nil {
-			errs = append(errs, quotaFieldErrors(err)...)
-		}
+		errs = append(errs, fieldsOf(err)...)
 		sortFieldErrors(errs)
 		return invalid(errs...)
 	}
@@ -190,4 +177,31 @@ func (a *API) putQuota(w http.ResponseWriter, r *http.Request) error {
 	}
 	writeJSON(w, status, rule)
 	return nil
+}
+
+// into returns a function that decodes a JSON value into *dst, leaving
+// *dst as it was when the value does not decode.
+func into[T any](dst *T) func(json.RawMessage) error {
+	return func(raw json.RawMessage) error {
+		var v T
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return err
+		}
+		*dst = v
+		return nil
+	}
+}
+
+// intoPtr is into for an optional field: the value is decoded as a T (so
+// null is checked by T's own decoder, as for any other value) and *dst
+// points to it.
+func intoPtr[T any](dst **T) func(json.RawMessage) error {
+	return func(raw json.RawMessage) error {
+		var v T
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return err
+		}
+		*dst = &v
+		return nil
+	}
 }

@@ -1,8 +1,11 @@
 package api_test
 
 import (
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/tally-ledger/tally/api"
 )
 
 func TestQuotas(t *testing.T) {
@@ -73,4 +76,26 @@ func TestQuotas(t *testing.T) {
 		t.Fatalf("fields %s", got)
 	}
 	f.do("PUT", "/v1/customers/acme/quotas/api_calls", adminToken, `{"limit": "1"} {}`).problem(t, 400, "urn:tally:problem:malformed-json")
+}
+
+// TestPutQuotaEveryProblemAtOnce: a PUT body is decoded once, and every
+// value of a wrong JSON type (null included, where the type refuses it) is
+// reported with quota's own checks, each with its field and detail.
+func TestPutQuotaEveryProblemAtOnce(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	p := f.do("PUT", "/v1/customers/acme/quotas/api_calls", adminToken, map[string]any{
+		"limit": "1", "mode": nil, "stale_after": nil, "reason": 7, "admission": true, "on_unreachable": 1,
+		"local_every": "x", "local_amount": "-3"}).problem(t, 400, "urn:tally:problem:invalid-request")
+	want := []api.FieldError{
+		{Field: "admission", Detail: `must be a string, not "true"`},
+		{Field: "local_every", Detail: `must be whole seconds or a duration such as "5m", not "\"x\""`},
+		{Field: "on_unreachable", Detail: `must be a string, not "1"`},
+		{Field: "on_unreachable", Detail: `local_amount and local_every go only with "local"`},
+		{Field: "reason", Detail: `must be a string, not "7"`},
+		{Field: "stale_after", Detail: `must be whole seconds or a duration such as "5m", not "null"`},
+	}
+	if !slices.Equal(p.Errors, want) {
+		t.Fatalf("errors\n%+v\nwant\n%+v", p.Errors, want)
+	}
 }

@@ -118,34 +118,11 @@ func (a *API) getUsage(w http.ResponseWriter, r *http.Request) error {
 		return invalid(errs...)
 	}
 
-	now := a.now()
-	p, err := a.resolvePeriod(ctx, customer, ref, now)
+	ans, err := a.answerUsage(ctx, customer, ref, meter, groupBy == "hour")
 	if err != nil {
 		return err
 	}
-
-	key := usageKey{customer: customer, period: p.Start.UnixMicro(), meter: meter, byHour: groupBy == "hour"}
-	d, ok := a.watch.get(key, now)
-	if ok {
-		a.metrics.usageHits.Inc()
-	} else {
-		a.metrics.usageMisses.Inc()
-		ticket := a.watch.ticket(customer)
-		if d, err = a.readUsage(ctx, key, p); err != nil {
-			return err
-		}
-		a.watch.put(ticket, key, d, now)
-	}
-	closed, asOf, items := d.closed, d.asOf, d.items
-	var asOfTime *time.Time
-	var lag *float64
-	if asOf.Valid {
-		t := asOf.Time.UTC()
-		l := math.Round(max(now.Sub(t).Seconds(), 0)*1000) / 1000
-		asOfTime, lag = &t, &l
-	}
-	graceEnds := p.End.Add(a.grace).UTC()
-	pv := periodView{Name: p.Name, Start: p.Start.UTC(), End: p.End.UTC(), State: periods.StateOf(p, now, a.grace, closed), GraceEnds: &graceEnds}
+	key, items, pv, asOfTime, lag := ans.key, ans.data.items, ans.period, ans.asOf, ans.lag
 
 	if key.meter != "" {
 		v := usageView{Customer: customer, Meter: meter, Period: pv, GroupBy: groupBy, Total: "0",
@@ -168,6 +145,47 @@ func (a *API) getUsage(w http.ResponseWriter, r *http.Request) error {
 	list = append(list, []byte("]"))
 	writeJSONWith(w, http.StatusOK, usageAllView{Customer: customer, Period: pv, GroupBy: groupBy, AsOf: asOfTime, LagSeconds: lag}, "items", list...)
 	return nil
+}
+
+// usageAnswer is a usage answer before encoding: what getUsage and Usage
+// (the console's) serve.
+type usageAnswer struct {
+	key    usageKey
+	data   usageData
+	period periodView
+	asOf   *time.Time
+	lag    *float64 // seconds, to the millisecond
+}
+
+// answerUsage reads a usage answer from the cache or Postgres. customer
+// and meter ("" for all) are checked ids; ref a period reference.
+func (a *API) answerUsage(ctx context.Context, customer, ref, meter string, byHour bool) (usageAnswer, error) {
+	now := a.now()
+	p, err := a.resolvePeriod(ctx, customer, ref, now)
+	if err != nil {
+		return usageAnswer{}, err
+	}
+	key := usageKey{customer: customer, period: p.Start.UnixMicro(), meter: meter, byHour: byHour}
+	d, ok := a.watch.get(key, now)
+	if ok {
+		a.metrics.usageHits.Inc()
+	} else {
+		a.metrics.usageMisses.Inc()
+		ticket := a.watch.ticket(customer)
+		if d, err = a.readUsage(ctx, key, p); err != nil {
+			return usageAnswer{}, err
+		}
+		a.watch.put(ticket, key, d, now)
+	}
+	ans := usageAnswer{key: key, data: d}
+	if d.asOf.Valid {
+		t := d.asOf.Time.UTC()
+		l := math.Round(max(now.Sub(t).Seconds(), 0)*1000) / 1000
+		ans.asOf, ans.lag = &t, &l
+	}
+	graceEnds := p.End.Add(a.grace).UTC()
+	ans.period = periodView{Name: p.Name, Start: p.Start.UTC(), End: p.End.UTC(), State: periods.StateOf(p, now, a.grace, d.closed), GraceEnds: &graceEnds}
+	return ans, nil
 }
 
 // usageKey identifies a usage answer; meter "" is every meter.
@@ -320,7 +338,7 @@ type cachedSchedule struct {
 // period that has started exactly as the stored one (see ScheduleCacheTTL),
 // so only a period that starts in the future is resolved from the database.
 func (a *API) resolvePeriod(ctx context.Context, customer, ref string, now time.Time) (periods.Period, error) {
-	if c, ok := a.schedules.get(customer); ok {
+	if c, ok := a.schedules.Get(customer); ok {
 		p, err := c.s.Resolve(ref, now)
 		if err == nil && !p.Start.After(now) {
 			return p, nil
@@ -333,6 +351,6 @@ func (a *API) resolvePeriod(ctx context.Context, customer, ref string, now time.
 	if err != nil {
 		return periods.Period{}, err
 	}
-	a.schedules.put(customer, cachedSchedule{c.Schedule})
+	a.schedules.Put(customer, cachedSchedule{c.Schedule})
 	return c.Schedule.Resolve(ref, now)
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/tally-ledger/tally/amount"
 	"github.com/tally-ledger/tally/api"
 	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/tokens"
 )
 
 // cacheCounts reads tally_api_usage_cache_total{result="hit"} and "miss".
@@ -442,8 +443,8 @@ func TestStuckListener(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	t.Logf("the new usage was read %s after the listener hung (%d stale answers before; lease 2s)", time.Since(hung).Round(time.Millisecond), stale)
-	toks, _ := api.ListTokens(ctx, f.pool, "acme")
-	if _, err := api.RevokeToken(ctx, f.pool, toks[0].ID, f.clock()); err != nil {
+	toks, _ := tokens.List(ctx, f.pool, "acme")
+	if _, err := tokens.Revoke(ctx, f.pool, toks[0].ID, f.clock()); err != nil {
 		t.Fatal(err)
 	}
 	if r := f.do("GET", "/v1/customers/acme", tok, nil); r.status != 401 {

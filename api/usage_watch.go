@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"hash/maphash"
@@ -184,7 +183,7 @@ func (w *usageWatch) forgetAll() {
 // position's value in particular is read from ingest_partitions, not
 // from the payload.
 type change struct {
-	Tokens    []string `json:"tokens"` // the token cache's (tokenWatch)
+	Tokens    []string `json:"tokens"` // the token cache's (tokens.Store)
 	Customers []string `json:"customers"`
 	Topic     *string  `json:"topic"` // a position of this topic moved
 	Truncated string   `json:"truncated"`
@@ -328,49 +327,6 @@ func (w *usageWatch) synced(s string) {
 
 // usageChannel is the channel the triggers notify (migration 00007).
 const usageChannel = "tally_api_cache"
-
-// tokenWatch is the token cache's subscriber: a revoked or deleted token
-// is dropped when its notification arrives.
-type tokenWatch struct {
-	// stamp counts revocations heard: a token read while one was heard
-	// is not cached (it might have been this one; see authenticate).
-	stamp atomic.Uint64
-	cache *ttlCache[[32]byte, cachedPrincipal]
-}
-
-func (t *tokenWatch) Listening(context.Context, *pgx.Conn) error { return nil }
-
-// Stopped keeps the tokens: beyond TokenCacheTTL they are trusted only
-// while the listener's epoch is the one they were read in (trusted).
-func (t *tokenWatch) Stopped() {}
-
-// Forget drops every token.
-func (t *tokenWatch) Forget() {
-	t.stamp.Add(1)
-	t.cache.clear()
-}
-
-func (t *tokenWatch) Handle(_ context.Context, _ *pgx.Conn, n *pgconn.Notification) error {
-	var c struct {
-		Tokens    []string `json:"tokens"`
-		Truncated string   `json:"truncated"`
-	}
-	if err := json.Unmarshal([]byte(n.Payload), &c); err != nil {
-		return fmt.Errorf("%w: payload %.100q: %w", notify.ErrNotUnderstood, n.Payload, err)
-	}
-	for _, tok := range c.Tokens {
-		var h [32]byte
-		if k, err := hex.Decode(h[:], []byte(tok)); err != nil || k != len(h) {
-			return fmt.Errorf("%w: payload %.100q: token hash %.80q", notify.ErrNotUnderstood, n.Payload, tok)
-		}
-		t.stamp.Add(1)
-		t.cache.del(h)
-	}
-	if c.Truncated != "" {
-		t.Forget() // every token may be gone
-	}
-	return nil
-}
 
 // Run keeps the usage and token caches coherent with Postgres (see
 // usageWatch and internal/notify) until ctx ends: it listens on a

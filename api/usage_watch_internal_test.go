@@ -72,54 +72,21 @@ func upListener() *fakeListener {
 	return l
 }
 
-// TestTokenTrust: a cached token is trusted without asking Postgres within
-// TokenCacheTTL of its read, and beyond only while the listener that hears
-// revocations has been up since the read and is live.
-func TestTokenTrust(t *testing.T) {
+// TestUsageCacheNeedsLiveListener: a listener that is not live (it heard
+// no probe sent within its lease: it hangs, or its connection died
+// silently; or the queue is filling) has its cache not used. (Tokens:
+// tokens.TestTokenTrust.)
+func TestUsageCacheNeedsLiveListener(t *testing.T) {
 	l := upListener()
-	a := &API{tokenTTL: 5 * time.Second, watch: newUsageWatch("t", l, time.Minute, 1<<20)}
-	up := l.Epoch()
-	old := time.Now().Add(-time.Hour)
-	for _, tt := range []struct {
-		c    cachedPrincipal
-		want bool
-	}{
-		{cachedPrincipal{epoch: up, read: old}, true},            // heard everything since
-		{cachedPrincipal{epoch: up - 1, read: old}, false},       // read while the listener was down
-		{cachedPrincipal{epoch: up - 2, read: old}, false},       // the listener reconnected since
-		{cachedPrincipal{epoch: up - 1, read: time.Now()}, true}, // within TokenCacheTTL
-		{cachedPrincipal{epoch: up - 2, read: time.Now()}, true}, // within TokenCacheTTL
-	} {
-		if got := a.trusted(tt.c); got != tt.want {
-			t.Errorf("epoch %d (now %d), read %s ago: trusted %v, want %v", tt.c.epoch, up, time.Since(tt.c.read).Round(time.Second), got, tt.want)
-		}
-	}
-	// A listener that is not live (it heard no probe sent within its
-	// lease: it hangs, or its connection died silently; or the queue is
-	// filling) is not trusted past TokenCacheTTL, and its cache is not
-	// used.
+	w := newUsageWatch("t", l, time.Minute, 1<<20)
 	key := usageKey{customer: "c"}
-	a.watch.put(a.watch.ticket("c"), key, usageData{}, time.Now())
-	if _, ok := a.watch.get(key, time.Now()); !ok {
+	w.put(w.ticket("c"), key, usageData{}, time.Now())
+	if _, ok := w.get(key, time.Now()); !ok {
 		t.Fatal("no hit while live")
 	}
 	l.live.Store(false)
-	if a.trusted(cachedPrincipal{epoch: up, read: old}) {
-		t.Error("trusted a token past TokenCacheTTL while the listener is not live")
-	}
-	if !a.trusted(cachedPrincipal{epoch: up, read: time.Now()}) {
-		t.Error("a token within TokenCacheTTL was not trusted")
-	}
-	if _, ok := a.watch.get(key, time.Now()); ok {
+	if _, ok := w.get(key, time.Now()); ok {
 		t.Error("a cached answer was served while the listener is not live")
-	}
-	l.live.Store(true)
-	if !a.trusted(cachedPrincipal{epoch: up, read: old}) {
-		t.Error("not trusted once live again")
-	}
-	l.epoch.Add(1) // down
-	if a.trusted(cachedPrincipal{epoch: up, read: old}) {
-		t.Error("trusted a token past TokenCacheTTL while the listener is down")
 	}
 }
 

@@ -105,69 +105,59 @@ type summary struct {
 
 func kindName(k int) string { return ledger.Kind(k).String() }
 
-// deadLetters collects the rows of one insertDeadLetters statement.
-type deadLetters struct {
-	ids     []uuid.UUID
-	offsets []int64
-	indexes []*int32
-	reasons []string
-	fields  []*string
-	details []string
-	keys    [][]byte
-	raws    [][]byte
+// deadLetter is one refused message or record, as stored.
+type deadLetter struct {
+	offset int64
+	index  *int32 // the record's place in the message; nil: the whole message
+	reason string
+	field  string
+	detail string
+	key    []byte
+	raw    []byte
 	// The message header of a refused record (nil for a refused message,
 	// whose raw bytes hold it), so the record can be replayed alone.
-	producers []*string
-	epochs    []*int64
+	header *wire.Batch
 }
 
-func (d *deadLetters) add(offset int64, index *int32, reason, field, detail string, key, raw []byte, hdr *wire.Batch) error {
-	id, err := uuid.NewV7()
-	if err != nil {
-		return err
+// deadLetterArgs turns a micro-batch's dead letters into the columns of
+// qInsertDeadLetters, each with a new id.
+func deadLetterArgs(topic string, partition int, now time.Time, dls []deadLetter) (pgx.StrictNamedArgs, error) {
+	n := len(dls)
+	ids, offsets, indexes := make([]uuid.UUID, n), make([]int64, n), make([]*int32, n)
+	reasons, fields, details := make([]string, n), make([]*string, n), make([]string, n)
+	keys, raws := make([][]byte, n), make([][]byte, n)
+	producers, epochs := make([]*string, n), make([]*int64, n)
+	for i, d := range dls {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return nil, err
+		}
+		ids[i], offsets[i], indexes[i], reasons[i], details[i], keys[i], raws[i] = id, d.offset, d.index, d.reason, d.detail, d.key, d.raw
+		if d.field != "" {
+			fields[i] = &d.field
+		}
+		if d.header != nil {
+			producers[i], epochs[i] = &d.header.Producer, &d.header.Epoch
+		}
 	}
-	var f *string
-	if field != "" {
-		f = &field
-	}
-	d.ids = append(d.ids, id)
-	d.offsets = append(d.offsets, offset)
-	d.indexes = append(d.indexes, index)
-	d.reasons = append(d.reasons, reason)
-	d.fields = append(d.fields, f)
-	d.details = append(d.details, detail)
-	d.keys = append(d.keys, key)
-	d.raws = append(d.raws, raw)
-	var producer *string
-	var epoch *int64
-	if hdr != nil {
-		producer, epoch = &hdr.Producer, &hdr.Epoch
-	}
-	d.producers = append(d.producers, producer)
-	d.epochs = append(d.epochs, epoch)
-	return nil
+	return pgx.StrictNamedArgs{"topic": topic, "partition": partition, "created_at": now,
+		"ids": ids, "offsets": offsets, "indexes": indexes, "reasons": reasons, "fields": fields,
+		"details": details, "keys": keys, "raws": raws, "producers": producers, "epochs": epochs}, nil
 }
 
-// tryCommit is one attempt at b's transaction. On a shutdown (the member's
-// run context ends) the transaction runs to its end (bounded by TxTimeout),
-// so the in-flight micro-batch is finished instead of wasted; when only the
-// partition's context ends (the member lost it: rebalance, lease claimed by
-// another member) it is rolled back at once, so the partition's row is not
-// kept locked from its next owner.
+// tryCommit is one attempt at b's transaction: fence the partition, apply
+// the batch's records, then write what the batch did (dead letters, offset
+// jumps, customers, counters) and commit, all or nothing. On a shutdown
+// (the member's run context ends) the transaction runs to its end (bounded
+// by TxTimeout), so the in-flight micro-batch is finished instead of
+// wasted; when only the partition's context ends (the member lost it:
+// rebalance, lease claimed by another member) it is rolled back at once,
+// so the partition's row is not kept locked from its next owner.
 func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary, err error) {
-	cfg := p.c.cfg
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), cfg.TxTimeout)
+	ctx, cancel := p.txContext(parent)
 	defer cancel()
-	if p.runCtx != nil {
-		stop := context.AfterFunc(parent, func() {
-			if p.runCtx.Err() == nil {
-				cancel()
-			}
-		})
-		defer stop()
-	}
 
-	tx, err := cfg.Pool.BeginTx(ctx, txOptions)
+	tx, err := p.c.cfg.Pool.BeginTx(ctx, txOptions)
 	if err != nil {
 		return s, &connLost{fmt.Errorf("begin: %w", err)}
 	}
@@ -184,14 +174,55 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 		}
 	}()
 
+	if err := p.fence(ctx, tx, b); err != nil {
+		return s, err
+	}
+	recs, refs := ledgerRecords(b)
+	outs, err := p.apply(ctx, tx, recs)
+	if err != nil {
+		return s, err
+	}
+	s, dls, err := account(b, refs, outs)
+	if err != nil {
+		return s, err
+	}
+	if err := p.record(ctx, tx, b, s, dls); err != nil {
+		return s, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return s, fmt.Errorf("commit: %w", err)
+	}
+	return s, nil
+}
+
+// txContext bounds a micro-batch transaction by TxTimeout, and ends it when
+// parent ends unless the whole member is shutting down (see tryCommit).
+func (p *partition) txContext(parent context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), p.c.cfg.TxTimeout)
+	if p.runCtx == nil {
+		return ctx, cancel
+	}
+	stop := context.AfterFunc(parent, func() {
+		if p.runCtx.Err() == nil {
+			cancel()
+		}
+	})
+	return ctx, func() { stop(); cancel() }
+}
+
+// fence runs first in the transaction: it bounds how long the transaction
+// may idle, then advances the partition's offset with the compare-and-set
+// that fails (errFenced) for a member that lost the partition. The row lock
+// it takes serialises any competing member before the ledger work.
+func (p *partition) fence(ctx context.Context, tx pgx.Tx, b *microBatch) error {
+	cfg := p.c.cfg
 	// A member stalled as a whole (stopped, swapped out) mid-transaction
 	// would keep the partition's row locked from the member that takes the
 	// partition over: Postgres ends a transaction idle for a session
 	// timeout (the member has been evicted by then).
-	if _, err = tx.Exec(ctx, setIdleTimeout, strconv.FormatInt(cfg.SessionTimeout.Milliseconds(), 10)); err != nil {
-		return s, fmt.Errorf("set idle timeout: %w", err)
+	if _, err := tx.Exec(ctx, qSetIdleTimeout, strconv.FormatInt(cfg.SessionTimeout.Milliseconds(), 10)); err != nil {
+		return fmt.Errorf("set idle timeout: %w", err)
 	}
-
 	// Kafka timestamps come from producers' clocks: one ahead of ours must
 	// not claim completeness for a time that has not come yet.
 	var through *time.Time
@@ -207,21 +238,27 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 	// COPY or a pipelined batch) is not idle, so Postgres would never end
 	// it: after a session timeout of waiting, its session is ended.
 	breaker := time.AfterFunc(cfg.SessionTimeout, func() { p.endBlockers(tx.Conn().PgConn().PID()) })
-	tag, err := tx.Exec(ctx, advanceOffset, cfg.Topic, p.id, b.from, b.to, b.hwm, through, p.gen.MemberID, p.gen.ID)
+	tag, err := tx.Exec(ctx, qAdvanceOffset, pgx.StrictNamedArgs{"topic": cfg.Topic, "partition": p.id, "from": b.from, "to": b.to,
+		"hwm": b.hwm, "through": through, "member": p.gen.MemberID, "generation": p.gen.ID})
 	breaker.Stop()
 	if err != nil {
-		return s, fmt.Errorf("advance offset: %w", err)
+		return fmt.Errorf("advance offset: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
-		return s, errFenced
+		return errFenced
 	}
+	return nil
+}
 
-	// Every valid record of every message, in offset order, in one Apply.
-	type ref struct {
-		msg, rec int // index in b.msgs, index in the message's valid records
-	}
+// recordRef places a record given to the ledger: index in b.msgs, index in
+// that message's valid records.
+type recordRef struct{ msg, rec int }
+
+// ledgerRecords turns every valid record of every message, in offset
+// order, into a ledger record, with where each came from.
+func ledgerRecords(b *microBatch) ([]ledger.Record, []recordRef) {
 	var recs []ledger.Record
-	var refs []ref
+	var refs []recordRef
 	for i := range b.msgs {
 		m := &b.msgs[i]
 		for j, r := range m.batch.Records {
@@ -234,49 +271,57 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 				OccurredAt:  r.OccurredAt,
 				Final:       r.Final,
 			})
-			refs = append(refs, ref{i, j})
+			refs = append(refs, recordRef{i, j})
 		}
 	}
-	var outs []ledger.Outcome
-	if len(recs) > 0 {
-		outs, err = cfg.Ledger.Apply(ctx, tx, recs)
-		if err != nil {
-			return s, fmt.Errorf("ledger apply: %w", err)
-		}
-		if len(outs) != len(recs) {
-			return s, fmt.Errorf("ledger apply: %d outcomes for %d records", len(outs), len(recs))
-		}
-	}
+	return recs, refs
+}
 
-	s.deadLetters = map[string]int{}
-	var dl deadLetters
-	addDL := func(offset int64, index *int32, reason, field, detail string, key, raw []byte, hdr *wire.Batch) error {
-		s.deadLetters[reason]++
-		return dl.add(offset, index, reason, field, detail, key, raw, hdr)
+// apply applies the batch's records in one ledger Apply.
+func (p *partition) apply(ctx context.Context, tx pgx.Tx, recs []ledger.Record) ([]ledger.Outcome, error) {
+	if len(recs) == 0 {
+		return nil, nil
+	}
+	outs, err := p.c.cfg.Ledger.Apply(ctx, tx, recs)
+	if err != nil {
+		return nil, fmt.Errorf("ledger apply: %w", err)
+	}
+	if len(outs) != len(recs) {
+		return nil, fmt.Errorf("ledger apply: %d outcomes for %d records", len(outs), len(recs))
+	}
+	return outs, nil
+}
+
+// account counts what the batch did (messages, records, outcomes) and
+// collects its dead letters: messages refused whole, records the decoder
+// refused, then records the ledger rejected.
+func account(b *microBatch, refs []recordRef, outs []ledger.Outcome) (summary, []deadLetter, error) {
+	s := summary{deadLetters: map[string]int{}}
+	var dls []deadLetter
+	add := func(d deadLetter) {
+		s.deadLetters[d.reason]++
+		dls = append(dls, d)
 	}
 	for i := range b.msgs {
 		m := &b.msgs[i]
 		s.messages++
 		if m.err != nil {
 			s.messagesRejected++
-			if err := addDL(m.offset, nil, string(m.err.Reason), m.err.Field, m.err.Detail, m.key, m.value, nil); err != nil {
-				return s, err
-			}
+			add(deadLetter{offset: m.offset, reason: string(m.err.Reason), field: m.err.Field, detail: m.err.Detail,
+				key: m.key, raw: m.value})
 			continue
 		}
-		n := len(m.batch.Records) + len(m.rejected)
-		s.records += n
+		s.records += len(m.batch.Records) + len(m.rejected)
 		s.outcomes[ledger.Rejected] += len(m.rejected)
 		for _, re := range m.rejected {
 			idx := int32(re.Index)
-			if err := addDL(m.offset, &idx, string(re.Err.Reason), re.Err.Field, re.Err.Detail, m.key, re.Raw, &m.batch); err != nil {
-				return s, err
-			}
+			add(deadLetter{offset: m.offset, index: &idx, reason: string(re.Err.Reason), field: re.Err.Field,
+				detail: re.Err.Detail, key: m.key, raw: re.Raw, header: &m.batch})
 		}
 	}
 	for k, o := range outs {
 		if o.Kind < 1 || int(o.Kind) >= len(s.outcomes) {
-			return s, fmt.Errorf("ledger apply: unknown outcome kind %d", o.Kind)
+			return s, nil, fmt.Errorf("ledger apply: unknown outcome kind %d", o.Kind)
 		}
 		s.outcomes[o.Kind]++
 		if o.Kind != ledger.Rejected {
@@ -288,52 +333,63 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 		// and epoch, is in the message at the same offset).
 		raw := m.batch.RecordBytes(m.value, refs[k].rec)
 		if raw == nil {
-			return s, fmt.Errorf("rejected record %d of the message at offset %d: no bytes", refs[k].rec, m.offset)
+			return s, nil, fmt.Errorf("rejected record %d of the message at offset %d: no bytes", refs[k].rec, m.offset)
 		}
 		detail := o.Detail
 		if detail == "" {
 			detail = o.Reason
 		}
-		if err := addDL(m.offset, &idx, o.Reason, "", detail, m.key, raw, &m.batch); err != nil {
-			return s, err
-		}
+		add(deadLetter{offset: m.offset, index: &idx, reason: o.Reason, detail: detail, key: m.key, raw: raw, header: &m.batch})
 	}
+	return s, dls, nil
+}
 
+// record writes, in one pipelined round trip, the batch's dead letters,
+// offset jumps, the partition its customers arrive on, and its counters.
+func (p *partition) record(ctx context.Context, tx pgx.Tx, b *microBatch, s summary, dls []deadLetter) error {
+	cfg := p.c.cfg
 	now := cfg.Clock().UTC()
 	batch := &pgx.Batch{}
-	if len(dl.ids) > 0 {
-		batch.Queue(insertDeadLetters, cfg.Topic, p.id, now,
-			dl.ids, dl.offsets, dl.indexes, dl.reasons, dl.fields, dl.details, dl.keys, dl.raws, dl.producers, dl.epochs)
+	if len(dls) > 0 {
+		args, err := deadLetterArgs(cfg.Topic, p.id, now, dls)
+		if err != nil {
+			return err
+		}
+		batch.Queue(qInsertDeadLetters, args)
 	}
 	for _, j := range b.jumps {
 		id, err := uuid.NewV7()
 		if err != nil {
-			return s, err
+			return err
 		}
-		batch.Queue(insertJump, id, cfg.Topic, p.id, j.from, j.to, now, j.detail)
+		batch.Queue(qInsertJump, pgx.StrictNamedArgs{"id": id, "topic": cfg.Topic, "partition": p.id, "from": j.from, "to": j.to,
+			"detected_at": now, "detail": j.detail})
 	}
-	customers := make([]string, 0, 8)
+	if customers := b.customers(); len(customers) > 0 {
+		batch.Queue(qNoteCustomers, cfg.Topic, p.id, customers, now)
+	}
+	batch.Queue(qAddCounters, pgx.StrictNamedArgs{"topic": cfg.Topic, "partition": p.id,
+		"messages": s.messages, "messages_rejected": s.messagesRejected, "records": s.records,
+		"applied": s.outcomes[ledger.Applied], "duplicate": s.outcomes[ledger.Duplicate], "conflict": s.outcomes[ledger.Conflict],
+		"late_fill": s.outcomes[ledger.LateFill], "rejected": s.outcomes[ledger.Rejected]})
+	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
+		return fmt.Errorf("dead letters and counters: %w", err)
+	}
+	return nil
+}
+
+// customers are the keys of the batch's decoded messages, sorted, once each.
+func (b *microBatch) customers() []string {
+	out := make([]string, 0, 8)
 	seen := map[string]bool{}
 	for i := range b.msgs {
 		if m := &b.msgs[i]; m.err == nil && !seen[string(m.key)] {
 			seen[string(m.key)] = true
-			customers = append(customers, string(m.key))
+			out = append(out, string(m.key))
 		}
 	}
-	if len(customers) > 0 {
-		sort.Strings(customers)
-		batch.Queue(noteCustomers, cfg.Topic, p.id, customers, now)
-	}
-	batch.Queue(addCounters, cfg.Topic, p.id, s.messages, s.messagesRejected, s.records,
-		s.outcomes[ledger.Applied], s.outcomes[ledger.Duplicate], s.outcomes[ledger.Conflict],
-		s.outcomes[ledger.LateFill], s.outcomes[ledger.Rejected])
-	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
-		return s, fmt.Errorf("dead letters and counters: %w", err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return s, fmt.Errorf("commit: %w", err)
-	}
-	return s, nil
+	sort.Strings(out)
+	return out
 }
 
 // endBlockers ends the sessions that keep backend pid (this member's
@@ -345,7 +401,7 @@ func (p *partition) endBlockers(pid uint32) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var n int
-	if err := p.c.cfg.Pool.QueryRow(ctx, endBlockers, int32(pid)).Scan(&n); err != nil {
+	if err := p.c.cfg.Pool.QueryRow(ctx, qEndBlockers, int32(pid)).Scan(&n); err != nil {
 		p.log.Warn("cannot end the session holding the partition's row lock", "err", err)
 		return
 	}

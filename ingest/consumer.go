@@ -239,15 +239,15 @@ func (p *partition) readNext(ctx context.Context, ensure bool) (int64, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.c.cfg.TxTimeout)
 	defer cancel()
 	var next int64
-	err := p.c.cfg.Pool.QueryRow(ctx, selectNextOffset, p.c.cfg.Topic, p.id).Scan(&next)
+	err := p.c.cfg.Pool.QueryRow(ctx, qSelectNextOffset, p.c.cfg.Topic, p.id).Scan(&next)
 	if ensure && errors.Is(err, pgx.ErrNoRows) {
 		// Insert only when missing: an INSERT ... ON CONFLICT on an existing
 		// row waits for a transaction updating it, which may be a stalled
 		// member's; a plain read never waits.
-		if _, err := p.c.cfg.Pool.Exec(ctx, ensurePartition, p.c.cfg.Topic, p.id); err != nil {
+		if _, err := p.c.cfg.Pool.Exec(ctx, qEnsurePartition, p.c.cfg.Topic, p.id); err != nil {
 			return 0, err
 		}
-		err = p.c.cfg.Pool.QueryRow(ctx, selectNextOffset, p.c.cfg.Topic, p.id).Scan(&next)
+		err = p.c.cfg.Pool.QueryRow(ctx, qSelectNextOffset, p.c.cfg.Topic, p.id).Scan(&next)
 	}
 	return next, err
 }
@@ -516,7 +516,7 @@ func (p *partition) idle(ctx context.Context, next int64) (int64, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.c.cfg.TxTimeout)
 	defer cancel()
-	tag, err := p.c.cfg.Pool.Exec(ctx, touchPosition, p.c.cfg.Topic, p.id, next, last, t0)
+	tag, err := p.c.cfg.Pool.Exec(ctx, qTouchPosition, p.c.cfg.Topic, p.id, next, last, t0)
 	if err != nil {
 		p.log.Debug("idle: cannot record the position", "err", err)
 		return next, nil

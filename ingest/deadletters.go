@@ -61,18 +61,13 @@ type DeadLetterFilter struct {
 	Limit    int       // default 100, at most 1000
 }
 
-const deadLetterColumns = `id, topic, partition, "offset", record_index, reason, coalesce(field, ''), detail,
-       key, raw, producer, epoch, created_at, replayed_at, replay_outcome`
-
 // ListDeadLetters returns a page of dead letters.
 func ListDeadLetters(ctx context.Context, db DBTX, f DeadLetterFilter) ([]DeadLetter, error) {
 	if f.Limit <= 0 {
 		f.Limit = 100
 	}
 	f.Limit = min(f.Limit, 1000)
-	rows, err := db.Query(ctx, `SELECT `+deadLetterColumns+` FROM dead_letters
-WHERE ($1 = '' OR key = convert_to($1, 'UTF8')) AND (NOT $2 OR replayed_at IS NULL) AND id > $3
-ORDER BY id LIMIT $4`, f.Customer, f.Pending, f.After, f.Limit)
+	rows, err := db.Query(ctx, qSelectDeadLetters, f.Customer, f.Pending, f.After, f.Limit)
 	if err != nil {
 		return nil, fmt.Errorf("ingest: dead letters: %w", err)
 	}
@@ -81,7 +76,7 @@ ORDER BY id LIMIT $4`, f.Customer, f.Pending, f.After, f.Limit)
 
 // GetDeadLetter returns one dead letter.
 func GetDeadLetter(ctx context.Context, db DBTX, id uuid.UUID) (DeadLetter, error) {
-	rows, err := db.Query(ctx, `SELECT `+deadLetterColumns+` FROM dead_letters WHERE id = $1`, id)
+	rows, err := db.Query(ctx, qSelectDeadLetter, id)
 	if err != nil {
 		return DeadLetter{}, fmt.Errorf("ingest: dead letter: %w", err)
 	}
@@ -131,7 +126,7 @@ type ReplayResult struct {
 // second replay a duplicate. Replays do not change the partition's
 // ingest counters, which describe what arrived from Kafka.
 func Replay(ctx context.Context, tx pgx.Tx, l *ledger.Ledger, id uuid.UUID, now time.Time) (ReplayResult, error) {
-	rows, err := tx.Query(ctx, `SELECT `+deadLetterColumns+` FROM dead_letters WHERE id = $1 FOR UPDATE`, id)
+	rows, err := tx.Query(ctx, qLockDeadLetter, id)
 	if err != nil {
 		return ReplayResult{}, fmt.Errorf("ingest: replay: %w", err)
 	}
@@ -194,7 +189,7 @@ func Replay(ctx context.Context, tx pgx.Tx, l *ledger.Ledger, id uuid.UUID, now 
 		return res, markAttempt(ctx, tx, id, res.Detail)
 	}
 	res.Replayed, res.Detail = true, summarize(res.Outcomes)
-	if _, err := tx.Exec(ctx, `UPDATE dead_letters SET replayed_at = $2, replay_outcome = $3 WHERE id = $1`, id, now, res.Detail); err != nil {
+	if _, err := tx.Exec(ctx, qMarkReplayed, id, now, res.Detail); err != nil {
 		return res, fmt.Errorf("ingest: replay: %w", err)
 	}
 	res.DeadLetter.ReplayedAt, res.DeadLetter.ReplayOutcome = &now, &res.Detail
@@ -202,7 +197,7 @@ func Replay(ctx context.Context, tx pgx.Tx, l *ledger.Ledger, id uuid.UUID, now 
 }
 
 func markAttempt(ctx context.Context, tx pgx.Tx, id uuid.UUID, detail string) error {
-	_, err := tx.Exec(ctx, `UPDATE dead_letters SET replay_outcome = $2 WHERE id = $1`, id, detail)
+	_, err := tx.Exec(ctx, qMarkReplayAttempt, id, detail)
 	return err
 }
 

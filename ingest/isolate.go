@@ -271,7 +271,7 @@ func (p *partition) retrying(ctx context.Context, b *microBatch, err error, atte
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	msg := strings.ReplaceAll(strings.ToValidUTF8(err.Error(), "\uFFFD"), "\x00", `\u0000`)
-	if _, werr := p.c.cfg.Pool.Exec(wctx, noteRetrying, p.c.cfg.Topic, p.id, b.from, p.stall.since.UTC(), msg); werr != nil {
+	if _, werr := p.c.cfg.Pool.Exec(wctx, qNoteRetrying, p.c.cfg.Topic, p.id, b.from, p.stall.since.UTC(), msg); werr != nil {
 		p.log.Debug("cannot record the retrying state", "err", werr)
 	}
 }

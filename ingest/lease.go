@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -22,63 +23,6 @@ import (
 //     once: it stops reading and rolls back its transaction instead of
 //     waiting for its Kafka heartbeat to fail. The offset compare-and-set
 //     stays what makes a stale member harmless; the lease makes it quiet.
-
-// claimPartition takes a partition for (member, generation). It overwrites a
-// claim of an older generation, a released one or one whose lease ran out;
-// since is kept while the same member keeps the partition.
-const claimPartition = `
-INSERT INTO ingest_partition_owners AS o (topic, partition, consumer_group, member, generation, process, since, lease_until)
-VALUES ($1, $2, $7, $3, $4, $5, now(), now() + $6::interval)
-ON CONFLICT (topic, partition, consumer_group) DO UPDATE
-SET member      = EXCLUDED.member,
-    generation  = EXCLUDED.generation,
-    process     = EXCLUDED.process,
-    since       = CASE WHEN o.member = EXCLUDED.member THEN o.since ELSE now() END,
-    lease_until = EXCLUDED.lease_until
-WHERE o.member IS NULL OR o.member = EXCLUDED.member OR o.generation < EXCLUDED.generation OR o.lease_until < now()`
-
-// renewLeases extends every claim of (member, generation) and returns the
-// partitions it still holds.
-const renewLeases = `
-UPDATE ingest_partition_owners
-SET lease_until = now() + $4::interval
-WHERE topic = $1 AND consumer_group = $5 AND member = $2 AND generation = $3
-RETURNING partition`
-
-// releasePartition gives a partition up on a clean shutdown.
-const releasePartition = `
-UPDATE ingest_partition_owners
-SET member = NULL, since = now(), lease_until = now()
-WHERE topic = $1 AND partition = $2 AND consumer_group = $5 AND member = $3 AND generation = $4`
-
-// holdsLease reports whether (member, generation) still holds the partition.
-const holdsLease = `
-SELECT EXISTS (SELECT 1 FROM ingest_partition_owners
-               WHERE topic = $1 AND partition = $2 AND consumer_group = $5 AND member = $3 AND generation = $4)`
-
-// selectOwners is the lease of every partition of a topic (or all topics):
-// a live one if any group holds one (one group is the normal case), else the
-// one that ran out last.
-const selectOwners = `
-SELECT DISTINCT ON (topic, partition)
-       topic, partition, member, process, since, lease_until, lease_until > now() AND member IS NOT NULL AS live
-FROM ingest_partition_owners
-WHERE $1 = '' OR topic = $1
-ORDER BY topic, partition, live DESC, lease_until DESC`
-
-// selectUnowned lists the partitions of a topic that have had no live owner
-// for at least $2.
-const selectUnowned = `
-SELECT p.partition, o.until
-FROM ingest_partitions p
-LEFT JOIN LATERAL (SELECT max(lease_until) AS until,
-                          bool_or(member IS NOT NULL AND lease_until > now()) AS live
-                   FROM ingest_partition_owners
-                   WHERE topic = p.topic AND partition = p.partition) o ON true
-WHERE p.topic = $1
-  AND NOT coalesce(o.live, false)
-  AND coalesce(o.until, p.updated_at) <= now() - $2::interval
-ORDER BY p.partition`
 
 // processName identifies this process in the owners table: host:pid.
 var processName = func() string {
@@ -125,8 +69,8 @@ func (l *leases) claim(ctx context.Context, id int) bool {
 	refused := 0
 	for attempt := 0; ; attempt++ {
 		cctx, cancel := context.WithTimeout(ctx, cfg.TxTimeout)
-		tag, err := cfg.Pool.Exec(cctx, claimPartition, cfg.Topic, id, l.gen.MemberID, l.gen.ID, processName,
-			interval(cfg.SessionTimeout), cfg.Group)
+		tag, err := cfg.Pool.Exec(cctx, qClaimPartition, pgx.StrictNamedArgs{"topic": cfg.Topic, "partition": id, "member": l.gen.MemberID,
+			"generation": l.gen.ID, "process": processName, "lease": interval(cfg.SessionTimeout), "group": cfg.Group})
 		cancel()
 		if err == nil && tag.RowsAffected() == 1 {
 			return true
@@ -218,7 +162,7 @@ func (l *leases) renew(ctx context.Context) (map[int]bool, error) {
 	cfg := l.c.cfg
 	ctx, cancel := context.WithTimeout(ctx, cfg.HeartbeatInterval+cfg.SessionTimeout/2)
 	defer cancel()
-	rows, err := cfg.Pool.Query(ctx, renewLeases, cfg.Topic, l.gen.MemberID, l.gen.ID, interval(cfg.SessionTimeout), cfg.Group)
+	rows, err := cfg.Pool.Query(ctx, qRenewLeases, cfg.Topic, l.gen.MemberID, l.gen.ID, interval(cfg.SessionTimeout), cfg.Group)
 	if err != nil {
 		return nil, err
 	}
@@ -241,7 +185,7 @@ func (l *leases) holds(ctx context.Context, id int) bool {
 	ctx, cancel := context.WithTimeout(ctx, cfg.TxTimeout)
 	defer cancel()
 	var ok bool
-	if err := cfg.Pool.QueryRow(ctx, holdsLease, cfg.Topic, id, l.gen.MemberID, l.gen.ID, cfg.Group).Scan(&ok); err != nil {
+	if err := cfg.Pool.QueryRow(ctx, qHoldsLease, cfg.Topic, id, l.gen.MemberID, l.gen.ID, cfg.Group).Scan(&ok); err != nil {
 		return true
 	}
 	return ok
@@ -253,7 +197,7 @@ func (l *leases) release(id int) {
 	cfg := l.c.cfg
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if _, err := cfg.Pool.Exec(ctx, releasePartition, cfg.Topic, id, l.gen.MemberID, l.gen.ID, cfg.Group); err != nil {
+	if _, err := cfg.Pool.Exec(ctx, qReleasePartition, cfg.Topic, id, l.gen.MemberID, l.gen.ID, cfg.Group); err != nil {
 		l.c.log.Debug("cannot release the partition's lease (it runs out by itself)", "partition", id, "err", err)
 	}
 }
@@ -263,7 +207,7 @@ func (l *leases) release(id int) {
 // partitions no member has claimed since their last write), with the time
 // their last lease ran out (nil if none was ever recorded).
 func Unowned(ctx context.Context, db DBTX, topic string, d time.Duration) ([]UnownedPartition, error) {
-	rows, err := db.Query(ctx, selectUnowned, topic, interval(d))
+	rows, err := db.Query(ctx, qSelectUnowned, topic, interval(d))
 	if err != nil {
 		return nil, fmt.Errorf("ingest unowned partitions: %w", err)
 	}
@@ -300,7 +244,7 @@ type ownership struct {
 }
 
 func owners(ctx context.Context, db DBTX, topic string) (map[[2]any]ownership, error) {
-	rows, err := db.Query(ctx, selectOwners, topic)
+	rows, err := db.Query(ctx, qSelectOwners, topic)
 	if err != nil {
 		return nil, err
 	}
@@ -321,11 +265,3 @@ func owners(ctx context.Context, db DBTX, topic string) (map[[2]any]ownership, e
 	}
 	return out, rows.Err()
 }
-
-// setIdleTimeout bounds how long the micro-batch transaction may sit idle
-// (milliseconds, this transaction only).
-const setIdleTimeout = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`
-
-// endBlockers ends the sessions blocking backend $1.
-const endBlockers = `
-SELECT count(*) FILTER (WHERE pg_terminate_backend(b)) FROM unnest(pg_blocking_pids($1)) AS b`

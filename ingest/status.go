@@ -68,7 +68,7 @@ type PartitionStatus struct {
 // Status returns every partition's stored position and counters, for topic
 // or (topic "") for all topics, ordered by topic and partition.
 func Status(ctx context.Context, db DBTX, topic string) ([]PartitionStatus, error) {
-	rows, err := db.Query(ctx, selectStatus, topic, StallAfter.Milliseconds())
+	rows, err := db.Query(ctx, qSelectStatus, topic, StallAfter.Milliseconds())
 	if err != nil {
 		return nil, fmt.Errorf("ingest status: %w", err)
 	}

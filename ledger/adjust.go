@@ -17,6 +17,7 @@ import (
 
 	"github.com/tally-ledger/tally/amount"
 	"github.com/tally-ledger/tally/periods"
+	"github.com/tally-ledger/tally/validation"
 )
 
 // Adjustment is a manual credit (negative) or debit (positive) entry.
@@ -35,28 +36,29 @@ var ErrAdjustmentConflict = errors.New("operation_id was already used for a diff
 
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
 
-// Validate reports every problem with the adjustment at once.
+// Validate reports every problem with the adjustment at once: errors.Join
+// of *validation.FieldError.
 func (a Adjustment) Validate() error {
 	var errs []error
 	if a.OperationID == uuid.Nil {
-		errs = append(errs, errors.New("operation_id: required"))
+		errs = append(errs, validation.Errorf("operation_id", "required"))
 	}
 	if !idPattern.MatchString(a.Customer) {
-		errs = append(errs, fmt.Errorf("customer: %q is not 1-128 characters of A-Z a-z 0-9 . _ : -", a.Customer))
+		errs = append(errs, validation.Errorf("customer", "%q is not 1-128 characters of A-Z a-z 0-9 . _ : -", a.Customer))
 	}
 	if !idPattern.MatchString(a.Meter) {
-		errs = append(errs, fmt.Errorf("meter: %q is not 1-128 characters of A-Z a-z 0-9 . _ : -", a.Meter))
+		errs = append(errs, validation.Errorf("meter", "%q is not 1-128 characters of A-Z a-z 0-9 . _ : -", a.Meter))
 	}
 	if a.Quantity.IsZero() {
-		errs = append(errs, errors.New("quantity: must not be zero"))
+		errs = append(errs, validation.Errorf("quantity", "must not be zero"))
 	} else if err := amount.Check(a.Quantity); err != nil {
-		errs = append(errs, fmt.Errorf("quantity: %w", err))
+		errs = append(errs, validation.Errorf("quantity", "%v", err))
 	}
 	if a.Reason == "" || utf8.RuneCountInString(a.Reason) > 1000 {
-		errs = append(errs, errors.New("reason: required, at most 1000 characters"))
+		errs = append(errs, validation.Errorf("reason", "required, at most 1000 characters"))
 	}
 	if a.Actor == "" || utf8.RuneCountInString(a.Actor) > 200 {
-		errs = append(errs, errors.New("actor: required, at most 200 characters"))
+		errs = append(errs, validation.Errorf("actor", "required, at most 200 characters"))
 	}
 	return errors.Join(errs...)
 }

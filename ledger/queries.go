@@ -71,9 +71,10 @@ WHERE g.stream_id = d.stream_id AND g.from_seq = d.from_seq`
 INSERT INTO gaps (stream_id, from_seq, to_seq, customer, meter, lower_total, upper_total,
                   upper_quantity, billed_period, billed_bucket, opened_at, unmoved)
 SELECT stream_id, from_seq, to_seq, customer, meter, lower_total::numeric, upper_total::numeric,
-       upper_quantity::numeric, billed_period, billed_bucket, $11, unmoved::numeric
-FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::text[],
-            $8::text[], $9::timestamptz[], $10::timestamptz[], $12::text[])
+       upper_quantity::numeric, billed_period, billed_bucket, @opened_at, unmoved::numeric
+FROM unnest(@stream_id::bigint[], @from_seq::bigint[], @to_seq::bigint[], @customer::text[], @meter::text[],
+            @lower_total::text[], @upper_total::text[], @upper_quantity::text[], @billed_period::timestamptz[],
+            @billed_bucket::timestamptz[], @unmoved::text[])
   AS g(stream_id, from_seq, to_seq, customer, meter, lower_total, upper_total,
        upper_quantity, billed_period, billed_bucket, unmoved)`
 
@@ -81,10 +82,10 @@ FROM unnest($1::bigint[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6
 INSERT INTO entries (id, kind, operation_id, customer, meter, amount, period_start, bucket,
                      prior_period, occurred_at, reason, actor, stream_id, seq, request_hash, created_at)
 SELECT id, kind, operation_id, customer, meter, amount::numeric, period_start, bucket,
-       prior_period, occurred_at, reason, actor, stream_id, seq, request_hash, $16
-FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::text[], $5::text[], $6::text[],
-            $7::timestamptz[], $8::timestamptz[], $9::timestamptz[], $10::timestamptz[],
-            $11::text[], $12::text[], $13::bigint[], $14::bigint[], $15::bytea[])
+       prior_period, occurred_at, reason, actor, stream_id, seq, request_hash, @created_at
+FROM unnest(@id::uuid[], @kind::text[], @operation_id::uuid[], @customer::text[], @meter::text[], @amount::text[],
+            @period_start::timestamptz[], @bucket::timestamptz[], @prior_period::timestamptz[], @occurred_at::timestamptz[],
+            @reason::text[], @actor::text[], @stream_id::bigint[], @seq::bigint[], @request_hash::bytea[])
   AS e(id, kind, operation_id, customer, meter, amount, period_start, bucket,
        prior_period, occurred_at, reason, actor, stream_id, seq, request_hash)`
 
@@ -121,14 +122,15 @@ DO UPDATE SET quantity = r.quantity + EXCLUDED.quantity`
 	qInsertConflicts = `
 INSERT INTO conflicts (id, reason, operation_id, stream_id, seq, customer, meter,
                        existing_operation_id, payload, payload_hash, detected_at)
-SELECT * , $11::timestamptz FROM unnest($1::uuid[], $2::text[], $3::uuid[], $4::bigint[], $5::bigint[],
-            $6::text[], $7::text[], $8::uuid[], $9::text[]::jsonb[], $10::bytea[])
+SELECT *, @detected_at::timestamptz
+FROM unnest(@id::uuid[], @reason::text[], @operation_id::uuid[], @stream_id::bigint[], @seq::bigint[],
+            @customer::text[], @meter::text[], @existing_operation_id::uuid[], @payload::text[]::jsonb[], @payload_hash::bytea[])
 ON CONFLICT (operation_id, stream_id, seq, payload_hash) DO NOTHING`
 
 	qInsertFindings = `
 INSERT INTO findings (id, kind, customer, meter, stream_id, seq, period_start, amount, detail, created_at)
-SELECT id, kind, customer, meter, stream_id, seq, period_start, amount::numeric, detail, $10
-FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[],
-            $7::timestamptz[], $8::text[], $9::text[])
+SELECT id, kind, customer, meter, stream_id, seq, period_start, amount::numeric, detail, @created_at
+FROM unnest(@id::uuid[], @kind::text[], @customer::text[], @meter::text[], @stream_id::bigint[], @seq::bigint[],
+            @period_start::timestamptz[], @amount::text[], @detail::text[])
   AS f(id, kind, customer, meter, stream_id, seq, period_start, amount, detail)`
 )

@@ -144,7 +144,9 @@ func (a *applier) queueGaps(b *pgx.Batch) {
 		b.Queue(qDeleteGaps, delSID, delFrom)
 	}
 	if len(sid) > 0 {
-		b.Queue(qInsertGaps, sid, from, to, cust, meter, lower, upper, upperQ, bp, bb, a.now, unmoved)
+		b.Queue(qInsertGaps, pgx.StrictNamedArgs{"stream_id": sid, "from_seq": from, "to_seq": to, "customer": cust, "meter": meter,
+			"lower_total": lower, "upper_total": upper, "upper_quantity": upperQ, "billed_period": bp, "billed_bucket": bb,
+			"opened_at": a.now, "unmoved": unmoved})
 	}
 }
 
@@ -170,7 +172,9 @@ func queueEntries(b *pgx.Batch, entries []entry, now time.Time, query string) *p
 		period[i], bucket[i], prior[i], occ[i] = e.period, e.bucket, e.priorPeriod, e.occurredAt
 		reason[i], actor[i], sid[i], seq[i] = e.reason, e.actor, e.streamID, e.seq
 	}
-	return b.Queue(query, pgUUIDs(ids), kind, pgUUIDs(ops), cust, meter, amt, period, bucket, prior, occ, reason, actor, sid, seq, hash, now)
+	return b.Queue(query, pgx.StrictNamedArgs{"id": pgUUIDs(ids), "kind": kind, "operation_id": pgUUIDs(ops), "customer": cust,
+		"meter": meter, "amount": amt, "period_start": period, "bucket": bucket, "prior_period": prior, "occurred_at": occ,
+		"reason": reason, "actor": actor, "stream_id": sid, "seq": seq, "request_hash": hash, "created_at": now})
 }
 
 // queueRollups upserts the batch's hourly rollups and, summed by local
@@ -238,7 +242,9 @@ func (a *applier) queueConflicts(b *pgx.Batch) {
 	for i := range payload {
 		ps[i] = string(payload[i])
 	}
-	b.Queue(qInsertConflicts, pgUUIDs(ids), reason, pgUUIDs(ops), sid, seq, cust, meter, pgNullUUIDs(existing), ps, hash, a.now)
+	b.Queue(qInsertConflicts, pgx.StrictNamedArgs{"id": pgUUIDs(ids), "reason": reason, "operation_id": pgUUIDs(ops),
+		"stream_id": sid, "seq": seq, "customer": cust, "meter": meter, "existing_operation_id": pgNullUUIDs(existing),
+		"payload": ps, "payload_hash": hash, "detected_at": a.now})
 }
 
 func (a *applier) queueFindings(b *pgx.Batch) {
@@ -260,7 +266,8 @@ func (a *applier) queueFindings(b *pgx.Batch) {
 			amt[i] = &s
 		}
 	}
-	b.Queue(qInsertFindings, pgUUIDs(ids), kind, cust, meter, sid, seq, period, amt, detail, a.now)
+	b.Queue(qInsertFindings, pgx.StrictNamedArgs{"id": pgUUIDs(ids), "kind": kind, "customer": cust, "meter": meter,
+		"stream_id": sid, "seq": seq, "period_start": period, "amount": amt, "detail": detail, "created_at": a.now})
 }
 
 func nullString(d decimal.NullDecimal) *string {

@@ -10,6 +10,8 @@ import (
 	// a missing zone file must not stop ingest for every non-UTC customer.
 	// The system database still wins when present.
 	_ "time/tzdata"
+
+	"github.com/tally-ledger/tally/validation"
 )
 
 // Cadence is how often a calendar's periods repeat.
@@ -48,34 +50,39 @@ func DefaultCalendar() Calendar {
 	return Calendar{Cadence: Monthly, AnchorDay: 1, AnchorTime: "00:00", Zone: "UTC"}
 }
 
-// Validate reports every problem of c at once, each naming its JSON field.
+// Validate reports every problem of c at once, each naming its JSON field:
+// errors.Join of *validation.FieldError.
 func (c Calendar) Validate() error {
-	return errors.Join(c.problems()...)
+	var errs []error
+	for _, fe := range c.problems() {
+		errs = append(errs, fe)
+	}
+	return errors.Join(errs...)
 }
 
-func (c Calendar) problems() []error {
-	var errs []error
+func (c Calendar) problems() []*validation.FieldError {
+	var errs []*validation.FieldError
 	switch c.Cadence {
 	case Monthly:
 		if c.AnchorDay < 1 || c.AnchorDay > 31 {
-			errs = append(errs, fmt.Errorf("anchor_day: %d is out of range 1..31 for a monthly calendar", c.AnchorDay))
+			errs = append(errs, validation.Errorf("anchor_day", "%d is out of range 1..31 for a monthly calendar", c.AnchorDay))
 		}
 	case Weekly:
 		if c.AnchorDay < 1 || c.AnchorDay > 7 {
-			errs = append(errs, fmt.Errorf("anchor_day: %d is out of range 1..7 (ISO weekday, 1 = Monday) for a weekly calendar", c.AnchorDay))
+			errs = append(errs, validation.Errorf("anchor_day", "%d is out of range 1..7 (ISO weekday, 1 = Monday) for a weekly calendar", c.AnchorDay))
 		}
 	case Daily:
 		if c.AnchorDay != 0 {
-			errs = append(errs, fmt.Errorf("anchor_day: %d must be 0 for a daily calendar", c.AnchorDay))
+			errs = append(errs, validation.Errorf("anchor_day", "%d must be 0 for a daily calendar", c.AnchorDay))
 		}
 	default:
-		errs = append(errs, fmt.Errorf("cadence: %q is not one of monthly, weekly, daily", c.Cadence))
+		errs = append(errs, validation.Errorf("cadence", "%q is not one of monthly, weekly, daily", c.Cadence))
 	}
 	if _, ok := parseClock(c.AnchorTime); !ok {
-		errs = append(errs, fmt.Errorf("anchor_time: %q is not HH:MM", c.AnchorTime))
+		errs = append(errs, validation.Errorf("anchor_time", "%q is not HH:MM", c.AnchorTime))
 	}
 	if _, err := c.Location(); err != nil {
-		errs = append(errs, err)
+		errs = append(errs, validation.Errorf("zone", "unknown time zone %q", c.Zone))
 	}
 	return errs
 }
@@ -180,7 +187,7 @@ func (c Calendar) rule() (rule, error) {
 		ok = false
 	}
 	if !ok || zerr != nil {
-		return rule{}, fmt.Errorf("invalid calendar: %w", c.Validate())
+		return rule{}, fmt.Errorf("invalid calendar: %v", c.Validate()) // %v: a stored calendar is not the caller's input
 	}
 	return rule{cadence: c.Cadence, day: int64(c.AnchorDay), clock: clock, loc: loc}, nil
 }

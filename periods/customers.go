@@ -25,30 +25,6 @@ type Customer struct {
 	Schedule  Schedule
 }
 
-// The customers table is written here only: by SetCalendar and by
-// QueueCreateCustomers (the ledger's create-on-first-usage).
-const (
-	qSelectCustomer = `SELECT schedule, created_at FROM customers WHERE id = $1`
-
-	qSelectCustomerForUpdate = qSelectCustomer + ` FOR UPDATE`
-
-	// A customer created by SetCalendar: its calendar applies from the beginning.
-	qInsertCustomer = `
-INSERT INTO customers (id, schedule, created_at, updated_at)
-VALUES ($1, $2, $3, $3)
-ON CONFLICT (id) DO NOTHING
-RETURNING created_at`
-
-	qUpdateSchedule = `UPDATE customers SET schedule = $2, updated_at = $3 WHERE id = $1`
-
-	// Sorted ids, so concurrent batches lock new rows in one order.
-	qInsertDefaultCustomers = `
-INSERT INTO customers (id, schedule)
-SELECT id, $2::jsonb FROM unnest($1::text[]) AS id
-ORDER BY id
-ON CONFLICT (id) DO NOTHING`
-)
-
 // defaultSchedule is NewSchedule(DefaultCalendar()) as stored.
 var defaultSchedule = func() []byte {
 	raw, err := json.Marshal(NewSchedule(DefaultCalendar()))

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/tally-ledger/tally/validation"
 )
 
 // Version is one calendar of a schedule and the instant it applies from.
@@ -40,29 +42,30 @@ func NewSchedule(c Calendar) Schedule {
 	return Schedule{{Calendar: c}}
 }
 
-// Validate reports every problem of s at once, each naming its field. Besides
-// each calendar, it checks that versions ascend and that each change takes
-// effect at a period boundary of the schedule before it, as Change does.
+// Validate reports every problem of s at once, each naming its field
+// (errors.Join of *validation.FieldError). Besides each calendar, it checks
+// that versions ascend and that each change takes effect at a period
+// boundary of the schedule before it, as Change does.
 func (s Schedule) Validate() error {
 	if len(s) == 0 {
-		return errors.New("schedule: has no versions")
+		return validation.Errorf("schedule", "has no versions")
 	}
 	var errs []error
 	calendarsOK := true
 	for i, v := range s {
-		for _, err := range v.Calendar.problems() {
-			errs = append(errs, fmt.Errorf("schedule[%d].calendar.%w", i, err))
+		for _, fe := range v.Calendar.problems() {
+			errs = append(errs, validation.Errorf(fmt.Sprintf("schedule[%d].calendar.%s", i, fe.Field), "%s", fe.Detail))
 			calendarsOK = false
 		}
 	}
 	if !s[0].EffectiveFrom.IsZero() {
-		errs = append(errs, fmt.Errorf("schedule[0].effective_from: %s must be the zero time", s[0].EffectiveFrom.Format(time.RFC3339Nano)))
+		errs = append(errs, validation.Errorf("schedule[0].effective_from", "%s must be the zero time", s[0].EffectiveFrom.Format(time.RFC3339Nano)))
 	}
 	ascending := true
 	for i := 1; i < len(s); i++ {
 		if !s[i].EffectiveFrom.After(s[i-1].EffectiveFrom) {
-			errs = append(errs, fmt.Errorf("schedule[%d].effective_from: %s is not after schedule[%d]'s %s",
-				i, s[i].EffectiveFrom.Format(time.RFC3339Nano), i-1, s[i-1].EffectiveFrom.Format(time.RFC3339Nano)))
+			errs = append(errs, validation.Errorf(fmt.Sprintf("schedule[%d].effective_from", i), "%s is not after schedule[%d]'s %s",
+				s[i].EffectiveFrom.Format(time.RFC3339Nano), i-1, s[i-1].EffectiveFrom.Format(time.RFC3339Nano)))
 			ascending = false
 		}
 	}
@@ -71,10 +74,10 @@ func (s Schedule) Validate() error {
 			eff := s[i].EffectiveFrom
 			p, err := s[:i].PeriodAt(eff.Add(-time.Nanosecond))
 			if err != nil {
-				errs = append(errs, fmt.Errorf("schedule[%d].effective_from: %w", i, err))
+				errs = append(errs, validation.Errorf(fmt.Sprintf("schedule[%d].effective_from", i), "%v", err))
 			} else if !p.End.Equal(eff) {
-				errs = append(errs, fmt.Errorf("schedule[%d].effective_from: %s is not a period boundary; the period containing it ends %s",
-					i, eff.Format(time.RFC3339Nano), p.End.Format(time.RFC3339)))
+				errs = append(errs, validation.Errorf(fmt.Sprintf("schedule[%d].effective_from", i), "%s is not a period boundary; the period containing it ends %s",
+					eff.Format(time.RFC3339Nano), p.End.Format(time.RFC3339)))
 			}
 		}
 	}
@@ -159,7 +162,8 @@ func (s Schedule) Change(now time.Time, c Calendar) (Schedule, time.Time, error)
 		return nil, time.Time{}, fmt.Errorf("change calendar: %w", err)
 	}
 	if err := s.Validate(); err != nil {
-		return nil, time.Time{}, fmt.Errorf("change calendar: %w", err)
+		// %v: s is stored state, not the caller's input (see package validation).
+		return nil, time.Time{}, fmt.Errorf("change calendar: %v", err)
 	}
 	n := len(s)
 	for n > 1 && s[n-1].EffectiveFrom.After(now) {

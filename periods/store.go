@@ -8,18 +8,19 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	pgxdecimal "github.com/jackc/pgx-shopspring-decimal"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/internal/locks"
 )
 
-// The customer lock that orders applying usage against closing a period:
-// Apply takes it shared for every customer of its batch, Close takes it
-// exclusively for one customer. The second key is a bucket of the
-// customer id's hash, so a micro-batch takes a bounded number of locks.
+// The customer lock that orders applying usage against closing a period
+// (internal/locks.Customer says who takes it and how).
 const (
-	CustomerLockSpace   = 71540
-	CustomerLockBuckets = 256
+	CustomerLockSpace   = locks.Customer
+	CustomerLockBuckets = locks.CustomerBuckets
 )
 
 // Errors of the period store. The API maps them to HTTP statuses.
@@ -105,7 +106,7 @@ func (s Store) grace() time.Duration {
 // Schedule loads a customer's calendar history.
 func (s Store) Schedule(ctx context.Context, db DBTX, customer string) (Schedule, error) {
 	var raw []byte
-	err := db.QueryRow(ctx, `SELECT schedule FROM customers WHERE id = $1`, customer).Scan(&raw)
+	err := db.QueryRow(ctx, qSelectSchedule, customer).Scan(&raw)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("customer %q: %w", customer, ErrUnknownCustomer)
 	}
@@ -148,8 +149,7 @@ func (s Store) Close(ctx context.Context, tx pgx.Tx, req CloseRequest) (Statemen
 	}
 	// Wait for in-flight Applies of this customer and keep new ones out
 	// until this transaction ends: nothing lands in p behind our back.
-	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1::int, abs(hashtext($2::text) % $3::int))`,
-		CustomerLockSpace, req.Customer, CustomerLockBuckets); err != nil {
+	if _, err := tx.Exec(ctx, qLockCustomer, CustomerLockSpace, req.Customer, CustomerLockBuckets); err != nil {
 		return Statement{}, fmt.Errorf("periods: lock customer: %w", err)
 	}
 	if st, ok, err := s.stored(ctx, tx, req.Customer, p); err != nil || ok {
@@ -195,10 +195,8 @@ func (s Store) Close(ctx context.Context, tx pgx.Tx, req CloseRequest) (Statemen
 	if req.Force {
 		reason, actor = &req.Reason, &req.Actor
 	}
-	_, err = tx.Exec(ctx, `
-INSERT INTO period_closes (customer, period_start, period_end, closed_at, statement, forced, reason, actor, reconciliation_id)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
-		req.Customer, p.Start, p.End, closedAt, raw, req.Force, reason, actor, runID)
+	_, err = tx.Exec(ctx, qInsertClose, pgx.StrictNamedArgs{"customer": req.Customer, "period_start": p.Start, "period_end": p.End,
+		"closed_at": closedAt, "statement": raw, "forced": req.Force, "reason": reason, "actor": actor, "reconciliation_id": runID})
 	if err != nil {
 		return Statement{}, fmt.Errorf("periods: close: %w", err)
 	}
@@ -232,7 +230,7 @@ func (s Store) Statement(ctx context.Context, db DBTX, customer, ref string) (St
 
 func (s Store) stored(ctx context.Context, db DBTX, customer string, p Period) (Statement, bool, error) {
 	var raw []byte
-	err := db.QueryRow(ctx, `SELECT statement FROM period_closes WHERE customer = $1 AND period_start = $2`, customer, p.Start).Scan(&raw)
+	err := db.QueryRow(ctx, qSelectStatement, customer, p.Start).Scan(&raw)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Statement{}, false, nil
 	}
@@ -262,13 +260,12 @@ func (s Store) computeWith(ctx context.Context, db DBTX, customer string, p Peri
 	}
 	for rows.Next() {
 		var l Line
-		var usage, prior, adj, rolled string
-		if err := rows.Scan(&l.Meter, &usage, &prior, &adj, &rolled); err != nil {
+		var rolled decimal.Decimal
+		if err := rows.Scan(&l.Meter, numeric(&l.Usage), numeric(&l.PriorPeriodAdjustments), numeric(&l.Adjustments), numeric(&rolled)); err != nil {
 			return st, nil, err
 		}
-		l.Usage, l.PriorPeriodAdjustments, l.Adjustments = decimal.RequireFromString(usage), decimal.RequireFromString(prior), decimal.RequireFromString(adj)
 		l.Billed = l.Usage.Add(l.PriorPeriodAdjustments).Add(l.Adjustments)
-		if !l.Billed.Equal(decimal.RequireFromString(rolled)) {
+		if !l.Billed.Equal(rolled) {
 			mismatched = append(mismatched, fmt.Sprintf("%s: entries %s, rollups %s", l.Meter, l.Billed, rolled))
 		}
 		st.Lines = append(st.Lines, l)
@@ -282,65 +279,13 @@ func (s Store) computeWith(ctx context.Context, db DBTX, customer string, p Peri
 	}
 	for rows.Next() {
 		var a Absorbed
-		var amt string
-		if err := rows.Scan(&a.Period, &a.Meter, &amt); err != nil {
+		if err := rows.Scan(&a.Period, &a.Meter, numeric(&a.Amount)); err != nil {
 			return st, nil, err
 		}
-		a.Amount = decimal.RequireFromString(amt)
 		st.Absorbed = append(st.Absorbed, a)
 	}
 	return st, mismatched, rows.Err()
 }
-
-const (
-	// Per meter: usage, prior-period adjustments, manual adjustments, and
-	// the rollups' total for the cross-check.
-	qStatementLines = `
-WITH src AS (
-  SELECT meter,
-         CASE WHEN prior_period IS NULL THEN billed ELSE 0 END AS usage,
-         CASE WHEN prior_period IS NULL THEN 0 ELSE billed END AS prior,
-         0::numeric AS adj
-  FROM records WHERE customer = $1 AND period_start = $2
-  UNION ALL
-  SELECT meter,
-         CASE WHEN kind = 'reattribution' THEN amount ELSE 0 END,
-         0,
-         CASE WHEN kind = 'adjustment' THEN amount ELSE 0 END
-  FROM entries WHERE customer = $1 AND period_start = $2
-), lines AS (
-  SELECT meter, sum(usage) AS usage, sum(prior) AS prior, sum(adj) AS adj FROM src GROUP BY meter
-), rolled AS (
-  SELECT meter, sum(quantity) AS q FROM rollups WHERE customer = $1 AND period_start = $2 GROUP BY meter
-)
-SELECT meter, trim_scale(coalesce(l.usage, 0))::text, trim_scale(coalesce(l.prior, 0))::text,
-       trim_scale(coalesce(l.adj, 0))::text, trim_scale(coalesce(r.q, 0))::text
-FROM lines l FULL JOIN rolled r USING (meter)
-ORDER BY meter`
-
-	// The same columns from the rollups (index-only, see rollups_usage):
-	// usage is the billed total less the parts kept apart, which are rare
-	// rows read by their own indexes (records_prior, entries_period).
-	qLiveStatementLines = `
-WITH rolled AS (
-  SELECT meter, sum(quantity) AS q FROM rollups WHERE customer = $1 AND period_start = $2 GROUP BY meter
-), prior AS (
-  SELECT meter, sum(billed) AS q FROM records
-  WHERE customer = $1 AND period_start = $2 AND prior_period IS NOT NULL GROUP BY meter
-), adj AS (
-  SELECT meter, sum(amount) AS q FROM entries
-  WHERE customer = $1 AND period_start = $2 AND kind = 'adjustment' GROUP BY meter
-)
-SELECT meter, trim_scale(coalesce(r.q, 0) - coalesce(p.q, 0) - coalesce(a.q, 0))::text,
-       trim_scale(coalesce(p.q, 0))::text, trim_scale(coalesce(a.q, 0))::text, trim_scale(coalesce(r.q, 0))::text
-FROM rolled r FULL JOIN prior p USING (meter) FULL JOIN adj a USING (meter)
-ORDER BY meter`
-
-	qStatementAbsorbed = `
-SELECT prior_period, meter, trim_scale(sum(billed))::text
-FROM records WHERE customer = $1 AND period_start = $2 AND prior_period IS NOT NULL
-GROUP BY 1, 2 ORDER BY 1, 2`
-)
 
 // Summary is one period in a customer's list of periods.
 type Summary struct {
@@ -359,24 +304,18 @@ func (s Store) List(ctx context.Context, db DBTX, customer string) ([]Summary, e
 		return nil, err
 	}
 	now := s.now()
-	rows, err := db.Query(ctx, `
-SELECT period_start, trim_scale(sum(q))::text, bool_or(closed)
-FROM (
-  SELECT period_start, quantity AS q, false AS closed FROM rollups WHERE customer = $1
-  UNION ALL
-  SELECT period_start, 0, true FROM period_closes WHERE customer = $1
-) s GROUP BY 1 ORDER BY 1 DESC`, customer)
+	rows, err := db.Query(ctx, qListPeriods, customer)
 	if err != nil {
 		return nil, fmt.Errorf("periods: list: %w", err)
 	}
 	type row struct {
 		start  time.Time
-		billed string
+		billed decimal.Decimal
 		closed bool
 	}
 	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
 		var x row
-		return x, r.Scan(&x.start, &x.billed, &x.closed)
+		return x, r.Scan(&x.start, numeric(&x.billed), &x.closed)
 	})
 	if err != nil {
 		return nil, fmt.Errorf("periods: list: %w", err)
@@ -395,7 +334,12 @@ FROM (
 			return nil, err
 		}
 		out = append(out, Summary{Name: p.Name, Start: p.Start.UTC(), End: p.End.UTC(),
-			State: StateOf(p, now, s.grace(), r.closed), Billed: decimal.RequireFromString(r.billed)})
+			State: StateOf(p, now, s.grace(), r.closed), Billed: r.billed})
 	}
 	return out, nil
 }
+
+// numeric scans a NUMERIC straight into d through the pgx adapter's type (a
+// conversion of decimal.Decimal: no text round trip, whatever the pool's
+// type map); NULL fails the scan.
+func numeric(d *decimal.Decimal) *pgxdecimal.Decimal { return (*pgxdecimal.Decimal)(d) }

@@ -152,13 +152,20 @@ func TestStalledIngestAndUnreadableLedger(t *testing.T) {
 	// A steady 10 units per second of as_of time, then ingest stalls.
 	rd := e.reader()
 	enf := e.start(e.config("a"))
+	var lastPosition time.Time
 	for i := 0; i < 4; i++ {
 		e.use("acme", "api_calls", 10)
 		e.advance(time.Second)
-		e.position(e.now())
+		lastPosition = e.now()
+		e.position(lastPosition)
 		time.Sleep(120 * time.Millisecond)
 	}
-	first := rd.until(5*time.Second, "used 40", func(d received) bool { return d.Used.Equal(dec("40")) })
+	// The decision that saw both the last usage and the last position: one
+	// evaluated between them has used 40 and an older as_of, which the
+	// stalled decisions below would then seem to move.
+	first := rd.until(5*time.Second, "used 40 as of the last position", func(d received) bool {
+		return d.Used.Equal(dec("40")) && d.AsOf != nil && !d.AsOf.Before(lastPosition.Truncate(time.Microsecond))
+	})
 	stalledAt := *first.AsOf
 
 	// Ingest stalls: applied_through stops; time goes on. Lag grows, usage

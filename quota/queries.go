@@ -3,9 +3,9 @@ package quota
 // The package's SQL, in one place. Every statement is a constant; values are
 // always bind parameters.
 
-// qLockRule serialises new versions of one rule: advisory key space 71542
-// (periods uses 71540, reconcile 71541), second key the hash of "customer/meter".
-const qLockRule = `SELECT pg_advisory_xact_lock(71542, hashtext($1))`
+// qLockRule serialises new versions of one rule: $1 is locks.QuotaRule,
+// $2 "customer/meter".
+const qLockRule = `SELECT pg_advisory_xact_lock($1::int, hashtext($2))`
 
 // qLatestVersion is the highest version of a rule and the effective time
 // and version of the version in force at $3.

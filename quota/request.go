@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"io"
 	"time"
 
@@ -13,6 +11,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/validation"
 )
 
 // PutRequest is the body of PUT /v1/customers/{customer}/quotas/{meter}:
@@ -40,29 +39,37 @@ type PutRequest struct {
 
 // DecodePutRequest reads a PutRequest body (at most 64 KiB, no unknown
 // fields) and returns it as a RuleInput for customer and meter by actor
-// (the authenticated principal). Every problem is reported at once; the
-// errors wrap ErrInvalid.
+// (the authenticated principal). Every problem is reported at once (see
+// PutRequest.Input).
 func DecodePutRequest(body io.Reader, customer, meter, actor string) (RuleInput, error) {
 	raw, err := io.ReadAll(io.LimitReader(body, 64<<10+1))
 	if err != nil {
-		return RuleInput{}, fmt.Errorf("%w: body: %v", ErrInvalid, err)
+		return RuleInput{}, invalid(validation.Errorf("body", "%v", err))
 	}
 	if len(raw) > 64<<10 {
-		return RuleInput{}, fmt.Errorf("%w: body: larger than 64 KiB", ErrInvalid)
+		return RuleInput{}, invalid(validation.Errorf("body", "larger than 64 KiB"))
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	var p PutRequest
 	if err := dec.Decode(&p); err != nil {
-		return RuleInput{}, fmt.Errorf("%w: body: %v", ErrInvalid, err)
+		return RuleInput{}, invalid(validation.Errorf("body", "%v", err))
 	}
+	return p.Input(customer, meter, actor)
+}
+
+// Input returns p, already decoded, as a RuleInput for customer and meter
+// by actor. Every problem is reported at once: ErrInvalid wrapping
+// errors.Join of *validation.FieldError.
+func (p PutRequest) Input(customer, meter, actor string) (RuleInput, error) {
 	in := RuleInput{Customer: customer, Meter: meter, Mode: p.Mode, OnStale: p.OnStale, Actor: actor, Reason: p.Reason,
 		Admission: p.Admission, OnUnreachable: p.OnUnreachable}
 	var errs []error
+	var err error
 	if len(p.LocalAmount) > 0 && string(p.LocalAmount) != "null" {
 		v, err := decodeDecimal(p.LocalAmount)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%w: local_amount: %v", ErrInvalid, err))
+			errs = append(errs, validation.Errorf("local_amount", "%v", err))
 		} else {
 			in.LocalAmount = decimal.NewNullDecimal(v)
 		}
@@ -71,14 +78,14 @@ func DecodePutRequest(body io.Reader, customer, meter, actor string) (RuleInput,
 		in.LocalEvery = time.Duration(*p.LocalEvery)
 	}
 	if len(p.Limit) == 0 {
-		errs = append(errs, fmt.Errorf("%w: limit: is required", ErrInvalid))
+		errs = append(errs, validation.Errorf("limit", "is required"))
 	} else if in.Limit, err = decodeDecimal(p.Limit); err != nil {
-		errs = append(errs, fmt.Errorf("%w: limit: %v", ErrInvalid, err))
+		errs = append(errs, validation.Errorf("limit", "%v", err))
 	}
 	if len(p.WarnAt) > 0 && string(p.WarnAt) != "null" {
 		w, err := decodeDecimal(p.WarnAt)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%w: warn_at: %v", ErrInvalid, err))
+			errs = append(errs, validation.Errorf("warn_at", "%v", err))
 		} else {
 			in.WarnAt = decimal.NewNullDecimal(w)
 		}
@@ -86,20 +93,17 @@ func DecodePutRequest(body io.Reader, customer, meter, actor string) (RuleInput,
 	if p.StaleAfter != nil {
 		in.StaleAfter = time.Duration(*p.StaleAfter)
 		if in.StaleAfter == 0 {
-			errs = append(errs, fmt.Errorf("%w: stale_after: must be positive", ErrInvalid))
+			errs = append(errs, validation.Errorf("stale_after", "must be positive"))
 		}
 	}
 	if p.EffectiveAt != nil {
 		in.EffectiveAt = *p.EffectiveAt
 	}
-	if len(errs) > 0 {
-		// Report the field checks too, so the caller sees everything at once.
-		if verr := in.Validate(); verr != nil {
-			errs = append(errs, verr)
-		}
-		return RuleInput{}, errors.Join(errs...)
+	// Report the field checks too, so the caller sees everything at once.
+	if err := invalid(append(errs, in.problems()...)...); err != nil {
+		return RuleInput{}, err
 	}
-	return in, in.Validate()
+	return in, nil
 }
 
 // decodeDecimal reads a decimal string or a plain JSON integer, refusing

@@ -14,6 +14,8 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/internal/locks"
+	"github.com/tally-ledger/tally/validation"
 )
 
 // Mode says whether gateways should act on a rule's decisions.
@@ -129,12 +131,25 @@ type RuleInput struct {
 
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
 
-// Validate reports every problem of in at once, each naming its field. The
-// errors wrap ErrInvalid.
+// Validate reports every problem of in at once, each naming its field:
+// ErrInvalid wrapping errors.Join of *validation.FieldError.
 func (in RuleInput) Validate() error {
+	return invalid(in.problems()...)
+}
+
+// invalid is ErrInvalid wrapping the field errors errs, or nil if there
+// are none.
+func invalid(errs ...error) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
+}
+
+func (in RuleInput) problems() []error {
 	var errs []error
 	bad := func(field, format string, args ...any) {
-		errs = append(errs, fmt.Errorf("%w: %s: %s", ErrInvalid, field, fmt.Sprintf(format, args...)))
+		errs = append(errs, validation.Errorf(field, format, args...))
 	}
 	if !idPattern.MatchString(in.Customer) {
 		bad("customer", "%q must be 1-128 characters of [A-Za-z0-9._:-]", in.Customer)
@@ -193,7 +208,7 @@ func (in RuleInput) Validate() error {
 	if in.Actor == "" {
 		bad("actor", "is required (who is changing the quota)")
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 func (in RuleInput) withDefaults(now time.Time) RuleInput {
@@ -245,7 +260,7 @@ func putRule(ctx context.Context, tx pgx.Tx, in RuleInput, now time.Time) (Rule,
 	in = in.withDefaults(now)
 	// Serialise versions of one rule: the next version number and the
 	// effective-time check read the previous version under this lock.
-	if _, err := tx.Exec(ctx, qLockRule, in.Customer+"/"+in.Meter); err != nil {
+	if _, err := tx.Exec(ctx, qLockRule, locks.QuotaRule, in.Customer+"/"+in.Meter); err != nil {
 		return Rule{}, fmt.Errorf("quota: lock rule: %w", err)
 	}
 	var prevVersion int64
@@ -256,8 +271,8 @@ func putRule(ctx context.Context, tx pgx.Tx, in RuleInput, now time.Time) (Rule,
 	}
 	// A version dated before the one in force would never be in force.
 	if inForce != nil && in.EffectiveAt.Before(*inForce) {
-		return Rule{}, fmt.Errorf("%w: effective_at: %s is before %s, the effective time of version %d (in force), so it would never take effect",
-			ErrInvalid, in.EffectiveAt.Format(time.RFC3339Nano), inForce.UTC().Format(time.RFC3339Nano), *inForceVersion)
+		return Rule{}, invalid(validation.Errorf("effective_at", "%s is before %s, the effective time of version %d (in force), so it would never take effect",
+			in.EffectiveAt.Format(time.RFC3339Nano), inForce.UTC().Format(time.RFC3339Nano), *inForceVersion))
 	}
 	r := Rule{
 		Customer: in.Customer, Meter: in.Meter, Version: prevVersion + 1,

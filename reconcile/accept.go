@@ -64,9 +64,9 @@ func Accept(ctx context.Context, db interface {
 	var exists, replayed bool
 	var err error
 	if a.Kind == AcceptDeadLetter {
-		err = db.QueryRow(ctx, `SELECT true, replayed_at IS NOT NULL FROM dead_letters WHERE id = $1`, a.ID).Scan(&exists, &replayed)
+		err = db.QueryRow(ctx, qDeadLetterReplayed, a.ID).Scan(&exists, &replayed)
 	} else {
-		err = db.QueryRow(ctx, `SELECT true, false FROM ingest_offset_jumps WHERE id = $1`, a.ID).Scan(&exists, &replayed)
+		err = db.QueryRow(ctx, qOffsetJumpExists, a.ID).Scan(&exists, &replayed)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return fmt.Errorf("%s %s: %w", a.Kind, a.ID, ErrNotFound)
@@ -77,9 +77,7 @@ func Accept(ctx context.Context, db interface {
 	if replayed {
 		return fmt.Errorf("dead letter %s: %w", a.ID, ErrAlreadyReplayed)
 	}
-	if _, err := db.Exec(ctx, `
-INSERT INTO reconciliation_acceptances (kind, id, actor, reason, accepted_at) VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (kind, id) DO NOTHING`, a.Kind, a.ID, a.Actor, a.Reason, a.At.UTC().Truncate(time.Microsecond)); err != nil {
+	if _, err := db.Exec(ctx, qAcceptanceInsert, a.Kind, a.ID, a.Actor, a.Reason, a.At.UTC().Truncate(time.Microsecond)); err != nil {
 		return fmt.Errorf("reconcile: accept: %w", err)
 	}
 	return nil

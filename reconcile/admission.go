@@ -30,10 +30,6 @@ const (
 	CheckAdmission = "exact_admission"
 )
 
-const qBudgetUsage = `
-SELECT coalesce(sum(quantity), 0)::text FROM rollups
-WHERE customer = $1 AND meter = $2 AND period_start = $3`
-
 // checkAdmission compares each exact budget's grants with billed usage.
 func (r *runner) checkAdmission(ctx context.Context, tx pgx.Tx, tg target, now time.Time) error {
 	accounts, err := admission.Accounts(ctx, tx, tg.customers, tg.starts, now)
@@ -41,14 +37,11 @@ func (r *runner) checkAdmission(ctx context.Context, tx pgx.Tx, tg target, now t
 		return err
 	}
 	for _, a := range accounts {
-		var usedText string
-		if err := tx.QueryRow(ctx, qBudgetUsage, a.Customer, a.Meter, a.PeriodStart).Scan(&usedText); err != nil {
+		var usedNum numeric
+		if err := tx.QueryRow(ctx, qBudgetUsage, a.Customer, a.Meter, a.PeriodStart).Scan(&usedNum); err != nil {
 			return err
 		}
-		used, err := decimal.NewFromString(usedText)
-		if err != nil {
-			return err
-		}
+		used := usedNum.dec()
 		if over := a.Spent.Sub(a.Limit); over.IsPositive() {
 			r.find(Finding{Kind: KindOverGranted, Severity: Discrepancy, Customer: a.Customer, Meter: a.Meter, Amount: &over,
 				Detail: fmt.Sprintf("grants report %s spent against a limit of %s", a.Spent, a.Limit)})

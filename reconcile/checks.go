@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	pgxdecimal "github.com/jackc/pgx-shopspring-decimal"
 	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
@@ -60,48 +61,21 @@ type target struct {
 	ends      []time.Time
 }
 
-const targetsCTE = `t AS (SELECT * FROM unnest($1::text[], $2::timestamptz[], $3::timestamptz[]) AS t(customer, period_start, period_end))`
+// args are the named arguments of the statements over the targets (see
+// queries.go); not strict, since not every statement uses all of them.
+func (tg target) args() pgx.NamedArgs {
+	return pgx.NamedArgs{"customers": tg.customers, "starts": tg.starts, "ends": tg.ends, "all": tg.all}
+}
 
 // checkRollups recomputes every rollup bucket of the targets from records
 // and entries (one pass over the period's records), and builds the
 // per-meter totals on the way.
 func (r *runner) checkRollups(ctx context.Context, tx pgx.Tx, tg target) error {
-	// Aggregate first, filtering on what the indexes know, then keep the
-	// exact (customer, period) pairs. A run for every customer of a period
-	// reads the period's records whole: no customer filter to evaluate.
-	filter := "period_start = ANY($2)"
-	if !tg.all {
-		filter = "customer = ANY($1) AND period_start = ANY($2)"
-	}
-	// This query is hash-shaped; the planner's sort-based alternatives
-	// for a period's million buckets are a third slower (measured with
-	// BenchmarkReconcileScan). Only for this statement.
-	if _, err := tx.Exec(ctx, `SET LOCAL enable_sort = off`); err != nil {
+	// qRollupsCheck says how it filters.
+	if _, err := tx.Exec(ctx, qSortOff); err != nil {
 		return err
 	}
-	rows, err := tx.Query(ctx, `
-WITH `+targetsCTE+`,
-rec AS (
-  SELECT customer, meter, period_start, bucket, sum(billed) AS q, count(*) AS n
-  FROM records WHERE `+filter+` GROUP BY 1, 2, 3, 4
-), ent AS (
-  SELECT customer, meter, period_start, bucket, sum(amount) AS q, count(*) AS n
-  FROM entries WHERE `+filter+` GROUP BY 1, 2, 3, 4
-), want AS (
-  SELECT customer, meter, period_start, bucket,
-         coalesce(r.q, 0) + coalesce(e.q, 0) AS q, coalesce(r.n, 0) + coalesce(e.n, 0) AS n
-  FROM rec r FULL JOIN ent e USING (customer, meter, period_start, bucket)
-), got AS (
-  SELECT customer, meter, period_start, bucket, quantity FROM rollups WHERE `+filter+`
-), b AS (
-  SELECT customer, meter, period_start, bucket, coalesce(w.q, 0) AS wq, coalesce(g.quantity, 0) AS gq, coalesce(w.n, 0) AS n
-  FROM want w FULL JOIN got g USING (customer, meter, period_start, bucket)
-)
-SELECT customer, meter, sum(wq), sum(gq), sum(n)::bigint,
-       coalesce(string_agg(format('%s: entries %s, rollup %s', bucket, trim_scale(wq), trim_scale(gq)), '; ')
-                FILTER (WHERE wq <> gq), '')
-FROM b JOIN t USING (customer, period_start)
-GROUP BY 1, 2`, tg.customers, tg.starts, tg.ends)
+	rows, err := tx.Query(ctx, qRollupsCheck, tg.args())
 	if err != nil {
 		return err
 	}
@@ -129,13 +103,13 @@ GROUP BY 1, 2`, tg.customers, tg.starts, tg.ends)
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	if _, err := tx.Exec(ctx, `SET LOCAL enable_sort = on`); err != nil {
+	if _, err := tx.Exec(ctx, qSortOn); err != nil {
 		return err
 	}
-	if err := r.checkDailyRollups(ctx, tx, tg, filter, hourly); err != nil {
+	if err := r.checkDailyRollups(ctx, tx, tg, hourly); err != nil {
 		return err
 	}
-	return r.breakdown(ctx, tx, tg, filter)
+	return r.breakdown(ctx, tx, tg)
 }
 
 // checkDailyRollups checks that the daily rollups (what the usage API
@@ -143,12 +117,8 @@ GROUP BY 1, 2`, tg.customers, tg.starts, tg.ends)
 // just checked against the ledger. Which day of the period an amount
 // shows on moves no money; how much the days hold does. (Checking every
 // day against its hours cost a fifth of a whole run.)
-func (r *runner) checkDailyRollups(ctx context.Context, tx pgx.Tx, tg target, filter string, hourly map[[2]string]decimal.Decimal) error {
-	rows, err := tx.Query(ctx, `
-WITH `+targetsCTE+`
-SELECT customer, meter, sum(quantity)
-FROM rollups_daily JOIN t USING (customer, period_start)
-WHERE `+filter+` GROUP BY 1, 2`, tg.customers, tg.starts, tg.ends)
+func (r *runner) checkDailyRollups(ctx context.Context, tx pgx.Tx, tg target, hourly map[[2]string]decimal.Decimal) error {
+	rows, err := tx.Query(ctx, qDailyRollupsSum, tg.args())
 	if err != nil {
 		return err
 	}
@@ -187,16 +157,8 @@ WHERE `+filter+` GROUP BY 1, 2`, tg.customers, tg.starts, tg.ends)
 // breakdown splits each meter's billed total into usage, prior-period
 // adjustments and manual adjustments. The rows it reads are rare (a
 // partial index finds the prior-period ones).
-func (r *runner) breakdown(ctx context.Context, tx pgx.Tx, tg target, filter string) error {
-	rows, err := tx.Query(ctx, `
-WITH `+targetsCTE+`
-SELECT customer, meter, 'prior', sum(billed)
-FROM records JOIN t USING (customer, period_start)
-WHERE `+filter+` AND prior_period IS NOT NULL GROUP BY 1, 2
-UNION ALL
-SELECT customer, meter, 'adjustment', sum(amount)
-FROM entries JOIN t USING (customer, period_start)
-WHERE `+filter+` AND kind = 'adjustment' GROUP BY 1, 2`, tg.customers, tg.starts, tg.ends)
+func (r *runner) breakdown(ctx context.Context, tx pgx.Tx, tg target) error {
+	rows, err := tx.Query(ctx, qBreakdown, tg.args())
 	if err != nil {
 		return err
 	}
@@ -224,14 +186,7 @@ WHERE `+filter+` AND kind = 'adjustment' GROUP BY 1, 2`, tg.customers, tg.starts
 // customers' records, all periods); open gaps billed in a target period
 // are listed with their amounts.
 func (r *runner) checkStreams(ctx context.Context, tx pgx.Tx, tg target) error {
-	rows, err := tx.Query(ctx, `
-WITH sums AS (
-  SELECT stream_id, sum(billed) AS billed, count(*) AS n FROM records WHERE customer = ANY($1) GROUP BY 1
-)
-SELECT st.customer, st.meter, st.producer || '/' || st.epoch, st.last_total,
-       coalesce(sums.billed, 0), coalesce(sums.n, 0)
-FROM streams st LEFT JOIN sums ON sums.stream_id = st.id
-WHERE st.customer = ANY($1) AND coalesce(sums.billed, 0) <> st.last_total`, tg.customers)
+	rows, err := tx.Query(ctx, qStreamTotalsCheck, tg.args())
 	if err != nil {
 		return err
 	}
@@ -252,14 +207,7 @@ WHERE st.customer = ANY($1) AND coalesce(sums.billed, 0) <> st.last_total`, tg.c
 		return err
 	}
 
-	rows, err = tx.Query(ctx, `
-WITH `+targetsCTE+`
-SELECT g.customer, g.meter, st.producer || '/' || st.epoch, g.from_seq, g.to_seq, g.billed_period,
-       g.upper_total - g.upper_quantity - g.lower_total,
-       g.upper_total - g.lower_total
-FROM gaps g JOIN t ON t.customer = g.customer AND t.period_start = g.billed_period
-JOIN streams st ON st.id = g.stream_id
-ORDER BY 1, 2, 3, 4`, tg.customers, tg.starts, tg.ends)
+	rows, err = tx.Query(ctx, qOpenGaps, tg.args())
 	if err != nil {
 		return err
 	}
@@ -300,19 +248,13 @@ ORDER BY 1, 2, 3, 4`, tg.customers, tg.starts, tg.ends)
 // a closed period is reported where it can still block a close), then
 // dead letters and offset jumps not replayed or accepted.
 func (r *runner) checkConflicts(ctx context.Context, tx pgx.Tx, tg target) error {
-	rows, err := tx.Query(ctx, `
-WITH `+targetsCTE+`
-SELECT c.customer, c.meter, (c.payload->>'producer') || '/' || (c.payload->>'epoch'), c.reason, c.seq,
-       c.operation_id::text, c.payload->>'total', c.payload->>'occurred_at', c.detected_at
-FROM conflicts c JOIN t ON t.customer = c.customer
- AND ((c.payload->>'occurred_at')::timestamptz >= t.period_start AND (c.payload->>'occurred_at')::timestamptz < t.period_end
-      OR c.detected_at >= t.period_start AND c.detected_at < t.period_end)
-ORDER BY c.detected_at`, tg.customers, tg.starts, tg.ends)
+	rows, err := tx.Query(ctx, qConflicts, tg.args())
 	if err != nil {
 		return err
 	}
 	for rows.Next() {
-		var c, m, stream, reason, op, total, occurred string
+		var c, m, stream, reason, total, occurred string
+		var op uuid.UUID
 		var seq int64
 		var at time.Time
 		if err := rows.Scan(&c, &m, &stream, &reason, &seq, &op, &total, &occurred, &at); err != nil {
@@ -334,26 +276,13 @@ ORDER BY c.detected_at`, tg.customers, tg.starts, tg.ends)
 	// refused. One whose key is no known customer (every message of a new
 	// customer refused) belongs to no target: it is reported without a
 	// customer, which makes the whole run dirty.
-	rows, err = tx.Query(ctx, `
-WITH `+targetsCTE+`,
-pending AS MATERIALIZED (
-  SELECT d.* FROM dead_letters d
-  WHERE d.replayed_at IS NULL
-    AND NOT EXISTS (SELECT 1 FROM reconciliation_acceptances a WHERE a.kind = 'dead_letter' AND a.id = d.id)
-)
-SELECT t.customer, d.id::text, d.reason, d.detail, d.partition, d."offset", d.record_index, '' AS key
-FROM pending d JOIN t ON d.key = convert_to(t.customer, 'UTF8') AND d.created_at >= t.period_start
-UNION ALL
-SELECT '', d.id::text, d.reason, d.detail, d.partition, d."offset", d.record_index, coalesce(encode(d.key, 'escape'), '(none)')
-FROM pending d
-WHERE d.created_at >= (SELECT min(period_start) FROM t)
-  AND (d.key IS NULL OR NOT EXISTS (SELECT 1 FROM customers cu WHERE convert_to(cu.id, 'UTF8') = d.key))
-ORDER BY 2`, tg.customers, tg.starts, tg.ends)
+	rows, err = tx.Query(ctx, qDeadLettersPending, tg.args())
 	if err != nil {
 		return err
 	}
 	for rows.Next() {
-		var c, id, reason, detail, key string
+		var c, reason, detail, key string
+		var id uuid.UUID
 		var part int32
 		var off int64
 		var idx *int32
@@ -379,19 +308,14 @@ ORDER BY 2`, tg.customers, tg.starts, tg.ends)
 	}
 	// Messages Kafka deleted before ingest read them may hold anyone's
 	// usage: every period that had started is dirty until accepted.
-	rows, err = tx.Query(ctx, `
-WITH `+targetsCTE+`
-SELECT j.id::text, j.topic, j.partition, j.from_offset, j.to_offset, j.detected_at, j.detail
-FROM ingest_offset_jumps j
-WHERE j.detected_at >= (SELECT min(period_start) FROM t)
-  AND NOT EXISTS (SELECT 1 FROM reconciliation_acceptances a WHERE a.kind = 'offset_jump' AND a.id = j.id)
-ORDER BY j.detected_at`, tg.customers, tg.starts, tg.ends)
+	rows, err = tx.Query(ctx, qOffsetJumpsPending, tg.args())
 	if err != nil {
 		return err
 	}
 	defer rows.Close()
 	for rows.Next() {
-		var id, topic, detail string
+		var topic, detail string
+		var id uuid.UUID
 		var part int32
 		var from, to int64
 		var at time.Time
@@ -411,11 +335,7 @@ ORDER BY j.detected_at`, tg.customers, tg.starts, tg.ends)
 // noted during it (one about a closed period is reported where it can
 // still be seen before a close).
 func (r *runner) checkLate(ctx context.Context, tx pgx.Tx, tg target) error {
-	rows, err := tx.Query(ctx, `
-WITH `+targetsCTE+`
-SELECT r.customer, r.meter, r.period_start, sum(r.billed), count(*)
-FROM records r JOIN t ON t.customer = r.customer AND r.prior_period = t.period_start
-GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`, tg.customers, tg.starts, tg.ends)
+	rows, err := tx.Query(ctx, qLateUsage, tg.args())
 	if err != nil {
 		return err
 	}
@@ -437,13 +357,7 @@ GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`, tg.customers, tg.starts, tg.ends)
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	rows, err = tx.Query(ctx, `
-WITH `+targetsCTE+`
-SELECT f.kind, f.customer, f.meter, coalesce(st.producer || '/' || st.epoch, ''), f.amount, f.detail
-FROM findings f JOIN t ON t.customer = f.customer
- AND (t.period_start = f.period_start OR f.created_at >= t.period_start AND f.created_at < t.period_end)
-LEFT JOIN streams st ON st.id = f.stream_id
-ORDER BY f.created_at`, tg.customers, tg.starts, tg.ends)
+	rows, err = tx.Query(ctx, qLedgerFindings, tg.args())
 	if err != nil {
 		return err
 	}
@@ -470,17 +384,7 @@ ORDER BY f.created_at`, tg.customers, tg.starts, tg.ends)
 func (r *runner) checkAbandoned(ctx context.Context, tx pgx.Tx, tg target) error {
 	// Superseded streams are few: find them from stream state, then look
 	// for their records in the period.
-	rows, err := tx.Query(ctx, `
-WITH `+targetsCTE+`
-SELECT st.customer, st.meter, st.producer || '/' || st.epoch, st.last_seq, st.last_total,
-       (SELECT min(n.epoch) FROM streams n WHERE n.producer = st.producer AND n.customer = st.customer
-          AND n.meter = st.meter AND n.epoch > st.epoch)
-FROM streams st JOIN t ON t.customer = st.customer
-WHERE st.final_seq IS DISTINCT FROM st.last_seq
-  AND EXISTS (SELECT 1 FROM streams n WHERE n.producer = st.producer AND n.customer = st.customer
-                AND n.meter = st.meter AND n.epoch > st.epoch)
-  AND EXISTS (SELECT 1 FROM records r WHERE r.stream_id = st.id AND r.period_start = t.period_start)
-ORDER BY 1, 2, 3`, tg.customers, tg.starts, tg.ends)
+	rows, err := tx.Query(ctx, qAbandonedStreams, tg.args())
 	if err != nil {
 		return err
 	}
@@ -502,12 +406,7 @@ ORDER BY 1, 2, 3`, tg.customers, tg.starts, tg.ends)
 // checkConservation: per partition, records in = sum of outcomes, and the
 // refused messages and records equal the dead letters kept for them.
 func (r *runner) checkConservation(ctx context.Context, tx pgx.Tx) error {
-	rows, err := tx.Query(ctx, `
-SELECT p.topic, p.partition, p.records_in,
-       p.records_applied + p.records_duplicate + p.records_conflict + p.records_late_fill + p.records_rejected,
-       p.records_rejected + p.messages_rejected,
-       (SELECT count(*) FROM dead_letters d WHERE d.topic = p.topic AND d.partition = p.partition)
-FROM ingest_partitions p ORDER BY 1, 2`)
+	rows, err := tx.Query(ctx, qConservation)
 	if err != nil {
 		return err
 	}
@@ -553,12 +452,7 @@ func clip(s string, n int) string {
 // a quota was exceeded (enforce mode) or its decision was stale. It is
 // billed like any usage; finance decides what to do about it.
 func (r *runner) checkOverage(ctx context.Context, tx pgx.Tx, tg target) error {
-	rows, err := tx.Query(ctx, `
-WITH `+targetsCTE+`
-SELECT o.customer, o.meter, o.while_exceeded, o.while_stale, o.over_limit
-FROM quota_overage o JOIN t USING (customer, period_start)
-WHERE o.while_exceeded > 0 OR o.while_stale > 0
-ORDER BY 1, 2`, tg.customers, tg.starts, tg.ends)
+	rows, err := tx.Query(ctx, qOverage, tg.args())
 	if err != nil {
 		return err
 	}

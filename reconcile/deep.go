@@ -86,7 +86,7 @@ func (rc *Reconciler) deep(ctx context.Context, tx pgx.Tx, r *runner, tg target)
 	}
 
 	// Ledger side.
-	rows, err := tx.Query(ctx, `SELECT producer, epoch, customer, meter, last_seq, last_total FROM streams WHERE customer = ANY($1)`, tg.customers)
+	rows, err := tx.Query(ctx, qDeepStreams, tg.args())
 	if err != nil {
 		return err
 	}
@@ -110,15 +110,7 @@ func (rc *Reconciler) deep(ctx context.Context, tx pgx.Tx, r *runner, tg target)
 	if err := rows.Err(); err != nil {
 		return err
 	}
-	rows, err = tx.Query(ctx, `
-WITH `+targetsCTE+`
-SELECT customer, meter, sum(q) FROM (
-  SELECT r.customer, r.meter, r.billed AS q FROM records r JOIN t USING (customer, period_start) WHERE r.prior_period IS NULL
-  UNION ALL
-  SELECT r.customer, r.meter, r.billed FROM records r JOIN t ON t.customer = r.customer AND r.prior_period = t.period_start
-  UNION ALL
-  SELECT e.customer, e.meter, e.amount FROM entries e JOIN t USING (customer, period_start) WHERE e.kind = 'reattribution'
-) u GROUP BY 1, 2`, tg.customers, tg.starts, tg.ends)
+	rows, err = tx.Query(ctx, qDeepUsage, tg.args())
 	if err != nil {
 		return err
 	}
@@ -272,7 +264,7 @@ SELECT customer, meter, sum(q) FROM (
 
 // schedules loads the calendars of some customers.
 func schedules(ctx context.Context, tx pgx.Tx, customers []string) (map[string]periods.Schedule, error) {
-	rows, err := tx.Query(ctx, `SELECT id, schedule FROM customers WHERE id = ANY($1)`, customers)
+	rows, err := tx.Query(ctx, qSchedulesOf, customers)
 	if err != nil {
 		return nil, err
 	}

@@ -28,11 +28,7 @@ func Gate(ctx context.Context, tx pgx.Tx, customer string, p periods.Period) (uu
 	var id uuid.UUID
 	var clean bool
 	var raw []byte
-	err := tx.QueryRow(ctx, `
-SELECT v.run_id, v.clean, v.fingerprint FROM reconciliation_verdicts v
-JOIN reconciliation_runs r ON r.id = v.run_id
-WHERE v.customer = $1 AND v.period_start = $2 AND r.status <> 'failed'
-ORDER BY r.started_at DESC, r.id DESC LIMIT 1`, customer, p.Start).Scan(&id, &clean, &raw)
+	err := tx.QueryRow(ctx, qVerdictLatest, customer, p.Start).Scan(&id, &clean, &raw)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return uuid.Nil, fmt.Errorf("period %s of %q has never been reconciled: %w", p.Name, customer, periods.ErrNotReconciled)
 	}
@@ -67,10 +63,7 @@ ORDER BY r.started_at DESC, r.id DESC LIMIT 1`, customer, p.Start).Scan(&id, &cl
 	// billed deltas of each of the customer's streams add up to its last
 	// total (the primary key of records finds each stream's rows).
 	var broken int64
-	if err := tx.QueryRow(ctx, `
-SELECT count(*) FROM streams st
-WHERE st.customer = $1 AND st.last_total <> (SELECT coalesce(sum(r.billed), 0) FROM records r WHERE r.stream_id = st.id)`,
-		customer).Scan(&broken); err != nil {
+	if err := tx.QueryRow(ctx, qStreamsBroken, customer).Scan(&broken); err != nil {
 		return uuid.Nil, fmt.Errorf("reconcile: gate: %w", err)
 	}
 	if broken > 0 {
@@ -138,12 +131,7 @@ func usageKey(ms []meterUsage) string {
 // ledgerUsage reads, per meter, the ledger rows billed in one customer's
 // period (the index on customer and period finds them).
 func ledgerUsage(ctx context.Context, tx pgx.Tx, customer string, start time.Time) (string, error) {
-	rows, err := tx.Query(ctx, `
-SELECT meter, sum(n)::bigint, sum(q) FROM (
-  SELECT meter, count(*) AS n, sum(billed) AS q FROM records WHERE customer = $1 AND period_start = $2 GROUP BY 1
-  UNION ALL
-  SELECT meter, count(*), sum(amount) FROM entries WHERE customer = $1 AND period_start = $2 GROUP BY 1
-) u GROUP BY 1`, customer, start)
+	rows, err := tx.Query(ctx, qLedgerUsage, customer, start)
 	if err != nil {
 		return "", err
 	}
@@ -160,53 +148,10 @@ SELECT meter, sum(n)::bigint, sum(q) FROM (
 	return usageKey(ms), nil
 }
 
-// qFingerprint reads, per target, everything but usage that a run checks
-// and a close compares. Ledger findings count in the period they are about
-// and in the one they were noted in; conflicts in the period their record
-// occurred in and in the one they were detected in. Dead letters and
-// offset jumps count for every period that had started when they
-// happened, until they are replayed or accepted.
-const qFingerprint = `
-WITH ` + targetsCTE + `,
-g AS (
-  SELECT g.customer, md5(string_agg(format('%s:%s:%s:%s', g.stream_id, g.from_seq, g.to_seq, g.upper_total), ','
-                                    ORDER BY g.stream_id, g.from_seq)) AS h
-  FROM gaps g JOIN t ON t.customer = g.customer AND t.period_start = g.billed_period GROUP BY 1
-), c AS (
-  SELECT t.customer, count(*) AS n FROM conflicts c JOIN t ON t.customer = c.customer
-   AND ((c.payload->>'occurred_at')::timestamptz >= t.period_start AND (c.payload->>'occurred_at')::timestamptz < t.period_end
-        OR c.detected_at >= t.period_start AND c.detected_at < t.period_end)
-  GROUP BY 1
-), f AS (
-  SELECT f.customer, count(*) AS n FROM findings f JOIN t ON t.customer = f.customer
-   AND (t.period_start = f.period_start OR f.created_at >= t.period_start AND f.created_at < t.period_end)
-  GROUP BY 1
-), l AS (
-  SELECT r.customer, count(*) AS n FROM records r JOIN t ON t.customer = r.customer AND r.prior_period = t.period_start GROUP BY 1
-), pending AS MATERIALIZED (
-  SELECT d.id, d.key, d.created_at FROM dead_letters d
-  WHERE d.replayed_at IS NULL
-    AND NOT EXISTS (SELECT 1 FROM reconciliation_acceptances a WHERE a.kind = 'dead_letter' AND a.id = d.id)
-), d AS (
-  SELECT t.customer, md5(string_agg(p.id::text, ',' ORDER BY p.id)) AS h
-  FROM pending p JOIN t ON p.key = convert_to(t.customer, 'UTF8') AND p.created_at >= t.period_start GROUP BY 1
-), u AS MATERIALIZED (
-  SELECT p.id, p.created_at FROM pending p
-  WHERE p.key IS NULL OR NOT EXISTS (SELECT 1 FROM customers cu WHERE convert_to(cu.id, 'UTF8') = p.key)
-), j AS MATERIALIZED (
-  SELECT j.id, j.detected_at FROM ingest_offset_jumps j
-  WHERE NOT EXISTS (SELECT 1 FROM reconciliation_acceptances a WHERE a.kind = 'offset_jump' AND a.id = j.id)
-)
-SELECT t.customer, coalesce(g.h, ''), coalesce(c.n, 0), coalesce(f.n, 0), coalesce(l.n, 0), coalesce(d.h, ''),
-       coalesce((SELECT md5(string_agg(u.id::text, ',' ORDER BY u.id)) FROM u WHERE u.created_at >= t.period_start), ''),
-       coalesce((SELECT md5(string_agg(j.id::text, ',' ORDER BY j.id)) FROM j WHERE j.detected_at >= t.period_start), '')
-FROM t LEFT JOIN g USING (customer) LEFT JOIN c USING (customer) LEFT JOIN f USING (customer)
-LEFT JOIN l USING (customer) LEFT JOIN d USING (customer)`
-
 // fingerprints computes the fingerprint of every target, given each
 // customer's usage key.
 func fingerprints(ctx context.Context, tx pgx.Tx, tg target, usage map[string]string) (map[string]fingerprint, error) {
-	rows, err := tx.Query(ctx, qFingerprint, tg.customers, tg.starts, tg.ends)
+	rows, err := tx.Query(ctx, qFingerprint, tg.args())
 	if err != nil {
 		return nil, err
 	}
@@ -234,8 +179,7 @@ func (rc *Reconciler) closeClean(ctx context.Context, run *Run, vs []verdict, no
 			continue
 		}
 		var closed bool
-		if err := rc.cfg.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM period_closes WHERE customer = $1 AND period_start = $2)`,
-			v.customer, v.period.Start).Scan(&closed); err != nil {
+		if err := rc.cfg.Pool.QueryRow(ctx, qPeriodClosed, v.customer, v.period.Start).Scan(&closed); err != nil {
 			return err
 		}
 		if closed {

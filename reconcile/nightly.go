@@ -55,11 +55,7 @@ func (rc *Reconciler) Nightly(ctx context.Context) ([]*Run, error) {
 // duePeriods lists, by name, every customer's periods whose grace has
 // ended and that have no close record.
 func (rc *Reconciler) duePeriods(ctx context.Context, now time.Time) ([]string, error) {
-	rows, err := rc.cfg.Pool.Query(ctx, `
-SELECT c.id, c.schedule,
-       least(c.created_at, (SELECT min(r.period_start) FROM rollups r WHERE r.customer = c.id)),
-       coalesce((SELECT array_agg(pc.period_start) FROM period_closes pc WHERE pc.customer = c.id), '{}')
-FROM customers c`)
+	rows, err := rc.cfg.Pool.Query(ctx, qCustomersDue)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: nightly: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/shopspring/decimal"
 
+	"github.com/tally-ledger/tally/internal/locks"
 	"github.com/tally-ledger/tally/periods"
 )
 
@@ -199,8 +200,8 @@ func (rc *Reconciler) Run(ctx context.Context, opt Options) (*Run, error) {
 
 	run := &Run{ID: uuid.Must(uuid.NewV7()), Period: opt.Period, Customer: opt.Customer, Deep: opt.Deep,
 		Status: StatusRunning, StartedAt: now.Truncate(time.Microsecond), Findings: []Finding{}, Checks: []Check{}, Totals: []Total{}}
-	if _, err := rc.cfg.Pool.Exec(ctx, `INSERT INTO reconciliation_runs (id, period, customer, deep, status, started_at) VALUES ($1, $2, $3, $4, $5, $6)`,
-		run.ID, run.Period, nullable(run.Customer), run.Deep, run.Status, run.StartedAt); err != nil {
+	if _, err := rc.cfg.Pool.Exec(ctx, qRunInsert, pgx.StrictNamedArgs{"id": run.ID, "period": run.Period, "customer": nullable(run.Customer),
+		"deep": run.Deep, "status": run.Status, "started_at": run.StartedAt}); err != nil {
 		return nil, fmt.Errorf("reconcile: store run: %w", err)
 	}
 	rc.log.Info("reconciliation started", "run", run.ID, "period", opt.Period, "customer", opt.Customer, "deep", opt.Deep)
@@ -232,7 +233,8 @@ func (rc *Reconciler) Run(ctx context.Context, opt Options) (*Run, error) {
 	return run, nil
 }
 
-const runLockSpace = 71541
+// runLockSpace: see internal/locks.ReconcileRun.
+const runLockSpace = locks.ReconcileRun
 
 // runLocks are the period locks of one run, held on one connection.
 type runLocks struct {
@@ -255,7 +257,7 @@ func (l *runLocks) lockAll(ctx context.Context, by map[string]periods.Period) er
 			continue
 		}
 		var got bool
-		if err := l.conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1::int, hashtext($2))`, runLockSpace, n).Scan(&got); err != nil {
+		if err := l.conn.QueryRow(ctx, qRunLockTry, runLockSpace, n).Scan(&got); err != nil {
 			return fmt.Errorf("reconcile: lock: %w", err)
 		}
 		if !got {
@@ -268,7 +270,7 @@ func (l *runLocks) lockAll(ctx context.Context, by map[string]periods.Period) er
 
 func (l *runLocks) release(ctx context.Context) {
 	for n := range l.held {
-		_, _ = l.conn.Exec(ctx, `SELECT pg_advisory_unlock($1::int, hashtext($2))`, runLockSpace, n)
+		_, _ = l.conn.Exec(ctx, qRunLockUnlock, runLockSpace, n)
 	}
 }
 
@@ -289,15 +291,7 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
 	defer tx.Rollback(ctx)
-	// The checks aggregate a whole period at once; let the hash aggregates
-	// stay in memory instead of spilling to disk (this transaction only).
-	// hash_mem_multiplier: a period's buckets (one per customer, meter and
-	// hour) are aggregated in one hash table, which needs room.
-	// force_custom_plan: a generic
-	// plan, which Postgres switches to after five runs on a connection,
-	// cannot see how selective the targets are. All last for this
-	// read-only transaction only.
-	if _, err := tx.Exec(ctx, `SET LOCAL work_mem = '256MB'; SET LOCAL hash_mem_multiplier = 8; SET LOCAL plan_cache_mode = force_custom_plan`); err != nil {
+	if _, err := tx.Exec(ctx, qRunSettings); err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
 
@@ -314,7 +308,7 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 	for c, p := range byCustomer {
 		r.periodOf[c] = p.Name
 	}
-	if err := tx.QueryRow(ctx, `SELECT to_regclass('ingest_partitions') IS NOT NULL`).Scan(&r.hasIngest); err != nil {
+	if err := tx.QueryRow(ctx, qIngestTablesExist).Scan(&r.hasIngest); err != nil {
 		return nil, err
 	}
 	rc.progress("reconciling %s for %d customers\n", opt.Period, len(tg.customers))
@@ -401,7 +395,7 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 func (rc *Reconciler) targets(ctx context.Context, tx pgx.Tx, opt Options, now time.Time) (target, map[string]periods.Period, error) {
 	tg := target{all: opt.Customer == ""}
 	by := map[string]periods.Period{}
-	rows, err := tx.Query(ctx, `SELECT id, schedule FROM customers WHERE $1 = '' OR id = $1 ORDER BY id`, opt.Customer)
+	rows, err := tx.Query(ctx, qCustomerSchedules, opt.Customer)
 	if err != nil {
 		return tg, nil, fmt.Errorf("reconcile: customers: %w", err)
 	}
@@ -433,7 +427,7 @@ func (rc *Reconciler) targets(ctx context.Context, tx pgx.Tx, opt Options, now t
 	}
 	if opt.Customer != "" && len(tg.customers) == 0 {
 		var exists bool
-		_ = tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM customers WHERE id = $1)`, opt.Customer).Scan(&exists)
+		_ = tx.QueryRow(ctx, qCustomerExists, opt.Customer).Scan(&exists)
 		if !exists {
 			return tg, nil, fmt.Errorf("customer %q: %w", opt.Customer, periods.ErrUnknownCustomer)
 		}
@@ -442,50 +436,60 @@ func (rc *Reconciler) targets(ctx context.Context, tx pgx.Tx, opt Options, now t
 	return tg, by, nil
 }
 
+// store finishes the stored run and writes its findings and (unless it
+// failed) its verdicts, one statement each.
 func (rc *Reconciler) store(ctx context.Context, run *Run, vs []verdict) error {
 	checks, _ := json.Marshal(run.Checks)
 	totals, _ := json.Marshal(run.Totals)
 	return pgx.BeginFunc(ctx, rc.cfg.Pool, func(tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `
-UPDATE reconciliation_runs SET status = $2, finished_at = $3, entries_scanned = $4, checks = $5, totals = $6, error = $7
-WHERE id = $1`, run.ID, run.Status, run.FinishedAt, run.EntriesScanned, checks, totals, nullable(run.Error))
-		if err != nil {
+		if _, err := tx.Exec(ctx, qRunFinish, pgx.StrictNamedArgs{"id": run.ID, "status": run.Status, "finished_at": run.FinishedAt,
+			"entries_scanned": run.EntriesScanned, "checks": checks, "totals": totals, "error": nullable(run.Error)}); err != nil {
 			return fmt.Errorf("reconcile: store run: %w", err)
 		}
 		if len(run.Findings) > 0 {
-			rows := make([][]any, len(run.Findings))
-			for i, f := range run.Findings {
-				var amt any
-				if f.Amount != nil {
-					amt = f.Amount.String()
-				}
-				rows[i] = []any{run.ID, int32(i), f.Kind, f.Severity, nullable(f.Customer), nullable(f.Meter), nullable(f.Stream), f.Period, amt, f.Detail}
-			}
-			// Amounts go in as text; CopyFrom cannot cast, so use unnest-free Exec per batch of rows via pgx.Batch.
-			b := &pgx.Batch{}
-			for _, row := range rows {
-				b.Queue(`INSERT INTO reconciliation_findings (run_id, n, kind, severity, customer, meter, stream, period_start, amount, detail)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9::text::numeric, $10)`, row...)
-			}
-			if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			if _, err := tx.Exec(ctx, qFindingsInsert, findingsArgs(run.ID, run.Findings)); err != nil {
 				return fmt.Errorf("reconcile: store findings: %w", err)
 			}
 		}
-		if run.Status == StatusFailed {
+		if run.Status == StatusFailed || len(vs) == 0 {
 			return nil
 		}
-		b := &pgx.Batch{}
-		for _, v := range vs {
-			t, _ := json.Marshal(v.totals)
-			fp, _ := json.Marshal(v.fp)
-			b.Queue(`INSERT INTO reconciliation_verdicts (run_id, customer, period_start, clean, totals, fingerprint) VALUES ($1, $2, $3, $4, $5, $6)`,
-				run.ID, v.customer, v.period.Start, v.clean, t, fp)
-		}
-		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		if _, err := tx.Exec(ctx, qVerdictsInsert, verdictsArgs(run.ID, vs)); err != nil {
 			return fmt.Errorf("reconcile: store verdicts: %w", err)
 		}
 		return nil
 	})
+}
+
+// findingsArgs turns a run's findings into the columns of qFindingsInsert
+// (n: the finding's place in the run).
+func findingsArgs(runID uuid.UUID, fs []Finding) pgx.StrictNamedArgs {
+	n := make([]int32, len(fs))
+	kinds, severities, details := make([]string, len(fs)), make([]string, len(fs)), make([]string, len(fs))
+	customers, meters, streams, amounts := make([]*string, len(fs)), make([]*string, len(fs)), make([]*string, len(fs)), make([]*string, len(fs))
+	starts := make([]*time.Time, len(fs))
+	for i, f := range fs {
+		n[i], kinds[i], severities[i], details[i] = int32(i), f.Kind, f.Severity, f.Detail
+		customers[i], meters[i], streams[i], starts[i] = nullable(f.Customer), nullable(f.Meter), nullable(f.Stream), f.Period
+		if f.Amount != nil {
+			amounts[i] = nullable(f.Amount.String())
+		}
+	}
+	return pgx.StrictNamedArgs{"run_id": runID, "n": n, "kind": kinds, "severity": severities, "customer": customers,
+		"meter": meters, "stream": streams, "period_start": starts, "amount": amounts, "detail": details}
+}
+
+// verdictsArgs turns a run's verdicts into the columns of qVerdictsInsert.
+func verdictsArgs(runID uuid.UUID, vs []verdict) pgx.StrictNamedArgs {
+	customers, starts, clean := make([]string, len(vs)), make([]time.Time, len(vs)), make([]bool, len(vs))
+	totals, fps := make([]string, len(vs)), make([]string, len(vs))
+	for i, v := range vs {
+		t, _ := json.Marshal(v.totals)
+		fp, _ := json.Marshal(v.fp)
+		customers[i], starts[i], clean[i], totals[i], fps[i] = v.customer, v.period.Start, v.clean, string(t), string(fp)
+	}
+	return pgx.StrictNamedArgs{"run_id": runID, "customer": customers, "period_start": starts, "clean": clean,
+		"totals": totals, "fingerprint": fps}
 }
 
 func (rc *Reconciler) progress(format string, args ...any) {

@@ -22,8 +22,7 @@ func Get(ctx context.Context, db interface {
 	r := &Run{ID: id, Findings: []Finding{}}
 	var customer, errText *string
 	var checks, totals []byte
-	err := db.QueryRow(ctx, `SELECT period, customer, deep, status, started_at, finished_at, entries_scanned, checks, totals, error
-FROM reconciliation_runs WHERE id = $1`, id).Scan(&r.Period, &customer, &r.Deep, &r.Status, &r.StartedAt, &r.FinishedAt,
+	err := db.QueryRow(ctx, qRunSelect, id).Scan(&r.Period, &customer, &r.Deep, &r.Status, &r.StartedAt, &r.FinishedAt,
 		&r.EntriesScanned, &checks, &totals, &errText)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
@@ -43,8 +42,7 @@ FROM reconciliation_runs WHERE id = $1`, id).Scan(&r.Period, &customer, &r.Deep,
 	if err := json.Unmarshal(totals, &r.Totals); err != nil {
 		return nil, err
 	}
-	rows, err := db.Query(ctx, `SELECT kind, severity, coalesce(customer, ''), coalesce(meter, ''), coalesce(stream, ''), period_start,
-       amount, detail FROM reconciliation_findings WHERE run_id = $1 ORDER BY n`, id)
+	rows, err := db.Query(ctx, qFindingsSelect, id)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: load findings: %w", err)
 	}
@@ -95,15 +93,7 @@ func List(ctx context.Context, db interface {
 	if after != uuid.Nil {
 		before = &after
 	}
-	rows, err := db.Query(ctx, `
-SELECT r.id, r.period, coalesce(r.customer, ''), r.deep, r.status, r.started_at, r.finished_at, r.entries_scanned,
-       coalesce(r.error, ''),
-       (SELECT count(*) FROM reconciliation_findings f WHERE f.run_id = r.id),
-       (SELECT count(*) FROM reconciliation_findings f WHERE f.run_id = r.id AND f.severity = $4)
-FROM reconciliation_runs r
-WHERE ($1 = '' OR r.period = $1) AND ($2::uuid IS NULL OR r.id < $2)
-ORDER BY r.id DESC
-LIMIT $3`, period, before, limit, Discrepancy)
+	rows, err := db.Query(ctx, qRunsList, period, before, limit, Discrepancy)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: list runs: %w", err)
 	}

@@ -35,12 +35,13 @@ func newBenchCmd() *cobra.Command {
 		Use:   "bench",
 		Short: "Measure Tally against the targets of docs/design.md §10",
 	}
-	cmd.AddCommand(newBenchIngestCmd(), newBenchEnforceCmd(), newBenchFloodCmd(), newBenchFailoverCmd())
+	cmd.AddCommand(newBenchIngestCmd(), newBenchEnforceCmd(), newBenchFloodCmd(), newBenchFailoverCmd(), newBenchAdmissionCmd())
 	return cmd
 }
 
 type benchIngestOptions struct {
 	records, perMessage, partitions int
+	members                         int
 	dupShare                        float64
 	adminURL                        string
 	keep                            bool
@@ -70,6 +71,7 @@ dropped afterwards (unless --keep).`,
 	f.IntVar(&o.records, "records", 200_000, "records per run")
 	f.IntVar(&o.perMessage, "per-message", 1000, "records per Kafka message")
 	f.IntVar(&o.partitions, "partitions", 4, "partitions of the benchmark topics")
+	f.IntVar(&o.members, "members", 1, "ingest members (consumers of one group, in this process) sharing the partitions")
 	f.Float64Var(&o.dupShare, "duplicates", 0.3, "share of records that are retransmits in the second run")
 	f.StringVar(&o.adminURL, "database-url", defaultDatabaseURL, "Postgres server to create the benchmark databases on")
 	envDefault(f, "database-url", "TALLY_DATABASE_URL")
@@ -80,8 +82,8 @@ dropped afterwards (unless --keep).`,
 }
 
 func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error {
-	if o.records < 1 || o.perMessage < 1 || o.perMessage > wire.MaxRecords || o.partitions < 1 || o.dupShare < 0 || o.dupShare >= 1 || o.rounds < 1 {
-		return errors.New("bench ingest: need --records ≥ 1, 1 ≤ --per-message ≤ 10000, --partitions ≥ 1, 0 ≤ --duplicates < 1, --rounds ≥ 1")
+	if o.records < 1 || o.perMessage < 1 || o.perMessage > wire.MaxRecords || o.partitions < 1 || o.members < 1 || o.dupShare < 0 || o.dupShare >= 1 || o.rounds < 1 {
+		return errors.New("bench ingest: need --records ≥ 1, 1 ≤ --per-message ≤ 10000, --partitions ≥ 1, --members ≥ 1, 0 ≤ --duplicates < 1, --rounds ≥ 1")
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if o.cpuProfile != "" {
@@ -101,8 +103,8 @@ func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error
 		return err
 	}
 	defer k.Close()
-	fmt.Fprintf(out, "tally bench ingest: %d records per run, %d records per message, %d partitions, embedded broker %s\n",
-		o.records, o.perMessage, o.partitions, k.Addr)
+	fmt.Fprintf(out, "tally bench ingest: %d records per run, %d records per message, %d partitions, %d ingest members, embedded broker %s\n",
+		o.records, o.perMessage, o.partitions, o.members, k.Addr)
 
 	uniq := benchMessages(o.records, o.perMessage, o.partitions*8, 0, 1)
 	dups := benchMessages(o.records, o.perMessage, o.partitions*8, o.dupShare, 2)
@@ -262,29 +264,48 @@ func benchRun(ctx context.Context, out io.Writer, log *slog.Logger, broker, topi
 	if err != nil {
 		return 0, name, err
 	}
-	c, err := ingest.NewConsumer(ingest.Config{Brokers: []string{broker}, Topic: topic, Group: "bench-" + name,
-		Pool: pool, Ledger: l, Logger: log, Registry: prometheus.NewRegistry()})
-	if err != nil {
-		return 0, name, err
-	}
+	// --members consumers share one group, as separate tally serve
+	// processes would; each has its own registry (their metrics would
+	// collide in one).
 	cctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(cctx) }()
+	done := make(chan error, o.members)
+	for range o.members {
+		c, err := ingest.NewConsumer(ingest.Config{Brokers: []string{broker}, Topic: topic, Group: "bench-" + name,
+			Pool: pool, Ledger: l, Logger: log, Registry: prometheus.NewRegistry()})
+		if err != nil {
+			cancel()
+			return 0, name, err
+		}
+		go func() { done <- c.Run(cctx) }()
+	}
 	stop := func() error {
 		cancel()
-		return <-done
+		var err error
+		for range o.members {
+			err = errors.Join(err, <-done)
+		}
+		return err
 	}
 
+	// The clock starts once every partition has committed a micro-batch
+	// and the group has settled on as many members as can own a partition
+	// (joins rebalance the group); what was ingested before that is left
+	// out of the rate.
+	want := min(o.members, o.partitions)
 	var start time.Time
+	var nextAtStart int64
 	for {
-		var parts int
+		var parts, owners int
 		var next int64
-		if err := pool.QueryRow(ctx, "SELECT count(*), coalesce(sum(next_offset), 0) FROM ingest_partitions WHERE topic = $1", topic).Scan(&parts, &next); err != nil {
+		if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM ingest_partitions WHERE topic = $1),
+			(SELECT coalesce(sum(next_offset), 0) FROM ingest_partitions WHERE topic = $1),
+			(SELECT count(DISTINCT member) FROM ingest_partition_owners WHERE topic = $1 AND member IS NOT NULL AND lease_until > now())`,
+			topic).Scan(&parts, &next, &owners); err != nil {
 			_ = stop()
 			return 0, name, err
 		}
-		if start.IsZero() && parts == o.partitions {
-			start = time.Now() // every partition is owned and being read
+		if start.IsZero() && parts == o.partitions && owners >= want {
+			start, nextAtStart = time.Now(), next
 		}
 		if next == int64(len(msgs)) {
 			break
@@ -297,6 +318,11 @@ func benchRun(ctx context.Context, out io.Writer, log *slog.Logger, broker, topi
 		}
 	}
 	took := time.Since(start)
+	if start.IsZero() || nextAtStart >= int64(len(msgs)) {
+		return 0, name, fmt.Errorf("%s: everything was ingested before the group settled; use more --records", label)
+	}
+	// Scale to the whole run at the rate measured after the start.
+	took = time.Duration(float64(took) * float64(len(msgs)) / float64(int64(len(msgs))-nextAtStart))
 	if err := stop(); err != nil {
 		return 0, name, err
 	}

@@ -529,7 +529,7 @@ func runLoad(ctx context.Context, spec loadSpec) (loadResult, error) {
 
 func newBenchLoadCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:    "load SPEC",
+		Use:    "load PLAN_JSON",
 		Short:  "The load generator of tally bench flood (a separate process)",
 		Hidden: true,
 		Args:   cobra.ExactArgs(1),

@@ -10,10 +10,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/tally-ledger/tally/admission"
 	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/internal/devstack"
 	"github.com/tally-ledger/tally/migrations"
@@ -23,6 +25,7 @@ import (
 func newDevCmd() *cobra.Command {
 	var dir, listen, kafkaAddr string
 	var simulated bool
+	var maxSkew time.Duration
 	cmd := &cobra.Command{
 		Use:   "dev",
 		Short: "Run Tally on this machine with everything embedded (for trying it out)",
@@ -38,14 +41,19 @@ func newDevCmd() *cobra.Command {
     killed tally dev left it running).
 
 Then it migrates the database and runs everything tally serve runs (ingest,
-REST API, quota enforcer) plus simulated producers (customers demo-acme and
+REST API and web console, quota enforcer) plus simulated producers (customers demo-acme and
 demo-globex, with a demo quota on demo-acme that is exceeded about two
-minutes after start). It prints the API's URL, an admin token (generated
+minutes after start), and two simulated gateways that admit demo-initech's
+tokens through the admit SDK from one exact budget (their grants are
+visible over REST). It prints the API's URL, an admin token (generated
 unless TALLY_ADMIN_TOKEN is set) and what to try, and runs until Ctrl-C.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			out := cmd.OutOrStdout()
+			if err := admission.ValidateMaxSkew(maxSkew); err != nil {
+				return &ExitError{Code: exitUsage, Err: fmt.Errorf("--grant-max-skew (TALLY_GRANT_MAX_SKEW): %w", err)}
+			}
 			log := newLogger()
 
 			pg, err := devstack.StartPostgres(ctx, devstack.PostgresConfig{
@@ -107,15 +115,19 @@ unless TALLY_ADMIN_TOKEN is set) and what to try, and runs until Ctrl-C.`,
 			if token == "" {
 				token, generated = rand.Text()+rand.Text(), true // 52 base32 characters, 260 bits
 			}
+			var apiAddr string // set by ready, before also runs
 			o := runOptions{
 				pool: pool, brokers: brokers, listen: listen, adminToken: token,
-				grace: periods.DefaultGrace, ingest: true, api: true, enforce: true, log: log,
+				grace: periods.DefaultGrace, ingest: true, api: true, enforce: true, log: log, maxSkew: maxSkew,
 				ready: func(addr string) {
+					apiAddr = addr
 					printDevBanner(out, brokers, kafkaNote, pg, v, addr, token, generated, simulated)
 				},
 			}
 			if simulated {
-				o.also = func(ctx context.Context) error { return simulate(ctx, brokers, dir, pool, log) }
+				o.also = func(ctx context.Context) error {
+					return simulate(ctx, brokers, dir, pool, log, "http://"+apiAddr, token)
+				}
 			}
 			return run(ctx, o)
 		},
@@ -125,6 +137,7 @@ unless TALLY_ADMIN_TOKEN is set) and what to try, and runs until Ctrl-C.`,
 	cmd.Flags().StringVar(&listen, "listen", defaultListen, "address of the REST API (and /metrics, /healthz)")
 	cmd.Flags().BoolVar(&simulated, "simulate", true, "run simulated producers and a demo quota")
 	envDefault(cmd.Flags(), "listen", "TALLY_LISTEN")
+	addMaxSkewFlag(cmd.Flags(), &maxSkew)
 	return cmd
 }
 
@@ -141,6 +154,7 @@ tally dev is running (Ctrl-C to stop).
   Kafka     %s  (%s)
   Postgres  %s  (%s, schema version %d)
   REST API  http://%s/v1   (OpenAPI: http://%s/openapi.json)
+  Console   http://%s/console/   (sign in with the admin token below)
   Admin     export TALLY_ADMIN_TOKEN=%s   (%s)
 
 Send a sample batch (key = customer id). Send it as often as you like: it is billed once.
@@ -158,7 +172,7 @@ See it in the ledger:
 Refused messages and records (try testdata/batches/invalid-*.json):
 
   %s -c "SELECT partition, \"offset\", record_index, reason, detail FROM dead_letters ORDER BY id"
-`, b, kafkaNote, pg.URL, pg.Source, version, addr, addr, token, tokenNote, b, ingest.DefaultTopic, addr, psql, psql)
+`, b, kafkaNote, pg.URL, pg.Source, version, addr, addr, addr, token, tokenNote, b, ingest.DefaultTopic, addr, psql, psql)
 	if simulated {
 		fmt.Fprintf(w, `
 Simulated producers are recording usage for demo-acme and demo-globex. demo-acme's
@@ -166,7 +180,14 @@ quota on api_calls goes ok -> warning -> exceeded in about two minutes; watch it
 
   curl -s -H "Authorization: Bearer $TALLY_ADMIN_TOKEN" http://%s/v1/customers/demo-acme/quotas
   kcat -C -b %s -t tally.quota-decisions -o end -f '%%k %%s\n'
-`, addr, b)
+
+Two simulated gateways (%s, %s) admit %d requests a second each for
+%s's %s through the admit SDK, sharing one exact budget: together they
+never admit more than its limit (docs/gateways-exact.md). Their grants, and the budget:
+
+  curl -s -H "Authorization: Bearer $TALLY_ADMIN_TOKEN" 'http://%s/v1/customers/%s/grants?state=live'
+  curl -s -H "Authorization: Bearer $TALLY_ADMIN_TOKEN" http://%s/v1/customers/%s/budgets
+`, addr, b, gwHolders[0], gwHolders[1], gwRate, gwCustomer, gwMeter, addr, gwCustomer, addr, gwCustomer)
 	}
 	fmt.Fprintln(w)
 }

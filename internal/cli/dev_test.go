@@ -3,6 +3,7 @@ package cli
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"os"
@@ -56,7 +57,7 @@ func TestDevEndToEnd(t *testing.T) {
 		root := newRoot()
 		root.SetOut(&out)
 		root.SetErr(&out)
-		root.SetArgs([]string{"dev", "--dir", dir, "--kafka-addr", "127.0.0.1:0", "--listen", "127.0.0.1:0"})
+		root.SetArgs([]string{"dev", "--dir", dir, "--kafka-addr", "127.0.0.1:0", "--listen", "127.0.0.1:0", "--grant-max-skew", "7s"})
 		done <- root.ExecuteContext(ctx)
 	}()
 	stopped := false
@@ -141,6 +142,21 @@ func TestDevEndToEnd(t *testing.T) {
 		t.Errorf("usage over REST: %d %s", resp.StatusCode, body)
 	}
 
+	// The banner's console URL serves the sign-in page.
+	console := regexp.MustCompile(`Console   (http://127\.0\.0\.1:\d+/console/)`).FindStringSubmatch(out.String())
+	if console == nil {
+		t.Fatalf("no console URL in the banner:\n%s", out.String())
+	}
+	resp, err = http.Get(console[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "Sign in to Tally") {
+		t.Errorf("console: %d %s", resp.StatusCode, body)
+	}
+
 	// And the simulated producers' usage reaches the ledger.
 	var simulated int
 	for deadline := time.Now().Add(30 * time.Second); simulated == 0 && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
@@ -148,6 +164,45 @@ func TestDevEndToEnd(t *testing.T) {
 	}
 	if simulated == 0 {
 		t.Errorf("no simulated usage for demo-acme in the ledger")
+	}
+
+	// The two demo gateways hold grants of demo-initech's exact budget,
+	// visible with the curl the banner prints, reclaimed --grant-max-skew
+	// after valid_until.
+	curl := regexp.MustCompile(`curl -s -H "Authorization: Bearer \$TALLY_ADMIN_TOKEN" 'http://` + regexp.QuoteMeta(api[1]) +
+		`(/v1/customers/demo-initech/grants\?state=live)'`).FindStringSubmatch(out.String())
+	if curl == nil {
+		t.Fatalf("no curl for the demo gateways' grants in the banner:\n%s", out.String())
+	}
+	holders := map[string]bool{}
+	for deadline := time.Now().Add(60 * time.Second); len(holders) < 2 && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		req, _ := http.NewRequest(http.MethodGet, "http://"+api[1]+curl[1], nil)
+		req.Header.Set("Authorization", "Bearer "+tok[1])
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var page struct {
+			Items []struct {
+				Holder     string    `json:"holder"`
+				ValidUntil time.Time `json:"valid_until"`
+				ReclaimAt  time.Time `json:"reclaim_at"`
+			} `json:"items"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&page)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("grants over REST: %d %v", resp.StatusCode, err)
+		}
+		for _, g := range page.Items {
+			holders[g.Holder] = true
+			if skew := g.ReclaimAt.Sub(g.ValidUntil); skew != 7*time.Second {
+				t.Fatalf("grant of %s reclaimed %s after valid_until, want --grant-max-skew 7s", g.Holder, skew)
+			}
+		}
+	}
+	if !holders["demo-gateway-1"] || !holders["demo-gateway-2"] {
+		t.Errorf("live grants of demo-initech held by %v, want both demo gateways", holders)
 	}
 	stop()
 }

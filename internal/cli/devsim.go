@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -26,9 +28,11 @@ const (
 	simHeadroom = 120
 )
 
-// simulate records usage until ctx ends. Its producer state lives in dir,
-// so a restarted tally dev continues the same streams.
-func simulate(ctx context.Context, brokers []string, dir string, pool *pgxpool.Pool, log *slog.Logger) error {
+// simulate records usage until ctx ends, and runs the demo gateways
+// against the API at apiURL (with token), metering what they admit. Its
+// producer state lives in dir, so a restarted tally dev continues the same
+// streams.
+func simulate(ctx context.Context, brokers []string, dir string, pool *pgxpool.Pool, log *slog.Logger, apiURL, token string) error {
 	p, err := producer.New(producer.Config{
 		Brokers: brokers, Producer: "dev-simulator", Dir: filepath.Join(dir, "simulator"),
 		Logger: log.With("component", "simulator"), BlockWhenFull: true,
@@ -45,6 +49,14 @@ func simulate(ctx context.Context, brokers []string, dir string, pool *pgxpool.P
 	if err := demoQuota(ctx, pool); err != nil {
 		log.Warn("simulator: no demo quota", "err", err)
 	}
+	var admitted atomic.Int64
+	var gateways sync.WaitGroup
+	defer gateways.Wait()
+	gateways.Go(func() {
+		if err := demoGateways(ctx, apiURL, token, dir, pool, log, &admitted); err != nil && ctx.Err() == nil {
+			log.Warn("simulator: no demo gateways", "err", err)
+		}
+	})
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for tick := 0; ; tick++ {
@@ -59,7 +71,11 @@ func simulate(ctx context.Context, brokers []string, dir string, pool *pgxpool.P
 				{simCustomer, simMeter, decimal.NewFromInt(simRate)},
 				{"demo-globex", "api_calls", decimal.NewFromInt(int64(3 + tick%5))},
 				{"demo-globex", "storage_gb_hours", decimal.RequireFromString("0.125")},
+				{gwCustomer, gwMeter, decimal.NewFromInt(admitted.Swap(0))},
 			} {
+				if u.q.IsZero() {
+					continue
+				}
 				if err := p.Record(ctx, u.customer, u.meter, u.q, now); err != nil {
 					if ctx.Err() != nil {
 						return nil

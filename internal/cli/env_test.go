@@ -55,3 +55,26 @@ func TestHelpMasksTheDatabasePassword(t *testing.T) {
 		t.Errorf("tally serve --help prints a keyword/value password:\n%s", out)
 	}
 }
+
+// --grant-max-skew (TALLY_GRANT_MAX_SKEW) outside its bounds is refused
+// before anything runs, naming both, with exit code 2.
+func TestGrantMaxSkewOutOfBoundsIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		env  string
+		args []string
+	}{
+		{"500ms", []string{"serve", "--api"}},
+		{"", []string{"serve", "--api", "--grant-max-skew", "11m"}},
+		{"0s", []string{"dev"}},
+	} {
+		if tc.env != "" {
+			t.Setenv("TALLY_GRANT_MAX_SKEW", tc.env)
+		}
+		_, err := runTally(t, tc.args...)
+		var ee *ExitError
+		if err == nil || !errors.As(err, &ee) || ee.Code != 2 || !strings.Contains(err.Error(), "TALLY_GRANT_MAX_SKEW") ||
+			!strings.Contains(err.Error(), "between 1s and 10m0s") {
+			t.Errorf("%s with TALLY_GRANT_MAX_SKEW=%q: got %v; want exit 2 naming the bounds", strings.Join(tc.args, " "), tc.env, err)
+		}
+	}
+}

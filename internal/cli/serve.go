@@ -20,7 +20,9 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/tally-ledger/tally/admission"
 	"github.com/tally-ledger/tally/api"
+	"github.com/tally-ledger/tally/console"
 	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/migrations"
@@ -35,6 +37,7 @@ func newServeCmd() *cobra.Command {
 		o                             runOptions
 		dbURL, brokers                string
 		runIngest, runAPI, runEnforce bool
+		noConsole, consoleSecure      bool
 		sizes                         poolSizes
 		limits                        apiLimits
 	)
@@ -47,7 +50,9 @@ TALLY_KAFKA_BROKERS and TALLY_DATABASE_URL. With none of --ingest, --api,
 
   --ingest   consume meter batches from --topic into the ledger. Several
              processes with the same --group share the topic's partitions.
-  --api      serve the REST API on --listen (needs TALLY_ADMIN_TOKEN).
+  --api      serve the REST API on --listen (needs TALLY_ADMIN_TOKEN), and
+             the web console at /console/ (sign in with a token; see
+             docs/console.md) unless --no-console.
   --enforce  evaluate quota rules and publish decisions to
              --decisions-topic; one process publishes at a time (a lease).
 
@@ -65,11 +70,15 @@ in-flight work, leave the consumer group and release the enforcer lease.`,
 				runIngest, runAPI, runEnforce = true, true, true
 			}
 			o.ingest, o.api, o.enforce = runIngest, runAPI, runEnforce
+			o.noConsole, o.consoleSecure = noConsole, consoleSecure
 			if !o.ingest && !o.api && !o.enforce {
 				return errors.New("nothing to run: give --ingest, --api or --enforce (or none of them for all three)")
 			}
 			if err := periods.ValidateGrace(o.grace); err != nil {
 				return err
+			}
+			if err := admission.ValidateMaxSkew(o.maxSkew); err != nil {
+				return &ExitError{Code: exitUsage, Err: fmt.Errorf("--grant-max-skew (TALLY_GRANT_MAX_SKEW): %w", err)}
 			}
 			if o.api && len(o.adminToken) < api.MinAdminTokenLength {
 				return fmt.Errorf("the REST API needs an admin token of at least %d characters in TALLY_ADMIN_TOKEN (try: export TALLY_ADMIN_TOKEN=$(openssl rand -hex 32))", api.MinAdminTokenLength)
@@ -94,6 +103,10 @@ in-flight work, leave the consumer group and release the enforcer lease.`,
 	f.BoolVar(&runIngest, "ingest", false, "run the Kafka ingest")
 	f.BoolVar(&runAPI, "api", false, "run the REST API")
 	f.BoolVar(&runEnforce, "enforce", false, "run the quota enforcer")
+	f.BoolVar(&noConsole, "no-console", false, "with the API: do not serve the web console at /console/")
+	envDefault(f, "no-console", "TALLY_NO_CONSOLE")
+	f.BoolVar(&consoleSecure, "console-secure-cookies", false, "mark the console's cookies Secure on plain HTTP too (a proxy in front terminates TLS)")
+	envDefault(f, "console-secure-cookies", "TALLY_CONSOLE_SECURE_COOKIES")
 	f.StringVar(&dbURL, "database-url", defaultDatabaseURL, "Postgres connection URL")
 	envDefault(f, "database-url", "TALLY_DATABASE_URL")
 	f.StringVar(&brokers, "kafka-brokers", "127.0.0.1:9092", "Kafka bootstrap brokers, comma-separated")
@@ -126,6 +139,7 @@ in-flight work, leave the consumer group and release the enforcer lease.`,
 	f.DurationVar(&o.unownedAfter, "ready-unowned-after", api.DefaultUnownedAfter,
 		"/readyz of the API answers 503 while an ingest partition has had no live owner this long (negative: never)")
 	envDefault(f, "ready-unowned-after", "TALLY_READY_UNOWNED_AFTER")
+	addMaxSkewFlag(f, &o.maxSkew)
 	// Never print a token in --help.
 	if fl := f.Lookup("admin-token"); fl.DefValue != "" {
 		fl.DefValue = "(set)"
@@ -237,6 +251,14 @@ type apiLimits struct {
 	addressRate, tokenRate float64
 }
 
+// addMaxSkewFlag adds --grant-max-skew (serve and dev).
+func addMaxSkewFlag(f *pflag.FlagSet, d *time.Duration) {
+	f.DurationVar(d, "grant-max-skew", admission.DefaultMaxSkew,
+		fmt.Sprintf("clock skew tolerated between Tally and a gateway: a grant is reclaimed at valid_until plus this, never earlier (%s to %s)",
+			admission.MinMaxSkew, admission.MaxMaxSkew))
+	envDefault(f, "grant-max-skew", "TALLY_GRANT_MAX_SKEW")
+}
+
 // runOptions says what run starts.
 type runOptions struct {
 	pool                  *pgxpool.Pool
@@ -248,7 +270,10 @@ type runOptions struct {
 	grace                 time.Duration
 	timings               groupTimings
 	unownedAfter          time.Duration
+	maxSkew               time.Duration // of grants; 0: admission.DefaultMaxSkew
 	ingest, api, enforce  bool
+	noConsole             bool // with api: no web console at /console/
+	consoleSecure         bool // the console's cookies are Secure on plain HTTP too (TLS ends at a proxy)
 	log                   *slog.Logger
 	// ready, when set, is called once the HTTP listener is bound.
 	ready func(addr string)
@@ -286,6 +311,12 @@ func run(ctx context.Context, o runOptions) error {
 		return err
 	}
 	g, gctx := errgroup.WithContext(ctx)
+	// The HTTP server stops after also has returned: tally dev's demo
+	// gateways give their grants back through the API as they stop.
+	alsoDone := make(chan struct{})
+	if o.also == nil {
+		close(alsoDone)
+	}
 
 	if o.ingest {
 		c, err := ingest.NewConsumer(ingest.Config{
@@ -315,12 +346,20 @@ func run(ctx context.Context, o runOptions) error {
 			h, err := api.New(api.Config{Pool: o.apiPool, Ledger: l, AdminToken: o.adminToken, Grace: o.grace,
 				Topic: o.topic, Logger: o.log, Registry: reg,
 				MaxInFlight: o.apiLimits.maxInFlight, AddressRate: o.apiLimits.addressRate, TokenRate: o.apiLimits.tokenRate,
-				UnownedAfter: o.unownedAfter})
+				UnownedAfter: o.unownedAfter, MaxSkew: o.maxSkew})
 			if err != nil {
 				return err
 			}
 			g.Go(func() error { return h.Run(gctx) }) // keeps the usage cache coherent
 			handler = h
+			if !o.noConsole {
+				con, err := console.New(console.Config{API: h, Pool: o.apiPool, Topic: o.topic, Grace: o.grace,
+					Logger: o.log, Registerer: reg, SecureCookies: o.consoleSecure})
+				if err != nil {
+					return err
+				}
+				handler = con.Beside(h)
+			}
 		} else {
 			// Without the API there is no token to guard /metrics with: it
 			// is served as usual for Prometheus; bind --listen accordingly.
@@ -345,6 +384,7 @@ func run(ctx context.Context, o runOptions) error {
 		})
 		g.Go(func() error {
 			<-gctx.Done()
+			<-alsoDone
 			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 			defer cancel()
 			return srv.Shutdown(sctx)
@@ -357,7 +397,10 @@ func run(ctx context.Context, o runOptions) error {
 		o.ready("")
 	}
 	if o.also != nil {
-		g.Go(func() error { return o.also(gctx) })
+		g.Go(func() error {
+			defer close(alsoDone)
+			return o.also(gctx)
+		})
 	}
 	return g.Wait()
 }

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
-	"github.com/tally-ledger/tally/api"
+	"github.com/tally-ledger/tally/tokens"
 )
 
 func newTokensCmd() *cobra.Command {
@@ -48,9 +48,9 @@ may issue, renew and release only holder H's grants and report its bypasses.`,
 				return err
 			}
 			defer pool.Close()
-			create, owner := api.CreateToken, "customer "+customer
+			create, owner := tokens.Create, "customer "+customer
 			if gateway != "" {
-				create, owner = api.CreateGatewayToken, "gateway "+gateway
+				create, owner = tokens.CreateGateway, "gateway "+gateway
 			}
 			t, secret, err := create(cmd.Context(), pool, customer+gateway, description, time.Now())
 			if err != nil {
@@ -82,8 +82,8 @@ may issue, renew and release only holder H's grants and report its bypasses.`,
 				return err
 			}
 			defer pool.Close()
-			t, err := api.RevokeToken(cmd.Context(), pool, id, time.Now())
-			if errors.Is(err, api.ErrTokenNotFound) {
+			t, err := tokens.Revoke(cmd.Context(), pool, id, time.Now())
+			if errors.Is(err, tokens.ErrNotFound) {
 				return fmt.Errorf("no token %s (see tally tokens list)", id)
 			}
 			if err != nil {
@@ -105,7 +105,7 @@ may issue, renew and release only holder H's grants and report its bypasses.`,
 				return err
 			}
 			defer pool.Close()
-			ts, err := api.ListTokens(cmd.Context(), pool, listCustomer)
+			ts, err := tokens.List(cmd.Context(), pool, listCustomer)
 			if err != nil {
 				return err
 			}

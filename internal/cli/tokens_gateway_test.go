@@ -4,14 +4,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tally-ledger/tally/api"
 	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/tokens"
 )
 
 func TestTokensCreateGateway(t *testing.T) {
 	db := pgtest.NewURL(t)
 	secret, err := runTally(t, "tokens", "create", "--gateway", "gw-eu-1", "--database-url", db)
-	if secret = strings.TrimSpace(secret); err != nil || !strings.HasPrefix(secret, api.TokenPrefix) {
+	if secret = strings.TrimSpace(secret); err != nil || !strings.HasPrefix(secret, tokens.Prefix) {
 		t.Fatalf("create: %q, %v", secret, err)
 	}
 	list, err := runTally(t, "tokens", "list", "--database-url", db)

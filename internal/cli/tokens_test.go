@@ -4,15 +4,15 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tally-ledger/tally/api"
 	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/tokens"
 )
 
 func TestTokensCreateListRevoke(t *testing.T) {
 	db := pgtest.NewURL(t)
 	secret, err := runTally(t, "tokens", "create", "--customer", "acme", "--description", "acme portal", "--database-url", db)
 	secret = strings.TrimSpace(secret)
-	if err != nil || !strings.HasPrefix(secret, api.TokenPrefix) || len(secret) < 40 {
+	if err != nil || !strings.HasPrefix(secret, tokens.Prefix) || len(secret) < 40 {
 		t.Fatalf("create: %q, %v", secret, err)
 	}
 	list, err := runTally(t, "tokens", "list", "--database-url", db)

@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/tally-ledger/tally/internal/locks"
 	"github.com/tally-ledger/tally/migrations"
 )
 
@@ -132,10 +133,10 @@ func buildTemplate() (string, error) {
 	}
 	defer admin.Close(context.Background())
 	name := "tally_tmpl_" + migrations.Fingerprint()
-	if _, err := admin.Exec(ctx, "SELECT pg_advisory_lock(7154321)"); err != nil {
+	if _, err := admin.Exec(ctx, "SELECT pg_advisory_lock($1)", int64(locks.TestTemplate)); err != nil {
 		return "", fmt.Errorf("lock: %w", err)
 	}
-	defer admin.Exec(context.Background(), "SELECT pg_advisory_unlock(7154321)")
+	defer admin.Exec(context.Background(), "SELECT pg_advisory_unlock($1)", int64(locks.TestTemplate))
 	var exists bool
 	if err := admin.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1 AND datistemplate)", name).Scan(&exists); err != nil {
 		return "", err

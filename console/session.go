@@ -1,0 +1,284 @@
+package console
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"errors"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/tally-ledger/tally/api"
+)
+
+const (
+	sessionCookie = "tally_console"
+	// signInCookie holds the sign-in form's CSRF token before there is a
+	// session (double submit: the form must carry the same value).
+	signInCookie = "tally_console_sign_in"
+	csrfField    = "csrf"
+)
+
+// viewer is who is looking: the admin, or one customer.
+type viewer struct {
+	Admin    bool
+	Customer string
+}
+
+// canRead reports whether v may see customer's pages.
+func (v viewer) canRead(customer string) bool { return v.Admin || v.Customer == customer }
+
+// identify checks a token. It is the console's one call into the token
+// check, kept here so that it can follow the check wherever it lives.
+func (c *Console) identify(ctx context.Context, token string) (viewer, error) {
+	caller, err := c.api.Identify(ctx, token)
+	if err != nil {
+		return viewer{}, err
+	}
+	if !caller.Admin && caller.Customer == "" {
+		return viewer{}, errGatewayToken
+	}
+	return viewer{Admin: caller.Admin, Customer: caller.Customer}, nil
+}
+
+var errGatewayToken = errors.New("a gateway token manages grants and cannot sign in to the console; use the admin token or a customer token")
+
+// refusedToken reports whether err says the token is unknown or revoked
+// (or a gateway's), as opposed to a failure to check it.
+func refusedToken(err error) bool {
+	if errors.Is(err, errGatewayToken) {
+		return true
+	}
+	var p *api.Problem
+	return errors.As(err, &p) && p.Status == http.StatusUnauthorized
+}
+
+// session is a signed-in browser. The token is kept (in memory only) so
+// that each request checks it again: revoking it ends the session.
+type session struct {
+	token   string
+	csrf    string
+	expires time.Time
+}
+
+// sessions are kept in memory: a restart signs everyone out. Behind a
+// load balancer, route a browser to one process (sticky sessions).
+type sessions struct {
+	mu  sync.Mutex
+	m   map[string]*session
+	ttl time.Duration
+	max int
+}
+
+func newSessions(ttl time.Duration, max int) *sessions {
+	return &sessions{m: map[string]*session{}, ttl: ttl, max: max}
+}
+
+// create starts a session for token and returns its id.
+func (s *sessions) create(token string, now time.Time) (string, *session) {
+	id := rand.Text() + rand.Text() // 260 bits
+	sess := &session{token: token, csrf: rand.Text() + rand.Text(), expires: now.Add(s.ttl)}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.m) >= s.max {
+		var oldest string
+		for k, v := range s.m {
+			if !v.expires.After(now) {
+				delete(s.m, k)
+			} else if oldest == "" || v.expires.Before(s.m[oldest].expires) {
+				oldest = k
+			}
+		}
+		if len(s.m) >= s.max {
+			delete(s.m, oldest)
+		}
+	}
+	s.m[id] = sess
+	return id, sess
+}
+
+func (s *sessions) get(id string, now time.Time) (*session, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sess, ok := s.m[id]
+	if ok && !sess.expires.After(now) {
+		delete(s.m, id)
+		return nil, false
+	}
+	return sess, ok
+}
+
+func (s *sessions) end(id string) {
+	s.mu.Lock()
+	delete(s.m, id)
+	s.mu.Unlock()
+}
+
+type ctxKey struct{}
+
+// request is what the authenticate middleware found.
+type request struct {
+	viewer
+	sessionID string
+	csrf      string
+}
+
+func requestFrom(ctx context.Context) request {
+	r, _ := ctx.Value(ctxKey{}).(request)
+	return r
+}
+
+// authenticate finds the session and checks its token; without one, a
+// GET is sent to the sign-in page (and back after it), anything else is
+// refused.
+func (c *Console) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var sess *session
+		var id string
+		if ck, err := r.Cookie(sessionCookie); err == nil {
+			id = ck.Value
+			sess, _ = c.sessions.get(id, c.now())
+		}
+		var v viewer
+		var err error
+		if sess != nil {
+			v, err = c.identify(r.Context(), sess.token)
+			if err != nil && !refusedToken(err) {
+				c.fail(w, r, err)
+				return
+			}
+			if err != nil {
+				c.sessions.end(id) // revoked since sign-in
+				sess = nil
+			}
+		}
+		if sess == nil {
+			if r.Method != http.MethodGet {
+				c.render(w, r, http.StatusForbidden, "error", errorPage{Title: "Signed out",
+					Detail: "Your session has ended. Sign in again and repeat what you did."})
+				return
+			}
+			http.Redirect(w, r, Prefix+"/sign-in?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
+			return
+		}
+		if r.Method == http.MethodPost && !c.checkCSRF(w, r, sess.csrf) {
+			return
+		}
+		ctx := context.WithValue(r.Context(), ctxKey{}, request{viewer: v, sessionID: id, csrf: sess.csrf})
+		next.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// checkCSRF refuses a POST sent from another site or without the form's
+// token (want), and says so on a 403 page.
+func (c *Console) checkCSRF(w http.ResponseWriter, r *http.Request, want string) bool {
+	site := r.Header.Get("Sec-Fetch-Site")
+	crossSite := site != "" && site != "same-origin"
+	got := r.PostFormValue(csrfField)
+	if crossSite || want == "" || subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
+		c.render(w, r, http.StatusForbidden, "error", errorPage{Title: "Form expired or sent from elsewhere",
+			Detail: "This form did not carry this session's check (CSRF token), or came from another site. Reload the page and try again."})
+		return false
+	}
+	return true
+}
+
+// safeNext is where to go after sign-in: a console path, never another
+// host.
+func safeNext(next string) string {
+	if !strings.HasPrefix(next, Prefix+"/") || strings.HasPrefix(next, Prefix+"//") ||
+		strings.ContainsAny(next, "\\\r\n") {
+		return Prefix + "/"
+	}
+	return next
+}
+
+type signInView struct {
+	CSRF, Next, Error string
+	Status            int
+}
+
+func (c *Console) signInPage(w http.ResponseWriter, r *http.Request) {
+	c.showSignIn(w, r, http.StatusOK, "")
+}
+
+func (c *Console) showSignIn(w http.ResponseWriter, r *http.Request, status int, problem string) {
+	// One token per browser, kept across reloads and tabs.
+	token := ""
+	if ck, err := r.Cookie(signInCookie); err == nil && len(ck.Value) == 26 {
+		token = ck.Value
+	} else {
+		token = rand.Text()
+	}
+	http.SetCookie(w, &http.Cookie{Name: signInCookie, Value: token, Path: Prefix + "/sign-in", HttpOnly: true,
+		Secure: c.secureCookie(r), SameSite: http.SameSiteStrictMode, MaxAge: 3600})
+	next := r.URL.Query().Get("next")
+	if r.Method == http.MethodPost {
+		next = r.PostFormValue("next")
+	}
+	c.render(w, r, status, "sign-in", signInView{CSRF: token, Next: safeNext(next), Error: problem})
+}
+
+// signIn exchanges a token for a session cookie.
+func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
+	pre, err := r.Cookie(signInCookie)
+	want := ""
+	if err == nil {
+		want = pre.Value
+	}
+	if !c.checkCSRF(w, r, want) {
+		c.metrics.signIns.WithLabelValues("csrf").Inc()
+		return
+	}
+	token := strings.TrimSpace(r.PostFormValue("token"))
+	if token == "" {
+		c.showSignIn(w, r, http.StatusBadRequest, "Enter a token: the admin token or a customer token.")
+		return
+	}
+	v, err := c.identify(r.Context(), token)
+	if err != nil {
+		if !refusedToken(err) {
+			c.fail(w, r, err)
+			return
+		}
+		c.metrics.signIns.WithLabelValues("refused").Inc()
+		c.log.InfoContext(r.Context(), "console: sign-in refused", "remote", r.RemoteAddr, "reason", err.Error())
+		detail := "This token is unknown or revoked."
+		if errors.Is(err, errGatewayToken) {
+			detail = "A gateway token cannot sign in: use the admin token or a customer token."
+		}
+		c.showSignIn(w, r, http.StatusUnauthorized, detail)
+		return
+	}
+	outcome := "customer"
+	if v.Admin {
+		outcome = "admin"
+	}
+	c.metrics.signIns.WithLabelValues(outcome).Inc()
+	id, _ := c.sessions.create(token, c.now())
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: id, Path: Prefix + "/", HttpOnly: true,
+		Secure: c.secureCookie(r), SameSite: http.SameSiteStrictMode, MaxAge: int(c.sessions.ttl.Seconds())})
+	http.SetCookie(w, &http.Cookie{Name: signInCookie, Value: "", Path: Prefix + "/sign-in", MaxAge: -1,
+		HttpOnly: true, Secure: c.secureCookie(r), SameSite: http.SameSiteStrictMode})
+	next := safeNext(r.PostFormValue("next"))
+	if !v.Admin && next == Prefix+"/" {
+		next = customerPath(v.Customer)
+	}
+	http.Redirect(w, r, next, http.StatusSeeOther)
+}
+
+func (c *Console) signOut(w http.ResponseWriter, r *http.Request) error {
+	c.sessions.end(requestFrom(r.Context()).sessionID)
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: Prefix + "/", MaxAge: -1,
+		HttpOnly: true, Secure: c.secureCookie(r), SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, Prefix+"/sign-in", http.StatusSeeOther)
+	return nil
+}
+
+// secureCookie: whether cookies set in answer to r are Secure.
+func (c *Console) secureCookie(r *http.Request) bool { return c.secure || r.TLS != nil }
+
+func customerPath(customer string) string { return Prefix + "/customers/" + url.PathEscape(customer) }

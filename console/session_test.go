@@ -1,0 +1,222 @@
+package console_test
+
+import (
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/admission"
+	"github.com/tally-ledger/tally/api"
+	"github.com/tally-ledger/tally/console"
+	"github.com/tally-ledger/tally/quota"
+	"github.com/tally-ledger/tally/tokens"
+)
+
+func sessionCookie(t *testing.T, res httpPage) *http.Cookie {
+	t.Helper()
+	for _, c := range (&http.Response{Header: res.header}).Cookies() {
+		if c.Name == "tally_console" {
+			return c
+		}
+	}
+	t.Fatalf("no session cookie in %v", res.header["Set-Cookie"])
+	return nil
+}
+
+func TestSessionCookieIsHttpOnlyStrictAndSecureOverTLS(t *testing.T) {
+	t.Parallel()
+	for _, tls := range []bool{false, true} {
+		f := newFixtureTLS(t, tls)
+		c := f.client()
+		ck := sessionCookie(t, f.signInHTTP(c, adminToken))
+		if !ck.HttpOnly || ck.SameSite != http.SameSiteStrictMode || ck.Secure != tls || ck.Path != "/console/" || ck.MaxAge <= 0 {
+			t.Fatalf("TLS %v: session cookie %+v, want HttpOnly, SameSite=Strict, Secure only over TLS, Path /console/", tls, ck)
+		}
+		if len(ck.Value) < 40 {
+			t.Fatalf("session id %q is too short to be unguessable", ck.Value)
+		}
+	}
+	// Behind a proxy that terminates TLS: Secure on plain HTTP too.
+	f := newFixtureWith(t, false, nil, func(c *console.Config) { c.SecureCookies = true })
+	c := f.client()
+	csrf := hidden(t, f.get(c, "/console/sign-in").body, "csrf")
+	res := f.post(c, "/console/sign-in", url.Values{"csrf": {csrf}, "token": {adminToken}})
+	if ck := sessionCookie(t, res); !ck.Secure {
+		t.Fatalf("SecureCookies: session cookie %+v is not Secure", ck)
+	}
+}
+
+func TestEveryPageSetsAContentSecurityPolicy(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.demo()
+	c := f.client()
+	check := func(path string, res httpPage) {
+		t.Helper()
+		csp := res.header.Get("Content-Security-Policy")
+		if !strings.Contains(csp, "default-src 'none'") || strings.Contains(csp, "unsafe") || !strings.Contains(csp, "frame-ancestors 'none'") {
+			t.Fatalf("%s (%d): Content-Security-Policy %q", path, res.status, csp)
+		}
+		if res.header.Get("X-Content-Type-Options") != "nosniff" {
+			t.Fatalf("%s: no nosniff", path)
+		}
+	}
+	for _, p := range []string{"/console/sign-in", "/console/", "/console/assets/console.css", "/console/no-such-page"} {
+		check(p, f.get(c, p))
+	}
+	f.signInHTTP(c, adminToken)
+	for p, want := range map[string]int{"/console/": 200, "/console/customers": 200, "/console/customers/acme": 200,
+		"/console/customers/acme/periods/2026-11-01": 200, "/console/customers/nobody": 404, "/console/reconciliations": 200,
+		"/console/dead-letters": 200, "/console/no-such-page": 404} {
+		res := f.get(c, p)
+		if res.status != want {
+			t.Fatalf("%s: %d, want %d: %s", p, res.status, want, res.body)
+		}
+		check(p, res)
+	}
+	// The API beside it is untouched.
+	if res := f.get(c, "/v1/customers/acme"); res.status != 401 || res.header.Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("/v1 without a token: %d %s", res.status, res.header.Get("Content-Type"))
+	}
+}
+
+func TestSignInRefusesForgedFormsAndBadTokens(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	_, gateway, err := tokens.CreateGateway(f.ctx(), f.pool, "gw-1", "test", f.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := f.client()
+	csrf := hidden(t, f.get(c, "/console/sign-in").body, "csrf")
+	for _, tc := range []struct {
+		name   string
+		form   url.Values
+		site   string
+		status int
+		says   string
+	}{
+		{"no CSRF token", url.Values{"token": {adminToken}}, "same-origin", 403, "CSRF"},
+		{"a forged CSRF token", url.Values{"token": {adminToken}, "csrf": {"forged"}}, "same-origin", 403, "CSRF"},
+		{"sent from another site", url.Values{"token": {adminToken}, "csrf": {csrf}}, "cross-site", 403, "another site"},
+		{"an unknown token", url.Values{"token": {"tly_" + strings.Repeat("A", 43)}, "csrf": {csrf}}, "same-origin", 401, "unknown or revoked"},
+		{"the admin token, almost", url.Values{"token": {adminToken + "x"}, "csrf": {csrf}}, "same-origin", 401, "unknown or revoked"},
+		{"a gateway token", url.Values{"token": {gateway}, "csrf": {csrf}}, "same-origin", 401, "gateway token cannot sign in"},
+		{"no token", url.Values{"csrf": {csrf}}, "same-origin", 400, "Enter a token"},
+	} {
+		res := f.post(c, "/console/sign-in", tc.form, "Sec-Fetch-Site", tc.site)
+		if res.status != tc.status || !strings.Contains(res.body, tc.says) {
+			t.Errorf("%s: %d, want %d saying %q:\n%s", tc.name, res.status, tc.status, tc.says, res.body)
+		}
+		for _, ck := range (&http.Response{Header: res.header}).Cookies() {
+			if ck.Name == "tally_console" && ck.Value != "" {
+				t.Errorf("%s: a session cookie was set", tc.name)
+			}
+		}
+	}
+	// A token never comes back in the page.
+	res := f.post(c, "/console/sign-in", url.Values{"token": {"tly_secret-that-was-wrong"}, "csrf": {csrf}}, "Sec-Fetch-Site", "same-origin")
+	if strings.Contains(res.body, "secret-that-was-wrong") {
+		t.Fatal("the sign-in page echoes the token")
+	}
+}
+
+func TestSignInGoesBackOnlyToTheConsole(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	for next, want := range map[string]string{
+		"/console/dead-letters":        "/console/dead-letters",
+		"//evil.example/x":             "/console/",
+		"https://evil.example/console": "/console/",
+		"/console//evil.example":       "/console/",
+		"/console/\\evil.example":      "/console/",
+	} {
+		c := f.client()
+		csrf := hidden(t, f.get(c, "/console/sign-in").body, "csrf")
+		res := f.post(c, "/console/sign-in", url.Values{"token": {adminToken}, "csrf": {csrf}, "next": {next}})
+		if res.status != http.StatusSeeOther || res.header.Get("Location") != want {
+			t.Errorf("next %q: %d to %q, want %q", next, res.status, res.header.Get("Location"), want)
+		}
+	}
+}
+
+func TestRevokingTheTokenEndsItsSessions(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.demo()
+	tok, secret, err := tokens.Create(f.ctx(), f.pool, "acme", "test", f.now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := f.client()
+	if loc := f.signInHTTP(c, secret).header.Get("Location"); loc != "/console/customers/acme" {
+		t.Fatalf("a customer lands on %q", loc)
+	}
+	if res := f.get(c, "/console/customers/acme"); res.status != 200 {
+		t.Fatalf("signed in: %d", res.status)
+	}
+	if _, err := tokens.Revoke(f.ctx(), f.pool, tok.ID, f.now); err != nil {
+		t.Fatal(err)
+	}
+	res := f.get(c, "/console/customers/acme")
+	if res.status != http.StatusSeeOther || !strings.HasPrefix(res.header.Get("Location"), "/console/sign-in") {
+		t.Fatalf("after revocation: %d %q, want the sign-in page", res.status, res.header.Get("Location"))
+	}
+	// And a form sent with the old session is refused, not redirected.
+	if res := f.post(c, "/console/sign-out", url.Values{}); res.status != 403 {
+		t.Fatalf("POST with an ended session: %d", res.status)
+	}
+}
+
+func TestTheConsoleIsBehindTheAPIsGuard(t *testing.T) {
+	t.Parallel()
+	f := newFixtureWith(t, false, func(c *api.Config) { c.AddressRate = 1 }, nil) // bursts of 2
+	c := f.client()
+	var statuses []int
+	for range 4 {
+		statuses = append(statuses, f.get(c, "/console/sign-in").status)
+	}
+	if statuses[0] != 200 || statuses[3] != http.StatusTooManyRequests {
+		t.Fatalf("statuses %v: want 200 first, then 429 once the address is over its rate", statuses)
+	}
+	// Logged like the API's requests, with a fixed route label.
+	if logs := f.logs.String(); !strings.Contains(logs, `"path":"/console/sign-in","route":"/console","status":200`) {
+		t.Fatalf("no access log line for the console:\n%s", logs)
+	}
+}
+
+func TestCustomerPageShowsBudgetsAndLiveGrants(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.calendar("acme", "UTC")
+	if _, err := quota.PutRuleDB(f.ctx(), f.pool, quota.RuleInput{Customer: "acme", Meter: "llm_tokens",
+		Limit: decimal.RequireFromString("1000000"), Admission: quota.Exact, EffectiveAt: f.now.Add(-time.Hour), Actor: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	store, err := admission.New(f.pool, admission.Config{Now: func() time.Time { return f.now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Issue(f.ctx(), admission.IssueRequest{Holder: "gw-eu-1", Generation: 1, Customer: "acme", Meter: "llm_tokens",
+		Amount: decimal.RequireFromString("25000.5"), TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	c := f.client()
+	f.signInHTTP(c, f.customerToken("acme"))
+	res := f.get(c, "/console/customers/acme")
+	if res.status != 200 {
+		t.Fatalf("customer page: %d %s", res.status, res.body)
+	}
+	for _, want := range []string{
+		`<td>llm_tokens</td><td>2026-11-01</td><td class="n">1,000,000</td><td class="n">25,000.5</td><td class="n">974,999.5</td><td class="n">25,000.5</td>`,
+		`<td><code>gw-eu-1</code></td><td class="n">25,000.5</td><td class="n">0</td>`,
+	} {
+		if !strings.Contains(res.body, want) {
+			t.Fatalf("the page lacks %s:\n%s", want, res.body)
+		}
+	}
+}

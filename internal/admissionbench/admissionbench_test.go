@@ -1,0 +1,159 @@
+package admissionbench_test
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/tally-ledger/tally/internal/admissionbench"
+	"github.com/tally-ledger/tally/internal/pgtest"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const redisAddr = "127.0.0.1:6379"
+
+// small is a run that takes seconds: 3 gateways, 8 customers, a limit the
+// busiest customers cross early.
+func small(t *testing.T) admissionbench.Options {
+	return admissionbench.Options{DatabaseURL: pgtest.NewURL(t), Gateways: 3, Customers: 8, Rate: 400,
+		Duration: 2 * time.Second, Limit: 60, Skew: 1.1, FixedGrant: 10, LagInterval: 300 * time.Millisecond,
+		RedisAddr: redisAddr, Seed: 7}
+}
+
+// redisAnswers says whether a Redis answers at addr: the Redis row must be
+// measured when one does, and skipped with the reason when none does.
+func redisAnswers(addr string) bool {
+	c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: time.Second, MaxRetries: -1, Protocol: 2, DisableIdentity: true})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	return c.Ping(ctx).Err() == nil
+}
+
+// Every regime runs over the same trace; what a user reads off the table
+// holds: the counts add up, the exact regimes and the central counters
+// never admit past a limit, the counters never refuse with room left, the
+// lagged regime overshoots, and every exact regime's spend reached
+// Postgres when the gateways released.
+func TestRunInvariants(t *testing.T) {
+	o := small(t)
+	r, err := admissionbench.Run(t.Context(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Requests == 0 || r.Over == 0 || r.Over+r.Near+r.Below != o.Customers {
+		t.Fatalf("trace: %d requests, customers over %d near %d below %d", r.Requests, r.Over, r.Near, r.Below)
+	}
+	rows := map[string]admissionbench.Row{}
+	for _, row := range r.Rows {
+		rows[row.Regime] = row
+	}
+	if len(rows) != 5 {
+		t.Fatalf("%d rows, want 5: %+v", len(rows), r.Rows)
+	}
+	for _, row := range r.Rows {
+		if row.Skipped != "" {
+			continue
+		}
+		if row.Requests != r.Requests || row.Admitted+row.Refused+row.Errors != row.Requests || row.Errors != 0 {
+			t.Errorf("%s: requests %d (trace %d) = admitted %d + refused %d + failed %d?", row.Regime,
+				row.Requests, r.Requests, row.Admitted, row.Refused, row.Errors)
+		}
+		if len(row.Problems) > 0 {
+			t.Errorf("%s: %v", row.Regime, row.Problems)
+		}
+		if row.Admitted == 0 || row.CentralCalls == 0 || row.P99 < row.P50 {
+			t.Errorf("%s: admitted %d, calls %d, p50 %s p99 %s", row.Regime, row.Admitted, row.CentralCalls, row.P50, row.P99)
+		}
+		if row.FalseDenials > row.Refused || row.Below95False > row.Below95 || row.Below95False > row.FalseDenials {
+			t.Errorf("%s: false denials %d (%d below 95%% of %d) of %d refused", row.Regime, row.FalseDenials,
+				row.Below95False, row.Below95, row.Refused)
+		}
+	}
+	for _, name := range []string{"exact, fixed grant", "exact, sized by demand", "central counter, Postgres", "central counter, Redis"} {
+		row := rows[name]
+		if row.Skipped != "" {
+			continue
+		}
+		if row.OverLimit != 0 || row.WorstAdmitted > o.Limit {
+			t.Errorf("%s admitted past the limit: worst %d of %d, %d over", name, row.WorstAdmitted, o.Limit, row.OverLimit)
+		}
+		if row.Refused == 0 {
+			t.Errorf("%s refused nothing, though %d customers' demand is over the limit", name, r.Over)
+		}
+	}
+	for _, name := range []string{"central counter, Postgres", "central counter, Redis"} {
+		if row := rows[name]; row.Skipped == "" && (row.FalseDenials != 0 || row.Stranded != 0 || row.CentralCalls != row.Requests) {
+			t.Errorf("%s: %d false denials, %d stranded, %d calls for %d requests", name, row.FalseDenials, row.Stranded,
+				row.CentralCalls, row.Requests)
+		}
+	}
+	if lag := rows["lagged decisions"]; lag.OverLimit == 0 || lag.DecisionLag[0] <= 0 || lag.Stranded != 0 {
+		t.Errorf("lagged: over limit %d, decision lag %v, stranded %d", lag.OverLimit, lag.DecisionLag, lag.Stranded)
+	}
+	for _, name := range []string{"exact, fixed grant", "exact, sized by demand"} {
+		if row := rows[name]; row.GrantCalls == 0 || row.GrantCalls > row.CentralCalls || !strings.Contains(row.CallDetail, "grants issued") {
+			t.Errorf("%s: %d grant calls of %d (%s)", name, row.GrantCalls, row.CentralCalls, row.CallDetail)
+		}
+	}
+	if redisRow := rows["central counter, Redis"]; redisAnswers(redisAddr) == (redisRow.Skipped != "") {
+		t.Errorf("Redis answers at %s: %v, but the row says %q", redisAddr, redisAnswers(redisAddr), redisRow.Skipped)
+	}
+
+	var out bytes.Buffer
+	r.Report(&out)
+	for _, want := range []string{"| lagged decisions", "| exact, fixed grant", "| exact, sized by demand",
+		"| central counter, Postgres", "central counter, Redis", "targets (docs/design.md §10)", "decision lag"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("no %q in the report:\n%s", want, out.String())
+		}
+	}
+}
+
+// Where no Redis answers, the Redis row is skipped with the reason, and
+// the run does not fail.
+func TestNoRedisSkipsItsRow(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	o := small(t)
+	o.RedisAddr, o.Regimes = closed, []string{"redis"}
+	r, err := admissionbench.Run(t.Context(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Rows) != 1 || !strings.Contains(r.Rows[0].Skipped, "no Redis answered at "+closed) {
+		t.Fatalf("rows: %+v", r.Rows)
+	}
+	var out bytes.Buffer
+	r.Report(&out)
+	if !strings.Contains(out.String(), "skipped: no Redis answered at "+closed) {
+		t.Errorf("the report does not say why:\n%s", out.String())
+	}
+}
+
+// Options report every problem at once, each naming its flag.
+func TestOptionsValidate(t *testing.T) {
+	err := admissionbench.Options{DatabaseURL: "x", Gateways: -1, Burst: 6, Limit: -5, Regimes: []string{"lagged", "local"}}.Validate()
+	if err == nil {
+		t.Fatal("no error")
+	}
+	for _, want := range []string{"gateways", "burst", "limit", `regimes: "local"`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("no %q in %v", want, err)
+		}
+	}
+	if err := (admissionbench.Options{DatabaseURL: "x"}).Validate(); err != nil {
+		t.Errorf("defaults: %v", err)
+	}
+}

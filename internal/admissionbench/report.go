@@ -1,0 +1,91 @@
+package admissionbench
+
+import (
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+)
+
+// Report writes the figures as a table (Markdown, aligned), then each
+// regime against the targets of docs/design.md §10.
+func (r Result) Report(w io.Writer) {
+	o := r.Options
+	fmt.Fprintf(w, "tally bench admission: %d gateways × %d customers, %d requests of cost 1 in %s per regime (%d/s, Zipf %.2g, bursts ×%.2g), limit %d per customer for the period\n",
+		o.Gateways, o.Customers, r.Requests, o.Duration, o.Rate, o.Skew, o.Burst, o.Limit)
+	fmt.Fprintf(w, "demand over the period: %d customers over the limit, %d at 95–100%% of it, %d at most 95%%\n\n", r.Over, r.Near, r.Below)
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	fmt.Fprintln(tw, "| regime\t| admitted ÷ limit (worst)\t| over limit\t| stranded at end (of Σ limits)\t| false denials (of requests)\t| false denials, demand ≤ 95%\t| central calls / 1,000 admissions: all (steady)\t| p50\t| p99\t|")
+	fmt.Fprintln(tw, "| ---\t| ---\t| ---\t| ---\t| ---\t| ---\t| ---\t| ---\t| ---\t|")
+	limits := o.Limit * int64(o.Customers)
+	for _, row := range r.Rows {
+		if row.Skipped != "" {
+			fmt.Fprintf(tw, "| %s\t| %s\t|\t|\t|\t|\t|\t|\t|\t|\n", row.Regime, row.Skipped)
+			continue
+		}
+		fmt.Fprintf(tw, "| %s\t| %.3f\t| %d\t| %d (%s)\t| %d (%s)\t| %s of %d\t| %s (%s)\t| %s\t| %s\t|\n",
+			row.Regime, float64(row.WorstAdmitted)/float64(o.Limit), row.OverLimit, row.Stranded, percent(row.Stranded, limits),
+			row.FalseDenials, percent(row.FalseDenials, row.Requests),
+			percent(row.Below95False, row.Below95), row.Below95,
+			perThousand(row.CentralCalls, row.Admitted), perThousand(row.SteadyCalls, row.SteadyAdmitted), dur(row.P50), dur(row.P99))
+	}
+	_ = tw.Flush()
+
+	fmt.Fprintf(w, "\ntargets (docs/design.md §10) for exact admission: overshoot 0; ≤ 10 grant calls per 1,000 admissions at steady demand; ≤ 1%% false denials while demand ≤ 95%% of the limit\n")
+	for _, row := range r.Rows {
+		switch {
+		case row.Skipped != "":
+			fmt.Fprintf(w, "  %-26s %s\n", row.Regime, row.Skipped)
+		case row.Key == "fixed" || row.Key == "sized":
+			fmt.Fprintf(w, "  %-26s overshoot %d units: %s; grant calls at steady demand %s per 1,000 admissions (all calls %s): %s; false denials at demand ≤ 95%%: %s: %s\n",
+				row.Regime, row.OverLimit, met(row.OverLimit == 0),
+				perThousand(row.SteadyGrantCalls, row.SteadyAdmitted), perThousand(row.SteadyCalls, row.SteadyAdmitted),
+				met(row.SteadyGrantCalls*100 <= row.SteadyAdmitted),
+				percent(row.Below95False, row.Below95), met(row.Below95False*100 <= row.Below95))
+			fmt.Fprintf(w, "  %-26s %s; the replay took %s\n", "", row.CallDetail, row.Elapsed.Round(10*time.Millisecond))
+		case row.Key == "lagged" && row.DecisionLag == [2]time.Duration{}:
+			fmt.Fprintf(w, "  %-26s overshoot %d units; no customer reached the limit\n", row.Regime, row.OverLimit)
+		case row.Key == "lagged":
+			fmt.Fprintf(w, "  %-26s overshoot %d units (not exact); decision lag, limit reached → blocked: p50 %s, p99 %s (decision every %s, usage metered every %s)\n",
+				row.Regime, row.OverLimit, dur(row.DecisionLag[0]), dur(row.DecisionLag[1]), o.LagInterval, o.LagFlush)
+		default:
+			fmt.Fprintf(w, "  %-26s overshoot %d units; one central call per request (%s per 1,000 admissions); the replay took %s\n",
+				row.Regime, row.OverLimit, perThousand(row.CentralCalls, row.Admitted), row.Elapsed.Round(10*time.Millisecond))
+		}
+		for _, p := range row.Problems {
+			fmt.Fprintf(w, "  %-26s PROBLEM: %s\n", "", p)
+		}
+	}
+}
+
+func met(ok bool) string {
+	if ok {
+		return "met"
+	}
+	return "NOT met"
+}
+
+func percent(n, of int64) string {
+	if of == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f%%", 100*float64(n)/float64(of))
+}
+
+func perThousand(n, of int64) string {
+	if of == 0 {
+		return "–"
+	}
+	return fmt.Sprintf("%.1f", 1000*float64(n)/float64(of))
+}
+
+func dur(d time.Duration) string {
+	switch {
+	case d < time.Microsecond:
+		return fmt.Sprintf("%d ns", d.Nanoseconds())
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.1f µs", float64(d)/float64(time.Microsecond))
+	default:
+		return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+	}
+}

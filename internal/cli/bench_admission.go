@@ -1,0 +1,129 @@
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tally-ledger/tally/internal/admissionbench"
+	"github.com/tally-ledger/tally/quota"
+)
+
+// benchAdmissionOptions is `tally bench admission`: the options of the
+// simulation plus where it runs.
+type benchAdmissionOptions struct {
+	sim      admissionbench.Options
+	adminURL string
+	keep     bool
+}
+
+func (o benchAdmissionOptions) Validate() error {
+	sim := o.sim
+	sim.DatabaseURL = "set by Run" // a database of its own, made by Run
+	var errs []error
+	if o.adminURL == "" {
+		errs = append(errs, errors.New("--database-url is required"))
+	}
+	// The simulation takes 0 for its default; on the command line the
+	// defaults are the flags', so a 0 is a mistake.
+	for _, f := range []struct {
+		name string
+		zero bool
+	}{{"gateways", sim.Gateways == 0}, {"customers", sim.Customers == 0}, {"rate", sim.Rate == 0},
+		{"duration", sim.Duration == 0}, {"limit", sim.Limit == 0}, {"fixed-grant", sim.FixedGrant == 0}, {"burst", sim.Burst == 0},
+		{"lag-interval", sim.LagInterval == 0}, {"lag-flush", sim.LagFlush == 0}} {
+		if f.zero {
+			errs = append(errs, fmt.Errorf("--%s must not be 0", f.name))
+		}
+	}
+	return errors.Join(append(errs, sim.Validate())...)
+}
+
+// Run creates a database of its own on the server of adminURL, runs every
+// regime and prints the table.
+func (o benchAdmissionOptions) Run(ctx context.Context, out io.Writer) error {
+	if err := o.Validate(); err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	_, dbURL, done, err := benchDB(ctx, o.adminURL, "tally_bench", o.keep, log)
+	if err != nil {
+		return err
+	}
+	defer done()
+	sim := o.sim
+	sim.DatabaseURL, sim.Logger = dbURL, log
+	fmt.Fprintf(out, "tally bench admission: database %s; regimes %s, one after another\n", dbName(dbURL), strings.Join(sim.Regimes, ", "))
+	r, err := admissionbench.Run(ctx, sim)
+	if err != nil {
+		return err
+	}
+	r.Report(out)
+	for _, row := range r.Rows {
+		if len(row.Problems) > 0 {
+			return fmt.Errorf("bench admission: %s: %d invariant checks failed (above)", row.Regime, len(row.Problems))
+		}
+	}
+	return nil
+}
+
+func newBenchAdmissionCmd() *cobra.Command {
+	o := benchAdmissionOptions{}
+	cmd := &cobra.Command{
+		Use:   "admission",
+		Short: "Exact admission's compromise in numbers: lagged decisions, grants and central counters side by side (docs/design.md §10, §12)",
+		Long: `Replay one demand trace — --gateways gateways × --customers customers, Zipf-skewed
+across customers (--skew), bursty in time (--burst), requests of cost 1 at
+--rate per second for --duration — against a limit of --limit units per
+customer for the period (the replay), under five regimes, one after another:
+
+  lagged decisions          gateways admit until a decision says exceeded;
+                            usage metered every --lag-flush, decided every
+                            --lag-interval (today's path, docs/design.md §5)
+  exact, fixed grant        the admit SDK through the REST API, each gateway
+                            holding up to --fixed-grant units per budget
+  exact, sized by demand    the same with the SDK's demand sizing (--lookahead)
+  central counter, Postgres one UPDATE … RETURNING per request
+  central counter, Redis    one Lua check-and-INCRBY per request against
+                            --redis (the row is skipped when none answers)
+
+For each: worst admitted ÷ limit, units over the limit, units stranded
+(granted, unspent) at the end, false denials (refused while the customer's
+admissions so far plus the request were within the limit: capacity sat
+unspent in another gateway's grant), central calls per 1,000 admissions,
+and admission latency p50/p99. Then each regime against the targets.
+
+The run uses a database of its own on the server of --database-url,
+dropped afterwards (unless --keep). Redis is used by this benchmark only.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return o.Run(cmd.Context(), cmd.OutOrStdout())
+		},
+	}
+	f := cmd.Flags()
+	f.IntVar(&o.sim.Gateways, "gateways", 10, "simulated gateways")
+	f.IntVar(&o.sim.Customers, "customers", 100, "customers, one budget each")
+	f.IntVar(&o.sim.Rate, "rate", 2000, "requests per second, all customers together")
+	f.DurationVar(&o.sim.Duration, "duration", 6*time.Second, "length of the replay (the period) per regime")
+	f.Int64Var(&o.sim.Limit, "limit", 500, "units per customer for the period")
+	f.Float64Var(&o.sim.Skew, "skew", 1.1, "Zipf exponent of demand across customers (0: even)")
+	f.Float64Var(&o.sim.Burst, "burst", 4, "rate multiplier during a customer's bursts, a fifth of the time (1: no bursts, at most 5)")
+	f.Int64Var(&o.sim.FixedGrant, "fixed-grant", 50, "units per gateway and budget in the fixed-grant regime")
+	f.DurationVar(&o.sim.Lookahead, "lookahead", 0, "demand the sized regime's grants cover (0: the SDK's default, 2s)")
+	f.DurationVar(&o.sim.LagInterval, "lag-interval", quota.DefaultInterval, "the lagged regime's decision interval (the enforcer's)")
+	f.DurationVar(&o.sim.LagFlush, "lag-flush", 100*time.Millisecond, "how often the lagged regime meters admitted usage")
+	f.StringVar(&o.sim.RedisAddr, "redis", "127.0.0.1:6379", `Redis for the central-counter row ("" skips it)`)
+	f.Uint64Var(&o.sim.Seed, "seed", 1, "seed of the demand trace")
+	f.StringSliceVar(&o.sim.Regimes, "regimes", admissionbench.RegimeKeys, "regimes to run, of lagged, fixed, sized, postgres, redis (they run in that order)")
+	f.StringVar(&o.adminURL, "database-url", defaultDatabaseURL, "Postgres server to create the benchmark database on")
+	envDefault(f, "database-url", "TALLY_DATABASE_URL")
+	f.BoolVar(&o.keep, "keep", false, "keep the benchmark database")
+	return cmd
+}

@@ -1,0 +1,44 @@
+// Package locks declares every Postgres advisory-lock key space Tally
+// takes, in one place, so that no two subsystems share one by accident.
+// Each names who takes it, how, and why.
+//
+// Tally's locks are two-key (pg_advisory*_lock(int, int)): the first key
+// is one of the spaces below, the second a hash within it. Single-key
+// (bigint) locks are a separate key space in Postgres; Tally takes one,
+// in its tests. Advisory locks are per database.
+package locks
+
+// Two-key spaces.
+const (
+	// Customer orders applying usage against closing a period: ledger's
+	// Apply takes it shared, in its transaction, for every customer of a
+	// micro-batch; periods.Store.Close takes it exclusively for one
+	// customer, so no usage lands in a period while it is being closed.
+	// The second key is abs(hashtext(customer) % CustomerBuckets), so a
+	// micro-batch takes a bounded number of locks.
+	Customer = 71540
+	// CustomerBuckets is how many second keys Customer has.
+	CustomerBuckets = 256
+
+	// ReconcileRun lets one reconciliation run at a time check a period:
+	// reconcile takes it with pg_try_advisory_lock, for every period name
+	// the run covers, on a connection the run holds (a session lock: a run
+	// spans many transactions); a second run wanting a held period fails
+	// with reconcile.ErrBusy rather than wait. The second key is
+	// hashtext of the period's name ("2026-11-01").
+	ReconcileRun = 71541
+
+	// QuotaRule serialises new versions of one quota rule (quota's
+	// PutRule, in its transaction): the next version number and the
+	// effective-time check read the previous version under it. The second
+	// key is hashtext("customer/meter").
+	QuotaRule = 71542
+)
+
+// Single-key spaces.
+const (
+	// TestTemplate serialises building the test template database of one
+	// schema fingerprint (internal/pgtest), on the maintenance database,
+	// across test processes.
+	TestTemplate = 7154321
+)

@@ -1,0 +1,366 @@
+package reconcile
+
+// The package's SQL, in one place: every statement is a named constant,
+// every value a bind parameter. Statements over a run's targets take them
+// as named arguments (target.args): @customers, @starts and @ends, the
+// (customer, period) pairs as parallel arrays, and @all, true when the run
+// covers every customer that has the period.
+//
+// Names: q, then what the statement reads or writes, then what it does.
+
+// qTargets is the common table of a run's targets; statements that start
+// with it are built from it by constant concatenation only.
+const qTargets = `t AS (SELECT * FROM unnest(@customers::text[], @starts::timestamptz[], @ends::timestamptz[]) AS t(customer, period_start, period_end))`
+
+// A run's transaction: the checks aggregate a whole period at once, so
+// the hash aggregates get room to stay in memory (hash_mem_multiplier: a
+// period's buckets, one per customer, meter and hour, are one hash table),
+// and force_custom_plan keeps Postgres from switching, after five runs on
+// a connection, to a generic plan that cannot see how selective the
+// targets are (or that @all drops the customer filter). All last for the
+// read-only transaction only.
+const qRunSettings = `SET LOCAL work_mem = '256MB'; SET LOCAL hash_mem_multiplier = 8; SET LOCAL plan_cache_mode = force_custom_plan`
+
+// The rollup check is hash-shaped; the planner's sort-based alternatives
+// for a period's million buckets are a third slower (measured with
+// BenchmarkReconcileScan). Only for that statement.
+const (
+	qSortOff = `SET LOCAL enable_sort = off`
+	qSortOn  = `SET LOCAL enable_sort = on`
+)
+
+const qIngestTablesExist = `SELECT to_regclass('ingest_partitions') IS NOT NULL`
+
+// Runs, findings and verdicts.
+const (
+	qRunInsert = `
+INSERT INTO reconciliation_runs (id, period, customer, deep, status, started_at)
+VALUES (@id, @period, @customer, @deep, @status, @started_at)`
+
+	qRunFinish = `
+UPDATE reconciliation_runs
+SET status = @status, finished_at = @finished_at, entries_scanned = @entries_scanned, checks = @checks,
+    totals = @totals, error = @error
+WHERE id = @id`
+
+	// Amounts go in as text cast by Postgres: exact, never a float.
+	qFindingsInsert = `
+INSERT INTO reconciliation_findings (run_id, n, kind, severity, customer, meter, stream, period_start, amount, detail)
+SELECT @run_id, n, kind, severity, customer, meter, stream, period_start, amount::numeric, detail
+FROM unnest(@n::int[], @kind::text[], @severity::text[], @customer::text[], @meter::text[], @stream::text[],
+            @period_start::timestamptz[], @amount::text[], @detail::text[])
+  AS f(n, kind, severity, customer, meter, stream, period_start, amount, detail)`
+
+	qVerdictsInsert = `
+INSERT INTO reconciliation_verdicts (run_id, customer, period_start, clean, totals, fingerprint)
+SELECT @run_id, customer, period_start, clean, totals, fingerprint
+FROM unnest(@customer::text[], @period_start::timestamptz[], @clean::boolean[], @totals::text[]::jsonb[], @fingerprint::text[]::jsonb[])
+  AS v(customer, period_start, clean, totals, fingerprint)`
+
+	qRunSelect = `
+SELECT period, customer, deep, status, started_at, finished_at, entries_scanned, checks, totals, error
+FROM reconciliation_runs WHERE id = $1`
+
+	qFindingsSelect = `
+SELECT kind, severity, coalesce(customer, ''), coalesce(meter, ''), coalesce(stream, ''), period_start,
+       amount, detail
+FROM reconciliation_findings WHERE run_id = $1 ORDER BY n`
+
+	// $1: the period as asked for ('' for every period); $2: the cursor
+	// (NULL: from the newest); $3: the limit; $4: the discrepancy severity.
+	qRunsList = `
+SELECT r.id, r.period, coalesce(r.customer, ''), r.deep, r.status, r.started_at, r.finished_at, r.entries_scanned,
+       coalesce(r.error, ''),
+       (SELECT count(*) FROM reconciliation_findings f WHERE f.run_id = r.id),
+       (SELECT count(*) FROM reconciliation_findings f WHERE f.run_id = r.id AND f.severity = $4)
+FROM reconciliation_runs r
+WHERE ($1 = '' OR r.period = $1) AND ($2::uuid IS NULL OR r.id < $2)
+ORDER BY r.id DESC
+LIMIT $3`
+)
+
+// One run per period at a time: a session lock per resolved period name
+// in key space runLockSpace.
+const (
+	qRunLockTry    = `SELECT pg_try_advisory_lock($1::int, hashtext($2))`
+	qRunLockUnlock = `SELECT pg_advisory_unlock($1::int, hashtext($2))`
+)
+
+// Customers and their calendars.
+const (
+	// $1: one customer, or '' for all.
+	qCustomerSchedules = `SELECT id, schedule FROM customers WHERE $1 = '' OR id = $1 ORDER BY id`
+	qCustomerExists    = `SELECT EXISTS (SELECT 1 FROM customers WHERE id = $1)`
+	qSchedulesOf       = `SELECT id, schedule FROM customers WHERE id = ANY($1)`
+
+	// Per customer: its calendar, the start of its first period (the
+	// earlier of its creation and its first usage) and its closed periods.
+	qCustomersDue = `
+SELECT c.id, c.schedule,
+       least(c.created_at, (SELECT min(r.period_start) FROM rollups r WHERE r.customer = c.id)),
+       coalesce((SELECT array_agg(pc.period_start) FROM period_closes pc WHERE pc.customer = c.id), '{}')
+FROM customers c`
+
+	qPeriodClosed = `SELECT EXISTS (SELECT 1 FROM period_closes WHERE customer = $1 AND period_start = $2)`
+)
+
+// The checks (docs/design.md §6), in the order they run.
+const (
+	// Every rollup bucket of the targets recomputed from records and
+	// entries, per customer and meter: aggregate first, filtering on what
+	// the indexes know, then keep the exact (customer, period) pairs. With
+	// @all (and a custom plan) the customer filter folds away and the
+	// period's records are read whole.
+	qRollupsCheck = `
+WITH ` + qTargets + `,
+rec AS (
+  SELECT customer, meter, period_start, bucket, sum(billed) AS q, count(*) AS n
+  FROM records WHERE (@all::boolean OR customer = ANY(@customers)) AND period_start = ANY(@starts) GROUP BY 1, 2, 3, 4
+), ent AS (
+  SELECT customer, meter, period_start, bucket, sum(amount) AS q, count(*) AS n
+  FROM entries WHERE (@all::boolean OR customer = ANY(@customers)) AND period_start = ANY(@starts) GROUP BY 1, 2, 3, 4
+), want AS (
+  SELECT customer, meter, period_start, bucket,
+         coalesce(r.q, 0) + coalesce(e.q, 0) AS q, coalesce(r.n, 0) + coalesce(e.n, 0) AS n
+  FROM rec r FULL JOIN ent e USING (customer, meter, period_start, bucket)
+), got AS (
+  SELECT customer, meter, period_start, bucket, quantity FROM rollups
+  WHERE (@all::boolean OR customer = ANY(@customers)) AND period_start = ANY(@starts)
+), b AS (
+  SELECT customer, meter, period_start, bucket, coalesce(w.q, 0) AS wq, coalesce(g.quantity, 0) AS gq, coalesce(w.n, 0) AS n
+  FROM want w FULL JOIN got g USING (customer, meter, period_start, bucket)
+)
+SELECT customer, meter, sum(wq), sum(gq), sum(n)::bigint,
+       coalesce(string_agg(format('%s: entries %s, rollup %s', bucket, trim_scale(wq), trim_scale(gq)), '; ')
+                FILTER (WHERE wq <> gq), '')
+FROM b JOIN t USING (customer, period_start)
+GROUP BY 1, 2`
+
+	// The daily rollups per customer and meter.
+	qDailyRollupsSum = `
+WITH ` + qTargets + `
+SELECT customer, meter, sum(quantity)
+FROM rollups_daily JOIN t USING (customer, period_start)
+WHERE (@all::boolean OR customer = ANY(@customers)) AND period_start = ANY(@starts) GROUP BY 1, 2`
+
+	// Prior-period and manual adjustments per customer and meter (rare
+	// rows; a partial index finds the prior-period ones).
+	qBreakdown = `
+WITH ` + qTargets + `
+SELECT customer, meter, 'prior', sum(billed)
+FROM records JOIN t USING (customer, period_start)
+WHERE (@all::boolean OR customer = ANY(@customers)) AND period_start = ANY(@starts) AND prior_period IS NOT NULL GROUP BY 1, 2
+UNION ALL
+SELECT customer, meter, 'adjustment', sum(amount)
+FROM entries JOIN t USING (customer, period_start)
+WHERE (@all::boolean OR customer = ANY(@customers)) AND period_start = ANY(@starts) AND kind = 'adjustment' GROUP BY 1, 2`
+
+	// Streams of the customers whose billed deltas, over the stream's
+	// whole life, do not add up to its last total.
+	qStreamTotalsCheck = `
+WITH sums AS (
+  SELECT stream_id, sum(billed) AS billed, count(*) AS n FROM records WHERE customer = ANY(@customers) GROUP BY 1
+)
+SELECT st.customer, st.meter, st.producer || '/' || st.epoch, st.last_total,
+       coalesce(sums.billed, 0), coalesce(sums.n, 0)
+FROM streams st LEFT JOIN sums ON sums.stream_id = st.id
+WHERE st.customer = ANY(@customers) AND coalesce(sums.billed, 0) <> st.last_total`
+
+	qOpenGaps = `
+WITH ` + qTargets + `
+SELECT g.customer, g.meter, st.producer || '/' || st.epoch, g.from_seq, g.to_seq, g.billed_period,
+       g.upper_total - g.upper_quantity - g.lower_total,
+       g.upper_total - g.lower_total
+FROM gaps g JOIN t ON t.customer = g.customer AND t.period_start = g.billed_period
+JOIN streams st ON st.id = g.stream_id
+ORDER BY 1, 2, 3, 4`
+
+	// Conflicts whose record occurred in a target period or that were
+	// detected in it.
+	qConflicts = `
+WITH ` + qTargets + `
+SELECT c.customer, c.meter, (c.payload->>'producer') || '/' || (c.payload->>'epoch'), c.reason, c.seq,
+       c.operation_id, c.payload->>'total', c.payload->>'occurred_at', c.detected_at
+FROM conflicts c JOIN t ON t.customer = c.customer
+ AND ((c.payload->>'occurred_at')::timestamptz >= t.period_start AND (c.payload->>'occurred_at')::timestamptz < t.period_end
+      OR c.detected_at >= t.period_start AND c.detected_at < t.period_end)
+ORDER BY c.detected_at`
+
+	// Dead letters not replayed or accepted, refused since a target period
+	// started: those of its customer, then those whose key is no known
+	// customer (with that key, for the report).
+	qDeadLettersPending = `
+WITH ` + qTargets + `,
+pending AS MATERIALIZED (
+  SELECT d.* FROM dead_letters d
+  WHERE d.replayed_at IS NULL
+    AND NOT EXISTS (SELECT 1 FROM reconciliation_acceptances a WHERE a.kind = 'dead_letter' AND a.id = d.id)
+)
+SELECT t.customer, d.id, d.reason, d.detail, d.partition, d."offset", d.record_index, '' AS key
+FROM pending d JOIN t ON d.key = convert_to(t.customer, 'UTF8') AND d.created_at >= t.period_start
+UNION ALL
+SELECT '', d.id, d.reason, d.detail, d.partition, d."offset", d.record_index, coalesce(encode(d.key, 'escape'), '(none)')
+FROM pending d
+WHERE d.created_at >= (SELECT min(period_start) FROM t)
+  AND (d.key IS NULL OR NOT EXISTS (SELECT 1 FROM customers cu WHERE convert_to(cu.id, 'UTF8') = d.key))
+ORDER BY 2`
+
+	// Offset jumps not accepted, detected since the earliest target period
+	// started.
+	qOffsetJumpsPending = `
+WITH ` + qTargets + `
+SELECT j.id, j.topic, j.partition, j.from_offset, j.to_offset, j.detected_at, j.detail
+FROM ingest_offset_jumps j
+WHERE j.detected_at >= (SELECT min(period_start) FROM t)
+  AND NOT EXISTS (SELECT 1 FROM reconciliation_acceptances a WHERE a.kind = 'offset_jump' AND a.id = j.id)
+ORDER BY j.detected_at`
+
+	// Usage of a target period billed later, as prior-period adjustments.
+	qLateUsage = `
+WITH ` + qTargets + `
+SELECT r.customer, r.meter, r.period_start, sum(r.billed), count(*)
+FROM records r JOIN t ON t.customer = r.customer AND r.prior_period = t.period_start
+GROUP BY 1, 2, 3 ORDER BY 1, 2, 3`
+
+	// The ledger's own findings about a target period or noted during it.
+	qLedgerFindings = `
+WITH ` + qTargets + `
+SELECT f.kind, f.customer, f.meter, coalesce(st.producer || '/' || st.epoch, ''), f.amount, f.detail
+FROM findings f JOIN t ON t.customer = f.customer
+ AND (t.period_start = f.period_start OR f.created_at >= t.period_start AND f.created_at < t.period_end)
+LEFT JOIN streams st ON st.id = f.stream_id
+ORDER BY f.created_at`
+
+	// Superseded streams (few: found from stream state) that never said
+	// final and have records in a target period, with the epoch that took
+	// over.
+	qAbandonedStreams = `
+WITH ` + qTargets + `
+SELECT st.customer, st.meter, st.producer || '/' || st.epoch, st.last_seq, st.last_total,
+       (SELECT min(n.epoch) FROM streams n WHERE n.producer = st.producer AND n.customer = st.customer
+          AND n.meter = st.meter AND n.epoch > st.epoch)
+FROM streams st JOIN t ON t.customer = st.customer
+WHERE st.final_seq IS DISTINCT FROM st.last_seq
+  AND EXISTS (SELECT 1 FROM streams n WHERE n.producer = st.producer AND n.customer = st.customer
+                AND n.meter = st.meter AND n.epoch > st.epoch)
+  AND EXISTS (SELECT 1 FROM records r WHERE r.stream_id = st.id AND r.period_start = t.period_start)
+ORDER BY 1, 2, 3`
+
+	// Per partition: records in and the sum of outcomes; refused messages
+	// and records and the dead letters kept for them.
+	qConservation = `
+SELECT p.topic, p.partition, p.records_in,
+       p.records_applied + p.records_duplicate + p.records_conflict + p.records_late_fill + p.records_rejected,
+       p.records_rejected + p.messages_rejected,
+       (SELECT count(*) FROM dead_letters d WHERE d.topic = p.topic AND d.partition = p.partition)
+FROM ingest_partitions p ORDER BY 1, 2`
+
+	qOverage = `
+WITH ` + qTargets + `
+SELECT o.customer, o.meter, o.while_exceeded, o.while_stale, o.over_limit
+FROM quota_overage o JOIN t USING (customer, period_start)
+WHERE o.while_exceeded > 0 OR o.while_stale > 0
+ORDER BY 1, 2`
+
+	// An exact budget's billed usage.
+	qBudgetUsage = `
+SELECT coalesce(sum(quantity), 0) FROM rollups
+WHERE customer = $1 AND meter = $2 AND period_start = $3`
+)
+
+// The deep check's ledger side.
+const (
+	qDeepStreams = `SELECT producer, epoch, customer, meter, last_seq, last_total FROM streams WHERE customer = ANY(@customers)`
+
+	// Usage that occurred in each target period, wherever it is billed.
+	qDeepUsage = `
+WITH ` + qTargets + `
+SELECT customer, meter, sum(q) FROM (
+  SELECT r.customer, r.meter, r.billed AS q FROM records r JOIN t USING (customer, period_start) WHERE r.prior_period IS NULL
+  UNION ALL
+  SELECT r.customer, r.meter, r.billed FROM records r JOIN t ON t.customer = r.customer AND r.prior_period = t.period_start
+  UNION ALL
+  SELECT e.customer, e.meter, e.amount FROM entries e JOIN t USING (customer, period_start) WHERE e.kind = 'reattribution'
+) u GROUP BY 1, 2`
+)
+
+// The close gate.
+const (
+	// The newest verdict on (customer $1, period start $2) of a run that
+	// did not fail.
+	qVerdictLatest = `
+SELECT v.run_id, v.clean, v.fingerprint FROM reconciliation_verdicts v
+JOIN reconciliation_runs r ON r.id = v.run_id
+WHERE v.customer = $1 AND v.period_start = $2 AND r.status <> 'failed'
+ORDER BY r.started_at DESC, r.id DESC LIMIT 1`
+
+	// The customer's streams whose billed deltas no longer add up to their
+	// last total (the primary key of records finds each stream's rows).
+	qStreamsBroken = `
+SELECT count(*) FROM streams st
+WHERE st.customer = $1 AND st.last_total <> (SELECT coalesce(sum(r.billed), 0) FROM records r WHERE r.stream_id = st.id)`
+
+	// Per meter, the ledger rows billed in one customer's period and their
+	// sum (the index on customer and period finds them).
+	qLedgerUsage = `
+SELECT meter, sum(n)::bigint, sum(q) FROM (
+  SELECT meter, count(*) AS n, sum(billed) AS q FROM records WHERE customer = $1 AND period_start = $2 GROUP BY 1
+  UNION ALL
+  SELECT meter, count(*), sum(amount) FROM entries WHERE customer = $1 AND period_start = $2 GROUP BY 1
+) u GROUP BY 1`
+
+	// Per target, everything but usage that a run checks and a close
+	// compares. Ledger findings count in the period they are about and in
+	// the one they were noted in; conflicts in the period their record
+	// occurred in and in the one they were detected in. Dead letters and
+	// offset jumps count for every period that had started when they
+	// happened, until they are replayed or accepted.
+	qFingerprint = `
+WITH ` + qTargets + `,
+g AS (
+  SELECT g.customer, md5(string_agg(format('%s:%s:%s:%s', g.stream_id, g.from_seq, g.to_seq, g.upper_total), ','
+                                    ORDER BY g.stream_id, g.from_seq)) AS h
+  FROM gaps g JOIN t ON t.customer = g.customer AND t.period_start = g.billed_period GROUP BY 1
+), c AS (
+  SELECT t.customer, count(*) AS n FROM conflicts c JOIN t ON t.customer = c.customer
+   AND ((c.payload->>'occurred_at')::timestamptz >= t.period_start AND (c.payload->>'occurred_at')::timestamptz < t.period_end
+        OR c.detected_at >= t.period_start AND c.detected_at < t.period_end)
+  GROUP BY 1
+), f AS (
+  SELECT f.customer, count(*) AS n FROM findings f JOIN t ON t.customer = f.customer
+   AND (t.period_start = f.period_start OR f.created_at >= t.period_start AND f.created_at < t.period_end)
+  GROUP BY 1
+), l AS (
+  SELECT r.customer, count(*) AS n FROM records r JOIN t ON t.customer = r.customer AND r.prior_period = t.period_start GROUP BY 1
+), pending AS MATERIALIZED (
+  SELECT d.id, d.key, d.created_at FROM dead_letters d
+  WHERE d.replayed_at IS NULL
+    AND NOT EXISTS (SELECT 1 FROM reconciliation_acceptances a WHERE a.kind = 'dead_letter' AND a.id = d.id)
+), d AS (
+  SELECT t.customer, md5(string_agg(p.id::text, ',' ORDER BY p.id)) AS h
+  FROM pending p JOIN t ON p.key = convert_to(t.customer, 'UTF8') AND p.created_at >= t.period_start GROUP BY 1
+), u AS MATERIALIZED (
+  SELECT p.id, p.created_at FROM pending p
+  WHERE p.key IS NULL OR NOT EXISTS (SELECT 1 FROM customers cu WHERE convert_to(cu.id, 'UTF8') = p.key)
+), j AS MATERIALIZED (
+  SELECT j.id, j.detected_at FROM ingest_offset_jumps j
+  WHERE NOT EXISTS (SELECT 1 FROM reconciliation_acceptances a WHERE a.kind = 'offset_jump' AND a.id = j.id)
+)
+SELECT t.customer, coalesce(g.h, ''), coalesce(c.n, 0), coalesce(f.n, 0), coalesce(l.n, 0), coalesce(d.h, ''),
+       coalesce((SELECT md5(string_agg(u.id::text, ',' ORDER BY u.id)) FROM u WHERE u.created_at >= t.period_start), ''),
+       coalesce((SELECT md5(string_agg(j.id::text, ',' ORDER BY j.id)) FROM j WHERE j.detected_at >= t.period_start), '')
+FROM t LEFT JOIN g USING (customer) LEFT JOIN c USING (customer) LEFT JOIN f USING (customer)
+LEFT JOIN l USING (customer) LEFT JOIN d USING (customer)`
+)
+
+// Acceptances of losses.
+const (
+	// Whether dead letter $1 exists and was replayed.
+	qDeadLetterReplayed = `SELECT true, replayed_at IS NOT NULL FROM dead_letters WHERE id = $1`
+	// Whether offset jump $1 exists (a jump is never replayed).
+	qOffsetJumpExists = `SELECT true, false FROM ingest_offset_jumps WHERE id = $1`
+
+	qAcceptanceInsert = `
+INSERT INTO reconciliation_acceptances (kind, id, actor, reason, accepted_at) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT (kind, id) DO NOTHING`
+)

@@ -1,0 +1,140 @@
+package tokens
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tally-ledger/tally/validation"
+)
+
+// Prefix starts every token's secret, so a leaked one is recognisable
+// (secret scanners, logs) and never confused with the admin token.
+const Prefix = "tly_"
+
+// DBTX is what the token functions need: a pool, a connection or a transaction.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Token is a token as stored: never its secret. A customer token has
+// Customer, a gateway token Gateway.
+type Token struct {
+	ID          uuid.UUID  `json:"id"`
+	Customer    string     `json:"customer"`
+	Gateway     string     `json:"gateway,omitempty"`
+	Description string     `json:"description"`
+	CreatedAt   time.Time  `json:"created_at"`
+	RevokedAt   *time.Time `json:"revoked_at"`
+}
+
+// ErrNotFound: no token has that id.
+var ErrNotFound = errors.New("no token with that id")
+
+var idPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
+
+// Create stores a new read-only token for customer and returns it with
+// its secret. Only the secret's SHA-256 is stored: the secret cannot be
+// shown again.
+func Create(ctx context.Context, db DBTX, customer, description string, now time.Time) (Token, string, error) {
+	return create(ctx, db, customer, "", description, now)
+}
+
+// CreateGateway stores a new token for the gateway whose holder id is
+// gateway: it may issue, renew and release only that holder's grants and
+// report only its bypasses. The secret is shown once, like Create's.
+func CreateGateway(ctx context.Context, db DBTX, gateway, description string, now time.Time) (Token, string, error) {
+	if !idPattern.MatchString(gateway) {
+		return Token{}, "", validation.Errorf("gateway", "%q is not 1-128 characters of A-Z a-z 0-9 . _ : -", gateway)
+	}
+	return create(ctx, db, "", gateway, description, now)
+}
+
+func create(ctx context.Context, db DBTX, customer, gateway, description string, now time.Time) (Token, string, error) {
+	if gateway == "" && !idPattern.MatchString(customer) {
+		return Token{}, "", validation.Errorf("customer", "%q is not 1-128 characters of A-Z a-z 0-9 . _ : -", customer)
+	}
+	if utf8.RuneCountInString(description) > 200 || !utf8.ValidString(description) {
+		return Token{}, "", validation.Errorf("description", "at most 200 characters of UTF-8")
+	}
+	var raw [32]byte
+	if _, err := rand.Read(raw[:]); err != nil {
+		return Token{}, "", err
+	}
+	secret := Prefix + base64.RawURLEncoding.EncodeToString(raw[:])
+	h := sha256.Sum256([]byte(secret))
+	id, err := uuid.NewV7()
+	if err != nil {
+		return Token{}, "", err
+	}
+	t := Token{ID: id, Customer: customer, Gateway: gateway, Description: description, CreatedAt: now.UTC().Truncate(time.Microsecond)}
+	if _, err := db.Exec(ctx, qInsertToken, t.ID, t.Customer, t.Description, h[:], t.CreatedAt, t.Gateway); err != nil {
+		return Token{}, "", fmt.Errorf("create token: %w", err)
+	}
+	return t, secret, nil
+}
+
+// Revoke revokes a token; revoking it again keeps the first time.
+func Revoke(ctx context.Context, db DBTX, id uuid.UUID, now time.Time) (Token, error) {
+	t := Token{ID: id}
+	err := db.QueryRow(ctx, qRevokeToken, id, now.UTC().Truncate(time.Microsecond)).Scan(&t.Customer, &t.RevokedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Token{}, ErrNotFound
+	}
+	if err != nil {
+		return Token{}, fmt.Errorf("revoke token: %w", err)
+	}
+	return t, nil
+}
+
+// List lists the tokens of customer ("" for all), oldest first.
+func List(ctx context.Context, db DBTX, customer string) ([]Token, error) {
+	var filter *string
+	if customer != "" {
+		filter = &customer
+	}
+	rows, err := db.Query(ctx, qListTokens, filter)
+	if err != nil {
+		return nil, fmt.Errorf("list tokens: %w", err)
+	}
+	var out []Token
+	var t Token
+	_, err = pgx.ForEachRow(rows, []any{&t.ID, &t.Customer, &t.Description, &t.CreatedAt, &t.RevokedAt, &t.Gateway}, func() error {
+		out = append(out, t)
+		t = Token{}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list tokens: %w", err)
+	}
+	return out, nil
+}
+
+// WellFormed reports whether secret has the shape Create gives every
+// token: Prefix and 43 characters of unpadded base64url (32 random
+// bytes). Anything else is refused without a query.
+func WellFormed(secret string) bool {
+	if len(secret) != len(Prefix)+43 || !strings.HasPrefix(secret, Prefix) {
+		return false
+	}
+	for i := len(Prefix); i < len(secret); i++ {
+		c := secret[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+			return false
+		}
+	}
+	return true
+}
