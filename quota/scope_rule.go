@@ -12,6 +12,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/internal/locks"
 )
 
 // Global is the scope of the budget every customer draws from.
@@ -102,7 +103,7 @@ func putScopeRule(ctx context.Context, tx pgx.Tx, in ScopeRuleInput, now time.Ti
 	}
 	now = now.UTC().Truncate(time.Microsecond)
 	d := RuleInput{WarnAt: in.WarnAt, Mode: in.Mode, Admission: in.Admission, EffectiveAt: in.EffectiveAt}.withDefaults(now)
-	if _, err := tx.Exec(ctx, qLockRule, "scope/"+in.Scope+"/"+in.Meter); err != nil {
+	if _, err := tx.Exec(ctx, qLockRule, locks.QuotaRule, "scope/"+in.Scope+"/"+in.Meter); err != nil {
 		return ScopeRule{}, fmt.Errorf("quota: lock scope rule: %w", err)
 	}
 	var prev int64
