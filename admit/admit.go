@@ -464,7 +464,13 @@ type budget struct {
 	finals    int64   // admitted from grants no longer held
 	lastTaken int64
 	lastAt    time.Time
+	activeAt  time.Time // when the loop last saw admissions from grants
 	checkedAt time.Time // when Tally last said the rule is not exact
+	// tightUntil: a grant came back smaller than asked, or was refused;
+	// until then grants cover only a few ticks of demand.
+	tightUntil time.Time
+	refusals   int   // grant requests refused in a row
+	lastGrant  int64 // amount of the last grant issued
 	// checkedVersion is the rule version last checked: of the decision
 	// when Tally said the rule is not exact, of the newest grant else.
 	checkedVersion int64
@@ -481,9 +487,11 @@ type held struct {
 	spent      int64 // last reported
 }
 
+func (b *budget) tight(now time.Time) bool { return now.Before(b.tightUntil) }
+
 func newBudget(customer, meter string) *budget {
 	return &budget{customer: customer, meter: meter, binding: "customer:" + customer + "/" + meter,
-		shards: make([]shard, shards), lastAt: time.Now()}
+		shards: make([]shard, shards), lastAt: time.Now(), activeAt: time.Now()}
 }
 
 // take admits cost from one shard, trying the others when it is short.
