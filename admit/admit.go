@@ -102,10 +102,13 @@ type Config struct {
 	LocalEvery    time.Duration
 	// GrantTTL asked for each grant. Default 30 s.
 	GrantTTL time.Duration
-	// Lookahead: grants are sized to cover this much of measured demand.
+	// Lookahead: grants are sized to cover this much of measured demand
+	// (two ticks of it while the budget is tight: a grant came back
+	// smaller than asked, or was refused, within the last Lookahead).
 	// Default 2 s.
 	Lookahead time.Duration
-	// MinGrant is the smallest grant asked for. Default 10.
+	// MinGrant is the smallest grant asked for while the budget is not
+	// tight. Default 10.
 	MinGrant int64
 	// Tick is the period of the background loop. Default 50 ms.
 	Tick time.Duration
@@ -464,7 +467,6 @@ type budget struct {
 	finals    int64   // admitted from grants no longer held
 	lastTaken int64
 	lastAt    time.Time
-	activeAt  time.Time // when the loop last saw admissions from grants
 	checkedAt time.Time // when Tally last said the rule is not exact
 	// tightUntil: a grant came back smaller than asked, or was refused;
 	// until then grants cover only a few ticks of demand.
@@ -491,7 +493,7 @@ func (b *budget) tight(now time.Time) bool { return now.Before(b.tightUntil) }
 
 func newBudget(customer, meter string) *budget {
 	return &budget{customer: customer, meter: meter, binding: "customer:" + customer + "/" + meter,
-		shards: make([]shard, shards), lastAt: time.Now(), activeAt: time.Now()}
+		shards: make([]shard, shards), lastAt: time.Now()}
 }
 
 // take admits cost from one shard, trying the others when it is short.

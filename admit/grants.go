@@ -120,8 +120,8 @@ func (c *Client) topUp(ctx context.Context, b *budget, need int64) error {
 }
 
 // tightHorizon is the demand a grant covers while the budget is tight:
-// a couple of ticks, so what one gateway holds is soon spent or given back.
-func (c *Client) tightHorizon() time.Duration { return c.cfg.Tick }
+// two ticks, so what one gateway holds is soon spent or given back.
+func (c *Client) tightHorizon() time.Duration { return 2 * c.cfg.Tick }
 
 // target is the grant size: measured demand over Lookahead, or over
 // tightHorizon while the budget is tight (a grant came back smaller than
@@ -363,20 +363,14 @@ func (c *Client) tend(ctx context.Context, b *budget) {
 			b.rate = max(b.rate, inst) * 1.5 // ran dry: grow faster
 		}
 	}
-	if taken != b.lastTaken {
-		b.activeAt = now
-	}
 	b.lastTaken, b.lastAt = taken, now
 
 	// Grants about to run out: give back what is unspent while Tally can
-	// still take it; fully spent ones end at once. A budget nothing was
-	// admitted from for a Lookahead gives everything back: capacity idle
-	// here may be what another gateway is refused for.
-	idle := now.Sub(b.activeAt) > c.cfg.Lookahead
+	// still take it; fully spent ones end at once.
 	alloc := b.allocate()
 	for i := len(b.grants) - 1; i >= 0; i-- {
 		g := b.grants[i]
-		if now.Add(2*c.cfg.Tick).After(g.validUntil) || alloc[i] >= g.amount || idle {
+		if now.Add(2*c.cfg.Tick).After(g.validUntil) || alloc[i] >= g.amount {
 			c.release(ctx, b, g, alloc[i])
 		}
 	}
