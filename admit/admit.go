@@ -469,7 +469,7 @@ type budget struct {
 	lastAt    time.Time
 	checkedAt time.Time // when Tally last said the rule is not exact
 	// tightUntil: a grant came back smaller than asked, or was refused;
-	// until then grants cover only a few ticks of demand.
+	// until then grants cover only two ticks of demand.
 	tightUntil time.Time
 	refusals   int   // grant requests refused in a row
 	lastGrant  int64 // amount of the last grant issued

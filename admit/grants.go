@@ -398,7 +398,7 @@ func (c *Client) tend(ctx context.Context, b *budget) {
 	// is left without it still covers the target twice, or when what is
 	// held is more than three times the target (the next miss asks for a
 	// grant sized to the demand then). While the budget is tight the
-	// target is a few ticks of demand, so a gateway keeps little more than
+	// target is two ticks of demand, so a gateway keeps little more than
 	// it is about to spend and a refused one finds the rest.
 	if n := len(b.grants); n > 0 {
 		alloc = b.allocate()
