@@ -102,10 +102,13 @@ type Config struct {
 	LocalEvery    time.Duration
 	// GrantTTL asked for each grant. Default 30 s.
 	GrantTTL time.Duration
-	// Lookahead: grants are sized to cover this much of measured demand.
+	// Lookahead: grants are sized to cover this much of measured demand
+	// (two ticks of it while the budget is tight: a grant came back
+	// smaller than asked, or was refused, within the last Lookahead).
 	// Default 2 s.
 	Lookahead time.Duration
-	// MinGrant is the smallest grant asked for. Default 10.
+	// MinGrant is the smallest grant asked for while the budget is not
+	// tight. Default 10.
 	MinGrant int64
 	// Tick is the period of the background loop. Default 50 ms.
 	Tick time.Duration
@@ -465,6 +468,11 @@ type budget struct {
 	lastTaken int64
 	lastAt    time.Time
 	checkedAt time.Time // when Tally last said the rule is not exact
+	// tightUntil: a grant came back smaller than asked, or was refused;
+	// until then grants cover only two ticks of demand.
+	tightUntil time.Time
+	refusals   int   // grant requests refused in a row
+	lastGrant  int64 // amount of the last grant issued
 	// checkedVersion is the rule version last checked: of the decision
 	// when Tally said the rule is not exact, of the newest grant else.
 	checkedVersion int64
@@ -480,6 +488,8 @@ type held struct {
 	validUntil time.Time
 	spent      int64 // last reported
 }
+
+func (b *budget) tight(now time.Time) bool { return now.Before(b.tightUntil) }
 
 func newBudget(customer, meter string) *budget {
 	return &budget{customer: customer, meter: meter, binding: "customer:" + customer + "/" + meter,

@@ -13,9 +13,12 @@
 //     the shards only from a grant Tally stored, and leaves a shard only by
 //     an admission or by being withdrawn before its grant is released or
 //     runs out (valid_until, by the gateway's clock).
-//   - A background loop tops grants up before they run dry (sized from the
-//     measured demand), renews them with their spent, and releases what
-//     demand no longer needs, so a busy gateway elsewhere can get it.
+//   - A background loop tops grants up before they run dry (whole grants
+//     sized from the measured demand, growing at most twofold per grant),
+//     renews them with their spent, and releases what demand no longer
+//     needs, so a busy gateway elsewhere can get it. A grant smaller than
+//     asked or a refusal makes the budget tight for a Lookahead: the
+//     gateway then holds two ticks of demand and gives back the rest.
 //   - The holder id and its generation are kept on disk; every New is a new
 //     generation, so a restarted gateway never reuses an earlier grant.
 //   - When Tally cannot be reached, the rule's on_unreachable applies (learnt

@@ -119,13 +119,49 @@ func (c *Client) topUp(ctx context.Context, b *budget, need int64) error {
 	return c.topUpLocked(ctx, b, need)
 }
 
-func (c *Client) target(b *budget) int64 {
-	t := int64(math.Ceil(b.rate * c.cfg.Lookahead.Seconds()))
+// tightHorizon is the demand a grant covers while the budget is tight:
+// two ticks, so what one gateway holds is soon spent or given back.
+func (c *Client) tightHorizon() time.Duration { return 2 * c.cfg.Tick }
+
+// target is the grant size: measured demand over Lookahead, or over
+// tightHorizon while the budget is tight (a grant came back smaller than
+// asked, or was refused, within the last Lookahead), never below MinGrant.
+// Under b.mu.
+func (c *Client) target(b *budget, now time.Time) int64 {
+	horizon := c.cfg.Lookahead
+	if b.tight(now) {
+		horizon = min(horizon, c.tightHorizon())
+	}
+	t := int64(math.Ceil(b.rate * horizon.Seconds()))
+	if b.tight(now) {
+		return max(t, 1)
+	}
+	// Slow start: at most twice the last grant, so a burst does not hand
+	// one gateway a budget others are about to need.
+	if b.lastGrant > 0 {
+		t = min(t, 2*b.lastGrant)
+	}
 	return max(t, c.cfg.MinGrant)
 }
 
+// refusalMemory is how long Admit answers a refusal from memory: one tick
+// after the first refusal, doubling with each refusal in a row up to
+// 8 ticks, never past retry_after. Capacity another gateway gives back is
+// then found within a tick or two, and an exhausted budget costs a few
+// refused grant requests per second, not twenty.
+func (c *Client) refusalMemory(streak int, retryAfter time.Duration) time.Duration {
+	wait := c.cfg.Tick << min(streak, 3)
+	if retryAfter > 0 {
+		wait = min(wait, retryAfter)
+	}
+	return wait
+}
+
 func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
-	size := max(c.target(b)-b.available(), need)
+	now := time.Now()
+	// A whole target, not what is missing from it: grants average the
+	// target, and each costs an issue and a release.
+	size := max(c.target(b, now), need)
 	var g grantAnswer
 	err := c.call(ctx, "/v1/grants", map[string]any{
 		"holder": c.cfg.Holder, "generation": c.generation, "customer": b.customer, "meter": b.meter,
@@ -140,14 +176,17 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	var ex *exhaustedError
 	if errors.As(err, &ex) {
 		// Answer refusals from memory for a while: fewer central calls.
-		wait := min(ex.RetryAfter, 250*time.Millisecond)
-		b.refusedUntil.Store(time.Now().Add(wait).UnixNano())
+		// The budget is tight: hold little of it from now on.
+		b.tightUntil = now.Add(c.cfg.Lookahead)
+		b.refusedUntil.Store(time.Now().Add(c.refusalMemory(b.refusals, ex.RetryAfter)).UnixNano())
+		b.refusals++
 		return err
 	}
 	if err != nil {
 		return err
 	}
 	b.refusedUntil.Store(0)
+	b.refusals = 0
 	b.kind.Store(kindExact)
 	b.checkedVersion = max(b.checkedVersion, g.RuleVersion)
 	if g.OnUnreachable != "" {
@@ -162,11 +201,16 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	if err != nil {
 		return err
 	}
+	if amount < size {
+		// Less than asked: Tally had no more, the budget is tight.
+		b.tightUntil = now.Add(c.cfg.Lookahead)
+	}
 	if amount <= 0 {
 		// A fractional grant: nothing usable in whole units. Give it back.
 		c.release(ctx, b, &held{id: g.ID, amount: 0}, 0)
 		return nil
 	}
+	b.lastGrant = amount
 	// Keep a tick of margin before valid_until: the loop renews or gives
 	// back the grant before Tally may consider it expired.
 	b.grants = append(b.grants, &held{id: g.ID, amount: amount, validUntil: g.ValidUntil})
@@ -344,7 +388,7 @@ func (c *Client) tend(ctx context.Context, b *budget) {
 			}
 		}
 	}
-	target := c.target(b)
+	target := c.target(b, now)
 	avail := b.available()
 	// Top up before running dry.
 	if avail < target/2 && time.Now().UnixNano() >= b.refusedUntil.Load() && len(b.grants) > 0 {
@@ -353,7 +397,9 @@ func (c *Client) tend(ctx context.Context, b *budget) {
 	// Give back what demand no longer needs: the newest grant, when what
 	// is left without it still covers the target twice, or when what is
 	// held is more than three times the target (the next miss asks for a
-	// grant sized to the demand then).
+	// grant sized to the demand then). While the budget is tight the
+	// target is two ticks of demand, so a gateway keeps little more than
+	// it is about to spend and a refused one finds the rest.
 	if n := len(b.grants); n > 0 {
 		alloc = b.allocate()
 		g := b.grants[n-1]

@@ -13,8 +13,9 @@
 //     the limit. The lag from the admission that reached the limit to the
 //     decision is measured.
 //   - exact, fixed grant: the real admit SDK against the real REST API and
-//     Postgres, each gateway holding up to FixedGrant units per budget
-//     (demand sizing off: Lookahead 1 ns, MinGrant FixedGrant).
+//     Postgres, each gateway taking grants of FixedGrant units per budget,
+//     a new one when less than half of that is left (demand sizing off:
+//     Lookahead 1 ns, MinGrant FixedGrant).
 //   - exact, sized by demand: the same with the SDK's own sizing.
 //   - central counter in Postgres: one UPDATE … RETURNING per request.
 //   - central counter in Redis: one Lua check-and-INCRBY per request

@@ -259,7 +259,7 @@ func startGrants(ctx context.Context, o Options, fixed bool) (_ system, err erro
 			Dir: filepath.Join(g.dir, holder), Logger: o.Logger,
 			HTTPClient: &http.Client{Timeout: 5 * time.Second, Transport: counting{tr, &g.requests}}}
 		if fixed {
-			// Demand sizing off: every gateway tops its budget up to
+			// Demand sizing off: every gateway takes grants of
 			// FixedGrant units.
 			cfg.MinGrant, cfg.Lookahead = o.FixedGrant, time.Nanosecond
 		} else {

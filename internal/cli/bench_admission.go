@@ -88,7 +88,7 @@ customer for the period (the replay), under five regimes, one after another:
                             usage metered every --lag-flush, decided every
                             --lag-interval (today's path, docs/design.md §5)
   exact, fixed grant        the admit SDK through the REST API, each gateway
-                            holding up to --fixed-grant units per budget
+                            taking grants of --fixed-grant units per budget
   exact, sized by demand    the same with the SDK's demand sizing (--lookahead)
   central counter, Postgres one UPDATE … RETURNING per request
   central counter, Redis    one Lua check-and-INCRBY per request against
