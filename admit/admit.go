@@ -351,7 +351,11 @@ func (c *Client) admitSlow(ctx context.Context, customer, meter string, cost int
 	b.misses.Add(1)
 	// Refused recently: answer from memory until retry_after.
 	if until := b.refusedUntil.Load(); until > 0 && time.Now().UnixNano() < until {
-		return Decision{Binding: b.binding, RetryAfter: time.Duration(until - time.Now().UnixNano())}, nil
+		binding := b.binding
+		if by := b.refusedBy.Load(); by != nil {
+			binding = *by // a pool's or the global budget may have refused
+		}
+		return Decision{Binding: binding, RetryAfter: time.Duration(until - time.Now().UnixNano())}, nil
 	}
 	err := c.topUp(ctx, b, cost)
 	if b.kind.Load() >= kindLagged {
@@ -455,7 +459,8 @@ type budget struct {
 	customer, meter, binding string
 	shards                   []shard
 	misses                   atomic.Int64
-	refusedUntil             atomic.Int64 // unix nanos
+	refusedUntil             atomic.Int64           // unix nanos
+	refusedBy                atomic.Pointer[string] // the binding budget of the last refusal
 	local                    localBucket
 	policy                   atomic.Pointer[policy] // the rule's on_unreachable, from the last grant
 	kind                     atomic.Uint32          // kindUnknown, kindExact, kindLagged, kindNoRule

@@ -178,6 +178,9 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 		// Answer refusals from memory for a while: fewer central calls.
 		// The budget is tight: hold little of it from now on.
 		b.tightUntil = now.Add(c.cfg.Lookahead)
+		if binding := ex.Binding; binding != "" {
+			b.refusedBy.Store(&binding)
+		}
 		b.refusedUntil.Store(time.Now().Add(c.refusalMemory(b.refusals, ex.RetryAfter)).UnixNano())
 		b.refusals++
 		return err
