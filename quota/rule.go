@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -151,8 +152,13 @@ func (in RuleInput) problems() []error {
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, validation.Errorf(field, format, args...))
 	}
-	if !idPattern.MatchString(in.Customer) {
+	switch {
+	case !idPattern.MatchString(in.Customer):
 		bad("customer", "%q must be 1-128 characters of [A-Za-z0-9._:-]", in.Customer)
+	case in.Customer == Global || strings.HasPrefix(in.Customer, "pool:"):
+		// Scope decisions are published under "<scope>/<meter>": a
+		// customer rule here would share their key.
+		bad("customer", "%q is reserved for the global and pool budgets' decisions; a customer with this id can be metered but not given a quota rule", in.Customer)
 	}
 	if !idPattern.MatchString(in.Meter) {
 		bad("meter", "%q must be 1-128 characters of [A-Za-z0-9._:-]", in.Meter)

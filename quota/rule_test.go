@@ -10,6 +10,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/quota"
+	"github.com/tally-ledger/tally/validation"
 )
 
 func TestRuleInputValidateNamesEveryField(t *testing.T) {
@@ -136,5 +137,27 @@ func TestAnImmediateChangeOvertakesAScheduledOne(t *testing.T) {
 	e.put(quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("5")})
 	if r := current(); !r.Limit.Equal(dec("5")) {
 		t.Errorf("a change after the scheduled version took effect: limit %s in force, want 5", r.Limit)
+	}
+}
+
+// Decisions of pool and global rules are published under "<scope>/<meter>"
+// ("global/api_calls", "pool:free/api_calls"), so a customer named like a
+// scope cannot have a rule of its own: its decisions would be mistaken for
+// the scope's (and the scope's for its).
+func TestCustomerNamedLikeAScopeHasNoRule(t *testing.T) {
+	t.Parallel()
+	for _, customer := range []string{quota.Global, quota.PoolScope("free"), "pool:"} {
+		in := quota.RuleInput{Customer: customer, Meter: "api_calls", Limit: dec("10"), Actor: "ops"}
+		err := in.Validate()
+		var fe *validation.FieldError
+		if !errors.As(err, &fe) || fe.Field != "customer" || !strings.Contains(fe.Detail, "reserved") {
+			t.Errorf("customer %q: %v, want a customer field error saying the id is reserved", customer, err)
+		}
+	}
+	for _, customer := range []string{"globalcorp", "acme:pool:1", "Global"} {
+		in := quota.RuleInput{Customer: customer, Meter: "api_calls", Limit: dec("10"), Actor: "ops"}
+		if err := in.Validate(); err != nil {
+			t.Errorf("customer %q: %v", customer, err)
+		}
 	}
 }
