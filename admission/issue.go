@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 
+	"github.com/tally-ledger/tally/internal/locks"
 	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/quota"
 )
@@ -444,6 +445,8 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 		})
 	})
 	if len(newCust) > 0 {
+		args["membership_lock"] = locks.PoolMembership
+		b.Queue(qLockNewCustomersShared, args)
 		b.Queue(qEnsureCustomerBudgets, args)
 	}
 	if len(newScope) > 0 {

@@ -35,6 +35,14 @@ FOR UPDATE`
 // if needed (those this Store has not seen committed), without locking
 // existing rows. Their limit is NULL when the
 // customer has no exact rule (the row then only carries the period).
+// qLockNewCustomersShared takes locks.PoolMembership shared for the
+// customers whose budget rows the batch creates, sorted: a concurrent
+// join waits for this grant to commit, or this grant waits for the join
+// and then reads the new membership.
+const qLockNewCustomersShared = `
+SELECT pg_advisory_xact_lock_shared(@membership_lock::int, hashtext(c))
+FROM (SELECT DISTINCT unnest(@ec_customers::text[]) AS c ORDER BY 1) x`
+
 const qEnsureCustomerBudgets = `
 INSERT INTO admission_budgets (customer, meter, period_start, period_end, period, "limit", rule_version, updated_at)
 SELECT * , @now::timestamptz FROM unnest(@ec_customers::text[], @ec_meters::text[], @ec_starts::timestamptz[],
@@ -171,6 +179,12 @@ SELECT k.i,
                     AND x.ended_at IS NULL AND x.reclaim_at > @now)
        END
 FROM unnest(@r_scopes::text[], @r_meters::text[], @r_starts::timestamptz[]) WITH ORDINALITY AS k(scope, meter, period_start, i)`
+
+// qLockJoiningCustomers takes locks.PoolMembership exclusively for the
+// joining @customers, sorted (see qLockNewCustomersShared).
+const qLockJoiningCustomers = `
+SELECT pg_advisory_xact_lock(@membership_lock::int, hashtext(c))
+FROM (SELECT DISTINCT unnest(@customers::text[]) AS c ORDER BY 1) x`
 
 // qLockCustomersBudgets locks the current budget rows of @customers, in
 // the customer-row order issuing uses.

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 
+	"github.com/tally-ledger/tally/internal/locks"
 	"github.com/tally-ledger/tally/pools"
 	"github.com/tally-ledger/tally/quota"
 )
@@ -33,7 +34,13 @@ func (s *Store) PutPool(ctx context.Context, in pools.PutInput) (pools.Change, e
 		// (sorted), then the pool's. A grant issued to a joining customer
 		// before these locks is counted below; one issued after sees the
 		// new membership and draws from the pool itself.
-		args := pgx.NamedArgs{"customers": ch.Joined, "scope": quota.PoolScope(in.Name), "now": now}
+		args := pgx.NamedArgs{"customers": ch.Joined, "scope": quota.PoolScope(in.Name), "now": now,
+			"membership_lock": locks.PoolMembership}
+		// A joining customer's first grant of the period may be in flight
+		// with a budget row the locks below cannot see: wait for it.
+		if _, err := tx.Exec(ctx, qLockJoiningCustomers, args); err != nil {
+			return fmt.Errorf("admission: lock joining customers: %w", err)
+		}
 		if _, err := tx.Exec(ctx, qLockCustomersBudgets, args); err != nil {
 			return fmt.Errorf("admission: lock members' budgets: %w", err)
 		}

@@ -300,3 +300,85 @@ func TestRuleAndMembershipChangesApplyToTheNextRequest(t *testing.T) {
 		t.Fatal("a global budget of 12 gave 13 (5 before it, 3 to a, 4 and 1 to b)")
 	}
 }
+
+// A customer's first grant of the period (its budget row is new, so a join
+// cannot see it to lock it) and the customer joining a pool, at the same
+// moment: the pool counts the grant either way — the grant commits before
+// the join brings the customer's consumption in, or it sees the new
+// membership and draws from the pool itself. A trigger holds the grant's
+// transaction after it decided and before it commits, while the join runs.
+func TestJoinDuringAFirstGrantCountsIt(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.rule("a", "calls", d("100"))
+	e.rule("b", "calls", d("100"))
+	e.scopeRule(quota.PoolScope("team"), "calls", d("100"))
+	e.putPool("team", "b") // a is not a member
+	if _, err := e.issue("gw", "b", d("10")); err != nil { // the pool's budget row exists
+		t.Fatal(err)
+	}
+
+	// The test holds advisory lock (7154399, 1); the trigger makes every
+	// grant insert wait for it.
+	hold, err := e.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Release()
+	for _, q := range []string{
+		`SELECT pg_advisory_lock(7154399, 1)`,
+		`CREATE FUNCTION test_hold_grant() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN PERFORM pg_advisory_lock_shared(7154399, 1); PERFORM pg_advisory_unlock_shared(7154399, 1); RETURN NEW; END $$`,
+		`CREATE TRIGGER test_hold_grant BEFORE INSERT ON admission_grants FOR EACH ROW EXECUTE FUNCTION test_hold_grant()`,
+	} {
+		if _, err := hold.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waiters := func() int {
+		var n int
+		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	granted := make(chan error, 1)
+	go func() {
+		_, err := e.issue("gw", "a", d("30"))
+		granted <- err
+	}()
+	for deadline := time.Now().Add(10 * time.Second); waiters() < 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the grant never reached its insert")
+		}
+	}
+	// The join: it either finishes now (it did not wait for the grant) or
+	// waits on the grant's lock (a second advisory waiter).
+	joined := make(chan struct{})
+	go func() {
+		defer close(joined)
+		e.clock.Advance(time.Millisecond)
+		e.putPool("team", "a", "b")
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		select {
+		case <-joined:
+		default:
+			if waiters() < 2 && time.Now().Before(deadline) {
+				continue
+			}
+		}
+		break
+	}
+	if _, err := hold.Exec(ctx, `SELECT pg_advisory_unlock(7154399, 1)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-granted; err != nil {
+		t.Fatal(err)
+	}
+	<-joined
+	if c := e.scopeConsumed("pool:team", "calls"); !c.Equal(d("40")) {
+		t.Fatalf("pool consumed %s after a joined with a 30 grant in flight, want 10 + 30", c)
+	}
+}

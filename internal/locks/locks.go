@@ -33,6 +33,16 @@ const (
 	// effective-time check read the previous version under it. The second
 	// key is hashtext("customer/meter").
 	QuotaRule = 71542
+
+	// PoolMembership orders a customer's first grant of a period against
+	// the customer joining a pool. Issuing takes it shared for every
+	// customer whose budget row it creates, before creating it; a join
+	// (admission.Store.PutPool) takes it exclusively for every joining
+	// customer before it brings their consumption into the pool. A new
+	// budget row is invisible to the join until it commits, so without it
+	// a grant could commit without the pool while the join missed it. The
+	// second key is hashtext(customer).
+	PoolMembership = 71543
 )
 
 // Single-key spaces.
