@@ -134,17 +134,17 @@ type HotResult struct {
 
 // hotRun is the set-up of one run: the API, its customers and tokens.
 type hotRun struct {
-	o        HotOptions
-	pool     *pgxpool.Pool
-	store    *admission.Store
-	spool    *pgxpool.Pool // the in-process store's
-	api      *apiServer
-	client   *http.Client
-	tr       *http.Transport
+	o         HotOptions
+	pool      *pgxpool.Pool
+	store     *admission.Store
+	spool     *pgxpool.Pool // the in-process store's
+	api       *apiServer
+	client    *http.Client
+	tr        *http.Transport
 	id, pname string
-	names    []string // customers, one per holder
-	holders  []string
-	tokens   []string
+	names     []string // customers, one per holder
+	holders   []string
+	tokens    []string
 }
 
 // hotLimit is every rule's limit in the measured rows: far beyond reach.
