@@ -170,8 +170,8 @@ func TestRunHot(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(r.Rows) != 3 {
-		t.Fatalf("%d rows, want 3: %+v", len(r.Rows), r.Rows)
+	if len(r.Rows) != 4 {
+		t.Fatalf("%d rows, want 4: %+v", len(r.Rows), r.Rows)
 	}
 	for _, row := range r.Rows {
 		if row.Grants == 0 || row.Refused != 0 || row.Errors != 0 || len(row.Problems) > 0 || row.P99 < row.P50 || row.PerSecond() <= 0 {
@@ -209,7 +209,7 @@ func TestRunHotCustomerOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.Refusal.Skipped == "" || len(r.Rows) != 3 {
+	if r.Refusal.Skipped == "" || len(r.Rows) != 4 {
 		t.Fatalf("%+v", r)
 	}
 	for _, row := range r.Rows {

@@ -168,15 +168,17 @@ func RunHot(ctx context.Context, o HotOptions) (res HotResult, err error) {
 	for _, way := range []struct {
 		name, meter string
 		take        func(ctx context.Context, i int, meter string) (bool, time.Duration, error)
+		released    bool
 	}{
-		{"exact, REST API (POST /v1/grants + release)", "hot-rest", h.takeREST},
-		{"exact, admission store in process (Issue + Release)", "hot-store", h.takeStore},
+		{"exact, REST API (POST /v1/grants + release)", "hot-rest", h.takeREST, true},
+		{"exact, admission store in process (Issue + Release)", "hot-store", h.takeStore, true},
+		{"exact, admission store in process, issue only (grants left live)", "hot-issue", h.takeIssue, false},
 	} {
 		if err := h.rules(ctx, way.meter, hotLimit); err != nil {
 			return res, err
 		}
 		row := h.measure(ctx, way.name, func(ctx context.Context, i int) (bool, time.Duration, error) { return way.take(ctx, i, way.meter) })
-		probs, err := h.check(ctx, way.meter, row.Grants)
+		probs, err := h.check(ctx, way.meter, row.Grants, way.released)
 		if err != nil {
 			return res, err
 		}
@@ -372,6 +374,18 @@ func (h *hotRun) takeStore(ctx context.Context, i int, meter string) (bool, time
 // long the grant request took (the release after it not included).
 type takeFunc func(ctx context.Context, i int) (ok bool, took time.Duration, err error)
 
+// takeIssue is takeStore without the release: the grant stays live.
+func (h *hotRun) takeIssue(ctx context.Context, i int, meter string) (bool, time.Duration, error) {
+	t0 := time.Now()
+	_, err := h.store.Issue(ctx, admission.IssueRequest{Holder: h.holders[i], Generation: 1, Customer: h.names[i],
+		Meter: meter, Amount: decimal.NewFromInt(1), Budgets: h.budgets(i)})
+	took := time.Since(t0)
+	if _, ok := errors.AsType[*admission.BudgetExhaustedError](err); ok {
+		return false, took, nil
+	}
+	return err == nil, took, err
+}
+
 // measure runs take in a loop on every holder for Duration.
 func (h *hotRun) measure(ctx context.Context, name string, take takeFunc) HotRow {
 	row := HotRow{Name: name}
@@ -473,11 +487,11 @@ func (h *hotRun) readBudgets(ctx context.Context, meter string) ([]BudgetState, 
 	return states, limits, nil
 }
 
-// check reads meter's budgets after a measured row: every grant was
-// released with its unit spent, so the customers' consumed add up to the
-// grants taken, and so do the pool's and the global one; nothing is live;
-// no budget is over its limit.
-func (h *hotRun) check(ctx context.Context, meter string, grants int64) ([]string, error) {
+// check reads meter's budgets after a measured row: the customers'
+// consumed add up to the grants of 1 taken, and so do the pool's and the
+// global one; nothing is live when every grant was released (its unit
+// spent), all of it when none was; no budget is over its limit.
+func (h *hotRun) check(ctx context.Context, meter string, grants int64, released bool) ([]string, error) {
 	states, limits, err := h.readBudgets(ctx, meter)
 	if err != nil {
 		return nil, err
@@ -489,8 +503,11 @@ func (h *hotRun) check(ctx context.Context, meter string, grants int64) ([]strin
 		if s.Consumed.GreaterThan(limits[i]) {
 			problems = append(problems, fmt.Sprintf("%s: consumed %s over its limit %s", s.Budget, s.Consumed, limits[i]))
 		}
-		if !s.Live.IsZero() {
+		if released && !s.Live.IsZero() {
 			problems = append(problems, fmt.Sprintf("%s: %s live after every grant was released", s.Budget, s.Live))
+		}
+		if !released && !s.Live.Equal(s.Consumed) {
+			problems = append(problems, fmt.Sprintf("%s: %s live of %s consumed, no grant released", s.Budget, s.Live, s.Consumed))
 		}
 		if strings.HasPrefix(s.Budget, "customer:") {
 			customers = customers.Add(s.Consumed)

@@ -140,7 +140,7 @@ instead (docs/design.md §13): --holders concurrent holders, one customer
 each, all customers in one pool, take grants of 1 drawing on the budgets
 named and release them at once, for --hot-duration per row: through the
 REST API (POST /v1/grants with gateway tokens), through the admission store
-in process, and as baseline a central Postgres counter (one UPDATE …
+in process, the store's issue alone (grants left live), and as baseline a central Postgres counter (one UPDATE …
 RETURNING over the same budgets, a connection per holder). It reports
 grants/s and p50/p99 grant latency against the §10 target (≥ 2,000 grants/s
 with 50 holders), checks that the budgets read back add up, then sets the
