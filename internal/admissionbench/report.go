@@ -121,10 +121,10 @@ func (r HotResult) Report(w io.Writer) {
 	fmt.Fprintf(w, "\ntarget (docs/design.md §10): ≥ %d grants/s with 50 concurrent holders\n", HotTarget)
 	for _, row := range r.Rows {
 		if !strings.HasPrefix(row.Name, "central counter") {
-			fmt.Fprintf(w, "  %-52s %.0f grants/s: %s\n", row.Name, row.PerSecond(), met(row.PerSecond() >= HotTarget))
+			fmt.Fprintf(w, "  %-66s %.0f grants/s: %s\n", row.Name, row.PerSecond(), met(row.PerSecond() >= HotTarget))
 		}
 		for _, p := range row.Problems {
-			fmt.Fprintf(w, "  %-52s PROBLEM: %s\n", "", p)
+			fmt.Fprintf(w, "  %-66s PROBLEM: %s\n", "", p)
 		}
 	}
 	f := r.Refusal
