@@ -90,14 +90,17 @@ func (s *Store) Release(ctx context.Context, r Report) (Grant, error) {
 		if _, err := tx.Exec(ctx, qReleaseGrant, pgx.NamedArgs{"id": g.ID, "spent": r.Spent.String(), "now": now}); err != nil {
 			return fmt.Errorf("admission: release grant: %w", err)
 		}
-		freed := g.Amount.Sub(r.Spent)
-		if g.drawsCustomer {
-			if _, err := tx.Exec(ctx, qFreeBudget, merge(key, pgx.NamedArgs{"delta": freed.String()})); err != nil {
-				return fmt.Errorf("admission: free budget: %w", err)
+		// Nothing to give back when all was spent: no budget moves (and
+		// fenced locked none).
+		if freed := g.Amount.Sub(r.Spent); !freed.IsZero() {
+			if g.drawsCustomer {
+				if _, err := tx.Exec(ctx, qFreeBudget, merge(key, pgx.NamedArgs{"delta": freed.String()})); err != nil {
+					return fmt.Errorf("admission: free budget: %w", err)
+				}
 			}
-		}
-		if _, err := tx.Exec(ctx, qFreeGrantDraws, pgx.NamedArgs{"id": g.ID, "delta": freed.String(), "now": now}); err != nil {
-			return fmt.Errorf("admission: free budgets: %w", err)
+			if _, err := tx.Exec(ctx, qFreeGrantDraws, pgx.NamedArgs{"id": g.ID, "delta": freed.String(), "now": now}); err != nil {
+				return fmt.Errorf("admission: free budgets: %w", err)
+			}
 		}
 		g.Spent, g.EndedAt, g.EndReason, g.State = r.Spent, &now, "released", "ended"
 		return nil
@@ -108,8 +111,9 @@ func (s *Store) Release(ctx context.Context, r Report) (Grant, error) {
 	return g, nil
 }
 
-// fenced locks the holder row (shared), the grant's budget (when
-// lockBudget: a release moves consumed) and the grant, in that order, and
+// fenced locks the holder row (shared), the grant's budgets (when
+// lockBudget and the report frees capacity: a release moves consumed) and
+// the grant, in that order, and
 // checks that r may report on the grant.
 func (s *Store) fenced(ctx context.Context, tx pgx.Tx, r Report, now time.Time, lockBudget bool) (Grant, error) {
 	var current int64
@@ -129,12 +133,18 @@ func (s *Store) fenced(ctx context.Context, tx pgx.Tx, r Report, now time.Time, 
 		if err != nil {
 			return Grant{}, err
 		}
-		if _, err := tx.Exec(ctx, qLockBudgetRow, pgx.NamedArgs{"customer": g.Customer, "meter": g.Meter,
-			"period_start": g.PeriodStart}); err != nil {
-			return Grant{}, fmt.Errorf("admission: lock budget: %w", err)
-		}
-		if _, err := tx.Exec(ctx, qLockGrantDraws, pgx.NamedArgs{"id": g.ID}); err != nil {
-			return Grant{}, fmt.Errorf("admission: lock budgets: %w", err)
+		// A release of the whole amount spent frees nothing (the amount
+		// never changes): it moves no budget, so it locks none, and
+		// releases of spent grants do not queue on a hot pool or global
+		// row. The grant's own lock below fences it.
+		if !r.Spent.Equal(g.Amount) {
+			if _, err := tx.Exec(ctx, qLockBudgetRow, pgx.NamedArgs{"customer": g.Customer, "meter": g.Meter,
+				"period_start": g.PeriodStart}); err != nil {
+				return Grant{}, fmt.Errorf("admission: lock budget: %w", err)
+			}
+			if _, err := tx.Exec(ctx, qLockGrantDraws, pgx.NamedArgs{"id": g.ID}); err != nil {
+				return Grant{}, fmt.Errorf("admission: lock budgets: %w", err)
+			}
 		}
 	}
 	g, err := scanGrant(tx.QueryRow(ctx, q, pgx.NamedArgs{"id": r.Grant}), now)

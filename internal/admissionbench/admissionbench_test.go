@@ -157,3 +157,67 @@ func TestOptionsValidate(t *testing.T) {
 		t.Errorf("defaults: %v", err)
 	}
 }
+
+// The hot-key run, small: every way took grants, the budgets read back add
+// up to the grants taken and none is over its limit (checked by the run,
+// reported as problems), and the refusal by the tight global budget
+// refused every holder, named global, and left the customers' and the
+// pool's budgets exactly as they were.
+func TestRunHot(t *testing.T) {
+	o := admissionbench.HotOptions{DatabaseURL: pgtest.NewURL(t), Budgets: []string{"customer", "pool", "global"},
+		Holders: 5, Duration: 300 * time.Millisecond}
+	r, err := admissionbench.RunHot(t.Context(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Rows) != 4 {
+		t.Fatalf("%d rows, want 4: %+v", len(r.Rows), r.Rows)
+	}
+	for _, row := range r.Rows {
+		if row.Grants == 0 || row.Refused != 0 || row.Errors != 0 || len(row.Problems) > 0 || row.P99 < row.P50 || row.PerSecond() <= 0 {
+			t.Errorf("%s: %d grants, %d refused, %d failed, p50 %s p99 %s, problems %v", row.Name, row.Grants, row.Refused,
+				row.Errors, row.P50, row.P99, row.Problems)
+		}
+	}
+	f := r.Refusal
+	if f.Skipped != "" || f.Requests != 5 || f.Refused != 5 || len(f.Problems) > 0 {
+		t.Fatalf("refusal: %+v", f)
+	}
+	// 5 customers, the pool and global, read before and after.
+	if len(f.Before) != 7 || len(f.After) != 7 || f.Before[5].Budget != "pool:"+strings.TrimSuffix(strings.TrimPrefix(f.Before[0].Budget, "customer:"), "-c000") ||
+		f.Before[6].Budget != "global" || f.Before[6].Consumed.IsZero() {
+		t.Fatalf("budgets read: %+v", f.Before)
+	}
+	for i := range f.Before {
+		if !f.Before[i].Consumed.Equal(f.After[i].Consumed) || !f.Before[i].Live.Equal(f.After[i].Live) {
+			t.Errorf("%s moved: %+v → %+v", f.Before[i].Budget, f.Before[i], f.After[i])
+		}
+	}
+	var out bytes.Buffer
+	r.Report(&out)
+	for _, want := range []string{"exact, REST API", "central counter, Postgres", "5 of 5 refused by global", "grants/s"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// With the customer's budget only (the default), the run measures it and
+// says why the refusal by global did not run.
+func TestRunHotCustomerOnly(t *testing.T) {
+	r, err := admissionbench.RunHot(t.Context(), admissionbench.HotOptions{DatabaseURL: pgtest.NewURL(t), Holders: 3, Duration: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Refusal.Skipped == "" || len(r.Rows) != 4 {
+		t.Fatalf("%+v", r)
+	}
+	for _, row := range r.Rows {
+		if row.Grants == 0 || len(row.Problems) > 0 {
+			t.Errorf("%s: %d grants, problems %v", row.Name, row.Grants, row.Problems)
+		}
+	}
+	if err := (admissionbench.HotOptions{DatabaseURL: "x", Budgets: []string{"plan"}}).Validate(); err == nil || !strings.Contains(err.Error(), `"plan"`) {
+		t.Errorf("budgets plan: %v", err)
+	}
+}

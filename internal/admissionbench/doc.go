@@ -41,15 +41,29 @@
 //   - latency: of the admission call as the gateway sees it; the grant
 //     requests' own latency is in the exact rows' detail line.
 //
-// Several budgets per request (docs/design.md §13) are not simulated: every
-// request draws on its customer's budget only. The way in is a
-// `--budgets customer,pool,global` option naming the budgets a request
-// draws on: the trace stays as it is, each system maps a request to its
-// budgets (a pool per group of customers, one global budget), the counters
-// check-and-add every budget in one statement or script, the lagged loop
-// blocks on any budget over its limit, the exact regimes need the SDK to
-// hold a grant per budget, and the per-customer figures become per-budget
-// ones. The hot-budget figure (grants/s and p99 grant latency with 50
-// holders on one global budget) is then this benchmark with --budgets
-// global --gateways 50.
+// Several budgets per request (docs/design.md §13) are not simulated in the
+// replay: every request draws on its customer's budget only. The hot key is
+// measured apart, by RunHot (`tally bench admission --budgets
+// customer,pool,global`, any subset): Holders concurrent holders, one
+// customer each, every customer in one pool, take grants of 1 drawing on the
+// budgets named (an exact rule each, its limit out of reach) in a closed
+// loop for Duration per row:
+//
+//   - through the REST API: POST /v1/grants with a gateway token, then
+//     POST /v1/grants/{id}/release with the unit spent;
+//   - through the admission store in process: Issue, then Release;
+//   - the store's Issue alone, the grants left live;
+//   - baseline: a central Postgres counter, one statement per request that
+//     locks the request's budget rows in key order, checks every one and
+//     adds to all, a connection per holder.
+//
+// Grants/s, and p50/p99 of the grant request alone (the release after it
+// not included). After each exact row the budgets are read back (REST for
+// customers and the pool, the store for global): the customers' consumed
+// add up to the grants, so do the pool's and global's, nothing is live that
+// was released, no budget is over its limit. With global among the budgets
+// a refusal phase follows: the global limit is set to what global consumed,
+// every holder asks once through the API, each must be refused with global
+// named as the binding budget, and no customer's, pool's or global budget
+// may have moved.
 package admissionbench

@@ -46,3 +46,27 @@ local used = tonumber(redis.call('GET', KEYS[1]) or '0')
 local cost = tonumber(ARGV[1])
 if used + cost > tonumber(ARGV[2]) then return -1 end
 return redis.call('INCRBY', KEYS[1], cost)`
+
+// The hot-key run's central counter: a row per budget key.
+const (
+	qHotTable = `CREATE TABLE IF NOT EXISTS bench_admission_hot (
+	key text PRIMARY KEY,
+	used bigint NOT NULL,
+	lim bigint NOT NULL)`
+	qHotClear = `TRUNCATE bench_admission_hot`
+	qHotFill  = `INSERT INTO bench_admission_hot (key, used, lim) SELECT k, 0, @limit FROM unnest(@keys::text[]) AS k`
+
+	// qHotTake checks and adds to every budget of a request in one
+	// statement: the CTE locks the rows in key order (no deadlocks) and
+	// reads their latest values; every row is updated or none. A row per
+	// budget back means admitted.
+	qHotTake = `
+WITH locked AS (
+	SELECT key, used, lim FROM bench_admission_hot WHERE key = ANY(@keys::text[]) ORDER BY key FOR UPDATE)
+UPDATE bench_admission_hot c SET used = c.used + @cost
+FROM locked l
+WHERE c.key = l.key AND NOT EXISTS (SELECT 1 FROM locked x WHERE x.used + @cost > x.lim)
+RETURNING c.used`
+
+	qHotUsed = `SELECT key, used FROM bench_admission_hot`
+)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -180,14 +181,55 @@ func (l *lagged) lag() [2]time.Duration {
 	return [2]time.Duration{pct(s, 0.5), pct(s, 0.99)}
 }
 
+// apiServer is Tally's REST API over loopback, on pool, with an admin
+// token of its own.
+type apiServer struct {
+	url, admin string
+	srv        *http.Server
+	served     chan error
+	stop       context.CancelFunc
+	done       chan error
+}
+
+func serveAPI(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (_ *apiServer, err error) {
+	led, err := ledger.New(ledger.Config{Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	s := &apiServer{admin: runID() + runID() + runID() + runID() + runID()}
+	// Every gateway comes from 127.0.0.1 here: the per-address limit is off,
+	// as behind a proxy.
+	h, err := api.New(api.Config{Pool: pool, Ledger: led, AdminToken: s.admin,
+		Logger: log, Registry: prometheus.NewRegistry(), AddressRate: -1, TokenRate: -1})
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	s.stop, s.done = cancel, make(chan error, 1)
+	go func() { s.done <- h.Run(actx) }()
+	s.url = "http://" + ln.Addr().String()
+	s.srv, s.served = &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}, make(chan error, 1)
+	go func() { s.served <- s.srv.Serve(ln) }()
+	return s, nil
+}
+
+// close shuts the server down and stops the API's background work.
+func (s *apiServer) close(ctx context.Context) {
+	_ = s.srv.Shutdown(ctx)
+	<-s.served
+	s.stop()
+	<-s.done
+}
+
 // grants is exact admission: the admit SDK in every gateway, against the
 // REST API over loopback and the budgets in Postgres.
 type grants struct {
 	pool       *pgxpool.Pool
-	srv        *http.Server
-	served     chan error
-	stopAPI    context.CancelFunc
-	apiDone    chan error
+	api        *apiServer
 	store      *admission.Store
 	clients    []*admit.Client
 	transports []*http.Transport
@@ -209,26 +251,9 @@ func startGrants(ctx context.Context, o Options, fixed bool) (_ system, err erro
 	if g.store, err = admission.New(g.pool, admission.Config{}); err != nil {
 		return nil, err
 	}
-	led, err := ledger.New(ledger.Config{Logger: o.Logger})
-	if err != nil {
+	if g.api, err = serveAPI(ctx, g.pool, o.Logger); err != nil {
 		return nil, err
 	}
-	// Every gateway comes from 127.0.0.1 here: the per-address limit is off,
-	// as behind a proxy.
-	h, err := api.New(api.Config{Pool: g.pool, Ledger: led, AdminToken: runID() + runID() + runID() + runID() + runID(),
-		Logger: o.Logger, Registry: prometheus.NewRegistry(), AddressRate: -1, TokenRate: -1})
-	if err != nil {
-		return nil, err
-	}
-	actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	g.stopAPI, g.apiDone = cancel, make(chan error, 1)
-	go func() { g.apiDone <- h.Run(actx) }()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	g.srv, g.served = &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second}, make(chan error, 1)
-	go func() { g.served <- g.srv.Serve(ln) }()
 
 	id := runID()
 	kind := "sized"
@@ -255,7 +280,7 @@ func startGrants(ctx context.Context, o Options, fixed bool) (_ system, err erro
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConnsPerHost = 16
 		g.transports = append(g.transports, tr)
-		cfg := admit.Config{URL: "http://" + ln.Addr().String(), Token: token, Holder: holder,
+		cfg := admit.Config{URL: g.api.url, Token: token, Holder: holder,
 			Dir: filepath.Join(g.dir, holder), Logger: o.Logger,
 			HTTPClient: &http.Client{Timeout: 5 * time.Second, Transport: counting{tr, &g.requests}}}
 		if fixed {
@@ -385,13 +410,8 @@ func (g *grants) end(ctx context.Context, admitted []int64) (stranded int64, pro
 			}
 		}
 	}
-	if g.srv != nil {
-		_ = g.srv.Shutdown(cctx)
-		<-g.served
-	}
-	if g.stopAPI != nil {
-		g.stopAPI()
-		<-g.apiDone
+	if g.api != nil {
+		g.api.close(cctx)
 	}
 	for _, tr := range g.transports {
 		tr.CloseIdleConnections()

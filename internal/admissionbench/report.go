@@ -3,6 +3,7 @@ package admissionbench
 import (
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 )
@@ -87,5 +88,60 @@ func dur(d time.Duration) string {
 		return fmt.Sprintf("%.1f µs", float64(d)/float64(time.Microsecond))
 	default:
 		return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+	}
+}
+
+// HotTarget is the §10 target of the hot key: grants per second with 50
+// concurrent holders.
+const HotTarget = 2000
+
+// Report writes the hot-key figures as a table, the baseline ratio, the
+// target and the refusal phase.
+func (r HotResult) Report(w io.Writer) {
+	o := r.Options
+	fmt.Fprintf(w, "tally bench admission --budgets %s: %d concurrent holders, one customer each, all in one pool; every grant of 1 draws on %s and is released at once, spent; %s per row; API pool %d connections\n\n",
+		strings.Join(o.Budgets, ","), o.Holders, strings.Join(o.Budgets, ", "), o.Duration, o.APIPoolSize)
+	var base float64
+	for _, row := range r.Rows {
+		if strings.HasPrefix(row.Name, "central counter") {
+			base = row.PerSecond()
+		}
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	fmt.Fprintln(tw, "| way\t| grants\t| grants/s\t| ÷ central counter\t| grant p50\t| grant p99\t|")
+	fmt.Fprintln(tw, "| ---\t| ---\t| ---\t| ---\t| ---\t| ---\t|")
+	for _, row := range r.Rows {
+		ratio := "–"
+		if base > 0 {
+			ratio = fmt.Sprintf("%.2f", row.PerSecond()/base)
+		}
+		fmt.Fprintf(tw, "| %s\t| %d\t| %.0f\t| %s\t| %s\t| %s\t|\n", row.Name, row.Grants, row.PerSecond(), ratio, dur(row.P50), dur(row.P99))
+	}
+	_ = tw.Flush()
+	fmt.Fprintf(w, "\ntarget (docs/design.md §10): ≥ %d grants/s with 50 concurrent holders\n", HotTarget)
+	for _, row := range r.Rows {
+		if !strings.HasPrefix(row.Name, "central counter") {
+			fmt.Fprintf(w, "  %-66s %.0f grants/s: %s\n", row.Name, row.PerSecond(), met(row.PerSecond() >= HotTarget))
+		}
+		for _, p := range row.Problems {
+			fmt.Fprintf(w, "  %-66s PROBLEM: %s\n", "", p)
+		}
+	}
+	f := r.Refusal
+	if f.Skipped != "" {
+		fmt.Fprintf(w, "\nrefusal by global: %s\n", f.Skipped)
+		return
+	}
+	fmt.Fprintf(w, "\nrefusal by global (limit set to what it consumed, every holder asks once through the API): %d of %d refused by global; budgets unchanged: %s\n",
+		f.Refused, f.Requests, met(len(f.Problems) == 0))
+	for i, b := range f.Before {
+		if i >= 2 && i < len(f.Before)-2 { // the first customers, the pool and global
+			continue
+		}
+		a := f.After[i]
+		fmt.Fprintf(w, "  %-40s consumed %s → %s, live %s → %s\n", b.Budget, b.Consumed, a.Consumed, b.Live, a.Live)
+	}
+	for _, p := range f.Problems {
+		fmt.Fprintf(w, "  PROBLEM: %s\n", p)
 	}
 }

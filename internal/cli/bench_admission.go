@@ -22,6 +22,9 @@ type benchAdmissionOptions struct {
 	sim      admissionbench.Options
 	adminURL string
 	keep     bool
+	// hot is the hot-key run, chosen by --budgets (docs/design.md §13).
+	hot     admissionbench.HotOptions
+	budgets bool
 }
 
 func (o benchAdmissionOptions) Validate() error {
@@ -43,6 +46,14 @@ func (o benchAdmissionOptions) Validate() error {
 			errs = append(errs, fmt.Errorf("--%s must not be 0", f.name))
 		}
 	}
+	if o.budgets {
+		hot := o.hot
+		hot.DatabaseURL = "set by Run"
+		if hot.Holders == 0 || hot.Duration == 0 || hot.APIPoolSize == 0 || len(hot.Budgets) == 0 {
+			errs = append(errs, errors.New("--budgets, --holders, --hot-duration and --api-pool-size must not be empty or 0"))
+		}
+		errs = append(errs, hot.Validate())
+	}
 	return errors.Join(append(errs, sim.Validate())...)
 }
 
@@ -58,6 +69,9 @@ func (o benchAdmissionOptions) Run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	defer done()
+	if o.budgets {
+		return o.runHot(ctx, out, dbURL, log)
+	}
 	sim := o.sim
 	sim.DatabaseURL, sim.Logger = dbURL, log
 	fmt.Fprintf(out, "tally bench admission: database %s; regimes %s, one after another\n", dbName(dbURL), strings.Join(sim.Regimes, ", "))
@@ -70,6 +84,27 @@ func (o benchAdmissionOptions) Run(ctx context.Context, out io.Writer) error {
 		if len(row.Problems) > 0 {
 			return fmt.Errorf("bench admission: %s: %d invariant checks failed (above)", row.Regime, len(row.Problems))
 		}
+	}
+	return nil
+}
+
+// runHot is the hot-key run: --holders holders taking grants on the
+// --budgets named, against the central counter, then a refusal by global.
+func (o benchAdmissionOptions) runHot(ctx context.Context, out io.Writer, dbURL string, log *slog.Logger) error {
+	h := o.hot
+	h.DatabaseURL, h.Logger = dbURL, log
+	fmt.Fprintf(out, "tally bench admission: database %s; hot key on %s\n", dbName(dbURL), strings.Join(h.Budgets, ","))
+	r, err := admissionbench.RunHot(ctx, h)
+	if err != nil {
+		return err
+	}
+	r.Report(out)
+	n := len(r.Refusal.Problems)
+	for _, row := range r.Rows {
+		n += len(row.Problems)
+	}
+	if n > 0 {
+		return fmt.Errorf("bench admission --budgets: %d invariant checks failed (above)", n)
 	}
 	return nil
 }
@@ -100,10 +135,23 @@ admissions so far plus the request were within the limit: capacity sat
 unspent in another gateway's grant), central calls per 1,000 admissions,
 and admission latency p50/p99. Then each regime against the targets.
 
+With --budgets (any of customer, pool, global) it measures the hot key
+instead (docs/design.md §13): --holders concurrent holders, one customer
+each, all customers in one pool, take grants of 1 drawing on the budgets
+named and release them at once, for --hot-duration per row: through the
+REST API (POST /v1/grants with gateway tokens), through the admission store
+in process, the store's issue alone (grants left live), and as baseline a central Postgres counter (one UPDATE …
+RETURNING over the same budgets, a connection per holder). It reports
+grants/s and p50/p99 grant latency against the §10 target (≥ 2,000 grants/s
+with 50 holders), checks that the budgets read back add up, then sets the
+global limit to what global consumed and checks that every holder is
+refused by global and that no customer's or pool's budget moved.
+
 The run uses a database of its own on the server of --database-url,
 dropped afterwards (unless --keep). Redis is used by this benchmark only.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			o.budgets = cmd.Flags().Changed("budgets")
 			return o.Run(cmd.Context(), cmd.OutOrStdout())
 		},
 	}
@@ -122,6 +170,10 @@ dropped afterwards (unless --keep). Redis is used by this benchmark only.`,
 	f.StringVar(&o.sim.RedisAddr, "redis", "127.0.0.1:6379", `Redis for the central-counter row ("" skips it)`)
 	f.Uint64Var(&o.sim.Seed, "seed", 1, "seed of the demand trace")
 	f.StringSliceVar(&o.sim.Regimes, "regimes", admissionbench.RegimeKeys, "regimes to run, of lagged, fixed, sized, postgres, redis (they run in that order)")
+	f.StringSliceVar(&o.hot.Budgets, "budgets", []string{"customer"}, "the hot-key run: budgets every grant draws on, of customer, pool, global (without it: the regimes above)")
+	f.IntVar(&o.hot.Holders, "holders", 50, "the hot-key run: concurrent holders, one customer each")
+	f.DurationVar(&o.hot.Duration, "hot-duration", 5*time.Second, "the hot-key run: length of each measured row")
+	f.IntVar(&o.hot.APIPoolSize, "api-pool-size", 4, "the hot-key run: Postgres connections of the REST API (as tally serve's --api-pool-size)")
 	f.StringVar(&o.adminURL, "database-url", defaultDatabaseURL, "Postgres server to create the benchmark database on")
 	envDefault(f, "database-url", "TALLY_DATABASE_URL")
 	f.BoolVar(&o.keep, "keep", false, "keep the benchmark database")

@@ -40,3 +40,29 @@ func TestBenchAdmissionFlags(t *testing.T) {
 		}
 	}
 }
+
+// --budgets runs the hot key: the three ways get their rows, the target
+// line and the refusal by global, and no invariant fails.
+func TestBenchAdmissionBudgets(t *testing.T) {
+	out, err := runTally(t, "bench", "admission", "--budgets", "customer,pool,global", "--holders", "4",
+		"--hot-duration", "200ms", "--database-url", pgtest.AdminURL())
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, out)
+	}
+	for _, want := range []string{"hot key on customer,pool,global", "| exact, REST API", "| exact, admission store in process",
+		"| central counter, Postgres", "≥ 2000 grants/s", "4 of 4 refused by global; budgets unchanged: met"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "PROBLEM") {
+		t.Errorf("an invariant failed:\n%s", out)
+	}
+	_, err = runTally(t, "bench", "admission", "--budgets", "pool,plan", "--holders", "0",
+		"--database-url", "postgres://nobody@127.0.0.1:1/none")
+	for _, want := range []string{`budgets: "plan"`, "--holders"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("no %q in %v", want, err)
+		}
+	}
+}
