@@ -10,6 +10,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/tally-ledger/tally/internal/pause"
 	"github.com/tally-ledger/tally/quota"
 )
 
@@ -114,7 +115,7 @@ func (c *Client) readDecisions(ctx context.Context, wg *sync.WaitGroup) {
 		}
 		c.log.Warn("admit: cannot list the decision topic's partitions; lagged rules follow on_stale meanwhile",
 			"topic", c.cfg.DecisionsTopic, "err", err, "retry_in", wait)
-		if !pause(ctx, wait) {
+		if !pause.For(ctx, wait) {
 			return
 		}
 	}
@@ -159,7 +160,7 @@ func (c *Client) readPartition(ctx context.Context, wg *sync.WaitGroup, partitio
 			return
 		}
 		c.log.Warn("admit: cannot position the decision reader", "partition", partition, "err", err)
-		if !pause(ctx, time.Second) {
+		if !pause.For(ctx, time.Second) {
 			return
 		}
 	}
@@ -170,7 +171,7 @@ func (c *Client) readPartition(ctx context.Context, wg *sync.WaitGroup, partitio
 				return
 			}
 			c.log.Error("admit: read decisions", "partition", partition, "err", err)
-			if !pause(ctx, time.Second) {
+			if !pause.For(ctx, time.Second) {
 				return
 			}
 			continue
@@ -181,17 +182,5 @@ func (c *Client) readPartition(ctx context.Context, wg *sync.WaitGroup, partitio
 			continue
 		}
 		c.onDecision(d)
-	}
-}
-
-// pause waits d; false when ctx ended first.
-func pause(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }

@@ -2,7 +2,6 @@ package admit_test
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -10,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/shopspring/decimal"
@@ -21,6 +18,7 @@ import (
 	"github.com/tally-ledger/tally/admit"
 	"github.com/tally-ledger/tally/api"
 	"github.com/tally-ledger/tally/internal/kafkatest"
+	"github.com/tally-ledger/tally/internal/ledgertest"
 	"github.com/tally-ledger/tally/internal/pgtest"
 	"github.com/tally-ledger/tally/internal/testrun"
 	"github.com/tally-ledger/tally/ledger"
@@ -140,9 +138,7 @@ const ingestTopic = "tally.meter-batches"
 type pipeline struct {
 	ts      *tally
 	brokers []string
-	led     *ledger.Ledger
-	seq     map[string]int64
-	total   map[string]decimal.Decimal
+	streams *ledgertest.Streams
 	enf     *testrun.Service
 }
 
@@ -154,7 +150,7 @@ func (ts *tally) startPipeline() *pipeline {
 	if err != nil {
 		ts.t.Fatal(err)
 	}
-	p := &pipeline{ts: ts, brokers: k.Addrs, led: l, seq: map[string]int64{}, total: map[string]decimal.Decimal{}}
+	p := &pipeline{ts: ts, brokers: k.Addrs, streams: ledgertest.New(ts.pool, l)}
 	reg := prometheus.NewRegistry()
 	enf, err := quota.NewEnforcer(quota.Config{Pool: ts.pool, Brokers: k.Addrs, IngestTopic: ingestTopic,
 		Interval: 50 * time.Millisecond, Republish: 2 * time.Second, LeaseTTL: time.Second,
@@ -170,57 +166,19 @@ func (ts *tally) startPipeline() *pipeline {
 // would.
 func (p *pipeline) use(customer, meter string, qty int64) {
 	p.ts.t.Helper()
-	k := customer + "/" + meter
-	p.seq[k]++
-	p.total[k] = p.total[k].Add(decimal.NewFromInt(qty))
-	rec := ledger.Record{OperationID: uuid.New(),
-		Stream: ledger.StreamKey{Producer: "test", Epoch: 1, Customer: customer, Meter: meter},
-		Seq:    p.seq[k], Total: p.total[k], OccurredAt: time.Now().Add(-time.Second)}
-	ctx := context.Background()
-	err := pgx.BeginFunc(ctx, p.ts.pool, func(tx pgx.Tx) error {
-		out, err := p.led.Apply(ctx, tx, []ledger.Record{rec})
-		if err == nil && out[0].Kind != ledger.Applied {
-			err = fmt.Errorf("outcome %v %s", out[0].Kind, out[0].Detail)
-		}
-		return err
-	})
-	if err != nil {
-		p.ts.t.Fatalf("apply usage: %v", err)
-	}
+	p.streams.Use(p.ts.t, customer, meter, time.Now().Add(-time.Second), decimal.NewFromInt(qty))
 }
 
 // position says ingest has applied everything through at, on every
 // partition of the meter topic (the as_of of the decisions).
 func (p *pipeline) position(at time.Time) {
 	p.ts.t.Helper()
-	_, err := p.ts.pool.Exec(context.Background(), `
-		INSERT INTO ingest_partitions (topic, partition, next_offset, high_watermark, applied_through)
-		SELECT $1, p, 0, 0, $2 FROM generate_series(0, 1) AS p
-		ON CONFLICT (topic, partition) DO UPDATE SET applied_through = EXCLUDED.applied_through`, ingestTopic, at)
-	if err != nil {
-		p.ts.t.Fatal(err)
-	}
+	ledgertest.Position(p.ts.t, p.ts.pool, ingestTopic, 2, at)
 }
 
 // follow keeps the ingest position at now (a caught-up ingest) until the
 // test ends.
-func (p *pipeline) follow() {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	p.position(time.Now())
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			_, _ = p.ts.pool.Exec(ctx, `UPDATE ingest_partitions SET applied_through = $2 WHERE topic = $1`, ingestTopic, time.Now())
-		}
-	}()
-	p.ts.t.Cleanup(func() { cancel(); <-done })
-}
+func (p *pipeline) follow() { ledgertest.Follow(p.ts.t, p.ts.pool, ingestTopic, 2, time.Now) }
 
 func (ts *tally) rule(in quota.RuleInput) {
 	ts.t.Helper()

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -19,14 +18,14 @@ import (
 	"github.com/getkin/kin-openapi/routers"
 	"github.com/getkin/kin-openapi/routers/gorillamux"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/amount"
 	"github.com/tally-ledger/tally/api"
+	"github.com/tally-ledger/tally/internal/ledgertest"
 	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/internal/testrun"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/tokens"
 )
@@ -42,13 +41,12 @@ type fixture struct {
 	ledger *ledger.Ledger
 	srv    *httptest.Server
 	h      *api.API
-	logs   *syncBuffer
+	logs   *testrun.Buffer
 
 	mu  sync.Mutex
 	now time.Time
 
-	totals map[string]decimal.Decimal // stream → running total
-	seqs   map[string]int64
+	streams *ledgertest.Streams // customer/meter → its one stream
 
 	synced chan string // the API's listener handled this sync notification
 }
@@ -68,12 +66,13 @@ func newFixtureWith(t *testing.T, configure func(*api.Config)) *fixture {
 func newFixtureAPI(t *testing.T, configure func(*api.Config), prepare func(*api.API)) *fixture {
 	t.Helper()
 	f := &fixture{t: t, pool: pgtest.New(t), now: time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC),
-		logs: &syncBuffer{}, totals: map[string]decimal.Decimal{}, seqs: map[string]int64{}}
+		logs: testrun.Logs(t)}
 	l, err := ledger.New(ledger.Config{Clock: f.clock})
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.ledger = l
+	f.streams = ledgertest.New(f.pool, l)
 	cfg := api.Config{
 		Pool: f.pool, Ledger: l, AdminToken: adminToken, Clock: f.clock,
 		Logger:   slog.New(slog.NewJSONHandler(f.logs, nil)),
@@ -121,11 +120,6 @@ func newFixtureAPI(t *testing.T, configure func(*api.Config), prepare func(*api.
 	}
 	f.srv = httptest.NewServer(h)
 	t.Cleanup(f.srv.Close)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("server log:\n%s", f.logs.String())
-		}
-	})
 	return f
 }
 
@@ -144,24 +138,7 @@ func (f *fixture) setNow(t time.Time) {
 // usage books qty of usage for customer/meter at t through the ledger.
 func (f *fixture) usage(customer, meter string, t time.Time, qty string) {
 	f.t.Helper()
-	k := customer + "/" + meter
-	f.seqs[k]++
-	f.totals[k] = f.totals[k].Add(amount.MustParse(qty))
-	rec := ledger.Record{
-		OperationID: uuid.Must(uuid.NewV7()),
-		Stream:      ledger.StreamKey{Producer: "test", Epoch: 1, Customer: customer, Meter: meter},
-		Seq:         f.seqs[k], Total: f.totals[k], OccurredAt: t,
-	}
-	err := pgx.BeginFunc(context.Background(), f.pool, func(tx pgx.Tx) error {
-		out, err := f.ledger.Apply(context.Background(), tx, []ledger.Record{rec})
-		if err == nil && out[0].Kind != ledger.Applied {
-			err = fmt.Errorf("outcome %v: %s", out[0].Kind, out[0].Detail)
-		}
-		return err
-	})
-	if err != nil {
-		f.t.Fatalf("usage: %v", err)
-	}
+	f.streams.Use(f.t, customer, meter, t, amount.MustParse(qty))
 	f.sync()
 }
 
@@ -354,23 +331,6 @@ func validateResponse(t testing.TB, req *http.Request, r response) {
 	if err := openapi3filter.ValidateResponse(context.Background(), in); err != nil {
 		t.Errorf("%s %s → %d does not match openapi.json: %v\nbody: %s", req.Method, req.URL.Path, r.status, err, r.body)
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func date(s string) time.Time {

@@ -1,7 +1,6 @@
 package console_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -20,14 +19,15 @@ import (
 
 	"github.com/chromedp/chromedp"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/api"
 	"github.com/tally-ledger/tally/console"
+	"github.com/tally-ledger/tally/internal/ledgertest"
 	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/internal/testrun"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/quota"
@@ -44,10 +44,10 @@ type fixture struct {
 	ledger *ledger.Ledger
 	api    *api.API
 	srv    *httptest.Server
-	logs   *syncBuffer
+	logs   *testrun.Buffer
 	now    time.Time
-	seqs   map[string]int64
-	totals map[string]decimal.Decimal
+
+	streams *ledgertest.Streams // customer/meter → its one stream
 }
 
 var testNow = time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
@@ -64,8 +64,7 @@ func newFixtureTLS(t *testing.T, tls bool) *fixture {
 // configuration.
 func newFixtureWith(t testing.TB, tls bool, configureAPI func(*api.Config), configure func(*console.Config)) *fixture {
 	t.Helper()
-	f := &fixture{t: t, pool: pgtest.New(t), logs: &syncBuffer{}, now: testNow,
-		seqs: map[string]int64{}, totals: map[string]decimal.Decimal{}}
+	f := &fixture{t: t, pool: pgtest.New(t), logs: testrun.Logs(t), now: testNow}
 	clock := func() time.Time { return f.now }
 	log := slog.New(slog.NewJSONHandler(f.logs, nil))
 	l, err := ledger.New(ledger.Config{Clock: clock})
@@ -73,6 +72,7 @@ func newFixtureWith(t testing.TB, tls bool, configureAPI func(*api.Config), conf
 		t.Fatal(err)
 	}
 	f.ledger = l
+	f.streams = ledgertest.New(f.pool, l)
 	// Caches off: without api.Run nothing would tell them about the
 	// tests' writes and revocations.
 	apiCfg := api.Config{Pool: f.pool, Ledger: l, AdminToken: adminToken, Clock: clock, Logger: log,
@@ -99,11 +99,6 @@ func newFixtureWith(t testing.TB, tls bool, configureAPI func(*api.Config), conf
 		f.srv = httptest.NewServer(c.Beside(h))
 	}
 	t.Cleanup(f.srv.Close)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("server log:\n%s", f.logs.String())
-		}
-	})
 	return f
 }
 
@@ -121,24 +116,7 @@ func (f *fixture) calendar(customer, zone string) {
 // usage books qty for customer/meter at t through the ledger.
 func (f *fixture) usage(customer, meter string, t time.Time, qty string) {
 	f.t.Helper()
-	k := customer + "/" + meter
-	f.seqs[k]++
-	f.totals[k] = f.totals[k].Add(decimal.RequireFromString(qty))
-	rec := ledger.Record{
-		OperationID: uuid.Must(uuid.NewV7()),
-		Stream:      ledger.StreamKey{Producer: "test", Epoch: 1, Customer: customer, Meter: meter},
-		Seq:         f.seqs[k], Total: f.totals[k], OccurredAt: t,
-	}
-	err := pgx.BeginFunc(f.ctx(), f.pool, func(tx pgx.Tx) error {
-		out, err := f.ledger.Apply(f.ctx(), tx, []ledger.Record{rec})
-		if err == nil && out[0].Kind != ledger.Applied {
-			err = fmt.Errorf("outcome %v: %s", out[0].Kind, out[0].Detail)
-		}
-		return err
-	})
-	if err != nil {
-		f.t.Fatalf("usage: %v", err)
-	}
+	f.streams.Use(f.t, customer, meter, t, decimal.RequireFromString(qty))
 }
 
 // quota sets customer's limit on meter.
@@ -260,23 +238,6 @@ func (f *fixture) signInHTTP(c *http.Client, token string) httpPage {
 		f.t.Fatalf("sign-in: %d %s", res.status, res.body)
 	}
 	return res
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // The browser: one headless Chromium for the package, started by the

@@ -12,6 +12,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/tally-ledger/tally/internal/pause"
 )
 
 // Consumer is one member of the ingest consumer group.
@@ -195,7 +197,7 @@ func (p *partition) run(ctx context.Context) {
 				return
 			}
 			p.log.Warn("partition fenced by a stale member's write; re-reading the stored offset", "expected", next)
-			if !sleep(ctx, p.c.backoff(0)) {
+			if !pause.For(ctx, p.c.backoff(0)) {
 				return
 			}
 			if next, ok = p.load(ctx); !ok {
@@ -204,12 +206,12 @@ func (p *partition) run(ctx context.Context) {
 			attempt = 0
 		case errors.Is(err, kafka.OffsetOutOfRange):
 			p.log.Warn("offset out of range; checking the partition's offsets", "offset", next)
-			if !sleep(ctx, p.c.backoff(attempt)) {
+			if !pause.For(ctx, p.c.backoff(attempt)) {
 				return
 			}
 		default:
 			p.log.Error("partition reader stopped; restarting it", "err", err)
-			if !sleep(ctx, p.c.backoff(attempt)) {
+			if !pause.For(ctx, p.c.backoff(attempt)) {
 				return
 			}
 		}
@@ -229,7 +231,7 @@ func (p *partition) load(ctx context.Context) (int64, bool) {
 		}
 		p.c.m.retries.WithLabelValues("postgres").Inc()
 		p.log.Warn("cannot read the stored offset; retrying", "err", err, "attempt", attempt+1)
-		if !sleep(ctx, p.c.backoff(attempt)) {
+		if !pause.For(ctx, p.c.backoff(attempt)) {
 			return 0, false
 		}
 	}
@@ -432,7 +434,7 @@ func (p *partition) exactNulls(ctx context.Context, m *kafka.Message) {
 			}
 			return
 		}
-		if !sleep(ctx, p.c.backoff(attempt)) {
+		if !pause.For(ctx, p.c.backoff(attempt)) {
 			return
 		}
 	}
@@ -579,7 +581,7 @@ func (p *partition) attempt(ctx context.Context, b *microBatch, refusals int) er
 		}
 		p.c.m.retries.WithLabelValues(cause).Inc()
 		p.retrying(ctx, b, err, attempt)
-		if !sleep(ctx, p.c.backoff(attempt)) {
+		if !pause.For(ctx, p.c.backoff(attempt)) {
 			return ctx.Err()
 		}
 		// A failed COMMIT may have committed after all: the stored offset
@@ -658,18 +660,6 @@ func (c *Consumer) backoff(attempt int) time.Duration {
 		d = c.cfg.RetryMax
 	}
 	return d/2 + rand.N(d/2+1)
-}
-
-// sleep waits d or until ctx ends; it reports whether d passed.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // kafkaLogger adapts kafka-go's printf logging to slog.

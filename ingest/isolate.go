@@ -16,6 +16,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/ingest/wire"
+	"github.com/tally-ledger/tally/internal/pause"
 	"github.com/tally-ledger/tally/ledger"
 )
 
@@ -114,7 +115,7 @@ func (p *partition) isolate(ctx context.Context, b *microBatch, r *refusal) (int
 			// the message commits or the canary passes.
 			p.log.Error("the database refuses any record, not only this message's: retrying until it is fixed (nothing is dead-lettered)",
 				"offset", b.msgs[0].offset, "err", r.err, "canary_err", cerr)
-			if !sleep(ctx, p.c.backoff(round)) {
+			if !pause.For(ctx, p.c.backoff(round)) {
 				return 0, ctx.Err()
 			}
 			err := p.attempt(ctx, b, 1)

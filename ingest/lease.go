@@ -9,6 +9,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
+
+	"github.com/tally-ledger/tally/internal/pause"
 )
 
 // Partition leases in Postgres (table ingest_partition_owners) mirror the
@@ -90,7 +92,7 @@ func (l *leases) claim(ctx context.Context, id int) bool {
 			refused++
 			attempt, d = -1, cfg.HeartbeatInterval
 		}
-		if !sleep(ctx, d) {
+		if !pause.For(ctx, d) {
 			return false
 		}
 	}

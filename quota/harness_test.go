@@ -6,13 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
@@ -20,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/tally-ledger/tally/internal/kafkatest"
+	"github.com/tally-ledger/tally/internal/ledgertest"
 	"github.com/tally-ledger/tally/internal/pgtest"
 	"github.com/tally-ledger/tally/internal/testrun"
 	"github.com/tally-ledger/tally/ledger"
@@ -39,20 +37,13 @@ type env struct {
 	pool  *pgxpool.Pool
 	kafka *kafkatest.Cluster
 	skew  atomic.Int64 // added to time.Now by the enforcer's clock
-	led   *ledger.Ledger
 
-	mu      sync.Mutex
-	streams map[string]*streamState // customer/meter → its one stream
-}
-
-type streamState struct {
-	seq   int64
-	total decimal.Decimal
+	streams *ledgertest.Streams // customer/meter → its one stream
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	e := &env{t: t, pool: pgtest.New(t), streams: map[string]*streamState{}}
+	e := &env{t: t, pool: pgtest.New(t)}
 	e.kafka = kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{
 		{Name: decisionsTopic, Partitions: 1}, {Name: ingestTopic, Partitions: 2},
 	}})
@@ -60,7 +51,7 @@ func newEnv(t *testing.T) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.led = l
+	e.streams = ledgertest.New(e.pool, l)
 	return e
 }
 
@@ -73,69 +64,19 @@ func (e *env) advance(d time.Duration) { e.skew.Add(int64(d)) }
 // a stream of its own), as ingest would, in one transaction.
 func (e *env) use(customer, meter string, qty int64) {
 	e.t.Helper()
-	e.mu.Lock()
-	k := customer + "/" + meter
-	s := e.streams[k]
-	if s == nil {
-		s = &streamState{}
-		e.streams[k] = s
-	}
-	s.seq++
-	s.total = s.total.Add(decimal.NewFromInt(qty))
-	rec := ledger.Record{
-		OperationID: uuid.New(),
-		Stream:      ledger.StreamKey{Producer: "test", Epoch: 1, Customer: customer, Meter: meter},
-		Seq:         s.seq, Total: s.total, OccurredAt: time.Now().Add(-time.Second),
-	}
-	e.mu.Unlock()
-	ctx := context.Background()
-	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		out, err := e.led.Apply(ctx, tx, []ledger.Record{rec})
-		if err == nil && out[0].Kind != ledger.Applied {
-			err = fmt.Errorf("outcome %v %s", out[0].Kind, out[0].Detail)
-		}
-		return err
-	})
-	if err != nil {
-		e.t.Fatalf("apply usage: %v", err)
-	}
+	e.streams.Use(e.t, customer, meter, time.Now().Add(-time.Second), decimal.NewFromInt(qty))
 }
 
 // position sets the ingest position of every partition of the meter topic:
 // usage complete through at.
 func (e *env) position(at time.Time) {
 	e.t.Helper()
-	_, err := e.pool.Exec(context.Background(), `
-		INSERT INTO ingest_partitions (topic, partition, next_offset, high_watermark, applied_through)
-		SELECT $1, p, 0, 0, $2 FROM generate_series(0, 1) AS p
-		ON CONFLICT (topic, partition) DO UPDATE SET applied_through = EXCLUDED.applied_through`, ingestTopic, at)
-	if err != nil {
-		e.t.Fatal(err)
-	}
+	ledgertest.Position(e.t, e.pool, ingestTopic, 2, at)
 }
 
 // follow keeps the ingest position at the enforcer's now (a caught-up
 // ingest) until the returned function is called.
-func (e *env) follow() (stop func()) {
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	e.position(e.now())
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(20 * time.Millisecond):
-			}
-			_, _ = e.pool.Exec(ctx, `UPDATE ingest_partitions SET applied_through = $2 WHERE topic = $1`, ingestTopic, e.now())
-		}
-	}()
-	var once sync.Once
-	stop = func() { once.Do(func() { cancel(); <-done }) }
-	e.t.Cleanup(stop)
-	return stop
-}
+func (e *env) follow() (stop func()) { return ledgertest.Follow(e.t, e.pool, ingestTopic, 2, e.now) }
 
 func (e *env) put(in quota.RuleInput) quota.Rule {
 	e.t.Helper()

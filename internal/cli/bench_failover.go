@@ -26,6 +26,7 @@ import (
 
 	"github.com/tally-ledger/tally/ingest/wire"
 	"github.com/tally-ledger/tally/internal/devstack"
+	"github.com/tally-ledger/tally/internal/pause"
 )
 
 type benchFailoverOptions struct {
@@ -180,7 +181,7 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 	}
 	var caughtUp, steady, during, claims []float64
 	for i := range o.kills {
-		if !sleepCtx(ctx, o.every) {
+		if !pause.For(ctx, o.every) {
 			return ctx.Err()
 		}
 		// Kill from a steady state: the backlog a previous failover or the
@@ -188,7 +189,7 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 		// failover).
 		s, err := b.lagNow(ctx, nil)
 		for wait := time.Now().Add(time.Minute); err == nil && o.steadyLag > 0 && s > o.steadyLag.Seconds() && time.Now().Before(wait); {
-			if !sleepCtx(ctx, 200*time.Millisecond) {
+			if !pause.For(ctx, 200*time.Millisecond) {
 				return ctx.Err()
 			}
 			s, err = b.lagNow(ctx, nil)
@@ -233,7 +234,7 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 		var soakLags []float64
 		end := time.Now().Add(o.soak)
 		for time.Now().Before(end) {
-			if !sleepCtx(ctx, time.Second) {
+			if !pause.For(ctx, time.Second) {
 				return ctx.Err()
 			}
 			s, err := b.lagNow(ctx, nil)
@@ -276,17 +277,6 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 	}
 	fmt.Fprintf(out, "false evictions (members not killed that lost their group membership): %d\n", false_)
 	return nil
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // quantile is the nearest-rank quantile of xs.
@@ -362,7 +352,7 @@ func (b *failoverBench) settle(ctx context.Context) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("the group did not settle: %d of %d partitions owned by %d of %d members", owned, b.o.partitions, procs, len(b.members))
 		}
-		if !sleepCtx(ctx, 100*time.Millisecond) {
+		if !pause.For(ctx, 100*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -451,7 +441,7 @@ func (b *failoverBench) waitCaughtUp(ctx context.Context, parts []int, tKill tim
 		if caught == len(parts) {
 			return time.Since(tKill), claimed, maxLag, nil
 		}
-		if !sleepCtx(ctx, 50*time.Millisecond) {
+		if !pause.For(ctx, 50*time.Millisecond) {
 			return 0, 0, 0, ctx.Err()
 		}
 	}
@@ -460,7 +450,7 @@ func (b *failoverBench) waitCaughtUp(ctx context.Context, parts []int, tKill tim
 // watchMembership records, every 200ms, which member ids each process has
 // held.
 func (b *failoverBench) watchMembership(ctx context.Context) {
-	for sleepCtx(ctx, 200*time.Millisecond) {
+	for pause.For(ctx, 200*time.Millisecond) {
 		rows, err := b.pool.Query(ctx, `SELECT process, member FROM ingest_partition_owners
 			WHERE topic = $1 AND member IS NOT NULL AND lease_until > now()`, b.topic)
 		if err != nil {
@@ -526,7 +516,7 @@ func (b *failoverBench) checkExact(ctx context.Context, produced int64) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("ledger applied %d of %d records produced after 5 minutes (lag %d messages)", applied, produced, lag)
 		}
-		if !sleepCtx(ctx, 200*time.Millisecond) {
+		if !pause.For(ctx, 200*time.Millisecond) {
 			return ctx.Err()
 		}
 	}
@@ -575,7 +565,7 @@ func (p *failoverProducer) run(ctx context.Context) error {
 				break
 			}
 			p.failed.Add(1)
-			if !sleepCtx(context.WithoutCancel(ctx), 100*time.Millisecond) {
+			if !pause.For(context.WithoutCancel(ctx), 100*time.Millisecond) {
 				return err
 			}
 			if p.failed.Load() > 1000 {

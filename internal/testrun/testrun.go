@@ -1,6 +1,6 @@
 // Package testrun runs a long-lived component (anything with a
 // Run(ctx) error loop, such as the ingest consumer or the quota enforcer)
-// in a test, stops it, and reads its Prometheus metrics.
+// in a test, stops it, and reads its Prometheus metrics and its log.
 package testrun
 
 import (

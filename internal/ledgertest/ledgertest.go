@@ -1,0 +1,104 @@
+// Package ledgertest books usage through the real ledger in tests, as
+// ingest would, and sets or follows the ingest position (the as_of that
+// usage answers and quota decisions are complete through).
+//
+// Every record goes through ledger.Apply in a transaction of its own and
+// must be applied: a test never writes ledger rows by hand, so what it reads
+// back is what ingest would have produced.
+package ledgertest
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/ledger"
+)
+
+// Streams books usage on one stream per customer and meter (producer
+// "test", epoch 1): each Use is that stream's next record, its running
+// total grown by the quantity. Safe for concurrent use.
+type Streams struct {
+	pool *pgxpool.Pool
+	led  *ledger.Ledger
+
+	mu     sync.Mutex
+	seqs   map[string]int64
+	totals map[string]decimal.Decimal
+}
+
+// New books through led into pool's database.
+func New(pool *pgxpool.Pool, led *ledger.Ledger) *Streams {
+	return &Streams{pool: pool, led: led, seqs: map[string]int64{}, totals: map[string]decimal.Decimal{}}
+}
+
+// Use applies qty of customer's meter, occurred at at, to the ledger; any
+// outcome but Applied fails t.
+func (s *Streams) Use(t testing.TB, customer, meter string, at time.Time, qty decimal.Decimal) {
+	t.Helper()
+	s.mu.Lock()
+	k := customer + "/" + meter
+	s.seqs[k]++
+	s.totals[k] = s.totals[k].Add(qty)
+	rec := ledger.Record{
+		OperationID: uuid.Must(uuid.NewV7()),
+		Stream:      ledger.StreamKey{Producer: "test", Epoch: 1, Customer: customer, Meter: meter},
+		Seq:         s.seqs[k], Total: s.totals[k], OccurredAt: at,
+	}
+	s.mu.Unlock()
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		out, err := s.led.Apply(ctx, tx, []ledger.Record{rec})
+		if err == nil && out[0].Kind != ledger.Applied {
+			err = fmt.Errorf("outcome %v: %s", out[0].Kind, out[0].Detail)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("apply usage of %s: %v", k, err)
+	}
+}
+
+// Position says ingest has applied everything of topic through at, on its
+// partitions 0 to partitions-1.
+func Position(t testing.TB, pool *pgxpool.Pool, topic string, partitions int, at time.Time) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), `
+		INSERT INTO ingest_partitions (topic, partition, next_offset, high_watermark, applied_through)
+		SELECT $1, p, 0, 0, $3 FROM generate_series(0, $2::int - 1) AS p
+		ON CONFLICT (topic, partition) DO UPDATE SET applied_through = EXCLUDED.applied_through`, topic, partitions, at)
+	if err != nil {
+		t.Fatalf("ingest position: %v", err)
+	}
+}
+
+// Follow keeps topic's ingest position at now() (a caught-up ingest),
+// moving it every 20ms, until stop is called or the test ends.
+func Follow(t testing.TB, pool *pgxpool.Pool, topic string, partitions int, now func() time.Time) (stop func()) {
+	t.Helper()
+	Position(t, pool, topic, partitions, now())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			_, _ = pool.Exec(ctx, `UPDATE ingest_partitions SET applied_through = $2 WHERE topic = $1`, topic, now())
+		}
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	t.Cleanup(stop)
+	return stop
+}
