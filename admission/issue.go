@@ -517,6 +517,8 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 	w := newWrites()
 	var refused []*call
 	var refusedAt []budgetKey
+	var issued []*call
+	var issuedKeys [][]budgetKey
 	for i, c := range batch {
 		if c.err != nil {
 			continue
@@ -562,6 +564,18 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 			c.grant.drawsCustomer = false
 		}
 		w.add(c.grant, keys, req.Generation > stored[req.Holder])
+		issued, issuedKeys = append(issued, c), append(issuedKeys, keys)
+	}
+	// What the drawn budgets have left once the whole batch is taken.
+	for i, c := range issued {
+		var left decimal.Decimal
+		for j, k := range issuedKeys[i] {
+			r := rows[k]
+			if a := decimal.Max(decimal.Zero, r.limit.Decimal.Sub(r.consumed.Add(r.taken))); j == 0 || a.LessThan(left) {
+				left = a
+			}
+		}
+		c.grant.Available = decimal.NewNullDecimal(left)
 	}
 	wb := w.batch(now, rows, custKeys, scopeKeys)
 	if ownTx {

@@ -139,6 +139,11 @@ type Grant struct {
 	// Budgets are the scopes the grant drew from ("customer:<id>",
 	// "pool:<name>", "global"), in lock order.
 	Budgets []string `json:"budgets"`
+	// Available is, in the answer to an issue only, the smallest of
+	// limit − consumed over the budgets the grant drew from, once it and
+	// the grants issued in the same transaction were taken: how tight the
+	// budget is, read under the issue's locks (docs/design.md §12).
+	Available decimal.NullDecimal `json:"available,omitzero"`
 
 	drawsCustomer bool
 }

@@ -485,6 +485,13 @@ type budget struct {
 	// that only sizes the next grant request (rounded up to whole units),
 	// never an amount admitted, granted or reported.
 	rate float64
+	// left is the available of the last grant answer, at leftAt; drain is
+	// how fast it fell between answers (units per second, smoothed): the
+	// demand of all gateways, net of what they gave back. Estimates that
+	// only decide whether the budget is tight.
+	left   int64
+	leftAt time.Time
+	drain  float64
 }
 
 type held struct {

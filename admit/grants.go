@@ -57,6 +57,9 @@ type grantAnswer struct {
 	OnUnreachable Policy    `json:"on_unreachable"`
 	LocalAmount   string    `json:"local_amount"`
 	LocalEvery    int64     `json:"local_every"`
+	// Available: what the budgets drawn have left after this grant (the
+	// smallest limit − consumed); empty from a Tally that does not say.
+	Available string `json:"available"`
 }
 
 // call POSTs body to path and decodes a 2xx answer into out.
@@ -144,6 +147,27 @@ func (c *Client) target(b *budget, now time.Time) int64 {
 	return max(t, c.cfg.MinGrant)
 }
 
+// tightAfter reads a grant answer's available (left, what the budgets
+// drawn have left after the grant): the budget is tight when left is less
+// than two lookaheads of the demand of all gateways, so it runs dry
+// before every gateway can spend a lookahead's grant. The gateway then
+// holds only two ticks of its demand and gives its surplus back at its
+// next tick, before another gateway is refused for what it holds. The
+// demand of all gateways is measured from how fast available fell between
+// this gateway's grant answers (everyone's grants net of what they gave
+// back), never below the gateway's own demand. Under b.mu.
+func (c *Client) tightAfter(b *budget, now time.Time, left int64) bool {
+	if !b.leftAt.IsZero() {
+		if dt := now.Sub(b.leftAt).Seconds(); dt > 0 {
+			fell := max(float64(b.left-left), 0) / dt
+			b.drain = 0.5*b.drain + 0.5*fell
+		}
+	}
+	b.left, b.leftAt = left, now
+	demand := max(b.drain, b.rate)
+	return float64(left) < 2*demand*c.cfg.Lookahead.Seconds()
+}
+
 // refusalMemory is how long Admit answers a refusal from memory: one tick
 // after the first refusal, doubling with each refusal in a row up to
 // 8 ticks, never past retry_after. Capacity another gateway gives back is
@@ -207,6 +231,11 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	if amount < size {
 		// Less than asked: Tally had no more, the budget is tight.
 		b.tightUntil = now.Add(c.cfg.Lookahead)
+	}
+	if g.Available != "" {
+		if left, err := parseUnits(g.Available); err == nil && c.tightAfter(b, now, left) {
+			b.tightUntil = now.Add(c.cfg.Lookahead)
+		}
 	}
 	if amount <= 0 {
 		// A fractional grant: nothing usable in whole units. Give it back.

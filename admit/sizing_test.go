@@ -63,3 +63,42 @@ func TestPartialGrantMakesGatewayHoldLittle(t *testing.T) {
 		t.Fatalf("the other gateway was refused: %+v %v", d, err)
 	}
 }
+
+// A grant whose answer says the budget will run dry within two lookaheads
+// of the demand of all gateways makes the gateway hold little, though it
+// got all it asked for: gw1 takes 100 of 1,000 (900 left), gw2 takes 700,
+// gw1's next 100 leave 100: the budget fell by 800 between gw1's answers.
+// gw1 then asks for no more than a few ticks of its demand and gives back
+// what it holds beyond that while it keeps admitting, so the last 100 stay
+// available to gw2. A gateway that learnt of the tight budget only from
+// its own partial or refused grant takes the last 100 first.
+func TestGrantLeavingBudgetTightMakesGatewayHoldLittle(t *testing.T) {
+	ts := startTally(t)
+	ts.exactRule("acme", "tokens", "1000")
+	ctx := context.Background()
+	gw1 := newClient(t, ts, "gw1", t.TempDir(), admit.Config{MinGrant: 100})
+	defer gw1.Close(ctx)
+	gw2 := newClient(t, ts, "gw2", t.TempDir(), admit.Config{MinGrant: 700})
+	defer gw2.Close(ctx)
+	admitN(t, gw1, 1)
+	d, err := gw2.Admit(ctx, "acme", "tokens", 1)
+	if err != nil || !d.Admitted {
+		t.Fatalf("gw2: %+v %v", d, err)
+	}
+	for range 100 { // spends the first grant: a second of 100, all asked for
+		admitN(t, gw1, 1)
+		time.Sleep(10 * time.Millisecond) // a demand of about 100/s, not a burst
+	}
+	var least decimal.Decimal
+	eventually(t, "gw1 holding little", func() bool {
+		admitN(t, gw1, 1)
+		b := ts.budget("acme", "tokens")
+		if least = b.Available; b.Available.IsZero() {
+			return true
+		}
+		return b.Live.LessThanOrEqual(decimal.NewFromInt(700 + 30))
+	})
+	if least.IsZero() {
+		t.Fatal("gw1 took the whole budget before giving any back")
+	}
+}

@@ -35,7 +35,7 @@ func TestGrants(t *testing.T) {
 
 	r := grant(gw1, "gw1", 1, "60")
 	g := r.json(t)
-	if r.status != 201 || g["amount"] != "60" || g["spent"] != "0" || g["valid_until"] != "2026-11-20T12:00:30Z" ||
+	if r.status != 201 || g["amount"] != "60" || g["available"] != "40" || g["spent"] != "0" || g["valid_until"] != "2026-11-20T12:00:30Z" ||
 		g["reclaim_at"] != "2026-11-20T12:00:35Z" || g["state"] != "live" || g["period"] != "2026-11-01" {
 		t.Fatalf("grant: %d %s", r.status, r.body)
 	}
@@ -164,5 +164,42 @@ func TestGrantMaxSkewConfigured(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "max_skew") {
 			t.Errorf("MaxSkew %s: %v", d, err)
 		}
+	}
+}
+
+// A grant's answer says what the budgets it drew from have left after it:
+// the smallest limit − consumed, here the pool's; a renew's answer does not.
+func TestGrantAnswerSaysWhatIsLeft(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	if r := f.do("PUT", "/v1/customers/x/quotas/calls", adminToken, map[string]any{"limit": "100", "admission": "exact"}); r.status != 201 {
+		t.Fatalf("customer rule: %d %s", r.status, r.body)
+	}
+	if r := f.do("PUT", "/v1/pools/p", adminToken, map[string]any{"members": []string{"x"}}); r.status != 201 {
+		t.Fatalf("pool: %d %s", r.status, r.body)
+	}
+	if r := f.do("PUT", "/v1/pools/p/quotas/calls", adminToken, map[string]any{"limit": "50", "admission": "exact"}); r.status != 201 {
+		t.Fatalf("pool rule: %d %s", r.status, r.body)
+	}
+	gw := f.gatewayToken("gw")
+	grant := func(amount string) map[string]any {
+		t.Helper()
+		r := f.do("POST", "/v1/grants", gw, map[string]any{"holder": "gw", "generation": 1, "customer": "x", "meter": "calls",
+			"amount": amount, "min_amount": "1"})
+		if r.status != 201 {
+			t.Fatalf("grant %s: %d %s", amount, r.status, r.body)
+		}
+		return r.json(t)
+	}
+	g := grant("20.5")
+	if g["available"] != "29.5" {
+		t.Fatalf("after 20.5 of the pool's 50: %v", g)
+	}
+	if g := grant("40"); g["amount"] != "29.5" || g["available"] != "0" {
+		t.Fatalf("the rest of the pool: %v", g)
+	}
+	r := f.do("POST", "/v1/grants/"+g["id"].(string)+"/renew", gw, map[string]any{"holder": "gw", "generation": 1, "spent": "1"})
+	if _, ok := r.json(t)["available"]; r.status != 200 || ok {
+		t.Fatalf("renew: %d %s", r.status, r.body)
 	}
 }
