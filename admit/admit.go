@@ -54,6 +54,10 @@ func (h How) String() string {
 	return "none"
 }
 
+// ErrClosed: Admit was called on a closed Client for a budget it holds
+// no grant of. A closed client asks Tally for nothing.
+var ErrClosed = errors.New("admit: the client is closed")
+
 // Decision is the answer of Admit.
 type Decision struct {
 	Admitted bool
@@ -187,6 +191,7 @@ type Client struct {
 	stop       chan struct{}
 	done       chan struct{}
 	closeOnce  sync.Once
+	closed     atomic.Bool // set by Close before it gives the grants back
 
 	decMu      sync.Mutex // decisions, and handing them to budgets as they are added
 	decisions  map[key]*lagged
@@ -432,6 +437,10 @@ func (c *Client) budget(customer, meter string) *budget {
 func (c *Client) Close(ctx context.Context) error {
 	var err error
 	c.closeOnce.Do(func() {
+		// Before the grants go back: a top-up that takes a budget's lock
+		// after its release sees it and asks for nothing, so no grant is
+		// left live behind a closed client.
+		c.closed.Store(true)
 		close(c.stop)
 		<-c.done
 		c.stopReader()

@@ -2,6 +2,7 @@ package admit_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -197,5 +198,29 @@ func TestIdleGatewayGivesCapacityBack(t *testing.T) {
 	b := ts.budget("acme", "tokens")
 	if a := decimal.NewFromInt(burst); b.Consumed.Sub(b.Live).GreaterThan(a) || b.Consumed.LessThan(a) {
 		t.Fatalf("admitted %d, budget %+v", burst, b)
+	}
+}
+
+// A client asks Tally for nothing once closed: an Admit racing or
+// following Close gets ErrClosed instead of a grant nobody would give
+// back (it would strand its amount until it expired).
+func TestClosedClientTakesNoGrant(t *testing.T) {
+	ts := startTally(t)
+	ts.exactRule("acme", "tokens", "1000")
+	ctx := context.Background()
+	c := newClient(t, ts, "gw1", t.TempDir(), admit.Config{})
+	if d, err := c.Admit(ctx, "acme", "tokens", 1); err != nil || !d.Admitted {
+		t.Fatalf("before close: %+v %v", d, err)
+	}
+	if err := c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, meter := range []string{"tokens", "other"} {
+		if _, err := c.Admit(ctx, "acme", meter, 1000); !errors.Is(err, admit.ErrClosed) {
+			t.Errorf("admit %s after close: %v, want ErrClosed", meter, err)
+		}
+	}
+	if b := ts.budget("acme", "tokens"); !b.Live.IsZero() || !b.Consumed.Equal(decimal.NewFromInt(1)) {
+		t.Fatalf("after close: %+v, want consumed 1 and nothing live", b)
 	}
 }

@@ -182,6 +182,9 @@ func (c *Client) refusalMemory(streak int, retryAfter time.Duration) time.Durati
 }
 
 func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
+	if c.closed.Load() {
+		return ErrClosed
+	}
 	now := time.Now()
 	// A whole target, not what is missing from it: grants average the
 	// target, and each costs an issue and a release.
