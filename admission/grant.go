@@ -48,7 +48,7 @@ func (s *Store) Renew(ctx context.Context, r Report) (Grant, error) {
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		now := s.now()
 		var err error
-		if g, err = s.fenced(ctx, tx, r, now, false); err != nil {
+		if g, err = s.fenced(ctx, tx, r, now); err != nil {
 			return err
 		}
 		validUntil := now.Add(r.TTL)
@@ -74,48 +74,91 @@ func (s *Store) Renew(ctx context.Context, r Report) (Grant, error) {
 
 // Release ends the grant with its final spent; amount - spent is free for
 // new grants once it returns.
+//
+// A release is two round trips on a connection of its own: one batch that
+// begins the transaction and takes the locks in the fixed order (holder row
+// shared, then, when the report frees capacity, the customer's budget row
+// and the pool and global rows the grant drew from, then the grant) while
+// reading what the fence needs; the checks; and one batch that writes the
+// grant, frees amount - spent in every budget drawn and commits. A refused
+// release rolls back, so it moves nothing.
 func (s *Store) Release(ctx context.Context, r Report) (Grant, error) {
 	r.TTL = 0
 	if err := r.Validate(); err != nil {
 		return Grant{}, err
 	}
-	var g Grant
-	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		now := s.now()
-		var err error
-		if g, err = s.fenced(ctx, tx, r, now, true); err != nil {
-			return err
-		}
-		key := pgx.NamedArgs{"customer": g.Customer, "meter": g.Meter, "period_start": g.PeriodStart, "now": now}
-		if _, err := tx.Exec(ctx, qReleaseGrant, pgx.NamedArgs{"id": g.ID, "spent": r.Spent.String(), "now": now}); err != nil {
-			return fmt.Errorf("admission: release grant: %w", err)
-		}
-		// Nothing to give back when all was spent: no budget moves (and
-		// fenced locked none).
-		if freed := g.Amount.Sub(r.Spent); !freed.IsZero() {
-			if g.drawsCustomer {
-				if _, err := tx.Exec(ctx, qFreeBudget, merge(key, pgx.NamedArgs{"delta": freed.String()})); err != nil {
-					return fmt.Errorf("admission: free budget: %w", err)
-				}
-			}
-			if _, err := tx.Exec(ctx, qFreeGrantDraws, pgx.NamedArgs{"id": g.ID, "delta": freed.String(), "now": now}); err != nil {
-				return fmt.Errorf("admission: free budgets: %w", err)
-			}
-		}
-		g.Spent, g.EndedAt, g.EndReason, g.State = r.Spent, &now, "released", "ended"
-		return nil
-	})
+	conn, err := s.db.Acquire(ctx)
 	if err != nil {
+		return Grant{}, fmt.Errorf("admission: release: %w", err)
+	}
+	defer conn.Release()
+	return s.release(ctx, conn, r)
+}
+
+func (s *Store) release(ctx context.Context, db batcher, r Report) (g Grant, err error) {
+	now := s.now()
+	defer func() {
+		if err != nil {
+			_, _ = db.Exec(context.WithoutCancel(ctx), "ROLLBACK")
+		}
+	}()
+	args := pgx.NamedArgs{"holder": r.Holder, "id": r.Grant, "spent": r.Spent.String()}
+	var current int64
+	holderFound := true
+	var gErr error
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(qHolderGeneration, args).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(&current)
+		if errors.Is(err, pgx.ErrNoRows) {
+			holderFound = false
+			return nil
+		}
+		return err
+	})
+	// Both lock nothing when the report frees nothing (the whole amount
+	// spent): such a release moves no budget, so it does not queue on a hot
+	// pool or global row. The grant's own lock fences it.
+	b.Queue(qLockReleaseBudgetRow, args)
+	b.Queue(qLockReleaseDraws, args)
+	b.Queue(qGrantForUpdate, args).QueryRow(func(row pgx.Row) error {
+		g, gErr = scanGrant(row, now)
+		if errors.Is(gErr, ErrNotFound) {
+			return nil
+		}
+		return gErr
+	})
+	if err := db.SendBatch(ctx, b).Close(); err != nil {
+		return Grant{}, fmt.Errorf("admission: release: %w", err)
+	}
+	if !holderFound {
+		return Grant{}, &FencedError{Grant: r.Grant, Holder: r.Holder, Generation: r.Generation}
+	}
+	if err := checkFence(g, gErr, r, current); err != nil {
 		return Grant{}, err
 	}
+	wb := &pgx.Batch{}
+	wb.Queue(qReleaseGrant, pgx.NamedArgs{"id": g.ID, "spent": r.Spent.String(), "now": now})
+	// Nothing to give back when all was spent: no budget moves (and none
+	// was locked).
+	if freed := g.Amount.Sub(r.Spent); !freed.IsZero() {
+		if g.drawsCustomer {
+			wb.Queue(qFreeBudget, pgx.NamedArgs{"customer": g.Customer, "meter": g.Meter,
+				"period_start": g.PeriodStart, "now": now, "delta": freed.String()})
+		}
+		wb.Queue(qFreeGrantDraws, pgx.NamedArgs{"id": g.ID, "delta": freed.String(), "now": now})
+	}
+	wb.Queue("COMMIT")
+	if err := db.SendBatch(ctx, wb).Close(); err != nil {
+		return Grant{}, fmt.Errorf("admission: release grant: %w", err)
+	}
+	g.Spent, g.EndedAt, g.EndReason, g.State = r.Spent, &now, "released", "ended"
 	return g, nil
 }
 
-// fenced locks the holder row (shared), the grant's budgets (when
-// lockBudget and the report frees capacity: a release moves consumed) and
-// the grant, in that order, and
+// fenced locks the holder row (shared) and the grant, in that order, and
 // checks that r may report on the grant.
-func (s *Store) fenced(ctx context.Context, tx pgx.Tx, r Report, now time.Time, lockBudget bool) (Grant, error) {
+func (s *Store) fenced(ctx context.Context, tx pgx.Tx, r Report, now time.Time) (Grant, error) {
 	var current int64
 	err := tx.QueryRow(ctx, qHolderGeneration, pgx.NamedArgs{"holder": r.Holder}).Scan(&current)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -124,47 +167,36 @@ func (s *Store) fenced(ctx context.Context, tx pgx.Tx, r Report, now time.Time, 
 	if err != nil {
 		return Grant{}, fmt.Errorf("admission: read holder: %w", err)
 	}
-	if current > r.Generation {
-		return Grant{}, &StaleGenerationError{Holder: r.Holder, Generation: r.Generation, Current: current}
-	}
-	q := qGrantForUpdate
-	if lockBudget {
-		g, err := scanGrant(tx.QueryRow(ctx, qGrant, pgx.NamedArgs{"id": r.Grant}), now)
-		if err != nil {
-			return Grant{}, err
-		}
-		// A release of the whole amount spent frees nothing (the amount
-		// never changes): it moves no budget, so it locks none, and
-		// releases of spent grants do not queue on a hot pool or global
-		// row. The grant's own lock below fences it.
-		if !r.Spent.Equal(g.Amount) {
-			if _, err := tx.Exec(ctx, qLockBudgetRow, pgx.NamedArgs{"customer": g.Customer, "meter": g.Meter,
-				"period_start": g.PeriodStart}); err != nil {
-				return Grant{}, fmt.Errorf("admission: lock budget: %w", err)
-			}
-			if _, err := tx.Exec(ctx, qLockGrantDraws, pgx.NamedArgs{"id": g.ID}); err != nil {
-				return Grant{}, fmt.Errorf("admission: lock budgets: %w", err)
-			}
-		}
-	}
-	g, err := scanGrant(tx.QueryRow(ctx, q, pgx.NamedArgs{"id": r.Grant}), now)
-	if err != nil {
+	g, err := scanGrant(tx.QueryRow(ctx, qGrantForUpdate, pgx.NamedArgs{"id": r.Grant}), now)
+	if err := checkFence(g, err, r, current); err != nil {
 		return Grant{}, err
 	}
+	return g, nil
+}
+
+// checkFence checks that r may report on g (read under its lock, with
+// readErr), its holder's newest generation being current.
+func checkFence(g Grant, readErr error, r Report, current int64) error {
+	if current > r.Generation {
+		return &StaleGenerationError{Holder: r.Holder, Generation: r.Generation, Current: current}
+	}
+	if readErr != nil {
+		return readErr
+	}
 	if g.Holder != r.Holder || g.Generation != r.Generation {
-		return Grant{}, &FencedError{Grant: g.ID, Holder: r.Holder, Generation: r.Generation}
+		return &FencedError{Grant: g.ID, Holder: r.Holder, Generation: r.Generation}
 	}
 	if g.State != "live" {
 		ended, reason := g.ReclaimAt, "expired"
 		if g.EndedAt != nil {
 			ended, reason = *g.EndedAt, g.EndReason
 		}
-		return Grant{}, &GrantEndedError{Grant: g.ID, EndedAt: ended, Reason: reason}
+		return &GrantEndedError{Grant: g.ID, EndedAt: ended, Reason: reason}
 	}
 	if r.Spent.LessThan(g.Spent) || r.Spent.GreaterThan(g.Amount) {
-		return Grant{}, &SpentError{Grant: g.ID, Spent: r.Spent, Previous: g.Spent, Amount: g.Amount}
+		return &SpentError{Grant: g.ID, Spent: r.Spent, Previous: g.Spent, Amount: g.Amount}
 	}
-	return g, nil
+	return nil
 }
 
 // Get returns one grant.

@@ -9,17 +9,22 @@ const qFreeBudget = `
 UPDATE admission_budgets SET consumed = consumed - @delta::numeric, updated_at = @now
 WHERE customer = @customer AND meter = @meter AND period_start = @period_start`
 
-const qLockBudgetRow = `
-SELECT 1 FROM admission_budgets
-WHERE customer = @customer AND meter = @meter AND period_start = @period_start
-FOR UPDATE`
+// qLockReleaseBudgetRow locks the customer's budget row of a grant when a
+// release of spent frees capacity (spent <> amount; amount never changes),
+// else nothing.
+const qLockReleaseBudgetRow = `
+SELECT 1 FROM admission_budgets b
+JOIN admission_grants g USING (customer, meter, period_start)
+WHERE g.id = @id AND g.amount <> @spent::numeric
+FOR UPDATE OF b`
 
-// qLockGrantDraws locks the pool and global budgets a grant drew from, in
-// the fixed order (after the customer's row, before the grant's).
-const qLockGrantDraws = `
+// qLockReleaseDraws locks the pool and global budgets a grant drew from,
+// in the fixed order, when a release of spent frees capacity, else nothing.
+const qLockReleaseDraws = `
 SELECT 1 FROM admission_scope_budgets s
 JOIN admission_grant_draws d USING (scope, meter, period_start)
 WHERE d.grant_id = @id
+  AND EXISTS (SELECT 1 FROM admission_grants g WHERE g.id = @id AND g.amount <> @spent::numeric)
 ORDER BY s.scope, s.meter, s.period_start
 FOR UPDATE OF s`
 
