@@ -313,7 +313,7 @@ func TestJoinDuringAFirstGrantCountsIt(t *testing.T) {
 	e.rule("a", "calls", d("100"))
 	e.rule("b", "calls", d("100"))
 	e.scopeRule(quota.PoolScope("team"), "calls", d("100"))
-	e.putPool("team", "b") // a is not a member
+	e.putPool("team", "b")                                 // a is not a member
 	if _, err := e.issue("gw", "b", d("10")); err != nil { // the pool's budget row exists
 		t.Fatal(err)
 	}

@@ -490,17 +490,18 @@ type budget struct {
 	// checkedVersion is the rule version last checked: of the decision
 	// when Tally said the rule is not exact, of the newest grant else.
 	checkedVersion int64
-	// rate is measured demand in units per second, smoothed: an estimate
-	// that only sizes the next grant request (rounded up to whole units),
-	// never an amount admitted, granted or reported.
-	rate float64
+	// rate is measured demand in thousandths of a unit per second,
+	// smoothed: an estimate that only sizes the next grant request
+	// (rounded up to whole units), never an amount admitted, granted or
+	// reported. Integers, like every quantity here.
+	rate int64
 	// left is the available of the last grant answer, at leftAt; drain is
-	// how fast it fell between answers (units per second, smoothed): the
-	// demand of all gateways, net of what they gave back. Estimates that
-	// only decide whether the budget is tight.
+	// how fast it fell between answers (thousandths of a unit per second,
+	// smoothed): the demand of all gateways, net of what they gave back.
+	// Estimates that only decide whether the budget is tight.
 	left   int64
 	leftAt time.Time
-	drain  float64
+	drain  int64
 }
 
 type held struct {

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"net/http"
 	"strconv"
@@ -135,7 +134,7 @@ func (c *Client) target(b *budget, now time.Time) int64 {
 	if b.tight(now) {
 		horizon = min(horizon, c.tightHorizon())
 	}
-	t := int64(math.Ceil(b.rate * horizon.Seconds()))
+	t := unitsOver(b.rate, horizon)
 	if b.tight(now) {
 		return max(t, 1)
 	}
@@ -158,14 +157,27 @@ func (c *Client) target(b *budget, now time.Time) int64 {
 // back), never below the gateway's own demand. Under b.mu.
 func (c *Client) tightAfter(b *budget, now time.Time, left int64) bool {
 	if !b.leftAt.IsZero() {
-		if dt := now.Sub(b.leftAt).Seconds(); dt > 0 {
-			fell := max(float64(b.left-left), 0) / dt
-			b.drain = 0.5*b.drain + 0.5*fell
+		if dt := now.Sub(b.leftAt); dt > 0 {
+			fell := perSecond(max(b.left-left, 0), dt)
+			b.drain = (b.drain + fell) / 2
 		}
 	}
 	b.left, b.leftAt = left, now
 	demand := max(b.drain, b.rate)
-	return float64(left) < 2*demand*c.cfg.Lookahead.Seconds()
+	return left < unitsOver(2*demand, c.cfg.Lookahead)
+}
+
+// perSecond is units taken over d as a rate in thousandths of a unit per
+// second (d > 0).
+func perSecond(units int64, d time.Duration) int64 {
+	return units * 1_000_000_000 / max(d.Microseconds(), 1)
+}
+
+// unitsOver is how many whole units a rate (thousandths of a unit per
+// second) takes over d, rounded up.
+func unitsOver(rate int64, d time.Duration) int64 {
+	const per = 1_000_000_000 // thousandths × microseconds per second
+	return (rate*d.Microseconds() + per - 1) / per
 }
 
 // refusalMemory is how long Admit answers a refusal from memory: one tick
@@ -391,11 +403,11 @@ func (c *Client) tend(ctx context.Context, b *budget) {
 		}
 	}
 	taken := b.taken()
-	if dt := now.Sub(b.lastAt).Seconds(); dt > 0 {
-		inst := float64(taken-b.lastTaken) / dt
-		b.rate = 0.7*b.rate + 0.3*inst
+	if dt := now.Sub(b.lastAt); dt > 0 {
+		inst := perSecond(taken-b.lastTaken, dt)
+		b.rate = (7*b.rate + 3*inst) / 10
 		if b.misses.Swap(0) > 0 && b.rate < inst*2 {
-			b.rate = max(b.rate, inst) * 1.5 // ran dry: grow faster
+			b.rate = max(b.rate, inst) * 3 / 2 // ran dry: grow faster
 		}
 	}
 	b.lastTaken, b.lastAt = taken, now
