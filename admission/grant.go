@@ -206,24 +206,17 @@ func (s *Store) Get(ctx context.Context, id uuid.UUID) (Grant, error) {
 
 func scanGrant(row pgx.Row, now time.Time) (Grant, error) {
 	var g Grant
-	var amt, spent string
 	var reason *string
 	var drawsCustomer bool
 	var draws []string
 	err := row.Scan(&g.ID, &g.Customer, &g.Meter, &g.PeriodStart, &g.Period, &g.PeriodEnd, &g.RuleVersion,
-		&g.Holder, &g.Generation, &amt, &spent, &g.IssuedAt, &g.ValidUntil, &g.ReclaimAt, &g.EndedAt, &reason,
+		&g.Holder, &g.Generation, numeric(&g.Amount), numeric(&g.Spent), &g.IssuedAt, &g.ValidUntil, &g.ReclaimAt, &g.EndedAt, &reason,
 		&drawsCustomer, &draws)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Grant{}, ErrNotFound
 	}
 	if err != nil {
 		return Grant{}, fmt.Errorf("admission: read grant: %w", err)
-	}
-	if g.Amount, err = decimal.NewFromString(amt); err != nil {
-		return Grant{}, fmt.Errorf("admission: stored amount %q: %w", amt, err)
-	}
-	if g.Spent, err = decimal.NewFromString(spent); err != nil {
-		return Grant{}, fmt.Errorf("admission: stored spent %q: %w", spent, err)
 	}
 	if reason != nil {
 		g.EndReason = *reason
@@ -309,20 +302,9 @@ func (s *Store) Budgets(ctx context.Context, customer string) ([]Budget, error) 
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Budget, error) {
 		var b Budget
-		var lim, cons, live, stranded, bypassed string
-		if err := row.Scan(&b.Customer, &b.Meter, &b.Period, &b.PeriodStart, &b.PeriodEnd, &lim, &b.RuleVersion,
-			&cons, &live, &stranded, &bypassed); err != nil {
+		if err := row.Scan(&b.Customer, &b.Meter, &b.Period, &b.PeriodStart, &b.PeriodEnd, numeric(&b.Limit), &b.RuleVersion,
+			numeric(&b.Consumed), numeric(&b.Live), numeric(&b.Stranded), numeric(&b.Bypassed)); err != nil {
 			return Budget{}, err
-		}
-		for _, p := range []struct {
-			s string
-			d *decimal.Decimal
-		}{{lim, &b.Limit}, {cons, &b.Consumed}, {live, &b.Live}, {stranded, &b.Stranded}, {bypassed, &b.Bypassed}} {
-			v, err := decimal.NewFromString(p.s)
-			if err != nil {
-				return Budget{}, err
-			}
-			*p.d = v
 		}
 		b.Available = decimal.Max(decimal.Zero, b.Limit.Sub(b.Consumed))
 		b.PeriodStart, b.PeriodEnd = b.PeriodStart.UTC(), b.PeriodEnd.UTC()

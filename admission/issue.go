@@ -70,13 +70,11 @@ func planIssue(ctx context.Context, db DBTX, req IssueRequest, now time.Time) (p
 	}
 	applicable, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (drawn, error) {
 		var d drawn
-		var lim string
-		if err := row.Scan(&d.scope, &lim, &d.version); err != nil {
+		if err := row.Scan(&d.scope, numeric(&d.limit), &d.version); err != nil {
 			return drawn{}, err
 		}
 		d.period = scopePeriod
-		d.limit, err = decimal.NewFromString(lim)
-		return d, err
+		return d, nil
 	})
 	if err != nil {
 		return plan{}, fmt.Errorf("admission: read budgets: %w", err)
@@ -457,10 +455,12 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 	b.Queue(qCustomerState, args).Query(func(r pgx.Rows) error {
 		return scanAll(r, func() error {
 			var k budgetKey
-			var customer, consumed string
-			var lim, admission *string
+			var customer string
+			var consumed decimal.Decimal
+			var lim decimal.NullDecimal
+			var admission *string
 			var version *int64
-			if err := r.Scan(&customer, &k.meter, &k.start, &consumed, &lim, &version, &admission); err != nil {
+			if err := r.Scan(&customer, &k.meter, &k.start, numeric(&consumed), nullNumeric(&lim), &version, &admission); err != nil {
 				return err
 			}
 			k.scope, k.start = quota.CustomerScope(customer), k.start.UTC()
@@ -469,20 +469,20 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 				return fmt.Errorf("unexpected budget %v", k)
 			}
 			if admission != nil && *admission == string(quota.Exact) {
-				row.limit = decimal.NewNullDecimal(decimal.RequireFromString(*lim))
+				row.limit = lim
 				row.version = *version
 			}
-			row.consumed = decimal.RequireFromString(consumed)
+			row.consumed = consumed
 			return nil
 		})
 	})
 	b.Queue(qScopeState, args).Query(func(r pgx.Rows) error {
 		return scanAll(r, func() error {
 			var k budgetKey
-			var consumed string
-			var lim *string
+			var consumed decimal.Decimal
+			var lim decimal.NullDecimal
 			var version *int64
-			if err := r.Scan(&k.scope, &k.meter, &k.start, &consumed, &lim, &version); err != nil {
+			if err := r.Scan(&k.scope, &k.meter, &k.start, numeric(&consumed), nullNumeric(&lim), &version); err != nil {
 				return err
 			}
 			k.start = k.start.UTC()
@@ -490,11 +490,11 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 			if row == nil {
 				return fmt.Errorf("unexpected budget %v", k)
 			}
-			if lim != nil {
-				row.limit = decimal.NewNullDecimal(decimal.RequireFromString(*lim))
+			if lim.Valid {
+				row.limit = lim
 				row.version = *version
 			}
-			row.consumed = decimal.RequireFromString(consumed)
+			row.consumed = consumed
 			return nil
 		})
 	})

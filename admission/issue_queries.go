@@ -7,7 +7,7 @@ package admission
 // global scopes whose rule in force is exact, with that rule's limit and
 // version, sorted by scope (the lock order).
 const qApplicableScopes = `
-SELECT s.scope, r."limit"::text, r.version
+SELECT s.scope, r."limit", r.version
 FROM (SELECT 'global' AS scope
       UNION
       SELECT 'pool:' || m.pool FROM pool_members m
@@ -96,7 +96,7 @@ FOR UPDATE`
 // qCustomerState is each customer row's consumed and the customer's rule
 // in force (NULL when there is none).
 const qCustomerState = `
-SELECT b.customer, b.meter, b.period_start, b.consumed::text, r."limit"::text, r.version, r.admission
+SELECT b.customer, b.meter, b.period_start, b.consumed, r."limit", r.version, r.admission
 FROM admission_budgets b
 LEFT JOIN LATERAL (SELECT q."limit", q.version, q.admission FROM quota_rules q
                    WHERE q.customer = b.customer AND q.meter = b.meter AND q.effective_at <= @now
@@ -106,7 +106,7 @@ WHERE (b.customer, b.meter, b.period_start) IN
 
 // qScopeState is each scope row's consumed and its rule in force.
 const qScopeState = `
-SELECT s.scope, s.meter, s.period_start, s.consumed::text, r."limit"::text, r.version
+SELECT s.scope, s.meter, s.period_start, s.consumed, r."limit", r.version
 FROM admission_scope_budgets s
 LEFT JOIN LATERAL (SELECT q."limit", q.version FROM quota_scope_rules q
                    WHERE q.scope = s.scope AND q.meter = s.meter AND q.effective_at <= @now
@@ -217,13 +217,13 @@ coalesce((SELECT sum(CASE WHEN g.ended_at IS NULL THEN g.amount ELSE g.spent END
 
 // qScopeBudgets lists a scope's budgets with what is live and stranded.
 const qScopeBudgets = `
-SELECT s.scope, s.meter, s.period, s.period_start, s.period_end, s."limit"::text, s.rule_version, s.consumed::text,
+SELECT s.scope, s.meter, s.period, s.period_start, s.period_end, s."limit", s.rule_version, s.consumed,
        coalesce((SELECT sum(g.amount) FROM admission_grant_draws d JOIN admission_grants g ON g.id = d.grant_id
                  WHERE (d.scope, d.meter, d.period_start) = (s.scope, s.meter, s.period_start)
-                   AND g.ended_at IS NULL AND g.reclaim_at > @now), 0)::text,
+                   AND g.ended_at IS NULL AND g.reclaim_at > @now), 0),
        coalesce((SELECT sum(g.amount - g.spent) FROM admission_grant_draws d JOIN admission_grants g ON g.id = d.grant_id
                  WHERE (d.scope, d.meter, d.period_start) = (s.scope, s.meter, s.period_start)
-                   AND (g.ended_at IS NOT NULL OR g.reclaim_at <= @now)), 0)::text
+                   AND (g.ended_at IS NOT NULL OR g.reclaim_at <= @now)), 0)
 FROM admission_scope_budgets s
 WHERE s.scope = @scope
 ORDER BY s.period_start DESC, s.meter`

@@ -175,15 +175,9 @@ func (c *grantCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	var live, expired int64
-	var liveUnits, stranded string
+	var lu, su decimal.Decimal
 	now := c.now().UTC()
-	if err := c.db.QueryRow(ctx, qGrantGauges, pgx.NamedArgs{"now": now}).Scan(&live, &liveUnits, &expired, &stranded); err != nil {
-		c.log.Warn("admission: grant gauges not read", "err", err)
-		return
-	}
-	lu, err1 := decimal.NewFromString(liveUnits)
-	su, err2 := decimal.NewFromString(stranded)
-	if err := errors.Join(err1, err2); err != nil {
+	if err := c.db.QueryRow(ctx, qGrantGauges, pgx.NamedArgs{"now": now}).Scan(&live, numeric(&lu), &expired, numeric(&su)); err != nil {
 		c.log.Warn("admission: grant gauges not read", "err", err)
 		return
 	}

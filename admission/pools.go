@@ -84,12 +84,8 @@ func (s *Store) ScopeBudgets(ctx context.Context, scope string) ([]ScopeBudget, 
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ScopeBudget, error) {
 		var b ScopeBudget
-		var lim, cons, live, stranded string
-		if err := row.Scan(&b.Scope, &b.Meter, &b.Period, &b.PeriodStart, &b.PeriodEnd, &lim, &b.RuleVersion,
-			&cons, &live, &stranded); err != nil {
-			return ScopeBudget{}, err
-		}
-		if err := parseDecimals(map[*decimal.Decimal]string{&b.Limit: lim, &b.Consumed: cons, &b.Live: live, &b.Stranded: stranded}); err != nil {
+		if err := row.Scan(&b.Scope, &b.Meter, &b.Period, &b.PeriodStart, &b.PeriodEnd, numeric(&b.Limit), &b.RuleVersion,
+			numeric(&b.Consumed), numeric(&b.Live), numeric(&b.Stranded)); err != nil {
 			return ScopeBudget{}, err
 		}
 		b.Available = decimal.Max(decimal.Zero, b.Limit.Sub(b.Consumed))

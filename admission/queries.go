@@ -36,7 +36,7 @@ FROM admission_grant_draws d
 WHERE d.grant_id = @id AND (s.scope, s.meter, s.period_start) = (d.scope, d.meter, d.period_start)`
 
 const grantColumns = `g.id, g.customer, g.meter, g.period_start, b.period, b.period_end, g.rule_version, g.holder, g.generation,
-       g.amount::text, g.spent::text, g.issued_at, g.valid_until, g.reclaim_at, g.ended_at, g.end_reason,
+       g.amount, g.spent, g.issued_at, g.valid_until, g.reclaim_at, g.ended_at, g.end_reason,
        g.draws_customer, coalesce((SELECT array_agg(d.scope ORDER BY d.scope) FROM admission_grant_draws d WHERE d.grant_id = g.id), '{}')`
 
 const grantFrom = `
@@ -72,15 +72,15 @@ LIMIT @limit`
 // qBudgets lists a customer's budgets with what is live, stranded and
 // bypassed, newest period first.
 const qBudgets = `
-SELECT b.customer, b.meter, b.period, b.period_start, b.period_end, b."limit"::text, b.rule_version, b.consumed::text,
+SELECT b.customer, b.meter, b.period, b.period_start, b.period_end, b."limit", b.rule_version, b.consumed,
        coalesce((SELECT sum(g.amount) FROM admission_grants g
                  WHERE (g.customer, g.meter, g.period_start) = (b.customer, b.meter, b.period_start)
-                   AND g.draws_customer AND g.ended_at IS NULL AND g.reclaim_at > @now), 0)::text AS live,
+                   AND g.draws_customer AND g.ended_at IS NULL AND g.reclaim_at > @now), 0) AS live,
        coalesce((SELECT sum(g.amount - g.spent) FROM admission_grants g
                  WHERE (g.customer, g.meter, g.period_start) = (b.customer, b.meter, b.period_start)
-                   AND g.draws_customer AND (g.ended_at IS NOT NULL OR g.reclaim_at <= @now)), 0)::text AS stranded,
+                   AND g.draws_customer AND (g.ended_at IS NOT NULL OR g.reclaim_at <= @now)), 0) AS stranded,
        coalesce((SELECT sum(x.amount) FROM admission_bypasses x
-                 WHERE (x.customer, x.meter, x.period_start) = (b.customer, b.meter, b.period_start)), 0)::text AS bypassed
+                 WHERE (x.customer, x.meter, x.period_start) = (b.customer, b.meter, b.period_start)), 0) AS bypassed
 FROM admission_budgets b
 WHERE b.customer = @customer AND b."limit" IS NOT NULL
 ORDER BY b.period_start DESC, b.meter`
@@ -98,9 +98,9 @@ ON CONFLICT DO NOTHING`
 // per exact rule), and each is looked up by admission_grants_budget.
 const qGrantGauges = `
 SELECT count(*) FILTER (WHERE g.reclaim_at > @now),
-       coalesce(sum(g.amount) FILTER (WHERE g.reclaim_at > @now), 0)::text,
+       coalesce(sum(g.amount) FILTER (WHERE g.reclaim_at > @now), 0),
        count(*) FILTER (WHERE g.reclaim_at <= @now),
-       coalesce(sum(g.amount - g.spent) FILTER (WHERE g.reclaim_at <= @now), 0)::text
+       coalesce(sum(g.amount - g.spent) FILTER (WHERE g.reclaim_at <= @now), 0)
 FROM admission_budgets b
 JOIN admission_grants g ON (g.customer, g.meter, g.period_start) = (b.customer, b.meter, b.period_start)
 WHERE b.period_end > @now AND g.ended_at IS NULL`

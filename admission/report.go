@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	pgxdecimal "github.com/jackc/pgx-shopspring-decimal"
 	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 )
@@ -29,13 +30,13 @@ type Account struct {
 
 const qAccounts = `
 WITH t AS (SELECT * FROM unnest(@customers::text[], @starts::timestamptz[]) AS t(customer, period_start))
-SELECT b.customer, b.meter, b.period_start, b."limit"::text, b.consumed::text,
+SELECT b.customer, b.meter, b.period_start, b."limit", b.consumed,
        coalesce((SELECT sum(g.spent) FROM admission_grants g
                  WHERE (g.customer, g.meter, g.period_start) = (b.customer, b.meter, b.period_start)
-                   AND g.draws_customer), 0)::text,
+                   AND g.draws_customer), 0),
        coalesce((SELECT sum(g.amount - g.spent) FROM admission_grants g
                  WHERE (g.customer, g.meter, g.period_start) = (b.customer, b.meter, b.period_start)
-                   AND g.draws_customer AND (g.ended_at IS NOT NULL OR g.reclaim_at <= @now)), 0)::text,
+                   AND g.draws_customer AND (g.ended_at IS NOT NULL OR g.reclaim_at <= @now)), 0),
        coalesce((SELECT jsonb_object_agg(x.holder, x.amount::text) FROM
                    (SELECT holder, sum(amount) AS amount FROM admission_bypasses y
                     WHERE (y.customer, y.meter, y.period_start) = (b.customer, b.meter, b.period_start)
@@ -53,20 +54,10 @@ func Accounts(ctx context.Context, db DBTX, customers []string, starts []time.Ti
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Account, error) {
 		var a Account
-		var lim, cons, spent, stranded string
-		var bypassed map[string]string
-		if err := row.Scan(&a.Customer, &a.Meter, &a.PeriodStart, &lim, &cons, &spent, &stranded, &bypassed); err != nil {
+		var bypassed map[string]string // amounts as text: JSON has no exact number type
+		if err := row.Scan(&a.Customer, &a.Meter, &a.PeriodStart, numeric(&a.Limit), numeric(&a.Consumed),
+			numeric(&a.Spent), numeric(&a.Stranded), &bypassed); err != nil {
 			return Account{}, err
-		}
-		for _, p := range []struct {
-			s string
-			d *decimal.Decimal
-		}{{lim, &a.Limit}, {cons, &a.Consumed}, {spent, &a.Spent}, {stranded, &a.Stranded}} {
-			v, err := decimal.NewFromString(p.s)
-			if err != nil {
-				return Account{}, err
-			}
-			*p.d = v
 		}
 		a.Bypassed = map[string]decimal.Decimal{}
 		for h, s := range bypassed {
@@ -104,12 +95,12 @@ type ScopeAccount struct {
 // (customer, period start) pairs drew from.
 const qScopeAccounts = `
 WITH t AS (SELECT * FROM unnest(@customers::text[], @starts::timestamptz[]) AS t(customer, period_start))
-SELECT s.scope, s.meter, s.period_start, s."limit"::text, s.consumed::text,
+SELECT s.scope, s.meter, s.period_start, s."limit", s.consumed,
        coalesce((SELECT sum(g.spent) FROM admission_grant_draws d JOIN admission_grants g ON g.id = d.grant_id
-                 WHERE (d.scope, d.meter, d.period_start) = (s.scope, s.meter, s.period_start)), 0)::text,
+                 WHERE (d.scope, d.meter, d.period_start) = (s.scope, s.meter, s.period_start)), 0),
        coalesce((SELECT sum(g.amount - g.spent) FROM admission_grant_draws d JOIN admission_grants g ON g.id = d.grant_id
                  WHERE (d.scope, d.meter, d.period_start) = (s.scope, s.meter, s.period_start)
-                   AND (g.ended_at IS NOT NULL OR g.reclaim_at <= @now)), 0)::text
+                   AND (g.ended_at IS NOT NULL OR g.reclaim_at <= @now)), 0)
 FROM admission_scope_budgets s
 WHERE EXISTS (SELECT 1 FROM admission_grant_draws d
               JOIN admission_grants g ON g.id = d.grant_id
@@ -126,11 +117,8 @@ func ScopeAccounts(ctx context.Context, db DBTX, customers []string, starts []ti
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ScopeAccount, error) {
 		var a ScopeAccount
-		var lim, cons, spent, stranded string
-		if err := row.Scan(&a.Scope, &a.Meter, &a.PeriodStart, &lim, &cons, &spent, &stranded); err != nil {
-			return ScopeAccount{}, err
-		}
-		if err := parseDecimals(map[*decimal.Decimal]string{&a.Limit: lim, &a.Consumed: cons, &a.Spent: spent, &a.Stranded: stranded}); err != nil {
+		if err := row.Scan(&a.Scope, &a.Meter, &a.PeriodStart, numeric(&a.Limit), numeric(&a.Consumed),
+			numeric(&a.Spent), numeric(&a.Stranded)); err != nil {
 			return ScopeAccount{}, err
 		}
 		a.PeriodStart = a.PeriodStart.UTC()
@@ -142,14 +130,8 @@ func ScopeAccounts(ctx context.Context, db DBTX, customers []string, starts []ti
 	return out, nil
 }
 
-// parseDecimals parses each stored decimal text into its destination.
-func parseDecimals(m map[*decimal.Decimal]string) error {
-	for d, text := range m {
-		v, err := decimal.NewFromString(text)
-		if err != nil {
-			return fmt.Errorf("admission: stored decimal %q: %w", text, err)
-		}
-		*d = v
-	}
-	return nil
-}
+// numeric scans a NUMERIC straight into d.
+func numeric(d *decimal.Decimal) *pgxdecimal.Decimal { return (*pgxdecimal.Decimal)(d) }
+
+// nullNumeric scans a NUMERIC that may be NULL straight into d.
+func nullNumeric(d *decimal.NullDecimal) *pgxdecimal.NullDecimal { return (*pgxdecimal.NullDecimal)(d) }
