@@ -272,26 +272,48 @@ func (s *Store) Grants(ctx context.Context, req ListRequest) ([]Grant, error) {
 	return out, nil
 }
 
-// Budget is one exact budget of a period.
+// Budget is one customer's exact budget of a period.
 type Budget struct {
-	Customer    string          `json:"customer"`
+	Customer string `json:"customer"`
+	BudgetState
+	// Bypassed is Σ reported bypasses (admitted without a grant).
+	Bypassed decimal.Decimal `json:"bypassed"`
+}
+
+// BudgetState is what a customer's, a pool's and the global budget of a
+// period have in common.
+type BudgetState struct {
 	Meter       string          `json:"meter"`
 	Period      string          `json:"period"`
 	PeriodStart time.Time       `json:"period_start"`
 	PeriodEnd   time.Time       `json:"period_end"`
 	Limit       decimal.Decimal `json:"limit"`
 	RuleVersion int64           `json:"rule_version"`
-	// Consumed = Σ amount of grants not released + Σ spent of released.
+	// Consumed = Σ amount of grants drawn not released + Σ spent of those
+	// released (+, for a pool, what members brought in when they joined or
+	// when the budget was created).
 	Consumed decimal.Decimal `json:"consumed"`
 	// Available = limit - consumed, never negative (as of the last issue's
 	// rule version).
 	Available decimal.Decimal `json:"available"`
-	// Live is Σ amount of live grants.
+	// Live is Σ amount of live grants drawn from it.
 	Live decimal.Decimal `json:"live"`
-	// Stranded is Σ amount - spent of ended grants: granted, never spent.
+	// Stranded is Σ amount - spent of ended grants drawn from it: granted,
+	// never spent.
 	Stranded decimal.Decimal `json:"stranded"`
-	// Bypassed is Σ reported bypasses (admitted without a grant).
-	Bypassed decimal.Decimal `json:"bypassed"`
+}
+
+// scan reads the columns qBudgets and qScopeBudgets share, in their order,
+// after first (the budget's owner) and before rest.
+func (b *BudgetState) scan(row pgx.Row, first any, rest ...any) error {
+	dest := append([]any{first, &b.Meter, &b.Period, &b.PeriodStart, &b.PeriodEnd, numeric(&b.Limit), &b.RuleVersion,
+		numeric(&b.Consumed), numeric(&b.Live), numeric(&b.Stranded)}, rest...)
+	if err := row.Scan(dest...); err != nil {
+		return err
+	}
+	b.Available = decimal.Max(decimal.Zero, b.Limit.Sub(b.Consumed))
+	b.PeriodStart, b.PeriodEnd = b.PeriodStart.UTC(), b.PeriodEnd.UTC()
+	return nil
 }
 
 // Budgets lists a customer's exact budgets, newest period first.
@@ -302,13 +324,8 @@ func (s *Store) Budgets(ctx context.Context, customer string) ([]Budget, error) 
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Budget, error) {
 		var b Budget
-		if err := row.Scan(&b.Customer, &b.Meter, &b.Period, &b.PeriodStart, &b.PeriodEnd, numeric(&b.Limit), &b.RuleVersion,
-			numeric(&b.Consumed), numeric(&b.Live), numeric(&b.Stranded), numeric(&b.Bypassed)); err != nil {
-			return Budget{}, err
-		}
-		b.Available = decimal.Max(decimal.Zero, b.Limit.Sub(b.Consumed))
-		b.PeriodStart, b.PeriodEnd = b.PeriodStart.UTC(), b.PeriodEnd.UTC()
-		return b, nil
+		err := b.scan(row, &b.Customer, numeric(&b.Bypassed))
+		return b, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("admission: list budgets: %w", err)

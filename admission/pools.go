@@ -3,10 +3,8 @@ package admission
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/internal/locks"
 	"github.com/tally-ledger/tally/pools"
@@ -57,22 +55,8 @@ func (s *Store) PutPool(ctx context.Context, in pools.PutInput) (pools.Change, e
 
 // ScopeBudget is one pool or global budget of a period.
 type ScopeBudget struct {
-	Scope       string          `json:"scope"`
-	Meter       string          `json:"meter"`
-	Period      string          `json:"period"`
-	PeriodStart time.Time       `json:"period_start"`
-	PeriodEnd   time.Time       `json:"period_end"`
-	Limit       decimal.Decimal `json:"limit"`
-	RuleVersion int64           `json:"rule_version"`
-	// Consumed = Σ amount of grants drawn not released + Σ spent of those
-	// released + what members brought in when they joined or when the
-	// budget was created.
-	Consumed  decimal.Decimal `json:"consumed"`
-	Available decimal.Decimal `json:"available"`
-	// Live is Σ amount of live grants drawn from it.
-	Live decimal.Decimal `json:"live"`
-	// Stranded is Σ amount - spent of ended grants drawn from it.
-	Stranded decimal.Decimal `json:"stranded"`
+	Scope string `json:"scope"`
+	BudgetState
 }
 
 // ScopeBudgets lists the budgets of a scope ("pool:<name>" or "global"),
@@ -84,13 +68,8 @@ func (s *Store) ScopeBudgets(ctx context.Context, scope string) ([]ScopeBudget, 
 	}
 	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ScopeBudget, error) {
 		var b ScopeBudget
-		if err := row.Scan(&b.Scope, &b.Meter, &b.Period, &b.PeriodStart, &b.PeriodEnd, numeric(&b.Limit), &b.RuleVersion,
-			numeric(&b.Consumed), numeric(&b.Live), numeric(&b.Stranded)); err != nil {
-			return ScopeBudget{}, err
-		}
-		b.Available = decimal.Max(decimal.Zero, b.Limit.Sub(b.Consumed))
-		b.PeriodStart, b.PeriodEnd = b.PeriodStart.UTC(), b.PeriodEnd.UTC()
-		return b, nil
+		err := b.scan(row, &b.Scope)
+		return b, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("admission: list budgets: %w", err)
