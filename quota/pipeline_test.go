@@ -55,7 +55,9 @@ func TestEndToEndThroughIngest(t *testing.T) {
 		if c.Projected.LessThan(c.Used) {
 			t.Errorf("projected %s below used %s", c.Projected, c.Used)
 		}
-		if c.Lag <= 0 || c.Lag > 5*time.Second {
+		// A decision made within a millisecond of its as_of states lag 0
+		// (lag is never negative); only a negative or huge lag is wrong.
+		if c.Lag < 0 || c.Lag > 5*time.Second {
 			t.Errorf("%s %s: lag %v", c.Customer, c.State, c.Lag)
 		}
 	}
