@@ -27,9 +27,9 @@ import (
 	"github.com/shopspring/decimal"
 	"github.com/spf13/cobra"
 
+	"github.com/tally-ledger/tally/cmd/tally/internal/devstack"
 	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/ingest/wire"
-	"github.com/tally-ledger/tally/internal/devstack"
 )
 
 type benchFloodOptions struct {
