@@ -249,14 +249,3 @@ func periodAt(ctx context.Context, db DBTX, customer string, t time.Time) (perio
 	}
 	return sch.PeriodAt(t)
 }
-
-func merge(a, b pgx.NamedArgs) pgx.NamedArgs {
-	out := make(pgx.NamedArgs, len(a)+len(b))
-	for k, v := range a {
-		out[k] = v
-	}
-	for k, v := range b {
-		out[k] = v
-	}
-	return out
-}

@@ -228,12 +228,3 @@ func encode(buf *bytes.Buffer, v any) error {
 	enc.SetEscapeHTML(false)
 	return enc.Encode(v)
 }
-
-// marshal is encode into a new slice.
-func marshal(v any) ([]byte, error) {
-	var buf bytes.Buffer
-	if err := encode(&buf, v); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
-}

@@ -398,11 +398,15 @@ func TestStuckListener(t *testing.T) {
 		t.Helper()
 		return f.do("GET", "/v1/customers/acme/usage?meter=api_calls", tok, nil).json(t)["total"]
 	}
-	if total() != "18.5" || total() != "18.5" {
-		t.Fatal("usage")
+	if got := total(); got != "18.5" {
+		t.Fatalf("usage %v, want 18.5", got)
 	}
-	if h, _ := f.cacheCounts(); h == 0 {
-		t.Fatal("no hit before the listener hangs")
+	hits, _ := f.cacheCounts()
+	if got := total(); got != "18.5" {
+		t.Fatalf("usage read again %v, want 18.5", got)
+	}
+	if h, _ := f.cacheCounts(); h != hits+1 {
+		t.Fatalf("the second read before the listener hangs was not served from the cache (hits %d, then %d)", hits, h)
 	}
 	listeners := func() int {
 		var n int

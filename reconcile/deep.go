@@ -56,6 +56,10 @@ type KafkaRecord struct {
 // including ledger streams Kafka holds nothing of. What cannot be
 // recomputed (retention deleted a partition's oldest messages) is reported
 // as not checked, never as ok.
+//
+// It reads as its steps: read Kafka → read the ledger → recompute →
+// compare usage → compare streams → report what was not checked → the
+// check's verdict.
 func (rc *Reconciler) deep(ctx context.Context, tx pgx.Tx, r *runner, tg target) error {
 	if rc.cfg.Deep == nil {
 		r.run.Checks = append(r.run.Checks, Check{Name: CheckDeep, Status: "skipped", Detail: "no Kafka brokers configured for the deep check"})
@@ -66,16 +70,6 @@ func (rc *Reconciler) deep(ctx context.Context, tx pgx.Tx, r *runner, tg target)
 	if err != nil {
 		return err
 	}
-	// A customer is checkable when the partition holding its messages is
-	// whole; one Kafka holds nothing of is checkable only when every
-	// partition is whole (its messages may have been on a truncated one).
-	anyIncomplete := len(view.Incomplete) > 0
-	checkable := func(c string) bool {
-		if p, ok := view.Partition[c]; ok {
-			return !view.Incomplete[p]
-		}
-		return !anyIncomplete
-	}
 	scheds, err := schedules(ctx, tx, tg.customers)
 	if err != nil {
 		return err
@@ -84,56 +78,103 @@ func (rc *Reconciler) deep(ctx context.Context, tx pgx.Tx, r *runner, tg target)
 	for i, c := range tg.customers {
 		period[c] = tg.starts[i]
 	}
-
-	// Ledger side.
-	rows, err := tx.Query(ctx, qDeepStreams, tg.args())
+	held, err := readLedgerSide(ctx, tx, tg)
 	if err != nil {
 		return err
 	}
-	type state struct {
-		seq   int64
-		total decimal.Decimal
+	kafka, err := recompute(view, scheds, period)
+	if err != nil {
+		return err
 	}
-	ledger := map[StreamID]state{}
+
+	before := len(r.run.Findings)
+	notChecked := map[string]bool{}
+	for _, c := range tg.customers {
+		if !view.checkable(c) {
+			notChecked[c] = true
+		}
+	}
+	compareUsage(r, held.usage, kafka.usage, period, notChecked)
+	streams := compareStreams(r, view, held.streams, kafka.streams, notChecked)
+	skipped := reportNotChecked(r, view, notChecked)
+	r.run.Checks = append(r.run.Checks, deepVerdict(streams, len(r.run.Findings)-before-len(skipped), len(skipped), time.Since(start)))
+	return nil
+}
+
+// streamState is where a stream ended: its last seq and running total.
+type streamState struct {
+	seq   int64
+	total decimal.Decimal
+}
+
+// customerMeter is a customer and a meter.
+type customerMeter = [2]string
+
+// deepSide is one side of the deep check: the period's usage per customer
+// and meter, and every stream's state.
+type deepSide struct {
+	usage   map[customerMeter]decimal.Decimal
+	streams map[StreamID]streamState
+}
+
+// checkable says whether a customer's usage can be recomputed: the
+// partition holding its messages is whole; a customer Kafka holds nothing
+// of is checkable only when every partition is whole (its messages may
+// have been on a truncated one).
+func (v *KafkaView) checkable(customer string) bool {
+	if p, ok := v.Partition[customer]; ok {
+		return !v.Incomplete[p]
+	}
+	return len(v.Incomplete) == 0
+}
+
+// readLedgerSide reads the targets' stream states and the usage the ledger
+// holds for their periods.
+func readLedgerSide(ctx context.Context, tx pgx.Tx, tg target) (deepSide, error) {
+	side := deepSide{usage: map[customerMeter]decimal.Decimal{}, streams: map[StreamID]streamState{}}
+	rows, err := tx.Query(ctx, qDeepStreams, tg.args())
+	if err != nil {
+		return side, err
+	}
 	for rows.Next() {
 		var id StreamID
-		var st state
+		var st streamState
 		var total numeric
 		if err := rows.Scan(&id.Producer, &id.Epoch, &id.Customer, &id.Meter, &st.seq, &total); err != nil {
 			rows.Close()
-			return err
+			return side, err
 		}
 		st.total = total.dec()
-		ledger[id] = st
+		side.streams[id] = st
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return err
+		return side, err
 	}
 	rows, err = tx.Query(ctx, qDeepUsage, tg.args())
 	if err != nil {
-		return err
+		return side, err
 	}
-	held := map[[2]string]decimal.Decimal{}
 	for rows.Next() {
 		var c, m string
 		var q numeric
 		if err := rows.Scan(&c, &m, &q); err != nil {
 			rows.Close()
-			return err
+			return side, err
 		}
-		held[[2]string{c, m}] = q.dec()
+		side.usage[customerMeter{c, m}] = q.dec()
 	}
 	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
+	return side, rows.Err()
+}
 
-	// Kafka side: per stream, the first record of each seq, in seq order.
-	recomputed := map[[2]string]decimal.Decimal{}
-	kafkaState := map[StreamID]state{}
+// recompute is the Kafka side: per checkable stream, the first record of
+// each seq, in seq order; each record's growth of the running total counts
+// in the period it occurred in, when that is the customer's period.
+func recompute(view *KafkaView, scheds map[string]periods.Schedule, period map[string]time.Time) (deepSide, error) {
+	side := deepSide{usage: map[customerMeter]decimal.Decimal{}, streams: map[StreamID]streamState{}}
 	for id, recs := range view.Streams {
-		if !checkable(id.Customer) {
+		if !view.checkable(id.Customer) {
 			continue
 		}
 		first := map[int64]KafkaRecord{}
@@ -152,34 +193,31 @@ func (rc *Reconciler) deep(ctx context.Context, tx pgx.Tx, r *runner, tg target)
 			k := first[s]
 			p, err := scheds[id.Customer].PeriodAt(k.OccurredAt)
 			if err != nil {
-				return fmt.Errorf("customer %q: %w", id.Customer, err)
+				return side, fmt.Errorf("customer %q: %w", id.Customer, err)
 			}
 			if p.Start.Equal(period[id.Customer]) {
-				key := [2]string{id.Customer, id.Meter}
-				recomputed[key] = recomputed[key].Add(k.Total.Sub(prev))
+				key := customerMeter{id.Customer, id.Meter}
+				side.usage[key] = side.usage[key].Add(k.Total.Sub(prev))
 			}
 			prev = k.Total
 		}
 		last := first[seqs[len(seqs)-1]]
-		kafkaState[id] = state{seq: last.Seq, total: last.Total}
+		side.streams[id] = streamState{seq: last.Seq, total: last.Total}
 	}
+	return side, nil
+}
 
-	before := len(r.run.Findings)
-	notChecked := map[string]bool{}
-	for _, c := range tg.customers {
-		if !checkable(c) {
-			notChecked[c] = true
-		}
-	}
-	// Usage of the period, per customer and meter.
-	keys := map[[2]string]bool{}
+// compareUsage finds, per customer and meter in order, where the period's
+// usage the ledger holds differs from what Kafka recomputes.
+func compareUsage(r *runner, held, recomputed map[customerMeter]decimal.Decimal, period map[string]time.Time, notChecked map[string]bool) {
+	keys := map[customerMeter]bool{}
 	for k := range held {
 		keys[k] = true
 	}
 	for k := range recomputed {
 		keys[k] = true
 	}
-	sorted := make([][2]string, 0, len(keys))
+	sorted := make([]customerMeter, 0, len(keys))
 	for k := range keys {
 		sorted = append(sorted, k)
 	}
@@ -198,12 +236,16 @@ func (rc *Reconciler) deep(ctx context.Context, tx pgx.Tx, r *runner, tg target)
 				Detail: fmt.Sprintf("Kafka's messages recompute %s of usage in this period; the ledger holds %s for it", kf, l)})
 		}
 	}
-	// Stream states, both ways.
-	ids := make([]StreamID, 0, len(ledger)+len(kafkaState))
+}
+
+// compareStreams finds, both ways and in order, streams whose state the
+// ledger and Kafka disagree on, and returns how many streams it compared.
+func compareStreams(r *runner, view *KafkaView, ledger, kafka map[StreamID]streamState, notChecked map[string]bool) int {
+	ids := make([]StreamID, 0, len(ledger)+len(kafka))
 	for id := range ledger {
 		ids = append(ids, id)
 	}
-	for id := range kafkaState {
+	for id := range kafka {
 		if _, ok := ledger[id]; !ok {
 			ids = append(ids, id)
 		}
@@ -214,12 +256,12 @@ func (rc *Reconciler) deep(ctx context.Context, tx pgx.Tx, r *runner, tg target)
 	})
 	streams := 0
 	for _, id := range ids {
-		if notChecked[id.Customer] || !checkable(id.Customer) {
+		if notChecked[id.Customer] || !view.checkable(id.Customer) {
 			continue
 		}
 		streams++
 		l, inLedger := ledger[id]
-		k, inKafka := kafkaState[id]
+		k, inKafka := kafka[id]
 		stream := fmt.Sprintf("%s/%d", id.Producer, id.Epoch)
 		switch {
 		case !inLedger:
@@ -235,6 +277,12 @@ func (rc *Reconciler) deep(ctx context.Context, tx pgx.Tx, r *runner, tg target)
 				Detail: fmt.Sprintf("Kafka's messages end at seq %d total %s; the ledger at seq %d total %s", k.seq, k.total, l.seq, l.total)})
 		}
 	}
+	return streams
+}
+
+// reportNotChecked records, in order, each customer whose usage could not
+// be recomputed and why, and returns them.
+func reportNotChecked(r *runner, view *KafkaView, notChecked map[string]bool) []string {
 	var skipped []string
 	for c := range notChecked {
 		skipped = append(skipped, c)
@@ -248,18 +296,23 @@ func (rc *Reconciler) deep(ctx context.Context, tx pgx.Tx, r *runner, tg target)
 		r.find(Finding{Kind: KindDeepNotChecked, Severity: Notice, Customer: c,
 			Detail: "not checked against Kafka: " + why})
 	}
-	c := Check{Name: CheckDeep, Status: "ok", Detail: fmt.Sprintf("%d streams recomputed from Kafka in %s", streams, time.Since(start).Round(time.Millisecond))}
-	if n := len(r.run.Findings) - before - len(skipped); n > 0 {
-		c.Status, c.Detail = "findings", fmt.Sprintf("%d findings; %s", n, c.Detail)
+	return skipped
+}
+
+// deepVerdict is the deep check's line in the run: ok, findings, or
+// not_checked when some customers could not be recomputed.
+func deepVerdict(streams, findings, skipped int, took time.Duration) Check {
+	c := Check{Name: CheckDeep, Status: "ok", Detail: fmt.Sprintf("%d streams recomputed from Kafka in %s", streams, took.Round(time.Millisecond))}
+	if findings > 0 {
+		c.Status, c.Detail = "findings", fmt.Sprintf("%d findings; %s", findings, c.Detail)
 	}
-	if len(skipped) > 0 {
+	if skipped > 0 {
 		if c.Status == "ok" {
 			c.Status = "not_checked"
 		}
-		c.Detail += fmt.Sprintf("; %d customers not checked: retention deleted messages they may have had", len(skipped))
+		c.Detail += fmt.Sprintf("; %d customers not checked: retention deleted messages they may have had", skipped)
 	}
-	r.run.Checks = append(r.run.Checks, c)
-	return nil
+	return c
 }
 
 // schedules loads the calendars of some customers.

@@ -4,7 +4,7 @@ package main
 import (
 	"os"
 
-	"github.com/tally-ledger/tally/internal/cli"
+	"github.com/tally-ledger/tally/cmd/tally/internal/cli"
 )
 
 func main() { os.Exit(cli.Main(os.Args[1:])) }

@@ -129,7 +129,7 @@ func TestServeIngests(t *testing.T) {
 }
 
 func readSample(name string) ([]byte, error) {
-	return os.ReadFile(filepath.Join("..", "..", "testdata", "batches", name))
+	return os.ReadFile(filepath.Join("..", "..", "..", "..", "testdata", "batches", name))
 }
 
 // A small end-to-end run of tally bench ingest: it must ingest every record

@@ -1,6 +1,6 @@
 // Package enforcebench is the end-to-end enforcement benchmark of docs/design.md §10
 // ("enforcement lag, produce → decision, at 20k records/s: p99 ≤ 2 s"),
-// shared by `tally bench enforce` and quota's BenchmarkEnforceEndToEnd. It
+// shared by `tally bench enforce` and its package's BenchmarkEnforceEndToEnd. It
 // is a measuring tool, not an API.
 //
 // It produces meter batches at a fixed rate for many customers, each with a

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
-	"github.com/tally-ledger/tally/internal/scenario"
+	"github.com/tally-ledger/tally/cmd/tally/internal/scenario"
 )
 
 func newVerifyCmd() *cobra.Command {

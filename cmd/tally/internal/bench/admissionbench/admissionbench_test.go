@@ -11,7 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
-	"github.com/tally-ledger/tally/internal/admissionbench"
+	"github.com/tally-ledger/tally/cmd/tally/internal/bench/admissionbench"
 	"github.com/tally-ledger/tally/internal/pgtest"
 )
 

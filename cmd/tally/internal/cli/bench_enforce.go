@@ -10,8 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/tally-ledger/tally/internal/devstack"
-	"github.com/tally-ledger/tally/internal/enforcebench"
+	"github.com/tally-ledger/tally/cmd/tally/internal/bench/enforcebench"
+	"github.com/tally-ledger/tally/cmd/tally/internal/devstack"
 	"github.com/tally-ledger/tally/quota"
 )
 

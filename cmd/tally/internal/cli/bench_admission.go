@@ -12,7 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/tally-ledger/tally/internal/admissionbench"
+	"github.com/tally-ledger/tally/cmd/tally/internal/bench/admissionbench"
 	"github.com/tally-ledger/tally/quota"
 )
 

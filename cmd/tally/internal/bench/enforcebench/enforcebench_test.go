@@ -1,4 +1,4 @@
-package quota_test
+package enforcebench_test
 
 import (
 	"context"
@@ -10,11 +10,17 @@ import (
 
 	"github.com/shopspring/decimal"
 
+	"github.com/tally-ledger/tally/cmd/tally/internal/bench/enforcebench"
 	"github.com/tally-ledger/tally/ingest"
-	"github.com/tally-ledger/tally/internal/enforcebench"
 	"github.com/tally-ledger/tally/internal/kafkatest"
 	"github.com/tally-ledger/tally/internal/pgtest"
 	"github.com/tally-ledger/tally/quota"
+)
+
+// The topics of the pipeline: ingest's default and the enforcer's.
+const (
+	ingestTopic    = "tally.meter-batches"
+	decisionsTopic = quota.DefaultTopic
 )
 
 func runPipeline(tb testing.TB, o enforcebench.Options) enforcebench.Result {
@@ -77,7 +83,7 @@ func fastIngest(c *ingest.Config) {
 
 // BenchmarkEnforceEndToEnd: docs/design.md §10 enforcement lag at 20k records/s.
 //
-//	go test -run '^$' -bench EnforceEndToEnd -benchtime 1x ./quota/
+//	go test -run '^$' -bench EnforceEndToEnd -benchtime 1x ./cmd/tally/internal/bench/enforcebench/
 //
 // QUOTA_BENCH_SECONDS (default 20), QUOTA_BENCH_RATE (20000) and
 // QUOTA_BENCH_INTERVAL (the enforcer's, default 1s) tune it. Ingest and the

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"os"
 	"testing"
+
+	"github.com/tally-ledger/tally/cmd/tally/internal/bench/floodbench"
 )
 
 // runTally runs the CLI in-process and returns what it printed to stdout.
@@ -21,7 +23,7 @@ func runTally(t *testing.T, args ...string) (string, error) {
 // TestMain lets the test binary stand in for tally where a command runs
 // tally as a child process (bench flood's load generator).
 func TestMain(m *testing.M) {
-	if os.Getenv("TALLY_BENCH_LOAD") == "1" {
+	if os.Getenv(floodbench.LoadEnv) == "1" {
 		os.Exit(Main(os.Args[1:]))
 	}
 	os.Exit(m.Run())

@@ -23,9 +23,9 @@ import (
 	"github.com/shopspring/decimal"
 	"github.com/spf13/cobra"
 
+	"github.com/tally-ledger/tally/cmd/tally/internal/devstack"
 	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/ingest/wire"
-	"github.com/tally-ledger/tally/internal/devstack"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/migrations"
 )

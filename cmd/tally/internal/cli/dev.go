@@ -16,8 +16,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/tally-ledger/tally/admission"
+	"github.com/tally-ledger/tally/cmd/tally/internal/devstack"
 	"github.com/tally-ledger/tally/ingest"
-	"github.com/tally-ledger/tally/internal/devstack"
 	"github.com/tally-ledger/tally/migrations"
 	"github.com/tally-ledger/tally/periods"
 )

@@ -167,6 +167,10 @@ type gen struct {
 // Run records usage, injects faults, closes the producers and returns the
 // ground truth. It fails if a producer refused usage, or lost or invented
 // any.
+//
+// It reads as its steps: start the producers → load (workers, crashes,
+// progress) → close them → deliver (drain, bad messages) → read Kafka back
+// into the truth → cross-check it with what the producers acknowledged.
 func Run(ctx context.Context, cfg Config) (*Expect, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -191,185 +195,21 @@ func Run(ctx context.Context, cfg Config) (*Expect, error) {
 	if err != nil {
 		return nil, err
 	}
-
-	customers := make([]string, cfg.Customers)
-	for i := range customers {
-		customers[i] = fmt.Sprintf("%s-c%d", cfg.Run, i+1)
+	s, err := startRun(cfg, t)
+	if err != nil {
+		return nil, err
 	}
-	meters := make([]string, cfg.Meters)
-	for i := range meters {
-		meters[i] = fmt.Sprintf("m%d", i+1)
-	}
-	open := func(g *gen) error {
-		p, err := producer.New(producer.Config{Producer: g.id, Dir: g.dir, Writer: t, Linger: cfg.Linger,
-			RetryMin: 20 * time.Millisecond, RetryMax: 500 * time.Millisecond, Logger: cfg.Logger})
-		g.p = p
-		return err
-	}
-	gens := make([]*gen, cfg.Producers)
-	epochs := map[[2]any]bool{}
-	for i := range gens {
-		g := &gen{id: fmt.Sprintf("%s-p%d", cfg.Run, i+1)}
-		g.dir = filepath.Join(cfg.Dir, g.id)
-		if err := open(g); err != nil {
-			return nil, err
-		}
-		epochs[[2]any{g.id, g.p.Epoch()}] = true
-		gens[i] = g
-	}
-	var epochsMu sync.Mutex
-
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	if cfg.Duration > 0 {
-		runCtx, cancel = context.WithTimeout(runCtx, cfg.Duration)
-		defer cancel()
-	}
-	start := time.Now()
-	var issued, acked atomic.Int64
-	var ackedMu sync.Mutex
-	ackedSum := map[[2]string]decimal.Decimal{}
-	var firstErr error
-	var errOnce sync.Once
-	var firstErrSet atomic.Bool
-	fail := func(err error) {
-		errOnce.Do(func() { firstErr = err; firstErrSet.Store(true); cancel() })
-	}
-
-	var wg sync.WaitGroup
-	for gi, g := range gens {
-		for w := range cfg.Workers {
-			rng := rand.New(rand.NewPCG(cfg.Seed, uint64(gi*1000+w+1)))
-			wg.Go(func() {
-				local := map[[2]string]decimal.Decimal{}
-				defer func() {
-					ackedMu.Lock()
-					for k, q := range local {
-						ackedSum[k] = ackedSum[k].Add(q)
-					}
-					ackedMu.Unlock()
-				}()
-				for runCtx.Err() == nil {
-					n := issued.Add(1)
-					if cfg.Records > 0 && n > cfg.Records {
-						return
-					}
-					if cfg.Rate > 0 {
-						due := start.Add(time.Duration(float64(n-1) / cfg.Rate * float64(time.Second)))
-						if d := time.Until(due); d > 0 {
-							select {
-							case <-time.After(d):
-							case <-runCtx.Done():
-								return
-							}
-						}
-					}
-					c, m := customers[rng.IntN(len(customers))], meters[rng.IntN(len(meters))]
-					q := decimal.New(rng.Int64N(10_000_000), -int32(rng.IntN(4)))
-					at := time.Now().UTC()
-					if cfg.Spread > 0 {
-						at = at.Add(-time.Duration(rng.Int64N(int64(cfg.Spread))))
-					}
-					g.mu.RLock()
-					err := g.p.Record(context.WithoutCancel(runCtx), c, m, q, at)
-					g.mu.RUnlock()
-					if err != nil {
-						fail(fmt.Errorf("scenario: producer %s: %w", g.id, err))
-						return
-					}
-					local[[2]string{c, m}] = local[[2]string{c, m}].Add(q)
-					acked.Add(1)
-				}
-			})
-		}
-	}
-
-	// Crashes, evenly spread over the run (those still due when it ends
-	// happen then); alternately the state survives or is wiped (a new
-	// epoch).
-	var crashes atomic.Int64
-	crashDone := make(chan struct{})
-	go func() {
-		defer close(crashDone)
-		for i := range cfg.Faults.Crashes {
-			frac := float64(i+1) / float64(cfg.Faults.Crashes+1)
-			for runCtx.Err() == nil {
-				var reached bool
-				if cfg.Duration > 0 {
-					reached = time.Since(start) >= time.Duration(frac*float64(cfg.Duration))
-				} else {
-					reached = float64(acked.Load()) >= frac*float64(cfg.Records)
-				}
-				if reached {
-					break
-				}
-				time.Sleep(5 * time.Millisecond)
-			}
-			if ctx.Err() != nil || firstErrSet.Load() {
-				return
-			}
-			g := gens[i%len(gens)]
-			if err := crash(ctx, g, i%2 == 1, open); err != nil {
-				fail(err)
-				return
-			}
-			crashes.Add(1)
-			epochsMu.Lock()
-			epochs[[2]any{g.id, g.p.Epoch()}] = true
-			epochsMu.Unlock()
-			cfg.Logger.Info("producer crashed and restarted", "producer", g.id, "state_wiped", i%2 == 1, "epoch", g.p.Epoch())
-		}
-	}()
-
-	progressDone := make(chan struct{})
-	stopProgress := make(chan struct{})
-	go func() {
-		defer close(progressDone)
-		if cfg.Progress == nil {
-			return
-		}
-		tick := time.NewTicker(500 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-tick.C:
-				s := t.snapshot()
-				s.Records = acked.Load()
-				s.Seconds = time.Since(start).Seconds()
-				s.RecordsPerSecond = float64(s.Records) / s.Seconds
-				s.Crashes = int(crashes.Load())
-				cfg.Progress(s)
-			case <-stopProgress:
-				return
-			}
-		}
-	}()
-
-	wg.Wait()
-	loadTime := time.Since(start)
-	cancel()
-	<-crashDone
-	close(stopProgress)
-	<-progressDone
+	loadTime := s.load(ctx)
 
 	closeCtx, closeCancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer closeCancel()
-	var closeErrs []error
-	for _, g := range gens {
-		if err := g.p.Close(closeCtx); err != nil {
-			closeErrs = append(closeErrs, fmt.Errorf("scenario: close %s: %w", g.id, err))
-		}
-	}
-	if firstErr != nil {
-		return nil, firstErr
-	}
-	if err := errors.Join(closeErrs...); err != nil {
+	if err := s.closeProducers(closeCtx); err != nil {
 		return nil, err
 	}
 	if err := t.drain(closeCtx); err != nil {
 		return nil, err
 	}
-	e := &Expect{Run: cfg.Run, Topic: cfg.Topic, GeneratedAt: time.Now().UTC(), Customers: customers,
+	e := &Expect{Run: cfg.Run, Topic: cfg.Topic, GeneratedAt: time.Now().UTC(), Customers: s.customers,
 		DeadLetters: map[string]int{}}
 	if err := sendBad(closeCtx, kw, t, cfg, e); err != nil {
 		return nil, err
@@ -382,9 +222,233 @@ func Run(ctx context.Context, cfg Config) (*Expect, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := s.crossCheck(e, unbilled); err != nil {
+		return e, err
+	}
+	s.stats(e, loadTime)
+	return e, nil
+}
 
-	// Cross-check: the ledger's truth (from what reached Kafka) against the
-	// usage the producers acknowledged.
+// scenarioRun is a run's producers and what its goroutines share.
+type scenarioRun struct {
+	cfg       Config
+	t         *tracker
+	customers []string
+	meters    []string
+	gens      []*gen
+
+	epochsMu sync.Mutex
+	epochs   map[[2]any]bool // producer, epoch: every epoch the run used
+
+	start                  time.Time
+	issued, acked, crashes atomic.Int64
+	ackedMu                sync.Mutex
+	ackedSum               map[[2]string]decimal.Decimal // customer, meter
+	cancel                 context.CancelFunc            // ends the load
+	errOnce                sync.Once
+	firstErr               error
+	firstErrSet            atomic.Bool
+}
+
+// startRun names the customers and meters and opens the producers.
+func startRun(cfg Config, t *tracker) (*scenarioRun, error) {
+	s := &scenarioRun{cfg: cfg, t: t, epochs: map[[2]any]bool{}, ackedSum: map[[2]string]decimal.Decimal{}}
+	s.customers = make([]string, cfg.Customers)
+	for i := range s.customers {
+		s.customers[i] = fmt.Sprintf("%s-c%d", cfg.Run, i+1)
+	}
+	s.meters = make([]string, cfg.Meters)
+	for i := range s.meters {
+		s.meters[i] = fmt.Sprintf("m%d", i+1)
+	}
+	s.gens = make([]*gen, cfg.Producers)
+	for i := range s.gens {
+		g := &gen{id: fmt.Sprintf("%s-p%d", cfg.Run, i+1)}
+		g.dir = filepath.Join(cfg.Dir, g.id)
+		if err := s.open(g); err != nil {
+			return nil, err
+		}
+		s.epochs[[2]any{g.id, g.p.Epoch()}] = true
+		s.gens[i] = g
+	}
+	return s, nil
+}
+
+// open starts g's producer on its state directory.
+func (s *scenarioRun) open(g *gen) error {
+	p, err := producer.New(producer.Config{Producer: g.id, Dir: g.dir, Writer: s.t, Linger: s.cfg.Linger,
+		RetryMin: 20 * time.Millisecond, RetryMax: 500 * time.Millisecond, Logger: s.cfg.Logger})
+	g.p = p
+	return err
+}
+
+// fail records the run's first error and ends the load.
+func (s *scenarioRun) fail(err error) {
+	s.errOnce.Do(func() { s.firstErr = err; s.firstErrSet.Store(true); s.cancel() })
+}
+
+// load records usage with cfg.Workers workers per producer while the
+// crashes happen and progress is reported, until the records or the
+// duration are done (or a worker failed), and returns how long it took.
+func (s *scenarioRun) load(ctx context.Context) time.Duration {
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	s.cancel = cancel
+	if s.cfg.Duration > 0 {
+		var cancelTimeout context.CancelFunc
+		runCtx, cancelTimeout = context.WithTimeout(runCtx, s.cfg.Duration)
+		defer cancelTimeout()
+	}
+	s.start = time.Now()
+	var wg sync.WaitGroup
+	for gi, g := range s.gens {
+		for w := range s.cfg.Workers {
+			rng := rand.New(rand.NewPCG(s.cfg.Seed, uint64(gi*1000+w+1)))
+			wg.Go(func() { s.work(runCtx, g, rng) })
+		}
+	}
+	crashDone := make(chan struct{})
+	go func() {
+		defer close(crashDone)
+		s.crashProducers(ctx, runCtx)
+	}()
+	progressDone := make(chan struct{})
+	stopProgress := make(chan struct{})
+	go func() {
+		defer close(progressDone)
+		s.progress(stopProgress)
+	}()
+
+	wg.Wait()
+	loadTime := time.Since(s.start)
+	cancel()
+	<-crashDone
+	close(stopProgress)
+	<-progressDone
+	return loadTime
+}
+
+// work is one worker: it records random usage through g (at cfg.Rate
+// overall, when set) and adds what was acknowledged to the run's sum.
+func (s *scenarioRun) work(runCtx context.Context, g *gen, rng *rand.Rand) {
+	cfg := s.cfg
+	local := map[[2]string]decimal.Decimal{}
+	defer func() {
+		s.ackedMu.Lock()
+		for k, q := range local {
+			s.ackedSum[k] = s.ackedSum[k].Add(q)
+		}
+		s.ackedMu.Unlock()
+	}()
+	for runCtx.Err() == nil {
+		n := s.issued.Add(1)
+		if cfg.Records > 0 && n > cfg.Records {
+			return
+		}
+		if cfg.Rate > 0 {
+			due := s.start.Add(time.Duration(float64(n-1) / cfg.Rate * float64(time.Second)))
+			if d := time.Until(due); d > 0 {
+				select {
+				case <-time.After(d):
+				case <-runCtx.Done():
+					return
+				}
+			}
+		}
+		c, m := s.customers[rng.IntN(len(s.customers))], s.meters[rng.IntN(len(s.meters))]
+		q := decimal.New(rng.Int64N(10_000_000), -int32(rng.IntN(4)))
+		at := time.Now().UTC()
+		if cfg.Spread > 0 {
+			at = at.Add(-time.Duration(rng.Int64N(int64(cfg.Spread))))
+		}
+		g.mu.RLock()
+		err := g.p.Record(context.WithoutCancel(runCtx), c, m, q, at)
+		g.mu.RUnlock()
+		if err != nil {
+			s.fail(fmt.Errorf("scenario: producer %s: %w", g.id, err))
+			return
+		}
+		local[[2]string{c, m}] = local[[2]string{c, m}].Add(q)
+		s.acked.Add(1)
+	}
+}
+
+// crashProducers crashes the producers in turn, evenly spread over the run (those
+// still due when it ends happen then); alternately the state survives or
+// is wiped (a new epoch).
+func (s *scenarioRun) crashProducers(ctx, runCtx context.Context) {
+	cfg := s.cfg
+	for i := range cfg.Faults.Crashes {
+		frac := float64(i+1) / float64(cfg.Faults.Crashes+1)
+		for runCtx.Err() == nil {
+			var reached bool
+			if cfg.Duration > 0 {
+				reached = time.Since(s.start) >= time.Duration(frac*float64(cfg.Duration))
+			} else {
+				reached = float64(s.acked.Load()) >= frac*float64(cfg.Records)
+			}
+			if reached {
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if ctx.Err() != nil || s.firstErrSet.Load() {
+			return
+		}
+		g := s.gens[i%len(s.gens)]
+		if err := crash(ctx, g, i%2 == 1, s.open); err != nil {
+			s.fail(err)
+			return
+		}
+		s.crashes.Add(1)
+		s.epochsMu.Lock()
+		s.epochs[[2]any{g.id, g.p.Epoch()}] = true
+		s.epochsMu.Unlock()
+		cfg.Logger.Info("producer crashed and restarted", "producer", g.id, "state_wiped", i%2 == 1, "epoch", g.p.Epoch())
+	}
+}
+
+// progress reports the run's figures to cfg.Progress every 500 ms until stop.
+func (s *scenarioRun) progress(stop <-chan struct{}) {
+	if s.cfg.Progress == nil {
+		return
+	}
+	tick := time.NewTicker(500 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-tick.C:
+			st := s.t.snapshot()
+			st.Records = s.acked.Load()
+			st.Seconds = time.Since(s.start).Seconds()
+			st.RecordsPerSecond = float64(st.Records) / st.Seconds
+			st.Crashes = int(s.crashes.Load())
+			s.cfg.Progress(st)
+		case <-stop:
+			return
+		}
+	}
+}
+
+// closeProducers closes every producer (flushing what it holds); a
+// worker's failure comes first, then every close that failed.
+func (s *scenarioRun) closeProducers(ctx context.Context) error {
+	var closeErrs []error
+	for _, g := range s.gens {
+		if err := g.p.Close(ctx); err != nil {
+			closeErrs = append(closeErrs, fmt.Errorf("scenario: close %s: %w", g.id, err))
+		}
+	}
+	if s.firstErr != nil {
+		return s.firstErr
+	}
+	return errors.Join(closeErrs...)
+}
+
+// crossCheck compares the ledger's truth (from what reached Kafka) with
+// the usage the producers acknowledged, and records the acknowledged
+// totals in e.
+func (s *scenarioRun) crossCheck(e *Expect, unbilled map[[2]string]decimal.Decimal) error {
 	fromKafka := map[[2]string]decimal.Decimal{}
 	for _, tot := range e.Totals {
 		k := [2]string{tot.Customer, tot.Meter}
@@ -396,31 +460,31 @@ func Run(ctx context.Context, cfg Config) (*Expect, error) {
 			problems = append(problems, fmt.Errorf("scenario: %s/%s: %s acknowledged but never delivered to Kafka", k[0], k[1], q))
 		}
 	}
-	for _, c := range customers {
-		for _, m := range meters {
+	for _, c := range s.customers {
+		for _, m := range s.meters {
 			k := [2]string{c, m}
-			if q := ackedSum[k]; !q.IsZero() || !fromKafka[k].IsZero() {
+			if q := s.ackedSum[k]; !q.IsZero() || !fromKafka[k].IsZero() {
 				e.Acknowledged = append(e.Acknowledged, Total{Customer: c, Meter: m, Quantity: q})
 			}
-			if !ackedSum[k].Equal(fromKafka[k]) {
-				problems = append(problems, fmt.Errorf("scenario: %s/%s: producers acknowledged %s but sent records totalling %s", c, m, ackedSum[k], fromKafka[k]))
+			if !s.ackedSum[k].Equal(fromKafka[k]) {
+				problems = append(problems, fmt.Errorf("scenario: %s/%s: producers acknowledged %s but sent records totalling %s", c, m, s.ackedSum[k], fromKafka[k]))
 			}
 		}
 	}
-	if err := errors.Join(problems...); err != nil {
-		return e, err
-	}
+	return errors.Join(problems...)
+}
 
-	e.Stats = t.snapshot()
-	e.Stats.Producers = cfg.Producers
-	e.Stats.Records = acked.Load()
+// stats fills in the run's figures.
+func (s *scenarioRun) stats(e *Expect, loadTime time.Duration) {
+	e.Stats = s.t.snapshot()
+	e.Stats.Producers = s.cfg.Producers
+	e.Stats.Records = s.acked.Load()
 	e.Stats.Seconds = loadTime.Seconds()
 	e.Stats.RecordsPerSecond = float64(e.Stats.Records) / loadTime.Seconds()
-	e.Stats.Crashes = int(crashes.Load())
-	e.Stats.Epochs = len(epochs)
-	e.Stats.BadMessages = cfg.Faults.BadMessages
+	e.Stats.Crashes = int(s.crashes.Load())
+	e.Stats.Epochs = len(s.epochs)
+	e.Stats.BadMessages = s.cfg.Faults.BadMessages
 	sort.Strings(e.Customers)
-	return e, nil
 }
 
 // crash stops g abruptly and restarts it. With wipe, its state is lost

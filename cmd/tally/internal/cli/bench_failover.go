@@ -24,8 +24,8 @@ import (
 	"github.com/shopspring/decimal"
 	"github.com/spf13/cobra"
 
+	"github.com/tally-ledger/tally/cmd/tally/internal/devstack"
 	"github.com/tally-ledger/tally/ingest/wire"
-	"github.com/tally-ledger/tally/internal/devstack"
 	"github.com/tally-ledger/tally/internal/pause"
 )
 

@@ -12,7 +12,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.uber.org/goleak"
 
-	"github.com/tally-ledger/tally/internal/devstack"
+	"github.com/tally-ledger/tally/cmd/tally/internal/devstack"
 	"github.com/tally-ledger/tally/internal/kafkatest"
 )
 

@@ -13,10 +13,10 @@ import (
 	"github.com/shopspring/decimal"
 	"go.uber.org/goleak"
 
+	"github.com/tally-ledger/tally/cmd/tally/internal/scenario"
 	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/internal/kafkatest"
 	"github.com/tally-ledger/tally/internal/pgtest"
-	"github.com/tally-ledger/tally/internal/scenario"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/reconcile"
 )
