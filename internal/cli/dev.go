@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -35,10 +36,11 @@ func newDevCmd() *cobra.Command {
     127.0.0.1:9092 (topics tally.meter-batches and tally.quota-decisions,
     4 partitions each; data kept in ./.tally-dev/kafka).
   - Postgres: TALLY_DATABASE_URL if set and reachable, else the local server
-    at 127.0.0.1:5432 (database tally, created if missing), else a private
-    cluster started from the installed initdb/pg_ctl under ./.tally-dev/pg
-    (Unix socket only, in a directory only its user can enter; reused if a
-    killed tally dev left it running).
+    at 127.0.0.1:5432 (a database of the data directory's own, tally_ and a
+    digest of its path, created if missing: two clones never share one),
+    else a private cluster started from the installed initdb/pg_ctl under
+    ./.tally-dev/pg (Unix socket only, in a directory only its user can
+    enter; reused if a killed tally dev left it running).
 
 Then it migrates the database and runs everything tally serve runs (ingest,
 REST API and web console, quota enforcer) plus simulated producers (customers demo-acme and
@@ -93,8 +95,9 @@ unless TALLY_ADMIN_TOKEN is set) and what to try, and runs until Ctrl-C.`,
 					}
 					if stale > 0 {
 						return fmt.Errorf("the database %s holds ingest positions of an earlier embedded broker (up to offset %d), "+
-							"but %s does not exist: drop that database to start over (dropdb tally), or restore the broker's data directory",
-							pg.URL, stale, kdir)
+							"but that broker's data directory %s does not exist (deleted?): restore it, or start over by dropping "+
+							"that database (dropdb %s: it holds only the dev data of %s), or use another --dir",
+							pg.URL, stale, kdir, devDatabaseName(pg.URL), dir)
 					}
 				}
 				k, err := devstack.StartKafka(devstack.KafkaConfig{
@@ -139,6 +142,15 @@ unless TALLY_ADMIN_TOKEN is set) and what to try, and runs until Ctrl-C.`,
 	envDefault(cmd.Flags(), "listen", "TALLY_LISTEN")
 	addMaxSkewFlag(cmd.Flags(), &maxSkew)
 	return cmd
+}
+
+// devDatabaseName is the database of a Postgres URL, for a dropdb line.
+func devDatabaseName(dbURL string) string {
+	u, err := url.Parse(dbURL)
+	if err != nil || strings.TrimPrefix(u.Path, "/") == "" {
+		return "<the database of " + dbURL + ">"
+	}
+	return strings.TrimPrefix(u.Path, "/")
 }
 
 func printDevBanner(w io.Writer, brokers []string, kafkaNote string, pg *devstack.Postgres, version int64, addr, token string, generated, simulated bool) {

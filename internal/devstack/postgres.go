@@ -3,6 +3,8 @@ package devstack
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,7 +21,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Defaults for the dev database.
+// Defaults for the dev database. On the local server each data directory
+// has a database of its own, DefaultDatabase_ and a digest of the
+// directory (LocalDatabase); a private cluster (one per data directory)
+// names its database DefaultDatabase.
 const (
 	DefaultDatabase    = "tally"
 	DefaultLocalAddr   = "127.0.0.1:5432"
@@ -47,8 +52,8 @@ type PostgresConfig struct {
 }
 
 // StartPostgres finds or starts a database: cfg.URL when set and reachable;
-// else the local server at 127.0.0.1:5432 (database `tally`, created if
-// missing); else a private cluster under Dir/pg started with the installed
+// else the local server at 127.0.0.1:5432 (the data directory's database,
+// LocalDatabase(cfg.Dir), created if missing); else a private cluster under Dir/pg started with the installed
 // initdb and pg_ctl (as the postgres or nobody user when running as root),
 // stopped by Close.
 func StartPostgres(ctx context.Context, cfg PostgresConfig) (*Postgres, error) {
@@ -68,7 +73,11 @@ func StartPostgres(ctx context.Context, cfg PostgresConfig) (*Postgres, error) {
 	}
 	local := localURL(DefaultLocalAddr, "postgres")
 	if err := ping(ctx, local); err == nil {
-		u, err := ensureDatabase(ctx, local, DefaultDatabase)
+		name, err := LocalDatabase(cfg.Dir)
+		if err != nil {
+			return nil, err
+		}
+		u, err := ensureDatabase(ctx, local, name)
 		if err != nil {
 			return nil, err
 		}
@@ -77,6 +86,22 @@ func StartPostgres(ctx context.Context, cfg PostgresConfig) (*Postgres, error) {
 		log.Info("no Postgres at "+DefaultLocalAddr+"; starting a private cluster", "reason", err)
 	}
 	return StartPrivate(ctx, cfg)
+}
+
+// LocalDatabase is the name of dir's database on the local server:
+// "tally_" and the first 12 hex digits of the SHA-256 of dir's absolute
+// path. A database holds the positions of one embedded broker (whose data
+// is in dir/kafka), so two clones on one machine, or two data directories,
+// never share one: the second's first start would find positions its new
+// broker has not reached. The same directory always gets the same
+// database.
+func LocalDatabase(dir string) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("data directory %s: %w", dir, err)
+	}
+	sum := sha256.Sum256([]byte(filepath.Clean(abs)))
+	return DefaultDatabase + "_" + hex.EncodeToString(sum[:6]), nil
 }
 
 // Close stops the private cluster, if one was started.
