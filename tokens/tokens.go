@@ -106,10 +106,11 @@ func create(ctx context.Context, db DBTX, customer, gateway, description string,
 	return t, secret, nil
 }
 
-// Revoke revokes a token; revoking it again keeps the first time.
+// Revoke revokes a token and returns it as stored; revoking it again keeps
+// the first time.
 func Revoke(ctx context.Context, db DBTX, id uuid.UUID, now time.Time) (Token, error) {
 	t := Token{ID: id}
-	err := db.QueryRow(ctx, qRevokeToken, id, now.UTC().Truncate(time.Microsecond)).Scan(&t.Customer, &t.RevokedAt)
+	err := db.QueryRow(ctx, qRevokeToken, id, now.UTC().Truncate(time.Microsecond)).Scan(&t.Customer, &t.Description, &t.CreatedAt, &t.RevokedAt, &t.Gateway)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Token{}, ErrNotFound
 	}
