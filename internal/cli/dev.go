@@ -25,7 +25,7 @@ import (
 
 func newDevCmd() *cobra.Command {
 	var dir, listen, kafkaAddr string
-	var simulated bool
+	var simulated, reset bool
 	var maxSkew time.Duration
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -59,10 +59,25 @@ unless TALLY_ADMIN_TOKEN is set) and what to try, and runs until Ctrl-C.`,
 			log := newLogger()
 
 			pg, err := devstack.StartPostgres(ctx, devstack.PostgresConfig{
-				URL: os.Getenv("TALLY_DATABASE_URL"), Dir: dir, Logger: log,
+				URL: os.Getenv("TALLY_DATABASE_URL"), Dir: dir, Logger: log, Reset: reset,
 			})
 			if err != nil {
 				return err
+			}
+			if reset {
+				// The broker's positions were in the dropped database: its
+				// data goes with it, or ingest would resume past messages
+				// the new database never saw.
+				kdir := filepath.Join(dir, "kafka")
+				if err := os.RemoveAll(kdir); err != nil {
+					_ = pg.Close()
+					return fmt.Errorf("--reset: remove the embedded broker's data %s: %w", kdir, err)
+				}
+				dropped := "nothing to drop in Postgres (no dev database yet)"
+				if pg.Dropped != "" {
+					dropped = "dropped the database " + pg.Dropped + " (" + pg.Source + ")"
+				}
+				fmt.Fprintf(out, "tally dev --reset: %s and removed the embedded broker's data %s; starting empty.\n", dropped, kdir)
 			}
 			defer func() {
 				if err := pg.Close(); err != nil {
@@ -95,8 +110,8 @@ unless TALLY_ADMIN_TOKEN is set) and what to try, and runs until Ctrl-C.`,
 					}
 					if stale > 0 {
 						return fmt.Errorf("the database %s holds ingest positions of an earlier embedded broker (up to offset %d), "+
-							"but that broker's data directory %s does not exist (deleted?): restore it, or start over by dropping "+
-							"that database (dropdb %s: it holds only the dev data of %s), or use another --dir",
+							"but that broker's data directory %s does not exist (deleted?): restore it, or start over with "+
+							"tally dev --reset (it drops that database, %s, which holds only the dev data of %s), or use another --dir",
 							pg.URL, stale, kdir, devDatabaseName(pg.URL), dir)
 					}
 				}
@@ -139,6 +154,7 @@ unless TALLY_ADMIN_TOKEN is set) and what to try, and runs until Ctrl-C.`,
 	cmd.Flags().StringVar(&kafkaAddr, "kafka-addr", devstack.DefaultKafkaAddr, "address of the embedded broker (127.0.0.1:<port>; port 0 picks one)")
 	cmd.Flags().StringVar(&listen, "listen", defaultListen, "address of the REST API (and /metrics, /healthz)")
 	cmd.Flags().BoolVar(&simulated, "simulate", true, "run simulated producers and a demo quota")
+	cmd.Flags().BoolVar(&reset, "reset", false, "start over: drop this data directory's dev database and the embedded broker's data (never a TALLY_DATABASE_URL database)")
 	envDefault(cmd.Flags(), "listen", "TALLY_LISTEN")
 	addMaxSkewFlag(cmd.Flags(), &maxSkew)
 	return cmd

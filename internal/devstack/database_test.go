@@ -72,3 +72,48 @@ func dropDatabase(t *testing.T, dbURL, name string) {
 		t.Error(err)
 	}
 }
+
+// Reset drops the data directory's database and creates it empty, and
+// says what it dropped; it never drops a database TALLY_DATABASE_URL names.
+func TestResetDropsOnlyTheDevDatabase(t *testing.T) {
+	ctx := context.Background()
+	dir := filepath.Join(t.TempDir(), ".tally-dev")
+	pg, err := devstack.StartPostgres(ctx, devstack.PostgresConfig{Dir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	name, err := devstack.LocalDatabase(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dropDatabase(t, pg.URL, name) })
+	c, err := pgx.Connect(ctx, pg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Exec(ctx, "CREATE TABLE ingest_partitions (next_offset bigint)"); err != nil {
+		t.Fatal(err)
+	}
+	c.Close(ctx)
+
+	pg, err = devstack.StartPostgres(ctx, devstack.PostgresConfig{Dir: dir, Reset: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pg.Dropped != name {
+		t.Fatalf("Dropped %q, want %q", pg.Dropped, name)
+	}
+	c, err = pgx.Connect(ctx, pg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	var left bool
+	if err := c.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_tables WHERE tablename = 'ingest_partitions')").Scan(&left); err != nil || left {
+		t.Fatalf("after Reset the old database's table is still there (%v, %v)", left, err)
+	}
+	if _, err := devstack.StartPostgres(ctx, devstack.PostgresConfig{URL: pg.URL, Dir: dir, Reset: true}); err == nil ||
+		!strings.Contains(err.Error(), "TALLY_DATABASE_URL") {
+		t.Fatalf("Reset with a chosen database: %v", err)
+	}
+}

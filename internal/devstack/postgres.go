@@ -37,7 +37,10 @@ type Postgres struct {
 	// Source says where it came from: "TALLY_DATABASE_URL", "local server"
 	// or "private cluster".
 	Source string
-	stop   func() error
+	// Dropped names the database Reset dropped before creating it anew
+	// ("" when nothing was dropped).
+	Dropped string
+	stop    func() error
 }
 
 // PostgresConfig configures StartPostgres.
@@ -48,7 +51,11 @@ type PostgresConfig struct {
 	Dir string
 	// PrivatePort is the private cluster's port. Default 54329.
 	PrivatePort int
-	Logger      *slog.Logger
+	// Reset drops tally dev's own database first (the data directory's on
+	// the local server, or the private cluster's) and creates it empty.
+	// Refused with URL: a database someone chose is never dropped here.
+	Reset  bool
+	Logger *slog.Logger
 }
 
 // StartPostgres finds or starts a database: cfg.URL when set and reachable;
@@ -64,6 +71,9 @@ func StartPostgres(ctx context.Context, cfg PostgresConfig) (*Postgres, error) {
 	if cfg.PrivatePort == 0 {
 		cfg.PrivatePort = DefaultPrivatePort
 	}
+	if cfg.Reset && cfg.URL != "" {
+		return nil, errors.New("--reset drops only tally dev's own database, and TALLY_DATABASE_URL is set: drop or empty that database yourself, or unset TALLY_DATABASE_URL")
+	}
 	if cfg.URL != "" {
 		if err := ping(ctx, cfg.URL); err == nil {
 			return &Postgres{URL: cfg.URL, Source: "TALLY_DATABASE_URL"}, nil
@@ -77,11 +87,11 @@ func StartPostgres(ctx context.Context, cfg PostgresConfig) (*Postgres, error) {
 		if err != nil {
 			return nil, err
 		}
-		u, err := ensureDatabase(ctx, local, name)
+		u, dropped, err := ensureDatabase(ctx, local, name, cfg.Reset)
 		if err != nil {
 			return nil, err
 		}
-		return &Postgres{URL: u, Source: "local server"}, nil
+		return &Postgres{URL: u, Source: "local server", Dropped: dropped}, nil
 	} else {
 		log.Info("no Postgres at "+DefaultLocalAddr+"; starting a private cluster", "reason", err)
 	}
@@ -131,15 +141,33 @@ func ping(ctx context.Context, u string) error {
 }
 
 // ensureDatabase creates database name on the server of admin (a URL to an
-// existing database) if missing and returns a URL to it.
-func ensureDatabase(ctx context.Context, admin, name string) (string, error) {
+// existing database) if missing and returns a URL to it. With reset it
+// drops the database first (its sessions too) and says so in dropped.
+func ensureDatabase(ctx context.Context, admin, name string, reset bool) (u, dropped string, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	c, err := pgx.Connect(ctx, admin)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	defer c.Close(context.WithoutCancel(ctx))
+	if reset {
+		var existed bool
+		if err := c.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", name).Scan(&existed); err != nil {
+			return "", "", fmt.Errorf("check database %s: %w", name, err)
+		}
+		if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			return "", "", fmt.Errorf("--reset: drop database %s: %w", name, err)
+		}
+		if existed {
+			dropped = name
+		}
+	}
+	u, err = createDatabase(ctx, c, admin, name)
+	return u, dropped, err
+}
+
+func createDatabase(ctx context.Context, c *pgx.Conn, admin, name string) (string, error) {
 	var exists bool
 	if err := c.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", name).Scan(&exists); err != nil {
 		return "", fmt.Errorf("check database %s: %w", name, err)
@@ -319,12 +347,12 @@ func StartPrivate(ctx context.Context, cfg PostgresConfig) (*Postgres, error) {
 		}
 		return nil
 	}
-	u, err := ensureDatabase(ctx, admin, DefaultDatabase)
+	u, dropped, err := ensureDatabase(ctx, admin, DefaultDatabase, cfg.Reset)
 	if err != nil {
 		_ = stop()
 		return nil, err
 	}
-	return &Postgres{URL: u, Source: "private cluster (" + data + ")", stop: stop}, nil
+	return &Postgres{URL: u, Source: "private cluster (" + data + ")", Dropped: dropped, stop: stop}, nil
 }
 
 // private reports whether the server at admin (a socket URL) answers and
