@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/internal/pgtest"
@@ -29,7 +30,8 @@ func TestARepeatedKeyRecordsNothingNew(t *testing.T) {
 	dir := t.TempDir()
 	c := newCluster(t, 1)
 	at := time.Now().Add(-time.Minute)
-	p := newProducer(t, producer.Config{Brokers: c.Addrs, Dir: dir})
+	reg := prometheus.NewRegistry()
+	p := newProducer(t, producer.Config{Brokers: c.Addrs, Dir: dir, Registerer: reg})
 
 	// Eight concurrent calls with one key: one record.
 	var wg sync.WaitGroup
@@ -50,6 +52,9 @@ func TestARepeatedKeyRecordsNothingNew(t *testing.T) {
 	err := p.Record(ctx, "acme", "api_calls", d("6"), at, producer.Key("job-1"))
 	if !errors.As(err, &reused) || !reused.Quantity.Equal(d("5")) || reused.Customer != "acme" || reused.Key != "job-1" {
 		t.Fatalf("job-1 with other usage: %v", err)
+	}
+	if n := counter(t, reg, "tally_producer_key_repeats_total"); n != 9 {
+		t.Errorf("tally_producer_key_repeats_total = %v, want 9 (7 in the group, 2 after)", n)
 	}
 	if err := p.Record(ctx, "acme", "api_calls", d("2"), at, producer.Key("job-2")); err != nil {
 		t.Fatal(err)

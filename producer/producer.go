@@ -403,10 +403,12 @@ func (p *Producer) commit(taken []*request) {
 	for _, r := range taken {
 		if r.idem != "" {
 			if first, seen := known[r.idem]; seen {
+				p.m.keyRepeats.Inc()
 				r.done <- first.answer(r)
 				continue
 			}
 			if l := leaders[r.idem]; l != nil {
+				p.m.keyRepeats.Inc()
 				if err := keyOf(l).answer(r); err != nil {
 					r.done <- err
 				} else {
