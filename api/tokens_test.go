@@ -7,7 +7,8 @@ import (
 
 // TestTokensOverREST: an admin creates customer and gateway tokens over
 // REST (the secret shown once), lists and revokes them; the new tokens
-// work at once, a revoked one stops; no other caller may manage tokens.
+// work at once, a revoked one stops once the revocation is heard; no other
+// caller may manage tokens.
 func TestTokensOverREST(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
@@ -51,12 +52,14 @@ func TestTokensOverREST(t *testing.T) {
 		t.Fatalf("list of newco: %s", r.body)
 	}
 
-	// Revoked: it stops working at once; revoking again keeps the first time.
+	// Revoked: it stops working once the API hears the revocation; revoking
+	// again keeps the first time.
 	r = f.do("POST", fmt.Sprintf("/v1/tokens/%s/revoke", cust["id"]), adminToken, nil)
 	rev := r.json(t)
 	if r.status != 200 || rev["revoked_at"] == nil || rev["customer"] != "newco" || rev["description"] != "newco portal" {
 		t.Fatalf("revoke: %d %s", r.status, r.body)
 	}
+	f.sync()
 	f.do("GET", "/v1/customers/newco/usage", secret, nil).problem(t, 401, problem+"unauthorized")
 	if again := f.do("POST", fmt.Sprintf("/v1/tokens/%s/revoke", cust["id"]), adminToken, nil).json(t); again["revoked_at"] != rev["revoked_at"] {
 		t.Fatalf("revoked again: %v, first %v", again["revoked_at"], rev["revoked_at"])
