@@ -18,10 +18,10 @@ const module = "github.com/tally-ledger/tally"
 // anything. A new package gets a place here, where its imports put it.
 var layers = [][]string{
 	// Foundations: shapes and machinery, no domain package below them.
-	{"validation", "amount", "pools", "migrations", "internal/locks", "internal/notify", "internal/pause", "internal/ttlcache",
+	{"validation", "amount", "migrations", "internal/locks", "internal/notify", "internal/pause", "internal/ttlcache",
 		"internal/testrun", "internal/kafkatest"},
-	{"periods", "ingest/wire", "tokens", "internal/pgtest"},
-	{"ledger", "producer"},
+	{"periods", "ingest/wire", "internal/pgtest"},
+	{"ledger", "producer", "tokens", "pools"},
 	{"quota", "ingest", "internal/ledgertest"},
 	{"admission", "admit"},
 	{"reconcile"},

@@ -443,6 +443,15 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 		})
 	})
 	if len(newCust) > 0 {
+		// A grant refers to its customer, which exists from now on (a
+		// customer drawing only from a pool or the global budget may have
+		// nothing else yet). Before the membership lock, as a pool's join
+		// writes its members before taking that lock exclusively.
+		fresh := make([]string, len(newCust))
+		for i, k := range newCust {
+			fresh[i] = rows[k].customer
+		}
+		periods.QueueCreateCustomers(b, slices.Compact(slices.Sorted(slices.Values(fresh))))
 		args["membership_lock"] = locks.PoolMembership
 		b.Queue(qLockNewCustomersShared, args)
 		b.Queue(qEnsureCustomerBudgets, args)

@@ -73,6 +73,9 @@ func (a *API) routes() http.Handler {
 			r.Put("/pools/{name}", a.handle(a.putPool))
 			r.Put("/pools/{name}/quotas/{meter}", a.handle(a.putPoolQuota))
 			r.Put("/global/quotas/{meter}", a.handle(a.putGlobalQuota))
+			r.Get("/tokens", a.handle(a.listTokens))
+			r.Post("/tokens", a.handle(a.createToken))
+			r.Post("/tokens/{id}/revoke", a.handle(a.revokeToken))
 		})
 	})
 	return r

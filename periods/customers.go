@@ -36,9 +36,29 @@ var defaultSchedule = func() []byte {
 
 // QueueCreateCustomers queues on b the creation of the customers among ids
 // (sorted, without duplicates) that do not exist yet, with the default
-// calendar from the beginning: customers are created on their first usage.
+// calendar from the beginning. A customer exists once anything refers to
+// it: its first usage, a quota rule, a pool membership, a customer token or
+// a grant each create it (RegisterCustomers), so every reader of a customer
+// (its calendar, usage, quotas, a reconciliation) knows it from then on and
+// shows zero usage until it is metered.
 func QueueCreateCustomers(b *pgx.Batch, ids []string) {
 	b.Queue(qInsertDefaultCustomers, ids, defaultSchedule)
+}
+
+// RegisterCustomers is QueueCreateCustomers in a statement of its own, for
+// the writers that refer to customers (quota rules, pools, tokens): run it
+// in the transaction that writes the reference, after the writer's own
+// locks, so the customer exists exactly when the reference does. ids need
+// not be sorted or distinct.
+func RegisterCustomers(ctx context.Context, db DBTX, ids ...string) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	ids = slices.Compact(slices.Sorted(slices.Values(ids)))
+	if _, err := db.Exec(ctx, qInsertDefaultCustomers, ids, defaultSchedule); err != nil {
+		return fmt.Errorf("periods: register customers: %w", err)
+	}
+	return nil
 }
 
 // Customer loads a customer's calendar history; ErrUnknownCustomer if the
@@ -66,8 +86,9 @@ func loadCustomer(ctx context.Context, db DBTX, id, query string) (Customer, err
 // SetCalendar sets a customer's billing calendar and returns the customer
 // as stored, and whether this call created it.
 //
-// An unknown customer is created with cal from the beginning: it has no
-// usage yet (usage creates customers). For a known customer the change
+// An unknown customer is created with cal from the beginning: nothing
+// refers to it yet (usage, a quota rule, a pool, a token or a grant would
+// have created it with the default calendar). For a known customer the change
 // takes effect at the next period boundary at least ChangeNotice from now,
 // replacing any change still pending; periods that have started never
 // change, and setting the calendar in force only drops a pending change.

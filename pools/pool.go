@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/tally-ledger/tally/periods"
 )
 
 // ErrNotFound: no such pool.
@@ -143,6 +145,10 @@ func PutTx(ctx context.Context, tx pgx.Tx, in PutInput, now time.Time) (Change, 
 	}
 	if _, err := tx.Exec(ctx, qJoin, pgx.NamedArgs{"pool": in.Name, "customers": ch.Joined, "at": at, "actor": in.Actor}); err != nil {
 		return Change{}, fmt.Errorf("pools: start stays: %w", err)
+	}
+	// A member is a customer, which exists from now on.
+	if err := periods.RegisterCustomers(ctx, tx, ch.Joined...); err != nil {
+		return Change{}, err
 	}
 	return ch, nil
 }

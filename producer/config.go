@@ -28,6 +28,7 @@ const (
 	DefaultRetryMin          = 100 * time.Millisecond
 	DefaultRetryMax          = 10 * time.Second
 	DefaultWriteTimeout      = 30 * time.Second
+	DefaultKeyRetention      = 7 * 24 * time.Hour
 )
 
 // MessageWriter writes messages to Kafka. *kafka.Writer satisfies it. It
@@ -82,6 +83,11 @@ type Config struct {
 	// BlockWhenFull makes Record wait for room instead of failing with
 	// ErrBufferFull.
 	BlockWhenFull bool
+	// KeyRetention is how long an idempotency key (Record's Key option) is
+	// remembered after its record was stored: a key repeated later than
+	// that records again. Default 7 days. Each key costs about 200 bytes of
+	// Dir for that long.
+	KeyRetention time.Duration
 
 	// RetryMin and RetryMax bound the exponential backoff between attempts
 	// to send a batch. Defaults 100ms and 10s.
@@ -130,6 +136,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.WriteTimeout == 0 {
 		c.WriteTimeout = DefaultWriteTimeout
+	}
+	if c.KeyRetention == 0 {
+		c.KeyRetention = DefaultKeyRetention
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -191,7 +200,7 @@ func (c Config) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"Linger", c.Linger}, {"RetryMin", c.RetryMin}, {"RetryMax", c.RetryMax}, {"WriteTimeout", c.WriteTimeout}} {
+	}{{"Linger", c.Linger}, {"RetryMin", c.RetryMin}, {"RetryMax", c.RetryMax}, {"WriteTimeout", c.WriteTimeout}, {"KeyRetention", c.KeyRetention}} {
 		if d.v < 0 {
 			add("%s %v is negative", d.name, d.v)
 		}

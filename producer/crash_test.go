@@ -34,6 +34,9 @@ const (
 	childBrokers = "TALLY_PRODUCER_CHILD_BROKERS"
 )
 
+// keyedJobs is how many jobs a "keyed" child records, one unit each.
+const keyedJobs = 1000
+
 var crashStreams = [][2]string{{"acme", "api_calls"}, {"acme", "storage_gb"}, {"globex", "api_calls"}, {"initech", "jobs"}}
 
 // childMain records usage on every stream concurrently until killed
@@ -67,6 +70,19 @@ func childMain() int {
 			return 3
 		}
 		say("CLOSED")
+		return 0
+	}
+	if os.Getenv(childEnv) == "keyed" {
+		// "Send exactly keyedJobs": every job from the first, each with its
+		// key; a job a killed run recorded records nothing now.
+		for i := range keyedJobs {
+			if err := p.Record(ctx, "keyed", "jobs", decimal.NewFromInt(1), time.Now(), producer.Key(fmt.Sprintf("job-%d", i))); err != nil {
+				fmt.Fprintln(os.Stderr, "record:", err)
+				return 4
+			}
+			say("K %d", i)
+		}
+		say("DONE")
 		return 0
 	}
 	var wg sync.WaitGroup

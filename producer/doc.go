@@ -18,6 +18,13 @@
 //     process dies may or may not have been made durable: its usage is billed
 //     once or not at all. So, after a crash, billed = acknowledged + at most
 //     the Record calls that were in flight at that instant.
+//   - With Key(k), a Record call is idempotent by k within the state in Dir
+//     (across Stop, crashes and new epochs, for Config.KeyRetention): k is
+//     stored in the disk commit of its record, so it is known exactly when
+//     that usage is durable, and a repeated k records nothing and returns
+//     nil (or *KeyReusedError for other usage). A caller retrying, after a
+//     crash, every call it did not see return nil, with the same keys, is
+//     billed exactly once per key.
 //   - A batch is formed once, written to disk with its batch id and encoded
 //     bytes, and only then sent; a retry (after an error, a timeout or a
 //     restart) resends exactly those bytes, so the ledger sees duplicates,

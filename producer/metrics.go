@@ -12,6 +12,7 @@ type metrics struct {
 	splits      prometheus.Counter
 	sendBudget  prometheus.Gauge
 	streams     prometheus.Gauge
+	keyRepeats  prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, producer string) (*metrics, error) {
@@ -35,8 +36,10 @@ func newMetrics(reg prometheus.Registerer, producer string) (*metrics, error) {
 			Help: "Bytes of stored batches the producer puts in one write (lowered after a size refusal).", ConstLabels: labels}),
 		streams: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tally_producer_streams_in_memory",
 			Help: "Stream states (seq and running total) cached in memory, at most StreamCache.", ConstLabels: labels}),
+		keyRepeats: prometheus.NewCounter(prometheus.CounterOpts{Name: "tally_producer_key_repeats_total",
+			Help: "Record calls whose idempotency key was already used: answered with the first call's outcome, nothing recorded.", ConstLabels: labels}),
 	}
-	for _, c := range []prometheus.Collector{m.buffered, m.epoch, m.records, m.batchesSent, m.sendErrors, m.tooLarge, m.splits, m.sendBudget, m.streams} {
+	for _, c := range []prometheus.Collector{m.buffered, m.epoch, m.records, m.batchesSent, m.sendErrors, m.tooLarge, m.splits, m.sendBudget, m.streams, m.keyRepeats} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -45,7 +48,7 @@ func newMetrics(reg prometheus.Registerer, producer string) (*metrics, error) {
 }
 
 func (m *metrics) unregister(reg prometheus.Registerer) {
-	for _, c := range []prometheus.Collector{m.buffered, m.epoch, m.records, m.batchesSent, m.sendErrors, m.tooLarge, m.splits, m.sendBudget, m.streams} {
+	for _, c := range []prometheus.Collector{m.buffered, m.epoch, m.records, m.batchesSent, m.sendErrors, m.tooLarge, m.splits, m.sendBudget, m.streams, m.keyRepeats} {
 		reg.Unregister(c)
 	}
 }

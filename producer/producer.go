@@ -181,6 +181,7 @@ type request struct {
 	key      streamKey
 	quantity decimal.Decimal
 	at       time.Time
+	idem     string       // the caller's idempotency key (Key), or ""
 	state    atomic.Int32 // reqWaiting → reqTaken (committer) or reqCancelled (caller)
 	done     chan error
 }
@@ -206,8 +207,23 @@ func (r *request) claim() bool { return r.state.CompareAndSwap(reqWaiting, reqTa
 // Concurrent calls share one disk commit. When the buffer is full, Record
 // blocks (Config.BlockWhenFull) until there is room or ctx ends, or returns
 // ErrBufferFull.
-func (p *Producer) Record(ctx context.Context, customer, meter string, quantity decimal.Decimal, occurredAt time.Time) error {
+//
+// With Key(k), Record is idempotent by k: a call whose key the state in Dir
+// already holds (a Record with k returned nil, or became durable just
+// before a crash) records nothing and returns nil, or a *KeyReusedError if
+// the first call with k recorded other usage. The key is stored in the
+// same disk commit as its record, so after a crash a caller retries every
+// call it did not see return nil, with the same keys, and is billed exactly
+// once for each.
+func (p *Producer) Record(ctx context.Context, customer, meter string, quantity decimal.Decimal, occurredAt time.Time, opts ...RecordOption) error {
 	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var o recordOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := checkKey(o); err != nil {
 		return err
 	}
 	if err := p.check(customer, meter, quantity, occurredAt); err != nil {
@@ -215,7 +231,8 @@ func (p *Producer) Record(ctx context.Context, customer, meter string, quantity 
 	}
 	// The ledger keeps microseconds (Postgres timestamptz); keeping the same
 	// here makes a resent record byte-for-byte what the ledger stored.
-	r := &request{ctx: ctx, key: streamKey{customer, meter}, quantity: quantity, at: occurredAt.UTC().Truncate(time.Microsecond), done: make(chan error, 1)}
+	r := &request{ctx: ctx, key: streamKey{customer, meter}, quantity: quantity, at: occurredAt.UTC().Truncate(time.Microsecond),
+		idem: o.key, done: make(chan error, 1)}
 	select {
 	case p.reqs <- r:
 	case <-p.closing:
@@ -369,10 +386,37 @@ func (p *Producer) commit(taken []*request) {
 		}
 		return
 	}
+	known, err := p.loadKeys(taken)
+	if err != nil {
+		err = fmt.Errorf("producer: usage not recorded: read idempotency keys: %w", err)
+		for _, r := range taken {
+			r.done <- err
+		}
+		return
+	}
 	next := make(map[streamKey]streamState)
 	recs := make([]storedRecord, 0, len(taken))
 	ok := make([]*request, 0, len(taken))
+	var newKeys []storedKey
+	leaders := map[string]*request{}       // a key's first call in this group
+	followers := map[*request][]*request{} // later calls with its key and usage
 	for _, r := range taken {
+		if r.idem != "" {
+			if first, seen := known[r.idem]; seen {
+				p.m.keyRepeats.Inc()
+				r.done <- first.answer(r)
+				continue
+			}
+			if l := leaders[r.idem]; l != nil {
+				p.m.keyRepeats.Inc()
+				if err := keyOf(l).answer(r); err != nil {
+					r.done <- err
+				} else {
+					followers[l] = append(followers[l], r)
+				}
+				continue
+			}
+		}
 		st, seen := next[r.key]
 		if !seen {
 			st = cur[r.key]
@@ -394,8 +438,21 @@ func (p *Producer) commit(taken []*request) {
 		recs = append(recs, storedRecord{Epoch: epoch, OperationID: id, Customer: r.key.customer, Meter: r.key.meter,
 			Seq: st.Seq, Total: st.Total, Quantity: r.quantity, OccurredAt: r.at})
 		ok = append(ok, r)
+		if r.idem != "" {
+			leaders[r.idem] = r
+			k := keyOf(r)
+			k.Epoch, k.Seq, k.OperationID = epoch, st.Seq, id
+			newKeys = append(newKeys, k)
+		}
 	}
-	if err := p.store(recs, next, false); err != nil {
+	// A follower gets its leader's answer, whatever it is.
+	answer := func(r *request, err error) {
+		r.done <- err
+		for _, f := range followers[r] {
+			f.done <- err
+		}
+	}
+	if err := p.store(recs, next, false, newKeys); err != nil {
 		if errors.Is(err, errOutcomeUnknown) {
 			err = fmt.Errorf("producer: %w", err)
 		} else {
@@ -403,24 +460,27 @@ func (p *Producer) commit(taken []*request) {
 		}
 		p.log.Error("storing records failed", "err", err, "records", len(recs))
 		for _, r := range ok {
-			r.done <- err
+			answer(r, err)
 		}
 		return
 	}
 	p.m.records.Add(float64(len(ok)))
 	for _, r := range ok {
-		r.done <- nil
+		answer(r, nil)
 	}
 }
 
 // store writes recs as pending and the new stream states in one
 // transaction, then publishes them to the sender.
-func (p *Producer) store(recs []storedRecord, states map[streamKey]streamState, endEpoch bool) error {
+func (p *Producer) store(recs []storedRecord, states map[streamKey]streamState, endEpoch bool, keys []storedKey) error {
 	if len(recs) == 0 && !endEpoch {
 		return nil
 	}
 	first := p.nextIndex
 	err := p.db.Update(func(tx *bolt.Tx) error {
+		if err := putKeys(tx, keys, time.Now(), p.cfg.KeyRetention); err != nil {
+			return err
+		}
 		pend := tx.Bucket(bucketPending)
 		for i := range recs {
 			v, err := json.Marshal(&recs[i])
@@ -607,7 +667,7 @@ func (p *Producer) finalize(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("producer: end epoch %d: %w", epoch, err)
 		}
-		if err := p.store(recs, states, !more); err != nil {
+		if err := p.store(recs, states, !more, nil); err != nil {
 			return fmt.Errorf("producer: end epoch %d: %w", epoch, err)
 		}
 		if !more {

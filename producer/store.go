@@ -26,6 +26,10 @@ import (
 //	pending  index (8 bytes, big endian) → storedRecord not yet in a batch
 //	batches  index of its first record → storedBatch, formed, not yet acked
 //	         (index ‖ u32 offset for the later half of a split batch)
+//	keys     a caller's idempotency key (Key) → storedKey, written in the
+//	         commit of its record; kept across epochs for KeyRetention
+//	keys_by_time  stored-at nanoseconds (8 bytes, big endian) ‖ key → nil,
+//	         the order expired keys are deleted in
 //
 // Record indexes grow by one per record ever stored in this file, so
 // "everything below index i has been acknowledged by Kafka" is a single
@@ -37,6 +41,9 @@ var (
 	bucketStreams = []byte("streams")
 	bucketPending = []byte("pending")
 	bucketBatches = []byte("batches")
+	bucketKeys    = []byte("keys")
+	// keys by when they were stored, for pruning
+	bucketKeysByTime = []byte("keys_by_time")
 
 	keyProducer    = []byte("producer")
 	keyEpoch       = []byte("epoch")
@@ -166,7 +173,7 @@ func loadFile(dir, path, id string, now time.Time, streamCache int) (db *bolt.DB
 		return nil, l, err
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketMeta, bucketStreams, bucketPending, bucketBatches} {
+		for _, b := range [][]byte{bucketMeta, bucketStreams, bucketPending, bucketBatches, bucketKeys, bucketKeysByTime} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tally-ledger/tally/amount"
 	"github.com/tally-ledger/tally/internal/locks"
+	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/validation"
 )
 
@@ -299,6 +300,11 @@ func putRule(ctx context.Context, tx pgx.Tx, in RuleInput, now time.Time) (Rule,
 		string(r.Admission), string(r.OnUnreachable), localAmount, int64(in.LocalEvery/time.Second))
 	if err != nil {
 		return Rule{}, fmt.Errorf("quota: insert rule: %w", err)
+	}
+	// The rule refers to its customer, which exists from now on (last, so
+	// no lock is awaited while its row is new).
+	if err := periods.RegisterCustomers(ctx, tx, r.Customer); err != nil {
+		return Rule{}, err
 	}
 	return r, nil
 }

@@ -12,7 +12,7 @@ VALUES ($1, nullif($2, ''), $3, $4, $5, nullif($6, ''))`
 	qRevokeToken = `
 UPDATE api_tokens SET revoked_at = coalesce(revoked_at, $2)
 WHERE id = $1
-RETURNING coalesce(customer, ''), revoked_at`
+RETURNING coalesce(customer, ''), description, created_at, revoked_at, coalesce(gateway, '')`
 
 	qListTokens = `
 SELECT id, coalesce(customer, ''), description, created_at, revoked_at, coalesce(gateway, '')

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/validation"
 )
 
@@ -28,6 +29,13 @@ type DBTX interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Beginner is what Create needs besides DBTX: a customer token and its
+// customer are written in one transaction (a savepoint inside the caller's).
+type Beginner interface {
+	DBTX
+	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
 // Token is a token as stored: never its secret. A customer token has
@@ -48,15 +56,26 @@ var idPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
 
 // Create stores a new read-only token for customer and returns it with
 // its secret. Only the secret's SHA-256 is stored: the secret cannot be
-// shown again.
-func Create(ctx context.Context, db DBTX, customer, description string, now time.Time) (Token, string, error) {
-	return create(ctx, db, customer, "", description, now)
+// shown again. The token refers to its customer, which exists from then on
+// (periods.RegisterCustomers): a customer with nothing metered yet reads as
+// zero usage through it, not as unknown.
+func Create(ctx context.Context, db Beginner, customer, description string, now time.Time) (t Token, secret string, err error) {
+	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if t, secret, err = create(ctx, tx, customer, "", description, now); err != nil {
+			return err
+		}
+		return periods.RegisterCustomers(ctx, tx, customer)
+	})
+	if err != nil {
+		return Token{}, "", err
+	}
+	return t, secret, nil
 }
 
 // CreateGateway stores a new token for the gateway whose holder id is
 // gateway: it may issue, renew and release only that holder's grants and
 // report only its bypasses. The secret is shown once, like Create's.
-func CreateGateway(ctx context.Context, db DBTX, gateway, description string, now time.Time) (Token, string, error) {
+func CreateGateway(ctx context.Context, db Beginner, gateway, description string, now time.Time) (Token, string, error) {
 	if !idPattern.MatchString(gateway) {
 		return Token{}, "", validation.Errorf("gateway", "%q is not 1-128 characters of A-Z a-z 0-9 . _ : -", gateway)
 	}
@@ -87,10 +106,11 @@ func create(ctx context.Context, db DBTX, customer, gateway, description string,
 	return t, secret, nil
 }
 
-// Revoke revokes a token; revoking it again keeps the first time.
+// Revoke revokes a token and returns it as stored; revoking it again keeps
+// the first time.
 func Revoke(ctx context.Context, db DBTX, id uuid.UUID, now time.Time) (Token, error) {
 	t := Token{ID: id}
-	err := db.QueryRow(ctx, qRevokeToken, id, now.UTC().Truncate(time.Microsecond)).Scan(&t.Customer, &t.RevokedAt)
+	err := db.QueryRow(ctx, qRevokeToken, id, now.UTC().Truncate(time.Microsecond)).Scan(&t.Customer, &t.Description, &t.CreatedAt, &t.RevokedAt, &t.Gateway)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Token{}, ErrNotFound
 	}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,7 +25,7 @@ import (
 
 func newDevCmd() *cobra.Command {
 	var dir, listen, kafkaAddr string
-	var simulated bool
+	var simulated, reset bool
 	var maxSkew time.Duration
 	cmd := &cobra.Command{
 		Use:   "dev",
@@ -35,10 +36,11 @@ func newDevCmd() *cobra.Command {
     127.0.0.1:9092 (topics tally.meter-batches and tally.quota-decisions,
     4 partitions each; data kept in ./.tally-dev/kafka).
   - Postgres: TALLY_DATABASE_URL if set and reachable, else the local server
-    at 127.0.0.1:5432 (database tally, created if missing), else a private
-    cluster started from the installed initdb/pg_ctl under ./.tally-dev/pg
-    (Unix socket only, in a directory only its user can enter; reused if a
-    killed tally dev left it running).
+    at 127.0.0.1:5432 (a database of the data directory's own, tally_ and a
+    digest of its path, created if missing: two clones never share one),
+    else a private cluster started from the installed initdb/pg_ctl under
+    ./.tally-dev/pg (Unix socket only, in a directory only its user can
+    enter; reused if a killed tally dev left it running).
 
 Then it migrates the database and runs everything tally serve runs (ingest,
 REST API and web console, quota enforcer) plus simulated producers (customers demo-acme and
@@ -57,10 +59,25 @@ unless TALLY_ADMIN_TOKEN is set) and what to try, and runs until Ctrl-C.`,
 			log := newLogger()
 
 			pg, err := devstack.StartPostgres(ctx, devstack.PostgresConfig{
-				URL: os.Getenv("TALLY_DATABASE_URL"), Dir: dir, Logger: log,
+				URL: os.Getenv("TALLY_DATABASE_URL"), Dir: dir, Logger: log, Reset: reset,
 			})
 			if err != nil {
 				return err
+			}
+			if reset {
+				// The broker's positions were in the dropped database: its
+				// data goes with it, or ingest would resume past messages
+				// the new database never saw.
+				kdir := filepath.Join(dir, "kafka")
+				if err := os.RemoveAll(kdir); err != nil {
+					_ = pg.Close()
+					return fmt.Errorf("--reset: remove the embedded broker's data %s: %w", kdir, err)
+				}
+				dropped := "nothing to drop in Postgres (no dev database yet)"
+				if pg.Dropped != "" {
+					dropped = "dropped the database " + pg.Dropped + " (" + pg.Source + ")"
+				}
+				fmt.Fprintf(out, "tally dev --reset: %s and removed the embedded broker's data %s; starting empty.\n", dropped, kdir)
 			}
 			defer func() {
 				if err := pg.Close(); err != nil {
@@ -93,8 +110,9 @@ unless TALLY_ADMIN_TOKEN is set) and what to try, and runs until Ctrl-C.`,
 					}
 					if stale > 0 {
 						return fmt.Errorf("the database %s holds ingest positions of an earlier embedded broker (up to offset %d), "+
-							"but %s does not exist: drop that database to start over (dropdb tally), or restore the broker's data directory",
-							pg.URL, stale, kdir)
+							"but that broker's data directory %s does not exist (deleted?): restore it, or start over with "+
+							"tally dev --reset (it drops that database, %s, which holds only the dev data of %s), or use another --dir",
+							pg.URL, stale, kdir, devDatabaseName(pg.URL), dir)
 					}
 				}
 				k, err := devstack.StartKafka(devstack.KafkaConfig{
@@ -136,9 +154,19 @@ unless TALLY_ADMIN_TOKEN is set) and what to try, and runs until Ctrl-C.`,
 	cmd.Flags().StringVar(&kafkaAddr, "kafka-addr", devstack.DefaultKafkaAddr, "address of the embedded broker (127.0.0.1:<port>; port 0 picks one)")
 	cmd.Flags().StringVar(&listen, "listen", defaultListen, "address of the REST API (and /metrics, /healthz)")
 	cmd.Flags().BoolVar(&simulated, "simulate", true, "run simulated producers and a demo quota")
+	cmd.Flags().BoolVar(&reset, "reset", false, "start over: drop this data directory's dev database and the embedded broker's data (never a TALLY_DATABASE_URL database)")
 	envDefault(cmd.Flags(), "listen", "TALLY_LISTEN")
 	addMaxSkewFlag(cmd.Flags(), &maxSkew)
 	return cmd
+}
+
+// devDatabaseName is the database of a Postgres URL, for a dropdb line.
+func devDatabaseName(dbURL string) string {
+	u, err := url.Parse(dbURL)
+	if err != nil || strings.TrimPrefix(u.Path, "/") == "" {
+		return "<the database of " + dbURL + ">"
+	}
+	return strings.TrimPrefix(u.Path, "/")
 }
 
 func printDevBanner(w io.Writer, brokers []string, kafkaNote string, pg *devstack.Postgres, version int64, addr, token string, generated, simulated bool) {

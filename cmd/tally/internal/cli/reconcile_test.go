@@ -6,8 +6,10 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/quota"
 )
 
 // TestReconcileValidatesFlagsFirst: a bad --format is refused before the
@@ -53,5 +55,28 @@ func TestReconcileAccept(t *testing.T) {
 	if err := pool.QueryRow(context.Background(), `SELECT actor, reason FROM reconciliation_acceptances`).Scan(&actor, &reason); err != nil ||
 		actor != "alice" || reason != "test traffic" {
 		t.Fatalf("acceptance: %s %s %v", actor, reason, err)
+	}
+}
+
+// TestReconcileGatedCustomer: a customer with a quota rule and no usage yet
+// is a customer: reconciling it finds an empty, clean period instead of
+// refusing an "unknown customer".
+func TestReconcileGatedCustomer(t *testing.T) {
+	url := pgtest.NewURL(t)
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := quota.PutRuleDB(context.Background(), pool, quota.RuleInput{
+		Customer: "newco2", Meter: "calls", Limit: decimal.RequireFromString("500"), Admission: quota.Exact, Actor: "admin"}); err != nil {
+		t.Fatal(err)
+	}
+	out, err := runTally(t, "reconcile", "--database-url", url, "--period", "current", "--customer", "newco2")
+	if err != nil {
+		t.Fatalf("reconcile --customer newco2: %v\n%s", err, out)
+	}
+	if !strings.Contains(out, "newco2") {
+		t.Fatalf("the report does not name newco2:\n%s", out)
 	}
 }

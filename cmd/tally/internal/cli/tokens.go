@@ -17,11 +17,20 @@ func newTokensCmd() *cobra.Command {
 	var dbURL string
 	cmd := &cobra.Command{
 		Use:   "tokens",
-		Short: "Create, list and revoke customer API tokens",
-		Long: `Customer tokens let a customer (or its portal) read its own usage and
-calendar over the REST API, and nothing else. Only a hash of each token is
-stored: the token is printed once, by create, and cannot be shown again.
-The admin token is not managed here; it is TALLY_ADMIN_TOKEN.`,
+		Short: "Create, list and revoke customer and gateway tokens (needs direct database access)",
+		Long: `Create, list and revoke customer and gateway tokens for the REST API.
+This needs direct database access (--database-url, TALLY_DATABASE_URL).
+
+  - a customer token (--customer C) lets a customer, or its portal, read
+    its own usage, calendar and quotas, and nothing else;
+  - a gateway token (--gateway H) lets a gateway using the admit SDK
+    issue, renew and release holder H's grants and report its bypasses.
+
+Only a hash of each token is stored: the token is printed once, by
+create, and cannot be shown again. Without database access, an admin does
+the same over REST with the admin token: POST /v1/tokens, GET /v1/tokens
+and POST /v1/tokens/{id}/revoke (docs/api.md). The admin token is not
+managed here; it is TALLY_ADMIN_TOKEN.`,
 	}
 	cmd.PersistentFlags().StringVar(&dbURL, "database-url", defaultDatabaseURL, "Postgres connection URL")
 	envDefault(cmd.PersistentFlags(), "database-url", "TALLY_DATABASE_URL")
@@ -89,7 +98,11 @@ may issue, renew and release only holder H's grants and report its bypasses.`,
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "revoked %s (customer %s) at %s\n", t.ID, t.Customer, t.RevokedAt.UTC().Format(time.RFC3339))
+			owner := "customer " + t.Customer
+			if t.Gateway != "" {
+				owner = "gateway " + t.Gateway
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "revoked %s (%s) at %s\n", t.ID, owner, t.RevokedAt.UTC().Format(time.RFC3339))
 			return nil
 		},
 	}

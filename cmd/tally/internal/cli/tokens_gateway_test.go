@@ -25,3 +25,31 @@ func TestTokensCreateGateway(t *testing.T) {
 		t.Fatalf("bad gateway id: %v", err)
 	}
 }
+
+// tally tokens --help says it makes both kinds of token, that it needs the
+// database, and where to go without it.
+func TestTokensHelpNamesBothKindsAndTheDatabase(t *testing.T) {
+	out, err := runTally(t, "tokens", "--help")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"customer and gateway tokens", "needs direct database access", "--gateway H", "POST /v1/tokens"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("tokens --help does not say %q:\n%s", want, out)
+		}
+	}
+}
+
+// Revoking a gateway token names the gateway, not an empty customer.
+func TestTokensRevokeGatewayNamesIt(t *testing.T) {
+	db := pgtest.NewURL(t)
+	if _, err := runTally(t, "tokens", "create", "--gateway", "gw-eu-1", "--database-url", db); err != nil {
+		t.Fatal(err)
+	}
+	list, _ := runTally(t, "tokens", "list", "--database-url", db)
+	id := strings.Fields(strings.Split(list, "\n")[1])[0]
+	out, err := runTally(t, "tokens", "revoke", id, "--database-url", db)
+	if err != nil || !strings.Contains(out, "(gateway gw-eu-1)") {
+		t.Fatalf("revoke: %q, %v", out, err)
+	}
+}

@@ -3,6 +3,8 @@ package devstack
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -19,7 +21,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Defaults for the dev database.
+// Defaults for the dev database. On the local server each data directory
+// has a database of its own, DefaultDatabase_ and a digest of the
+// directory (LocalDatabase); a private cluster (one per data directory)
+// names its database DefaultDatabase.
 const (
 	DefaultDatabase    = "tally"
 	DefaultLocalAddr   = "127.0.0.1:5432"
@@ -32,7 +37,10 @@ type Postgres struct {
 	// Source says where it came from: "TALLY_DATABASE_URL", "local server"
 	// or "private cluster".
 	Source string
-	stop   func() error
+	// Dropped names the database Reset dropped before creating it anew
+	// ("" when nothing was dropped).
+	Dropped string
+	stop    func() error
 }
 
 // PostgresConfig configures StartPostgres.
@@ -43,12 +51,16 @@ type PostgresConfig struct {
 	Dir string
 	// PrivatePort is the private cluster's port. Default 54329.
 	PrivatePort int
-	Logger      *slog.Logger
+	// Reset drops tally dev's own database first (the data directory's on
+	// the local server, or the private cluster's) and creates it empty.
+	// Refused with URL: a database someone chose is never dropped here.
+	Reset  bool
+	Logger *slog.Logger
 }
 
 // StartPostgres finds or starts a database: cfg.URL when set and reachable;
-// else the local server at 127.0.0.1:5432 (database `tally`, created if
-// missing); else a private cluster under Dir/pg started with the installed
+// else the local server at 127.0.0.1:5432 (the data directory's database,
+// LocalDatabase(cfg.Dir), created if missing); else a private cluster under Dir/pg started with the installed
 // initdb and pg_ctl (as the postgres or nobody user when running as root),
 // stopped by Close.
 func StartPostgres(ctx context.Context, cfg PostgresConfig) (*Postgres, error) {
@@ -59,6 +71,9 @@ func StartPostgres(ctx context.Context, cfg PostgresConfig) (*Postgres, error) {
 	if cfg.PrivatePort == 0 {
 		cfg.PrivatePort = DefaultPrivatePort
 	}
+	if cfg.Reset && cfg.URL != "" {
+		return nil, errors.New("--reset drops only tally dev's own database, and TALLY_DATABASE_URL is set: drop or empty that database yourself, or unset TALLY_DATABASE_URL")
+	}
 	if cfg.URL != "" {
 		if err := ping(ctx, cfg.URL); err == nil {
 			return &Postgres{URL: cfg.URL, Source: "TALLY_DATABASE_URL"}, nil
@@ -68,15 +83,35 @@ func StartPostgres(ctx context.Context, cfg PostgresConfig) (*Postgres, error) {
 	}
 	local := localURL(DefaultLocalAddr, "postgres")
 	if err := ping(ctx, local); err == nil {
-		u, err := ensureDatabase(ctx, local, DefaultDatabase)
+		name, err := LocalDatabase(cfg.Dir)
 		if err != nil {
 			return nil, err
 		}
-		return &Postgres{URL: u, Source: "local server"}, nil
+		u, dropped, err := ensureDatabase(ctx, local, name, cfg.Reset)
+		if err != nil {
+			return nil, err
+		}
+		return &Postgres{URL: u, Source: "local server", Dropped: dropped}, nil
 	} else {
 		log.Info("no Postgres at "+DefaultLocalAddr+"; starting a private cluster", "reason", err)
 	}
 	return StartPrivate(ctx, cfg)
+}
+
+// LocalDatabase is the name of dir's database on the local server:
+// "tally_" and the first 12 hex digits of the SHA-256 of dir's absolute
+// path. A database holds the positions of one embedded broker (whose data
+// is in dir/kafka), so two clones on one machine, or two data directories,
+// never share one: the second's first start would find positions its new
+// broker has not reached. The same directory always gets the same
+// database.
+func LocalDatabase(dir string) (string, error) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return "", fmt.Errorf("data directory %s: %w", dir, err)
+	}
+	sum := sha256.Sum256([]byte(filepath.Clean(abs)))
+	return DefaultDatabase + "_" + hex.EncodeToString(sum[:6]), nil
 }
 
 // Close stops the private cluster, if one was started.
@@ -106,15 +141,33 @@ func ping(ctx context.Context, u string) error {
 }
 
 // ensureDatabase creates database name on the server of admin (a URL to an
-// existing database) if missing and returns a URL to it.
-func ensureDatabase(ctx context.Context, admin, name string) (string, error) {
+// existing database) if missing and returns a URL to it. With reset it
+// drops the database first (its sessions too) and says so in dropped.
+func ensureDatabase(ctx context.Context, admin, name string, reset bool) (u, dropped string, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	c, err := pgx.Connect(ctx, admin)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	defer c.Close(context.WithoutCancel(ctx))
+	if reset {
+		var existed bool
+		if err := c.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", name).Scan(&existed); err != nil {
+			return "", "", fmt.Errorf("check database %s: %w", name, err)
+		}
+		if _, err := c.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+			return "", "", fmt.Errorf("--reset: drop database %s: %w", name, err)
+		}
+		if existed {
+			dropped = name
+		}
+	}
+	u, err = createDatabase(ctx, c, admin, name)
+	return u, dropped, err
+}
+
+func createDatabase(ctx context.Context, c *pgx.Conn, admin, name string) (string, error) {
 	var exists bool
 	if err := c.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)", name).Scan(&exists); err != nil {
 		return "", fmt.Errorf("check database %s: %w", name, err)
@@ -294,12 +347,12 @@ func StartPrivate(ctx context.Context, cfg PostgresConfig) (*Postgres, error) {
 		}
 		return nil
 	}
-	u, err := ensureDatabase(ctx, admin, DefaultDatabase)
+	u, dropped, err := ensureDatabase(ctx, admin, DefaultDatabase, cfg.Reset)
 	if err != nil {
 		_ = stop()
 		return nil, err
 	}
-	return &Postgres{URL: u, Source: "private cluster (" + data + ")", stop: stop}, nil
+	return &Postgres{URL: u, Source: "private cluster (" + data + ")", Dropped: dropped, stop: stop}, nil
 }
 
 // private reports whether the server at admin (a socket URL) answers and
