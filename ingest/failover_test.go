@@ -26,8 +26,11 @@ type lease struct {
 
 func (e *env) leases() []lease {
 	e.t.Helper()
-	rows, err := e.pool.Query(context.Background(), `SELECT partition, coalesce(member, ''), generation, process,
-		member IS NOT NULL AND lease_until > now() FROM ingest_partition_owners WHERE topic = $1 ORDER BY partition`, topic)
+	rows, err := e.pool.Query(context.Background(), `SELECT o.partition, coalesce(o.member, ''), o.generation, o.process,
+		o.member IS NOT NULL AND coalesce(m.lease_until > now(), false)
+		FROM ingest_partition_owners o
+		LEFT JOIN ingest_members m ON m.topic = o.topic AND m.consumer_group = o.consumer_group AND m.member = o.member
+		WHERE o.topic = $1 ORDER BY o.partition`, topic)
 	if err != nil {
 		e.t.Fatal(err)
 	}

@@ -368,7 +368,7 @@ func childMain() int {
 	defer pool.Close()
 	cfg := testConfig(strings.Split(os.Getenv("TALLY_TEST_CHILD_BROKERS"), ","), pool, log)
 	if os.Getenv(childDefaultTimingsEnv) != "" {
-		cfg.HeartbeatInterval, cfg.SessionTimeout, cfg.RebalanceTimeout = 0, 0, 0
+		cfg.HeartbeatInterval, cfg.SessionTimeout = 0, 0
 	}
 	c, err := ingest.NewConsumer(cfg)
 	if err != nil {

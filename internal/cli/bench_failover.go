@@ -143,8 +143,7 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 	t := o.timings
 	fmt.Fprintf(out, "tally bench failover: %d members (tally serve --ingest), %d partitions, %d records/s in messages of %d, embedded broker %s\n",
 		o.members, o.partitions, o.rate, o.perMessage, k.Addr)
-	fmt.Fprintf(out, "  group timings: session timeout %s, heartbeat interval %s, rebalance timeout %s, join backoff %s\n",
-		t.session, t.heartbeat, t.rebalance, t.joinBackoff)
+	fmt.Fprintf(out, "  lease timings: session timeout %s, heartbeat interval %s\n", t.session, t.heartbeat)
 	defer b.stopAll()
 	for range o.members {
 		if err := b.startMember(ctx); err != nil {
@@ -294,8 +293,7 @@ func (b *failoverBench) startMember(ctx context.Context) error {
 	t := b.o.timings
 	cmd := exec.Command(b.exe, "serve", "--ingest", "--listen", "127.0.0.1:0",
 		"--database-url", b.dbURL, "--kafka-brokers", b.broker, "--topic", b.topic, "--group", "bench-failover",
-		"--session-timeout", t.session.String(), "--heartbeat-interval", t.heartbeat.String(),
-		"--rebalance-timeout", t.rebalance.String(), "--join-group-backoff", t.joinBackoff.String())
+		"--session-timeout", t.session.String(), "--heartbeat-interval", t.heartbeat.String())
 	cmd.Env = os.Environ()
 	cmd.Stdout = b.logOut
 	stderr, err := cmd.StderrPipe()
