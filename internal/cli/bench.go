@@ -35,7 +35,7 @@ func newBenchCmd() *cobra.Command {
 		Use:   "bench",
 		Short: "Measure Tally against the targets of docs/design.md §10",
 	}
-	cmd.AddCommand(newBenchIngestCmd(), newBenchEnforceCmd(), newBenchFloodCmd(), newBenchFailoverCmd(), newBenchAdmissionCmd())
+	cmd.AddCommand(newBenchIngestCmd(), newBenchEnforceCmd(), newBenchFloodCmd(), newBenchFailoverCmd(), newBenchAdmissionCmd(), newBenchChaosCmd())
 	return cmd
 }
 
