@@ -246,7 +246,7 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "  soak: enforcement lag p50 %.2fs p99 %.2fs max %.2fs; rebalances %d\n",
+		fmt.Fprintf(out, "  soak: enforcement lag p50 %.2fs p99 %.2fs max %.2fs; partition claims %d\n",
 			quantile(soakLags, 0.5), quantile(soakLags, 0.99), slices.Max(soakLags), genTo-genFrom)
 	}
 
@@ -339,8 +339,7 @@ func (b *failoverBench) settle(ctx context.Context) error {
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		var owned, procs int
-		err := b.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT process) FROM ingest_partition_owners
-			WHERE topic = $1 AND member IS NOT NULL AND lease_until > now()`, b.topic).Scan(&owned, &procs)
+		err := b.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT o.process) `+liveOwners, b.topic).Scan(&owned, &procs)
 		if err != nil {
 			return err
 		}
@@ -358,8 +357,7 @@ func (b *failoverBench) settle(ctx context.Context) error {
 
 // partitionsOf returns the partitions process pid holds.
 func (b *failoverBench) partitionsOf(ctx context.Context, pid int) ([]int, error) {
-	rows, err := b.pool.Query(ctx, `SELECT partition FROM ingest_partition_owners
-		WHERE topic = $1 AND member IS NOT NULL AND lease_until > now() AND process LIKE '%:' || $2::text ORDER BY partition`,
+	rows, err := b.pool.Query(ctx, `SELECT o.partition `+liveOwners+` AND o.process LIKE '%:' || $2::text ORDER BY o.partition`,
 		b.topic, strconv.Itoa(pid))
 	if err != nil {
 		return nil, err
@@ -407,8 +405,9 @@ func (b *failoverBench) waitCaughtUp(ctx context.Context, parts []int, tKill tim
 		}
 		rows, err := b.pool.Query(ctx, `SELECT p.partition, p.applied_through,
 				extract(epoch FROM clock_timestamp() - p.applied_through)::float8,
-				o.member IS NOT NULL AND o.lease_until > now() AND o.since > $3
+				coalesce(m.lease_until > now(), false) AND o.since > $3
 			FROM ingest_partitions p JOIN ingest_partition_owners o USING (topic, partition)
+			LEFT JOIN ingest_members m ON m.topic = o.topic AND m.consumer_group = o.consumer_group AND m.member = o.member
 			WHERE p.topic = $1 AND p.partition = ANY($2)`, b.topic, parts, tKill)
 		if err != nil {
 			return 0, 0, 0, err
@@ -449,8 +448,7 @@ func (b *failoverBench) waitCaughtUp(ctx context.Context, parts []int, tKill tim
 // held.
 func (b *failoverBench) watchMembership(ctx context.Context) {
 	for pause.For(ctx, 200*time.Millisecond) {
-		rows, err := b.pool.Query(ctx, `SELECT process, member FROM ingest_partition_owners
-			WHERE topic = $1 AND member IS NOT NULL AND lease_until > now()`, b.topic)
+		rows, err := b.pool.Query(ctx, `SELECT o.process, o.member `+liveOwners, b.topic)
 		if err != nil {
 			continue
 		}
@@ -471,17 +469,24 @@ func (b *failoverBench) watchMembership(ctx context.Context) {
 	}
 }
 
-// maxGeneration is the newest generation that claimed a partition.
+// liveOwners selects the partitions of topic $1 whose holder's lease is
+// live (the members' leases are in ingest_members).
+const liveOwners = `FROM ingest_partition_owners o
+	JOIN ingest_members m ON m.topic = o.topic AND m.consumer_group = o.consumer_group AND m.member = o.member
+	WHERE o.topic = $1 AND m.lease_until > now()`
+
+// maxGeneration is the number of partition claims so far (every claim bumps
+// its partition's fencing epoch).
 func (b *failoverBench) maxGeneration(ctx context.Context) (int32, error) {
 	var g int32
-	err := b.pool.QueryRow(ctx, `SELECT coalesce(max(generation), 0) FROM ingest_partition_owners WHERE topic = $1`, b.topic).Scan(&g)
+	err := b.pool.QueryRow(ctx, `SELECT coalesce(sum(generation), 0)::int FROM ingest_partition_owners WHERE topic = $1`, b.topic).Scan(&g)
 	return g, err
 }
 
 // falseEvictions counts member ids beyond the first of every process: a
-// kafka-go member keeps its id across rebalances and gets a new one only
-// after it was evicted. A killed process has one id (its restart is a new
-// process).
+// member keeps its id while its lease lives and registers a new one only
+// after it was evicted (its lease ran out). A killed process has one id (its
+// restart is a new process).
 func (b *failoverBench) falseEvictions() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
