@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"slices"
@@ -33,6 +34,8 @@ type benchFailoverOptions struct {
 	members, partitions int
 	rate, perMessage    int
 	kills               int
+	rapid               int  // members killed 0.3–1.7s apart, each restarted at once
+	rolling             bool // restart every member in turn (SIGTERM, replacement at once)
 	every, soak         time.Duration
 	timeout             time.Duration
 	steadyLag           time.Duration
@@ -62,7 +65,16 @@ members run --soak longer with nothing killed.
 A false eviction is a member that was not killed whose group membership
 changed (it was evicted and rejoined as a new member); every one is
 counted. At the end production stops, the ledger must catch up and hold
-exactly the records produced. Prints p50/p99/max over the kills.`,
+exactly the records produced. Prints p50/p99/max over the kills.
+
+Then --rapid-kills members are killed 0.3–1.7s apart (a random member each
+time, restarted at once), and with --rolling every member is restarted in
+turn. For each schedule (and for a quiet minute's worth of steady running
+before the first kill, the baseline) it reports every partition's longest
+pause in applying usage (the longest time its stored offset did not move
+under steady production; p50, p99 and max over the partitions) and the
+catch-up after the last kill: the time until every partition has applied a
+message produced after it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return benchFailover(cmd.Context(), cmd.OutOrStdout(), o)
@@ -73,7 +85,9 @@ exactly the records produced. Prints p50/p99/max over the kills.`,
 	f.IntVar(&o.partitions, "partitions", 6, "partitions of the benchmark topic")
 	f.IntVar(&o.rate, "rate", 20_000, "records produced per second, steadily")
 	f.IntVar(&o.perMessage, "per-message", 1000, "records per Kafka message")
-	f.IntVar(&o.kills, "kills", 10, "members killed, one at a time")
+	f.IntVar(&o.kills, "kills", 10, "members killed, one at a time, once the previous failover settled (the gentle schedule)")
+	f.IntVar(&o.rapid, "rapid-kills", 8, "then members killed 0.3–1.7s apart, each restarted at once (a crash loop); 0: none")
+	f.BoolVar(&o.rolling, "rolling", true, "then restart every member in turn (SIGTERM, its replacement started at once, the next once the group settled)")
 	f.DurationVar(&o.every, "every", 10*time.Second, "steady running before each kill (after the group settled)")
 	f.DurationVar(&o.soak, "soak", 0, "after the kills, run this long with nothing killed and count false evictions")
 	f.DurationVar(&o.timeout, "timeout", 2*time.Minute, "give up on a kill whose partitions are not caught up after this long")
@@ -178,6 +192,15 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 	if err := b.settle(ctx); err != nil {
 		return err
 	}
+	// The baseline: pauses while nothing is killed (messages arrive on a
+	// partition every few hundred milliseconds).
+	base := b.watchPauses(ctx)
+	if !pause.For(ctx, max(o.every, 5*time.Second)) {
+		base.stop()
+		return ctx.Err()
+	}
+	b.reportPauses("steady (nothing killed, the baseline)", base.stop(), 0)
+	gentle := b.watchPauses(ctx)
 	var caughtUp, steady, during, claims []float64
 	for i := range o.kills {
 		if !pause.For(ctx, o.every) {
@@ -221,6 +244,21 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 			return err
 		}
 		if err := b.settle(ctx); err != nil {
+			return err
+		}
+	}
+	if o.kills > 0 {
+		b.reportPauses(fmt.Sprintf("gentle (%d kills, each once the group settled)", o.kills), gentle.stop(), -1)
+	} else {
+		gentle.stop()
+	}
+	if o.rapid > 0 {
+		if err := b.rapidKills(ctx); err != nil {
+			return err
+		}
+	}
+	if o.rolling {
+		if err := b.rollingRestart(ctx); err != nil {
 			return err
 		}
 	}
@@ -597,4 +635,186 @@ func (p *failoverProducer) message() kafka.Message {
 		panic(err) // the generator only builds valid batches
 	}
 	return kafka.Message{Key: []byte(customer), Value: v, Time: now}
+}
+
+// pauseWatch samples every partition's stored next offset every 50ms and
+// keeps, per partition, the longest time it did not move.
+type pauseWatch struct {
+	mu      sync.Mutex
+	last    map[int]int64
+	since   map[int]time.Time // the last advance
+	longest map[int]time.Duration
+	quit    chan struct{}
+	done    chan struct{}
+}
+
+func (b *failoverBench) watchPauses(ctx context.Context) *pauseWatch {
+	w := &pauseWatch{last: map[int]int64{}, since: map[int]time.Time{}, longest: map[int]time.Duration{},
+		quit: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-w.quit:
+				return
+			case <-t.C:
+			}
+			w.sample(ctx, b)
+		}
+	}()
+	return w
+}
+
+func (w *pauseWatch) sample(ctx context.Context, b *failoverBench) {
+	rows, err := b.pool.Query(ctx, `SELECT partition, next_offset FROM ingest_partitions WHERE topic = $1`, b.topic)
+	if err != nil {
+		return
+	}
+	defer rows.Close()
+	now := time.Now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for rows.Next() {
+		var p int
+		var n int64
+		if rows.Scan(&p, &n) != nil {
+			return
+		}
+		prev, seen := w.last[p]
+		switch {
+		case !seen:
+			w.since[p] = now
+		case n != prev:
+			w.longest[p] = max(w.longest[p], now.Sub(w.since[p]))
+			w.since[p] = now
+		}
+		w.last[p] = n
+	}
+}
+
+// stop ends the watch and returns each partition's longest pause (a pause
+// still running counts up to now).
+func (w *pauseWatch) stop() map[int]time.Duration {
+	close(w.quit)
+	<-w.done
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	now := time.Now()
+	out := map[int]time.Duration{}
+	for p, since := range w.since {
+		out[p] = max(w.longest[p], now.Sub(since))
+	}
+	return out
+}
+
+// reportPauses prints a schedule's longest pause per partition (p50, p99,
+// max over the partitions, then each) and its catch-up after the last kill
+// (negative: not measured).
+func (b *failoverBench) reportPauses(name string, longest map[int]time.Duration, catchUp time.Duration) {
+	var xs []float64
+	parts := make([]int, 0, len(longest))
+	for p := range longest {
+		parts = append(parts, p)
+	}
+	slices.Sort(parts)
+	var each strings.Builder
+	for _, p := range parts {
+		xs = append(xs, longest[p].Seconds())
+		fmt.Fprintf(&each, " %d:%.2fs", p, longest[p].Seconds())
+	}
+	if len(xs) == 0 {
+		return
+	}
+	fmt.Fprintf(b.out, "  %s: longest pause in applying usage per partition  p50 %.2fs  p99 %.2fs  max %.2fs  (%s)\n",
+		name, quantile(xs, 0.5), quantile(xs, 0.99), slices.Max(xs), strings.TrimSpace(each.String()))
+	if catchUp > 0 {
+		fmt.Fprintf(b.out, "  %s: caught up %.2fs after the last kill (every partition applied a message produced after it)\n", name, catchUp.Seconds())
+	}
+}
+
+// allPartitions is 0 .. partitions-1.
+func (b *failoverBench) allPartitions() []int {
+	out := make([]int, b.o.partitions)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
+
+// rapidKills kills --rapid-kills members 0.3–1.7s apart, each a random
+// member restarted at once, then measures the catch-up after the last kill.
+func (b *failoverBench) rapidKills(ctx context.Context) error {
+	w := b.watchPauses(ctx)
+	defer func() {
+		if w != nil {
+			w.stop()
+		}
+	}()
+	rng := rand.New(rand.NewPCG(uint64(b.o.rapid), 31))
+	var tLast time.Time
+	for i := range b.o.rapid {
+		victim := b.members[rng.IntN(len(b.members))]
+		tLast = time.Now()
+		_ = victim.cmd.Process.Signal(syscall.SIGKILL)
+		<-victim.done
+		b.members = slices.DeleteFunc(b.members, func(m *failoverMember) bool { return m == victim })
+		if err := b.startMember(ctx); err != nil {
+			return err
+		}
+		fmt.Fprintf(b.out, "  rapid kill %d: member pid %d killed, replacement pid %d started\n", i+1, victim.pid, b.members[len(b.members)-1].pid)
+		if i < b.o.rapid-1 && !pause.For(ctx, time.Duration(300+rng.IntN(1401))*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	rec, _, _, err := b.waitCaughtUp(ctx, b.allPartitions(), tLast)
+	if err != nil {
+		return fmt.Errorf("rapid kills: %w", err)
+	}
+	if err := b.settle(ctx); err != nil {
+		return err
+	}
+	b.reportPauses(fmt.Sprintf("rapid (%d kills 0.3–1.7s apart, each restarted at once)", b.o.rapid), w.stop(), rec)
+	w = nil
+	return nil
+}
+
+// rollingRestart restarts every member in turn: SIGTERM (it finishes its
+// transactions and releases its leases), its replacement started at once,
+// the next member once the group settled.
+func (b *failoverBench) rollingRestart(ctx context.Context) error {
+	w := b.watchPauses(ctx)
+	defer func() {
+		if w != nil {
+			w.stop()
+		}
+	}()
+	old := slices.Clone(b.members)
+	var tLast time.Time
+	for _, m := range old {
+		tLast = time.Now()
+		_ = m.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-m.done:
+		case <-time.After(30 * time.Second):
+			return fmt.Errorf("rolling restart: member %d did not stop within 30s of SIGTERM", m.pid)
+		}
+		b.members = slices.DeleteFunc(b.members, func(x *failoverMember) bool { return x == m })
+		if err := b.startMember(ctx); err != nil {
+			return err
+		}
+		if err := b.settle(ctx); err != nil {
+			return err
+		}
+	}
+	rec, _, _, err := b.waitCaughtUp(ctx, b.allPartitions(), tLast)
+	if err != nil {
+		return fmt.Errorf("rolling restart: %w", err)
+	}
+	b.reportPauses(fmt.Sprintf("rolling restart (%d members, one after the other)", len(old)), w.stop(), rec)
+	w = nil
+	return nil
 }
