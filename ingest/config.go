@@ -24,7 +24,7 @@ const (
 	DefaultTxTimeout         = 30 * time.Second
 	DefaultPositionInterval  = time.Second
 	DefaultHeartbeatInterval = 500 * time.Millisecond
-	DefaultSessionTimeout    = 3 * time.Second
+	DefaultSessionTimeout    = 2 * time.Second
 	DefaultFetchMaxWait      = 500 * time.Millisecond
 	DefaultQueueCapacity     = 32
 	DefaultKafkaCommitEvery  = time.Second
@@ -86,7 +86,7 @@ type Config struct {
 	// and commits nothing more (every write checks the lease), then joins
 	// again as a new member. It is also how long a micro-batch transaction
 	// may sit idle (a stalled member's transaction is ended so that it does
-	// not keep the partition's row locked from the next owner). Default 3s.
+	// not keep the partition's row locked from the next owner). Default 2s.
 	//
 	// HeartbeatInterval: how often a member renews its lease and balances
 	// (claims free partitions up to its fair share, releases its surplus).

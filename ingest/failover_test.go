@@ -107,21 +107,19 @@ func (e *env) nextOffsets() map[int]int64 {
 	return out
 }
 
-// childWithDefaults is e.child with ingest's default group timings: the
-// session timeout, heartbeat, rebalance timeout and join backoff that a
-// crash costs in production.
+// childWithDefaults is e.child with ingest's default lease timings: the
+// session timeout and heartbeat that a crash costs in production.
 func (e *env) childWithDefaults(t *testing.T) *exec.Cmd {
 	return e.child(t, childDefaultTimingsEnv+"=1")
 }
 
 const childDefaultTimingsEnv = "TALLY_TEST_CHILD_DEFAULT_TIMINGS"
 
-// Three member processes with the default group timings share six
+// Three member processes with the default lease timings share six
 // partitions under steady production; one is killed with SIGKILL. Every
 // partition it owned applies a message produced after the kill within the
-// session timeout plus the time a rebalance and the new owner's start take
-// (bounded generously for a loaded machine; measured figures are logged),
-// and the ledger ends exact.
+// lease plus a heartbeat and the new owner's start (bounded generously for
+// a loaded machine; measured figures are logged), and the ledger ends exact.
 func TestKilledMemberPartitionsMoveOnWithinBound(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 6)
@@ -162,10 +160,9 @@ func TestKilledMemberPartitionsMoveOnWithinBound(t *testing.T) {
 	}
 	cmds = slices.Delete(cmds, 1, 2)
 
-	// The bound: the session timeout (the coordinator notices the crash),
-	// one heartbeat interval (the survivors learn of the rebalance), the
-	// rebalance itself and the new owner's start. Defaults: 6s + 1s + a few
-	// seconds; target 10s. The bound allows 10s more for a loaded machine.
+	// The bound: the lease (2s: it runs out), one heartbeat interval (the
+	// next balancing round claims) and the new owner's start; target 5s.
+	// The bound allows 10s more for a loaded machine.
 	bound := ingest.DefaultSessionTimeout + ingest.DefaultHeartbeatInterval + 3*time.Second + 10*time.Second
 	moved := map[int]time.Duration{}
 	err := eventually(bound, func() error {

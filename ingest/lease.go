@@ -28,8 +28,9 @@ import (
 //     (members sorted by id; the first P mod N take one more), claims free
 //     partitions (released, or held by a member that is not live) up to its
 //     share, and releases its surplus while a live member holds less than
-//     its share and nothing is free. A partition free for two rounds that
-//     nobody under its share took is claimed beyond the share.
+//     its share and nothing is free. A partition this member has seen free
+//     for two rounds, that nobody under its share took, is claimed beyond
+//     the share.
 //   - A claim bumps the partition's fencing epoch. Every write of a
 //     partition checks (member, epoch) and the member's liveness in the same
 //     transaction and share-locks the owners row until it commits (see
@@ -70,7 +71,8 @@ type running struct {
 // assigner is one member's membership and partition leases.
 type assigner struct {
 	c          *Consumer
-	metadataAt time.Time // when the partition count was last read (balancing only)
+	metadataAt time.Time         // when the partition count was last read (balancing only)
+	freeSince  map[int]time.Time // when this member first saw each partition free (balancing only)
 
 	mu         sync.Mutex
 	member     string    // current member id; "" before registration
@@ -83,7 +85,7 @@ type assigner struct {
 }
 
 func newAssigner(c *Consumer) *assigner {
-	return &assigner{c: c, running: map[int]*running{}, stalled: map[int]time.Time{}}
+	return &assigner{c: c, running: map[int]*running{}, stalled: map[int]time.Time{}, freeSince: map[int]time.Time{}}
 }
 
 func (a *assigner) currentMember() string {
@@ -189,8 +191,7 @@ func (a *assigner) balanceLoop(ctx context.Context) {
 type slot struct {
 	partition int
 	lease     lease
-	live      bool    // its holder's lease is live
-	freeFor   float64 // seconds since it became free (when not live)
+	live      bool // its holder's lease is live
 }
 
 // balance is one round: stop what this member lost, claim up to its share,
@@ -226,6 +227,7 @@ func (a *assigner) balance(ctx context.Context) error {
 	mine := map[int]lease{}
 	held := map[string]int{}
 	var free []slot
+	now := time.Now()
 	for _, s := range slots {
 		switch {
 		case s.live:
@@ -233,8 +235,12 @@ func (a *assigner) balance(ctx context.Context) error {
 			if s.lease.member == member {
 				mine[s.partition] = s.lease
 			}
+			delete(a.freeSince, s.partition)
 		default:
 			free = append(free, s)
+			if _, ok := a.freeSince[s.partition]; !ok {
+				a.freeSince[s.partition] = now
+			}
 		}
 	}
 	// Lost: running here, but the owners row names another claim.
@@ -260,7 +266,7 @@ func (a *assigner) balance(ctx context.Context) error {
 	// Claim free partitions up to the share; beyond it only those nobody
 	// under its share took for two rounds.
 	for _, s := range free {
-		if have >= share && s.freeFor < 2*cfg.HeartbeatInterval.Seconds() {
+		if have >= share && now.Sub(a.freeSince[s.partition]) < 2*cfg.HeartbeatInterval {
 			continue
 		}
 		epoch, ok, err := a.claim(ctx, s.partition, member)
@@ -372,7 +378,7 @@ func (a *assigner) read(ctx context.Context, n int) ([]slot, []string, error) {
 	var slots []slot
 	for rows.Next() {
 		var s slot
-		if err := rows.Scan(&s.partition, &s.lease.member, &s.lease.epoch, &s.live, &s.freeFor); err != nil {
+		if err := rows.Scan(&s.partition, &s.lease.member, &s.lease.epoch, &s.live); err != nil {
 			rows.Close()
 			return nil, nil, err
 		}

@@ -143,12 +143,10 @@ SELECT @topic, p, @group, NULL, 0, '', now(), now() FROM generate_series(0, @par
 ON CONFLICT (topic, partition, consumer_group) DO NOTHING`
 
 // qSelectAssignment is the topic's partitions with their holder, epoch and
-// whether the holder is live, and since when a free partition is free.
+// whether the holder is live.
 const qSelectAssignment = `
 SELECT o.partition, coalesce(o.member, ''), o.generation,
-       o.member IS NOT NULL AND coalesce(m.lease_until > now(), false) AS live,
-       extract(epoch FROM now() - CASE WHEN o.member IS NULL THEN o.lease_until
-                                       ELSE coalesce(m.lease_until, o.lease_until) END)::float8 AS free_for
+       o.member IS NOT NULL AND coalesce(m.lease_until > now(), false) AS live
 FROM ingest_partition_owners o
 LEFT JOIN ingest_members m ON m.topic = o.topic AND m.consumer_group = o.consumer_group AND m.member = o.member
 WHERE o.topic = @topic AND o.consumer_group = @group
