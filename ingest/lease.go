@@ -245,13 +245,21 @@ func (a *assigner) balance(ctx context.Context) error {
 	}
 	// Lost: running here, but the owners row names another claim.
 	a.mu.Lock()
-	var lost []int
+	var lost, idle []int
 	for id, r := range a.running {
 		if l, ok := mine[id]; !ok || l != r.lease {
 			lost = append(lost, id)
 		}
 	}
+	for id := range mine {
+		if _, ok := a.running[id]; !ok {
+			idle = append(idle, id) // held, but its work ended by itself: run it again
+		}
+	}
 	a.mu.Unlock()
+	for _, id := range idle {
+		a.start(id, mine[id])
+	}
 	for _, id := range lost {
 		a.c.m.leaseLost.Inc()
 		a.c.log.Warn("partition claimed by another member: stopped reading and applying it", "partition", id)
