@@ -2,7 +2,7 @@
 // checks that exactness and availability held: every member reads Postgres
 // and Kafka through a fault proxy of its own (internal/faultproxy), and each
 // step blackholes, resets or slows one member's link, or restarts a member,
-// for a while, then heals. At the end every record produced is in the
+// for a while, or freezes it (both links at once), then heals. At the end every record produced is in the
 // ledger exactly once (totals exact to the last digit), no stored offset
 // ever moved backwards, and every member is ready again (NotReady empty).
 //
@@ -106,8 +106,12 @@ func (c Config) Validate() error {
 // Step is one fault of the schedule.
 type Step struct {
 	Member int
-	Fault  string // postgres-blackhole, postgres-reset, postgres-latency, kafka-blackhole, kafka-reset, restart
-	For    time.Duration
+	// Fault is one of Faults: postgres-blackhole, postgres-reset,
+	// postgres-latency, kafka-blackhole, kafka-reset, restart (a clean stop,
+	// then a new consumer), freeze (both links blackholed at once: to the
+	// rest of the system, a stalled process).
+	Fault string
+	For   time.Duration
 }
 
 func (s Step) String() string {
@@ -115,7 +119,7 @@ func (s Step) String() string {
 }
 
 // Faults are the faults a schedule draws from.
-var Faults = []string{"postgres-blackhole", "postgres-reset", "postgres-latency", "kafka-blackhole", "kafka-reset", "restart"}
+var Faults = []string{"postgres-blackhole", "postgres-reset", "postgres-latency", "kafka-blackhole", "kafka-reset", "restart", "freeze"}
 
 // Schedule returns the seeded schedule of cfg: every fault once per round
 // of len(Faults) steps, each on a random member for a random time.
@@ -352,6 +356,12 @@ func (r *run) apply(ctx context.Context, s Step) error {
 	case "kafka-reset":
 		m.kafka.Reset()
 		wait()
+		m.kafka.Pass()
+	case "freeze":
+		m.pg.Blackhole()
+		m.kafka.Blackhole()
+		wait()
+		m.pg.Pass()
 		m.kafka.Pass()
 	case "restart":
 		if err := r.stopConsumer(m); err != nil {

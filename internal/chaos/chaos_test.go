@@ -17,16 +17,16 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// The short schedule: three members, four partitions, six faults of up to
-// 2.5s (past the 1.5s lease) on the members' Postgres and Kafka links and
-// restarts, under steady production. Totals are exact, offsets never moved
+// The short schedule: three members, four partitions, seven faults (each
+// kind once) of up to 2.5s (past the 1.5s lease) on the members' Postgres
+// and Kafka links, freezes and restarts, under steady production. Totals are exact, offsets never moved
 // back, every member is ready again after the last fault.
 func TestShortFaultSchedule(t *testing.T) {
 	const topic = "tally.meter-batches"
 	k := kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{{Name: topic, Partitions: 4}}})
 	var out strings.Builder
 	cfg := chaos.Config{DatabaseURL: pgtest.NewURL(t), Broker: k.Addrs[0], Topic: topic, Members: 3, Seed: 1,
-		Steps: 6, MaxFault: 2500 * time.Millisecond, Out: &out,
+		Steps: len(chaos.Faults), MaxFault: 2500 * time.Millisecond, Out: &out,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))}
 	sched := chaos.Schedule(cfg)
 	seen := map[string]bool{}
@@ -41,7 +41,7 @@ func TestShortFaultSchedule(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Records == 0 || len(rep.Schedule) != 6 {
+	if rep.Records == 0 || len(rep.Schedule) != len(chaos.Faults) {
 		t.Fatalf("report %+v: nothing was produced or the schedule was not run", rep)
 	}
 	t.Logf("%d records in %d messages, exact; every member ready and caught up %v after the last fault; faults %v",

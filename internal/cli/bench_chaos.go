@@ -80,9 +80,10 @@ func newBenchChaosCmd() *cobra.Command {
 reading Postgres and Kafka through a TCP fault proxy of its own, produce
 steadily, and run --steps faults drawn from --seed: a member's Postgres or
 Kafka link blackholed (nothing arrives, connections stay open) or reset
-(every connection reset, new ones refused), its Postgres link slowed, or the
-member restarted, each for up to --max-fault (past the members' 1.5s lease),
-then healed. The schedule is printed as it runs; the same seed runs the same
+(every connection reset, new ones refused), its Postgres link slowed, the
+member frozen (both links blackholed at once, as a stalled process looks to
+the others) or restarted, each for up to --max-fault (past the members' 1.5s
+lease), then healed. The schedule is printed as it runs; the same seed runs the same
 schedule.
 
 At the end it checks that every record produced is in the ledger exactly
