@@ -150,9 +150,9 @@ func deadLetterArgs(topic string, partition int, now time.Time, dls []deadLetter
 // jumps, customers, counters) and commit, all or nothing. On a shutdown
 // (the member's run context ends) the transaction runs to its end (bounded
 // by TxTimeout), so the in-flight micro-batch is finished instead of
-// wasted; when only the partition's context ends (the member lost it:
-// rebalance, lease claimed by another member) it is rolled back at once,
-// so the partition's row is not kept locked from its next owner.
+// wasted; when only the partition's context ends (the member released it
+// as surplus, or another member claimed it) it is rolled back at once, so
+// the partition's rows are not kept locked from its next owner.
 func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary, err error) {
 	ctx, cancel := p.txContext(parent)
 	defer cancel()

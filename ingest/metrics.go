@@ -57,7 +57,7 @@ func newMetrics(reg prometheus.Registerer, topic string) (*metrics, error) {
 			Name: "tally_ingest_offset_jumps_total", Help: "Offset jumps detected (Kafka no longer had unread messages).", ConstLabels: cl,
 		}, []string{"partition"}),
 		fenced: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tally_ingest_fenced_total", Help: "Micro-batches rolled back because the stored offset was not the expected one (another member wrote it).", ConstLabels: cl,
+			Name: "tally_ingest_fenced_total", Help: "Writes refused by the fence: this member's lease on the partition was gone, or the stored offset was not the expected one (another member wrote it).", ConstLabels: cl,
 		}),
 		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tally_ingest_partition_lag", Help: "High watermark minus the stored next offset, as last seen by this member.", ConstLabels: cl,

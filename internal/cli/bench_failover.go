@@ -51,7 +51,7 @@ func newBenchFailoverCmd() *cobra.Command {
 		Use:   "failover",
 		Short: "Kill an ingest member (SIGKILL) under steady load: time until its partitions are caught up again",
 		Long: `Start --members ingest processes (tally serve --ingest, subprocesses of this
-binary) in one consumer group on an embedded broker and a fresh database,
+binary) in one group (sharing the partitions through leases in Postgres) on an embedded broker and a fresh database,
 produce --rate records/s steadily, then --kills times: once every
 partition's enforcement lag is below --steady-lag (the backlog of the last
 failover drained), SIGKILL one member and measure, for every partition it
@@ -207,7 +207,7 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 			return ctx.Err()
 		}
 		// Kill from a steady state: the backlog a previous failover or the
-		// restart's rebalance left is drained first (that is capacity, not
+		// restart's partition moves left is drained first (that is capacity, not
 		// failover).
 		s, err := b.lagNow(ctx, nil)
 		for wait := time.Now().Add(time.Minute); err == nil && o.steadyLag > 0 && s > o.steadyLag.Seconds() && time.Now().Before(wait); {
