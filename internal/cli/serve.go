@@ -437,4 +437,12 @@ func addGroupTimingFlags(f *pflag.FlagSet, t *groupTimings) {
 	f.DurationVar(&t.heartbeat, "heartbeat-interval", ingest.DefaultHeartbeatInterval,
 		"ingest: how often a member renews its lease and rebalances partitions (at most half of --session-timeout)")
 	envDefault(f, "heartbeat-interval", "TALLY_HEARTBEAT_INTERVAL")
+	// Accepted and ignored, so that a deployment that still passes them
+	// starts during an upgrade: they were timings of the Kafka consumer
+	// group, which ingest no longer joins.
+	var ignored time.Duration
+	for _, name := range []string{"rebalance-timeout", "join-group-backoff"} {
+		f.DurationVar(&ignored, name, 0, "ignored")
+		_ = f.MarkDeprecated(name, "ingest shares partitions through leases in Postgres, not a Kafka consumer group; the flag is ignored")
+	}
 }
