@@ -356,6 +356,9 @@ func TestStoredOffsetsAreCommittedToKafkaForDashboards(t *testing.T) {
 			return err
 		}
 		stored := e.nextOffsets()
+		if len(res.Topics[topic]) != 2 {
+			return fmt.Errorf("offsets of %d partitions, want 2: %+v", len(res.Topics[topic]), res.Topics)
+		}
 		for _, p := range res.Topics[topic] {
 			if p.Error != nil || p.CommittedOffset != stored[p.Partition] {
 				return fmt.Errorf("partition %d: committed %d (%v), stored %d", p.Partition, p.CommittedOffset, p.Error, stored[p.Partition])
