@@ -81,6 +81,10 @@ type Config struct {
 	// so only a partition nobody consumes trips it. Default
 	// DefaultUnownedAfter; negative: never.
 	UnownedAfter time.Duration
+	// ReadyChecks are what else this process runs (its ingest member): each
+	// returns what it is not ready for, nil when ready; /readyz answers 503
+	// with every sentence while any returns one.
+	ReadyChecks []func() []string
 	// UsageCacheBytes bounds the cache's memory (roughly: the encoded
 	// answers); when full, customers chosen at random are dropped until
 	// half is free. Default 64 MiB.
@@ -167,6 +171,7 @@ type API struct {
 	recTimeout time.Duration
 	topic      string
 	unowned    time.Duration // readyz: a partition without an owner this long; < 0 off
+	readyAlso  []func() []string
 	metrics    *httpMetrics
 	tokens     *tokens.Store
 	schedules  *ttlcache.Cache[string, cachedSchedule]
@@ -203,6 +208,7 @@ func New(cfg Config) (*API, error) {
 		recTimeout: cfg.ReconcileTimeout, topic: cfg.Topic, unowned: cfg.UnownedAfter,
 		maxSkew: cfg.MaxSkew,
 	}
+	a.readyAlso = cfg.ReadyChecks
 	if a.unowned == 0 {
 		a.unowned = DefaultUnownedAfter
 	}

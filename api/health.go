@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/migrations"
 )
@@ -46,6 +48,9 @@ func (a *API) readyz(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if detail := notReadyFor(a.readyAlso); detail != "" {
+		return &Problem{Type: TypeNotReady, Title: "Not ready", Status: http.StatusServiceUnavailable, Detail: detail}
+	}
 	writeJSON(w, http.StatusOK, map[string]any{"status": "ready", "schema_version": version})
 	return nil
 }
@@ -81,6 +86,49 @@ func (a *API) checkReady(ctx context.Context) (int64, error) {
 		return 0, notReady(detail)
 	}
 	return current, nil
+}
+
+// notReadyFor joins what the checks are not ready for ("" when ready).
+func notReadyFor(checks []func() []string) string {
+	var all []string
+	for _, check := range checks {
+		all = append(all, check()...)
+	}
+	return strings.Join(all, "; ")
+}
+
+// ReadyHandler serves /readyz for a process that runs no REST API (tally
+// serve --ingest, --enforce): 200 while Postgres answers through pool and
+// no check reports anything, else 503 problem+json saying what the process
+// is not ready for. Postgres is asked at most once a second.
+func ReadyHandler(pool *pgxpool.Pool, checks ...func() []string) http.Handler {
+	var mu sync.Mutex
+	var at time.Time
+	var pingErr error
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		if at.IsZero() || time.Since(at) >= readyFor {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 2*time.Second)
+			pingErr = pool.Ping(ctx)
+			cancel()
+			at = time.Now()
+		}
+		err := pingErr
+		mu.Unlock()
+		var reasons []string
+		if err != nil {
+			reasons = append(reasons, "postgres is unreachable: "+err.Error())
+		}
+		if detail := notReadyFor(checks); detail != "" {
+			reasons = append(reasons, detail)
+		}
+		if len(reasons) > 0 {
+			writeProblem(w, &Problem{Type: TypeNotReady, Title: "Not ready", Status: http.StatusServiceUnavailable,
+				Detail: strings.Join(reasons, "; ")})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+	})
 }
 
 // stalledIngest names the partitions whose micro-batch has been retried for

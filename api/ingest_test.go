@@ -31,6 +31,9 @@ func TestIngestStatus(t *testing.T) {
 	f.exec(`INSERT INTO ingest_partition_owners (topic, partition, consumer_group, member, generation, process, since, lease_until) VALUES
 		('tally.meter-batches', 0, 'tally-ingest', 'tally-1', 3, 'host-a:41', '2026-11-20T11:00:00Z', now() + interval '1 hour'),
 		('tally.meter-batches', 1, 'tally-ingest', 'tally-2', 3, 'host-b:42', '2026-11-20T10:00:00Z', '2026-11-20T11:59:30Z')`)
+	f.exec(`INSERT INTO ingest_members (topic, consumer_group, member, process, lease_until) VALUES
+		('tally.meter-batches', 'tally-ingest', 'tally-1', 'host-a:41', now() + interval '1 hour'),
+		('tally.meter-batches', 'tally-ingest', 'tally-2', 'host-b:42', '2026-11-20T11:59:30Z')`)
 	var st struct {
 		Topic      string
 		Partitions []struct {
@@ -240,17 +243,20 @@ func TestReadyzUnownedPartition(t *testing.T) {
 		('tally.meter-batches', 0, 'tally-ingest', 'tally-1', 3, 'host-a:41', now(), now() + interval '6 seconds'),
 		('tally.meter-batches', 1, 'tally-ingest', 'tally-2', 3, 'host-b:42', now(), now() - interval '10 seconds'),
 		('other.topic', 0, 'tally-ingest', NULL, 3, '', now(), now() - interval '1 hour')`)
+	f.exec(`INSERT INTO ingest_members (topic, consumer_group, member, process, lease_until) VALUES
+		('tally.meter-batches', 'tally-ingest', 'tally-1', 'host-a:41', now() + interval '1 hour'),
+		('tally.meter-batches', 'tally-ingest', 'tally-2', 'host-b:42', now() - interval '10 seconds')`)
 	if r := f.do("GET", "/readyz", "", nil); r.status != 200 {
 		t.Fatalf("a lease that ran out 10s ago, UnownedAfter 1m: %d %s", r.status, r.body)
 	}
-	f.exec(`UPDATE ingest_partition_owners SET lease_until = now() - interval '61 seconds' WHERE topic = 'tally.meter-batches' AND partition = 1`)
+	f.exec(`UPDATE ingest_members SET lease_until = now() - interval '61 seconds' WHERE member = 'tally-2'`)
 	time.Sleep(api.ReadyFor) // /readyz reuses its answer that long
 	p := f.do("GET", "/readyz", "", nil).problem(t, 503, "urn:tally:problem:not-ready")
 	if !strings.Contains(p.Detail, "without a live ingest owner") || !strings.Contains(p.Detail, " 1 (since ") {
 		t.Errorf("detail %q", p.Detail)
 	}
 	// Claimed again: ready.
-	f.exec(`UPDATE ingest_partition_owners SET member = 'tally-1', lease_until = now() + interval '6 seconds' WHERE topic = 'tally.meter-batches' AND partition = 1`)
+	f.exec(`UPDATE ingest_partition_owners SET member = 'tally-1', generation = 4 WHERE topic = 'tally.meter-batches' AND partition = 1`)
 	time.Sleep(api.ReadyFor)
 	if r := f.do("GET", "/readyz", "", nil); r.status != 200 {
 		t.Fatalf("every partition owned: %d %s", r.status, r.body)

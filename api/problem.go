@@ -5,9 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
+	"strings"
+	"syscall"
 
 	"github.com/go-chi/chi/v5/middleware"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/ledger"
@@ -127,7 +132,33 @@ func (a *API) writeError(w http.ResponseWriter, r *http.Request, err error) {
 		}
 		w.Header().Set("WWW-Authenticate", challenge)
 	}
+	if p.Status == http.StatusServiceUnavailable && w.Header().Get("Retry-After") == "" {
+		// Something this process depends on is gone for now: clients and
+		// load balancers back off instead of treating it as a bug.
+		w.Header().Set("Retry-After", "1")
+	}
 	writeProblem(w, p)
+}
+
+// databaseUnavailable reports whether err says Postgres could not be
+// reached or is going away (connection refused, reset or lost, a connect
+// timeout, a server shutting down or refusing connections), not that it
+// refused the request.
+func databaseUnavailable(err error) bool {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		switch pe.Code {
+		case "57P01", "57P02", "57P03", // admin shutdown, crash shutdown, cannot connect now
+			"53300": // too many connections
+			return true
+		}
+		return strings.HasPrefix(pe.Code, "08") // connection exception
+	}
+	var ce *pgconn.ConnectError
+	var ne net.Error
+	return errors.As(err, &ce) || errors.As(err, &ne) || pgconn.Timeout(err) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.EPIPE)
 }
 
 func (a *API) problemFor(r *http.Request, err error) *Problem {
@@ -186,6 +217,11 @@ func (a *API) problemFor(r *http.Request, err error) *Problem {
 	case errors.Is(err, context.Canceled) && r.Context().Err() != nil:
 		// The client went away; nobody reads this.
 		return &Problem{Type: TypeUnavailable, Title: "Client closed request", Status: 499}
+	case databaseUnavailable(err):
+		a.log.WarnContext(r.Context(), "request failed: the database is unavailable", "err", err,
+			"request_id", middleware.GetReqID(r.Context()))
+		return &Problem{Type: TypeUnavailable, Title: "Database unavailable", Status: http.StatusServiceUnavailable,
+			Detail: "the database is unreachable or restarting; retry after the number of seconds in Retry-After"}
 	}
 	a.log.ErrorContext(r.Context(), "request failed", "err", err, "method", r.Method, "path", r.URL.Path,
 		"request_id", middleware.GetReqID(r.Context()))

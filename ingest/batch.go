@@ -150,9 +150,9 @@ func deadLetterArgs(topic string, partition int, now time.Time, dls []deadLetter
 // jumps, customers, counters) and commit, all or nothing. On a shutdown
 // (the member's run context ends) the transaction runs to its end (bounded
 // by TxTimeout), so the in-flight micro-batch is finished instead of
-// wasted; when only the partition's context ends (the member lost it:
-// rebalance, lease claimed by another member) it is rolled back at once,
-// so the partition's row is not kept locked from its next owner.
+// wasted; when only the partition's context ends (the member released it
+// as surplus, or another member claimed it) it is rolled back at once, so
+// the partition's rows are not kept locked from its next owner.
 func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary, err error) {
 	ctx, cancel := p.txContext(parent)
 	defer cancel()
@@ -211,8 +211,10 @@ func (p *partition) txContext(parent context.Context) (context.Context, context.
 }
 
 // fence runs first in the transaction: it bounds how long the transaction
-// may idle, then advances the partition's offset with the compare-and-set
-// that fails (errFenced) for a member that lost the partition. The row lock
+// may idle, then advances the partition's offset if this member still holds
+// the partition's lease (share-locked until the commit, so no other member
+// can claim it meanwhile) and the offset is the one it expects; otherwise
+// it fails with errFenced and nothing of the batch is written. The row lock
 // it takes serialises any competing member before the ledger work.
 func (p *partition) fence(ctx context.Context, tx pgx.Tx, b *microBatch) error {
 	cfg := p.c.cfg
@@ -237,9 +239,10 @@ func (p *partition) fence(ctx context.Context, tx pgx.Tx, b *microBatch) error {
 	// the partition; one stalled mid-statement (stopped in the middle of a
 	// COPY or a pipelined batch) is not idle, so Postgres would never end
 	// it: after a session timeout of waiting, its session is ended.
-	breaker := time.AfterFunc(cfg.SessionTimeout, func() { p.endBlockers(tx.Conn().PgConn().PID()) })
-	tag, err := tx.Exec(ctx, qAdvanceOffset, pgx.StrictNamedArgs{"topic": cfg.Topic, "partition": p.id, "from": b.from, "to": b.to,
-		"hwm": b.hwm, "through": through, "member": p.gen.MemberID, "generation": p.gen.ID})
+	breaker := time.AfterFunc(cfg.SessionTimeout, func() { p.c.endBlockers(tx.Conn().PgConn().PID()) })
+	args := p.leaseArgs()
+	args["from"], args["to"], args["hwm"], args["through"] = b.from, b.to, b.hwm, through
+	tag, err := tx.Exec(ctx, qAdvanceOffset, args)
 	breaker.Stop()
 	if err != nil {
 		return fmt.Errorf("advance offset: %w", err)
@@ -392,21 +395,20 @@ func (b *microBatch) customers() []string {
 	return out
 }
 
-// endBlockers ends the sessions that keep backend pid (this member's
-// micro-batch transaction) waiting for the partition's row lock: only the
-// transaction of a member that lost the partition and stalled holds it that
-// long, and ending it only rolls it back (its offset compare-and-set would
-// fail anyway).
-func (p *partition) endBlockers(pid uint32) {
+// endBlockers ends the sessions that keep backend pid (a micro-batch
+// transaction's fence, or a claim) waiting for a partition's row lock: only
+// the transaction of a member that lost the partition and stalled holds it
+// that long, and ending it only rolls it back (its fence would fail anyway).
+func (c *Consumer) endBlockers(pid uint32) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var n int
-	if err := p.c.cfg.Pool.QueryRow(ctx, qEndBlockers, int32(pid)).Scan(&n); err != nil {
-		p.log.Warn("cannot end the session holding the partition's row lock", "err", err)
+	if err := c.cfg.Pool.QueryRow(ctx, qEndBlockers, int32(pid)).Scan(&n); err != nil {
+		c.log.Warn("cannot end the session holding the partition's row lock", "err", err)
 		return
 	}
 	if n > 0 {
-		p.c.m.anomalies.WithLabelValues("stalled_lock_holder_ended").Inc()
-		p.log.Warn("ended the session of a stalled transaction holding the partition's row lock", "sessions", n)
+		c.m.anomalies.WithLabelValues("stalled_lock_holder_ended").Inc()
+		c.log.Warn("ended the session of a stalled transaction holding the partition's row lock", "sessions", n)
 	}
 }

@@ -23,10 +23,8 @@ const (
 	DefaultRetryMax          = 5 * time.Second
 	DefaultTxTimeout         = 30 * time.Second
 	DefaultPositionInterval  = time.Second
-	DefaultHeartbeatInterval = time.Second
-	DefaultSessionTimeout    = 6 * time.Second
-	DefaultRebalanceTimeout  = 10 * time.Second
-	DefaultJoinGroupBackoff  = time.Second
+	DefaultHeartbeatInterval = 500 * time.Millisecond
+	DefaultSessionTimeout    = 2 * time.Second
 	DefaultFetchMaxWait      = 500 * time.Millisecond
 	DefaultQueueCapacity     = 32
 	DefaultKafkaCommitEvery  = time.Second
@@ -38,8 +36,9 @@ type Config struct {
 	Brokers []string
 	// Topic is the meter-batch topic. Default "tally.meter-batches".
 	Topic string
-	// Group is the consumer group id; members of one group share the
-	// topic's partitions. Default "tally-ingest".
+	// Group names the members that share the topic's partitions (through
+	// leases in Postgres; also the Kafka group the stored offsets are
+	// committed to for lag dashboards). Default "tally-ingest".
 	Group string
 
 	// Pool is the ledger's database. Required.
@@ -75,36 +74,24 @@ type Config struct {
 	// caught up and advances its applied-through time. Default 1s.
 	PositionInterval time.Duration
 
-	// HeartbeatInterval, SessionTimeout, RebalanceTimeout and
-	// JoinGroupBackoff are the group membership timings; together they bound
-	// how long a crashed member's partitions wait for another member.
+	// HeartbeatInterval and SessionTimeout are the membership timings, in
+	// Postgres (the Kafka group coordinator plays no part); together they
+	// bound how long a crashed member's partitions wait for another member.
 	//
-	// SessionTimeout: how long the group coordinator waits without a
-	// heartbeat before it evicts a member and reassigns its partitions; a
-	// crash costs about this much plus one rebalance. Default 6s, the lowest
-	// a Kafka broker accepts by default (group.min.session.timeout.ms).
-	// Heartbeats come from a goroutine of their own, so a long transaction
-	// never delays them; only a process stalled as a whole for this long
-	// (stopped, swapped out) is evicted, and an eviction is never a
-	// correctness problem (the offset compare-and-set fences the stale
-	// member), only a rebalance. It is also the lease a member holds on its
-	// partitions in Postgres, and how long a micro-batch transaction may sit
-	// idle (a stalled member's transaction is ended so that it does not keep
-	// the partition's row locked from the next owner).
+	// SessionTimeout: how long a member's lease lasts without renewal. A
+	// crashed member's partitions are claimed by the others once it runs
+	// out: a crash costs at most this plus one HeartbeatInterval plus the
+	// new owner's start; a clean shutdown releases at once. A member whose
+	// process stalls as a whole (stopped, starved) for this long is evicted
+	// and commits nothing more (every write checks the lease), then joins
+	// again as a new member. It is also how long a micro-batch transaction
+	// may sit idle (a stalled member's transaction is ended so that it does
+	// not keep the partition's row locked from the next owner). Default 2s.
 	//
-	// HeartbeatInterval: how often a member heartbeats and renews its
-	// leases; a rebalance reaches the survivors within one interval. Default
-	// 1s (six per session timeout: five may be lost before an eviction).
-	//
-	// RebalanceTimeout: how long the coordinator waits for the members to
-	// rejoin once a rebalance starts; a member ends its in-flight
-	// transactions at once (rolled back) when its generation ends, so it
-	// rejoins within milliseconds, and one that does not is dropped from
-	// the rebalance after this long. Default 10s.
-	//
-	// JoinGroupBackoff: the pause before rejoining after a failed join (for
-	// example after an eviction). Default 1s.
-	HeartbeatInterval, SessionTimeout, RebalanceTimeout, JoinGroupBackoff time.Duration
+	// HeartbeatInterval: how often a member renews its lease and balances
+	// (claims free partitions up to its fair share, releases its surplus).
+	// Default 500ms.
+	HeartbeatInterval, SessionTimeout time.Duration
 	// FetchMaxWait is how long one Kafka fetch may wait for data; it also
 	// bounds how long closing a partition reader takes. Default 500ms.
 	FetchMaxWait time.Duration
@@ -154,8 +141,6 @@ func (c Config) withDefaults() Config {
 	def(&c.PositionInterval, DefaultPositionInterval)
 	def(&c.HeartbeatInterval, DefaultHeartbeatInterval)
 	def(&c.SessionTimeout, DefaultSessionTimeout)
-	def(&c.RebalanceTimeout, DefaultRebalanceTimeout)
-	def(&c.JoinGroupBackoff, DefaultJoinGroupBackoff)
 	def(&c.FetchMaxWait, DefaultFetchMaxWait)
 	def(&c.KafkaCommitEvery, DefaultKafkaCommitEvery)
 	if c.Dialer == nil {
@@ -194,7 +179,7 @@ func (c Config) Validate() error {
 		{"MaxBatchWait", c.MaxBatchWait}, {"RetryMin", c.RetryMin}, {"RetryMax", c.RetryMax},
 		{"TxTimeout", c.TxTimeout}, {"StallAfter", c.StallAfter}, {"PositionInterval", c.PositionInterval},
 		{"HeartbeatInterval", c.HeartbeatInterval}, {"SessionTimeout", c.SessionTimeout},
-		{"RebalanceTimeout", c.RebalanceTimeout}, {"JoinGroupBackoff", c.JoinGroupBackoff}, {"FetchMaxWait", c.FetchMaxWait},
+		{"FetchMaxWait", c.FetchMaxWait},
 	} {
 		if d.v < 0 {
 			errs = append(errs, fmt.Errorf("ingest: %s %v is negative", d.name, d.v))
@@ -211,8 +196,7 @@ func (c Config) Validate() error {
 		st = DefaultSessionTimeout
 	}
 	if c.HeartbeatInterval >= 0 && c.SessionTimeout >= 0 && hb*2 > st {
-		// Kafka's guidance is a third; a half still survives one lost
-		// heartbeat without an eviction.
+		// A half still survives one lost renewal without an eviction.
 		errs = append(errs, fmt.Errorf("ingest: HeartbeatInterval %v must be at most half of SessionTimeout %v", hb, st))
 	}
 	return errors.Join(errs...)

@@ -16,17 +16,16 @@ import (
 	"github.com/tally-ledger/tally/internal/pause"
 )
 
-// Consumer is one member of the ingest consumer group.
+// Consumer is one ingest member. Members of one Group share the topic's
+// partitions through leases in Postgres (see lease.go); each partition it
+// holds is read with a kafka-go partition reader from the offset stored in
+// Postgres. No Kafka consumer group decides anything.
 //
 // kafka-go traps this design avoids (see its issues):
-//   - A function passed to Generation.Start that returns ends the whole
-//     generation (a rebalance for every member). Partition loops return only
-//     once the generation's context is done.
-//   - Reader.CommitMessages offsets are not monotonic (segmentio/kafka-go#439)
-//     and a Reader with a GroupID may hand out messages fetched before a
-//     rebalance (#1398). The group is used only for assignments; each owned
-//     partition gets a fresh partition Reader started at the offset stored
-//     in Postgres, closed when the generation ends.
+//   - A Reader with a GroupID rebalances every partition on every join and
+//     death (no cooperative rebalancing or static membership), may hand out
+//     messages fetched before a rebalance (#1398), and its committed
+//     offsets are not monotonic (#439). Only partition readers are used.
 //   - A partition Reader silently skips to the first available offset when
 //     the one asked for was deleted (at start and on OffsetOutOfRange while
 //     reading), and retries forever on OffsetOutOfRange unless
@@ -40,7 +39,10 @@ type Consumer struct {
 	transport *kafka.Transport
 	client    *kafka.Client
 
-	commitMu sync.Mutex // serialises dashboard commits to Kafka on the shared coordinator connection
+	runCtx context.Context // Run's context, while it runs
+	assign *assigner
+
+	commitMu sync.Mutex // serialises dashboard commits to Kafka
 }
 
 // NewConsumer validates cfg and returns a Consumer. It registers the
@@ -60,76 +62,62 @@ func NewConsumer(cfg Config) (*Consumer, error) {
 		TLS:      cfg.Dialer.TLS,
 		ClientID: cfg.Dialer.ClientID,
 	}
-	return &Consumer{
+	c := &Consumer{
 		cfg:       cfg,
 		log:       cfg.Logger.With("topic", cfg.Topic, "group", cfg.Group),
 		m:         m,
 		transport: tr,
 		client:    &kafka.Client{Addr: kafka.TCP(cfg.Brokers...), Transport: tr, Timeout: 10 * time.Second},
-	}, nil
+	}
+	c.assign = newAssigner(c)
+	return c, nil
 }
 
-// Run joins the group and consumes until ctx is cancelled, then finishes or
-// rolls back the in-flight transactions, leaves the group and returns nil.
-// Kafka and Postgres errors are retried, never returned.
+// Run registers the member and consumes the partitions it leases until ctx
+// is cancelled, then finishes or rolls back the in-flight transactions,
+// releases its leases and returns nil. Kafka and Postgres errors are
+// retried, never returned. A Consumer runs once.
 func (c *Consumer) Run(ctx context.Context) error {
 	defer c.transport.CloseIdleConnections()
-	group, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
-		ID:                    c.cfg.Group,
-		Brokers:               c.cfg.Brokers,
-		Dialer:                c.cfg.Dialer,
-		Topics:                []string{c.cfg.Topic},
-		HeartbeatInterval:     c.cfg.HeartbeatInterval,
-		SessionTimeout:        c.cfg.SessionTimeout,
-		RebalanceTimeout:      c.cfg.RebalanceTimeout,
-		JoinGroupBackoff:      c.cfg.JoinGroupBackoff,
-		WatchPartitionChanges: true,
-		Logger:                kafkaLogger(c.log, slog.LevelDebug),
-		ErrorLogger:           kafkaLogger(c.log, slog.LevelDebug),
-	})
-	if err != nil {
-		return fmt.Errorf("ingest: consumer group: %w", err)
+	a := c.assign
+	a.mu.Lock()
+	c.runCtx = ctx // NotReady reads it
+	a.mu.Unlock()
+	c.log.Info("ingest started", "brokers", c.cfg.Brokers, "process", processName)
+	// The lease is renewed until the partitions have finished: an in-flight
+	// transaction that finishes on shutdown still holds its partition.
+	hctx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
+	hdone := make(chan struct{})
+	go func() {
+		defer close(hdone)
+		a.heartbeatLoop(hctx)
+	}()
+	a.balanceLoop(ctx)
+	a.mu.Lock()
+	var dones []chan struct{}
+	for _, r := range a.running {
+		dones = append(dones, r.done)
 	}
-	c.log.Info("ingest started", "brokers", c.cfg.Brokers)
-	for {
-		gen, err := group.Next(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				break
-			}
-			c.log.Warn("consumer group: no generation yet; retrying", "err", err)
-			continue
-		}
-		assigned := gen.Assignments[c.cfg.Topic]
-		ids := make([]int, 0, len(assigned))
-		for _, a := range assigned {
-			ids = append(ids, a.ID)
-		}
-		c.log.Info("generation joined", "generation", gen.ID, "member", gen.MemberID, "partitions", ids)
-		c.m.owned.Set(float64(len(ids)))
-		c.m.generations.Inc()
-		l := c.newLeases(gen)
-		gen.Start(l.renewLoop)
-		for _, p := range ids {
-			gen.Start(func(gctx context.Context) { c.runPartition(ctx, gctx, gen, l, p) })
-		}
+	a.mu.Unlock()
+	for _, d := range dones {
+		<-d // ctx ended: each finishes its transaction (bounded by TxTimeout) and returns
 	}
-	// Close ends the generation (its partition loops finish or roll back
-	// their transactions first) and leaves the group.
-	group.Close()
+	stopHeartbeat()
+	<-hdone
+	a.leave()
 	c.m.owned.Set(0)
-	c.log.Info("ingest stopped; left the group")
+	c.log.Info("ingest stopped; leases released")
 	return nil
 }
 
-// errFenced: the stored next offset was not the one expected; another member
-// wrote it.
-var errFenced = errors.New("stored offset changed under this member (fenced)")
+// errFenced: the partition's lease or stored next offset was not the one
+// expected; another member holds the partition or wrote it.
+var errFenced = errors.New("partition lease or stored offset changed under this member (fenced)")
 
-// partition consumes one owned partition for one generation.
+// partition consumes one leased partition for one claim.
 type partition struct {
 	c        *Consumer
-	gen      *kafka.Generation
+	lease    lease
 	id       int
 	label    string
 	log      *slog.Logger
@@ -139,31 +127,25 @@ type partition struct {
 	stall           stall
 
 	// runCtx is Consumer.Run's context: when the partition's context ends
-	// while runCtx does not, the member lost the partition (rebalance,
-	// lease claimed by another member) and an in-flight transaction is
-	// rolled back at once instead of finished.
+	// while runCtx does not, the member lost or released the partition and
+	// an in-flight transaction is rolled back at once instead of finished.
 	runCtx context.Context
-	leases *leases
+	assign *assigner
 }
 
-// runPartition must not return before the generation ends: a function
-// passed to Generation.Start that returns ends the generation for everyone.
-func (c *Consumer) runPartition(runCtx, gctx context.Context, gen *kafka.Generation, l *leases, id int) {
-	p := &partition{c: c, gen: gen, id: id, label: strconv.Itoa(id),
-		log: c.log.With("partition", id, "generation", gen.ID), runCtx: runCtx, leases: l}
-	if !l.claim(gctx, id) {
-		return // the generation ended
-	}
-	ctx, cancel := context.WithCancel(gctx)
-	defer cancel()
-	l.track(id, cancel)
+// leaseArgs are the named arguments of the lease fence (qLeaseHeld).
+func (p *partition) leaseArgs() pgx.StrictNamedArgs {
+	return pgx.StrictNamedArgs{"topic": p.c.cfg.Topic, "partition": p.id, "group": p.c.cfg.Group,
+		"member": p.lease.member, "epoch": p.lease.epoch}
+}
+
+// runPartition consumes partition id under l until ctx ends or the lease is
+// found gone.
+func (c *Consumer) runPartition(ctx context.Context, a *assigner, id int, l lease) {
+	p := &partition{c: c, lease: l, id: id, label: strconv.Itoa(id),
+		log: c.log.With("partition", id, "epoch", l.epoch), runCtx: c.runCtx, assign: a}
 	c.m.stalled.WithLabelValues(p.label).Set(0)
 	p.run(ctx)
-	<-gctx.Done()
-	c.m.stalled.WithLabelValues(p.label).Set(0) // the next owner reports its own state
-	if runCtx.Err() != nil {
-		l.release(id) // clean shutdown: visibly unowned until the next claim
-	}
 }
 
 func (p *partition) run(ctx context.Context) {
@@ -188,15 +170,15 @@ func (p *partition) run(ctx context.Context) {
 			// there.
 			attempt = -1
 		case errors.Is(err, errFenced):
-			// Another member committed this partition. Either this member
-			// lost it (another member claimed its lease: stop reading and
-			// applying it for the rest of the generation) or a member that
-			// lost it wrote before noticing (continue from what is stored).
-			if !p.leases.holds(ctx, p.id) {
-				p.leases.lose(p.id)
+			// Either this member lost the partition (another member claimed
+			// it: stop reading and applying it) or the stored offset moved
+			// under the lease (continue from what is stored).
+			if !p.c.holds(ctx, p.id, p.lease) {
+				p.c.m.leaseLost.Inc()
+				p.log.Warn("partition lease lost: stopped reading and applying it")
 				return
 			}
-			p.log.Warn("partition fenced by a stale member's write; re-reading the stored offset", "expected", next)
+			p.log.Warn("stored offset moved under this member's lease; re-reading it", "expected", next)
 			if !pause.For(ctx, p.c.backoff(0)) {
 				return
 			}
@@ -518,7 +500,9 @@ func (p *partition) idle(ctx context.Context, next int64) (int64, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, p.c.cfg.TxTimeout)
 	defer cancel()
-	tag, err := p.c.cfg.Pool.Exec(ctx, qTouchPosition, p.c.cfg.Topic, p.id, next, last, t0)
+	args := p.leaseArgs()
+	args["from"], args["hwm"], args["through"] = next, last, t0
+	tag, err := p.c.cfg.Pool.Exec(ctx, qTouchPosition, args)
 	if err != nil {
 		p.log.Debug("idle: cannot record the position", "err", err)
 		return next, nil
@@ -644,12 +628,32 @@ func (p *partition) committed(b *microBatch, s summary, took time.Duration) {
 		return
 	}
 	p.lastKafkaCommit = time.Now()
-	p.c.commitMu.Lock()
-	err := p.gen.CommitOffsets(map[string]map[int]int64{p.c.cfg.Topic: {p.id: b.to}})
-	p.c.commitMu.Unlock()
-	if err != nil {
+	if err := p.c.commitToKafka(p.id, b.to); err != nil {
 		p.log.Debug("dashboard offset commit to Kafka failed (harmless)", "err", err)
 	}
+}
+
+// commitToKafka commits a stored offset to the Kafka group for lag
+// dashboards, as a consumer outside any generation (Kafka accepts that from
+// a group with no live members); it is never read back.
+func (c *Consumer) commitToKafka(partition int, offset int64) error {
+	c.commitMu.Lock()
+	defer c.commitMu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	res, err := c.client.OffsetCommit(ctx, &kafka.OffsetCommitRequest{GroupID: c.cfg.Group, GenerationID: -1,
+		Topics: map[string][]kafka.OffsetCommit{c.cfg.Topic: {{Partition: partition, Offset: offset}}}})
+	if err != nil {
+		return err
+	}
+	for _, ps := range res.Topics {
+		for _, p := range ps {
+			if p.Error != nil {
+				return p.Error
+			}
+		}
+	}
+	return nil
 }
 
 // backoff returns the capped exponential delay before retry attempt+1,

@@ -325,3 +325,47 @@ func TestStatusOfAnIdlePartition(t *testing.T) {
 	}
 	m.Stop(t)
 }
+
+// Ingest joins no Kafka consumer group, but it still commits the stored
+// offsets to its group (outside any generation) so that Kafka lag
+// dashboards keep working.
+func TestStoredOffsetsAreCommittedToKafkaForDashboards(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 2)
+	streams := models(4)
+	rng := rand.New(rand.NewPCG(41, 43))
+	var msgs []kafka.Message
+	for range 20 {
+		msgs = append(msgs, encode(t, streams[rng.IntN(len(streams))].next(rng, 3)))
+	}
+	e.kafka.Produce(t, topic, msgs...)
+	m := e.start(func(c *ingest.Config) { c.KafkaCommitEvery = 50 * time.Millisecond })
+	defer m.Stop(t)
+	e.waitCaughtUp(30 * time.Second)
+	// One more message per partition after the catch-up: a commit follows it.
+	for p := range 2 {
+		e.kafka.ProduceTo(t, topic, p, encode(t, streams[p].next(rng, 1)))
+	}
+	e.waitCaughtUp(30 * time.Second)
+	client := &kafka.Client{Addr: kafka.TCP(e.kafka.Addrs...), Transport: &kafka.Transport{}}
+	defer client.Transport.(*kafka.Transport).CloseIdleConnections()
+	if err := eventually(10*time.Second, func() error {
+		res, err := client.OffsetFetch(context.Background(), &kafka.OffsetFetchRequest{GroupID: "tally-ingest",
+			Topics: map[string][]int{topic: {0, 1}}})
+		if err != nil {
+			return err
+		}
+		stored := e.nextOffsets()
+		if len(res.Topics[topic]) != 2 {
+			return fmt.Errorf("offsets of %d partitions, want 2: %+v", len(res.Topics[topic]), res.Topics)
+		}
+		for _, p := range res.Topics[topic] {
+			if p.Error != nil || p.CommittedOffset != stored[p.Partition] {
+				return fmt.Errorf("partition %d: committed %d (%v), stored %d", p.Partition, p.CommittedOffset, p.Error, stored[p.Partition])
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("offsets committed to Kafka: %v", err)
+	}
+}

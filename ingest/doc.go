@@ -1,19 +1,24 @@
 // Package ingest consumes meter.batch.v1 messages from Kafka and applies them
 // to the ledger exactly once in effect (docs/design.md §2, §3, §9).
 //
-// The consumer joins a Kafka consumer group only to learn which partitions it
-// owns; it reads each owned partition with a partition reader from the next
-// offset stored in Postgres, never from offsets committed to Kafka.
+// Members share the topic's partitions through leases in Postgres (see
+// lease.go), never through a Kafka group coordinator; a member reads each
+// partition it leases with a partition reader from the next offset stored in
+// Postgres, never from offsets committed to Kafka.
 //
 // Invariants:
 //   - One Postgres transaction per micro-batch holds everything the batch
 //     changes: the ledger rows (ledger.Apply), dead letters, offset jumps,
 //     the partition's conservation counters and its next offset. A crash at
 //     any instant leaves either all of it or none of it.
-//   - The next offset is written with a compare-and-set on the value this
-//     consumer last read or wrote; a member that lost the partition cannot
-//     commit (its transaction is rolled back). Stored offsets never move
-//     backwards.
+//   - Every write of a partition (a micro-batch, an idle position, a
+//     retrying note) checks, in the same statement, that this member's
+//     lease is live and its claim's fencing epoch is the partition's, and
+//     share-locks the partition's owners row until the transaction ends: a
+//     member whose partition was claimed commits nothing, and a claim waits
+//     for the previous holder's transaction. The next offset is written with
+//     a compare-and-set on the value this member last read or wrote, so
+//     stored offsets never move backwards.
 //   - Conservation: per partition, records_in = applied + duplicate +
 //     conflict + late_fill + rejected, at every commit (a CHECK constraint).
 //     A message rejected whole counts in messages_rejected, not in records.
@@ -24,7 +29,7 @@
 //   - A Postgres error that retrying can cure (connection loss, timeouts,
 //     serialization failures, deadlocks, shutdown, resources, the schema)
 //     never advances the offset: the same micro-batch is retried with capped
-//     exponential backoff while the member stays in its group, and after
+//     exponential backoff while the member holds the partition, and after
 //     StallAfter the partition is reported stalled. Offsets committed to
 //     Kafka are for lag dashboards only.
 //   - No message halts a partition: any bytes are bad input (a dead letter
@@ -36,12 +41,12 @@
 //   - Offsets that held nothing (compaction, transaction markers) are
 //     counted as skipped; only offsets below the partition's first offset
 //     (retention) are offset jumps.
-//   - Each member leases the partitions the group assigns it in Postgres
-//     (ingest_partition_owners: claimed at assignment, renewed every
-//     heartbeat for a session timeout, released on shutdown), so an owner
-//     that died is visible. A member that loses a partition (its generation
-//     ends, or its lease renewal misses it) stops reading it and rolls its
-//     in-flight transaction back at once; a transaction idle for a session
-//     timeout is ended by Postgres, so a stalled member never keeps the
-//     partition's row locked from the next owner.
+//   - A member's failure pauses only its own partitions: its lease
+//     (SessionTimeout, renewed every HeartbeatInterval) runs out and the
+//     others claim them, each up to its fair share of the live members; a
+//     clean shutdown finishes or rolls back its transactions and releases
+//     its partitions at once. A transaction idle for a session timeout is
+//     ended by Postgres, and a claim that waited a session timeout for a
+//     stalled holder's transaction ends its session, so a stalled member
+//     never keeps a partition locked from the next owner.
 package ingest

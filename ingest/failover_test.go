@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tally-ledger/tally/ingest"
+	"github.com/tally-ledger/tally/internal/faultproxy"
 )
 
 // lease is a partition's row in ingest_partition_owners.
@@ -26,8 +27,11 @@ type lease struct {
 
 func (e *env) leases() []lease {
 	e.t.Helper()
-	rows, err := e.pool.Query(context.Background(), `SELECT partition, coalesce(member, ''), generation, process,
-		member IS NOT NULL AND lease_until > now() FROM ingest_partition_owners WHERE topic = $1 ORDER BY partition`, topic)
+	rows, err := e.pool.Query(context.Background(), `SELECT o.partition, coalesce(o.member, ''), o.generation, o.process,
+		o.member IS NOT NULL AND coalesce(m.lease_until > now(), false)
+		FROM ingest_partition_owners o
+		LEFT JOIN ingest_members m ON m.topic = o.topic AND m.consumer_group = o.consumer_group AND m.member = o.member
+		WHERE o.topic = $1 ORDER BY o.partition`, topic)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -103,21 +107,19 @@ func (e *env) nextOffsets() map[int]int64 {
 	return out
 }
 
-// childWithDefaults is e.child with ingest's default group timings: the
-// session timeout, heartbeat, rebalance timeout and join backoff that a
-// crash costs in production.
+// childWithDefaults is e.child with ingest's default lease timings: the
+// session timeout and heartbeat that a crash costs in production.
 func (e *env) childWithDefaults(t *testing.T) *exec.Cmd {
 	return e.child(t, childDefaultTimingsEnv+"=1")
 }
 
 const childDefaultTimingsEnv = "TALLY_TEST_CHILD_DEFAULT_TIMINGS"
 
-// Three member processes with the default group timings share six
+// Three member processes with the default lease timings share six
 // partitions under steady production; one is killed with SIGKILL. Every
 // partition it owned applies a message produced after the kill within the
-// session timeout plus the time a rebalance and the new owner's start take
-// (bounded generously for a loaded machine; measured figures are logged),
-// and the ledger ends exact.
+// lease plus a heartbeat and the new owner's start (bounded generously for
+// a loaded machine; measured figures are logged), and the ledger ends exact.
 func TestKilledMemberPartitionsMoveOnWithinBound(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 6)
@@ -158,10 +160,9 @@ func TestKilledMemberPartitionsMoveOnWithinBound(t *testing.T) {
 	}
 	cmds = slices.Delete(cmds, 1, 2)
 
-	// The bound: the session timeout (the coordinator notices the crash),
-	// one heartbeat interval (the survivors learn of the rebalance), the
-	// rebalance itself and the new owner's start. Defaults: 6s + 1s + a few
-	// seconds; target 10s. The bound allows 10s more for a loaded machine.
+	// The bound: the lease (2s: it runs out), one heartbeat interval (the
+	// next balancing round claims) and the new owner's start; target 5s.
+	// The bound allows 10s more for a loaded machine.
 	bound := ingest.DefaultSessionTimeout + ingest.DefaultHeartbeatInterval + 3*time.Second + 10*time.Second
 	moved := map[int]time.Duration{}
 	err := eventually(bound, func() error {
@@ -424,4 +425,163 @@ func TestUnownedPartitionsAreVisible(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("a crashed member's partitions are not shown unowned: %v", err)
 	}
+}
+
+// auditStaleWrites records every write of ingest_partitions (offsets,
+// positions, retrying notes, counters) with the writer's application_name
+// and the process holding the partition's lease at that instant.
+func (e *env) auditStaleWrites() {
+	e.t.Helper()
+	for _, q := range []string{
+		`CREATE TABLE test_writes (at timestamptz NOT NULL, partition int NOT NULL, app text NOT NULL, holder text)`,
+		`CREATE FUNCTION test_write() RETURNS trigger LANGUAGE plpgsql AS $$
+		 BEGIN
+		   INSERT INTO test_writes
+		   SELECT clock_timestamp(), NEW.partition, current_setting('application_name'),
+		          (SELECT process FROM ingest_partition_owners o WHERE o.topic = NEW.topic AND o.partition = NEW.partition);
+		   RETURN NEW;
+		 END $$`,
+		`CREATE TRIGGER test_write AFTER UPDATE ON ingest_partitions FOR EACH ROW EXECUTE FUNCTION test_write()`,
+	} {
+		if _, err := e.pool.Exec(context.Background(), q); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+}
+
+// A member stopped (SIGSTOP) for longer than its lease, while another member
+// takes its partitions over, then resumed, writes nothing at all as the
+// member it was: not a micro-batch, not an idle partition's position, not a
+// retrying note (its offsets would still match, since the partitions are
+// idle: only the lease fence in every write refuses them). It then joins
+// again as a new member and takes its share back.
+func TestMemberPausedPastItsLeaseCommitsNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 2)
+	e.auditStaleWrites()
+	streams := models(4)
+	p := startProducer(t, e.kafka.Addrs, streams, 31, 40, 5*time.Millisecond)
+	aURL, err := url.Parse(e.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := aURL.Query()
+	q.Set("application_name", "member-a")
+	aURL.RawQuery = q.Encode()
+	a := e.child(t, "TALLY_TEST_CHILD_DB="+aURL.String())
+	var b *exec.Cmd
+	defer func() {
+		for _, c := range []*exec.Cmd{a, b} {
+			if c != nil {
+				_ = c.Process.Signal(syscall.SIGCONT)
+				_ = c.Process.Signal(syscall.SIGTERM)
+				_ = c.Wait()
+			}
+		}
+	}()
+	e.waitOwnedBy(30*time.Second, a.Process.Pid)
+	p.wait()
+	e.waitCaughtUp(30 * time.Second) // idle now: a touches its positions every PositionInterval
+
+	if err := a.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	b = e.child(t)
+	e.waitOwnedBy(30*time.Second, b.Process.Pid)
+	// b has written its positions: a's stale writes would find the same
+	// stored offsets, so only the lease can refuse them.
+	time.Sleep(500 * time.Millisecond)
+	tCont := time.Now()
+	if err := a.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	// a notices it was evicted, joins again and takes its share.
+	e.waitOwnedBy(30*time.Second, a.Process.Pid, b.Process.Pid)
+	time.Sleep(time.Second)
+	var stale int
+	var detail string
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(*), coalesce(string_agg(partition || ' at ' || at || ' (holder ' || coalesce(holder, '') || ')', '; '), '')
+		FROM test_writes WHERE app = 'member-a' AND at >= $1 AND coalesce(holder, '') NOT LIKE '%:' || $2`,
+		tCont, strconv.Itoa(a.Process.Pid)).Scan(&stale, &detail); err != nil {
+		t.Fatal(err)
+	}
+	if stale != 0 {
+		t.Errorf("the resumed member wrote %d times to partitions another process held: %s", stale, detail)
+	}
+	var mine int
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM test_writes WHERE app = 'member-a' AND at >= $1`,
+		tCont).Scan(&mine); err != nil {
+		t.Fatal(err)
+	}
+	if mine == 0 {
+		t.Errorf("the member wrote nothing after it rejoined: the test proved nothing")
+	}
+	e.checkLedger(streams)
+	e.checkOffsets()
+	e.checkCounters()
+}
+
+// A member whose database link goes silent (a blackhole: its statements are
+// held in the network) while its lease runs out and another member takes
+// its partitions over, then comes back: the statements it sent while it
+// still believed it held the partitions reach Postgres after the takeover,
+// and every one of them is refused by the lease fence checked in the
+// statement itself (the partitions are idle, so the offsets it expects still
+// match: the compare-and-set alone would let them through).
+func TestDelayedWritesOfAMemberWhoseLeaseWasTakenCommitNothing(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 2)
+	e.auditStaleWrites()
+	streams := models(4)
+	p := startProducer(t, e.kafka.Addrs, streams, 37, 40, 5*time.Millisecond)
+	aURL, err := url.Parse(e.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := faultproxy.Start(aURL.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	aURL.Host = proxy.Addr()
+	q := aURL.Query()
+	q.Set("application_name", "member-a")
+	aURL.RawQuery = q.Encode()
+	a := e.child(t, "TALLY_TEST_CHILD_DB="+aURL.String())
+	var b *exec.Cmd
+	defer func() {
+		proxy.Pass()
+		for _, c := range []*exec.Cmd{a, b} {
+			if c != nil {
+				_ = c.Process.Signal(syscall.SIGTERM)
+				_ = c.Wait()
+			}
+		}
+	}()
+	e.waitOwnedBy(30*time.Second, a.Process.Pid)
+	p.wait()
+	e.waitCaughtUp(30 * time.Second) // idle now: a writes its positions every PositionInterval
+
+	proxy.Blackhole()
+	tHole := time.Now()
+	b = e.child(t)
+	e.waitOwnedBy(30*time.Second, b.Process.Pid)
+	time.Sleep(300 * time.Millisecond)
+	proxy.Pass()
+	t.Logf("a's database link was silent for %v", time.Since(tHole))
+	e.waitOwnedBy(30*time.Second, a.Process.Pid, b.Process.Pid)
+	time.Sleep(time.Second)
+	var stale int
+	var detail string
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(*), coalesce(string_agg(partition || ' at ' || at || ' (holder ' || coalesce(holder, '') || ')', '; '), '')
+		FROM test_writes WHERE app = 'member-a' AND at >= $1 AND coalesce(holder, '') NOT LIKE '%:' || $2`,
+		tHole, strconv.Itoa(a.Process.Pid)).Scan(&stale, &detail); err != nil {
+		t.Fatal(err)
+	}
+	if stale != 0 {
+		t.Errorf("member a wrote %d times to partitions another process held: %s", stale, detail)
+	}
+	e.checkLedger(streams)
+	e.checkOffsets()
+	e.checkCounters()
 }

@@ -263,6 +263,7 @@ func (p *partition) retrying(ctx context.Context, b *microBatch, err error, atte
 	if !p.stall.reported && now.Sub(p.stall.since) >= p.c.cfg.StallAfter {
 		p.stall.reported = true
 		p.c.m.stalled.WithLabelValues(p.label).Set(1)
+		p.assign.setStalled(p.id, p.stall.since)
 		p.log.Error("partition stalled: no usage on it has been applied for over a minute, so its customers' usage, as_of "+
 			"and quota decisions are frozen. A connection, timeout or resource error means Postgres is unreachable, "+
 			"overloaded or out of disk or connections: fix that and ingest resumes by itself, losing nothing. "+
@@ -272,7 +273,9 @@ func (p *partition) retrying(ctx context.Context, b *microBatch, err error, atte
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
 	msg := strings.ReplaceAll(strings.ToValidUTF8(err.Error(), "\uFFFD"), "\x00", `\u0000`)
-	if _, werr := p.c.cfg.Pool.Exec(wctx, qNoteRetrying, p.c.cfg.Topic, p.id, b.from, p.stall.since.UTC(), msg); werr != nil {
+	args := p.leaseArgs()
+	args["from"], args["since"], args["error"] = b.from, p.stall.since.UTC(), msg
+	if _, werr := p.c.cfg.Pool.Exec(wctx, qNoteRetrying, args); werr != nil {
 		p.log.Debug("cannot record the retrying state", "err", werr)
 	}
 }
@@ -285,6 +288,7 @@ func (p *partition) resumed() {
 	}
 	if p.stall.reported {
 		p.c.m.stalled.WithLabelValues(p.label).Set(0)
+		p.assign.setStalled(p.id, time.Time{})
 		p.log.Warn("partition resumed after a stall", "stalled_for", time.Since(p.stall.since).Round(time.Second))
 	}
 	p.stall = stall{}

@@ -2,29 +2,43 @@ package ingest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"sort"
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
-
-	"github.com/tally-ledger/tally/internal/pause"
 )
 
-// Partition leases in Postgres (table ingest_partition_owners) mirror the
-// Kafka group's assignment: a member claims each partition the group gives
-// it, renews the claims every HeartbeatInterval for SessionTimeout, and
-// releases them on a clean shutdown. They serve two purposes:
-//   - Operators and the API see which member owns each partition and since
-//     when, and a partition whose owner died is visibly unowned from the
-//     moment its lease runs out.
-//   - A member whose renewal no longer matches a partition (another member
-//     claimed it in a newer generation) cancels that partition's work at
-//     once: it stops reading and rolls back its transaction instead of
-//     waiting for its Kafka heartbeat to fail. The offset compare-and-set
-//     stays what makes a stale member harmless; the lease makes it quiet.
+// Partition assignment through leases in Postgres (docs/design.md §9). The
+// broker's group coordinator plays no part: a member's failure or restart
+// pauses only that member's partitions, whatever the coordinator does.
+//
+//   - Each member registers a row in ingest_members under a random id and
+//     renews its lease every HeartbeatInterval for SessionTimeout. A member
+//     whose renewal finds its lease ran out (it was stopped or starved that
+//     long) was evicted: it stops all its partitions and registers again
+//     under a new id.
+//   - Each HeartbeatInterval a member also balances: it counts the live
+//     members, computes every member's fair share of the topic's partitions
+//     (members sorted by id; the first P mod N take one more), claims free
+//     partitions (released, or held by a member that is not live) up to its
+//     share, and releases its surplus while a live member holds less than
+//     its share and nothing is free. A partition this member has seen free
+//     for two rounds, that nobody under its share took, is claimed beyond
+//     the share.
+//   - A claim bumps the partition's fencing epoch. Every write of a
+//     partition checks (member, epoch) and the member's liveness in the same
+//     transaction and share-locks the owners row until it commits (see
+//     qLeaseHeld): a member whose partition was claimed commits nothing, and
+//     a claim waits for the previous holder's transaction to end (ending a
+//     stalled one's session after a session timeout).
+//   - A clean shutdown finishes the in-flight transactions, releases every
+//     partition and deletes the member's row, so successors claim at once.
 
 // processName identifies this process in the owners table: host:pid.
 var processName = func() string {
@@ -40,92 +54,126 @@ func interval(d time.Duration) string {
 	return fmt.Sprintf("%d microseconds", d.Microseconds())
 }
 
-// leases are one generation's partition claims of this member.
-type leases struct {
-	c   *Consumer
-	gen *kafka.Generation
-
-	mu      sync.Mutex
-	tracked map[int]trackedPartition
-	seq     uint64 // counts track calls
+// lease is a claim of one partition: the member and the claim's fencing
+// epoch.
+type lease struct {
+	member string
+	epoch  int32
 }
 
-// trackedPartition is a claimed partition whose work runs.
-type trackedPartition struct {
-	cancel context.CancelFunc // stops its work
-	seq    uint64             // leases.seq when it was tracked
+// running is a claimed partition whose work runs.
+type running struct {
+	lease  lease
+	cancel context.CancelFunc
+	done   chan struct{}
 }
 
-func (c *Consumer) newLeases(gen *kafka.Generation) *leases {
-	return &leases{c: c, gen: gen, tracked: map[int]trackedPartition{}}
+// assigner is one member's membership and partition leases.
+type assigner struct {
+	c          *Consumer
+	metadataAt time.Time         // when the partition count was last read (balancing only)
+	freeSince  map[int]time.Time // when this member first saw each partition free (balancing only)
+
+	mu         sync.Mutex
+	member     string    // current member id; "" before registration
+	renewedAt  time.Time // last successful renewal (this process's clock)
+	renewErr   error     // the last renewal's error, nil once one succeeds
+	balanced   bool      // a balancing round completed since registration
+	partitions int       // the topic's partition count, 0 until known
+	running    map[int]*running
+	stalled    map[int]time.Time // partition → retrying since, while it is stalled
 }
 
-// claim takes partition id for this generation; it retries until it
-// succeeds or ctx ends. A claim that matches no row means another member of
-// the group holds a live lease of the same or a newer generation: either
-// this member is stale already (its generation ends with its next
-// heartbeat) or the group's generations restarted (a recreated group) and
-// the old holder's lease runs out within a session timeout; it waits.
-func (l *leases) claim(ctx context.Context, id int) bool {
-	cfg := l.c.cfg
-	refused := 0
-	for attempt := 0; ; attempt++ {
-		cctx, cancel := context.WithTimeout(ctx, cfg.TxTimeout)
-		tag, err := cfg.Pool.Exec(cctx, qClaimPartition, pgx.StrictNamedArgs{"topic": cfg.Topic, "partition": id, "member": l.gen.MemberID,
-			"generation": l.gen.ID, "process": processName, "lease": interval(cfg.SessionTimeout), "group": cfg.Group})
-		cancel()
-		if err == nil && tag.RowsAffected() == 1 {
-			return true
-		}
-		if ctx.Err() != nil {
-			return false
-		}
-		d := l.c.backoff(attempt)
-		if err != nil {
-			l.c.m.retries.WithLabelValues("postgres").Inc()
-			l.c.log.Warn("cannot claim the partition's lease; retrying", "partition", id, "err", err, "attempt", attempt+1)
-		} else {
-			if refused%30 == 0 {
-				l.c.log.Warn("partition is leased by another member of the group (a newer or the same generation); "+
-					"waiting for that lease to end", "partition", id, "generation", l.gen.ID)
-			}
-			refused++
-			attempt, d = -1, cfg.HeartbeatInterval
-		}
-		if !pause.For(ctx, d) {
-			return false
-		}
-	}
+func newAssigner(c *Consumer) *assigner {
+	return &assigner{c: c, running: map[int]*running{}, stalled: map[int]time.Time{}, freeSince: map[int]time.Time{}}
 }
 
-// track registers the cancel function of partition id's work.
-func (l *leases) track(id int, cancel context.CancelFunc) {
-	l.mu.Lock()
-	l.seq++
-	l.tracked[id] = trackedPartition{cancel: cancel, seq: l.seq}
-	l.mu.Unlock()
+func (a *assigner) currentMember() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.member
 }
 
-// lose cancels partition id's work: another member holds it.
-func (l *leases) lose(id int) {
-	l.mu.Lock()
-	cancel := l.tracked[id].cancel
-	delete(l.tracked, id)
-	l.mu.Unlock()
-	if cancel != nil {
-		l.c.m.leaseLost.Inc()
-		l.c.log.Warn("partition claimed by another member: stopped reading and applying it", "partition", id,
-			"generation", l.gen.ID)
-		cancel()
-	}
-}
-
-// renewLoop renews the generation's claims every HeartbeatInterval until ctx
-// (the generation) ends; it must not return before then (see runPartition).
-// A partition missing from a renewal's answer is lost: its work stops.
-func (l *leases) renewLoop(ctx context.Context) {
-	cfg := l.c.cfg
+// heartbeatLoop registers the member and renews its lease every
+// HeartbeatInterval until ctx ends. It runs apart from balancing, so a claim
+// waiting for a row lock never delays a renewal.
+func (a *assigner) heartbeatLoop(ctx context.Context) {
+	cfg := a.c.cfg
 	t := time.NewTicker(cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		a.heartbeat(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (a *assigner) heartbeat(ctx context.Context) {
+	cfg := a.c.cfg
+	ctx, cancel := context.WithTimeout(ctx, cfg.SessionTimeout/2)
+	defer cancel()
+	member := a.currentMember()
+	args := pgx.StrictNamedArgs{"topic": cfg.Topic, "group": cfg.Group, "member": member,
+		"lease": interval(cfg.SessionTimeout)}
+	if member != "" {
+		rows, err := cfg.Pool.Query(ctx, qRenewMember, args)
+		if err == nil {
+			n := 0
+			for rows.Next() {
+				n++
+			}
+			rows.Close()
+			err = rows.Err()
+			if err == nil && n == 1 {
+				a.renewed(nil)
+				return
+			}
+		}
+		if err != nil {
+			if ctx.Err() == nil || errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				a.renewed(err)
+				a.c.log.Warn("cannot renew the member's lease (will retry)", "member", member, "err", err)
+			}
+			return
+		}
+		// The lease ran out before this renewal: the member was evicted
+		// and its partitions may belong to others already.
+		a.c.m.evictions.Inc()
+		a.c.log.Warn("this member's lease ran out (the process was stopped or starved for a session timeout): "+
+			"stopping its partitions and joining again as a new member", "member", member, "session_timeout", cfg.SessionTimeout)
+	}
+	id := uuid.NewString()
+	args["member"], args["process"] = id, processName
+	if _, err := cfg.Pool.Exec(ctx, qRegisterMember, args); err != nil {
+		a.renewed(err)
+		a.c.log.Warn("cannot register the member (will retry)", "err", err)
+		a.mu.Lock()
+		a.member = "" // stay unregistered: the old id is dead either way
+		a.mu.Unlock()
+		return
+	}
+	a.mu.Lock()
+	a.member, a.balanced = id, false
+	a.mu.Unlock()
+	a.renewed(nil)
+	a.c.log.Info("member registered", "member", id, "process", processName)
+}
+
+func (a *assigner) renewed(err error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.renewErr = err
+	if err == nil {
+		a.renewedAt = time.Now()
+	}
+}
+
+// balanceLoop balances every HeartbeatInterval until ctx ends.
+func (a *assigner) balanceLoop(ctx context.Context) {
+	t := time.NewTicker(a.c.cfg.HeartbeatInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -133,75 +181,375 @@ func (l *leases) renewLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		// Only partitions claimed before the renewal started can be missing
-		// from its answer because they were lost (its snapshot may predate
-		// a claim that committed meanwhile).
-		l.mu.Lock()
-		before := l.seq
-		l.mu.Unlock()
-		held, err := l.renew(ctx)
-		if err != nil {
-			if ctx.Err() == nil {
-				l.c.log.Debug("cannot renew the partition leases (will retry)", "err", err)
+		if err := a.balance(ctx); err != nil && ctx.Err() == nil {
+			a.c.log.Debug("cannot balance the partitions (will retry)", "err", err)
+		}
+	}
+}
+
+// slot is one partition as a balancing round sees it.
+type slot struct {
+	partition int
+	lease     lease
+	live      bool // its holder's lease is live
+}
+
+// balance is one round: stop what this member lost, claim up to its share,
+// release its surplus.
+func (a *assigner) balance(ctx context.Context) error {
+	cfg := a.c.cfg
+	a.reap()
+	member := a.currentMember()
+	if member == "" {
+		a.stopAll("")
+		return nil
+	}
+	// Partitions of a member whose lease this process may have lost are
+	// stopped: they could not commit anyway.
+	a.mu.Lock()
+	stale := time.Since(a.renewedAt) >= cfg.SessionTimeout
+	a.mu.Unlock()
+	a.stopAll(member)
+	if stale {
+		a.stopAll("")
+		return nil
+	}
+	n, err := a.partitionCount(ctx)
+	if err != nil {
+		return err
+	}
+	qctx, cancel := context.WithTimeout(ctx, cfg.TxTimeout)
+	defer cancel()
+	slots, members, err := a.read(qctx, n)
+	if err != nil {
+		return err
+	}
+	mine := map[int]lease{}
+	held := map[string]int{}
+	var free []slot
+	now := time.Now()
+	for _, s := range slots {
+		switch {
+		case s.live:
+			held[s.lease.member]++
+			if s.lease.member == member {
+				mine[s.partition] = s.lease
 			}
+			delete(a.freeSince, s.partition)
+		default:
+			free = append(free, s)
+			if _, ok := a.freeSince[s.partition]; !ok {
+				a.freeSince[s.partition] = now
+			}
+		}
+	}
+	// Lost: running here, but the owners row names another claim.
+	a.mu.Lock()
+	var lost, idle []int
+	for id, r := range a.running {
+		if l, ok := mine[id]; !ok || l != r.lease {
+			lost = append(lost, id)
+		}
+	}
+	for id := range mine {
+		if _, ok := a.running[id]; !ok {
+			idle = append(idle, id) // held, but its work ended by itself: run it again
+		}
+	}
+	a.mu.Unlock()
+	for _, id := range idle {
+		a.start(id, mine[id])
+	}
+	for _, id := range lost {
+		a.c.m.leaseLost.Inc()
+		a.c.log.Warn("partition claimed by another member: stopped reading and applying it", "partition", id)
+		a.stop(id)
+	}
+	shares := fairShares(members, len(slots))
+	share, ok := shares[member]
+	if !ok {
+		return nil // not live in this snapshot: the next renewal decides
+	}
+	have := len(mine)
+	// Claim free partitions up to the share; beyond it only those nobody
+	// under its share took for two rounds.
+	for _, s := range free {
+		if have >= share && now.Sub(a.freeSince[s.partition]) < 2*cfg.HeartbeatInterval {
 			continue
 		}
-		l.mu.Lock()
-		var lost []int
-		for id, t := range l.tracked {
-			if t.seq <= before && !held[id] {
-				lost = append(lost, id)
+		epoch, ok, err := a.claim(ctx, s.partition, member)
+		if err != nil {
+			return err
+		}
+		if ok {
+			have++
+			a.start(s.partition, lease{member: member, epoch: epoch})
+		}
+	}
+	// Release the surplus while another live member is under its share and
+	// nothing is free for it.
+	if have > share && len(free) == 0 {
+		under := false
+		for m, sh := range shares {
+			if m != member && held[m] < sh {
+				under = true
 			}
 		}
-		l.mu.Unlock()
-		for _, id := range lost {
-			l.lose(id)
+		if under {
+			ids := make([]int, 0, len(mine))
+			for id := range mine {
+				ids = append(ids, id)
+			}
+			sort.Sort(sort.Reverse(sort.IntSlice(ids)))
+			for _, id := range ids[:have-share] {
+				a.release(id)
+			}
 		}
 	}
+	a.mu.Lock()
+	a.balanced = true
+	owned := len(a.running)
+	a.mu.Unlock()
+	a.c.m.owned.Set(float64(owned))
+	return nil
 }
 
-func (l *leases) renew(ctx context.Context) (map[int]bool, error) {
-	cfg := l.c.cfg
-	ctx, cancel := context.WithTimeout(ctx, cfg.HeartbeatInterval+cfg.SessionTimeout/2)
+// fairShares gives each member (sorted by id) its share of n partitions:
+// n/N each, one more for the first n mod N.
+func fairShares(members []string, n int) map[string]int {
+	out := map[string]int{}
+	if len(members) == 0 {
+		return out
+	}
+	for i, m := range members {
+		out[m] = n / len(members)
+		if i < n%len(members) {
+			out[m]++
+		}
+	}
+	return out
+}
+
+// partitionCount is the topic's partition count from Kafka's metadata,
+// asked at most every ten rounds once known; the owners rows of new
+// partitions are created.
+func (a *assigner) partitionCount(ctx context.Context) (int, error) {
+	cfg := a.c.cfg
+	a.mu.Lock()
+	known := a.partitions
+	a.mu.Unlock()
+	if known > 0 && time.Since(a.metadataAt) < 10*cfg.HeartbeatInterval {
+		return known, nil
+	}
+	mctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	rows, err := cfg.Pool.Query(ctx, qRenewLeases, cfg.Topic, l.gen.MemberID, l.gen.ID, interval(cfg.SessionTimeout), cfg.Group)
+	md, err := a.c.client.Metadata(mctx, &kafka.MetadataRequest{Topics: []string{cfg.Topic}})
 	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	held := map[int]bool{}
-	for rows.Next() {
-		var id int
-		if err := rows.Scan(&id); err != nil {
-			return nil, err
+		if known > 0 {
+			return known, nil
 		}
-		held[id] = true
+		return 0, fmt.Errorf("topic metadata: %w", err)
 	}
-	return held, rows.Err()
+	n := 0
+	for _, t := range md.Topics {
+		if t.Name == cfg.Topic && t.Error == nil {
+			n = len(t.Partitions)
+		}
+	}
+	if n == 0 {
+		if known > 0 {
+			return known, nil
+		}
+		return 0, fmt.Errorf("topic %s: no partitions in the metadata", cfg.Topic)
+	}
+	a.metadataAt = time.Now()
+	if n != known {
+		if _, err := cfg.Pool.Exec(mctx, qEnsureOwners, pgx.StrictNamedArgs{"topic": cfg.Topic, "group": cfg.Group, "partitions": n}); err != nil {
+			return 0, fmt.Errorf("owners rows: %w", err)
+		}
+		a.mu.Lock()
+		a.partitions = n
+		a.mu.Unlock()
+	}
+	return n, nil
 }
 
-// holds reports whether this generation still holds partition id's lease
-// (true when Postgres cannot tell: the offset compare-and-set decides then).
-func (l *leases) holds(ctx context.Context, id int) bool {
-	cfg := l.c.cfg
+// read returns the topic's partitions below n as slots, and the live
+// members sorted by id.
+func (a *assigner) read(ctx context.Context, n int) ([]slot, []string, error) {
+	cfg := a.c.cfg
+	args := pgx.StrictNamedArgs{"topic": cfg.Topic, "group": cfg.Group}
+	rows, err := cfg.Pool.Query(ctx, qSelectAssignment, args)
+	if err != nil {
+		return nil, nil, err
+	}
+	var slots []slot
+	for rows.Next() {
+		var s slot
+		if err := rows.Scan(&s.partition, &s.lease.member, &s.lease.epoch, &s.live); err != nil {
+			rows.Close()
+			return nil, nil, err
+		}
+		if s.partition < n {
+			slots = append(slots, s)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
+	}
+	rows, err = cfg.Pool.Query(ctx, qSelectLiveMembers, args)
+	if err != nil {
+		return nil, nil, err
+	}
+	members, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	return slots, members, err
+}
+
+// claim takes partition id for member; ok is false when a live member holds
+// it. The claim waits for a transaction of the previous holder that still
+// share-locks the owners row; one stalled that long (a stopped process
+// mid-statement) has its session ended after a session timeout.
+func (a *assigner) claim(ctx context.Context, id int, member string) (epoch int32, ok bool, err error) {
+	cfg := a.c.cfg
+	ctx, cancel := context.WithTimeout(ctx, cfg.TxTimeout)
+	defer cancel()
+	conn, err := cfg.Pool.Acquire(ctx)
+	if err != nil {
+		return 0, false, err
+	}
+	defer conn.Release()
+	pid := conn.Conn().PgConn().PID()
+	breaker := time.AfterFunc(cfg.SessionTimeout, func() { a.c.endBlockers(pid) })
+	defer breaker.Stop()
+	err = conn.QueryRow(ctx, qClaimPartition, pgx.StrictNamedArgs{"topic": cfg.Topic, "partition": id, "group": cfg.Group,
+		"member": member, "process": processName}).Scan(&epoch)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("claim partition %d: %w", id, err)
+	}
+	a.c.m.claims.Inc()
+	a.c.log.Info("partition claimed", "partition", id, "member", member, "epoch", epoch)
+	return epoch, true, nil
+}
+
+// start runs partition id's work under l.
+func (a *assigner) start(id int, l lease) {
+	ctx, cancel := context.WithCancel(a.c.runCtx)
+	r := &running{lease: l, cancel: cancel, done: make(chan struct{})}
+	a.mu.Lock()
+	a.running[id] = r
+	a.mu.Unlock()
+	go func() {
+		defer close(r.done)
+		a.c.runPartition(ctx, a, id, l)
+	}()
+}
+
+// stop ends partition id's work and waits for it (an in-flight transaction
+// is rolled back at once).
+func (a *assigner) stop(id int) *running {
+	a.mu.Lock()
+	r := a.running[id]
+	delete(a.running, id)
+	delete(a.stalled, id)
+	a.mu.Unlock()
+	if r != nil {
+		r.cancel()
+		<-r.done
+		a.c.m.stalled.WithLabelValues(fmt.Sprint(id)).Set(0) // the next owner reports its own state
+	}
+	return r
+}
+
+// stopAll stops every partition not running as member ("": all).
+func (a *assigner) stopAll(member string) {
+	a.mu.Lock()
+	var ids []int
+	for id, r := range a.running {
+		if member == "" || r.lease.member != member {
+			ids = append(ids, id)
+		}
+	}
+	a.mu.Unlock()
+	for _, id := range ids {
+		a.stop(id)
+	}
+}
+
+// reap forgets partitions whose work ended by itself (it found its lease
+// gone when a write was fenced).
+func (a *assigner) reap() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for id, r := range a.running {
+		select {
+		case <-r.done:
+			delete(a.running, id)
+			delete(a.stalled, id)
+		default:
+		}
+	}
+}
+
+// release stops partition id's work, then gives the partition up so that
+// another member claims it at once. Errors are only logged: the lease runs
+// out with the member's anyway.
+func (a *assigner) release(id int) {
+	r := a.stop(id)
+	if r == nil {
+		return
+	}
+	cfg := a.c.cfg
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := cfg.Pool.Exec(ctx, qReleasePartition, pgx.StrictNamedArgs{"topic": cfg.Topic, "partition": id, "group": cfg.Group,
+		"member": r.lease.member, "epoch": r.lease.epoch}); err != nil {
+		a.c.log.Debug("cannot release the partition's lease (it runs out with the member's)", "partition", id, "err", err)
+		return
+	}
+	a.c.m.releases.Inc()
+	a.c.log.Info("partition released", "partition", id, "epoch", r.lease.epoch)
+}
+
+// leave releases every partition (their work has finished) and ends the
+// member's lease: a clean shutdown.
+func (a *assigner) leave() {
+	a.mu.Lock()
+	ids := make([]int, 0, len(a.running))
+	for id := range a.running {
+		ids = append(ids, id)
+	}
+	member := a.member
+	a.mu.Unlock()
+	for _, id := range ids {
+		a.release(id)
+	}
+	if member == "" {
+		return
+	}
+	cfg := a.c.cfg
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if _, err := cfg.Pool.Exec(ctx, qLeaveMember, pgx.StrictNamedArgs{"topic": cfg.Topic, "group": cfg.Group, "member": member}); err != nil {
+		a.c.log.Debug("cannot end the member's lease (it runs out by itself)", "err", err)
+	}
+}
+
+// holds reports whether l still holds partition id with a live lease (true
+// when Postgres cannot tell: the fence in every write decides then).
+func (c *Consumer) holds(ctx context.Context, id int, l lease) bool {
+	cfg := c.cfg
 	ctx, cancel := context.WithTimeout(ctx, cfg.TxTimeout)
 	defer cancel()
 	var ok bool
-	if err := cfg.Pool.QueryRow(ctx, qHoldsLease, cfg.Topic, id, l.gen.MemberID, l.gen.ID, cfg.Group).Scan(&ok); err != nil {
+	if err := cfg.Pool.QueryRow(ctx, qHoldsLease, pgx.StrictNamedArgs{"topic": cfg.Topic, "partition": id, "group": cfg.Group,
+		"member": l.member, "epoch": l.epoch}).Scan(&ok); err != nil {
 		return true
 	}
 	return ok
-}
-
-// release gives partition id up (clean shutdown); errors are only logged:
-// the lease runs out by itself.
-func (l *leases) release(id int) {
-	cfg := l.c.cfg
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	if _, err := cfg.Pool.Exec(ctx, qReleasePartition, cfg.Topic, id, l.gen.MemberID, l.gen.ID, cfg.Group); err != nil {
-		l.c.log.Debug("cannot release the partition's lease (it runs out by itself)", "partition", id, "err", err)
-	}
 }
 
 // Unowned returns the partitions of topic that have had no live owner for at

@@ -26,7 +26,9 @@ type metrics struct {
 	stalled     *prometheus.GaugeVec   // partition
 	skipped     *prometheus.CounterVec // cause
 	leaseLost   prometheus.Counter     //
-	generations prometheus.Counter     //
+	claims      prometheus.Counter     //
+	releases    prometheus.Counter     //
+	evictions   prometheus.Counter     //
 }
 
 func newMetrics(reg prometheus.Registerer, topic string) (*metrics, error) {
@@ -55,7 +57,7 @@ func newMetrics(reg prometheus.Registerer, topic string) (*metrics, error) {
 			Name: "tally_ingest_offset_jumps_total", Help: "Offset jumps detected (Kafka no longer had unread messages).", ConstLabels: cl,
 		}, []string{"partition"}),
 		fenced: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tally_ingest_fenced_total", Help: "Micro-batches rolled back because the stored offset was not the expected one (another member wrote it).", ConstLabels: cl,
+			Name: "tally_ingest_fenced_total", Help: "Writes refused by the fence: this member's lease on the partition was gone, or the stored offset was not the expected one (another member wrote it).", ConstLabels: cl,
 		}),
 		lag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "tally_ingest_partition_lag", Help: "High watermark minus the stored next offset, as last seen by this member.", ConstLabels: cl,
@@ -64,7 +66,7 @@ func newMetrics(reg prometheus.Registerer, topic string) (*metrics, error) {
 			Name: "tally_ingest_partition_applied_through_seconds", Help: "Unix time through which the partition's usage is applied.", ConstLabels: cl,
 		}, []string{"partition"}),
 		owned: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "tally_ingest_owned_partitions", Help: "Partitions this member owns in the current generation.", ConstLabels: cl,
+			Name: "tally_ingest_owned_partitions", Help: "Partitions this member holds a lease on.", ConstLabels: cl,
 		}),
 		anomalies: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tally_ingest_anomalies_total", Help: "Conditions that need an operator: stored offset ahead of the partition's end, offsets going backwards.", ConstLabels: cl,
@@ -76,14 +78,20 @@ func newMetrics(reg prometheus.Registerer, topic string) (*metrics, error) {
 			Name: "tally_ingest_offsets_skipped_total", Help: "Offsets that held no message for ingest and are no loss, by cause: compaction, transaction_commit or transaction_abort (markers). Losses are tally_ingest_offset_jumps_total.", ConstLabels: cl,
 		}, []string{"cause"}),
 		leaseLost: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tally_ingest_leases_lost_total", Help: "Partitions this member stopped because another member claimed them before its generation ended.", ConstLabels: cl,
+			Name: "tally_ingest_leases_lost_total", Help: "Partitions this member stopped because another member claimed them (its lease had run out).", ConstLabels: cl,
 		}),
-		generations: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "tally_ingest_generations_total", Help: "Consumer-group generations this member joined (each is a rebalance).", ConstLabels: cl,
+		claims: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tally_ingest_partition_claims_total", Help: "Partition leases this process claimed (a partition released or whose member's lease ran out).", ConstLabels: cl,
+		}),
+		releases: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tally_ingest_partition_releases_total", Help: "Partition leases this process released (its surplus when members joined, or a clean shutdown).", ConstLabels: cl,
+		}),
+		evictions: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tally_ingest_member_evictions_total", Help: "Times this process found its member lease had run out (stopped or starved for a session timeout) and joined again as a new member.", ConstLabels: cl,
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.records, m.messages, m.deadLetters, m.batches, m.txSeconds,
-		m.retries, m.jumps, m.fenced, m.lag, m.through, m.owned, m.anomalies, m.stalled, m.skipped, m.leaseLost, m.generations} {
+		m.retries, m.jumps, m.fenced, m.lag, m.through, m.owned, m.anomalies, m.stalled, m.skipped, m.leaseLost, m.claims, m.releases, m.evictions} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

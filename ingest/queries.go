@@ -14,30 +14,34 @@ ON CONFLICT (topic, partition) DO NOTHING`
 const qSelectNextOffset = `
 SELECT next_offset FROM ingest_partitions WHERE topic = $1 AND partition = $2`
 
-// qAdvanceOffset is the compare-and-set that fences a member that lost the
-// partition: it matches no row unless the stored next offset is the one this
-// member read or wrote last. It runs first in the micro-batch transaction so
-// the row lock serialises any competing member before the ledger work.
+// qAdvanceOffset is the fence of a micro-batch: it runs first in the
+// transaction and matches no row unless this member holds the partition's
+// lease (qLeaseHeld, whose share lock keeps a claim waiting until the
+// transaction ends) and the stored next offset is the one this member read
+// or wrote last (a compare-and-set: offsets never move backwards). The row
+// lock it takes serialises any competing writer before the ledger work.
 const qAdvanceOffset = `
+WITH lease AS (` + qLeaseHeld + `)
 UPDATE ingest_partitions
 SET next_offset     = @to,
     high_watermark  = @hwm,
     applied_through = GREATEST(applied_through, @through),
     owner           = @member,
-    generation      = @generation,
+    generation      = @epoch,
     retrying_since  = NULL,
     last_error      = NULL,
     updated_at      = now()
-WHERE topic = @topic AND partition = @partition AND next_offset = @from`
+WHERE topic = @topic AND partition = @partition AND next_offset = @from AND EXISTS (SELECT 1 FROM lease)`
 
 // qNoteRetrying records, outside the failing transaction, that the
-// partition's micro-batch at next offset $3 keeps failing; the next commit
-// clears it.
+// partition's micro-batch at next offset @from keeps failing; the next
+// commit clears it. Only the lease holder writes it.
 const qNoteRetrying = `
+WITH lease AS (` + qLeaseHeld + `)
 UPDATE ingest_partitions
-SET retrying_since = coalesce(retrying_since, $4),
-    last_error     = $5
-WHERE topic = $1 AND partition = $2 AND next_offset = $3`
+SET retrying_since = coalesce(retrying_since, @since),
+    last_error     = @error
+WHERE topic = @topic AND partition = @partition AND next_offset = @from AND EXISTS (SELECT 1 FROM lease)`
 
 // qAddCounters adds a micro-batch's conservation counters.
 const qAddCounters = `
@@ -66,13 +70,15 @@ const qInsertJump = `
 INSERT INTO ingest_offset_jumps (id, topic, partition, from_offset, to_offset, detected_at, detail)
 VALUES (@id, @topic, @partition, @from, @to, @detected_at, @detail)`
 
-// qTouchPosition records that an idle partition is caught up.
+// qTouchPosition records that an idle partition is caught up; only the
+// lease holder writes it.
 const qTouchPosition = `
+WITH lease AS (` + qLeaseHeld + `)
 UPDATE ingest_partitions
-SET high_watermark  = $4,
-    applied_through = GREATEST(applied_through, $5),
+SET high_watermark  = @hwm,
+    applied_through = GREATEST(applied_through, @through),
     updated_at      = now()
-WHERE topic = $1 AND partition = $2 AND next_offset = $3`
+WHERE topic = @topic AND partition = @partition AND next_offset = @from AND EXISTS (SELECT 1 FROM lease)`
 
 const qSelectStatus = `
 SELECT topic, partition, next_offset, high_watermark, applied_through,
@@ -95,60 +101,116 @@ SELECT c, $1, $2, $4 FROM unnest($3::text[]) AS c
 ON CONFLICT (customer, topic) DO UPDATE SET partition = EXCLUDED.partition
 WHERE ingest_customers.partition <> EXCLUDED.partition`
 
-// Partition leases (see lease.go).
+// Partition leases (see lease.go). Liveness is a member's row in
+// ingest_members; the partition's row in ingest_partition_owners names the
+// member holding it and the claim's fencing epoch (column generation).
 
-// qClaimPartition takes a partition for (member, generation). It overwrites a
-// claim of an older generation, a released one or one whose lease ran out;
-// since is kept while the same member keeps the partition.
+// qLeaseHeld is the fence every write of a partition runs inside its
+// transaction: it matches the partition's owners row only while
+// (@member, @epoch) holds it and the member's lease is live, and share-locks
+// the row, so a claim by another member waits until the transaction ends.
+const qLeaseHeld = `
+SELECT 1 FROM ingest_partition_owners o
+JOIN ingest_members m ON m.topic = o.topic AND m.consumer_group = o.consumer_group AND m.member = o.member
+WHERE o.topic = @topic AND o.partition = @partition AND o.consumer_group = @group
+  AND o.member = @member AND o.generation = @epoch AND m.lease_until > now()
+FOR SHARE OF o`
+
+// qRegisterMember starts a member's lease.
+const qRegisterMember = `
+INSERT INTO ingest_members (topic, consumer_group, member, process, lease_until)
+VALUES (@topic, @group, @member, @process, now() + @lease::interval)`
+
+// qRenewMember extends a member's lease if it has not run out; no row means
+// it ran out (the member was evicted: its partitions may be claimed).
+const qRenewMember = `
+UPDATE ingest_members SET lease_until = now() + @lease::interval
+WHERE topic = @topic AND consumer_group = @group AND member = @member AND lease_until > now()
+RETURNING member`
+
+// qLeaveMember ends a member's lease on a clean shutdown, and forgets
+// members whose lease ran out long ago.
+const qLeaveMember = `
+DELETE FROM ingest_members
+WHERE topic = @topic AND consumer_group = @group
+  AND (member = @member OR lease_until < now() - interval '1 day')`
+
+// qEnsureOwners creates the owners row of every partition of the topic
+// (unowned) on first sight.
+const qEnsureOwners = `
+INSERT INTO ingest_partition_owners (topic, partition, consumer_group, member, generation, process, since, lease_until)
+SELECT @topic, p, @group, NULL, 0, '', now(), now() FROM generate_series(0, @partitions::int - 1) AS p
+ON CONFLICT (topic, partition, consumer_group) DO NOTHING`
+
+// qSelectAssignment is the topic's partitions with their holder, epoch and
+// whether the holder is live.
+const qSelectAssignment = `
+SELECT o.partition, coalesce(o.member, ''), o.generation,
+       o.member IS NOT NULL AND coalesce(m.lease_until > now(), false) AS live
+FROM ingest_partition_owners o
+LEFT JOIN ingest_members m ON m.topic = o.topic AND m.consumer_group = o.consumer_group AND m.member = o.member
+WHERE o.topic = @topic AND o.consumer_group = @group
+ORDER BY o.partition`
+
+// qSelectLiveMembers lists the topic's live members of the group, by id.
+const qSelectLiveMembers = `
+SELECT member FROM ingest_members
+WHERE topic = @topic AND consumer_group = @group AND lease_until > now()
+ORDER BY member`
+
+// qClaimPartition takes a partition released or held by a member that is
+// not live, bumping its fencing epoch; it returns the new epoch (no row: a
+// live member holds it). It waits for a transaction of the previous holder
+// that still share-locks the row (see qLeaseHeld).
 const qClaimPartition = `
-INSERT INTO ingest_partition_owners AS o (topic, partition, consumer_group, member, generation, process, since, lease_until)
-VALUES (@topic, @partition, @group, @member, @generation, @process, now(), now() + @lease::interval)
-ON CONFLICT (topic, partition, consumer_group) DO UPDATE
-SET member      = EXCLUDED.member,
-    generation  = EXCLUDED.generation,
-    process     = EXCLUDED.process,
-    since       = CASE WHEN o.member = EXCLUDED.member THEN o.since ELSE now() END,
-    lease_until = EXCLUDED.lease_until
-WHERE o.member IS NULL OR o.member = EXCLUDED.member OR o.generation < EXCLUDED.generation OR o.lease_until < now()`
+UPDATE ingest_partition_owners AS o
+SET member = @member, generation = o.generation + 1, process = @process, since = now(), lease_until = now()
+WHERE o.topic = @topic AND o.partition = @partition AND o.consumer_group = @group
+  AND (o.member IS NULL OR NOT EXISTS (
+        SELECT 1 FROM ingest_members m
+        WHERE m.topic = o.topic AND m.consumer_group = o.consumer_group AND m.member = o.member AND m.lease_until > now()))
+RETURNING o.generation`
 
-// qRenewLeases extends every claim of (member, generation) and returns the
-// partitions it still holds.
-const qRenewLeases = `
-UPDATE ingest_partition_owners
-SET lease_until = now() + $4::interval
-WHERE topic = $1 AND consumer_group = $5 AND member = $2 AND generation = $3
-RETURNING partition`
-
-// qReleasePartition gives a partition up on a clean shutdown.
+// qReleasePartition gives a partition up (surplus, or a clean shutdown).
 const qReleasePartition = `
 UPDATE ingest_partition_owners
 SET member = NULL, since = now(), lease_until = now()
-WHERE topic = $1 AND partition = $2 AND consumer_group = $5 AND member = $3 AND generation = $4`
+WHERE topic = @topic AND partition = @partition AND consumer_group = @group AND member = @member AND generation = @epoch`
 
-// qHoldsLease reports whether (member, generation) still holds the partition.
-const qHoldsLease = `
-SELECT EXISTS (SELECT 1 FROM ingest_partition_owners
-               WHERE topic = $1 AND partition = $2 AND consumer_group = $5 AND member = $3 AND generation = $4)`
+// qHoldsLease reports whether (member, epoch) still holds the partition
+// with a live lease.
+const qHoldsLease = `SELECT EXISTS (` + qLeaseHeldNoLock + `)`
+
+const qLeaseHeldNoLock = `
+SELECT 1 FROM ingest_partition_owners o
+JOIN ingest_members m ON m.topic = o.topic AND m.consumer_group = o.consumer_group AND m.member = o.member
+WHERE o.topic = @topic AND o.partition = @partition AND o.consumer_group = @group
+  AND o.member = @member AND o.generation = @epoch AND m.lease_until > now()`
 
 // qSelectOwners is the lease of every partition of a topic (or all topics):
 // a live one if any group holds one (one group is the normal case), else the
-// one that ran out last.
+// one that ended last (released, or its member's lease ran out).
 const qSelectOwners = `
-SELECT DISTINCT ON (topic, partition)
-       topic, partition, member, process, since, lease_until, lease_until > now() AND member IS NOT NULL AS live
-FROM ingest_partition_owners
-WHERE $1 = '' OR topic = $1
-ORDER BY topic, partition, live DESC, lease_until DESC`
+SELECT DISTINCT ON (o.topic, o.partition)
+       o.topic, o.partition, o.member, o.process, o.since,
+       CASE WHEN o.member IS NULL THEN o.lease_until ELSE coalesce(m.lease_until, o.lease_until) END AS until,
+       o.member IS NOT NULL AND coalesce(m.lease_until > now(), false) AS live
+FROM ingest_partition_owners o
+LEFT JOIN ingest_members m ON m.topic = o.topic AND m.consumer_group = o.consumer_group AND m.member = o.member
+WHERE $1 = '' OR o.topic = $1
+ORDER BY o.topic, o.partition, live DESC, until DESC`
 
 // qSelectUnowned lists the partitions of a topic that have had no live owner
 // for at least $2.
 const qSelectUnowned = `
 SELECT p.partition, o.until
 FROM ingest_partitions p
-LEFT JOIN LATERAL (SELECT max(lease_until) AS until,
-                          bool_or(member IS NOT NULL AND lease_until > now()) AS live
-                   FROM ingest_partition_owners
-                   WHERE topic = p.topic AND partition = p.partition) o ON true
+LEFT JOIN LATERAL (SELECT max(CASE WHEN ow.member IS NULL THEN ow.lease_until
+                                   ELSE coalesce(m.lease_until, ow.lease_until) END) AS until,
+                          bool_or(ow.member IS NOT NULL AND coalesce(m.lease_until > now(), false)) AS live
+                   FROM ingest_partition_owners ow
+                   LEFT JOIN ingest_members m ON m.topic = ow.topic AND m.consumer_group = ow.consumer_group AND m.member = ow.member
+                   WHERE ow.topic = p.topic AND ow.partition = p.partition) o ON true
 WHERE p.topic = $1
   AND NOT coalesce(o.live, false)
   AND coalesce(o.until, p.updated_at) <= now() - $2::interval

@@ -44,8 +44,8 @@ type PartitionStatus struct {
 	// the first message.
 	AppliedThrough *time.Time `json:"applied_through"`
 	Counters       Counters   `json:"counters"`
-	Owner          string     `json:"owner,omitempty"` // consumer-group member that wrote last
-	Generation     int32      `json:"generation,omitempty"`
+	Owner          string     `json:"owner,omitempty"`      // the member that wrote last
+	Generation     int32      `json:"generation,omitempty"` // the fencing epoch of its claim of the partition
 	UpdatedAt      time.Time  `json:"updated_at"`
 	// State is "consuming", "retrying" (its micro-batch failed and is
 	// being retried since RetryingSince) or "stalled" (retrying for longer
@@ -54,8 +54,8 @@ type PartitionStatus struct {
 	State         string     `json:"state"`
 	RetryingSince *time.Time `json:"retrying_since"`
 	LastError     string     `json:"last_error,omitempty"`
-	// OwnedBy is the consumer-group member that holds the partition's lease
-	// now, OwnerProcess its host:pid and OwnedSince when it claimed the
+	// OwnedBy is the ingest member that holds the partition's lease now,
+	// OwnerProcess its host:pid and OwnedSince when it claimed the
 	// partition; all null while no live member holds it. UnownedSince is
 	// then when the last lease ran out or was released (null if the
 	// partition was never leased).

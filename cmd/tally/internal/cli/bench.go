@@ -35,7 +35,7 @@ func newBenchCmd() *cobra.Command {
 		Use:   "bench",
 		Short: "Measure Tally against the targets of docs/design.md §10",
 	}
-	cmd.AddCommand(newBenchIngestCmd(), newBenchEnforceCmd(), newBenchFloodCmd(), newBenchFailoverCmd(), newBenchAdmissionCmd())
+	cmd.AddCommand(newBenchIngestCmd(), newBenchEnforceCmd(), newBenchFloodCmd(), newBenchFailoverCmd(), newBenchAdmissionCmd(), newBenchChaosCmd())
 	return cmd
 }
 
@@ -299,7 +299,7 @@ func benchRun(ctx context.Context, out io.Writer, log *slog.Logger, broker, topi
 		var next int64
 		if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM ingest_partitions WHERE topic = $1),
 			(SELECT coalesce(sum(next_offset), 0) FROM ingest_partitions WHERE topic = $1),
-			(SELECT count(DISTINCT member) FROM ingest_partition_owners WHERE topic = $1 AND member IS NOT NULL AND lease_until > now())`,
+			(SELECT count(DISTINCT o.member) `+liveOwners+`)`,
 			topic).Scan(&parts, &next, &owners); err != nil {
 			_ = stop()
 			return 0, name, err

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"slices"
@@ -33,6 +34,8 @@ type benchFailoverOptions struct {
 	members, partitions int
 	rate, perMessage    int
 	kills               int
+	rapid               int  // members killed 0.3–1.7s apart, each restarted at once
+	rolling             bool // restart every member in turn (SIGTERM, replacement at once)
 	every, soak         time.Duration
 	timeout             time.Duration
 	steadyLag           time.Duration
@@ -48,7 +51,7 @@ func newBenchFailoverCmd() *cobra.Command {
 		Use:   "failover",
 		Short: "Kill an ingest member (SIGKILL) under steady load: time until its partitions are caught up again",
 		Long: `Start --members ingest processes (tally serve --ingest, subprocesses of this
-binary) in one consumer group on an embedded broker and a fresh database,
+binary) in one group (sharing the partitions through leases in Postgres) on an embedded broker and a fresh database,
 produce --rate records/s steadily, then --kills times: once every
 partition's enforcement lag is below --steady-lag (the backlog of the last
 failover drained), SIGKILL one member and measure, for every partition it
@@ -62,7 +65,16 @@ members run --soak longer with nothing killed.
 A false eviction is a member that was not killed whose group membership
 changed (it was evicted and rejoined as a new member); every one is
 counted. At the end production stops, the ledger must catch up and hold
-exactly the records produced. Prints p50/p99/max over the kills.`,
+exactly the records produced. Prints p50/p99/max over the kills.
+
+Then --rapid-kills members are killed 0.3–1.7s apart (a random member each
+time, restarted at once), and with --rolling every member is restarted in
+turn. For each schedule (and for a quiet minute's worth of steady running
+before the first kill, the baseline) it reports every partition's longest
+pause in applying usage (the longest time its stored offset did not move
+under steady production; p50, p99 and max over the partitions) and the
+catch-up after the last kill: the time until every partition has applied a
+message produced after it.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return benchFailover(cmd.Context(), cmd.OutOrStdout(), o)
@@ -73,7 +85,9 @@ exactly the records produced. Prints p50/p99/max over the kills.`,
 	f.IntVar(&o.partitions, "partitions", 6, "partitions of the benchmark topic")
 	f.IntVar(&o.rate, "rate", 20_000, "records produced per second, steadily")
 	f.IntVar(&o.perMessage, "per-message", 1000, "records per Kafka message")
-	f.IntVar(&o.kills, "kills", 10, "members killed, one at a time")
+	f.IntVar(&o.kills, "kills", 10, "members killed, one at a time, once the previous failover settled (the gentle schedule)")
+	f.IntVar(&o.rapid, "rapid-kills", 8, "then members killed 0.3–1.7s apart, each restarted at once (a crash loop); 0: none")
+	f.BoolVar(&o.rolling, "rolling", true, "then restart every member in turn (SIGTERM, its replacement started at once, the next once the group settled)")
 	f.DurationVar(&o.every, "every", 10*time.Second, "steady running before each kill (after the group settled)")
 	f.DurationVar(&o.soak, "soak", 0, "after the kills, run this long with nothing killed and count false evictions")
 	f.DurationVar(&o.timeout, "timeout", 2*time.Minute, "give up on a kill whose partitions are not caught up after this long")
@@ -143,8 +157,7 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 	t := o.timings
 	fmt.Fprintf(out, "tally bench failover: %d members (tally serve --ingest), %d partitions, %d records/s in messages of %d, embedded broker %s\n",
 		o.members, o.partitions, o.rate, o.perMessage, k.Addr)
-	fmt.Fprintf(out, "  group timings: session timeout %s, heartbeat interval %s, rebalance timeout %s, join backoff %s\n",
-		t.session, t.heartbeat, t.rebalance, t.joinBackoff)
+	fmt.Fprintf(out, "  lease timings: session timeout %s, heartbeat interval %s\n", t.session, t.heartbeat)
 	defer b.stopAll()
 	for range o.members {
 		if err := b.startMember(ctx); err != nil {
@@ -179,13 +192,22 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 	if err := b.settle(ctx); err != nil {
 		return err
 	}
+	// The baseline: pauses while nothing is killed (messages arrive on a
+	// partition every few hundred milliseconds).
+	base := b.watchPauses(ctx)
+	if !pause.For(ctx, max(o.every, 5*time.Second)) {
+		base.stop()
+		return ctx.Err()
+	}
+	b.reportPauses("steady (nothing killed, the baseline)", base.stop(), 0)
+	gentle := b.watchPauses(ctx)
 	var caughtUp, steady, during, claims []float64
 	for i := range o.kills {
 		if !pause.For(ctx, o.every) {
 			return ctx.Err()
 		}
 		// Kill from a steady state: the backlog a previous failover or the
-		// restart's rebalance left is drained first (that is capacity, not
+		// restart's partition moves left is drained first (that is capacity, not
 		// failover).
 		s, err := b.lagNow(ctx, nil)
 		for wait := time.Now().Add(time.Minute); err == nil && o.steadyLag > 0 && s > o.steadyLag.Seconds() && time.Now().Before(wait); {
@@ -225,6 +247,21 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 			return err
 		}
 	}
+	if o.kills > 0 {
+		b.reportPauses(fmt.Sprintf("gentle (%d kills, each once the group settled)", o.kills), gentle.stop(), -1)
+	} else {
+		gentle.stop()
+	}
+	if o.rapid > 0 {
+		if err := b.rapidKills(ctx); err != nil {
+			return err
+		}
+	}
+	if o.rolling {
+		if err := b.rollingRestart(ctx); err != nil {
+			return err
+		}
+	}
 	if o.soak > 0 {
 		genFrom, err := b.maxGeneration(ctx)
 		if err != nil {
@@ -247,7 +284,7 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(out, "  soak: enforcement lag p50 %.2fs p99 %.2fs max %.2fs; rebalances %d\n",
+		fmt.Fprintf(out, "  soak: enforcement lag p50 %.2fs p99 %.2fs max %.2fs; partition claims %d\n",
 			quantile(soakLags, 0.5), quantile(soakLags, 0.99), slices.Max(soakLags), genTo-genFrom)
 	}
 
@@ -294,8 +331,7 @@ func (b *failoverBench) startMember(ctx context.Context) error {
 	t := b.o.timings
 	cmd := exec.Command(b.exe, "serve", "--ingest", "--listen", "127.0.0.1:0",
 		"--database-url", b.dbURL, "--kafka-brokers", b.broker, "--topic", b.topic, "--group", "bench-failover",
-		"--session-timeout", t.session.String(), "--heartbeat-interval", t.heartbeat.String(),
-		"--rebalance-timeout", t.rebalance.String(), "--join-group-backoff", t.joinBackoff.String())
+		"--session-timeout", t.session.String(), "--heartbeat-interval", t.heartbeat.String())
 	cmd.Env = os.Environ()
 	cmd.Stdout = b.logOut
 	stderr, err := cmd.StderrPipe()
@@ -341,8 +377,7 @@ func (b *failoverBench) settle(ctx context.Context) error {
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		var owned, procs int
-		err := b.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT process) FROM ingest_partition_owners
-			WHERE topic = $1 AND member IS NOT NULL AND lease_until > now()`, b.topic).Scan(&owned, &procs)
+		err := b.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT o.process) `+liveOwners, b.topic).Scan(&owned, &procs)
 		if err != nil {
 			return err
 		}
@@ -360,8 +395,7 @@ func (b *failoverBench) settle(ctx context.Context) error {
 
 // partitionsOf returns the partitions process pid holds.
 func (b *failoverBench) partitionsOf(ctx context.Context, pid int) ([]int, error) {
-	rows, err := b.pool.Query(ctx, `SELECT partition FROM ingest_partition_owners
-		WHERE topic = $1 AND member IS NOT NULL AND lease_until > now() AND process LIKE '%:' || $2::text ORDER BY partition`,
+	rows, err := b.pool.Query(ctx, `SELECT o.partition `+liveOwners+` AND o.process LIKE '%:' || $2::text ORDER BY o.partition`,
 		b.topic, strconv.Itoa(pid))
 	if err != nil {
 		return nil, err
@@ -409,8 +443,9 @@ func (b *failoverBench) waitCaughtUp(ctx context.Context, parts []int, tKill tim
 		}
 		rows, err := b.pool.Query(ctx, `SELECT p.partition, p.applied_through,
 				extract(epoch FROM clock_timestamp() - p.applied_through)::float8,
-				o.member IS NOT NULL AND o.lease_until > now() AND o.since > $3
+				coalesce(m.lease_until > now(), false) AND o.since > $3
 			FROM ingest_partitions p JOIN ingest_partition_owners o USING (topic, partition)
+			LEFT JOIN ingest_members m ON m.topic = o.topic AND m.consumer_group = o.consumer_group AND m.member = o.member
 			WHERE p.topic = $1 AND p.partition = ANY($2)`, b.topic, parts, tKill)
 		if err != nil {
 			return 0, 0, 0, err
@@ -451,8 +486,7 @@ func (b *failoverBench) waitCaughtUp(ctx context.Context, parts []int, tKill tim
 // held.
 func (b *failoverBench) watchMembership(ctx context.Context) {
 	for pause.For(ctx, 200*time.Millisecond) {
-		rows, err := b.pool.Query(ctx, `SELECT process, member FROM ingest_partition_owners
-			WHERE topic = $1 AND member IS NOT NULL AND lease_until > now()`, b.topic)
+		rows, err := b.pool.Query(ctx, `SELECT o.process, o.member `+liveOwners, b.topic)
 		if err != nil {
 			continue
 		}
@@ -473,17 +507,24 @@ func (b *failoverBench) watchMembership(ctx context.Context) {
 	}
 }
 
-// maxGeneration is the newest generation that claimed a partition.
+// liveOwners selects the partitions of topic $1 whose holder's lease is
+// live (the members' leases are in ingest_members).
+const liveOwners = `FROM ingest_partition_owners o
+	JOIN ingest_members m ON m.topic = o.topic AND m.consumer_group = o.consumer_group AND m.member = o.member
+	WHERE o.topic = $1 AND m.lease_until > now()`
+
+// maxGeneration is the number of partition claims so far (every claim bumps
+// its partition's fencing epoch).
 func (b *failoverBench) maxGeneration(ctx context.Context) (int32, error) {
 	var g int32
-	err := b.pool.QueryRow(ctx, `SELECT coalesce(max(generation), 0) FROM ingest_partition_owners WHERE topic = $1`, b.topic).Scan(&g)
+	err := b.pool.QueryRow(ctx, `SELECT coalesce(sum(generation), 0)::int FROM ingest_partition_owners WHERE topic = $1`, b.topic).Scan(&g)
 	return g, err
 }
 
 // falseEvictions counts member ids beyond the first of every process: a
-// kafka-go member keeps its id across rebalances and gets a new one only
-// after it was evicted. A killed process has one id (its restart is a new
-// process).
+// member keeps its id while its lease lives and registers a new one only
+// after it was evicted (its lease ran out). A killed process has one id (its
+// restart is a new process).
 func (b *failoverBench) falseEvictions() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -594,4 +635,186 @@ func (p *failoverProducer) message() kafka.Message {
 		panic(err) // the generator only builds valid batches
 	}
 	return kafka.Message{Key: []byte(customer), Value: v, Time: now}
+}
+
+// pauseWatch samples every partition's stored next offset every 50ms and
+// keeps, per partition, the longest time it did not move.
+type pauseWatch struct {
+	mu      sync.Mutex
+	last    map[int]int64
+	since   map[int]time.Time // the last advance
+	longest map[int]time.Duration
+	quit    chan struct{}
+	done    chan struct{}
+}
+
+func (b *failoverBench) watchPauses(ctx context.Context) *pauseWatch {
+	w := &pauseWatch{last: map[int]int64{}, since: map[int]time.Time{}, longest: map[int]time.Duration{},
+		quit: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		t := time.NewTicker(50 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-w.quit:
+				return
+			case <-t.C:
+			}
+			w.sample(ctx, b)
+		}
+	}()
+	return w
+}
+
+func (w *pauseWatch) sample(ctx context.Context, b *failoverBench) {
+	rows, err := b.pool.Query(ctx, `SELECT partition, next_offset FROM ingest_partitions WHERE topic = $1`, b.topic)
+	if err != nil {
+		return
+	}
+	defer rows.Close()
+	now := time.Now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for rows.Next() {
+		var p int
+		var n int64
+		if rows.Scan(&p, &n) != nil {
+			return
+		}
+		prev, seen := w.last[p]
+		switch {
+		case !seen:
+			w.since[p] = now
+		case n != prev:
+			w.longest[p] = max(w.longest[p], now.Sub(w.since[p]))
+			w.since[p] = now
+		}
+		w.last[p] = n
+	}
+}
+
+// stop ends the watch and returns each partition's longest pause (a pause
+// still running counts up to now).
+func (w *pauseWatch) stop() map[int]time.Duration {
+	close(w.quit)
+	<-w.done
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	now := time.Now()
+	out := map[int]time.Duration{}
+	for p, since := range w.since {
+		out[p] = max(w.longest[p], now.Sub(since))
+	}
+	return out
+}
+
+// reportPauses prints a schedule's longest pause per partition (p50, p99,
+// max over the partitions, then each) and its catch-up after the last kill
+// (negative: not measured).
+func (b *failoverBench) reportPauses(name string, longest map[int]time.Duration, catchUp time.Duration) {
+	var xs []float64
+	parts := make([]int, 0, len(longest))
+	for p := range longest {
+		parts = append(parts, p)
+	}
+	slices.Sort(parts)
+	var each strings.Builder
+	for _, p := range parts {
+		xs = append(xs, longest[p].Seconds())
+		fmt.Fprintf(&each, " %d:%.2fs", p, longest[p].Seconds())
+	}
+	if len(xs) == 0 {
+		return
+	}
+	fmt.Fprintf(b.out, "  %s: longest pause in applying usage per partition  p50 %.2fs  p99 %.2fs  max %.2fs  (%s)\n",
+		name, quantile(xs, 0.5), quantile(xs, 0.99), slices.Max(xs), strings.TrimSpace(each.String()))
+	if catchUp > 0 {
+		fmt.Fprintf(b.out, "  %s: caught up %.2fs after the last kill (every partition applied a message produced after it)\n", name, catchUp.Seconds())
+	}
+}
+
+// allPartitions is 0 .. partitions-1.
+func (b *failoverBench) allPartitions() []int {
+	out := make([]int, b.o.partitions)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
+
+// rapidKills kills --rapid-kills members 0.3–1.7s apart, each a random
+// member restarted at once, then measures the catch-up after the last kill.
+func (b *failoverBench) rapidKills(ctx context.Context) error {
+	w := b.watchPauses(ctx)
+	defer func() {
+		if w != nil {
+			w.stop()
+		}
+	}()
+	rng := rand.New(rand.NewPCG(uint64(b.o.rapid), 31))
+	var tLast time.Time
+	for i := range b.o.rapid {
+		victim := b.members[rng.IntN(len(b.members))]
+		tLast = time.Now()
+		_ = victim.cmd.Process.Signal(syscall.SIGKILL)
+		<-victim.done
+		b.members = slices.DeleteFunc(b.members, func(m *failoverMember) bool { return m == victim })
+		if err := b.startMember(ctx); err != nil {
+			return err
+		}
+		fmt.Fprintf(b.out, "  rapid kill %d: member pid %d killed, replacement pid %d started\n", i+1, victim.pid, b.members[len(b.members)-1].pid)
+		if i < b.o.rapid-1 && !pause.For(ctx, time.Duration(300+rng.IntN(1401))*time.Millisecond) {
+			return ctx.Err()
+		}
+	}
+	rec, _, _, err := b.waitCaughtUp(ctx, b.allPartitions(), tLast)
+	if err != nil {
+		return fmt.Errorf("rapid kills: %w", err)
+	}
+	if err := b.settle(ctx); err != nil {
+		return err
+	}
+	b.reportPauses(fmt.Sprintf("rapid (%d kills 0.3–1.7s apart, each restarted at once)", b.o.rapid), w.stop(), rec)
+	w = nil
+	return nil
+}
+
+// rollingRestart restarts every member in turn: SIGTERM (it finishes its
+// transactions and releases its leases), its replacement started at once,
+// the next member once the group settled.
+func (b *failoverBench) rollingRestart(ctx context.Context) error {
+	w := b.watchPauses(ctx)
+	defer func() {
+		if w != nil {
+			w.stop()
+		}
+	}()
+	old := slices.Clone(b.members)
+	var tLast time.Time
+	for _, m := range old {
+		tLast = time.Now()
+		_ = m.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-m.done:
+		case <-time.After(30 * time.Second):
+			return fmt.Errorf("rolling restart: member %d did not stop within 30s of SIGTERM", m.pid)
+		}
+		b.members = slices.DeleteFunc(b.members, func(x *failoverMember) bool { return x == m })
+		if err := b.startMember(ctx); err != nil {
+			return err
+		}
+		if err := b.settle(ctx); err != nil {
+			return err
+		}
+	}
+	rec, _, _, err := b.waitCaughtUp(ctx, b.allPartitions(), tLast)
+	if err != nil {
+		return fmt.Errorf("rolling restart: %w", err)
+	}
+	b.reportPauses(fmt.Sprintf("rolling restart (%d members, one after the other)", len(old)), w.stop(), rec)
+	w = nil
+	return nil
 }

@@ -49,7 +49,9 @@ TALLY_KAFKA_BROKERS and TALLY_DATABASE_URL. With none of --ingest, --api,
 --enforce, all three run.
 
   --ingest   consume meter batches from --topic into the ledger. Several
-             processes with the same --group share the topic's partitions.
+             processes with the same --group share the topic's partitions
+             (leases in Postgres, a fair share each; one that dies loses
+             only its own partitions, for about --session-timeout).
   --api      serve the REST API on --listen (needs TALLY_ADMIN_TOKEN), and
              the web console at /console/ (sign in with a token; see
              docs/console.md) unless --no-console.
@@ -58,8 +60,10 @@ TALLY_KAFKA_BROKERS and TALLY_DATABASE_URL. With none of --ingest, --api,
 
 serve never migrates: it refuses to start when the schema is behind (run
 tally migrate first). /metrics (admin token with --api), /healthz and
-/readyz are served on --listen. SIGINT/SIGTERM finish or roll back
-in-flight work, leave the consumer group and release the enforcer lease.`,
+/readyz are served on --listen by every process; /readyz answers 503 with
+what it is not ready for (database down, no partition leases yet, stalled
+partitions). SIGINT/SIGTERM finish or roll back in-flight work, release the
+partition leases and the enforcer lease.`,
 		Example: `  TALLY_ADMIN_TOKEN=$(openssl rand -hex 32) tally serve
   tally serve --ingest --group tally-ingest        # one of several ingest processes`,
 		Args: cobra.NoArgs,
@@ -115,7 +119,7 @@ in-flight work, leave the consumer group and release the enforcer lease.`,
 	envDefault(f, "topic", "TALLY_TOPIC")
 	f.StringVar(&o.decisionsTopic, "decisions-topic", defaultDecisionsTopic, "topic the quota enforcer publishes decisions to")
 	envDefault(f, "decisions-topic", "TALLY_DECISIONS_TOPIC")
-	f.StringVar(&o.group, "group", ingest.DefaultGroup, "Kafka consumer group of the ingest processes")
+	f.StringVar(&o.group, "group", ingest.DefaultGroup, "ingest processes of one group share the topic's partitions (also the Kafka group offsets are committed to, for lag dashboards)")
 	envDefault(f, "group", "TALLY_GROUP")
 	f.StringVar(&o.listen, "listen", defaultListen, "address of the HTTP listener (API, /metrics, /healthz)")
 	envDefault(f, "listen", "TALLY_LISTEN")
@@ -318,16 +322,17 @@ func run(ctx context.Context, o runOptions) error {
 		close(alsoDone)
 	}
 
+	var readyChecks []func() []string // what /readyz reports beside Postgres
 	if o.ingest {
 		c, err := ingest.NewConsumer(ingest.Config{
 			Brokers: o.brokers, Topic: o.topic, Group: o.group,
 			Pool: o.pool, Ledger: l, Logger: o.log, Registry: reg,
 			HeartbeatInterval: o.timings.heartbeat, SessionTimeout: o.timings.session,
-			RebalanceTimeout: o.timings.rebalance, JoinGroupBackoff: o.timings.joinBackoff,
 		})
 		if err != nil {
 			return err
 		}
+		readyChecks = append(readyChecks, c.NotReady)
 		g.Go(func() error { return c.Run(gctx) })
 	}
 	if o.enforce {
@@ -346,7 +351,7 @@ func run(ctx context.Context, o runOptions) error {
 			h, err := api.New(api.Config{Pool: o.apiPool, Ledger: l, AdminToken: o.adminToken, Grace: o.grace,
 				Topic: o.topic, Logger: o.log, Registry: reg,
 				MaxInFlight: o.apiLimits.maxInFlight, AddressRate: o.apiLimits.addressRate, TokenRate: o.apiLimits.tokenRate,
-				UnownedAfter: o.unownedAfter, MaxSkew: o.maxSkew})
+				UnownedAfter: o.unownedAfter, MaxSkew: o.maxSkew, ReadyChecks: readyChecks})
 			if err != nil {
 				return err
 			}
@@ -369,6 +374,11 @@ func run(ctx context.Context, o runOptions) error {
 				w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 				_, _ = io.WriteString(w, "ok\n")
 			})
+			readyPool := o.pool
+			if !o.ingest {
+				readyPool = o.enforcePool
+			}
+			mux.Handle("GET /readyz", api.ReadyHandler(readyPool, readyChecks...))
 			handler = mux
 		}
 		ln, err := net.Listen("tcp", o.listen)
@@ -414,23 +424,25 @@ func flagRate(r float64) float64 {
 	return r
 }
 
-// groupTimings are the ingest consumer group's membership timings (zero:
-// ingest's defaults).
+// groupTimings are the ingest members' lease timings (zero: ingest's
+// defaults).
 type groupTimings struct {
-	heartbeat, session, rebalance, joinBackoff time.Duration
+	heartbeat, session time.Duration
 }
 
 func addGroupTimingFlags(f *pflag.FlagSet, t *groupTimings) {
 	f.DurationVar(&t.session, "session-timeout", ingest.DefaultSessionTimeout,
-		"ingest: a member silent this long is evicted and its partitions move on (a crash costs about this much)")
+		"ingest: a member's lease in Postgres; a crashed member's partitions move to the others once it runs out (a crash costs about this much)")
 	envDefault(f, "session-timeout", "TALLY_SESSION_TIMEOUT")
 	f.DurationVar(&t.heartbeat, "heartbeat-interval", ingest.DefaultHeartbeatInterval,
-		"ingest: how often a member heartbeats and renews its partition leases (at most half of --session-timeout)")
+		"ingest: how often a member renews its lease and rebalances partitions (at most half of --session-timeout)")
 	envDefault(f, "heartbeat-interval", "TALLY_HEARTBEAT_INTERVAL")
-	f.DurationVar(&t.rebalance, "rebalance-timeout", ingest.DefaultRebalanceTimeout,
-		"ingest: how long a rebalance waits for the members to rejoin")
-	envDefault(f, "rebalance-timeout", "TALLY_REBALANCE_TIMEOUT")
-	f.DurationVar(&t.joinBackoff, "join-group-backoff", ingest.DefaultJoinGroupBackoff,
-		"ingest: pause before rejoining the group after a failed join")
-	envDefault(f, "join-group-backoff", "TALLY_JOIN_GROUP_BACKOFF")
+	// Accepted and ignored, so that a deployment that still passes them
+	// starts during an upgrade: they were timings of the Kafka consumer
+	// group, which ingest no longer joins.
+	var ignored time.Duration
+	for _, name := range []string{"rebalance-timeout", "join-group-backoff"} {
+		f.DurationVar(&ignored, name, 0, "ignored")
+		_ = f.MarkDeprecated(name, "ingest shares partitions through leases in Postgres, not a Kafka consumer group; the flag is ignored")
+	}
 }

@@ -78,7 +78,6 @@ func fastIngest(c *ingest.Config) {
 	c.PositionInterval = 200 * time.Millisecond
 	c.HeartbeatInterval = 100 * time.Millisecond
 	c.SessionTimeout = 1500 * time.Millisecond
-	c.RebalanceTimeout = 3 * time.Second
 }
 
 // BenchmarkEnforceEndToEnd: docs/design.md §10 enforcement lag at 20k records/s.

@@ -1,0 +1,93 @@
+package cli
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tally-ledger/tally/internal/faultproxy"
+	"github.com/tally-ledger/tally/internal/kafkatest"
+	"github.com/tally-ledger/tally/internal/pgtest"
+)
+
+// tally serve --ingest serves /readyz: ready once it holds its partition
+// leases, 503 saying why while its database is unreachable, ready again once
+// the database is back.
+func TestServeIngestAnswersReadyz(t *testing.T) {
+	db := pgtest.NewURL(t)
+	u, err := url.Parse(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy, err := faultproxy.Start(u.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer proxy.Close()
+	u.Host = proxy.Addr()
+	q := u.Query()
+	q.Set("connect_timeout", "1")
+	u.RawQuery = q.Encode()
+	k := kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{{Name: "tally.meter-batches", Partitions: 2}}})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		root := newRoot()
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		root.SetArgs([]string{"serve", "--ingest", "--database-url", u.String(), "--kafka-brokers", strings.Join(k.Addrs, ","),
+			"--listen", addr, "--session-timeout", "1500ms", "--heartbeat-interval", "100ms"})
+		done <- root.ExecuteContext(ctx)
+	}()
+	defer func() {
+		proxy.Pass()
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("serve: %v", err)
+			}
+		case <-time.After(30 * time.Second):
+			t.Error("serve did not stop within 30s of its context ending")
+		}
+	}()
+	readyz := func() (int, string) {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	waitFor := func(what string, ok func(int, string) bool) {
+		t.Helper()
+		var status int
+		var body string
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if status, body = readyz(); ok(status, body) {
+				return
+			}
+		}
+		t.Fatalf("/readyz never %s: last %d %s", what, status, body)
+	}
+	waitFor("ready", func(s int, b string) bool { return s == 200 && strings.Contains(b, `"ready"`) })
+
+	proxy.Reset()
+	waitFor("503 naming the database", func(s int, b string) bool {
+		return s == 503 && strings.Contains(b, "urn:tally:problem:not-ready") && strings.Contains(b, "postgres")
+	})
+	proxy.Pass()
+	waitFor("ready again", func(s int, b string) bool { return s == 200 })
+}

@@ -1,0 +1,69 @@
+package ingest
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+)
+
+// NotReady says what this member is not ready for, one sentence each, from
+// its own state (it asks nothing of Postgres or Kafka, so a probe is cheap
+// and a flood of them costs nothing): not running, its lease in Postgres not
+// renewed (the database is down or unreachable), no balancing round done
+// yet (it has not claimed its partitions), the topic's partitions unknown
+// (Kafka unreachable), partitions stalled. Nil means ready.
+func (c *Consumer) NotReady() []string {
+	a := c.assign
+	cfg := c.cfg
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []string
+	if c.runCtx == nil || c.runCtx.Err() != nil {
+		return []string{"ingest is not running"}
+	}
+	switch {
+	case a.member == "" && a.renewErr != nil:
+		out = append(out, fmt.Sprintf("ingest cannot register in Postgres (the database is down or unreachable?): %v", a.renewErr))
+	case a.member == "":
+		out = append(out, "ingest is starting: not registered as a member yet")
+	case a.renewErr != nil && time.Since(a.renewedAt) > 2*cfg.HeartbeatInterval:
+		out = append(out, fmt.Sprintf("ingest cannot renew its lease in Postgres since %s (the database is down or unreachable?): %v",
+			a.renewedAt.UTC().Format(time.RFC3339), a.renewErr))
+	}
+	if a.member != "" && !a.balanced {
+		if a.partitions == 0 {
+			out = append(out, "ingest holds no partition leases yet: the topic's partitions are not known (is Kafka reachable?)")
+		} else {
+			out = append(out, "ingest holds no partition leases yet: it has not finished claiming its share")
+		}
+	}
+	if len(a.stalled) > 0 {
+		ids := make([]int, 0, len(a.stalled))
+		for id := range a.stalled {
+			ids = append(ids, id)
+		}
+		sort.Ints(ids)
+		parts := make([]string, len(ids))
+		for i, id := range ids {
+			parts[i] = fmt.Sprintf("%d (retrying since %s)", id, a.stalled[id].UTC().Format(time.RFC3339))
+		}
+		out = append(out, fmt.Sprintf("ingest stalled on partition %s of %s: its usage is not being applied; see the ingest log",
+			strings.Join(parts, ", "), cfg.Topic))
+	}
+	return out
+}
+
+// setStalled records that partition id has been stalled since since (zero:
+// it resumed).
+func (a *assigner) setStalled(id int, since time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if since.IsZero() {
+		delete(a.stalled, id)
+		return
+	}
+	if _, ok := a.running[id]; ok {
+		a.stalled[id] = since
+	}
+}
