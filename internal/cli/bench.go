@@ -47,7 +47,7 @@ type benchIngestOptions struct {
 	keep                            bool
 	rounds                          int
 	cpuProfile                      string
-	wal                             bool
+	wal, statements                 bool
 }
 
 func newBenchIngestCmd() *cobra.Command {
@@ -89,6 +89,7 @@ dropped afterwards (unless --keep).`,
 	f.IntVar(&o.rounds, "rounds", 3, "rounds of the three measurements; medians are compared")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	f.BoolVar(&o.wal, "wal", false, "print the WAL written per record, by table and index (needs a superuser and pg_walinspect)")
+	f.BoolVar(&o.statements, "statements", false, "print where ingest's round trips to Postgres spend their time, statement by statement")
 	return cmd
 }
 
@@ -276,13 +277,27 @@ func benchRun(ctx context.Context, out io.Writer, log *slog.Logger, broker, topi
 	if err := createBenchDB(ctx, o.adminURL, name); err != nil {
 		return 0, "", err
 	}
-	pool, err := pgxpool.New(ctx, withDB(o.adminURL, name))
+	pcfg, err := pgxpool.ParseConfig(withDB(o.adminURL, name))
+	if err != nil {
+		return 0, name, err
+	}
+	trace := newStmtTrace()
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		return 0, name, err
 	}
 	defer pool.Close()
 	if _, err := migrations.Up(ctx, pool, log); err != nil {
 		return 0, name, err
+	}
+	ingestPool := pool
+	if o.statements {
+		// Ingest's own pool, traced; the benchmark's own queries are not.
+		pcfg.ConnConfig.Tracer = trace
+		if ingestPool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
+			return 0, name, err
+		}
+		defer ingestPool.Close()
 	}
 	var wal *walWatch
 	if o.wal {
@@ -302,7 +317,7 @@ func benchRun(ctx context.Context, out io.Writer, log *slog.Logger, broker, topi
 	done := make(chan error, o.members)
 	for range o.members {
 		c, err := ingest.NewConsumer(ingest.Config{Brokers: []string{broker}, Topic: topic, Group: "bench-" + name,
-			Pool: pool, Ledger: l, Logger: log, Registry: prometheus.NewRegistry()})
+			Pool: ingestPool, Ledger: l, Logger: log, Registry: prometheus.NewRegistry()})
 		if err != nil {
 			cancel()
 			return 0, name, err
@@ -375,6 +390,9 @@ func benchRun(ctx context.Context, out io.Writer, log *slog.Logger, broker, topi
 		if err := wal.report(ctx, out, label, records); err != nil {
 			return 0, name, err
 		}
+	}
+	if o.statements {
+		trace.report(out, label, records, took)
 	}
 	return took, name, nil
 }

@@ -6,21 +6,27 @@ import (
 	"io"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 )
 
 // walWatch follows the server's WAL while a measurement runs and adds up,
 // per table and index of one database, what was written: a figure the
 // machine's load does not change. It reads the WAL back with pg_walinspect
-// (a superuser's), a fraction of a second behind its writer, because other
+// (a superuser's), a fraction of a second behind its writer. Other
 // databases of the server force checkpoints that recycle WAL segments soon
-// after they are written. Records of other databases are left out.
+// after they are written, so the watch holds a temporary replication slot
+// of its own (dropped with its session) that keeps the WAL it has not read
+// yet, and moves it on as it reads. Records of other databases are left
+// out.
 type walWatch struct {
 	conn *pgx.Conn
 	db   string
+	slot string
 
 	mu   sync.Mutex
 	pos  string
@@ -38,6 +44,9 @@ const (
 	qCreateWALInspect = `CREATE EXTENSION IF NOT EXISTS pg_walinspect`
 	qWALStart         = `SELECT pg_current_wal_insert_lsn()::text, (SELECT oid FROM pg_database WHERE datname = current_database())::text`
 	qWALFlushed       = `SELECT pg_current_wal_flush_lsn()::text`
+	// A temporary physical slot reserving WAL from now; released as read.
+	qWALSlot        = `SELECT pg_create_physical_replication_slot($1, true, true)`
+	qWALSlotAdvance = `SELECT pg_replication_slot_advance($1, $2::pg_lsn)`
 
 	// Each WAL record goes to the relation of its first block (the table or
 	// index it changed); a record without a block (a commit) goes to its
@@ -73,7 +82,12 @@ func startWAL(ctx context.Context, url string) (*walWatch, error) {
 		return nil, fmt.Errorf("--wal needs the pg_walinspect extension and a superuser: %w", err)
 	}
 	w := &walWatch{conn: conn, sums: map[string]*walSum{}, xids: map[string]bool{},
+		slot: "tally_bench_wal_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12],
 		quit: make(chan struct{}), done: make(chan struct{})}
+	if _, err := conn.Exec(ctx, qWALSlot, w.slot); err != nil {
+		conn.Close(ctx)
+		return nil, fmt.Errorf("--wal needs a free replication slot: %w", err)
+	}
 	if err := conn.QueryRow(ctx, qWALStart).Scan(&w.pos, &w.db); err != nil {
 		conn.Close(ctx)
 		return nil, err
@@ -142,6 +156,10 @@ func (w *walWatch) poll(ctx context.Context) error {
 		return err
 	}
 	w.pos = to
+	if _, err := w.conn.Exec(ctx, qWALSlotAdvance, w.slot, to); err != nil {
+		w.err = err
+		return err
+	}
 	return nil
 }
 
