@@ -89,7 +89,7 @@ dropped afterwards (unless --keep).`,
 	f.IntVar(&o.rounds, "rounds", 3, "rounds of the three measurements; medians are compared")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	f.BoolVar(&o.wal, "wal", false, "print the WAL written per record, by table and index (needs a superuser and pg_walinspect)")
-	f.BoolVar(&o.statements, "statements", false, "print where ingest's round trips to Postgres spend their time, statement by statement")
+	f.BoolVar(&o.statements, "statements", false, "print where ingest's round trips to Postgres spend their time, statement by statement, and the CPU per record of Postgres and of this process")
 	return cmd
 }
 
@@ -153,7 +153,7 @@ func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error
 		}
 		fmt.Fprintf(out, "  %-34s %8d rows    in %7.2fs = %9.0f rows/s\n", "COPY into a records-shaped table", n, r3.Seconds(), float64(n)/r3.Seconds())
 		// The physical baseline: the raw records, one unique index.
-		r4, err := benchPhysical(ctx, out, withDB(o.adminURL, db1), physical, o.wal)
+		r4, err := benchPhysical(ctx, out, withDB(o.adminURL, db1), physical, o.wal, o.statements)
 		if err != nil {
 			return err
 		}
@@ -290,15 +290,18 @@ func benchRun(ctx context.Context, out io.Writer, log *slog.Logger, broker, topi
 	if _, err := migrations.Up(ctx, pool, log); err != nil {
 		return 0, name, err
 	}
-	ingestPool := pool
+	// Ingest has a pool of its own, named (its backends' CPU is counted)
+	// and, with --statements, traced; the benchmark's own queries are not.
+	pcfg.ConnConfig.RuntimeParams["application_name"] = benchIngestApp
 	if o.statements {
-		// Ingest's own pool, traced; the benchmark's own queries are not.
 		pcfg.ConnConfig.Tracer = trace
-		if ingestPool, err = pgxpool.NewWithConfig(ctx, pcfg); err != nil {
-			return 0, name, err
-		}
-		defer ingestPool.Close()
 	}
+	ingestPool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return 0, name, err
+	}
+	defer ingestPool.Close()
+	cpu0 := processCPU()
 	var wal *walWatch
 	if o.wal {
 		if wal, err = startWAL(ctx, withDB(o.adminURL, name)); err != nil {
@@ -354,6 +357,13 @@ func benchRun(ctx context.Context, out io.Writer, log *slog.Logger, broker, topi
 			start, nextAtStart = time.Now(), next
 		}
 		if next == int64(len(msgs)) {
+			cpu := processCPU() - cpu0
+			pg, nb, ok := backendsCPU(ctx, pool, benchIngestApp)
+			defer func() {
+				if o.statements {
+					printCPU(out, label, len(msgs)*o.perMessage, cpu, pg, nb, ok)
+				}
+			}()
 			break
 		}
 		select {

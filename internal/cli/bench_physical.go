@@ -74,7 +74,7 @@ func benchNumeric(d decimal.Decimal) pgtype.Numeric {
 // benchPhysical copies rows into a fresh bench_physical table of the
 // database at url, physicalTxRows rows per committed transaction, and
 // returns how long that took; with wal, it also prints the WAL it wrote.
-func benchPhysical(ctx context.Context, out io.Writer, url string, rows [][]any, wal bool) (time.Duration, error) {
+func benchPhysical(ctx context.Context, out io.Writer, url string, rows [][]any, wal, cpu bool) (time.Duration, error) {
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		return 0, err
@@ -90,6 +90,12 @@ func benchPhysical(ctx context.Context, out io.Writer, url string, rows [][]any,
 		}
 		defer w.stop()
 	}
+	var pid int32
+	if err := conn.QueryRow(ctx, qBackendPID).Scan(&pid); err != nil {
+		return 0, err
+	}
+	pg0, pgOK := backendCPU(pid)
+	cpu0 := processCPU()
 	t0 := time.Now()
 	for from := 0; from < len(rows); from += physicalTxRows {
 		chunk := rows[from:min(from+physicalTxRows, len(rows))]
@@ -102,6 +108,10 @@ func benchPhysical(ctx context.Context, out io.Writer, url string, rows [][]any,
 		}
 	}
 	took := time.Since(t0)
+	if cpu {
+		pg1, ok := backendCPU(pid)
+		printCPU(out, "physical baseline", len(rows), processCPU()-cpu0, pg1-pg0, 1, pgOK && ok)
+	}
 	if wal {
 		if err := w.report(ctx, out, "physical baseline", len(rows)); err != nil {
 			return 0, err
