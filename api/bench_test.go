@@ -403,7 +403,7 @@ ON CONFLICT DO NOTHING`); err != nil {
 		sql  string
 		args []any
 	}{
-		{`TRUNCATE customers, streams, records, rollups, ingest_partitions, bench_loaded`, nil},
+		{`TRUNCATE customers, streams, records, stream_periods, rollups, ingest_partitions, bench_loaded`, nil},
 		{`INSERT INTO customers (id, schedule) SELECT 'cust-' || lpad(c::text, 5, '0'), $1::jsonb FROM generate_series(0, $2 - 1) c`,
 			[]any{schedule, benchCustomers}},
 		{`INSERT INTO streams (producer, epoch, customer, meter, last_seq, last_total)
@@ -448,6 +448,11 @@ GROUP BY 1, 2, 3, 4 ORDER BY bucket, customer, meter`, lo, lo+chunk)
 		b.Logf("  streams %d..%d loaded (%s)", lo, lo+chunk-1, time.Since(start).Round(time.Second))
 	}
 	benchDailyRollups(b, pool)
+	// Where each stream's records of a period lie (as the ledger keeps it).
+	if _, err := pool.Exec(ctx, `
+INSERT INTO stream_periods SELECT customer, period_start, stream_id, min(seq), max(seq) FROM records GROUP BY 1, 2, 3`); err != nil {
+		b.Fatal(err)
+	}
 	if _, err := pool.Exec(ctx, `VACUUM ANALYZE`); err != nil {
 		b.Fatal(err)
 	}

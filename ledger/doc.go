@@ -10,8 +10,13 @@
 //     local day of the period's zone (see Day), the daily rollup equals the
 //     sum of that day's hourly rollups (reconciliation checks the days of
 //     each meter and period in total).
+//   - Per (stream, period), stream_periods holds the range of the seqs of
+//     the stream's records billed in that period, widened in the
+//     transaction that writes them: the reads of a customer's period
+//     (statements, reconciliation, the close gate) find records through it
+//     and the primary key, so records carry no per-period index.
 //   - Nothing is updated or deleted except derivable state (stream state,
-//     open gaps, rollups); corrections are new entries.
+//     open gaps, rollups, stream periods); corrections are new entries.
 //   - Apply runs inside the caller's transaction: its effect commits or
 //     rolls back with whatever else the caller did (e.g. a Kafka offset).
 //

@@ -25,6 +25,8 @@ var errRollback = errors.New("simulated crash before commit")
 // back), then checks docs/design.md §3's invariants after every schedule:
 //   - per stream, billed total = last delivered total = stream state;
 //   - per customer, meter, period and hour, rollups = records + entries;
+//   - every record lies in its (stream, period)'s seq range, and each range
+//     is exactly its records' (the reads of a period go through it);
 //   - open gaps are exactly the undelivered seqs below the last delivered one;
 //   - re-applying the whole schedule changes nothing;
 //   - records in = sum of outcomes, with applied + late_fill = distinct records;
@@ -280,6 +282,19 @@ WITH src AS (
 SELECT count(*) FROM want FULL JOIN (SELECT * FROM rollups WHERE customer LIKE $1) r
   USING (customer, meter, period_start, bucket)
 WHERE coalesce(want.q, 0) <> coalesce(r.quantity, 0)`)
+	// Every record lies in the seq range of its (stream, period), so the
+	// reads of a customer's period find it (migration 00020), and no range
+	// reaches past the records it covers.
+	mismatches("records outside their stream period's range", `
+SELECT count(*) FROM records r
+WHERE r.customer LIKE $1 AND NOT EXISTS (
+  SELECT 1 FROM stream_periods sp WHERE sp.customer = r.customer AND sp.period_start = r.period_start
+    AND sp.stream_id = r.stream_id AND r.seq BETWEEN sp.min_seq AND sp.max_seq)`)
+	mismatches("stream period ranges wider than their records", `
+SELECT count(*) FROM stream_periods sp
+CROSS JOIN LATERAL (SELECT min(r.seq) AS lo, max(r.seq) AS hi FROM records r
+                    WHERE r.stream_id = sp.stream_id AND r.period_start = sp.period_start) AS r
+WHERE sp.customer LIKE $1 AND (sp.min_seq IS DISTINCT FROM r.lo OR sp.max_seq IS DISTINCT FROM r.hi)`)
 	// Daily rollups are the hourly ones summed by local date in the zone of
 	// the customer's calendar (Postgres's zone rules here, Go's in the ledger).
 	mismatches("daily rollups differ from the hourly ones", `

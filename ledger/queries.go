@@ -62,6 +62,17 @@ SET last_seq = u.last_seq, last_total = u.last_total::numeric,
 FROM unnest($1::bigint[], $2::bigint[], $3::text[], $4::bigint[]) AS u(id, last_seq, last_total, final_seq)
 WHERE s.id = u.id`
 
+	// Widens each (stream, period) seq range to the batch's new records
+	// (see migration 00020); keys unique and sorted, like the rollups'.
+	// Only the range columns change, which no index holds: the update is
+	// HOT and writes no index entry.
+	qUpsertStreamPeriods = `
+INSERT INTO stream_periods AS sp (customer, period_start, stream_id, min_seq, max_seq)
+SELECT * FROM unnest(@customer::text[], @period_start::timestamptz[], @stream_id::bigint[], @min_seq::bigint[], @max_seq::bigint[])
+ON CONFLICT (customer, period_start, stream_id)
+DO UPDATE SET min_seq = least(sp.min_seq, EXCLUDED.min_seq), max_seq = greatest(sp.max_seq, EXCLUDED.max_seq)
+WHERE EXCLUDED.min_seq < sp.min_seq OR EXCLUDED.max_seq > sp.max_seq`
+
 	qDeleteGaps = `
 DELETE FROM gaps g
 USING unnest($1::bigint[], $2::bigint[]) AS d(stream_id, from_seq)

@@ -21,6 +21,7 @@ func (a *applier) write(ctx context.Context, tx pgx.Tx) error {
 	}
 	b := &pgx.Batch{}
 	a.queueStreams(b)
+	a.queueStreamPeriods(b)
 	a.queueGaps(b)
 	queueEntries(b, a.entries, a.now, qInsertEntries)
 	if err := a.queueRollups(b); err != nil {
@@ -115,6 +116,45 @@ func (a *applier) queueStreams(b *pgx.Batch) {
 	if len(ids) > 0 {
 		b.Queue(qUpdateStreams, ids, seqs, totals, finals, a.now)
 	}
+}
+
+// queueStreamPeriods widens the seq range of each (stream, period) the new
+// records were billed in, so that the reads of a customer's period find
+// them (ledger_period_records, migration 00020).
+func (a *applier) queueStreamPeriods(b *pgx.Batch) {
+	type key struct {
+		customer string
+		period   int64 // unix micro
+		streamID int64
+	}
+	ranges := map[key][2]int64{}
+	for _, nr := range a.newRecords {
+		k := key{nr.rec.Stream.Customer, nr.period.UnixMicro(), nr.streamID}
+		r, ok := ranges[k]
+		if !ok {
+			r = [2]int64{nr.rec.Seq, nr.rec.Seq}
+		}
+		ranges[k] = [2]int64{min(r[0], nr.rec.Seq), max(r[1], nr.rec.Seq)}
+	}
+	if len(ranges) == 0 {
+		return
+	}
+	keys := make([]key, 0, len(ranges))
+	for k := range ranges {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(x, y key) int {
+		return cmp.Or(strings.Compare(x.customer, y.customer), cmp.Compare(x.period, y.period), cmp.Compare(x.streamID, y.streamID))
+	})
+	n := len(keys)
+	cust, period := make([]string, n), make([]time.Time, n)
+	sid, lo, hi := make([]int64, n), make([]int64, n), make([]int64, n)
+	for i, k := range keys {
+		cust[i], period[i], sid[i] = k.customer, time.UnixMicro(k.period).UTC(), k.streamID
+		lo[i], hi[i] = ranges[k][0], ranges[k][1]
+	}
+	b.Queue(qUpsertStreamPeriods, pgx.StrictNamedArgs{"customer": cust, "period_start": period, "stream_id": sid,
+		"min_seq": lo, "max_seq": hi})
 }
 
 func (a *applier) queueGaps(b *pgx.Batch) {

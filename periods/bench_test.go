@@ -22,6 +22,7 @@ func BenchmarkLiveStatement(b *testing.B) {
 		`INSERT INTO records (stream_id, seq, operation_id, customer, meter, total, quantity, occurred_at, late_fill, billed, period_start, bucket, ingested_at)
 		 SELECT 1, i, gen_random_uuid(), 'acme', 'calls', i, 1, t, false, 1, '2026-11-01T00:00:00Z', date_trunc('hour', t), t
 		 FROM generate_series(1, 100000) AS i, LATERAL (SELECT '2026-11-01T00:00:00Z'::timestamptz + (i * interval '25 seconds') AS t) AS x`,
+		`INSERT INTO stream_periods SELECT customer, period_start, stream_id, min(seq), max(seq) FROM records GROUP BY 1, 2, 3`,
 		`INSERT INTO rollups (customer, meter, period_start, bucket, quantity)
 		 SELECT customer, meter, period_start, bucket, sum(billed) FROM records GROUP BY 1, 2, 3, 4`,
 		`ANALYZE`,

@@ -62,7 +62,7 @@ WITH src AS (
          CASE WHEN prior_period IS NULL THEN billed ELSE 0 END AS usage,
          CASE WHEN prior_period IS NULL THEN 0 ELSE billed END AS prior,
          0::numeric AS adj
-  FROM records WHERE customer = $1 AND period_start = $2
+  FROM ledger_period_records(ARRAY[$1::text], ARRAY[$2::timestamptz])
   UNION ALL
   SELECT meter,
          CASE WHEN kind = 'reattribution' THEN amount ELSE 0 END,

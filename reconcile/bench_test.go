@@ -50,7 +50,7 @@ func BenchmarkReconcileScan(b *testing.B) {
 
 func benchDB(b *testing.B, n int) *pgxpool.Pool {
 	ctx := context.Background()
-	name := "tally_bench_reconcile_v3_" + strconv.Itoa(n)
+	name := "tally_bench_reconcile_v4_" + strconv.Itoa(n)
 	admin, err := pgx.Connect(ctx, pgtest.AdminURL())
 	if err != nil {
 		b.Fatal(err)
@@ -101,6 +101,7 @@ func benchDB(b *testing.B, n int) *pgxpool.Pool {
 		        '2026-11-01T00:00:00Z', date_trunc('hour', ts), NULL, now()
 		 FROM streams s, generate_series(1, $1::int) seq,
 		      LATERAL (SELECT '2026-11-01T00:00:00Z'::timestamptz + seq * (interval '29 days' / $1::int)) t(ts)`,
+		`INSERT INTO stream_periods SELECT customer, period_start, stream_id, min(seq), max(seq) FROM records GROUP BY 1, 2, 3`,
 		`INSERT INTO rollups SELECT customer, meter, period_start, bucket, sum(billed) FROM records GROUP BY 1, 2, 3, 4`,
 		`INSERT INTO rollups_daily SELECT customer, period_start, meter, (bucket AT TIME ZONE 'UTC')::date, sum(quantity) FROM rollups GROUP BY 1, 2, 3, 4`,
 		`VACUUM ANALYZE`,

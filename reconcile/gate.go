@@ -129,7 +129,7 @@ func usageKey(ms []meterUsage) string {
 }
 
 // ledgerUsage reads, per meter, the ledger rows billed in one customer's
-// period (the index on customer and period finds them).
+// period (found through stream_periods and the primary key of records).
 func ledgerUsage(ctx context.Context, tx pgx.Tx, customer string, start time.Time) (string, error) {
 	rows, err := tx.Query(ctx, qLedgerUsage, customer, start)
 	if err != nil {

@@ -109,13 +109,19 @@ const (
 	// Every rollup bucket of the targets recomputed from records and
 	// entries, per customer and meter: aggregate first, filtering on what
 	// the indexes know, then keep the exact (customer, period) pairs. With
-	// @all (and a custom plan) the customer filter folds away and the
-	// period's records are read whole.
+	// @all the periods' records are read whole; otherwise the customers'
+	// periods are found through stream_periods (migration 00020); with a
+	// custom plan, the branch not taken folds away.
 	qRollupsCheck = `
 WITH ` + qTargets + `,
 rec AS (
   SELECT customer, meter, period_start, bucket, sum(billed) AS q, count(*) AS n
-  FROM records WHERE (@all::boolean OR customer = ANY(@customers)) AND period_start = ANY(@starts) GROUP BY 1, 2, 3, 4
+  FROM (SELECT customer, meter, period_start, bucket, billed FROM records
+        WHERE @all::boolean AND period_start = ANY(@starts)
+        UNION ALL
+        SELECT customer, meter, period_start, bucket, billed FROM ledger_period_records(@customers, @starts)
+        WHERE NOT @all::boolean) AS r
+  GROUP BY 1, 2, 3, 4
 ), ent AS (
   SELECT customer, meter, period_start, bucket, sum(amount) AS q, count(*) AS n
   FROM entries WHERE (@all::boolean OR customer = ANY(@customers)) AND period_start = ANY(@starts) GROUP BY 1, 2, 3, 4
@@ -156,10 +162,12 @@ FROM entries JOIN t USING (customer, period_start)
 WHERE (@all::boolean OR customer = ANY(@customers)) AND period_start = ANY(@starts) AND kind = 'adjustment' GROUP BY 1, 2`
 
 	// Streams of the customers whose billed deltas, over the stream's
-	// whole life, do not add up to its last total.
+	// whole life, do not add up to its last total (the primary key of
+	// records finds each stream's rows).
 	qStreamTotalsCheck = `
 WITH sums AS (
-  SELECT stream_id, sum(billed) AS billed, count(*) AS n FROM records WHERE customer = ANY(@customers) GROUP BY 1
+  SELECT r.stream_id, sum(r.billed) AS billed, count(*) AS n
+  FROM streams s JOIN records r ON r.stream_id = s.id WHERE s.customer = ANY(@customers) GROUP BY 1
 )
 SELECT st.customer, st.meter, st.producer || '/' || st.epoch, st.last_total,
        coalesce(sums.billed, 0), coalesce(sums.n, 0)
@@ -243,7 +251,8 @@ FROM streams st JOIN t ON t.customer = st.customer
 WHERE st.final_seq IS DISTINCT FROM st.last_seq
   AND EXISTS (SELECT 1 FROM streams n WHERE n.producer = st.producer AND n.customer = st.customer
                 AND n.meter = st.meter AND n.epoch > st.epoch)
-  AND EXISTS (SELECT 1 FROM records r WHERE r.stream_id = st.id AND r.period_start = t.period_start)
+  AND EXISTS (SELECT 1 FROM stream_periods sp
+              WHERE sp.customer = st.customer AND sp.period_start = t.period_start AND sp.stream_id = st.id)
 ORDER BY 1, 2, 3`
 
 	// Per partition: records in and the sum of outcomes; refused messages
@@ -276,7 +285,9 @@ const (
 	qDeepUsage = `
 WITH ` + qTargets + `
 SELECT customer, meter, sum(q) FROM (
-  SELECT r.customer, r.meter, r.billed AS q FROM records r JOIN t USING (customer, period_start) WHERE r.prior_period IS NULL
+  SELECT r.customer, r.meter, r.billed AS q
+  FROM ledger_period_records(@customers, @starts) r
+  JOIN t USING (customer, period_start) WHERE r.prior_period IS NULL
   UNION ALL
   SELECT r.customer, r.meter, r.billed FROM records r JOIN t ON t.customer = r.customer AND r.prior_period = t.period_start
   UNION ALL
@@ -301,10 +312,10 @@ SELECT count(*) FROM streams st
 WHERE st.customer = $1 AND st.last_total <> (SELECT coalesce(sum(r.billed), 0) FROM records r WHERE r.stream_id = st.id)`
 
 	// Per meter, the ledger rows billed in one customer's period and their
-	// sum (the index on customer and period finds them).
+	// sum (stream_periods finds them, migration 00020).
 	qLedgerUsage = `
 SELECT meter, sum(n)::bigint, sum(q) FROM (
-  SELECT meter, count(*) AS n, sum(billed) AS q FROM records WHERE customer = $1 AND period_start = $2 GROUP BY 1
+  SELECT meter, count(*) AS n, sum(billed) AS q FROM ledger_period_records(ARRAY[$1::text], ARRAY[$2::timestamptz]) GROUP BY 1
   UNION ALL
   SELECT meter, count(*), sum(amount) FROM entries WHERE customer = $1 AND period_start = $2 GROUP BY 1
 ) u GROUP BY 1`

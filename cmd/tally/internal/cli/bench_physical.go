@@ -1,0 +1,121 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/ingest/wire"
+)
+
+// The physical baseline of tally bench ingest: the least any durable store
+// that refuses a duplicate must write for the same usage. The raw records
+// (as producers sent them, nothing derived) go by binary COPY into a table
+// with one unique index, on the operation id, in transactions of
+// physicalTxRows rows, each committed (and so flushed) like a micro-batch.
+const (
+	physicalTxRows = 10_000
+
+	qCreatePhysical = `
+CREATE TABLE bench_physical (
+    operation_id uuid        NOT NULL,
+    producer     text        NOT NULL,
+    epoch        bigint      NOT NULL,
+    customer     text        NOT NULL,
+    meter        text        NOT NULL,
+    seq          bigint      NOT NULL,
+    total        numeric     NOT NULL,
+    quantity     numeric,
+    occurred_at  timestamptz NOT NULL,
+    batch_id     uuid        NOT NULL
+);
+CREATE UNIQUE INDEX bench_physical_operation ON bench_physical (operation_id)`
+)
+
+var physicalColumns = []string{"operation_id", "producer", "epoch", "customer", "meter", "seq", "total", "quantity",
+	"occurred_at", "batch_id"}
+
+// physicalRows decodes msgs (each message once: a retransmit is not a new
+// record) into the baseline's rows; decoding is not part of its time.
+func physicalRows(msgs []benchMessage) ([][]any, error) {
+	var rows [][]any
+	seen := map[string]bool{}
+	for _, m := range msgs {
+		if seen[string(m.value)] {
+			continue
+		}
+		seen[string(m.value)] = true
+		b, _, rejected, err := wire.Decode(m.key, m.value)
+		if err != nil || len(rejected) > 0 {
+			return nil, fmt.Errorf("physical baseline: a generated message does not decode: %v %v", err, rejected)
+		}
+		batchID := pgtype.UUID{Bytes: b.BatchID, Valid: true}
+		for _, r := range b.Records {
+			var q any
+			if r.Quantity.Valid {
+				q = benchNumeric(r.Quantity.Decimal)
+			}
+			rows = append(rows, []any{pgtype.UUID{Bytes: r.OperationID, Valid: true}, b.Producer, b.Epoch, r.Customer, r.Meter,
+				r.Seq, benchNumeric(r.Total), q, r.OccurredAt, batchID})
+		}
+	}
+	return rows, nil
+}
+
+func benchNumeric(d decimal.Decimal) pgtype.Numeric {
+	return pgtype.Numeric{Int: d.Coefficient(), Exp: d.Exponent(), Valid: true}
+}
+
+// benchPhysical copies rows into a fresh bench_physical table of the
+// database at url, physicalTxRows rows per committed transaction, and
+// returns how long that took; with wal, it also prints the WAL it wrote.
+func benchPhysical(ctx context.Context, out io.Writer, url string, rows [][]any, wal, cpu bool) (time.Duration, error) {
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, qCreatePhysical); err != nil {
+		return 0, err
+	}
+	var w *walWatch
+	if wal {
+		if w, err = startWAL(ctx, url); err != nil {
+			return 0, err
+		}
+		defer w.stop()
+	}
+	var pid int32
+	if err := conn.QueryRow(ctx, qBackendPID).Scan(&pid); err != nil {
+		return 0, err
+	}
+	pg0, pgOK := backendCPU(pid)
+	cpu0 := processCPU()
+	t0 := time.Now()
+	for from := 0; from < len(rows); from += physicalTxRows {
+		chunk := rows[from:min(from+physicalTxRows, len(rows))]
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			_, err := tx.CopyFrom(ctx, pgx.Identifier{"bench_physical"}, physicalColumns, pgx.CopyFromRows(chunk))
+			return err
+		})
+		if err != nil {
+			return 0, fmt.Errorf("physical baseline: copy: %w", err)
+		}
+	}
+	took := time.Since(t0)
+	if cpu {
+		pg1, ok := backendCPU(pid)
+		printCPU(out, "physical baseline", len(rows), processCPU()-cpu0, pg1-pg0, 1, pgOK && ok)
+	}
+	if wal {
+		if err := w.report(ctx, out, "physical baseline", len(rows)); err != nil {
+			return 0, err
+		}
+	}
+	return took, nil
+}
