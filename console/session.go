@@ -7,6 +7,7 @@ import (
 	"errors"
 	"net/http"
 	"net/url"
+	"path"
 	"strings"
 	"sync"
 	"time"
@@ -187,13 +188,26 @@ func (c *Console) checkCSRF(w http.ResponseWriter, r *http.Request, want string)
 }
 
 // safeNext is where to go after sign-in: a console path, never another
-// host.
+// host nor another path of this one. The path is decoded and cleaned
+// before its prefix is checked ("/console/../v1/x" is "/v1/x"), and the
+// cleaned path is what the redirect names.
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, Prefix+"/") || strings.HasPrefix(next, Prefix+"//") ||
-		strings.ContainsAny(next, "\\\r\n") {
-		return Prefix + "/"
+	home := Prefix + "/"
+	if strings.ContainsAny(next, "\\\r\n") || !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") {
+		return home
 	}
-	return next
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" || strings.Contains(u.Path, "//") {
+		return home
+	}
+	clean := path.Clean(u.Path)
+	if strings.HasSuffix(u.Path, "/") && clean != "/" {
+		clean += "/"
+	}
+	if clean != Prefix && !strings.HasPrefix(clean, home) {
+		return home
+	}
+	return (&url.URL{Path: clean, RawQuery: u.RawQuery}).String()
 }
 
 type signInView struct {
