@@ -3,6 +3,7 @@ package admission
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -32,6 +33,19 @@ type BudgetExhaustedError struct {
 
 func (e *BudgetExhaustedError) Error() string {
 	return fmt.Sprintf("admission: budget %s exhausted: %s available, retry after %s", e.Binding, e.Available, e.RetryAfter)
+}
+
+// OmittedBudgetError refuses a request that must draw from every exact
+// budget that applies (IssueRequest.EveryBudget) but names a subset that
+// leaves some out: a gateway cannot opt a customer out of its contract.
+type OmittedBudgetError struct {
+	Customer, Meter string
+	Omitted         []string // the applicable scopes left out, sorted
+}
+
+func (e *OmittedBudgetError) Error() string {
+	return fmt.Sprintf("admission: a grant for %s/%s must draw from every budget that applies; budgets leaves out %s",
+		e.Customer, e.Meter, strings.Join(e.Omitted, ", "))
 }
 
 // NotExactError: customer and meter have no rule in force, or their rule's

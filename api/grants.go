@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -108,7 +109,8 @@ func (a *API) postGrant(w http.ResponseWriter, r *http.Request) error {
 	}
 	start := time.Now()
 	g, err := s.Issue(r.Context(), admission.IssueRequest{Holder: b.Holder, Generation: b.Generation,
-		Customer: b.Customer, Meter: b.Meter, Amount: b.Amount, MinAmount: b.MinAmount, TTL: time.Duration(b.TTL), Budgets: b.Budgets})
+		Customer: b.Customer, Meter: b.Meter, Amount: b.Amount, MinAmount: b.MinAmount, TTL: time.Duration(b.TTL), Budgets: b.Budgets,
+		EveryBudget: !principalFrom(r.Context()).admin})
 	a.grantMetrics.Issued(g, err, time.Since(start))
 	if err != nil {
 		return admissionProblem(w, err)
@@ -252,6 +254,11 @@ func admissionProblem(w http.ResponseWriter, err error) error {
 	}
 	if ge, ok := errors.AsType[*admission.GrantEndedError](err); ok {
 		return &Problem{Type: TypeGrantEnded, Title: "Grant ended", Status: http.StatusConflict, Detail: ge.Error()}
+	}
+	if oe, ok := errors.AsType[*admission.OmittedBudgetError](err); ok {
+		return &Problem{Type: TypeForbidden, Title: "Forbidden", Status: http.StatusForbidden, Detail: oe.Error(),
+			Errors: []FieldError{{Field: "budgets", Detail: "leaves out " + strings.Join(oe.Omitted, ", ") +
+				": only the admin token may name a subset of the budgets that apply"}}}
 	}
 	if ne, ok := errors.AsType[*admission.NotExactError](err); ok {
 		adm := ne.Admission
