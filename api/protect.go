@@ -1,10 +1,17 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
 	"math"
+	"net"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -86,17 +93,30 @@ func exempt(r *http.Request) bool {
 }
 
 // shed answers at once, rather than queueing, when the client's address is
-// over its rate (429) or the process already serves MaxInFlight requests
-// (503), both with Retry-After.
+// over its rate or has too many bodies arriving (429), when a body does not
+// arrive within BodyTimeout (408), or when the process already serves
+// MaxInFlight requests (503), each with Retry-After. Bodies are read whole
+// before a slot is taken: a client trickling its body holds no slot, so
+// no one can stall the grant path by sending slowly. The admin token and
+// gateway tokens this process verified (trusted) are never refused by the
+// per-address bounds: those exist for floods of made-up tokens and
+// unauthenticated work; their callers have a per-token limit instead.
 func (a *API) shed(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if exempt(r) {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if ok, wait := a.addrLimits.allow(clientAddress(r), time.Now()); !ok {
-			a.metrics.shed.WithLabelValues("address_rate").Inc()
-			a.tooMany(w, r, wait, "this client address sends too many requests")
+		trusted := a.trustedCaller(r)
+		addr := clientAddress(r)
+		if !trusted {
+			if ok, wait := a.addrLimits.allow(addr, time.Now()); !ok {
+				a.metrics.shed.WithLabelValues("address_rate").Inc()
+				a.tooMany(w, r, wait, "this client address sends too many requests")
+				return
+			}
+		}
+		if !a.readBody(w, r, addr, trusted) {
 			return
 		}
 		if a.inFlight != nil {
@@ -113,6 +133,102 @@ func (a *API) shed(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// trustedCaller reports whether r carries the admin token or a gateway
+// token this process has verified: checked in memory only (a hash
+// compare, a cache), so that a made-up token costs nothing here. It only
+// exempts r from the per-address bounds; authenticate still checks the
+// token (a revoked one is refused there).
+func (a *API) trustedCaller(r *http.Request) bool {
+	tok, ok := bearer(r)
+	if !ok {
+		return false
+	}
+	h := sha256.Sum256([]byte(tok))
+	if subtle.ConstantTimeCompare(h[:], a.adminHash[:]) == 1 {
+		return true
+	}
+	_, ok = a.gateways.Get(h)
+	return ok
+}
+
+// readBody reads r's body whole, at most MaxBodyBytes, within BodyTimeout,
+// and puts it back in memory; with trusted false it counts against the
+// address's bound of bodies arriving at once. It answers the refusal
+// itself and then reports false. A refusal closes the connection: the
+// rest of a body that did not come is not waited for.
+func (a *API) readBody(w http.ResponseWriter, r *http.Request, addr string, trusted bool) bool {
+	if r.Body == nil || r.Body == http.NoBody {
+		return true
+	}
+	if r.ContentLength > a.maxBody {
+		w.Header().Set("Connection", "close")
+		a.writeError(w, r, &http.MaxBytesError{Limit: a.maxBody})
+		return false
+	}
+	if !trusted {
+		if !a.bodies.acquire(addr) {
+			a.metrics.shed.WithLabelValues("address_bodies").Inc()
+			w.Header().Set("Connection", "close")
+			a.tooMany(w, r, time.Second, "this client address has too many request bodies arriving at once")
+			return false
+		}
+		defer a.bodies.release(addr)
+	}
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(a.bodyTimeout)) // not every ResponseWriter can: then only the server's ReadTimeout bounds it
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.maxBody))
+	if err != nil {
+		w.Header().Set("Connection", "close")
+		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+			a.metrics.shed.WithLabelValues("body_timeout").Inc()
+			a.writeError(w, r, &Problem{Type: TypeBodyTimeout, Title: "Request body too slow", Status: http.StatusRequestTimeout,
+				Detail: fmt.Sprintf("the request body must arrive within %s", a.bodyTimeout)})
+			return false
+		}
+		a.writeError(w, r, err) // too large (413), or the client went away
+		return false
+	}
+	// The body is in; the handler's time is bounded by RequestTimeout, and
+	// a deadline left behind would end the connection's next reads.
+	_ = rc.SetReadDeadline(time.Time{})
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	return true
+}
+
+// addressBodies counts, per client address, the request bodies being
+// received: entries exist only while a body is, so the map is bounded by
+// the connections open.
+type addressBodies struct {
+	max int // ≤ 0: no bound
+	mu  sync.Mutex
+	m   map[string]int
+}
+
+func (b *addressBodies) acquire(addr string) bool {
+	if b.max <= 0 {
+		return true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.m[addr] >= b.max {
+		return false
+	}
+	b.m[addr]++
+	return true
+}
+
+func (b *addressBodies) release(addr string) {
+	if b.max <= 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.m[addr]--; b.m[addr] <= 0 {
+		delete(b.m, addr)
+	}
 }
 
 // tooMany answers 429 with Retry-After (whole seconds, at least 1).
@@ -161,6 +277,12 @@ func newRateLimits(perSecond float64, burst, maxKeys int) *rateLimits {
 
 // allow takes one token from key's bucket, or says how long until one is there.
 func (l *rateLimits) allow(key string, now time.Time) (bool, time.Duration) {
+	return l.allowN(key, 1, now)
+}
+
+// allowN takes n tokens (at most the burst) from key's bucket, or says how
+// long until they are there.
+func (l *rateLimits) allowN(key string, n int, now time.Time) (bool, time.Duration) {
 	if l == nil {
 		return true, 0
 	}
@@ -174,10 +296,11 @@ func (l *rateLimits) allow(key string, now time.Time) (bool, time.Duration) {
 		lim = rate.NewLimiter(l.rate, l.burst)
 		l.m[key] = lim
 	}
-	if lim.AllowN(now, 1) {
+	n = min(max(1, n), l.burst)
+	if lim.AllowN(now, n) {
 		return true, 0
 	}
-	missing := 1 - lim.TokensAt(now)
+	missing := float64(n) - lim.TokensAt(now)
 	return false, time.Duration(missing / float64(l.rate) * float64(time.Second))
 }
 
