@@ -298,30 +298,48 @@ func TestOverloadAnswers503(t *testing.T) {
 	if _, err := tx.Exec(ctx, `SELECT 1 FROM customers WHERE id = 'acme' FOR UPDATE`); err != nil {
 		t.Fatal(err)
 	}
+	// send starts the request that waits on the lock; it is in flight once
+	// Postgres shows it waiting (if a poll held the one slot as it arrived,
+	// it was shed, and is sent again).
 	held := make(chan response, 1)
-	go func() {
-		// Not f.do: a failure must not call t.Fatal off the test's goroutine.
-		req := mustRequest(t, "PUT", f.srv.URL+"/v1/customers/acme", `{"cadence":"monthly","anchor_day":2}`)
-		req.Header.Set("Authorization", "Bearer "+adminToken)
-		req.Header.Set("Content-Type", "application/json")
-		res, err := f.srv.Client().Do(req)
-		if err != nil {
-			held <- response{status: -1, body: []byte(err.Error())}
-			return
-		}
-		defer res.Body.Close()
-		b, _ := io.ReadAll(res.Body)
-		held <- response{status: res.StatusCode, body: b}
-	}()
-	var r response
+	send := func() {
+		go func() {
+			// Not f.do: a failure must not call t.Fatal off the test's goroutine.
+			req := mustRequest(t, "PUT", f.srv.URL+"/v1/customers/acme", `{"cadence":"monthly","anchor_day":2}`)
+			req.Header.Set("Authorization", "Bearer "+adminToken)
+			req.Header.Set("Content-Type", "application/json")
+			res, err := f.srv.Client().Do(req)
+			if err != nil {
+				held <- response{status: -1, body: []byte(err.Error())}
+				return
+			}
+			defer res.Body.Close()
+			b, _ := io.ReadAll(res.Body)
+			held <- response{status: res.StatusCode, body: b}
+		}()
+	}
+	send()
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if r = f.do("GET", "/v1/customers/acme", adminToken, nil); r.status == 503 {
+		var waiting bool
+		if err := f.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
 			break
 		}
+		select {
+		case res := <-held:
+			if res.status != 503 {
+				t.Fatalf("the request meant to wait on the lock answered: %d %s", res.status, res.body)
+			}
+			send()
+		default:
+		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no 503 while a request is in flight: %d %s", r.status, r.body)
+			t.Fatal("the request never waited on the lock")
 		}
 	}
+	r := f.do("GET", "/v1/customers/acme", adminToken, nil)
 	r.problem(t, 503, api.TypeOverloaded)
 	if s, err := strconv.Atoi(r.header.Get("Retry-After")); err != nil || s < 1 {
 		t.Fatalf("Retry-After %q", r.header.Get("Retry-After"))
