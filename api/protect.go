@@ -233,10 +233,15 @@ func (b *addressBodies) release(addr string) {
 
 // tooMany answers 429 with Retry-After (whole seconds, at least 1).
 func (a *API) tooMany(w http.ResponseWriter, r *http.Request, wait time.Duration, detail string) {
-	secs := int64(math.Ceil(wait.Seconds()))
-	w.Header().Set("Retry-After", strconv.FormatInt(max(1, min(secs, 3600)), 10))
+	w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(wait), 10))
 	a.writeError(w, r, &Problem{Type: TypeRateLimited, Title: "Too many requests", Status: http.StatusTooManyRequests,
 		Detail: detail + "; retry after the number of seconds in Retry-After"})
+}
+
+// retryAfterSeconds is wait in whole seconds for Retry-After: at least 1,
+// at most an hour.
+func retryAfterSeconds(wait time.Duration) int64 {
+	return max(1, min(int64(math.Ceil(wait.Seconds())), 3600))
 }
 
 // clientAddress is the connection's peer address: never a header, which

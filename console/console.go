@@ -165,6 +165,26 @@ func (c *Console) routes() http.Handler {
 	return r
 }
 
+// pageCosts is what a page costs against the viewer's per-token limit:
+// about the reads it makes, so that a page costs what the REST requests
+// for the same answers would. Pages not named cost 1.
+var pageCosts = map[string]int{
+	Prefix + "/":                     5,  // ingest status, dead letters, runs, leader, customers
+	Prefix + "/customers/{customer}": 10, // customer, usage, quotas and each rule's history, periods, grants, budgets
+	Prefix + "/customers/{customer}/periods/{period}": 2,
+	Prefix + "/reconciliations/{id}":                  2,
+}
+
+// pageCost is r's page's cost (r is routed).
+func pageCost(r *http.Request) int {
+	if rc := chi.RouteContext(r.Context()); rc != nil {
+		if n, ok := pageCosts[rc.RoutePattern()]; ok {
+			return n
+		}
+	}
+	return 1
+}
+
 // contentSecurityPolicy allows the console's own stylesheet and forms,
 // and nothing else: no script of any kind, nothing from another host, no
 // framing.

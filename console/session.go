@@ -32,10 +32,12 @@ type viewer struct {
 // canRead reports whether v may see customer's pages.
 func (v viewer) canRead(customer string) bool { return v.Admin || v.Customer == customer }
 
-// identify checks a token. It is the console's one call into the token
-// check, kept here so that it can follow the check wherever it lives.
-func (c *Console) identify(ctx context.Context, token string) (viewer, error) {
-	caller, err := c.api.Identify(ctx, token)
+// identify checks a token and takes cost requests from its per-token
+// limit (shared with its REST requests). It is the console's one call into
+// the token check, kept here so that it can follow the check wherever it
+// lives.
+func (c *Console) identify(ctx context.Context, token string, cost int) (viewer, error) {
+	caller, err := c.api.IdentifyCharged(ctx, token, cost)
 	if err != nil {
 		return viewer{}, err
 	}
@@ -146,7 +148,7 @@ func (c *Console) authenticate(next http.Handler) http.Handler {
 		var v viewer
 		var err error
 		if sess != nil {
-			v, err = c.identify(r.Context(), sess.token)
+			v, err = c.identify(r.Context(), sess.token, pageCost(r))
 			if err != nil && !refusedToken(err) {
 				c.fail(w, r, err)
 				return
@@ -252,7 +254,7 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 		c.showSignIn(w, r, http.StatusBadRequest, "Enter a token: the admin token or a customer token.")
 		return
 	}
-	v, err := c.identify(r.Context(), token)
+	v, err := c.identify(r.Context(), token, 1)
 	if err != nil {
 		if !refusedToken(err) {
 			c.fail(w, r, err)
