@@ -112,7 +112,7 @@ func (a *API) chargeToken(p principal, cost int) (bool, time.Duration) {
 	if p.gateway != "" {
 		limits, label = a.gatewayLimits, "gateway_rate"
 	}
-	ok, wait := limits.allowN(string(p.tokenID[:]), cost, time.Now())
+	ok, wait := limits.AllowN(string(p.tokenID[:]), cost, time.Now())
 	if !ok {
 		a.metrics.shed.WithLabelValues(label).Inc()
 	}

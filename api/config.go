@@ -14,6 +14,7 @@ import (
 	"github.com/tally-ledger/tally/admission"
 	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/internal/notify"
+	"github.com/tally-ledger/tally/internal/ratelimit"
 	"github.com/tally-ledger/tally/internal/ttlcache"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/periods"
@@ -196,11 +197,11 @@ type API struct {
 	listener   *notify.Listener
 	handler    http.Handler
 
-	inFlight    chan struct{} // nil: no bound
-	addrLimits  *rateLimits   // nil: off
-	tokenLimits *rateLimits   // nil: off
+	inFlight    chan struct{}     // nil: no bound
+	addrLimits  *ratelimit.Limits // nil: off
+	tokenLimits *ratelimit.Limits // nil: off
 	// gatewayLimits is the per-token limit of gateway tokens; nil: off.
-	gatewayLimits *rateLimits
+	gatewayLimits *ratelimit.Limits
 	// gateways are the gateway tokens (by hash) this process verified:
 	// shed exempts them from the per-address bounds.
 	gateways    *ttlcache.Cache[[32]byte, struct{}]
@@ -284,17 +285,17 @@ func New(cfg Config) (*API, error) {
 	if addrBurst == 0 {
 		addrBurst = max(1, int(2*addrRate))
 	}
-	a.addrLimits = newRateLimits(addrRate, addrBurst, 100_000)
+	a.addrLimits = ratelimit.New(addrRate, addrBurst, 100_000)
 	tokRate, tokBurst := orDefault(cfg.TokenRate, 20), cfg.TokenBurst
 	if tokBurst == 0 {
 		tokBurst = max(1, int(2*tokRate))
 	}
-	a.tokenLimits = newRateLimits(tokRate, tokBurst, 100_000)
+	a.tokenLimits = ratelimit.New(tokRate, tokBurst, 100_000)
 	gwRate, gwBurst := orDefault(cfg.GatewayRate, 500), cfg.GatewayBurst
 	if gwBurst == 0 {
 		gwBurst = max(1, int(2*gwRate))
 	}
-	a.gatewayLimits = newRateLimits(gwRate, gwBurst, 100_000)
+	a.gatewayLimits = ratelimit.New(gwRate, gwBurst, 100_000)
 	a.gateways = ttlcache.New[[32]byte, struct{}](time.Hour, 100_000)
 	a.bodies = &addressBodies{max: orDefault(cfg.AddressBodies, 8), m: map[string]int{}}
 	a.bodyTimeout = orDefault(cfg.BodyTimeout, 5*time.Second)

@@ -19,7 +19,6 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5/middleware"
-	"golang.org/x/time/rate"
 )
 
 // knownMethods are the methods a metric label or a log's method field may
@@ -110,7 +109,7 @@ func (a *API) shed(next http.Handler) http.Handler {
 		trusted := a.trustedCaller(r)
 		addr := clientAddress(r)
 		if !trusted {
-			if ok, wait := a.addrLimits.allow(addr, time.Now()); !ok {
+			if ok, wait := a.addrLimits.Allow(addr, time.Now()); !ok {
 				a.metrics.shed.WithLabelValues("address_rate").Inc()
 				a.tooMany(w, r, wait, "this client address sends too many requests")
 				return
@@ -259,75 +258,4 @@ func clientAddress(r *http.Request) string {
 		}
 	}
 	return ip.String()
-}
-
-// rateLimits is a token bucket (golang.org/x/time/rate) per key, in a
-// bounded map: when it is full, half is freed (see evict).
-type rateLimits struct {
-	rate  rate.Limit
-	burst int
-	max   int
-
-	mu sync.Mutex
-	m  map[string]*rate.Limiter
-}
-
-// newRateLimits returns nil (no limit) for a rate ≤ 0.
-func newRateLimits(perSecond float64, burst, maxKeys int) *rateLimits {
-	if perSecond <= 0 {
-		return nil
-	}
-	return &rateLimits{rate: rate.Limit(perSecond), burst: max(1, burst), max: maxKeys, m: map[string]*rate.Limiter{}}
-}
-
-// allow takes one token from key's bucket, or says how long until one is there.
-func (l *rateLimits) allow(key string, now time.Time) (bool, time.Duration) {
-	return l.allowN(key, 1, now)
-}
-
-// allowN takes n tokens (at most the burst) from key's bucket, or says how
-// long until they are there.
-func (l *rateLimits) allowN(key string, n int, now time.Time) (bool, time.Duration) {
-	if l == nil {
-		return true, 0
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	lim, ok := l.m[key]
-	if !ok {
-		if len(l.m) >= l.max {
-			l.evict(now)
-		}
-		lim = rate.NewLimiter(l.rate, l.burst)
-		l.m[key] = lim
-	}
-	n = min(max(1, n), l.burst)
-	if lim.AllowN(now, n) {
-		return true, 0
-	}
-	missing := float64(n) - lim.TokensAt(now)
-	return false, time.Duration(missing / float64(l.rate) * float64(time.Second))
-}
-
-func (l *rateLimits) evict(now time.Time) {
-	// Dropping a bucket gives its key a full one. First the buckets that
-	// are full (nothing lost), then those that would allow the next
-	// request anyway (at most a burst given away), and only then others:
-	// a flood of new keys does not reset the keys that are being limited.
-	for _, floor := range []float64{float64(l.burst), 1, math.Inf(-1)} {
-		for k, lim := range l.m { // random order
-			if len(l.m) <= l.max/2 {
-				return
-			}
-			if lim.TokensAt(now) >= floor {
-				delete(l.m, k)
-			}
-		}
-	}
-}
-
-func (l *rateLimits) len() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.m)
 }
