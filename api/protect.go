@@ -243,9 +243,11 @@ func retryAfterSeconds(wait time.Duration) int64 {
 	return max(1, min(int64(math.Ceil(wait.Seconds())), 3600))
 }
 
-// clientAddress is the connection's peer address: never a header, which
-// the client writes. IPv6 peers are grouped by /64, the block one
-// subscriber usually holds.
+// ClientAddress is the address r's per-address limits count against: the
+// connection's peer, never a header, which the client writes. IPv6 peers
+// are grouped by /64, the block one subscriber usually holds.
+func ClientAddress(r *http.Request) string { return clientAddress(r) }
+
 func clientAddress(r *http.Request) string {
 	ap, err := netip.ParseAddrPort(r.RemoteAddr)
 	if err != nil {
