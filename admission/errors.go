@@ -15,6 +15,9 @@ import (
 // ErrNotFound: no such grant.
 var ErrNotFound = errors.New("admission: no such grant")
 
+// ErrUnknownHolder: no grant was ever issued to the holder.
+var ErrUnknownHolder = errors.New("admission: no such holder")
+
 // FieldError is one problem of an input, naming its field: the shape
 // every domain package returns, so the REST API maps them in one place.
 type FieldError = validation.FieldError
@@ -72,6 +75,19 @@ type StaleGenerationError struct {
 
 func (e *StaleGenerationError) Error() string {
 	return fmt.Sprintf("admission: holder %s generation %d is older than its generation %d", e.Holder, e.Generation, e.Current)
+}
+
+// GenerationJumpError refuses a generation more than MaxGenerationStep
+// above the holder's stored highest (Current; 0 for a holder never
+// issued a grant): one request must not fence a holder for good.
+type GenerationJumpError struct {
+	Holder              string
+	Generation, Current int64
+}
+
+func (e *GenerationJumpError) Error() string {
+	return fmt.Sprintf("admission: holder %s generation %d is more than %d above its generation %d",
+		e.Holder, e.Generation, MaxGenerationStep, e.Current)
 }
 
 // FencedError: a renew or release for a grant held by another holder or

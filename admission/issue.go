@@ -552,6 +552,9 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 		if cur := holders[req.Holder]; cur > req.Generation {
 			c.err = &StaleGenerationError{Holder: req.Holder, Generation: req.Generation, Current: cur}
 			continue
+		} else if req.Generation-cur > MaxGenerationStep {
+			c.err = &GenerationJumpError{Holder: req.Holder, Generation: req.Generation, Current: cur}
+			continue
 		}
 		keys := drawnKeys(pl, req)
 		cust := rows[budgetKey{quota.CustomerScope(req.Customer), req.Meter, pl.custPeriod.Start.UTC()}]

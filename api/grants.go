@@ -167,6 +167,31 @@ func (a *API) postBypasses(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// retireHolder serves POST /v1/holders/{holder}/retire (admin): the
+// holder's live grants end, counted as fully spent, and its generation is
+// forgotten (admission.Store.RetireHolder).
+func (a *API) retireHolder(w http.ResponseWriter, r *http.Request) error {
+	holder := chi.URLParam(r, "holder")
+	if err := checkID("holder", holder); err != nil {
+		return err
+	}
+	if _, err := queryParams(r); err != nil {
+		return err
+	}
+	s, err := a.admissionStore()
+	if err != nil {
+		return err
+	}
+	out, err := s.RetireHolder(r.Context(), holder)
+	if err != nil {
+		return admissionProblem(w, err)
+	}
+	a.log.InfoContext(r.Context(), "holder retired", "holder", out.Holder, "previous_generation", out.PreviousGeneration,
+		"grants_ended", out.GrantsEnded)
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
 // listGrants serves GET /v1/customers/{customer}/grants?state=live|ended.
 func (a *API) listGrants(w http.ResponseWriter, r *http.Request) error {
 	customer, err := readableCustomer(r)
@@ -270,7 +295,11 @@ func admissionProblem(w http.ResponseWriter, err error) error {
 	if sp, ok := errors.AsType[*admission.SpentError](err); ok {
 		return invalidField("spent", "%s must be between the last reported %s and the amount %s", sp.Spent, sp.Previous, sp.Amount)
 	}
-	if errors.Is(err, admission.ErrNotFound) {
+	if ge, ok := errors.AsType[*admission.GenerationJumpError](err); ok {
+		return invalidField("generation", "%d is more than %d above the holder's generation %d: move forward from it",
+			ge.Generation, admission.MaxGenerationStep, ge.Current)
+	}
+	if errors.Is(err, admission.ErrNotFound) || errors.Is(err, admission.ErrUnknownHolder) {
 		return notFound(err.Error())
 	}
 	return err

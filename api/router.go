@@ -73,6 +73,7 @@ func (a *API) routes() http.Handler {
 			r.Put("/pools/{name}", a.handle(a.putPool))
 			r.Put("/pools/{name}/quotas/{meter}", a.handle(a.putPoolQuota))
 			r.Put("/global/quotas/{meter}", a.handle(a.putGlobalQuota))
+			r.Post("/holders/{holder}/retire", a.handle(a.retireHolder))
 		})
 	})
 	return r
