@@ -234,9 +234,9 @@ func TestAuthorizationMatrix(t *testing.T) {
 			continue
 		}
 		method, _, _ := strings.Cut(row.route, " ")
-		path := fill(row.path, sides[1])                                                              // gw2's grant
-		body := strings.ReplaceAll(row.body, "{h}", "gw1")                                            // gw1 names itself
-		f.do(method, path, callers[7].token, fill(body, sides[0])).problem(t, 409, api.TypeNotHolder) // as gw1
+		// As gw1, naming itself, on a grant of gw2's.
+		path, body := fill(row.path, sides[1]), fill(strings.ReplaceAll(row.body, "{h}", "gw1"), sides[0])
+		f.do(method, path, callers[7].token, body).problem(t, 409, api.TypeNotHolder)
 		cells++
 	}
 	t.Logf("%d routes × %d callers × %d sides, and grants of another holder: %d cells, %d wrong",
