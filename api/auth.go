@@ -129,6 +129,7 @@ func (a *API) identify(ctx context.Context, tok string) (principal, error) {
 	}
 	tp, err := a.tokens.Verify(ctx, tok)
 	if errors.Is(err, tokens.ErrUnknown) {
+		a.gateways.Del(h) // a revoked gateway token is trusted by shed no longer
 		return principal{}, unauthorized("the token is unknown or revoked")
 	}
 	if err != nil {

@@ -94,7 +94,8 @@ type Config struct {
 	// AddressRate limits requests per second from one client address (the
 	// connection's peer, never a header; IPv6 by /64), with bursts of
 	// AddressBurst; a request over it is answered 429 with Retry-After
-	// before any other work. Behind a proxy every client shares the
+	// before any other work (the admin's and known gateways' excepted,
+	// see AddressBodies). Behind a proxy every client shares the
 	// proxy's address: raise it or turn it off there and limit at the
 	// proxy. Default 100/s, burst 200; negative: off.
 	AddressRate  float64

@@ -131,7 +131,8 @@ type routeLabelKey struct{}
 // Guard puts a handler of the same process (the web console) behind what
 // protects the API: a request id, the access log and HTTP metrics (with
 // route as their route label: a fixed string), panic recovery, the
-// per-address rate limit and MaxInFlight. What these refuse is answered
+// per-address limits, the body read whole within BodyTimeout before a
+// slot is taken, and MaxInFlight. What these refuse is answered
 // as the API answers it (problem+json, Retry-After).
 func (a *API) Guard(route string, next http.Handler) http.Handler {
 	inner := a.observe(a.recoverer(a.shed(next)))

@@ -94,7 +94,7 @@ func exempt(r *http.Request) bool {
 // shed answers at once, rather than queueing, when the client's address is
 // over its rate or has too many bodies arriving (429), when a body does not
 // arrive within BodyTimeout (408), or when the process already serves
-// MaxInFlight requests (503), each with Retry-After. Bodies are read whole
+// MaxInFlight requests (503); 429 and 503 carry Retry-After. Bodies are read whole
 // before a slot is taken: a client trickling its body holds no slot, so
 // no one can stall the grant path by sending slowly. The admin token and
 // gateway tokens this process verified (trusted) are never refused by the
