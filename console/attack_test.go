@@ -103,7 +103,7 @@ func tricklingClientsDoNotSlowGrants(t *testing.T, configure func(*api.Config), 
 	grants() // warm: connections, caches, the gateways' first requests
 
 	// The attack: each connection sends headers announcing an 8000-byte
-	// body, then a byte every 100 ms; answered or cut, it connects again
+	// body, then a byte every 500 ms; answered or cut, it connects again
 	// after a second.
 	var dials, open atomic.Int64
 	made := "tly_" + strings.Repeat("Z", 43)
@@ -135,7 +135,7 @@ func tricklingClientsDoNotSlowGrants(t *testing.T, configure func(*api.Config), 
 				}
 			}()
 			fmt.Fprintf(c, "%sContent-Length: 8000\r\n\r\n", head)
-			tick := time.NewTicker(100 * time.Millisecond)
+			tick := time.NewTicker(500 * time.Millisecond)
 		trickle:
 			for range 8000 {
 				select {
