@@ -3,6 +3,7 @@ package admission
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -13,6 +14,9 @@ import (
 
 // ErrNotFound: no such grant.
 var ErrNotFound = errors.New("admission: no such grant")
+
+// ErrUnknownHolder: no grant was ever issued to the holder.
+var ErrUnknownHolder = errors.New("admission: no such holder")
 
 // FieldError is one problem of an input, naming its field: the shape
 // every domain package returns, so the REST API maps them in one place.
@@ -32,6 +36,19 @@ type BudgetExhaustedError struct {
 
 func (e *BudgetExhaustedError) Error() string {
 	return fmt.Sprintf("admission: budget %s exhausted: %s available, retry after %s", e.Binding, e.Available, e.RetryAfter)
+}
+
+// OmittedBudgetError refuses a request that must draw from every exact
+// budget that applies (IssueRequest.EveryBudget) but names a subset that
+// leaves some out: a gateway cannot opt a customer out of its contract.
+type OmittedBudgetError struct {
+	Customer, Meter string
+	Omitted         []string // the applicable scopes left out, sorted
+}
+
+func (e *OmittedBudgetError) Error() string {
+	return fmt.Sprintf("admission: a grant for %s/%s must draw from every budget that applies; budgets leaves out %s",
+		e.Customer, e.Meter, strings.Join(e.Omitted, ", "))
 }
 
 // NotExactError: customer and meter have no rule in force, or their rule's
@@ -58,6 +75,19 @@ type StaleGenerationError struct {
 
 func (e *StaleGenerationError) Error() string {
 	return fmt.Sprintf("admission: holder %s generation %d is older than its generation %d", e.Holder, e.Generation, e.Current)
+}
+
+// GenerationJumpError refuses a generation more than MaxGenerationStep
+// above the holder's stored highest (Current; 0 for a holder never
+// issued a grant): one request must not fence a holder for good.
+type GenerationJumpError struct {
+	Holder              string
+	Generation, Current int64
+}
+
+func (e *GenerationJumpError) Error() string {
+	return fmt.Sprintf("admission: holder %s generation %d is more than %d above its generation %d",
+		e.Holder, e.Generation, MaxGenerationStep, e.Current)
 }
 
 // FencedError: a renew or release for a grant held by another holder or

@@ -104,7 +104,32 @@ func planIssue(ctx context.Context, db DBTX, req IssueRequest, now time.Time) (p
 		pl.scopes = append(pl.scopes, applicable[j])
 	}
 	slices.SortFunc(pl.scopes, func(a, b drawn) int { return strings.Compare(a.scope, b.scope) })
-	return pl, errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return pl, err
+	}
+	if req.EveryBudget {
+		return pl, omitted(pl, applicable, req)
+	}
+	return pl, nil
+}
+
+// omitted is an *OmittedBudgetError when pl leaves out a budget that
+// applies to req's customer and meter, else nil.
+func omitted(pl plan, applicable []drawn, req IssueRequest) error {
+	var left []string
+	if pl.customerExact && !pl.drawsCustomer {
+		left = append(left, quota.CustomerScope(req.Customer))
+	}
+	for _, d := range applicable {
+		if !slices.ContainsFunc(pl.scopes, func(s drawn) bool { return s.scope == d.scope }) {
+			left = append(left, d.scope)
+		}
+	}
+	if len(left) == 0 {
+		return nil
+	}
+	slices.Sort(left)
+	return &OmittedBudgetError{Customer: req.Customer, Meter: req.Meter, Omitted: left}
 }
 
 // maxReplans bounds how often one request starts over because a rule or a
@@ -535,6 +560,9 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 		pl, req := plans[i], c.req
 		if cur := holders[req.Holder]; cur > req.Generation {
 			c.err = &StaleGenerationError{Holder: req.Holder, Generation: req.Generation, Current: cur}
+			continue
+		} else if req.Generation-cur > MaxGenerationStep {
+			c.err = &GenerationJumpError{Holder: req.Holder, Generation: req.Generation, Current: cur}
 			continue
 		}
 		keys := drawnKeys(pl, req)

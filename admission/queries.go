@@ -104,3 +104,20 @@ SELECT count(*) FILTER (WHERE g.reclaim_at > @now),
 FROM admission_budgets b
 JOIN admission_grants g ON (g.customer, g.meter, g.period_start) = (b.customer, b.meter, b.period_start)
 WHERE b.period_end > @now AND g.ended_at IS NULL`
+
+// qLockHolder locks one holder's row (in the holder-first order issue,
+// renew and release take) and reads its generation.
+const qLockHolder = `SELECT generation FROM admission_holders WHERE holder = @holder FOR UPDATE`
+
+// qRetireGrants ends a holder's live grants now by the clock: their
+// reclaim time becomes now (never before issue), so they end as expired
+// grants do and count as fully spent; nothing is handed back.
+const qRetireGrants = `
+UPDATE admission_grants
+SET valid_until = GREATEST(issued_at, LEAST(valid_until, @now)),
+    reclaim_at = GREATEST(issued_at, LEAST(valid_until, @now))
+WHERE holder = @holder AND ended_at IS NULL AND reclaim_at > @now`
+
+// qResetHolder forgets a holder's generation: its next grant may come
+// from any generation within MaxGenerationStep of 1.
+const qResetHolder = `UPDATE admission_holders SET generation = 1, seen_at = @now WHERE holder = @holder`

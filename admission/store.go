@@ -169,6 +169,10 @@ type IssueRequest struct {
 	// to draw from (scopes: "customer:<id>", "pool:<name>", "global");
 	// empty draws from every exact budget that applies.
 	Budgets []string
+	// EveryBudget refuses a Budgets that leaves out an exact budget that
+	// applies (*OmittedBudgetError): set it for every caller but the
+	// admin (docs/design.md §13).
+	EveryBudget bool
 }
 
 func checkHolder(holder string, generation int64) []error {

@@ -73,26 +73,50 @@ func unauthorized(detail string) *Problem {
 // revoked (tokens.Store.Verify, which caches both answers).
 func (a *API) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-		if !ok || !strings.EqualFold(scheme, "Bearer") || strings.TrimSpace(tok) == "" {
+		tok, ok := bearer(r)
+		if !ok {
 			a.writeError(w, r, unauthorized("send Authorization: Bearer <token> (the admin token or a customer token from `tally tokens create`)"))
 			return
 		}
-		tok = strings.TrimSpace(tok)
 		p, err := a.identify(r.Context(), tok)
 		if err != nil {
 			a.writeError(w, r, err)
 			return
 		}
-		if !p.admin {
-			if ok, wait := a.tokenLimits.allow(string(p.tokenID[:]), time.Now()); !ok {
-				a.metrics.shed.WithLabelValues("token_rate").Inc()
-				a.tooMany(w, r, wait, "this token sends too many requests")
-				return
-			}
+		if ok, wait := a.chargeToken(p, 1); !ok {
+			a.tooMany(w, r, wait, "this token sends too many requests")
+			return
 		}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), principalKey{}, p)))
 	})
+}
+
+// bearer is r's "Authorization: Bearer <token>" token.
+func bearer(r *http.Request) (string, bool) {
+	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	tok = strings.TrimSpace(tok)
+	if !ok || !strings.EqualFold(scheme, "Bearer") || tok == "" {
+		return "", false
+	}
+	return tok, true
+}
+
+// chargeToken takes cost requests from p's per-token limit: a gateway
+// token's (sized for the grant protocol) or a customer token's; the
+// admin's is not limited. Refused, it says how long until there is room.
+func (a *API) chargeToken(p principal, cost int) (bool, time.Duration) {
+	if p.admin {
+		return true, 0
+	}
+	limits, label := a.tokenLimits, "token_rate"
+	if p.gateway != "" {
+		limits, label = a.gatewayLimits, "gateway_rate"
+	}
+	ok, wait := limits.AllowN(string(p.tokenID[:]), cost, time.Now())
+	if !ok {
+		a.metrics.shed.WithLabelValues(label).Inc()
+	}
+	return ok, wait
 }
 
 // identify says whose tok is: the admin's, or a customer or gateway
@@ -105,10 +129,14 @@ func (a *API) identify(ctx context.Context, tok string) (principal, error) {
 	}
 	tp, err := a.tokens.Verify(ctx, tok)
 	if errors.Is(err, tokens.ErrUnknown) {
+		a.gateways.Del(h) // a revoked gateway token is trusted by shed no longer
 		return principal{}, unauthorized("the token is unknown or revoked")
 	}
 	if err != nil {
 		return principal{}, fmt.Errorf("authenticate: %w", err)
+	}
+	if tp.Gateway != "" {
+		a.gateways.Put(h, struct{}{}) // trusted by shed from now on (see trustedCaller)
 	}
 	return principal{customer: tp.Customer, gateway: tp.Gateway, tokenID: tp.TokenID}, nil
 }

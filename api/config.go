@@ -14,6 +14,7 @@ import (
 	"github.com/tally-ledger/tally/admission"
 	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/internal/notify"
+	"github.com/tally-ledger/tally/internal/ratelimit"
 	"github.com/tally-ledger/tally/internal/ttlcache"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/periods"
@@ -97,16 +98,39 @@ type Config struct {
 	// AddressRate limits requests per second from one client address (the
 	// connection's peer, never a header; IPv6 by /64), with bursts of
 	// AddressBurst; a request over it is answered 429 with Retry-After
-	// before any other work. Behind a proxy every client shares the
+	// before any other work (the admin's and known gateways' excepted,
+	// see AddressBodies). Behind a proxy every client shares the
 	// proxy's address: raise it or turn it off there and limit at the
 	// proxy. Default 100/s, burst 200; negative: off.
 	AddressRate  float64
 	AddressBurst int
+	// AddressRate and AddressBodies exist for floods of made-up tokens and
+	// unauthenticated work (the console's sign-in): the admin token and
+	// gateway tokens this process has verified are never refused by them
+	// (a gateway fleet behind one address has its per-token limit).
+	//
+	// AddressBodies bounds the request bodies being received at once from
+	// one client address (other than the admin's and known gateways'); one
+	// more is answered 429 at once. Default 8; negative: no bound.
+	AddressBodies int
+	// BodyTimeout bounds the time a request body may take to arrive. Every
+	// body is read whole (at most MaxBodyBytes) before the request takes
+	// one of MaxInFlight's slots, so a client trickling its body holds no
+	// slot; one not done in time is answered 408. Default 5s.
+	BodyTimeout time.Duration
 	// TokenRate limits requests per second with one customer token, with
 	// bursts of TokenBurst (429 with Retry-After). The admin token is not
 	// limited. Default 20/s, burst 40; negative: off.
 	TokenRate  float64
 	TokenBurst int
+	// GatewayRate limits requests per second with one gateway token, with
+	// bursts of GatewayBurst (429 with Retry-After), sized for the grant
+	// protocol: the admit SDK asks for about one issue and one release per
+	// budget per Lookahead (2 s) and one renew per half TTL, so a gateway
+	// serving N busy budgets sends about N requests a second, and N at once
+	// when it starts. Default 500/s, burst 1000; negative: off.
+	GatewayRate  float64
+	GatewayBurst int
 	// MaxSkew is the clock skew tolerated between Tally and a gateway
 	// holding a grant: a grant is reclaimed at valid_until + MaxSkew, never
 	// earlier (docs/design.md §12). Default 5 s; between
@@ -147,10 +171,10 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("api: MaxSkew: %w", err))
 		}
 	}
-	if c.AddressBurst < 0 || c.TokenBurst < 0 {
+	if c.AddressBurst < 0 || c.TokenBurst < 0 || c.GatewayBurst < 0 {
 		errs = append(errs, errors.New("api: rate-limit bursts must not be negative"))
 	}
-	if c.MaxBodyBytes < 0 || c.MaxQueryBytes < 0 || c.RequestTimeout < 0 || c.ReconcileTimeout < 0 {
+	if c.MaxBodyBytes < 0 || c.MaxQueryBytes < 0 || c.RequestTimeout < 0 || c.ReconcileTimeout < 0 || c.BodyTimeout < 0 {
 		errs = append(errs, errors.New("api: limits must not be negative"))
 	}
 	return errors.Join(errs...)
@@ -179,9 +203,16 @@ type API struct {
 	listener   *notify.Listener
 	handler    http.Handler
 
-	inFlight    chan struct{} // nil: no bound
-	addrLimits  *rateLimits   // nil: off
-	tokenLimits *rateLimits   // nil: off
+	inFlight    chan struct{}     // nil: no bound
+	addrLimits  *ratelimit.Limits // nil: off
+	tokenLimits *ratelimit.Limits // nil: off
+	// gatewayLimits is the per-token limit of gateway tokens; nil: off.
+	gatewayLimits *ratelimit.Limits
+	// gateways are the gateway tokens (by hash) this process verified:
+	// shed exempts them from the per-address bounds.
+	gateways    *ttlcache.Cache[[32]byte, struct{}]
+	bodies      *addressBodies
+	bodyTimeout time.Duration
 	ready       readyCache
 
 	maxSkew time.Duration // of grants
@@ -261,12 +292,20 @@ func New(cfg Config) (*API, error) {
 	if addrBurst == 0 {
 		addrBurst = max(1, int(2*addrRate))
 	}
-	a.addrLimits = newRateLimits(addrRate, addrBurst, 100_000)
+	a.addrLimits = ratelimit.New(addrRate, addrBurst, 100_000)
 	tokRate, tokBurst := orDefault(cfg.TokenRate, 20), cfg.TokenBurst
 	if tokBurst == 0 {
 		tokBurst = max(1, int(2*tokRate))
 	}
-	a.tokenLimits = newRateLimits(tokRate, tokBurst, 100_000)
+	a.tokenLimits = ratelimit.New(tokRate, tokBurst, 100_000)
+	gwRate, gwBurst := orDefault(cfg.GatewayRate, 500), cfg.GatewayBurst
+	if gwBurst == 0 {
+		gwBurst = max(1, int(2*gwRate))
+	}
+	a.gatewayLimits = ratelimit.New(gwRate, gwBurst, 100_000)
+	a.gateways = ttlcache.New[[32]byte, struct{}](time.Hour, 100_000)
+	a.bodies = &addressBodies{max: orDefault(cfg.AddressBodies, 8), m: map[string]int{}}
+	a.bodyTimeout = orDefault(cfg.BodyTimeout, 5*time.Second)
 	m, err := newHTTPMetrics(a.registry)
 	if err != nil {
 		return nil, err

@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -108,7 +109,8 @@ func (a *API) postGrant(w http.ResponseWriter, r *http.Request) error {
 	}
 	start := time.Now()
 	g, err := s.Issue(r.Context(), admission.IssueRequest{Holder: b.Holder, Generation: b.Generation,
-		Customer: b.Customer, Meter: b.Meter, Amount: b.Amount, MinAmount: b.MinAmount, TTL: time.Duration(b.TTL), Budgets: b.Budgets})
+		Customer: b.Customer, Meter: b.Meter, Amount: b.Amount, MinAmount: b.MinAmount, TTL: time.Duration(b.TTL), Budgets: b.Budgets,
+		EveryBudget: !principalFrom(r.Context()).admin})
 	a.grantMetrics.Issued(g, err, time.Since(start))
 	if err != nil {
 		return admissionProblem(w, err)
@@ -162,6 +164,31 @@ func (a *API) postBypasses(w http.ResponseWriter, r *http.Request) error {
 		return admissionProblem(w, err)
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"report_id": b.ReportID, "items": len(b.Items)})
+	return nil
+}
+
+// retireHolder serves POST /v1/holders/{holder}/retire (admin): the
+// holder's live grants end, counted as fully spent, and its generation is
+// forgotten (admission.Store.RetireHolder).
+func (a *API) retireHolder(w http.ResponseWriter, r *http.Request) error {
+	holder := chi.URLParam(r, "holder")
+	if err := checkID("holder", holder); err != nil {
+		return err
+	}
+	if _, err := queryParams(r); err != nil {
+		return err
+	}
+	s, err := a.admissionStore()
+	if err != nil {
+		return err
+	}
+	out, err := s.RetireHolder(r.Context(), holder)
+	if err != nil {
+		return admissionProblem(w, err)
+	}
+	a.log.InfoContext(r.Context(), "holder retired", "holder", out.Holder, "previous_generation", out.PreviousGeneration,
+		"grants_ended", out.GrantsEnded)
+	writeJSON(w, http.StatusOK, out)
 	return nil
 }
 
@@ -253,6 +280,11 @@ func admissionProblem(w http.ResponseWriter, err error) error {
 	if ge, ok := errors.AsType[*admission.GrantEndedError](err); ok {
 		return &Problem{Type: TypeGrantEnded, Title: "Grant ended", Status: http.StatusConflict, Detail: ge.Error()}
 	}
+	if oe, ok := errors.AsType[*admission.OmittedBudgetError](err); ok {
+		return &Problem{Type: TypeForbidden, Title: "Forbidden", Status: http.StatusForbidden, Detail: oe.Error(),
+			Errors: []FieldError{{Field: "budgets", Detail: "leaves out " + strings.Join(oe.Omitted, ", ") +
+				": only the admin token may name a subset of the budgets that apply"}}}
+	}
 	if ne, ok := errors.AsType[*admission.NotExactError](err); ok {
 		adm := ne.Admission
 		if adm == "" {
@@ -263,7 +295,11 @@ func admissionProblem(w http.ResponseWriter, err error) error {
 	if sp, ok := errors.AsType[*admission.SpentError](err); ok {
 		return invalidField("spent", "%s must be between the last reported %s and the amount %s", sp.Spent, sp.Previous, sp.Amount)
 	}
-	if errors.Is(err, admission.ErrNotFound) {
+	if ge, ok := errors.AsType[*admission.GenerationJumpError](err); ok {
+		return invalidField("generation", "%d is more than %d above the holder's generation %d: move forward from it",
+			ge.Generation, admission.MaxGenerationStep, ge.Current)
+	}
+	if errors.Is(err, admission.ErrNotFound) || errors.Is(err, admission.ErrUnknownHolder) {
 		return notFound(err.Error())
 	}
 	return err

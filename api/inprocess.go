@@ -109,12 +109,30 @@ func (a *API) Usage(ctx context.Context, customer, ref string) (Usage, error) {
 	return u, nil
 }
 
+// IdentifyCharged checks a token as Identify does and takes cost requests
+// from its per-token limit, as that many REST requests would (a console
+// page that reads ten things costs ten): the admin token has none. Over
+// the limit it is a *Problem with status 429 and RetryAfter (seconds).
+func (a *API) IdentifyCharged(ctx context.Context, token string, cost int) (Caller, error) {
+	p, err := a.identify(ctx, token)
+	if err != nil {
+		return Caller{}, err
+	}
+	if ok, wait := a.chargeToken(p, cost); !ok {
+		secs := retryAfterSeconds(wait)
+		return Caller{}, &Problem{Type: TypeRateLimited, Title: "Too many requests", Status: http.StatusTooManyRequests,
+			Detail: "this token sends too many requests; retry after the number of seconds in Retry-After", RetryAfter: &secs}
+	}
+	return Caller{Admin: p.admin, Customer: p.customer, Gateway: p.gateway}, nil
+}
+
 type routeLabelKey struct{}
 
 // Guard puts a handler of the same process (the web console) behind what
 // protects the API: a request id, the access log and HTTP metrics (with
 // route as their route label: a fixed string), panic recovery, the
-// per-address rate limit and MaxInFlight. What these refuse is answered
+// per-address limits, the body read whole within BodyTimeout before a
+// slot is taken, and MaxInFlight. What these refuse is answered
 // as the API answers it (problem+json, Retry-After).
 func (a *API) Guard(route string, next http.Handler) http.Handler {
 	inner := a.observe(a.recoverer(a.shed(next)))

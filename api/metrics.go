@@ -23,8 +23,9 @@ type httpMetrics struct {
 	usageWatchUp           prometheus.Gauge
 	usageWatchDropped      prometheus.Counter
 	notifyQueueUsage       prometheus.Gauge
-	// shed counts requests answered 429/503 before any work, by reason:
-	// address_rate, token_rate, in_flight.
+	// shed counts requests answered 408/429/503 before any work, by
+	// reason: address_rate, address_bodies, body_timeout, token_rate,
+	// gateway_rate, in_flight.
 	shed *prometheus.CounterVec
 	// tokenChecks counts customer-token checks by where the answer came
 	// from: malformed (no query), refused_cached, cached, queried.
@@ -62,13 +63,13 @@ func newHTTPMetrics(reg *prometheus.Registry) (*httpMetrics, error) {
 	})
 	m.shed = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tally_http_shed_total",
-		Help: "Requests answered at once with 429 (address_rate, token_rate) or 503 (in_flight) instead of being served.",
+		Help: "Requests answered at once instead of being served: 429 (address_rate, address_bodies: too many bodies arriving from one address, token_rate, gateway_rate), 408 (body_timeout: the body did not arrive in time) or 503 (in_flight).",
 	}, []string{"reason"})
 	m.tokenChecks = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tally_api_token_checks_total",
 		Help: "Customer-token checks by outcome: malformed (refused without a query), refused_cached (refused again without a query), cached, queried.",
 	}, []string{"outcome"})
-	for _, r := range []string{"address_rate", "token_rate", "in_flight"} {
+	for _, r := range []string{"address_rate", "address_bodies", "body_timeout", "token_rate", "gateway_rate", "in_flight"} {
 		m.shed.WithLabelValues(r)
 	}
 	for _, o := range []tokens.Check{tokens.Malformed, tokens.RefusedCached, tokens.Cached, tokens.Queried} {

@@ -85,6 +85,7 @@ const (
 	TypeNotReady        = typePrefix + "not-ready"
 	TypeUnavailable     = typePrefix + "unavailable"
 	TypeRateLimited     = typePrefix + "rate-limited"
+	TypeBodyTimeout     = typePrefix + "body-timeout"
 	TypeOverloaded      = typePrefix + "overloaded"
 	TypeInternal        = typePrefix + "internal"
 )

@@ -1,10 +1,17 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
 	"math"
+	"net"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -12,7 +19,6 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5/middleware"
-	"golang.org/x/time/rate"
 )
 
 // knownMethods are the methods a metric label or a log's method field may
@@ -86,17 +92,30 @@ func exempt(r *http.Request) bool {
 }
 
 // shed answers at once, rather than queueing, when the client's address is
-// over its rate (429) or the process already serves MaxInFlight requests
-// (503), both with Retry-After.
+// over its rate or has too many bodies arriving (429), when a body does not
+// arrive within BodyTimeout (408), or when the process already serves
+// MaxInFlight requests (503); 429 and 503 carry Retry-After. Bodies are read whole
+// before a slot is taken: a client trickling its body holds no slot, so
+// no one can stall the grant path by sending slowly. The admin token and
+// gateway tokens this process verified (trusted) are never refused by the
+// per-address bounds: those exist for floods of made-up tokens and
+// unauthenticated work; their callers have a per-token limit instead.
 func (a *API) shed(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if exempt(r) {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if ok, wait := a.addrLimits.allow(clientAddress(r), time.Now()); !ok {
-			a.metrics.shed.WithLabelValues("address_rate").Inc()
-			a.tooMany(w, r, wait, "this client address sends too many requests")
+		trusted := a.trustedCaller(r)
+		addr := clientAddress(r)
+		if !trusted {
+			if ok, wait := a.addrLimits.Allow(addr, time.Now()); !ok {
+				a.metrics.shed.WithLabelValues("address_rate").Inc()
+				a.tooMany(w, r, wait, "this client address sends too many requests")
+				return
+			}
+		}
+		if !a.readBody(w, r, addr, trusted) {
 			return
 		}
 		if a.inFlight != nil {
@@ -115,17 +134,120 @@ func (a *API) shed(next http.Handler) http.Handler {
 	})
 }
 
+// trustedCaller reports whether r carries the admin token or a gateway
+// token this process has verified: checked in memory only (a hash
+// compare, a cache), so that a made-up token costs nothing here. It only
+// exempts r from the per-address bounds; authenticate still checks the
+// token (a revoked one is refused there).
+func (a *API) trustedCaller(r *http.Request) bool {
+	tok, ok := bearer(r)
+	if !ok {
+		return false
+	}
+	h := sha256.Sum256([]byte(tok))
+	if subtle.ConstantTimeCompare(h[:], a.adminHash[:]) == 1 {
+		return true
+	}
+	_, ok = a.gateways.Get(h)
+	return ok
+}
+
+// readBody reads r's body whole, at most MaxBodyBytes, within BodyTimeout,
+// and puts it back in memory; with trusted false it counts against the
+// address's bound of bodies arriving at once. It answers the refusal
+// itself and then reports false. A refusal closes the connection: the
+// rest of a body that did not come is not waited for.
+func (a *API) readBody(w http.ResponseWriter, r *http.Request, addr string, trusted bool) bool {
+	if r.Body == nil || r.Body == http.NoBody {
+		return true
+	}
+	if r.ContentLength > a.maxBody {
+		w.Header().Set("Connection", "close")
+		a.writeError(w, r, &http.MaxBytesError{Limit: a.maxBody})
+		return false
+	}
+	if !trusted {
+		if !a.bodies.acquire(addr) {
+			a.metrics.shed.WithLabelValues("address_bodies").Inc()
+			w.Header().Set("Connection", "close")
+			a.tooMany(w, r, time.Second, "this client address has too many request bodies arriving at once")
+			return false
+		}
+		defer a.bodies.release(addr)
+	}
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Now().Add(a.bodyTimeout)) // not every ResponseWriter can: then only the server's ReadTimeout bounds it
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, a.maxBody))
+	if err != nil {
+		w.Header().Set("Connection", "close")
+		if ne, ok := errors.AsType[net.Error](err); ok && ne.Timeout() {
+			a.metrics.shed.WithLabelValues("body_timeout").Inc()
+			a.writeError(w, r, &Problem{Type: TypeBodyTimeout, Title: "Request body too slow", Status: http.StatusRequestTimeout,
+				Detail: fmt.Sprintf("the request body must arrive within %s", a.bodyTimeout)})
+			return false
+		}
+		a.writeError(w, r, err) // too large (413), or the client went away
+		return false
+	}
+	// The body is in; the handler's time is bounded by RequestTimeout, and
+	// a deadline left behind would end the connection's next reads.
+	_ = rc.SetReadDeadline(time.Time{})
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	return true
+}
+
+// addressBodies counts, per client address, the request bodies being
+// received: entries exist only while a body is, so the map is bounded by
+// the connections open.
+type addressBodies struct {
+	max int // ≤ 0: no bound
+	mu  sync.Mutex
+	m   map[string]int
+}
+
+func (b *addressBodies) acquire(addr string) bool {
+	if b.max <= 0 {
+		return true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.m[addr] >= b.max {
+		return false
+	}
+	b.m[addr]++
+	return true
+}
+
+func (b *addressBodies) release(addr string) {
+	if b.max <= 0 {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.m[addr]--; b.m[addr] <= 0 {
+		delete(b.m, addr)
+	}
+}
+
 // tooMany answers 429 with Retry-After (whole seconds, at least 1).
 func (a *API) tooMany(w http.ResponseWriter, r *http.Request, wait time.Duration, detail string) {
-	secs := int64(math.Ceil(wait.Seconds()))
-	w.Header().Set("Retry-After", strconv.FormatInt(max(1, min(secs, 3600)), 10))
+	w.Header().Set("Retry-After", strconv.FormatInt(retryAfterSeconds(wait), 10))
 	a.writeError(w, r, &Problem{Type: TypeRateLimited, Title: "Too many requests", Status: http.StatusTooManyRequests,
 		Detail: detail + "; retry after the number of seconds in Retry-After"})
 }
 
-// clientAddress is the connection's peer address: never a header, which
-// the client writes. IPv6 peers are grouped by /64, the block one
-// subscriber usually holds.
+// retryAfterSeconds is wait in whole seconds for Retry-After: at least 1,
+// at most an hour.
+func retryAfterSeconds(wait time.Duration) int64 {
+	return max(1, min(int64(math.Ceil(wait.Seconds())), 3600))
+}
+
+// ClientAddress is the address r's per-address limits count against: the
+// connection's peer, never a header, which the client writes. IPv6 peers
+// are grouped by /64, the block one subscriber usually holds.
+func ClientAddress(r *http.Request) string { return clientAddress(r) }
+
 func clientAddress(r *http.Request) string {
 	ap, err := netip.ParseAddrPort(r.RemoteAddr)
 	if err != nil {
@@ -138,68 +260,4 @@ func clientAddress(r *http.Request) string {
 		}
 	}
 	return ip.String()
-}
-
-// rateLimits is a token bucket (golang.org/x/time/rate) per key, in a
-// bounded map: when it is full, half is freed (see evict).
-type rateLimits struct {
-	rate  rate.Limit
-	burst int
-	max   int
-
-	mu sync.Mutex
-	m  map[string]*rate.Limiter
-}
-
-// newRateLimits returns nil (no limit) for a rate ≤ 0.
-func newRateLimits(perSecond float64, burst, maxKeys int) *rateLimits {
-	if perSecond <= 0 {
-		return nil
-	}
-	return &rateLimits{rate: rate.Limit(perSecond), burst: max(1, burst), max: maxKeys, m: map[string]*rate.Limiter{}}
-}
-
-// allow takes one token from key's bucket, or says how long until one is there.
-func (l *rateLimits) allow(key string, now time.Time) (bool, time.Duration) {
-	if l == nil {
-		return true, 0
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	lim, ok := l.m[key]
-	if !ok {
-		if len(l.m) >= l.max {
-			l.evict(now)
-		}
-		lim = rate.NewLimiter(l.rate, l.burst)
-		l.m[key] = lim
-	}
-	if lim.AllowN(now, 1) {
-		return true, 0
-	}
-	missing := 1 - lim.TokensAt(now)
-	return false, time.Duration(missing / float64(l.rate) * float64(time.Second))
-}
-
-func (l *rateLimits) evict(now time.Time) {
-	// Dropping a bucket gives its key a full one. First the buckets that
-	// are full (nothing lost), then those that would allow the next
-	// request anyway (at most a burst given away), and only then others:
-	// a flood of new keys does not reset the keys that are being limited.
-	for _, floor := range []float64{float64(l.burst), 1, math.Inf(-1)} {
-		for k, lim := range l.m { // random order
-			if len(l.m) <= l.max/2 {
-				return
-			}
-			if lim.TokensAt(now) >= floor {
-				delete(l.m, k)
-			}
-		}
-	}
-}
-
-func (l *rateLimits) len() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return len(l.m)
 }

@@ -1,14 +1,11 @@
 package api_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
 	"regexp"
 	"strconv"
@@ -283,52 +280,66 @@ func TestReadyzAnswerReused(t *testing.T) {
 }
 
 // TestOverloadAnswers503: with MaxInFlight requests being served, one more
-// is answered 503 with Retry-After at once; probes still answer.
+// is answered 503 with Retry-After at once; probes still answer. The
+// request in flight is one whose work waits (on a row lock the test
+// holds): a body still arriving holds no slot (TestATricklingBodyHoldsNoSlot).
 func TestOverloadAnswers503(t *testing.T) {
 	t.Parallel()
 	// The address limit off: the polling below must not spend the burst the
 	// request in flight needs on a slow machine.
 	f := newFixtureWith(t, func(c *api.Config) { c.MaxInFlight, c.AddressRate = 1, -1 })
 	f.do("PUT", "/v1/customers/acme", adminToken, map[string]any{"cadence": "monthly"})
-	// A request whose body has not all arrived stays in flight. Written
-	// on a raw connection: an HTTP client may buffer a streamed body's
-	// headers until the body ends.
-	body := `{"cadence":"monthly"}`
-	// send starts the request that stays in flight, and gives the server a
-	// moment to take it in before anything else is sent. If a poll still
-	// held the one slot as it arrived, it was shed (its 503 waits for the
-	// body, so the client cannot tell): after a few seconds without a 503
-	// it is sent again on a new connection.
-	var conn net.Conn
+	ctx := context.Background()
+	tx, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM customers WHERE id = 'acme' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	// send starts the request that waits on the lock; it is in flight once
+	// Postgres shows it waiting (if a poll held the one slot as it arrived,
+	// it was shed, and is sent again).
+	held := make(chan response, 1)
 	send := func() {
-		c, err := net.Dial("tcp", strings.TrimPrefix(f.srv.URL, "http://"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() }) // before the server's Close, which waits for it
-		if _, err := fmt.Fprintf(c, "PUT /v1/customers/acme HTTP/1.1\r\nHost: tally\r\nAuthorization: Bearer %s\r\n"+
-			"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", adminToken, len(body), body[:11]); err != nil {
-			t.Fatal(err)
-		}
-		conn = c
-		time.Sleep(200 * time.Millisecond)
+		go func() {
+			// Not f.do: a failure must not call t.Fatal off the test's goroutine.
+			req := mustRequest(t, "PUT", f.srv.URL+"/v1/customers/acme", `{"cadence":"monthly","anchor_day":2}`)
+			req.Header.Set("Authorization", "Bearer "+adminToken)
+			req.Header.Set("Content-Type", "application/json")
+			res, err := f.srv.Client().Do(req)
+			if err != nil {
+				held <- response{status: -1, body: []byte(err.Error())}
+				return
+			}
+			defer res.Body.Close()
+			b, _ := io.ReadAll(res.Body)
+			held <- response{status: res.StatusCode, body: b}
+		}()
 	}
 	send()
-	var r response
-	resend := time.Now().Add(3 * time.Second)
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		if r = f.do("GET", "/v1/customers/acme", adminToken, nil); r.status == 503 {
+		var waiting bool
+		if err := f.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock')`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting {
 			break
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no 503 while a request is in flight: %d %s", r.status, r.body)
-		}
-		if time.Now().After(resend) {
-			conn.Close()
+		select {
+		case res := <-held:
+			if res.status != 503 {
+				t.Fatalf("the request meant to wait on the lock answered: %d %s", res.status, res.body)
+			}
 			send()
-			resend = time.Now().Add(3 * time.Second)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the request never waited on the lock")
 		}
 	}
+	r := f.do("GET", "/v1/customers/acme", adminToken, nil)
 	r.problem(t, 503, api.TypeOverloaded)
 	if s, err := strconv.Atoi(r.header.Get("Retry-After")); err != nil || s < 1 {
 		t.Fatalf("Retry-After %q", r.header.Get("Retry-After"))
@@ -338,17 +349,11 @@ func TestOverloadAnswers503(t *testing.T) {
 			t.Fatalf("%s while overloaded: %d", p, r.status)
 		}
 	}
-	if _, err := io.WriteString(conn, body[11:]); err != nil {
+	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	_ = conn.SetReadDeadline(time.Now().Add(time.Minute))
-	res, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	res.Body.Close()
-	if res.StatusCode != 200 {
-		t.Fatalf("the request in flight: %d", res.StatusCode)
+	if res := <-held; res.status != 200 && res.status != 201 {
+		t.Fatalf("the request in flight: %d %s", res.status, res.body)
 	}
 	if r := f.do("GET", "/v1/customers/acme", adminToken, nil); r.status != 200 {
 		t.Fatalf("after the load: %d %s", r.status, r.body)
@@ -357,7 +362,8 @@ func TestOverloadAnswers503(t *testing.T) {
 
 // TestRateLimits: per client address (before authentication) and per
 // customer token, each answered 429 with Retry-After; the admin token
-// has no per-token limit; probes are never limited.
+// has no per-token limit and is never refused by the address's; probes
+// are never limited.
 func TestRateLimits(t *testing.T) {
 	t.Parallel()
 	t.Run("address", func(t *testing.T) {
@@ -369,10 +375,15 @@ func TestRateLimits(t *testing.T) {
 				t.Fatalf("request %d: %d", i, r.status)
 			}
 		}
-		r := f.do("GET", "/v1/customers/acme", adminToken, nil)
-		r.problem(t, 429, api.TypeRateLimited)
-		if s, err := strconv.Atoi(r.header.Get("Retry-After")); err != nil || s < 60 {
-			t.Fatalf("Retry-After %q, want about 100", r.header.Get("Retry-After"))
+		for _, tok := range []string{"", "tly_" + strings.Repeat("D", 43), f.token("acme")} {
+			r := f.do("GET", "/v1/customers/acme", tok, nil)
+			r.problem(t, 429, api.TypeRateLimited)
+			if s, err := strconv.Atoi(r.header.Get("Retry-After")); err != nil || s < 60 {
+				t.Fatalf("Retry-After %q, want about 100", r.header.Get("Retry-After"))
+			}
+		}
+		if r := f.do("GET", "/v1/customers/acme", adminToken, nil); r.status != 404 {
+			t.Fatalf("the admin over the address's rate: %d %s", r.status, r.body)
 		}
 		for _, p := range []string{"/healthz", "/readyz"} {
 			if r := f.do("GET", p, "", nil); r.status != 200 {

@@ -76,6 +76,7 @@ func (a *API) routes() http.Handler {
 			r.Get("/tokens", a.handle(a.listTokens))
 			r.Post("/tokens", a.handle(a.createToken))
 			r.Post("/tokens/{id}/revoke", a.handle(a.revokeToken))
+			r.Post("/holders/{holder}/retire", a.handle(a.retireHolder))
 		})
 	})
 	return r

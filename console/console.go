@@ -2,11 +2,13 @@ package console
 
 import (
 	"context"
+	"crypto/rand"
 	"embed"
 	"errors"
 	"html/template"
 	"io/fs"
 	"log/slog"
+	"math"
 	"net/http"
 	"strings"
 	"time"
@@ -17,6 +19,7 @@ import (
 
 	"github.com/tally-ledger/tally/api"
 	"github.com/tally-ledger/tally/ingest"
+	"github.com/tally-ledger/tally/internal/ratelimit"
 	"github.com/tally-ledger/tally/periods"
 )
 
@@ -44,9 +47,20 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// SessionTTL is how long a session lasts after sign-in. Default 8h.
 	SessionTTL time.Duration
-	// MaxSessions bounds the sessions kept; signing in beyond it ends the
-	// oldest. Default 10000.
+	// MaxSessions bounds the sessions kept. When it is full of sessions
+	// that have not expired, a sign-in is refused (503): one token's
+	// sign-ins never end another's sessions. Default 10000.
 	MaxSessions int
+	// MaxSessionsPerToken bounds one token's sessions; its next sign-in
+	// ends its own oldest. Default 20.
+	MaxSessionsPerToken int
+	// SignInsPerToken and SignInsPerAddress limit sign-in attempts per
+	// minute (bursts of as many) with one token, right or wrong, and from
+	// one client address (as the API counts addresses); beyond, the
+	// sign-in is answered 429 with Retry-After. Default 10 and 30;
+	// negative: off.
+	SignInsPerToken   float64
+	SignInsPerAddress float64
 	// RequestTimeout bounds the work of one page. Default 10s.
 	RequestTimeout time.Duration
 	// SecureCookies marks the cookies Secure on every request, not only
@@ -64,8 +78,8 @@ func (c Config) Validate() error {
 	if c.Pool == nil {
 		errs = append(errs, errors.New("console: Pool is required"))
 	}
-	if c.SessionTTL < 0 || c.MaxSessions < 0 || c.RequestTimeout < 0 {
-		errs = append(errs, errors.New("console: SessionTTL, MaxSessions and RequestTimeout must not be negative"))
+	if c.SessionTTL < 0 || c.MaxSessions < 0 || c.MaxSessionsPerToken < 0 || c.RequestTimeout < 0 {
+		errs = append(errs, errors.New("console: SessionTTL, MaxSessions, MaxSessionsPerToken and RequestTimeout must not be negative"))
 	}
 	return errors.Join(errs...)
 }
@@ -87,9 +101,14 @@ type Console struct {
 	timeout  time.Duration
 	secure   bool // cookies Secure on every request
 	sessions *sessions
-	pages    map[string]*template.Template
-	metrics  metrics
-	handler  http.Handler
+	// csrfKey signs the sign-in form's CSRF values: the server chooses
+	// them, and a value it did not issue is refused.
+	csrfKey [32]byte
+	// signInTokens and signInAddrs limit sign-ins (nil: off).
+	signInTokens, signInAddrs *ratelimit.Limits
+	pages                     map[string]*template.Template
+	metrics                   metrics
+	handler                   http.Handler
 }
 
 // New returns the console.
@@ -121,7 +140,20 @@ func New(cfg Config) (*Console, error) {
 	if maxSessions == 0 {
 		maxSessions = 10000
 	}
-	c.sessions = newSessions(ttl, maxSessions)
+	perToken := cfg.MaxSessionsPerToken
+	if perToken == 0 {
+		perToken = 20
+	}
+	c.sessions = newSessions(ttl, maxSessions, perToken)
+	_, _ = rand.Read(c.csrfKey[:]) // never fails (crypto/rand)
+	perMinute := func(n, def float64) *ratelimit.Limits {
+		if n == 0 {
+			n = def
+		}
+		return ratelimit.New(n/60, int(math.Ceil(n)), 100_000)
+	}
+	c.signInTokens = perMinute(cfg.SignInsPerToken, 10)
+	c.signInAddrs = perMinute(cfg.SignInsPerAddress, 30)
 	var err error
 	if c.pages, err = parsePages(); err != nil {
 		return nil, err
@@ -163,6 +195,26 @@ func (c *Console) routes() http.Handler {
 		})
 	})
 	return r
+}
+
+// pageCosts is what a page costs against the viewer's per-token limit:
+// about the reads it makes, so that a page costs what the REST requests
+// for the same answers would. Pages not named cost 1.
+var pageCosts = map[string]int{
+	Prefix + "/":                     5,  // ingest status, dead letters, runs, leader, customers
+	Prefix + "/customers/{customer}": 10, // customer, usage, quotas and each rule's history, periods, grants, budgets
+	Prefix + "/customers/{customer}/periods/{period}": 2,
+	Prefix + "/reconciliations/{id}":                  2,
+}
+
+// pageCost is r's page's cost (r is routed).
+func pageCost(r *http.Request) int {
+	if rc := chi.RouteContext(r.Context()); rc != nil {
+		if n, ok := pageCosts[rc.RoutePattern()]; ok {
+			return n
+		}
+	}
+	return 1
 }
 
 // contentSecurityPolicy allows the console's own stylesheet and forms,
@@ -213,7 +265,7 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) metrics {
 	m := metrics{
 		signIns: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tally_console_sign_ins_total",
-			Help: "Console sign-ins by outcome (admin, customer, refused, csrf)."}, []string{"outcome"}),
+			Help: "Console sign-ins by outcome (admin, customer, refused, csrf, limited: over a sign-in limit, full: no room for a session)."}, []string{"outcome"}),
 		replays: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tally_console_replays_total",
 			Help: "Dead-letter replays from the console by outcome (replayed, refused_again, error)."}, []string{"outcome"}),
 	}

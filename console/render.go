@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"html/template"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/tally-ledger/tally/api"
@@ -108,6 +109,9 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, err error) {
 		c.render(w, r, http.StatusForbidden, "error", errorPage{Title: "Admin only",
 			Detail: "This page names customers: it needs the admin token."})
 	case errors.As(err, &p) && p.Status < 500:
+		if p.RetryAfter != nil {
+			w.Header().Set("Retry-After", strconv.FormatInt(*p.RetryAfter, 10))
+		}
 		c.render(w, r, p.Status, "error", errorPage{Title: p.Title, Detail: p.Detail})
 	case errors.Is(err, periods.ErrUnknownCustomer):
 		c.render(w, r, http.StatusNotFound, "error", errorPage{Title: "Not found", Detail: "customer not found."})

@@ -1,12 +1,20 @@
 package console
 
 import (
+	"cmp"
 	"context"
+	"crypto/hmac"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/base64"
 	"errors"
+	"math"
 	"net/http"
 	"net/url"
+	"path"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -31,10 +39,12 @@ type viewer struct {
 // canRead reports whether v may see customer's pages.
 func (v viewer) canRead(customer string) bool { return v.Admin || v.Customer == customer }
 
-// identify checks a token. It is the console's one call into the token
-// check, kept here so that it can follow the check wherever it lives.
-func (c *Console) identify(ctx context.Context, token string) (viewer, error) {
-	caller, err := c.api.Identify(ctx, token)
+// identify checks a token and takes cost requests from its per-token
+// limit (shared with its REST requests). It is the console's one call into
+// the token check, kept here so that it can follow the check wherever it
+// lives.
+func (c *Console) identify(ctx context.Context, token string, cost int) (viewer, error) {
+	caller, err := c.api.IdentifyCharged(ctx, token, cost)
 	if err != nil {
 		return viewer{}, err
 	}
@@ -60,6 +70,8 @@ func refusedToken(err error) bool {
 // that each request checks it again: revoking it ends the session.
 type session struct {
 	token   string
+	owner   [32]byte // the token's hash: whose session it is
+	seq     uint64   // order of creation: the oldest is ended first
 	csrf    string
 	expires time.Time
 }
@@ -67,37 +79,52 @@ type session struct {
 // sessions are kept in memory: a restart signs everyone out. Behind a
 // load balancer, route a browser to one process (sticky sessions).
 type sessions struct {
-	mu  sync.Mutex
-	m   map[string]*session
-	ttl time.Duration
-	max int
+	mu       sync.Mutex
+	m        map[string]*session
+	ttl      time.Duration
+	max      int
+	perToken int
+	seq      uint64
 }
 
-func newSessions(ttl time.Duration, max int) *sessions {
-	return &sessions{m: map[string]*session{}, ttl: ttl, max: max}
+func newSessions(ttl time.Duration, max, perToken int) *sessions {
+	return &sessions{m: map[string]*session{}, ttl: ttl, max: max, perToken: perToken}
 }
 
-// create starts a session for token and returns its id.
-func (s *sessions) create(token string, now time.Time) (string, *session) {
+// errSessionsFull: the table is full of live sessions; a sign-in never
+// ends another token's session to make room.
+var errSessionsFull = errors.New("console: as many sessions as may be kept are signed in")
+
+// create starts a session for token and returns its id. A token at its
+// own bound ends its oldest session; a full table refuses
+// (errSessionsFull) rather than end another token's.
+func (s *sessions) create(token string, now time.Time) (string, *session, error) {
 	id := rand.Text() + rand.Text() // 260 bits
-	sess := &session{token: token, csrf: rand.Text() + rand.Text(), expires: now.Add(s.ttl)}
+	sess := &session{token: token, owner: sha256.Sum256([]byte(token)), csrf: rand.Text() + rand.Text(), expires: now.Add(s.ttl)}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.m) >= s.max {
-		var oldest string
-		for k, v := range s.m {
-			if !v.expires.After(now) {
-				delete(s.m, k)
-			} else if oldest == "" || v.expires.Before(s.m[oldest].expires) {
-				oldest = k
-			}
-		}
-		if len(s.m) >= s.max {
-			delete(s.m, oldest)
+	s.seq++
+	sess.seq = s.seq
+	var own []string
+	for k, v := range s.m {
+		switch {
+		case !v.expires.After(now):
+			delete(s.m, k)
+		case v.owner == sess.owner:
+			own = append(own, k)
 		}
 	}
+	if len(own) >= s.perToken {
+		slices.SortFunc(own, func(a, b string) int { return cmp.Compare(s.m[a].seq, s.m[b].seq) })
+		for _, k := range own[:len(own)-s.perToken+1] {
+			delete(s.m, k)
+		}
+	}
+	if len(s.m) >= s.max {
+		return "", nil, errSessionsFull
+	}
 	s.m[id] = sess
-	return id, sess
+	return id, sess, nil
 }
 
 func (s *sessions) get(id string, now time.Time) (*session, bool) {
@@ -145,7 +172,7 @@ func (c *Console) authenticate(next http.Handler) http.Handler {
 		var v viewer
 		var err error
 		if sess != nil {
-			v, err = c.identify(r.Context(), sess.token)
+			v, err = c.identify(r.Context(), sess.token, pageCost(r))
 			if err != nil && !refusedToken(err) {
 				c.fail(w, r, err)
 				return
@@ -187,13 +214,26 @@ func (c *Console) checkCSRF(w http.ResponseWriter, r *http.Request, want string)
 }
 
 // safeNext is where to go after sign-in: a console path, never another
-// host.
+// host nor another path of this one. The path is decoded and cleaned
+// before its prefix is checked ("/console/../v1/x" is "/v1/x"), and the
+// cleaned path is what the redirect names.
 func safeNext(next string) string {
-	if !strings.HasPrefix(next, Prefix+"/") || strings.HasPrefix(next, Prefix+"//") ||
-		strings.ContainsAny(next, "\\\r\n") {
-		return Prefix + "/"
+	home := Prefix + "/"
+	if strings.ContainsAny(next, "\\\r\n") || !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") {
+		return home
 	}
-	return next
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" || strings.Contains(u.Path, "//") {
+		return home
+	}
+	clean := path.Clean(u.Path)
+	if strings.HasSuffix(u.Path, "/") && clean != "/" {
+		clean += "/"
+	}
+	if clean != Prefix && !strings.HasPrefix(clean, home) {
+		return home
+	}
+	return (&url.URL{Path: clean, RawQuery: u.RawQuery}).String()
 }
 
 type signInView struct {
@@ -206,12 +246,13 @@ func (c *Console) signInPage(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) showSignIn(w http.ResponseWriter, r *http.Request, status int, problem string) {
-	// One token per browser, kept across reloads and tabs.
+	// One value per browser, kept across reloads and tabs, and always one
+	// the server issued: a cookie the client planted is replaced.
 	token := ""
-	if ck, err := r.Cookie(signInCookie); err == nil && len(ck.Value) == 26 {
+	if ck, err := r.Cookie(signInCookie); err == nil && c.issuedSignIn(ck.Value) {
 		token = ck.Value
 	} else {
-		token = rand.Text()
+		token = c.newSignIn()
 	}
 	http.SetCookie(w, &http.Cookie{Name: signInCookie, Value: token, Path: Prefix + "/sign-in", HttpOnly: true,
 		Secure: c.secureCookie(r), SameSite: http.SameSiteStrictMode, MaxAge: 3600})
@@ -222,11 +263,42 @@ func (c *Console) showSignIn(w http.ResponseWriter, r *http.Request, status int,
 	c.render(w, r, status, "sign-in", signInView{CSRF: token, Next: safeNext(next), Error: problem})
 }
 
+// newSignIn is a sign-in CSRF value: a random nonce and its MAC under the
+// console's key, so that only values the server issued are accepted.
+func (c *Console) newSignIn() string {
+	nonce := rand.Text()
+	return nonce + "." + c.signInMAC(nonce)
+}
+
+// issuedSignIn reports whether v is a value newSignIn returned.
+func (c *Console) issuedSignIn(v string) bool {
+	nonce, mac, ok := strings.Cut(v, ".")
+	return ok && len(nonce) == 26 && hmac.Equal([]byte(mac), []byte(c.signInMAC(nonce)))
+}
+
+func (c *Console) signInMAC(nonce string) string {
+	m := hmac.New(sha256.New, c.csrfKey[:])
+	m.Write([]byte("tally console sign-in\x00" + nonce))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// tooManySignIns answers a sign-in over a limit: 429 with Retry-After.
+func (c *Console) tooManySignIns(w http.ResponseWriter, r *http.Request, wait time.Duration, detail string) {
+	c.metrics.signIns.WithLabelValues("limited").Inc()
+	w.Header().Set("Retry-After", strconv.FormatInt(max(1, int64(math.Ceil(wait.Seconds()))), 10))
+	c.render(w, r, http.StatusTooManyRequests, "error", errorPage{Title: "Too many sign-ins", Detail: detail})
+}
+
 // signIn exchanges a token for a session cookie.
 func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
+	now := time.Now()
+	if ok, wait := c.signInAddrs.Allow(api.ClientAddress(r), now); !ok {
+		c.tooManySignIns(w, r, wait, "This address has tried to sign in too often. Wait a little and try again.")
+		return
+	}
 	pre, err := r.Cookie(signInCookie)
 	want := ""
-	if err == nil {
+	if err == nil && c.issuedSignIn(pre.Value) {
 		want = pre.Value
 	}
 	if !c.checkCSRF(w, r, want) {
@@ -238,7 +310,12 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 		c.showSignIn(w, r, http.StatusBadRequest, "Enter a token: the admin token or a customer token.")
 		return
 	}
-	v, err := c.identify(r.Context(), token)
+	h := sha256.Sum256([]byte(token))
+	if ok, wait := c.signInTokens.Allow(string(h[:]), now); !ok {
+		c.tooManySignIns(w, r, wait, "This token has signed in too often. Wait a little and try again.")
+		return
+	}
+	v, err := c.identify(r.Context(), token, 1)
 	if err != nil {
 		if !refusedToken(err) {
 			c.fail(w, r, err)
@@ -258,7 +335,14 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 		outcome = "admin"
 	}
 	c.metrics.signIns.WithLabelValues(outcome).Inc()
-	id, _ := c.sessions.create(token, c.now())
+	id, _, err := c.sessions.create(token, c.now())
+	if err != nil {
+		c.metrics.signIns.WithLabelValues("full").Inc()
+		w.Header().Set("Retry-After", "60")
+		c.render(w, r, http.StatusServiceUnavailable, "error", errorPage{Title: "Too many sessions",
+			Detail: "As many people as this console keeps sessions for are signed in. Try again later."})
+		return
+	}
 	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: id, Path: Prefix + "/", HttpOnly: true,
 		Secure: c.secureCookie(r), SameSite: http.SameSiteStrictMode, MaxAge: int(c.sessions.ttl.Seconds())})
 	http.SetCookie(w, &http.Cookie{Name: signInCookie, Value: "", Path: Prefix + "/sign-in", MaxAge: -1,

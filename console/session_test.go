@@ -134,6 +134,13 @@ func TestSignInGoesBackOnlyToTheConsole(t *testing.T) {
 		"https://evil.example/console": "/console/",
 		"/console//evil.example":       "/console/",
 		"/console/\\evil.example":      "/console/",
+		// Cleaned before the prefix is checked: dot segments never leave
+		// the console, raw or escaped.
+		"/console/../v1/ingest/status":     "/console/",
+		"/console/%2e%2e/v1/ingest/status": "/console/",
+		"/console/./../../v1/x":            "/console/",
+		"/console/customers/../":           "/console/",
+		"/console/customers/./acme?x=1":    "/console/customers/acme?x=1",
 	} {
 		c := f.client()
 		csrf := hidden(t, f.get(c, "/console/sign-in").body, "csrf")

@@ -99,6 +99,10 @@ partition leases and the enforcer lease.`,
 			}
 			o.pool, o.apiPool, o.enforcePool = pools.ingest, pools.api, pools.enforce
 			limits.addressRate, limits.tokenRate = flagRate(limits.addressRate), flagRate(limits.tokenRate)
+			limits.gatewayRate = flagRate(limits.gatewayRate)
+			if limits.addressBodies == 0 {
+				limits.addressBodies = -1 // 0 on the command line: no bound
+			}
 			o.apiLimits = limits
 			return run(ctx, o)
 		},
@@ -139,6 +143,14 @@ partition leases and the enforcer lease.`,
 	envDefault(f, "api-rate-per-address", "TALLY_API_RATE_PER_ADDRESS")
 	f.Float64Var(&limits.tokenRate, "api-rate-per-token", 20, "requests per second with one customer token, bursts of twice that (429 beyond; 0: off)")
 	envDefault(f, "api-rate-per-token", "TALLY_API_RATE_PER_TOKEN")
+	f.Float64Var(&limits.gatewayRate, "api-rate-per-gateway", 500, "requests per second with one gateway token, bursts of twice that (429 beyond; 0: off); "+
+		"sized for the grant protocol: about one request a second per busy budget a gateway serves")
+	envDefault(f, "api-rate-per-gateway", "TALLY_API_RATE_PER_GATEWAY")
+	f.IntVar(&limits.addressBodies, "api-bodies-per-address", 8, "request bodies one client address may be sending at once (429 beyond; 0: no bound); "+
+		"the admin token and known gateway tokens are not counted")
+	envDefault(f, "api-bodies-per-address", "TALLY_API_BODIES_PER_ADDRESS")
+	f.DurationVar(&limits.bodyTimeout, "api-body-timeout", 5*time.Second, "time a request body may take to arrive (408 beyond); bodies are read before a request takes an in-flight slot")
+	envDefault(f, "api-body-timeout", "TALLY_API_BODY_TIMEOUT")
 	addGroupTimingFlags(f, &o.timings)
 	f.DurationVar(&o.unownedAfter, "ready-unowned-after", api.DefaultUnownedAfter,
 		"/readyz of the API answers 503 while an ingest partition has had no live owner this long (negative: never)")
@@ -251,8 +263,10 @@ func (p *pools) close() {
 // apiLimits are the API's overload answers, as in api.Config: zero values
 // take its defaults, a negative rate is off.
 type apiLimits struct {
-	maxInFlight            int
-	addressRate, tokenRate float64
+	maxInFlight                         int
+	addressRate, tokenRate, gatewayRate float64
+	addressBodies                       int
+	bodyTimeout                         time.Duration
 }
 
 // addMaxSkewFlag adds --grant-max-skew (serve and dev).
@@ -351,6 +365,7 @@ func run(ctx context.Context, o runOptions) error {
 			h, err := api.New(api.Config{Pool: o.apiPool, Ledger: l, AdminToken: o.adminToken, Grace: o.grace,
 				Topic: o.topic, Logger: o.log, Registry: reg,
 				MaxInFlight: o.apiLimits.maxInFlight, AddressRate: o.apiLimits.addressRate, TokenRate: o.apiLimits.tokenRate,
+				GatewayRate: o.apiLimits.gatewayRate, AddressBodies: o.apiLimits.addressBodies, BodyTimeout: o.apiLimits.bodyTimeout,
 				UnownedAfter: o.unownedAfter, MaxSkew: o.maxSkew, ReadyChecks: readyChecks})
 			if err != nil {
 				return err
