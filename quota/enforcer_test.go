@@ -222,7 +222,12 @@ func TestStalledIngestAndUnreadableLedger(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.position(e.now())
-	d = rd.until(5*time.Second, "after recovery", func(received) bool { return true })
+	// The first decision after the rename may still be evaluated against
+	// the position from before it (a minute old, so stale); what must come
+	// is a fresh one, within the wait.
+	d = rd.until(5*time.Second, "fresh after recovery", func(d received) bool {
+		return d.Used.Equal(dec("65")) && !d.Stale(d.DecidedAt)
+	})
 	if !d.Used.Equal(dec("65")) || d.Stale(d.DecidedAt) {
 		t.Errorf("after recovery: %+v", d.Decision)
 	}
