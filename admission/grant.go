@@ -51,9 +51,11 @@ func (s *Store) Renew(ctx context.Context, r Report) (Grant, error) {
 		if g, err = s.fenced(ctx, tx, r, now); err != nil {
 			return err
 		}
-		validUntil := now.Add(r.TTL)
-		if validUntil.After(g.PeriodEnd) {
-			validUntil = g.PeriodEnd
+		// Never past the end of any period the grant drew from: its
+		// customer's and every pool's or the global one's.
+		validUntil := minTime(now.Add(r.TTL), g.PeriodEnd)
+		if g.drawsEnd != nil {
+			validUntil = minTime(validUntil, *g.drawsEnd)
 		}
 		if validUntil.After(g.ValidUntil) {
 			g.ValidUntil = validUntil
@@ -178,7 +180,7 @@ func (s *Store) fenced(ctx context.Context, tx pgx.Tx, r Report, now time.Time) 
 // readErr), its holder's newest generation being current.
 func checkFence(g Grant, readErr error, r Report, current int64) error {
 	if current > r.Generation {
-		return &StaleGenerationError{Holder: r.Holder, Generation: r.Generation, Current: current}
+		return staleGeneration(r.Holder, r.Generation, current)
 	}
 	if readErr != nil {
 		return readErr
@@ -211,7 +213,7 @@ func scanGrant(row pgx.Row, now time.Time) (Grant, error) {
 	var draws []string
 	err := row.Scan(&g.ID, &g.Customer, &g.Meter, &g.PeriodStart, &g.Period, &g.PeriodEnd, &g.RuleVersion,
 		&g.Holder, &g.Generation, numeric(&g.Amount), numeric(&g.Spent), &g.IssuedAt, &g.ValidUntil, &g.ReclaimAt, &g.EndedAt, &reason,
-		&drawsCustomer, &draws)
+		&drawsCustomer, &draws, &g.drawsEnd)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Grant{}, ErrNotFound
 	}
@@ -228,6 +230,10 @@ func scanGrant(row pgx.Row, now time.Time) (Grant, error) {
 	g.Budgets = append(g.Budgets, draws...)
 	g.PeriodStart, g.PeriodEnd, g.IssuedAt = g.PeriodStart.UTC(), g.PeriodEnd.UTC(), g.IssuedAt.UTC()
 	g.ValidUntil, g.ReclaimAt = g.ValidUntil.UTC(), g.ReclaimAt.UTC()
+	if g.drawsEnd != nil {
+		t := g.drawsEnd.UTC()
+		g.drawsEnd = &t
+	}
 	g.State = "live"
 	if g.EndedAt != nil {
 		t := g.EndedAt.UTC()
@@ -283,18 +289,20 @@ type Budget struct {
 // BudgetState is what a customer's, a pool's and the global budget of a
 // period have in common.
 type BudgetState struct {
-	Meter       string          `json:"meter"`
-	Period      string          `json:"period"`
-	PeriodStart time.Time       `json:"period_start"`
-	PeriodEnd   time.Time       `json:"period_end"`
+	Meter       string    `json:"meter"`
+	Period      string    `json:"period"`
+	PeriodStart time.Time `json:"period_start"`
+	PeriodEnd   time.Time `json:"period_end"`
+	// Limit and RuleVersion are those of the rule version in force now, or
+	// at the period's last instant for a period that ended.
 	Limit       decimal.Decimal `json:"limit"`
 	RuleVersion int64           `json:"rule_version"`
 	// Consumed = Σ amount of grants drawn not released + Σ spent of those
 	// released (+, for a pool, what members brought in when they joined or
 	// when the budget was created).
 	Consumed decimal.Decimal `json:"consumed"`
-	// Available = limit - consumed, never negative (as of the last issue's
-	// rule version).
+	// Available = limit - consumed, never negative, by the limit of the
+	// rule version in force (at the period's end, for a period that ended).
 	Available decimal.Decimal `json:"available"`
 	// Live is Σ amount of live grants drawn from it.
 	Live decimal.Decimal `json:"live"`

@@ -365,11 +365,13 @@ func addKeys(args pgx.NamedArgs, p string, customers bool, keys []budgetKey, row
 	args[p+"_names"], args[p+"_limits"], args[p+"_versions"] = names, limits, versions
 }
 
-// knownBudgets are budget rows this Store saw committed: budget rows are
-// never deleted, so a known row needs no insert before it is locked.
+// knownBudgets are budget rows this Store saw committed, with the rule
+// version each was brought to: budget rows are never deleted, so a known
+// row needs no insert before it is locked, and a pool or global row known
+// at the planned version needs no bringing (its meter is locked shared).
 type knownBudgets struct {
 	mu sync.Mutex
-	m  map[budgetKey]struct{}
+	m  map[budgetKey]int64
 }
 
 func (k *knownBudgets) unknown(keys []budgetKey) []budgetKey {
@@ -384,15 +386,34 @@ func (k *knownBudgets) unknown(keys []budgetKey) []budgetKey {
 	return out
 }
 
-func (k *knownBudgets) add(keys []budgetKey) {
+func (k *knownBudgets) version(key budgetKey) (int64, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	v, ok := k.m[key]
+	return v, ok
+}
+
+// add records keys as committed, each at the version its row was read at
+// (-1 when it was not brought to the version in force).
+func (k *knownBudgets) add(rows map[budgetKey]*budgetRow, keys []budgetKey) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.m == nil || len(k.m) > 100_000 {
-		k.m = map[budgetKey]struct{}{}
+		k.m = map[budgetKey]int64{}
 	}
 	for _, key := range keys {
-		k.m[key] = struct{}{}
+		v := rows[key].version
+		if rows[key].stale {
+			v = -1
+		}
+		k.m[key] = v
 	}
+}
+
+func (k *knownBudgets) forget(key budgetKey) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	delete(k.m, key)
 }
 
 // drawnKeys are the budget rows a request draws from, in lock order.

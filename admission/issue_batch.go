@@ -29,14 +29,19 @@ type budgetRow struct {
 	limit    decimal.NullDecimal // the rule in force under the locks
 	version  int64
 	taken    decimal.Decimal
+	// stale: a pool or global row not brought to the version in force
+	// (the batch did not lock its meter exclusively).
+	stale bool
 }
 
 // issueBatch issues a batch of requests. It reads as the protocol:
 //
 //  1. plan every request (reads, no locks: which budgets it draws from);
-//  2. lock in the fixed order and read the state under the locks (one
-//     round trip: holders, customer rows, scope rows, then their consumed
-//     and the rules and memberships in force);
+//  2. lock in the fixed order, bring every budget to the version and
+//     period in force, and read the state under the locks (one round trip:
+//     meters, holders, customer rows, scope rows; then each row brought to
+//     what its period consumed when its rule version changed; then their
+//     consumed and the rules and memberships in force);
 //  3. decide every request in arrival order against running totals, each
 //     all or nothing;
 //  4. write everything set-based (one round trip, with the commit when
@@ -74,8 +79,8 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 	}
 	if ownTx {
 		// Committed: these rows exist for good (budget rows are never deleted).
-		s.known.add(st.newCust)
-		s.known.add(st.newScope)
+		s.known.add(st.rows, st.custKeys)
+		s.known.add(st.rows, st.scopeKeys)
 	}
 	if len(d.refused) > 0 {
 		s.retryAfter(ctx, db, now, d.refused, d.refusedAt, st.rows)
@@ -121,7 +126,10 @@ type batchState struct {
 	// applicable is, per (customer, meter), the pool and global scopes
 	// whose rule in force is exact, read under the locks.
 	applicable map[[2]string][]string
-	args       pgx.NamedArgs
+	// bring are the scope rows the batch may bring to a new rule version:
+	// those of the meters it locks exclusively.
+	bring []budgetKey
+	args  pgx.NamedArgs
 }
 
 // collectBudgets gathers the budget rows, holders and (customer, meter)
@@ -160,6 +168,30 @@ func (s *Store) collectBudgets(batch []*call, plans []plan, now time.Time) *batc
 	st.newCust, st.newScope = s.known.unknown(st.custKeys), s.known.unknown(st.scopeKeys)
 	addKeys(st.args, "ec", true, st.newCust, st.rows)
 	addKeys(st.args, "es", false, st.newScope, st.rows)
+	// A scope row this Store has not seen brought to the planned version
+	// may need bringing: its meter is locked exclusively.
+	exclusive := map[string]bool{}
+	for _, k := range st.scopeKeys {
+		if v, ok := s.known.version(k); !ok || v != st.rows[k].drawn.version {
+			exclusive[k.meter] = true
+		}
+	}
+	for _, k := range st.scopeKeys {
+		if exclusive[k.meter] {
+			st.bring = append(st.bring, k)
+		}
+	}
+	addKeys(st.args, "b", false, st.bring, st.rows)
+	meters := map[string]bool{}
+	for p := range pairs {
+		meters[p[1]] = true
+	}
+	lm := slices.Sorted(maps.Keys(meters))
+	lx := make([]bool, len(lm))
+	for i, m := range lm {
+		lx[i] = exclusive[m]
+	}
+	st.args["lm_meters"], st.args["lm_exclusive"], st.args["exact_scope_lock"] = lm, lx, locks.ExactScope
 	var kc, km []string
 	for p := range pairs {
 		kc, km = append(kc, p[0]), append(km, p[1])
@@ -168,12 +200,15 @@ func (s *Store) collectBudgets(batch []*call, plans []plan, now time.Time) *batc
 	return st
 }
 
-// lockAndRead is the first round trip: it locks holders, customer rows and
-// scope rows in the fixed order (creating the rows not seen yet) and reads,
-// under the locks, the holders' generations, every row's consumed and rule
-// in force, and the scopes that apply to each (customer, meter).
+// lockAndRead is the first round trip: it locks meters, holders, customer
+// rows and scope rows in the fixed order (creating the rows not seen yet),
+// brings the rows whose rule version changed to what their period already
+// consumed, and reads, under the locks, the holders' generations, every
+// row's consumed and rule in force, and the scopes that apply to each
+// (customer, meter).
 func (st *batchState) lockAndRead(ctx context.Context, db batcher) error {
 	b := &pgx.Batch{}
+	b.Queue(qLockMeters, st.args)
 	b.Queue(qLockHolders, st.args).Query(func(r pgx.Rows) error {
 		return scanAll(r, func() error {
 			var h string
@@ -195,6 +230,12 @@ func (st *batchState) lockAndRead(ctx context.Context, db batcher) error {
 	}
 	b.Queue(qLockCustomerBudgets, st.args)
 	b.Queue(qLockScopeBudgets, st.args)
+	b.Queue(qAdoptCustomerGrants, st.args)
+	b.Queue(qBringCustomerBudgets, st.args)
+	if len(st.bring) > 0 {
+		b.Queue(qAdoptScopeGrants, st.args)
+		b.Queue(qBringScopeBudgets, st.args)
+	}
 	b.Queue(qCustomerState, st.args).Query(st.scanCustomerState)
 	b.Queue(qScopeState, st.args).Query(st.scanScopeState)
 	b.Queue(qApplicableNow, st.args).Query(func(r pgx.Rows) error {
@@ -243,8 +284,9 @@ func (st *batchState) scanScopeState(r pgx.Rows) error {
 		var k budgetKey
 		var consumed decimal.Decimal
 		var lim decimal.NullDecimal
+		var brought int64
 		var version *int64
-		if err := r.Scan(&k.scope, &k.meter, &k.start, numeric(&consumed), nullNumeric(&lim), &version); err != nil {
+		if err := r.Scan(&k.scope, &k.meter, &k.start, numeric(&consumed), &brought, nullNumeric(&lim), &version); err != nil {
 			return err
 		}
 		k.start = k.start.UTC()
@@ -255,6 +297,7 @@ func (st *batchState) scanScopeState(r pgx.Rows) error {
 		if lim.Valid {
 			row.limit = lim
 			row.version = *version
+			row.stale = brought != *version
 		}
 		row.consumed = consumed
 		return nil
@@ -303,7 +346,7 @@ func (s *Store) decide(st *batchState, batch []*call, plans []plan) decisions {
 func (s *Store) decideCall(st *batchState, c *call, pl plan) ([]budgetKey, int) {
 	req := c.req
 	if cur := st.holders[req.Holder]; cur > req.Generation {
-		c.err = &StaleGenerationError{Holder: req.Holder, Generation: req.Generation, Current: cur}
+		c.err = staleGeneration(req.Holder, req.Generation, cur)
 		return nil, -1
 	}
 	keys := drawnKeys(pl, req)
@@ -315,6 +358,15 @@ func (s *Store) decideCall(st *batchState, c *call, pl plan) ([]budgetKey, int) 
 	if !stillApplies(pl, keys, st.rows, st.applicable[[2]string{req.Customer, req.Meter}], st.now) {
 		c.err = errReplan
 		return nil, -1
+	}
+	for _, k := range keys {
+		if st.rows[k].stale {
+			// Planned at another rule version than the one in force: the
+			// next attempt locks the meter exclusively and brings the row.
+			s.known.forget(k)
+			c.err = errReplan
+			return nil, -1
+		}
 	}
 	avail, bind := decimal.Decimal{}, -1
 	for j, k := range keys {
