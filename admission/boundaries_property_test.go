@@ -222,8 +222,11 @@ func TestBoundariesProperty(t *testing.T) {
 			return // enough runs: the rest of rapid's checks pass at once
 		}
 		defer func() {
-			if r := recover(); r != nil {
+			r := recover()
+			if rt.Failed() {
 				failing = true // shrink and replay run in full
+			}
+			if r != nil {
 				panic(r)
 			}
 			passed++
