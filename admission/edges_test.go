@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/admission"
@@ -355,5 +356,49 @@ func TestBypassReportIsNeverDroppedSilently(t *testing.T) {
 	}
 	if b := e.budget("acme", "calls"); !b.Bypassed.Equal(d("5")) {
 		t.Fatalf("bypassed %s, want 5", b.Bypassed)
+	}
+}
+
+// Bringing a budget to a new rule version is counted, by kind.
+func TestBroughtBudgetsAreCounted(t *testing.T) {
+	e := newEnv(t)
+	reg := prometheus.NewRegistry()
+	s, err := admission.New(e.pool, admission.Config{Now: e.clock.Now, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	issue := func() {
+		t.Helper()
+		if _, err := s.Issue(context.Background(), admission.IssueRequest{Holder: "gw", Generation: 1, Customer: "acme",
+			Meter: "calls", Amount: d("1")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.rule("acme", "calls", d("100"))
+	e.scopeRule(quota.Global, "calls", d("100"))
+	issue()
+	issue()
+	e.clock.Advance(time.Second)
+	e.scopeRule(quota.Global, "calls", d("90"))
+	issue()
+	brought := func(kind string) float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != "tally_admission_budgets_brought_total" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				if m.GetLabel()[0].GetValue() == kind {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+		return 0
+	}
+	if c, g := brought("customer"), brought("scope"); c != 1 || g != 2 {
+		t.Fatalf("brought customer %v scope %v, want 1 (its first grant) and 2 (first grant, new version)", c, g)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/internal/locks"
@@ -81,6 +82,8 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 		// Committed: these rows exist for good (budget rows are never deleted).
 		s.known.add(st.rows, st.custKeys)
 		s.known.add(st.rows, st.scopeKeys)
+		s.m.brought.WithLabelValues("customer").Add(float64(st.broughtCustomers))
+		s.m.brought.WithLabelValues("scope").Add(float64(st.broughtScopes))
 	}
 	if len(d.refused) > 0 {
 		s.retryAfter(ctx, db, now, d.refused, d.refusedAt, st.rows)
@@ -129,7 +132,9 @@ type batchState struct {
 	// bring are the scope rows the batch may bring to a new rule version:
 	// those of the meters it locks exclusively.
 	bring []budgetKey
-	args  pgx.NamedArgs
+	// brought counts the rows brought to a new rule version, by kind.
+	broughtCustomers, broughtScopes int64
+	args                            pgx.NamedArgs
 }
 
 // collectBudgets gathers the budget rows, holders and (customer, meter)
@@ -231,10 +236,16 @@ func (st *batchState) lockAndRead(ctx context.Context, db batcher) error {
 	b.Queue(qLockCustomerBudgets, st.args)
 	b.Queue(qLockScopeBudgets, st.args)
 	b.Queue(qAdoptCustomerGrants, st.args)
-	b.Queue(qBringCustomerBudgets, st.args)
+	b.Queue(qBringCustomerBudgets, st.args).Exec(func(ct pgconn.CommandTag) error {
+		st.broughtCustomers = ct.RowsAffected()
+		return nil
+	})
 	if len(st.bring) > 0 {
 		b.Queue(qAdoptScopeGrants, st.args)
-		b.Queue(qBringScopeBudgets, st.args)
+		b.Queue(qBringScopeBudgets, st.args).Exec(func(ct pgconn.CommandTag) error {
+			st.broughtScopes = ct.RowsAffected()
+			return nil
+		})
 	}
 	b.Queue(qCustomerState, st.args).Query(st.scanCustomerState)
 	b.Queue(qScopeState, st.args).Query(st.scanScopeState)
