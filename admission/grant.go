@@ -97,6 +97,8 @@ func (s *Store) Release(ctx context.Context, r Report) (Grant, error) {
 	return s.release(ctx, conn, r)
 }
 
+// release is the protocol of one release: begin and lock in the fixed
+// order while reading the fence, check the fence, then write and commit.
 func (s *Store) release(ctx context.Context, db batcher, r Report) (g Grant, err error) {
 	now := s.now()
 	defer func() {
@@ -104,7 +106,25 @@ func (s *Store) release(ctx context.Context, db batcher, r Report) (g Grant, err
 			_, _ = db.Exec(context.WithoutCancel(ctx), "ROLLBACK")
 		}
 	}()
+	g, err = lockRelease(ctx, db, r, now)
+	if err != nil {
+		return Grant{}, err
+	}
+	if err := writeRelease(ctx, db, g, r, now); err != nil {
+		return Grant{}, err
+	}
+	g.Spent, g.EndedAt, g.EndReason, g.State = r.Spent, &now, "released", "ended"
+	return g, nil
+}
+
+// lockRelease is a release's first round trip: it begins the transaction,
+// takes the locks in the fixed order (holder row shared, then, when the
+// report frees capacity, the customer's budget row and the pool and global
+// rows the grant drew from, then the grant) and reads what the fence
+// needs; then it checks the fence.
+func lockRelease(ctx context.Context, db batcher, r Report, now time.Time) (Grant, error) {
 	args := pgx.NamedArgs{"holder": r.Holder, "id": r.Grant, "spent": r.Spent.String()}
+	var g Grant
 	var current int64
 	holderFound := true
 	var gErr error
@@ -139,6 +159,12 @@ func (s *Store) release(ctx context.Context, db batcher, r Report) (g Grant, err
 	if err := checkFence(g, gErr, r, current); err != nil {
 		return Grant{}, err
 	}
+	return g, nil
+}
+
+// writeRelease is a release's second round trip: it ends the grant, frees
+// amount - spent in every budget it drew from, and commits.
+func writeRelease(ctx context.Context, db batcher, g Grant, r Report, now time.Time) error {
 	wb := &pgx.Batch{}
 	wb.Queue(qReleaseGrant, pgx.NamedArgs{"id": g.ID, "spent": r.Spent.String(), "now": now})
 	// Nothing to give back when all was spent: no budget moves (and none
@@ -152,10 +178,9 @@ func (s *Store) release(ctx context.Context, db batcher, r Report) (g Grant, err
 	}
 	wb.Queue("COMMIT")
 	if err := db.SendBatch(ctx, wb).Close(); err != nil {
-		return Grant{}, fmt.Errorf("admission: release grant: %w", err)
+		return fmt.Errorf("admission: release grant: %w", err)
 	}
-	g.Spent, g.EndedAt, g.EndReason, g.State = r.Spent, &now, "released", "ended"
-	return g, nil
+	return nil
 }
 
 // fenced locks the holder row (shared) and the grant, in that order, and
