@@ -394,7 +394,8 @@ func (k *knownBudgets) version(key budgetKey) (int64, bool) {
 }
 
 // add records keys as committed, each at the version its row was read at
-// (-1 when it was not brought to the version in force).
+// (-1 when it was not brought to the version in force, or has no exact
+// rule).
 func (k *knownBudgets) add(rows map[budgetKey]*budgetRow, keys []budgetKey) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -402,8 +403,10 @@ func (k *knownBudgets) add(rows map[budgetKey]*budgetRow, keys []budgetKey) {
 		k.m = map[budgetKey]int64{}
 	}
 	for _, key := range keys {
+		// -1 matches the plan of a customer without an exact rule (its row
+		// only carries the period), and never a version in force.
 		v := rows[key].version
-		if rows[key].stale {
+		if rows[key].stale || !rows[key].limit.Valid {
 			v = -1
 		}
 		k.m[key] = v

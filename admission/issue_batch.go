@@ -30,8 +30,9 @@ type budgetRow struct {
 	limit    decimal.NullDecimal // the rule in force under the locks
 	version  int64
 	taken    decimal.Decimal
-	// stale: a pool or global row not brought to the version in force
-	// (the batch did not lock its meter exclusively).
+	// stale: a row not brought to the version in force (a pool or global
+	// row whose meter the batch did not lock exclusively, a customer row
+	// the batch did not expect to bring).
 	stale bool
 }
 
@@ -130,8 +131,10 @@ type batchState struct {
 	// whose rule in force is exact, read under the locks.
 	applicable map[[2]string][]string
 	// bring are the scope rows the batch may bring to a new rule version:
-	// those of the meters it locks exclusively.
-	bring []budgetKey
+	// those of the meters it locks exclusively; bringCust the customer rows
+	// this Store has not seen at the planned version (every grant of a
+	// customer locks its row, so those need no exclusive lock).
+	bring, bringCust []budgetKey
 	// brought counts the rows brought to a new rule version, by kind.
 	broughtCustomers, broughtScopes int64
 	args                            pgx.NamedArgs
@@ -187,6 +190,12 @@ func (s *Store) collectBudgets(batch []*call, plans []plan, now time.Time) *batc
 		}
 	}
 	addKeys(st.args, "b", false, st.bring, st.rows)
+	for _, k := range st.custKeys {
+		if v, ok := s.known.version(k); !ok || v != st.rows[k].drawn.version {
+			st.bringCust = append(st.bringCust, k)
+		}
+	}
+	addKeys(st.args, "bc", true, st.bringCust, st.rows)
 	meters := map[string]bool{}
 	for p := range pairs {
 		meters[p[1]] = true
@@ -235,11 +244,13 @@ func (st *batchState) lockAndRead(ctx context.Context, db batcher) error {
 	}
 	b.Queue(qLockCustomerBudgets, st.args)
 	b.Queue(qLockScopeBudgets, st.args)
-	b.Queue(qAdoptCustomerGrants, st.args)
-	b.Queue(qBringCustomerBudgets, st.args).Exec(func(ct pgconn.CommandTag) error {
-		st.broughtCustomers = ct.RowsAffected()
-		return nil
-	})
+	if len(st.bringCust) > 0 {
+		b.Queue(qAdoptCustomerGrants, st.args)
+		b.Queue(qBringCustomerBudgets, st.args).Exec(func(ct pgconn.CommandTag) error {
+			st.broughtCustomers = ct.RowsAffected()
+			return nil
+		})
+	}
 	if len(st.bring) > 0 {
 		b.Queue(qAdoptScopeGrants, st.args)
 		b.Queue(qBringScopeBudgets, st.args).Exec(func(ct pgconn.CommandTag) error {
@@ -272,8 +283,9 @@ func (st *batchState) scanCustomerState(r pgx.Rows) error {
 		var consumed decimal.Decimal
 		var lim decimal.NullDecimal
 		var admission *string
+		var brought int64
 		var version *int64
-		if err := r.Scan(&customer, &k.meter, &k.start, numeric(&consumed), nullNumeric(&lim), &version, &admission); err != nil {
+		if err := r.Scan(&customer, &k.meter, &k.start, numeric(&consumed), &brought, nullNumeric(&lim), &version, &admission); err != nil {
 			return err
 		}
 		k.scope, k.start = quota.CustomerScope(customer), k.start.UTC()
@@ -284,6 +296,7 @@ func (st *batchState) scanCustomerState(r pgx.Rows) error {
 		if admission != nil && *admission == string(quota.Exact) {
 			row.limit = lim
 			row.version = *version
+			row.stale = brought != *version
 		}
 		row.consumed = consumed
 		return nil

@@ -161,21 +161,22 @@ const scopeConsumption = `(SELECT coalesce(sum(` + consumptionHead + usageInScop
 // their amount, so their release must free what they did not spend.
 const qAdoptCustomerGrants = `
 UPDATE admission_grants g SET draws_customer = true
-FROM unnest(@c_customers::text[], @c_meters::text[], @c_starts::timestamptz[]) AS k(customer, meter, period_start)
+FROM unnest(@bc_customers::text[], @bc_meters::text[], @bc_starts::timestamptz[]) AS k(customer, meter, period_start)
 JOIN admission_budgets b USING (customer, meter, period_start)
 CROSS JOIN LATERAL quota_rule_in_force(k.customer, k.meter, @now) r
 WHERE (g.customer, g.meter, g.period_start) = (k.customer, k.meter, k.period_start)
   AND r.admission = 'exact' AND b.rule_version <> r.version AND NOT g.draws_customer AND g.ended_at IS NULL`
 
-// qBringCustomerBudgets brings the batch's customer rows whose exact rule
-// in force is not the version they were last brought to. Every grant of a
+// qBringCustomerBudgets brings the customer rows of @bc_ (those this Store
+// has not seen at the planned version) whose exact rule in force is not
+// the version they were last brought to. Every grant of a
 // customer locks its customer row, so no grant of theirs is in flight.
 const qBringCustomerBudgets = `
 UPDATE admission_budgets b
 SET consumed = GREATEST(b.consumed, (SELECT ` + consumptionHead + usageInCustomerPeriod + consumptionTail + `
                                      FROM (SELECT b.customer, b.meter, b.period_start AS lo, b.period_end AS hi) c)),
     "limit" = r."limit", rule_version = r.version, updated_at = @now
-FROM unnest(@c_customers::text[], @c_meters::text[], @c_starts::timestamptz[]) AS k(customer, meter, period_start)
+FROM unnest(@bc_customers::text[], @bc_meters::text[], @bc_starts::timestamptz[]) AS k(customer, meter, period_start)
 CROSS JOIN LATERAL quota_rule_in_force(k.customer, k.meter, @now) r
 WHERE (b.customer, b.meter, b.period_start) = (k.customer, k.meter, k.period_start)
   AND r.admission = 'exact' AND b.rule_version <> r.version`
@@ -222,10 +223,10 @@ WHERE (s.scope, s.meter, s.period_start) = (t.scope, t.meter, t.period_start)`
 // fresh snapshot per statement, so it sees every budget's consumed as of
 // now, and every rule and membership committed before the locks.
 
-// qCustomerState is each customer row's consumed and the customer's rule
-// in force (NULL when there is none).
+// qCustomerState is each customer row's consumed, the version it was
+// brought to, and the customer's rule in force (NULL when there is none).
 const qCustomerState = `
-SELECT b.customer, b.meter, b.period_start, b.consumed, r."limit", r.version, r.admission
+SELECT b.customer, b.meter, b.period_start, b.consumed, b.rule_version, r."limit", r.version, r.admission
 FROM admission_budgets b
 LEFT JOIN LATERAL quota_rule_in_force(b.customer, b.meter, @now) r ON true
 WHERE (b.customer, b.meter, b.period_start) IN
