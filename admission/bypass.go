@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/amount"
@@ -57,6 +59,9 @@ func (r BypassReport) Validate() error {
 		if it.Admissions < 1 {
 			errs = append(errs, &FieldError{Field: f + "admissions", Detail: "must be positive"})
 		}
+		if slices.ContainsFunc(r.Items[:i], func(o BypassItem) bool { return o.Customer == it.Customer && o.Meter == it.Meter }) {
+			errs = append(errs, &FieldError{Field: f + "meter", Detail: fmt.Sprintf("%s/%s is reported twice: one item per customer and meter", it.Customer, it.Meter)})
+		}
 		if it.FirstAt.IsZero() || it.LastAt.Before(it.FirstAt) {
 			errs = append(errs, &FieldError{Field: f + "last_at", Detail: "first_at is required and last_at must not be before it"})
 		}
@@ -65,34 +70,104 @@ func (r BypassReport) Validate() error {
 }
 
 // RecordBypasses stores a bypass report, each item in the period and rule
-// version in force at its first admission. A report id already stored is
-// not counted twice. Bypasses are recorded from any generation: a restarted
-// holder reports what its earlier generation kept on disk.
+// version in force at its first admission. The same report sent again (a
+// retry) is stored once. A report id the holder already used for a report
+// of other content is refused with *BypassConflictError, never dropped: a
+// holder that lost its state may reuse ids, and what it reports must not
+// vanish. Bypasses are recorded from any generation: a restarted holder
+// reports what its earlier generation kept on disk.
 func (s *Store) RecordBypasses(ctx context.Context, r BypassReport) error {
 	if err := r.Validate(); err != nil {
 		return err
 	}
 	now := s.now()
-	return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		for _, it := range r.Items {
-			p, err := periodAt(ctx, tx, it.Customer, it.FirstAt)
-			if err != nil {
-				return err
-			}
-			var version int64
-			if rule, err := exactRule(ctx, tx, it.Customer, it.Meter, it.FirstAt); err == nil {
-				version = rule.Version
-			} else if _, ok := errors.AsType[*NotExactError](err); !ok {
-				return err
-			}
-			_, err = tx.Exec(ctx, qInsertBypass, pgx.NamedArgs{"holder": r.Holder, "report_id": r.ReportID,
-				"customer": it.Customer, "meter": it.Meter, "period_start": p.Start.UTC(), "period": p.Name,
-				"rule_version": version, "generation": r.Generation, "amount": it.Amount.String(),
-				"admissions": it.Admissions, "first_at": it.FirstAt.UTC(), "last_at": it.LastAt.UTC(), "now": now})
-			if err != nil {
-				return fmt.Errorf("admission: record bypass: %w", err)
-			}
+	var err error
+	// Twice at most: a concurrent copy of the same report that commits
+	// first makes this one's insert conflict, and the second attempt
+	// finds it stored.
+	for range 2 {
+		err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error { return s.recordBypasses(ctx, tx, r, now) })
+		if pgErr, ok := errors.AsType[*pgconn.PgError](err); !ok || pgErr.Code != uniqueViolation {
+			return err
 		}
-		return nil
+	}
+	return &BypassConflictError{Holder: r.Holder, ReportID: r.ReportID}
+}
+
+// uniqueViolation is Postgres's SQLSTATE for a unique key already taken.
+const uniqueViolation = "23505"
+
+// bypassRow is one stored item of a report.
+type bypassRow struct {
+	customer, meter string
+	periodStart     time.Time
+	amount          decimal.Decimal
+	admissions      int64
+	firstAt, lastAt time.Time
+}
+
+func (b bypassRow) same(o bypassRow) bool {
+	return b.customer == o.customer && b.meter == o.meter && b.periodStart.Equal(o.periodStart) && b.amount.Equal(o.amount) &&
+		b.admissions == o.admissions && b.firstAt.Equal(o.firstAt) && b.lastAt.Equal(o.lastAt)
+}
+
+func (s *Store) recordBypasses(ctx context.Context, tx pgx.Tx, r BypassReport, now time.Time) error {
+	rows, err := tx.Query(ctx, qStoredBypassReport, pgx.NamedArgs{"holder": r.Holder, "report_id": r.ReportID})
+	if err != nil {
+		return fmt.Errorf("admission: read bypass report: %w", err)
+	}
+	stored, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (bypassRow, error) {
+		var b bypassRow
+		err := row.Scan(&b.customer, &b.meter, &b.periodStart, numeric(&b.amount), &b.admissions, &b.firstAt, &b.lastAt)
+		return b, err
 	})
+	if err != nil {
+		return fmt.Errorf("admission: read bypass report: %w", err)
+	}
+	items := make([]bypassRow, len(r.Items))
+	versions := make([]int64, len(r.Items))
+	names := make([]string, len(r.Items))
+	for i, it := range r.Items {
+		p, err := periodAt(ctx, tx, it.Customer, it.FirstAt)
+		if err != nil {
+			return err
+		}
+		if rule, err := exactRule(ctx, tx, it.Customer, it.Meter, it.FirstAt); err == nil {
+			versions[i] = rule.Version
+		} else if _, ok := errors.AsType[*NotExactError](err); !ok {
+			return err
+		}
+		items[i] = bypassRow{customer: it.Customer, meter: it.Meter, periodStart: p.Start.UTC(), amount: it.Amount,
+			admissions: it.Admissions, firstAt: it.FirstAt.UTC().Truncate(time.Microsecond), lastAt: it.LastAt.UTC().Truncate(time.Microsecond)}
+		names[i] = p.Name
+	}
+	if len(stored) > 0 {
+		if sameReport(stored, items) {
+			return nil // a retry of a stored report
+		}
+		return &BypassConflictError{Holder: r.Holder, ReportID: r.ReportID}
+	}
+	for i, it := range items {
+		_, err = tx.Exec(ctx, qInsertBypass, pgx.NamedArgs{"holder": r.Holder, "report_id": r.ReportID,
+			"customer": it.customer, "meter": it.meter, "period_start": it.periodStart, "period": names[i],
+			"rule_version": versions[i], "generation": r.Generation, "amount": it.amount.String(),
+			"admissions": it.admissions, "first_at": it.firstAt, "last_at": it.lastAt, "now": now})
+		if err != nil {
+			return fmt.Errorf("admission: record bypass: %w", err)
+		}
+	}
+	return nil
+}
+
+// sameReport says whether stored and items are the same items, in any order.
+func sameReport(stored, items []bypassRow) bool {
+	if len(stored) != len(items) {
+		return false
+	}
+	for _, it := range items {
+		if !slices.ContainsFunc(stored, it.same) {
+			return false
+		}
+	}
+	return true
 }

@@ -47,7 +47,8 @@
 //     nothing: taken from all in one transaction, or from none. Release
 //     frees amount - spent in each; expiry counts it fully spent in each.
 //
-//   - Locks are taken in one order everywhere: holder rows (sorted),
+//   - Locks are taken in one order everywhere: the meters' advisory locks
+//     (locks.ExactScope, sorted; issuing only), holder rows (sorted),
 //     customer budget rows (sorted), pool and global budget rows sorted by
 //     (scope, meter, period), grant rows. So no two transactions deadlock.
 //
@@ -57,9 +58,20 @@
 //     locks and checked under them (rules in force, memberships, periods);
 //     a stale plan is made again, never used to decide.
 //
-//   - Joining a pool, or a pool or global budget created mid-period, never
-//     hands out a fresh allowance: the budget counts what its members
-//     consumed this period.
+//   - The rule version in force is quota's one definition (the SQL
+//     functions quota_rule_in_force and quota_scope_rule_in_force): the
+//     latest effective_at not after the instant, ties by the higher version.
+//
+//   - Every budget counts in its own period (a customer's calendar; monthly
+//     UTC for pools and global), never a member's. A budget row records the
+//     rule version it was brought to; before anything is decided on a row
+//     whose version in force is another (new, changed, turned exact
+//     mid-period or again), it is brought to at least what its period
+//     already consumed (its members' grants of the period and metered usage
+//     they and bypasses do not explain), and the live grants so counted are
+//     recorded as drawn from it. So no rule change, mode switch, join or
+//     rejoin hands out a fresh allowance. Bringing a pool or global row
+//     locks its meter exclusively, after every grant in flight on it.
 //
 // Times come from Config.Now (the API's clock), never from Postgres, so
 // tests control expiry exactly.

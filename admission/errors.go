@@ -67,14 +67,38 @@ func (e *NotExactError) Error() string {
 
 // StaleGenerationError: the holder has shown a newer generation; the older
 // one is refused everything.
+//
+// Next is the generation a holder that lost its state recovers with
+// (docs/gateways-exact.md): one above every generation stored. Only a holder
+// that has not been issued anything under Generation since it started may
+// take it; a running holder that is refused is the older incarnation, and
+// must stop, not leapfrog the newer one.
 type StaleGenerationError struct {
 	Holder     string
 	Generation int64
 	Current    int64
+	Next       int64
+}
+
+func staleGeneration(holder string, generation, current int64) *StaleGenerationError {
+	return &StaleGenerationError{Holder: holder, Generation: generation, Current: current, Next: current + 1}
 }
 
 func (e *StaleGenerationError) Error() string {
-	return fmt.Sprintf("admission: holder %s generation %d is older than its generation %d", e.Holder, e.Generation, e.Current)
+	return fmt.Sprintf("admission: holder %s generation %d is older than its generation %d (a holder that lost its state starts again at %d)",
+		e.Holder, e.Generation, e.Current, e.Next)
+}
+
+// BypassConflictError: a bypass report id the holder already used for a
+// report of other content. The report is not stored; resending it under a
+// new id stores it.
+type BypassConflictError struct {
+	Holder   string
+	ReportID string
+}
+
+func (e *BypassConflictError) Error() string {
+	return fmt.Sprintf("admission: holder %s already reported other bypasses under report id %q", e.Holder, e.ReportID)
 }
 
 // GenerationJumpError refuses a generation more than MaxGenerationStep

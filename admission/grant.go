@@ -51,9 +51,11 @@ func (s *Store) Renew(ctx context.Context, r Report) (Grant, error) {
 		if g, err = s.fenced(ctx, tx, r, now); err != nil {
 			return err
 		}
-		validUntil := now.Add(r.TTL)
-		if validUntil.After(g.PeriodEnd) {
-			validUntil = g.PeriodEnd
+		// Never past the end of any period the grant drew from: its
+		// customer's and every pool's or the global one's.
+		validUntil := minTime(now.Add(r.TTL), g.PeriodEnd)
+		if g.drawsEnd != nil {
+			validUntil = minTime(validUntil, *g.drawsEnd)
 		}
 		if validUntil.After(g.ValidUntil) {
 			g.ValidUntil = validUntil
@@ -95,6 +97,8 @@ func (s *Store) Release(ctx context.Context, r Report) (Grant, error) {
 	return s.release(ctx, conn, r)
 }
 
+// release is the protocol of one release: begin and lock in the fixed
+// order while reading the fence, check the fence, then write and commit.
 func (s *Store) release(ctx context.Context, db batcher, r Report) (g Grant, err error) {
 	now := s.now()
 	defer func() {
@@ -102,7 +106,25 @@ func (s *Store) release(ctx context.Context, db batcher, r Report) (g Grant, err
 			_, _ = db.Exec(context.WithoutCancel(ctx), "ROLLBACK")
 		}
 	}()
+	g, err = lockRelease(ctx, db, r, now)
+	if err != nil {
+		return Grant{}, err
+	}
+	if err := writeRelease(ctx, db, g, r, now); err != nil {
+		return Grant{}, err
+	}
+	g.Spent, g.EndedAt, g.EndReason, g.State = r.Spent, &now, "released", "ended"
+	return g, nil
+}
+
+// lockRelease is a release's first round trip: it begins the transaction,
+// takes the locks in the fixed order (holder row shared, then, when the
+// report frees capacity, the customer's budget row and the pool and global
+// rows the grant drew from, then the grant) and reads what the fence
+// needs; then it checks the fence.
+func lockRelease(ctx context.Context, db batcher, r Report, now time.Time) (Grant, error) {
 	args := pgx.NamedArgs{"holder": r.Holder, "id": r.Grant, "spent": r.Spent.String()}
+	var g Grant
 	var current int64
 	holderFound := true
 	var gErr error
@@ -137,6 +159,12 @@ func (s *Store) release(ctx context.Context, db batcher, r Report) (g Grant, err
 	if err := checkFence(g, gErr, r, current); err != nil {
 		return Grant{}, err
 	}
+	return g, nil
+}
+
+// writeRelease is a release's second round trip: it ends the grant, frees
+// amount - spent in every budget it drew from, and commits.
+func writeRelease(ctx context.Context, db batcher, g Grant, r Report, now time.Time) error {
 	wb := &pgx.Batch{}
 	wb.Queue(qReleaseGrant, pgx.NamedArgs{"id": g.ID, "spent": r.Spent.String(), "now": now})
 	// Nothing to give back when all was spent: no budget moves (and none
@@ -150,10 +178,9 @@ func (s *Store) release(ctx context.Context, db batcher, r Report) (g Grant, err
 	}
 	wb.Queue("COMMIT")
 	if err := db.SendBatch(ctx, wb).Close(); err != nil {
-		return Grant{}, fmt.Errorf("admission: release grant: %w", err)
+		return fmt.Errorf("admission: release grant: %w", err)
 	}
-	g.Spent, g.EndedAt, g.EndReason, g.State = r.Spent, &now, "released", "ended"
-	return g, nil
+	return nil
 }
 
 // fenced locks the holder row (shared) and the grant, in that order, and
@@ -178,7 +205,7 @@ func (s *Store) fenced(ctx context.Context, tx pgx.Tx, r Report, now time.Time) 
 // readErr), its holder's newest generation being current.
 func checkFence(g Grant, readErr error, r Report, current int64) error {
 	if current > r.Generation {
-		return &StaleGenerationError{Holder: r.Holder, Generation: r.Generation, Current: current}
+		return staleGeneration(r.Holder, r.Generation, current)
 	}
 	if readErr != nil {
 		return readErr
@@ -211,7 +238,7 @@ func scanGrant(row pgx.Row, now time.Time) (Grant, error) {
 	var draws []string
 	err := row.Scan(&g.ID, &g.Customer, &g.Meter, &g.PeriodStart, &g.Period, &g.PeriodEnd, &g.RuleVersion,
 		&g.Holder, &g.Generation, numeric(&g.Amount), numeric(&g.Spent), &g.IssuedAt, &g.ValidUntil, &g.ReclaimAt, &g.EndedAt, &reason,
-		&drawsCustomer, &draws)
+		&drawsCustomer, &draws, &g.drawsEnd)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Grant{}, ErrNotFound
 	}
@@ -228,6 +255,10 @@ func scanGrant(row pgx.Row, now time.Time) (Grant, error) {
 	g.Budgets = append(g.Budgets, draws...)
 	g.PeriodStart, g.PeriodEnd, g.IssuedAt = g.PeriodStart.UTC(), g.PeriodEnd.UTC(), g.IssuedAt.UTC()
 	g.ValidUntil, g.ReclaimAt = g.ValidUntil.UTC(), g.ReclaimAt.UTC()
+	if g.drawsEnd != nil {
+		t := g.drawsEnd.UTC()
+		g.drawsEnd = &t
+	}
 	g.State = "live"
 	if g.EndedAt != nil {
 		t := g.EndedAt.UTC()
@@ -283,18 +314,20 @@ type Budget struct {
 // BudgetState is what a customer's, a pool's and the global budget of a
 // period have in common.
 type BudgetState struct {
-	Meter       string          `json:"meter"`
-	Period      string          `json:"period"`
-	PeriodStart time.Time       `json:"period_start"`
-	PeriodEnd   time.Time       `json:"period_end"`
+	Meter       string    `json:"meter"`
+	Period      string    `json:"period"`
+	PeriodStart time.Time `json:"period_start"`
+	PeriodEnd   time.Time `json:"period_end"`
+	// Limit and RuleVersion are those of the rule version in force now, or
+	// at the period's last instant for a period that ended.
 	Limit       decimal.Decimal `json:"limit"`
 	RuleVersion int64           `json:"rule_version"`
 	// Consumed = Σ amount of grants drawn not released + Σ spent of those
 	// released (+, for a pool, what members brought in when they joined or
 	// when the budget was created).
 	Consumed decimal.Decimal `json:"consumed"`
-	// Available = limit - consumed, never negative (as of the last issue's
-	// rule version).
+	// Available = limit - consumed, never negative, by the limit of the
+	// rule version in force (at the period's end, for a period that ended).
 	Available decimal.Decimal `json:"available"`
 	// Live is Σ amount of live grants drawn from it.
 	Live decimal.Decimal `json:"live"`

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -16,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 
-	"github.com/tally-ledger/tally/internal/locks"
 	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/quota"
 )
@@ -355,286 +353,6 @@ func (s *Store) issueOwnTx(ctx context.Context, batch []*call) error {
 	return err
 }
 
-// key of a budget row.
-type budgetKey struct {
-	scope string // customer:<id>, pool:<name> or global
-	meter string
-	start time.Time
-}
-
-type budgetRow struct {
-	drawn    drawn
-	customer string // for customer rows
-	meter    string
-	consumed decimal.Decimal
-	limit    decimal.NullDecimal // the rule in force under the locks
-	version  int64
-	taken    decimal.Decimal
-}
-
-// issueBatch issues a batch of requests: plan them (reads, no locks), then
-// one round trip that locks holders, customer rows and scope rows in the
-// fixed order and reads the state under the locks, decide every request in
-// arrival order against running totals (each all or nothing), and one
-// round trip that writes everything set-based (and commits, when ownTx).
-// A request whose plan no longer matches the rules and memberships under
-// the locks gets errReplan. The returned error fails the whole batch.
-func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []*call) (err error) {
-	now := s.now()
-	plans := make([]plan, len(batch))
-	planned := map[string]int{} // one plan per customer, meter and subset
-	live := batch[:0:0]
-	for i, c := range batch {
-		if c.plan != nil && c.plan.custPeriod.Contains(now) {
-			plans[i] = *c.plan
-			live = append(live, c)
-			continue
-		}
-		k := planKey(c.req)
-		if j, ok := planned[k]; ok {
-			plans[i] = plans[j]
-			live = append(live, c)
-			continue
-		}
-		if plans[i], c.err = planIssue(ctx, db, c.req, now); c.err == nil {
-			planned[k] = i
-			live = append(live, c)
-		}
-	}
-	if len(live) == 0 {
-		return nil
-	}
-	rows := map[budgetKey]*budgetRow{}
-	var custKeys, scopeKeys []budgetKey
-	holders := map[string]int64{}
-	pairs := map[[2]string]bool{}
-	for i, c := range batch {
-		if c.err != nil {
-			continue
-		}
-		pl := plans[i]
-		holders[c.req.Holder] = 0
-		pairs[[2]string{c.req.Customer, c.req.Meter}] = true
-		ck := budgetKey{quota.CustomerScope(c.req.Customer), c.req.Meter, pl.custPeriod.Start.UTC()}
-		if rows[ck] == nil {
-			rows[ck] = &budgetRow{customer: c.req.Customer, meter: c.req.Meter,
-				drawn: drawn{scope: ck.scope, period: pl.custPeriod, limit: pl.rule.Limit, version: pl.rule.Version}}
-			if !pl.customerExact {
-				rows[ck].drawn.version = -1 // no exact rule: the row's limit stays NULL
-			}
-			custKeys = append(custKeys, ck)
-		}
-		for _, d := range pl.scopes {
-			sk := budgetKey{d.scope, c.req.Meter, d.period.Start.UTC()}
-			if rows[sk] == nil {
-				rows[sk] = &budgetRow{meter: c.req.Meter, drawn: d}
-				scopeKeys = append(scopeKeys, sk)
-			}
-		}
-	}
-	args := pgx.NamedArgs{"now": now, "holders": slices.Sorted(maps.Keys(holders))}
-	addKeys(args, "c", true, custKeys, rows)
-	addKeys(args, "s", false, scopeKeys, rows)
-	newCust, newScope := s.known.unknown(custKeys), s.known.unknown(scopeKeys)
-	addKeys(args, "ec", true, newCust, rows)
-	addKeys(args, "es", false, newScope, rows)
-	var kc, km []string
-	for p := range pairs {
-		kc, km = append(kc, p[0]), append(km, p[1])
-	}
-	args["k_customers"], args["k_meters"] = kc, km
-
-	if ownTx {
-		if _, err := db.Exec(ctx, "BEGIN"); err != nil {
-			return fmt.Errorf("admission: issue: %w", err)
-		}
-		defer func() {
-			if err != nil {
-				_, _ = db.Exec(context.WithoutCancel(ctx), "ROLLBACK")
-			}
-		}()
-	}
-	applicable := map[[2]string][]string{}
-	b := &pgx.Batch{}
-	b.Queue(qLockHolders, args).Query(func(r pgx.Rows) error {
-		return scanAll(r, func() error {
-			var h string
-			var g int64
-			if err := r.Scan(&h, &g); err != nil {
-				return err
-			}
-			holders[h] = g
-			return nil
-		})
-	})
-	if len(newCust) > 0 {
-		// A grant refers to its customer, which exists from now on (a
-		// customer drawing only from a pool or the global budget may have
-		// nothing else yet). Before the membership lock, as a pool's join
-		// writes its members before taking that lock exclusively.
-		fresh := make([]string, len(newCust))
-		for i, k := range newCust {
-			fresh[i] = rows[k].customer
-		}
-		periods.QueueCreateCustomers(b, slices.Compact(slices.Sorted(slices.Values(fresh))))
-		args["membership_lock"] = locks.PoolMembership
-		b.Queue(qLockNewCustomersShared, args)
-		b.Queue(qEnsureCustomerBudgets, args)
-	}
-	if len(newScope) > 0 {
-		b.Queue(qEnsureScopeBudgets, args)
-	}
-	b.Queue(qLockCustomerBudgets, args)
-	b.Queue(qLockScopeBudgets, args)
-	b.Queue(qCustomerState, args).Query(func(r pgx.Rows) error {
-		return scanAll(r, func() error {
-			var k budgetKey
-			var customer string
-			var consumed decimal.Decimal
-			var lim decimal.NullDecimal
-			var admission *string
-			var version *int64
-			if err := r.Scan(&customer, &k.meter, &k.start, numeric(&consumed), nullNumeric(&lim), &version, &admission); err != nil {
-				return err
-			}
-			k.scope, k.start = quota.CustomerScope(customer), k.start.UTC()
-			row := rows[k]
-			if row == nil {
-				return fmt.Errorf("unexpected budget %v", k)
-			}
-			if admission != nil && *admission == string(quota.Exact) {
-				row.limit = lim
-				row.version = *version
-			}
-			row.consumed = consumed
-			return nil
-		})
-	})
-	b.Queue(qScopeState, args).Query(func(r pgx.Rows) error {
-		return scanAll(r, func() error {
-			var k budgetKey
-			var consumed decimal.Decimal
-			var lim decimal.NullDecimal
-			var version *int64
-			if err := r.Scan(&k.scope, &k.meter, &k.start, numeric(&consumed), nullNumeric(&lim), &version); err != nil {
-				return err
-			}
-			k.start = k.start.UTC()
-			row := rows[k]
-			if row == nil {
-				return fmt.Errorf("unexpected budget %v", k)
-			}
-			if lim.Valid {
-				row.limit = lim
-				row.version = *version
-			}
-			row.consumed = consumed
-			return nil
-		})
-	})
-	b.Queue(qApplicableNow, args).Query(func(r pgx.Rows) error {
-		return scanAll(r, func() error {
-			var c, m, scope string
-			if err := r.Scan(&c, &m, &scope); err != nil {
-				return err
-			}
-			applicable[[2]string{c, m}] = append(applicable[[2]string{c, m}], scope)
-			return nil
-		})
-	})
-	if err := db.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("admission: issue: %w", err)
-	}
-
-	// Decide, in arrival order, each all or nothing.
-	stored := maps.Clone(holders)
-	w := newWrites()
-	var refused []*call
-	var refusedAt []budgetKey
-	var issued []*call
-	var issuedKeys [][]budgetKey
-	for i, c := range batch {
-		if c.err != nil {
-			continue
-		}
-		pl, req := plans[i], c.req
-		if cur := holders[req.Holder]; cur > req.Generation {
-			c.err = &StaleGenerationError{Holder: req.Holder, Generation: req.Generation, Current: cur}
-			continue
-		} else if req.Generation-cur > MaxGenerationStep {
-			c.err = &GenerationJumpError{Holder: req.Holder, Generation: req.Generation, Current: cur}
-			continue
-		}
-		keys := drawnKeys(pl, req)
-		cust := rows[budgetKey{quota.CustomerScope(req.Customer), req.Meter, pl.custPeriod.Start.UTC()}]
-		if !pl.subset && cust.limit.Valid != pl.drawsCustomer {
-			c.err = errReplan // the customer's rule became exact, or stopped being
-			continue
-		}
-		if !stillApplies(pl, keys, rows, applicable[[2]string{req.Customer, req.Meter}], now) {
-			c.err = errReplan
-			continue
-		}
-		avail, bind := decimal.Decimal{}, -1
-		for j, k := range keys {
-			r := rows[k]
-			a := decimal.Max(decimal.Zero, r.limit.Decimal.Sub(r.consumed.Add(r.taken)))
-			if bind < 0 || a.LessThan(avail) {
-				avail, bind = a, j
-			}
-		}
-		amt := req.Amount
-		if avail.LessThan(amt) {
-			if !req.MinAmount.Valid || avail.LessThan(req.MinAmount.Decimal) {
-				c.err = &BudgetExhaustedError{Binding: keys[bind].scope + "/" + req.Meter, Available: avail}
-				refused, refusedAt = append(refused, c), append(refusedAt, keys[bind])
-				continue
-			}
-			amt = avail
-		}
-		for _, k := range keys {
-			rows[k].taken = rows[k].taken.Add(amt)
-		}
-		holders[req.Holder] = req.Generation
-		c.grant = s.newGrant(req, pl, amt, now)
-		if !pl.drawsCustomer {
-			c.grant.drawsCustomer = false
-		}
-		w.add(c.grant, keys, req.Generation > stored[req.Holder])
-		issued, issuedKeys = append(issued, c), append(issuedKeys, keys)
-	}
-	// What the drawn budgets have left once the whole batch is taken.
-	for i, c := range issued {
-		var left decimal.Decimal
-		for j, k := range issuedKeys[i] {
-			r := rows[k]
-			if a := decimal.Max(decimal.Zero, r.limit.Decimal.Sub(r.consumed.Add(r.taken))); j == 0 || a.LessThan(left) {
-				left = a
-			}
-		}
-		c.grant.Available = decimal.NewNullDecimal(left)
-	}
-	wb := w.batch(now, rows, custKeys, scopeKeys)
-	if ownTx {
-		wb.Queue("COMMIT")
-	}
-	if err := db.SendBatch(ctx, wb).Close(); err != nil {
-		for _, c := range batch {
-			c.grant = Grant{}
-		}
-		return fmt.Errorf("admission: issue: %w", err)
-	}
-	if ownTx {
-		// Committed: these rows exist for good (budget rows are never deleted).
-		s.known.add(newCust)
-		s.known.add(newScope)
-	}
-	if len(refused) > 0 {
-		s.retryAfter(ctx, db, now, refused, refusedAt, rows)
-	}
-	return nil
-}
-
 func scanAll(r pgx.Rows, f func() error) error {
 	for r.Next() {
 		if err := f(); err != nil {
@@ -672,11 +390,13 @@ func addKeys(args pgx.NamedArgs, p string, customers bool, keys []budgetKey, row
 	args[p+"_names"], args[p+"_limits"], args[p+"_versions"] = names, limits, versions
 }
 
-// knownBudgets are budget rows this Store saw committed: budget rows are
-// never deleted, so a known row needs no insert before it is locked.
+// knownBudgets are budget rows this Store saw committed, with the rule
+// version each was brought to: budget rows are never deleted, so a known
+// row needs no insert before it is locked, and a pool or global row known
+// at the planned version needs no bringing (its meter is locked shared).
 type knownBudgets struct {
 	mu sync.Mutex
-	m  map[budgetKey]struct{}
+	m  map[budgetKey]int64
 }
 
 func (k *knownBudgets) unknown(keys []budgetKey) []budgetKey {
@@ -691,15 +411,37 @@ func (k *knownBudgets) unknown(keys []budgetKey) []budgetKey {
 	return out
 }
 
-func (k *knownBudgets) add(keys []budgetKey) {
+func (k *knownBudgets) version(key budgetKey) (int64, bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	v, ok := k.m[key]
+	return v, ok
+}
+
+// add records keys as committed, each at the version its row was read at
+// (-1 when it was not brought to the version in force, or has no exact
+// rule).
+func (k *knownBudgets) add(rows map[budgetKey]*budgetRow, keys []budgetKey) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.m == nil || len(k.m) > 100_000 {
-		k.m = map[budgetKey]struct{}{}
+		k.m = map[budgetKey]int64{}
 	}
 	for _, key := range keys {
-		k.m[key] = struct{}{}
+		// -1 matches the plan of a customer without an exact rule (its row
+		// only carries the period), and never a version in force.
+		v := rows[key].version
+		if rows[key].stale || !rows[key].limit.Valid {
+			v = -1
+		}
+		k.m[key] = v
 	}
+}
+
+func (k *knownBudgets) forget(key budgetKey) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	delete(k.m, key)
 }
 
 // drawnKeys are the budget rows a request draws from, in lock order.

@@ -9,6 +9,7 @@ type issueMetrics struct {
 	refused   *prometheus.CounterVec // refusals, by the binding budget's kind
 	batchSize prometheus.Histogram
 	batchSecs prometheus.Histogram
+	brought   *prometheus.CounterVec // budget rows brought to a new rule version, by kind
 }
 
 func newIssueMetrics(reg prometheus.Registerer) *issueMetrics {
@@ -31,9 +32,13 @@ func newIssueMetrics(reg prometheus.Registerer) *issueMetrics {
 			Help:    "Time of one issuing transaction, locks to commit.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
+		brought: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tally_admission_budgets_brought_total",
+			Help: "Budget rows brought to a new rule version (created, a rule changed or turned exact) and counted from what their period already consumed, by kind (customer, scope: a pool or global).",
+		}, []string{"kind"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.issued, m.refused, m.batchSize, m.batchSecs)
+		reg.MustRegister(m.issued, m.refused, m.batchSize, m.batchSecs, m.brought)
 	}
 	return m
 }

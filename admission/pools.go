@@ -13,10 +13,11 @@ import (
 
 // PutPool sets a pool's members from in.EffectiveAt (pools.PutTx) and, in
 // the same transaction, applies the membership rule of docs/design.md §13:
-// a customer that joins brings what it consumed this period into the
-// count of each of the pool's budgets of the current period, so joining
-// never hands out a fresh allowance. A customer that leaves takes nothing
-// back: what it consumed while a member stays counted.
+// a customer that joins brings what it consumed in the pool's period into
+// the count of each of the pool's budgets of the current period, so
+// joining never hands out a fresh allowance. A customer that leaves takes
+// nothing back: what it consumed while a member stays counted, and when it
+// rejoins in the same period it is counted once.
 func (s *Store) PutPool(ctx context.Context, in pools.PutInput) (pools.Change, error) {
 	var ch pools.Change
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
@@ -45,7 +46,10 @@ func (s *Store) PutPool(ctx context.Context, in pools.PutInput) (pools.Change, e
 		if _, err := tx.Exec(ctx, qLockScopeBudgetsOf, args); err != nil {
 			return fmt.Errorf("admission: lock pool budgets: %w", err)
 		}
-		if _, err := tx.Exec(ctx, qBringIn, args); err != nil {
+		if _, err := tx.Exec(ctx, qAdoptPoolGrants, args); err != nil {
+			return fmt.Errorf("admission: adopt members' grants: %w", err)
+		}
+		if _, err := tx.Exec(ctx, qRecountPool, args); err != nil {
 			return fmt.Errorf("admission: bring members' consumption in: %w", err)
 		}
 		return nil

@@ -281,9 +281,11 @@ func TestRuleAndMembershipChangesApplyToTheNextRequest(t *testing.T) {
 	if err != nil || fmt.Sprint(g.Budgets) != "[pool:team]" {
 		t.Fatalf("no customer rule: %v %v", g.Budgets, err)
 	}
-	e.rule("a", "calls", d("3"))
+	// A customer rule that becomes exact mid-period starts at what the
+	// period already consumed: a's 5, so 3 of its 8 are left.
+	e.rule("a", "calls", d("8"))
 	_, err = e.issue("gw", "a", d("5"))
-	if ex, ok := errors.AsType[*admission.BudgetExhaustedError](err); !ok || ex.Binding != "customer:a/calls" {
+	if ex, ok := errors.AsType[*admission.BudgetExhaustedError](err); !ok || ex.Binding != "customer:a/calls" || !ex.Available.Equal(d("3")) {
 		t.Fatalf("after the customer rule became exact: %v", err)
 	}
 	// A global budget created mid-period starts at what everyone consumed

@@ -35,9 +35,13 @@ UPDATE admission_scope_budgets s SET consumed = s.consumed - @delta::numeric, up
 FROM admission_grant_draws d
 WHERE d.grant_id = @id AND (s.scope, s.meter, s.period_start) = (d.scope, d.meter, d.period_start)`
 
+// grantColumns end with the earliest end of the pool and global periods
+// the grant drew from (NULL: none): renew never passes it.
 const grantColumns = `g.id, g.customer, g.meter, g.period_start, b.period, b.period_end, g.rule_version, g.holder, g.generation,
        g.amount, g.spent, g.issued_at, g.valid_until, g.reclaim_at, g.ended_at, g.end_reason,
-       g.draws_customer, coalesce((SELECT array_agg(d.scope ORDER BY d.scope) FROM admission_grant_draws d WHERE d.grant_id = g.id), '{}')`
+       g.draws_customer, coalesce((SELECT array_agg(d.scope ORDER BY d.scope) FROM admission_grant_draws d WHERE d.grant_id = g.id), '{}'),
+       (SELECT min(s.period_end) FROM admission_grant_draws d JOIN admission_scope_budgets s USING (scope, meter, period_start)
+        WHERE d.grant_id = g.id)`
 
 const grantFrom = `
 FROM admission_grants g
@@ -69,10 +73,17 @@ WHERE g.customer = @customer
 ORDER BY g.issued_at DESC, g.id DESC
 LIMIT @limit`
 
+// inForceAtOrEnd is the instant whose rule version a budget row of the
+// period [period_start, period_end) shows: now, or its last instant once it
+// ended.
+const inForceAtOrEnd = `least(@now::timestamptz, b.period_end - interval '1 microsecond')`
+
 // qBudgets lists a customer's budgets with what is live, stranded and
-// bypassed, newest period first.
+// bypassed, newest period first, with the limit and version of the rule
+// in force (the row's own when no version is in force).
 const qBudgets = `
-SELECT b.customer, b.meter, b.period, b.period_start, b.period_end, b."limit", b.rule_version, b.consumed,
+SELECT b.customer, b.meter, b.period, b.period_start, b.period_end,
+       coalesce(r."limit", b."limit"), coalesce(r.version, b.rule_version), b.consumed,
        coalesce((SELECT sum(g.amount) FROM admission_grants g
                  WHERE (g.customer, g.meter, g.period_start) = (b.customer, b.meter, b.period_start)
                    AND g.draws_customer AND g.ended_at IS NULL AND g.reclaim_at > @now), 0) AS live,
@@ -82,6 +93,7 @@ SELECT b.customer, b.meter, b.period, b.period_start, b.period_end, b."limit", b
        coalesce((SELECT sum(x.amount) FROM admission_bypasses x
                  WHERE (x.customer, x.meter, x.period_start) = (b.customer, b.meter, b.period_start)), 0) AS bypassed
 FROM admission_budgets b
+LEFT JOIN LATERAL quota_rule_in_force(b.customer, b.meter, ` + inForceAtOrEnd + `) r ON true
 WHERE b.customer = @customer AND b."limit" IS NOT NULL
 ORDER BY b.period_start DESC, b.meter`
 
@@ -89,8 +101,12 @@ const qInsertBypass = `
 INSERT INTO admission_bypasses (holder, report_id, customer, meter, period_start, period, rule_version, generation,
                                 amount, admissions, first_at, last_at, reported_at)
 VALUES (@holder, @report_id, @customer, @meter, @period_start, @period, @rule_version, @generation,
-        @amount::numeric, @admissions, @first_at, @last_at, @now)
-ON CONFLICT DO NOTHING`
+        @amount::numeric, @admissions, @first_at, @last_at, @now)`
+
+// qStoredBypassReport is what a holder stored under a report id.
+const qStoredBypassReport = `
+SELECT customer, meter, period_start, amount, admissions, first_at, last_at
+FROM admission_bypasses WHERE holder = @holder AND report_id = @report_id`
 
 // qGrantGauges reads the grants of open periods: live ones, and those
 // that ended without a final report (expired; their unspent part is

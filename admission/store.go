@@ -146,6 +146,7 @@ type Grant struct {
 	Available decimal.NullDecimal `json:"available,omitzero"`
 
 	drawsCustomer bool
+	drawsEnd      *time.Time // the earliest end of the pool and global periods drawn
 }
 
 // Binding is the name of a budget in errors and problems.

@@ -24,6 +24,7 @@ const (
 	TypeNotHolder       = typePrefix + "not-holder"
 	TypeGrantEnded      = typePrefix + "grant-ended"
 	TypeNotExact        = typePrefix + "not-exact"
+	TypeBypassConflict  = typePrefix + "bypass-conflict"
 )
 
 // admissionStore is the API's one grant store, on its pool and clock.
@@ -272,7 +273,11 @@ func admissionProblem(w http.ResponseWriter, err error) error {
 			Detail: ex.Error(), Binding: ex.Binding, Available: ex.Available.String(), RetryAfter: &secs}
 	}
 	if se, ok := errors.AsType[*admission.StaleGenerationError](err); ok {
-		return &Problem{Type: TypeStaleGeneration, Title: "Older generation", Status: http.StatusConflict, Detail: se.Error()}
+		return &Problem{Type: TypeStaleGeneration, Title: "Older generation", Status: http.StatusConflict, Detail: se.Error(),
+			CurrentGeneration: &se.Current, NextGeneration: &se.Next}
+	}
+	if be, ok := errors.AsType[*admission.BypassConflictError](err); ok {
+		return &Problem{Type: TypeBypassConflict, Title: "Report id used for other bypasses", Status: http.StatusConflict, Detail: be.Error()}
 	}
 	if fe, ok := errors.AsType[*admission.FencedError](err); ok {
 		return &Problem{Type: TypeNotHolder, Title: "Not the grant's holder", Status: http.StatusConflict, Detail: fe.Error()}

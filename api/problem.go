@@ -40,6 +40,11 @@ type Problem struct {
 	// Admission says why a grant was refused as not-exact: the rule in
 	// force is "lagged", or there is "none".
 	Admission string `json:"admission,omitempty"`
+	// CurrentGeneration and NextGeneration explain a stale-generation
+	// refusal: the holder's newest generation, and the one a holder that
+	// lost its state recovers with (docs/gateways-exact.md).
+	CurrentGeneration *int64 `json:"current_generation,omitempty"`
+	NextGeneration    *int64 `json:"next_generation,omitempty"`
 	// RequestID lets a caller quote the request to an operator.
 	RequestID string `json:"request_id,omitempty"`
 }

@@ -9,15 +9,16 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-const qRuleAt = `
-SELECT ` + ruleColumns + `
-FROM quota_rules
-WHERE customer = $1 AND meter = $2 AND effective_at <= $3
-ORDER BY version DESC
-LIMIT 1`
+// qRuleAt is the version in force, as quota_rule_in_force (migration
+// 00015) defines it once for every caller.
+const qRuleAt = `SELECT ` + ruleColumns + ` FROM quota_rule_in_force($1, $2, $3)`
 
-// RuleAt returns the rule of customer and meter in force at t (the newest
-// version effective by then). ErrNotFound when there is none.
+// RuleAt returns the rule of customer and meter in force at t: of the
+// versions whose effective time has come, the latest effective, ties
+// broken by the higher version (docs/design.md §12). ErrNotFound when
+// there is none. Every query that needs the version in force calls the
+// same SQL function, quota_rule_in_force (quota_scope_rule_in_force for
+// pool and global rules).
 func RuleAt(ctx context.Context, db DBTX, customer, meter string, t time.Time) (Rule, error) {
 	r, err := scanRule(db.QueryRow(ctx, qRuleAt, customer, meter, t))
 	if errors.Is(err, pgx.ErrNoRows) {

@@ -10,10 +10,8 @@ const qLockRule = `SELECT pg_advisory_xact_lock($1::int, hashtext($2))`
 // qLatestVersion is the highest version of a rule and the effective time
 // and version of the version in force at $3.
 const qLatestVersion = `
-SELECT coalesce(max(version), 0),
-       (array_agg(version ORDER BY effective_at DESC, version DESC) FILTER (WHERE effective_at <= $3))[1],
-       max(effective_at) FILTER (WHERE effective_at <= $3)
-FROM quota_rules WHERE customer = $1 AND meter = $2`
+SELECT coalesce((SELECT max(version) FROM quota_rules WHERE customer = $1 AND meter = $2), 0), r.version, r.effective_at
+FROM (SELECT 1) x LEFT JOIN quota_rule_in_force($1, $2, $3) r ON true`
 
 const qInsertRule = `
 INSERT INTO quota_rules (customer, meter, version, effective_at, "limit", warn_at, mode, on_stale,
@@ -21,11 +19,13 @@ INSERT INTO quota_rules (customer, meter, version, effective_at, "limit", warn_a
 VALUES ($1, $2, $3, $4, $5::numeric, $6::numeric, $7, $8, make_interval(secs => $9), $10, $11, $12,
         $13, $14, $15::numeric, CASE WHEN $16::bigint > 0 THEN make_interval(secs => $16) END)`
 
+// qCurrentRules is the version in force at $2 of each of customer $1's
+// meters.
 const qCurrentRules = `
-SELECT DISTINCT ON (meter) ` + ruleColumns + `
-FROM quota_rules
-WHERE customer = $1 AND effective_at <= $2
-ORDER BY meter, effective_at DESC, version DESC`
+SELECT ` + ruleColumns + `
+FROM (SELECT DISTINCT meter AS k_meter FROM quota_rules WHERE customer = $1) k
+CROSS JOIN LATERAL quota_rule_in_force($1, k.k_meter, $2)
+ORDER BY meter`
 
 const qRuleHistory = `
 SELECT ` + ruleColumns + `
@@ -38,10 +38,9 @@ ORDER BY version`
 // usage yet, so it has the default calendar).
 const qEffectiveRules = `
 SELECT ` + ruleColumns + `, (SELECT c.schedule FROM customers c WHERE c.id = q.customer)
-FROM (SELECT DISTINCT ON (customer, meter) *
-      FROM quota_rules
-      WHERE effective_at <= $1 AND ($2::text IS NULL OR customer = $2)
-      ORDER BY customer, meter, effective_at DESC, version DESC) AS q
+FROM (SELECT DISTINCT customer AS k_customer, meter AS k_meter FROM quota_rules
+      WHERE effective_at <= $1 AND ($2::text IS NULL OR customer = $2)) k
+CROSS JOIN LATERAL quota_rule_in_force(k.k_customer, k.k_meter, $1) q
 ORDER BY customer, meter`
 
 // qUsage reads, for each (customer, meter) in one round trip, the billed
@@ -141,8 +140,8 @@ WHERE name = $1 AND holder = $2 AND epoch = $3`
 // qScopeLatestVersion is the highest version of a scope rule and the
 // effective time of the version in force at @now.
 const qScopeLatestVersion = `
-SELECT coalesce(max(version), 0), max(effective_at) FILTER (WHERE effective_at <= @now)
-FROM quota_scope_rules WHERE scope = @scope AND meter = @meter`
+SELECT coalesce((SELECT max(version) FROM quota_scope_rules WHERE scope = @scope AND meter = @meter), 0), r.effective_at
+FROM (SELECT 1) x LEFT JOIN quota_scope_rule_in_force(@scope, @meter, @now) r ON true`
 
 const qInsertScopeRule = `
 INSERT INTO quota_scope_rules (scope, meter, version, effective_at, "limit", warn_at, mode, admission,
@@ -155,18 +154,16 @@ const scopeRuleColumns = `scope, meter, version, effective_at, "limit"::text, wa
 
 // qScopeRules is the rule in force at @now of each meter of @scope.
 const qScopeRules = `
-SELECT DISTINCT ON (meter) ` + scopeRuleColumns + `
-FROM quota_scope_rules
-WHERE scope = @scope AND effective_at <= @now
-ORDER BY meter, effective_at DESC, version DESC`
+SELECT ` + scopeRuleColumns + `
+FROM (SELECT DISTINCT meter AS k_meter FROM quota_scope_rules WHERE scope = @scope) k
+CROSS JOIN LATERAL quota_scope_rule_in_force(@scope, k.k_meter, @now)
+ORDER BY meter`
 
 // qScopeRulesInForce is every lagged pool and global rule in force at @now.
 const qScopeRulesInForce = `
 SELECT ` + scopeRuleColumns + `
-FROM (SELECT DISTINCT ON (scope, meter) *
-      FROM quota_scope_rules
-      WHERE effective_at <= @now
-      ORDER BY scope, meter, effective_at DESC, version DESC) AS q
+FROM (SELECT DISTINCT scope AS k_scope, meter AS k_meter FROM quota_scope_rules WHERE effective_at <= @now) k
+CROSS JOIN LATERAL quota_scope_rule_in_force(k.k_scope, k.k_meter, @now)
 WHERE admission = 'lagged'
 ORDER BY scope, meter`
 

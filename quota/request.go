@@ -123,6 +123,12 @@ type TxBeginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
+// PutRuleAt is PutRule with the caller's clock (tests, and callers whose
+// clock is configurable), as PutScopeRuleAt.
+func PutRuleAt(ctx context.Context, tx pgx.Tx, in RuleInput, now time.Time) (Rule, error) {
+	return putRule(ctx, tx, in, now)
+}
+
 // PutRuleDB is PutRule in a transaction of its own.
 func PutRuleDB(ctx context.Context, db TxBeginner, in RuleInput) (Rule, error) {
 	var r Rule

@@ -15,8 +15,10 @@ import (
 
 // Findings of exact admission, per exact budget and period.
 const (
-	// KindOverGranted: Σ spent on grants is above the limit. Grants are
-	// issued only within the limit, so this must never happen.
+	// KindOverGranted: a grant took the budget's consumed above the limit
+	// of the rule version in force when it was issued (docs/design.md
+	// §12's one definition, not the limit admission chose). Grants are
+	// issued only within that limit, so this must never happen.
 	KindOverGranted = "over_granted"
 	// KindUngrantedUsage: billed usage above what grants and bypasses
 	// allowed: overshoot that escaped the protocol (notice, with amount).
@@ -42,9 +44,10 @@ func (r *runner) checkAdmission(ctx context.Context, tx pgx.Tx, tg target, now t
 			return err
 		}
 		used := usedNum.dec()
-		if over := a.Spent.Sub(a.Limit); over.IsPositive() {
+		if over := a.OverGranted; over.IsPositive() {
 			r.find(Finding{Kind: KindOverGranted, Severity: Discrepancy, Customer: a.Customer, Meter: a.Meter, Amount: &over,
-				Detail: fmt.Sprintf("grants report %s spent against a limit of %s", a.Spent, a.Limit)})
+				Detail: fmt.Sprintf("grants took the budget %s above the limit of the rule version in force when they were issued (limit now %s, %s spent)",
+					over, a.Limit, a.Spent)})
 		}
 		bypassed := decimal.Zero
 		holders := make([]string, 0, len(a.Bypassed))
@@ -88,9 +91,10 @@ func (r *runner) checkScopeBudgets(ctx context.Context, tx pgx.Tx, tg target, no
 	for _, a := range accounts {
 		period := a.PeriodStart
 		budget := a.Scope + "/" + a.Meter
-		if over := a.Spent.Sub(a.Limit); over.IsPositive() {
+		if over := a.OverGranted; over.IsPositive() {
 			r.find(Finding{Kind: KindOverGranted, Severity: Discrepancy, Meter: a.Meter, Period: &period, Amount: &over,
-				Detail: fmt.Sprintf("%s: grants report %s spent against a limit of %s", budget, a.Spent, a.Limit)})
+				Detail: fmt.Sprintf("%s: grants took the budget %s above the limit of the rule version in force when they were issued (limit now %s, %s spent)",
+					budget, over, a.Limit, a.Spent)})
 		}
 		if a.Stranded.IsPositive() {
 			s := a.Stranded

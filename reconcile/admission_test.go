@@ -64,23 +64,32 @@ func TestExactAdmissionFindings(t *testing.T) {
 		t.Fatalf("status %s: %+v", r.Status, r.Findings)
 	}
 
-	// A budget whose grants report more spent than its limit: a discrepancy.
+	// The budget row's own copy of a limit is not the rule: reconciliation
+	// reads the version in force from the rule history.
 	e.exec(`UPDATE admission_budgets SET "limit" = 30`)
 	r = e.run(reconcile.Options{Period: "2026-11-01"})
-	var over []reconcile.Finding
-	for _, f := range r.Findings {
-		if f.Kind == reconcile.KindOverGranted {
-			over = append(over, f)
-		}
+	if r.Status != reconcile.StatusClean || len(findings(t, r, reconcile.KindOverGranted)) != 0 {
+		t.Fatalf("a budget row's limit made a finding: %s %+v", r.Status, r.Findings)
 	}
-	if r.Status != reconcile.StatusDiscrepancies || len(over) != 1 || over[0].Amount.String() != "10" {
+
+	// A version of limit 30 in force at the instant the grants were issued
+	// (same effective time, higher version): they took the budget to 70,
+	// 40 above it. A discrepancy.
+	if _, err := quota.PutRuleDB(ctx, e.pool, quota.RuleInput{Customer: "acme", Meter: "calls", Limit: d("30"),
+		Admission: quota.Exact, EffectiveAt: e.now, Actor: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	r = e.run(reconcile.Options{Period: "2026-11-01"})
+	over := findings(t, r, reconcile.KindOverGranted)
+	if r.Status != reconcile.StatusDiscrepancies || len(over) != 1 || over[0].Amount.String() != "40" ||
+		over[0].Detail != "grants took the budget 40 above the limit of the rule version in force when they were issued (limit now 30, 40 spent)" {
 		t.Fatalf("over_granted: %s %+v", r.Status, over)
 	}
 }
 
 // Pool and global budgets a period's grants drew from are reconciled per
-// budget: stranded capacity, and over_granted when grants report more spent
-// than the budget's limit.
+// budget: stranded capacity, and over_granted when a grant took a budget
+// above the limit of the version in force when it was issued.
 func TestExactAdmissionFindingsPerScope(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
@@ -125,11 +134,21 @@ func TestExactAdmissionFindingsPerScope(t *testing.T) {
 		t.Fatalf("status %s: %+v", r.Status, r.Findings)
 	}
 
-	e.exec(`UPDATE admission_scope_budgets SET "limit" = 30 WHERE scope = 'pool:team'`)
+	// A pool version of limit 30 in force at the grant's instant. The grant
+	// was released at that same instant, and a release at an issue's
+	// instant counts first (never a finding that is not one): 40, 10 above.
+	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		_, err := quota.PutScopeRuleAt(ctx, tx, quota.ScopeRuleInput{Scope: quota.PoolScope("team"), Meter: "calls", Limit: d("30"),
+			Admission: quota.Exact, Actor: "test"}, e.now)
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	r = e.run(reconcile.Options{Period: "2026-11-01"})
 	over := findings(t, r, reconcile.KindOverGranted)
 	if r.Status != reconcile.StatusDiscrepancies || len(over) != 1 || over[0].Amount.String() != "10" ||
-		over[0].Detail != "pool:team/calls: grants report 40 spent against a limit of 30" {
+		over[0].Detail != "pool:team/calls: grants took the budget 10 above the limit of the rule version in force when they were issued (limit now 30, 40 spent)" {
 		t.Fatalf("over_granted: %s %+v", r.Status, over)
 	}
 }

@@ -43,6 +43,15 @@ const (
 	// a grant could commit without the pool while the join missed it. The
 	// second key is hashtext(customer).
 	PoolMembership = 71543
+
+	// ExactScope orders bringing a pool or global budget to a rule version
+	// (its first grant of a period, or a rule that turned exact again)
+	// against grants in flight that did not draw from it: every issue
+	// batch of admission takes it shared for each meter it issues, first
+	// of all its locks; a batch that brings a pool or global budget takes
+	// it exclusively for that meter instead, so every grant decided before
+	// has committed and is counted. The second key is hashtext(meter).
+	ExactScope = 71544
 )
 
 // Single-key spaces.
