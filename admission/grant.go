@@ -134,6 +134,9 @@ func (s *Store) release(ctx context.Context, db batcher, r Report) (g Grant, err
 	if !holderFound {
 		return Grant{}, &FencedError{Grant: r.Grant, Holder: r.Holder, Generation: r.Generation}
 	}
+	if gErr == nil && reclaimedUnreported(g, r) {
+		return s.recordLate(ctx, db, g, r)
+	}
 	if err := checkFence(g, gErr, r, current); err != nil {
 		return Grant{}, err
 	}
@@ -153,6 +156,35 @@ func (s *Store) release(ctx context.Context, db batcher, r Report) (g Grant, err
 		return Grant{}, fmt.Errorf("admission: release grant: %w", err)
 	}
 	g.Spent, g.EndedAt, g.EndReason, g.State = r.Spent, &now, "released", "ended"
+	return g, nil
+}
+
+// reclaimedUnreported says r is the final report of g by its own holder and
+// generation, arriving after g was reclaimed without one.
+func reclaimedUnreported(g Grant, r Report) bool {
+	return g.State == "ended" && g.EndReason == "expired" && g.Holder == r.Holder && g.Generation == r.Generation
+}
+
+// recordLate records a final spent that arrived after the grant was
+// reclaimed, in the transaction release began. From its reclaim on the
+// grant counted as fully spent and its capacity may back other grants, so
+// the report frees nothing: it only corrects the record (stranded falls to
+// what was really unspent, reconciliation sees the true spent). It is
+// accepted from the grant's own holder and generation even when that
+// generation is no longer the holder's newest: a restarted gateway
+// delivers its earlier run's reports, and freeing nothing, they cannot be
+// spent twice. Repeating it is harmless; spent still never goes backwards.
+func (s *Store) recordLate(ctx context.Context, db batcher, g Grant, r Report) (Grant, error) {
+	if r.Spent.LessThan(g.Spent) || r.Spent.GreaterThan(g.Amount) {
+		return Grant{}, &SpentError{Grant: g.ID, Spent: r.Spent, Previous: g.Spent, Amount: g.Amount}
+	}
+	wb := &pgx.Batch{}
+	wb.Queue(qRecordLateSpent, pgx.NamedArgs{"id": g.ID, "spent": r.Spent.String()})
+	wb.Queue("COMMIT")
+	if err := db.SendBatch(ctx, wb).Close(); err != nil {
+		return Grant{}, fmt.Errorf("admission: record late report: %w", err)
+	}
+	g.Spent, g.LateReport = r.Spent, true
 	return g, nil
 }
 
@@ -298,8 +330,12 @@ type BudgetState struct {
 	Available decimal.Decimal `json:"available"`
 	// Live is Σ amount of live grants drawn from it.
 	Live decimal.Decimal `json:"live"`
-	// Stranded is Σ amount - spent of ended grants drawn from it: granted,
-	// never spent.
+	// Stranded is Σ amount - spent of the grants drawn from it that ended
+	// without a final report in time (reclaimed, not released): capacity
+	// counted as consumed that no report says was admitted, lost for the
+	// period. A late final report lowers it to the truth and frees nothing.
+	// A released grant's unspent part went back to the budget: never
+	// stranded.
 	Stranded decimal.Decimal `json:"stranded"`
 }
 

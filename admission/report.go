@@ -22,7 +22,8 @@ type Account struct {
 	// Consumed is Σ amount of unreleased grants + Σ spent of released ones:
 	// the most gateways may have admitted from grants.
 	Consumed decimal.Decimal
-	// Stranded is Σ amount - spent of ended grants.
+	// Stranded is Σ amount - spent of grants reclaimed without a final
+	// report in time (BudgetState.Stranded).
 	Stranded decimal.Decimal
 	// Bypassed is Σ bypasses per holder.
 	Bypassed map[string]decimal.Decimal
@@ -36,7 +37,7 @@ SELECT b.customer, b.meter, b.period_start, b."limit", b.consumed,
                    AND g.draws_customer), 0),
        coalesce((SELECT sum(g.amount - g.spent) FROM admission_grants g
                  WHERE (g.customer, g.meter, g.period_start) = (b.customer, b.meter, b.period_start)
-                   AND g.draws_customer AND (g.ended_at IS NOT NULL OR g.reclaim_at <= @now)), 0),
+                   AND g.draws_customer AND g.ended_at IS NULL AND g.reclaim_at <= @now), 0),
        coalesce((SELECT jsonb_object_agg(x.holder, x.amount::text) FROM
                    (SELECT holder, sum(amount) AS amount FROM admission_bypasses y
                     WHERE (y.customer, y.meter, y.period_start) = (b.customer, b.meter, b.period_start)
@@ -87,7 +88,8 @@ type ScopeAccount struct {
 	Consumed decimal.Decimal
 	// Spent is Σ spent reported on the grants drawn from it.
 	Spent decimal.Decimal
-	// Stranded is Σ amount - spent of ended grants drawn from it.
+	// Stranded is Σ amount - spent of grants drawn from it reclaimed
+	// without a final report in time (BudgetState.Stranded).
 	Stranded decimal.Decimal
 }
 
@@ -100,7 +102,7 @@ SELECT s.scope, s.meter, s.period_start, s."limit", s.consumed,
                  WHERE (d.scope, d.meter, d.period_start) = (s.scope, s.meter, s.period_start)), 0),
        coalesce((SELECT sum(g.amount - g.spent) FROM admission_grant_draws d JOIN admission_grants g ON g.id = d.grant_id
                  WHERE (d.scope, d.meter, d.period_start) = (s.scope, s.meter, s.period_start)
-                   AND (g.ended_at IS NOT NULL OR g.reclaim_at <= @now)), 0)
+                   AND g.ended_at IS NULL AND g.reclaim_at <= @now), 0)
 FROM admission_scope_budgets s
 WHERE EXISTS (SELECT 1 FROM admission_grant_draws d
               JOIN admission_grants g ON g.id = d.grant_id

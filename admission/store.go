@@ -130,6 +130,9 @@ type Grant struct {
 	EndReason string     `json:"end_reason,omitempty"`
 	// State is live or ended, by the store's clock when read.
 	State string `json:"state"`
+	// LateReport (a release's answer only): the grant had already been
+	// reclaimed, so its final spent was recorded and freed nothing.
+	LateReport bool `json:"late_report,omitempty"`
 	// OnUnreachable, with LocalAmount per LocalEvery (seconds) for local,
 	// is the rule's policy for a holder that cannot reach Tally. Set on
 	// issue only, so a gateway learns its rule with its grant.
