@@ -189,7 +189,9 @@ type Config struct {
 // joined (Field is the Config field's name).
 func (c Config) Validate() error {
 	var errs []error
-	bad := func(field, format string, args ...any) { errs = append(errs, validation.Errorf(field, format, args...)) }
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, validation.Errorf(field, format, args...))
+	}
 	switch u, err := url.Parse(c.URL); {
 	case c.URL == "":
 		bad("URL", "is required, e.g. \"http://127.0.0.1:8080\"")
