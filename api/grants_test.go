@@ -204,3 +204,18 @@ func TestGrantAnswerSaysWhatIsLeft(t *testing.T) {
 		t.Fatalf("renew: %d %s", r.status, r.body)
 	}
 }
+
+// A gateway route refused for its token says which token it takes: a
+// gateway token (tally tokens create --gateway H), not only "a customer
+// token".
+func TestGrantRoutes401NamesGatewayTokens(t *testing.T) {
+	f := newFixture(t)
+	for _, tok := range []string{"", "no-such-token"} {
+		for _, path := range []string{"/v1/grants", "/v1/bypasses", "/v1/grants/00000000-0000-0000-0000-000000000000/release"} {
+			p := f.do("POST", path, tok, map[string]any{}).problem(t, 401, "urn:tally:problem:unauthorized")
+			if !strings.Contains(p.Detail, "gateway token") || !strings.Contains(p.Detail, "--gateway") {
+				t.Errorf("POST %s with token %q: %q does not name gateway tokens", path, tok, p.Detail)
+			}
+		}
+	}
+}
