@@ -67,8 +67,8 @@ func Check(ctx context.Context, cfg Config) error {
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	var p struct {
-		Type   string `json:"type"`
-		Detail string `json:"detail"`
+		Type   string         `json:"type"`
+		Detail string         `json:"detail"`
 		Errors []problemField `json:"errors"`
 	}
 	isProblem := json.Unmarshal(raw, &p) == nil && strings.HasPrefix(p.Type, "urn:tally:problem:")
