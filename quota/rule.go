@@ -194,6 +194,12 @@ func (in RuleInput) problems() []error {
 	default:
 		bad("admission", "%q must be %q or %q", in.Admission, Lagged, Exact)
 	}
+	if in.Admission != Exact && (in.OnUnreachable == UnreachableAllow || in.OnUnreachable == UnreachableLocal) {
+		// Gateways answer a lagged rule from its decisions (on_stale when
+		// they are old); on_unreachable would never apply. deny, the
+		// default, is accepted so a rule read back can be written again.
+		bad("on_unreachable", "applies only to exact rules (admission %q); a lagged rule's gateways follow on_stale", Exact)
+	}
 	switch in.OnUnreachable {
 	case "", UnreachableDeny, UnreachableAllow:
 		if in.LocalAmount.Valid || in.LocalEvery != 0 {
