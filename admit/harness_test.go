@@ -2,9 +2,11 @@ package admit_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -28,8 +30,15 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	runChildIfAsked()
-	goleak.VerifyTestMain(m)
+	code := m.Run()
+	removeTallyBinary()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 const adminToken = "admit-test-admin-token-0123456789abcdef"

@@ -2,32 +2,56 @@ package admit_test
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/tally-ledger/tally/internal/cli"
 	"github.com/tally-ledger/tally/internal/pgtest"
 )
 
-// serveChild names the environment variable that makes the test binary
-// run the tally CLI instead of the tests: the same code as the tally
-// binary, built from this tree, in a process of its own that a test can
-// freeze (SIGSTOP) like a hung Tally.
-const serveChild = "ADMIT_TEST_TALLY_ARGS"
+// tallyBinary builds the tally binary from this tree once per test run
+// (go build, cached), for tests that need a real tally serve process they
+// can freeze (SIGSTOP) like a hung Tally. TestMain removes it.
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildPath string
+	buildErr  error
+)
 
-// runChildIfAsked runs the tally CLI when the test binary was started as
-// a tally serve process; it never returns then.
-func runChildIfAsked() {
-	if args := os.Getenv(serveChild); args != "" {
-		os.Exit(cli.Main(strings.Fields(args)))
+func tallyBinary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		buildDir, buildErr = os.MkdirTemp("", "admit-test-tally-")
+		if buildErr != nil {
+			return
+		}
+		buildPath = filepath.Join(buildDir, "tally")
+		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", buildPath, "github.com/tally-ledger/tally/cmd/tally")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build tally: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return buildPath
+}
+
+func removeTallyBinary() {
+	if buildDir != "" {
+		_ = os.RemoveAll(buildDir)
 	}
 }
 
@@ -49,10 +73,8 @@ func startServe(t testing.TB) (*tally, *served) {
 	}
 	addr := l.Addr().String()
 	l.Close()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(),
-		serveChild+"=serve --api --no-console --api-rate-per-address 0 --api-rate-per-token 0",
-		"TALLY_DATABASE_URL="+dbURL, "TALLY_ADMIN_TOKEN="+adminToken, "TALLY_LISTEN="+addr)
+	cmd := exec.Command(tallyBinary(t), "serve", "--api", "--no-console", "--api-rate-per-address", "0", "--api-rate-per-token", "0")
+	cmd.Env = append(os.Environ(), "TALLY_DATABASE_URL="+dbURL, "TALLY_ADMIN_TOKEN="+adminToken, "TALLY_LISTEN="+addr)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
