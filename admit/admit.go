@@ -359,13 +359,13 @@ func New(cfg Config) (*Client, error) {
 	c := &Client{cfg: cfg, generation: gen, http: cfg.HTTPClient, log: cfg.Logger, journal: j,
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 		decisions: map[key]*lagged{}, reportAt: map[string]time.Time{}}
+	empty := map[key]*budget{}
+	c.budgets.Store(&empty) // before the metrics: a scrape reads it
 	if c.metrics, err = newMetrics(cfg.Registerer, c); err != nil {
 		_ = j.close()
 		return nil, fmt.Errorf("admit: metrics: %w", err)
 	}
 	c.bg, c.stopBG = context.WithCancel(context.Background())
-	empty := map[key]*budget{}
-	c.budgets.Store(&empty)
 	rctx, cancel := context.WithCancel(context.Background())
 	c.stopReader = cancel
 	if len(cfg.Brokers) > 0 {

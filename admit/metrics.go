@@ -55,8 +55,12 @@ func newMetrics(reg prometheus.Registerer, c *Client) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, col := range []prometheus.Collector{&admissions{c: c, m: m}, m.calls, m.latency, m.reports, m.undelivered, m.bypassFiles, m.reachable} {
+	cols := []prometheus.Collector{&admissions{c: c, m: m}, m.calls, m.latency, m.reports, m.undelivered, m.bypassFiles, m.reachable}
+	for i, col := range cols {
 		if err := reg.Register(col); err != nil {
+			for _, done := range cols[:i] {
+				reg.Unregister(done)
+			}
 			return nil, err
 		}
 	}
