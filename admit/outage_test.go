@@ -3,6 +3,7 @@ package admit_test
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"slices"
 	"sync"
@@ -235,4 +236,67 @@ func TestRenewAndReleaseRetriedUnderLoad(t *testing.T) {
 		b := ts.budget("acme", "tokens")
 		return ts.spentRecorded("acme", "tokens").Equal(want) && b.Consumed.Equal(want) && b.Live.IsZero()
 	})
+}
+
+// logCount counts log records by message.
+type logCount struct {
+	mu   sync.Mutex
+	msgs map[string]int
+}
+
+func (l *logCount) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logCount) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.msgs[r.Message]++
+	return nil
+}
+func (l *logCount) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *logCount) WithGroup(string) slog.Handler      { return l }
+func (l *logCount) count(msg string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.msgs[msg]
+}
+
+// An outage is logged once when it starts and once when Tally answers
+// again, however many calls fail in between; while it lasts a refusal
+// says unreachable (not exhausted) and when to ask again (never 0).
+func TestOutageIsLoggedOnceEachWay(t *testing.T) {
+	ts := startTally(t)
+	ts.exactRule("acme", "tokens", "1000000")
+	logs := &logCount{msgs: map[string]int{}}
+	ctx := context.Background()
+	c := newClient(t, ts, "gw1", t.TempDir(), admit.Config{Logger: slog.New(logs), MinGrant: 1})
+	defer c.Close(ctx)
+	if d, err := c.Admit(ctx, "acme", "tokens", 1); err != nil || d.How != admit.FromGrant {
+		t.Fatalf("first admit: %+v %v", d, err)
+	}
+	ts.down.Store(true)
+	refused := 0
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(2 * time.Millisecond) {
+		d, err := c.Admit(ctx, "acme", "tokens", 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.How == admit.FromGrant {
+			continue
+		}
+		refused++
+		if d.Admitted || d.How != admit.Unreachable || !d.Unreachable || d.RetryAfter <= 0 {
+			t.Fatalf("refusal while Tally is down: %+v", d)
+		}
+	}
+	if refused == 0 {
+		t.Fatal("never refused while Tally was down")
+	}
+	ts.down.Store(false)
+	eventually(t, "admitting from a grant again", func() bool {
+		d, err := c.Admit(ctx, "acme", "tokens", 1)
+		return err == nil && d.How == admit.FromGrant
+	})
+	eventually(t, "Tally answers again, logged", func() bool { return logs.count("Tally answers again") == 1 })
+	if n := logs.count("Tally unreachable: admitting by each rule's on_unreachable, final spend reports and bypasses kept on disk until it answers"); n != 1 {
+		t.Fatalf("outage logged %d times, want once", n)
+	}
 }
