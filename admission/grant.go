@@ -178,10 +178,15 @@ func (s *Store) recordLate(ctx context.Context, db batcher, g Grant, r Report) (
 	if r.Spent.LessThan(g.Spent) || r.Spent.GreaterThan(g.Amount) {
 		return Grant{}, &SpentError{Grant: g.ID, Spent: r.Spent, Previous: g.Spent, Amount: g.Amount}
 	}
-	wb := &pgx.Batch{}
-	wb.Queue(qRecordLateSpent, pgx.NamedArgs{"id": g.ID, "spent": r.Spent.String()})
-	wb.Queue("COMMIT")
-	if err := db.SendBatch(ctx, wb).Close(); err != nil {
+	tag, err := db.Exec(ctx, qRecordLateSpent, pgx.NamedArgs{"id": g.ID, "spent": r.Spent.String()})
+	if err != nil {
+		return Grant{}, fmt.Errorf("admission: record late report: %w", err)
+	}
+	if tag.RowsAffected() != 1 {
+		// Ended by a write, not by the clock: nothing a late report fixes.
+		return Grant{}, &GrantEndedError{Grant: g.ID, EndedAt: *g.EndedAt, Reason: g.EndReason}
+	}
+	if _, err := db.Exec(ctx, "COMMIT"); err != nil {
 		return Grant{}, fmt.Errorf("admission: record late report: %w", err)
 	}
 	g.Spent, g.LateReport = r.Spent, true
