@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -38,7 +37,12 @@ func tallyBinary(t testing.TB) string {
 			return
 		}
 		buildPath = filepath.Join(buildDir, "tally")
-		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", buildPath, "github.com/tally-ledger/tally/cmd/tally")
+		goTool, err := exec.LookPath("go")
+		if err != nil {
+			buildErr = fmt.Errorf("the go tool builds tally for this test: %w", err)
+			return
+		}
+		cmd := exec.Command(goTool, "build", "-o", buildPath, "github.com/tally-ledger/tally/cmd/tally")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build tally: %v\n%s", err, out)
 		}
