@@ -31,6 +31,9 @@
 //     expiry never changes consumed and no clock can hand capacity out
 //     twice. Expiry is read from the clock (reclaim_at <= now), never
 //     written: a stored grant keeps ended_at NULL until it is released.
+//     A final report that arrives after reclaim_at, from the grant's own
+//     holder and generation (even an older one), is recorded as its spent
+//     and frees nothing: it corrects the record, never the budget.
 //
 //   - A rule change never hands out a fresh allowance: the limit applies to
 //     consumed, which no rule change touches. Lowering the limit below

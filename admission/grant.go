@@ -106,9 +106,12 @@ func (s *Store) release(ctx context.Context, db batcher, r Report) (g Grant, err
 			_, _ = db.Exec(context.WithoutCancel(ctx), "ROLLBACK")
 		}
 	}()
-	g, err = lockRelease(ctx, db, r, now)
+	g, late, err := lockRelease(ctx, db, r, now)
 	if err != nil {
 		return Grant{}, err
+	}
+	if late {
+		return s.recordLate(ctx, db, g, r)
 	}
 	if err := writeRelease(ctx, db, g, r, now); err != nil {
 		return Grant{}, err
@@ -121,8 +124,9 @@ func (s *Store) release(ctx context.Context, db batcher, r Report) (g Grant, err
 // takes the locks in the fixed order (holder row shared, then, when the
 // report frees capacity, the customer's budget row and the pool and global
 // rows the grant drew from, then the grant) and reads what the fence
-// needs; then it checks the fence.
-func lockRelease(ctx context.Context, db batcher, r Report, now time.Time) (Grant, error) {
+// needs; then it checks the fence. late says r is a final report that
+// arrived after g was reclaimed without one (recordLate, not a release).
+func lockRelease(ctx context.Context, db batcher, r Report, now time.Time) (_ Grant, late bool, _ error) {
 	args := pgx.NamedArgs{"holder": r.Holder, "id": r.Grant, "spent": r.Spent.String()}
 	var g Grant
 	var current int64
@@ -151,15 +155,18 @@ func lockRelease(ctx context.Context, db batcher, r Report, now time.Time) (Gran
 		return gErr
 	})
 	if err := db.SendBatch(ctx, b).Close(); err != nil {
-		return Grant{}, fmt.Errorf("admission: release: %w", err)
+		return Grant{}, false, fmt.Errorf("admission: release: %w", err)
 	}
 	if !holderFound {
-		return Grant{}, &FencedError{Grant: r.Grant, Holder: r.Holder, Generation: r.Generation}
+		return Grant{}, false, &FencedError{Grant: r.Grant, Holder: r.Holder, Generation: r.Generation}
+	}
+	if gErr == nil && reclaimedUnreported(g, r) {
+		return g, true, nil
 	}
 	if err := checkFence(g, gErr, r, current); err != nil {
-		return Grant{}, err
+		return Grant{}, false, err
 	}
-	return g, nil
+	return g, false, nil
 }
 
 // writeRelease is a release's second round trip: it ends the grant, frees
@@ -181,6 +188,40 @@ func writeRelease(ctx context.Context, db batcher, g Grant, r Report, now time.T
 		return fmt.Errorf("admission: release grant: %w", err)
 	}
 	return nil
+}
+
+// reclaimedUnreported says r is the final report of g by its own holder and
+// generation, arriving after g was reclaimed without one.
+func reclaimedUnreported(g Grant, r Report) bool {
+	return g.State == "ended" && g.EndReason == "expired" && g.Holder == r.Holder && g.Generation == r.Generation
+}
+
+// recordLate records a final spent that arrived after the grant was
+// reclaimed, in the transaction release began. From its reclaim on the
+// grant counted as fully spent and its capacity may back other grants, so
+// the report frees nothing: it only corrects the record (stranded falls to
+// what was really unspent, reconciliation sees the true spent). It is
+// accepted from the grant's own holder and generation even when that
+// generation is no longer the holder's newest: a restarted gateway
+// delivers its earlier run's reports, and freeing nothing, they cannot be
+// spent twice. Repeating it is harmless; spent still never goes backwards.
+func (s *Store) recordLate(ctx context.Context, db batcher, g Grant, r Report) (Grant, error) {
+	if r.Spent.LessThan(g.Spent) || r.Spent.GreaterThan(g.Amount) {
+		return Grant{}, &SpentError{Grant: g.ID, Spent: r.Spent, Previous: g.Spent, Amount: g.Amount}
+	}
+	tag, err := db.Exec(ctx, qRecordLateSpent, pgx.NamedArgs{"id": g.ID, "spent": r.Spent.String()})
+	if err != nil {
+		return Grant{}, fmt.Errorf("admission: record late report: %w", err)
+	}
+	if tag.RowsAffected() != 1 {
+		// Ended by a write, not by the clock: nothing a late report fixes.
+		return Grant{}, &GrantEndedError{Grant: g.ID, EndedAt: *g.EndedAt, Reason: g.EndReason}
+	}
+	if _, err := db.Exec(ctx, "COMMIT"); err != nil {
+		return Grant{}, fmt.Errorf("admission: record late report: %w", err)
+	}
+	g.Spent, g.LateReport = r.Spent, true
+	return g, nil
 }
 
 // fenced locks the holder row (shared) and the grant, in that order, and
@@ -331,8 +372,12 @@ type BudgetState struct {
 	Available decimal.Decimal `json:"available"`
 	// Live is Σ amount of live grants drawn from it.
 	Live decimal.Decimal `json:"live"`
-	// Stranded is Σ amount - spent of ended grants drawn from it: granted,
-	// never spent.
+	// Stranded is Σ amount - spent of the grants drawn from it that ended
+	// without a final report in time (reclaimed, not released): capacity
+	// counted as consumed that no report says was admitted, lost for the
+	// period. A late final report lowers it to the truth and frees nothing.
+	// A released grant's unspent part went back to the budget: never
+	// stranded.
 	Stranded decimal.Decimal `json:"stranded"`
 }
 

@@ -497,7 +497,7 @@ func (s *Store) newGrant(req IssueRequest, pl plan, amt decimal.Decimal, now tim
 	}
 	if pl.customerExact {
 		g.OnUnreachable, g.LocalAmount = string(pl.rule.OnUnreachable), pl.rule.LocalAmount
-		g.LocalEvery = int64(time.Duration(pl.rule.LocalEvery) / time.Second)
+		g.LocalEvery = pl.rule.LocalEvery
 	}
 	if pl.drawsCustomer {
 		g.Budgets = append(g.Budgets, quota.CustomerScope(req.Customer))

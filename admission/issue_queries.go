@@ -355,7 +355,7 @@ SELECT s.scope, s.meter, s.period, s.period_start, s.period_end,
                    AND g.ended_at IS NULL AND g.reclaim_at > @now), 0),
        coalesce((SELECT sum(g.amount - g.spent) FROM admission_grant_draws d JOIN admission_grants g ON g.id = d.grant_id
                  WHERE (d.scope, d.meter, d.period_start) = (s.scope, s.meter, s.period_start)
-                   AND (g.ended_at IS NOT NULL OR g.reclaim_at <= @now)), 0)
+                   AND g.ended_at IS NULL AND g.reclaim_at <= @now), 0)
 FROM admission_scope_budgets s
 LEFT JOIN LATERAL quota_scope_rule_in_force(s.scope, s.meter, least(@now::timestamptz, s.period_end - interval '1 microsecond')) r ON true
 WHERE s.scope = @scope

@@ -57,6 +57,13 @@ SET spent = @spent::numeric, valid_until = GREATEST(valid_until, @valid_until),
     reclaim_at = GREATEST(reclaim_at, @reclaim_at)
 WHERE id = @id`
 
+// qRecordLateSpent records the final spent of a grant reclaimed without
+// one: the grant stays ended by expiry (ended_at unset, reclaim_at is when
+// it ended) and no budget moves.
+const qRecordLateSpent = `
+UPDATE admission_grants SET spent = @spent::numeric
+WHERE id = @id AND ended_at IS NULL`
+
 const qReleaseGrant = `
 UPDATE admission_grants SET spent = @spent::numeric, ended_at = @now, end_reason = 'released'
 WHERE id = @id`
@@ -89,7 +96,7 @@ SELECT b.customer, b.meter, b.period, b.period_start, b.period_end,
                    AND g.draws_customer AND g.ended_at IS NULL AND g.reclaim_at > @now), 0) AS live,
        coalesce((SELECT sum(g.amount - g.spent) FROM admission_grants g
                  WHERE (g.customer, g.meter, g.period_start) = (b.customer, b.meter, b.period_start)
-                   AND g.draws_customer AND (g.ended_at IS NOT NULL OR g.reclaim_at <= @now)), 0) AS stranded,
+                   AND g.draws_customer AND g.ended_at IS NULL AND g.reclaim_at <= @now), 0) AS stranded,
        coalesce((SELECT sum(x.amount) FROM admission_bypasses x
                  WHERE (x.customer, x.meter, x.period_start) = (b.customer, b.meter, b.period_start)), 0) AS bypassed
 FROM admission_budgets b

@@ -30,7 +30,8 @@ type Account struct {
 	// Consumed is Σ amount of unreleased grants + Σ spent of released ones:
 	// the most gateways may have admitted from grants.
 	Consumed decimal.Decimal
-	// Stranded is Σ amount - spent of ended grants.
+	// Stranded is Σ amount - spent of grants reclaimed without a final
+	// report in time (BudgetState.Stranded).
 	Stranded decimal.Decimal
 	// Bypassed is Σ bypasses per holder.
 	Bypassed map[string]decimal.Decimal
@@ -52,7 +53,7 @@ SELECT b.customer, b.meter, b.period_start, coalesce(r."limit", b."limit"), b.co
                    AND g.draws_customer), 0),
        coalesce((SELECT sum(g.amount - g.spent) FROM admission_grants g
                  WHERE (g.customer, g.meter, g.period_start) = (b.customer, b.meter, b.period_start)
-                   AND g.draws_customer AND (g.ended_at IS NOT NULL OR g.reclaim_at <= @now)), 0),
+                   AND g.draws_customer AND g.ended_at IS NULL AND g.reclaim_at <= @now), 0),
        coalesce((SELECT jsonb_object_agg(x.holder, x.amount::text) FROM
                    (SELECT holder, sum(amount) AS amount FROM admission_bypasses y
                     WHERE (y.customer, y.meter, y.period_start) = (b.customer, b.meter, b.period_start)
@@ -117,7 +118,8 @@ type ScopeAccount struct {
 	Consumed decimal.Decimal
 	// Spent is Σ spent reported on the grants drawn from it.
 	Spent decimal.Decimal
-	// Stranded is Σ amount - spent of ended grants drawn from it.
+	// Stranded is Σ amount - spent of grants drawn from it reclaimed
+	// without a final report in time (BudgetState.Stranded).
 	Stranded decimal.Decimal
 }
 
@@ -130,7 +132,7 @@ SELECT s.scope, s.meter, s.period_start, coalesce(r."limit", s."limit"), s.consu
                  WHERE (d.scope, d.meter, d.period_start) = (s.scope, s.meter, s.period_start)), 0),
        coalesce((SELECT sum(g.amount - g.spent) FROM admission_grant_draws d JOIN admission_grants g ON g.id = d.grant_id
                  WHERE (d.scope, d.meter, d.period_start) = (s.scope, s.meter, s.period_start)
-                   AND (g.ended_at IS NOT NULL OR g.reclaim_at <= @now)), 0),
+                   AND g.ended_at IS NULL AND g.reclaim_at <= @now), 0),
        coalesce((SELECT max(e.consumed - q."limit")
                  FROM (SELECT x.at, x.issue, sum(x.delta) OVER (ORDER BY x.at, x.issue, x.id ROWS UNBOUNDED PRECEDING) AS consumed
                        FROM (SELECT g.id, g.issued_at AS at, true AS issue, g.amount AS delta

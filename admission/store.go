@@ -130,12 +130,15 @@ type Grant struct {
 	EndReason string     `json:"end_reason,omitempty"`
 	// State is live or ended, by the store's clock when read.
 	State string `json:"state"`
-	// OnUnreachable, with LocalAmount per LocalEvery (seconds) for local,
+	// LateReport (a release's answer only): the grant had already been
+	// reclaimed, so its final spent was recorded and freed nothing.
+	LateReport bool `json:"late_report,omitempty"`
+	// OnUnreachable, with LocalAmount per LocalEvery ("1m") for local,
 	// is the rule's policy for a holder that cannot reach Tally. Set on
 	// issue only, so a gateway learns its rule with its grant.
 	OnUnreachable string              `json:"on_unreachable,omitempty"`
 	LocalAmount   decimal.NullDecimal `json:"local_amount,omitzero"`
-	LocalEvery    int64               `json:"local_every,omitempty"`
+	LocalEvery    quota.DurationText  `json:"local_every,omitzero"`
 	// Budgets are the scopes the grant drew from ("customer:<id>",
 	// "pool:<name>", "global"), in lock order.
 	Budgets []string `json:"budgets"`

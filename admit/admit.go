@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -16,9 +17,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/tally-ledger/tally/internal/pause"
 	"github.com/tally-ledger/tally/quota"
+	"github.com/tally-ledger/tally/validation"
 )
 
 // How says where a decision came from.
@@ -26,7 +30,7 @@ type How uint8
 
 // Sources of a decision.
 const (
-	// Denied without a source: no grant and no capacity.
+	// None is the zero How; Admit never answers with it.
 	None How = iota
 	// FromGrant: from capacity leased from Tally.
 	FromGrant
@@ -38,6 +42,16 @@ const (
 	FromDecision
 	// NoRule: admitted; the customer and meter have no quota rule.
 	NoRule
+	// Exhausted: refused by the budget: Tally refused a grant (Binding
+	// names the budget that did, RetryAfter when capacity may free), or
+	// the capacity granted went to concurrent callers.
+	Exhausted
+	// Unreachable: refused by on_unreachable (deny, or local's amount
+	// used up): Tally could not be reached, was slower than MaxWait, or
+	// refused for load. RetryAfter is when the client asks Tally again.
+	Unreachable
+
+	numHow
 )
 
 func (h How) String() string {
@@ -50,6 +64,10 @@ func (h How) String() string {
 		return "decision"
 	case NoRule:
 		return "no-rule"
+	case Exhausted:
+		return "exhausted"
+	case Unreachable:
+		return "unreachable"
 	}
 	return "none"
 }
@@ -64,9 +82,15 @@ type Decision struct {
 	How      How
 	// Binding names the budget that refused ("customer:<id>/<meter>").
 	Binding string
-	// RetryAfter is Tally's estimate of when capacity may free up.
+	// RetryAfter is Tally's estimate of when capacity may free up (How
+	// Exhausted; at a period's end it is the time until the next period,
+	// which may be weeks), or, when Tally was unreachable, when the client
+	// asks it again (never 0: at least a tick, growing with the backoff).
 	RetryAfter time.Duration
-	// Unreachable: Tally could not be reached when a grant was needed.
+	// Unreachable: Tally could not be reached when a grant was needed (or
+	// was slower than MaxWait, or refused for load): the rule's
+	// on_unreachable answered. How is Bypass when it admitted, Unreachable
+	// when it refused.
 	Unreachable bool
 	// Stale (How FromDecision): the decision was older than its rule's
 	// stale_after, or none had been read, so on_stale answered.
@@ -89,11 +113,14 @@ const (
 
 // Config configures a Client.
 type Config struct {
-	// URL of Tally's API, e.g. "http://127.0.0.1:8080". Required.
+	// URL of Tally's API, e.g. "http://127.0.0.1:8080": http or https,
+	// with a host; a trailing slash is dropped. Required.
 	URL string
 	// Token: a gateway token for Holder (tally tokens create --gateway H).
+	// Required.
 	Token string
-	// Holder is this gateway's stable id. Required.
+	// Holder is this gateway's stable id: 1 to 128 of A-Z a-z 0-9 . _ : -.
+	// Required.
 	Holder string
 	// Dir keeps the generation and the bypass journal. Required; one
 	// directory per holder.
@@ -116,9 +143,26 @@ type Config struct {
 	MinGrant int64
 	// Tick is the period of the background loop. Default 50 ms.
 	Tick time.Duration
-	// HTTPClient; default one with a 2 s timeout.
+	// HTTPClient; default one with a 2 s timeout. Its timeout bounds the
+	// background calls (renew, release, reports, and a grant request
+	// Admit stopped waiting for), never an Admit: see MaxWait.
 	HTTPClient *http.Client
 	Logger     *slog.Logger
+	// MaxWait bounds how long Admit waits for Tally when it needs a grant
+	// (ctx may bound it further). Default 250 ms. When Tally is slower,
+	// Admit answers by the rule's on_unreachable at once, the request
+	// goes on in the background (a grant it brings is used), and Tally
+	// counts as unreachable: until it answers again, Admit does not wait
+	// for it at all (background probing with backoff, up to MaxBackoff).
+	MaxWait time.Duration
+	// CloseTimeout bounds Close (ctx may bound it further). Default 2 s.
+	// Final spend reports not delivered by then stay in Dir, and Close
+	// returns an *UndeliveredError saying how many.
+	CloseTimeout time.Duration
+	// Registerer receives the client's Prometheus metrics
+	// (tally_admit_*, docs/gateways-exact.md). Nil: no metrics. One
+	// client per registry.
+	Registerer prometheus.Registerer
 
 	// Brokers are Kafka bootstrap addresses: lagged rules are answered
 	// from the decisions read there. Without Brokers a lagged rule is
@@ -141,41 +185,84 @@ type Config struct {
 	RuleRecheck time.Duration
 }
 
-// Validate reports every problem of c at once.
+// Validate reports every problem of c at once, as *validation.FieldError
+// joined (Field is the Config field's name).
 func (c Config) Validate() error {
 	var errs []error
-	if c.URL == "" {
-		errs = append(errs, errors.New("admit: URL is required"))
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, validation.Errorf(field, format, args...))
 	}
-	if c.Holder == "" {
-		errs = append(errs, errors.New("admit: Holder is required"))
+	switch u, err := url.Parse(c.URL); {
+	case c.URL == "":
+		bad("URL", "is required, e.g. \"http://127.0.0.1:8080\"")
+	case err != nil:
+		bad("URL", "%q is not a URL: %v", c.URL, err)
+	case u.Scheme != "http" && u.Scheme != "https":
+		bad("URL", "%q needs a scheme, http:// or https:// (e.g. \"http://%s\")", c.URL, strings.TrimPrefix(c.URL, "//"))
+	case u.Host == "":
+		bad("URL", "%q has no host", c.URL)
+	case u.RawQuery != "" || u.Fragment != "":
+		bad("URL", "%q must not have a query or fragment", c.URL)
+	}
+	if strings.TrimSpace(c.Token) == "" {
+		bad("Token", "is required: a gateway token for Holder (tally tokens create --gateway %s)", c.Holder)
+	} else if strings.TrimSpace(c.Token) != c.Token || strings.ContainsAny(c.Token, " \t\r\n") {
+		bad("Token", "has white space in it (copied with a newline?)")
+	}
+	if !validHolder(c.Holder) {
+		bad("Holder", "%q must be 1 to 128 of A-Z a-z 0-9 . _ : -", c.Holder)
 	}
 	if c.Dir == "" {
-		errs = append(errs, errors.New("admit: Dir is required"))
+		bad("Dir", "is required: the holder's generation, bypass journal and final spend reports, kept across restarts")
 	}
 	switch c.OnUnreachable {
 	case "", Deny, Allow:
 	case Local:
 		if c.LocalAmount <= 0 || c.LocalEvery <= 0 {
-			errs = append(errs, errors.New("admit: Local needs a positive LocalAmount and LocalEvery"))
+			bad("OnUnreachable", "local needs a positive LocalAmount and LocalEvery")
 		}
 	default:
-		errs = append(errs, fmt.Errorf("admit: OnUnreachable %q must be deny, local or allow", c.OnUnreachable))
+		bad("OnUnreachable", "%q must be deny, local or allow", c.OnUnreachable)
 	}
 	switch c.OnStale {
 	case "", Deny, Allow:
 	default:
-		errs = append(errs, fmt.Errorf("admit: OnStale %q must be deny or allow", c.OnStale))
+		bad("OnStale", "%q must be deny or allow", c.OnStale)
 	}
 	for i, b := range c.Brokers {
 		if b == "" {
-			errs = append(errs, fmt.Errorf("admit: Brokers[%d] is empty", i))
+			bad(fmt.Sprintf("Brokers[%d]", i), "is empty")
 		}
 	}
-	if c.DecisionHistory < 0 || c.RuleRecheck < 0 {
-		errs = append(errs, errors.New("admit: DecisionHistory and RuleRecheck must not be negative"))
+	for _, d := range []struct {
+		field string
+		v     time.Duration
+	}{{"DecisionHistory", c.DecisionHistory}, {"RuleRecheck", c.RuleRecheck}, {"GrantTTL", c.GrantTTL},
+		{"Lookahead", c.Lookahead}, {"Tick", c.Tick}, {"MaxWait", c.MaxWait}, {"CloseTimeout", c.CloseTimeout},
+		{"LocalEvery", c.LocalEvery}} {
+		if d.v < 0 {
+			bad(d.field, "%s must not be negative (0: the default)", d.v)
+		}
+	}
+	if c.GrantTTL > 0 && c.GrantTTL < time.Second {
+		bad("GrantTTL", "%s is below a second: Tally takes whole grants of at least 1s", c.GrantTTL)
+	}
+	if c.MinGrant < 0 || c.LocalAmount < 0 {
+		bad("MinGrant", "MinGrant and LocalAmount must not be negative")
 	}
 	return errors.Join(errs...)
+}
+
+func validHolder(h string) bool {
+	if len(h) == 0 || len(h) > 128 {
+		return false
+	}
+	for _, r := range h {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._:-", r)) {
+			return false
+		}
+	}
+	return true
 }
 
 // Client admits requests for one holder.
@@ -192,6 +279,14 @@ type Client struct {
 	done       chan struct{}
 	closeOnce  sync.Once
 	closed     atomic.Bool // set by Close before it gives the grants back
+	bg         context.Context
+	stopBG     context.CancelFunc // ends the loop's and background grant requests' calls at Close
+	fetchMu    sync.RWMutex       // orders starting a background grant request against Close
+	fetches    sync.WaitGroup
+	reach      reach
+	metrics    *metrics
+	reportMu   sync.Mutex
+	reportAt   map[string]time.Time // final spend reports not to resend before
 
 	decMu      sync.Mutex // decisions, and handing them to budgets as they are added
 	decisions  map[key]*lagged
@@ -205,7 +300,14 @@ type key struct{ customer, meter string }
 // left by earlier runs when Tally answers, and starts the background loop.
 func New(cfg Config) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("admit: invalid Config: %w", err)
+	}
+	cfg.URL = strings.TrimRight(cfg.URL, "/") // "http://tally:8080/" + "/v1/grants" is not a route
+	if cfg.MaxWait == 0 {
+		cfg.MaxWait = 250 * time.Millisecond
+	}
+	if cfg.CloseTimeout == 0 {
+		cfg.CloseTimeout = 2 * time.Second
 	}
 	if cfg.OnUnreachable == "" {
 		cfg.OnUnreachable = Deny
@@ -256,9 +358,14 @@ func New(cfg Config) (*Client, error) {
 	}
 	c := &Client{cfg: cfg, generation: gen, http: cfg.HTTPClient, log: cfg.Logger, journal: j,
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
-		decisions: map[key]*lagged{}}
+		decisions: map[key]*lagged{}, reportAt: map[string]time.Time{}}
 	empty := map[key]*budget{}
-	c.budgets.Store(&empty)
+	c.budgets.Store(&empty) // before the metrics: a scrape reads it
+	if c.metrics, err = newMetrics(cfg.Registerer, c); err != nil {
+		_ = j.close()
+		return nil, fmt.Errorf("admit: metrics: %w", err)
+	}
+	c.bg, c.stopBG = context.WithCancel(context.Background())
 	rctx, cancel := context.WithCancel(context.Background())
 	c.stopReader = cancel
 	if len(cfg.Brokers) > 0 {
@@ -326,10 +433,19 @@ func writeFileSync(path string, data []byte) error {
 // Admit decides whether a request of cost units of meter for customer may
 // pass. Under an exact rule, from a held grant it answers from memory
 // without locking or allocating; with no capacity left it asks Tally for a
-// grant (bounded by ctx), and when Tally cannot be reached it applies
-// OnUnreachable. Under a lagged rule it answers from the latest decision
-// in memory, without locking or allocating either. The first call for a
-// customer and meter asks Tally which kind of rule they have.
+// grant, waiting at most MaxWait (and ctx). When Tally is unreachable,
+// slower than that, or refusing for load, the rule's on_unreachable
+// answers at once; while Tally stays so, Admit does not wait for it at
+// all. Under a lagged rule it answers from the latest decision in memory,
+// without locking or allocating either. The first call for a customer and
+// meter asks Tally which kind of rule they have.
+//
+// Admit's errors: cost not positive; a bypass that could not be written
+// to the journal (so it was not admitted); ErrClosed; and a *TallyError
+// when Tally refuses this client itself (401 token unknown or revoked,
+// 403 token not for Holder, 400): setup mistakes that Check reports at
+// start. Tally being down, slow or overloaded is never an error: it is
+// the Decision's Unreachable.
 func (c *Client) Admit(ctx context.Context, customer, meter string, cost int64) (Decision, error) {
 	if cost <= 0 {
 		return Decision{}, fmt.Errorf("admit: cost %d must be positive", cost)
@@ -337,13 +453,17 @@ func (c *Client) Admit(ctx context.Context, customer, meter string, cost int64) 
 	b := (*c.budgets.Load())[key{customer, meter}]
 	if b != nil {
 		if b.kind.Load() >= kindLagged {
-			return c.fromDecision(b), nil
+			return b.counted(c.fromDecision(b)), nil
 		}
 		if b.take(cost) {
 			return Decision{Admitted: true, How: FromGrant}, nil
 		}
 	}
-	return c.admitSlow(ctx, customer, meter, cost, b)
+	d, err := c.admitSlow(ctx, customer, meter, cost, b)
+	if err == nil && d.How != FromGrant {
+		c.metrics.admit(d)
+	}
+	return d, err
 }
 
 func (c *Client) admitSlow(ctx context.Context, customer, meter string, cost int64, b *budget) (Decision, error) {
@@ -354,17 +474,45 @@ func (c *Client) admitSlow(ctx context.Context, customer, meter string, cost int
 		}
 	}
 	b.misses.Add(1)
+	now := time.Now()
 	// Refused recently: answer from memory until retry_after.
-	if until := b.refusedUntil.Load(); until > 0 && time.Now().UnixNano() < until {
+	if until := b.refusedUntil.Load(); until > 0 && now.UnixNano() < until {
 		binding := b.binding
 		if by := b.refusedBy.Load(); by != nil {
 			binding = *by // a pool's or the global budget may have refused
 		}
-		return Decision{Binding: binding, RetryAfter: time.Duration(until - time.Now().UnixNano())}, nil
+		return Decision{How: Exhausted, Binding: binding, RetryAfter: time.Duration(until - now.UnixNano())}, nil
 	}
-	err := c.topUp(ctx, b, cost)
+	if c.closed.Load() {
+		return Decision{}, ErrClosed
+	}
+	// Tally known unreachable, or asked for a pause: answer at once. A
+	// grant request goes on in the background when the pause is over: the
+	// probe whose answer lets the next call be served from a grant.
+	if c.reach.down.Load() || c.paused(now) {
+		if !c.paused(now) {
+			c.fetch(b, cost)
+		}
+		return c.unreachable(customer, meter, cost, b)
+	}
+	f := c.fetch(b, cost)
+	t := time.NewTimer(c.cfg.MaxWait)
+	defer t.Stop()
+	select {
+	case <-f.done:
+	case <-t.C:
+		// Slower than the bound: Tally counts as unreachable until it
+		// answers (the request goes on and its grant will be used).
+		c.markDown(fmt.Errorf("no answer to a grant request within MaxWait (%s)", c.cfg.MaxWait))
+		return c.unreachable(customer, meter, cost, b)
+	case <-ctx.Done():
+		// The caller's own bound: answered as Tally not answering in
+		// time, without calling Tally unreachable.
+		return c.unreachable(customer, meter, cost, b)
+	}
+	err := f.err
 	if b.kind.Load() >= kindLagged {
-		return c.fromDecision(b), nil
+		return b.counted(c.fromDecision(b)), nil
 	}
 	if b.take(cost) {
 		return Decision{Admitted: true, How: FromGrant}, nil
@@ -372,19 +520,56 @@ func (c *Client) admitSlow(ctx context.Context, customer, meter string, cost int
 	var ex *exhaustedError
 	switch {
 	case errors.As(err, &ex):
-		return Decision{Binding: ex.Binding, RetryAfter: ex.RetryAfter}, nil
-	case err != nil && isUnreachable(err):
+		return Decision{How: Exhausted, Binding: ex.Binding, RetryAfter: ex.RetryAfter}, nil
+	case err != nil && (isUnreachable(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
 		return c.unreachable(customer, meter, cost, b)
 	case err != nil:
 		return Decision{}, err
 	}
 	// Granted, but the capacity went to concurrent callers.
-	return Decision{Binding: b.binding}, nil
+	return Decision{How: Exhausted, Binding: b.binding, RetryAfter: c.cfg.Tick}, nil
 }
 
-// unreachable applies OnUnreachable.
+// fetch starts a grant request for b covering at least need, or joins the
+// one in flight. It runs in the background: an Admit that stops waiting
+// for it leaves it to finish, and what it brings is used.
+func (c *Client) fetch(b *budget, need int64) *fetch {
+	b.fmu.Lock()
+	defer b.fmu.Unlock()
+	if f := b.inflight; f != nil {
+		return f
+	}
+	f := &fetch{done: make(chan struct{})}
+	c.fetchMu.RLock()
+	defer c.fetchMu.RUnlock()
+	if c.closed.Load() {
+		f.err = ErrClosed
+		close(f.done)
+		return f
+	}
+	b.inflight = f
+	c.fetches.Add(1)
+	go func() {
+		defer c.fetches.Done()
+		f.err = c.topUp(c.bg, b, need)
+		b.fmu.Lock()
+		b.inflight = nil
+		b.fmu.Unlock()
+		close(f.done)
+	}()
+	return f
+}
+
+// fetch is a grant request in flight; err is set before done is closed.
+type fetch struct {
+	done chan struct{}
+	err  error
+}
+
+// unreachable applies the rule's on_unreachable (Config.OnUnreachable
+// until a grant has brought the rule's own).
 func (c *Client) unreachable(customer, meter string, cost int64, b *budget) (Decision, error) {
-	d := Decision{Binding: b.binding, Unreachable: true}
+	d := Decision{How: Unreachable, Binding: b.binding, Unreachable: true, RetryAfter: c.retryIn(time.Now())}
 	p := policy{how: c.cfg.OnUnreachable, amount: c.cfg.LocalAmount, every: c.cfg.LocalEvery}
 	if learnt := b.policy.Load(); learnt != nil {
 		p = *learnt
@@ -402,7 +587,7 @@ func (c *Client) unreachable(customer, meter string, cost int64, b *budget) (Dec
 		// Not on disk, so not admitted: a bypass must never go unrecorded.
 		return d, fmt.Errorf("admit: record bypass: %w", err)
 	}
-	d.Admitted, d.How = true, Bypass
+	d.Admitted, d.How, d.RetryAfter = true, Bypass, 0
 	return d, nil
 }
 
@@ -432,24 +617,58 @@ func (c *Client) budget(customer, meter string) *budget {
 	return b
 }
 
-// Close releases every held grant with its spent (when Tally answers),
-// reports pending bypasses, and stops the background loop.
+// Close gives back every held grant with its final spent, reports pending
+// bypasses, and stops the background loop, within CloseTimeout (and ctx).
+// Every final spend report is on disk first: those Tally did not take in
+// time (it hangs, is down, or refuses for load) stay in Dir for the next
+// Client on that directory to deliver, and Close returns an
+// *UndeliveredError saying how many. Close never waits on a Tally known
+// to be unreachable beyond writing those reports.
 func (c *Client) Close(ctx context.Context) error {
 	var err error
 	c.closeOnce.Do(func() {
 		// Before the grants go back: a top-up that takes a budget's lock
 		// after its release sees it and asks for nothing, so no grant is
 		// left live behind a closed client.
+		c.fetchMu.Lock()
 		c.closed.Store(true)
+		c.fetchMu.Unlock()
+		cctx, cancel := context.WithTimeout(ctx, c.cfg.CloseTimeout)
+		defer cancel()
+		// Grant requests in flight may still bring grants, which go back
+		// below; past the bound, their calls are cut.
+		stopAfter := context.AfterFunc(cctx, c.stopBG)
+		defer stopAfter()
+		defer c.stopBG()
 		close(c.stop)
 		<-c.done
+		c.fetches.Wait()
 		c.stopReader()
 		c.readers.Wait()
 		for _, b := range *c.budgets.Load() {
-			c.releaseAll(ctx, b)
+			c.releaseAll(cctx, b)
 		}
-		c.reportBypasses(ctx)
-		err = c.journal.close()
+		// Every report once, even while Tally counts as unreachable (it
+		// may have come back since the last probe), then what it did not
+		// take, honouring its pauses, until the bound.
+		left, spent := c.deliverReports(cctx, true)
+		for left > 0 && cctx.Err() == nil {
+			wait := time.Duration(c.reach.pausedUntil.Load() - time.Now().UnixNano())
+			if !pause.For(cctx, max(wait, c.cfg.Tick)) {
+				break
+			}
+			left, spent = c.deliverReports(cctx, false)
+		}
+		if !c.paused(time.Now()) && cctx.Err() == nil {
+			c.reportBypasses(cctx)
+		}
+		var undelivered error
+		if left > 0 {
+			undelivered = &UndeliveredError{Reports: left, Spent: spent, Dir: c.cfg.Dir}
+			c.log.Warn("closed with final spend reports undelivered; the next run on this directory delivers them",
+				"reports", left, "spent", spent, "dir", c.cfg.Dir)
+		}
+		err = errors.Join(undelivered, c.journal.close())
 	})
 	return err
 }
@@ -460,8 +679,10 @@ var shards = runtime.GOMAXPROCS(0)
 
 type shard struct {
 	avail atomic.Int64
-	taken atomic.Int64 // admitted from grants, for the demand measure
-	_     [48]byte
+	taken atomic.Int64 // admitted from grants, for the demand measure and metrics
+	// Answers of a lagged rule (or none), for metrics.
+	decAdmitted, decRefused, noRule atomic.Int64
+	_                               [24]byte
 }
 
 type budget struct {
@@ -474,6 +695,10 @@ type budget struct {
 	policy                   atomic.Pointer[policy] // the rule's on_unreachable, from the last grant
 	kind                     atomic.Uint32          // kindUnknown, kindExact, kindLagged, kindNoRule
 	dec                      atomic.Pointer[lagged] // the latest decision, for a lagged rule
+	heldGrants               atomic.Int64           // len(grants), for metrics
+
+	fmu      sync.Mutex
+	inflight *fetch // the grant request in flight, started by Admit
 
 	// Below: under mu (the slow path and the background loop).
 	mu        sync.Mutex
@@ -516,6 +741,20 @@ func (b *budget) tight(now time.Time) bool { return now.Before(b.tightUntil) }
 func newBudget(customer, meter string) *budget {
 	return &budget{customer: customer, meter: meter, binding: "customer:" + customer + "/" + meter,
 		shards: make([]shard, shards), lastAt: time.Now()}
+}
+
+// counted counts a lagged (or no-rule) answer in one shard, for metrics.
+func (b *budget) counted(d Decision) Decision {
+	s := &b.shards[int(rand.Uint32())%len(b.shards)]
+	switch {
+	case d.How == NoRule:
+		s.noRule.Add(1)
+	case d.Admitted:
+		s.decAdmitted.Add(1)
+	default:
+		s.decRefused.Add(1)
+	}
+	return d
 }
 
 // take admits cost from one shard, trying the others when it is short.

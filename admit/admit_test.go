@@ -15,7 +15,7 @@ import (
 
 func newClient(t testing.TB, ts *tally, holder, dir string, cfg admit.Config) *admit.Client {
 	t.Helper()
-	cfg.URL, cfg.Token, cfg.Holder, cfg.Dir = ts.srv.URL, ts.gatewayToken(holder), holder, dir
+	cfg.URL, cfg.Token, cfg.Holder, cfg.Dir = ts.url, ts.gatewayToken(holder), holder, dir
 	c, err := admit.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -147,8 +147,10 @@ func TestTallyUnreachable(t *testing.T) {
 				t.Fatalf("bypassed %d, want %d", bypassed, tc.want)
 			}
 			// The gateway restarts while Tally is still down: nothing lost.
-			if err := c.Close(ctx); err != nil {
-				t.Fatal(err)
+			// Close says the grant's final spend report is kept on disk.
+			var und *admit.UndeliveredError
+			if err := c.Close(ctx); !errors.As(err, &und) || und.Reports != 1 {
+				t.Fatalf("close while Tally is down: %v, want one undelivered final spend report", err)
 			}
 			c = newClient(t, ts, "gw1", dir, cfg)
 			defer c.Close(ctx)

@@ -18,7 +18,7 @@ func (ts *tally) admin(method, path string, body any) {
 	if err != nil {
 		ts.t.Fatal(err)
 	}
-	req, err := http.NewRequest(method, ts.srv.URL+path, bytes.NewReader(b))
+	req, err := http.NewRequest(method, ts.url+path, bytes.NewReader(b))
 	if err != nil {
 		ts.t.Fatal(err)
 	}

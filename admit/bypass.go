@@ -177,7 +177,7 @@ func (c *Client) reportBypasses(ctx context.Context) {
 		}
 		if len(items) > 0 {
 			id := strings.TrimSuffix(filepath.Base(p), ".pending")
-			err = c.call(ctx, "/v1/bypasses", map[string]any{"holder": c.cfg.Holder, "generation": c.generation,
+			err = c.call(ctx, "bypasses", "/v1/bypasses", map[string]any{"holder": c.cfg.Holder, "generation": c.generation,
 				"report_id": id, "items": items}, nil)
 			if err != nil {
 				return // try again on the next round
@@ -187,4 +187,10 @@ func (c *Client) reportBypasses(ctx context.Context) {
 			c.log.Error("bypass report", "file", p, "err", err)
 		}
 	}
+}
+
+// pendingBypassReports counts sealed bypass reports not yet delivered.
+func (c *Client) pendingBypassReports() int {
+	pending, _ := filepath.Glob(filepath.Join(c.cfg.Dir, "bypass-*.pending"))
+	return len(pending)
 }

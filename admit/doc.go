@@ -27,6 +27,19 @@
 //     without a grant is a bypass: appended to a journal on disk before
 //     Admit returns, and reported (idempotently, by journal file) once Tally
 //     answers again, by this generation or a later one.
+//   - No Admit waits on Tally longer than Config.MaxWait (250 ms by
+//     default) or its ctx. Unreachability and slowness are remembered
+//     (reach.go): while Tally is known down, or has asked for a pause
+//     (429, 503 Retry-After), Admit answers by on_unreachable without
+//     calling it; the background loop and grant requests started without
+//     waiting are the probes, after a backoff.
+//   - Every final spend report (a grant's release) is written to Dir and
+//     fsynced before it is sent, and removed only once Tally has it
+//     (spend.go), so no outage, hang or restart loses spend: delivered
+//     before reclaim it frees the unspent part, after it Tally records it
+//     as a late report that frees nothing.
+//   - Close is bounded by Config.CloseTimeout and its ctx; what it could
+//     not deliver stays in Dir and is returned as an *UndeliveredError.
 //   - A lagged rule is answered as quota.Decision.Blocks says, from the
 //     newest decision per key by (leader_epoch, seq), read by one reader per
 //     partition from Config.DecisionHistory ago. Admit reads it through one

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -23,21 +22,54 @@ func (e *exhaustedError) Error() string {
 	return fmt.Sprintf("admit: budget %s exhausted (%s available)", e.Binding, e.Available)
 }
 
-// unreachableError: Tally did not answer (connection refused, timeout, 5xx).
+// unreachableError: Tally did not answer (connection refused, timeout,
+// 5xx other than 503), or answered slower than Config.MaxWait.
 type unreachableError struct{ err error }
 
 func (e *unreachableError) Error() string { return "admit: Tally unreachable: " + e.err.Error() }
 func (e *unreachableError) Unwrap() error { return e.err }
 
+// loadError: Tally refused the call for load (429, or 503 from its
+// concurrency limit), asking to come back after RetryAfter.
+type loadError struct {
+	Status     int
+	RetryAfter time.Duration
+}
+
+func (e *loadError) Error() string {
+	return fmt.Sprintf("admit: Tally refused for load (%d), retry after %s", e.Status, e.RetryAfter)
+}
+
+// isUnreachable: Tally could not serve the call, for whatever reason it
+// did not say no (down, hung, slow, or shedding load): the rule's
+// on_unreachable answers.
 func isUnreachable(err error) bool {
 	var u *unreachableError
-	return errors.As(err, &u)
+	var l *loadError
+	return errors.As(err, &u) || errors.As(err, &l)
 }
 
 // notExactError: the rule is lagged ("lagged") or there is none ("none").
 type notExactError struct{ Admission string }
 
 func (e *notExactError) Error() string { return "admit: not an exact rule: " + e.Admission }
+
+// TallyError is a refusal by Tally that is not about a budget: the
+// client's setup (401 an unknown or revoked token, 403 a token that may
+// not act for Holder) or a request Tally found wrong (400, 404, 409 on a
+// grant). Admit returns it as an error: it will not go away by itself.
+// Check reports the same at start.
+type TallyError struct {
+	Path   string
+	Status int
+	// Type is the problem's type, e.g. "urn:tally:problem:unauthorized".
+	Type   string
+	Detail string
+}
+
+func (e *TallyError) Error() string {
+	return fmt.Sprintf("admit: Tally refused %s: %d %s: %s", e.Path, e.Status, e.Type, e.Detail)
+}
 
 type problem struct {
 	Admission  string `json:"admission"`
@@ -55,14 +87,58 @@ type grantAnswer struct {
 	RuleVersion   int64     `json:"rule_version"`
 	OnUnreachable Policy    `json:"on_unreachable"`
 	LocalAmount   string    `json:"local_amount"`
-	LocalEvery    int64     `json:"local_every"`
+	LocalEvery    duration  `json:"local_every"`
 	// Available: what the budgets drawn have left after this grant (the
 	// smallest limit − consumed); empty from a Tally that does not say.
-	Available string `json:"available"`
+	Available  string `json:"available"`
+	LateReport bool   `json:"late_report"`
 }
 
-// call POSTs body to path and decodes a 2xx answer into out.
-func (c *Client) call(ctx context.Context, path string, body, out any) error {
+// duration reads a duration given as a string ("1m") or as whole seconds.
+type duration time.Duration
+
+func (d *duration) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err == nil {
+		v, err := time.ParseDuration(s)
+		*d = duration(v)
+		return err
+	}
+	n, err := strconv.ParseInt(string(b), 10, 64)
+	*d = duration(time.Duration(n) * time.Second)
+	return err
+}
+
+// Problem types the client tells apart.
+const (
+	problemExhausted  = "urn:tally:problem:budget-exhausted"
+	problemNotExact   = "urn:tally:problem:not-exact"
+	problemGrantEnded = "urn:tally:problem:grant-ended"
+	problemStaleGen   = "urn:tally:problem:stale-generation"
+)
+
+// call POSTs body to path and decodes a 2xx answer into out. It records
+// what the answer says of Tally's health: no answer marks it unreachable
+// (Admit then answers by on_unreachable at once, with backoff), a refusal
+// for load pauses calls for Retry-After, any other answer marks it up.
+func (c *Client) call(ctx context.Context, kind, path string, body, out any) error {
+	start := time.Now()
+	err := c.do(ctx, path, body, out)
+	c.metrics.call(kind, err, time.Since(start))
+	var u *unreachableError
+	var l *loadError
+	switch {
+	case errors.As(err, &u):
+		c.markDown(err)
+	case errors.As(err, &l):
+		c.markBusy(l.RetryAfter)
+	case err == nil || !errors.Is(err, ctx.Err()):
+		c.markUp()
+	}
+	return err
+}
+
+func (c *Client) do(ctx context.Context, path string, body, out any) error {
 	b, err := json.Marshal(body)
 	if err != nil {
 		return err
@@ -75,16 +151,21 @@ func (c *Client) call(ctx context.Context, path string, body, out any) error {
 	req.Header.Set("Authorization", "Bearer "+c.cfg.Token)
 	resp, err := c.http.Do(req)
 	if err != nil {
-		var ne net.Error
-		if errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || ctx.Err() == nil {
-			return &unreachableError{err}
+		if ctx.Err() != nil {
+			return ctx.Err() // the caller's bound, not Tally's health
 		}
-		return err
+		return &unreachableError{err}
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
 		return &unreachableError{err}
+	}
+	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+		return &loadError{Status: resp.StatusCode, RetryAfter: retryAfter(resp.Header.Get("Retry-After"))}
 	}
 	if resp.StatusCode >= 500 {
 		return &unreachableError{fmt.Errorf("%s: %s", resp.Status, raw)}
@@ -92,22 +173,31 @@ func (c *Client) call(ctx context.Context, path string, body, out any) error {
 	if resp.StatusCode >= 300 {
 		var p problem
 		_ = json.Unmarshal(raw, &p)
-		if p.Type == "urn:tally:problem:budget-exhausted" {
+		switch p.Type {
+		case problemExhausted:
 			e := &exhaustedError{Binding: p.Binding, Available: p.Available}
 			if p.RetryAfter != nil {
 				e.RetryAfter = time.Duration(*p.RetryAfter) * time.Second
 			}
 			return e
-		}
-		if p.Type == "urn:tally:problem:not-exact" {
+		case problemNotExact:
 			return &notExactError{Admission: p.Admission}
 		}
-		return fmt.Errorf("admit: %s %s: %s (%s)", path, resp.Status, p.Type, p.Detail)
+		return &TallyError{Path: path, Status: resp.StatusCode, Type: p.Type, Detail: p.Detail}
 	}
 	if out == nil {
 		return nil
 	}
 	return json.Unmarshal(raw, out)
+}
+
+// retryAfter reads a Retry-After header in seconds; one second when it is
+// missing or unreadable (never 0: a storm of immediate retries).
+func retryAfter(h string) time.Duration {
+	if n, err := strconv.ParseInt(h, 10, 64); err == nil && n > 0 {
+		return time.Duration(n) * time.Second
+	}
+	return time.Second
 }
 
 // topUp asks for a grant big enough for at least need, sized from the
@@ -202,7 +292,7 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	// target, and each costs an issue and a release.
 	size := max(c.target(b, now), need)
 	var g grantAnswer
-	err := c.call(ctx, "/v1/grants", map[string]any{
+	err := c.call(ctx, "issue", "/v1/grants", map[string]any{
 		"holder": c.cfg.Holder, "generation": c.generation, "customer": b.customer, "meter": b.meter,
 		"amount": strconv.FormatInt(size, 10), "min_amount": strconv.FormatInt(need, 10),
 		"ttl": c.cfg.GrantTTL.String(),
@@ -233,7 +323,7 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	b.checkedVersion = max(b.checkedVersion, g.RuleVersion)
 	if g.OnUnreachable != "" {
 		// The rule's policy, learnt with the grant, overrides the default.
-		p := policy{how: g.OnUnreachable, every: time.Duration(g.LocalEvery) * time.Second}
+		p := policy{how: g.OnUnreachable, every: time.Duration(g.LocalEvery)}
 		if g.LocalAmount != "" {
 			p.amount, _ = parseUnits(g.LocalAmount)
 		}
@@ -261,6 +351,7 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	// Keep a tick of margin before valid_until: the loop renews or gives
 	// back the grant before Tally may consider it expired.
 	b.grants = append(b.grants, &held{id: g.ID, amount: amount, validUntil: g.ValidUntil})
+	b.heldGrants.Store(int64(len(b.grants)))
 	b.add(amount)
 	return nil
 }
@@ -291,26 +382,23 @@ func (b *budget) allocate() []int64 {
 	return out
 }
 
-// release withdraws what g has not spent, releases it with its final spent
-// and forgets it. Under b.mu.
+// release withdraws what g has not spent, forgets it, and hands its final
+// spent to finalReport: kept on disk, then sent (now, or when Tally
+// answers again). Under b.mu.
 func (c *Client) release(ctx context.Context, b *budget, g *held, allocated int64) {
 	w := b.withdraw(g.amount - allocated)
 	local := g.amount - w // admitted from g, as far as this gateway knows
 	b.finals += local
 	final := max(local, g.spent)
-	err := c.call(ctx, "/v1/grants/"+g.id+"/release", map[string]any{
-		"holder": c.cfg.Holder, "generation": c.generation, "spent": strconv.FormatInt(final, 10),
-	}, nil)
-	if err != nil {
-		// Tally reclaims it at valid_until + max_skew, counted fully spent.
-		c.log.Warn("grant release failed; it will expire", "grant", g.id, "err", err)
-	}
 	for i, h := range b.grants {
 		if h == g {
 			b.grants = append(b.grants[:i], b.grants[i+1:]...)
 			break
 		}
 	}
+	b.heldGrants.Store(int64(len(b.grants)))
+	c.finalReport(ctx, spendReport{Grant: g.id, Holder: c.cfg.Holder, Generation: c.generation,
+		Customer: b.customer, Meter: b.meter, Spent: final, ValidUntil: g.validUntil})
 }
 
 func (c *Client) releaseAll(ctx context.Context, b *budget) {
@@ -335,11 +423,17 @@ func (c *Client) loop() {
 		case <-t.C:
 		case <-c.wake:
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 5*c.cfg.Tick+2*time.Second)
+		ctx, cancel := context.WithTimeout(c.bg, 5*c.cfg.Tick+2*time.Second)
 		for _, b := range *c.budgets.Load() {
 			c.tend(ctx, b)
 		}
-		c.reportBypasses(ctx)
+		if !c.paused(time.Now()) {
+			c.deliverReports(ctx, false)
+		}
+		if !c.paused(time.Now()) {
+			c.reportBypasses(ctx)
+		}
+		c.metrics.observeState(c)
 		cancel()
 	}
 }
@@ -370,6 +464,9 @@ func (c *Client) tendNotExact(ctx context.Context, b *budget, now time.Time) {
 	if now.Sub(b.checkedAt) < c.cfg.RuleRecheck && (l == nil || l.d.RuleVersion == b.checkedVersion) {
 		return
 	}
+	if c.paused(now) {
+		return // asked again once Tally answers
+	}
 	b.checkedAt = now // also when Tally does not answer: try again later
 	if l != nil {
 		b.checkedVersion = l.d.RuleVersion
@@ -394,7 +491,7 @@ func (c *Client) tend(ctx context.Context, b *budget) {
 	}
 	// A decision with a newer rule version than the grants': the rule may
 	// have turned lagged. A grant request tells (once per version).
-	if l := b.dec.Load(); l != nil && b.kind.Load() == kindExact && l.d.RuleVersion > b.checkedVersion {
+	if l := b.dec.Load(); l != nil && b.kind.Load() == kindExact && l.d.RuleVersion > b.checkedVersion && !c.paused(now) {
 		b.checkedVersion = l.d.RuleVersion
 		_ = c.topUpLocked(ctx, b, 1) // refused not-exact: kind turns lagged
 		if b.kind.Load() >= kindLagged {
@@ -421,12 +518,15 @@ func (c *Client) tend(ctx context.Context, b *budget) {
 			c.release(ctx, b, g, alloc[i])
 		}
 	}
-	// Renew the rest when half their TTL is gone.
+	// Renew the rest when half their TTL is gone. A renew Tally does not
+	// take (down, or refused for load) is tried again at the next tick
+	// after the pause (Retry-After, or the backoff), until the grant is
+	// released above, two ticks before its valid_until.
 	alloc = b.allocate()
 	for i, g := range b.grants {
-		if g.validUntil.Sub(now) < c.cfg.GrantTTL/2 {
+		if g.validUntil.Sub(now) < c.cfg.GrantTTL/2 && !c.paused(time.Now()) {
 			var ans grantAnswer
-			err := c.call(ctx, "/v1/grants/"+g.id+"/renew", map[string]any{
+			err := c.call(ctx, "renew", "/v1/grants/"+g.id+"/renew", map[string]any{
 				"holder": c.cfg.Holder, "generation": c.generation, "spent": strconv.FormatInt(alloc[i], 10),
 				"ttl": c.cfg.GrantTTL.String(),
 			}, &ans)
@@ -438,7 +538,7 @@ func (c *Client) tend(ctx context.Context, b *budget) {
 	target := c.target(b, now)
 	avail := b.available()
 	// Top up before running dry.
-	if avail < target/2 && time.Now().UnixNano() >= b.refusedUntil.Load() && len(b.grants) > 0 {
+	if avail < target/2 && time.Now().UnixNano() >= b.refusedUntil.Load() && len(b.grants) > 0 && !c.paused(time.Now()) {
 		_ = c.topUpLocked(ctx, b, 1)
 	}
 	// Give back what demand no longer needs: the newest grant, when what

@@ -2,9 +2,12 @@ package admit_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -26,7 +29,17 @@ import (
 	"github.com/tally-ledger/tally/tokens"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	code := m.Run()
+	removeTallyBinary()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: errors on successful test run: %v\n", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
 
 const adminToken = "admit-test-admin-token-0123456789abcdef"
 
@@ -35,8 +48,12 @@ const adminToken = "admit-test-admin-token-0123456789abcdef"
 type tally struct {
 	t    testing.TB
 	pool *pgxpool.Pool
-	srv  *httptest.Server
+	srv  *httptest.Server // nil for a tally serve process
+	url  string
 	down atomic.Bool
+	// refuse, when set, answers a request with its status (429 or 503,
+	// Retry-After: 1) instead of serving it, when it returns one.
+	refuse atomic.Pointer[func(*http.Request) int]
 }
 
 func startTally(t testing.TB) *tally {
@@ -63,9 +80,19 @@ func startTally(t testing.TB) *tally {
 		if ts.down.Load() {
 			panic(http.ErrAbortHandler) // the connection dies without an answer
 		}
+		if refuse := ts.refuse.Load(); refuse != nil {
+			if code := (*refuse)(r); code != 0 {
+				w.Header().Set("Retry-After", "1")
+				w.Header().Set("Content-Type", "application/problem+json")
+				w.WriteHeader(code)
+				_, _ = w.Write([]byte(`{"type":"urn:tally:problem:overloaded","title":"Too many requests","status":` + strconv.Itoa(code) + `}`))
+				return
+			}
+		}
 		h.ServeHTTP(w, r)
 	}))
 	t.Cleanup(ts.srv.Close)
+	ts.url = ts.srv.URL
 	return ts
 }
 

@@ -139,7 +139,7 @@ func TestExactAndLaggedRulesInOneClient(t *testing.T) {
 			t.Fatal(err)
 		}
 		if !d.Admitted {
-			if d.How != admit.None || d.Binding != "customer:acme/tokens" {
+			if d.How != admit.Exhausted || d.Binding != "customer:acme/tokens" {
 				t.Fatalf("tokens refused: %+v", d)
 			}
 			denied++

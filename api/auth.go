@@ -75,10 +75,13 @@ func (a *API) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tok, ok := bearer(r)
 		if !ok {
-			a.writeError(w, r, unauthorized("send Authorization: Bearer <token> (the admin token or a customer token from `tally tokens create`)"))
+			a.writeError(w, r, unauthorized("send Authorization: Bearer <token> ("+tokenKinds(r)+")"))
 			return
 		}
 		p, err := a.identify(r.Context(), tok)
+		if pr, ok := errors.AsType[*Problem](err); ok && pr.Status == http.StatusUnauthorized {
+			err = unauthorized(pr.Detail + "; this takes " + tokenKinds(r))
+		}
 		if err != nil {
 			a.writeError(w, r, err)
 			return
@@ -117,6 +120,16 @@ func (a *API) chargeToken(p principal, cost int) (bool, time.Duration) {
 		a.metrics.shed.WithLabelValues(label).Inc()
 	}
 	return ok, wait
+}
+
+// tokenKinds names the tokens r's route takes, for a 401: gateway routes
+// (grants and bypasses) take a gateway token, which a newcomer wiring the
+// admit SDK otherwise never hears of.
+func tokenKinds(r *http.Request) string {
+	if p := r.URL.Path; strings.HasPrefix(p, "/v1/grants") || p == "/v1/bypasses" {
+		return "a gateway token from `tally tokens create --gateway H` for the request's holder, or the admin token"
+	}
+	return "the admin token or a customer token from `tally tokens create`"
 }
 
 // identify says whose tok is: the admin's, or a customer or gateway

@@ -85,14 +85,15 @@ func TestGrants(t *testing.T) {
 		t.Fatalf("bypasses: %d %s", r.status, r.body)
 	}
 
-	// Listings, readable by the customer's token.
+	// Listings, readable by the customer's token. The released grant's
+	// unspent 40 went back to the budget: nothing is stranded.
 	r = f.do("GET", "/v1/customers/acme/budgets", cust, nil)
 	b := asSlice(r.json(t)["items"])
 	if r.status != 200 || len(b) != 1 {
 		t.Fatalf("budgets: %d %s", r.status, r.body)
 	}
 	bud := b[0].(map[string]any)
-	if bud["limit"] != "100" || bud["consumed"] != "70" || bud["live"] != "50" || bud["stranded"] != "40" ||
+	if bud["limit"] != "100" || bud["consumed"] != "70" || bud["live"] != "50" || bud["stranded"] != "0" ||
 		bud["bypassed"] != "3" || bud["available"] != "30" {
 		t.Fatalf("budget: %s", r.body)
 	}
@@ -201,5 +202,20 @@ func TestGrantAnswerSaysWhatIsLeft(t *testing.T) {
 	r := f.do("POST", "/v1/grants/"+g["id"].(string)+"/renew", gw, map[string]any{"holder": "gw", "generation": 1, "spent": "1"})
 	if _, ok := r.json(t)["available"]; r.status != 200 || ok {
 		t.Fatalf("renew: %d %s", r.status, r.body)
+	}
+}
+
+// A gateway route refused for its token says which token it takes: a
+// gateway token (tally tokens create --gateway H), not only "a customer
+// token".
+func TestGrantRoutes401NamesGatewayTokens(t *testing.T) {
+	f := newFixture(t)
+	for _, tok := range []string{"", "no-such-token"} {
+		for _, path := range []string{"/v1/grants", "/v1/bypasses", "/v1/grants/00000000-0000-0000-0000-000000000000/release"} {
+			p := f.do("POST", path, tok, map[string]any{}).problem(t, 401, "urn:tally:problem:unauthorized")
+			if !strings.Contains(p.Detail, "gateway token") || !strings.Contains(p.Detail, "--gateway") {
+				t.Errorf("POST %s with token %q: %q does not name gateway tokens", path, tok, p.Detail)
+			}
+		}
 	}
 }

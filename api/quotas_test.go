@@ -20,13 +20,13 @@ func TestQuotas(t *testing.T) {
 	r := f.do("PUT", "/v1/customers/acme/quotas/api_calls", adminToken, map[string]any{"limit": "1000", "reason": "plan: pro"})
 	rule := r.json(t)
 	if r.status != 201 || r.header.Get("Location") != "/v1/customers/acme/quotas" || rule["version"] != 1.0 ||
-		rule["limit"] != "1000" || rule["warn_at"] != "0.8" || rule["mode"] != "enforce" || rule["stale_after"] != 300.0 || rule["actor"] != "admin" {
+		rule["limit"] != "1000" || rule["warn_at"] != "0.8" || rule["mode"] != "enforce" || rule["stale_after"] != "5m" || rule["actor"] != "admin" {
 		t.Fatalf("first version: %d %s", r.status, r.body)
 	}
 	r = f.do("PUT", "/v1/customers/acme/quotas/api_calls", adminToken,
 		map[string]any{"limit": 2000, "warn_at": "0.4", "mode": "shadow", "stale_after": "10m", "actor": "ops@example.com"})
 	rule = r.json(t)
-	if r.status != 200 || rule["version"] != 2.0 || rule["limit"] != "2000" || rule["mode"] != "shadow" || rule["stale_after"] != 600.0 || rule["actor"] != "ops@example.com" {
+	if r.status != 200 || rule["version"] != 2.0 || rule["limit"] != "2000" || rule["mode"] != "shadow" || rule["stale_after"] != "10m" || rule["actor"] != "ops@example.com" {
 		t.Fatalf("second version: %d %s", r.status, r.body)
 	}
 
@@ -97,5 +97,34 @@ func TestPutQuotaEveryProblemAtOnce(t *testing.T) {
 	}
 	if !slices.Equal(p.Errors, want) {
 		t.Fatalf("errors\n%+v\nwant\n%+v", p.Errors, want)
+	}
+}
+
+// Durations have one form in and out: a rule's stale_after and
+// local_every, given as "10m" and "1m", come back as "10m" and "1m", in
+// the rule and in the grant that carries the rule's policy; the error for
+// a bad local_every asks for that same form.
+func TestRuleDurationsOneFormInAndOut(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t) // now: 2026-11-20T12:00Z
+	f.usage("acme", "api_calls", date("2026-11-10T10:00:00Z"), "1")
+	r := f.do("PUT", "/v1/customers/acme/quotas/api_calls", adminToken, map[string]any{"limit": "1000", "stale_after": "10m",
+		"admission": "exact", "on_unreachable": "local", "local_amount": "50", "local_every": "1m"})
+	if rule := r.json(t); r.status != 201 || rule["stale_after"] != "10m" || rule["local_every"] != "1m" {
+		t.Fatalf("put: %d %s", r.status, r.body)
+	}
+	r = f.do("GET", "/v1/customers/acme/quotas", adminToken, nil)
+	if rule := asSlice(r.json(t)["items"])[0].(map[string]any)["rule"].(map[string]any); rule["stale_after"] != "10m" || rule["local_every"] != "1m" {
+		t.Fatalf("get: %s", r.body)
+	}
+	g := f.do("POST", "/v1/grants", f.gatewayToken("gw1"), map[string]any{"holder": "gw1", "generation": 1, "customer": "acme",
+		"meter": "api_calls", "amount": "10", "ttl": "30s"})
+	if g.status != 201 || g.json(t)["local_every"] != "1m" {
+		t.Fatalf("grant: %d %s", g.status, g.body)
+	}
+	p := f.do("PUT", "/v1/customers/acme/quotas/api_calls", adminToken, map[string]any{"limit": "1000", "admission": "exact",
+		"on_unreachable": "local", "local_amount": "50", "local_every": "1.5s"}).problem(t, 400, "urn:tally:problem:invalid-request")
+	if len(p.Errors) != 1 || p.Errors[0].Field != "local_every" || !strings.Contains(p.Errors[0].Detail, `"1m"`) {
+		t.Fatalf("local_every error: %+v", p.Errors)
 	}
 }

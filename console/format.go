@@ -20,7 +20,7 @@ var funcs = template.FuncMap{
 	"customer":  customerPath,
 	"pathEsc":   url.PathEscape,
 	"queryEsc":  url.QueryEscape,
-	"duration":  func(d quota.Duration) string { return time.Duration(d).String() },
+	"duration":  func(d quota.DurationText) string { return quota.FormatDuration(time.Duration(d)) },
 	"add":       func(a, b int) int { return a + b },
 	"truncated": truncated,
 }

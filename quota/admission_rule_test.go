@@ -29,6 +29,18 @@ func TestRuleAdmissionSettings(t *testing.T) {
 		t.Errorf("local_amount without local: %v", err)
 	}
 
+	// A lagged rule's gateways follow on_stale: an on_unreachable other
+	// than the default would never apply, so it is refused, not kept.
+	for _, p := range []quota.OnUnreachable{quota.UnreachableAllow, quota.UnreachableLocal} {
+		in := quota.RuleInput{Customer: "acme", Meter: "tokens", Limit: dec("10"), Actor: "ops", OnUnreachable: p}
+		if p == quota.UnreachableLocal {
+			in.LocalAmount, in.LocalEvery = decimal.NewNullDecimal(dec("1")), time.Minute
+		}
+		if err := in.Validate(); !errors.Is(err, quota.ErrInvalid) || !strings.Contains(err.Error(), "on_unreachable: applies only to exact rules") {
+			t.Errorf("on_unreachable %s on a lagged rule: %v", p, err)
+		}
+	}
+
 	pool := pgtest.New(t)
 	ctx := context.Background()
 	now := time.Now().UTC()

@@ -147,7 +147,7 @@ func decide(r Rule, p periods.Period, used decimal.Decimal, asOf *time.Time, rt 
 	d := Decision{
 		Customer: r.Customer, Meter: r.Meter, Period: p.Name,
 		Used: used, Limit: r.Limit, Remaining: decimal.Max(r.Limit.Sub(used), decimal.Zero),
-		RuleVersion: r.Version, Mode: r.Mode, OnStale: r.OnStale, StaleAfter: r.StaleAfter,
+		RuleVersion: r.Version, Mode: r.Mode, OnStale: r.OnStale, StaleAfter: Duration(r.StaleAfter),
 		DecidedAt: now,
 	}
 	switch {

@@ -37,7 +37,7 @@ func TestDecideStates(t *testing.T) {
 	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
 	p, _ := periods.DefaultCalendar().PeriodAt(now)
 	r := Rule{Customer: "acme", Meter: "m", Version: 3, Limit: decimal.NewFromInt(100), WarnAt: DefaultWarnAt,
-		Mode: Enforce, OnStale: Deny, StaleAfter: Duration(time.Minute)}
+		Mode: Enforce, OnStale: Deny, StaleAfter: DurationText(time.Minute)}
 	asOf := now.Add(-90 * time.Second)
 	for _, c := range []struct {
 		used  int64

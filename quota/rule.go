@@ -97,13 +97,13 @@ type Rule struct {
 	WarnAt      decimal.Decimal `json:"warn_at"`
 	Mode        Mode            `json:"mode"`
 	OnStale     OnStale         `json:"on_stale"`
-	StaleAfter  Duration        `json:"stale_after"`
+	StaleAfter  DurationText    `json:"stale_after"`
 	// Admission: lagged (default) or exact; OnUnreachable applies to exact
 	// rules, with LocalAmount per LocalEvery when it is local.
 	Admission     Admission           `json:"admission"`
 	OnUnreachable OnUnreachable       `json:"on_unreachable"`
 	LocalAmount   decimal.NullDecimal `json:"local_amount,omitzero"`
-	LocalEvery    Duration            `json:"local_every,omitzero"`
+	LocalEvery    DurationText        `json:"local_every,omitzero"`
 	CreatedAt     time.Time           `json:"created_at"`
 	Actor         string              `json:"actor"`
 	Reason        string              `json:"reason,omitempty"`
@@ -195,6 +195,12 @@ func (in RuleInput) problems() []error {
 	default:
 		bad("admission", "%q must be %q or %q", in.Admission, Lagged, Exact)
 	}
+	if in.Admission != Exact && (in.OnUnreachable == UnreachableAllow || in.OnUnreachable == UnreachableLocal) {
+		// Gateways answer a lagged rule from its decisions (on_stale when
+		// they are old); on_unreachable would never apply. deny, the
+		// default, is accepted so a rule read back can be written again.
+		bad("on_unreachable", "applies only to exact rules (admission %q); a lagged rule's gateways follow on_stale", Exact)
+	}
 	switch in.OnUnreachable {
 	case "", UnreachableDeny, UnreachableAllow:
 		if in.LocalAmount.Valid || in.LocalEvery != 0 {
@@ -207,7 +213,7 @@ func (in RuleInput) problems() []error {
 			bad("local_amount", "%v", err)
 		}
 		if in.LocalEvery <= 0 || in.LocalEvery%time.Second != 0 {
-			bad("local_every", "a positive whole number of seconds is required with on_unreachable %q", UnreachableLocal)
+			bad("local_every", "a positive duration of whole seconds, such as \"1m\", is required with on_unreachable %q", UnreachableLocal)
 		}
 	default:
 		bad("on_unreachable", "%q must be %q, %q or %q", in.OnUnreachable, UnreachableDeny, UnreachableLocal, UnreachableAllow)
@@ -284,9 +290,9 @@ func putRule(ctx context.Context, tx pgx.Tx, in RuleInput, now time.Time) (Rule,
 	r := Rule{
 		Customer: in.Customer, Meter: in.Meter, Version: prevVersion + 1,
 		EffectiveAt: in.EffectiveAt, Limit: in.Limit, WarnAt: in.WarnAt.Decimal,
-		Mode: in.Mode, OnStale: in.OnStale, StaleAfter: Duration(in.StaleAfter),
+		Mode: in.Mode, OnStale: in.OnStale, StaleAfter: DurationText(in.StaleAfter),
 		Admission: in.Admission, OnUnreachable: in.OnUnreachable,
-		LocalAmount: in.LocalAmount, LocalEvery: Duration(in.LocalEvery),
+		LocalAmount: in.LocalAmount, LocalEvery: DurationText(in.LocalEvery),
 		CreatedAt: now, Actor: in.Actor, Reason: in.Reason,
 	}
 	var localAmount *string
@@ -364,9 +370,9 @@ func scanRule(row pgx.Row, extra ...any) (Rule, error) {
 	if r.WarnAt, err = decimal.NewFromString(warn); err != nil {
 		return Rule{}, fmt.Errorf("stored warn_at %q: %w", warn, err)
 	}
-	r.Mode, r.OnStale, r.StaleAfter = Mode(mode), OnStale(onStale), Duration(time.Duration(staleSec)*time.Second)
+	r.Mode, r.OnStale, r.StaleAfter = Mode(mode), OnStale(onStale), DurationText(time.Duration(staleSec)*time.Second)
 	r.Admission, r.OnUnreachable = Admission(admission), OnUnreachable(onUnreachable)
-	r.LocalEvery = Duration(time.Duration(localSec) * time.Second)
+	r.LocalEvery = DurationText(time.Duration(localSec) * time.Second)
 	if localAmount != nil {
 		v, err := decimal.NewFromString(*localAmount)
 		if err != nil {
@@ -404,4 +410,38 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	}
 	*d = Duration(time.Duration(n) * time.Second)
 	return nil
+}
+
+// DurationText is a rule's duration in JSON: written as a duration string
+// such as "5m" or "1h30m" (the form the API takes), read as one or as
+// whole seconds. Decisions keep Duration (seconds): their wire format on
+// tally.quota-decisions is read by gateways in any language.
+type DurationText time.Duration
+
+// MarshalJSON writes the shortest duration string: "1m", not "1m0s".
+func (d DurationText) MarshalJSON() ([]byte, error) {
+	return json.Marshal(FormatDuration(time.Duration(d)))
+}
+
+// UnmarshalJSON reads a duration string or whole seconds, as Duration.
+func (d *DurationText) UnmarshalJSON(b []byte) error {
+	var v Duration
+	if err := v.UnmarshalJSON(b); err != nil {
+		return err
+	}
+	*d = DurationText(v)
+	return nil
+}
+
+// FormatDuration is d as Go writes it without zero units: "1m", "1h30m",
+// "90ms", "0s".
+func FormatDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }

@@ -47,7 +47,7 @@ func loadScopeSnapshot(ctx context.Context, db DBTX, q snapshotQuery) ([]ruleUsa
 	for i, r := range rules {
 		out[i] = ruleUsage{period: p, prev: prev, rule: Rule{Customer: r.Scope, Meter: r.Meter, Version: r.Version,
 			EffectiveAt: r.EffectiveAt, Limit: r.Limit, WarnAt: r.WarnAt, Mode: r.Mode, OnStale: Allow,
-			StaleAfter: Duration(DefaultStaleAfter), Admission: Lagged, OnUnreachable: UnreachableDeny,
+			StaleAfter: DurationText(DefaultStaleAfter), Admission: Lagged, OnUnreachable: UnreachableDeny,
 			CreatedAt: r.CreatedAt, Actor: r.Actor, Reason: r.Reason}}
 		scopes[i], meters[i] = r.Scope, r.Meter
 	}

@@ -34,10 +34,13 @@ func TestExactAdmissionFindings(t *testing.T) {
 		}
 		return g
 	}
+	// Reclaimed without a final report: counted fully spent (50), its
+	// unreported 10 stranded.
 	g1 := issue("gw1", "50")
-	if _, err := s.Release(ctx, admission.Report{Grant: g1.ID, Holder: "gw1", Generation: 1, Spent: d("40")}); err != nil {
+	if _, err := s.Renew(ctx, admission.Report{Grant: g1.ID, Holder: "gw1", Generation: 1, Spent: d("40")}); err != nil {
 		t.Fatal(err)
 	}
+	e.now = e.now.Add(time.Minute)
 	issue("gw2", "30") // live: may be spent up to 30
 	if err := s.RecordBypasses(ctx, admission.BypassReport{Holder: "gw2", Generation: 1, ReportID: "r1", Items: []admission.BypassItem{
 		{Customer: "acme", Meter: "calls", Amount: d("5"), Admissions: 5, FirstAt: e.now, LastAt: e.now}}}); err != nil {
@@ -57,7 +60,7 @@ func TestExactAdmissionFindings(t *testing.T) {
 			t.Errorf("%s: %+v", kind, fs)
 		}
 	}
-	check(reconcile.KindUngrantedUsage, "42", "120 billed, grants allowed 70 and bypasses 8")
+	check(reconcile.KindUngrantedUsage, "32", "120 billed, grants allowed 80 and bypasses 8")
 	check(reconcile.KindStranded, "10", "10 granted and never spent (limit 100)")
 	check(reconcile.KindBypass, "8", "admitted without a grant while Tally was unreachable: gw2 5, gw3 3")
 	if r.Status != reconcile.StatusClean || len(findings(t, r, reconcile.KindOverGranted)) != 0 {
@@ -115,9 +118,10 @@ func TestExactAdmissionFindingsPerScope(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Release(ctx, admission.Report{Grant: g.ID, Holder: "gw", Generation: 1, Spent: d("40")}); err != nil {
+	if _, err := s.Renew(ctx, admission.Report{Grant: g.ID, Holder: "gw", Generation: 1, Spent: d("40")}); err != nil {
 		t.Fatal(err)
 	}
+	e.now = e.now.Add(time.Minute) // reclaimed without a final report: 10 stranded
 	e.apply(rec("gw", 1, "acme", 1, "40", "40", time.Date(2026, 11, 10, 0, 0, 0, 0, time.UTC)))
 
 	r := e.run(reconcile.Options{Period: "2026-11-01"})
