@@ -75,17 +75,18 @@ func TestExactAdmissionFindings(t *testing.T) {
 		t.Fatalf("a budget row's limit made a finding: %s %+v", r.Status, r.Findings)
 	}
 
-	// A version of limit 30 in force at the instant the grants were issued
-	// (same effective time, higher version): they took the budget to 70,
-	// 40 above it. A discrepancy.
+	// A version of limit 30 in force from the instant the second grant was
+	// issued: the first (reclaimed without a final report, so counted at its
+	// whole 50) and the second took the budget to 80, 50 above it. A
+	// discrepancy.
 	if _, err := quota.PutRuleDB(ctx, e.pool, quota.RuleInput{Customer: "acme", Meter: "calls", Limit: d("30"),
 		Admission: quota.Exact, EffectiveAt: e.now, Actor: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	r = e.run(reconcile.Options{Period: "2026-11-01"})
 	over := findings(t, r, reconcile.KindOverGranted)
-	if r.Status != reconcile.StatusDiscrepancies || len(over) != 1 || over[0].Amount.String() != "40" ||
-		over[0].Detail != "grants took the budget 40 above the limit of the rule version in force when they were issued (limit now 30, 40 spent)" {
+	if r.Status != reconcile.StatusDiscrepancies || len(over) != 1 || over[0].Amount.String() != "50" ||
+		over[0].Detail != "grants took the budget 50 above the limit of the rule version in force when they were issued (limit now 30, 40 spent)" {
 		t.Fatalf("over_granted: %s %+v", r.Status, over)
 	}
 }
@@ -138,12 +139,13 @@ func TestExactAdmissionFindingsPerScope(t *testing.T) {
 		t.Fatalf("status %s: %+v", r.Status, r.Findings)
 	}
 
-	// A pool version of limit 30 in force at the grant's instant. The grant
-	// was released at that same instant, and a release at an issue's
-	// instant counts first (never a finding that is not one): 40, 10 above.
+	// A pool version of limit 30 in force at the grant's instant (same
+	// effective time as the first, a higher version). The grant was
+	// reclaimed without a final report, so it counts at its whole 50: 20
+	// above.
 	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 		_, err := quota.PutScopeRuleAt(ctx, tx, quota.ScopeRuleInput{Scope: quota.PoolScope("team"), Meter: "calls", Limit: d("30"),
-			Admission: quota.Exact, Actor: "test"}, e.now)
+			Admission: quota.Exact, Actor: "test"}, g.IssuedAt)
 		return err
 	})
 	if err != nil {
@@ -151,8 +153,8 @@ func TestExactAdmissionFindingsPerScope(t *testing.T) {
 	}
 	r = e.run(reconcile.Options{Period: "2026-11-01"})
 	over := findings(t, r, reconcile.KindOverGranted)
-	if r.Status != reconcile.StatusDiscrepancies || len(over) != 1 || over[0].Amount.String() != "10" ||
-		over[0].Detail != "pool:team/calls: grants took the budget 10 above the limit of the rule version in force when they were issued (limit now 30, 40 spent)" {
+	if r.Status != reconcile.StatusDiscrepancies || len(over) != 1 || over[0].Amount.String() != "20" ||
+		over[0].Detail != "pool:team/calls: grants took the budget 20 above the limit of the rule version in force when they were issued (limit now 30, 40 spent)" {
 		t.Fatalf("over_granted: %s %+v", r.Status, over)
 	}
 }
