@@ -184,6 +184,7 @@ tally dev is running (Ctrl-C to stop).
   REST API  http://%s/v1   (OpenAPI: http://%s/openapi.json)
   Console   http://%s/console/   (sign in with the admin token below)
   Admin     export TALLY_ADMIN_TOKEN=%s   (%s)
+  Database  export TALLY_DATABASE_URL='%s'   (so tally reconcile, tokens, verify and psql reach this database)
 
 Send a sample batch (key = customer id). Send it as often as you like: it is billed once.
 
@@ -200,7 +201,7 @@ See it in the ledger:
 Refused messages and records (try testdata/batches/invalid-*.json):
 
   %s -c "SELECT partition, \"offset\", record_index, reason, detail FROM dead_letters ORDER BY id"
-`, b, kafkaNote, pg.URL, pg.Source, version, addr, addr, addr, token, tokenNote, b, ingest.DefaultTopic, addr, psql, psql)
+`, b, kafkaNote, pg.URL, pg.Source, version, addr, addr, addr, token, tokenNote, pg.URL, b, ingest.DefaultTopic, addr, psql, psql)
 	if simulated {
 		fmt.Fprintf(w, `
 Simulated producers are recording usage for demo-acme and demo-globex. demo-acme's

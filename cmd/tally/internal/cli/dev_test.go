@@ -111,6 +111,12 @@ func TestDevEndToEnd(t *testing.T) {
 	if tok == nil || api == nil {
 		t.Fatalf("no admin token or API address in the banner:\n%s", out.String())
 	}
+	// So that tally reconcile, tokens and verify reach the dev database.
+	shown := regexp.MustCompile(`Postgres  (\S+)`).FindStringSubmatch(out.String())
+	export := regexp.MustCompile(`export TALLY_DATABASE_URL='([^']+)'`).FindStringSubmatch(out.String())
+	if shown == nil || export == nil || export[1] != shown[1] {
+		t.Errorf("the banner's TALLY_DATABASE_URL export is not its Postgres URL (%v, %v):\n%s", shown, export, out.String())
+	}
 	req, _ := http.NewRequest(http.MethodGet, "http://"+api[1]+"/v1/customers/acme/usage?meter=api_calls&period=2026-12-01", nil)
 	req.Header.Set("Authorization", "Bearer "+tok[1])
 	resp, err := http.DefaultClient.Do(req)
