@@ -3,6 +3,7 @@ package admit
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -92,6 +93,31 @@ func (j *journal) seal() error {
 	return j.open()
 }
 
+// setGeneration moves the current log to gen's report ids: used when the
+// holder recovers a newer generation, so its reports do not reuse ids a
+// lost run stored. The log was never sent (only pending reports are), so
+// renaming it sends each bypass once.
+func (j *journal) setGeneration(gen int64) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.f == nil {
+		return nil
+	}
+	old, oldGen, oldSeq := j.path(), j.gen, j.seq
+	if err := j.f.Close(); err != nil {
+		return err
+	}
+	j.f = nil
+	j.gen, j.seq = gen, 0
+	if j.size == 0 {
+		_ = os.Remove(old)
+	} else if err := os.Rename(old, j.path()); err != nil {
+		j.gen, j.seq = oldGen, oldSeq // keep logging to the old log
+		return errors.Join(err, j.open())
+	}
+	return j.open()
+}
+
 func (j *journal) close() error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -177,7 +203,7 @@ func (c *Client) reportBypasses(ctx context.Context) {
 		}
 		if len(items) > 0 {
 			id := strings.TrimSuffix(filepath.Base(p), ".pending")
-			err = c.call(ctx, "bypasses", "/v1/bypasses", map[string]any{"holder": c.cfg.Holder, "generation": c.generation,
+			err = c.call(ctx, "bypasses", "/v1/bypasses", map[string]any{"holder": c.cfg.Holder, "generation": c.generation.Load(),
 				"report_id": id, "items": items}, nil)
 			if err != nil {
 				return // try again on the next round
