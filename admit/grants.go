@@ -116,10 +116,11 @@ func (d *duration) UnmarshalJSON(b []byte) error {
 
 // Problem types the client tells apart.
 const (
-	problemExhausted  = "urn:tally:problem:budget-exhausted"
-	problemNotExact   = "urn:tally:problem:not-exact"
-	problemGrantEnded = "urn:tally:problem:grant-ended"
-	problemStaleGen   = "urn:tally:problem:stale-generation"
+	problemExhausted      = "urn:tally:problem:budget-exhausted"
+	problemNotExact       = "urn:tally:problem:not-exact"
+	problemGrantEnded     = "urn:tally:problem:grant-ended"
+	problemStaleGen       = "urn:tally:problem:stale-generation"
+	problemBypassConflict = "urn:tally:problem:bypass-conflict"
 )
 
 // call POSTs body to path and decodes a 2xx answer into out. It records

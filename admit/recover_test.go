@@ -11,11 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shopspring/decimal"
+
 	"github.com/tally-ledger/tally/admit"
 )
 
 const (
 	logRecovered = "holder generation older than Tally's: nothing issued in this run, taking next_generation"
+	logConflict  = "bypass report id already used by this holder for other bypasses (a run that lost its Dir); sent again under a new id"
 	logFenced    = "holder generation refused as stale after grants were issued in this run: another process uses this holder id; not taking a newer generation"
 )
 
@@ -131,3 +134,76 @@ func TestFencedHolderDoesNotJumpForward(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// A gateway that lost its Dir while Tally was down journals its bypasses
+// under report ids a lost run used for other bypasses: Tally refuses those
+// as a conflict, and they are sent again under new ids, never dropped.
+func TestRecoveredHolderReportsItsBypasses(t *testing.T) {
+	ts := startTally(t)
+	ts.exactRule("acme", "tokens", "1000000")
+	ctx := context.Background()
+	cfg := admit.Config{MinGrant: 1, MaxWait: 5 * time.Second, OnUnreachable: admit.Allow}
+	bypass := func(c *admit.Client, n int) {
+		t.Helper()
+		ts.down.Store(true)
+		for range n {
+			if d, err := c.Admit(ctx, "acme", "tokens", 1); err != nil || d.How != admit.Bypass {
+				t.Fatalf("admit while Tally is down: %+v %v", d, err)
+			}
+		}
+	}
+	// Another gateway's grant: the budget is listed from then on.
+	other := newClient(t, ts, "other", t.TempDir(), cfg)
+	admitFromGrant(t, other, "acme", "tokens")
+	if err := other.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The lost run, at generation 1: 3 bypasses reported as bypass-1-0.
+	d1 := t.TempDir()
+	lost := newClient(t, ts, "gw", d1, cfg)
+	bypass(lost, 3)
+	ts.down.Store(false)
+	eventually(t, "the lost run's bypasses reported", func() bool { return ts.budget("acme", "tokens").Bypassed.Equal(decimal.NewFromInt(3)) })
+	if err := lost.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(d1, "generation"), []byte("5\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	next := newClient(t, ts, "gw", d1, cfg) // generation 6
+	admitFromGrant(t, next, "acme", "tokens")
+	if err := next.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// The same holder on an empty Dir while Tally is down: generation 1
+	// again, 2 bypasses journaled as bypass-1-0, and a restart.
+	d2 := t.TempDir()
+	first := newClient(t, ts, "gw", d2, cfg)
+	bypass(first, 2)
+	if err := first.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	logs := &logCount{msgs: map[string]int{}}
+	cfg.Logger = slog.New(logs)
+	c := newClient(t, ts, "gw", d2, cfg) // generation 2, below Tally's 6
+	defer c.Close(ctx)
+	ts.down.Store(false)
+	bypassed := int64(2)
+	// Until Tally's backoff is over, Admit answers by on_unreachable.
+	eventually(t, "admitting from a grant", func() bool {
+		d, err := c.Admit(ctx, "acme", "tokens", 1)
+		if err == nil && d.How == admit.Bypass {
+			bypassed++
+		}
+		return err == nil && d.How == admit.FromGrant
+	})
+	if c.Generation() != 7 {
+		t.Fatalf("recovered generation %d, want 7", c.Generation())
+	}
+	want := decimal.NewFromInt(3 + bypassed)
+	eventually(t, "the recovered run's bypasses reported", func() bool { return ts.budget("acme", "tokens").Bypassed.Equal(want) })
+	if logs.count(logConflict) == 0 {
+		t.Fatal("bypass report id conflict not logged")
+	}
+}
