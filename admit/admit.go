@@ -298,6 +298,7 @@ type Client struct {
 	// generation a grant was issued under is never left for a newer one.
 	genMu  sync.RWMutex
 	issued atomic.Bool // a grant was issued in this run
+	fenced bool        // refused as stale after issued, logged; under genMu
 }
 
 type key struct{ customer, meter string }
@@ -403,6 +404,10 @@ func (c *Client) recoverGeneration(sent, next int64) bool {
 		return cur > sent // another grant request recovered meanwhile
 	}
 	if c.issued.Load() || next <= sent {
+		if c.fenced {
+			return false // logged once: every later grant request is refused alike
+		}
+		c.fenced = true
 		c.log.Error("holder generation refused as stale after grants were issued in this run: another process uses this holder id; not taking a newer generation",
 			"holder", c.cfg.Holder, "generation", sent, "next_generation", next)
 		return false
