@@ -268,7 +268,7 @@ func validHolder(h string) bool {
 // Client admits requests for one holder.
 type Client struct {
 	cfg        Config
-	generation int64
+	generation atomic.Int64 // see recoverGeneration
 	http       *http.Client
 	log        *slog.Logger
 	budgets    atomic.Pointer[map[key]*budget]
@@ -292,6 +292,13 @@ type Client struct {
 	decisions  map[key]*lagged
 	stopReader context.CancelFunc
 	readers    sync.WaitGroup
+
+	// genMu orders grant requests (read-locked across the call and the
+	// noting of issued) against recoverGeneration (write-locked): a
+	// generation a grant was issued under is never left for a newer one.
+	genMu  sync.RWMutex
+	issued atomic.Bool // a grant was issued in this run
+	fenced bool        // refused as stale after issued, logged; under genMu
 }
 
 type key struct{ customer, meter string }
@@ -356,9 +363,10 @@ func New(cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{cfg: cfg, generation: gen, http: cfg.HTTPClient, log: cfg.Logger, journal: j,
+	c := &Client{cfg: cfg, http: cfg.HTTPClient, log: cfg.Logger, journal: j,
 		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
 		decisions: map[key]*lagged{}, reportAt: map[string]time.Time{}}
+	c.generation.Store(gen)
 	empty := map[key]*budget{}
 	c.budgets.Store(&empty) // before the metrics: a scrape reads it
 	if c.metrics, err = newMetrics(cfg.Registerer, c); err != nil {
@@ -376,8 +384,47 @@ func New(cfg Config) (*Client, error) {
 	return c, nil
 }
 
-// Generation is this run's generation of the holder.
-func (c *Client) Generation() int64 { return c.generation }
+// Generation is this run's generation of the holder: the one New took,
+// or the one Tally said to recover with when this holder had lost its Dir
+// (see recoverGeneration).
+func (c *Client) Generation() int64 { return c.generation.Load() }
+
+// recoverGeneration answers a grant request sent under generation sent and
+// refused as stale, next being Tally's next_generation. A holder issued
+// nothing in this run lost its state (a new or wiped Dir): it keeps next
+// durably in Dir/generation, then uses it, and says whether to ask again.
+// A holder that was issued grants in this run is the older of two
+// processes sharing the holder id: it keeps its generation (taking next
+// would fence the other one, which would then fence it, in turn) and the
+// refusal stands.
+func (c *Client) recoverGeneration(sent, next int64) bool {
+	c.genMu.Lock()
+	defer c.genMu.Unlock()
+	if cur := c.generation.Load(); cur != sent {
+		return cur > sent // another grant request recovered meanwhile
+	}
+	if c.issued.Load() || next <= sent {
+		if c.fenced {
+			return false // logged once: every later grant request is refused alike
+		}
+		c.fenced = true
+		c.log.Error("holder generation refused as stale after grants were issued in this run: another process uses this holder id; not taking a newer generation",
+			"holder", c.cfg.Holder, "generation", sent, "next_generation", next)
+		return false
+	}
+	if err := writeGeneration(c.cfg.Dir, next); err != nil {
+		c.log.Error("holder generation not recovered: next_generation not kept on disk", "holder", c.cfg.Holder,
+			"generation", sent, "next_generation", next, "err", err)
+		return false
+	}
+	if err := c.journal.setGeneration(next); err != nil {
+		c.log.Error("bypass journal", "err", err)
+	}
+	c.generation.Store(next)
+	c.log.Info("holder generation older than Tally's: nothing issued in this run, taking next_generation",
+		"holder", c.cfg.Holder, "generation", sent, "next_generation", next)
+	return true
+}
 
 // bumpGeneration reads the generation file, writes the next one durably,
 // and returns it.
@@ -396,10 +443,18 @@ func bumpGeneration(dir string) (int64, error) {
 		return 0, fmt.Errorf("admit: read generation: %w", err)
 	}
 	gen++
-	if err := writeFileSync(path, []byte(strconv.FormatInt(gen, 10)+"\n")); err != nil {
-		return 0, fmt.Errorf("admit: write generation: %w", err)
+	if err := writeGeneration(dir, gen); err != nil {
+		return 0, err
 	}
 	return gen, nil
+}
+
+// writeGeneration keeps gen durably in dir/generation.
+func writeGeneration(dir string, gen int64) error {
+	if err := writeFileSync(filepath.Join(dir, "generation"), []byte(strconv.FormatInt(gen, 10)+"\n")); err != nil {
+		return fmt.Errorf("admit: write generation: %w", err)
+	}
+	return nil
 }
 
 func writeFileSync(path string, data []byte) error {
@@ -734,6 +789,7 @@ type held struct {
 	amount     int64
 	validUntil time.Time
 	spent      int64 // last reported
+	generation int64 // the holder's generation it was issued under
 }
 
 func (b *budget) tight(now time.Time) bool { return now.Before(b.tightUntil) }

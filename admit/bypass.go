@@ -3,6 +3,7 @@ package admit
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -92,6 +93,58 @@ func (j *journal) seal() error {
 	return j.open()
 }
 
+// setGeneration moves the current log to gen's report ids: used when the
+// holder recovers a newer generation, so its reports do not reuse ids a
+// lost run stored. The log was never sent (only pending reports are), so
+// renaming it sends each bypass once.
+func (j *journal) setGeneration(gen int64) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.f == nil {
+		return nil
+	}
+	old, oldGen, oldSeq := j.path(), j.gen, j.seq
+	if err := j.f.Close(); err != nil {
+		return err
+	}
+	j.f = nil
+	j.gen, j.seq = gen, 0
+	if j.size == 0 {
+		_ = os.Remove(old)
+	} else if err := os.Rename(old, j.path()); err != nil {
+		j.gen, j.seq = oldGen, oldSeq // keep logging to the old log
+		return errors.Join(err, j.open())
+	}
+	return j.open()
+}
+
+// freshID returns a pending report path under a report id this run has
+// not used: the current log's, which moves on to the next one.
+func (j *journal) freshID() (string, error) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.f == nil {
+		return "", fmt.Errorf("admit: closed")
+	}
+	if err := j.f.Close(); err != nil {
+		return "", err
+	}
+	j.f = nil
+	p := j.path()
+	if j.size > 0 {
+		// Sealed as a report of its own; the id after it is free.
+		if err := os.Rename(p, strings.TrimSuffix(p, ".log")+".pending"); err != nil {
+			return "", errors.Join(err, j.open())
+		}
+		j.seq++
+		p = j.path()
+	} else {
+		_ = os.Remove(p)
+	}
+	j.seq++
+	return strings.TrimSuffix(p, ".log") + ".pending", j.open()
+}
+
 func (j *journal) close() error {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -177,8 +230,16 @@ func (c *Client) reportBypasses(ctx context.Context) {
 		}
 		if len(items) > 0 {
 			id := strings.TrimSuffix(filepath.Base(p), ".pending")
-			err = c.call(ctx, "bypasses", "/v1/bypasses", map[string]any{"holder": c.cfg.Holder, "generation": c.generation,
+			err = c.call(ctx, "bypasses", "/v1/bypasses", map[string]any{"holder": c.cfg.Holder, "generation": c.generation.Load(),
 				"report_id": id, "items": items}, nil)
+			var te *TallyError
+			if errors.As(err, &te) && te.Type == problemBypassConflict {
+				// The holder used this id for other bypasses: a run that
+				// lost its Dir reuses ids. Not stored: sent again under a
+				// new id.
+				c.resendBypasses(p, id)
+				continue
+			}
 			if err != nil {
 				return // try again on the next round
 			}
@@ -187,6 +248,21 @@ func (c *Client) reportBypasses(ctx context.Context) {
 			c.log.Error("bypass report", "file", p, "err", err)
 		}
 	}
+}
+
+// resendBypasses moves the pending report p, refused as a conflict under
+// id, to a report id not used yet, sent at the next round.
+func (c *Client) resendBypasses(p, id string) {
+	fresh, err := c.journal.freshID()
+	if err == nil {
+		err = os.Rename(p, fresh)
+	}
+	if err != nil {
+		c.log.Error("bypass report refused as a conflict, not moved to a new report id", "report_id", id, "err", err)
+		return
+	}
+	c.log.Warn("bypass report id already used by this holder for other bypasses (a run that lost its Dir); sent again under a new id",
+		"holder", c.cfg.Holder, "report_id", id, "new_report_id", strings.TrimSuffix(filepath.Base(fresh), ".pending"))
 }
 
 // pendingBypassReports counts sealed bypass reports not yet delivered.

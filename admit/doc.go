@@ -20,7 +20,11 @@
 //     asked or a refusal makes the budget tight for a Lookahead: the
 //     gateway then holds two ticks of demand and gives back the rest.
 //   - The holder id and its generation are kept on disk; every New is a new
-//     generation, so a restarted gateway never reuses an earlier grant.
+//     generation, so a restarted gateway never reuses an earlier grant. A
+//     run that lost its Dir, refused stale-generation before it was issued
+//     anything, takes Tally's next_generation (kept on disk first); a run
+//     refused so after grants were issued keeps its generation: another
+//     process uses the holder id.
 //   - When Tally cannot be reached, the rule's on_unreachable applies (learnt
 //     with each grant; Config.OnUnreachable until a first grant): deny,
 //     allow, or local (at most an amount per duration). Every admission made

@@ -65,6 +65,8 @@ type TallyError struct {
 	// Type is the problem's type, e.g. "urn:tally:problem:unauthorized".
 	Type   string
 	Detail string
+	// next is a stale-generation refusal's next_generation (0 otherwise).
+	next int64
 }
 
 func (e *TallyError) Error() string {
@@ -78,6 +80,9 @@ type problem struct {
 	Binding    string `json:"binding"`
 	Available  string `json:"available"`
 	RetryAfter *int64 `json:"retry_after"`
+	// NextGeneration: of a stale-generation refusal, the generation a
+	// holder that lost its state recovers with.
+	NextGeneration *int64 `json:"next_generation"`
 }
 
 type grantAnswer struct {
@@ -111,10 +116,11 @@ func (d *duration) UnmarshalJSON(b []byte) error {
 
 // Problem types the client tells apart.
 const (
-	problemExhausted  = "urn:tally:problem:budget-exhausted"
-	problemNotExact   = "urn:tally:problem:not-exact"
-	problemGrantEnded = "urn:tally:problem:grant-ended"
-	problemStaleGen   = "urn:tally:problem:stale-generation"
+	problemExhausted      = "urn:tally:problem:budget-exhausted"
+	problemNotExact       = "urn:tally:problem:not-exact"
+	problemGrantEnded     = "urn:tally:problem:grant-ended"
+	problemStaleGen       = "urn:tally:problem:stale-generation"
+	problemBypassConflict = "urn:tally:problem:bypass-conflict"
 )
 
 // call POSTs body to path and decodes a 2xx answer into out. It records
@@ -183,7 +189,11 @@ func (c *Client) do(ctx context.Context, path string, body, out any) error {
 		case problemNotExact:
 			return &notExactError{Admission: p.Admission}
 		}
-		return &TallyError{Path: path, Status: resp.StatusCode, Type: p.Type, Detail: p.Detail}
+		te := &TallyError{Path: path, Status: resp.StatusCode, Type: p.Type, Detail: p.Detail}
+		if p.NextGeneration != nil {
+			te.next = *p.NextGeneration
+		}
+		return te
 	}
 	if out == nil {
 		return nil
@@ -291,12 +301,11 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	// A whole target, not what is missing from it: grants average the
 	// target, and each costs an issue and a release.
 	size := max(c.target(b, now), need)
-	var g grantAnswer
-	err := c.call(ctx, "issue", "/v1/grants", map[string]any{
-		"holder": c.cfg.Holder, "generation": c.generation, "customer": b.customer, "meter": b.meter,
-		"amount": strconv.FormatInt(size, 10), "min_amount": strconv.FormatInt(need, 10),
-		"ttl": c.cfg.GrantTTL.String(),
-	}, &g)
+	g, sent, err := c.issue(ctx, b, size, need)
+	var te *TallyError
+	if errors.As(err, &te) && te.Type == problemStaleGen && c.recoverGeneration(sent, te.next) {
+		g, sent, err = c.issue(ctx, b, size, need) // once: under the recovered generation
+	}
 	var ne *notExactError
 	if errors.As(err, &ne) {
 		c.notExact(b, ne.Admission)
@@ -344,16 +353,34 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	}
 	if amount <= 0 {
 		// A fractional grant: nothing usable in whole units. Give it back.
-		c.release(ctx, b, &held{id: g.ID, amount: 0}, 0)
+		c.release(ctx, b, &held{id: g.ID, amount: 0, generation: sent}, 0)
 		return nil
 	}
 	b.lastGrant = amount
 	// Keep a tick of margin before valid_until: the loop renews or gives
 	// back the grant before Tally may consider it expired.
-	b.grants = append(b.grants, &held{id: g.ID, amount: amount, validUntil: g.ValidUntil})
+	b.grants = append(b.grants, &held{id: g.ID, amount: amount, validUntil: g.ValidUntil, generation: sent})
 	b.heldGrants.Store(int64(len(b.grants)))
 	b.add(amount)
 	return nil
+}
+
+// issue asks Tally for a grant of size (at least need) under this run's
+// generation, and returns the generation it sent. Under b.mu.
+func (c *Client) issue(ctx context.Context, b *budget, size, need int64) (grantAnswer, int64, error) {
+	c.genMu.RLock()
+	defer c.genMu.RUnlock()
+	gen := c.generation.Load()
+	var g grantAnswer
+	err := c.call(ctx, "issue", "/v1/grants", map[string]any{
+		"holder": c.cfg.Holder, "generation": gen, "customer": b.customer, "meter": b.meter,
+		"amount": strconv.FormatInt(size, 10), "min_amount": strconv.FormatInt(need, 10),
+		"ttl": c.cfg.GrantTTL.String(),
+	}, &g)
+	if err == nil {
+		c.issued.Store(true)
+	}
+	return g, gen, err
 }
 
 // parseUnits reads a decimal string as whole units, flooring a fraction
@@ -397,7 +424,7 @@ func (c *Client) release(ctx context.Context, b *budget, g *held, allocated int6
 		}
 	}
 	b.heldGrants.Store(int64(len(b.grants)))
-	c.finalReport(ctx, spendReport{Grant: g.id, Holder: c.cfg.Holder, Generation: c.generation,
+	c.finalReport(ctx, spendReport{Grant: g.id, Holder: c.cfg.Holder, Generation: g.generation,
 		Customer: b.customer, Meter: b.meter, Spent: final, ValidUntil: g.validUntil})
 }
 
@@ -527,7 +554,7 @@ func (c *Client) tend(ctx context.Context, b *budget) {
 		if g.validUntil.Sub(now) < c.cfg.GrantTTL/2 && !c.paused(time.Now()) {
 			var ans grantAnswer
 			err := c.call(ctx, "renew", "/v1/grants/"+g.id+"/renew", map[string]any{
-				"holder": c.cfg.Holder, "generation": c.generation, "spent": strconv.FormatInt(alloc[i], 10),
+				"holder": c.cfg.Holder, "generation": g.generation, "spent": strconv.FormatInt(alloc[i], 10),
 				"ttl": c.cfg.GrantTTL.String(),
 			}, &ans)
 			if err == nil {
