@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -43,7 +42,7 @@ type env struct {
 	dbURL  string
 	pool   *pgxpool.Pool
 	parts  int
-	offMon *offsetMonitor
+	offMon *ingest.OffsetWatch
 }
 
 func newEnv(t testing.TB, partitions int) *env {
@@ -61,7 +60,8 @@ func newEnvWith(t testing.TB, k *kafkatest.Cluster, partitions int) *env {
 	}
 	t.Cleanup(pool.Close)
 	e := &env{t: t, dbURL: dbURL, pool: pool, parts: partitions, kafka: k}
-	e.offMon = monitorOffsets(t, pool)
+	e.offMon = ingest.WatchOffsets(pool, 10*time.Millisecond)
+	t.Cleanup(e.offMon.Stop)
 	return e
 }
 
@@ -270,74 +270,12 @@ func (e *env) checkCounters() ingest.Counters {
 	return total
 }
 
-// offsetMonitor samples stored offsets and records any regression.
-type offsetMonitor struct {
-	mu        sync.Mutex
-	last      map[int]int64
-	regressed []string
-	stop      chan struct{}
-	done      chan struct{}
-}
-
-func monitorOffsets(t testing.TB, pool *pgxpool.Pool) *offsetMonitor {
-	m := &offsetMonitor{last: map[int]int64{}, stop: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(m.done)
-		tk := time.NewTicker(10 * time.Millisecond)
-		defer tk.Stop()
-		for {
-			select {
-			case <-m.stop:
-				return
-			case <-tk.C:
-			}
-			m.sample(pool)
-		}
-	}()
-	t.Cleanup(m.finish)
-	return m
-}
-
-func (m *offsetMonitor) sample(pool *pgxpool.Pool) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	rows, err := pool.Query(ctx, "SELECT partition, next_offset FROM ingest_partitions")
-	if err != nil {
-		return
-	}
-	defer rows.Close()
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for rows.Next() {
-		var p int
-		var n int64
-		if rows.Scan(&p, &n) != nil {
-			return
-		}
-		if prev, ok := m.last[p]; ok && n < prev {
-			m.regressed = append(m.regressed, fmt.Sprintf("partition %d: %d after %d", p, n, prev))
-		}
-		m.last[p] = n
-	}
-}
-
-func (m *offsetMonitor) finish() {
-	select {
-	case <-m.stop:
-	default:
-		close(m.stop)
-	}
-	<-m.done
-}
-
 // check asserts that no stored offset went backwards.
 func (e *env) checkOffsets() {
 	e.t.Helper()
-	e.offMon.sample(e.pool)
-	e.offMon.mu.Lock()
-	defer e.offMon.mu.Unlock()
-	if len(e.offMon.regressed) > 0 {
-		e.t.Errorf("stored offsets regressed: %v", e.offMon.regressed)
+	e.offMon.Sample()
+	if r := e.offMon.Regressions(); len(r) > 0 {
+		e.t.Errorf("stored offsets regressed: %v", r)
 	}
 }
 

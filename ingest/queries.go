@@ -33,6 +33,9 @@ SET next_offset     = @to,
     updated_at      = now()
 WHERE topic = @topic AND partition = @partition AND next_offset = @from AND EXISTS (SELECT 1 FROM lease)`
 
+// qStoredOffsets is every partition's stored next offset (OffsetWatch).
+const qStoredOffsets = `SELECT topic, partition, next_offset FROM ingest_partitions`
+
 // qNoteRetrying records, outside the failing transaction, that the
 // partition's micro-batch at next offset @from keeps failing; the next
 // commit clears it. Only the lease holder writes it.

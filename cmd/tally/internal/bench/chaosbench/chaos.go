@@ -22,7 +22,6 @@ import (
 	"net/url"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -183,8 +182,8 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		}
 		r.members = append(r.members, m)
 	}
-	mon := newMonitor(check)
-	defer mon.stop()
+	mon := ingest.WatchOffsets(check, 20*time.Millisecond)
+	defer mon.Stop()
 	prod := newProducer(cfg, cfg.Seed)
 	defer func() {
 		_ = prod.w.Close()
@@ -219,8 +218,8 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		return rep, err
 	}
 	rep.Healed = time.Since(healed)
-	mon.sample(check)
-	problems := mon.regressions()
+	mon.Sample()
+	problems := mon.Regressions()
 	ledgerProblems, err := checkLedger(ctx, check, prod.streams)
 	if err != nil {
 		return rep, err
@@ -548,69 +547,4 @@ func checkLedger(ctx context.Context, pool *pgxpool.Pool, streams []*stream) ([]
 		}
 	}
 	return problems, nil
-}
-
-// monitor samples stored offsets and records any that moved backwards.
-type monitor struct {
-	mu        sync.Mutex
-	last      map[int]int64
-	regressed []string
-	quit      chan struct{}
-	done      chan struct{}
-}
-
-func newMonitor(pool *pgxpool.Pool) *monitor {
-	m := &monitor{last: map[int]int64{}, quit: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(m.done)
-		t := time.NewTicker(20 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-m.quit:
-				return
-			case <-t.C:
-			}
-			m.sample(pool)
-		}
-	}()
-	return m
-}
-
-func (m *monitor) sample(pool *pgxpool.Pool) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	rows, err := pool.Query(ctx, "SELECT partition, next_offset FROM ingest_partitions")
-	if err != nil {
-		return
-	}
-	defer rows.Close()
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for rows.Next() {
-		var p int
-		var n int64
-		if rows.Scan(&p, &n) != nil {
-			return
-		}
-		if prev, ok := m.last[p]; ok && n < prev {
-			m.regressed = append(m.regressed, fmt.Sprintf("stored offset of partition %d moved back from %d to %d", p, prev, n))
-		}
-		m.last[p] = n
-	}
-}
-
-func (m *monitor) stop() {
-	select {
-	case <-m.quit:
-	default:
-		close(m.quit)
-	}
-	<-m.done
-}
-
-func (m *monitor) regressions() []string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return append([]string(nil), m.regressed...)
 }
