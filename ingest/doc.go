@@ -41,8 +41,10 @@
 //   - Offsets that held nothing (compaction, transaction markers) are
 //     counted as skipped; only offsets below the partition's first offset
 //     (retention) are offset jumps.
-//   - A member's failure pauses only its own partitions: its lease
-//     (SessionTimeout, renewed every HeartbeatInterval) runs out and the
+//   - A member's failure pauses only its own partitions: its lease in
+//     Postgres (Config.SessionTimeout long, renewed every
+//     HeartbeatInterval; the name is kept from the Kafka consumer group
+//     setting it replaced, so --session-timeout still means it) runs out and the
 //     others claim them, each up to its fair share of the live members; a
 //     clean shutdown finishes or rolls back its transactions and releases
 //     its partitions at once. A transaction idle for a session timeout is
