@@ -38,36 +38,6 @@ func (a *applier) write(ctx context.Context, tx pgx.Tx) error {
 	return nil
 }
 
-// copyRecords writes the new records with COPY: the bulk of every
-// micro-batch, and the fastest way into Postgres. (Uniqueness was decided
-// under the stream locks; the table's unique keys are the backstop.)
-func (a *applier) copyRecords(ctx context.Context, tx pgx.Tx) error {
-	if len(a.newRecords) == 0 {
-		return nil
-	}
-	rows := make([][]any, len(a.newRecords))
-	for i, nr := range a.newRecords {
-		r := nr.rec
-		var q any
-		if r.Quantity.Valid {
-			q = numeric(r.Quantity.Decimal)
-		}
-		var prior any
-		if nr.priorPeriod != nil {
-			prior = *nr.priorPeriod
-		}
-		rows[i] = []any{nr.streamID, r.Seq, pgUUID(r.OperationID), r.Stream.Customer, r.Stream.Meter, numeric(r.Total), q,
-			r.OccurredAt, r.Final, nr.lateFill, numeric(nr.billed), nr.period, nr.bucket, prior, a.now}
-	}
-	if _, err := tx.CopyFrom(ctx, pgx.Identifier{"records"}, recordColumns, pgx.CopyFromRows(rows)); err != nil {
-		return fmt.Errorf("ledger: write records: %w", err)
-	}
-	return nil
-}
-
-var recordColumns = []string{"stream_id", "seq", "operation_id", "customer", "meter", "total", "quantity", "occurred_at",
-	"final", "late_fill", "billed", "period_start", "bucket", "prior_period", "ingested_at"}
-
 // pgUUID is u as pgx encodes it natively. google/uuid's driver.Valuer
 // path formats every value as text, fails a binary plan (building an
 // error) and parses it back: a tenth of ingest's CPU before this.

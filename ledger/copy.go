@@ -1,0 +1,229 @@
+package ledger
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/shopspring/decimal"
+)
+
+// The records of a micro-batch go to Postgres as one binary COPY that the
+// ledger encodes itself (docs/ingest-breakdown.md): pgx's generic CopyFrom
+// looks up an encode plan per value through reflection, boxes every value
+// in an interface, and encodes each NUMERIC with math/big division; for the
+// fifteen fixed columns of records that was the largest single item of
+// ingest's CPU. The bytes are the same binary COPY format pgx writes
+// (https://www.postgresql.org/docs/current/sql-copy.html#id-1.9.3.55.9.4),
+// column for column of recordColumns, whose types TestCopyColumnTypes pins.
+
+// qCopyRecords is the COPY statement of recordColumns, in binary format.
+const qCopyRecords = `COPY records (stream_id, seq, operation_id, customer, meter, total, quantity, occurred_at, ` +
+	`final, late_fill, billed, period_start, bucket, prior_period, ingested_at) FROM STDIN BINARY`
+
+var recordColumns = []string{"stream_id", "seq", "operation_id", "customer", "meter", "total", "quantity", "occurred_at",
+	"final", "late_fill", "billed", "period_start", "bucket", "prior_period", "ingested_at"}
+
+// copyHeader opens a binary COPY stream: the signature, no flags, no
+// header extension.
+var copyHeader = []byte("PGCOPY\n\xff\r\n\x00\x00\x00\x00\x00\x00\x00\x00\x00")
+
+// copyRecords writes the new records with one binary COPY: the bulk of
+// every micro-batch, and the fastest way into Postgres. (Uniqueness was
+// decided under the stream locks; the table's unique keys are the backstop.)
+func (a *applier) copyRecords(ctx context.Context, tx pgx.Tx) error {
+	if len(a.newRecords) == 0 {
+		return nil
+	}
+	buf := make([]byte, 0, len(copyHeader)+len(a.newRecords)*192+2)
+	buf = append(buf, copyHeader...)
+	var err error
+	for i := range a.newRecords {
+		if buf, err = appendRecordRow(buf, &a.newRecords[i], a.now); err != nil {
+			return fmt.Errorf("ledger: write records: %w", err)
+		}
+	}
+	buf = binary.BigEndian.AppendUint16(buf, 0xffff) // the trailer: a field count of -1
+	if err := copyIn(ctx, tx.Conn(), buf, int64(len(a.newRecords))); err != nil {
+		return fmt.Errorf("ledger: write records: %w", err)
+	}
+	return nil
+}
+
+// copyIn sends the encoded COPY stream, telling the connection's tracer (if
+// it traces COPY) as pgx.Conn.CopyFrom would.
+func copyIn(ctx context.Context, conn *pgx.Conn, stream []byte, rows int64) error {
+	tracer, _ := conn.Config().Tracer.(pgx.CopyFromTracer)
+	if tracer != nil {
+		ctx = tracer.TraceCopyFromStart(ctx, conn, pgx.TraceCopyFromStartData{
+			TableName: pgx.Identifier{"records"}, ColumnNames: recordColumns})
+	}
+	tag, err := conn.PgConn().CopyFrom(ctx, bytes.NewReader(stream), qCopyRecords)
+	if err == nil && tag.RowsAffected() != rows {
+		err = fmt.Errorf("COPY wrote %d rows of %d", tag.RowsAffected(), rows)
+	}
+	if tracer != nil {
+		tracer.TraceCopyFromEnd(ctx, conn, pgx.TraceCopyFromEndData{CommandTag: tag, Err: err})
+	}
+	return err
+}
+
+// appendRecordRow appends one row of recordColumns.
+func appendRecordRow(buf []byte, nr *newRecord, now time.Time) ([]byte, error) {
+	r := nr.rec
+	var err error
+	buf = binary.BigEndian.AppendUint16(buf, uint16(len(recordColumns)))
+	buf = appendInt8Field(buf, nr.streamID)
+	buf = appendInt8Field(buf, r.Seq)
+	buf = appendField(buf, r.OperationID[:])
+	buf = appendTextField(buf, r.Stream.Customer)
+	buf = appendTextField(buf, r.Stream.Meter)
+	if buf, err = appendNumericField(buf, r.Total); err != nil {
+		return nil, fmt.Errorf("total: %w", err)
+	}
+	if r.Quantity.Valid {
+		if buf, err = appendNumericField(buf, r.Quantity.Decimal); err != nil {
+			return nil, fmt.Errorf("quantity: %w", err)
+		}
+	} else {
+		buf = appendNull(buf)
+	}
+	buf = appendTimeField(buf, r.OccurredAt)
+	buf = appendBoolField(buf, r.Final)
+	buf = appendBoolField(buf, nr.lateFill)
+	if buf, err = appendNumericField(buf, nr.billed); err != nil {
+		return nil, fmt.Errorf("billed: %w", err)
+	}
+	buf = appendTimeField(buf, nr.period)
+	buf = appendTimeField(buf, nr.bucket)
+	if nr.priorPeriod != nil {
+		buf = appendTimeField(buf, *nr.priorPeriod)
+	} else {
+		buf = appendNull(buf)
+	}
+	return appendTimeField(buf, now), nil
+}
+
+func appendNull(buf []byte) []byte { return binary.BigEndian.AppendUint32(buf, 0xffffffff) }
+
+func appendField(buf, v []byte) []byte {
+	buf = binary.BigEndian.AppendUint32(buf, uint32(len(v)))
+	return append(buf, v...)
+}
+
+func appendTextField(buf []byte, s string) []byte {
+	buf = binary.BigEndian.AppendUint32(buf, uint32(len(s)))
+	return append(buf, s...)
+}
+
+func appendInt8Field(buf []byte, v int64) []byte {
+	buf = binary.BigEndian.AppendUint32(buf, 8)
+	return binary.BigEndian.AppendUint64(buf, uint64(v))
+}
+
+func appendBoolField(buf []byte, v bool) []byte {
+	buf = binary.BigEndian.AppendUint32(buf, 1)
+	if v {
+		return append(buf, 1)
+	}
+	return append(buf, 0)
+}
+
+// microsecFromUnixEpochToY2K: timestamptz counts microseconds from 2000-01-01 UTC.
+const microsecFromUnixEpochToY2K = 946684800 * 1000000
+
+// appendTimeField encodes t as timestamptz, the way pgx does (sub-microsecond
+// digits dropped; the ledger truncates its times to microseconds anyway).
+func appendTimeField(buf []byte, t time.Time) []byte {
+	us := t.Unix()*1000000 + int64(t.Nanosecond())/1000 - microsecFromUnixEpochToY2K
+	buf = binary.BigEndian.AppendUint32(buf, 8)
+	return binary.BigEndian.AppendUint64(buf, uint64(us))
+}
+
+// appendNumericField encodes d as NUMERIC: its value, and its scale
+// (digits after the point, as sent: "1.50" keeps two). Coefficients below
+// 10^15 (every total of up to 15 significant digits) take a path with
+// no big.Int arithmetic; larger ones go through pgx's own encoder.
+func appendNumericField(buf []byte, d decimal.Decimal) ([]byte, error) {
+	lenAt := len(buf)
+	buf = binary.BigEndian.AppendUint32(buf, 0) // the length, set below
+	var err error
+	if buf, err = appendNumeric(buf, d); err != nil {
+		return nil, err
+	}
+	binary.BigEndian.PutUint32(buf[lenAt:], uint32(len(buf)-lenAt-4))
+	return buf, nil
+}
+
+// numericSmallDigits bounds the coefficients of the fast path: below
+// 10^15, times 1,000 (to align the exponent on a base-10,000 digit) they
+// still fit in a uint64.
+const numericSmallDigits = 15
+
+var pow10 = [4]uint64{1, 10, 100, 1000}
+
+// appendNumeric appends NUMERIC's binary form of d: ndigits, weight, sign,
+// dscale (int16 each), then ndigits base-10,000 digits, most significant
+// first; the value is the digits times 10,000^(weight-ndigits+1).
+func appendNumeric(buf []byte, d decimal.Decimal) ([]byte, error) {
+	exp := d.Exponent()
+	// NumDigits and CoefficientInt64 read the coefficient without copying it.
+	if d.NumDigits() > numericSmallDigits || exp < -math.MaxInt16+3 || exp > math.MaxInt16-3 {
+		return appendNumericSlow(buf, d)
+	}
+	c := d.CoefficientInt64()
+	var sign uint16
+	if c < 0 {
+		sign, c = 0x4000, -c
+	}
+	var dscale uint16
+	if exp < 0 {
+		dscale = uint16(-exp)
+	}
+	// Align the exponent down to a multiple of 4: value = u × 10,000^e4.
+	e4 := exp >> 2 // floor division by 4
+	u := uint64(c) * pow10[exp-e4<<2]
+	var digits [5]uint16 // 10^18 has at most 5 base-10,000 digits; least significant first
+	n := 0
+	for ; u != 0; n++ {
+		digits[n] = uint16(u % 10000)
+		u /= 10000
+	}
+	// Trailing zero digits carry nothing (Postgres strips them too).
+	lo := 0
+	for lo < n && digits[lo] == 0 {
+		lo++
+	}
+	if lo == n { // zero
+		buf = binary.BigEndian.AppendUint16(buf, 0)
+		buf = binary.BigEndian.AppendUint16(buf, 0)
+		buf = binary.BigEndian.AppendUint16(buf, 0)
+		return binary.BigEndian.AppendUint16(buf, dscale), nil
+	}
+	weight := int32(n-1) + e4
+	if weight > math.MaxInt16 || weight < math.MinInt16 {
+		return appendNumericSlow(buf, d)
+	}
+	buf = binary.BigEndian.AppendUint16(buf, uint16(n-lo))
+	buf = binary.BigEndian.AppendUint16(buf, uint16(int16(weight)))
+	buf = binary.BigEndian.AppendUint16(buf, sign)
+	buf = binary.BigEndian.AppendUint16(buf, dscale)
+	for i := n - 1; i >= lo; i-- {
+		buf = binary.BigEndian.AppendUint16(buf, digits[i])
+	}
+	return buf, nil
+}
+
+// numericPlan encodes what the fast path leaves: pgx's binary NUMERIC
+// encoder (stateless, so shared), the one every other statement of the
+// ledger goes through.
+var numericPlan = pgtype.NumericCodec{}.PlanEncode(nil, pgtype.NumericOID, pgtype.BinaryFormatCode, pgtype.Numeric{})
+
+func appendNumericSlow(buf []byte, d decimal.Decimal) ([]byte, error) {
+	return numericPlan.Encode(numeric(d), buf)
+}
