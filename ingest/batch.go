@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/tally-ledger/tally/ingest/wire"
@@ -218,13 +219,13 @@ func (p *partition) txContext(parent context.Context) (context.Context, context.
 // it takes serialises any competing member before the ledger work.
 func (p *partition) fence(ctx context.Context, tx pgx.Tx, b *microBatch) error {
 	cfg := p.c.cfg
+	// One round trip: the idle bound, then the fence, pipelined.
+	batch := &pgx.Batch{}
 	// A member stalled as a whole (stopped, swapped out) mid-transaction
 	// would keep the partition's row locked from the member that takes the
 	// partition over: Postgres ends a transaction idle for a session
 	// timeout (the member has been evicted by then).
-	if _, err := tx.Exec(ctx, qSetIdleTimeout, strconv.FormatInt(cfg.SessionTimeout.Milliseconds(), 10)); err != nil {
-		return fmt.Errorf("set idle timeout: %w", err)
-	}
+	batch.Queue(qSetIdleTimeout, strconv.FormatInt(cfg.SessionTimeout.Milliseconds(), 10))
 	// Kafka timestamps come from producers' clocks: one ahead of ours must
 	// not claim completeness for a time that has not come yet.
 	var through *time.Time
@@ -235,19 +236,24 @@ func (p *partition) fence(ctx context.Context, tx pgx.Tx, b *microBatch) error {
 		}
 		through = &t
 	}
-	// The row lock this takes waits for a transaction of a member that lost
-	// the partition; one stalled mid-statement (stopped in the middle of a
-	// COPY or a pipelined batch) is not idle, so Postgres would never end
-	// it: after a session timeout of waiting, its session is ended.
-	breaker := time.AfterFunc(cfg.SessionTimeout, func() { p.c.endBlockers(tx.Conn().PgConn().PID()) })
 	args := p.leaseArgs()
 	args["from"], args["to"], args["hwm"], args["through"] = b.from, b.to, b.hwm, through
-	tag, err := tx.Exec(ctx, qAdvanceOffset, args)
+	var advanced int64
+	batch.Queue(qAdvanceOffset, args).Exec(func(tag pgconn.CommandTag) error {
+		advanced = tag.RowsAffected()
+		return nil
+	})
+	// The row lock the fence takes waits for a transaction of a member that
+	// lost the partition; one stalled mid-statement (stopped in the middle
+	// of a COPY or a pipelined batch) is not idle, so Postgres would never
+	// end it: after a session timeout of waiting, its session is ended.
+	breaker := time.AfterFunc(cfg.SessionTimeout, func() { p.c.endBlockers(tx.Conn().PgConn().PID()) })
+	err := tx.SendBatch(ctx, batch).Close()
 	breaker.Stop()
 	if err != nil {
-		return fmt.Errorf("advance offset: %w", err)
+		return fmt.Errorf("idle timeout and advance offset: %w", err)
 	}
-	if tag.RowsAffected() == 0 {
+	if advanced == 0 {
 		return errFenced
 	}
 	return nil

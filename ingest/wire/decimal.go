@@ -16,6 +16,9 @@ func parseDecimal(raw []byte) (decimal.Decimal, problem) {
 	if raw == nil {
 		return decimal.Decimal{}, problem{ReasonMissingField, missing}
 	}
+	if d, ok := smallDecimal(raw); ok {
+		return d, problem{}
+	}
 	var text string
 	switch c := raw[0]; {
 	case c == '"':
@@ -81,4 +84,41 @@ func plainDecimal(s string) bool {
 		}
 	}
 	return digits > 0 && (!dot || frac > 0)
+}
+
+// smallDecimal reads the common case without building a string or going
+// through big.Int parsing: a JSON integer, or a JSON string of the form
+// [0-9]+(\.[0-9]+)?, of at most 18 digits with at most amount.MaxScale
+// after the point. Such a value is within every limit of amount.Check and
+// the decimal is the one amount.ParseNonNegative returns for the same text
+// (coefficient the digits, exponent minus the digits after the point);
+// anything else is left to parseDecimal's general path (ok false).
+func smallDecimal(raw []byte) (d decimal.Decimal, ok bool) {
+	b := raw
+	if b[0] == '"' {
+		if len(b) < 3 || b[len(b)-1] != '"' {
+			return d, false
+		}
+		b = b[1 : len(b)-1]
+	}
+	var v int64
+	digits, frac, dot := 0, 0, -1
+	for i, c := range b {
+		switch {
+		case c >= '0' && c <= '9':
+			v = v*10 + int64(c-'0')
+			digits++
+			if dot >= 0 {
+				frac++
+			}
+		case c == '.' && dot < 0 && i > 0 && raw[0] == '"':
+			dot = i
+		default:
+			return d, false
+		}
+	}
+	if digits == 0 || digits > 18 || frac > amount.MaxScale || dot == len(b)-1 {
+		return d, false
+	}
+	return decimal.New(v, int32(-frac)), true
 }

@@ -2,7 +2,6 @@ package wire
 
 import (
 	"bytes"
-	"encoding/json"
 )
 
 // Decode parses and validates one Kafka message: key is the message key (the
@@ -32,7 +31,7 @@ func Decode(key, value []byte) (b Batch, index []int, rejected []RecordError, er
 	if p := idProblem(key); p != "" {
 		return fail(ReasonBadKey, "", "message key "+p)
 	}
-	if !json.Valid(value) {
+	if !valid(value) {
 		return fail(ReasonBadJSON, "", syntaxDetail(value))
 	}
 	// From here on value is known to be valid JSON, which keeps the scanner
