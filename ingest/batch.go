@@ -266,8 +266,12 @@ type recordRef struct{ msg, rec int }
 // ledgerRecords turns every valid record of every message, in offset
 // order, into a ledger record, with where each came from.
 func ledgerRecords(b *microBatch) ([]ledger.Record, []recordRef) {
-	var recs []ledger.Record
-	var refs []recordRef
+	n := 0
+	for i := range b.msgs {
+		n += len(b.msgs[i].batch.Records)
+	}
+	recs := make([]ledger.Record, 0, n)
+	refs := make([]recordRef, 0, n)
 	for i := range b.msgs {
 		m := &b.msgs[i]
 		for j, r := range m.batch.Records {

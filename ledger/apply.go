@@ -73,7 +73,7 @@ func (l *Ledger) Apply(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome
 		out:       out,
 		recs:      make([]Record, len(recs)),
 		streams:   map[StreamKey]*stream{},
-		ops:       map[uuid.UUID]*stored{},
+		ops:       make(map[uuid.UUID]stored, len(recs)),
 		calendars: map[string]periods.Schedule{},
 		closed:    map[periodKey]bool{},
 		rollups:   map[rollupKey]decimal.Decimal{},
@@ -83,6 +83,7 @@ func (l *Ledger) Apply(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome
 	if len(valid) == 0 {
 		return out, nil
 	}
+	a.newRecords = make([]newRecord, 0, len(valid))
 	if err := a.load(ctx, tx, valid); err != nil {
 		return nil, err
 	}
@@ -153,7 +154,7 @@ type applier struct {
 	recs      []Record
 	streams   map[StreamKey]*stream
 	byID      map[int64]*stream
-	ops       map[uuid.UUID]*stored
+	ops       map[uuid.UUID]stored // by value: a record applied adds no allocation
 	calendars map[string]periods.Schedule
 	closed    map[periodKey]bool
 
@@ -311,10 +312,16 @@ func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	}
 
 	// Second round trip, only for records that could touch recorded seqs.
+	// A record whose operation id is recorded is a duplicate or a conflict
+	// by that alone (apply never looks at its seq), so a retransmit costs
+	// no second read.
 	var candStream, candSeq []int64
 	for _, i := range valid {
 		r := &a.recs[i]
 		s := a.streams[r.Stream]
+		if _, recorded := a.ops[r.OperationID]; recorded {
+			continue
+		}
 		if r.Seq <= s.dbLastSeq {
 			candStream = append(candStream, s.id)
 			candSeq = append(candSeq, r.Seq)
@@ -371,8 +378,7 @@ func (a *applier) queueOperations(b *pgx.Batch, opIDs []uuid.UUID) {
 		var s stored
 		_, err := pgx.ForEachRow(rows, []any{&op, &s.streamID, &s.seq, numericDst(&s.total), nullNumericDst(&s.quantity),
 			&s.occurredAt, &s.final}, func() error {
-			st := s
-			a.ops[op.Bytes] = &st
+			a.ops[op.Bytes] = s
 			return nil
 		})
 		return err
@@ -656,7 +662,7 @@ func (a *applier) record(i int, s *stream, late bool, billed decimal.Decimal, pe
 	r := &a.recs[i]
 	a.newRecords = append(a.newRecords, newRecord{rec: r, streamID: s.id, lateFill: late,
 		billed: billed, period: period, bucket: bucket, priorPeriod: prior})
-	a.ops[r.OperationID] = &stored{streamID: s.id, seq: r.Seq, total: r.Total, quantity: r.Quantity,
+	a.ops[r.OperationID] = stored{streamID: s.id, seq: r.Seq, total: r.Total, quantity: r.Quantity,
 		occurredAt: r.OccurredAt, final: r.Final}
 	s.seen[r.Seq] = r.OperationID
 }

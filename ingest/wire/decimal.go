@@ -120,5 +120,18 @@ func smallDecimal(raw []byte) (d decimal.Decimal, ok bool) {
 	if digits == 0 || digits > 18 || frac > amount.MaxScale || dot == len(b)-1 {
 		return d, false
 	}
+	if frac == 0 && v < int64(len(smallInts)) {
+		return smallInts[v], true
+	}
 	return decimal.New(v, int32(-frac)), true
 }
+
+// smallInts are the decimals 0 to 1,023, shared: a decimal is immutable
+// (every operation returns a new one), and most quantities are small
+// integers, so most records then allocate one decimal fewer.
+var smallInts = func() (d [1024]decimal.Decimal) {
+	for i := range d {
+		d[i] = decimal.New(int64(i), 0)
+	}
+	return d
+}()
