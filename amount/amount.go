@@ -3,9 +3,7 @@ package amount
 import (
 	"errors"
 	"fmt"
-	"math"
 	"math/big"
-	"strconv"
 	"strings"
 
 	"github.com/shopspring/decimal"
@@ -63,9 +61,10 @@ func Check(d decimal.Decimal) error {
 		return nil
 	}
 	var digits int64
-	if coef := d.Coefficient(); coef.IsInt64() && coef.Int64() != math.MinInt64 {
-		// The common case, without big.Int arithmetic.
-		c := coef.Int64()
+	if d.NumDigits() <= 18 {
+		// The common case, without big.Int arithmetic or allocation
+		// (NumDigits and CoefficientInt64 read the coefficient in place).
+		c := d.CoefficientInt64()
 		if c < 0 {
 			c = -c
 		}
@@ -73,7 +72,9 @@ func Check(d decimal.Decimal) error {
 			c /= 10
 			exp++
 		}
-		digits = int64(len(strconv.FormatInt(c, 10)))
+		for ; c > 0; c /= 10 {
+			digits++
+		}
 	} else {
 		c := new(big.Int).Abs(d.Coefficient())
 		ten := big.NewInt(10)

@@ -157,6 +157,8 @@ type applier struct {
 	ops       map[uuid.UUID]stored // by value: a record applied adds no allocation
 	calendars map[string]periods.Schedule
 	closed    map[periodKey]bool
+	// lastPeriod is each customer's period last found by periodOf.
+	lastPeriod map[string]periods.Period
 
 	newRecords []newRecord
 	entries    []entry
@@ -685,12 +687,21 @@ func (a *applier) roll(customer, meter string, period, bucket time.Time, q decim
 	a.rollups[k] = a.rollups[k].Add(q)
 }
 
-// periodOf is the customer's accounting period containing t.
+// periodOf is the customer's accounting period containing t. A batch's
+// records mostly fall in one period per customer, and a schedule's periods
+// tile time, so the last period found answers any t it contains.
 func (a *applier) periodOf(customer string, t time.Time) (periods.Period, error) {
+	if p, ok := a.lastPeriod[customer]; ok && p.Contains(t) {
+		return p, nil
+	}
 	p, err := a.calendars[customer].PeriodAt(t)
 	if err != nil {
 		return p, fmt.Errorf("ledger: customer %q: period at %s: %w", customer, t, err)
 	}
+	if a.lastPeriod == nil {
+		a.lastPeriod = map[string]periods.Period{}
+	}
+	a.lastPeriod[customer] = p
 	return p, nil
 }
 
