@@ -66,9 +66,32 @@ func New(cfg Config) (*Ledger, error) {
 // bad input: bad input is an outcome. After an error the caller must roll
 // tx back.
 func (l *Ledger) Apply(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome, error) {
+	out, err := l.apply(ctx, tx, recs, false)
+	if !errors.Is(err, errOperationTaken) {
+		return out, err
+	}
+	// A record past its stream's last seq reused a recorded operation id
+	// (see load): undo the attempt and apply the batch again, every
+	// operation id looked up. Rare: a producer reusing ids across streams,
+	// or two batches sending one new id at once.
+	l.log.Info("ledger: a new record's operation id was already recorded; applying the batch again with every operation id looked up",
+		"records", len(recs), "err", err)
+	if _, err := tx.Exec(ctx, qRollbackToApply); err != nil {
+		return nil, fmt.Errorf("ledger: undo the attempt: %w", err)
+	}
+	return l.apply(ctx, tx, recs, true)
+}
+
+// errOperationTaken: the records' COPY met a recorded operation id.
+var errOperationTaken = errors.New("ledger: a new record's operation id is already recorded")
+
+// apply is one attempt at Apply; lookupAll looks every operation id up
+// before anything is written (see load).
+func (l *Ledger) apply(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll bool) ([]Outcome, error) {
 	now := l.now().UTC().Truncate(time.Microsecond)
 	out := make([]Outcome, len(recs))
 	a := &applier{
+		lookupAll: lookupAll,
 		now:       now,
 		out:       out,
 		recs:      make([]Record, len(recs)),
@@ -149,6 +172,7 @@ type rollupKey struct {
 }
 
 type applier struct {
+	lookupAll bool // look up every operation id, not only those of records at or below their stream's last seq
 	now       time.Time
 	out       []Outcome
 	recs      []Record
@@ -274,9 +298,20 @@ func (r *Record) check() error {
 	return errors.Join(errs...)
 }
 
-// load reads, in two pipelined round trips, everything the batch needs:
+// load reads, in pipelined round trips, everything the batch needs:
 // calendars, closed periods, stream state (locked), and the recorded
 // operations, seqs and gaps the batch could collide with.
+//
+// A recorded operation's seq is at most its stream's last seq, so only a
+// record at or below its stream's last seq can repeat one with identical
+// content (a duplicate); only those records' operation ids are looked up,
+// after the stream state, and a batch of new records reads nothing per
+// record. A record past its stream's last seq whose id is recorded anyway
+// (reused across streams: a conflict) is caught by the unique key on
+// operation_id when the records are written: the attempt is undone to the
+// savepoint taken here, and Apply runs again with lookupAll, which looks
+// every id up first, as one load always did. Outcomes are the same either
+// way.
 func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	var customers []string
 	seenCustomer := map[string]bool{}
@@ -301,15 +336,37 @@ func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	sort.Strings(customers)
 
 	b := &pgx.Batch{}
+	if !a.lookupAll {
+		b.Queue(qSavepointApply)
+	}
 	a.queueCustomers(b, customers, minOccurred)
 	a.queueStreamState(b, keys)
-	a.queueOperations(b, opIDs)
+	if a.lookupAll {
+		a.queueOperations(b, opIDs)
+	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("ledger: load: %w", err)
 	}
 	for _, k := range keys {
 		if a.streams[k] == nil {
 			return fmt.Errorf("ledger: stream %+v was not created", k)
+		}
+	}
+
+	if !a.lookupAll {
+		// The operation ids that could be recorded.
+		opIDs = opIDs[:0]
+		for _, i := range valid {
+			if r := &a.recs[i]; r.Seq <= a.streams[r.Stream].dbLastSeq {
+				opIDs = append(opIDs, r.OperationID)
+			}
+		}
+		if len(opIDs) > 0 {
+			b = &pgx.Batch{}
+			a.queueOperations(b, opIDs)
+			if err := tx.SendBatch(ctx, b).Close(); err != nil {
+				return fmt.Errorf("ledger: load recorded operations: %w", err)
+			}
 		}
 	}
 

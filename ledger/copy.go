@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/shopspring/decimal"
 )
@@ -50,10 +52,22 @@ func (a *applier) copyRecords(ctx context.Context, tx pgx.Tx) error {
 	}
 	buf = binary.BigEndian.AppendUint16(buf, 0xffff) // the trailer: a field count of -1
 	if err := copyIn(ctx, tx.Conn(), buf, int64(len(a.newRecords))); err != nil {
+		var pe *pgconn.PgError
+		if !a.lookupAll && errors.As(err, &pe) && pe.Code == uniqueViolation && pe.ConstraintName == operationIDKey {
+			// An id load did not look up (see load): Apply tries again.
+			return fmt.Errorf("%w: %w", errOperationTaken, err)
+		}
 		return fmt.Errorf("ledger: write records: %w", err)
 	}
 	return nil
 }
+
+// operationIDKey is the unique key of records on operation_id;
+// uniqueViolation is Postgres's SQLSTATE for breaking one.
+const (
+	operationIDKey  = "records_operation_id_key"
+	uniqueViolation = "23505"
+)
 
 // copyIn sends the encoded COPY stream, telling the connection's tracer (if
 // it traces COPY) as pgx.Conn.CopyFrom would.

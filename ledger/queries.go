@@ -33,6 +33,11 @@ JOIN unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS k(producer, epo
 ORDER BY s.id
 FOR UPDATE OF s`
 
+	// Apply's first attempt runs inside a savepoint, undone when a new
+	// record's operation id turns out to be recorded (see load).
+	qSavepointApply  = `SAVEPOINT tally_ledger_apply`
+	qRollbackToApply = `ROLLBACK TO SAVEPOINT tally_ledger_apply`
+
 	qRecordsByOperation = `
 SELECT operation_id, stream_id, seq, total, quantity, occurred_at, final
 FROM records WHERE operation_id = ANY($1::uuid[])`
