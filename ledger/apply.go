@@ -60,7 +60,9 @@ func New(cfg Config) (*Ledger, error) {
 // Apply applies a micro-batch of records inside tx and returns one outcome
 // per record, in order. The result is exactly what applying the records one
 // at a time, in order, would give. It needs READ COMMITTED (Postgres's
-// default) and a handful of round trips whatever the batch size.
+// default) and a handful of round trips whatever the batch size. It takes
+// a savepoint in tx (a subtransaction: callers apply one batch per
+// transaction) and, in the rare case load describes, rolls back to it.
 //
 // An error is a store error (or an inconsistency in stored state), never
 // bad input: bad input is an outcome. After an error the caller must roll
