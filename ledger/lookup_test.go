@@ -2,10 +2,13 @@ package ledger_test
 
 import (
 	"bytes"
+	"context"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/tally-ledger/tally/ledger"
 )
@@ -59,5 +62,68 @@ func TestOperationIDReusedPastLastSeq(t *testing.T) {
 	}
 	if logs.Len() != 0 {
 		t.Fatalf("applied again on a retransmit: %s", logs.String())
+	}
+}
+
+// TestConcurrentNewOperationID: two transactions write the same new
+// operation id on two streams at once. The second one's write waits for
+// the first; when the first commits, the unique key refuses the second's
+// write, and Apply applies its batch again, every id looked up: a
+// conflict, in the same transaction, instead of an error.
+func TestConcurrentNewOperationID(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	s1 := recBuilder{"gw-1", 1, "acme", "api_calls"}
+	s2 := recBuilder{"gw-2", 1, "acme", "api_calls"}
+	first := s1.rec(1, "10", nov)
+	second := s2.rec(1, "4", nov)
+	second.OperationID = first.OperationID
+	// The customer exists already: creating it is not what the second
+	// transaction waits for.
+	f.apply(recBuilder{"gw-3", 1, "acme", "api_calls"}.rec(1, "1", nov))
+
+	tx1, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx1.Rollback(ctx) }()
+	if out, err := f.l.Apply(ctx, tx1, []ledger.Record{first}); err != nil || kinds(out) != "applied" {
+		t.Fatalf("first: %v %v", kinds(out), err)
+	}
+
+	type result struct {
+		out []ledger.Outcome
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		r.err = pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+			var err error
+			r.out, err = f.l.Apply(ctx, tx, []ledger.Record{second})
+			return err
+		})
+		done <- r
+	}()
+	// The second transaction waits on the first's uncommitted id.
+	deadline := time.Now().Add(10 * time.Second)
+	for f.scalar(`SELECT count(*)::text FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`) == "0" {
+		if time.Now().After(deadline) {
+			t.Fatal("the second transaction never waited for the first")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := tx1.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("second: %v", r.err)
+	}
+	if got := kinds(r.out); got != "conflict(operation_id_reused)" {
+		t.Fatalf("second: %s", got)
+	}
+	if got := f.scalar(`SELECT trim_scale(sum(billed))::text FROM records`); got != "11" {
+		t.Fatalf("billed = %s, want 11", got)
 	}
 }
