@@ -20,13 +20,10 @@ import (
 // looks up an encode plan per value through reflection, boxes every value
 // in an interface, and encodes each NUMERIC with math/big division; for the
 // fifteen fixed columns of records that was the largest single item of
-// ingest's CPU. The bytes are the same binary COPY format pgx writes
-// (https://www.postgresql.org/docs/current/sql-copy.html#id-1.9.3.55.9.4),
-// column for column of recordColumns, whose types TestCopyColumnTypes pins.
-
-// qCopyRecords is the COPY statement of recordColumns, in binary format.
-const qCopyRecords = `COPY records (stream_id, seq, operation_id, customer, meter, total, quantity, occurred_at, ` +
-	`final, late_fill, billed, period_start, bucket, prior_period, ingested_at) FROM STDIN BINARY`
+// ingest's CPU. The bytes are the binary format pgx writes too (the
+// "Binary Format" of COPY in the PostgreSQL documentation), column for
+// column of recordColumns (qCopyRecords), whose types TestCopyColumnTypes
+// pins.
 
 var recordColumns = []string{"stream_id", "seq", "operation_id", "customer", "meter", "total", "quantity", "occurred_at",
 	"final", "late_fill", "billed", "period_start", "bucket", "prior_period", "ingested_at"}
@@ -37,7 +34,8 @@ var copyHeader = []byte("PGCOPY\n\xff\r\n\x00\x00\x00\x00\x00\x00\x00\x00\x00")
 
 // copyRecords writes the new records with one binary COPY: the bulk of
 // every micro-batch, and the fastest way into Postgres. (Uniqueness was
-// decided under the stream locks; the table's unique keys are the backstop.)
+// decided under the stream locks, but for the operation ids load did not
+// look up; the table's unique keys are the backstop.)
 func (a *applier) copyRecords(ctx context.Context, tx pgx.Tx) error {
 	if len(a.newRecords) == 0 {
 		return nil

@@ -47,6 +47,9 @@ ORDER BY c.i`, recordColumns)
 	if strings.Join(got, ", ") != strings.Join(want, ", ") {
 		t.Fatalf("records columns:\n got %v\nwant %v", got, want)
 	}
+	if want := "COPY records (" + strings.Join(recordColumns, ", ") + ") FROM STDIN BINARY"; qCopyRecords != want {
+		t.Fatalf("qCopyRecords = %s, want the columns of recordColumns: %s", qCopyRecords, want)
+	}
 }
 
 // TestNumericEncoding sends decimals through the fast NUMERIC encoder and

@@ -38,6 +38,11 @@ FOR UPDATE OF s`
 	qSavepointApply  = `SAVEPOINT tally_ledger_apply`
 	qRollbackToApply = `ROLLBACK TO SAVEPOINT tally_ledger_apply`
 
+	// The records of a micro-batch, binary, in the columns' order of
+	// recordColumns (copy.go encodes the rows).
+	qCopyRecords = `COPY records (stream_id, seq, operation_id, customer, meter, total, quantity, occurred_at, ` +
+		`final, late_fill, billed, period_start, bucket, prior_period, ingested_at) FROM STDIN BINARY`
+
 	qRecordsByOperation = `
 SELECT operation_id, stream_id, seq, total, quantity, occurred_at, final
 FROM records WHERE operation_id = ANY($1::uuid[])`
