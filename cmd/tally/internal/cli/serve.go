@@ -57,6 +57,8 @@ TALLY_KAFKA_BROKERS and TALLY_DATABASE_URL. With none of --ingest, --api,
              docs/console.md) unless --no-console.
   --enforce  evaluate quota rules and publish decisions to
              --decisions-topic; one process publishes at a time (a lease).
+             The leader also evaluates alert rules, and every --enforce
+             process delivers their events (--alerts-topic, webhooks).
 
 serve never migrates: it refuses to start when the schema is behind (run
 tally migrate first). /metrics (admin token with --api), /healthz and
@@ -156,6 +158,7 @@ partition leases and the enforcer lease.`,
 		"/readyz of the API answers 503 while an ingest partition has had no live owner this long (negative: never)")
 	envDefault(f, "ready-unowned-after", "TALLY_READY_UNOWNED_AFTER")
 	addMaxSkewFlag(f, &o.maxSkew)
+	addAlertFlags(f, &o.alerts)
 	// Never print a token in --help.
 	if fl := f.Lookup("admin-token"); fl.DefValue != "" {
 		fl.DefValue = "(set)"
@@ -302,6 +305,7 @@ type runOptions struct {
 	// too (tally dev runs everything on one).
 	apiPool, enforcePool *pgxpool.Pool
 	apiLimits            apiLimits
+	alerts               alertOptions
 }
 
 // run runs the chosen components and the HTTP listener until ctx ends or
@@ -358,6 +362,9 @@ func run(ctx context.Context, o runOptions) error {
 			return err
 		}
 		g.Go(func() error { return enf.Run(gctx) })
+		if err := startAlerts(gctx, g, o, enf, reg); err != nil {
+			return err
+		}
 	}
 	if o.listen != "" {
 		var handler http.Handler
@@ -366,7 +373,8 @@ func run(ctx context.Context, o runOptions) error {
 				Topic: o.topic, Logger: o.log, Registry: reg,
 				MaxInFlight: o.apiLimits.maxInFlight, AddressRate: o.apiLimits.addressRate, TokenRate: o.apiLimits.tokenRate,
 				GatewayRate: o.apiLimits.gatewayRate, AddressBodies: o.apiLimits.addressBodies, BodyTimeout: o.apiLimits.bodyTimeout,
-				UnownedAfter: o.unownedAfter, MaxSkew: o.maxSkew, ReadyChecks: readyChecks})
+				UnownedAfter: o.unownedAfter, MaxSkew: o.maxSkew, ReadyChecks: readyChecks,
+				WebhookAllowPrivate: o.alerts.allowPrivate})
 			if err != nil {
 				return err
 			}
