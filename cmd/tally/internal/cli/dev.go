@@ -33,7 +33,7 @@ func newDevCmd() *cobra.Command {
 		Long: `Run Tally on this machine with nothing to install but Postgres:
 
   - Kafka: TALLY_KAFKA_BROKERS if set, else an embedded broker at
-    127.0.0.1:9092 (topics tally.meter-batches and tally.quota-decisions,
+    127.0.0.1:9092 (topics tally.meter-batches, tally.quota-decisions and tally.alerts,
     4 partitions each; data kept in ./.tally-dev/kafka).
   - Postgres: TALLY_DATABASE_URL if set and reachable, else the local server
     at 127.0.0.1:5432 (a database of the data directory's own, tally_ and a
