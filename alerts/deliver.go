@@ -45,7 +45,8 @@ type DispatcherConfig struct {
 	Transport *kafka.Transport
 	// Timeout bounds one webhook request, connection included (default
 	// 10s). Claim is how long an attempt holds its delivery against other
-	// dispatchers (default 3 × Timeout; must exceed Timeout).
+	// dispatchers, so how long a delivery whose dispatcher died during an
+	// attempt waits (default Timeout + 5s; must exceed Timeout).
 	Timeout, Claim time.Duration
 	// Poll is the longest wait between looks for due deliveries (default
 	// 500ms); Wake shortens it.
@@ -88,7 +89,7 @@ func (c DispatcherConfig) withDefaults() DispatcherConfig {
 		c.Timeout = DefaultTimeout
 	}
 	if c.Claim == 0 {
-		c.Claim = 3 * c.Timeout
+		c.Claim = c.Timeout + 5*time.Second
 	}
 	if c.Poll == 0 {
 		c.Poll = DefaultPoll
