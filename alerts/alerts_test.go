@@ -94,7 +94,7 @@ func TestTriggeredThenResolvedByACredit(t *testing.T) {
 	secret := e.webhook("billing", rec.url())
 	e.quota("acme", "calls", 100)
 	e.rule("acme-calls", `{"subject":"customer:acme","meter":"calls","thresholds":[{"percent":"100"},{"percent":"80"}],"endpoints":["billing"]}`)
-	e.start(startOptions{})
+	tl := e.start(startOptions{})
 	e.use("acme", "calls", 85)
 	waitFor(t, 5*time.Second, "80% triggered", func() bool { return len(rec.delivered()) >= 1 })
 	e.use("acme", "calls", 20)
@@ -113,6 +113,19 @@ func TestTriggeredThenResolvedByACredit(t *testing.T) {
 	}
 	if want := alerts.EventID("acme-calls", "customer:acme", "percent:80", ev.Period, 1); ev.ID != want {
 		t.Fatalf("id %s, want the derived %s", ev.ID, want)
+	}
+	waitFor(t, 5*time.Second, "metrics", func() bool {
+		return metric(tl.reg, `tally_alert_deliveries_total{kind="kafka",outcome="delivered"}`) == 4
+	})
+	for name, want := range map[string]float64{
+		`tally_alert_events_total{type="alert.triggered"}`:                 2,
+		`tally_alert_events_total{type="alert.resolved"}`:                  2,
+		`tally_alert_deliveries_total{kind="webhook",outcome="delivered"}`: 4,
+		`tally_alert_oldest_undelivered_seconds`:                           0,
+	} {
+		if got := metric(tl.reg, name); got != want {
+			t.Errorf("%s = %v, want %v", name, got, want)
+		}
 	}
 	msgs := e.readKafka(t, len(stored))
 	for i, m := range msgs {
@@ -216,7 +229,14 @@ func TestReceiverTroubleLosesNothing(t *testing.T) {
 	rec.mode.Store("500")
 	step()
 	time.Sleep(500 * time.Millisecond)
+	// While every request hangs past the timeout, transitions are still
+	// written as they happen: the evaluator never waits for a receiver.
 	rec.mode.Store("hang")
+	before := len(e.stored())
+	e.use("acme", "calls", 25)
+	waitFor(t, 2*time.Second, "transitions while the receiver hangs", func() bool { return len(e.stored()) >= before+2 })
+	e.adjust("acme", "calls", -25, time.Time{})
+	waitFor(t, 2*time.Second, "resolutions while the receiver hangs", func() bool { return len(e.stored()) >= before+4 })
 	step()
 	time.Sleep(time.Second)
 	rec.mode.Store("ok")

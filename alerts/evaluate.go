@@ -222,6 +222,9 @@ func (e *Evaluator) Evaluate(ctx context.Context, f quota.Fence) error {
 	if err != nil {
 		return err
 	}
+	if len(rules) == 0 && len(states) == 0 {
+		return nil
+	}
 	plan, err := planSubjects(ctx, e.cfg.Pool, rules, states)
 	if err != nil {
 		return err

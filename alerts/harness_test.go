@@ -7,14 +7,16 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 	"github.com/shopspring/decimal"
 	"go.uber.org/goleak"
@@ -116,6 +118,7 @@ func (e *env) webhook(name, url string) string {
 
 // tally is one Tally process's enforcer, evaluator and dispatcher.
 type tally struct {
+	reg  *prometheus.Registry
 	enf  *quota.Enforcer
 	eval *alerts.Evaluator
 	disp *alerts.Dispatcher
@@ -141,16 +144,16 @@ func (e *env) start(o startOptions) *tally {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	tl := &tally{enf: enf}
+	tl := &tally{enf: enf, reg: prometheus.NewRegistry()}
 	if !o.noDispatcher {
-		tl.disp, err = alerts.NewDispatcher(alerts.DispatcherConfig{Pool: e.pool, Brokers: e.kafka.Addrs,
+		tl.disp, err = alerts.NewDispatcher(alerts.DispatcherConfig{Pool: e.pool, Brokers: e.kafka.Addrs, Registerer: tl.reg,
 			Timeout: 500 * time.Millisecond, Claim: 2 * time.Second, Poll: 100 * time.Millisecond,
 			BackoffBase: 50 * time.Millisecond, BackoffMax: 400 * time.Millisecond, AllowPrivate: true, Logger: log})
 		if err != nil {
 			e.t.Fatal(err)
 		}
 	}
-	cfg := alerts.EvaluatorConfig{Pool: e.pool, Leader: enf, Kafka: true, Clock: e.now, Logger: log, Interval: 200 * time.Millisecond,
+	cfg := alerts.EvaluatorConfig{Pool: e.pool, Leader: enf, Kafka: true, Clock: e.now, Logger: log, Interval: 200 * time.Millisecond, Registerer: tl.reg,
 		RetryFor: o.retryFor}
 	if tl.disp != nil {
 		cfg.Committed = tl.disp.Wake
@@ -191,13 +194,13 @@ type received struct {
 // receiver is a real HTTP server on a fixed address that can be down,
 // answer 500, or hang past the dispatcher's timeout.
 type receiver struct {
-	t      *testing.T
-	addr   string
-	mode   atomic.Value // "ok", "500", "hang"
-	mu     sync.Mutex
-	reqs   []received
-	srv    *http.Server
-	done   chan struct{}
+	t    *testing.T
+	addr string
+	mode atomic.Value // "ok", "500", "hang"
+	mu   sync.Mutex
+	reqs []received
+	srv  *http.Server
+	done chan struct{}
 }
 
 func newReceiver(t *testing.T) *receiver {
@@ -359,3 +362,34 @@ func (e *env) readKafka(t *testing.T, n int) []kafka.Message {
 func ptr[T any](v T) *T { return &v }
 
 func decimalOf(s string) decimal.Decimal { return decimal.RequireFromString(s) }
+
+// metric reads one series, written as in the text format
+// (`name{a="x",b="y"}`), of a counter or gauge; -1 when absent.
+func metric(reg *prometheus.Registry, series string) float64 {
+	name, labels, _ := strings.Cut(strings.TrimSuffix(series, "}"), "{")
+	mfs, err := reg.Gather()
+	if err != nil {
+		return -1
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			var ls []string
+			for _, l := range m.GetLabel() {
+				ls = append(ls, l.GetName()+`="`+l.GetValue()+`"`)
+			}
+			if strings.Join(ls, ",") != labels {
+				continue
+			}
+			switch {
+			case m.Counter != nil:
+				return m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return -1
+}
