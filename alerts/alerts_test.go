@@ -14,6 +14,8 @@ import (
 
 	"github.com/tally-ledger/tally/alerts"
 	"github.com/tally-ledger/tally/periods"
+	"github.com/tally-ledger/tally/pools"
+	"github.com/tally-ledger/tally/quota"
 )
 
 // check asserts what a webhook consumer relies on: every stored event was
@@ -371,5 +373,46 @@ func TestLateUsageIntoAClosedPeriodFiresNothingForIt(t *testing.T) {
 	if got := types(stored); !slices.Equal(got, []string{"triggered v10", "resolved v10 period_ended", "triggered v10"}) ||
 		stored[0].Period == today || stored[1].Period != stored[0].Period || stored[2].Period != today {
 		t.Fatalf("events %v in periods %s %s %s", got, stored[0].Period, stored[1].Period, stored[2].Period)
+	}
+}
+
+// TestPoolAndGlobalSubjects: a pool's usage is its members' (as the
+// enforcer counts it), the global scope's everyone's, and a pool's
+// percent threshold follows the pool's rule in force.
+func TestPoolAndGlobalSubjects(t *testing.T) {
+	e := newEnv(t)
+	rec := newReceiver(t)
+	secret := e.webhook("billing", rec.url())
+	ctx := context.Background()
+	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		_, err := pools.PutTx(ctx, tx, pools.PutInput{Name: "team", Members: []string{"acme", "globex"}, Actor: "t"}, time.Now().Add(-time.Hour))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		_, err := quota.PutScopeRule(ctx, tx, quota.ScopeRuleInput{Scope: "pool:team", Meter: "calls", Limit: decimal.NewFromInt(100), Actor: "t"})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.rule("team", `{"subject":"pool:team","meter":"calls","thresholds":[{"percent":"50"}],"endpoints":["billing"]}`)
+	e.rule("all", `{"subject":"global","meter":"calls","thresholds":[{"value":"70"}],"endpoints":["billing"]}`)
+	e.start(startOptions{})
+	e.use("acme", "calls", 30)
+	e.use("initech", "calls", 30) // not in the pool
+	time.Sleep(500 * time.Millisecond)
+	if n := len(e.stored()); n != 0 {
+		t.Fatalf("%d events at 30 in the pool and 60 in all: %v", n, types(e.stored()))
+	}
+	e.use("globex", "calls", 25) // the pool: 55 ≥ 50; everyone: 85 ≥ 70
+	waitFor(t, 5*time.Second, "both triggered", func() bool { return len(rec.delivered()) == 2 })
+	stored := check(t, e, rec, secret)
+	subjects := []string{stored[0].Subject + " " + stored[0].Used.String(), stored[1].Subject + " " + stored[1].Used.String()}
+	slices.Sort(subjects)
+	if !slices.Equal(subjects, []string{"global 85", "pool:team 55"}) {
+		t.Fatalf("events for %v", subjects)
 	}
 }
