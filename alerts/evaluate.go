@@ -55,7 +55,9 @@ type EvaluatorConfig struct {
 	// MinInterval the shortest (default 50ms): notifications of new usage
 	// wake the evaluator in between.
 	Interval, MinInterval time.Duration
-	// NoListen: do not wake on the ledger's notifications (tests).
+	// NoListen: open no listening connection of its own; the evaluator
+	// is then woken through Subscriber on another listener of the process
+	// (the API's), or only every Interval.
 	NoListen bool
 	// RetryFor is how long a delivery is retried before it is failed.
 	// Default 72h.
@@ -165,6 +167,10 @@ func (e *Evaluator) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// Subscriber wakes the evaluator on each notification of a listener it
+// shares (see NoListen).
+func (e *Evaluator) Subscriber() notify.Subscriber { return waker{e.wake} }
 
 // waker wakes the evaluator on every notification (a hint: it reads what
 // it needs from the tables).

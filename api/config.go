@@ -143,6 +143,10 @@ type Config struct {
 	// WebhookAllowPrivate accepts alert webhooks on loopback and private
 	// addresses (TALLY_WEBHOOK_ALLOW_PRIVATE; docs/design.md §15).
 	WebhookAllowPrivate bool
+	// Subscribers are handed the notifications of the API's listening
+	// connection too (the alert evaluator of the same process), so that a
+	// process keeps one.
+	Subscribers []notify.Subscriber
 }
 
 // DefaultUnownedAfter is Config.UnownedAfter's default.
@@ -338,6 +342,9 @@ func New(cfg Config) (*API, error) {
 	}
 	a.watch = newUsageWatch(a.topic, a.listener, usageTTL, usageBytes)
 	a.listener.Subscribe(a.watch)
+	for _, sub := range cfg.Subscribers {
+		a.listener.Subscribe(sub)
+	}
 	if a.admission, err = admission.New(a.pool, admission.Config{Now: a.now, Logger: a.log, MaxSkew: a.maxSkew, Registerer: a.registry}); err != nil {
 		return nil, err
 	}

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/tally-ledger/tally/admission"
+	"github.com/tally-ledger/tally/alerts"
 	"github.com/tally-ledger/tally/api"
 	"github.com/tally-ledger/tally/console"
 	"github.com/tally-ledger/tally/ingest"
@@ -353,6 +354,7 @@ func run(ctx context.Context, o runOptions) error {
 		readyChecks = append(readyChecks, c.NotReady)
 		g.Go(func() error { return c.Run(gctx) })
 	}
+	var alertEval *alerts.Evaluator // woken by the API's listener when both run here
 	if o.enforce {
 		enf, err := quota.NewEnforcer(quota.Config{
 			Pool: o.enforcePool, Brokers: o.brokers, Topic: o.decisionsTopic, IngestTopic: o.topic,
@@ -362,7 +364,7 @@ func run(ctx context.Context, o runOptions) error {
 			return err
 		}
 		g.Go(func() error { return enf.Run(gctx) })
-		if err := startAlerts(gctx, g, o, enf, reg); err != nil {
+		if alertEval, err = startAlerts(gctx, g, o, enf, reg); err != nil {
 			return err
 		}
 	}
@@ -374,7 +376,7 @@ func run(ctx context.Context, o runOptions) error {
 				MaxInFlight: o.apiLimits.maxInFlight, AddressRate: o.apiLimits.addressRate, TokenRate: o.apiLimits.tokenRate,
 				GatewayRate: o.apiLimits.gatewayRate, AddressBodies: o.apiLimits.addressBodies, BodyTimeout: o.apiLimits.bodyTimeout,
 				UnownedAfter: o.unownedAfter, MaxSkew: o.maxSkew, ReadyChecks: readyChecks,
-				WebhookAllowPrivate: o.alerts.allowPrivate})
+				WebhookAllowPrivate: o.alerts.allowPrivate, Subscribers: alertSubscribers(alertEval)})
 			if err != nil {
 				return err
 			}
