@@ -28,14 +28,18 @@ func check(t *testing.T, e *env, r *receiver, secret string) []alerts.Event {
 	stored := e.stored()
 	got := r.delivered()
 	bodies := map[string]string{}
-	for _, q := range got {
+	for _, q := range r.all() { // answered or not: every request the receiver saw
 		if err := alerts.Verify(secret, q.sig, q.body, q.at, time.Minute); err != nil {
 			t.Errorf("event %s: %v", q.id, err)
 		}
 		if b, ok := bodies[q.id]; ok && b != string(q.body) {
-			t.Errorf("event %s delivered twice with different bodies:\n%s\n%s", q.id, b, q.body)
+			t.Errorf("event %s sent twice with different bodies:\n%s\n%s", q.id, b, q.body)
 		}
 		bodies[q.id] = string(q.body)
+	}
+	delivered := map[string]bool{}
+	for _, q := range got {
+		delivered[q.id] = true
 	}
 	events := eventsOf(t, got)
 	perSubject := map[string][]string{}
@@ -48,7 +52,7 @@ func check(t *testing.T, e *env, r *receiver, secret string) []alerts.Event {
 	want := map[string][]string{}
 	for _, ev := range stored {
 		want[ev.Subject] = append(want[ev.Subject], ev.ID.String())
-		if _, ok := bodies[ev.ID.String()]; !ok {
+		if !delivered[ev.ID.String()] {
 			t.Errorf("event %s (%s %s %s) never delivered", ev.ID, ev.Type, ev.Subject, ev.Threshold.Value)
 		}
 	}
@@ -203,6 +207,22 @@ func TestRapidCrossingNeverTriggersTwice(t *testing.T) {
 	stored := check(t, e, rec, secret)
 	if len(stored) < 2 {
 		t.Fatalf("only %d events: %v", len(stored), types(stored))
+	}
+	// Slowly, for one customer: a dip to 95 stays within the hysteresis
+	// (resolves below 90); 85 resolves.
+	before := len(stored)
+	e.use("initech", "calls", 100)
+	waitFor(t, 5*time.Second, "triggered", func() bool { return len(e.stored()) == before+1 })
+	e.adjust("initech", "calls", -5, time.Time{})
+	time.Sleep(600 * time.Millisecond)
+	if n := len(e.stored()); n != before+1 {
+		t.Fatalf("a dip within the hysteresis resolved: %v", types(e.stored()[before:]))
+	}
+	e.adjust("initech", "calls", -10, time.Time{})
+	waitFor(t, 5*time.Second, "resolved", func() bool { return len(e.stored()) == before+2 })
+	last := e.stored()[before+1]
+	if last.Type != alerts.TypeResolved || !last.Used.Equal(decimal.NewFromInt(85)) || last.Reason != alerts.ReasonCredited {
+		t.Fatalf("resolution %+v", last)
 	}
 }
 
