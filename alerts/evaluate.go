@@ -146,8 +146,12 @@ func (e *Evaluator) Run(ctx context.Context) error {
 	t := time.NewTicker(e.cfg.Interval)
 	defer t.Stop()
 	for {
+		took := time.Duration(0)
 		if f, ok := e.cfg.Leader.Leading(); ok {
-			if err := e.Evaluate(ctx, f); err != nil && ctx.Err() == nil {
+			start := time.Now()
+			err := e.Evaluate(ctx, f)
+			took = time.Since(start)
+			if err != nil && ctx.Err() == nil {
 				if errors.Is(err, quota.ErrNotLeader) {
 					e.log.Warn("alerts: fenced: the enforcer lost its lease; evaluating again once it leads")
 				} else {
@@ -156,14 +160,17 @@ func (e *Evaluator) Run(ctx context.Context) error {
 				}
 			}
 		}
+		// At most half of the time evaluating: many subjects make each
+		// evaluation longer and the evaluations rarer, never back to back.
+		// A notification during the pause is kept (wake holds one).
+		if !pause.For(ctx, max(e.cfg.MinInterval, took)) {
+			return nil
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
 		case <-e.wake:
-		}
-		if !pause.For(ctx, e.cfg.MinInterval) {
-			return nil
 		}
 	}
 }
