@@ -367,8 +367,13 @@ func TestLateUsageIntoAClosedPeriodFiresNothingForIt(t *testing.T) {
 	e.skew.Store(int64(-24 * time.Hour)) // the evaluator looks at yesterday
 	e.start(startOptions{})
 	waitFor(t, 5*time.Second, "triggered yesterday", func() bool { return len(rec.delivered()) == 1 })
+	e.streams.Use(t, "acme", "calls", yesterday.Add(30*time.Second), decimal.NewFromInt(3)) // still triggered: no event
+	time.Sleep(300 * time.Millisecond)
 	e.skew.Store(0)
 	waitFor(t, 5*time.Second, "period ended", func() bool { return len(rec.delivered()) == 2 })
+	if ended := e.stored()[1]; !ended.Used.Equal(decimal.NewFromInt(14)) || ended.AsOf == nil {
+		t.Fatalf("period_ended event: used %s (want the ended period's 14), as_of %v", ended.Used, ended.AsOf)
+	}
 	// Late usage while yesterday is in grace stays in yesterday: nothing fires.
 	e.streams.Use(t, "acme", "calls", yesterday.Add(time.Minute), decimal.NewFromInt(5))
 	time.Sleep(time.Second)

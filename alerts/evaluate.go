@@ -500,7 +500,12 @@ func decideAll(rules map[string]Rule, p plan, usage []quota.SubjectUsage, states
 		default:
 			continue // evaluated below
 		}
-		out = append(out, resolve(r, s, s.used, s.limit, nil, now, reason))
+		used, at := s.used, (*quota.SubjectUsage)(nil)
+		if reason == ReasonPeriodEnded && u.Previous.Start.UTC().Equal(s.periodStart) {
+			// The period just ended: its usage as known now.
+			used, at = u.PreviousUsed, &u
+		}
+		out = append(out, resolve(r, s, used, s.limit, at, now, reason))
 		done[s.stateKey] = true
 	}
 	names := make([]string, 0, len(p.byRule))

@@ -12,19 +12,22 @@ import (
 
 // Event is what a transition tells, as delivered (docs/design.md §15).
 type Event struct {
-	ID          uuid.UUID        `json:"id"`
-	Type        string           `json:"type"` // alert.triggered or alert.resolved
-	Alert       string           `json:"alert"`
-	RuleVersion int64            `json:"rule_version"`
-	Subject     string           `json:"subject"`
-	Customer    string           `json:"customer,omitempty"`
-	Meter       string           `json:"meter"`
-	Period      string           `json:"period"`
-	Threshold   EventThreshold   `json:"threshold"`
-	Used        decimal.Decimal  `json:"used"`
-	Limit       *decimal.Decimal `json:"limit,omitempty"`
-	AsOf        *time.Time       `json:"as_of"`
-	LagSeconds  *quota.Seconds   `json:"lag_seconds"`
+	ID          uuid.UUID      `json:"id"`
+	Type        string         `json:"type"` // alert.triggered or alert.resolved
+	Alert       string         `json:"alert"`
+	RuleVersion int64          `json:"rule_version"`
+	Subject     string         `json:"subject"`
+	Customer    string         `json:"customer,omitempty"`
+	Meter       string         `json:"meter"`
+	Period      string         `json:"period"`
+	Threshold   EventThreshold `json:"threshold"`
+	// Used is the subject's usage of Period when the transition was
+	// decided (for period_ended: of the period that ended, as known then;
+	// when it ended before the one before now, at its last transition).
+	Used       decimal.Decimal  `json:"used"`
+	Limit      *decimal.Decimal `json:"limit,omitempty"`
+	AsOf       *time.Time       `json:"as_of"`
+	LagSeconds *quota.Seconds   `json:"lag_seconds"`
 	// Reason says why a resolved event resolved: below_threshold,
 	// limit_raised, usage_decreased (a credit), period_ended,
 	// no_limit_in_force, rule_changed, rule_deleted.

@@ -31,6 +31,10 @@ type SubjectUsage struct {
 	// Used is the billed usage of Period from rollups (prior-period
 	// adjustments it absorbed included).
 	Used decimal.Decimal
+	// Previous is the period before Period, PreviousUsed its usage so far
+	// (late usage in its grace included).
+	Previous     periods.Period
+	PreviousUsed decimal.Decimal
 	// AsOf is the instant through which the usage is known complete (nil:
 	// unknown), as in a decision.
 	AsOf *time.Time
@@ -135,7 +139,7 @@ func customerUsage(ctx context.Context, db DBTX, q UsageQuery, byCust bool, out 
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("quota: read calendars: %w", err)
 	}
-	starts := make([]time.Time, n)
+	starts, prevStarts := make([]time.Time, n), make([]time.Time, n)
 	nows := make([]time.Time, n)
 	for j, i := range idx {
 		sch, ok := schedules[customers[j]]
@@ -146,16 +150,20 @@ func customerUsage(ctx context.Context, db DBTX, q UsageQuery, byCust bool, out 
 		if err != nil {
 			return fmt.Errorf("quota: customer %q: period at %s: %w", customers[j], q.Now, err)
 		}
-		out[i].Period = p
-		starts[j], nows[j] = p.Start.UTC(), q.Now
+		prev, err := sch.Previous(p)
+		if err != nil {
+			prev = p
+		}
+		out[i].Period, out[i].Previous = p, prev
+		starts[j], prevStarts[j], nows[j] = p.Start.UTC(), prev.Start.UTC(), q.Now
 	}
 	sql := qUsageByTopic
 	if byCust {
 		sql = qUsageByCustomer
 	}
-	// The enforcer's usage query: the previous period and the recent rate
-	// are not needed here (prev_start = start, recent_from = now).
-	rows, err = db.Query(ctx, sql, customers, meters, starts, starts, nows, q.IngestTopic)
+	// The enforcer's usage query (the recent rate is not needed here:
+	// recent_from = now).
+	rows, err = db.Query(ctx, sql, customers, meters, starts, prevStarts, nows, q.IngestTopic)
 	if err != nil {
 		return fmt.Errorf("quota: read usage: %w", err)
 	}
@@ -176,6 +184,10 @@ func customerUsage(ctx context.Context, db DBTX, q UsageQuery, byCust bool, out 
 		if u.Used, err = decimal.NewFromString(used); err != nil {
 			rows.Close()
 			return fmt.Errorf("quota: read usage: %q: %w", used, err)
+		}
+		if u.PreviousUsed, err = decimal.NewFromString(prevUsed); err != nil {
+			rows.Close()
+			return fmt.Errorf("quota: read usage: %q: %w", prevUsed, err)
 		}
 		if asOf != nil {
 			a := asOf.UTC()
@@ -208,7 +220,7 @@ func scopeUsage(ctx context.Context, db DBTX, q UsageQuery, byCust bool, out []S
 	scopes, meters := make([]string, n), make([]string, n)
 	for j, i := range idx {
 		scopes[j], meters[j] = out[i].Scope, out[i].Meter
-		out[i].Period = p
+		out[i].Period, out[i].Previous = p, prev
 	}
 	sql := qScopeUsageByTopic
 	if byCust {
@@ -236,6 +248,10 @@ func scopeUsage(ctx context.Context, db DBTX, q UsageQuery, byCust bool, out []S
 		if u.Used, err = decimal.NewFromString(used); err != nil {
 			rows.Close()
 			return fmt.Errorf("quota: read scope usage: %q: %w", used, err)
+		}
+		if u.PreviousUsed, err = decimal.NewFromString(prevUsed); err != nil {
+			rows.Close()
+			return fmt.Errorf("quota: read scope usage: %q: %w", prevUsed, err)
 		}
 		if asOf != nil {
 			a := asOf.UTC()
