@@ -24,6 +24,10 @@ SELECT ` + ruleColumns + ` FROM (
     SELECT DISTINCT ON (name) * FROM alert_rules ORDER BY name, version DESC
 ) r WHERE NOT deleted ORDER BY name`
 
+// qLockWebhooks holds the named webhooks (shared) for the rest of the
+// transaction, so none is deleted before the rule naming it commits.
+const qLockWebhooks = `SELECT name FROM alert_webhooks WHERE name = ANY($1::text[]) ORDER BY name FOR SHARE`
+
 const qUnknownWebhooks = `
 SELECT coalesce(array_agg(e ORDER BY o), '{}') FROM unnest($1::text[]) WITH ORDINALITY AS x(e, o)
 WHERE NOT EXISTS (SELECT 1 FROM alert_webhooks w WHERE w.name = x.e)`
@@ -139,3 +143,18 @@ RETURNING (xmax = 0)`
 const qRotateSecret = `UPDATE alert_webhooks SET secret = @secret, rotated_at = @at WHERE name = @name`
 
 const qChangedAt = `SELECT subject, threshold, period_start, changed_at FROM alert_states WHERE rule = $1`
+
+// qWebhookUsers is every live rule naming webhook $1 among its endpoints.
+const qWebhookUsers = `
+SELECT coalesce(array_agg(name ORDER BY name), '{}') FROM (
+    SELECT DISTINCT ON (name) name, endpoints, deleted FROM alert_rules ORDER BY name, version DESC
+) r WHERE NOT deleted AND $1 = ANY(endpoints)`
+
+const qDeleteWebhook = `DELETE FROM alert_webhooks WHERE name = $1`
+
+const qLockWebhook = `SELECT 1 FROM alert_webhooks WHERE name = $1 FOR UPDATE`
+
+// qFailDeliveriesOf fails the pending deliveries to a webhook being deleted.
+const qFailDeliveriesOf = `
+UPDATE alert_deliveries SET state = 'failed', last_error = 'the webhook was deleted', claimed_until = NULL
+WHERE endpoint = $1 AND state = 'pending'`

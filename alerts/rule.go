@@ -245,6 +245,9 @@ func PutRule(ctx context.Context, db TxBeginner, in RuleInput, now time.Time) (r
 	}
 	for attempt := 0; ; attempt++ {
 		err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, qLockWebhooks, in.Endpoints); err != nil {
+				return fmt.Errorf("alerts: lock webhooks: %w", err)
+			}
 			var unknown []string
 			if err := tx.QueryRow(ctx, qUnknownWebhooks, in.Endpoints).Scan(&unknown); err != nil {
 				return fmt.Errorf("alerts: read webhooks: %w", err)

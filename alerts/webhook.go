@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"net/url"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -219,4 +220,46 @@ func loadEndpoints(ctx context.Context, db DBTX) (map[string]endpointConfig, err
 		out[name] = c
 	}
 	return out, rows.Err()
+}
+
+// WebhookInUseError refuses to delete a webhook that live rules name.
+type WebhookInUseError struct {
+	Webhook string
+	Rules   []string
+}
+
+func (e *WebhookInUseError) Error() string {
+	return fmt.Sprintf("alerts: webhook %q is an endpoint of the alert rules %s; change or delete them first", e.Webhook, strings.Join(e.Rules, ", "))
+}
+
+// DeleteWebhook deletes a webhook no live rule names. Its pending
+// deliveries become failed (listed with state=failed; redelivering them
+// needs a webhook of that name again).
+func DeleteWebhook(ctx context.Context, db TxBeginner, name string) error {
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		// Rule writes that name the webhook check that it exists: lock
+		// its row first, so none commits between the check and the delete.
+		var one int
+		err := tx.QueryRow(ctx, qLockWebhook, name).Scan(&one)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return fmt.Errorf("%w: webhook %q", ErrNotFound, name)
+		}
+		if err != nil {
+			return fmt.Errorf("alerts: delete webhook: %w", err)
+		}
+		var users []string
+		if err := tx.QueryRow(ctx, qWebhookUsers, name).Scan(&users); err != nil {
+			return fmt.Errorf("alerts: delete webhook: %w", err)
+		}
+		if len(users) > 0 {
+			return &WebhookInUseError{Webhook: name, Rules: users}
+		}
+		if _, err := tx.Exec(ctx, qFailDeliveriesOf, name); err != nil {
+			return fmt.Errorf("alerts: delete webhook: %w", err)
+		}
+		if _, err := tx.Exec(ctx, qDeleteWebhook, name); err != nil {
+			return fmt.Errorf("alerts: delete webhook: %w", err)
+		}
+		return nil
+	})
 }

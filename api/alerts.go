@@ -2,8 +2,10 @@ package api
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
@@ -31,10 +33,19 @@ type alertView struct {
 	States []alerts.SubjectState `json:"states"`
 }
 
-// alertsProblem maps the package's not-found to a 404.
+// TypeWebhookInUse: a webhook that live alert rules name is not deleted.
+const TypeWebhookInUse = typePrefix + "webhook-in-use"
+
+// alertsProblem maps the package's errors to problems.
 func alertsProblem(err error) error {
-	if errors.Is(err, alerts.ErrNotFound) {
+	var inUse *alerts.WebhookInUseError
+	switch {
+	case errors.Is(err, alerts.ErrNotFound):
 		return notFound(err.Error())
+	case errors.As(err, &inUse):
+		return &Problem{Type: TypeWebhookInUse, Title: "Webhook in use", Status: http.StatusConflict,
+			Detail: fmt.Sprintf("alert rules %s name webhook %s among their endpoints; change or delete them first",
+				strings.Join(inUse.Rules, ", "), quote(inUse.Webhook))}
 	}
 	return err
 }
@@ -163,6 +174,17 @@ func (a *API) getWebhook(w http.ResponseWriter, r *http.Request) error {
 		return alertsProblem(err)
 	}
 	writeJSON(w, http.StatusOK, hook)
+	return nil
+}
+
+func (a *API) deleteWebhook(w http.ResponseWriter, r *http.Request) error {
+	if _, err := queryParams(r); err != nil {
+		return err
+	}
+	if err := alerts.DeleteWebhook(r.Context(), a.pool, chi.URLParam(r, "name")); err != nil {
+		return alertsProblem(err)
+	}
+	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
 

@@ -3,6 +3,7 @@ package api_test
 import (
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/tally-ledger/tally/api"
@@ -82,6 +83,17 @@ func TestAlertRulesAndWebhooksOverREST(t *testing.T) {
 	if r := f.do("PUT", "/v1/alerts/acme-calls", adminToken, rule); r.status != http.StatusCreated || r.json(t)["version"] != float64(4) {
 		t.Fatalf("after delete: %d %s", r.status, r.body)
 	}
+
+	p = f.do("DELETE", "/v1/webhooks/ops", adminToken, nil).problem(t, http.StatusConflict, api.TypeWebhookInUse)
+	if !strings.Contains(p.Detail, "acme-calls") {
+		t.Fatalf("the detail does not name the rule: %q", p.Detail)
+	}
+	f.do("DELETE", "/v1/alerts/acme-calls", adminToken, nil)
+	if r := f.do("DELETE", "/v1/webhooks/ops", adminToken, nil); r.status != http.StatusNoContent {
+		t.Fatalf("delete an unused webhook: %d %s", r.status, r.body)
+	}
+	f.do("GET", "/v1/webhooks/ops", adminToken, nil).problem(t, http.StatusNotFound, api.TypeNotFound)
+	f.do("DELETE", "/v1/webhooks/ops", adminToken, nil).problem(t, http.StatusNotFound, api.TypeNotFound)
 
 	p = f.do("GET", "/v1/alert-events?state=lost", adminToken, nil).problem(t, http.StatusBadRequest, api.TypeInvalidRequest)
 	if got := fields(p); !slices.Equal(got, []string{"state"}) {

@@ -94,6 +94,7 @@ var authzRows = []authzRow{
 	{"DELETE /v1/alerts/{name}", adminOnly, "/v1/alerts/watch", "", is(204, 404)},
 	{"GET /v1/alert-events", adminOnly, "/v1/alert-events?state=failed", "", is(200)},
 	{"POST /v1/alert-events/{id}/redeliver", adminOnly, "/v1/alert-events/{uuid}/redeliver", "", is(404)},
+	{"DELETE /v1/webhooks/{name}", adminOnly, "/v1/webhooks/gone", "", is(404)},
 }
 
 // matrixCaller is one kind of caller.

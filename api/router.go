@@ -89,6 +89,7 @@ func (a *API) routes() http.Handler {
 			r.Get("/webhooks", a.handle(a.listWebhooks))
 			r.Get("/webhooks/{name}", a.handle(a.getWebhook))
 			r.Put("/webhooks/{name}", a.handle(a.putWebhook))
+			r.Delete("/webhooks/{name}", a.handle(a.deleteWebhook))
 			r.Post("/webhooks/{name}/rotate-secret", a.handle(a.rotateWebhookSecret))
 			r.Get("/alert-events", a.handle(a.listAlertEvents))
 			r.Post("/alert-events/{id}/redeliver", a.handle(a.redeliverAlertEvent))
