@@ -35,7 +35,7 @@ WHERE NOT EXISTS (SELECT 1 FROM alert_webhooks w WHERE w.name = x.e)`
 // qCustomers is every known customer (the subjects of a "customers" rule).
 const qCustomers = `SELECT id FROM customers ORDER BY id`
 
-// qOpenStates is every state that is triggered (to resolve when its
+// qStates is every state that is triggered (to resolve when its
 // period ended, its threshold or rule went away) and every state of the
 // current periods of the rules (with the transitions counted so far).
 const qStates = `
