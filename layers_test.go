@@ -23,7 +23,7 @@ var layers = [][]string{
 	{"periods", "ingest/wire", "internal/pgtest"},
 	{"ledger", "producer", "tokens", "pools"},
 	{"quota", "ingest", "internal/ledgertest"},
-	{"admission", "admit"},
+	{"admission", "admit", "alerts"},
 	{"reconcile"},
 	{"api"},
 	{"console"},

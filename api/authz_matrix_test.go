@@ -83,6 +83,18 @@ var authzRows = []authzRow{
 	{"GET /v1/tokens", adminOnly, "/v1/tokens", "", is(200)},
 	{"POST /v1/tokens", adminOnly, "/v1/tokens", `{"customer":"{c}","description":"matrix"}`, is(201)},
 	{"POST /v1/tokens/{id}/revoke", adminOnly, "/v1/tokens/{token}/revoke", "", is(200)},
+	{"GET /v1/webhooks", adminOnly, "/v1/webhooks", "", is(200)},
+	{"PUT /v1/webhooks/{name}", adminOnly, "/v1/webhooks/ops", `{"url":"https://hooks.example.com/tally"}`, is(200, 201)},
+	{"GET /v1/webhooks/{name}", adminOnly, "/v1/webhooks/ops", "", is(200)},
+	{"POST /v1/webhooks/{name}/rotate-secret", adminOnly, "/v1/webhooks/ops/rotate-secret", "", is(200)},
+	{"GET /v1/alerts", adminOnly, "/v1/alerts", "", is(200)},
+	{"PUT /v1/alerts/{name}", adminOnly, "/v1/alerts/watch",
+		`{"subject":"customer:{c}","meter":"calls","thresholds":[{"percent":"80"}],"endpoints":["ops"]}`, is(200, 201)},
+	{"GET /v1/alerts/{name}", adminOnly, "/v1/alerts/watch", "", is(200)},
+	{"DELETE /v1/alerts/{name}", adminOnly, "/v1/alerts/watch", "", is(204, 404)},
+	{"GET /v1/alert-events", adminOnly, "/v1/alert-events?state=failed", "", is(200)},
+	{"POST /v1/alert-events/{id}/redeliver", adminOnly, "/v1/alert-events/{uuid}/redeliver", "", is(404)},
+	{"DELETE /v1/webhooks/{name}", adminOnly, "/v1/webhooks/gone", "", is(404)},
 }
 
 // matrixCaller is one kind of caller.

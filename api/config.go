@@ -140,6 +140,13 @@ type Config struct {
 	// does not know is refused without asking again (at most 100,000 are
 	// remembered). Default 1m; negative: ask every time.
 	FailedTokenTTL time.Duration
+	// WebhookAllowPrivate accepts alert webhooks on loopback and private
+	// addresses (TALLY_WEBHOOK_ALLOW_PRIVATE; docs/design.md §15).
+	WebhookAllowPrivate bool
+	// Subscribers are handed the notifications of the API's listening
+	// connection too (the alert evaluator of the same process), so that a
+	// process keeps one.
+	Subscribers []notify.Subscriber
 }
 
 // DefaultUnownedAfter is Config.UnownedAfter's default.
@@ -216,6 +223,8 @@ type API struct {
 	ready       readyCache
 
 	maxSkew time.Duration // of grants
+	// webhookAllowPrivate: alert webhooks may be on private addresses.
+	webhookAllowPrivate bool
 	// grantMetrics counts the grant protocol's requests (exact admission).
 	grantMetrics *admission.Metrics
 	// admission is the one grant store: concurrent grant requests share
@@ -237,7 +246,7 @@ func New(cfg Config) (*API, error) {
 		grace: cfg.Grace, now: cfg.Clock, log: cfg.Logger, registry: cfg.Registry,
 		maxBody: cfg.MaxBodyBytes, maxQuery: cfg.MaxQueryBytes, reqTimeout: cfg.RequestTimeout,
 		recTimeout: cfg.ReconcileTimeout, topic: cfg.Topic, unowned: cfg.UnownedAfter,
-		maxSkew: cfg.MaxSkew,
+		maxSkew: cfg.MaxSkew, webhookAllowPrivate: cfg.WebhookAllowPrivate,
 	}
 	a.readyAlso = cfg.ReadyChecks
 	if a.unowned == 0 {
@@ -333,6 +342,9 @@ func New(cfg Config) (*API, error) {
 	}
 	a.watch = newUsageWatch(a.topic, a.listener, usageTTL, usageBytes)
 	a.listener.Subscribe(a.watch)
+	for _, sub := range cfg.Subscribers {
+		a.listener.Subscribe(sub)
+	}
 	if a.admission, err = admission.New(a.pool, admission.Config{Now: a.now, Logger: a.log, MaxSkew: a.maxSkew, Registerer: a.registry}); err != nil {
 		return nil, err
 	}

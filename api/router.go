@@ -78,6 +78,22 @@ func (a *API) routes() http.Handler {
 			r.Post("/tokens/{id}/revoke", a.handle(a.revokeToken))
 			r.Post("/holders/{holder}/retire", a.handle(a.retireHolder))
 		})
+
+		// Alerts (docs/design.md §15), admin only.
+		r.Group(func(r chi.Router) {
+			r.Use(requireAdmin)
+			r.Get("/alerts", a.handle(a.listAlerts))
+			r.Get("/alerts/{name}", a.handle(a.getAlert))
+			r.Put("/alerts/{name}", a.handle(a.putAlert))
+			r.Delete("/alerts/{name}", a.handle(a.deleteAlert))
+			r.Get("/webhooks", a.handle(a.listWebhooks))
+			r.Get("/webhooks/{name}", a.handle(a.getWebhook))
+			r.Put("/webhooks/{name}", a.handle(a.putWebhook))
+			r.Delete("/webhooks/{name}", a.handle(a.deleteWebhook))
+			r.Post("/webhooks/{name}/rotate-secret", a.handle(a.rotateWebhookSecret))
+			r.Get("/alert-events", a.handle(a.listAlertEvents))
+			r.Post("/alert-events/{id}/redeliver", a.handle(a.redeliverAlertEvent))
+		})
 	})
 	return r
 }

@@ -54,6 +54,7 @@ var pageRows = []pageRow{
 	{"GET /console/dead-letters", adminPage, "/console/dead-letters", "", 200},
 	{"GET /console/dead-letters/{id}", adminPage, "/console/dead-letters/{dead}", "", 200},
 	{"POST /console/dead-letters/{id}/replay", adminPage, "/console/dead-letters/{dead}/replay", "confirm=no", 400},
+	{"GET /console/alerts", adminPage, "/console/alerts", "", 200},
 }
 
 // TestConsoleAuthorizationMatrix: every console route × every kind of

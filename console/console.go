@@ -192,6 +192,7 @@ func (c *Console) routes() http.Handler {
 			r.Get("/dead-letters", c.page(c.deadLetters))
 			r.Get("/dead-letters/{id}", c.page(c.deadLetter))
 			r.Post("/dead-letters/{id}/replay", c.page(c.replay))
+			r.Get("/alerts", c.page(c.alerts))
 		})
 	})
 	return r

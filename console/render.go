@@ -18,7 +18,7 @@ import (
 // pageNames are the templates/*.html files that are whole pages (each is
 // parsed with layout.html).
 var pageNames = []string{"sign-in", "error", "overview", "customers", "customer", "statement",
-	"reconciliations", "reconciliation", "dead-letters", "dead-letter"}
+	"reconciliations", "reconciliation", "dead-letters", "dead-letter", "alerts"}
 
 func parsePages() (map[string]*template.Template, error) {
 	out := map[string]*template.Template{}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -155,6 +156,8 @@ type Enforcer struct {
 	samples map[string][]sample // recent (as_of, used) per key, for the rate
 	byCust  bool                // the ingest_customers table exists
 	checked time.Time           // when byCust was last checked
+
+	leading atomic.Pointer[Fence] // set while leading (Leading)
 }
 
 type sample struct {
@@ -255,7 +258,9 @@ func (e *Enforcer) renew(ctx context.Context, l *lease) error {
 // lead runs the evaluation loop while the lease holds.
 func (e *Enforcer) lead(ctx context.Context, l lease) {
 	log := e.log.With("epoch", l.epoch)
+	e.leading.Store(&Fence{Name: e.cfg.LeaseName, Holder: e.cfg.Holder, Epoch: l.epoch})
 	defer func() {
+		e.leading.Store(nil)
 		e.m.leader.Set(0)
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()

@@ -20,6 +20,7 @@ type benchEnforceOptions struct {
 	duration, interval          time.Duration
 	adminURL                    string
 	keep                        bool
+	alerts                      bool
 }
 
 func newBenchEnforceCmd() *cobra.Command {
@@ -51,6 +52,7 @@ dropped afterwards (unless --keep).`,
 	f.StringVar(&o.adminURL, "database-url", defaultDatabaseURL, "Postgres server to create the benchmark database on")
 	envDefault(f, "database-url", "TALLY_DATABASE_URL")
 	f.BoolVar(&o.keep, "keep", false, "keep the benchmark database")
+	f.BoolVar(&o.alerts, "alerts", false, "also alert on every customer at 80% and 100% of its quota to an in-process webhook, and report ingest transaction → webhook request")
 	return cmd
 }
 
@@ -71,13 +73,16 @@ func benchEnforce(ctx context.Context, out io.Writer, o benchEnforceOptions) err
 		o.rate, o.duration, o.customers, o.partitions, o.interval, k.Addr)
 	r, err := enforcebench.Run(ctx, enforcebench.Options{Pool: pool, Brokers: []string{k.Addr},
 		DecisionPartitions: o.partitions, Customers: o.customers, Rate: o.rate, Duration: o.duration,
-		Interval: o.interval, Logger: log})
+		Interval: o.interval, Logger: log, Alerts: o.alerts})
 	if err != nil {
 		return err
 	}
 	r.Report(out)
 	if len(r.Missing) > 0 {
 		return fmt.Errorf("bench enforce: %d crossings got no decision", len(r.Missing))
+	}
+	if _, _, _, missing := r.AlertLatency(); o.alerts && missing > 0 {
+		return fmt.Errorf("bench enforce --alerts: %d crossings got no webhook", missing)
 	}
 	return nil
 }

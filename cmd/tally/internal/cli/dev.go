@@ -33,7 +33,7 @@ func newDevCmd() *cobra.Command {
 		Long: `Run Tally on this machine with nothing to install but Postgres:
 
   - Kafka: TALLY_KAFKA_BROKERS if set, else an embedded broker at
-    127.0.0.1:9092 (topics tally.meter-batches and tally.quota-decisions,
+    127.0.0.1:9092 (topics tally.meter-batches, tally.quota-decisions and tally.alerts,
     4 partitions each; data kept in ./.tally-dev/kafka).
   - Postgres: TALLY_DATABASE_URL if set and reachable, else the local server
     at 127.0.0.1:5432 (a database of the data directory's own, tally_ and a
@@ -142,8 +142,12 @@ unless TALLY_ADMIN_TOKEN is set) and what to try, and runs until Ctrl-C.`,
 					printDevBanner(out, brokers, kafkaNote, pg, v, addr, token, generated, simulated)
 				},
 			}
+			o.alerts.allowPrivate = true // the dev receiver is on loopback
 			if simulated {
 				o.also = func(ctx context.Context) error {
+					if err := devAlerts(ctx, pool, log); err != nil {
+						log.Warn("no demo alert", "err", err)
+					}
 					return simulate(ctx, brokers, dir, pool, log, "http://"+apiAddr, token)
 				}
 			}
@@ -210,13 +214,21 @@ quota on api_calls goes ok -> warning -> exceeded in about two minutes; watch it
   curl -s -H "Authorization: Bearer $TALLY_ADMIN_TOKEN" http://%s/v1/customers/demo-acme/quotas
   kcat -C -b %s -t tally.quota-decisions -o end -f '%%k %%s\n'
 
+The alert demo-acme-quota fires at 80%% and 100%% of that quota: a receiver
+tally dev runs logs each signed webhook ("webhook received"). Its state, its
+events, and a credit that resolves it:
+
+  curl -s -H "Authorization: Bearer $TALLY_ADMIN_TOKEN" http://%s/v1/alerts/demo-acme-quota
+  curl -s -H "Authorization: Bearer $TALLY_ADMIN_TOKEN" http://%s/v1/alert-events
+  curl -s -H "Authorization: Bearer $TALLY_ADMIN_TOKEN" --json '{"operation_id":"'$(uuidgen)'","customer":"demo-acme","meter":"api_calls","quantity":"-5000","reason":"demo credit","actor":"you"}' http://%s/v1/adjustments
+
 Two simulated gateways (%s, %s) admit %d requests a second each for
 %s's %s through the admit SDK, sharing one exact budget: together they
 never admit more than its limit (docs/gateways-exact.md). Their grants, and the budget:
 
   curl -s -H "Authorization: Bearer $TALLY_ADMIN_TOKEN" 'http://%s/v1/customers/%s/grants?state=live'
   curl -s -H "Authorization: Bearer $TALLY_ADMIN_TOKEN" http://%s/v1/customers/%s/budgets
-`, addr, b, gwHolders[0], gwHolders[1], gwRate, gwCustomer, gwMeter, addr, gwCustomer, addr, gwCustomer)
+`, addr, b, addr, addr, addr, gwHolders[0], gwHolders[1], gwRate, gwCustomer, gwMeter, addr, gwCustomer, addr, gwCustomer)
 	}
 	fmt.Fprintln(w)
 }

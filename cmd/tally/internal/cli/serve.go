@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/tally-ledger/tally/admission"
+	"github.com/tally-ledger/tally/alerts"
 	"github.com/tally-ledger/tally/api"
 	"github.com/tally-ledger/tally/console"
 	"github.com/tally-ledger/tally/ingest"
@@ -57,6 +58,8 @@ TALLY_KAFKA_BROKERS and TALLY_DATABASE_URL. With none of --ingest, --api,
              docs/console.md) unless --no-console.
   --enforce  evaluate quota rules and publish decisions to
              --decisions-topic; one process publishes at a time (a lease).
+             The leader also evaluates alert rules, and every --enforce
+             process delivers their events (--alerts-topic, webhooks).
 
 serve never migrates: it refuses to start when the schema is behind (run
 tally migrate first). /metrics (admin token with --api), /healthz and
@@ -156,6 +159,7 @@ partition leases and the enforcer lease.`,
 		"/readyz of the API answers 503 while an ingest partition has had no live owner this long (negative: never)")
 	envDefault(f, "ready-unowned-after", "TALLY_READY_UNOWNED_AFTER")
 	addMaxSkewFlag(f, &o.maxSkew)
+	addAlertFlags(f, &o.alerts)
 	// Never print a token in --help.
 	if fl := f.Lookup("admin-token"); fl.DefValue != "" {
 		fl.DefValue = "(set)"
@@ -302,6 +306,7 @@ type runOptions struct {
 	// too (tally dev runs everything on one).
 	apiPool, enforcePool *pgxpool.Pool
 	apiLimits            apiLimits
+	alerts               alertOptions
 }
 
 // run runs the chosen components and the HTTP listener until ctx ends or
@@ -349,6 +354,7 @@ func run(ctx context.Context, o runOptions) error {
 		readyChecks = append(readyChecks, c.NotReady)
 		g.Go(func() error { return c.Run(gctx) })
 	}
+	var alertEval *alerts.Evaluator // woken by the API's listener when both run here
 	if o.enforce {
 		enf, err := quota.NewEnforcer(quota.Config{
 			Pool: o.enforcePool, Brokers: o.brokers, Topic: o.decisionsTopic, IngestTopic: o.topic,
@@ -358,6 +364,9 @@ func run(ctx context.Context, o runOptions) error {
 			return err
 		}
 		g.Go(func() error { return enf.Run(gctx) })
+		if alertEval, err = startAlerts(gctx, g, o, enf, reg); err != nil {
+			return err
+		}
 	}
 	if o.listen != "" {
 		var handler http.Handler
@@ -366,7 +375,8 @@ func run(ctx context.Context, o runOptions) error {
 				Topic: o.topic, Logger: o.log, Registry: reg,
 				MaxInFlight: o.apiLimits.maxInFlight, AddressRate: o.apiLimits.addressRate, TokenRate: o.apiLimits.tokenRate,
 				GatewayRate: o.apiLimits.gatewayRate, AddressBodies: o.apiLimits.addressBodies, BodyTimeout: o.apiLimits.bodyTimeout,
-				UnownedAfter: o.unownedAfter, MaxSkew: o.maxSkew, ReadyChecks: readyChecks})
+				UnownedAfter: o.unownedAfter, MaxSkew: o.maxSkew, ReadyChecks: readyChecks,
+				WebhookAllowPrivate: o.alerts.allowPrivate, Subscribers: alertSubscribers(alertEval)})
 			if err != nil {
 				return err
 			}

@@ -26,7 +26,7 @@ const (
 )
 
 // DefaultTopics are created on the dev broker.
-var DefaultTopics = []string{"tally.meter-batches", "tally.quota-decisions"}
+var DefaultTopics = []string{"tally.meter-batches", "tally.quota-decisions", "tally.alerts"}
 
 // Kafka is the dev broker.
 type Kafka struct {

@@ -49,6 +49,10 @@ type Options struct {
 	Interval           time.Duration // the enforcer's evaluation interval [1s, its default]
 	Ingest             func(*ingest.Config)
 	Logger             *slog.Logger
+	// Alerts also runs an alert rule on every customer at 80% and 100% of
+	// its quota, delivered to an in-process webhook receiver, and
+	// measures ingest transaction → webhook request (docs/design.md §15).
+	Alerts bool
 }
 
 // Crossing is one threshold (warn or limit) a customer's usage crossed.
@@ -65,6 +69,10 @@ type Crossing struct {
 	Admitted  int64   // produced total when the decision was received
 	AtDecided int64   // produced total at decided_at
 	Rate      float64 // the customer's produce rate, records/s
+	// With Options.Alerts: when the ledger applied the crossing record
+	// (ingested_at, taken in the ingest transaction that committed it) and
+	// when the webhook request for this threshold arrived (zero: none).
+	Ingested, Webhook time.Time
 }
 
 // Result is a run's measurements.
@@ -156,6 +164,12 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	wg.Add(2)
 	go func() { defer wg.Done(); _ = consumer.Run(ctx) }()
 	go func() { defer wg.Done(); _ = enf.Run(ctx) }()
+	var hooks *webhookTimes
+	if o.Alerts {
+		if hooks, err = startAlerts(ctx, &wg, o, enf, meter); err != nil {
+			return Result{}, err
+		}
+	}
 
 	// The gateway: the first decision per (customer, state).
 	type seen struct {
@@ -306,6 +320,11 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			if s.d.LagSeconds != nil {
 				cr.Lag = s.d.LagSeconds.Duration()
 			}
+			if hooks != nil {
+				if err := hooks.fill(ctx, o.Pool, &cr, meter); err != nil {
+					return Result{}, err
+				}
+			}
 			res.Crossings = append(res.Crossings, cr)
 		}
 	}
@@ -368,6 +387,7 @@ func (r Result) Report(w io.Writer) {
 		fmt.Fprintf(w, "produced but not yet in the decision's used: p50 %.0f max %.0f; rate × lag_seconds p50 %.0f max %.0f; projected − used p50 %.0f max %.0f; within rate × lag (+1 tick) in %d of %d\n",
 			med(inFlight), slices.Max(inFlight), med(bound), slices.Max(bound), med(estimate), slices.Max(estimate), within, exceeded)
 	}
+	r.reportAlerts(w)
 	if len(r.Missing) > 0 {
 		fmt.Fprintf(w, "no decision for %d crossings: %v\n", len(r.Missing), r.Missing[:min(5, len(r.Missing))])
 	}

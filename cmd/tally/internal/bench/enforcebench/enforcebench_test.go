@@ -72,6 +72,27 @@ func TestEndToEndThroughIngest(t *testing.T) {
 	}
 }
 
+// TestAlertsThroughIngest: with Alerts, every crossing of 80% and 100%
+// reaches the in-process webhook, after the ingest transaction that
+// committed it.
+func TestAlertsThroughIngest(t *testing.T) {
+	t.Parallel()
+	r := runPipeline(t, enforcebench.Options{Customers: 5, Rate: 1000, Duration: 7 * time.Second,
+		Interval: 100 * time.Millisecond, Ingest: fastIngest, Alerts: true})
+	_, p99, n, missing := r.AlertLatency()
+	if n != 10 || missing != 0 {
+		t.Fatalf("%d crossings with a webhook, %d without; want 10 and 0", n, missing)
+	}
+	for _, c := range r.Crossings {
+		if c.Webhook.Before(c.Ingested) {
+			t.Errorf("%s %s: webhook %v before the ingest transaction %v", c.Customer, c.State, c.Webhook, c.Ingested)
+		}
+	}
+	if p99 > 5*time.Second {
+		t.Errorf("p99 ingest → webhook %v", p99)
+	}
+}
+
 func fastIngest(c *ingest.Config) {
 	c.MaxBatchWait = 50 * time.Millisecond
 	c.FetchMaxWait = 100 * time.Millisecond

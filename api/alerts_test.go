@@ -1,0 +1,116 @@
+package api_test
+
+import (
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/tally-ledger/tally/api"
+)
+
+// TestAlertRulesAndWebhooksOverREST: validation names every field at
+// fault, a webhook's secret is shown once (and again only when rotated),
+// private addresses need the operator's consent, rules are versioned and
+// show each subject × threshold's state, and DELETE removes them.
+func TestAlertRulesAndWebhooksOverREST(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	p := f.do("PUT", "/v1/alerts/bad", adminToken, map[string]any{"subject": "tenant:x", "meter": "calls",
+		"thresholds": []any{map[string]any{"value": "1", "percent": "2"}, map[string]any{"percent": "0"}}, "notify_on": []string{"fired"}}).
+		problem(t, http.StatusBadRequest, api.TypeInvalidRequest)
+	if got, want := fields(p), []string{"subject", "thresholds[0]", "thresholds[1].percent", "notify_on[0]"}; !slices.Equal(got, want) {
+		t.Fatalf("fields %v, want %v", got, want)
+	}
+	p = f.do("PUT", "/v1/alerts/a", adminToken, map[string]any{"subject": "customers", "meter": "calls",
+		"thresholds": []any{map[string]any{"value": "10"}}, "endpoints": []string{"nobody"}}).problem(t, http.StatusBadRequest, api.TypeInvalidRequest)
+	if got := fields(p); !slices.Equal(got, []string{"endpoints[0]"}) {
+		t.Fatalf("fields %v", got)
+	}
+	p = f.do("PUT", "/v1/webhooks/ops", adminToken, map[string]any{"url": "http://10.1.2.3/hook"}).problem(t, http.StatusBadRequest, api.TypeInvalidRequest)
+	if got := fields(p); !slices.Equal(got, []string{"url"}) {
+		t.Fatalf("a private address without TALLY_WEBHOOK_ALLOW_PRIVATE: fields %v", got)
+	}
+
+	r := f.do("PUT", "/v1/webhooks/ops", adminToken, map[string]any{"url": "https://hooks.example.com/tally"})
+	created := r.json(t)
+	if r.status != http.StatusCreated || created["secret"] == nil || r.header.Get("Location") != "/v1/webhooks/ops" {
+		t.Fatalf("create webhook: %d %s", r.status, r.body)
+	}
+	r = f.do("PUT", "/v1/webhooks/ops", adminToken, map[string]any{"url": "https://hooks.example.com/v2", "events": []string{"alert.triggered"}})
+	if m := r.json(t); r.status != http.StatusOK || m["secret"] != nil || m["url"] != "https://hooks.example.com/v2" {
+		t.Fatalf("change webhook: %d %s", r.status, r.body)
+	}
+	if m := f.do("GET", "/v1/webhooks/ops", adminToken, nil).json(t); m["secret"] != nil {
+		t.Fatalf("GET shows the secret: %v", m)
+	}
+	r = f.do("POST", "/v1/webhooks/ops/rotate-secret", adminToken, nil)
+	if m := r.json(t); r.status != http.StatusOK || m["secret"] == nil || m["secret"] == created["secret"] {
+		t.Fatalf("rotate: %d %s", r.status, r.body)
+	}
+
+	rule := map[string]any{"subject": "customer:acme", "meter": "calls",
+		"thresholds": []any{map[string]any{"percent": "80"}, map[string]any{"value": "5000"}}, "endpoints": []string{"ops"}}
+	r = f.do("PUT", "/v1/alerts/acme-calls", adminToken, rule)
+	if m := r.json(t); r.status != http.StatusCreated || m["version"] != float64(1) || r.header.Get("Location") != "/v1/alerts/acme-calls" {
+		t.Fatalf("create rule: %d %s", r.status, r.body)
+	}
+	r = f.do("PUT", "/v1/alerts/acme-calls", adminToken, rule)
+	if m := r.json(t); r.status != http.StatusOK || m["version"] != float64(2) {
+		t.Fatalf("second version: %d %s", r.status, r.body)
+	}
+	states := f.do("GET", "/v1/alerts/acme-calls", adminToken, nil).json(t)["states"].([]any)
+	if len(states) != 2 {
+		t.Fatalf("states %v", states)
+	}
+	percent, value := states[0].(map[string]any), states[1].(map[string]any)
+	if percent["state"] != "not_evaluated" || percent["note"] == nil || value["state"] != "ok" || value["at"] != "5000" {
+		t.Fatalf("without a quota rule: %v %v", percent, value)
+	}
+	f.do("PUT", "/v1/customers/acme/quotas/calls", adminToken, map[string]any{"limit": "1000"})
+	states = f.do("GET", "/v1/alerts/acme-calls", adminToken, nil).json(t)["states"].([]any)
+	if s := states[0].(map[string]any); s["state"] != "ok" || s["at"] != "800" || s["limit"] != "1000" {
+		t.Fatalf("with a quota rule: %v", s)
+	}
+	if items := f.do("GET", "/v1/alerts", adminToken, nil).json(t)["items"].([]any); len(items) != 1 {
+		t.Fatalf("list: %v", items)
+	}
+	if r := f.do("DELETE", "/v1/alerts/acme-calls", adminToken, nil); r.status != http.StatusNoContent {
+		t.Fatalf("delete: %d %s", r.status, r.body)
+	}
+	f.do("GET", "/v1/alerts/acme-calls", adminToken, nil).problem(t, http.StatusNotFound, api.TypeNotFound)
+	f.do("DELETE", "/v1/alerts/acme-calls", adminToken, nil).problem(t, http.StatusNotFound, api.TypeNotFound)
+	if r := f.do("PUT", "/v1/alerts/acme-calls", adminToken, rule); r.status != http.StatusCreated || r.json(t)["version"] != float64(4) {
+		t.Fatalf("after delete: %d %s", r.status, r.body)
+	}
+
+	p = f.do("DELETE", "/v1/webhooks/ops", adminToken, nil).problem(t, http.StatusConflict, api.TypeWebhookInUse)
+	if !strings.Contains(p.Detail, "acme-calls") {
+		t.Fatalf("the detail does not name the rule: %q", p.Detail)
+	}
+	f.do("DELETE", "/v1/alerts/acme-calls", adminToken, nil)
+	if r := f.do("DELETE", "/v1/webhooks/ops", adminToken, nil); r.status != http.StatusNoContent {
+		t.Fatalf("delete an unused webhook: %d %s", r.status, r.body)
+	}
+	f.do("GET", "/v1/webhooks/ops", adminToken, nil).problem(t, http.StatusNotFound, api.TypeNotFound)
+	f.do("DELETE", "/v1/webhooks/ops", adminToken, nil).problem(t, http.StatusNotFound, api.TypeNotFound)
+
+	p = f.do("GET", "/v1/alert-events?state=lost", adminToken, nil).problem(t, http.StatusBadRequest, api.TypeInvalidRequest)
+	if got := fields(p); !slices.Equal(got, []string{"state"}) {
+		t.Fatalf("fields %v", got)
+	}
+	f.do("POST", "/v1/alert-events/not-a-uuid/redeliver", adminToken, nil).problem(t, http.StatusNotFound, api.TypeNotFound)
+	if items := f.do("GET", "/v1/alert-events?state=failed", adminToken, nil).json(t)["items"].([]any); len(items) != 0 {
+		t.Fatalf("events %v", items)
+	}
+}
+
+// TestWebhooksOnPrivateAddressesWhenAllowed: TALLY_WEBHOOK_ALLOW_PRIVATE
+// (api.Config.WebhookAllowPrivate) lets a webhook use a loopback address.
+func TestWebhooksOnPrivateAddressesWhenAllowed(t *testing.T) {
+	t.Parallel()
+	f := newFixtureWith(t, func(c *api.Config) { c.WebhookAllowPrivate = true })
+	if r := f.do("PUT", "/v1/webhooks/local", adminToken, map[string]any{"url": "http://127.0.0.1:9000/hook"}); r.status != http.StatusCreated {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+}
