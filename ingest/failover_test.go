@@ -585,3 +585,67 @@ func TestDelayedWritesOfAMemberWhoseLeaseWasTakenCommitNothing(t *testing.T) {
 	e.checkOffsets()
 	e.checkCounters()
 }
+
+const childSessionTimeoutEnv = "TALLY_TEST_CHILD_SESSION_TIMEOUT"
+
+// A member whose process dies stops being live when Postgres sees its
+// session close, not when its lease runs out: two members with a 60s lease
+// share four partitions under steady production, one is killed with
+// SIGKILL, and the survivor claims and applies every partition of the dead
+// one within a few seconds (the bound is a sixth of the lease, so waiting
+// for the lease fails it). The ledger ends exact and no offset went back.
+func TestKilledMemberPartitionsAreClaimedBeforeItsLeaseRunsOut(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 4)
+	streams := models(16)
+	p := startProducer(t, e.kafka.Addrs, streams, 23, 1_000_000, 5*time.Millisecond)
+	const lease = 60 * time.Second
+	a := e.child(t, childSessionTimeoutEnv+"="+lease.String())
+	b := e.child(t, childSessionTimeoutEnv+"="+lease.String())
+	defer func() {
+		_ = b.Process.Signal(syscall.SIGTERM)
+		_ = b.Wait()
+	}()
+	ls := e.waitOwnedBy(60*time.Second, a.Process.Pid, b.Process.Pid)
+	var parts []int
+	for _, l := range ls {
+		if pidOf(l.process) == a.Process.Pid {
+			parts = append(parts, l.partition)
+		}
+	}
+	tKill := time.Now()
+	if err := a.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = a.Wait()
+	hw := map[int]int64{}
+	for _, p := range parts {
+		hw[p] = e.kafka.HighWatermark(t, topic, p)
+	}
+	bound := lease / 6
+	moved := map[int]time.Duration{}
+	err := eventually(bound, func() error {
+		next := e.nextOffsets()
+		for _, p := range parts {
+			if _, ok := moved[p]; !ok && next[p] > hw[p] {
+				moved[p] = time.Since(tKill)
+			}
+		}
+		if len(moved) < len(parts) {
+			return fmt.Errorf("advanced: %v of partitions %v (stored %v, high watermarks at the kill %v)", moved, parts, next, hw)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("the killed member's partitions did not move on within %v of its %v lease: %v", bound, lease, err)
+	}
+	t.Logf("killed member %d (partitions %v); each applied a message produced after the kill after %v", a.Process.Pid, parts, moved)
+	e.waitOwnedBy(10*time.Second, b.Process.Pid)
+
+	close(p.stop)
+	p.wait()
+	e.waitCaughtUp(60 * time.Second)
+	e.checkLedger(streams)
+	e.checkOffsets()
+	e.checkCounters()
+}

@@ -371,6 +371,13 @@ func childMain() int {
 	if os.Getenv(childDefaultTimingsEnv) != "" {
 		cfg.HeartbeatInterval, cfg.SessionTimeout = 0, 0
 	}
+	if v := os.Getenv(childSessionTimeoutEnv); v != "" {
+		if cfg.SessionTimeout, err = time.ParseDuration(v); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		cfg.HeartbeatInterval = 0
+	}
 	c, err := ingest.NewConsumer(cfg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

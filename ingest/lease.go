@@ -19,16 +19,24 @@ import (
 // pauses only that member's partitions, whatever the coordinator does.
 //
 //   - Each member registers a row in ingest_members under a random id and
-//     renews its lease every HeartbeatInterval for SessionTimeout. A member
-//     whose renewal finds its lease ran out (it was stopped or starved that
-//     long) was evicted: it stops all its partitions and registers again
+//     renews its lease every HeartbeatInterval for SessionTimeout, both
+//     through one connection it holds for its life (its session, whose
+//     backend pid the row records). A member is live while its lease has not
+//     run out and its session exists: a member whose process died is not
+//     live from the moment Postgres sees its connection close, without
+//     waiting for the lease; the lease bounds a member stopped or cut off
+//     without its connection closing. A member whose renewal finds its lease
+//     ran out (it was stopped or starved that long), or whose session was
+//     lost, was evicted: it stops all its partitions and registers again
 //     under a new id.
-//   - Each HeartbeatInterval a member also balances: it counts the live
+//   - Every half HeartbeatInterval, and as soon as another member's lease
+//     runs out, a member also balances: it counts the live
 //     members, computes every member's fair share of the topic's partitions
 //     (members sorted by id; the first P mod N take one more), claims free
 //     partitions (released, or held by a member that is not live) up to its
-//     share, and releases its surplus while a live member holds less than
-//     its share and nothing is free. A partition this member has seen free
+//     share, and releases its surplus (the partitions it claimed last first,
+//     so that those it held before keep running) while a live member holds
+//     less than its share and nothing is free. A partition this member has seen free
 //     for two rounds, that nobody under its share took, is claimed beyond
 //     the share.
 //   - A claim bumps the partition's fencing epoch. Every write of a
@@ -63,9 +71,10 @@ type lease struct {
 
 // running is a claimed partition whose work runs.
 type running struct {
-	lease  lease
-	cancel context.CancelFunc
-	done   chan struct{}
+	lease     lease
+	claimedAt time.Time
+	cancel    context.CancelFunc
+	done      chan struct{}
 }
 
 // assigner is one member's membership and partition leases.
@@ -73,6 +82,11 @@ type assigner struct {
 	c          *Consumer
 	metadataAt time.Time         // when the partition count was last read (balancing only)
 	freeSince  map[int]time.Time // when this member first saw each partition free (balancing only)
+
+	// session is the connection the member registered and renews through
+	// (its backend pid is in the member's row); only the heartbeat uses it,
+	// and leave once the heartbeat has stopped.
+	session *pgx.Conn
 
 	mu         sync.Mutex
 	member     string    // current member id; "" before registration
@@ -113,53 +127,95 @@ func (a *assigner) heartbeatLoop(ctx context.Context) {
 
 func (a *assigner) heartbeat(ctx context.Context) {
 	cfg := a.c.cfg
-	ctx, cancel := context.WithTimeout(ctx, cfg.SessionTimeout/2)
-	defer cancel()
 	member := a.currentMember()
 	args := pgx.StrictNamedArgs{"topic": cfg.Topic, "group": cfg.Group, "member": member,
 		"lease": interval(cfg.SessionTimeout)}
-	if member != "" {
-		rows, err := cfg.Pool.Query(ctx, qRenewMember, args)
+	if member != "" && a.session != nil {
+		// A renewal may take as long as the lease has left: a timed-out
+		// statement closes the session, which ends the member anyway.
+		a.mu.Lock()
+		left := cfg.SessionTimeout - time.Since(a.renewedAt)
+		a.mu.Unlock()
+		rctx, cancel := context.WithTimeout(ctx, max(left, cfg.HeartbeatInterval))
+		rows, err := a.session.Query(rctx, qRenewMember, args)
+		n := 0
 		if err == nil {
-			n := 0
 			for rows.Next() {
 				n++
 			}
 			rows.Close()
 			err = rows.Err()
-			if err == nil && n == 1 {
-				a.renewed(nil)
-				return
-			}
 		}
-		if err != nil {
-			if ctx.Err() == nil || errors.Is(ctx.Err(), context.DeadlineExceeded) {
-				a.renewed(err)
-				a.c.log.Warn("cannot renew the member's lease (will retry)", "member", member, "err", err)
-			}
+		cancel()
+		if err == nil && n == 1 {
+			a.renewed(nil)
 			return
 		}
-		// The lease ran out before this renewal: the member was evicted
-		// and its partitions may belong to others already.
-		a.c.m.evictions.Inc()
-		a.c.log.Warn("this member's lease ran out (the process was stopped or starved for a session timeout): "+
-			"stopping its partitions and joining again as a new member", "member", member, "session_timeout", cfg.SessionTimeout)
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil && !a.session.IsClosed():
+			a.renewed(err)
+			a.c.log.Warn("cannot renew the member's lease (will retry)", "member", member, "err", err)
+			return
+		case err != nil:
+			// Other members see this member's session gone: it is not live
+			// and its partitions may be claimed already.
+			a.c.m.evictions.Inc()
+			a.c.log.Warn("this member's session to Postgres was lost: stopping its partitions and joining again as a new member",
+				"member", member, "err", err)
+		default:
+			// The lease ran out before this renewal: the member was evicted
+			// and its partitions may belong to others already.
+			a.c.m.evictions.Inc()
+			a.c.log.Warn("this member's lease ran out (the process was stopped or starved for a session timeout): "+
+				"stopping its partitions and joining again as a new member", "member", member, "session_timeout", cfg.SessionTimeout)
+		}
 	}
-	id := uuid.NewString()
-	args["member"], args["process"] = id, processName
-	if _, err := cfg.Pool.Exec(ctx, qRegisterMember, args); err != nil {
+	ctx, cancel := context.WithTimeout(ctx, cfg.SessionTimeout/2)
+	defer cancel()
+	a.mu.Lock()
+	a.member = "" // the old id is dead either way: its partitions stop
+	a.mu.Unlock()
+	if err := a.register(ctx, args); err != nil {
 		a.renewed(err)
 		a.c.log.Warn("cannot register the member (will retry)", "err", err)
-		a.mu.Lock()
-		a.member = "" // stay unregistered: the old id is dead either way
-		a.mu.Unlock()
 		return
+	}
+	a.renewed(nil)
+}
+
+// register opens a new session and registers a new member id through it.
+func (a *assigner) register(ctx context.Context, args pgx.StrictNamedArgs) error {
+	cfg := a.c.cfg
+	a.closeSession()
+	conn, err := cfg.Pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	a.session = conn.Hijack() // held for the member's life, outside the pool
+	id := uuid.NewString()
+	args["member"], args["process"] = id, processName
+	if _, err := a.session.Exec(ctx, qRegisterMember, args); err != nil {
+		a.closeSession()
+		return err
 	}
 	a.mu.Lock()
 	a.member, a.balanced = id, false
 	a.mu.Unlock()
-	a.renewed(nil)
 	a.c.log.Info("member registered", "member", id, "process", processName)
+	return nil
+}
+
+// closeSession ends the member's session (other members see it gone).
+func (a *assigner) closeSession() {
+	if a.session == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = a.session.Close(ctx)
+	a.session = nil
 }
 
 func (a *assigner) renewed(err error) {
@@ -171,9 +227,11 @@ func (a *assigner) renewed(err error) {
 	}
 }
 
-// balanceLoop balances every HeartbeatInterval until ctx ends.
+// balanceLoop balances every half HeartbeatInterval, and just after
+// another member's lease runs out, until ctx ends.
 func (a *assigner) balanceLoop(ctx context.Context) {
-	t := time.NewTicker(a.c.cfg.HeartbeatInterval)
+	every := a.c.cfg.HeartbeatInterval / 2
+	t := time.NewTimer(every)
 	defer t.Stop()
 	for {
 		select {
@@ -181,9 +239,14 @@ func (a *assigner) balanceLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if err := a.balance(ctx); err != nil && ctx.Err() == nil {
+		wake, err := a.balance(ctx)
+		if err != nil && ctx.Err() == nil {
 			a.c.log.Debug("cannot balance the partitions (will retry)", "err", err)
 		}
+		if wake <= 0 || wake > every {
+			wake = every
+		}
+		t.Reset(wake)
 	}
 }
 
@@ -191,18 +254,20 @@ func (a *assigner) balanceLoop(ctx context.Context) {
 type slot struct {
 	partition int
 	lease     lease
-	live      bool // its holder's lease is live
+	live      bool          // its holder is live
+	left      time.Duration // until its holder's lease runs out
 }
 
 // balance is one round: stop what this member lost, claim up to its share,
-// release its surplus.
-func (a *assigner) balance(ctx context.Context) error {
+// release its surplus. wake is when another member's lease runs out, if
+// any does (0: none known).
+func (a *assigner) balance(ctx context.Context) (wake time.Duration, err error) {
 	cfg := a.c.cfg
 	a.reap()
 	member := a.currentMember()
 	if member == "" {
 		a.stopAll("")
-		return nil
+		return 0, nil
 	}
 	// Partitions of a member whose lease this process may have lost are
 	// stopped: they could not commit anyway.
@@ -212,17 +277,17 @@ func (a *assigner) balance(ctx context.Context) error {
 	a.stopAll(member)
 	if stale {
 		a.stopAll("")
-		return nil
+		return 0, nil
 	}
 	n, err := a.partitionCount(ctx)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	qctx, cancel := context.WithTimeout(ctx, cfg.TxTimeout)
 	defer cancel()
 	slots, members, err := a.read(qctx, n)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	mine := map[int]lease{}
 	held := map[string]int{}
@@ -231,6 +296,9 @@ func (a *assigner) balance(ctx context.Context) error {
 	for _, s := range slots {
 		switch {
 		case s.live:
+			if s.lease.member != member && (wake == 0 || s.left < wake) {
+				wake = s.left + 10*time.Millisecond // claim just after it runs out
+			}
 			held[s.lease.member]++
 			if s.lease.member == member {
 				mine[s.partition] = s.lease
@@ -268,7 +336,7 @@ func (a *assigner) balance(ctx context.Context) error {
 	shares := fairShares(members, len(slots))
 	share, ok := shares[member]
 	if !ok {
-		return nil // not live in this snapshot: the next renewal decides
+		return wake, nil // not live in this snapshot: the next renewal decides
 	}
 	have := len(mine)
 	// Claim free partitions up to the share; beyond it only those nobody
@@ -279,7 +347,7 @@ func (a *assigner) balance(ctx context.Context) error {
 		}
 		epoch, ok, err := a.claim(ctx, s.partition, member)
 		if err != nil {
-			return err
+			return 0, err
 		}
 		if ok {
 			have++
@@ -296,11 +364,7 @@ func (a *assigner) balance(ctx context.Context) error {
 			}
 		}
 		if under {
-			ids := make([]int, 0, len(mine))
-			for id := range mine {
-				ids = append(ids, id)
-			}
-			sort.Sort(sort.Reverse(sort.IntSlice(ids)))
+			ids := a.newestFirst(mine)
 			for _, id := range ids[:have-share] {
 				a.release(id)
 			}
@@ -311,7 +375,32 @@ func (a *assigner) balance(ctx context.Context) error {
 	owned := len(a.running)
 	a.mu.Unlock()
 	a.c.m.owned.Set(float64(owned))
-	return nil
+	return wake, nil
+}
+
+// newestFirst orders the partitions of mine that run here by claim, the
+// latest first (then by id, highest first).
+func (a *assigner) newestFirst(mine map[int]lease) []int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	ids := make([]int, 0, len(mine))
+	for id := range mine {
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool {
+		var ti, tj time.Time
+		if r := a.running[ids[i]]; r != nil {
+			ti = r.claimedAt
+		}
+		if r := a.running[ids[j]]; r != nil {
+			tj = r.claimedAt
+		}
+		if !ti.Equal(tj) {
+			return ti.After(tj)
+		}
+		return ids[i] > ids[j]
+	})
+	return ids
 }
 
 // fairShares gives each member (sorted by id) its share of n partitions:
@@ -386,10 +475,12 @@ func (a *assigner) read(ctx context.Context, n int) ([]slot, []string, error) {
 	var slots []slot
 	for rows.Next() {
 		var s slot
-		if err := rows.Scan(&s.partition, &s.lease.member, &s.lease.epoch, &s.live); err != nil {
+		var left float64
+		if err := rows.Scan(&s.partition, &s.lease.member, &s.lease.epoch, &s.live, &left); err != nil {
 			rows.Close()
 			return nil, nil, err
 		}
+		s.left = time.Duration(left * float64(time.Second))
 		if s.partition < n {
 			slots = append(slots, s)
 		}
@@ -438,7 +529,7 @@ func (a *assigner) claim(ctx context.Context, id int, member string) (epoch int3
 // start runs partition id's work under l.
 func (a *assigner) start(id int, l lease) {
 	ctx, cancel := context.WithCancel(a.c.runCtx)
-	r := &running{lease: l, cancel: cancel, done: make(chan struct{})}
+	r := &running{lease: l, claimedAt: time.Now(), cancel: cancel, done: make(chan struct{})}
 	a.mu.Lock()
 	a.running[id] = r
 	a.mu.Unlock()
@@ -528,6 +619,7 @@ func (a *assigner) leave() {
 		a.release(id)
 	}
 	if member == "" {
+		a.closeSession()
 		return
 	}
 	cfg := a.c.cfg
@@ -536,6 +628,7 @@ func (a *assigner) leave() {
 	if _, err := cfg.Pool.Exec(ctx, qLeaveMember, pgx.StrictNamedArgs{"topic": cfg.Topic, "group": cfg.Group, "member": member}); err != nil {
 		a.c.log.Debug("cannot end the member's lease (it runs out by itself)", "err", err)
 	}
+	a.closeSession()
 }
 
 // holds reports whether l still holds partition id with a live lease (true

@@ -119,16 +119,29 @@ WHERE o.topic = @topic AND o.partition = @partition AND o.consumer_group = @grou
   AND o.member = @member AND o.generation = @epoch AND m.lease_until > now()
 FOR SHARE OF o`
 
-// qRegisterMember starts a member's lease.
-const qRegisterMember = `
-INSERT INTO ingest_members (topic, consumer_group, member, process, lease_until)
-VALUES (@topic, @group, @member, @process, now() + @lease::interval)`
+// memberLive is whether member row m is live: its lease has not run out
+// and the session it registered from still exists. A member's process that
+// died closed that session (the kernel closes its sockets), so it stops
+// being live at once; one stopped or cut off keeps its session until its
+// lease runs out. A member of an older build (no session) has its lease
+// alone; a pid reused by another backend keeps a dead member live only
+// until its lease runs out.
+const memberLive = `(m.lease_until > now() AND (m.session_pid IS NULL OR EXISTS (
+        SELECT 1 FROM pg_stat_activity s WHERE s.pid = m.session_pid)))`
 
-// qRenewMember extends a member's lease if it has not run out; no row means
-// it ran out (the member was evicted: its partitions may be claimed).
+// qRegisterMember starts a member's lease, recording the session it runs
+// on (the member's own connection, held for its life).
+const qRegisterMember = `
+INSERT INTO ingest_members (topic, consumer_group, member, process, lease_until, session_pid)
+VALUES (@topic, @group, @member, @process, now() + @lease::interval, pg_backend_pid())`
+
+// qRenewMember extends a member's lease if it has not run out, through the
+// session it registered from; no row means it ran out (the member was
+// evicted: its partitions may be claimed).
 const qRenewMember = `
 UPDATE ingest_members SET lease_until = now() + @lease::interval
 WHERE topic = @topic AND consumer_group = @group AND member = @member AND lease_until > now()
+  AND session_pid = pg_backend_pid()
 RETURNING member`
 
 // qLeaveMember ends a member's lease on a clean shutdown, and forgets
@@ -149,7 +162,8 @@ ON CONFLICT (topic, partition, consumer_group) DO NOTHING`
 // whether the holder is live.
 const qSelectAssignment = `
 SELECT o.partition, coalesce(o.member, ''), o.generation,
-       o.member IS NOT NULL AND coalesce(m.lease_until > now(), false) AS live
+       o.member IS NOT NULL AND coalesce(` + memberLive + `, false) AS live,
+       coalesce(extract(epoch FROM m.lease_until - now()), 0)::float8 AS lease_left
 FROM ingest_partition_owners o
 LEFT JOIN ingest_members m ON m.topic = o.topic AND m.consumer_group = o.consumer_group AND m.member = o.member
 WHERE o.topic = @topic AND o.consumer_group = @group
@@ -157,9 +171,9 @@ ORDER BY o.partition`
 
 // qSelectLiveMembers lists the topic's live members of the group, by id.
 const qSelectLiveMembers = `
-SELECT member FROM ingest_members
-WHERE topic = @topic AND consumer_group = @group AND lease_until > now()
-ORDER BY member`
+SELECT m.member FROM ingest_members m
+WHERE m.topic = @topic AND m.consumer_group = @group AND ` + memberLive + `
+ORDER BY m.member`
 
 // qClaimPartition takes a partition released or held by a member that is
 // not live, bumping its fencing epoch; it returns the new epoch (no row: a
@@ -171,7 +185,7 @@ SET member = @member, generation = o.generation + 1, process = @process, since =
 WHERE o.topic = @topic AND o.partition = @partition AND o.consumer_group = @group
   AND (o.member IS NULL OR NOT EXISTS (
         SELECT 1 FROM ingest_members m
-        WHERE m.topic = o.topic AND m.consumer_group = o.consumer_group AND m.member = o.member AND m.lease_until > now()))
+        WHERE m.topic = o.topic AND m.consumer_group = o.consumer_group AND m.member = o.member AND ` + memberLive + `))
 RETURNING o.generation`
 
 // qReleasePartition gives a partition up (surplus, or a clean shutdown).
