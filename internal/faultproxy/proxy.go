@@ -3,6 +3,7 @@ package faultproxy
 import (
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"time"
 )
@@ -46,7 +47,8 @@ type Proxy struct {
 	wg      sync.WaitGroup
 }
 
-// Start listens on a free local port and forwards to target (host:port).
+// Start listens on a free local port and forwards to target: host:port, or
+// unix:/path of a Unix socket (a private Postgres listening on no TCP port).
 func Start(target string) (*Proxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -175,7 +177,11 @@ func (p *Proxy) forget(cs ...net.Conn) {
 
 func (p *Proxy) serve(client net.Conn) {
 	defer p.wg.Done()
-	server, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+	network, addr := "tcp", p.target
+	if path, ok := strings.CutPrefix(p.target, "unix:"); ok {
+		network, addr = "unix", path
+	}
+	server, err := net.DialTimeout(network, addr, 5*time.Second)
 	if err != nil || !p.track(server) {
 		if server != nil {
 			abort(server)

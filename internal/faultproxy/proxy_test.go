@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"path/filepath"
 	"os"
 	"os/exec"
 	"strconv"
@@ -23,7 +24,12 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // echo serves lines back until the test ends.
 func echo(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	return echoOn(t, "tcp", "127.0.0.1:0")
+}
+
+func echoOn(t *testing.T, network, addr string) string {
+	t.Helper()
+	ln, err := net.Listen(network, addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,6 +55,30 @@ func roundTrip(c net.Conn, msg string, wait time.Duration) (string, error) {
 	}
 	line, err := bufio.NewReader(c).ReadString('\n')
 	return strings.TrimSpace(line), err
+}
+
+// A proxy forwards to a Unix socket named unix:/path (a private Postgres
+// listening on no TCP port), and resets it like any target.
+func TestProxyToAUnixSocket(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "echo.sock")
+	echoOn(t, "unix", sock)
+	p, err := faultproxy.Start("unix:" + sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if got, err := roundTrip(c, "hello", 5*time.Second); err != nil || got != "hello" {
+		t.Fatalf("through the proxy to %s: %q, %v", sock, got, err)
+	}
+	p.Reset()
+	if _, err := roundTrip(c, "again", 2*time.Second); err == nil {
+		t.Fatal("a reset connection still answered")
+	}
 }
 
 func TestProxyModes(t *testing.T) {

@@ -7,12 +7,16 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/shopspring/decimal"
 	"github.com/spf13/cobra"
 
 	"github.com/tally-ledger/tally/cmd/tally/internal/bench/chaosbench"
 	"github.com/tally-ledger/tally/cmd/tally/internal/devstack"
+	"github.com/tally-ledger/tally/migrations"
 )
 
 // benchChaosOptions are tally bench chaos's flags; chaosbench.Run does the work.
@@ -24,12 +28,19 @@ type benchChaosOptions struct {
 	maxFault   time.Duration
 	adminURL   string
 	keep       bool
+	gateways   int
+	grantLimit int64
+	process    bool   // one more member as a subprocess (tally serve --ingest), stopped with SIGSTOP
+	private    bool   // a private Postgres cluster the schedule restarts (pg_ctl restart -m immediate)
 }
 
 func (o benchChaosOptions) Validate() error {
 	var errs []error
 	if o.members < 1 || o.partitions < 1 || o.steps < 1 {
 		errs = append(errs, errors.New("bench chaos: --members, --partitions and --steps must be at least 1"))
+	}
+	if o.gateways < 0 || o.grantLimit < 1 {
+		errs = append(errs, errors.New("bench chaos: --gateways must not be negative and --grant-limit must be at least 1"))
 	}
 	if o.maxFault < 200*time.Millisecond {
 		errs = append(errs, fmt.Errorf("bench chaos: --max-fault %s is below 200ms", o.maxFault))
@@ -50,25 +61,94 @@ func (o benchChaosOptions) Run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	defer k.Close()
-	_, dbURL, done, err := benchDB(ctx, o.adminURL, "tally_bench_chaos", o.keep, log)
-	if err != nil {
-		return err
+	cfg := chaosbench.Config{Broker: k.Addr, Topic: topic, Members: o.members,
+		Seed: o.seed, Steps: o.steps, MaxFault: o.maxFault, Out: out, Logger: log,
+		Gateways: o.gateways, GrantLimit: decimal.NewFromInt(o.grantLimit)}
+	where := "a database on " + maskSecrets(o.adminURL)
+	if o.private {
+		pg, closePG, err := o.startPrivate(ctx, log)
+		if err != nil {
+			return err
+		}
+		defer closePG()
+		cfg.DatabaseURL, cfg.PostgresTarget, cfg.RestartPostgres = pg.URL, "unix:"+pg.Socket, pg.RestartImmediate
+		where = "a private Postgres cluster (" + pg.Source + ")"
+	} else {
+		_, dbURL, done, err := benchDB(ctx, o.adminURL, "tally_bench_chaos", o.keep, log)
+		if err != nil {
+			return err
+		}
+		defer done()
+		cfg.DatabaseURL = dbURL
 	}
-	defer done()
-	fmt.Fprintf(out, "tally bench chaos --seed %d: %d ingest members, %d partitions, %d faults of up to %s, embedded broker %s\n",
-		o.seed, o.members, o.partitions, o.steps, o.maxFault, k.Addr)
+	if o.process {
+		exe, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		cfg.Process = func(spec chaosbench.ProcessSpec) *exec.Cmd {
+			return exec.Command(exe, chaosbench.ServeIngestArgs(spec)...)
+		}
+	}
+	fmt.Fprintf(out, "tally bench chaos --seed %d: %d ingest members in process%s, %d partitions, %d gateways racing for exact grants of %d units, "+
+		"%d faults of up to %s drawn from %v, %s, embedded broker %s\n",
+		o.seed, o.members, map[bool]string{true: " and one as a subprocess", false: ""}[o.process], o.partitions, o.gateways, o.grantLimit,
+		o.steps, o.maxFault, chaosbench.FaultsOf(cfg), where, k.Addr)
 	t0 := time.Now()
-	rep, err := chaosbench.Run(ctx, chaosbench.Config{DatabaseURL: dbURL, Broker: k.Addr, Topic: topic, Members: o.members,
-		Seed: o.seed, Steps: o.steps, MaxFault: o.maxFault, Out: out, Logger: log})
+	rep, err := chaosbench.Run(ctx, cfg)
 	if err != nil {
-		fmt.Fprintf(out, "FAILED after %s: %v\n  replay: tally bench chaos --seed %d --steps %d --members %d --partitions %d --max-fault %s\n",
-			time.Since(t0).Round(time.Second), err, o.seed, o.steps, o.members, o.partitions, o.maxFault)
+		fmt.Fprintf(out, "FAILED after %s: %v\n  replay: tally bench chaos --seed %d --steps %d --members %d --partitions %d --max-fault %s "+
+			"--gateways %d --grant-limit %d --process=%t --private-postgres=%t\n",
+			time.Since(t0).Round(time.Second), err, o.seed, o.steps, o.members, o.partitions, o.maxFault,
+			o.gateways, o.grantLimit, o.process, o.private)
 		return err
 	}
 	fmt.Fprintf(out, "ok after %s: %d records in %d messages, every one applied exactly once (totals exact); no stored offset moved back; "+
 		"every member ready and caught up %s after the last fault\n",
 		time.Since(t0).Round(time.Second), rep.Records, rep.Messages, rep.Healed.Round(time.Millisecond))
+	if o.gateways > 0 {
+		g := rep.Grants
+		fmt.Fprintf(out, "grants: %d answered, %s units admitted by the gateways and %s consumed against a limit of %s (no over-admission); "+
+			"%d refused (budget exhausted), %d failed and %d releases lost under faults; every answered grant stored\n",
+			g.Granted, g.Admitted, g.Consumed, g.Limit, g.Refused, g.Failed, g.Unreleased)
+	}
 	return nil
+}
+
+// startPrivate starts a private Postgres cluster for the run (in a
+// temporary directory, removed by closePG unless --keep) and migrates its
+// database.
+func (o benchChaosOptions) startPrivate(ctx context.Context, log *slog.Logger) (pg *devstack.Postgres, closePG func(), err error) {
+	dir, err := os.MkdirTemp("", "tally-bench-chaos-")
+	if err != nil {
+		return nil, nil, err
+	}
+	remove := func() {
+		if !o.keep {
+			_ = os.RemoveAll(dir)
+		}
+	}
+	// The server may run as another user (as root: postgres).
+	if err := os.Chmod(dir, 0o755); err != nil {
+		remove()
+		return nil, nil, err
+	}
+	if pg, err = devstack.StartPrivate(ctx, devstack.PostgresConfig{Dir: dir, PrivatePort: 54393, Logger: log}); err != nil {
+		remove()
+		return nil, nil, err
+	}
+	closePG = func() { _ = pg.Close(); remove() }
+	pool, err := pgxpool.New(ctx, pg.URL)
+	if err != nil {
+		closePG()
+		return nil, nil, err
+	}
+	defer pool.Close()
+	if _, err := migrations.Up(ctx, pool, log); err != nil {
+		closePG()
+		return nil, nil, err
+	}
+	return pg, closePG, nil
 }
 
 func newBenchChaosCmd() *cobra.Command {
@@ -103,6 +183,10 @@ the command that replays the schedule when any check fails.`,
 	f.DurationVar(&o.maxFault, "max-fault", 3*time.Second, "longest fault")
 	f.StringVar(&o.adminURL, "database-url", defaultDatabaseURL, "Postgres server to create the benchmark database on")
 	envDefault(f, "database-url", "TALLY_DATABASE_URL")
-	f.BoolVar(&o.keep, "keep", false, "keep the benchmark database")
+	f.BoolVar(&o.keep, "keep", false, "keep the benchmark database (or the private cluster's directory)")
+	f.IntVar(&o.gateways, "gateways", 10, "gateways racing for exact grants of one budget through the grant path (its own faulty Postgres link); 0: none")
+	f.Int64Var(&o.grantLimit, "grant-limit", 5000, "the exact budget's limit the gateways race for (no gateway may admit past it)")
+	f.BoolVar(&o.process, "process", true, "run one more member as a subprocess (tally serve --ingest) that the schedule stops with SIGSTOP past its lease and probes through /readyz")
+	f.BoolVar(&o.private, "private-postgres", true, "run on a private Postgres cluster (initdb, pg_ctl) that the schedule restarts with pg_ctl restart -m immediate; false: a database on --database-url, never restarted")
 	return cmd
 }

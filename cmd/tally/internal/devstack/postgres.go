@@ -40,7 +40,10 @@ type Postgres struct {
 	// Dropped names the database Reset dropped before creating it anew
 	// ("" when nothing was dropped).
 	Dropped string
+	// Socket is the private cluster's Unix socket ("" otherwise).
+	Socket  string
 	stop    func() error
+	restart func(ctx context.Context) error
 }
 
 // PostgresConfig configures StartPostgres.
@@ -120,6 +123,16 @@ func (p *Postgres) Close() error {
 		return nil
 	}
 	return p.stop()
+}
+
+// RestartImmediate restarts the private cluster at once (pg_ctl restart -m
+// immediate: every session is cut, nothing is flushed, recovery replays the
+// WAL) and waits until it accepts connections again; a fault for tests.
+func (p *Postgres) RestartImmediate(ctx context.Context) error {
+	if p.restart == nil {
+		return errors.New("not a private Postgres cluster: it cannot be restarted here")
+	}
+	return p.restart(ctx)
 }
 
 func localURL(addr, db string) string {
@@ -347,12 +360,27 @@ func StartPrivate(ctx context.Context, cfg PostgresConfig) (*Postgres, error) {
 		}
 		return nil
 	}
+	restart := func(ctx context.Context) error {
+		path := filepath.Join(bin, "pg_ctl")
+		args := []string{"-D", data, "-l", logFile, "-o", opts, "-m", "immediate", "-w", "-t", "60", "restart"}
+		var cmd *exec.Cmd
+		if runAs != "" {
+			cmd = exec.CommandContext(ctx, "runuser", append([]string{"-u", runAs, "--", path}, args...)...)
+		} else {
+			cmd = exec.CommandContext(ctx, path, args...)
+		}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return fmt.Errorf("restart private Postgres (log: %s): %w: %s", logFile, err, out)
+		}
+		return nil
+	}
 	u, dropped, err := ensureDatabase(ctx, admin, DefaultDatabase, cfg.Reset)
 	if err != nil {
 		_ = stop()
 		return nil, err
 	}
-	return &Postgres{URL: u, Source: "private cluster (" + data + ")", Dropped: dropped, stop: stop}, nil
+	return &Postgres{URL: u, Source: "private cluster (" + data + ")", Dropped: dropped,
+		Socket: filepath.Join(sock, ".s.PGSQL."+port), stop: stop, restart: restart}, nil
 }
 
 // private reports whether the server at admin (a socket URL) answers and

@@ -20,6 +20,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/url"
+	"os/exec"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -50,6 +52,26 @@ type Config struct {
 	// HeartbeatInterval and SessionTimeout are the members' lease timings;
 	// defaults 100ms and 1.5s (a fault of a few seconds outlasts a lease).
 	HeartbeatInterval, SessionTimeout time.Duration
+	// Gateways, when positive, race for exact grants of one budget of
+	// GrantLimit units (default 1500) through the grant path
+	// (admission.Store) over a Postgres link of its own that faults
+	// api-reset and api-blackhole cut (see gateways.go).
+	Gateways   int
+	GrantLimit decimal.Decimal
+	// Process, when set, starts one more member as a real subprocess (`tally
+	// serve --ingest` with ServeIngestArgs) that fault sigstop stops with
+	// SIGSTOP past its lease, then continues; its /readyz is probed. Its
+	// output goes to ProcessLog (default: discarded).
+	Process    func(ProcessSpec) *exec.Cmd
+	ProcessLog io.Writer
+	// RestartPostgres, when set, is the fault postgres-restart: the whole
+	// server restarted at once (pg_ctl restart -m immediate), every
+	// member's and the grant path's sessions cut.
+	RestartPostgres func(context.Context) error
+	// PostgresTarget is what the proxies forward Postgres traffic to:
+	// host:port, or unix:/path of a private cluster's socket. Default
+	// DatabaseURL's host.
+	PostgresTarget string
 	// Out receives the schedule as it runs, one line per step.
 	Out io.Writer
 	// Logger receives the members' logs. Default: discard.
@@ -81,6 +103,17 @@ func (c Config) withDefaults() Config {
 	if c.Out == nil {
 		c.Out = io.Discard
 	}
+	if c.ProcessLog == nil {
+		c.ProcessLog = io.Discard
+	}
+	if c.Gateways > 0 && c.GrantLimit.IsZero() {
+		c.GrantLimit = decimal.NewFromInt(1500)
+	}
+	if c.PostgresTarget == "" {
+		if u, err := url.Parse(c.DatabaseURL); err == nil {
+			c.PostgresTarget = u.Host
+		}
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -96,45 +129,91 @@ func (c Config) Validate() error {
 	if c.Broker == "" {
 		errs = append(errs, errors.New("chaos: Broker is empty"))
 	}
-	if c.Members < 0 || c.Steps < 0 || c.Customers < 0 {
-		errs = append(errs, fmt.Errorf("chaos: Members %d, Steps %d and Customers %d must not be negative", c.Members, c.Steps, c.Customers))
+	if c.Members < 0 || c.Steps < 0 || c.Customers < 0 || c.Gateways < 0 || c.GrantLimit.IsNegative() {
+		errs = append(errs, fmt.Errorf("chaos: Members %d, Steps %d, Customers %d, Gateways %d and GrantLimit %s must not be negative",
+			c.Members, c.Steps, c.Customers, c.Gateways, c.GrantLimit))
 	}
 	return errors.Join(errs...)
 }
 
 // Step is one fault of the schedule.
 type Step struct {
-	Member int
+	Member int // -1: not a member's (the grant path's, the server's)
 	// Fault is one of Faults: postgres-blackhole, postgres-reset,
 	// postgres-latency, kafka-blackhole, kafka-reset, restart (a clean stop,
 	// then a new consumer), freeze (both links blackholed at once: to the
-	// rest of the system, a stalled process).
+	// rest of the system, a stalled process); or, as Config enables them,
+	// one of GrantFaults (the grant path's Postgres link), sigstop (the
+	// member process stopped past its lease) or postgres-restart.
 	Fault string
 	For   time.Duration
 }
 
 func (s Step) String() string {
+	switch {
+	case s.Fault == "postgres-restart":
+		return "Postgres server: pg_ctl restart -m immediate"
+	case s.Member < 0:
+		return fmt.Sprintf("grant path: %s for %s", s.Fault, s.For)
+	}
 	return fmt.Sprintf("member %d: %s for %s", s.Member, s.Fault, s.For)
 }
 
 // Faults are the faults a schedule draws from.
 var Faults = []string{"postgres-blackhole", "postgres-reset", "postgres-latency", "kafka-blackhole", "kafka-reset", "restart", "freeze"}
 
+// GrantFaults are the grant path's faults (Config.Gateways).
+var GrantFaults = []string{"api-reset", "api-blackhole"}
+
+// faults are the faults cfg's schedule draws from.
+func (c Config) faults() []string {
+	out := slices.Clone(Faults)
+	if c.Gateways > 0 {
+		out = append(out, GrantFaults...)
+	}
+	if c.Process != nil {
+		out = append(out, "sigstop")
+	}
+	if c.RestartPostgres != nil {
+		out = append(out, "postgres-restart")
+	}
+	return out
+}
+
+// FaultsOf are the faults cfg's schedule draws from.
+func FaultsOf(cfg Config) []string { return cfg.withDefaults().faults() }
+
 // Schedule returns the seeded schedule of cfg: every fault once per round
-// of len(Faults) steps, each on a random member for a random time.
+// of len(FaultsOf(cfg)) steps, each on a random member (the member process,
+// if any, is the last) for a random time; sigstop lasts past the lease.
 func Schedule(cfg Config) []Step {
 	cfg = cfg.withDefaults()
+	faults := cfg.faults()
+	members := cfg.Members
+	if cfg.Process != nil {
+		members++
+	}
 	rng := rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15))
 	out := make([]Step, cfg.Steps)
 	var order []int // every fault once per round, in a random order
 	for i := range out {
 		if len(order) == 0 {
-			order = rng.Perm(len(Faults))
+			order = rng.Perm(len(faults))
 		}
 		f := order[0]
 		order = order[1:]
-		out[i] = Step{Member: rng.IntN(cfg.Members), Fault: Faults[f],
+		s := Step{Member: rng.IntN(members), Fault: faults[f],
 			For: time.Duration(200+rng.Int64N(cfg.MaxFault.Milliseconds()-199)) * time.Millisecond}
+		switch s.Fault {
+		case "sigstop":
+			s.Member = members - 1
+			s.For = max(s.For, cfg.SessionTimeout+500*time.Millisecond)
+		case "api-reset", "api-blackhole":
+			s.Member = -1
+		case "postgres-restart":
+			s.Member, s.For = -1, 0
+		}
+		out[i] = s
 	}
 	return out
 }
@@ -142,6 +221,7 @@ func Schedule(cfg Config) []Step {
 // Report is what a run did.
 type Report struct {
 	Schedule []Step
+	Grants   GrantReport   // with Config.Gateways
 	Records  int64         // records produced (each applied exactly once)
 	Messages int64         // Kafka messages produced
 	Healed   time.Duration // from the last heal until every member was ready and caught up
@@ -154,6 +234,7 @@ type member struct {
 	consumer  *ingest.Consumer
 	cancel    context.CancelFunc
 	done      chan error
+	proc      *process // a member process (Config.Process) instead of consumer
 }
 
 // Run runs cfg's schedule and checks the outcome; the error says what did
@@ -176,11 +257,29 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 	r.check = check
 	defer r.stopAll()
 	for range cfg.Members {
-		m, err := r.newMember(ctx)
+		m, err := r.newMember(ctx, false)
 		if err != nil {
 			return Report{}, err
 		}
 		r.members = append(r.members, m)
+	}
+	if cfg.Process != nil {
+		m, err := r.newMember(ctx, true)
+		if err != nil {
+			return Report{}, err
+		}
+		r.members = append(r.members, m)
+		if err := r.waitProcessReady(ctx, m, 30*time.Second); err != nil {
+			return Report{}, err
+		}
+	}
+	if cfg.Gateways > 0 {
+		g, err := startGateways(ctx, cfg, check, cfg.PostgresTarget, cfg.Gateways)
+		if err != nil {
+			return Report{}, err
+		}
+		defer g.close()
+		r.gw = g
 	}
 	mon := ingest.WatchOffsets(check, 20*time.Millisecond)
 	defer mon.Stop()
@@ -225,6 +324,14 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		return rep, err
 	}
 	problems = append(problems, ledgerProblems...)
+	if r.gw != nil {
+		g, gp, err := r.gw.check(ctx, check)
+		if err != nil {
+			return rep, err
+		}
+		rep.Grants = g
+		problems = append(problems, gp...)
+	}
 	if len(problems) > 0 {
 		return rep, fmt.Errorf("chaos (seed %d): %s", cfg.Seed, strings.Join(problems, "; "))
 	}
@@ -236,16 +343,13 @@ type run struct {
 	ledger  *ledger.Ledger
 	check   *pgxpool.Pool
 	members []*member
+	gw      *gateways
 }
 
 // newMember starts a consumer whose Postgres and Kafka links go through
 // proxies of its own.
-func (r *run) newMember(ctx context.Context) (*member, error) {
-	u, err := url.Parse(r.cfg.DatabaseURL)
-	if err != nil {
-		return nil, err
-	}
-	pg, err := faultproxy.Start(u.Host)
+func (r *run) newMember(ctx context.Context, asProcess bool) (*member, error) {
+	pg, err := faultproxy.Start(r.cfg.PostgresTarget)
 	if err != nil {
 		return nil, err
 	}
@@ -255,7 +359,11 @@ func (r *run) newMember(ctx context.Context) (*member, error) {
 		return nil, err
 	}
 	m := &member{pg: pg, kafka: kp}
-	if err := r.startConsumer(ctx, m); err != nil {
+	start := r.startConsumer
+	if asProcess {
+		start = func(context.Context, *member) error { return r.startProcess(m) }
+	}
+	if err := start(ctx, m); err != nil {
 		pg.Close()
 		kp.Close()
 		return nil, err
@@ -264,12 +372,7 @@ func (r *run) newMember(ctx context.Context) (*member, error) {
 }
 
 func (r *run) startConsumer(ctx context.Context, m *member) error {
-	u, _ := url.Parse(r.cfg.DatabaseURL)
-	u.Host = m.pg.Addr()
-	q := u.Query()
-	q.Set("connect_timeout", "2")
-	u.RawQuery = q.Encode()
-	pool, err := pgxpool.New(ctx, u.String())
+	pool, err := pgxpool.New(ctx, proxiedURL(r.cfg.DatabaseURL, m.pg.Addr()))
 	if err != nil {
 		return err
 	}
@@ -301,6 +404,9 @@ func (r *run) startConsumer(ctx context.Context, m *member) error {
 }
 
 func (r *run) stopConsumer(m *member) error {
+	if m.proc != nil {
+		return r.stopProcess(m)
+	}
 	if m.cancel == nil {
 		return nil
 	}
@@ -328,7 +434,6 @@ func (r *run) stopAll() {
 
 // apply runs one step: the fault for its duration, then the heal.
 func (r *run) apply(ctx context.Context, s Step) error {
-	m := r.members[s.Member]
 	wait := func() {
 		select {
 		case <-ctx.Done():
@@ -336,6 +441,31 @@ func (r *run) apply(ctx context.Context, s Step) error {
 		}
 	}
 	switch s.Fault {
+	case "api-reset":
+		r.gw.proxy.Reset()
+		wait()
+		r.gw.proxy.Pass()
+		return nil
+	case "api-blackhole":
+		r.gw.proxy.Blackhole()
+		wait()
+		r.gw.proxy.Pass()
+		return nil
+	case "postgres-restart":
+		if err := r.cfg.RestartPostgres(ctx); err != nil {
+			return fmt.Errorf("postgres-restart: %w", err)
+		}
+		return nil
+	}
+	m := r.members[s.Member]
+	switch s.Fault {
+	case "sigstop":
+		if m.proc == nil {
+			return fmt.Errorf("sigstop: member %d is not a process", s.Member)
+		}
+		if err := pauseProcess(ctx, m, s.For); err != nil {
+			return fmt.Errorf("sigstop member %d: %w", s.Member, err)
+		}
 	case "postgres-blackhole":
 		m.pg.Blackhole()
 		wait()
@@ -367,7 +497,16 @@ func (r *run) apply(ctx context.Context, s Step) error {
 			return fmt.Errorf("restart member %d: %w", s.Member, err)
 		}
 		wait()
-		if err := r.startConsumer(ctx, m); err != nil {
+		start := r.startConsumer
+		if r.cfg.Process != nil && s.Member == len(r.members)-1 {
+			start = func(ctx context.Context, m *member) error {
+				if err := r.startProcess(m); err != nil {
+					return err
+				}
+				return r.waitProcessReady(ctx, m, 30*time.Second)
+			}
+		}
+		if err := start(ctx, m); err != nil {
 			return fmt.Errorf("restart member %d: %w", s.Member, err)
 		}
 	default:
@@ -384,6 +523,13 @@ func (r *run) waitHealed(ctx context.Context, prod *producer, timeout time.Durat
 	for time.Now().Before(deadline) {
 		last = ""
 		for i, m := range r.members {
+			if m.proc != nil {
+				if nr := m.proc.notReady(ctx); nr != "" {
+					last = fmt.Sprintf("member process %d not ready: %s", i, nr)
+					break
+				}
+				continue
+			}
 			if nr := m.consumer.NotReady(); len(nr) > 0 {
 				last = fmt.Sprintf("member %d not ready: %s", i, strings.Join(nr, "; "))
 				break
