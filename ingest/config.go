@@ -79,18 +79,21 @@ type Config struct {
 	// bound how long a crashed member's partitions wait for another member.
 	//
 	// SessionTimeout: how long a member's lease lasts without renewal. A
-	// crashed member's partitions are claimed by the others once it runs
-	// out: a crash costs at most this plus one HeartbeatInterval plus the
-	// new owner's start; a clean shutdown releases at once. A member whose
+	// member whose process died is not live from the moment its Postgres
+	// session ends (the kernel closes its connections); one stopped or cut
+	// off without its connection closing is live until its lease runs out.
+	// Either way the others claim its partitions at their next balancing
+	// round (every HeartbeatInterval/2, and just after a lease runs out),
+	// then the new owner starts; a clean shutdown releases at once. A member whose
 	// process stalls as a whole (stopped, starved) for this long is evicted
 	// and commits nothing more (every write checks the lease), then joins
 	// again as a new member. It is also how long a micro-batch transaction
 	// may sit idle (a stalled member's transaction is ended so that it does
 	// not keep the partition's row locked from the next owner). Default 2s.
 	//
-	// HeartbeatInterval: how often a member renews its lease and balances
-	// (claims free partitions up to its fair share, releases its surplus).
-	// Default 500ms.
+	// HeartbeatInterval: how often a member renews its lease; it balances
+	// (claims free partitions up to its fair share, releases its surplus)
+	// twice as often. Default 500ms.
 	HeartbeatInterval, SessionTimeout time.Duration
 	// FetchMaxWait is how long one Kafka fetch may wait for data; it also
 	// bounds how long closing a partition reader takes. Default 500ms.

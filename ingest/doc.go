@@ -44,7 +44,8 @@
 //   - A member's failure pauses only its own partitions: its lease in
 //     Postgres (Config.SessionTimeout long, renewed every
 //     HeartbeatInterval; the name is kept from the Kafka consumer group
-//     setting it replaced, so --session-timeout still means it) runs out and the
+//     setting it replaced, so --session-timeout still means it) runs out, or
+//     sooner its Postgres session ends (a process that dies), and the
 //     others claim them, each up to its fair share of the live members; a
 //     clean shutdown finishes or rolls back its transactions and releases
 //     its partitions at once. A transaction idle for a session timeout is

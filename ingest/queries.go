@@ -136,12 +136,14 @@ INSERT INTO ingest_members (topic, consumer_group, member, process, lease_until,
 VALUES (@topic, @group, @member, @process, now() + @lease::interval, pg_backend_pid())`
 
 // qRenewMember extends a member's lease if it has not run out, through the
-// session it registered from; no row means it ran out (the member was
-// evicted: its partitions may be claimed).
+// member's session, whose pid it records again (behind a pooler that hands
+// each transaction another server connection, the pid is of a backend that
+// outlives the member: it is then judged by its lease, as before sessions
+// counted); no row means it ran out (the member was evicted: its
+// partitions may be claimed).
 const qRenewMember = `
-UPDATE ingest_members SET lease_until = now() + @lease::interval
+UPDATE ingest_members SET lease_until = now() + @lease::interval, session_pid = pg_backend_pid()
 WHERE topic = @topic AND consumer_group = @group AND member = @member AND lease_until > now()
-  AND session_pid = pg_backend_pid()
 RETURNING member`
 
 // qLeaveMember ends a member's lease on a clean shutdown, and forgets

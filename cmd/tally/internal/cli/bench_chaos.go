@@ -39,8 +39,8 @@ func (o benchChaosOptions) Validate() error {
 	if o.members < 1 || o.partitions < 1 || o.steps < 1 {
 		errs = append(errs, errors.New("bench chaos: --members, --partitions and --steps must be at least 1"))
 	}
-	if o.gateways < 0 || o.grantLimit < 1 {
-		errs = append(errs, errors.New("bench chaos: --gateways must not be negative and --grant-limit must be at least 1"))
+	if o.gateways < 0 || o.grantLimit < 0 {
+		errs = append(errs, errors.New("bench chaos: --gateways and --grant-limit must not be negative"))
 	}
 	if o.maxFault < 200*time.Millisecond {
 		errs = append(errs, fmt.Errorf("bench chaos: --max-fault %s is below 200ms", o.maxFault))
@@ -90,10 +90,10 @@ func (o benchChaosOptions) Run(ctx context.Context, out io.Writer) error {
 			return exec.Command(exe, chaosbench.ServeIngestArgs(spec)...)
 		}
 	}
-	fmt.Fprintf(out, "tally bench chaos --seed %d: %d ingest members in process%s, %d partitions, %d gateways racing for exact grants of %d units, "+
+	fmt.Fprintf(out, "tally bench chaos --seed %d: %d ingest members in process%s, %d partitions, %d gateways racing for exact grants of %s units, "+
 		"%d faults of up to %s drawn from %v, %s, embedded broker %s\n",
-		o.seed, o.members, map[bool]string{true: " and one as a subprocess", false: ""}[o.process], o.partitions, o.gateways, o.grantLimit,
-		o.steps, o.maxFault, chaosbench.FaultsOf(cfg), where, k.Addr)
+		o.seed, o.members, map[bool]string{true: " and one as a subprocess", false: ""}[o.process], o.partitions, o.gateways,
+		chaosbench.GrantLimitOf(cfg), o.steps, o.maxFault, chaosbench.FaultsOf(cfg), where, k.Addr)
 	t0 := time.Now()
 	rep, err := chaosbench.Run(ctx, cfg)
 	if err != nil {
@@ -185,7 +185,7 @@ the command that replays the schedule when any check fails.`,
 	envDefault(f, "database-url", "TALLY_DATABASE_URL")
 	f.BoolVar(&o.keep, "keep", false, "keep the benchmark database (or the private cluster's directory)")
 	f.IntVar(&o.gateways, "gateways", 10, "gateways racing for exact grants of one budget through the grant path (its own faulty Postgres link); 0: none")
-	f.Int64Var(&o.grantLimit, "grant-limit", 5000, "the exact budget's limit the gateways race for (no gateway may admit past it)")
+	f.Int64Var(&o.grantLimit, "grant-limit", 0, "the exact budget's limit the gateways race for (no gateway may admit past it); 0: 500 per step, about what they consume over the schedule")
 	f.BoolVar(&o.process, "process", true, "run one more member as a subprocess (tally serve --ingest) that the schedule stops with SIGSTOP past its lease and probes through /readyz")
 	f.BoolVar(&o.private, "private-postgres", true, "run on a private Postgres cluster (initdb, pg_ctl) that the schedule restarts with pg_ctl restart -m immediate; false: a database on --database-url, never restarted")
 	return cmd

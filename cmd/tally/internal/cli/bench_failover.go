@@ -35,6 +35,7 @@ type benchFailoverOptions struct {
 	rate, perMessage    int
 	kills               int
 	rapid               int  // members killed 0.3–1.7s apart, each restarted at once
+	stops               int  // members stopped (SIGSTOP: a vanished host), each killed and restarted once its partitions moved
 	rolling             bool // restart every member in turn (SIGTERM, replacement at once)
 	every, soak         time.Duration
 	timeout             time.Duration
@@ -68,8 +69,10 @@ counted. At the end production stops, the ledger must catch up and hold
 exactly the records produced. Prints p50/p99/max over the kills.
 
 Then --rapid-kills members are killed 0.3–1.7s apart (a random member each
-time, restarted at once), and with --rolling every member is restarted in
-turn. For each schedule (and for a quiet minute's worth of steady running
+time, restarted at once), --stops members are stopped with SIGSTOP one at a
+time (a host that vanished: its connections stay open, so only its lease
+tells the others; each is killed and restarted once its partitions caught
+up elsewhere), and with --rolling every member is restarted in turn. For each schedule (and for a quiet minute's worth of steady running
 before the first kill, the baseline) it reports every partition's longest
 pause in applying usage (the longest time its stored offset did not move
 under steady production; p50, p99 and max over the partitions) and the
@@ -87,6 +90,8 @@ message produced after it.`,
 	f.IntVar(&o.perMessage, "per-message", 1000, "records per Kafka message")
 	f.IntVar(&o.kills, "kills", 10, "members killed, one at a time, once the previous failover settled (the gentle schedule)")
 	f.IntVar(&o.rapid, "rapid-kills", 8, "then members killed 0.3–1.7s apart, each restarted at once (a crash loop); 0: none")
+	f.IntVar(&o.stops, "stops", 3, "then members stopped with SIGSTOP, one at a time (a host that vanished: its connections stay open, so only its lease tells), "+
+		"each killed and restarted once its partitions caught up elsewhere; 0: none")
 	f.BoolVar(&o.rolling, "rolling", true, "then restart every member in turn (SIGTERM, its replacement started at once, the next once the group settled)")
 	f.DurationVar(&o.every, "every", 10*time.Second, "steady running before each kill (after the group settled)")
 	f.DurationVar(&o.soak, "soak", 0, "after the kills, run this long with nothing killed and count false evictions")
@@ -254,6 +259,11 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 	}
 	if o.rapid > 0 {
 		if err := b.rapidKills(ctx); err != nil {
+			return err
+		}
+	}
+	if o.stops > 0 {
+		if err := b.stopKills(ctx); err != nil {
 			return err
 		}
 	}
@@ -779,6 +789,59 @@ func (b *failoverBench) rapidKills(ctx context.Context) error {
 	}
 	b.reportPauses(fmt.Sprintf("rapid (%d kills 0.3–1.7s apart, each restarted at once)", b.o.rapid), w.stop(), rec)
 	w = nil
+	return nil
+}
+
+// stopKills stops --stops members in turn with SIGSTOP: to Postgres they
+// look like a host that vanished (connections open, nothing sent), so their
+// partitions move only when their lease runs out. Each is measured like a
+// gentle kill, then killed and restarted.
+func (b *failoverBench) stopKills(ctx context.Context) error {
+	w := b.watchPauses(ctx)
+	defer func() {
+		if w != nil {
+			w.stop()
+		}
+	}()
+	var caughtUp, claims []float64
+	for i := range b.o.stops {
+		if err := b.settle(ctx); err != nil {
+			return err
+		}
+		if !pause.For(ctx, 2*time.Second) {
+			return ctx.Err()
+		}
+		victim := b.members[0]
+		parts, err := b.partitionsOf(ctx, victim.pid)
+		if err != nil {
+			return err
+		}
+		if len(parts) == 0 {
+			return fmt.Errorf("stop %d: member %d owns no partition", i+1, victim.pid)
+		}
+		tStop := time.Now()
+		_ = victim.cmd.Process.Signal(syscall.SIGSTOP)
+		rec, claimed, _, err := b.waitCaughtUp(ctx, parts, tStop)
+		_ = victim.cmd.Process.Signal(syscall.SIGKILL)
+		<-victim.done
+		if err != nil {
+			return fmt.Errorf("stop %d (member %d, partitions %v): %w", i+1, victim.pid, parts, err)
+		}
+		caughtUp, claims = append(caughtUp, rec.Seconds()), append(claims, claimed.Seconds())
+		fmt.Fprintf(b.out, "  stop %d: member pid %d stopped (partitions %v): claimed by another member after %5.2fs, caught up after %5.2fs\n",
+			i+1, victim.pid, parts, claimed.Seconds(), rec.Seconds())
+		b.members = slices.DeleteFunc(b.members, func(m *failoverMember) bool { return m == victim })
+		if err := b.startMember(ctx); err != nil {
+			return err
+		}
+	}
+	if err := b.settle(ctx); err != nil {
+		return err
+	}
+	b.reportPauses(fmt.Sprintf("stops (%d members stopped with SIGSTOP, only their lease tells; each then killed and restarted)", b.o.stops), w.stop(), -1)
+	w = nil
+	fmt.Fprintf(b.out, "  stops: stop → claimed p50 %.2fs p99 %.2fs; stop → caught up p50 %.2fs p99 %.2fs max %.2fs\n",
+		quantile(claims, 0.5), quantile(claims, 0.99), quantile(caughtUp, 0.5), quantile(caughtUp, 0.99), slices.Max(caughtUp))
 	return nil
 }
 

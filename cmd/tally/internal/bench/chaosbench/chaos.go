@@ -53,7 +53,7 @@ type Config struct {
 	// defaults 100ms and 1.5s (a fault of a few seconds outlasts a lease).
 	HeartbeatInterval, SessionTimeout time.Duration
 	// Gateways, when positive, race for exact grants of one budget of
-	// GrantLimit units (default 1500) through the grant path
+	// GrantLimit units (default 500 per step) through the grant path
 	// (admission.Store) over a Postgres link of its own that faults
 	// api-reset and api-blackhole cut (see gateways.go).
 	Gateways   int
@@ -107,7 +107,9 @@ func (c Config) withDefaults() Config {
 		c.ProcessLog = io.Discard
 	}
 	if c.Gateways > 0 && c.GrantLimit.IsZero() {
-		c.GrantLimit = decimal.NewFromInt(1500)
+		// About what the gateways consume over the schedule: they race
+		// near the limit for much of the run.
+		c.GrantLimit = decimal.NewFromInt(int64(500 * c.Steps))
 	}
 	if c.PostgresTarget == "" {
 		if u, err := url.Parse(c.DatabaseURL); err == nil {
@@ -179,6 +181,9 @@ func (c Config) faults() []string {
 	}
 	return out
 }
+
+// GrantLimitOf is the limit cfg's gateways race for.
+func GrantLimitOf(cfg Config) decimal.Decimal { return cfg.withDefaults().GrantLimit }
 
 // FaultsOf are the faults cfg's schedule draws from.
 func FaultsOf(cfg Config) []string { return cfg.withDefaults().faults() }

@@ -116,7 +116,8 @@ func (g *gateways) run(ctx context.Context, holder string, rng *rand.Rand) {
 			g.count(&g.unreleased)
 		}
 		cancel()
-		sleep(ctx, time.Duration(5+rng.IntN(15))*time.Millisecond)
+		// Paced, so that a long schedule keeps racing near the limit.
+		sleep(ctx, time.Duration(20+rng.IntN(60))*time.Millisecond)
 	}
 }
 
