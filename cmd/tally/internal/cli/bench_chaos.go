@@ -30,8 +30,8 @@ type benchChaosOptions struct {
 	keep       bool
 	gateways   int
 	grantLimit int64
-	process    bool   // one more member as a subprocess (tally serve --ingest), stopped with SIGSTOP
-	private    bool   // a private Postgres cluster the schedule restarts (pg_ctl restart -m immediate)
+	process    bool // one more member as a subprocess (tally serve --ingest), stopped with SIGSTOP
+	private    bool // a private Postgres cluster the schedule restarts (pg_ctl restart -m immediate)
 }
 
 func (o benchChaosOptions) Validate() error {
@@ -111,6 +111,9 @@ func (o benchChaosOptions) Run(ctx context.Context, out io.Writer) error {
 		fmt.Fprintf(out, "grants: %d answered, %s units admitted by the gateways and %s consumed against a limit of %s (no over-admission); "+
 			"%d refused (budget exhausted), %d failed and %d releases lost under faults; every answered grant stored\n",
 			g.Granted, g.Admitted, g.Consumed, g.Limit, g.Refused, g.Failed, g.Unreleased)
+		if g.Refused == 0 {
+			fmt.Fprintf(out, "  the gateways never reached the limit: over-admission was not put to the test (lower --grant-limit)\n")
+		}
 	}
 	return nil
 }
@@ -185,7 +188,7 @@ the command that replays the schedule when any check fails.`,
 	envDefault(f, "database-url", "TALLY_DATABASE_URL")
 	f.BoolVar(&o.keep, "keep", false, "keep the benchmark database (or the private cluster's directory)")
 	f.IntVar(&o.gateways, "gateways", 10, "gateways racing for exact grants of one budget through the grant path (its own faulty Postgres link); 0: none")
-	f.Int64Var(&o.grantLimit, "grant-limit", 0, "the exact budget's limit the gateways race for (no gateway may admit past it); 0: 500 per step, about what they consume over the schedule")
+	f.Int64Var(&o.grantLimit, "grant-limit", 0, "the exact budget's limit the gateways race for (no gateway may admit past it); 0: 400 per step, reached during the schedule")
 	f.BoolVar(&o.process, "process", true, "run one more member as a subprocess (tally serve --ingest) that the schedule stops with SIGSTOP past its lease and probes through /readyz")
 	f.BoolVar(&o.private, "private-postgres", true, "run on a private Postgres cluster (initdb, pg_ctl) that the schedule restarts with pg_ctl restart -m immediate; false: a database on --database-url, never restarted")
 	return cmd

@@ -53,7 +53,7 @@ type Config struct {
 	// defaults 100ms and 1.5s (a fault of a few seconds outlasts a lease).
 	HeartbeatInterval, SessionTimeout time.Duration
 	// Gateways, when positive, race for exact grants of one budget of
-	// GrantLimit units (default 500 per step) through the grant path
+	// GrantLimit units (default 400 per step) through the grant path
 	// (admission.Store) over a Postgres link of its own that faults
 	// api-reset and api-blackhole cut (see gateways.go).
 	Gateways   int
@@ -109,7 +109,7 @@ func (c Config) withDefaults() Config {
 	if c.Gateways > 0 && c.GrantLimit.IsZero() {
 		// About what the gateways consume over the schedule: they race
 		// near the limit for much of the run.
-		c.GrantLimit = decimal.NewFromInt(int64(500 * c.Steps))
+		c.GrantLimit = decimal.NewFromInt(int64(400 * c.Steps))
 	}
 	if c.PostgresTarget == "" {
 		if u, err := url.Parse(c.DatabaseURL); err == nil {
