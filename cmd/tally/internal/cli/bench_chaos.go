@@ -159,20 +159,28 @@ func newBenchChaosCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "chaos",
 		Short: "Run ingest members under a seeded schedule of faults and check that nothing was lost, doubled or left stuck",
-		Long: `Start --members ingest members on an embedded broker and a fresh database, each
-reading Postgres and Kafka through a TCP fault proxy of its own, produce
+		Long: `Start --members ingest members in process, and with --process one more as a
+subprocess (tally serve --ingest), on an embedded broker and, with
+--private-postgres, a private Postgres cluster (initdb, pg_ctl; else a fresh
+database on --database-url), each member reading Postgres and Kafka through
+TCP fault proxies of its own; --gateways gateways race for exact grants of
+one budget through the grant path over a Postgres link of its own. Produce
 steadily, and run --steps faults drawn from --seed: a member's Postgres or
 Kafka link blackholed (nothing arrives, connections stay open) or reset
 (every connection reset, new ones refused), its Postgres link slowed, the
 member frozen (both links blackholed at once, as a stalled process looks to
-the others) or restarted, each for up to --max-fault (past the members' 1.5s
-lease), then healed. The schedule is printed as it runs; the same seed runs the same
-schedule.
+the others) or restarted, the grant path's link reset or blackholed, the
+subprocess stopped with SIGSTOP past its lease and then continued, the
+whole server restarted with pg_ctl restart -m immediate; each for up to
+--max-fault (past the members' 1.5s lease), then healed. The schedule is
+printed as it runs; the same seed runs the same schedule.
 
 At the end it checks that every record produced is in the ledger exactly
-once (per-customer totals exact), that no stored offset ever moved back, and
-that every member is ready again and caught up. It exits non-zero and prints
-the command that replays the schedule when any check fails.`,
+once (per-customer totals exact), that no stored offset ever moved back,
+that the gateways admitted no more than the limit and every grant answered
+to one is stored, and that every member is ready again (the subprocess by
+its /readyz) and caught up. It exits non-zero and prints the command that
+replays the schedule when any check fails.`,
 		Example: `  tally bench chaos --seed 42
   tally bench chaos --seed 7 --steps 60 --members 4 --partitions 8`,
 		Args: cobra.NoArgs,
