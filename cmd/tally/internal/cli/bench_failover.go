@@ -207,6 +207,7 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 	b.reportPauses("steady (nothing killed, the baseline)", base.stop(), 0)
 	gentle := b.watchPauses(ctx)
 	var caughtUp, steady, during, claims []float64
+	untouchedMoved := 0 // partitions the killed member did not own that changed owner meanwhile
 	for i := range o.kills {
 		if !pause.For(ctx, o.every) {
 			return ctx.Err()
@@ -233,6 +234,10 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 		if len(parts) == 0 {
 			return fmt.Errorf("kill %d: member %d owns no partition", i+1, victim.pid)
 		}
+		gens, err := b.generations(ctx)
+		if err != nil {
+			return err
+		}
 		tKill := time.Now()
 		_ = victim.cmd.Process.Signal(syscall.SIGKILL)
 		<-victim.done
@@ -251,6 +256,11 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 		if err := b.settle(ctx); err != nil {
 			return err
 		}
+		n, err := b.movedBesides(ctx, gens, parts)
+		if err != nil {
+			return err
+		}
+		untouchedMoved += n
 	}
 	if o.kills > 0 {
 		b.reportPauses(fmt.Sprintf("gentle (%d kills, each once the group settled)", o.kills), gentle.stop(), -1)
@@ -319,6 +329,8 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 			len(claims), quantile(claims, 0.5), quantile(claims, 0.99))
 		fmt.Fprintf(out, "kill → caught up over %d kills:  p50 %.2fs  p99 %.2fs  max %.2fs   (target p99 ≤ 10s: %s)\n",
 			len(caughtUp), quantile(caughtUp, 0.5), p99, slices.Max(caughtUp), verdict)
+		fmt.Fprintf(out, "partitions the killed member did not own that changed owner (the failover and its replacement's join, over %d kills): %d\n",
+			len(caughtUp), untouchedMoved)
 		fmt.Fprintf(out, "enforcement lag on a killed member's partitions, worst per kill:  p50 %.2fs  p99 %.2fs;  steady (same run, before each kill): p50 %.2fs  = %.1f× steady\n",
 			quantile(during, 0.5), quantile(during, 0.99), quantile(steady, 0.5), quantile(during, 0.5)/math.Max(quantile(steady, 0.5), 0.001))
 	}
@@ -529,6 +541,41 @@ func (b *failoverBench) maxGeneration(ctx context.Context) (int32, error) {
 	var g int32
 	err := b.pool.QueryRow(ctx, `SELECT coalesce(sum(generation), 0)::int FROM ingest_partition_owners WHERE topic = $1`, b.topic).Scan(&g)
 	return g, err
+}
+
+// generations is every partition's fencing epoch (each claim bumps it).
+func (b *failoverBench) generations(ctx context.Context) (map[int]int32, error) {
+	rows, err := b.pool.Query(ctx, `SELECT partition, generation FROM ingest_partition_owners WHERE topic = $1`, b.topic)
+	if err != nil {
+		return nil, err
+	}
+	out := map[int]int32{}
+	for rows.Next() {
+		var p int
+		var g int32
+		if err := rows.Scan(&p, &g); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		out[p] = g
+	}
+	rows.Close()
+	return out, rows.Err()
+}
+
+// movedBesides counts the partitions outside parts claimed since gens.
+func (b *failoverBench) movedBesides(ctx context.Context, gens map[int]int32, parts []int) (int, error) {
+	now, err := b.generations(ctx)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for p, g := range now {
+		if !slices.Contains(parts, p) && g != gens[p] {
+			n++
+		}
+	}
+	return n, nil
 }
 
 // falseEvictions counts member ids beyond the first of every process: a
@@ -804,10 +851,11 @@ func (b *failoverBench) stopKills(ctx context.Context) error {
 		}
 	}()
 	var caughtUp, claims []float64
+	untouchedMoved := 0
+	if err := b.settle(ctx); err != nil {
+		return err
+	}
 	for i := range b.o.stops {
-		if err := b.settle(ctx); err != nil {
-			return err
-		}
 		if !pause.For(ctx, 2*time.Second) {
 			return ctx.Err()
 		}
@@ -818,6 +866,10 @@ func (b *failoverBench) stopKills(ctx context.Context) error {
 		}
 		if len(parts) == 0 {
 			return fmt.Errorf("stop %d: member %d owns no partition", i+1, victim.pid)
+		}
+		gens, err := b.generations(ctx)
+		if err != nil {
+			return err
 		}
 		tStop := time.Now()
 		_ = victim.cmd.Process.Signal(syscall.SIGSTOP)
@@ -834,14 +886,20 @@ func (b *failoverBench) stopKills(ctx context.Context) error {
 		if err := b.startMember(ctx); err != nil {
 			return err
 		}
-	}
-	if err := b.settle(ctx); err != nil {
-		return err
+		if err := b.settle(ctx); err != nil {
+			return err
+		}
+		n, err := b.movedBesides(ctx, gens, parts)
+		if err != nil {
+			return err
+		}
+		untouchedMoved += n
 	}
 	b.reportPauses(fmt.Sprintf("stops (%d members stopped with SIGSTOP, only their lease tells; each then killed and restarted)", b.o.stops), w.stop(), -1)
 	w = nil
-	fmt.Fprintf(b.out, "  stops: stop → claimed p50 %.2fs p99 %.2fs; stop → caught up p50 %.2fs p99 %.2fs max %.2fs\n",
-		quantile(claims, 0.5), quantile(claims, 0.99), quantile(caughtUp, 0.5), quantile(caughtUp, 0.99), slices.Max(caughtUp))
+	fmt.Fprintf(b.out, "  stops: stop → claimed p50 %.2fs p99 %.2fs; stop → caught up p50 %.2fs p99 %.2fs max %.2fs; "+
+		"partitions the stopped member did not own that changed owner: %d\n",
+		quantile(claims, 0.5), quantile(claims, 0.99), quantile(caughtUp, 0.5), quantile(caughtUp, 0.99), slices.Max(caughtUp), untouchedMoved)
 	return nil
 }
 
