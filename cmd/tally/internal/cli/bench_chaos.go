@@ -87,7 +87,7 @@ func (o benchChaosOptions) Run(ctx context.Context, out io.Writer) error {
 			return err
 		}
 		cfg.Process = func(spec chaosbench.ProcessSpec) *exec.Cmd {
-			return exec.Command(exe, chaosbench.ServeIngestArgs(spec)...)
+			return exec.Command(exe, chaosbench.ServeArgs(spec)...)
 		}
 	}
 	fmt.Fprintf(out, "tally bench chaos --seed %d: %d ingest members in process%s, %d partitions, %d gateways racing for exact grants of %s units, "+
@@ -164,7 +164,9 @@ subprocess (tally serve --ingest), on an embedded broker and, with
 --private-postgres, a private Postgres cluster (initdb, pg_ctl; else a fresh
 database on --database-url), each member reading Postgres and Kafka through
 TCP fault proxies of its own; --gateways gateways race for exact grants of
-one budget through the grant path over a Postgres link of its own. Produce
+one budget through the REST API (POST /v1/grants, then release) of an API
+process (tally serve --api, with --process; else the grant path in process),
+each with its own gateway token, the API's Postgres link its own. Produce
 steadily, and run --steps faults drawn from --seed: a member's Postgres or
 Kafka link blackholed (nothing arrives, connections stay open) or reset
 (every connection reset, new ones refused), its Postgres link slowed, the
@@ -178,8 +180,9 @@ printed as it runs; the same seed runs the same schedule.
 At the end it checks that every record produced is in the ledger exactly
 once (per-customer totals exact), that no stored offset ever moved back,
 that the gateways admitted no more than the limit and every grant answered
-to one is stored, and that every member is ready again (the subprocess by
-its /readyz) and caught up. It exits non-zero and prints the command that
+to one is stored, and that every member and the API process are ready
+again (the subprocesses by
+their /readyz) and caught up. It exits non-zero and prints the command that
 replays the schedule when any check fails.`,
 		Example: `  tally bench chaos --seed 42
   tally bench chaos --seed 7 --steps 60 --members 4 --partitions 8`,
@@ -197,7 +200,7 @@ replays the schedule when any check fails.`,
 	f.BoolVar(&o.keep, "keep", false, "keep the benchmark database (or the private cluster's directory)")
 	f.IntVar(&o.gateways, "gateways", 10, "gateways racing for exact grants of one budget through the grant path (its own faulty Postgres link); 0: none")
 	f.Int64Var(&o.grantLimit, "grant-limit", 0, "the exact budget's limit the gateways race for (no gateway may admit past it); 0: 400 per step, reached during the schedule")
-	f.BoolVar(&o.process, "process", true, "run one more member as a subprocess (tally serve --ingest) that the schedule stops with SIGSTOP past its lease and probes through /readyz")
+	f.BoolVar(&o.process, "process", true, "run one more member as a subprocess (tally serve --ingest) that the schedule stops with SIGSTOP past its lease, and the gateways' API as a process (tally serve --api); both probed through /readyz")
 	f.BoolVar(&o.private, "private-postgres", true, "run on a private Postgres cluster (initdb, pg_ctl) that the schedule restarts with pg_ctl restart -m immediate; false: a database on --database-url, never restarted")
 	return cmd
 }

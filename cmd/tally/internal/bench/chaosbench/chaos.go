@@ -53,15 +53,17 @@ type Config struct {
 	// defaults 100ms and 1.5s (a fault of a few seconds outlasts a lease).
 	HeartbeatInterval, SessionTimeout time.Duration
 	// Gateways, when positive, race for exact grants of one budget of
-	// GrantLimit units (default 400 per step) through the grant path
-	// (admission.Store) over a Postgres link of its own that faults
-	// api-reset and api-blackhole cut (see gateways.go).
+	// GrantLimit units (default 400 per step) through the grant path: the
+	// REST API of an API process (tally serve --api) when Process is set,
+	// else admission.Store in process; its Postgres link is its own, and
+	// faults api-reset and api-blackhole cut it (see gateways.go).
 	Gateways   int
 	GrantLimit decimal.Decimal
 	// Process, when set, starts one more member as a real subprocess (`tally
-	// serve --ingest` with ServeIngestArgs) that fault sigstop stops with
-	// SIGSTOP past its lease, then continues; its /readyz is probed. Its
-	// output goes to ProcessLog (default: discarded).
+	// serve --ingest` with ServeArgs) that fault sigstop stops with SIGSTOP
+	// past its lease, then continues, and the API process the gateways call
+	// (`tally serve --api`); their /readyz is probed. Their output goes to
+	// ProcessLog (default: discarded).
 	Process    func(ProcessSpec) *exec.Cmd
 	ProcessLog io.Writer
 	// RestartPostgres, when set, is the fault postgres-restart: the whole
@@ -279,7 +281,7 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 		}
 	}
 	if cfg.Gateways > 0 {
-		g, err := startGateways(ctx, cfg, check, cfg.PostgresTarget, cfg.Gateways)
+		g, err := r.startGateways(ctx, check, cfg.Gateways)
 		if err != nil {
 			return Report{}, err
 		}
@@ -538,6 +540,11 @@ func (r *run) waitHealed(ctx context.Context, prod *producer, timeout time.Durat
 			if nr := m.consumer.NotReady(); len(nr) > 0 {
 				last = fmt.Sprintf("member %d not ready: %s", i, strings.Join(nr, "; "))
 				break
+			}
+		}
+		if last == "" && r.gw != nil {
+			if nr := r.gw.notReady(ctx); nr != "" {
+				last = "API process not ready: " + nr
 			}
 		}
 		if last == "" {

@@ -62,15 +62,16 @@ func privatePostgres(t *testing.T) *devstack.Postgres {
 }
 
 // The short schedule: three members in process and one more as a real
-// subprocess (tally serve --ingest), four partitions, a private Postgres and
-// six gateways racing for exact grants; eleven faults (each kind once) of up
+// subprocess (tally serve --ingest), four partitions, a private Postgres, an
+// API process (tally serve --api) and six gateways racing for exact grants
+// through its REST API, each with its own gateway token; eleven faults (each kind once) of up
 // to 2.5s (past the 1.5s lease) on the members' Postgres and Kafka links
 // and the grant path's, freezes and restarts, the subprocess stopped with
 // SIGSTOP past its lease, and the server restarted with pg_ctl restart -m
 // immediate, under steady production. Totals are exact, no gateway
 // admitted past the limit, every answered grant is stored, offsets never
-// moved back, every member (the subprocess by its /readyz) is ready again
-// after the last fault.
+// moved back, every member and the API process (the subprocesses by their
+// /readyz) are ready again after the last fault.
 func TestShortFaultSchedule(t *testing.T) {
 	const topic = "tally.meter-batches"
 	k := kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{{Name: topic, Partitions: 4}}})
@@ -81,7 +82,7 @@ func TestShortFaultSchedule(t *testing.T) {
 		Gateways: 6, GrantLimit: decimal.NewFromInt(1200),
 		Process: func(spec chaosbench.ProcessSpec) *exec.Cmd {
 			cmd := exec.Command(os.Args[0], "-test.run=^$")
-			cmd.Env = append(os.Environ(), memberProcessEnv+"="+strings.Join(chaosbench.ServeIngestArgs(spec), "\n"))
+			cmd.Env = append(os.Environ(), memberProcessEnv+"="+strings.Join(chaosbench.ServeArgs(spec), "\n"))
 			return cmd
 		},
 		ProcessLog: testrun.Logs(t),

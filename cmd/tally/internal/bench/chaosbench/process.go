@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -20,8 +21,10 @@ import (
 // and probe its /readyz. Its Postgres and Kafka links go through proxies of
 // its own like every member's.
 
-// ProcessSpec is what Config.Process starts a member process with.
+// ProcessSpec is what Config.Process starts a process with: an ingest
+// member, or with API the API process the gateways call.
 type ProcessSpec struct {
+	API         bool   // tally serve --api (Broker and Topic unused)
 	DatabaseURL string // through the process's Postgres proxy
 	Broker      string // the process's Kafka proxy
 	Topic       string
@@ -30,8 +33,12 @@ type ProcessSpec struct {
 	HeartbeatInterval, SessionTimeout time.Duration
 }
 
-// ServeIngestArgs are the arguments of `tally serve --ingest` for spec.
-func ServeIngestArgs(spec ProcessSpec) []string {
+// ServeArgs are the arguments of `tally serve --ingest` (or `--api`) for
+// spec.
+func ServeArgs(spec ProcessSpec) []string {
+	if spec.API {
+		return []string{"serve", "--api", "--no-console", "--listen", spec.Listen, "--database-url", spec.DatabaseURL}
+	}
 	return []string{"serve", "--ingest", "--listen", spec.Listen, "--database-url", spec.DatabaseURL,
 		"--kafka-brokers", spec.Broker, "--topic", spec.Topic,
 		"--session-timeout", spec.SessionTimeout.String(), "--heartbeat-interval", spec.HeartbeatInterval.String()}
@@ -45,15 +52,31 @@ type process struct {
 
 // startProcess starts the member process of m.
 func (r *run) startProcess(m *member) error {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := r.spawn(ProcessSpec{DatabaseURL: proxiedURL(r.cfg.DatabaseURL, m.pg.Addr()), Broker: m.kafka.Addr(), Topic: r.cfg.Topic,
+		HeartbeatInterval: r.cfg.HeartbeatInterval, SessionTimeout: r.cfg.SessionTimeout}, "")
 	if err != nil {
 		return err
 	}
-	listen := ln.Addr().String()
+	m.proc = p
+	return nil
+}
+
+// spawn starts a process of spec on a free port (with adminToken, when
+// set, as TALLY_ADMIN_TOKEN).
+func (r *run) spawn(spec ProcessSpec, adminToken string) (*process, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	spec.Listen = ln.Addr().String()
 	_ = ln.Close() // the process binds it next
-	spec := ProcessSpec{DatabaseURL: proxiedURL(r.cfg.DatabaseURL, m.pg.Addr()), Broker: m.kafka.Addr(), Topic: r.cfg.Topic,
-		Listen: listen, HeartbeatInterval: r.cfg.HeartbeatInterval, SessionTimeout: r.cfg.SessionTimeout}
 	cmd := r.cfg.Process(spec)
+	if adminToken != "" {
+		if cmd.Env == nil {
+			cmd.Env = os.Environ()
+		}
+		cmd.Env = append(cmd.Env, "TALLY_ADMIN_TOKEN="+adminToken)
+	}
 	if cmd.Stdout == nil {
 		cmd.Stdout = r.cfg.ProcessLog
 	}
@@ -61,29 +84,32 @@ func (r *run) startProcess(m *member) error {
 		cmd.Stderr = r.cfg.ProcessLog
 	}
 	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start member process: %w", err)
+		return nil, fmt.Errorf("start process (%s): %w", strings.Join(ServeArgs(spec)[:2], " "), err)
 	}
 	p := &process{spec: spec, cmd: cmd, done: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
 		close(p.done)
 	}()
-	m.proc = p
-	return nil
+	return p, nil
 }
 
 // waitProcessReady waits until the member process answers /readyz with
 // 200, so that no fault hits its start (a process that cannot read the
 // schema when it starts exits, for its supervisor to start it again).
 func (r *run) waitProcessReady(ctx context.Context, m *member, timeout time.Duration) error {
+	return waitReady(ctx, m.proc, timeout)
+}
+
+func waitReady(ctx context.Context, p *process, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
-		nr := m.proc.notReady(ctx)
+		nr := p.notReady(ctx)
 		if nr == "" {
 			return nil
 		}
 		if time.Now().After(deadline) || strings.Contains(nr, "exited") {
-			return fmt.Errorf("member process not ready %s after its start: %s", timeout, nr)
+			return fmt.Errorf("process (%s) not ready %s after its start: %s", strings.Join(ServeArgs(p.spec)[:2], " "), timeout, nr)
 		}
 		sleep(ctx, 100*time.Millisecond)
 	}
@@ -97,6 +123,10 @@ func (r *run) stopProcess(m *member) error {
 		return nil
 	}
 	m.proc = nil
+	return p.stop()
+}
+
+func (p *process) stop() error {
 	_ = p.cmd.Process.Signal(syscall.SIGCONT)
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
