@@ -92,7 +92,7 @@ func (o benchChaosOptions) Run(ctx context.Context, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "tally bench chaos --seed %d: %d ingest members in process%s, %d partitions, %d gateways racing for exact grants of %s units, "+
 		"%d faults of up to %s drawn from %v, %s, embedded broker %s\n",
-		o.seed, o.members, map[bool]string{true: " and one as a subprocess", false: ""}[o.process], o.partitions, o.gateways,
+		o.seed, o.members, map[bool]string{true: " and one as a subprocess, an API process", false: ""}[o.process], o.partitions, o.gateways,
 		chaosbench.GrantLimitOf(cfg), o.steps, o.maxFault, chaosbench.FaultsOf(cfg), where, k.Addr)
 	t0 := time.Now()
 	rep, err := chaosbench.Run(ctx, cfg)
