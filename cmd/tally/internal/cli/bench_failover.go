@@ -36,6 +36,7 @@ type benchFailoverOptions struct {
 	kills               int
 	rapid               int  // members killed 0.3–1.7s apart, each restarted at once
 	stops               int  // members stopped (SIGSTOP: a vanished host), each killed and restarted once its partitions moved
+	killAll             bool // then every member killed at once and all restarted at once
 	rolling             bool // restart every member in turn (SIGTERM, replacement at once)
 	every, soak         time.Duration
 	timeout             time.Duration
@@ -72,7 +73,8 @@ Then --rapid-kills members are killed 0.3–1.7s apart (a random member each
 time, restarted at once), --stops members are stopped with SIGSTOP one at a
 time (a host that vanished: its connections stay open, so only its lease
 tells the others; each is killed and restarted once its partitions caught
-up elsewhere), and with --rolling every member is restarted in turn. For each schedule (and for a quiet minute's worth of steady running
+up elsewhere), with --kill-all every member is killed at once and as many
+started at once, and with --rolling every member is restarted in turn. For each schedule (and for a quiet minute's worth of steady running
 before the first kill, the baseline) it reports every partition's longest
 pause in applying usage (the longest time its stored offset did not move
 under steady production; p50, p99 and max over the partitions) and the
@@ -92,6 +94,7 @@ message produced after it.`,
 	f.IntVar(&o.rapid, "rapid-kills", 8, "then members killed 0.3–1.7s apart, each restarted at once (a crash loop); 0: none")
 	f.IntVar(&o.stops, "stops", 3, "then members stopped with SIGSTOP, one at a time (a host that vanished: its connections stay open, so only its lease tells), "+
 		"each killed and restarted once its partitions caught up elsewhere; 0: none")
+	f.BoolVar(&o.killAll, "kill-all", true, "then kill every member at once (SIGKILL) and start as many at once")
 	f.BoolVar(&o.rolling, "rolling", true, "then restart every member in turn (SIGTERM, its replacement started at once, the next once the group settled)")
 	f.DurationVar(&o.every, "every", 10*time.Second, "steady running before each kill (after the group settled)")
 	f.DurationVar(&o.soak, "soak", 0, "after the kills, run this long with nothing killed and count false evictions")
@@ -274,6 +277,11 @@ func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) e
 	}
 	if o.stops > 0 {
 		if err := b.stopKills(ctx); err != nil {
+			return err
+		}
+	}
+	if o.killAll {
+		if err := b.killAllAtOnce(ctx); err != nil {
 			return err
 		}
 	}
@@ -900,6 +908,47 @@ func (b *failoverBench) stopKills(ctx context.Context) error {
 	fmt.Fprintf(b.out, "  stops: stop → claimed p50 %.2fs p99 %.2fs; stop → caught up p50 %.2fs p99 %.2fs max %.2fs; "+
 		"partitions the stopped member did not own that changed owner: %d\n",
 		quantile(claims, 0.5), quantile(claims, 0.99), quantile(caughtUp, 0.5), quantile(caughtUp, 0.99), slices.Max(caughtUp), untouchedMoved)
+	return nil
+}
+
+// killAllAtOnce kills every member at once and starts as many at once: the
+// whole group's crash.
+func (b *failoverBench) killAllAtOnce(ctx context.Context) error {
+	if err := b.settle(ctx); err != nil {
+		return err
+	}
+	if !pause.For(ctx, 2*time.Second) {
+		return ctx.Err()
+	}
+	w := b.watchPauses(ctx)
+	defer func() {
+		if w != nil {
+			w.stop()
+		}
+	}()
+	old := slices.Clone(b.members)
+	tKill := time.Now()
+	for _, m := range old {
+		_ = m.cmd.Process.Signal(syscall.SIGKILL)
+	}
+	for _, m := range old {
+		<-m.done
+	}
+	b.members = nil
+	for range old {
+		if err := b.startMember(ctx); err != nil {
+			return err
+		}
+	}
+	rec, _, _, err := b.waitCaughtUp(ctx, b.allPartitions(), tKill)
+	if err != nil {
+		return fmt.Errorf("kill all: %w", err)
+	}
+	if err := b.settle(ctx); err != nil {
+		return err
+	}
+	b.reportPauses(fmt.Sprintf("kill all (%d members killed at once, as many started at once)", len(old)), w.stop(), rec)
+	w = nil
 	return nil
 }
 
