@@ -2,9 +2,16 @@
 // checks that exactness and availability held: every member reads Postgres
 // and Kafka through a fault proxy of its own (internal/faultproxy), and each
 // step blackholes, resets or slows one member's link, or restarts a member,
-// for a while, or freezes it (both links at once), then heals. At the end every record produced is in the
-// ledger exactly once (totals exact to the last digit), no stored offset
-// ever moved backwards, and every member is ready again (NotReady empty).
+// for a while, or freezes it (both links at once), then heals. As Config
+// enables them, one more member runs as a real subprocess (tally serve
+// --ingest) that a step stops with SIGSTOP past its lease; gateways race for
+// exact grants through the REST API of an API process (tally serve --api)
+// whose Postgres link steps reset or blackhole; and a private Postgres is
+// restarted with pg_ctl restart -m immediate. At the end every record
+// produced is in the ledger exactly once (totals exact to the last digit),
+// no stored offset ever moved backwards, no gateway admitted past the limit
+// and every grant answered is stored, and every member and the API process
+// are ready again (NotReady empty, /readyz 200).
 //
 // The short schedule runs in the package's tests; `tally bench chaos --seed
 // N` runs a long one and prints the schedule it ran, so a failure can be
