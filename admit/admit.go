@@ -756,9 +756,12 @@ type budget struct {
 	inflight *fetch // the grant request in flight, started by Admit
 
 	// Below: under mu (the slow path and the background loop).
-	mu        sync.Mutex
-	grants    []*held // oldest first
-	finals    int64   // admitted from grants no longer held
+	mu     sync.Mutex
+	grants []*held // oldest first
+	finals int64   // admitted from grants no longer held
+	// outbox: final spend reports of grants given back, kept and sent once
+	// mu is released (unlockAndSend).
+	outbox    []spendReport
 	lastTaken int64
 	lastAt    time.Time
 	checkedAt time.Time // when Tally last said the rule is not exact

@@ -214,11 +214,25 @@ func retryAfter(h string) time.Duration {
 // measured demand. Caller must not hold b.mu.
 func (c *Client) topUp(ctx context.Context, b *budget, need int64) error {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	if b.available() >= need || b.kind.Load() >= kindLagged {
+		b.mu.Unlock()
 		return nil // another caller topped up, or found the rule lagged, meanwhile
 	}
-	return c.topUpLocked(ctx, b, need)
+	err := c.topUpLocked(ctx, b, need)
+	c.unlockAndSend(ctx, b)
+	return err
+}
+
+// unlockAndSend releases b.mu, then keeps and delivers the final spend
+// reports of the grants given back under it: the file's fsync and the
+// release's round trip never hold up an Admit waiting for b.mu.
+func (c *Client) unlockAndSend(ctx context.Context, b *budget) {
+	out := b.outbox
+	b.outbox = nil
+	b.mu.Unlock()
+	for _, r := range out {
+		c.finalReport(ctx, r)
+	}
 }
 
 // tightHorizon is the demand a grant covers while the budget is tight:
@@ -409,9 +423,9 @@ func (b *budget) allocate() []int64 {
 	return out
 }
 
-// release withdraws what g has not spent, forgets it, and hands its final
-// spent to finalReport: kept on disk, then sent (now, or when Tally
-// answers again). Under b.mu.
+// release withdraws what g has not spent, forgets it, and queues its final
+// spent for finalReport once b.mu is released (unlockAndSend): kept on
+// disk, then sent (now, or when Tally answers again). Under b.mu.
 func (c *Client) release(ctx context.Context, b *budget, g *held, allocated int64) {
 	w := b.withdraw(g.amount - allocated)
 	local := g.amount - w // admitted from g, as far as this gateway knows
@@ -424,18 +438,18 @@ func (c *Client) release(ctx context.Context, b *budget, g *held, allocated int6
 		}
 	}
 	b.heldGrants.Store(int64(len(b.grants)))
-	c.finalReport(ctx, spendReport{Grant: g.id, Holder: c.cfg.Holder, Generation: g.generation,
+	b.outbox = append(b.outbox, spendReport{Grant: g.id, Holder: c.cfg.Holder, Generation: g.generation,
 		Customer: b.customer, Meter: b.meter, Spent: final, ValidUntil: g.validUntil})
 }
 
 func (c *Client) releaseAll(ctx context.Context, b *budget) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	for len(b.grants) > 0 {
 		alloc := b.allocate()
 		n := len(b.grants) - 1
 		c.release(ctx, b, b.grants[n], alloc[n])
 	}
+	c.unlockAndSend(ctx, b)
 }
 
 // loop tops up, renews and releases grants, and reports bypasses.
@@ -510,7 +524,11 @@ func (c *Client) tendNotExact(ctx context.Context, b *budget, now time.Time) {
 // tend is one round of the loop for one budget.
 func (c *Client) tend(ctx context.Context, b *budget) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
+	c.tendLocked(ctx, b)
+	c.unlockAndSend(ctx, b)
+}
+
+func (c *Client) tendLocked(ctx context.Context, b *budget) {
 	now := time.Now()
 	if b.kind.Load() >= kindLagged {
 		c.tendNotExact(ctx, b, now)
