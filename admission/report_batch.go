@@ -62,17 +62,59 @@ type reportCombiner struct {
 	running bool
 }
 
+// ReleaseAll releases several grants (a holder giving back what it held),
+// in one transaction when they fit in one batch: each report is fenced by
+// its own holder and generation and decided all or nothing on its own, as
+// Release decides it; one refused does not refuse the others. The answers
+// are in the reports' order, given after the commit.
+func (s *Store) ReleaseAll(ctx context.Context, rs []Report) ([]Grant, []error) {
+	gs, errs := make([]Grant, len(rs)), make([]error, len(rs))
+	var calls []*report
+	var at []int
+	for i, r := range rs {
+		r.TTL = 0
+		if errs[i] = r.Validate(); errs[i] == nil {
+			calls, at = append(calls, &report{r: r, release: true}), append(at, i)
+		}
+	}
+	for k, g := range s.submitAll(ctx, calls) {
+		gs[at[k]], errs[at[k]] = g, calls[k].err
+	}
+	return gs, errs
+}
+
 // submit queues c and waits for its answer, running batches when it leads.
 func (s *Store) submit(ctx context.Context, c *report) (Grant, error) {
-	c.turn = newTurn()
+	s.submitAll(ctx, []*report{c})
+	return c.g, c.err
+}
+
+// submitAll queues calls together (so they share a batch when they fit)
+// and waits for every answer, running batches when one of them leads.
+func (s *Store) submitAll(ctx context.Context, calls []*report) []Grant {
 	rc := &s.reports
 	rc.mu.Lock()
-	rc.pending = append(rc.pending, c)
-	if !rc.running {
-		rc.running, c.leading = true, true
-		c.lead <- struct{}{}
+	for _, c := range calls {
+		c.turn = newTurn()
+		rc.pending = append(rc.pending, c)
+	}
+	if !rc.running && len(calls) > 0 {
+		rc.running, calls[0].leading = true, true
+		calls[0].lead <- struct{}{}
 	}
 	rc.mu.Unlock()
+	out := make([]Grant, len(calls))
+	for i, c := range calls {
+		// In queue order: a later call cannot be handed the lead while an
+		// earlier one still waits in the queue or in a running batch.
+		out[i], c.err = s.wait(ctx, c)
+	}
+	return out
+}
+
+// wait waits for c's answer, running a batch when c is handed the lead.
+func (s *Store) wait(ctx context.Context, c *report) (Grant, error) {
+	rc := &s.reports
 	for {
 		select {
 		case <-c.done:
