@@ -298,7 +298,10 @@ type Client struct {
 	// generation a grant was issued under is never left for a newer one.
 	genMu  sync.RWMutex
 	issued atomic.Bool // a grant was issued in this run
-	fenced bool        // refused as stale after issued, logged; under genMu
+	// noBatchRelease: this Tally has no POST /v1/grants/release; final
+	// reports go one per call.
+	noBatchRelease atomic.Bool
+	fenced         bool // refused as stale after issued, logged; under genMu
 }
 
 type key struct{ customer, meter string }

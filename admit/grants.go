@@ -230,9 +230,7 @@ func (c *Client) unlockAndSend(ctx context.Context, b *budget) {
 	out := b.outbox
 	b.outbox = nil
 	b.mu.Unlock()
-	for _, r := range out {
-		c.finalReport(ctx, r)
-	}
+	c.finalReports(ctx, out)
 }
 
 // tightHorizon is the demand a grant covers while the budget is tight:
@@ -424,7 +422,7 @@ func (b *budget) allocate() []int64 {
 }
 
 // release withdraws what g has not spent, forgets it, and queues its final
-// spent for finalReport once b.mu is released (unlockAndSend): kept on
+// spent for finalReports once b.mu is released (unlockAndSend): kept on
 // disk, then sent (now, or when Tally answers again). Under b.mu.
 func (c *Client) release(ctx context.Context, b *budget, g *held, allocated int64) {
 	w := b.withdraw(g.amount - allocated)
