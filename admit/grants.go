@@ -463,9 +463,13 @@ func (c *Client) loop() {
 		case <-c.wake:
 		}
 		ctx, cancel := context.WithTimeout(c.bg, 5*c.cfg.Tick+2*time.Second)
+		// The final reports of every budget's grants given back this tick
+		// go together: one call for all of them.
+		var finals []spendReport
 		for _, b := range *c.budgets.Load() {
-			c.tend(ctx, b)
+			finals = append(finals, c.tend(ctx, b)...)
 		}
+		c.finalReports(ctx, finals)
 		if !c.paused(time.Now()) {
 			c.deliverReports(ctx, false)
 		}
@@ -520,10 +524,16 @@ func (c *Client) tendNotExact(ctx context.Context, b *budget, now time.Time) {
 }
 
 // tend is one round of the loop for one budget.
-func (c *Client) tend(ctx context.Context, b *budget) {
+// tend is one round of the loop for one budget. It returns the final
+// spend reports of the grants it gave back, for the caller to send once
+// b.mu is released.
+func (c *Client) tend(ctx context.Context, b *budget) []spendReport {
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	c.tendLocked(ctx, b)
-	c.unlockAndSend(ctx, b)
+	out := b.outbox
+	b.outbox = nil
+	return out
 }
 
 func (c *Client) tendLocked(ctx context.Context, b *budget) {

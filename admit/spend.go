@@ -54,10 +54,11 @@ func (c *Client) finalReports(ctx context.Context, rs []spendReport) {
 			c.log.Error("final spend report not kept on disk", "grant", r.Grant, "spent", r.Spent, "err", err)
 		}
 	}
-	if c.paused(time.Now()) || ctx.Err() != nil {
-		return
+	for len(rs) > 0 && !c.paused(time.Now()) && ctx.Err() == nil {
+		n := min(len(rs), maxReleases)
+		c.deliverAll(ctx, paths[:n], rs[:n])
+		paths, rs = paths[n:], rs[n:]
 	}
-	c.deliverAll(ctx, paths, rs)
 }
 
 // deliverReports sends every kept final spend report (this run's and
