@@ -36,7 +36,9 @@ func (r Report) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Renew records spent and extends the grant's validity.
+// Renew records spent and extends the grant's validity. It shares a
+// transaction with concurrent renews and releases of this Store
+// (report_batch.go), fenced on its own, answered after the commit.
 func (s *Store) Renew(ctx context.Context, r Report) (Grant, error) {
 	if err := r.Validate(); err != nil {
 		return Grant{}, err
@@ -44,57 +46,65 @@ func (s *Store) Renew(ctx context.Context, r Report) (Grant, error) {
 	if r.TTL == 0 {
 		r.TTL = DefaultTTL
 	}
-	var g Grant
-	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		now := s.now()
-		var err error
-		if g, err = s.fenced(ctx, tx, r, now); err != nil {
-			return err
+	return s.submit(ctx, &report{r: r})
+}
+
+// renew is the single path of one renew, in a transaction of its own on
+// db: lock the holder row (shared) and the grant, check the fence, extend.
+func (s *Store) renew(ctx context.Context, db batcher, r Report) (g Grant, err error) {
+	now := s.now()
+	if _, err := db.Exec(ctx, "BEGIN"); err != nil {
+		return Grant{}, fmt.Errorf("admission: renew: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			_, _ = db.Exec(context.WithoutCancel(ctx), "ROLLBACK")
 		}
-		// Never past the end of any period the grant drew from: its
-		// customer's and every pool's or the global one's.
-		validUntil := minTime(now.Add(r.TTL), g.PeriodEnd)
-		if g.drawsEnd != nil {
-			validUntil = minTime(validUntil, *g.drawsEnd)
-		}
-		if validUntil.After(g.ValidUntil) {
-			g.ValidUntil = validUntil
-		}
-		if reclaim := validUntil.Add(s.cfg.MaxSkew); reclaim.After(g.ReclaimAt) {
-			g.ReclaimAt = reclaim
-		}
-		g.Spent = r.Spent
-		_, err = tx.Exec(ctx, qRenewGrant, pgx.NamedArgs{"id": g.ID, "spent": r.Spent.String(),
-			"valid_until": g.ValidUntil, "reclaim_at": g.ReclaimAt})
-		return err
-	})
-	if err != nil {
+	}()
+	if g, err = s.fenced(ctx, db, r, now); err != nil {
 		return Grant{}, err
+	}
+	// Never past the end of any period the grant drew from: its
+	// customer's and every pool's or the global one's.
+	validUntil := minTime(now.Add(r.TTL), g.PeriodEnd)
+	if g.drawsEnd != nil {
+		validUntil = minTime(validUntil, *g.drawsEnd)
+	}
+	if validUntil.After(g.ValidUntil) {
+		g.ValidUntil = validUntil
+	}
+	if reclaim := validUntil.Add(s.cfg.MaxSkew); reclaim.After(g.ReclaimAt) {
+		g.ReclaimAt = reclaim
+	}
+	g.Spent = r.Spent
+	if _, err = db.Exec(ctx, qRenewGrant, pgx.NamedArgs{"id": g.ID, "spent": r.Spent.String(),
+		"valid_until": g.ValidUntil, "reclaim_at": g.ReclaimAt}); err != nil {
+		return Grant{}, fmt.Errorf("admission: renew: %w", err)
+	}
+	if _, err = db.Exec(ctx, "COMMIT"); err != nil {
+		return Grant{}, fmt.Errorf("admission: renew: %w", err)
 	}
 	return g, nil
 }
 
 // Release ends the grant with its final spent; amount - spent is free for
-// new grants once it returns.
+// new grants once it returns. It shares a transaction with concurrent
+// renews and releases of this Store (report_batch.go): fenced on its own,
+// all or nothing, answered after the commit.
 //
-// A release is two round trips on a connection of its own: one batch that
-// begins the transaction and takes the locks in the fixed order (holder row
-// shared, then, when the report frees capacity, the customer's budget row
-// and the pool and global rows the grant drew from, then the grant) while
-// reading what the fence needs; the checks; and one batch that writes the
-// grant, frees amount - spent in every budget drawn and commits. A refused
-// release rolls back, so it moves nothing.
+// Alone, a release is two round trips on a connection of its own: one
+// batch that begins the transaction and takes the locks in the fixed order
+// (holder row shared, then, when the report frees capacity, the customer's
+// budget row and the pool and global rows the grant drew from, then the
+// grant) while reading what the fence needs; the checks; and one batch that
+// writes the grant, frees amount - spent in every budget drawn and
+// commits. A refused release rolls back, so it moves nothing.
 func (s *Store) Release(ctx context.Context, r Report) (Grant, error) {
 	r.TTL = 0
 	if err := r.Validate(); err != nil {
 		return Grant{}, err
 	}
-	conn, err := s.db.Acquire(ctx)
-	if err != nil {
-		return Grant{}, fmt.Errorf("admission: release: %w", err)
-	}
-	defer conn.Release()
-	return s.release(ctx, conn, r)
+	return s.submit(ctx, &report{r: r, release: true})
 }
 
 // release is the protocol of one release: begin and lock in the fixed
@@ -226,7 +236,7 @@ func (s *Store) recordLate(ctx context.Context, db batcher, g Grant, r Report) (
 
 // fenced locks the holder row (shared) and the grant, in that order, and
 // checks that r may report on the grant.
-func (s *Store) fenced(ctx context.Context, tx pgx.Tx, r Report, now time.Time) (Grant, error) {
+func (s *Store) fenced(ctx context.Context, tx DBTX, r Report, now time.Time) (Grant, error) {
 	var current int64
 	err := tx.QueryRow(ctx, qHolderGeneration, pgx.NamedArgs{"holder": r.Holder}).Scan(&current)
 	if errors.Is(err, pgx.ErrNoRows) {

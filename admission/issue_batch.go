@@ -61,9 +61,8 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 	}
 	st := s.collectBudgets(batch, plans, now)
 	if ownTx {
-		if _, err := db.Exec(ctx, "BEGIN"); err != nil {
-			return fmt.Errorf("admission: issue: %w", err)
-		}
+		// BEGIN opens lockAndRead's round trip: no round trip of its own.
+		st.begin = true
 		defer func() {
 			if err != nil {
 				_, _ = db.Exec(context.WithoutCancel(ctx), "ROLLBACK")
@@ -139,6 +138,8 @@ type batchState struct {
 	// brought counts the rows brought to a new rule version, by kind.
 	broughtCustomers, broughtScopes int64
 	args                            pgx.NamedArgs
+	// begin: the batch's transaction is its own, begun by lockAndRead.
+	begin bool
 }
 
 // collectBudgets gathers the budget rows, holders and (customer, meter)
@@ -223,6 +224,9 @@ func (s *Store) collectBudgets(batch []*call, plans []plan, now time.Time) *batc
 // (customer, meter).
 func (st *batchState) lockAndRead(ctx context.Context, db batcher) error {
 	b := &pgx.Batch{}
+	if st.begin {
+		b.Queue("BEGIN")
+	}
 	b.Queue(qLockMeters, st.args)
 	b.Queue(qLockHolders, st.args).Query(func(r pgx.Rows) error {
 		return scanAll(r, func() error {

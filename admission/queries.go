@@ -144,3 +144,68 @@ WHERE holder = @holder AND ended_at IS NULL AND reclaim_at > @now`
 // qResetHolder forgets a holder's generation: its next grant may come
 // from any generation within MaxGenerationStep of 1.
 const qResetHolder = `UPDATE admission_holders SET generation = 1, seen_at = @now WHERE holder = @holder`
+
+// Reports in batches (report_batch.go): the same locks as one release, in
+// the same fixed order, for every report of the batch at once.
+
+// qShareHolders locks the batch's holder rows shared, sorted, and reads
+// their newest generation.
+const qShareHolders = `
+SELECT holder, generation FROM admission_holders
+WHERE holder = ANY(@holders::text[])
+ORDER BY holder
+FOR SHARE`
+
+// qLockFreedBudgetRows locks, sorted, the customer budget rows of the
+// batch's releases that free capacity (spent <> amount).
+const qLockFreedBudgetRows = `
+SELECT 1 FROM admission_budgets b
+JOIN admission_grants g USING (customer, meter, period_start)
+JOIN unnest(@free_ids::uuid[], @free_spent::numeric[]) r(id, spent) ON g.id = r.id
+WHERE g.amount <> r.spent
+ORDER BY b.customer, b.meter, b.period_start
+FOR UPDATE OF b`
+
+// qLockFreedScopeRows locks, sorted, the pool and global rows the batch's
+// releases that free capacity drew from.
+const qLockFreedScopeRows = `
+SELECT 1 FROM admission_scope_budgets s
+JOIN admission_grant_draws d USING (scope, meter, period_start)
+JOIN admission_grants g ON g.id = d.grant_id
+JOIN unnest(@free_ids::uuid[], @free_spent::numeric[]) r(id, spent) ON g.id = r.id
+WHERE g.amount <> r.spent
+ORDER BY s.scope, s.meter, s.period_start
+FOR UPDATE OF s`
+
+// qGrantsForUpdate locks the batch's grants, sorted, and reads them.
+const qGrantsForUpdate = `SELECT ` + grantColumns + grantFrom + `
+WHERE g.id = ANY(@ids::uuid[])
+ORDER BY g.id
+FOR UPDATE OF g`
+
+// qWriteReportedGrants writes every reported grant's state once its
+// reports are decided: spent, validity, and the end of the released ones.
+const qWriteReportedGrants = `
+UPDATE admission_grants g
+SET spent = r.spent, valid_until = r.valid_until, reclaim_at = r.reclaim_at,
+    ended_at = CASE WHEN r.released THEN @now::timestamptz ELSE g.ended_at END,
+    end_reason = CASE WHEN r.released THEN 'released' ELSE g.end_reason END
+FROM unnest(@ids::uuid[], @spent::numeric[], @valid_until::timestamptz[], @reclaim_at::timestamptz[], @released::bool[])
+     r(id, spent, valid_until, reclaim_at, released)
+WHERE g.id = r.id`
+
+// qFreeBudgets gives back each customer budget row's summed delta.
+const qFreeBudgets = `
+UPDATE admission_budgets b SET consumed = b.consumed - r.delta, updated_at = @now
+FROM unnest(@customers::text[], @meters::text[], @starts::timestamptz[], @deltas::numeric[]) r(customer, meter, period_start, delta)
+WHERE (b.customer, b.meter, b.period_start) = (r.customer, r.meter, r.period_start)`
+
+// qFreeScopeDraws gives back to every pool and global budget the sum of
+// what the released grants that drew from it free.
+const qFreeScopeDraws = `
+UPDATE admission_scope_budgets s SET consumed = s.consumed - f.delta, updated_at = @now
+FROM (SELECT d.scope, d.meter, d.period_start, sum(r.delta) AS delta
+      FROM admission_grant_draws d
+      JOIN unnest(@ids::uuid[], @deltas::numeric[]) r(id, delta) ON d.grant_id = r.id
+      GROUP BY d.scope, d.meter, d.period_start) f
+WHERE (s.scope, s.meter, s.period_start) = (f.scope, f.meter, f.period_start)`

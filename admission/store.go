@@ -78,12 +78,14 @@ func (c Config) Validate() error {
 
 // Store issues, renews and releases grants.
 type Store struct {
-	db    DB
-	cfg   Config
-	comb  combiner
-	plans planCache
-	known knownBudgets
-	m     *issueMetrics
+	db   DB
+	cfg  Config
+	comb combiner
+	// reports queues renews and releases for shared transactions.
+	reports reportCombiner
+	plans   planCache
+	known   knownBudgets
+	m       *issueMetrics
 }
 
 // New returns a Store on db.

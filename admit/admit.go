@@ -298,7 +298,10 @@ type Client struct {
 	// generation a grant was issued under is never left for a newer one.
 	genMu  sync.RWMutex
 	issued atomic.Bool // a grant was issued in this run
-	fenced bool        // refused as stale after issued, logged; under genMu
+	// noBatchRelease: this Tally has no POST /v1/grants/release; final
+	// reports go one per call.
+	noBatchRelease atomic.Bool
+	fenced         bool // refused as stale after issued, logged; under genMu
 }
 
 type key struct{ customer, meter string }
@@ -756,9 +759,12 @@ type budget struct {
 	inflight *fetch // the grant request in flight, started by Admit
 
 	// Below: under mu (the slow path and the background loop).
-	mu        sync.Mutex
-	grants    []*held // oldest first
-	finals    int64   // admitted from grants no longer held
+	mu     sync.Mutex
+	grants []*held // oldest first
+	finals int64   // admitted from grants no longer held
+	// outbox: final spend reports of grants given back, kept and sent once
+	// mu is released (unlockAndSend).
+	outbox    []spendReport
 	lastTaken int64
 	lastAt    time.Time
 	checkedAt time.Time // when Tally last said the rule is not exact

@@ -214,11 +214,23 @@ func retryAfter(h string) time.Duration {
 // measured demand. Caller must not hold b.mu.
 func (c *Client) topUp(ctx context.Context, b *budget, need int64) error {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	if b.available() >= need || b.kind.Load() >= kindLagged {
+		b.mu.Unlock()
 		return nil // another caller topped up, or found the rule lagged, meanwhile
 	}
-	return c.topUpLocked(ctx, b, need)
+	err := c.topUpLocked(ctx, b, need)
+	c.unlockAndSend(ctx, b)
+	return err
+}
+
+// unlockAndSend releases b.mu, then keeps and delivers the final spend
+// reports of the grants given back under it: the file's fsync and the
+// release's round trip never hold up an Admit waiting for b.mu.
+func (c *Client) unlockAndSend(ctx context.Context, b *budget) {
+	out := b.outbox
+	b.outbox = nil
+	b.mu.Unlock()
+	c.finalReports(ctx, out)
 }
 
 // tightHorizon is the demand a grant covers while the budget is tight:
@@ -409,9 +421,9 @@ func (b *budget) allocate() []int64 {
 	return out
 }
 
-// release withdraws what g has not spent, forgets it, and hands its final
-// spent to finalReport: kept on disk, then sent (now, or when Tally
-// answers again). Under b.mu.
+// release withdraws what g has not spent, forgets it, and queues its final
+// spent for finalReports once b.mu is released (unlockAndSend): kept on
+// disk, then sent (now, or when Tally answers again). Under b.mu.
 func (c *Client) release(ctx context.Context, b *budget, g *held, allocated int64) {
 	w := b.withdraw(g.amount - allocated)
 	local := g.amount - w // admitted from g, as far as this gateway knows
@@ -424,18 +436,18 @@ func (c *Client) release(ctx context.Context, b *budget, g *held, allocated int6
 		}
 	}
 	b.heldGrants.Store(int64(len(b.grants)))
-	c.finalReport(ctx, spendReport{Grant: g.id, Holder: c.cfg.Holder, Generation: g.generation,
+	b.outbox = append(b.outbox, spendReport{Grant: g.id, Holder: c.cfg.Holder, Generation: g.generation,
 		Customer: b.customer, Meter: b.meter, Spent: final, ValidUntil: g.validUntil})
 }
 
 func (c *Client) releaseAll(ctx context.Context, b *budget) {
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	for len(b.grants) > 0 {
 		alloc := b.allocate()
 		n := len(b.grants) - 1
 		c.release(ctx, b, b.grants[n], alloc[n])
 	}
+	c.unlockAndSend(ctx, b)
 }
 
 // loop tops up, renews and releases grants, and reports bypasses.
@@ -451,9 +463,13 @@ func (c *Client) loop() {
 		case <-c.wake:
 		}
 		ctx, cancel := context.WithTimeout(c.bg, 5*c.cfg.Tick+2*time.Second)
+		// The final reports of every budget's grants given back this tick
+		// go together: one call for all of them.
+		var finals []spendReport
 		for _, b := range *c.budgets.Load() {
-			c.tend(ctx, b)
+			finals = append(finals, c.tend(ctx, b)...)
 		}
+		c.finalReports(ctx, finals)
 		if !c.paused(time.Now()) {
 			c.deliverReports(ctx, false)
 		}
@@ -508,9 +524,19 @@ func (c *Client) tendNotExact(ctx context.Context, b *budget, now time.Time) {
 }
 
 // tend is one round of the loop for one budget.
-func (c *Client) tend(ctx context.Context, b *budget) {
+// tend is one round of the loop for one budget. It returns the final
+// spend reports of the grants it gave back, for the caller to send once
+// b.mu is released.
+func (c *Client) tend(ctx context.Context, b *budget) []spendReport {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	c.tendLocked(ctx, b)
+	out := b.outbox
+	b.outbox = nil
+	return out
+}
+
+func (c *Client) tendLocked(ctx context.Context, b *budget) {
 	now := time.Now()
 	if b.kind.Load() >= kindLagged {
 		c.tendNotExact(ctx, b, now)

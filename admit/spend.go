@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -37,20 +38,27 @@ func (c *Client) spendPath(grant string) string {
 	return filepath.Join(c.cfg.Dir, spendPrefix+grant+spendPending)
 }
 
-// finalReport keeps r on disk (fsynced), then delivers it unless Tally is
-// known to be unreachable or asked for a pause: then the loop delivers it
-// once Tally answers.
-func (c *Client) finalReport(ctx context.Context, r spendReport) {
-	path := c.spendPath(r.Grant)
-	b, _ := json.Marshal(r)
-	if err := writeFileSync(path, b); err != nil {
-		// Still sent below; only a crash before Tally has it loses it.
-		c.log.Error("final spend report not kept on disk", "grant", r.Grant, "spent", r.Spent, "err", err)
-	}
-	if c.paused(time.Now()) || ctx.Err() != nil {
+// finalReports keeps each of rs on disk (fsynced), then delivers them
+// together (deliverAll) unless Tally is known to be unreachable or asked
+// for a pause: then the loop delivers them once Tally answers.
+func (c *Client) finalReports(ctx context.Context, rs []spendReport) {
+	if len(rs) == 0 {
 		return
 	}
-	c.deliver(ctx, path, r)
+	paths := make([]string, len(rs))
+	for i, r := range rs {
+		paths[i] = c.spendPath(r.Grant)
+		b, _ := json.Marshal(r)
+		if err := writeFileSync(paths[i], b); err != nil {
+			// Still sent below; only a crash before Tally has it loses it.
+			c.log.Error("final spend report not kept on disk", "grant", r.Grant, "spent", r.Spent, "err", err)
+		}
+	}
+	for len(rs) > 0 && !c.paused(time.Now()) && ctx.Err() == nil {
+		n := min(len(rs), maxReleases)
+		c.deliverAll(ctx, paths[:n], rs[:n])
+		paths, rs = paths[n:], rs[n:]
+	}
 }
 
 // deliverReports sends every kept final spend report (this run's and
@@ -59,6 +67,29 @@ func (c *Client) finalReport(ctx context.Context, r spendReport) {
 // for an unreachable Tally). It returns how many remain and their units.
 func (c *Client) deliverReports(ctx context.Context, force bool) (left int, spent int64) {
 	paths, _ := filepath.Glob(filepath.Join(c.cfg.Dir, spendPrefix+"*"+spendPending))
+	// Sent in calls of up to maxReleases reports of one holder each.
+	var batch []spendReport
+	var batchPaths []string
+	send := func() {
+		if len(batch) == 0 {
+			return
+		}
+		if force {
+			force = false
+			c.reach.pausedUntil.Store(0)
+		}
+		var done []bool
+		if !c.paused(time.Now()) && ctx.Err() == nil {
+			done = c.deliverAll(ctx, batchPaths, batch)
+		}
+		for i, r := range batch {
+			if done == nil || !done[i] {
+				left++
+				spent += r.Spent
+			}
+		}
+		batch, batchPaths = batch[:0], batchPaths[:0]
+	}
 	for _, p := range paths {
 		r, err := readSpendReport(p)
 		if err != nil {
@@ -66,18 +97,24 @@ func (c *Client) deliverReports(ctx context.Context, force bool) (left int, spen
 			c.setAside(p)
 			continue
 		}
-		if force {
-			force = false
-			c.reach.pausedUntil.Store(0)
-		}
-		if c.paused(time.Now()) || ctx.Err() != nil || c.waiting(r.Grant) || !c.deliver(ctx, p, r) {
+		if c.waiting(r.Grant) {
 			left++
 			spent += r.Spent
+			continue
 		}
+		if len(batch) > 0 && (batch[0].Holder != r.Holder || len(batch) == maxReleases) {
+			send()
+		}
+		batch, batchPaths = append(batch, r), append(batchPaths, p)
 	}
+	send()
 	c.metrics.undelivered.Set(float64(left))
 	return left, spent
 }
+
+// maxReleases is the most final reports sent in one call (Tally's bound on
+// POST /v1/grants/release).
+const maxReleases = 256
 
 func readSpendReport(path string) (spendReport, error) {
 	var r spendReport
@@ -101,6 +138,76 @@ func (c *Client) deliver(ctx context.Context, path string, r spendReport) bool {
 	err := c.call(ctx, "release", "/v1/grants/"+r.Grant+"/release", map[string]any{
 		"holder": r.Holder, "generation": r.Generation, "spent": strconv.FormatInt(r.Spent, 10),
 	}, &ans)
+	return c.settle(path, r, ans, err)
+}
+
+// releasesAnswer is POST /v1/grants/release's answer: every release's
+// outcome, in order.
+type releasesAnswer struct {
+	Items []struct {
+		Status  int          `json:"status"`
+		Grant   *grantAnswer `json:"grant"`
+		Problem *problem     `json:"problem"`
+	} `json:"items"`
+}
+
+// deliverAll sends the reports of one holder as one call to
+// POST /v1/grants/release (one at a time when there is only one, or when
+// this Tally has no such route), and settles each by its own outcome. It
+// returns which are done with, by the same rule as deliver.
+func (c *Client) deliverAll(ctx context.Context, paths []string, rs []spendReport) []bool {
+	done := make([]bool, len(rs))
+	if len(rs) == 1 || c.noBatchRelease.Load() {
+		for i, r := range rs {
+			if done[i] = c.deliver(ctx, paths[i], r); !done[i] && (c.paused(time.Now()) || ctx.Err() != nil) {
+				break // not taken for reachability or load: the rest wait too
+			}
+		}
+		return done
+	}
+	items := make([]map[string]any, len(rs))
+	for i, r := range rs {
+		items[i] = map[string]any{"grant": r.Grant, "generation": r.Generation, "spent": strconv.FormatInt(r.Spent, 10)}
+	}
+	var ans releasesAnswer
+	err := c.call(ctx, "release", "/v1/grants/release", map[string]any{"holder": rs[0].Holder, "releases": items}, &ans)
+	var te *TallyError
+	if errors.As(err, &te) && (te.Status == http.StatusNotFound || te.Status == http.StatusMethodNotAllowed) {
+		// A Tally from before the route: one release per call from now on.
+		c.noBatchRelease.Store(true)
+		return c.deliverAll(ctx, paths, rs)
+	}
+	if err == nil && len(ans.Items) != len(rs) {
+		err = &unreachableError{fmt.Errorf("release of %d grants answered with %d outcomes", len(rs), len(ans.Items))}
+	}
+	for i, r := range rs {
+		if err != nil {
+			done[i] = c.settle(paths[i], r, grantAnswer{}, err)
+			continue
+		}
+		it := ans.Items[i]
+		var g grantAnswer
+		var itErr error
+		switch {
+		case it.Status == http.StatusOK && it.Grant != nil:
+			g = *it.Grant
+		case it.Problem != nil:
+			ite := &TallyError{Path: "/v1/grants/" + r.Grant + "/release", Status: it.Status, Type: it.Problem.Type, Detail: it.Problem.Detail}
+			if it.Problem.NextGeneration != nil {
+				ite.next = *it.Problem.NextGeneration
+			}
+			itErr = ite
+		default:
+			itErr = &TallyError{Path: "/v1/grants/" + r.Grant + "/release", Status: it.Status}
+		}
+		done[i] = c.settle(paths[i], r, g, itErr)
+	}
+	return done
+}
+
+// settle acts on a release's outcome (ans, err) for the report r kept at
+// path, and says whether r is done with.
+func (c *Client) settle(path string, r spendReport, ans grantAnswer, err error) bool {
 	var te *TallyError
 	switch {
 	case err == nil:

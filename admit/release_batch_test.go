@@ -1,0 +1,66 @@
+package admit_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/admit"
+)
+
+// Final spend reports kept while Tally was down go back in one call
+// (POST /v1/grants/release) once it answers again, and each frees its own
+// grant's unspent part: Tally's consumed ends at exactly what was admitted.
+func TestKeptReportsGoBackInOneCall(t *testing.T) {
+	ts := startTally(t)
+	customers := []string{"acme", "globex", "initech"}
+	for _, c := range customers {
+		ts.exactRule(c, "tokens", "1000")
+	}
+	ctx := context.Background()
+	dir := t.TempDir()
+	cfg := admit.Config{MinGrant: 20}
+	c := newClient(t, ts, "gw1", dir, cfg)
+	for _, cu := range customers {
+		if d, err := c.Admit(ctx, cu, "tokens", 1); err != nil || !d.Admitted || d.How != admit.FromGrant {
+			t.Fatalf("admit %s: %+v %v", cu, d, err)
+		}
+	}
+	ts.down.Store(true)
+	var und *admit.UndeliveredError
+	if err := c.Close(ctx); !errors.As(err, &und) || und.Reports != 3 || und.Spent != 3 {
+		t.Fatalf("close while Tally is down: %v, want three undelivered final spend reports", err)
+	}
+	var mu sync.Mutex
+	var releases []string
+	record := func(r *http.Request) int {
+		if strings.HasSuffix(r.URL.Path, "/release") {
+			mu.Lock()
+			releases = append(releases, r.URL.Path)
+			mu.Unlock()
+		}
+		return 0
+	}
+	ts.refuse.Store(&record)
+	ts.down.Store(false)
+	c = newClient(t, ts, "gw1", dir, cfg)
+	defer c.Close(ctx)
+	eventually(t, "the kept reports delivered", func() bool {
+		for _, cu := range customers {
+			if b := ts.budget(cu, "tokens"); !b.Consumed.Equal(decimal.NewFromInt(1)) || !b.Live.IsZero() {
+				return false
+			}
+		}
+		return true
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if len(releases) != 1 || releases[0] != "/v1/grants/release" {
+		t.Fatalf("releases sent as %q, want one POST /v1/grants/release", releases)
+	}
+}

@@ -1,0 +1,76 @@
+package api_test
+
+import (
+	"encoding/json"
+	"testing"
+)
+
+// POST /v1/grants/release: several releases of one holder in one call,
+// each fenced by the holder and its own generation and decided all or
+// nothing on its own; the answer lists every outcome in order, and only
+// the accepted releases free their budget.
+func TestReleaseSeveralGrants(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	const problem = "urn:tally:problem:"
+	if r := f.do("PUT", "/v1/customers/acme/quotas/tokens", adminToken, map[string]any{"limit": "100", "admission": "exact"}); r.status != 201 {
+		t.Fatalf("exact rule: %d %s", r.status, r.body)
+	}
+	gw1, gw2 := f.gatewayToken("gw1"), f.gatewayToken("gw2")
+	grant := func(tok, holder string, gen int) string {
+		t.Helper()
+		r := f.do("POST", "/v1/grants", tok, map[string]any{"holder": holder, "generation": gen, "customer": "acme",
+			"meter": "tokens", "amount": "10"})
+		if r.status != 201 {
+			t.Fatalf("grant: %d %s", r.status, r.body)
+		}
+		return r.json(t)["id"].(string)
+	}
+	old := grant(gw1, "gw1", 1)
+	other := grant(gw2, "gw2", 1)
+	a, b := grant(gw1, "gw1", 2), grant(gw1, "gw1", 2)
+	release := func(tok, holder string, items ...map[string]any) response {
+		return f.do("POST", "/v1/grants/release", tok, map[string]any{"holder": holder, "releases": items})
+	}
+	item := func(id string, gen int, spent string) map[string]any {
+		return map[string]any{"grant": id, "generation": gen, "spent": spent}
+	}
+	// A gateway token speaks only for its own holder: the whole call is refused.
+	release(gw1, "gw2", item(other, 1, "1")).problem(t, 403, problem+"forbidden")
+	release(gw1, "gw1").problem(t, 400, problem+"invalid-request")
+
+	r := release(gw1, "gw1", item(a, 2, "4"), item(old, 1, "1"), item(other, 2, "1"), item(b, 2, "11"), item(a, 2, "4"))
+	if r.status != 200 {
+		t.Fatalf("release: %d %s", r.status, r.body)
+	}
+	var out struct {
+		Items []struct {
+			Status int `json:"status"`
+			Grant  *struct {
+				ID, State, Spent string
+			} `json:"grant"`
+			Problem *struct{ Type string } `json:"problem"`
+		} `json:"items"`
+	}
+	if err := json.Unmarshal(r.body, &out); err != nil || len(out.Items) != 5 {
+		t.Fatalf("answer: %v %s", err, r.body)
+	}
+	if it := out.Items[0]; it.Status != 200 || it.Grant == nil || it.Grant.ID != a || it.Grant.State != "ended" || it.Grant.Spent != "4" {
+		t.Errorf("release of a: %s", r.body)
+	}
+	for i, want := range map[int]string{1: "stale-generation", 2: "not-holder", 3: "invalid-request", 4: "grant-ended"} {
+		if it := out.Items[i]; it.Problem == nil || it.Problem.Type != problem+want || it.Grant != nil {
+			t.Errorf("item %d: %+v, want %s in %s", i, it, want, r.body)
+		}
+	}
+	// Only a's 6 unspent units came back: 40 granted, 6 freed.
+	if r := f.do("GET", "/v1/customers/acme/budgets", adminToken, nil); r.status != 200 {
+		t.Fatalf("budgets: %d %s", r.status, r.body)
+	} else if got := r.json(t)["items"].([]any)[0].(map[string]any)["consumed"]; got != "34" {
+		t.Errorf("consumed %v, want 34: %s", got, r.body)
+	}
+	// The refused ones are untouched: b can still be released by its holder.
+	if r := release(gw1, "gw1", item(b, 2, "10")); r.status != 200 || !json.Valid(r.body) {
+		t.Fatalf("release b: %d %s", r.status, r.body)
+	}
+}
