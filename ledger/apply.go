@@ -68,6 +68,11 @@ func New(cfg Config) (*Ledger, error) {
 // bad input: bad input is an outcome. After an error the caller must roll
 // tx back.
 func (l *Ledger) Apply(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome, error) {
+	return l.applyKinds(ctx, tx, recs)
+}
+
+// applyCounters is Apply for records of counter meters.
+func (l *Ledger) applyCounters(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome, error) {
 	out, err := l.apply(ctx, tx, recs, false)
 	if !errors.Is(err, errOperationTaken) {
 		return out, err
@@ -872,6 +877,14 @@ func conflictPayload(r *Record) ([]byte, []byte) {
 	}
 	if r.Quantity.Valid {
 		p["quantity"] = r.Quantity.Decimal.String()
+	}
+	switch r.Shape { // gauge and unique records (kinds.go) carry no total
+	case Gauge:
+		delete(p, "total")
+		p["level"] = r.Level.String()
+	case Unique:
+		delete(p, "total")
+		p["member"] = r.Member
 	}
 	b, _ := json.Marshal(p) // map keys are sorted: the same record hashes the same
 	h := sha256.Sum256(b)
