@@ -140,17 +140,22 @@ FROM unnest(@id::uuid[], @customer::text[], @meter::text[], @period_start::times
   AS a(id, customer, meter, period_start, prior_period, unit_seconds, operation_id)`
 
 	// Usage: a gauge's buckets in a period and the last one before it.
-	qGaugeUsageDays = `
-(SELECT day_start, day_end, level_in, max_prefix, last_at, unit_seconds, level_out FROM gauge_days
- WHERE customer = $1 AND meter = $2 AND day_start < $3 ORDER BY day_start DESC LIMIT 1)
-UNION ALL
-(SELECT day_start, day_end, level_in, max_prefix, last_at, unit_seconds, level_out FROM gauge_days
- WHERE customer = $1 AND meter = $2 AND day_start >= $3 AND day_start < $4 ORDER BY day_start)`
 
-	qGaugeMetersOf = `SELECT DISTINCT meter FROM gauge_days WHERE customer = $1 AND day_start < $3 AND ($2::text IS NULL OR meter = $2) ORDER BY 1`
+	// Every declared gauge's buckets of a customer in a period ($3, $4),
+	// and the last bucket before it (its level is carried in).
+	qKindGaugeDays = `
+SELECT m.meter, d.day_start, d.day_end, d.level_in, d.max_prefix, d.last_at, d.unit_seconds, d.level_out
+FROM meters m CROSS JOIN LATERAL (
+  (SELECT * FROM gauge_days g WHERE g.customer = $1 AND g.meter = m.meter AND g.day_start < $3 ORDER BY g.day_start DESC LIMIT 1)
+  UNION ALL
+  (SELECT * FROM gauge_days g WHERE g.customer = $1 AND g.meter = m.meter AND g.day_start >= $3 AND g.day_start < $4)
+) AS d
+WHERE m.kind = 'gauge' AND ($2::text IS NULL OR m.meter = $2)
+ORDER BY m.meter, d.day_start`
 
-	qGaugePriorAdjustments = `
-SELECT coalesce(sum(unit_seconds), 0) FROM gauge_adjustments WHERE customer = $1 AND meter = $2 AND period_start = $3`
+	qKindGaugeAdjustments = `
+SELECT meter, sum(unit_seconds) FROM gauge_adjustments
+WHERE customer = $1 AND period_start = $2 AND ($3::text IS NULL OR meter = $3) GROUP BY meter`
 
 	qGaugePointsBetween = `SELECT at, delta FROM gauge_points WHERE customer = $1 AND meter = $2 AND at >= $3 AND at < $4 ORDER BY at`
 

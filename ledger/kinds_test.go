@@ -120,9 +120,9 @@ func TestGaugeAggregatesExample(t *testing.T) {
 	b := recBuilder{"gw-b", 1, "acme", "seats"}
 	nov30 := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
 	got := kinds(f.apply(
-		a.level(1, "10", nov30),                           // 10 from Nov 30 00:00
-		b.level(1, "5", nov30.Add(12*time.Hour)),          // +5 from 12:00
-		a.level(3, "4", nov30.Add(36*time.Hour)),          // a: 4 from Dec 1 12:00 (seq 2 missing)
+		a.level(1, "10", nov30),                                    // 10 from Nov 30 00:00
+		b.level(1, "5", nov30.Add(12*time.Hour)),                   // +5 from 12:00
+		a.level(3, "4", nov30.Add(36*time.Hour)),                   // a: 4 from Dec 1 12:00 (seq 2 missing)
 		recWrap(b.level(2, "0", nov30.Add(30*time.Hour))).finalR(), // b ends Dec 1 06:00
 	))
 	if got != "applied applied applied applied" {

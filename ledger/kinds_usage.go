@@ -49,75 +49,130 @@ type UniqueDay struct {
 	Count int64     `json:"count"`
 }
 
-// GaugeMeters lists the gauges of a customer with a level in or before the
-// period ending at end (meter "": every one).
-func GaugeMeters(ctx context.Context, db DBTX, customer, meter string, end time.Time) ([]string, error) {
+// KindsUsage is what a customer's gauges and unique meters hold for one
+// period, read in one go; Gauges answers the gauges' aggregates at any
+// later now (an open period's level-seconds grow with time), so an answer
+// may be kept until the ledger changes.
+type KindsUsage struct {
+	start, end time.Time
+	gauges     []gaugeRows
+	Uniques    []UniqueUsage
+}
+
+type gaugeRows struct {
+	meter string
+	days  []dayRow
+	pts   []point // the change points of a bucket whose last one was at or after the read
+	prior decimal.Decimal
+}
+
+// ReadKinds reads a customer's declared gauges (meter "": every one; a
+// meter without levels is left out) and unique meters over period p: at
+// most a row per gauge and day of the period, whatever the number of
+// readings.
+func ReadKinds(ctx context.Context, db DBTX, customer, meter string, p periods.Period, now time.Time) (KindsUsage, error) {
+	k := KindsUsage{start: p.Start.UTC(), end: p.End.UTC()}
 	var m *string
 	if meter != "" {
 		m = &meter
 	}
-	rows, err := db.Query(ctx, qGaugeMetersOf, customer, m, end)
+	rows, err := db.Query(ctx, qKindGaugeDays, customer, m, p.Start, p.End)
 	if err != nil {
-		return nil, fmt.Errorf("ledger: gauge meters: %w", err)
+		return k, fmt.Errorf("ledger: gauge usage: %w", err)
 	}
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, fmt.Errorf("ledger: gauge meters: %w", err)
-	}
-	return out, nil
-}
-
-// ReadGauge answers a gauge's aggregates over period p from its buckets:
-// at most one row per day of the period, whatever the number of readings.
-func ReadGauge(ctx context.Context, db DBTX, customer, meter string, p periods.Period, now time.Time) (GaugeUsage, error) {
-	u := GaugeUsage{Meter: meter}
-	asOf := p.End.UTC()
-	if now.Before(asOf) {
-		asOf = now.UTC().Truncate(time.Microsecond)
-	}
-	u.AsOf = asOf
-	rows, err := db.Query(ctx, qGaugeUsageDays, customer, meter, p.Start, p.End)
-	if err != nil {
-		return u, fmt.Errorf("ledger: gauge usage: %w", err)
-	}
-	var days []dayRow
+	var name string
 	var d dayRow
-	_, err = pgx.ForEachRow(rows, []any{&d.start, &d.end, numericDst(&d.levelIn), nullNumericDst(&d.prefix), &d.lastAt,
+	_, err = pgx.ForEachRow(rows, []any{&name, &d.start, &d.end, numericDst(&d.levelIn), nullNumericDst(&d.prefix), &d.lastAt,
 		numericDst(&d.unitSec), numericDst(&d.levelOut)}, func() error {
+		if len(k.gauges) == 0 || k.gauges[len(k.gauges)-1].meter != name {
+			k.gauges = append(k.gauges, gaugeRows{meter: name})
+		}
 		row := d
 		row.start, row.end = d.start.UTC(), d.end.UTC()
 		if row.lastAt.Valid {
 			row.lastAt.Time = row.lastAt.Time.UTC()
 		}
-		days = append(days, row)
+		g := &k.gauges[len(k.gauges)-1]
+		g.days = append(g.days, row)
 		return nil
 	})
 	if err != nil {
-		return u, fmt.Errorf("ledger: gauge usage: %w", err)
+		return k, fmt.Errorf("ledger: gauge usage: %w", err)
 	}
-	if err := db.QueryRow(ctx, qGaugePriorAdjustments, customer, meter, p.Start).Scan(numericDst(&u.PriorPeriodUnitSeconds)); err != nil {
-		return u, fmt.Errorf("ledger: gauge usage: %w", err)
-	}
-	var pts []point
-	for _, r := range days {
-		if r.start.Before(asOf) && asOf.Before(r.end) && r.lastAt.Valid && !r.lastAt.Time.Before(asOf) {
-			// A reading stamped ahead of now (within the allowed skew):
-			// the bucket's own points tell what held until now.
-			prow, err := db.Query(ctx, qGaugePointsBetween, customer, meter, r.start, r.end)
-			if err != nil {
-				return u, fmt.Errorf("ledger: gauge usage: %w", err)
-			}
-			var pt point
-			if _, err := pgx.ForEachRow(prow, []any{&pt.at, numericDst(&pt.delta)}, func() error {
-				pts = append(pts, point{pt.at.UTC(), pt.delta})
-				return nil
-			}); err != nil {
-				return u, fmt.Errorf("ledger: gauge usage: %w", err)
+	if len(k.gauges) > 0 {
+		rows, err := db.Query(ctx, qKindGaugeAdjustments, customer, p.Start, m)
+		if err != nil {
+			return k, fmt.Errorf("ledger: gauge usage: %w", err)
+		}
+		prior := map[string]decimal.Decimal{}
+		var sum decimal.Decimal
+		if _, err := pgx.ForEachRow(rows, []any{&name, numericDst(&sum)}, func() error {
+			prior[name] = sum
+			return nil
+		}); err != nil {
+			return k, fmt.Errorf("ledger: gauge usage: %w", err)
+		}
+		for i := range k.gauges {
+			g := &k.gauges[i]
+			g.prior = prior[g.meter]
+			for _, r := range g.days {
+				// A reading stamped ahead of now (within the allowed skew):
+				// the bucket's own points tell what held until a later now.
+				if r.start.Before(now) && now.Before(r.end) && r.lastAt.Valid && !r.lastAt.Time.Before(now) {
+					prow, err := db.Query(ctx, qGaugePointsBetween, customer, g.meter, r.start, r.end)
+					if err != nil {
+						return k, fmt.Errorf("ledger: gauge usage: %w", err)
+					}
+					var pt point
+					if _, err := pgx.ForEachRow(prow, []any{&pt.at, numericDst(&pt.delta)}, func() error {
+						g.pts = append(g.pts, point{pt.at.UTC(), pt.delta})
+						return nil
+					}); err != nil {
+						return k, fmt.Errorf("ledger: gauge usage: %w", err)
+					}
+				}
 			}
 		}
 	}
-	gaugeAggregates(&u, days, pts, p.Start.UTC(), asOf)
-	return u, nil
+	if k.Uniques, err = ReadUniques(ctx, db, customer, meter, p); err != nil {
+		return k, err
+	}
+	return k, nil
+}
+
+// Gauges answers every gauge's aggregates through now (the period's end
+// once it is over).
+func (k KindsUsage) Gauges(now time.Time) []GaugeUsage {
+	asOf := k.end
+	if now.Before(asOf) {
+		asOf = now.UTC().Truncate(time.Microsecond)
+	}
+	out := make([]GaugeUsage, 0, len(k.gauges))
+	for _, g := range k.gauges {
+		u := GaugeUsage{Meter: g.meter, AsOf: asOf, PriorPeriodUnitSeconds: g.prior}
+		days := append([]dayRow(nil), g.days...)
+		gaugeAggregates(&u, days, g.pts, k.start, asOf)
+		out = append(out, u)
+	}
+	return out
+}
+
+// ReadGauge answers one gauge's aggregates over period p through now.
+func ReadGauge(ctx context.Context, db DBTX, customer, meter string, p periods.Period, now time.Time) (GaugeUsage, error) {
+	k, err := ReadKinds(ctx, db, customer, meter, p, now)
+	if err != nil {
+		return GaugeUsage{}, err
+	}
+	for _, g := range k.Gauges(now) {
+		if g.Meter == meter {
+			return g, nil
+		}
+	}
+	asOf := p.End.UTC()
+	if now.Before(asOf) {
+		asOf = now.UTC().Truncate(time.Microsecond)
+	}
+	return GaugeUsage{Meter: meter, AsOf: asOf}, nil
 }
 
 // gaugeAggregates folds a period's buckets (the first may be the last one
