@@ -89,4 +89,36 @@ func TestMetersAndKindUsage(t *testing.T) {
 		t.Fatalf("a new unit: %d %s", r.status, r.body)
 	}
 	f.do("PUT", "/v1/meters/seats", f.token("acme"), map[string]any{"kind": "gauge"}).problem(t, 403, "urn:tally:problem:forbidden")
+
+	// December closes (forced) on January 1st: its statement freezes the
+	// gauge (5 seats from Dec 1 06:00 to the end) and the distinct users.
+	f.setNow(time.Date(2027, 1, 1, 0, 0, 1, 0, time.UTC))
+	closed := f.do("POST", "/v1/customers/acme/periods/2026-12-01/close", adminToken,
+		map[string]any{"force": true, "reason": "test", "actor": "test"})
+	if closed.status != 200 {
+		t.Fatalf("close: %d %s", closed.status, closed.body)
+	}
+	want := "13348800" // 3 × 6h + 5 × (31 × 24 − 6)h
+	st := f.do("GET", "/v1/customers/acme/periods/2026-12-01/statement", adminToken, nil).json(t)
+	gl := st["gauges"].([]any)[0].(map[string]any)
+	if gl["unit_seconds"] != want || gl["max"] != "5" || st["uniques"].([]any)[0].(map[string]any)["count"] != float64(2) {
+		t.Fatalf("frozen statement: %v", st)
+	}
+	// A late reading of December (b said 0 at Dec 31 00:00) changes no
+	// frozen statement: January bills the difference, 2 seats × 24h less.
+	if err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+		_, err := f.ledger.Apply(ctx, tx, []ledger.Record{level("b", 2, "0", time.Date(2026, 12, 31, 0, 0, 0, 0, time.UTC))})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	f.sync()
+	st = f.do("GET", "/v1/customers/acme/periods/2026-12-01/statement", adminToken, nil).json(t)
+	if gl := st["gauges"].([]any)[0].(map[string]any); gl["unit_seconds"] != want {
+		t.Fatalf("the frozen statement changed: %v", st)
+	}
+	jan := f.do("GET", "/v1/customers/acme/usage?meter=seats&period=2027-01-01", adminToken, nil).json(t)["gauge"].(map[string]any)
+	if jan["prior_period_unit_seconds"] != "-172800" || jan["latest"] != "3" {
+		t.Fatalf("january: %v", jan)
+	}
 }

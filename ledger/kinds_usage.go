@@ -266,3 +266,21 @@ func ReadUniques(ctx context.Context, db DBTX, customer, meter string, p periods
 	}
 	return out, nil
 }
+
+// StatementKinds is the periods.KindLinesFunc of the ledger's gauges and
+// unique meters: a statement's gauge and unique lines.
+func StatementKinds(ctx context.Context, db periods.DBTX, customer string, p periods.Period, now time.Time) (periods.KindLines, error) {
+	k, err := ReadKinds(ctx, db, customer, "", p, now)
+	if err != nil {
+		return periods.KindLines{}, err
+	}
+	var kl periods.KindLines
+	for _, g := range k.Gauges(now) {
+		kl.Gauges = append(kl.Gauges, periods.GaugeLine{Meter: g.Meter, Max: g.Max, Latest: g.Latest, UnitSeconds: g.UnitSeconds,
+			UnitHours: g.UnitHours, Average: g.Average, PriorPeriodUnitSeconds: g.PriorPeriodUnitSeconds})
+	}
+	for _, u := range k.Uniques {
+		kl.Uniques = append(kl.Uniques, periods.UniqueLine{Meter: u.Meter, Count: u.Count})
+	}
+	return kl, nil
+}
