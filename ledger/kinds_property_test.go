@@ -247,6 +247,15 @@ func checkGaugeSchedule(rt *rapid.T, f *fixture, ns string) {
 			rt.Fatal(err)
 		}
 		mx, latest, us := bruteGauge(truth, p.Start, asOf)
+		// Reconciliation's recomputation from the stored readings agrees.
+		stored, err := ledger.GaugeReadings(ctx, f.pool, customer, "seats")
+		if err != nil {
+			rt.Fatal(err)
+		}
+		if rc := ledger.RecomputeGauge(stored, p.Start, asOf); !rc.Max.Equal(mx) || !rc.Latest.Equal(latest) || !rc.UnitSeconds.Equal(us) {
+			rt.Fatalf("period %s: reconciliation recomputes max %s latest %s unit_seconds %s; brute force %s %s %s",
+				p.Name, rc.Max, rc.Latest, rc.UnitSeconds, mx, latest, us)
+		}
 		if !got.Max.Equal(mx) || !got.Latest.Equal(latest) || !got.UnitSeconds.Equal(us) {
 			rt.Fatalf("period %s (%s, %s): ledger max %s latest %s unit_seconds %s; brute force max %s latest %s unit_seconds %s",
 				p.Name, zone, cadence, got.Max, got.Latest, got.UnitSeconds, mx, latest, us)

@@ -173,8 +173,6 @@ SELECT r.stream_id, r.seq, r.operation_id
 FROM unnest($1::bigint[], $2::bigint[]) AS k(stream_id, seq)
 JOIN unique_readings r USING (stream_id, seq)`
 
-	qUniqueStreams = `SELECT stream_id, last_seq, last_at FROM gauge_streams WHERE stream_id = ANY($1::bigint[])`
-
 	qInsertUniqueReadings = `
 INSERT INTO unique_readings (stream_id, seq, operation_id, customer, meter, member, occurred_at, final, late_fill, ingested_at)
 SELECT stream_id, seq, operation_id, customer, meter, member, occurred_at, final, late_fill, @now
@@ -201,6 +199,20 @@ ON CONFLICT (customer, meter, period_start, per_day, day) DO UPDATE SET members 
 SELECT meter, per_day, day, members FROM unique_counts
 WHERE customer = $1 AND period_start = $2 AND ($3::text IS NULL OR meter = $3) ORDER BY meter, per_day, day`
 
-	qUniqueMembersOf = `
-SELECT DISTINCT u.member, u.occurred_at FROM unique_readings u WHERE u.customer = $1 AND u.meter = $2`
+	// Declared kinds are few: streams of their meters, by a scan of
+	// streams (one row per stream), once per reconciliation run.
+	qKindCustomers = `
+SELECT DISTINCT s.customer FROM streams s JOIN meters m ON m.meter = s.meter WHERE m.kind <> 'counter'`
+
+	qGaugeMetersWithReadings = `SELECT DISTINCT meter FROM gauge_readings WHERE customer = $1 ORDER BY 1`
+
+	qGaugeMovesOut = `
+SELECT meter, sum(unit_seconds) FROM gauge_adjustments WHERE customer = $1 AND prior_period = $2 GROUP BY meter`
+
+	// Reconciliation: distinct members from the readings themselves. A
+	// unique_readings index by customer would serve it; reconciliation
+	// reads the customer's readings anyway.
+	qUniqueRecount = `
+SELECT meter, count(DISTINCT member) FROM unique_readings
+WHERE customer = $1 AND occurred_at >= $2 AND occurred_at < $3 GROUP BY meter`
 )

@@ -96,6 +96,7 @@ CREATE TABLE gauge_adjustments (
     created_at   timestamptz NOT NULL
 );
 CREATE INDEX gauge_adjustments_period ON gauge_adjustments (customer, period_start);
+CREATE INDEX gauge_adjustments_prior ON gauge_adjustments (customer, prior_period);
 
 CREATE TABLE unique_readings (
     stream_id    bigint      NOT NULL,
@@ -110,6 +111,8 @@ CREATE TABLE unique_readings (
     ingested_at  timestamptz NOT NULL,
     PRIMARY KEY (stream_id, seq)
 );
+-- Reconciliation recounts a customer's members from its readings.
+CREATE INDEX unique_readings_customer ON unique_readings (customer, occurred_at);
 
 -- day is the bucket's start (see gauge_days); period rows have day = period_start
 -- and per_day false.
