@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -97,6 +98,7 @@ type gaugeApplier struct {
 	// prior-period adjustments).
 	opOf             map[cmKey]uuid.UUID
 	gaugeAdjustments []gaugeAdjustment
+	inserted         int // readings the insert inserted (fewer: an operation id was taken)
 }
 
 type gaugeStored struct {
@@ -110,11 +112,26 @@ type gaugeNew struct {
 	late     bool
 }
 
-// applyGauges is Apply for the records of gauge meters.
+// applyGauges is Apply for the records of gauge meters. Like counters
+// (see load in apply.go), it looks up only the operation ids of records at
+// or below their stream's last seq; a new record whose id is recorded
+// anyway makes the readings' insert insert less, and the batch is undone
+// to a savepoint and applied again with every id looked up.
 func (l *Ledger) applyGauges(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome, error) {
+	out, err := l.applyGaugesOnce(ctx, tx, recs, false)
+	if !errors.Is(err, errOperationTaken) {
+		return out, err
+	}
+	if _, err := tx.Exec(ctx, qRollbackToKinds); err != nil {
+		return nil, fmt.Errorf("ledger: undo the attempt: %w", err)
+	}
+	return l.applyGaugesOnce(ctx, tx, recs, true)
+}
+
+func (l *Ledger) applyGaugesOnce(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll bool) ([]Outcome, error) {
 	now := l.now().UTC().Truncate(time.Microsecond)
 	a := &gaugeApplier{applier: &applier{
-		now: now, out: make([]Outcome, len(recs)), recs: append([]Record(nil), recs...),
+		lookupAll: lookupAll, now: now, out: make([]Outcome, len(recs)), recs: append([]Record(nil), recs...),
 		streams: map[StreamKey]*stream{}, ops: map[uuid.UUID]stored{},
 		calendars: map[string]periods.Schedule{}, closed: map[periodKey]bool{}, rollups: map[rollupKey]decimal.Decimal{},
 	}, gstreams: map[StreamKey]*gaugeStream{}, gbyID: map[int64]*gaugeStream{}, gops: map[uuid.UUID]gaugeStored{},
@@ -166,6 +183,9 @@ func (a *gaugeApplier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	}
 	sort.Strings(customers)
 	b := &pgx.Batch{}
+	if !a.lookupAll {
+		b.Queue(qSavepointKinds)
+	}
 	a.queueCustomers(b, customers, minAt)
 	a.queueStreamState(b, keys)
 	b.Queue(qLockGaugeLevels, locks.GaugeLevel, lockC, lockM)
@@ -227,6 +247,14 @@ func (a *gaugeApplier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 		})
 		return err
 	})
+	if !a.lookupAll {
+		opIDs = opIDs[:0]
+		for _, i := range valid {
+			if r := &a.recs[i]; r.Seq <= a.gstreams[r.Stream].dbLastSeq {
+				opIDs = append(opIDs, r.OperationID)
+			}
+		}
+	}
 	b.Queue(qGaugeByOperation, pgUUIDs(opIDs)).Query(func(rows pgx.Rows) error {
 		var op pgtype.UUID
 		var s gaugeStored

@@ -169,7 +169,20 @@ func (a *gaugeApplier) write(ctx context.Context, tx pgx.Tx) error {
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("ledger: gauge write: %w", err)
 	}
+	if a.inserted != len(a.readings) {
+		return errOperationTaken
+	}
 	return nil
+}
+
+// countInserted counts the rows an INSERT ... RETURNING returned.
+func countInserted(n *int) func(pgx.Rows) error {
+	return func(rows pgx.Rows) error {
+		for rows.Next() {
+			*n++
+		}
+		return rows.Err()
+	}
 }
 
 // loadDays reads the buckets each gauge's new points fall in or cover,
@@ -369,7 +382,7 @@ func (a *gaugeApplier) queueGaugeWrites(b *pgx.Batch, works []*gaugeWork) {
 			fin[j], late[j] = g.r.Final, g.late
 		}
 		b.Queue(qInsertGaugeReadings, pgx.StrictNamedArgs{"stream_id": sid, "seq": seq, "operation_id": ops, "customer": cs,
-			"meter": ms, "level": lv, "occurred_at": at, "final": fin, "late_fill": late, "now": a.now})
+			"meter": ms, "level": lv, "occurred_at": at, "final": fin, "late_fill": late, "now": a.now}).Query(countInserted(&a.inserted))
 	}
 	var gs []*gaugeStream
 	for _, g := range a.gbyID {

@@ -4,6 +4,11 @@ package ledger
 // §16), in one place, like queries.go for counters.
 
 const (
+	// The gauge and unique paths' first attempt runs inside a savepoint,
+	// undone when a new record's operation id turns out to be recorded.
+	qSavepointKinds  = `SAVEPOINT tally_ledger_kinds`
+	qRollbackToKinds = `ROLLBACK TO SAVEPOINT tally_ledger_kinds`
+
 	qLockMeterKinds       = `SELECT pg_advisory_xact_lock($1::int, 0)`
 	qLockMeterKindsShared = `SELECT pg_advisory_xact_lock_shared($1::int, 0)`
 
@@ -92,7 +97,9 @@ INSERT INTO gauge_readings (stream_id, seq, operation_id, customer, meter, level
 SELECT stream_id, seq, operation_id, customer, meter, level::numeric, occurred_at, final, late_fill, @now
 FROM unnest(@stream_id::bigint[], @seq::bigint[], @operation_id::uuid[], @customer::text[], @meter::text[],
             @level::text[], @occurred_at::timestamptz[], @final::boolean[], @late_fill::boolean[])
-  AS r(stream_id, seq, operation_id, customer, meter, level, occurred_at, final, late_fill)`
+  AS r(stream_id, seq, operation_id, customer, meter, level, occurred_at, final, late_fill)
+ON CONFLICT (operation_id) DO NOTHING
+RETURNING 1`
 
 	qUpsertGaugeStreams = `
 INSERT INTO gauge_streams AS g (stream_id, customer, meter, last_seq, last_level, last_at, first_at, ends_at)
@@ -178,7 +185,9 @@ INSERT INTO unique_readings (stream_id, seq, operation_id, customer, meter, memb
 SELECT stream_id, seq, operation_id, customer, meter, member, occurred_at, final, late_fill, @now
 FROM unnest(@stream_id::bigint[], @seq::bigint[], @operation_id::uuid[], @customer::text[], @meter::text[],
             @member::text[], @occurred_at::timestamptz[], @final::boolean[], @late_fill::boolean[])
-  AS r(stream_id, seq, operation_id, customer, meter, member, occurred_at, final, late_fill)`
+  AS r(stream_id, seq, operation_id, customer, meter, member, occurred_at, final, late_fill)
+ON CONFLICT (operation_id) DO NOTHING
+RETURNING 1`
 
 	// A member counts once per period and once per bucket day: the count
 	// grows by what the insert added, in the same statement.

@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sort"
 	"time"
@@ -35,9 +36,10 @@ type uniqueStored struct {
 
 type uniqueApplier struct {
 	*applier
-	uops    map[uuid.UUID]uniqueStored
-	members map[memberKey]time.Time
-	news    []gaugeNew
+	uops     map[uuid.UUID]uniqueStored
+	members  map[memberKey]time.Time
+	news     []gaugeNew
+	inserted int // readings the insert inserted (fewer: an operation id was taken)
 }
 
 type memberKey struct {
@@ -46,11 +48,23 @@ type memberKey struct {
 	member          string
 }
 
-// applyUniques is Apply for the records of unique meters.
+// applyUniques is Apply for the records of unique meters; operation ids
+// are looked up as applyGauges does.
 func (l *Ledger) applyUniques(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome, error) {
+	out, err := l.applyUniquesOnce(ctx, tx, recs, false)
+	if !errors.Is(err, errOperationTaken) {
+		return out, err
+	}
+	if _, err := tx.Exec(ctx, qRollbackToKinds); err != nil {
+		return nil, fmt.Errorf("ledger: undo the attempt: %w", err)
+	}
+	return l.applyUniquesOnce(ctx, tx, recs, true)
+}
+
+func (l *Ledger) applyUniquesOnce(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll bool) ([]Outcome, error) {
 	now := l.now().UTC().Truncate(time.Microsecond)
 	a := &uniqueApplier{applier: &applier{
-		now: now, out: make([]Outcome, len(recs)), recs: append([]Record(nil), recs...),
+		lookupAll: lookupAll, now: now, out: make([]Outcome, len(recs)), recs: append([]Record(nil), recs...),
 		streams: map[StreamKey]*stream{}, ops: map[uuid.UUID]stored{},
 		calendars: map[string]periods.Schedule{}, closed: map[periodKey]bool{}, rollups: map[rollupKey]decimal.Decimal{},
 	}, uops: map[uuid.UUID]uniqueStored{}, members: map[memberKey]time.Time{}}
@@ -80,20 +94,37 @@ func (l *Ledger) applyUniques(ctx context.Context, tx pgx.Tx, recs []Record) ([]
 	}
 	sort.Strings(customers)
 	b := &pgx.Batch{}
+	if !lookupAll {
+		b.Queue(qSavepointKinds)
+	}
 	a.queueCustomers(b, customers, minAt)
 	a.queueStreamState(b, keys)
-	b.Queue(qUniqueByOperation, pgUUIDs(opIDs)).Query(func(rows pgx.Rows) error {
-		var op pgtype.UUID
-		var s uniqueStored
-		_, err := pgx.ForEachRow(rows, []any{&op, &s.streamID, &s.seq, &s.member, &s.at, &s.final}, func() error {
-			s.at = s.at.UTC()
-			a.uops[op.Bytes] = s
-			return nil
-		})
-		return err
-	})
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("ledger: unique load: %w", err)
+	}
+	if !lookupAll {
+		opIDs = opIDs[:0]
+		for _, i := range valid {
+			if r := &a.recs[i]; a.streams[r.Stream] != nil && r.Seq <= a.streams[r.Stream].dbLastSeq {
+				opIDs = append(opIDs, r.OperationID)
+			}
+		}
+	}
+	if len(opIDs) > 0 {
+		b = &pgx.Batch{}
+		b.Queue(qUniqueByOperation, pgUUIDs(opIDs)).Query(func(rows pgx.Rows) error {
+			var op pgtype.UUID
+			var s uniqueStored
+			_, err := pgx.ForEachRow(rows, []any{&op, &s.streamID, &s.seq, &s.member, &s.at, &s.final}, func() error {
+				s.at = s.at.UTC()
+				a.uops[op.Bytes] = s
+				return nil
+			})
+			return err
+		})
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return nil, fmt.Errorf("ledger: unique load: %w", err)
+		}
 	}
 	var cs, cq []int64
 	for _, i := range valid {
@@ -206,7 +237,7 @@ func (a *uniqueApplier) write(ctx context.Context, tx pgx.Tx) error {
 			fin[j], late[j] = g.r.Final, g.late
 		}
 		b.Queue(qInsertUniqueReadings, pgx.StrictNamedArgs{"stream_id": sid, "seq": seq, "operation_id": ops, "customer": cs,
-			"meter": ms, "member": mem, "occurred_at": at, "final": fin, "late_fill": late, "now": a.now})
+			"meter": ms, "member": mem, "occurred_at": at, "final": fin, "late_fill": late, "now": a.now}).Query(countInserted(&a.inserted))
 	}
 	var ids, seqs []int64
 	var finals []*int64
@@ -252,6 +283,9 @@ func (a *uniqueApplier) write(ctx context.Context, tx pgx.Tx) error {
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("ledger: unique write: %w", err)
+	}
+	if a.inserted != len(a.news) {
+		return errOperationTaken
 	}
 	return nil
 }
