@@ -377,8 +377,14 @@ func (a *gaugeApplier) apply(i int) error {
 			fmt.Sprintf("seq %d of this stream is already recorded under operation_id %s; the first write stands", r.Seq, k.op))
 		return nil
 	}
-	prev, hasPrev := g.prevOf(r.Seq)
-	next, hasNext := g.nextOf(r.Seq)
+	var prev, next gaugeReading
+	var hasPrev, hasNext bool
+	if r.Seq > g.lastSeq { // in order: the last reading is the one before, none after
+		prev, hasPrev = g.known[g.lastSeq]
+	} else {
+		prev, hasPrev = g.prevOf(r.Seq)
+		next, hasNext = g.nextOf(r.Seq)
+	}
 	if hasPrev && r.OccurredAt.Before(prev.at) || hasNext && r.OccurredAt.After(next.at) {
 		a.gconflict(i, g, ReasonTimeOrder, nil,
 			fmt.Sprintf("occurred_at %s of seq %d is not between its neighbours' (seq %d at %s, seq %d at %s): a gauge's readings are in time order",

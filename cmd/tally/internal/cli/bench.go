@@ -300,6 +300,9 @@ func benchRun(ctx context.Context, out io.Writer, log *slog.Logger, broker, topi
 		kmsgs[i] = kafka.Message{Key: m.key, Value: m.value}
 	}
 	label := "ingest, unique records"
+	if kind := msgsKind(msgs); kind != ledger.Counter {
+		label = "ingest, " + string(kind) + " records"
+	}
 	if dupRecords > 0 {
 		label = fmt.Sprintf("ingest, %.0f%% duplicates", 100*float64(dupRecords)/float64(records))
 	}
