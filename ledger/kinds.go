@@ -25,6 +25,25 @@ const MaxMemberLength = 256
 // the records' order; each path is exactly what applying its records one
 // at a time would give (the kinds share no state).
 func (l *Ledger) applyKinds(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome, error) {
+	// The common case, a batch of totals: the counter path reads the kinds
+	// in its own first round trip, and gives the batch back (undone to its
+	// savepoint) when a meter is not a counter.
+	counters := true
+	for i := range recs {
+		if s := recs[i].Shape; s != "" && s != Counter {
+			counters = false
+			break
+		}
+	}
+	if counters {
+		out, err := l.applyCountersChecking(ctx, tx, recs, true)
+		if !errors.Is(err, errNotCounters) {
+			return out, err
+		}
+		if _, err := tx.Exec(ctx, qRollbackToApply); err != nil {
+			return nil, fmt.Errorf("ledger: undo the attempt: %w", err)
+		}
+	}
 	seen := map[string]bool{}
 	var meters []string
 	for i := range recs {
@@ -47,19 +66,6 @@ func (l *Ledger) applyKinds(ctx context.Context, tx pgx.Tx, recs []Record) ([]Ou
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("ledger: meter kinds: %w", err)
 	}
-	if len(kinds) == 0 { // every meter undeclared: all counters
-		onlyCounters := true
-		for i := range recs {
-			if s := recs[i].Shape; s != "" && s != Counter {
-				onlyCounters = false
-				break
-			}
-		}
-		if onlyCounters {
-			return l.applyCounters(ctx, tx, recs)
-		}
-	}
-
 	out := make([]Outcome, len(recs))
 	var byKind [3][]int // counter, gauge, unique
 	for i := range recs {
@@ -104,6 +110,34 @@ func (l *Ledger) applyKinds(ctx context.Context, tx pgx.Tx, recs []Record) ([]Ou
 		}
 	}
 	return out, nil
+}
+
+// errNotCounters: a batch of totals names a meter declared a gauge or
+// unique; applyKinds dispatches it record by record.
+var errNotCounters = errors.New("ledger: a meter of the batch is not a counter")
+
+// queueKindsCheck takes locks.MeterKinds shared (as applyKinds does) and
+// collects the batch's meters that are not counters.
+func (a *applier) queueKindsCheck(b *pgx.Batch, keys []StreamKey) {
+	seen := map[string]bool{}
+	var meters []string
+	for _, k := range keys {
+		if !seen[k.Meter] {
+			seen[k.Meter] = true
+			meters = append(meters, k.Meter)
+		}
+	}
+	b.Queue(qLockMeterKindsShared, locks.MeterKinds)
+	b.Queue(qSelectKinds, meters).Query(func(rows pgx.Rows) error {
+		var name, kind string
+		_, err := pgx.ForEachRow(rows, []any{&name, &kind}, func() error {
+			if MeterKind(kind) != Counter {
+				a.notCounters = append(a.notCounters, name)
+			}
+			return nil
+		})
+		return err
+	})
 }
 
 // carries names the field a kind's records carry.

@@ -185,3 +185,25 @@ func TestKindsOperationIDReusedAcrossStreams(t *testing.T) {
 		t.Fatalf("level %s, want 3 + 5", u.Latest)
 	}
 }
+
+// A batch of totals only takes the counter path, which reads the kinds in
+// its first round trip; a total for a gauge undoes that attempt and the
+// batch is dispatched record by record, leaving no trace of the attempt.
+func TestTotalsBatchNamingAGauge(t *testing.T) {
+	f := newFixture(t)
+	if err := f.declare("seats", ledger.Gauge); err != nil {
+		t.Fatal(err)
+	}
+	at := f.now.Add(-time.Hour)
+	out := f.apply(recBuilder{"p", 1, "acme", "calls"}.rec(1, "5", at), recBuilder{"p", 1, "acme", "seats"}.rec(1, "5", at),
+		recBuilder{"p", 1, "acme", "calls"}.rec(2, "7", at))
+	if got := kinds(out); got != "applied rejected(meter_kind_mismatch) applied" {
+		t.Fatalf("outcomes %s", got)
+	}
+	if n := f.scalar(`SELECT count(*)::text FROM streams WHERE meter = 'seats'`); n != "0" {
+		t.Fatalf("%s streams of seats", n)
+	}
+	if n := f.scalar(`SELECT sum(billed)::text FROM records`); n != "7" {
+		t.Fatalf("billed %s", n)
+	}
+}
