@@ -97,6 +97,9 @@ var authzRows = []authzRow{
 	{"GET /v1/alert-events", adminOnly, "/v1/alert-events?state=failed", "", is(200)},
 	{"POST /v1/alert-events/{id}/redeliver", adminOnly, "/v1/alert-events/{uuid}/redeliver", "", is(404)},
 	{"DELETE /v1/webhooks/{name}", adminOnly, "/v1/webhooks/gone", "", is(404)},
+	{"GET /v1/meters", adminOnly, "/v1/meters", "", is(200)},
+	{"PUT /v1/meters/{meter}", adminOnly, "/v1/meters/seats", `{"kind":"gauge","unit":"seat"}`, is(200)},
+	{"GET /v1/meters/{meter}", adminOnly, "/v1/meters/seats", "", is(200)},
 }
 
 // matrixCaller is one kind of caller.

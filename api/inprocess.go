@@ -11,6 +11,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/ingest"
+	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/periods"
 )
 
@@ -49,6 +50,10 @@ type Usage struct {
 	AsOf       *time.Time // usage is complete through AsOf; nil: unknown
 	LagSeconds *float64   // now - AsOf, to the millisecond
 	Meters     []MeterUsage
+	// Gauges and Uniques: the period's gauges and unique meters
+	// (docs/design.md §16), gauges through now.
+	Gauges  []ledger.GaugeUsage
+	Uniques []ledger.UniqueUsage
 }
 
 // MeterUsage is one meter's usage in the period: its total and its days
@@ -106,6 +111,7 @@ func (a *API) Usage(ctx context.Context, customer, ref string) (Usage, error) {
 		}
 		u.Meters = append(u.Meters, m)
 	}
+	u.Gauges, u.Uniques = ans.data.kinds.Gauges(a.now()), ans.data.kinds.Uniques
 	return u, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/reconcile"
 )
@@ -17,7 +18,7 @@ import (
 // periodStore is the periods store on the API's clock and grace; closes
 // need a clean reconciliation run unless forced.
 func (a *API) periodStore() periods.Store {
-	return periods.Store{Grace: a.grace, Clock: a.now, Gate: reconcile.Gate}
+	return periods.Store{Grace: a.grace, Clock: a.now, Gate: reconcile.Gate, Kinds: ledger.StatementKinds}
 }
 
 // listPeriods: the customer's periods newest first (every period with usage

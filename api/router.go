@@ -95,6 +95,14 @@ func (a *API) routes() http.Handler {
 			r.Get("/alert-events", a.handle(a.listAlertEvents))
 			r.Post("/alert-events/{id}/redeliver", a.handle(a.redeliverAlertEvent))
 		})
+
+		// Meter declarations (docs/design.md §16), admin only.
+		r.Group(func(r chi.Router) {
+			r.Use(requireAdmin)
+			r.Get("/meters", a.handle(a.listMeters))
+			r.Get("/meters/{meter}", a.handle(a.getMeter))
+			r.Put("/meters/{meter}", a.handle(a.putMeter))
+		})
 	})
 	return r
 }

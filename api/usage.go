@@ -9,11 +9,13 @@ import (
 	"net/http"
 	"slices"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/periods"
 )
 
@@ -51,6 +53,11 @@ type usageView struct {
 	Total      string     `json:"total"`
 	AsOf       *time.Time `json:"as_of"`
 	LagSeconds *float64   `json:"lag_seconds"`
+	// Kind, Gauge and Unique: a gauge's or unique meter's aggregates
+	// (docs/design.md §16); absent for counters.
+	Kind   string             `json:"kind,omitempty"`
+	Gauge  *ledger.GaugeUsage `json:"gauge,omitempty"`
+	Unique *uniqueView        `json:"unique,omitempty"`
 }
 
 // usageAllView answers without ?meter=: every meter with usage in the
@@ -131,8 +138,20 @@ func (a *API) getUsage(w http.ResponseWriter, r *http.Request) error {
 		if len(items) == 1 {
 			v.Total, series = items[0].total, items[0].series
 		}
+		for _, k := range kindItems(ans, a.now()) {
+			v.Total, v.Kind, v.Gauge, v.Unique, series = k.Total, k.Kind, k.Gauge, k.Unique, k.series
+		}
 		writeJSONWith(w, http.StatusOK, v, "series", series)
 		return nil
+	}
+	for _, k := range kindItems(ans, a.now()) {
+		raw, err := json.Marshal(k)
+		if err != nil {
+			return err
+		}
+		// The series member follows, as in the counters' items.
+		raw = append(append(raw[:len(raw)-1], `,"series":`...), k.series...)
+		items = append(items, meterUsage{json: append(raw, '}')})
 	}
 	list := make([][]byte, 0, 2*len(items)+1)
 	list = append(list, []byte("["))
@@ -153,6 +172,7 @@ type usageAnswer struct {
 	key    usageKey
 	data   usageData
 	period periodView
+	p      periods.Period
 	asOf   *time.Time
 	lag    *float64 // seconds, to the millisecond
 }
@@ -177,7 +197,7 @@ func (a *API) answerUsage(ctx context.Context, customer, ref, meter string, byHo
 		}
 		a.watch.put(ticket, key, d, now)
 	}
-	ans := usageAnswer{key: key, data: d}
+	ans := usageAnswer{key: key, data: d, p: p}
 	if d.asOf.Valid {
 		t := d.asOf.Time.UTC()
 		l := math.Round(max(now.Sub(t).Seconds(), 0)*1000) / 1000
@@ -186,6 +206,48 @@ func (a *API) answerUsage(ctx context.Context, customer, ref, meter string, byHo
 	graceEnds := p.End.Add(a.grace).UTC()
 	ans.period = periodView{Name: p.Name, Start: p.Start.UTC(), End: p.End.UTC(), State: periods.StateOf(p, now, a.grace, d.closed), GraceEnds: &graceEnds}
 	return ans, nil
+}
+
+// kindItem is a gauge's or unique meter's item of a usage answer.
+type kindItem struct {
+	Meter  string             `json:"meter"`
+	Total  string             `json:"total"`
+	Kind   string             `json:"kind"`
+	Gauge  *ledger.GaugeUsage `json:"gauge,omitempty"`
+	Unique *uniqueView        `json:"unique,omitempty"`
+	series []byte
+}
+
+// uniqueView is a unique meter's distinct members.
+type uniqueView struct {
+	Count int64 `json:"count"`
+}
+
+// kindItems answers the gauges and unique meters of a usage answer at now:
+// a gauge's total is its unit_seconds, a unique meter's its distinct
+// members; a unique meter's series counts distinct members per day.
+func kindItems(ans usageAnswer, now time.Time) []kindItem {
+	var out []kindItem
+	for _, g := range ans.data.kinds.Gauges(now) {
+		g := g
+		out = append(out, kindItem{Meter: g.Meter, Total: g.UnitSeconds.String(), Kind: string(ledger.Gauge), Gauge: &g, series: []byte("[]")})
+	}
+	for _, u := range ans.data.kinds.Uniques {
+		days := localDays(ans.p)
+		series := make([]bucketView, len(u.Days))
+		for i, d := range u.Days {
+			end := ans.p.End
+			// The bucket's day ends at the next local midnight (ledger.DayBucket).
+			if j := sort.Search(len(days), func(j int) bool { return days[j].After(d.Start) }); j < len(days) {
+				end = days[j]
+			}
+			series[i] = bucketView{Start: rfc3339(d.Start), End: rfc3339(end), Quantity: strconv.FormatInt(d.Count, 10)}
+		}
+		raw, _ := json.Marshal(series)
+		out = append(out, kindItem{Meter: u.Meter, Total: strconv.FormatInt(u.Count, 10), Kind: string(ledger.Unique),
+			Unique: &uniqueView{Count: u.Count}, series: raw})
+	}
+	return out
 }
 
 // usageKey identifies a usage answer; meter "" is every meter.
@@ -205,6 +267,8 @@ type usageData struct {
 	// is; -1 for a customer ingest has not seen (the oldest position).
 	partition int32
 	items     []meterUsage
+	// kinds: the period's gauges and unique meters (docs/design.md §16).
+	kinds ledger.KindsUsage
 }
 
 // readUsage reads a usage answer with one statement (one snapshot).
@@ -265,6 +329,9 @@ func (a *API) readUsage(ctx context.Context, key usageKey, p periods.Period) (us
 	d.partition = -1
 	if part.Valid {
 		d.partition = part.Int32
+	}
+	if d.kinds, err = ledger.ReadKinds(ctx, a.pool, key.customer, key.meter, p, a.now()); err != nil {
+		return usageData{}, fmt.Errorf("usage: %w", err)
 	}
 	return d, nil
 }

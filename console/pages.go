@@ -15,6 +15,7 @@ import (
 	"github.com/tally-ledger/tally/admission"
 	"github.com/tally-ledger/tally/api"
 	"github.com/tally-ledger/tally/ingest"
+	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/quota"
 	"github.com/tally-ledger/tally/reconcile"
@@ -246,7 +247,7 @@ func charts(u api.Usage, quotas []quota.MeterStatus, p periods.Period, now time.
 }
 
 func (c *Console) periodStore() periods.Store {
-	return periods.Store{Grace: c.grace, Clock: c.now, Gate: reconcile.Gate}
+	return periods.Store{Grace: c.grace, Clock: c.now, Gate: reconcile.Gate, Kinds: ledger.StatementKinds}
 }
 
 type statementView struct {

@@ -284,6 +284,9 @@ func ledgerRecords(b *microBatch) ([]ledger.Record, []recordRef) {
 				OccurredAt:  r.OccurredAt,
 				Final:       r.Final,
 			})
+			if r.Level.Valid || r.Member != "" {
+				withShape(&recs[len(recs)-1], r)
+			}
 			refs = append(refs, recordRef{i, j})
 		}
 	}
@@ -420,5 +423,16 @@ func (c *Consumer) endBlockers(pid uint32) {
 	if n > 0 {
 		c.m.anomalies.WithLabelValues("stalled_lock_holder_ended").Inc()
 		c.log.Warn("ended the session of a stalled transaction holding the partition's row lock", "sessions", n)
+	}
+}
+
+// withShape carries a gauge or unique record's level or member to the
+// ledger (docs/design.md §16); the ledger checks it against the meter's kind.
+func withShape(lr *ledger.Record, r wire.Record) {
+	switch {
+	case r.Level.Valid:
+		lr.Shape, lr.Level = ledger.Gauge, r.Level.Decimal
+	case r.Member != "":
+		lr.Shape, lr.Member = ledger.Unique, r.Member
 	}
 }

@@ -171,6 +171,7 @@ func Replay(ctx context.Context, tx pgx.Tx, l *ledger.Ledger, id uuid.UUID, now 
 		recs[i] = ledger.Record{OperationID: r.OperationID,
 			Stream: ledger.StreamKey{Producer: b.Producer, Epoch: b.Epoch, Customer: r.Customer, Meter: r.Meter},
 			Seq:    r.Seq, Total: r.Total, Quantity: r.Quantity, OccurredAt: r.OccurredAt, Final: r.Final}
+		withShape(&recs[i], r)
 	}
 	if len(recs) > 0 {
 		outs, err := l.Apply(ctx, tx, recs)

@@ -68,7 +68,19 @@ func New(cfg Config) (*Ledger, error) {
 // bad input: bad input is an outcome. After an error the caller must roll
 // tx back.
 func (l *Ledger) Apply(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome, error) {
-	out, err := l.apply(ctx, tx, recs, false)
+	return l.applyKinds(ctx, tx, recs)
+}
+
+// applyCounters is Apply for records of counter meters.
+func (l *Ledger) applyCounters(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome, error) {
+	return l.applyCountersChecking(ctx, tx, recs, false)
+}
+
+// applyCountersChecking is applyCounters; with checkKinds, its first load
+// also reads the kinds of the records' meters (see kinds.go) and returns
+// errNotCounters, after the savepoint, when one is not a counter.
+func (l *Ledger) applyCountersChecking(ctx context.Context, tx pgx.Tx, recs []Record, checkKinds bool) ([]Outcome, error) {
+	out, err := l.apply(ctx, tx, recs, false, checkKinds)
 	if !errors.Is(err, errOperationTaken) {
 		return out, err
 	}
@@ -81,7 +93,7 @@ func (l *Ledger) Apply(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome
 	if _, err := tx.Exec(ctx, qRollbackToApply); err != nil {
 		return nil, fmt.Errorf("ledger: undo the attempt: %w", err)
 	}
-	return l.apply(ctx, tx, recs, true)
+	return l.apply(ctx, tx, recs, true, false)
 }
 
 // errOperationTaken: the records' COPY met a recorded operation id.
@@ -89,19 +101,20 @@ var errOperationTaken = errors.New("ledger: a new record's operation id is alrea
 
 // apply is one attempt at Apply; lookupAll looks every operation id up
 // before anything is written (see load).
-func (l *Ledger) apply(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll bool) ([]Outcome, error) {
+func (l *Ledger) apply(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll, checkKinds bool) ([]Outcome, error) {
 	now := l.now().UTC().Truncate(time.Microsecond)
 	out := make([]Outcome, len(recs))
 	a := &applier{
-		lookupAll: lookupAll,
-		now:       now,
-		out:       out,
-		recs:      make([]Record, len(recs)),
-		streams:   map[StreamKey]*stream{},
-		ops:       make(map[uuid.UUID]stored, len(recs)),
-		calendars: map[string]periods.Schedule{},
-		closed:    map[periodKey]bool{},
-		rollups:   map[rollupKey]decimal.Decimal{},
+		lookupAll:  lookupAll,
+		checkKinds: checkKinds,
+		now:        now,
+		out:        out,
+		recs:       make([]Record, len(recs)),
+		streams:    map[StreamKey]*stream{},
+		ops:        make(map[uuid.UUID]stored, len(recs)),
+		calendars:  map[string]periods.Schedule{},
+		closed:     map[periodKey]bool{},
+		rollups:    map[rollupKey]decimal.Decimal{},
 	}
 	copy(a.recs, recs)
 	valid := a.validate()
@@ -175,14 +188,18 @@ type rollupKey struct {
 
 type applier struct {
 	lookupAll bool // look up every operation id, not only those of records at or below their stream's last seq
-	now       time.Time
-	out       []Outcome
-	recs      []Record
-	streams   map[StreamKey]*stream
-	byID      map[int64]*stream
-	ops       map[uuid.UUID]stored // by value: a record applied adds no allocation
-	calendars map[string]periods.Schedule
-	closed    map[periodKey]bool
+	// checkKinds: read the meters' kinds in load (kinds.go); notCounters
+	// are the meters found not to be counters.
+	checkKinds  bool
+	notCounters []string
+	now         time.Time
+	out         []Outcome
+	recs        []Record
+	streams     map[StreamKey]*stream
+	byID        map[int64]*stream
+	ops         map[uuid.UUID]stored // by value: a record applied adds no allocation
+	calendars   map[string]periods.Schedule
+	closed      map[periodKey]bool
 	// lastPeriod is each customer's period last found by periodOf.
 	lastPeriod map[string]periods.Period
 
@@ -341,6 +358,9 @@ func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	if !a.lookupAll {
 		b.Queue(qSavepointApply)
 	}
+	if a.checkKinds {
+		a.queueKindsCheck(b, keys)
+	}
 	a.queueCustomers(b, customers, minOccurred)
 	a.queueStreamState(b, keys)
 	if a.lookupAll {
@@ -348,6 +368,9 @@ func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("ledger: load: %w", err)
+	}
+	if len(a.notCounters) > 0 {
+		return errNotCounters
 	}
 	for _, k := range keys {
 		if a.streams[k] == nil {
@@ -872,6 +895,14 @@ func conflictPayload(r *Record) ([]byte, []byte) {
 	}
 	if r.Quantity.Valid {
 		p["quantity"] = r.Quantity.Decimal.String()
+	}
+	switch r.Shape { // gauge and unique records (kinds.go) carry no total
+	case Gauge:
+		delete(p, "total")
+		p["level"] = r.Level.String()
+	case Unique:
+		delete(p, "total")
+		p["member"] = r.Member
 	}
 	b, _ := json.Marshal(p) // map keys are sorted: the same record hashes the same
 	h := sha256.Sum256(b)

@@ -25,6 +25,12 @@ type Record struct {
 	Quantity    decimal.NullDecimal // optional: Total minus the previous total
 	OccurredAt  time.Time
 	Final       bool
+	// Shape is what the record carries: Counter (the zero value) a Total,
+	// Gauge a Level, Unique a Member (docs/design.md §16). It must match
+	// its meter's declared kind.
+	Shape  MeterKind
+	Level  decimal.Decimal // gauge: the stream's level from OccurredAt on
+	Member string          // unique: the member active at OccurredAt
 }
 
 // Kind is what applying a record did.
@@ -53,12 +59,14 @@ var Kinds = []Kind{Applied, Duplicate, Conflict, LateFill, Rejected}
 
 // Reasons given with Rejected and Conflict outcomes.
 const (
-	ReasonInvalid         = "invalid_record"          // Apply's own input check failed (Detail says which field)
-	ReasonTotalDecreased  = "total_decreased"         // counter reset without a new epoch
-	ReasonFutureTimestamp = "future_timestamp"        // occurred_at more than MaxClockSkew ahead of the ledger clock
-	ReasonOperationReused = "operation_id_reused"     // same operation_id, different content
-	ReasonSeqReused       = "seq_reused"              // same stream and seq under another operation_id
-	ReasonOutOfBounds     = "late_fill_out_of_bounds" // a late fill's total is outside its neighbours' totals
+	ReasonInvalid         = "invalid_record"           // Apply's own input check failed (Detail says which field)
+	ReasonTotalDecreased  = "total_decreased"          // counter reset without a new epoch
+	ReasonFutureTimestamp = "future_timestamp"         // occurred_at more than MaxClockSkew ahead of the ledger clock
+	ReasonOperationReused = "operation_id_reused"      // same operation_id, different content
+	ReasonSeqReused       = "seq_reused"               // same stream and seq under another operation_id
+	ReasonOutOfBounds     = "late_fill_out_of_bounds"  // a late fill's total is outside its neighbours' totals
+	ReasonKindMismatch    = "meter_kind_mismatch"      // the record's shape (total, level, member) is not its meter's declared kind
+	ReasonTimeOrder       = "occurred_at_out_of_order" // a gauge or unique reading's occurred_at is not non-decreasing with seq
 )
 
 // MaxClockSkew is how far ahead of the ledger's clock occurred_at may be.

@@ -62,19 +62,23 @@ type Absorbed struct {
 // Statement is what a customer is billed for one period. Once the period
 // is closed it is frozen: it is stored at close and never recomputed.
 type Statement struct {
-	Customer         string     `json:"customer"`
-	Period           string     `json:"period"`
-	Start            time.Time  `json:"start"`
-	End              time.Time  `json:"end"`
-	State            State      `json:"state"`
-	Final            bool       `json:"final"` // true once closed
-	Lines            []Line     `json:"lines"`
-	Absorbed         []Absorbed `json:"prior_periods_absorbed"`
-	ClosedAt         *time.Time `json:"closed_at,omitempty"`
-	Forced           bool       `json:"forced,omitempty"`
-	Reason           string     `json:"reason,omitempty"`
-	Actor            string     `json:"actor,omitempty"`
-	ReconciliationID *uuid.UUID `json:"reconciliation_id,omitempty"`
+	Customer string     `json:"customer"`
+	Period   string     `json:"period"`
+	Start    time.Time  `json:"start"`
+	End      time.Time  `json:"end"`
+	State    State      `json:"state"`
+	Final    bool       `json:"final"` // true once closed
+	Lines    []Line     `json:"lines"`
+	Absorbed []Absorbed `json:"prior_periods_absorbed"`
+	// Gauges and Uniques: the period's gauges and unique meters
+	// (docs/design.md §16), frozen with the rest at close.
+	Gauges           []GaugeLine  `json:"gauges,omitempty"`
+	Uniques          []UniqueLine `json:"uniques,omitempty"`
+	ClosedAt         *time.Time   `json:"closed_at,omitempty"`
+	Forced           bool         `json:"forced,omitempty"`
+	Reason           string       `json:"reason,omitempty"`
+	Actor            string       `json:"actor,omitempty"`
+	ReconciliationID *uuid.UUID   `json:"reconciliation_id,omitempty"`
 }
 
 // Gate decides whether a period may be closed without force: it returns
@@ -87,6 +91,8 @@ type Store struct {
 	Grace time.Duration    // default DefaultGrace
 	Clock func() time.Time // default time.Now
 	Gate  Gate             // nil: only forced closes are possible
+	// Kinds reads the gauges and unique meters of a statement (nil: none).
+	Kinds KindLinesFunc
 }
 
 func (s Store) now() time.Time {
@@ -284,7 +290,17 @@ func (s Store) computeWith(ctx context.Context, db DBTX, customer string, p Peri
 		}
 		st.Absorbed = append(st.Absorbed, a)
 	}
-	return st, mismatched, rows.Err()
+	if err := rows.Err(); err != nil {
+		return st, nil, fmt.Errorf("periods: statement: %w", err)
+	}
+	if s.Kinds != nil {
+		kl, err := s.Kinds(ctx, db, customer, p, s.now())
+		if err != nil {
+			return st, nil, fmt.Errorf("periods: statement: %w", err)
+		}
+		st.Gauges, st.Uniques = kl.Gauges, kl.Uniques
+	}
+	return st, mismatched, nil
 }
 
 // Summary is one period in a customer's list of periods.

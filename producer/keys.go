@@ -67,6 +67,7 @@ type storedKey struct {
 	Meter       string          `json:"m"`
 	Quantity    decimal.Decimal `json:"q"`
 	OccurredAt  time.Time       `json:"at"`
+	Member      string          `json:"mb,omitempty"` // RecordMember's member
 	Epoch       int64           `json:"e"`
 	Seq         int64           `json:"s"`
 	OperationID uuid.UUID       `json:"o"`
@@ -74,7 +75,7 @@ type storedKey struct {
 }
 
 func keyOf(r *request) storedKey {
-	return storedKey{Key: r.idem, Customer: r.key.customer, Meter: r.key.meter, Quantity: r.quantity, OccurredAt: r.at}
+	return storedKey{Key: r.idem, Customer: r.key.customer, Meter: r.key.meter, Quantity: r.quantity, OccurredAt: r.at, Member: r.member}
 }
 
 // answer is what a later call with k's key gets: nil for the same usage
@@ -82,7 +83,7 @@ func keyOf(r *request) storedKey {
 // retrying after a crash may stamp the retry anew, and the first call's
 // time stands.
 func (k storedKey) answer(r *request) error {
-	if k.Customer == r.key.customer && k.Meter == r.key.meter && k.Quantity.Equal(r.quantity) {
+	if k.Customer == r.key.customer && k.Meter == r.key.meter && k.Quantity.Equal(r.quantity) && k.Member == r.member {
 		return nil
 	}
 	return &KeyReusedError{Key: k.Key, Customer: k.Customer, Meter: k.Meter, Quantity: k.Quantity, OccurredAt: k.OccurredAt}

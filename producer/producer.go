@@ -181,6 +181,8 @@ type request struct {
 	key      streamKey
 	quantity decimal.Decimal
 	at       time.Time
+	shape    string // "" (Record), "gauge" (RecordLevel: quantity is the level) or "unique" (RecordMember)
+	member   string
 	idem     string       // the caller's idempotency key (Key), or ""
 	state    atomic.Int32 // reqWaiting → reqTaken (committer) or reqCancelled (caller)
 	done     chan error
@@ -216,6 +218,29 @@ func (r *request) claim() bool { return r.state.CompareAndSwap(reqWaiting, reqTa
 // call it did not see return nil, with the same keys, and is billed exactly
 // once for each.
 func (p *Producer) Record(ctx context.Context, customer, meter string, quantity decimal.Decimal, occurredAt time.Time, opts ...RecordOption) error {
+	return p.record(ctx, &request{key: streamKey{customer, meter}, quantity: quantity, at: occurredAt}, opts)
+}
+
+// RecordLevel records that a gauge meter's level for customer, as this
+// producer sees it, is level from occurredAt on (docs/design.md §16): seats
+// in use, gigabytes stored. The level holds until the next RecordLevel of
+// the same customer and meter; Close ends it at 0 (a final record). The
+// meter must be declared a gauge; durability, Key and the buffer are as
+// for Record.
+func (p *Producer) RecordLevel(ctx context.Context, customer, meter string, level decimal.Decimal, occurredAt time.Time, opts ...RecordOption) error {
+	return p.record(ctx, &request{key: streamKey{customer, meter}, quantity: level, at: occurredAt, shape: "gauge"}, opts)
+}
+
+// RecordMember records that member (1–256 characters) of customer was
+// active on a unique meter at occurredAt: the meter counts distinct
+// members per period and day (docs/design.md §16). The meter must be
+// declared unique; durability, Key and the buffer are as for Record.
+func (p *Producer) RecordMember(ctx context.Context, customer, meter, member string, occurredAt time.Time, opts ...RecordOption) error {
+	return p.record(ctx, &request{key: streamKey{customer, meter}, at: occurredAt, shape: "unique", member: member}, opts)
+}
+
+func (p *Producer) record(ctx context.Context, r *request, opts []RecordOption) error {
+	customer, meter, quantity, occurredAt := r.key.customer, r.key.meter, r.quantity, r.at
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -226,13 +251,12 @@ func (p *Producer) Record(ctx context.Context, customer, meter string, quantity 
 	if err := checkKey(o); err != nil {
 		return err
 	}
-	if err := p.check(customer, meter, quantity, occurredAt); err != nil {
+	if err := p.checkShape(customer, meter, quantity, occurredAt, r.shape, r.member); err != nil {
 		return err
 	}
 	// The ledger keeps microseconds (Postgres timestamptz); keeping the same
 	// here makes a resent record byte-for-byte what the ledger stored.
-	r := &request{ctx: ctx, key: streamKey{customer, meter}, quantity: quantity, at: occurredAt.UTC().Truncate(time.Microsecond),
-		idem: o.key, done: make(chan error, 1)}
+	r.ctx, r.at, r.idem, r.done = ctx, occurredAt.UTC().Truncate(time.Microsecond), o.key, make(chan error, 1)
 	select {
 	case p.reqs <- r:
 	case <-p.closing:
@@ -261,6 +285,12 @@ var checkID = uuid.MustParse("00000000-0000-7000-8000-000000000001")
 // check refuses, before anything is stored, usage that the wire format or
 // the ledger would refuse.
 func (p *Producer) check(customer, meter string, q decimal.Decimal, at time.Time) error {
+	return p.checkShape(customer, meter, q, at, "", "")
+}
+
+// checkShape is check for a record of a shape: a total (""), a level
+// ("gauge", q) or a member ("unique").
+func (p *Producer) checkShape(customer, meter string, q decimal.Decimal, at time.Time, shape, member string) error {
 	if q.Sign() < 0 {
 		return fmt.Errorf("producer: quantity %s is negative; usage is never below zero (record corrections as ledger adjustments)", q)
 	}
@@ -271,9 +301,19 @@ func (p *Producer) check(customer, meter string, q decimal.Decimal, at time.Time
 		return fmt.Errorf("producer: occurredAt %s is more than %v in the future (now %s); the ledger would refuse it",
 			at.UTC().Format(time.RFC3339Nano), maxFuture, now.UTC().Format(time.RFC3339))
 	}
+	rec := wire.Record{OperationID: checkID, Customer: customer, Meter: meter, Seq: 1,
+		Total: q, Quantity: decimal.NewNullDecimal(q), OccurredAt: at}
+	switch shape {
+	case "gauge":
+		rec.Total, rec.Quantity, rec.Level = decimal.Decimal{}, decimal.NullDecimal{}, decimal.NewNullDecimal(q)
+	case "unique":
+		if member == "" {
+			return errors.New("producer: member is empty; members are 1 to 256 characters")
+		}
+		rec.Total, rec.Quantity, rec.Member = decimal.Decimal{}, decimal.NullDecimal{}, member
+	}
 	_, err := wire.Encode(wire.Batch{Schema: wire.Schema, BatchID: checkID, Producer: p.cfg.Producer, Epoch: 1,
-		SentAt: at, Records: []wire.Record{{OperationID: checkID, Customer: customer, Meter: meter, Seq: 1,
-			Total: q, Quantity: decimal.NewNullDecimal(q), OccurredAt: at}}})
+		SentAt: at, Records: []wire.Record{rec}})
 	if err != nil {
 		return fmt.Errorf("producer: usage refused: %w", err)
 	}
@@ -422,6 +462,29 @@ func (p *Producer) commit(taken []*request) {
 			st = cur[r.key]
 		}
 		st.Seq++
+		if r.shape != "" { // a level or a member: no running total
+			st.Shape, st.Member = r.shape, r.member
+			id, err := uuid.NewV7()
+			if err != nil {
+				r.done <- fmt.Errorf("producer: operation id: %w", err)
+				continue
+			}
+			next[r.key] = st
+			sr := storedRecord{Epoch: epoch, OperationID: id, Customer: r.key.customer, Meter: r.key.meter,
+				Seq: st.Seq, Total: st.Total, OccurredAt: r.at, Member: r.member}
+			if r.shape == "gauge" {
+				sr.Level = decimal.NewNullDecimal(r.quantity)
+			}
+			recs = append(recs, sr)
+			ok = append(ok, r)
+			if r.idem != "" {
+				leaders[r.idem] = r
+				k := keyOf(r)
+				k.Epoch, k.Seq, k.OperationID = epoch, st.Seq, id
+				newKeys = append(newKeys, k)
+			}
+			continue
+		}
 		st.Total = st.Total.Add(r.quantity)
 		if st.Total.Coefficient().BitLen() > 120 { // near the 38-digit limit: let the wire rules decide
 			if err := p.check(r.key.customer, r.key.meter, st.Total, r.at); err != nil {
@@ -657,10 +720,17 @@ func (p *Producer) finalize(ctx context.Context) error {
 				if err != nil {
 					return err
 				}
-				ns := streamState{Seq: st.Seq + 1, Total: st.Total, Final: true}
+				ns := streamState{Seq: st.Seq + 1, Total: st.Total, Final: true, Shape: st.Shape, Member: st.Member}
 				states[sk] = ns
-				recs = append(recs, storedRecord{Epoch: epoch, OperationID: id, Customer: sk.customer, Meter: sk.meter,
-					Seq: ns.Seq, Total: ns.Total, Quantity: decimal.Zero, OccurredAt: now, Final: true})
+				fr := storedRecord{Epoch: epoch, OperationID: id, Customer: sk.customer, Meter: sk.meter,
+					Seq: ns.Seq, Total: ns.Total, Quantity: decimal.Zero, OccurredAt: now, Final: true}
+				switch st.Shape { // a gauge's level ends at 0; a unique stream repeats its last member
+				case "gauge":
+					fr.Level = decimal.NewNullDecimal(decimal.Zero)
+				case "unique":
+					fr.Member = st.Member
+				}
+				recs = append(recs, fr)
 			}
 			return nil
 		})

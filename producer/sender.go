@@ -196,6 +196,10 @@ func (p *Producer) putBatches(b *bolt.Bucket, recs []storedRecord, idx []uint64,
 	for i, r := range recs {
 		batch.Records[i] = wire.Record{OperationID: r.OperationID, Customer: r.Customer, Meter: r.Meter, Seq: r.Seq,
 			Total: r.Total, Quantity: decimal.NewNullDecimal(r.Quantity), OccurredAt: r.OccurredAt, Final: r.Final}
+		if r.Level.Valid || r.Member != "" { // a gauge or unique record carries no total or quantity
+			batch.Records[i].Total, batch.Records[i].Quantity = decimal.Decimal{}, decimal.NullDecimal{}
+			batch.Records[i].Level, batch.Records[i].Member = r.Level, r.Member
+		}
 	}
 	value, err := wire.Encode(batch)
 	var we *wire.Error

@@ -70,6 +70,11 @@ type streamState struct {
 	Seq   int64           `json:"seq"`
 	Total decimal.Decimal `json:"total"`
 	Final bool            `json:"final,omitempty"` // its final record is written (Close)
+	// Shape is "gauge" or "unique" for a stream of RecordLevel or
+	// RecordMember ("" for Record); Member is a unique stream's last
+	// member, which its final record repeats.
+	Shape  string `json:"shape,omitempty"`
+	Member string `json:"member,omitempty"`
 }
 
 // storedRecord is a record as Record made it durable; batches are formed
@@ -84,6 +89,10 @@ type storedRecord struct {
 	Quantity    decimal.Decimal `json:"q"`
 	OccurredAt  time.Time       `json:"at"`
 	Final       bool            `json:"f,omitempty"`
+	// A gauge record carries Level instead of a total, a unique record
+	// Member (docs/design.md §16).
+	Level  decimal.NullDecimal `json:"l,omitempty"`
+	Member string              `json:"mb,omitempty"`
 }
 
 // storedBatch is an encoded message, sent as is on every attempt.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tally-ledger/tally/amount"
 	"github.com/tally-ledger/tally/internal/locks"
+	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/validation"
 )
@@ -268,6 +269,13 @@ func PutRule(ctx context.Context, tx pgx.Tx, in RuleInput) (Rule, error) {
 func putRule(ctx context.Context, tx pgx.Tx, in RuleInput, now time.Time) (Rule, error) {
 	if err := in.Validate(); err != nil {
 		return Rule{}, err
+	}
+	// Rules read counters' rollups, and exact admission draws from a
+	// running total: a gauge or unique meter has neither (docs/design.md §16).
+	if m, err := ledger.MeterByName(ctx, tx, in.Meter); err != nil {
+		return Rule{}, err
+	} else if m.Kind != ledger.Counter {
+		return Rule{}, invalid(validation.Errorf("meter", "%q is a %s meter: quota rules, lagged or exact, apply to counters only", in.Meter, m.Kind))
 	}
 	now = now.UTC().Truncate(time.Microsecond)
 	in = in.withDefaults(now)

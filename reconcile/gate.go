@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 
+	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/periods"
 )
 
@@ -172,7 +173,7 @@ func fingerprints(ctx context.Context, tx pgx.Tx, tg target, usage map[string]st
 // closeClean closes the period of every customer the run found clean and
 // whose grace has ended. Customers still open or in grace are left alone.
 func (rc *Reconciler) closeClean(ctx context.Context, run *Run, vs []verdict, now time.Time) error {
-	store := periods.Store{Grace: rc.cfg.Grace, Clock: rc.cfg.Clock, Gate: Gate}
+	store := periods.Store{Grace: rc.cfg.Grace, Clock: rc.cfg.Clock, Gate: Gate, Kinds: ledger.StatementKinds}
 	var errs []error
 	for _, v := range vs {
 		if !v.clean || periods.StateOf(v.period, now, rc.cfg.Grace, false) != periods.AwaitingClose {

@@ -329,6 +329,7 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 	} else {
 		run.Checks = append(run.Checks, Check{Name: CheckConservation, Status: "skipped", Detail: "no ingest tables in this database"})
 	}
+	steps = append(steps, step{CheckKinds, func() error { return r.checkKinds(ctx, tx, tg, now) }})
 	steps = append(steps, step{CheckOverage, func() error { return r.checkOverage(ctx, tx, tg) }})
 	steps = append(steps, step{CheckAdmission, func() error { return r.checkAdmission(ctx, tx, tg, now) }})
 	for i, s := range steps {

@@ -67,6 +67,24 @@ type Record struct {
 	Quantity    decimal.NullDecimal `json:"quantity"` // optional; encoded as a string, omitted when not Valid
 	OccurredAt  time.Time           `json:"occurred_at"`
 	Final       bool                `json:"final,omitempty"`
+	// Level, when Valid, makes this a gauge record: it carries the level
+	// instead of a total (docs/design.md §16).
+	Level decimal.NullDecimal `json:"level"`
+	// Member, when not empty, makes this a unique record: it carries the
+	// member instead of a total.
+	Member string `json:"member,omitempty"`
+}
+
+// Shape is what the record carries: "counter" (a total), "gauge" (a
+// level) or "unique" (a member).
+func (r Record) Shape() string {
+	switch {
+	case r.Level.Valid:
+		return "gauge"
+	case r.Member != "":
+		return "unique"
+	}
+	return "counter"
 }
 
 // Encode writes b as meter.batch.v1 JSON: decimals as strings keeping their
@@ -109,8 +127,17 @@ func Encode(b Batch) ([]byte, error) {
 		buf = appendString(buf, r.Meter)
 		buf = append(buf, `,"seq":`...)
 		buf = strconv.AppendInt(buf, r.Seq, 10)
-		buf = append(buf, `,"total":`...)
-		buf = appendDecimal(buf, r.Total)
+		switch {
+		case r.Level.Valid:
+			buf = append(buf, `,"level":`...)
+			buf = appendDecimal(buf, r.Level.Decimal)
+		case r.Member != "":
+			buf = append(buf, `,"member":`...)
+			buf = appendString(buf, r.Member)
+		default:
+			buf = append(buf, `,"total":`...)
+			buf = appendDecimal(buf, r.Total)
+		}
 		if r.Quantity.Valid {
 			buf = append(buf, `,"quantity":`...)
 			buf = appendDecimal(buf, r.Quantity.Decimal)
@@ -176,8 +203,24 @@ func (b Batch) problems() []error {
 		if r.Seq < 1 {
 			add(ReasonBadSeq, recordPath(i, "seq"), seqBelowOne(strconv.FormatInt(r.Seq, 10)))
 		}
-		if reason, p := decimalProblem(r.Total); p != "" {
-			add(reason, recordPath(i, "total"), p)
+		switch {
+		case r.Level.Valid && r.Member != "":
+			add(ReasonMixedShape, recordPath(i, "member"), mixedShape)
+		case r.Level.Valid:
+			if reason, p := decimalProblem(r.Level.Decimal); p != "" {
+				add(reason, recordPath(i, "level"), p)
+			}
+		case r.Member != "":
+			if p := memberProblem(r.Member); p != "" {
+				add(ReasonBadMember, recordPath(i, "member"), p)
+			}
+		default:
+			if reason, p := decimalProblem(r.Total); p != "" {
+				add(reason, recordPath(i, "total"), p)
+			}
+		}
+		if r.Quantity.Valid && r.Shape() != "counter" {
+			add(ReasonMixedShape, recordPath(i, "quantity"), "is a counter's field; a "+r.Shape()+" record carries no quantity")
 		}
 		if r.Quantity.Valid {
 			if reason, p := decimalProblem(r.Quantity.Decimal); p != "" {

@@ -153,7 +153,7 @@ func checkRecord(t *testing.T, key string, raw json.RawMessage, r wire.Record) {
 		t.Fatalf("accepted record %s: %v", raw, err)
 	}
 	for k := range m {
-		if !slices.Contains([]string{"operation_id", "customer", "meter", "seq", "total", "quantity", "occurred_at", "final"}, k) {
+		if !slices.Contains([]string{"operation_id", "customer", "meter", "seq", "total", "quantity", "occurred_at", "final", "level", "member"}, k) {
 			t.Fatalf("accepted unknown record field %q", k)
 		}
 	}
@@ -167,7 +167,38 @@ func checkRecord(t *testing.T, key string, raw json.RawMessage, r wire.Record) {
 	if checkInt(t, m["seq"]) != r.Seq {
 		t.Fatalf("seq %d", r.Seq)
 	}
-	checkDecimal(t, m["total"], r.Total)
+	// Exactly one of total (a counter), level (a gauge) and member (a
+	// unique count), docs/design.md §16.
+	_, hasTotal := m["total"]
+	_, hasLevel := m["level"]
+	_, hasMember := m["member"]
+	if n := btoi(hasTotal) + btoi(hasLevel) + btoi(hasMember); n != 1 {
+		t.Fatalf("accepted a record with %d of total, level and member: %s", n, raw)
+	}
+	switch {
+	case hasLevel:
+		if !r.Level.Valid || r.Member != "" {
+			t.Fatalf("level %s read as %v, member %q", m["level"], r.Level, r.Member)
+		}
+		checkDecimal(t, m["level"], r.Level.Decimal)
+		if q, ok := m["quantity"]; ok && string(q) != "null" {
+			t.Fatalf("accepted a gauge record with a quantity: %s", raw)
+		}
+	case hasMember:
+		mem := str(t, m["member"])
+		if mem != r.Member || r.Level.Valid || mem == "" || utf8.RuneCountInString(mem) > wire.MaxMemberLen ||
+			!utf8.ValidString(r.Member) || strings.ContainsFunc(mem, unicode.IsControl) {
+			t.Fatalf("accepted member %q (encoding/json reads %q)", r.Member, mem)
+		}
+		if q, ok := m["quantity"]; ok && string(q) != "null" {
+			t.Fatalf("accepted a unique record with a quantity: %s", raw)
+		}
+	default:
+		if r.Level.Valid || r.Member != "" {
+			t.Fatalf("a counter record read as level %v member %q", r.Level, r.Member)
+		}
+		checkDecimal(t, m["total"], r.Total)
+	}
 	if q, ok := m["quantity"]; ok && string(q) != "null" {
 		if !r.Quantity.Valid {
 			t.Fatalf("quantity %s lost", q)
@@ -249,4 +280,11 @@ func checkTime(t *testing.T, raw json.RawMessage, got time.Time) {
 			t.Fatalf("accepted time %s with %d fractional digits", raw, n)
 		}
 	}
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

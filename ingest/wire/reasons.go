@@ -29,6 +29,8 @@ const (
 	ReasonMessageTooLarge   Reason = "message_too_large"    // more than MaxMessageBytes bytes
 	ReasonEmptyBatch        Reason = "empty_batch"          // no records
 	ReasonBadKey            Reason = "bad_key"              // the message key is not a customer id
+	ReasonMixedShape        Reason = "mixed_record_shape"   // a record carries more than one of total, level and member
+	ReasonBadMember         Reason = "bad_member"           // a member is not 1-256 characters of printable UTF-8
 )
 
 // Reasons returns every Reason in a stable order, for pre-registering metric
@@ -39,7 +41,7 @@ func Reasons() []Reason {
 		ReasonUnknownField, ReasonBadUUID, ReasonBadID, ReasonBadEpoch, ReasonBadSeq,
 		ReasonBadDecimal, ReasonDecimalOutOfRange, ReasonNegative, ReasonBadTimestamp,
 		ReasonCustomerMismatch, ReasonTooManyRecords, ReasonMessageTooLarge,
-		ReasonEmptyBatch, ReasonBadKey,
+		ReasonEmptyBatch, ReasonBadKey, ReasonMixedShape, ReasonBadMember,
 	}
 }
 

@@ -1,6 +1,11 @@
 package wire
 
-import "bytes"
+import (
+	"bytes"
+	"fmt"
+	"unicode"
+	"unicode/utf8"
+)
 
 // Record fields.
 const (
@@ -12,12 +17,14 @@ const (
 	rQuantity
 	rOccurredAt
 	rFinal
+	rLevel
+	rMember
 	nRec
 )
 
-var recNames = [nRec]string{"operation_id", "customer", "meter", "seq", "total", "quantity", "occurred_at", "final"}
+var recNames = [nRec]string{"operation_id", "customer", "meter", "seq", "total", "quantity", "occurred_at", "final", "level", "member"}
 
-const recList = "operation_id, customer, meter, seq, total, quantity, occurred_at, final"
+const recList = "operation_id, customer, meter, seq, total, quantity, occurred_at, final, level, member"
 
 func recField(name []byte) int {
 	switch string(name) {
@@ -37,6 +44,10 @@ func recField(name []byte) int {
 		return rOccurredAt
 	case "final":
 		return rFinal
+	case "level":
+		return rLevel
+	case "member":
+		return rMember
 	}
 	return -1
 }
@@ -104,8 +115,41 @@ func (d *decoder) fields(r *Record, f *[nRec][]byte) (field string, p problem) {
 	if r.Seq, p = parseInt(f[rSeq], ReasonBadSeq); !p.ok() {
 		return "seq", p
 	}
-	if r.Total, p = parseDecimal(f[rTotal]); !p.ok() {
-		return "total", p
+	// A record carries a total (a counter), a level (a gauge) or a member
+	// (a unique count): exactly one of them.
+	switch {
+	case f[rLevel] != nil && (f[rTotal] != nil || f[rMember] != nil):
+		return "level", problem{ReasonMixedShape, mixedShape}
+	case f[rMember] != nil && f[rTotal] != nil:
+		return "member", problem{ReasonMixedShape, mixedShape}
+	case f[rLevel] != nil:
+		if q := f[rQuantity]; q != nil && !isNull(q) {
+			return "quantity", problem{ReasonMixedShape, "is a counter's field; a gauge record carries its level alone"}
+		}
+		if r.Level.Decimal, p = parseDecimal(f[rLevel]); !p.ok() {
+			return "level", p
+		}
+		r.Level.Valid = true
+	case f[rMember] != nil:
+		if q := f[rQuantity]; q != nil && !isNull(q) {
+			return "quantity", problem{ReasonMixedShape, "is a counter's field; a unique record carries its member alone"}
+		}
+		m, p := stringField(f[rMember], ReasonBadMember)
+		if p.ok() {
+			if detail := memberProblem(m); detail != "" {
+				p = problem{ReasonBadMember, detail}
+			}
+		}
+		if !p.ok() {
+			return "member", p
+		}
+		r.Member = string(m)
+	case f[rTotal] == nil:
+		return "total", problem{ReasonMissingField, "is missing; a record carries a total (a counter), a level (a gauge) or a member (a unique count)"}
+	default:
+		if r.Total, p = parseDecimal(f[rTotal]); !p.ok() {
+			return "total", p
+		}
 	}
 	if q := f[rQuantity]; q != nil && !isNull(q) {
 		if r.Quantity.Decimal, p = parseDecimal(q); !p.ok() {
@@ -138,3 +182,30 @@ func (d *decoder) intern(b []byte) string {
 	d.meters[s] = s
 	return s
 }
+
+const mixedShape = "is one of total, level and member: a record carries exactly one (its meter's kind decides which)"
+
+// memberProblem checks a unique record's member: 1..MaxMemberLen characters
+// of valid UTF-8 without control characters.
+func memberProblem[T string | []byte](s T) string {
+	if len(s) == 0 {
+		return "is empty; members are 1 to 256 characters"
+	}
+	n := 0
+	for _, c := range string(s) {
+		if c == utf8.RuneError {
+			return quote(string(s)) + " is not valid UTF-8"
+		}
+		if unicode.IsControl(c) {
+			return quote(string(s)) + " has a control character; members are printable text"
+		}
+		n++
+	}
+	if n > MaxMemberLen {
+		return fmt.Sprintf("%s is %d characters long; at most %d", quote(string(s)), n, MaxMemberLen)
+	}
+	return ""
+}
+
+// MaxMemberLen is the longest member a unique record may carry, in characters.
+const MaxMemberLen = 256

@@ -52,6 +52,20 @@ const (
 	// it exclusively for that meter instead, so every grant decided before
 	// has committed and is counted. The second key is hashtext(meter).
 	ExactScope = 71544
+
+	// MeterKinds orders declaring a meter's kind against usage of it:
+	// ledger's Apply takes it shared, in its transaction, before it reads
+	// the kinds of a micro-batch's meters; ledger.DeclareMeter takes it
+	// exclusively before it checks that a meter whose kind changes has no
+	// streams, so a kind never changes under usage. The second key is 0.
+	MeterKinds = 71545
+
+	// GaugeLevel serialises the writers of one customer's gauge: ledger's
+	// gauge path reads a gauge's buckets, recomputes and writes them back,
+	// in its transaction, holding this exclusively for every (customer,
+	// meter) of its micro-batch, sorted. The second key is
+	// hashtext(customer || '/' || meter).
+	GaugeLevel = 71546
 )
 
 // Single-key spaces.

@@ -48,6 +48,9 @@ type benchIngestOptions struct {
 	rounds                          int
 	cpuProfile                      string
 	wal, statements                 bool
+	// kind: also ingest gauge or unique records in each round, beside the
+	// counters (docs/design.md §16: at least 0.8 × counter ingest).
+	kind ledger.MeterKind
 }
 
 func newBenchIngestCmd() *cobra.Command {
@@ -89,6 +92,7 @@ dropped afterwards (unless --keep).`,
 	f.IntVar(&o.rounds, "rounds", 3, "rounds of the three measurements; medians are compared")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	f.BoolVar(&o.wal, "wal", false, "print the WAL written per record, by table and index (needs a superuser and pg_walinspect)")
+	f.StringVar((*string)(&o.kind), "kind", "counter", "counter, or gauge or unique: also ingest the same records as levels or members in each round and compare with counters")
 	f.BoolVar(&o.statements, "statements", false, "print where ingest's round trips to Postgres spend their time, statement by statement, and the CPU per record of Postgres and of this process")
 	return cmd
 }
@@ -96,6 +100,12 @@ dropped afterwards (unless --keep).`,
 func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error {
 	if o.records < 1 || o.perMessage < 1 || o.perMessage > wire.MaxRecords || o.partitions < 1 || o.members < 1 || o.dupShare < 0 || o.dupShare >= 1 || o.rounds < 1 {
 		return errors.New("bench ingest: need --records ≥ 1, 1 ≤ --per-message ≤ 10000, --partitions ≥ 1, --members ≥ 1, 0 ≤ --duplicates < 1, --rounds ≥ 1")
+	}
+	if o.kind == "" {
+		o.kind = ledger.Counter
+	}
+	if !o.kind.Valid() {
+		return fmt.Errorf("bench ingest: --kind %q is not one of counter, gauge, unique", o.kind)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if o.cpuProfile != "" {
@@ -110,7 +120,7 @@ func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error
 		defer pprof.StopCPUProfile()
 	}
 	k, err := devstack.StartKafka(devstack.KafkaConfig{Addr: "127.0.0.1:0",
-		Topics: []string{"bench.unique", "bench.duplicates"}, Partitions: int32(o.partitions)})
+		Topics: []string{"bench.unique", "bench.duplicates", "bench.kind"}, Partitions: int32(o.partitions)})
 	if err != nil {
 		return err
 	}
@@ -118,8 +128,13 @@ func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error
 	fmt.Fprintf(out, "tally bench ingest: %d records per run, %d records per message, %d partitions, %d ingest members, embedded broker %s\n",
 		o.records, o.perMessage, o.partitions, o.members, k.Addr)
 
-	uniq := benchMessages(o.records, o.perMessage, o.partitions*8, 0, 1)
-	dups := benchMessages(o.records, o.perMessage, o.partitions*8, o.dupShare, 2)
+	uniq := benchMessages(o.records, o.perMessage, o.partitions*8, 0, 1, ledger.Counter)
+	dups := benchMessages(o.records, o.perMessage, o.partitions*8, o.dupShare, 2, ledger.Counter)
+	var kindMsgs []benchMessage
+	if o.kind != ledger.Counter {
+		kindMsgs = benchMessages(o.records, o.perMessage, o.partitions*8, 0, 1, o.kind)
+	}
+	var tk []time.Duration
 	physical, err := physicalRows(uniq)
 	if err != nil {
 		return err
@@ -159,6 +174,18 @@ func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error
 		}
 		fmt.Fprintf(out, "  %-34s %8d rows    in %7.2fs = %9.0f rows/s\n", "physical: raw records, one index", len(physical), r4.Seconds(), float64(len(physical))/r4.Seconds())
 		tu, td, tc, tp, copied = append(tu, r1), append(td, r2), append(tc, r3), append(tp, r4), n
+		if kindMsgs != nil {
+			ko := o
+			ko.wal, ko.statements = false, false
+			r5, db5, err := benchRun(ctx, out, log, k.Addr, "bench.kind", ko, kindMsgs, round == 0)
+			if db5 != "" && !o.keep {
+				defer dropBenchDB(o.adminURL, db5)
+			}
+			if err != nil {
+				return err
+			}
+			tk = append(tk, r5)
+		}
 	}
 	uRate, dRate, cRate := float64(o.records)/median(tu).Seconds(), float64(o.records)/median(td).Seconds(), float64(copied)/median(tc).Seconds()
 	pRate := float64(len(physical)) / median(tp).Seconds()
@@ -170,6 +197,11 @@ func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error
 	fmt.Fprintf(out, "  ingest unique / physical   = %.2f   (target ≥ 0.50)\n", uRate/pRate)
 	fmt.Fprintf(out, "  ingest unique / COPY       = %.2f   (own table: what the ledger's rows cost)\n", uRate/cRate)
 	fmt.Fprintf(out, "  ingest duplicates / unique = %.2f   (target ≥ 1.00)\n", dRate/uRate)
+	if tk != nil {
+		kRate := float64(o.records) / median(tk).Seconds()
+		fmt.Fprintf(out, "  ingest, %-7s records     %9.0f records/s\n", o.kind, kRate)
+		fmt.Fprintf(out, "  ingest %s / counter   = %.2f   (target ≥ 0.80)\n", o.kind, kRate/uRate)
+	}
 	return nil
 }
 
@@ -183,11 +215,20 @@ func median(ds []time.Duration) time.Duration {
 type benchMessage struct {
 	key, value []byte
 	records    int
+	kind       ledger.MeterKind // of its records
+}
+
+// msgsKind is the kind of a run's records.
+func msgsKind(msgs []benchMessage) ledger.MeterKind {
+	if len(msgs) == 0 || msgs[0].kind == "" {
+		return ledger.Counter
+	}
+	return msgs[0].kind
 }
 
 // benchMessages builds messages with total records: (1-dup) of them new,
 // the rest retransmits of earlier messages placed at random later positions.
-func benchMessages(total, perMessage, customers int, dup float64, seed uint64) []benchMessage {
+func benchMessages(total, perMessage, customers int, dup float64, seed uint64, kind ledger.MeterKind) []benchMessage {
 	rng := rand.New(rand.NewPCG(seed, 42))
 	type stream struct {
 		customer string
@@ -206,14 +247,21 @@ func benchMessages(total, perMessage, customers int, dup float64, seed uint64) [
 			s.seq++
 			q := decimal.New(rng.Int64N(1_000_000), -3)
 			s.total = s.total.Add(q)
-			b.Records = append(b.Records, wire.Record{OperationID: uuid.Must(uuid.NewV7()), Customer: s.customer,
-				Meter: "api_calls", Seq: s.seq, Total: s.total, Quantity: decimal.NewNullDecimal(q), OccurredAt: now})
+			r := wire.Record{OperationID: uuid.Must(uuid.NewV7()), Customer: s.customer,
+				Meter: "api_calls", Seq: s.seq, Total: s.total, Quantity: decimal.NewNullDecimal(q), OccurredAt: now}
+			switch kind { // the same streams, carrying levels or members instead
+			case ledger.Gauge:
+				r.Total, r.Quantity, r.Level = decimal.Decimal{}, decimal.NullDecimal{}, decimal.NewNullDecimal(q)
+			case ledger.Unique:
+				r.Total, r.Quantity, r.Member = decimal.Decimal{}, decimal.NullDecimal{}, fmt.Sprintf("user-%d", rng.IntN(100_000))
+			}
+			b.Records = append(b.Records, r)
 		}
 		v, err := wire.Encode(b)
 		if err != nil {
 			panic(err) // the generator only builds valid batches
 		}
-		return benchMessage{key: []byte(s.customer), value: v, records: n}
+		return benchMessage{key: []byte(s.customer), value: v, records: n, kind: kind}
 	}
 	nMsgs := (total + perMessage - 1) / perMessage
 	nDup := int(math.Round(float64(nMsgs) * dup))
@@ -252,6 +300,9 @@ func benchRun(ctx context.Context, out io.Writer, log *slog.Logger, broker, topi
 		kmsgs[i] = kafka.Message{Key: m.key, Value: m.value}
 	}
 	label := "ingest, unique records"
+	if kind := msgsKind(msgs); kind != ledger.Counter {
+		label = "ingest, " + string(kind) + " records"
+	}
 	if dupRecords > 0 {
 		label = fmt.Sprintf("ingest, %.0f%% duplicates", 100*float64(dupRecords)/float64(records))
 	}
@@ -289,6 +340,14 @@ func benchRun(ctx context.Context, out io.Writer, log *slog.Logger, broker, topi
 	defer pool.Close()
 	if _, err := migrations.Up(ctx, pool, log); err != nil {
 		return 0, name, err
+	}
+	if kind := msgsKind(msgs); kind != ledger.Counter {
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: "api_calls", Kind: kind}, time.Now())
+			return err
+		}); err != nil {
+			return 0, name, err
+		}
 	}
 	// Ingest has a pool of its own, named (its backends' CPU is counted)
 	// and, with --statements, traced; the benchmark's own queries are not.

@@ -9,9 +9,11 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/shopspring/decimal"
 
+	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/producer"
 	"github.com/tally-ledger/tally/quota"
 )
@@ -49,6 +51,9 @@ func simulate(ctx context.Context, brokers []string, dir string, pool *pgxpool.P
 	if err := demoQuota(ctx, pool); err != nil {
 		log.Warn("simulator: no demo quota", "err", err)
 	}
+	if err := demoKinds(ctx, pool); err != nil {
+		log.Warn("simulator: no seats gauge or active-users meter", "err", err)
+	}
 	var admitted atomic.Int64
 	var gateways sync.WaitGroup
 	defer gateways.Wait()
@@ -83,8 +88,51 @@ func simulate(ctx context.Context, brokers []string, dir string, pool *pgxpool.P
 					return fmt.Errorf("simulator: %w", err)
 				}
 			}
+			if err := simulateKinds(ctx, p, tick, now); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				return fmt.Errorf("simulator: %w", err)
+			}
 		}
 	}
+}
+
+// The gauge and unique meters of tally dev (docs/design.md §16): demo-acme's
+// seats in use, which change every half minute, and its active users, a
+// few of a pool of 40 seen each second.
+const (
+	simSeats = "seats"
+	simUsers = "active_users"
+)
+
+// demoKinds declares the demo's seats gauge and active-users meter.
+func demoKinds(ctx context.Context, pool *pgxpool.Pool) error {
+	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: simSeats, Kind: ledger.Gauge, Unit: "seat",
+			Description: "seats in use"}, time.Now()); err != nil {
+			return err
+		}
+		_, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: simUsers, Kind: ledger.Unique, Unit: "user",
+			Description: "distinct active users"}, time.Now())
+		return err
+	})
+}
+
+func simulateKinds(ctx context.Context, p *producer.Producer, tick int, now time.Time) error {
+	if tick%30 == 0 {
+		seats := decimal.NewFromInt(int64(10 + (tick/30)%7*2)) // 10, 12, ... 22, 10, ...
+		if err := p.RecordLevel(ctx, simCustomer, simSeats, seats, now); err != nil {
+			return err
+		}
+	}
+	for i := range 3 {
+		user := fmt.Sprintf("user-%02d", (tick*7+i*13)%40)
+		if err := p.RecordMember(ctx, simCustomer, simUsers, user, now); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // demoQuota gives demo-acme's api_calls a limit a couple of minutes ahead

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/periods"
 )
 
@@ -30,7 +31,7 @@ adjustment, and the closed statement never changes.`,
 	cmd.PersistentFlags().DurationVar(&grace, "grace", periods.DefaultGrace, "how long after its end a period takes late usage before it is due for closing")
 	envDefault(cmd.PersistentFlags(), "grace", "TALLY_GRACE")
 
-	store := func() periods.Store { return periods.Store{Grace: grace} }
+	store := func() periods.Store { return periods.Store{Grace: grace, Kinds: ledger.StatementKinds} }
 	open := func(cmd *cobra.Command) (*pgxpool.Pool, error) {
 		if err := periods.ValidateGrace(grace); err != nil {
 			return nil, err

@@ -1,0 +1,124 @@
+package api_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/ledger"
+)
+
+// Meters are declared over REST; a used meter's kind is fixed (409); the
+// usage answer speaks each kind: a gauge's max, latest, unit_seconds and
+// average, a unique meter's distinct members per period and day.
+func TestMetersAndKindUsage(t *testing.T) {
+	f := newFixture(t)
+	f.setNow(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
+	if r := f.do("PUT", "/v1/meters/seats", adminToken, map[string]any{"kind": "gauge", "unit": "seat"}); r.status != 200 {
+		t.Fatalf("PUT seats: %d %s", r.status, r.body)
+	}
+	if r := f.do("PUT", "/v1/meters/mau", adminToken, map[string]any{"kind": "unique", "description": "monthly active users"}); r.status != 200 {
+		t.Fatalf("PUT mau: %d %s", r.status, r.body)
+	}
+	p := f.do("PUT", "/v1/meters/bad", adminToken, map[string]any{"kind": "level"}).problem(t, 400, "urn:tally:problem:invalid-request")
+	if got := fields(p); len(got) != 1 || got[0] != "kind" {
+		t.Fatalf("fields %v", got)
+	}
+	if m := f.do("GET", "/v1/meters/calls", adminToken, nil).json(t); m["kind"] != "counter" || m["declared"] != false {
+		t.Fatalf("an undeclared meter: %v", m)
+	}
+	if m := f.do("GET", "/v1/meters", adminToken, nil).json(t); len(m["items"].([]any)) != 2 {
+		t.Fatalf("list: %v", m)
+	}
+
+	// acme: 3 seats from 00:00, 5 from 06:00 (another stream adds 2); two
+	// users, one of them seen twice.
+	ctx := context.Background()
+	day := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	rec := func(producer, meter string, seq int64, at time.Time) ledger.Record {
+		return ledger.Record{OperationID: uuid.New(), Stream: ledger.StreamKey{Producer: producer, Epoch: 1, Customer: "acme", Meter: meter},
+			Seq: seq, OccurredAt: at}
+	}
+	level := func(producer string, seq int64, v string, at time.Time) ledger.Record {
+		r := rec(producer, "seats", seq, at)
+		r.Shape, r.Level = ledger.Gauge, amount.MustParse(v)
+		return r
+	}
+	member := func(seq int64, m string, at time.Time) ledger.Record {
+		r := rec("auth", "mau", seq, at)
+		r.Shape, r.Member = ledger.Unique, m
+		return r
+	}
+	if err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+		_, err := f.ledger.Apply(ctx, tx, []ledger.Record{
+			level("a", 1, "3", day), level("b", 1, "2", day.Add(6*time.Hour)),
+			member(1, "u1", day.Add(time.Hour)), member(2, "u2", day.Add(2*time.Hour)), member(3, "u1", day.Add(3*time.Hour)),
+		})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	f.sync()
+	u := f.do("GET", "/v1/customers/acme/usage?meter=seats", adminToken, nil).json(t)
+	g := u["gauge"].(map[string]any)
+	// 3 × 6h + 5 × 6h through noon.
+	if u["kind"] != "gauge" || g["max"] != "5" || g["latest"] != "5" || g["unit_seconds"] != "172800" || g["unit_hours"] != "48" || g["average"] != "4" {
+		t.Fatalf("seats usage: %v", u)
+	}
+	// An hour later the level-seconds grew, with no new reading.
+	f.setNow(f.clock().Add(time.Hour))
+	if g := f.do("GET", "/v1/customers/acme/usage?meter=seats", adminToken, nil).json(t)["gauge"].(map[string]any); g["unit_seconds"] != "190800" {
+		t.Fatalf("an hour later: %v", g)
+	}
+	all := f.do("GET", "/v1/customers/acme/usage", adminToken, nil).json(t)
+	var mau map[string]any
+	for _, it := range all["items"].([]any) {
+		if m := it.(map[string]any); m["meter"] == "mau" {
+			mau = m
+		}
+	}
+	if mau == nil || mau["total"] != "2" || mau["kind"] != "unique" || len(mau["series"].([]any)) != 1 {
+		t.Fatalf("mau in all meters: %v", all)
+	}
+	f.do("PUT", "/v1/meters/seats", adminToken, map[string]any{"kind": "counter"}).problem(t, 409, "urn:tally:problem:meter-kind-in-use")
+	if r := f.do("PUT", "/v1/meters/seats", adminToken, map[string]any{"kind": "gauge", "unit": "seats"}); r.status != 200 {
+		t.Fatalf("a new unit: %d %s", r.status, r.body)
+	}
+	f.do("PUT", "/v1/meters/seats", f.token("acme"), map[string]any{"kind": "gauge"}).problem(t, 403, "urn:tally:problem:forbidden")
+
+	// December closes (forced) on January 1st: its statement freezes the
+	// gauge (5 seats from Dec 1 06:00 to the end) and the distinct users.
+	f.setNow(time.Date(2027, 1, 1, 0, 0, 1, 0, time.UTC))
+	closed := f.do("POST", "/v1/customers/acme/periods/2026-12-01/close", adminToken,
+		map[string]any{"force": true, "reason": "test", "actor": "test"})
+	if closed.status != 200 {
+		t.Fatalf("close: %d %s", closed.status, closed.body)
+	}
+	want := "13348800" // 3 × 6h + 5 × (31 × 24 − 6)h
+	st := f.do("GET", "/v1/customers/acme/periods/2026-12-01/statement", adminToken, nil).json(t)
+	gl := st["gauges"].([]any)[0].(map[string]any)
+	if gl["unit_seconds"] != want || gl["max"] != "5" || st["uniques"].([]any)[0].(map[string]any)["count"] != float64(2) {
+		t.Fatalf("frozen statement: %v", st)
+	}
+	// A late reading of December (b said 0 at Dec 31 00:00) changes no
+	// frozen statement: January bills the difference, 2 seats × 24h less.
+	if err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+		_, err := f.ledger.Apply(ctx, tx, []ledger.Record{level("b", 2, "0", time.Date(2026, 12, 31, 0, 0, 0, 0, time.UTC))})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	f.sync()
+	st = f.do("GET", "/v1/customers/acme/periods/2026-12-01/statement", adminToken, nil).json(t)
+	if gl := st["gauges"].([]any)[0].(map[string]any); gl["unit_seconds"] != want {
+		t.Fatalf("the frozen statement changed: %v", st)
+	}
+	jan := f.do("GET", "/v1/customers/acme/usage?meter=seats&period=2027-01-01", adminToken, nil).json(t)["gauge"].(map[string]any)
+	if jan["prior_period_unit_seconds"] != "-172800" || jan["latest"] != "3" {
+		t.Fatalf("january: %v", jan)
+	}
+}

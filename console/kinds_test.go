@@ -1,0 +1,57 @@
+package console_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/ledger"
+)
+
+// The customer page shows a gauge's max, latest level and unit-hours, and
+// a unique meter's distinct members, as the REST usage answer has them.
+func TestCustomerPageShowsGaugesAndUniques(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.calendar("acme", "UTC")
+	ctx := f.ctx()
+	start := time.Date(f.now.Year(), f.now.Month(), 1, 0, 0, 0, 0, time.UTC)
+	if err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+		for m, k := range map[string]ledger.MeterKind{"seats": ledger.Gauge, "mau": ledger.Unique} {
+			if _, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: m, Kind: k}, f.now); err != nil {
+				return err
+			}
+		}
+		rec := func(meter string, seq int64) ledger.Record {
+			return ledger.Record{OperationID: uuid.New(), Stream: ledger.StreamKey{Producer: "p", Epoch: 1, Customer: "acme", Meter: meter},
+				Seq: seq, OccurredAt: start}
+		}
+		g1, g2 := rec("seats", 1), rec("seats", 2)
+		g1.Shape, g1.Level, g2.Shape, g2.Level = ledger.Gauge, amount.MustParse("1200"), ledger.Gauge, amount.MustParse("3")
+		g2.OccurredAt = start.Add(time.Hour)
+		u1, u2 := rec("mau", 1), rec("mau", 2)
+		u1.Shape, u1.Member, u2.Shape, u2.Member = ledger.Unique, "u1", ledger.Unique, "u2"
+		_, err := f.ledger.Apply(ctx, tx, []ledger.Record{g1, g2, u1, u2})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c := f.client()
+	f.signInHTTP(c, f.customerToken("acme"))
+	res := f.get(c, "/console/customers/acme")
+	if res.status != 200 {
+		t.Fatalf("customer page: %d %s", res.status, res.body)
+	}
+	for _, want := range []string{
+		`<tr data-meter="seats"><td>seats</td><td class="n">1,200</td><td class="n">3</td>`,
+		`<tr data-meter="mau"><td>mau</td><td class="n">2</td>`,
+	} {
+		if !strings.Contains(res.body, want) {
+			t.Fatalf("the page lacks %s:\n%s", want, res.body)
+		}
+	}
+}

@@ -1,0 +1,231 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/internal/locks"
+	"github.com/tally-ledger/tally/periods"
+)
+
+// MaxMemberLength is the longest member a unique record may carry, in
+// characters.
+const MaxMemberLength = 256
+
+// applyKinds is Apply's dispatch point: it reads the kinds of the batch's
+// meters (holding locks.MeterKinds shared, so no kind changes until the
+// transaction ends), rejects records whose shape is not their meter's
+// kind, and applies each kind's records on its own path. Outcomes are in
+// the records' order; each path is exactly what applying its records one
+// at a time would give (the kinds share no state).
+func (l *Ledger) applyKinds(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome, error) {
+	// The common case, a batch of totals: the counter path reads the kinds
+	// in its own first round trip, and gives the batch back (undone to its
+	// savepoint) when a meter is not a counter.
+	counters := true
+	for i := range recs {
+		if s := recs[i].Shape; s != "" && s != Counter {
+			counters = false
+			break
+		}
+	}
+	if counters {
+		out, err := l.applyCountersChecking(ctx, tx, recs, true)
+		if !errors.Is(err, errNotCounters) {
+			return out, err
+		}
+		if _, err := tx.Exec(ctx, qRollbackToApply); err != nil {
+			return nil, fmt.Errorf("ledger: undo the attempt: %w", err)
+		}
+	}
+	seen := map[string]bool{}
+	var meters []string
+	for i := range recs {
+		if m := recs[i].Stream.Meter; !seen[m] {
+			seen[m] = true
+			meters = append(meters, m)
+		}
+	}
+	kinds := make(map[string]MeterKind, len(meters))
+	b := &pgx.Batch{}
+	b.Queue(qLockMeterKindsShared, locks.MeterKinds)
+	b.Queue(qSelectKinds, meters).Query(func(rows pgx.Rows) error {
+		var name, kind string
+		_, err := pgx.ForEachRow(rows, []any{&name, &kind}, func() error {
+			kinds[name] = MeterKind(kind)
+			return nil
+		})
+		return err
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("ledger: meter kinds: %w", err)
+	}
+	out := make([]Outcome, len(recs))
+	var byKind [3][]int // counter, gauge, unique
+	for i := range recs {
+		r := &recs[i]
+		shape := r.Shape
+		if shape == "" {
+			shape = Counter
+		}
+		kind, ok := kinds[r.Stream.Meter]
+		if !ok {
+			kind = Counter
+		}
+		if shape != kind {
+			out[i] = Outcome{Kind: Rejected, Reason: ReasonKindMismatch,
+				Detail: fmt.Sprintf("meter %q is a %s (it takes %s) but the record carries %s", r.Stream.Meter, kind, carries(kind), carries(shape))}
+			continue
+		}
+		switch kind {
+		case Gauge:
+			byKind[1] = append(byKind[1], i)
+		case Unique:
+			byKind[2] = append(byKind[2], i)
+		default:
+			byKind[0] = append(byKind[0], i)
+		}
+	}
+	paths := [3]func(context.Context, pgx.Tx, []Record) ([]Outcome, error){l.applyCounters, l.applyGauges, l.applyUniques}
+	for k, idx := range byKind {
+		if len(idx) == 0 {
+			continue
+		}
+		sub := make([]Record, len(idx))
+		for j, i := range idx {
+			sub[j] = recs[i]
+		}
+		o, err := paths[k](ctx, tx, sub)
+		if err != nil {
+			return nil, err
+		}
+		for j, i := range idx {
+			out[i] = o[j]
+		}
+	}
+	return out, nil
+}
+
+// errNotCounters: a batch of totals names a meter declared a gauge or
+// unique; applyKinds dispatches it record by record.
+var errNotCounters = errors.New("ledger: a meter of the batch is not a counter")
+
+// queueKindsCheck takes locks.MeterKinds shared (as applyKinds does) and
+// collects the batch's meters that are not counters.
+func (a *applier) queueKindsCheck(b *pgx.Batch, keys []StreamKey) {
+	seen := map[string]bool{}
+	var meters []string
+	for _, k := range keys {
+		if !seen[k.Meter] {
+			seen[k.Meter] = true
+			meters = append(meters, k.Meter)
+		}
+	}
+	b.Queue(qLockMeterKindsShared, locks.MeterKinds)
+	b.Queue(qSelectKinds, meters).Query(func(rows pgx.Rows) error {
+		var name, kind string
+		_, err := pgx.ForEachRow(rows, []any{&name, &kind}, func() error {
+			if MeterKind(kind) != Counter {
+				a.notCounters = append(a.notCounters, name)
+			}
+			return nil
+		})
+		return err
+	})
+}
+
+// carries names the field a kind's records carry.
+func carries(k MeterKind) string {
+	switch k {
+	case Gauge:
+		return "a level"
+	case Unique:
+		return "a member"
+	}
+	return "a total"
+}
+
+// checkReading is Apply's own guard for gauge and unique records (the wire
+// decoder gives friendlier errors first).
+func (r *Record) checkReading() error {
+	var errs []error
+	if r.OperationID == [16]byte{} {
+		errs = append(errs, errors.New("operation_id: missing"))
+	}
+	if r.Stream.Producer == "" || r.Stream.Customer == "" || r.Stream.Meter == "" {
+		errs = append(errs, errors.New("stream: producer, customer and meter are required"))
+	}
+	if r.Stream.Epoch < 1 {
+		errs = append(errs, fmt.Errorf("epoch: %d is not positive", r.Stream.Epoch))
+	}
+	if r.Seq < 1 {
+		errs = append(errs, fmt.Errorf("seq: %d is not positive", r.Seq))
+	}
+	switch r.Shape {
+	case Gauge:
+		if r.Level.Sign() < 0 {
+			errs = append(errs, fmt.Errorf("level: %s is negative", r.Level))
+		} else if err := amount.Check(r.Level); err != nil {
+			errs = append(errs, fmt.Errorf("level: %w", err))
+		}
+	case Unique:
+		if n := utf8.RuneCountInString(r.Member); n < 1 || n > MaxMemberLength || !utf8.ValidString(r.Member) {
+			errs = append(errs, fmt.Errorf("member: must be 1-%d characters of UTF-8", MaxMemberLength))
+		}
+	}
+	if r.OccurredAt.IsZero() {
+		errs = append(errs, errors.New("occurred_at: missing"))
+	}
+	return errors.Join(errs...)
+}
+
+// validateReadings normalises gauge and unique records and rejects those
+// Apply cannot take, returning the indexes of the rest.
+func (a *applier) validateReadings() []int {
+	valid := make([]int, 0, len(a.recs))
+	for i := range a.recs {
+		r := &a.recs[i]
+		r.OccurredAt = r.OccurredAt.UTC().Truncate(time.Microsecond)
+		if err := r.checkReading(); err != nil {
+			a.out[i] = Outcome{Kind: Rejected, Reason: ReasonInvalid, Detail: err.Error()}
+			continue
+		}
+		if r.OccurredAt.After(a.now.Add(MaxClockSkew)) {
+			a.out[i] = Outcome{Kind: Rejected, Reason: ReasonFutureTimestamp,
+				Detail: fmt.Sprintf("occurred_at %s is more than %s ahead of the ledger clock (%s)",
+					r.OccurredAt.Format(time.RFC3339Nano), MaxClockSkew, a.now.Format(time.RFC3339))}
+			continue
+		}
+		valid = append(valid, i)
+	}
+	return valid
+}
+
+// DayBucket is the bucket gauge and unique aggregates are kept by: the
+// local day containing t in the zone of t's period (the calendar in force
+// at the period's start), cut at the period's boundaries.
+func DayBucket(s periods.Schedule, t time.Time) (start, end, period time.Time, err error) {
+	p, err := s.PeriodAt(t)
+	if err != nil {
+		return start, end, period, err
+	}
+	loc, err := s.CalendarAt(p.Start).Location()
+	if err != nil {
+		return start, end, period, err
+	}
+	y, m, d := t.In(loc).Date()
+	ds, de := time.Date(y, m, d, 0, 0, 0, 0, loc), time.Date(y, m, d+1, 0, 0, 0, 0, loc)
+	if ds.Before(p.Start) {
+		ds = p.Start
+	}
+	if de.After(p.End) {
+		de = p.End
+	}
+	return ds.UTC(), de.UTC(), p.Start.UTC(), nil
+}

@@ -1,0 +1,227 @@
+package ledger
+
+// The SQL of meter declarations, gauges and unique counts (docs/design.md
+// §16), in one place, like queries.go for counters.
+
+const (
+	// The gauge and unique paths' first attempt runs inside a savepoint,
+	// undone when a new record's operation id turns out to be recorded.
+	qSavepointKinds  = `SAVEPOINT tally_ledger_kinds`
+	qRollbackToKinds = `ROLLBACK TO SAVEPOINT tally_ledger_kinds`
+
+	qLockMeterKinds       = `SELECT pg_advisory_xact_lock($1::int, 0)`
+	qLockMeterKindsShared = `SELECT pg_advisory_xact_lock_shared($1::int, 0)`
+
+	qSelectKinds = `SELECT meter, kind FROM meters WHERE meter = ANY($1::text[])`
+
+	qSelectMeter  = `SELECT meter, kind, unit, description, created_at, updated_at FROM meters WHERE meter = $1`
+	qSelectMeters = `SELECT meter, kind, unit, description, created_at, updated_at FROM meters ORDER BY meter`
+
+	// A meter is used once it has a stream: streams has no index by meter
+	// alone, but this runs only when a declaration changes a kind.
+	qMeterHasStreams = `SELECT EXISTS (SELECT 1 FROM streams WHERE meter = $1)`
+
+	qUpsertMeter = `
+INSERT INTO meters (meter, kind, unit, description, created_at, updated_at)
+VALUES (@meter, @kind, @unit, @description, @now, @now)
+ON CONFLICT (meter) DO UPDATE SET kind = EXCLUDED.kind, unit = EXCLUDED.unit,
+    description = EXCLUDED.description, updated_at = EXCLUDED.updated_at
+WHERE (meters.kind, meters.unit, meters.description) IS DISTINCT FROM (EXCLUDED.kind, EXCLUDED.unit, EXCLUDED.description)`
+
+	// One exclusive lock per (customer, gauge meter), sorted: a gauge's
+	// buckets are read, recomputed and written back, so two batches of
+	// one customer's gauge take turns.
+	qLockGaugeLevels = `
+SELECT count(pg_advisory_xact_lock($1::int, h))
+FROM (SELECT DISTINCT hashtext(c || '/' || m) AS h FROM unnest($2::text[], $3::text[]) AS k(c, m) ORDER BY 1) AS s`
+
+	qGaugeStreams = `
+SELECT stream_id, last_seq, last_level, last_at, first_at, ends_at
+FROM gauge_streams WHERE stream_id = ANY($1::bigint[])`
+
+	// For each stream, when the earliest newer epoch of its producer,
+	// customer and meter began (NULL: none).
+	qGaugeNewerEpochs = `
+SELECT k.id, (SELECT min(g.first_at) FROM streams s JOIN gauge_streams g ON g.stream_id = s.id
+              WHERE s.producer = k.producer AND s.customer = k.customer AND s.meter = k.meter AND s.epoch > k.epoch)
+FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::text[]) AS k(id, producer, epoch, customer, meter)`
+
+	// Older epochs of the batch's streams whose level may still be running
+	// at $6 (the batch's earliest reading).
+	qGaugeOlderEpochs = `
+SELECT DISTINCT s.id, s.producer, s.epoch, s.customer, s.meter, g.last_seq, g.last_level, g.last_at, g.first_at, g.ends_at
+FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS k(producer, epoch, customer, meter)
+JOIN streams s ON s.producer = k.producer AND s.customer = k.customer AND s.meter = k.meter AND s.epoch < k.epoch
+JOIN gauge_streams g ON g.stream_id = s.id
+WHERE g.ends_at IS NULL OR g.ends_at > $5`
+
+	qGaugeByOperation = `
+SELECT operation_id, stream_id, seq, level, occurred_at, final FROM gauge_readings WHERE operation_id = ANY($1::uuid[])`
+
+	// The recorded reading at, just below and just above each seq.
+	qGaugeNeighbours = `
+SELECT r.stream_id, r.seq, r.operation_id, r.level, r.occurred_at, r.final
+FROM unnest($1::bigint[], $2::bigint[]) AS k(stream_id, seq)
+CROSS JOIN LATERAL (
+  (SELECT * FROM gauge_readings g WHERE g.stream_id = k.stream_id AND g.seq <= k.seq ORDER BY g.seq DESC LIMIT 2)
+  UNION ALL
+  (SELECT * FROM gauge_readings g WHERE g.stream_id = k.stream_id AND g.seq > k.seq ORDER BY g.seq LIMIT 1)
+) AS r`
+
+	// A stream's readings from the one in force at $2 on.
+	qGaugeReadingsFrom = `
+SELECT stream_id, seq, operation_id, level, occurred_at, final FROM gauge_readings
+WHERE stream_id = $1 AND seq >= coalesce(
+  (SELECT max(seq) FROM gauge_readings WHERE stream_id = $1 AND occurred_at <= $2), 1)`
+
+	// The buckets of each (customer, meter) from $3 through $4, and the
+	// last one before $3.
+	qGaugeDays = `
+SELECT k.customer, k.meter, d.day_start, d.day_end, d.period_start, d.level_in, d.max_prefix, d.last_at, d.unit_seconds, d.level_out
+FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::timestamptz[]) AS k(customer, meter, lo, hi)
+CROSS JOIN LATERAL (
+  (SELECT * FROM gauge_days g WHERE g.customer = k.customer AND g.meter = k.meter AND g.day_start < k.lo
+   ORDER BY g.day_start DESC LIMIT 1)
+  UNION ALL
+  (SELECT * FROM gauge_days g WHERE g.customer = k.customer AND g.meter = k.meter AND g.day_start BETWEEN k.lo AND k.hi)
+) AS d`
+
+	qGaugePointsIn = `
+SELECT k.customer, k.meter, p.at, p.delta
+FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::timestamptz[]) AS k(customer, meter, lo, hi)
+JOIN gauge_points p ON p.customer = k.customer AND p.meter = k.meter AND p.at >= k.lo AND p.at < k.hi
+ORDER BY 1, 2, 3`
+
+	qInsertGaugeReadings = `
+INSERT INTO gauge_readings (stream_id, seq, operation_id, customer, meter, level, occurred_at, final, late_fill, ingested_at)
+SELECT stream_id, seq, operation_id, customer, meter, level::numeric, occurred_at, final, late_fill, @now
+FROM unnest(@stream_id::bigint[], @seq::bigint[], @operation_id::uuid[], @customer::text[], @meter::text[],
+            @level::text[], @occurred_at::timestamptz[], @final::boolean[], @late_fill::boolean[])
+  AS r(stream_id, seq, operation_id, customer, meter, level, occurred_at, final, late_fill)
+ON CONFLICT (operation_id) DO NOTHING
+RETURNING 1`
+
+	qUpsertGaugeStreams = `
+INSERT INTO gauge_streams AS g (stream_id, customer, meter, last_seq, last_level, last_at, first_at, ends_at)
+SELECT stream_id, customer, meter, last_seq, last_level::numeric, last_at, first_at, ends_at
+FROM unnest(@stream_id::bigint[], @customer::text[], @meter::text[], @last_seq::bigint[], @last_level::text[],
+            @last_at::timestamptz[], @first_at::timestamptz[], @ends_at::timestamptz[])
+  AS u(stream_id, customer, meter, last_seq, last_level, last_at, first_at, ends_at)
+ORDER BY stream_id
+ON CONFLICT (stream_id) DO UPDATE SET last_seq = EXCLUDED.last_seq, last_level = EXCLUDED.last_level,
+    last_at = EXCLUDED.last_at, first_at = EXCLUDED.first_at, ends_at = EXCLUDED.ends_at`
+
+	qUpdateStreamSeqs = `
+UPDATE streams s SET last_seq = u.last_seq, final_seq = coalesce(u.final_seq, s.final_seq), updated_at = $4
+FROM unnest($1::bigint[], $2::bigint[], $3::bigint[]) AS u(id, last_seq, final_seq)
+WHERE s.id = u.id`
+
+	qUpsertGaugePoints = `
+INSERT INTO gauge_points AS p (customer, meter, at, delta)
+SELECT * FROM unnest(@customer::text[], @meter::text[], @at::timestamptz[], @delta::text[]::numeric[])
+ON CONFLICT (customer, meter, at) DO UPDATE SET delta = p.delta + EXCLUDED.delta`
+
+	qUpsertGaugeDays = `
+INSERT INTO gauge_days AS d (customer, meter, day_start, day_end, period_start, level_in, max_prefix, last_at, unit_seconds, level_out)
+SELECT customer, meter, day_start, day_end, period_start, level_in::numeric, max_prefix::numeric, last_at, unit_seconds::numeric, level_out::numeric
+FROM unnest(@customer::text[], @meter::text[], @day_start::timestamptz[], @day_end::timestamptz[], @period_start::timestamptz[],
+            @level_in::text[], @max_prefix::text[], @last_at::timestamptz[], @unit_seconds::text[], @level_out::text[])
+  AS u(customer, meter, day_start, day_end, period_start, level_in, max_prefix, last_at, unit_seconds, level_out)
+ON CONFLICT (customer, meter, day_start) DO UPDATE SET level_in = EXCLUDED.level_in, max_prefix = EXCLUDED.max_prefix,
+    last_at = EXCLUDED.last_at, unit_seconds = EXCLUDED.unit_seconds, level_out = EXCLUDED.level_out`
+
+	// A level change open to the end of time shifts every later bucket by
+	// a constant: their shape is unchanged.
+	qShiftGaugeDays = `
+UPDATE gauge_days d SET level_in = d.level_in + u.shift::numeric, max_prefix = d.max_prefix + u.shift::numeric,
+    level_out = d.level_out + u.shift::numeric,
+    unit_seconds = d.unit_seconds + u.shift::numeric * extract(epoch FROM d.day_end - d.day_start)
+FROM unnest(@customer::text[], @meter::text[], @after::timestamptz[], @shift::text[]) AS u(customer, meter, after, shift)
+WHERE d.customer = u.customer AND d.meter = u.meter AND d.day_start > u.after`
+
+	qInsertGaugeAdjustments = `
+INSERT INTO gauge_adjustments (id, customer, meter, period_start, prior_period, unit_seconds, operation_id, created_at)
+SELECT id, customer, meter, period_start, prior_period, unit_seconds::numeric, operation_id, @now
+FROM unnest(@id::uuid[], @customer::text[], @meter::text[], @period_start::timestamptz[], @prior_period::timestamptz[],
+            @unit_seconds::text[], @operation_id::uuid[])
+  AS a(id, customer, meter, period_start, prior_period, unit_seconds, operation_id)`
+
+	// Usage: a gauge's buckets in a period and the last one before it.
+
+	// Every declared gauge's buckets of a customer in a period ($3, $4),
+	// and the last bucket before it (its level is carried in).
+	qKindGaugeDays = `
+SELECT m.meter, d.day_start, d.day_end, d.level_in, d.max_prefix, d.last_at, d.unit_seconds, d.level_out
+FROM meters m CROSS JOIN LATERAL (
+  (SELECT * FROM gauge_days g WHERE g.customer = $1 AND g.meter = m.meter AND g.day_start < $3 ORDER BY g.day_start DESC LIMIT 1)
+  UNION ALL
+  (SELECT * FROM gauge_days g WHERE g.customer = $1 AND g.meter = m.meter AND g.day_start >= $3 AND g.day_start < $4)
+) AS d
+WHERE m.kind = 'gauge' AND ($2::text IS NULL OR m.meter = $2)
+ORDER BY m.meter, d.day_start`
+
+	qKindGaugeAdjustments = `
+SELECT meter, sum(unit_seconds) FROM gauge_adjustments
+WHERE customer = $1 AND period_start = $2 AND ($3::text IS NULL OR meter = $3) GROUP BY meter`
+
+	qGaugePointsBetween = `SELECT at, delta FROM gauge_points WHERE customer = $1 AND meter = $2 AND at >= $3 AND at < $4 ORDER BY at`
+
+	// Reconciliation and tests: every reading of a customer's gauge.
+	qGaugeReadingsOf = `
+SELECT s.producer, s.epoch, r.seq, r.level, r.occurred_at, r.final
+FROM gauge_readings r JOIN streams s ON s.id = r.stream_id
+WHERE r.customer = $1 AND r.meter = $2`
+
+	qUniqueByOperation = `
+SELECT operation_id, stream_id, seq, member, occurred_at, final FROM unique_readings WHERE operation_id = ANY($1::uuid[])`
+
+	qUniqueBySeq = `
+SELECT r.stream_id, r.seq, r.operation_id
+FROM unnest($1::bigint[], $2::bigint[]) AS k(stream_id, seq)
+JOIN unique_readings r USING (stream_id, seq)`
+
+	qInsertUniqueReadings = `
+INSERT INTO unique_readings (stream_id, seq, operation_id, customer, meter, member, occurred_at, final, late_fill, ingested_at)
+SELECT stream_id, seq, operation_id, customer, meter, member, occurred_at, final, late_fill, @now
+FROM unnest(@stream_id::bigint[], @seq::bigint[], @operation_id::uuid[], @customer::text[], @meter::text[],
+            @member::text[], @occurred_at::timestamptz[], @final::boolean[], @late_fill::boolean[])
+  AS r(stream_id, seq, operation_id, customer, meter, member, occurred_at, final, late_fill)
+ON CONFLICT (operation_id) DO NOTHING
+RETURNING 1`
+
+	// A member counts once per period and once per bucket day: the count
+	// grows by what the insert added, in the same statement.
+	qInsertUniqueMembers = `
+WITH ins AS (
+  INSERT INTO unique_members (customer, meter, period_start, per_day, day, member, first_at)
+  SELECT * FROM unnest(@customer::text[], @meter::text[], @period_start::timestamptz[], @per_day::boolean[],
+                       @day::timestamptz[], @member::text[], @first_at::timestamptz[])
+  ORDER BY 1, 2, 3, 4, 5, 6
+  ON CONFLICT DO NOTHING
+  RETURNING customer, meter, period_start, per_day, day
+)
+INSERT INTO unique_counts AS c (customer, meter, period_start, per_day, day, members)
+SELECT customer, meter, period_start, per_day, day, count(*) FROM ins GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5
+ON CONFLICT (customer, meter, period_start, per_day, day) DO UPDATE SET members = c.members + EXCLUDED.members`
+
+	qUniqueUsage = `
+SELECT meter, per_day, day, members FROM unique_counts
+WHERE customer = $1 AND period_start = $2 AND ($3::text IS NULL OR meter = $3) ORDER BY meter, per_day, day`
+
+	// Declared kinds are few: streams of their meters, by a scan of
+	// streams (one row per stream), once per reconciliation run.
+	qKindCustomers = `
+SELECT DISTINCT s.customer FROM streams s JOIN meters m ON m.meter = s.meter WHERE m.kind <> 'counter'`
+
+	qGaugeMetersWithReadings = `SELECT DISTINCT meter FROM gauge_readings WHERE customer = $1 ORDER BY 1`
+
+	qGaugeMovesOut = `
+SELECT meter, sum(unit_seconds) FROM gauge_adjustments WHERE customer = $1 AND prior_period = $2 GROUP BY meter`
+
+	// Reconciliation: distinct members from the readings themselves. A
+	// unique_readings index by customer would serve it; reconciliation
+	// reads the customer's readings anyway.
+	qUniqueRecount = `
+SELECT meter, count(DISTINCT member) FROM unique_readings
+WHERE customer = $1 AND occurred_at >= $2 AND occurred_at < $3 GROUP BY meter`
+)

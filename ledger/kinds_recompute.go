@@ -1,0 +1,196 @@
+package ledger
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/periods"
+)
+
+// The recomputations reconciliation compares with the buckets and counts
+// (docs/design.md §16): from the readings alone, by the rules, with none
+// of the incremental machinery.
+
+// GaugeReading is a recorded gauge reading.
+type GaugeReading struct {
+	Producer   string
+	Epoch      int64
+	Seq        int64
+	Level      decimal.Decimal
+	OccurredAt time.Time
+	Final      bool
+}
+
+// GaugeReadings returns every reading of a customer's gauge.
+func GaugeReadings(ctx context.Context, db DBTX, customer, meter string) ([]GaugeReading, error) {
+	rows, err := db.Query(ctx, qGaugeReadingsOf, customer, meter)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: gauge readings: %w", err)
+	}
+	var out []GaugeReading
+	var r GaugeReading
+	_, err = pgx.ForEachRow(rows, []any{&r.Producer, &r.Epoch, &r.Seq, numericDst(&r.Level), &r.OccurredAt, &r.Final}, func() error {
+		r.OccurredAt = r.OccurredAt.UTC()
+		out = append(out, r)
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ledger: gauge readings: %w", err)
+	}
+	return out, nil
+}
+
+// RecomputeGauge computes a gauge's aggregates over [start, asOf) from its
+// readings: each reading holds its level (0 for a final) from its
+// occurred_at until the stream's next reading or the first reading of a
+// newer epoch of its producer; the customer's level is the sum.
+func RecomputeGauge(rs []GaugeReading, start, asOf time.Time) GaugeUsage {
+	type sk struct {
+		p string
+		e int64
+	}
+	streams := map[sk][]GaugeReading{}
+	first := map[sk]time.Time{}
+	for _, r := range rs {
+		k := sk{r.Producer, r.Epoch}
+		streams[k] = append(streams[k], r)
+		if f, ok := first[k]; !ok || r.OccurredAt.Before(f) {
+			first[k] = r.OccurredAt
+		}
+	}
+	type ev struct {
+		at int64
+		d  decimal.Decimal
+	}
+	var evs []ev
+	for k, srs := range streams {
+		var end *time.Time
+		for o, f := range first {
+			if o.p == k.p && o.e > k.e && (end == nil || f.Before(*end)) {
+				t := f
+				end = &t
+			}
+		}
+		sort.Slice(srs, func(i, j int) bool { return srs[i].Seq < srs[j].Seq })
+		for i, r := range srs {
+			to := end
+			if i+1 < len(srs) && (to == nil || srs[i+1].OccurredAt.Before(*to)) {
+				t := srs[i+1].OccurredAt
+				to = &t
+			}
+			if to != nil && !r.OccurredAt.Before(*to) || r.Final || r.Level.IsZero() {
+				continue
+			}
+			evs = append(evs, ev{r.OccurredAt.UnixMicro(), r.Level})
+			if to != nil {
+				evs = append(evs, ev{to.UnixMicro(), r.Level.Neg()})
+			}
+		}
+	}
+	sort.Slice(evs, func(i, j int) bool { return evs[i].at < evs[j].at })
+	u := GaugeUsage{AsOf: asOf}
+	level := decimal.Zero
+	s, e := start.UnixMicro(), asOf.UnixMicro()
+	i := 0
+	for ; i < len(evs) && evs[i].at <= s; i++ {
+		level = level.Add(evs[i].d)
+	}
+	u.Max, u.UnitSeconds = level, decimal.Zero
+	pos := s
+	for ; i < len(evs) && evs[i].at < e; i++ {
+		u.UnitSeconds = u.UnitSeconds.Add(level.Mul(decimal.New(evs[i].at-pos, -6)))
+		level, pos = level.Add(evs[i].d), evs[i].at
+		if i+1 < len(evs) && evs[i+1].at == pos {
+			continue // the level at an instant is after all its changes
+		}
+		if level.GreaterThan(u.Max) {
+			u.Max = level
+		}
+	}
+	if e > s {
+		u.UnitSeconds = u.UnitSeconds.Add(level.Mul(decimal.New(e-pos, -6)))
+	}
+	u.Latest = level
+	u.UnitHours = u.UnitSeconds.DivRound(decimal.NewFromInt(3600), 9)
+	if e > s {
+		u.Average = u.UnitSeconds.DivRound(decimal.New(e-s, -6), 9)
+	}
+	return u
+}
+
+// GaugeMetersOf lists the gauges a customer has readings of.
+func GaugeMetersOf(ctx context.Context, db DBTX, customer string) ([]string, error) {
+	rows, err := db.Query(ctx, qGaugeMetersWithReadings, customer)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: gauge meters: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("ledger: gauge meters: %w", err)
+	}
+	return out, nil
+}
+
+// PriorPeriodMoves sums the level-seconds of a closed period billed in
+// later periods, per gauge.
+func PriorPeriodMoves(ctx context.Context, db DBTX, customer string, prior time.Time) (map[string]decimal.Decimal, error) {
+	rows, err := db.Query(ctx, qGaugeMovesOut, customer, prior)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: gauge adjustments: %w", err)
+	}
+	out := map[string]decimal.Decimal{}
+	var m string
+	var d decimal.Decimal
+	_, err = pgx.ForEachRow(rows, []any{&m, numericDst(&d)}, func() error {
+		out[m] = d
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ledger: gauge adjustments: %w", err)
+	}
+	return out, nil
+}
+
+// RecountUniques counts, per unique meter, the distinct members a
+// customer's readings saw in period p.
+func RecountUniques(ctx context.Context, db DBTX, customer string, p periods.Period) (map[string]int64, error) {
+	rows, err := db.Query(ctx, qUniqueRecount, customer, p.Start, p.End)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: unique recount: %w", err)
+	}
+	out := map[string]int64{}
+	var m string
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&m, &n}, func() error {
+		out[m] = n
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ledger: unique recount: %w", err)
+	}
+	return out, nil
+}
+
+// KindCustomers lists the customers with a stream of a gauge or unique
+// meter: the only ones reconciliation's gauge and unique check reads.
+func KindCustomers(ctx context.Context, db DBTX) (map[string]bool, error) {
+	rows, err := db.Query(ctx, qKindCustomers)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: customers of gauges and unique meters: %w", err)
+	}
+	out := map[string]bool{}
+	var c string
+	_, err = pgx.ForEachRow(rows, []any{&c}, func() error {
+		out[c] = true
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ledger: customers of gauges and unique meters: %w", err)
+	}
+	return out, nil
+}

@@ -1,0 +1,209 @@
+package ledger_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/periods"
+)
+
+func (f *fixture) declare(meter string, kind ledger.MeterKind) error {
+	f.t.Helper()
+	return pgx.BeginFunc(context.Background(), f.pool, func(tx pgx.Tx) error {
+		_, err := ledger.DeclareMeter(context.Background(), tx, ledger.Meter{Meter: meter, Kind: kind, Unit: "seat"}, f.now)
+		return err
+	})
+}
+
+func (b recBuilder) level(seq int64, level string, at time.Time) ledger.Record {
+	r := b.rec(seq, "0", at)
+	r.Total, r.Shape, r.Level = amount.MustParse("0"), ledger.Gauge, amount.MustParse(level)
+	return r
+}
+
+func (b recBuilder) member(seq int64, member string, at time.Time) ledger.Record {
+	r := b.rec(seq, "0", at)
+	r.Shape, r.Member = ledger.Unique, member
+	return r
+}
+
+func (f *fixture) gauge(customer, meter, period string) ledger.GaugeUsage {
+	f.t.Helper()
+	ctx := context.Background()
+	sch, err := periods.Store{}.Schedule(ctx, f.pool, customer)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	p, err := sch.Resolve(period, f.now)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	u, err := ledger.ReadGauge(ctx, f.pool, customer, meter, p, f.now)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return u
+}
+
+// A meter's kind is fixed once it has usage; unit and description are not.
+func TestDeclareMeterKindFixedOnceUsed(t *testing.T) {
+	f := newFixture(t)
+	if err := f.declare("seats", ledger.Counter); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.declare("seats", ledger.Gauge); err != nil {
+		t.Fatalf("no usage yet: the kind may change: %v", err)
+	}
+	b := recBuilder{"p", 1, "acme", "seats"}
+	if got := kinds(f.apply(b.level(1, "3", f.now.Add(-time.Hour)))); got != "applied" {
+		t.Fatalf("outcome %s", got)
+	}
+	err := f.declare("seats", ledger.Unique)
+	var inUse ledger.KindInUseError
+	if !errors.As(err, &inUse) || inUse.Kind != ledger.Gauge || inUse.Proposed != ledger.Unique {
+		t.Fatalf("changing a used gauge into a unique: %v, want KindInUseError", err)
+	}
+	if err := f.declare("seats", ledger.Gauge); err != nil {
+		t.Fatalf("same kind, new unit: %v", err)
+	}
+	// A used counter cannot become a gauge either.
+	c := recBuilder{"p", 1, "acme", "calls"}
+	f.apply(c.rec(1, "5", f.now.Add(-time.Hour)))
+	if err := f.declare("calls", ledger.Gauge); !errors.As(err, &inUse) || inUse.Kind != ledger.Counter {
+		t.Fatalf("changing a used counter: %v", err)
+	}
+	if err := f.declare("Bad meter", ledger.Gauge); err == nil {
+		t.Fatal("a bad meter id was accepted")
+	}
+}
+
+// A record whose shape is not its meter's kind is rejected with its own
+// reason; the batch's other records still apply.
+func TestKindMismatchIsRejected(t *testing.T) {
+	f := newFixture(t)
+	if err := f.declare("seats", ledger.Gauge); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.declare("mau", ledger.Unique); err != nil {
+		t.Fatal(err)
+	}
+	at := f.now.Add(-time.Hour)
+	out := f.apply(
+		recBuilder{"p", 1, "acme", "seats"}.rec(1, "5", at),
+		recBuilder{"p", 1, "acme", "seats"}.level(1, "5", at),
+		recBuilder{"p", 1, "acme", "calls"}.level(1, "5", at),
+		recBuilder{"p", 1, "acme", "mau"}.level(1, "5", at),
+		recBuilder{"p", 1, "acme", "mau"}.member(1, "u1", at),
+		recBuilder{"p", 1, "acme", "calls"}.rec(1, "5", at),
+	)
+	want := "rejected(meter_kind_mismatch) applied rejected(meter_kind_mismatch) rejected(meter_kind_mismatch) applied applied"
+	if got := kinds(out); got != want {
+		t.Fatalf("outcomes\n got %s\nwant %s", got, want)
+	}
+}
+
+// Seats: two streams, a level across a period boundary, a late reading, a
+// final, and a newer epoch.
+func TestGaugeAggregatesExample(t *testing.T) {
+	f := newFixture(t)
+	f.now = time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	if err := f.declare("seats", ledger.Gauge); err != nil {
+		t.Fatal(err)
+	}
+	a := recBuilder{"gw-a", 1, "acme", "seats"}
+	b := recBuilder{"gw-b", 1, "acme", "seats"}
+	nov30 := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	got := kinds(f.apply(
+		a.level(1, "10", nov30),                                    // 10 from Nov 30 00:00
+		b.level(1, "5", nov30.Add(12*time.Hour)),                   // +5 from 12:00
+		a.level(3, "4", nov30.Add(36*time.Hour)),                   // a: 4 from Dec 1 12:00 (seq 2 missing)
+		recWrap(b.level(2, "0", nov30.Add(30*time.Hour))).finalR(), // b ends Dec 1 06:00
+	))
+	if got != "applied applied applied applied" {
+		t.Fatalf("outcomes %s", got)
+	}
+	nov := f.gauge("acme", "seats", "2026-11-01")
+	// Nov 30: 10 for 12h, 15 for 12h.
+	if nov.Max.String() != "15" || nov.Latest.String() != "15" || nov.UnitSeconds.String() != "1080000" {
+		t.Fatalf("november %+v", nov)
+	}
+	// Seq 2 arrives late: a was 20 from Nov 30 18:00 to Dec 1 12:00.
+	if got := kinds(f.apply(a.level(2, "20", nov30.Add(18*time.Hour)))); got != "late_fill" {
+		t.Fatalf("late reading: %s", got)
+	}
+	nov = f.gauge("acme", "seats", "2026-11-01")
+	// 10×12h + 15×6h + 25×6h = 432000+324000+540000
+	if nov.Max.String() != "25" || nov.Latest.String() != "25" || nov.UnitSeconds.String() != "1296000" {
+		t.Fatalf("november after the late reading %+v", nov)
+	}
+	dec := f.gauge("acme", "seats", "2026-12-01")
+	// Dec 1: 25 for 6h, 20 for 6h (b final), 4 for 12h, until now (Dec 2 00:00).
+	if dec.Max.String() != "25" || dec.Latest.String() != "4" || dec.UnitSeconds.String() != "1144800" || dec.Average.String() != "13.25" {
+		t.Fatalf("december %+v", dec)
+	}
+	// A new epoch of gw-a ends epoch 1's level at its first reading.
+	a2 := recBuilder{"gw-a", 2, "acme", "seats"}
+	f.apply(a2.level(1, "1", nov30.Add(42*time.Hour))) // Dec 1 18:00
+	dec = f.gauge("acme", "seats", "2026-12-01")
+	// ... 4 for 6h then 1 for 6h.
+	if dec.Latest.String() != "1" || dec.UnitSeconds.String() != "1080000" {
+		t.Fatalf("december after a new epoch %+v", dec)
+	}
+}
+
+func (r recWrap) finalR() ledger.Record { r.Final = true; return ledger.Record(r) }
+
+type recWrap ledger.Record
+
+// A new gauge or unique record reusing a recorded operation id of another
+// stream is a conflict, found though new records' ids are not looked up
+// first (the attempt is undone and the batch applied again).
+func TestKindsOperationIDReusedAcrossStreams(t *testing.T) {
+	f := newFixture(t)
+	if err := f.declare("seats", ledger.Gauge); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.declare("mau", ledger.Unique); err != nil {
+		t.Fatal(err)
+	}
+	at := f.now.Add(-time.Hour)
+	g1, u1 := recBuilder{"p", 1, "acme", "seats"}.level(1, "3", at), recBuilder{"p", 1, "acme", "mau"}.member(1, "u1", at)
+	f.apply(g1, u1)
+	g2, u2 := recBuilder{"q", 1, "acme", "seats"}.level(1, "4", at), recBuilder{"q", 1, "acme", "mau"}.member(1, "u2", at)
+	g2.OperationID, u2.OperationID = g1.OperationID, u1.OperationID
+	g3 := recBuilder{"r", 1, "acme", "seats"}.level(1, "5", at)
+	if got := kinds(f.apply(g2, u2, g3)); got != "conflict(operation_id_reused) conflict(operation_id_reused) applied" {
+		t.Fatalf("outcomes %s", got)
+	}
+	if u := f.gauge("acme", "seats", "current"); u.Latest.String() != "8" {
+		t.Fatalf("level %s, want 3 + 5", u.Latest)
+	}
+}
+
+// A batch of totals only takes the counter path, which reads the kinds in
+// its first round trip; a total for a gauge undoes that attempt and the
+// batch is dispatched record by record, leaving no trace of the attempt.
+func TestTotalsBatchNamingAGauge(t *testing.T) {
+	f := newFixture(t)
+	if err := f.declare("seats", ledger.Gauge); err != nil {
+		t.Fatal(err)
+	}
+	at := f.now.Add(-time.Hour)
+	out := f.apply(recBuilder{"p", 1, "acme", "calls"}.rec(1, "5", at), recBuilder{"p", 1, "acme", "seats"}.rec(1, "5", at),
+		recBuilder{"p", 1, "acme", "calls"}.rec(2, "7", at))
+	if got := kinds(out); got != "applied rejected(meter_kind_mismatch) applied" {
+		t.Fatalf("outcomes %s", got)
+	}
+	if n := f.scalar(`SELECT count(*)::text FROM streams WHERE meter = 'seats'`); n != "0" {
+		t.Fatalf("%s streams of seats", n)
+	}
+	if n := f.scalar(`SELECT sum(billed)::text FROM records`); n != "7" {
+		t.Fatalf("billed %s", n)
+	}
+}

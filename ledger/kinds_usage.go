@@ -1,0 +1,286 @@
+package ledger
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/periods"
+)
+
+// GaugeUsage is a gauge's aggregates over a period, through AsOf (the
+// period's end, or now while it is open) — docs/design.md §16.
+type GaugeUsage struct {
+	Meter string `json:"meter"`
+	// Max is the highest customer level in the period, the level carried
+	// in at its start included.
+	Max decimal.Decimal `json:"max"`
+	// Latest is the level in force just before AsOf (a reading stamped
+	// exactly at AsOf belongs to what follows).
+	Latest decimal.Decimal `json:"latest"`
+	// UnitSeconds is the integral of the level over the period through
+	// AsOf, exact to the microsecond; UnitHours is it in hours (for
+	// display, rounded to 9 places).
+	UnitSeconds decimal.Decimal `json:"unit_seconds"`
+	UnitHours   decimal.Decimal `json:"unit_hours"`
+	// Average is UnitSeconds over the period's seconds through AsOf
+	// (rounded to 9 places).
+	Average decimal.Decimal `json:"average"`
+	// PriorPeriodUnitSeconds is level-seconds of closed periods that
+	// changed late and are billed in this one.
+	PriorPeriodUnitSeconds decimal.Decimal `json:"prior_period_unit_seconds"`
+	AsOf                   time.Time       `json:"as_of"`
+}
+
+// UniqueUsage is a unique meter's distinct members over a period and per
+// bucket day.
+type UniqueUsage struct {
+	Meter string      `json:"meter"`
+	Count int64       `json:"count"`
+	Days  []UniqueDay `json:"days"`
+}
+
+// UniqueDay is one bucket day's distinct members.
+type UniqueDay struct {
+	Start time.Time `json:"start"`
+	Count int64     `json:"count"`
+}
+
+// KindsUsage is what a customer's gauges and unique meters hold for one
+// period, read in one go; Gauges answers the gauges' aggregates at any
+// later now (an open period's level-seconds grow with time), so an answer
+// may be kept until the ledger changes.
+type KindsUsage struct {
+	start, end time.Time
+	gauges     []gaugeRows
+	Uniques    []UniqueUsage
+}
+
+type gaugeRows struct {
+	meter string
+	days  []dayRow
+	pts   []point // the change points of a bucket whose last one was at or after the read
+	prior decimal.Decimal
+}
+
+// ReadKinds reads a customer's declared gauges (meter "": every one; a
+// meter without levels is left out) and unique meters over period p: at
+// most a row per gauge and day of the period, whatever the number of
+// readings.
+func ReadKinds(ctx context.Context, db DBTX, customer, meter string, p periods.Period, now time.Time) (KindsUsage, error) {
+	k := KindsUsage{start: p.Start.UTC(), end: p.End.UTC()}
+	var m *string
+	if meter != "" {
+		m = &meter
+	}
+	rows, err := db.Query(ctx, qKindGaugeDays, customer, m, p.Start, p.End)
+	if err != nil {
+		return k, fmt.Errorf("ledger: gauge usage: %w", err)
+	}
+	var name string
+	var d dayRow
+	_, err = pgx.ForEachRow(rows, []any{&name, &d.start, &d.end, numericDst(&d.levelIn), nullNumericDst(&d.prefix), &d.lastAt,
+		numericDst(&d.unitSec), numericDst(&d.levelOut)}, func() error {
+		if len(k.gauges) == 0 || k.gauges[len(k.gauges)-1].meter != name {
+			k.gauges = append(k.gauges, gaugeRows{meter: name})
+		}
+		row := d
+		row.start, row.end = d.start.UTC(), d.end.UTC()
+		if row.lastAt.Valid {
+			row.lastAt.Time = row.lastAt.Time.UTC()
+		}
+		g := &k.gauges[len(k.gauges)-1]
+		g.days = append(g.days, row)
+		return nil
+	})
+	if err != nil {
+		return k, fmt.Errorf("ledger: gauge usage: %w", err)
+	}
+	if len(k.gauges) > 0 {
+		rows, err := db.Query(ctx, qKindGaugeAdjustments, customer, p.Start, m)
+		if err != nil {
+			return k, fmt.Errorf("ledger: gauge usage: %w", err)
+		}
+		prior := map[string]decimal.Decimal{}
+		var sum decimal.Decimal
+		if _, err := pgx.ForEachRow(rows, []any{&name, numericDst(&sum)}, func() error {
+			prior[name] = sum
+			return nil
+		}); err != nil {
+			return k, fmt.Errorf("ledger: gauge usage: %w", err)
+		}
+		for i := range k.gauges {
+			g := &k.gauges[i]
+			g.prior = prior[g.meter]
+			for _, r := range g.days {
+				// A reading stamped ahead of now (within the allowed skew):
+				// the bucket's own points tell what held until a later now.
+				if r.start.Before(now) && now.Before(r.end) && r.lastAt.Valid && !r.lastAt.Time.Before(now) {
+					prow, err := db.Query(ctx, qGaugePointsBetween, customer, g.meter, r.start, r.end)
+					if err != nil {
+						return k, fmt.Errorf("ledger: gauge usage: %w", err)
+					}
+					var pt point
+					if _, err := pgx.ForEachRow(prow, []any{&pt.at, numericDst(&pt.delta)}, func() error {
+						g.pts = append(g.pts, point{pt.at.UTC(), pt.delta})
+						return nil
+					}); err != nil {
+						return k, fmt.Errorf("ledger: gauge usage: %w", err)
+					}
+				}
+			}
+		}
+	}
+	if k.Uniques, err = ReadUniques(ctx, db, customer, meter, p); err != nil {
+		return k, err
+	}
+	return k, nil
+}
+
+// Gauges answers every gauge's aggregates through now (the period's end
+// once it is over).
+func (k KindsUsage) Gauges(now time.Time) []GaugeUsage {
+	asOf := k.end
+	if now.Before(asOf) {
+		asOf = now.UTC().Truncate(time.Microsecond)
+	}
+	out := make([]GaugeUsage, 0, len(k.gauges))
+	for _, g := range k.gauges {
+		u := GaugeUsage{Meter: g.meter, AsOf: asOf, PriorPeriodUnitSeconds: g.prior}
+		days := append([]dayRow(nil), g.days...)
+		gaugeAggregates(&u, days, g.pts, k.start, asOf)
+		out = append(out, u)
+	}
+	return out
+}
+
+// ReadGauge answers one gauge's aggregates over period p through now.
+func ReadGauge(ctx context.Context, db DBTX, customer, meter string, p periods.Period, now time.Time) (GaugeUsage, error) {
+	k, err := ReadKinds(ctx, db, customer, meter, p, now)
+	if err != nil {
+		return GaugeUsage{}, err
+	}
+	for _, g := range k.Gauges(now) {
+		if g.Meter == meter {
+			return g, nil
+		}
+	}
+	asOf := p.End.UTC()
+	if now.Before(asOf) {
+		asOf = now.UTC().Truncate(time.Microsecond)
+	}
+	return GaugeUsage{Meter: meter, AsOf: asOf}, nil
+}
+
+// gaugeAggregates folds a period's buckets (the first may be the last one
+// before the period: its level is carried in) through asOf. pts are the
+// change points of the bucket holding asOf when some lie after it.
+func gaugeAggregates(u *GaugeUsage, days []dayRow, pts []point, start, asOf time.Time) {
+	level := decimal.Zero
+	if len(days) > 0 && days[0].start.Before(start) {
+		level, days = days[0].levelOut, days[1:]
+	}
+	var mx decimal.NullDecimal
+	see := func(v decimal.Decimal) {
+		if !mx.Valid || v.GreaterThan(mx.Decimal) {
+			mx = decimal.NewNullDecimal(v)
+		}
+	}
+	us, pos := decimal.Zero, start
+	for i := range days {
+		r := &days[i]
+		if !r.start.Before(asOf) {
+			break
+		}
+		if r.start.After(pos) {
+			us = us.Add(level.Mul(Seconds(r.start.Sub(pos))))
+			see(level)
+		}
+		switch {
+		case !r.end.After(asOf):
+			us = us.Add(r.unitSec)
+			see(r.Max())
+			level, pos = r.levelOut, r.end
+		case !r.lastAt.Valid || r.lastAt.Time.Before(asOf):
+			us = us.Add(r.unitSec.Sub(r.levelOut.Mul(Seconds(r.end.Sub(asOf)))))
+			see(r.Max())
+			level, pos = r.levelOut, asOf
+		default:
+			cut := dayRow{start: r.start, end: asOf, levelIn: r.levelIn}
+			var before []point
+			for _, p := range pts {
+				if p.at.Before(asOf) {
+					before = append(before, p)
+				}
+			}
+			cut.recompute(before)
+			us = us.Add(cut.unitSec)
+			see(cut.Max())
+			level, pos = cut.levelOut, asOf
+		}
+	}
+	if pos.Before(asOf) {
+		us = us.Add(level.Mul(Seconds(asOf.Sub(pos))))
+		see(level)
+	}
+	u.Max, u.Latest, u.UnitSeconds = mx.Decimal, level, us
+	u.UnitHours = us.DivRound(decimal.NewFromInt(3600), 9)
+	if secs := Seconds(asOf.Sub(start)); secs.Sign() > 0 {
+		u.Average = us.DivRound(secs, 9)
+	}
+}
+
+// ReadUniques answers the distinct members of a customer's unique meters
+// (meter "": every one) over period p, and per bucket day.
+func ReadUniques(ctx context.Context, db DBTX, customer, meter string, p periods.Period) ([]UniqueUsage, error) {
+	var m *string
+	if meter != "" {
+		m = &meter
+	}
+	rows, err := db.Query(ctx, qUniqueUsage, customer, p.Start, m)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: unique usage: %w", err)
+	}
+	var out []UniqueUsage
+	var name string
+	var perDay bool
+	var day time.Time
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&name, &perDay, &day, &n}, func() error {
+		if len(out) == 0 || out[len(out)-1].Meter != name {
+			out = append(out, UniqueUsage{Meter: name, Days: []UniqueDay{}})
+		}
+		u := &out[len(out)-1]
+		if perDay {
+			u.Days = append(u.Days, UniqueDay{Start: day.UTC(), Count: n})
+		} else {
+			u.Count = n
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ledger: unique usage: %w", err)
+	}
+	return out, nil
+}
+
+// StatementKinds is the periods.KindLinesFunc of the ledger's gauges and
+// unique meters: a statement's gauge and unique lines.
+func StatementKinds(ctx context.Context, db periods.DBTX, customer string, p periods.Period, now time.Time) (periods.KindLines, error) {
+	k, err := ReadKinds(ctx, db, customer, "", p, now)
+	if err != nil {
+		return periods.KindLines{}, err
+	}
+	var kl periods.KindLines
+	for _, g := range k.Gauges(now) {
+		kl.Gauges = append(kl.Gauges, periods.GaugeLine{Meter: g.Meter, Max: g.Max, Latest: g.Latest, UnitSeconds: g.UnitSeconds,
+			UnitHours: g.UnitHours, Average: g.Average, PriorPeriodUnitSeconds: g.PriorPeriodUnitSeconds})
+	}
+	for _, u := range k.Uniques {
+		kl.Uniques = append(kl.Uniques, periods.UniqueLine{Meter: u.Meter, Count: u.Count})
+	}
+	return kl, nil
+}

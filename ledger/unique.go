@@ -1,0 +1,291 @@
+package ledger
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/periods"
+)
+
+// A unique record says its member was active at occurred_at. The member
+// counts once in that period and once in that bucket day (see DayBucket):
+// unique_members' key makes a second sighting insert nothing, and the
+// count grows in the same statement by what was inserted. Streams, seqs
+// and operation ids follow the counters' rules (a seq below the stream's
+// last is a late fill: nothing was billed for it, so it only counts its
+// member).
+
+// FindingUniqueAfterClose: a member was seen in a period already closed.
+const FindingUniqueAfterClose = "unique_member_after_close"
+
+type uniqueStored struct {
+	streamID int64
+	seq      int64
+	member   string
+	at       time.Time
+	final    bool
+}
+
+type uniqueApplier struct {
+	*applier
+	uops     map[uuid.UUID]uniqueStored
+	members  map[memberKey]time.Time
+	news     []gaugeNew
+	inserted int // readings the insert inserted (fewer: an operation id was taken)
+}
+
+type memberKey struct {
+	customer, meter string
+	period, day     int64 // unix micro; day 0: the period's row
+	member          string
+}
+
+// applyUniques is Apply for the records of unique meters; operation ids
+// are looked up as applyGauges does.
+func (l *Ledger) applyUniques(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome, error) {
+	out, err := l.applyUniquesOnce(ctx, tx, recs, false)
+	if !errors.Is(err, errOperationTaken) {
+		return out, err
+	}
+	if _, err := tx.Exec(ctx, qRollbackToKinds); err != nil {
+		return nil, fmt.Errorf("ledger: undo the attempt: %w", err)
+	}
+	return l.applyUniquesOnce(ctx, tx, recs, true)
+}
+
+func (l *Ledger) applyUniquesOnce(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll bool) ([]Outcome, error) {
+	now := l.now().UTC().Truncate(time.Microsecond)
+	a := &uniqueApplier{applier: &applier{
+		lookupAll: lookupAll, now: now, out: make([]Outcome, len(recs)), recs: append([]Record(nil), recs...),
+		streams: map[StreamKey]*stream{}, ops: map[uuid.UUID]stored{},
+		calendars: map[string]periods.Schedule{}, closed: map[periodKey]bool{}, rollups: map[rollupKey]decimal.Decimal{},
+	}, uops: map[uuid.UUID]uniqueStored{}, members: map[memberKey]time.Time{}}
+	valid := a.validateReadings()
+	if len(valid) == 0 {
+		return a.out, nil
+	}
+	var customers []string
+	seenC := map[string]bool{}
+	var keys []StreamKey
+	var opIDs []uuid.UUID
+	minAt := now
+	for _, i := range valid {
+		r := &a.recs[i]
+		if !seenC[r.Stream.Customer] {
+			seenC[r.Stream.Customer] = true
+			customers = append(customers, r.Stream.Customer)
+		}
+		if _, ok := a.streams[r.Stream]; !ok {
+			a.streams[r.Stream] = nil
+			keys = append(keys, r.Stream)
+		}
+		opIDs = append(opIDs, r.OperationID)
+		if r.OccurredAt.Before(minAt) {
+			minAt = r.OccurredAt
+		}
+	}
+	sort.Strings(customers)
+	b := &pgx.Batch{}
+	if !lookupAll {
+		b.Queue(qSavepointKinds)
+	}
+	a.queueCustomers(b, customers, minAt)
+	a.queueStreamState(b, keys)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return nil, fmt.Errorf("ledger: unique load: %w", err)
+	}
+	if !lookupAll {
+		opIDs = opIDs[:0]
+		for _, i := range valid {
+			if r := &a.recs[i]; a.streams[r.Stream] != nil && r.Seq <= a.streams[r.Stream].dbLastSeq {
+				opIDs = append(opIDs, r.OperationID)
+			}
+		}
+	}
+	if len(opIDs) > 0 {
+		b = &pgx.Batch{}
+		b.Queue(qUniqueByOperation, pgUUIDs(opIDs)).Query(func(rows pgx.Rows) error {
+			var op pgtype.UUID
+			var s uniqueStored
+			_, err := pgx.ForEachRow(rows, []any{&op, &s.streamID, &s.seq, &s.member, &s.at, &s.final}, func() error {
+				s.at = s.at.UTC()
+				a.uops[op.Bytes] = s
+				return nil
+			})
+			return err
+		})
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return nil, fmt.Errorf("ledger: unique load: %w", err)
+		}
+	}
+	var cs, cq []int64
+	for _, i := range valid {
+		r := &a.recs[i]
+		s := a.streams[r.Stream]
+		if s == nil {
+			return nil, fmt.Errorf("ledger: stream %+v was not created", r.Stream)
+		}
+		if _, ok := a.uops[r.OperationID]; !ok && r.Seq <= s.dbLastSeq {
+			cs, cq = append(cs, s.id), append(cq, r.Seq)
+		}
+	}
+	if len(cs) > 0 {
+		b = &pgx.Batch{}
+		b.Queue(qUniqueBySeq, cs, cq).Query(func(rows pgx.Rows) error {
+			var sid, seq int64
+			var op pgtype.UUID
+			_, err := pgx.ForEachRow(rows, []any{&sid, &seq, &op}, func() error {
+				a.byID[sid].seen[seq] = op.Bytes
+				return nil
+			})
+			return err
+		})
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return nil, fmt.Errorf("ledger: unique load seqs: %w", err)
+		}
+	}
+	for _, i := range valid {
+		if err := a.apply(i); err != nil {
+			return nil, err
+		}
+	}
+	if err := a.write(ctx, tx); err != nil {
+		return nil, err
+	}
+	return a.out, nil
+}
+
+func (a *uniqueApplier) apply(i int) error {
+	r := &a.recs[i]
+	s := a.streams[r.Stream]
+	if prev, ok := a.uops[r.OperationID]; ok {
+		if prev.streamID == s.id && prev.seq == r.Seq && prev.member == r.Member && prev.at.Equal(r.OccurredAt) && prev.final == r.Final {
+			a.out[i] = Outcome{Kind: Duplicate}
+			return nil
+		}
+		a.conflict(i, s, ReasonOperationReused, nil,
+			fmt.Sprintf("operation_id %s was first recorded with other content (stream %d seq %d member %q); the first write stands",
+				r.OperationID, prev.streamID, prev.seq, prev.member))
+		return nil
+	}
+	if op, ok := s.seen[r.Seq]; ok || r.Seq == s.lastSeq {
+		var existing *uuid.UUID
+		if ok {
+			existing = &op
+		}
+		a.conflict(i, s, ReasonSeqReused, existing,
+			fmt.Sprintf("seq %d of this stream is already recorded under operation_id %s; the first write stands", r.Seq, op))
+		return nil
+	}
+	late := r.Seq < s.lastSeq
+	if !late {
+		s.lastSeq, s.dirty = r.Seq, true
+		if r.Final {
+			s.finalSeq = r.Seq
+		}
+	}
+	s.seen[r.Seq] = r.OperationID
+	a.uops[r.OperationID] = uniqueStored{streamID: s.id, seq: r.Seq, member: r.Member, at: r.OccurredAt, final: r.Final}
+	a.news = append(a.news, gaugeNew{r: r, streamID: s.id, late: late})
+
+	start, _, period, err := DayBucket(a.calendars[r.Stream.Customer], r.OccurredAt)
+	if err != nil {
+		return fmt.Errorf("ledger: customer %q: %w", r.Stream.Customer, err)
+	}
+	for _, k := range []memberKey{
+		{r.Stream.Customer, r.Stream.Meter, period.UnixMicro(), 0, r.Member},
+		{r.Stream.Customer, r.Stream.Meter, period.UnixMicro(), start.UnixMicro(), r.Member},
+	} {
+		if t, ok := a.members[k]; !ok || r.OccurredAt.Before(t) {
+			a.members[k] = r.OccurredAt
+		}
+	}
+	if a.closed[periodKey{r.Stream.Customer, period.UnixMicro()}] {
+		sid, seq := s.id, r.Seq
+		a.findings = append(a.findings, finding{kind: FindingUniqueAfterClose, customer: r.Stream.Customer, meter: r.Stream.Meter,
+			streamID: &sid, seq: &seq, period: &period,
+			detail: fmt.Sprintf("member %q was active at %s, in period %s, which is closed: it counts there, and the frozen statement stays as it was",
+				r.Member, r.OccurredAt.Format(time.RFC3339Nano), period.Format(time.RFC3339))})
+	}
+	kind := Applied
+	if late {
+		kind = LateFill
+	}
+	a.out[i] = Outcome{Kind: kind, Period: period}
+	return nil
+}
+
+func (a *uniqueApplier) write(ctx context.Context, tx pgx.Tx) error {
+	b := &pgx.Batch{}
+	if n := len(a.news); n > 0 {
+		sid, seq := make([]int64, n), make([]int64, n)
+		ops := make([]pgtype.UUID, n)
+		cs, ms, mem := make([]string, n), make([]string, n), make([]string, n)
+		at := make([]time.Time, n)
+		fin, late := make([]bool, n), make([]bool, n)
+		for j, g := range a.news {
+			sid[j], seq[j], ops[j] = g.streamID, g.r.Seq, pgUUID(g.r.OperationID)
+			cs[j], ms[j], mem[j], at[j] = g.r.Stream.Customer, g.r.Stream.Meter, g.r.Member, g.r.OccurredAt
+			fin[j], late[j] = g.r.Final, g.late
+		}
+		b.Queue(qInsertUniqueReadings, pgx.StrictNamedArgs{"stream_id": sid, "seq": seq, "operation_id": ops, "customer": cs,
+			"meter": ms, "member": mem, "occurred_at": at, "final": fin, "late_fill": late, "now": a.now}).Query(countInserted(&a.inserted))
+	}
+	var ids, seqs []int64
+	var finals []*int64
+	for _, s := range a.streams {
+		if !s.dirty {
+			continue
+		}
+		ids, seqs = append(ids, s.id), append(seqs, s.lastSeq)
+		var f *int64
+		if s.finalSeq != 0 {
+			v := s.finalSeq
+			f = &v
+		}
+		finals = append(finals, f)
+	}
+	if len(ids) > 0 {
+		b.Queue(qUpdateStreamSeqs, ids, seqs, finals, a.now)
+	}
+	if n := len(a.members); n > 0 {
+		keys := make([]memberKey, 0, n)
+		for k := range a.members {
+			keys = append(keys, k)
+		}
+		cs, ms, mem := make([]string, n), make([]string, n), make([]string, n)
+		ps, ds, first := make([]time.Time, n), make([]time.Time, n), make([]time.Time, n)
+		perDay := make([]bool, n)
+		for j, k := range keys {
+			cs[j], ms[j], mem[j] = k.customer, k.meter, k.member
+			ps[j], first[j] = time.UnixMicro(k.period).UTC(), a.members[k]
+			perDay[j] = k.day != 0
+			ds[j] = ps[j]
+			if perDay[j] {
+				ds[j] = time.UnixMicro(k.day).UTC()
+			}
+		}
+		b.Queue(qInsertUniqueMembers, pgx.StrictNamedArgs{"customer": cs, "meter": ms, "period_start": ps, "per_day": perDay,
+			"day": ds, "member": mem, "first_at": first})
+	}
+	a.queueConflicts(b)
+	a.queueFindings(b)
+	if b.Len() == 0 {
+		return nil
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("ledger: unique write: %w", err)
+	}
+	if a.inserted != len(a.news) {
+		return errOperationTaken
+	}
+	return nil
+}

@@ -1,0 +1,68 @@
+package producer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tally-ledger/tally/producer"
+)
+
+// Levels and members travel like totals: durable first, one seq per
+// record, idempotent by key; Close ends a gauge's level at 0 and repeats a
+// unique stream's last member.
+func TestRecordLevelAndMember(t *testing.T) {
+	c := newCluster(t, 1)
+	p := newProducer(t, producer.Config{Brokers: c.Addrs, Dir: t.TempDir()})
+	ctx := context.Background()
+	at := time.Date(2026, 12, 2, 9, 0, 0, 0, time.UTC)
+	for _, err := range []error{
+		p.RecordLevel(ctx, "acme", "seats", d("12"), at),
+		p.RecordLevel(ctx, "acme", "seats", d("14"), at.Add(time.Minute), producer.Key("sync-2")),
+		p.RecordLevel(ctx, "acme", "seats", d("14"), at.Add(time.Minute), producer.Key("sync-2")), // a retry: nothing new
+		p.RecordMember(ctx, "acme", "mau", "user-7", at),
+		p.RecordMember(ctx, "acme", "mau", "user-9", at.Add(time.Second)),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var reused *producer.KeyReusedError
+	if err := p.RecordLevel(ctx, "acme", "seats", d("15"), at, producer.Key("sync-2")); !errors.As(err, &reused) {
+		t.Fatalf("a key reused for another level: %v", err)
+	}
+	if err := p.RecordMember(ctx, "acme", "mau", "", at); err == nil || !strings.Contains(err.Error(), "member") {
+		t.Fatalf("an empty member: %v", err)
+	}
+	if err := p.RecordLevel(ctx, "acme", "seats", d("-1"), at); err == nil {
+		t.Fatal("a negative level was accepted")
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, b := range readBatches(t, c, 1) {
+		for _, r := range b.Records {
+			got = append(got, fmt.Sprintf("%s %d %s %v %s final=%v", r.Meter, r.Seq, r.Shape(), r.Level.Decimal, r.Member, r.Final))
+		}
+	}
+	want := []string{"seats 1 gauge 12  final=false", "seats 2 gauge 14  final=false", "mau 1 unique 0 user-7 final=false",
+		"mau 2 unique 0 user-9 final=false"}
+	finals := map[string]bool{"mau 3 unique 0 user-9 final=true": true, "seats 3 gauge 0  final=true": true}
+	if len(got) != len(want)+len(finals) {
+		t.Fatalf("records\n%s", strings.Join(got, "\n"))
+	}
+	for i, w := range want {
+		if got[i] != w {
+			t.Errorf("record %d: %q, want %q", i, got[i], w)
+		}
+	}
+	for _, g := range got[len(want):] {
+		if !finals[g] {
+			t.Errorf("final record %q", g)
+		}
+	}
+}

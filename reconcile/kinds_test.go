@@ -1,0 +1,84 @@
+package reconcile_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/reconcile"
+)
+
+func (e *env) declare(meter string, kind ledger.MeterKind) {
+	e.t.Helper()
+	if err := pgx.BeginFunc(context.Background(), e.pool, func(tx pgx.Tx) error {
+		_, err := ledger.DeclareMeter(context.Background(), tx, ledger.Meter{Meter: meter, Kind: kind}, e.now)
+		return err
+	}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func reading(producer, meter string, seq int64, at time.Time) ledger.Record {
+	return ledger.Record{OperationID: uuid.New(), Stream: ledger.StreamKey{Producer: producer, Epoch: 1, Customer: "acme", Meter: meter},
+		Seq: seq, OccurredAt: at}
+}
+
+func level(producer string, seq int64, v string, at time.Time) ledger.Record {
+	r := reading(producer, "seats", seq, at)
+	r.Shape, r.Level = ledger.Gauge, amount.MustParse(v)
+	return r
+}
+
+func member(seq int64, m string, at time.Time) ledger.Record {
+	r := reading("auth", "mau", seq, at)
+	r.Shape, r.Member = ledger.Unique, m
+	return r
+}
+
+// Reconciliation recomputes gauges from their readings and recounts
+// unique members: a clean ledger is clean; a closed period's late
+// readings are notices (the statement stays, the level-seconds moved
+// later add up); a bucket or count that disagrees with the readings is a
+// discrepancy.
+func TestGaugesAndUniquesAreReconciled(t *testing.T) {
+	e := newEnv(t)
+	e.declare("seats", ledger.Gauge)
+	e.declare("mau", ledger.Unique)
+	oct := time.Date(2026, 10, 10, 0, 0, 0, 0, time.UTC)
+	e.apply(level("a", 1, "4", oct), level("a", 3, "2", oct.Add(48*time.Hour)), member(1, "u1", oct), member(2, "u2", oct))
+	r := e.run(reconcile.Options{Period: "2026-10-01", Close: true})
+	if r.Status != reconcile.StatusClean || len(r.Closed) != 1 {
+		t.Fatalf("october: %s closed %v %+v", r.Status, r.Closed, r.Findings)
+	}
+	// After the close: seq 2 (9 seats for a day) and a third user.
+	e.apply(level("a", 2, "9", oct.Add(24*time.Hour)), member(3, "u3", oct.Add(time.Hour)))
+	r = e.run(reconcile.Options{Period: "2026-10-01"})
+	if got := findings(t, r, reconcile.KindGaugeMaxClosed); len(got) != 1 {
+		t.Fatalf("max after close: %+v", r.Findings)
+	}
+	if got := findings(t, r, reconcile.KindUniqueClosed); len(got) != 1 {
+		t.Fatalf("members after close: %+v", r.Findings)
+	}
+	// November: clean, then a bucket and a count that lie.
+	e.apply(level("a", 4, "1", nov), member(4, "u1", nov))
+	if r = e.run(reconcile.Options{Period: "2026-11-01"}); r.Status != reconcile.StatusClean {
+		t.Fatalf("november: %s %+v", r.Status, r.Findings)
+	}
+	e.exec(`UPDATE gauge_days SET unit_seconds = unit_seconds + 1 WHERE day_start >= '2026-11-05'`)
+	e.exec(`UPDATE unique_counts SET members = members + 1 WHERE period_start = '2026-11-01' AND NOT per_day`)
+	r = e.run(reconcile.Options{Period: "2026-11-01"})
+	var kinds []string
+	for _, f := range r.Findings {
+		if f.Severity == reconcile.Discrepancy {
+			kinds = append(kinds, f.Kind)
+		}
+	}
+	if len(kinds) != 2 || kinds[0] != reconcile.KindGaugeMismatch || kinds[1] != reconcile.KindUniqueMismatch {
+		t.Fatalf("discrepancies %v: %+v", kinds, r.Findings)
+	}
+}
