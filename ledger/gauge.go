@@ -118,20 +118,26 @@ type gaugeNew struct {
 // anyway makes the readings' insert insert less, and the batch is undone
 // to a savepoint and applied again with every id looked up.
 func (l *Ledger) applyGauges(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome, error) {
-	out, err := l.applyGaugesOnce(ctx, tx, recs, false)
+	return l.applyGaugesChecking(ctx, tx, recs, "")
+}
+
+// applyGaugesChecking is applyGauges; with checkKind, its first round trip
+// also reads the meters' kinds (see applyKinds).
+func (l *Ledger) applyGaugesChecking(ctx context.Context, tx pgx.Tx, recs []Record, checkKind MeterKind) ([]Outcome, error) {
+	out, err := l.applyGaugesOnce(ctx, tx, recs, false, checkKind)
 	if !errors.Is(err, errOperationTaken) {
 		return out, err
 	}
 	if _, err := tx.Exec(ctx, qRollbackToKinds); err != nil {
 		return nil, fmt.Errorf("ledger: undo the attempt: %w", err)
 	}
-	return l.applyGaugesOnce(ctx, tx, recs, true)
+	return l.applyGaugesOnce(ctx, tx, recs, true, "")
 }
 
-func (l *Ledger) applyGaugesOnce(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll bool) ([]Outcome, error) {
+func (l *Ledger) applyGaugesOnce(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll bool, checkKind MeterKind) ([]Outcome, error) {
 	now := l.now().UTC().Truncate(time.Microsecond)
 	a := &gaugeApplier{applier: &applier{
-		lookupAll: lookupAll, now: now, out: make([]Outcome, len(recs)), recs: append([]Record(nil), recs...),
+		lookupAll: lookupAll, checkKind: checkKind, now: now, out: make([]Outcome, len(recs)), recs: append([]Record(nil), recs...),
 		streams: map[StreamKey]*stream{}, ops: map[uuid.UUID]stored{},
 		calendars: map[string]periods.Schedule{}, closed: map[periodKey]bool{}, rollups: map[rollupKey]decimal.Decimal{},
 	}, gstreams: map[StreamKey]*gaugeStream{}, gbyID: map[int64]*gaugeStream{}, gops: map[uuid.UUID]gaugeStored{},
@@ -186,11 +192,17 @@ func (a *gaugeApplier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	if !a.lookupAll {
 		b.Queue(qSavepointKinds)
 	}
+	if a.checkKind != "" {
+		a.queueKindsCheck(b, keys)
+	}
 	a.queueCustomers(b, customers, minAt)
 	a.queueStreamState(b, keys)
 	b.Queue(qLockGaugeLevels, locks.GaugeLevel, lockC, lockM)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("ledger: gauge load: %w", err)
+	}
+	if a.kindsDiffer() {
+		return errKindsDiffer
 	}
 	ids := make([]int64, 0, len(keys))
 	for _, k := range keys {
