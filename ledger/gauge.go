@@ -164,7 +164,6 @@ func (a *gaugeApplier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	var customers []string
 	seenC := map[string]bool{}
 	var keys []StreamKey
-	var opIDs []uuid.UUID
 	var lockC, lockM []string
 	seenCM := map[cmKey]bool{}
 	minAt := a.now
@@ -182,7 +181,6 @@ func (a *gaugeApplier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 			seenCM[cm] = true
 			lockC, lockM = append(lockC, cm.customer), append(lockM, cm.meter)
 		}
-		opIDs = append(opIDs, r.OperationID)
 		if r.OccurredAt.Before(minAt) {
 			minAt = r.OccurredAt
 		}
@@ -198,47 +196,31 @@ func (a *gaugeApplier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	a.queueCustomers(b, customers, minAt)
 	a.queueStreamState(b, keys)
 	b.Queue(qLockGaugeLevels, locks.GaugeLevel, lockC, lockM)
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("ledger: gauge load: %w", err)
-	}
-	if a.kindsDiffer() {
-		return errKindsDiffer
-	}
-	ids := make([]int64, 0, len(keys))
-	for _, k := range keys {
-		s := a.streams[k]
-		if s == nil {
-			return fmt.Errorf("ledger: stream %+v was not created", k)
-		}
-		g := &gaugeStream{id: s.id, key: k, dbLastSeq: s.lastSeq, lastSeq: s.lastSeq, known: map[int64]gaugeReading{}}
-		a.gstreams[k], a.gbyID[s.id] = g, g
-		ids = append(ids, s.id)
-	}
-
+	// The gauge state of the streams, keyed like the streams just created
+	// and locked, in the same round trip.
 	producers, epochs, custs, meters := streamArrays(keys)
-	sids := make([]int64, len(keys))
-	for j := range keys {
-		sids[j] = a.gstreams[keys[j]].id
-	}
-	b = &pgx.Batch{}
-	b.Queue(qGaugeStreams, ids).Query(func(rows pgx.Rows) error {
+	b.Queue(qGaugeStreams, producers, epochs, custs, meters).Query(func(rows pgx.Rows) error {
 		var id int64
 		var st gaugeStreamRow
 		_, err := pgx.ForEachRow(rows, st.dst(&id), func() error {
-			st.into(a.gbyID[id])
-			return nil
+			g, err := a.gaugeOf(id)
+			if err == nil {
+				st.into(g)
+			}
+			return err
 		})
 		return err
 	})
-	b.Queue(qGaugeNewerEpochs, sids, producers, epochs, custs, meters).Query(func(rows pgx.Rows) error {
+	b.Queue(qGaugeNewerEpochs, producers, epochs, custs, meters).Query(func(rows pgx.Rows) error {
 		var id int64
 		var at pgtype.Timestamptz
 		_, err := pgx.ForEachRow(rows, []any{&id, &at}, func() error {
-			if g := a.gbyID[id]; at.Valid && (g.endsAt == nil || at.Time.Before(*g.endsAt)) {
+			g, err := a.gaugeOf(id)
+			if err == nil && at.Valid && (g.endsAt == nil || at.Time.Before(*g.endsAt)) {
 				t := at.Time.UTC()
 				g.endsAt = &t
 			}
-			return nil
+			return err
 		})
 		return err
 	})
@@ -251,6 +233,9 @@ func (a *gaugeApplier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 			if _, ok := a.gbyID[id]; ok {
 				return nil
 			}
+			if _, batch := a.gstreams[k]; batch {
+				return nil // a stream of this batch: loaded above
+			}
 			g := &gaugeStream{id: id, key: k, known: map[int64]gaugeReading{}}
 			st.into(g)
 			g.dbLastSeq = g.lastSeq
@@ -259,15 +244,15 @@ func (a *gaugeApplier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 		})
 		return err
 	})
-	if !a.lookupAll {
-		opIDs = opIDs[:0]
-		for _, i := range valid {
-			if r := &a.recs[i]; r.Seq <= a.gstreams[r.Stream].dbLastSeq {
-				opIDs = append(opIDs, r.OperationID)
-			}
-		}
+	// The operation ids that could be recorded: those of records at or
+	// below their stream's last seq (every one with lookupAll).
+	n := len(valid)
+	ops, ps, es, cs, ms, seqs := make([]uuid.UUID, n), make([]string, n), make([]int64, n), make([]string, n), make([]string, n), make([]int64, n)
+	for j, i := range valid {
+		r := &a.recs[i]
+		ops[j], ps[j], es[j], cs[j], ms[j], seqs[j] = r.OperationID, r.Stream.Producer, r.Stream.Epoch, r.Stream.Customer, r.Stream.Meter, r.Seq
 	}
-	b.Queue(qGaugeByOperation, pgUUIDs(opIDs)).Query(func(rows pgx.Rows) error {
+	b.Queue(qGaugeByOperation, pgUUIDs(ops), ps, es, cs, ms, seqs, a.lookupAll).Query(func(rows pgx.Rows) error {
 		var op pgtype.UUID
 		var s gaugeStored
 		_, err := pgx.ForEachRow(rows, []any{&op, &s.streamID, &s.seq, numericDst(&s.level), &s.at, &s.final}, func() error {
@@ -280,6 +265,17 @@ func (a *gaugeApplier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	})
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("ledger: gauge load: %w", err)
+	}
+	if a.kindsDiffer() {
+		return errKindsDiffer
+	}
+	for _, k := range keys {
+		if a.streams[k] == nil {
+			return fmt.Errorf("ledger: stream %+v was not created", k)
+		}
+		if _, err := a.gaugeOf(a.streams[k].id); err != nil {
+			return err
+		}
 	}
 
 	// Late seqs: the recorded readings at and around them. Older epochs
@@ -327,6 +323,21 @@ func (a *gaugeApplier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 		return fmt.Errorf("ledger: gauge load neighbours: %w", err)
 	}
 	return nil
+}
+
+// gaugeOf is the gauge state of the batch's stream id (locked by
+// queueStreamState's statement, earlier in the same round trip).
+func (a *gaugeApplier) gaugeOf(id int64) (*gaugeStream, error) {
+	if g, ok := a.gbyID[id]; ok {
+		return g, nil
+	}
+	s := a.byID[id]
+	if s == nil {
+		return nil, fmt.Errorf("ledger: gauge stream %d is not among the batch's locked streams", id)
+	}
+	g := &gaugeStream{id: s.id, key: s.key, dbLastSeq: s.lastSeq, lastSeq: s.lastSeq, known: map[int64]gaugeReading{}}
+	a.gstreams[s.key], a.gbyID[id] = g, g
+	return g, nil
 }
 
 func (a *gaugeApplier) hasNewerEpoch(g *gaugeStream) bool {
