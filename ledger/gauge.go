@@ -99,6 +99,8 @@ type gaugeApplier struct {
 	opOf             map[cmKey]uuid.UUID
 	gaugeAdjustments []gaugeAdjustment
 	inserted         int // readings the insert inserted (fewer: an operation id was taken)
+	newest           map[sibKey]int64
+	siblings         map[sibKey][]*gaugeStream
 }
 
 type gaugeStored struct {
@@ -340,13 +342,33 @@ func (a *gaugeApplier) gaugeOf(id int64) (*gaugeStream, error) {
 	return g, nil
 }
 
+// sibKey is a stream without its epoch: its epochs are siblings.
+type sibKey struct{ producer, customer, meter string }
+
+func sibOf(k StreamKey) sibKey { return sibKey{k.Producer, k.Customer, k.Meter} }
+
+// hasNewerEpoch reports whether a stream of the batch is a newer epoch of
+// g's producer, customer and meter.
 func (a *gaugeApplier) hasNewerEpoch(g *gaugeStream) bool {
-	for k := range a.gstreams {
-		if k.Producer == g.key.Producer && k.Customer == g.key.Customer && k.Meter == g.key.Meter && k.Epoch > g.key.Epoch {
-			return true
+	if a.newest == nil {
+		a.newest = map[sibKey]int64{}
+		for k := range a.gstreams {
+			a.newest[sibOf(k)] = max(a.newest[sibOf(k)], k.Epoch)
 		}
 	}
-	return false
+	return a.newest[sibOf(g.key)] > g.key.Epoch
+}
+
+// siblingsOf lists the loaded streams of g's producer, customer and meter
+// (every epoch); the set is complete once load has returned.
+func (a *gaugeApplier) siblingsOf(g *gaugeStream) []*gaugeStream {
+	if a.siblings == nil {
+		a.siblings = map[sibKey][]*gaugeStream{}
+		for _, o := range a.gbyID {
+			a.siblings[sibOf(o.key)] = append(a.siblings[sibOf(o.key)], o)
+		}
+	}
+	return a.siblings[sibOf(g.key)]
 }
 
 // gaugeStreamRow scans gauge_streams.
@@ -446,9 +468,8 @@ func (a *gaugeApplier) apply(i int) error {
 	a.readings = append(a.readings, gaugeNew{r: r, streamID: g.id, late: late})
 
 	// This stream ends every older epoch still running at its reading.
-	for _, o := range a.gbyID {
-		if o.key.Producer != g.key.Producer || o.key.Customer != g.key.Customer || o.key.Meter != g.key.Meter ||
-			o.key.Epoch >= g.key.Epoch || (o.endsAt != nil && !r.OccurredAt.Before(*o.endsAt)) {
+	for _, o := range a.siblingsOf(g) {
+		if o.key.Epoch >= g.key.Epoch || (o.endsAt != nil && !r.OccurredAt.Before(*o.endsAt)) {
 			continue
 		}
 		a.endStream(o, r.OccurredAt, r.OperationID)
