@@ -73,14 +73,14 @@ func (l *Ledger) Apply(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome
 
 // applyCounters is Apply for records of counter meters.
 func (l *Ledger) applyCounters(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome, error) {
-	return l.applyCountersChecking(ctx, tx, recs, false)
+	return l.applyCountersChecking(ctx, tx, recs, "")
 }
 
-// applyCountersChecking is applyCounters; with checkKinds, its first load
-// also reads the kinds of the records' meters (see kinds.go) and returns
-// errNotCounters, after the savepoint, when one is not a counter.
-func (l *Ledger) applyCountersChecking(ctx context.Context, tx pgx.Tx, recs []Record, checkKinds bool) ([]Outcome, error) {
-	out, err := l.apply(ctx, tx, recs, false, checkKinds)
+// applyCountersChecking is applyCounters; with checkKind Counter, its first
+// load also reads the kinds of the records' meters (see kinds.go) and
+// returns errKindsDiffer, after the savepoint, when one is not a counter.
+func (l *Ledger) applyCountersChecking(ctx context.Context, tx pgx.Tx, recs []Record, checkKind MeterKind) ([]Outcome, error) {
+	out, err := l.apply(ctx, tx, recs, false, checkKind)
 	if !errors.Is(err, errOperationTaken) {
 		return out, err
 	}
@@ -93,7 +93,7 @@ func (l *Ledger) applyCountersChecking(ctx context.Context, tx pgx.Tx, recs []Re
 	if _, err := tx.Exec(ctx, qRollbackToApply); err != nil {
 		return nil, fmt.Errorf("ledger: undo the attempt: %w", err)
 	}
-	return l.apply(ctx, tx, recs, true, false)
+	return l.apply(ctx, tx, recs, true, "")
 }
 
 // errOperationTaken: the records' COPY met a recorded operation id.
@@ -101,20 +101,20 @@ var errOperationTaken = errors.New("ledger: a new record's operation id is alrea
 
 // apply is one attempt at Apply; lookupAll looks every operation id up
 // before anything is written (see load).
-func (l *Ledger) apply(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll, checkKinds bool) ([]Outcome, error) {
+func (l *Ledger) apply(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll bool, checkKind MeterKind) ([]Outcome, error) {
 	now := l.now().UTC().Truncate(time.Microsecond)
 	out := make([]Outcome, len(recs))
 	a := &applier{
-		lookupAll:  lookupAll,
-		checkKinds: checkKinds,
-		now:        now,
-		out:        out,
-		recs:       make([]Record, len(recs)),
-		streams:    map[StreamKey]*stream{},
-		ops:        make(map[uuid.UUID]stored, len(recs)),
-		calendars:  map[string]periods.Schedule{},
-		closed:     map[periodKey]bool{},
-		rollups:    map[rollupKey]decimal.Decimal{},
+		lookupAll: lookupAll,
+		checkKind: checkKind,
+		now:       now,
+		out:       out,
+		recs:      make([]Record, len(recs)),
+		streams:   map[StreamKey]*stream{},
+		ops:       make(map[uuid.UUID]stored, len(recs)),
+		calendars: map[string]periods.Schedule{},
+		closed:    map[periodKey]bool{},
+		rollups:   map[rollupKey]decimal.Decimal{},
 	}
 	copy(a.recs, recs)
 	valid := a.validate()
@@ -188,18 +188,19 @@ type rollupKey struct {
 
 type applier struct {
 	lookupAll bool // look up every operation id, not only those of records at or below their stream's last seq
-	// checkKinds: read the meters' kinds in load (kinds.go); notCounters
-	// are the meters found not to be counters.
-	checkKinds  bool
-	notCounters []string
-	now         time.Time
-	out         []Outcome
-	recs        []Record
-	streams     map[StreamKey]*stream
-	byID        map[int64]*stream
-	ops         map[uuid.UUID]stored // by value: a record applied adds no allocation
-	calendars   map[string]periods.Schedule
-	closed      map[periodKey]bool
+	// checkKind: read the meters' kinds in load (kinds.go) and give the
+	// batch back unless every one is this kind ("": no check).
+	checkKind  MeterKind
+	kindsRead  map[string]MeterKind
+	kindMeters []string
+	now        time.Time
+	out        []Outcome
+	recs       []Record
+	streams    map[StreamKey]*stream
+	byID       map[int64]*stream
+	ops        map[uuid.UUID]stored // by value: a record applied adds no allocation
+	calendars  map[string]periods.Schedule
+	closed     map[periodKey]bool
 	// lastPeriod is each customer's period last found by periodOf.
 	lastPeriod map[string]periods.Period
 
@@ -358,7 +359,7 @@ func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	if !a.lookupAll {
 		b.Queue(qSavepointApply)
 	}
-	if a.checkKinds {
+	if a.checkKind != "" {
 		a.queueKindsCheck(b, keys)
 	}
 	a.queueCustomers(b, customers, minOccurred)
@@ -369,8 +370,8 @@ func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("ledger: load: %w", err)
 	}
-	if len(a.notCounters) > 0 {
-		return errNotCounters
+	if a.kindsDiffer() {
+		return errKindsDiffer
 	}
 	for _, k := range keys {
 		if a.streams[k] == nil {

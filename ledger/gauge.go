@@ -99,6 +99,8 @@ type gaugeApplier struct {
 	opOf             map[cmKey]uuid.UUID
 	gaugeAdjustments []gaugeAdjustment
 	inserted         int // readings the insert inserted (fewer: an operation id was taken)
+	newest           map[sibKey]int64
+	siblings         map[sibKey][]*gaugeStream
 }
 
 type gaugeStored struct {
@@ -118,20 +120,26 @@ type gaugeNew struct {
 // anyway makes the readings' insert insert less, and the batch is undone
 // to a savepoint and applied again with every id looked up.
 func (l *Ledger) applyGauges(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome, error) {
-	out, err := l.applyGaugesOnce(ctx, tx, recs, false)
+	return l.applyGaugesChecking(ctx, tx, recs, "")
+}
+
+// applyGaugesChecking is applyGauges; with checkKind, its first round trip
+// also reads the meters' kinds (see applyKinds).
+func (l *Ledger) applyGaugesChecking(ctx context.Context, tx pgx.Tx, recs []Record, checkKind MeterKind) ([]Outcome, error) {
+	out, err := l.applyGaugesOnce(ctx, tx, recs, false, checkKind)
 	if !errors.Is(err, errOperationTaken) {
 		return out, err
 	}
 	if _, err := tx.Exec(ctx, qRollbackToKinds); err != nil {
 		return nil, fmt.Errorf("ledger: undo the attempt: %w", err)
 	}
-	return l.applyGaugesOnce(ctx, tx, recs, true)
+	return l.applyGaugesOnce(ctx, tx, recs, true, "")
 }
 
-func (l *Ledger) applyGaugesOnce(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll bool) ([]Outcome, error) {
+func (l *Ledger) applyGaugesOnce(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll bool, checkKind MeterKind) ([]Outcome, error) {
 	now := l.now().UTC().Truncate(time.Microsecond)
 	a := &gaugeApplier{applier: &applier{
-		lookupAll: lookupAll, now: now, out: make([]Outcome, len(recs)), recs: append([]Record(nil), recs...),
+		lookupAll: lookupAll, checkKind: checkKind, now: now, out: make([]Outcome, len(recs)), recs: append([]Record(nil), recs...),
 		streams: map[StreamKey]*stream{}, ops: map[uuid.UUID]stored{},
 		calendars: map[string]periods.Schedule{}, closed: map[periodKey]bool{}, rollups: map[rollupKey]decimal.Decimal{},
 	}, gstreams: map[StreamKey]*gaugeStream{}, gbyID: map[int64]*gaugeStream{}, gops: map[uuid.UUID]gaugeStored{},
@@ -158,7 +166,6 @@ func (a *gaugeApplier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	var customers []string
 	seenC := map[string]bool{}
 	var keys []StreamKey
-	var opIDs []uuid.UUID
 	var lockC, lockM []string
 	seenCM := map[cmKey]bool{}
 	minAt := a.now
@@ -176,7 +183,6 @@ func (a *gaugeApplier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 			seenCM[cm] = true
 			lockC, lockM = append(lockC, cm.customer), append(lockM, cm.meter)
 		}
-		opIDs = append(opIDs, r.OperationID)
 		if r.OccurredAt.Before(minAt) {
 			minAt = r.OccurredAt
 		}
@@ -186,47 +192,37 @@ func (a *gaugeApplier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	if !a.lookupAll {
 		b.Queue(qSavepointKinds)
 	}
+	if a.checkKind != "" {
+		a.queueKindsCheck(b, keys)
+	}
 	a.queueCustomers(b, customers, minAt)
 	a.queueStreamState(b, keys)
 	b.Queue(qLockGaugeLevels, locks.GaugeLevel, lockC, lockM)
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("ledger: gauge load: %w", err)
-	}
-	ids := make([]int64, 0, len(keys))
-	for _, k := range keys {
-		s := a.streams[k]
-		if s == nil {
-			return fmt.Errorf("ledger: stream %+v was not created", k)
-		}
-		g := &gaugeStream{id: s.id, key: k, dbLastSeq: s.lastSeq, lastSeq: s.lastSeq, known: map[int64]gaugeReading{}}
-		a.gstreams[k], a.gbyID[s.id] = g, g
-		ids = append(ids, s.id)
-	}
-
+	// The gauge state of the streams, keyed like the streams just created
+	// and locked, in the same round trip.
 	producers, epochs, custs, meters := streamArrays(keys)
-	sids := make([]int64, len(keys))
-	for j := range keys {
-		sids[j] = a.gstreams[keys[j]].id
-	}
-	b = &pgx.Batch{}
-	b.Queue(qGaugeStreams, ids).Query(func(rows pgx.Rows) error {
+	b.Queue(qGaugeStreams, producers, epochs, custs, meters).Query(func(rows pgx.Rows) error {
 		var id int64
 		var st gaugeStreamRow
 		_, err := pgx.ForEachRow(rows, st.dst(&id), func() error {
-			st.into(a.gbyID[id])
-			return nil
+			g, err := a.gaugeOf(id)
+			if err == nil {
+				st.into(g)
+			}
+			return err
 		})
 		return err
 	})
-	b.Queue(qGaugeNewerEpochs, sids, producers, epochs, custs, meters).Query(func(rows pgx.Rows) error {
+	b.Queue(qGaugeNewerEpochs, producers, epochs, custs, meters).Query(func(rows pgx.Rows) error {
 		var id int64
 		var at pgtype.Timestamptz
 		_, err := pgx.ForEachRow(rows, []any{&id, &at}, func() error {
-			if g := a.gbyID[id]; at.Valid && (g.endsAt == nil || at.Time.Before(*g.endsAt)) {
+			g, err := a.gaugeOf(id)
+			if err == nil && at.Valid && (g.endsAt == nil || at.Time.Before(*g.endsAt)) {
 				t := at.Time.UTC()
 				g.endsAt = &t
 			}
-			return nil
+			return err
 		})
 		return err
 	})
@@ -239,6 +235,9 @@ func (a *gaugeApplier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 			if _, ok := a.gbyID[id]; ok {
 				return nil
 			}
+			if _, batch := a.gstreams[k]; batch {
+				return nil // a stream of this batch: loaded above
+			}
 			g := &gaugeStream{id: id, key: k, known: map[int64]gaugeReading{}}
 			st.into(g)
 			g.dbLastSeq = g.lastSeq
@@ -247,15 +246,15 @@ func (a *gaugeApplier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 		})
 		return err
 	})
-	if !a.lookupAll {
-		opIDs = opIDs[:0]
-		for _, i := range valid {
-			if r := &a.recs[i]; r.Seq <= a.gstreams[r.Stream].dbLastSeq {
-				opIDs = append(opIDs, r.OperationID)
-			}
-		}
+	// The operation ids that could be recorded: those of records at or
+	// below their stream's last seq (every one with lookupAll).
+	n := len(valid)
+	ops, ps, es, cs, ms, seqs := make([]uuid.UUID, n), make([]string, n), make([]int64, n), make([]string, n), make([]string, n), make([]int64, n)
+	for j, i := range valid {
+		r := &a.recs[i]
+		ops[j], ps[j], es[j], cs[j], ms[j], seqs[j] = r.OperationID, r.Stream.Producer, r.Stream.Epoch, r.Stream.Customer, r.Stream.Meter, r.Seq
 	}
-	b.Queue(qGaugeByOperation, pgUUIDs(opIDs)).Query(func(rows pgx.Rows) error {
+	b.Queue(qGaugeByOperation, pgUUIDs(ops), ps, es, cs, ms, seqs, a.lookupAll).Query(func(rows pgx.Rows) error {
 		var op pgtype.UUID
 		var s gaugeStored
 		_, err := pgx.ForEachRow(rows, []any{&op, &s.streamID, &s.seq, numericDst(&s.level), &s.at, &s.final}, func() error {
@@ -268,6 +267,17 @@ func (a *gaugeApplier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	})
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("ledger: gauge load: %w", err)
+	}
+	if a.kindsDiffer() {
+		return errKindsDiffer
+	}
+	for _, k := range keys {
+		if a.streams[k] == nil {
+			return fmt.Errorf("ledger: stream %+v was not created", k)
+		}
+		if _, err := a.gaugeOf(a.streams[k].id); err != nil {
+			return err
+		}
 	}
 
 	// Late seqs: the recorded readings at and around them. Older epochs
@@ -317,13 +327,48 @@ func (a *gaugeApplier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	return nil
 }
 
+// gaugeOf is the gauge state of the batch's stream id (locked by
+// queueStreamState's statement, earlier in the same round trip).
+func (a *gaugeApplier) gaugeOf(id int64) (*gaugeStream, error) {
+	if g, ok := a.gbyID[id]; ok {
+		return g, nil
+	}
+	s := a.byID[id]
+	if s == nil {
+		return nil, fmt.Errorf("ledger: gauge stream %d is not among the batch's locked streams", id)
+	}
+	g := &gaugeStream{id: s.id, key: s.key, dbLastSeq: s.lastSeq, lastSeq: s.lastSeq, known: map[int64]gaugeReading{}}
+	a.gstreams[s.key], a.gbyID[id] = g, g
+	return g, nil
+}
+
+// sibKey is a stream without its epoch: its epochs are siblings.
+type sibKey struct{ producer, customer, meter string }
+
+func sibOf(k StreamKey) sibKey { return sibKey{k.Producer, k.Customer, k.Meter} }
+
+// hasNewerEpoch reports whether a stream of the batch is a newer epoch of
+// g's producer, customer and meter.
 func (a *gaugeApplier) hasNewerEpoch(g *gaugeStream) bool {
-	for k := range a.gstreams {
-		if k.Producer == g.key.Producer && k.Customer == g.key.Customer && k.Meter == g.key.Meter && k.Epoch > g.key.Epoch {
-			return true
+	if a.newest == nil {
+		a.newest = map[sibKey]int64{}
+		for k := range a.gstreams {
+			a.newest[sibOf(k)] = max(a.newest[sibOf(k)], k.Epoch)
 		}
 	}
-	return false
+	return a.newest[sibOf(g.key)] > g.key.Epoch
+}
+
+// siblingsOf lists the loaded streams of g's producer, customer and meter
+// (every epoch); the set is complete once load has returned.
+func (a *gaugeApplier) siblingsOf(g *gaugeStream) []*gaugeStream {
+	if a.siblings == nil {
+		a.siblings = map[sibKey][]*gaugeStream{}
+		for _, o := range a.gbyID {
+			a.siblings[sibOf(o.key)] = append(a.siblings[sibOf(o.key)], o)
+		}
+	}
+	return a.siblings[sibOf(g.key)]
 }
 
 // gaugeStreamRow scans gauge_streams.
@@ -423,9 +468,8 @@ func (a *gaugeApplier) apply(i int) error {
 	a.readings = append(a.readings, gaugeNew{r: r, streamID: g.id, late: late})
 
 	// This stream ends every older epoch still running at its reading.
-	for _, o := range a.gbyID {
-		if o.key.Producer != g.key.Producer || o.key.Customer != g.key.Customer || o.key.Meter != g.key.Meter ||
-			o.key.Epoch >= g.key.Epoch || (o.endsAt != nil && !r.OccurredAt.Before(*o.endsAt)) {
+	for _, o := range a.siblingsOf(g) {
+		if o.key.Epoch >= g.key.Epoch || (o.endsAt != nil && !r.OccurredAt.Before(*o.endsAt)) {
 			continue
 		}
 		a.endStream(o, r.OccurredAt, r.OperationID)

@@ -25,22 +25,38 @@ const MaxMemberLength = 256
 // the records' order; each path is exactly what applying its records one
 // at a time would give (the kinds share no state).
 func (l *Ledger) applyKinds(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome, error) {
-	// The common case, a batch of totals: the counter path reads the kinds
-	// in its own first round trip, and gives the batch back (undone to its
-	// savepoint) when a meter is not a counter.
-	counters := true
+	// The common case, a batch of one shape: that kind's path reads the
+	// kinds in its own first round trip, and gives the batch back (undone
+	// to its savepoint) when a meter is not of that kind.
+	shape := Counter
 	for i := range recs {
-		if s := recs[i].Shape; s != "" && s != Counter {
-			counters = false
+		s := recs[i].Shape
+		if s == "" {
+			s = Counter
+		}
+		if i > 0 && s != shape {
+			shape = ""
 			break
 		}
+		shape = s
 	}
-	if counters {
-		out, err := l.applyCountersChecking(ctx, tx, recs, true)
-		if !errors.Is(err, errNotCounters) {
+	if shape != "" && len(recs) > 0 {
+		var out []Outcome
+		var err error
+		undo := qRollbackToKinds
+		switch shape {
+		case Gauge:
+			out, err = l.applyGaugesChecking(ctx, tx, recs, Gauge)
+		case Unique:
+			out, err = l.applyUniquesChecking(ctx, tx, recs, Unique)
+		default:
+			out, err = l.applyCountersChecking(ctx, tx, recs, Counter)
+			undo = qRollbackToApply
+		}
+		if !errors.Is(err, errKindsDiffer) {
 			return out, err
 		}
-		if _, err := tx.Exec(ctx, qRollbackToApply); err != nil {
+		if _, err := tx.Exec(ctx, undo); err != nil {
 			return nil, fmt.Errorf("ledger: undo the attempt: %w", err)
 		}
 	}
@@ -112,32 +128,48 @@ func (l *Ledger) applyKinds(ctx context.Context, tx pgx.Tx, recs []Record) ([]Ou
 	return out, nil
 }
 
-// errNotCounters: a batch of totals names a meter declared a gauge or
-// unique; applyKinds dispatches it record by record.
-var errNotCounters = errors.New("ledger: a meter of the batch is not a counter")
+// errKindsDiffer: a batch of one shape names a meter of another kind;
+// applyKinds dispatches it record by record.
+var errKindsDiffer = errors.New("ledger: a meter of the batch is not of its records' kind")
 
 // queueKindsCheck takes locks.MeterKinds shared (as applyKinds does) and
-// collects the batch's meters that are not counters.
+// reads the kinds of the batch's meters, for kindsDiffer.
 func (a *applier) queueKindsCheck(b *pgx.Batch, keys []StreamKey) {
 	seen := map[string]bool{}
-	var meters []string
+	a.kindsRead = map[string]MeterKind{}
 	for _, k := range keys {
 		if !seen[k.Meter] {
 			seen[k.Meter] = true
-			meters = append(meters, k.Meter)
+			a.kindMeters = append(a.kindMeters, k.Meter)
 		}
 	}
 	b.Queue(qLockMeterKindsShared, locks.MeterKinds)
-	b.Queue(qSelectKinds, meters).Query(func(rows pgx.Rows) error {
+	b.Queue(qSelectKinds, a.kindMeters).Query(func(rows pgx.Rows) error {
 		var name, kind string
 		_, err := pgx.ForEachRow(rows, []any{&name, &kind}, func() error {
-			if MeterKind(kind) != Counter {
-				a.notCounters = append(a.notCounters, name)
-			}
+			a.kindsRead[name] = MeterKind(kind)
 			return nil
 		})
 		return err
 	})
+}
+
+// kindsDiffer reports whether a meter read by queueKindsCheck is not of
+// the kind checked (an undeclared meter is a counter).
+func (a *applier) kindsDiffer() bool {
+	if a.checkKind == "" {
+		return false
+	}
+	for _, m := range a.kindMeters {
+		k, ok := a.kindsRead[m]
+		if !ok {
+			k = Counter
+		}
+		if k != a.checkKind {
+			return true
+		}
+	}
+	return false
 }
 
 // carries names the field a kind's records carry.

@@ -36,15 +36,18 @@ SELECT count(pg_advisory_xact_lock($1::int, h))
 FROM (SELECT DISTINCT hashtext(c || '/' || m) AS h FROM unnest($2::text[], $3::text[]) AS k(c, m) ORDER BY 1) AS s`
 
 	qGaugeStreams = `
-SELECT stream_id, last_seq, last_level, last_at, first_at, ends_at
-FROM gauge_streams WHERE stream_id = ANY($1::bigint[])`
+SELECT s.id, g.last_seq, g.last_level, g.last_at, g.first_at, g.ends_at
+FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS k(producer, epoch, customer, meter)
+JOIN streams s USING (producer, epoch, customer, meter)
+JOIN gauge_streams g ON g.stream_id = s.id`
 
 	// For each stream, when the earliest newer epoch of its producer,
 	// customer and meter began (NULL: none).
 	qGaugeNewerEpochs = `
-SELECT k.id, (SELECT min(g.first_at) FROM streams s JOIN gauge_streams g ON g.stream_id = s.id
-              WHERE s.producer = k.producer AND s.customer = k.customer AND s.meter = k.meter AND s.epoch > k.epoch)
-FROM unnest($1::bigint[], $2::text[], $3::bigint[], $4::text[], $5::text[]) AS k(id, producer, epoch, customer, meter)`
+SELECT s.id, (SELECT min(g.first_at) FROM streams s2 JOIN gauge_streams g ON g.stream_id = s2.id
+              WHERE s2.producer = k.producer AND s2.customer = k.customer AND s2.meter = k.meter AND s2.epoch > k.epoch)
+FROM unnest($1::text[], $2::bigint[], $3::text[], $4::text[]) AS k(producer, epoch, customer, meter)
+JOIN streams s USING (producer, epoch, customer, meter)`
 
 	// Older epochs of the batch's streams whose level may still be running
 	// at $6 (the batch's earliest reading).
@@ -55,8 +58,14 @@ JOIN streams s ON s.producer = k.producer AND s.customer = k.customer AND s.mete
 JOIN gauge_streams g ON g.stream_id = s.id
 WHERE g.ends_at IS NULL OR g.ends_at > $5`
 
+	// The recorded readings under the batch's operation ids, of records at
+	// or below their stream's last seq ($7: all of them).
 	qGaugeByOperation = `
-SELECT operation_id, stream_id, seq, level, occurred_at, final FROM gauge_readings WHERE operation_id = ANY($1::uuid[])`
+SELECT g.operation_id, g.stream_id, g.seq, g.level, g.occurred_at, g.final
+FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::bigint[]) AS k(op, producer, epoch, customer, meter, seq)
+JOIN streams s USING (producer, epoch, customer, meter)
+JOIN gauge_readings g ON g.operation_id = k.op
+WHERE $7::boolean OR k.seq <= s.last_seq`
 
 	// The recorded reading at, just below and just above each seq.
 	qGaugeNeighbours = `

@@ -207,3 +207,27 @@ func TestTotalsBatchNamingAGauge(t *testing.T) {
 		t.Fatalf("billed %s", n)
 	}
 }
+
+// Batches of levels only, or members only, naming a meter of another kind
+// are given back by their path and dispatched: only the mismatched
+// records are rejected.
+func TestOneShapeBatchNamingAnotherKind(t *testing.T) {
+	f := newFixture(t)
+	if err := f.declare("seats", ledger.Gauge); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.declare("mau", ledger.Unique); err != nil {
+		t.Fatal(err)
+	}
+	at := f.now.Add(-time.Hour)
+	if got := kinds(f.apply(recBuilder{"p", 1, "acme", "seats"}.level(1, "2", at), recBuilder{"p", 1, "acme", "calls"}.level(1, "2", at),
+		recBuilder{"p", 1, "acme", "mau"}.level(1, "2", at))); got != "applied rejected(meter_kind_mismatch) rejected(meter_kind_mismatch)" {
+		t.Fatalf("levels: %s", got)
+	}
+	if got := kinds(f.apply(recBuilder{"p", 1, "acme", "mau"}.member(1, "u", at), recBuilder{"p", 1, "acme", "seats"}.member(2, "u", at))); got != "applied rejected(meter_kind_mismatch)" {
+		t.Fatalf("members: %s", got)
+	}
+	if n := f.scalar(`SELECT count(*)::text FROM streams WHERE meter = 'calls'`); n != "0" {
+		t.Fatalf("%s streams of calls", n)
+	}
+}

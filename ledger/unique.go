@@ -51,20 +51,26 @@ type memberKey struct {
 // applyUniques is Apply for the records of unique meters; operation ids
 // are looked up as applyGauges does.
 func (l *Ledger) applyUniques(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome, error) {
-	out, err := l.applyUniquesOnce(ctx, tx, recs, false)
+	return l.applyUniquesChecking(ctx, tx, recs, "")
+}
+
+// applyUniquesChecking is applyUniques; with checkKind, its first round trip
+// also reads the meters' kinds (see applyKinds).
+func (l *Ledger) applyUniquesChecking(ctx context.Context, tx pgx.Tx, recs []Record, checkKind MeterKind) ([]Outcome, error) {
+	out, err := l.applyUniquesOnce(ctx, tx, recs, false, checkKind)
 	if !errors.Is(err, errOperationTaken) {
 		return out, err
 	}
 	if _, err := tx.Exec(ctx, qRollbackToKinds); err != nil {
 		return nil, fmt.Errorf("ledger: undo the attempt: %w", err)
 	}
-	return l.applyUniquesOnce(ctx, tx, recs, true)
+	return l.applyUniquesOnce(ctx, tx, recs, true, "")
 }
 
-func (l *Ledger) applyUniquesOnce(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll bool) ([]Outcome, error) {
+func (l *Ledger) applyUniquesOnce(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll bool, checkKind MeterKind) ([]Outcome, error) {
 	now := l.now().UTC().Truncate(time.Microsecond)
 	a := &uniqueApplier{applier: &applier{
-		lookupAll: lookupAll, now: now, out: make([]Outcome, len(recs)), recs: append([]Record(nil), recs...),
+		lookupAll: lookupAll, checkKind: checkKind, now: now, out: make([]Outcome, len(recs)), recs: append([]Record(nil), recs...),
 		streams: map[StreamKey]*stream{}, ops: map[uuid.UUID]stored{},
 		calendars: map[string]periods.Schedule{}, closed: map[periodKey]bool{}, rollups: map[rollupKey]decimal.Decimal{},
 	}, uops: map[uuid.UUID]uniqueStored{}, members: map[memberKey]time.Time{}}
@@ -97,10 +103,16 @@ func (l *Ledger) applyUniquesOnce(ctx context.Context, tx pgx.Tx, recs []Record,
 	if !lookupAll {
 		b.Queue(qSavepointKinds)
 	}
+	if a.checkKind != "" {
+		a.queueKindsCheck(b, keys)
+	}
 	a.queueCustomers(b, customers, minAt)
 	a.queueStreamState(b, keys)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("ledger: unique load: %w", err)
+	}
+	if a.kindsDiffer() {
+		return nil, errKindsDiffer
 	}
 	if !lookupAll {
 		opIDs = opIDs[:0]

@@ -136,6 +136,8 @@ CREATE TABLE unique_counts (
     members      bigint      NOT NULL,
     PRIMARY KEY (customer, meter, period_start, per_day, day)
 );
+-- A usage answer for every meter reads one period's counts.
+CREATE INDEX unique_counts_period ON unique_counts (customer, period_start);
 
 CREATE TRIGGER gauge_days_notify_insert AFTER INSERT ON gauge_days
     REFERENCING NEW TABLE AS changed FOR EACH STATEMENT EXECUTE FUNCTION tally_notify_customers();

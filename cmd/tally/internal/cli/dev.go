@@ -45,7 +45,7 @@ func newDevCmd() *cobra.Command {
 Then it migrates the database and runs everything tally serve runs (ingest,
 REST API and web console, quota enforcer) plus simulated producers (customers demo-acme and
 demo-globex, with a demo quota on demo-acme that is exceeded about two
-minutes after start), and two simulated gateways that admit demo-initech's
+minutes after start, and demo-acme's seats gauge and active-users meter), and two simulated gateways that admit demo-initech's
 tokens through the admit SDK from one exact budget (their grants are
 visible over REST). It prints the API's URL, an admin token (generated
 unless TALLY_ADMIN_TOKEN is set) and what to try, and runs until Ctrl-C.`,
