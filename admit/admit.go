@@ -764,7 +764,11 @@ type budget struct {
 	finals int64   // admitted from grants no longer held
 	// outbox: final spend reports of grants given back, kept and sent once
 	// mu is released (unlockAndSend).
-	outbox    []spendReport
+	outbox []spendReport
+	// smu is held, from under mu, while the outbox's reports are sent: a
+	// top-up waits for them, so Tally has the capacity back before it is
+	// asked for more.
+	smu       sync.Mutex
 	lastTaken int64
 	lastAt    time.Time
 	checkedAt time.Time // when Tally last said the rule is not exact
