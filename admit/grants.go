@@ -233,10 +233,10 @@ func (c *Client) unlockAndSend(ctx context.Context, b *budget) {
 		b.mu.Unlock()
 		return
 	}
-	b.smu.Lock()
+	b.sending <- struct{}{}
 	b.mu.Unlock()
 	c.finalReports(ctx, out)
-	b.smu.Unlock()
+	<-b.sending
 }
 
 // tightHorizon is the demand a grant covers while the budget is tight:
@@ -315,11 +315,14 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	if c.closed.Load() {
 		return ErrClosed
 	}
-	// Grants just given back reach Tally before more is asked for: else
-	// Tally could refuse for capacity it is about to have.
-	b.smu.Lock()
-	//lint:ignore SA2001 a wait for the sends in flight, not a critical section
-	b.smu.Unlock()
+	// Grants just given back reach Tally before more is asked for (else
+	// Tally could refuse for capacity it is about to have), waiting at
+	// most a tick: a stalled send does not hold Admit up to MaxWait.
+	select {
+	case b.sending <- struct{}{}:
+		<-b.sending
+	case <-time.After(c.cfg.Tick):
+	}
 	now := time.Now()
 	// A whole target, not what is missing from it: grants average the
 	// target, and each costs an issue and a release.
@@ -485,7 +488,7 @@ func (c *Client) loop() {
 		}
 		c.finalReports(ctx, finals)
 		for _, b := range sending {
-			b.smu.Unlock()
+			<-b.sending
 		}
 		if !c.paused(time.Now()) {
 			c.deliverReports(ctx, false)
@@ -543,8 +546,8 @@ func (c *Client) tendNotExact(ctx context.Context, b *budget, now time.Time) {
 // tend is one round of the loop for one budget.
 // tend is one round of the loop for one budget. It returns the final
 // spend reports of the grants it gave back, for the caller to send once
-// b.mu is released; when there are any, b.smu is held for the caller to
-// release once they are sent.
+// b.mu is released; when there are any, b.sending is full until the
+// caller empties it once they are sent.
 func (c *Client) tend(ctx context.Context, b *budget) []spendReport {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -552,7 +555,7 @@ func (c *Client) tend(ctx context.Context, b *budget) []spendReport {
 	out := b.outbox
 	b.outbox = nil
 	if len(out) > 0 {
-		b.smu.Lock()
+		b.sending <- struct{}{}
 	}
 	return out
 }
