@@ -766,7 +766,7 @@ type budget struct {
 	// mu is released (unlockAndSend).
 	outbox []spendReport
 	// sending is full, from under mu, while the outbox's reports are sent:
-	// a top-up waits for them (up to a tick), so Tally has the capacity
+	// a top-up waits for them (up to MaxWait/2), so Tally has the capacity
 	// back before it is asked for more.
 	sending   chan struct{}
 	lastTaken int64

@@ -317,11 +317,12 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	}
 	// Grants just given back reach Tally before more is asked for (else
 	// Tally could refuse for capacity it is about to have), waiting at
-	// most a tick: a stalled send does not hold Admit up to MaxWait.
+	// most half of MaxWait: a stalled send alone never holds a waiting
+	// Admit up to MaxWait.
 	select {
 	case b.sending <- struct{}{}:
 		<-b.sending
-	case <-time.After(c.cfg.Tick):
+	case <-time.After(c.cfg.MaxWait / 2):
 	}
 	now := time.Now()
 	// A whole target, not what is missing from it: grants average the
