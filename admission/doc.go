@@ -61,6 +61,13 @@
 //     locks and checked under them (rules in force, memberships, periods);
 //     a stale plan is made again, never used to decide.
 //
+//   - Concurrent Renew and Release calls (and ReleaseAll's reports) share
+//     transactions the same way, in a combiner of their own
+//     (report_batch.go): one round trip locks in the order above for the
+//     whole batch, each report is fenced and decided on its own in arrival
+//     order, one round trip writes, frees each budget's sum once and
+//     commits; every caller is answered after the commit.
+//
 //   - The rule version in force is quota's one definition (the SQL
 //     functions quota_rule_in_force and quota_scope_rule_in_force): the
 //     latest effective_at not after the instant, ties by the higher version.

@@ -10,6 +10,10 @@ type issueMetrics struct {
 	batchSize prometheus.Histogram
 	batchSecs prometheus.Histogram
 	brought   *prometheus.CounterVec // budget rows brought to a new rule version, by kind
+	// reportSize and reportSecs are those of the renew and release
+	// transactions (report_batch.go).
+	reportSize prometheus.Histogram
+	reportSecs prometheus.Histogram
 }
 
 func newIssueMetrics(reg prometheus.Registerer) *issueMetrics {
@@ -36,9 +40,19 @@ func newIssueMetrics(reg prometheus.Registerer) *issueMetrics {
 			Name: "tally_admission_budgets_brought_total",
 			Help: "Budget rows brought to a new rule version (created, a rule changed or turned exact) and counted from what their period already consumed, by kind (customer, scope: a pool or global).",
 		}, []string{"kind"}),
+		reportSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tally_admission_report_batch_reports",
+			Help:    "Renews and releases decided in one shared transaction.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 10),
+		}),
+		reportSecs: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "tally_admission_report_batch_seconds",
+			Help:    "Time of one renew and release transaction, locks to commit.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.issued, m.refused, m.batchSize, m.batchSecs, m.brought)
+		reg.MustRegister(m.issued, m.refused, m.batchSize, m.batchSecs, m.brought, m.reportSize, m.reportSecs)
 	}
 	return m
 }

@@ -182,7 +182,10 @@ func (s *Store) reportBatch(ctx context.Context, batch []*report) {
 	defer conn.Release()
 	start := time.Now()
 	err = s.reportTx(ctx, conn, batch)
-	s.cfg.Logger.Debug("report batch", "reports", len(batch), "duration", time.Since(start), "error", err)
+	d := time.Since(start)
+	s.m.reportSize.Observe(float64(len(batch)))
+	s.m.reportSecs.Observe(d.Seconds())
+	s.cfg.Logger.Debug("report batch", "reports", len(batch), "duration", d, "error", err)
 	for _, c := range batch {
 		if err == nil && !c.single {
 			continue

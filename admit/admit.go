@@ -764,7 +764,11 @@ type budget struct {
 	finals int64   // admitted from grants no longer held
 	// outbox: final spend reports of grants given back, kept and sent once
 	// mu is released (unlockAndSend).
-	outbox    []spendReport
+	outbox []spendReport
+	// sending is full, from under mu, while the outbox's reports are sent:
+	// a top-up waits for them (up to MaxWait/2), so Tally has the capacity
+	// back before it is asked for more.
+	sending   chan struct{}
 	lastTaken int64
 	lastAt    time.Time
 	checkedAt time.Time // when Tally last said the rule is not exact
@@ -802,7 +806,7 @@ func (b *budget) tight(now time.Time) bool { return now.Before(b.tightUntil) }
 
 func newBudget(customer, meter string) *budget {
 	return &budget{customer: customer, meter: meter, binding: "customer:" + customer + "/" + meter,
-		shards: make([]shard, shards), lastAt: time.Now()}
+		shards: make([]shard, shards), lastAt: time.Now(), sending: make(chan struct{}, 1)}
 }
 
 // counted counts a lagged (or no-rule) answer in one shard, for metrics.

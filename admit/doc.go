@@ -41,7 +41,9 @@
 //     fsynced before it is sent, and removed only once Tally has it
 //     (spend.go), so no outage, hang or restart loses spend: delivered
 //     before reclaim it frees the unspent part, after it Tally records it
-//     as a late report that frees nothing.
+//     as a late report that frees nothing. Reports are written and sent
+//     after the budget's lock is released, and those of a tick (or kept
+//     while Tally was away) go in one POST /v1/grants/release.
 //   - Close is bounded by Config.CloseTimeout and its ctx; what it could
 //     not deliver stays in Dir and is returned as an *UndeliveredError.
 //   - A lagged rule is answered as quota.Decision.Blocks says, from the

@@ -229,8 +229,14 @@ func (c *Client) topUp(ctx context.Context, b *budget, need int64) error {
 func (c *Client) unlockAndSend(ctx context.Context, b *budget) {
 	out := b.outbox
 	b.outbox = nil
+	if len(out) == 0 {
+		b.mu.Unlock()
+		return
+	}
+	b.sending <- struct{}{}
 	b.mu.Unlock()
 	c.finalReports(ctx, out)
+	<-b.sending
 }
 
 // tightHorizon is the demand a grant covers while the budget is tight:
@@ -308,6 +314,15 @@ func (c *Client) refusalMemory(streak int, retryAfter time.Duration) time.Durati
 func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	if c.closed.Load() {
 		return ErrClosed
+	}
+	// Grants just given back reach Tally before more is asked for (else
+	// Tally could refuse for capacity it is about to have), waiting at
+	// most half of MaxWait: a stalled send alone never holds a waiting
+	// Admit up to MaxWait.
+	select {
+	case b.sending <- struct{}{}:
+		<-b.sending
+	case <-time.After(c.cfg.MaxWait / 2):
 	}
 	now := time.Now()
 	// A whole target, not what is missing from it: grants average the
@@ -466,10 +481,16 @@ func (c *Client) loop() {
 		// The final reports of every budget's grants given back this tick
 		// go together: one call for all of them.
 		var finals []spendReport
+		var sending []*budget
 		for _, b := range *c.budgets.Load() {
-			finals = append(finals, c.tend(ctx, b)...)
+			if out := c.tend(ctx, b); len(out) > 0 {
+				finals, sending = append(finals, out...), append(sending, b)
+			}
 		}
 		c.finalReports(ctx, finals)
+		for _, b := range sending {
+			<-b.sending
+		}
 		if !c.paused(time.Now()) {
 			c.deliverReports(ctx, false)
 		}
@@ -526,13 +547,17 @@ func (c *Client) tendNotExact(ctx context.Context, b *budget, now time.Time) {
 // tend is one round of the loop for one budget.
 // tend is one round of the loop for one budget. It returns the final
 // spend reports of the grants it gave back, for the caller to send once
-// b.mu is released.
+// b.mu is released; when there are any, b.sending is full until the
+// caller empties it once they are sent.
 func (c *Client) tend(ctx context.Context, b *budget) []spendReport {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	c.tendLocked(ctx, b)
 	out := b.outbox
 	b.outbox = nil
+	if len(out) > 0 {
+		b.sending <- struct{}{}
+	}
 	return out
 }
 

@@ -156,14 +156,8 @@ type releasesAnswer struct {
 // this Tally has no such route), and settles each by its own outcome. It
 // returns which are done with, by the same rule as deliver.
 func (c *Client) deliverAll(ctx context.Context, paths []string, rs []spendReport) []bool {
-	done := make([]bool, len(rs))
 	if len(rs) == 1 || c.noBatchRelease.Load() {
-		for i, r := range rs {
-			if done[i] = c.deliver(ctx, paths[i], r); !done[i] && (c.paused(time.Now()) || ctx.Err() != nil) {
-				break // not taken for reachability or load: the rest wait too
-			}
-		}
-		return done
+		return c.deliverEach(ctx, paths, rs)
 	}
 	items := make([]map[string]any, len(rs))
 	for i, r := range rs {
@@ -177,9 +171,15 @@ func (c *Client) deliverAll(ctx context.Context, paths []string, rs []spendRepor
 		c.noBatchRelease.Store(true)
 		return c.deliverAll(ctx, paths, rs)
 	}
+	if errors.As(err, &te) {
+		// The call as a whole refused (one report Tally cannot read makes
+		// the body invalid): one per call, so only that one is set aside.
+		return c.deliverEach(ctx, paths, rs)
+	}
 	if err == nil && len(ans.Items) != len(rs) {
 		err = &unreachableError{fmt.Errorf("release of %d grants answered with %d outcomes", len(rs), len(ans.Items))}
 	}
+	done := make([]bool, len(rs))
 	for i, r := range rs {
 		if err != nil {
 			done[i] = c.settle(paths[i], r, grantAnswer{}, err)
@@ -201,6 +201,18 @@ func (c *Client) deliverAll(ctx context.Context, paths []string, rs []spendRepor
 			itErr = &TallyError{Path: "/v1/grants/" + r.Grant + "/release", Status: it.Status}
 		}
 		done[i] = c.settle(paths[i], r, g, itErr)
+	}
+	return done
+}
+
+// deliverEach sends rs one per call, stopping at the first that Tally does
+// not take for reachability or load (the rest wait too).
+func (c *Client) deliverEach(ctx context.Context, paths []string, rs []spendReport) []bool {
+	done := make([]bool, len(rs))
+	for i, r := range rs {
+		if done[i] = c.deliver(ctx, paths[i], r); !done[i] && (c.paused(time.Now()) || ctx.Err() != nil) {
+			break
+		}
 	}
 	return done
 }

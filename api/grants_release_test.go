@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 )
 
@@ -72,5 +73,12 @@ func TestReleaseSeveralGrants(t *testing.T) {
 	// The refused ones are untouched: b can still be released by its holder.
 	if r := release(gw1, "gw1", item(b, 2, "10")); r.status != 200 || !json.Valid(r.body) {
 		t.Fatalf("release b: %d %s", r.status, r.body)
+	}
+	// Each call's releases shared one transaction: two batches, 5 + 1.
+	m := f.do("GET", "/metrics", adminToken, nil)
+	for _, want := range []string{"tally_admission_report_batch_reports_sum 6", "tally_admission_report_batch_reports_count 2"} {
+		if !strings.Contains(string(m.body), want) {
+			t.Errorf("metrics lack %s", want)
+		}
 	}
 }
