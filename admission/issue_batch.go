@@ -157,7 +157,7 @@ func (s *Store) collectBudgets(batch []*call, plans []plan, now time.Time) *batc
 		ck := budgetKey{quota.CustomerScope(c.req.Customer), c.req.Meter, pl.custPeriod.Start.UTC()}
 		if st.rows[ck] == nil {
 			st.rows[ck] = &budgetRow{customer: c.req.Customer, meter: c.req.Meter,
-				drawn: drawn{scope: ck.scope, period: pl.custPeriod, limit: pl.rule.Limit, version: pl.rule.Version}}
+				drawn: drawn{scope: ck.scope, period: pl.custPeriod, limit: pl.rule.Limit.Decimal, version: pl.rule.Version}}
 			if !pl.customerExact {
 				st.rows[ck].drawn.version = -1 // no exact rule: the row's limit stays NULL
 			}

@@ -238,7 +238,7 @@ func charts(u api.Usage, quotas []quota.MeterStatus, p periods.Period, now time.
 		var limit decimal.NullDecimal
 		warn := decimal.Zero
 		if rl, ok := rules[m]; ok {
-			limit, warn = decimal.NewNullDecimal(rl.Limit), rl.WarnAt
+			limit, warn = rl.Limit, rl.WarnAt
 		}
 		out = append(out, newChart(m, byMeter[m], p.Start, p.End, p.Start.Location(), limit, warn, now))
 	}
