@@ -61,6 +61,7 @@ CREATE TABLE admission_rate_draws (
     grant_id  uuid        NOT NULL REFERENCES admission_grants (id),
     scope     text        NOT NULL,
     meter     text        NOT NULL,
+    taken_at  timestamptz NOT NULL,  -- Postgres's clock when the tokens were taken
     until     timestamptz NOT NULL,  -- the grant is never valid past this (renew included)
     PRIMARY KEY (grant_id, scope, meter),
     FOREIGN KEY (scope, meter) REFERENCES admission_rate_buckets (scope, meter)
