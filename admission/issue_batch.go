@@ -397,9 +397,6 @@ func (s *Store) decideCall(st *batchState, c *call, pl plan) ([]budgetKey, int) 
 		c.err = &GenerationJumpError{Holder: req.Holder, Generation: req.Generation, Current: cur}
 		return nil, -1
 	}
-	if c.err = checkRateTTL(pl, req); c.err != nil {
-		return nil, -1
-	}
 	keys := drawnKeys(pl, req)
 	cust := st.rows[budgetKey{quota.CustomerScope(req.Customer), req.Meter, pl.custPeriod.Start.UTC()}]
 	if !pl.subset && cust.limit.Valid != pl.drawsCustomer {
@@ -462,11 +459,10 @@ func (s *Store) decideCall(st *batchState, c *call, pl plan) ([]budgetKey, int) 
 		c.grant.drawsCustomer = false
 	}
 	if len(pl.rates) > 0 {
-		// A rate grant is short (default DefaultRateTTL) and reclaimed
+		// A rate grant is short (rateTTL) and reclaimed
 		// after the smallest max_skew of its rules and the deployment.
-		if req.TTL == 0 {
-			c.grant.ValidUntil = minTime(c.grant.ValidUntil, st.now.Add(DefaultRateTTL))
-		}
+		c.grant.ValidUntil = minTime(c.grant.ValidUntil, st.now.Add(rateTTL(req)))
+		c.grant.Rate = true
 		c.grant.ReclaimAt = c.grant.ValidUntil.Add(st.rateSkew(pl, req.Meter, s.cfg.MaxSkew))
 		c.grant.Budgets = append(c.grant.Budgets, pl.rates...)
 		slices.Sort(c.grant.Budgets)

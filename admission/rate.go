@@ -149,12 +149,15 @@ func planRates(ctx context.Context, db DBTX, req IssueRequest, now time.Time) (d
 	return scopes, all, nil
 }
 
-// checkRateTTL refuses a ttl above MaxRateTTL for a grant on rate budgets.
-func checkRateTTL(pl plan, req IssueRequest) error {
-	if len(pl.rates) > 0 && req.TTL > MaxRateTTL {
-		return &FieldError{Field: "ttl", Detail: fmt.Sprintf("%v: a grant on a rate budget (%s) lasts at most %v", req.TTL, strings.Join(pl.rates, ", "), MaxRateTTL)}
+// rateTTL is the ttl of a grant on rate budgets: DefaultRateTTL when the
+// request names none, never above MaxRateTTL (a longer one is shortened,
+// so a holder that does not yet know the budget is a rate asks once with
+// its usual ttl and learns it from the answer's "rate").
+func rateTTL(req IssueRequest) time.Duration {
+	if req.TTL == 0 {
+		return DefaultRateTTL
 	}
-	return nil
+	return min(req.TTL, MaxRateTTL)
 }
 
 // collectRates gathers the buckets the planned calls of batch draw from.

@@ -95,9 +95,8 @@ func TestRateBucket(t *testing.T) {
 	if ex.RetryAfter < 50*time.Minute || ex.RetryAfter > time.Hour {
 		t.Errorf("retry_after %v, want about an hour (one token at 1/h)", ex.RetryAfter)
 	}
-	if _, err := e.store.Issue(ctx, admission.IssueRequest{Holder: "gw2", Generation: 1, Customer: "acme", Meter: "calls",
-		Amount: d("1"), TTL: 11 * time.Second}); !isField(err, "ttl") {
-		t.Fatalf("ttl 11s on a rate budget: %v, want a field error on ttl", err)
+	if !g.Rate {
+		t.Error("a grant on a rate budget does not say rate")
 	}
 	if _, err := e.store.Release(ctx, admission.Report{Grant: g.ID, Holder: "gw1", Generation: 1, Spent: d("5")}); err != nil {
 		t.Fatal(err)
@@ -113,9 +112,13 @@ func TestRateBucket(t *testing.T) {
 	// Lower the burst to 3: the bucket (15) clamps to 3 at once.
 	e.rateRule("customer:acme", "calls", "1", "1h", "3", 0, time.Time{})
 	exhaustedBy(t, second(e.issueRate("gw2", "acme", "4")), "customer:acme/calls")
-	g3, err := e.issueRate("gw2", "acme", "3")
+	g3, err := e.store.Issue(ctx, admission.IssueRequest{Holder: "gw2", Generation: 1, Customer: "acme", Meter: "calls",
+		Amount: d("3"), TTL: 30 * time.Second})
 	if err != nil {
 		t.Fatalf("3 after the clamp: %v", err)
+	}
+	if ttl := g3.ValidUntil.Sub(g3.IssuedAt); ttl != admission.MaxRateTTL {
+		t.Errorf("ttl 30s asked on a rate budget: %v, want it shortened to %v", ttl, admission.MaxRateTTL)
 	}
 	if skew := g3.ReclaimAt.Sub(g3.ValidUntil); skew != admission.DefaultMaxSkew {
 		t.Errorf("without a rule max_skew: reclaim margin %v, want %v", skew, admission.DefaultMaxSkew)

@@ -149,6 +149,9 @@ type Grant struct {
 	Available decimal.NullDecimal `json:"available,omitzero"`
 
 	drawsCustomer bool
+	// Rate: the grant drew from a rate budget (docs/design.md §17): it
+	// is short, and renew never extends it.
+	Rate          bool       `json:"rate,omitempty"`
 	drawsEnd      *time.Time // the earliest end of the pool and global periods drawn
 }
 
