@@ -151,8 +151,8 @@ type Grant struct {
 	drawsCustomer bool
 	// Rate: the grant drew from a rate budget (docs/design.md §17): it
 	// is short, and renew never extends it.
-	Rate          bool       `json:"rate,omitempty"`
-	drawsEnd      *time.Time // the earliest end of the pool and global periods drawn
+	Rate     bool       `json:"rate,omitempty"`
+	drawsEnd *time.Time // the earliest end of the pool and global periods drawn
 }
 
 // Binding is the name of a budget in errors and problems.
