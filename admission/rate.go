@@ -335,3 +335,73 @@ func (st *batchState) queueRateWrites(b *pgx.Batch, w *rateDraws) {
 		b.Queue(qInsertRateDraws, pgx.NamedArgs{"rd_ids": w.ids, "rd_scopes": w.scopes, "rd_meters": w.meters, "rd_until": w.until})
 	}
 }
+
+// RateBudget is a rate budget's state (docs/design.md §17): its bucket, the
+// rule in force, and its grants.
+type RateBudget struct {
+	Scope  string          `json:"scope"`
+	Meter  string          `json:"meter"`
+	Amount decimal.Decimal `json:"amount"`
+	Per    string          `json:"per"`
+	Burst  decimal.Decimal `json:"burst"`
+	// Tokens the bucket holds now (refilled on Postgres's clock; reading
+	// writes nothing).
+	Tokens decimal.Decimal `json:"tokens"`
+	// Live is Σ amount of the live grants drawn from it; Stranded Σ
+	// amount − spent of those reclaimed without a final report (counted
+	// fully spent: never given back).
+	Live     decimal.Decimal `json:"live"`
+	Stranded decimal.Decimal `json:"stranded"`
+	// Taken and Returned are Σ tokens ever taken by grants and given back
+	// by releases; Refused the requests it refused.
+	Taken    decimal.Decimal `json:"taken"`
+	Returned decimal.Decimal `json:"returned"`
+	Refused  int64           `json:"refused"`
+}
+
+// qRateBudgets lists the rate buckets of @scopes with their state now.
+const qRateBudgets = `
+SELECT b.scope, b.meter, r.amount::text, (r.per_us / 1000)::bigint, r.burst::text,
+       admission_rate_tokens_at(b.scope, b.meter, b.tokens, b.refilled_at, now())::text,
+       coalesce((SELECT sum(g.amount) FROM admission_rate_draws d JOIN admission_grants g ON g.id = d.grant_id
+                 WHERE (d.scope, d.meter) = (b.scope, b.meter) AND g.ended_at IS NULL AND g.reclaim_at > now()), 0)::text,
+       coalesce((SELECT sum(g.amount - g.spent) FROM admission_rate_draws d JOIN admission_grants g ON g.id = d.grant_id
+                 WHERE (d.scope, d.meter) = (b.scope, b.meter) AND g.ended_at IS NULL AND g.reclaim_at <= now()), 0)::text,
+       b.taken::text, b.returned::text, b.refused
+FROM admission_rate_buckets b
+JOIN LATERAL admission_rate_rule_in_force(b.scope, b.meter, now()) r ON true
+WHERE b.scope = ANY(@scopes::text[])
+ORDER BY b.scope, b.meter`
+
+// RateBudgets lists the rate budgets of scopes ("customer:<id>",
+// "pool:<name>", "global") whose rule in force is a rate.
+func (s *Store) RateBudgets(ctx context.Context, scopes ...string) ([]RateBudget, error) {
+	rows, err := s.db.Query(ctx, qRateBudgets, pgx.NamedArgs{"scopes": scopes})
+	if err != nil {
+		return nil, fmt.Errorf("admission: read rate budgets: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (RateBudget, error) {
+		var b RateBudget
+		var perMS int64
+		var amt, burst, tok, live, stranded, taken, returned string
+		if err := row.Scan(&b.Scope, &b.Meter, &amt, &perMS, &burst, &tok, &live, &stranded, &taken, &returned, &b.Refused); err != nil {
+			return RateBudget{}, err
+		}
+		b.Per = (time.Duration(perMS) * time.Millisecond).String()
+		for _, f := range []struct {
+			s string
+			d *decimal.Decimal
+		}{{amt, &b.Amount}, {burst, &b.Burst}, {tok, &b.Tokens}, {live, &b.Live}, {stranded, &b.Stranded}, {taken, &b.Taken}, {returned, &b.Returned}} {
+			v, err := decimal.NewFromString(f.s)
+			if err != nil {
+				return RateBudget{}, err
+			}
+			*f.d = v
+		}
+		return b, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("admission: read rate budgets: %w", err)
+	}
+	return out, nil
+}

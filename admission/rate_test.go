@@ -133,6 +133,18 @@ func TestRateBucket(t *testing.T) {
 	if tok := e.tokens("customer:acme", "calls"); tok.LessThan(d("2")) || tok.GreaterThan(d("2.01")) {
 		t.Errorf("tokens %s after returning 2, want 2 (plus a refill below 0.01)", tok)
 	}
+	// What the console and REST show: g2 was released, g3 too; the first
+	// grant's tokens 20, 15 and 3 were taken, 15 + 15 + 2 returned (the
+	// clamp took 12 of them away), four requests refused.
+	bs, err := e.store.RateBudgets(ctx, "customer:acme")
+	if err != nil || len(bs) != 1 {
+		t.Fatalf("rate budgets %v: %+v", err, bs)
+	}
+	b := bs[0]
+	if !b.Burst.Equal(d("100")) || b.Per != "1h0m0s" || !b.Taken.Equal(d("38")) || !b.Returned.Equal(d("32")) ||
+		b.Refused != 4 || !b.Live.IsZero() || !b.Stranded.IsZero() || b.Tokens.LessThan(d("2")) {
+		t.Errorf("rate budget %+v", b)
+	}
 }
 
 // A grant draws from its rate and period budgets all or nothing: a period

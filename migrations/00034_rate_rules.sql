@@ -100,27 +100,22 @@ $$;
 -- +goose StatementEnd
 
 -- +goose StatementBegin
--- admission_rate_refill brings a locked bucket to p_now and returns its
--- tokens: over each stretch between rule changes, under the rule in force
--- in it, tokens = min(burst, tokens + amount × elapsed / per), the burst
--- clamping first (a lower burst takes tokens away when it takes effect; a
--- higher one adds none). The refill is rounded down to 10^-9, so the
--- bucket never holds more than the exact refill. Under no rate rule the
--- bucket neither fills nor empties. p_now before the last refill (a
--- transaction that began before another refilled it) changes nothing.
-CREATE FUNCTION admission_rate_refill(p_scope text, p_meter text, p_now timestamptz)
-RETURNS numeric LANGUAGE plpgsql AS $$
+-- admission_rate_tokens_at is what a bucket holding p_tok at p_from holds
+-- at p_now: over each stretch between rule changes, under the rule in
+-- force in it, tokens = min(burst, tokens + amount × elapsed / per), the
+-- burst clamping first (a lower burst takes tokens away when it takes
+-- effect; a higher one adds none). The refill is rounded down to 10^-9,
+-- so a bucket never holds more than the exact refill. Under no rate rule
+-- the bucket neither fills nor empties. It writes nothing (reads: the
+-- console, budgets); admission_rate_refill stores it.
+CREATE FUNCTION admission_rate_tokens_at(p_scope text, p_meter text, p_tok numeric, p_from timestamptz, p_now timestamptz)
+RETURNS numeric LANGUAGE plpgsql STABLE AS $$
 DECLARE
-    tok numeric;
-    cur timestamptz;
+    tok numeric := p_tok;
+    cur timestamptz := p_from;
     nxt timestamptz;
     r   record;
 BEGIN
-    SELECT b.tokens, b.refilled_at INTO tok, cur FROM admission_rate_buckets b
-    WHERE b.scope = p_scope AND b.meter = p_meter FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN NULL;
-    END IF;
     IF p_now <= cur THEN
         RETURN tok;
     END IF;
@@ -142,6 +137,31 @@ BEGIN
     IF FOUND THEN
         tok := least(r.burst, tok);
     END IF;
+    RETURN tok;
+END;
+$$;
+-- +goose StatementEnd
+
+-- +goose StatementBegin
+-- admission_rate_refill locks a bucket, brings it to p_now
+-- (admission_rate_tokens_at) and returns its tokens. p_now before the last
+-- refill (a transaction that began before another refilled it) changes
+-- nothing.
+CREATE FUNCTION admission_rate_refill(p_scope text, p_meter text, p_now timestamptz)
+RETURNS numeric LANGUAGE plpgsql AS $$
+DECLARE
+    tok numeric;
+    cur timestamptz;
+BEGIN
+    SELECT b.tokens, b.refilled_at INTO tok, cur FROM admission_rate_buckets b
+    WHERE b.scope = p_scope AND b.meter = p_meter FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF p_now <= cur THEN
+        RETURN tok;
+    END IF;
+    tok := admission_rate_tokens_at(p_scope, p_meter, tok, cur, p_now);
     UPDATE admission_rate_buckets SET tokens = tok, refilled_at = p_now WHERE scope = p_scope AND meter = p_meter;
     RETURN tok;
 END;
@@ -178,6 +198,7 @@ $$;
 -- +goose Down
 DROP FUNCTION admission_rate_give(text, text, numeric, timestamptz);
 DROP FUNCTION admission_rate_refill(text, text, timestamptz);
+DROP FUNCTION admission_rate_tokens_at(text, text, numeric, timestamptz, timestamptz);
 DROP FUNCTION admission_rate_next_change(text, text, timestamptz, timestamptz);
 DROP FUNCTION admission_rate_rule_in_force(text, text, timestamptz);
 DROP TABLE admission_rate_draws;
