@@ -405,3 +405,24 @@ func (s *Store) RateBudgets(ctx context.Context, scopes ...string) ([]RateBudget
 	}
 	return out, nil
 }
+
+// qCustomerScopes are the budget scopes a customer draws from now: its
+// own, its pools' and global.
+const qCustomerScopes = `
+SELECT 'customer:' || @customer::text UNION SELECT 'global'
+UNION SELECT 'pool:' || m.pool FROM pool_members m
+      WHERE m.customer = @customer AND m.joined_at <= now() AND (m.left_at IS NULL OR m.left_at > now())`
+
+// RateBudgetsOf lists the rate budgets a customer draws from: its own,
+// its pools' and the global one.
+func (s *Store) RateBudgetsOf(ctx context.Context, customer string) ([]RateBudget, error) {
+	rows, err := s.db.Query(ctx, qCustomerScopes, pgx.NamedArgs{"customer": customer})
+	if err != nil {
+		return nil, fmt.Errorf("admission: read rate budgets: %w", err)
+	}
+	scopes, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("admission: read rate budgets: %w", err)
+	}
+	return s.RateBudgets(ctx, scopes...)
+}

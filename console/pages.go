@@ -133,6 +133,7 @@ type customerView struct {
 	Periods        []periods.Summary
 	Grants         []admission.Grant
 	Budgets        []admission.Budget
+	RateBudgets    []admission.RateBudget // its own, its pools' and global (docs/design.md §17)
 	RefreshSeconds int
 	Ref            string
 }
@@ -206,6 +207,9 @@ func (c *Console) customer(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if cv.Budgets, err = adm.Budgets(ctx, customer); err != nil {
+		return err
+	}
+	if cv.RateBudgets, err = adm.RateBudgetsOf(ctx, customer); err != nil {
 		return err
 	}
 	c.render(w, r, http.StatusOK, "customer", page{Title: customer, Nav: "customers", Refresh: cv.RefreshSeconds, Body: cv})
