@@ -204,3 +204,34 @@ func (e *env) tokens(scope, meter string) decimal.Decimal {
 	}
 	return decimal.RequireFromString(s)
 }
+
+// Reconciliation's view: a grant reclaimed without a final report is
+// stranded (never given back), releases keep the bucket balanced.
+func TestRateAccounts(t *testing.T) {
+	e := rateEnv(t)
+	ctx := context.Background()
+	e.rateRule("customer:acme", "calls", "1", "1h", "10", 100*time.Millisecond, time.Time{})
+	silent, err := e.issueRate("gw1", "acme", "4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := e.issueRate("gw2", "acme", "3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.store.Release(ctx, admission.Report{Grant: g.ID, Holder: "gw2", Generation: 1, Spent: d("1")}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Until(silent.ReclaimAt) + 50*time.Millisecond)
+	accts, err := admission.RateAccounts(ctx, e.pool, []string{"acme"}, []time.Time{silent.PeriodStart}, time.Now())
+	if err != nil || len(accts) != 1 {
+		t.Fatalf("accounts %v: %+v", err, accts)
+	}
+	if a := accts[0]; a.Scope != "customer:acme" || !a.Stranded.Equal(d("4")) || !a.Unbalanced.IsZero() {
+		t.Errorf("account %+v: want 4 stranded, balanced", a)
+	}
+	bs, err := e.store.RateBudgetsOf(ctx, "acme")
+	if err != nil || len(bs) != 1 || !bs[0].Stranded.Equal(d("4")) || !bs[0].Live.IsZero() {
+		t.Fatalf("rate budgets %v: %+v", err, bs)
+	}
+}
