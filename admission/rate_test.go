@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 
@@ -182,15 +181,10 @@ func TestRateAllOrNothingWithPeriodBudgets(t *testing.T) {
 	if tok := e.tokens("customer:acme", "calls"); tok.GreaterThan(d("6.01")) || tok.LessThan(d("6")) {
 		t.Fatalf("bucket %s, want 6", tok)
 	}
-	_ = uuid.Nil
 }
 
 func second[T any](_ T, err error) error { return err }
 
-func isField(err error, field string) bool {
-	var fe *admission.FieldError
-	return errors.As(err, &fe) && fe.Field == field
-}
 
 // tokens is the bucket's tokens refilled to now.
 func (e *env) tokens(scope, meter string) decimal.Decimal {
