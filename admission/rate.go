@@ -10,6 +10,8 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/quota"
 )
 
 // Rate budgets (docs/design.md §17): a rate rule's budget is a token bucket
@@ -387,7 +389,7 @@ func (s *Store) RateBudgets(ctx context.Context, scopes ...string) ([]RateBudget
 		if err := row.Scan(&b.Scope, &b.Meter, &amt, &perMS, &burst, &tok, &live, &stranded, &taken, &returned, &b.Refused); err != nil {
 			return RateBudget{}, err
 		}
-		b.Per = (time.Duration(perMS) * time.Millisecond).String()
+		b.Per = quota.FormatDuration(time.Duration(perMS) * time.Millisecond)
 		for _, f := range []struct {
 			s string
 			d *decimal.Decimal

@@ -140,7 +140,7 @@ func TestRateBucket(t *testing.T) {
 		t.Fatalf("rate budgets %v: %+v", err, bs)
 	}
 	b := bs[0]
-	if !b.Burst.Equal(d("100")) || b.Per != "1h0m0s" || !b.Taken.Equal(d("38")) || !b.Returned.Equal(d("32")) ||
+	if !b.Burst.Equal(d("100")) || b.Per != "1h" || !b.Taken.Equal(d("38")) || !b.Returned.Equal(d("32")) ||
 		b.Refused != 4 || !b.Live.IsZero() || !b.Stranded.IsZero() || b.Tokens.LessThan(d("2")) {
 		t.Errorf("rate budget %+v", b)
 	}
@@ -184,7 +184,6 @@ func TestRateAllOrNothingWithPeriodBudgets(t *testing.T) {
 }
 
 func second[T any](_ T, err error) error { return err }
-
 
 // tokens is the bucket's tokens refilled to now.
 func (e *env) tokens(scope, meter string) decimal.Decimal {
