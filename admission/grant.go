@@ -192,6 +192,9 @@ func writeRelease(ctx context.Context, db batcher, g Grant, r Report, now time.T
 				"period_start": g.PeriodStart, "now": now, "delta": freed.String()})
 		}
 		wb.Queue(qFreeGrantDraws, pgx.NamedArgs{"id": g.ID, "delta": freed.String(), "now": now})
+		// Rate buckets (rate.go): the unspent part goes back, never above
+		// the burst; locked last, after the grant.
+		wb.Queue(qReturnRateDraws, pgx.NamedArgs{"id": g.ID, "delta": freed.String()})
 	}
 	wb.Queue("COMMIT")
 	if err := db.SendBatch(ctx, wb).Close(); err != nil {

@@ -39,6 +39,9 @@ type plan struct {
 	custPeriod    periods.Period
 	scopes        []drawn // sorted by scope: the lock order
 	subset        bool
+	// rates are the rate budgets drawn (docs/design.md §17), sorted;
+	// allRates every one that applies.
+	rates, allRates []string
 }
 
 // planIssue reads the customer's rule and period and the pool and global
@@ -50,7 +53,9 @@ func planIssue(ctx context.Context, db DBTX, req IssueRequest, now time.Time) (p
 	rule, err := quota.RuleAt(ctx, db, req.Customer, req.Meter, now)
 	switch {
 	case err == nil:
-		pl.rule, pl.customerExact = rule, rule.Admission == quota.Exact
+		// A rate rule is exact too, through its bucket (rate.go), not a
+		// period budget.
+		pl.rule, pl.customerExact = rule, rule.Admission == quota.Exact && rule.Limit.Valid
 	case errors.Is(err, quota.ErrNotFound):
 	default:
 		return plan{}, err
@@ -77,9 +82,12 @@ func planIssue(ctx context.Context, db DBTX, req IssueRequest, now time.Time) (p
 	if err != nil {
 		return plan{}, fmt.Errorf("admission: read budgets: %w", err)
 	}
+	if pl.rates, pl.allRates, err = planRates(ctx, db, req, now); err != nil {
+		return plan{}, err
+	}
 	if len(req.Budgets) == 0 {
 		pl.drawsCustomer, pl.scopes = pl.customerExact, applicable
-		if !pl.drawsCustomer && len(pl.scopes) == 0 {
+		if !pl.drawsCustomer && len(pl.scopes) == 0 && len(pl.rates) == 0 {
 			return plan{}, &NotExactError{Customer: req.Customer, Meter: req.Meter, Admission: string(rule.Admission)}
 		}
 		return pl, nil
@@ -87,6 +95,9 @@ func planIssue(ctx context.Context, db DBTX, req IssueRequest, now time.Time) (p
 	pl.subset = true
 	var errs []error
 	for i, b := range req.Budgets {
+		if slices.Contains(pl.rates, b) {
+			continue
+		}
 		if b == quota.CustomerScope(req.Customer) {
 			if !pl.customerExact {
 				errs = append(errs, &FieldError{Field: fmt.Sprintf("budgets[%d]", i), Detail: fmt.Sprintf("%s has no exact rule for %s", b, req.Meter)})
@@ -121,6 +132,11 @@ func omitted(pl plan, applicable []drawn, req IssueRequest) error {
 	for _, d := range applicable {
 		if !slices.ContainsFunc(pl.scopes, func(s drawn) bool { return s.scope == d.scope }) {
 			left = append(left, d.scope)
+		}
+	}
+	for _, r := range pl.allRates {
+		if !slices.Contains(pl.rates, r) {
+			left = append(left, r)
 		}
 	}
 	if len(left) == 0 {
@@ -495,7 +511,7 @@ func (s *Store) newGrant(req IssueRequest, pl plan, amt decimal.Decimal, now tim
 		IssuedAt: now, ValidUntil: validUntil, ReclaimAt: validUntil.Add(s.cfg.MaxSkew), State: "live",
 		OnUnreachable: string(quota.UnreachableDeny), drawsCustomer: pl.drawsCustomer,
 	}
-	if pl.customerExact {
+	if pl.rule.Admission == quota.Exact {
 		g.OnUnreachable, g.LocalAmount = string(pl.rule.OnUnreachable), pl.rule.LocalAmount
 		g.LocalEvery = pl.rule.LocalEvery
 	}
@@ -517,6 +533,7 @@ type writes struct {
 	gStarts, gValid, gReclaim               []time.Time
 	gVersions, gGens                        []int64
 	gDraws                                  []bool
+	rate                                    rateDraws
 	dIDs                                    []uuid.UUID
 	dScopes, dMeters                        []string
 	dStarts                                 []time.Time

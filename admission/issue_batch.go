@@ -135,6 +135,8 @@ type batchState struct {
 	// this Store has not seen at the planned version (every grant of a
 	// customer locks its row, so those need no exclusive lock).
 	bring, bringCust []budgetKey
+	// rate is the batch's rate buckets (rate.go).
+	rate *rateState
 	// brought counts the rows brought to a new rule version, by kind.
 	broughtCustomers, broughtScopes int64
 	args                            pgx.NamedArgs
@@ -158,7 +160,7 @@ func (s *Store) collectBudgets(batch []*call, plans []plan, now time.Time) *batc
 		ck := budgetKey{quota.CustomerScope(c.req.Customer), c.req.Meter, pl.custPeriod.Start.UTC()}
 		if st.rows[ck] == nil {
 			st.rows[ck] = &budgetRow{customer: c.req.Customer, meter: c.req.Meter,
-				drawn: drawn{scope: ck.scope, period: pl.custPeriod, limit: pl.rule.Limit, version: pl.rule.Version}}
+				drawn: drawn{scope: ck.scope, period: pl.custPeriod, limit: pl.rule.Limit.Decimal, version: pl.rule.Version}}
 			if !pl.customerExact {
 				st.rows[ck].drawn.version = -1 // no exact rule: the row's limit stays NULL
 			}
@@ -213,6 +215,7 @@ func (s *Store) collectBudgets(batch []*call, plans []plan, now time.Time) *batc
 		kc, km = append(kc, p[0]), append(km, p[1])
 	}
 	st.args["k_customers"], st.args["k_meters"] = kc, km
+	st.collectRates(batch, plans)
 	return st
 }
 
@@ -284,6 +287,8 @@ func (st *batchState) lockAndRead(ctx context.Context, db batcher) error {
 			return nil
 		})
 	})
+	// Rate buckets last: after every period budget row (the lock order).
+	st.queueRates(b)
 	if err := db.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("admission: issue: %w", err)
 	}
@@ -357,6 +362,7 @@ func (s *Store) decide(st *batchState, batch []*call, plans []plan) decisions {
 	d := decisions{writes: newWrites()}
 	var issued []*call
 	var issuedKeys [][]budgetKey
+	var issuedPlans []plan
 	for i, c := range batch {
 		if c.err != nil {
 			continue
@@ -365,13 +371,18 @@ func (s *Store) decide(st *batchState, batch []*call, plans []plan) decisions {
 		switch {
 		case c.err == nil:
 			d.writes.add(c.grant, keys, c.req.Generation > stored[c.req.Holder])
-			issued, issuedKeys = append(issued, c), append(issuedKeys, keys)
+			d.writes.rate.add(c.grant, plans[i])
+			issued, issuedKeys, issuedPlans = append(issued, c), append(issuedKeys, keys), append(issuedPlans, plans[i])
 		case bind >= 0:
 			d.refused, d.refusedAt = append(d.refused, c), append(d.refusedAt, keys[bind])
 		}
 	}
 	for i, c := range issued {
-		c.grant.Available = decimal.NewNullDecimal(st.available(issuedKeys[i]))
+		avail := st.available(issuedKeys[i])
+		if r, bind := st.rateAvailable(issuedPlans[i], c.req.Meter); bind != "" && (len(issuedKeys[i]) == 0 || r.LessThan(avail)) {
+			avail = r
+		}
+		c.grant.Available = decimal.NewNullDecimal(avail)
 	}
 	return d
 }
@@ -396,7 +407,7 @@ func (s *Store) decideCall(st *batchState, c *call, pl plan) ([]budgetKey, int) 
 		c.err = errReplan // the customer's rule became exact, or stopped being
 		return nil, -1
 	}
-	if !stillApplies(pl, keys, st.rows, st.applicable[[2]string{req.Customer, req.Meter}], st.now) {
+	if !stillApplies(pl, keys, st.rows, st.applicable[[2]string{req.Customer, req.Meter}], st.now) || !st.ratesStillApply(pl, req) {
 		c.err = errReplan
 		return nil, -1
 	}
@@ -417,9 +428,26 @@ func (s *Store) decideCall(st *batchState, c *call, pl plan) ([]budgetKey, int) 
 			avail, bind = a, j
 		}
 	}
+	// A rate bucket binds when it holds fewer tokens than any period
+	// budget has left (all or nothing with them: rate.go).
+	rAvail, rBind := st.rateAvailable(pl, req.Meter)
+	rateBinds := rBind != "" && (bind < 0 || rAvail.LessThan(avail))
+	if rateBinds {
+		avail = rAvail
+	}
 	amt := req.Amount
 	if avail.LessThan(amt) {
 		if !req.MinAmount.Valid || avail.LessThan(req.MinAmount.Decimal) {
+			if rateBinds {
+				need := amt
+				if req.MinAmount.Valid {
+					need = req.MinAmount.Decimal
+				}
+				st.refuseRate(rBind, req.Meter)
+				c.err = &BudgetExhaustedError{Binding: rBind + "/" + req.Meter, Available: avail,
+					RetryAfter: st.rateRetryAfter(rBind, req.Meter, need)}
+				return keys, -1
+			}
 			c.err = &BudgetExhaustedError{Binding: keys[bind].scope + "/" + req.Meter, Available: avail}
 			return keys, bind
 		}
@@ -428,10 +456,20 @@ func (s *Store) decideCall(st *batchState, c *call, pl plan) ([]budgetKey, int) 
 	for _, k := range keys {
 		st.rows[k].taken = st.rows[k].taken.Add(amt)
 	}
+	st.takeRates(pl, req.Meter, amt)
 	st.holders[req.Holder] = req.Generation
 	c.grant = s.newGrant(req, pl, amt, st.now)
 	if !pl.drawsCustomer {
 		c.grant.drawsCustomer = false
+	}
+	if len(pl.rates) > 0 {
+		// A rate grant is short (rateTTL) and reclaimed
+		// after the smallest max_skew of its rules and the deployment.
+		c.grant.ValidUntil = minTime(c.grant.ValidUntil, st.now.Add(rateTTL(req)))
+		c.grant.Rate = true
+		c.grant.ReclaimAt = c.grant.ValidUntil.Add(st.rateSkew(pl, req.Meter, s.cfg.MaxSkew))
+		c.grant.Budgets = append(c.grant.Budgets, pl.rates...)
+		slices.Sort(c.grant.Budgets)
 	}
 	return keys, -1
 }
@@ -453,6 +491,7 @@ func (st *batchState) available(keys []budgetKey) decimal.Decimal {
 // set-based, and the commit when ownTx.
 func (st *batchState) write(ctx context.Context, db batcher, ownTx bool, w *writes) error {
 	wb := w.batch(st.now, st.rows, st.custKeys, st.scopeKeys)
+	st.queueRateWrites(wb, &w.rate)
 	if ownTx {
 		wb.Queue("COMMIT")
 	}

@@ -13,7 +13,7 @@ FROM (SELECT 'global' AS scope
       SELECT 'pool:' || m.pool FROM pool_members m
       WHERE m.customer = @customer AND m.joined_at <= @now AND (m.left_at IS NULL OR m.left_at > @now)) s
 CROSS JOIN LATERAL quota_scope_rule_in_force(s.scope, @meter, @now) r
-WHERE r.admission = 'exact'
+WHERE r.admission = 'exact' AND r."limit" IS NOT NULL
 ORDER BY s.scope`
 
 // The issue of a batch of requests: two round trips whatever its size,
@@ -165,7 +165,7 @@ FROM unnest(@bc_customers::text[], @bc_meters::text[], @bc_starts::timestamptz[]
 JOIN admission_budgets b USING (customer, meter, period_start)
 CROSS JOIN LATERAL quota_rule_in_force(k.customer, k.meter, @now) r
 WHERE (g.customer, g.meter, g.period_start) = (k.customer, k.meter, k.period_start)
-  AND r.admission = 'exact' AND b.rule_version <> r.version AND NOT g.draws_customer AND g.ended_at IS NULL`
+  AND r.admission = 'exact' AND r."limit" IS NOT NULL AND b.rule_version <> r.version AND NOT g.draws_customer AND g.ended_at IS NULL`
 
 // qBringCustomerBudgets brings the customer rows of @bc_ (those this Store
 // has not seen at the planned version) whose exact rule in force is not
@@ -179,7 +179,7 @@ SET consumed = GREATEST(b.consumed, (SELECT ` + consumptionHead + usageInCustome
 FROM unnest(@bc_customers::text[], @bc_meters::text[], @bc_starts::timestamptz[]) AS k(customer, meter, period_start)
 CROSS JOIN LATERAL quota_rule_in_force(k.customer, k.meter, @now) r
 WHERE (b.customer, b.meter, b.period_start) = (k.customer, k.meter, k.period_start)
-  AND r.admission = 'exact' AND b.rule_version <> r.version`
+  AND r.admission = 'exact' AND r."limit" IS NOT NULL AND b.rule_version <> r.version`
 
 // scopeRowsToBring are the pool and global rows of @b_ (those whose meter
 // the batch locked exclusively) whose exact rule in force is not the
@@ -189,7 +189,7 @@ const scopeRowsToBring = `
  FROM unnest(@b_scopes::text[], @b_meters::text[], @b_starts::timestamptz[]) AS k(scope, meter, period_start)
  JOIN admission_scope_budgets x USING (scope, meter, period_start)
  CROSS JOIN LATERAL quota_scope_rule_in_force(x.scope, x.meter, @now) r
- WHERE r.admission = 'exact' AND x.rule_version <> r.version) t`
+ WHERE r.admission = 'exact' AND r."limit" IS NOT NULL AND x.rule_version <> r.version) t`
 
 // adoptGrants records as drawn from each scope row t the live grants that
 // its consumption counts and that did not draw from it (issued while its
@@ -236,7 +236,7 @@ WHERE (b.customer, b.meter, b.period_start) IN
 // to, and its rule in force (limit NULL unless exact).
 const qScopeState = `
 SELECT s.scope, s.meter, s.period_start, s.consumed, s.rule_version,
-       CASE WHEN r.admission = 'exact' THEN r."limit" END, r.version
+       CASE WHEN r.admission = 'exact' AND r."limit" IS NOT NULL THEN r."limit" END, r.version
 FROM admission_scope_budgets s
 LEFT JOIN LATERAL quota_scope_rule_in_force(s.scope, s.meter, @now) r ON true
 WHERE (s.scope, s.meter, s.period_start) IN
@@ -252,7 +252,7 @@ CROSS JOIN LATERAL (SELECT 'global' AS scope
                     SELECT 'pool:' || m.pool FROM pool_members m
                     WHERE m.customer = k.customer AND m.joined_at <= @now AND (m.left_at IS NULL OR m.left_at > @now)) s
 CROSS JOIN LATERAL quota_scope_rule_in_force(s.scope, k.meter, @now) r
-WHERE r.admission = 'exact'`
+WHERE r.admission = 'exact' AND r."limit" IS NOT NULL`
 
 // The writes of a batch, set-based.
 

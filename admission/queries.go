@@ -36,12 +36,17 @@ FROM admission_grant_draws d
 WHERE d.grant_id = @id AND (s.scope, s.meter, s.period_start) = (d.scope, d.meter, d.period_start)`
 
 // grantColumns end with the earliest end of the pool and global periods
-// the grant drew from (NULL: none): renew never passes it.
+// the grant drew from, or of a rate grant's validity at issue (NULL:
+// none): renew never passes it.
 const grantColumns = `g.id, g.customer, g.meter, g.period_start, b.period, b.period_end, g.rule_version, g.holder, g.generation,
        g.amount, g.spent, g.issued_at, g.valid_until, g.reclaim_at, g.ended_at, g.end_reason,
-       g.draws_customer, coalesce((SELECT array_agg(d.scope ORDER BY d.scope) FROM admission_grant_draws d WHERE d.grant_id = g.id), '{}'),
-       (SELECT min(s.period_end) FROM admission_grant_draws d JOIN admission_scope_budgets s USING (scope, meter, period_start)
-        WHERE d.grant_id = g.id)`
+       g.draws_customer,
+       coalesce((SELECT array_agg(x.scope ORDER BY x.scope) FROM (SELECT d.scope FROM admission_grant_draws d WHERE d.grant_id = g.id
+                                                                  UNION ALL
+                                                                  SELECT r.scope FROM admission_rate_draws r WHERE r.grant_id = g.id) x), '{}'),
+       least((SELECT min(s.period_end) FROM admission_grant_draws d JOIN admission_scope_budgets s USING (scope, meter, period_start)
+              WHERE d.grant_id = g.id),
+             (SELECT min(r.until) FROM admission_rate_draws r WHERE r.grant_id = g.id))`
 
 const grantFrom = `
 FROM admission_grants g

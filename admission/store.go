@@ -151,7 +151,10 @@ type Grant struct {
 	Available decimal.NullDecimal `json:"available,omitzero"`
 
 	drawsCustomer bool
-	drawsEnd      *time.Time // the earliest end of the pool and global periods drawn
+	// Rate: the grant drew from a rate budget (docs/design.md §17): it
+	// is short, and renew never extends it.
+	Rate     bool       `json:"rate,omitempty"`
+	drawsEnd *time.Time // the earliest end of the pool and global periods drawn
 }
 
 // Binding is the name of a budget in errors and problems.

@@ -133,6 +133,10 @@ type Config struct {
 	LocalEvery    time.Duration
 	// GrantTTL asked for each grant. Default 30 s.
 	GrantTTL time.Duration
+	// RateGrantTTL is asked instead for a budget whose grants draw from a
+	// rate budget (docs/design.md §17; learnt from a grant's "rate"):
+	// Tally's bound grows with it. Default 1 s, at most 10 s.
+	RateGrantTTL time.Duration
 	// Lookahead: grants are sized to cover this much of measured demand
 	// (two ticks of it while the budget is tight: a grant came back
 	// smaller than asked, or was refused, within the last Lookahead).
@@ -244,6 +248,9 @@ func (c Config) Validate() error {
 			bad(d.field, "%s must not be negative (0: the default)", d.v)
 		}
 	}
+	if c.RateGrantTTL < 0 || c.RateGrantTTL > 10*time.Second || (c.RateGrantTTL > 0 && c.RateGrantTTL < time.Second) {
+		bad("RateGrantTTL", "%s must be from 1s to 10s (0: the default, 1s)", c.RateGrantTTL)
+	}
 	if c.GrantTTL > 0 && c.GrantTTL < time.Second {
 		bad("GrantTTL", "%s is below a second: Tally takes whole grants of at least 1s", c.GrantTTL)
 	}
@@ -324,6 +331,9 @@ func New(cfg Config) (*Client, error) {
 	}
 	if cfg.GrantTTL == 0 {
 		cfg.GrantTTL = 30 * time.Second
+	}
+	if cfg.RateGrantTTL == 0 {
+		cfg.RateGrantTTL = time.Second
 	}
 	if cfg.Lookahead == 0 {
 		cfg.Lookahead = 2 * time.Second
@@ -754,6 +764,7 @@ type budget struct {
 	kind                     atomic.Uint32          // kindUnknown, kindExact, kindLagged, kindNoRule
 	dec                      atomic.Pointer[lagged] // the latest decision, for a lagged rule
 	heldGrants               atomic.Int64           // len(grants), for metrics
+	rateBudget               atomic.Bool            // its grants draw from a rate budget: short, never renewed
 
 	fmu      sync.Mutex
 	inflight *fetch // the grant request in flight, started by Admit
@@ -800,6 +811,7 @@ type held struct {
 	validUntil time.Time
 	spent      int64 // last reported
 	generation int64 // the holder's generation it was issued under
+	rate       bool  // drew from a rate budget: renew never extends it
 }
 
 func (b *budget) tight(now time.Time) bool { return now.Before(b.tightUntil) }

@@ -97,6 +97,8 @@ type grantAnswer struct {
 	// smallest limit − consumed); empty from a Tally that does not say.
 	Available  string `json:"available"`
 	LateReport bool   `json:"late_report"`
+	// Rate: the grant drew from a rate budget (docs/design.md §17).
+	Rate bool `json:"rate"`
 }
 
 // duration reads a duration given as a string ("1m") or as whole seconds.
@@ -386,7 +388,8 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	b.lastGrant = amount
 	// Keep a tick of margin before valid_until: the loop renews or gives
 	// back the grant before Tally may consider it expired.
-	b.grants = append(b.grants, &held{id: g.ID, amount: amount, validUntil: g.ValidUntil, generation: sent})
+	b.rateBudget.Store(g.Rate)
+	b.grants = append(b.grants, &held{id: g.ID, amount: amount, validUntil: g.ValidUntil, generation: sent, rate: g.Rate})
 	b.heldGrants.Store(int64(len(b.grants)))
 	b.add(amount)
 	return nil
@@ -398,11 +401,15 @@ func (c *Client) issue(ctx context.Context, b *budget, size, need int64) (grantA
 	c.genMu.RLock()
 	defer c.genMu.RUnlock()
 	gen := c.generation.Load()
+	ttl := c.cfg.GrantTTL
+	if b.rateBudget.Load() {
+		ttl = c.cfg.RateGrantTTL
+	}
 	var g grantAnswer
 	err := c.call(ctx, "issue", "/v1/grants", map[string]any{
 		"holder": c.cfg.Holder, "generation": gen, "customer": b.customer, "meter": b.meter,
 		"amount": strconv.FormatInt(size, 10), "min_amount": strconv.FormatInt(need, 10),
-		"ttl": c.cfg.GrantTTL.String(),
+		"ttl": ttl.String(),
 	}, &g)
 	if err == nil {
 		c.issued.Store(true)
@@ -602,7 +609,7 @@ func (c *Client) tendLocked(ctx context.Context, b *budget) {
 	// released above, two ticks before its valid_until.
 	alloc = b.allocate()
 	for i, g := range b.grants {
-		if g.validUntil.Sub(now) < c.cfg.GrantTTL/2 && !c.paused(time.Now()) {
+		if !g.rate && g.validUntil.Sub(now) < c.cfg.GrantTTL/2 && !c.paused(time.Now()) {
 			var ans grantAnswer
 			err := c.call(ctx, "renew", "/v1/grants/"+g.id+"/renew", map[string]any{
 				"holder": c.cfg.Holder, "generation": g.generation, "spent": strconv.FormatInt(alloc[i], 10),

@@ -61,6 +61,7 @@ var authzRows = []authzRow{
 	{"PUT /v1/customers/{customer}/quotas/{meter}", adminOnly, "/v1/customers/{c}/quotas/calls", `{"limit":"10"}`, is(200, 201)},
 	{"GET /v1/customers/{customer}/grants", customerRead, "/v1/customers/{c}/grants", "", is(200)},
 	{"GET /v1/customers/{customer}/budgets", customerRead, "/v1/customers/{c}/budgets", "", is(200)},
+	{"GET /v1/customers/{customer}/rate-budgets", customerRead, "/v1/customers/{c}/rate-budgets", "", is(200)},
 	{"POST /v1/grants", holderWrite, "/v1/grants",
 		`{"holder":"{h}","generation":1,"customer":"{c}","meter":"tokens","amount":"1"}`, is(201)},
 	{"POST /v1/grants/{id}/renew", holderWrite, "/v1/grants/{grant}/renew", `{"holder":"{h}","generation":1,"spent":"0"}`, is(200)},

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"encoding/json"
 	"errors"
 	"net/http"
 	"time"
@@ -172,7 +173,10 @@ func (a *API) poolView(r *http.Request, name string) (poolView, error) {
 }
 
 type scopeRuleBody struct {
-	Limit       decimal.Decimal     `json:"limit"`
+	Limit decimal.Decimal `json:"limit"`
+	// A rate rule (docs/design.md §17) instead of limit.
+	Rate        json.RawMessage     `json:"rate"`
+	MaxSkew     *quota.DurationText `json:"max_skew"`
 	WarnAt      decimal.NullDecimal `json:"warn_at"`
 	Mode        quota.Mode          `json:"mode"`
 	Admission   quota.Admission     `json:"admission"`
@@ -214,6 +218,15 @@ func (a *API) putScopeQuota(w http.ResponseWriter, r *http.Request, scope, locat
 		Mode: b.Mode, Admission: b.Admission, Reason: b.Reason, Actor: actor}
 	if b.EffectiveAt != nil {
 		in.EffectiveAt = *b.EffectiveAt
+	}
+	if len(b.Rate) > 0 && string(b.Rate) != "null" {
+		var errs []error
+		if in.Rate, errs = quota.DecodeRate(b.Rate); len(errs) > 0 {
+			return invalid(fieldsOf(errors.Join(errs...))...)
+		}
+	}
+	if b.MaxSkew != nil {
+		in.MaxSkew = time.Duration(*b.MaxSkew)
 	}
 	var rule quota.ScopeRule
 	err = pgx.BeginFunc(r.Context(), a.pool, func(tx pgx.Tx) error {

@@ -96,6 +96,9 @@ type quotaBody struct {
 	OnUnreachable json.RawMessage `json:"on_unreachable"`
 	LocalAmount   json.RawMessage `json:"local_amount"`
 	LocalEvery    json.RawMessage `json:"local_every"`
+	// A rate rule (docs/design.md §17): "rate" instead of "limit".
+	Rate    json.RawMessage `json:"rate"`
+	MaxSkew json.RawMessage `json:"max_skew"`
 	// Actor is who makes the change; default "admin" (the token's principal).
 	Actor *string `json:"actor"`
 }
@@ -130,7 +133,7 @@ func (a *API) putQuota(w http.ResponseWriter, r *http.Request) error {
 	// The body's values stay raw until here so that a value of a wrong JSON
 	// type is one field error among all the others, not the first and only
 	// one. Decimals stay raw: quota reads them.
-	p := quota.PutRequest{Limit: body.Limit, WarnAt: body.WarnAt, LocalAmount: body.LocalAmount}
+	p := quota.PutRequest{Limit: body.Limit, WarnAt: body.WarnAt, LocalAmount: body.LocalAmount, Rate: body.Rate}
 	const (
 		aString  = "a string"
 		duration = `whole seconds or a duration such as "5m"`
@@ -148,6 +151,7 @@ func (a *API) putQuota(w http.ResponseWriter, r *http.Request) error {
 		{"on_unreachable", body.OnUnreachable, into(&p.OnUnreachable), aString},
 		{"stale_after", body.StaleAfter, intoPtr(&p.StaleAfter), duration},
 		{"local_every", body.LocalEvery, intoPtr(&p.LocalEvery), duration},
+		{"max_skew", body.MaxSkew, intoPtr(&p.MaxSkew), duration},
 		{"effective_at", body.EffectiveAt, intoPtr(&p.EffectiveAt), "an RFC 3339 time such as 2026-12-01T00:00:00Z"},
 	} {
 		if f.raw != nil && f.set(f.raw) != nil {

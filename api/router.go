@@ -51,6 +51,7 @@ func (a *API) routes() http.Handler {
 
 		r.Get("/customers/{customer}/grants", a.handle(a.listGrants))
 		r.Get("/customers/{customer}/budgets", a.handle(a.listBudgets))
+		r.Get("/customers/{customer}/rate-budgets", a.handle(a.listRateBudgets))
 		r.Group(func(r chi.Router) {
 			r.Use(requireGrantManager)
 			r.Post("/grants", a.handle(a.postGrant))

@@ -134,6 +134,7 @@ type customerView struct {
 	Periods        []periods.Summary
 	Grants         []admission.Grant
 	Budgets        []admission.Budget
+	RateBudgets    []admission.RateBudget // its own, its pools' and global (docs/design.md §17)
 	RefreshSeconds int
 	Ref            string
 }
@@ -209,6 +210,9 @@ func (c *Console) customer(w http.ResponseWriter, r *http.Request) error {
 	if cv.Budgets, err = adm.Budgets(ctx, customer); err != nil {
 		return err
 	}
+	if cv.RateBudgets, err = adm.RateBudgetsOf(ctx, customer); err != nil {
+		return err
+	}
 	c.render(w, r, http.StatusOK, "customer", page{Title: customer, Nav: "customers", Refresh: cv.RefreshSeconds, Body: cv})
 	return nil
 }
@@ -239,7 +243,7 @@ func charts(u api.Usage, quotas []quota.MeterStatus, p periods.Period, now time.
 		var limit decimal.NullDecimal
 		warn := decimal.Zero
 		if rl, ok := rules[m]; ok {
-			limit, warn = decimal.NewNullDecimal(rl.Limit), rl.WarnAt
+			limit, warn = rl.Limit, rl.WarnAt
 		}
 		out = append(out, newChart(m, byMeter[m], p.Start, p.End, p.Start.Location(), limit, warn, now))
 	}

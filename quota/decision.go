@@ -146,14 +146,14 @@ func project(used decimal.Decimal, r *rate, lagMillis int64) decimal.Decimal {
 func decide(r Rule, p periods.Period, used decimal.Decimal, asOf *time.Time, rt *rate, now time.Time) Decision {
 	d := Decision{
 		Customer: r.Customer, Meter: r.Meter, Period: p.Name,
-		Used: used, Limit: r.Limit, Remaining: decimal.Max(r.Limit.Sub(used), decimal.Zero),
+		Used: used, Limit: r.Limit.Decimal, Remaining: decimal.Max(r.Limit.Decimal.Sub(used), decimal.Zero),
 		RuleVersion: r.Version, Mode: r.Mode, OnStale: r.OnStale, StaleAfter: Duration(r.StaleAfter),
 		DecidedAt: now,
 	}
 	switch {
-	case used.GreaterThanOrEqual(r.Limit):
+	case used.GreaterThanOrEqual(r.Limit.Decimal):
 		d.State = Exceeded
-	case used.GreaterThanOrEqual(r.WarnAt.Mul(r.Limit)):
+	case used.GreaterThanOrEqual(r.WarnAt.Mul(r.Limit.Decimal)):
 		d.State = Warning
 	default:
 		d.State = OK

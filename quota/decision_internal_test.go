@@ -36,7 +36,7 @@ func TestDecideStates(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
 	p, _ := periods.DefaultCalendar().PeriodAt(now)
-	r := Rule{Customer: "acme", Meter: "m", Version: 3, Limit: decimal.NewFromInt(100), WarnAt: DefaultWarnAt,
+	r := Rule{Customer: "acme", Meter: "m", Version: 3, Limit: decimal.NewNullDecimal(decimal.NewFromInt(100)), WarnAt: DefaultWarnAt,
 		Mode: Enforce, OnStale: Deny, StaleAfter: DurationText(time.Minute)}
 	asOf := now.Add(-90 * time.Second)
 	for _, c := range []struct {

@@ -15,9 +15,11 @@ FROM (SELECT 1) x LEFT JOIN quota_rule_in_force($1, $2, $3) r ON true`
 
 const qInsertRule = `
 INSERT INTO quota_rules (customer, meter, version, effective_at, "limit", warn_at, mode, on_stale,
-                         stale_after, created_at, actor, reason, admission, on_unreachable, local_amount, local_every)
+                         stale_after, created_at, actor, reason, admission, on_unreachable, local_amount, local_every,
+                         rate_amount, rate_burst, rate_per, max_skew)
 VALUES ($1, $2, $3, $4, $5::numeric, $6::numeric, $7, $8, make_interval(secs => $9), $10, $11, $12,
-        $13, $14, $15::numeric, CASE WHEN $16::bigint > 0 THEN make_interval(secs => $16) END)`
+        $13, $14, $15::numeric, CASE WHEN $16::bigint > 0 THEN make_interval(secs => $16) END,
+        $17::numeric, $18::numeric, $19::bigint * interval '1 microsecond', $20::bigint * interval '1 microsecond')`
 
 // qCurrentRules is the version in force at $2 of each of customer $1's
 // meters.
@@ -41,6 +43,7 @@ SELECT ` + ruleColumns + `, (SELECT c.schedule FROM customers c WHERE c.id = q.c
 FROM (SELECT DISTINCT customer AS k_customer, meter AS k_meter FROM quota_rules
       WHERE effective_at <= $1 AND ($2::text IS NULL OR customer = $2)) k
 CROSS JOIN LATERAL quota_rule_in_force(k.k_customer, k.k_meter, $1) q
+WHERE q."limit" IS NOT NULL -- a rate rule (docs/design.md §17) has no period to decide on
 ORDER BY customer, meter`
 
 // qUsage reads, for each (customer, meter) in one round trip, the billed
@@ -145,12 +148,13 @@ FROM (SELECT 1) x LEFT JOIN quota_scope_rule_in_force(@scope, @meter, @now) r ON
 
 const qInsertScopeRule = `
 INSERT INTO quota_scope_rules (scope, meter, version, effective_at, "limit", warn_at, mode, admission,
-                               created_at, actor, reason)
+                               created_at, actor, reason, rate_amount, rate_burst, rate_per, max_skew)
 VALUES (@scope, @meter, @version, @effective_at, @limit::numeric, @warn_at::numeric, @mode, @admission,
-        @created_at, @actor, @reason)`
+        @created_at, @actor, @reason, @rate_amount::numeric, @rate_burst::numeric,
+        @rate_per::bigint * interval '1 microsecond', @max_skew::bigint * interval '1 microsecond')`
 
 const scopeRuleColumns = `scope, meter, version, effective_at, "limit"::text, warn_at::text, mode, admission,
-       created_at, actor, reason`
+       created_at, actor, reason, ` + rateSelect
 
 // qScopeRules is the rule in force at @now of each meter of @scope.
 const qScopeRules = `

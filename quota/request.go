@@ -35,6 +35,11 @@ type PutRequest struct {
 	OnUnreachable OnUnreachable   `json:"on_unreachable,omitempty"`
 	LocalAmount   json.RawMessage `json:"local_amount,omitempty"`
 	LocalEvery    *Duration       `json:"local_every,omitempty"`
+	// A rate rule (docs/design.md §17) instead of limit:
+	// "rate": {"amount": "100", "per": "1s", "burst": "200"}, with
+	// "admission": "exact" and optionally "max_skew": "250ms".
+	Rate    json.RawMessage `json:"rate,omitempty"`
+	MaxSkew *DurationText   `json:"max_skew,omitempty"`
 }
 
 // DecodePutRequest reads a PutRequest body (at most 64 KiB, no unknown
@@ -77,10 +82,28 @@ func (p PutRequest) Input(customer, meter, actor string) (RuleInput, error) {
 	if p.LocalEvery != nil {
 		in.LocalEvery = time.Duration(*p.LocalEvery)
 	}
-	if len(p.Limit) == 0 {
-		errs = append(errs, validation.Errorf("limit", "is required"))
-	} else if in.Limit, err = decodeDecimal(p.Limit); err != nil {
-		errs = append(errs, validation.Errorf("limit", "%v", err))
+	hasRate := len(p.Rate) > 0 && string(p.Rate) != "null"
+	if hasRate {
+		var rerrs []error
+		in.Rate, rerrs = DecodeRate(p.Rate)
+		errs = append(errs, rerrs...)
+	}
+	if p.MaxSkew != nil {
+		in.MaxSkew = time.Duration(*p.MaxSkew)
+		if in.MaxSkew == 0 {
+			errs = append(errs, validation.Errorf("max_skew", "must be positive"))
+		}
+	}
+	switch {
+	case len(p.Limit) == 0 && !hasRate:
+		errs = append(errs, validation.Errorf("limit", "is required (or a rate)"))
+	case len(p.Limit) == 0:
+	case hasRate:
+		errs = append(errs, validation.Errorf("limit", "a rule has a period limit or a rate, not both"))
+	default:
+		if in.Limit, err = decodeDecimal(p.Limit); err != nil {
+			errs = append(errs, validation.Errorf("limit", "%v", err))
+		}
 	}
 	if len(p.WarnAt) > 0 && string(p.WarnAt) != "null" {
 		w, err := decodeDecimal(p.WarnAt)

@@ -90,15 +90,20 @@ type DBTX interface {
 
 // Rule is one version of a quota rule.
 type Rule struct {
-	Customer    string          `json:"customer"`
-	Meter       string          `json:"meter"`
-	Version     int64           `json:"version"`
-	EffectiveAt time.Time       `json:"effective_at"`
-	Limit       decimal.Decimal `json:"limit"`
-	WarnAt      decimal.Decimal `json:"warn_at"`
-	Mode        Mode            `json:"mode"`
-	OnStale     OnStale         `json:"on_stale"`
-	StaleAfter  DurationText    `json:"stale_after"`
+	Customer    string    `json:"customer"`
+	Meter       string    `json:"meter"`
+	Version     int64     `json:"version"`
+	EffectiveAt time.Time `json:"effective_at"`
+	// Limit is the period limit; null for a rate rule (Rate).
+	Limit decimal.NullDecimal `json:"limit"`
+	// Rate (docs/design.md §17): a rate contract instead of a period
+	// limit, with MaxSkew its own reclaim margin (zero: the deployment's).
+	Rate       *Rate           `json:"rate,omitempty"`
+	MaxSkew    DurationText    `json:"max_skew,omitzero"`
+	WarnAt     decimal.Decimal `json:"warn_at"`
+	Mode       Mode            `json:"mode"`
+	OnStale    OnStale         `json:"on_stale"`
+	StaleAfter DurationText    `json:"stale_after"`
 	// Admission: lagged (default) or exact; OnUnreachable applies to exact
 	// rules, with LocalAmount per LocalEvery when it is local.
 	Admission     Admission           `json:"admission"`
@@ -127,9 +132,13 @@ type RuleInput struct {
 	OnUnreachable OnUnreachable
 	LocalAmount   decimal.NullDecimal
 	LocalEvery    time.Duration
-	EffectiveAt   time.Time // zero: now
-	Actor         string    // who made the change (required)
-	Reason        string
+	// Rate replaces Limit (which must then be zero) with a rate contract;
+	// MaxSkew (rate rules only, optional) is its reclaim margin.
+	Rate        *Rate
+	MaxSkew     time.Duration
+	EffectiveAt time.Time // zero: now
+	Actor       string    // who made the change (required)
+	Reason      string
 }
 
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
@@ -222,7 +231,7 @@ func (in RuleInput) problems() []error {
 	if in.Actor == "" {
 		bad("actor", "is required (who is changing the quota)")
 	}
-	return errs
+	return append(errs, rateProblems(in.Rate, !in.Limit.IsZero(), in.Admission, in.MaxSkew)...)
 }
 
 func (in RuleInput) withDefaults(now time.Time) RuleInput {
@@ -297,21 +306,31 @@ func putRule(ctx context.Context, tx pgx.Tx, in RuleInput, now time.Time) (Rule,
 	}
 	r := Rule{
 		Customer: in.Customer, Meter: in.Meter, Version: prevVersion + 1,
-		EffectiveAt: in.EffectiveAt, Limit: in.Limit, WarnAt: in.WarnAt.Decimal,
-		Mode: in.Mode, OnStale: in.OnStale, StaleAfter: DurationText(in.StaleAfter),
+		EffectiveAt: in.EffectiveAt, Limit: decimal.NewNullDecimal(in.Limit), Rate: in.Rate, MaxSkew: DurationText(in.MaxSkew),
+		WarnAt: in.WarnAt.Decimal,
+		Mode:   in.Mode, OnStale: in.OnStale, StaleAfter: DurationText(in.StaleAfter),
 		Admission: in.Admission, OnUnreachable: in.OnUnreachable,
 		LocalAmount: in.LocalAmount, LocalEvery: DurationText(in.LocalEvery),
 		CreatedAt: now, Actor: in.Actor, Reason: in.Reason,
 	}
+	var limit *string
+	if in.Rate == nil {
+		v := in.Limit.String()
+		limit = &v
+	} else {
+		r.Limit = decimal.NullDecimal{}
+	}
+	rateAmount, rateBurst, ratePer, maxSkew := rateColumns(in.Rate, in.MaxSkew)
 	var localAmount *string
 	if in.LocalAmount.Valid {
 		v := in.LocalAmount.Decimal.String()
 		localAmount = &v
 	}
 	_, err := tx.Exec(ctx, qInsertRule, r.Customer, r.Meter, r.Version, r.EffectiveAt,
-		r.Limit.String(), r.WarnAt.String(), string(r.Mode), string(r.OnStale),
+		limit, r.WarnAt.String(), string(r.Mode), string(r.OnStale),
 		int64(in.StaleAfter/time.Second), r.CreatedAt, r.Actor, r.Reason,
-		string(r.Admission), string(r.OnUnreachable), localAmount, int64(in.LocalEvery/time.Second))
+		string(r.Admission), string(r.OnUnreachable), localAmount, int64(in.LocalEvery/time.Second),
+		rateAmount, rateBurst, ratePer, maxSkew)
 	if err != nil {
 		return Rule{}, fmt.Errorf("quota: insert rule: %w", err)
 	}
@@ -358,22 +377,33 @@ func queryRules(ctx context.Context, db DBTX, q string, args ...any) ([]Rule, er
 // ruleColumns is the column list every rule query selects, in scanRule's order.
 const ruleColumns = `customer, meter, version, effective_at, "limit"::text, warn_at::text, mode, on_stale,
        extract(epoch FROM stale_after)::bigint, created_at, actor, reason,
-       admission, on_unreachable, local_amount::text, coalesce(extract(epoch FROM local_every)::bigint, 0)`
+       admission, on_unreachable, local_amount::text, coalesce(extract(epoch FROM local_every)::bigint, 0),
+       ` + rateSelect
 
 func scanRule(row pgx.Row, extra ...any) (Rule, error) {
 	var r Rule
-	var limit, warn, mode, onStale string
+	var warn, mode, onStale string
+	var limit, rateAmount, rateBurst *string
+	var ratePer, maxSkew *int64
 	var staleSec, localSec int64
 	var admission, onUnreachable string
 	var localAmount *string
 	dest := append([]any{&r.Customer, &r.Meter, &r.Version, &r.EffectiveAt, &limit, &warn, &mode, &onStale,
-		&staleSec, &r.CreatedAt, &r.Actor, &r.Reason, &admission, &onUnreachable, &localAmount, &localSec}, extra...)
+		&staleSec, &r.CreatedAt, &r.Actor, &r.Reason, &admission, &onUnreachable, &localAmount, &localSec,
+		&rateAmount, &rateBurst, &ratePer, &maxSkew}, extra...)
 	if err := row.Scan(dest...); err != nil {
 		return Rule{}, err
 	}
 	var err error
-	if r.Limit, err = decimal.NewFromString(limit); err != nil {
-		return Rule{}, fmt.Errorf("stored limit %q: %w", limit, err)
+	if limit != nil {
+		v, err := decimal.NewFromString(*limit)
+		if err != nil {
+			return Rule{}, fmt.Errorf("stored limit %q: %w", *limit, err)
+		}
+		r.Limit = decimal.NewNullDecimal(v)
+	}
+	if r.Rate, r.MaxSkew, err = scanRate(rateAmount, rateBurst, ratePer, maxSkew); err != nil {
+		return Rule{}, err
 	}
 	if r.WarnAt, err = decimal.NewFromString(warn); err != nil {
 		return Rule{}, fmt.Errorf("stored warn_at %q: %w", warn, err)

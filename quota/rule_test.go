@@ -76,7 +76,7 @@ func TestPutRuleVersionsAndHistory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rules) != 2 || rules[0].Meter != "api_calls" || rules[0].Version != 2 || !rules[0].Limit.Equal(dec("250.5")) ||
+	if len(rules) != 2 || rules[0].Meter != "api_calls" || rules[0].Version != 2 || !rules[0].Limit.Decimal.Equal(dec("250.5")) ||
 		rules[0].OnStale != quota.Deny || rules[1].Meter != "storage" {
 		t.Fatalf("current rules: %+v", rules)
 	}
@@ -127,16 +127,16 @@ func TestAnImmediateChangeOvertakesAScheduledOne(t *testing.T) {
 		}
 		return rules[0]
 	}
-	if r := current(); r.Version != cut.Version || !r.Limit.Equal(dec("10")) {
-		t.Errorf("in force after the cut: version %d limit %s; want version %d limit 10", r.Version, r.Limit, cut.Version)
+	if r := current(); r.Version != cut.Version || !r.Limit.Decimal.Equal(dec("10")) {
+		t.Errorf("in force after the cut: version %d limit %s; want version %d limit 10", r.Version, r.Limit.Decimal, cut.Version)
 	}
 	time.Sleep(time.Until(at) + 500*time.Millisecond)
-	if r := current(); r.Version != 2 || !r.Limit.Equal(dec("1000")) {
-		t.Errorf("in force after the scheduled time: version %d limit %s; want version 2 limit 1000", r.Version, r.Limit)
+	if r := current(); r.Version != 2 || !r.Limit.Decimal.Equal(dec("1000")) {
+		t.Errorf("in force after the scheduled time: version %d limit %s; want version 2 limit 1000", r.Version, r.Limit.Decimal)
 	}
 	e.put(quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("5")})
-	if r := current(); !r.Limit.Equal(dec("5")) {
-		t.Errorf("a change after the scheduled version took effect: limit %s in force, want 5", r.Limit)
+	if r := current(); !r.Limit.Decimal.Equal(dec("5")) {
+		t.Errorf("a change after the scheduled version took effect: limit %s in force, want 5", r.Limit.Decimal)
 	}
 }
 

@@ -42,28 +42,34 @@ func ValidScope(scope string) bool {
 // ScopeRule is one version of the rule of a pool or of the global scope
 // (docs/design.md §13): versioned and insert-only like a customer's Rule.
 type ScopeRule struct {
-	Scope       string          `json:"scope"`
-	Meter       string          `json:"meter"`
-	Version     int64           `json:"version"`
-	EffectiveAt time.Time       `json:"effective_at"`
-	Limit       decimal.Decimal `json:"limit"`
-	WarnAt      decimal.Decimal `json:"warn_at"`
-	Mode        Mode            `json:"mode"`
-	Admission   Admission       `json:"admission"`
-	CreatedAt   time.Time       `json:"created_at"`
-	Actor       string          `json:"actor"`
-	Reason      string          `json:"reason,omitempty"`
+	Scope       string    `json:"scope"`
+	Meter       string    `json:"meter"`
+	Version     int64     `json:"version"`
+	EffectiveAt time.Time `json:"effective_at"`
+	// Limit is the period limit; null for a rate rule (Rate).
+	Limit     decimal.NullDecimal `json:"limit"`
+	Rate      *Rate               `json:"rate,omitempty"`
+	MaxSkew   DurationText        `json:"max_skew,omitzero"`
+	WarnAt    decimal.Decimal     `json:"warn_at"`
+	Mode      Mode                `json:"mode"`
+	Admission Admission           `json:"admission"`
+	CreatedAt time.Time           `json:"created_at"`
+	Actor     string              `json:"actor"`
+	Reason    string              `json:"reason,omitempty"`
 }
 
 // ScopeRuleInput is a new version of a scope rule. Zero optional fields
 // take the defaults of RuleInput (warn_at 0.8, enforce, lagged, now).
 type ScopeRuleInput struct {
-	Scope       string
-	Meter       string
-	Limit       decimal.Decimal
-	WarnAt      decimal.NullDecimal
-	Mode        Mode
-	Admission   Admission
+	Scope     string
+	Meter     string
+	Limit     decimal.Decimal
+	WarnAt    decimal.NullDecimal
+	Mode      Mode
+	Admission Admission
+	// Rate replaces Limit (then zero); MaxSkew goes only with a Rate.
+	Rate        *Rate
+	MaxSkew     time.Duration
 	EffectiveAt time.Time
 	Actor       string
 	Reason      string
@@ -77,7 +83,7 @@ func (in ScopeRuleInput) Validate() error {
 	}
 	// The rest is a customer rule's validation, with a placeholder customer.
 	r := RuleInput{Customer: "scope", Meter: in.Meter, Limit: in.Limit, WarnAt: in.WarnAt, Mode: in.Mode,
-		Admission: in.Admission, Actor: in.Actor}
+		Admission: in.Admission, Actor: in.Actor, Rate: in.Rate, MaxSkew: in.MaxSkew}
 	if err := r.Validate(); err != nil {
 		errs = append(errs, err)
 	}
@@ -116,14 +122,23 @@ func putScopeRule(ctx context.Context, tx pgx.Tx, in ScopeRuleInput, now time.Ti
 		return ScopeRule{}, fmt.Errorf("%w: effective_at: %s is before %s, the effective time of the version in force, so it would never take effect",
 			ErrInvalid, d.EffectiveAt.Format(time.RFC3339Nano), inForce.UTC().Format(time.RFC3339Nano))
 	}
-	r := ScopeRule{Scope: in.Scope, Meter: in.Meter, Version: prev + 1, EffectiveAt: d.EffectiveAt, Limit: in.Limit,
+	r := ScopeRule{Scope: in.Scope, Meter: in.Meter, Version: prev + 1, EffectiveAt: d.EffectiveAt,
+		Rate: in.Rate, MaxSkew: DurationText(in.MaxSkew),
 		WarnAt: d.WarnAt.Decimal, Mode: d.Mode, Admission: d.Admission, CreatedAt: now, Actor: in.Actor, Reason: in.Reason}
-	if err := amount.Check(r.Limit); err != nil {
-		return ScopeRule{}, fmt.Errorf("%w: limit: %v", ErrInvalid, err)
+	var limit *string
+	if in.Rate == nil {
+		if err := amount.Check(in.Limit); err != nil {
+			return ScopeRule{}, fmt.Errorf("%w: limit: %v", ErrInvalid, err)
+		}
+		r.Limit = decimal.NewNullDecimal(in.Limit)
+		v := in.Limit.String()
+		limit = &v
 	}
+	rateAmount, rateBurst, ratePer, maxSkew := rateColumns(in.Rate, in.MaxSkew)
 	if _, err := tx.Exec(ctx, qInsertScopeRule, pgx.NamedArgs{"scope": r.Scope, "meter": r.Meter, "version": r.Version,
-		"effective_at": r.EffectiveAt, "limit": r.Limit.String(), "warn_at": r.WarnAt.String(), "mode": string(r.Mode),
-		"admission": string(r.Admission), "created_at": r.CreatedAt, "actor": r.Actor, "reason": r.Reason}); err != nil {
+		"effective_at": r.EffectiveAt, "limit": limit, "warn_at": r.WarnAt.String(), "mode": string(r.Mode),
+		"admission": string(r.Admission), "created_at": r.CreatedAt, "actor": r.Actor, "reason": r.Reason,
+		"rate_amount": rateAmount, "rate_burst": rateBurst, "rate_per": ratePer, "max_skew": maxSkew}); err != nil {
 		return ScopeRule{}, fmt.Errorf("quota: insert scope rule: %w", err)
 	}
 	return r, nil
@@ -144,14 +159,23 @@ func ScopeRules(ctx context.Context, db DBTX, scope string, t time.Time) ([]Scop
 
 func scanScopeRule(row pgx.Row) (ScopeRule, error) {
 	var r ScopeRule
-	var limit, warn, mode, admission string
+	var warn, mode, admission string
+	var limit, rateAmount, rateBurst *string
+	var ratePer, maxSkew *int64
 	if err := row.Scan(&r.Scope, &r.Meter, &r.Version, &r.EffectiveAt, &limit, &warn, &mode, &admission,
-		&r.CreatedAt, &r.Actor, &r.Reason); err != nil {
+		&r.CreatedAt, &r.Actor, &r.Reason, &rateAmount, &rateBurst, &ratePer, &maxSkew); err != nil {
 		return ScopeRule{}, err
 	}
 	var err error
-	if r.Limit, err = decimal.NewFromString(limit); err != nil {
-		return ScopeRule{}, fmt.Errorf("stored limit %q: %w", limit, err)
+	if limit != nil {
+		v, err := decimal.NewFromString(*limit)
+		if err != nil {
+			return ScopeRule{}, fmt.Errorf("stored limit %q: %w", *limit, err)
+		}
+		r.Limit = decimal.NewNullDecimal(v)
+	}
+	if r.Rate, r.MaxSkew, err = scanRate(rateAmount, rateBurst, ratePer, maxSkew); err != nil {
+		return ScopeRule{}, err
 	}
 	if r.WarnAt, err = decimal.NewFromString(warn); err != nil {
 		return ScopeRule{}, fmt.Errorf("stored warn_at %q: %w", warn, err)

@@ -102,5 +102,5 @@ func (r *runner) checkScopeBudgets(ctx context.Context, tx pgx.Tx, tg target, no
 				Detail: fmt.Sprintf("%s: %s granted and never spent (limit %s)", budget, s, a.Limit)})
 		}
 	}
-	return nil
+	return r.checkRateBudgets(ctx, tx, tg, now)
 }

@@ -25,6 +25,10 @@ type benchAdmissionOptions struct {
 	// hot is the hot-key run, chosen by --budgets (docs/design.md §13).
 	hot     admissionbench.HotOptions
 	budgets bool
+	// rate is the rate-contract run, chosen by --rate-contract
+	// (docs/design.md §17).
+	rate         admissionbench.RateOptions
+	rateContract bool
 }
 
 func (o benchAdmissionOptions) Validate() error {
@@ -72,6 +76,9 @@ func (o benchAdmissionOptions) Run(ctx context.Context, out io.Writer) error {
 	if o.budgets {
 		return o.runHot(ctx, out, dbURL, log)
 	}
+	if o.rateContract {
+		return o.runRate(ctx, out, dbURL, log)
+	}
 	sim := o.sim
 	sim.DatabaseURL, sim.Logger = dbURL, log
 	fmt.Fprintf(out, "tally bench admission: database %s; regimes %s, one after another\n", dbName(dbURL), strings.Join(sim.Regimes, ", "))
@@ -85,6 +92,19 @@ func (o benchAdmissionOptions) Run(ctx context.Context, out io.Writer) error {
 			return fmt.Errorf("bench admission: %s: %d invariant checks failed (above)", row.Regime, len(row.Problems))
 		}
 	}
+	return nil
+}
+
+// runRate is the rate-contract run: --gateways gateways × one tenant.
+func (o benchAdmissionOptions) runRate(ctx context.Context, out io.Writer, dbURL string, log *slog.Logger) error {
+	r := o.rate
+	r.DatabaseURL, r.Logger, r.RedisAddr, r.Seed = dbURL, log, o.sim.RedisAddr, o.sim.Seed
+	fmt.Fprintf(out, "tally bench admission --rate-contract: database %s\n", dbName(dbURL))
+	res, err := admissionbench.RunRate(ctx, r)
+	if err != nil {
+		return err
+	}
+	res.Report(out)
 	return nil
 }
 
@@ -147,11 +167,33 @@ with 50 holders), checks that the budgets read back add up, then sets the
 global limit to what global consumed and checks that every holder is
 refused by global and that no customer's or pool's budget moved.
 
+With --rate-contract it measures a rate contract instead (docs/design.md
+§17): --gateways (default 20) gateways × one tenant of --rate-amount per
+--rate-per with bursts of --rate-burst; every second starts with a burst of
+--rate-burst requests at each gateway, plus 4 × the contract's rate spread
+over the second. Four designs side by side: a local token bucket per
+gateway (each enforcing the whole contract), a central counter per request
+in Postgres and in Redis, and grants through the admit SDK. For each: the
+worst window's admitted ÷ the §17 bound (burst + amount × (t2 − t1 + 1s +
+max_skew) / per) and ÷ the bare contract, false denials (refused while one
+exact bucket fed with what was admitted held a token), central calls per
+1,000 admissions, and latency p50/p99.
+
 The run uses a database of its own on the server of --database-url,
 dropped afterwards (unless --keep). Redis is used by this benchmark only.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			o.budgets = cmd.Flags().Changed("budgets")
+			if o.rateContract {
+				// The rate run's own defaults unless given: 20 gateways, 5 s.
+				o.rate.Gateways, o.rate.Duration = 20, 5*time.Second
+				if cmd.Flags().Changed("gateways") {
+					o.rate.Gateways = o.sim.Gateways
+				}
+				if cmd.Flags().Changed("duration") {
+					o.rate.Duration = o.sim.Duration
+				}
+			}
 			return o.Run(cmd.Context(), cmd.OutOrStdout())
 		},
 	}
@@ -174,6 +216,11 @@ dropped afterwards (unless --keep). Redis is used by this benchmark only.`,
 	f.IntVar(&o.hot.Holders, "holders", 50, "the hot-key run: concurrent holders, one customer each")
 	f.DurationVar(&o.hot.Duration, "hot-duration", 5*time.Second, "the hot-key run: length of each measured row")
 	f.IntVar(&o.hot.APIPoolSize, "api-pool-size", 4, "the hot-key run: Postgres connections of the REST API (as tally serve's --api-pool-size)")
+	f.BoolVar(&o.rateContract, "rate-contract", false, "the rate-contract run (docs/design.md §17): --gateways (default 20) gateways × one tenant of --rate-amount per --rate-per, bursts of --rate-burst; local buckets, central counters and grants side by side")
+	f.Int64Var(&o.rate.Amount, "rate-amount", 100, "the rate-contract run: the contract's amount per --rate-per")
+	f.DurationVar(&o.rate.Per, "rate-per", time.Second, "the rate-contract run: the contract's period")
+	f.Int64Var(&o.rate.Burst, "rate-burst", 200, "the rate-contract run: the contract's burst (and each gateway's demand at every second's start)")
+	f.DurationVar(&o.rate.MaxSkew, "rate-max-skew", 100*time.Millisecond, "the rate-contract run: the rate rule's max_skew")
 	f.StringVar(&o.adminURL, "database-url", defaultDatabaseURL, "Postgres server to create the benchmark database on")
 	envDefault(f, "database-url", "TALLY_DATABASE_URL")
 	f.BoolVar(&o.keep, "keep", false, "keep the benchmark database")

@@ -1,0 +1,230 @@
+package admission_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/admission"
+	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/quota"
+)
+
+// rateEnv is a Store on the real clock: rate buckets refill on Postgres's.
+func rateEnv(t testing.TB) *env {
+	t.Helper()
+	pool := pgtest.New(t)
+	s, err := admission.New(pool, admission.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &env{t: t, pool: pool, store: s}
+}
+
+// rateRule stores a rate rule version for a customer (scope "customer:<id>")
+// or a pool or global scope, effective at at (zero: now).
+func (e *env) rateRule(scope, meter, amount, per, burst string, maxSkew time.Duration, at time.Time) {
+	e.t.Helper()
+	p, err := time.ParseDuration(per)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	rate := &quota.Rate{Amount: d(amount), Per: quota.DurationText(p), Burst: d(burst)}
+	ctx := context.Background()
+	if c, ok := rateCustomerOf(scope); ok {
+		_, err = quota.PutRuleDB(ctx, e.pool, quota.RuleInput{Customer: c, Meter: meter, Rate: rate, MaxSkew: maxSkew,
+			Admission: quota.Exact, EffectiveAt: at, Actor: "test"})
+	} else {
+		err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			_, err := quota.PutScopeRule(ctx, tx, quota.ScopeRuleInput{Scope: scope, Meter: meter, Rate: rate, MaxSkew: maxSkew,
+				Admission: quota.Exact, EffectiveAt: at, Actor: "test"})
+			return err
+		})
+	}
+	if err != nil {
+		e.t.Fatalf("put rate rule: %v", err)
+	}
+}
+
+func rateCustomerOf(scope string) (string, bool) {
+	const p = "customer:"
+	if len(scope) > len(p) && scope[:len(p)] == p {
+		return scope[len(p):], true
+	}
+	return "", false
+}
+
+func (e *env) issueRate(holder, customer, amount string) (admission.Grant, error) {
+	return e.store.Issue(context.Background(), admission.IssueRequest{Holder: holder, Generation: 1, Customer: customer,
+		Meter: "calls", Amount: d(amount)})
+}
+
+func exhaustedBy(t *testing.T, err error, binding string) *admission.BudgetExhaustedError {
+	t.Helper()
+	var ex *admission.BudgetExhaustedError
+	if !errors.As(err, &ex) || ex.Binding != binding {
+		t.Fatalf("got %v, want budget_exhausted by %s", err, binding)
+	}
+	return ex
+}
+
+// A grant takes tokens from the bucket; a release puts the unspent part
+// back; a lowered burst clamps at once; a raised one hands out nothing
+// new; rate grants are short and say their max_skew.
+func TestRateBucket(t *testing.T) {
+	e := rateEnv(t)
+	ctx := context.Background()
+	// 1 per hour: the refill during the test is below 0.01.
+	e.rateRule("customer:acme", "calls", "1", "1h", "20", 250*time.Millisecond, time.Time{})
+	g, err := e.issueRate("gw1", "acme", "20")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ttl := g.ValidUntil.Sub(g.IssuedAt); ttl != admission.DefaultRateTTL {
+		t.Errorf("ttl %v, want %v", ttl, admission.DefaultRateTTL)
+	}
+	if skew := g.ReclaimAt.Sub(g.ValidUntil); skew != 250*time.Millisecond {
+		t.Errorf("reclaim_at - valid_until = %v, want the rule's max_skew 250ms", skew)
+	}
+	ex := exhaustedBy(t, second(e.issueRate("gw2", "acme", "1")), "customer:acme/calls")
+	if ex.RetryAfter < 50*time.Minute || ex.RetryAfter > time.Hour {
+		t.Errorf("retry_after %v, want about an hour (one token at 1/h)", ex.RetryAfter)
+	}
+	if !g.Rate {
+		t.Error("a grant on a rate budget does not say rate")
+	}
+	if _, err := e.store.Release(ctx, admission.Report{Grant: g.ID, Holder: "gw1", Generation: 1, Spent: d("5")}); err != nil {
+		t.Fatal(err)
+	}
+	exhaustedBy(t, second(e.issueRate("gw2", "acme", "16")), "customer:acme/calls")
+	g2, err := e.issueRate("gw2", "acme", "15")
+	if err != nil {
+		t.Fatalf("15 returned tokens: %v", err)
+	}
+	if _, err := e.store.Release(ctx, admission.Report{Grant: g2.ID, Holder: "gw2", Generation: 1, Spent: d("0")}); err != nil {
+		t.Fatal(err)
+	}
+	// Lower the burst to 3: the bucket (15) clamps to 3 at once.
+	e.rateRule("customer:acme", "calls", "1", "1h", "3", 0, time.Time{})
+	exhaustedBy(t, second(e.issueRate("gw2", "acme", "4")), "customer:acme/calls")
+	g3, err := e.store.Issue(ctx, admission.IssueRequest{Holder: "gw2", Generation: 1, Customer: "acme", Meter: "calls",
+		Amount: d("3"), TTL: 30 * time.Second})
+	if err != nil {
+		t.Fatalf("3 after the clamp: %v", err)
+	}
+	if ttl := g3.ValidUntil.Sub(g3.IssuedAt); ttl != admission.MaxRateTTL {
+		t.Errorf("ttl 30s asked on a rate budget: %v, want it shortened to %v", ttl, admission.MaxRateTTL)
+	}
+	if skew := g3.ReclaimAt.Sub(g3.ValidUntil); skew != admission.DefaultMaxSkew {
+		t.Errorf("without a rule max_skew: reclaim margin %v, want %v", skew, admission.DefaultMaxSkew)
+	}
+	// Raise it to 100: a new version carries the (empty) bucket over.
+	e.rateRule("customer:acme", "calls", "1", "1h", "100", 0, time.Time{})
+	exhaustedBy(t, second(e.issueRate("gw3", "acme", "1")), "customer:acme/calls")
+	// A release never fills above the burst in force.
+	if _, err := e.store.Release(ctx, admission.Report{Grant: g3.ID, Holder: "gw2", Generation: 1, Spent: d("1")}); err != nil {
+		t.Fatal(err)
+	}
+	if tok := e.tokens("customer:acme", "calls"); tok.LessThan(d("2")) || tok.GreaterThan(d("2.01")) {
+		t.Errorf("tokens %s after returning 2, want 2 (plus a refill below 0.01)", tok)
+	}
+	// What the console and REST show: g2 was released, g3 too; the first
+	// grant's tokens 20, 15 and 3 were taken, 15 + 15 + 2 returned (the
+	// clamp took 12 of them away), four requests refused.
+	bs, err := e.store.RateBudgets(ctx, "customer:acme")
+	if err != nil || len(bs) != 1 {
+		t.Fatalf("rate budgets %v: %+v", err, bs)
+	}
+	b := bs[0]
+	if !b.Burst.Equal(d("100")) || b.Per != "1h" || !b.Taken.Equal(d("38")) || !b.Returned.Equal(d("32")) ||
+		b.Refused != 4 || !b.Live.IsZero() || !b.Stranded.IsZero() || b.Tokens.LessThan(d("2")) {
+		t.Errorf("rate budget %+v", b)
+	}
+}
+
+// A grant draws from its rate and period budgets all or nothing: a period
+// budget that refuses takes nothing from the bucket, and the reverse.
+func TestRateAllOrNothingWithPeriodBudgets(t *testing.T) {
+	e := rateEnv(t)
+	ctx := context.Background()
+	e.rateRule("customer:acme", "calls", "1", "1h", "10", 0, time.Time{})
+	if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		_, err := quota.PutScopeRule(ctx, tx, quota.ScopeRuleInput{Scope: quota.Global, Meter: "calls", Limit: d("4"),
+			Admission: quota.Exact, Actor: "test"})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	exhaustedBy(t, second(e.issueRate("gw1", "acme", "5")), "global/calls")
+	if tok := e.tokens("customer:acme", "calls"); tok.LessThan(d("10")) {
+		t.Fatalf("refused by global, the bucket holds %s, want 10", tok)
+	}
+	g, err := e.issueRate("gw1", "acme", "4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(g.Budgets) != 2 || g.Budgets[0] != "customer:acme" || g.Budgets[1] != "global" {
+		t.Errorf("budgets %v, want [customer:acme global]", g.Budgets)
+	}
+	got, err := e.store.Get(ctx, g.ID)
+	if err != nil || len(got.Budgets) != 2 {
+		t.Fatalf("read back %v budgets %v", err, got.Budgets)
+	}
+	// The global budget is spent; a pool's rate bucket refuses before it.
+	e.rateRule(quota.Global, "other", "1", "1h", "1", 0, time.Time{})
+	_, err = e.store.Issue(ctx, admission.IssueRequest{Holder: "gw1", Generation: 1, Customer: "acme", Meter: "other", Amount: d("2")})
+	exhaustedBy(t, err, "global/other")
+	if tok := e.tokens("customer:acme", "calls"); tok.GreaterThan(d("6.01")) || tok.LessThan(d("6")) {
+		t.Fatalf("bucket %s, want 6", tok)
+	}
+}
+
+func second[T any](_ T, err error) error { return err }
+
+// tokens is the bucket's tokens refilled to now.
+func (e *env) tokens(scope, meter string) decimal.Decimal {
+	e.t.Helper()
+	var s string
+	err := pgx.BeginFunc(context.Background(), e.pool, func(tx pgx.Tx) error {
+		return tx.QueryRow(context.Background(), `SELECT admission_rate_refill($1, $2, now())::text`, scope, meter).Scan(&s)
+	})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return decimal.RequireFromString(s)
+}
+
+// Reconciliation's view: a grant reclaimed without a final report is
+// stranded (never given back), releases keep the bucket balanced.
+func TestRateAccounts(t *testing.T) {
+	e := rateEnv(t)
+	ctx := context.Background()
+	e.rateRule("customer:acme", "calls", "1", "1h", "10", 100*time.Millisecond, time.Time{})
+	silent, err := e.issueRate("gw1", "acme", "4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := e.issueRate("gw2", "acme", "3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.store.Release(ctx, admission.Report{Grant: g.ID, Holder: "gw2", Generation: 1, Spent: d("1")}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Until(silent.ReclaimAt) + 50*time.Millisecond)
+	accts, err := admission.RateAccounts(ctx, e.pool, []string{"acme"}, []time.Time{silent.PeriodStart}, time.Now())
+	if err != nil || len(accts) != 1 {
+		t.Fatalf("accounts %v: %+v", err, accts)
+	}
+	if a := accts[0]; a.Scope != "customer:acme" || !a.Stranded.Equal(d("4")) || !a.Unbalanced.IsZero() {
+		t.Errorf("account %+v: want 4 stranded, balanced", a)
+	}
+	bs, err := e.store.RateBudgetsOf(ctx, "acme")
+	if err != nil || len(bs) != 1 || !bs[0].Stranded.Equal(d("4")) || !bs[0].Live.IsZero() {
+		t.Fatalf("rate budgets %v: %+v", err, bs)
+	}
+}

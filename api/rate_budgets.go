@@ -1,0 +1,33 @@
+package api
+
+import (
+	"net/http"
+
+	"github.com/tally-ledger/tally/admission"
+)
+
+// listRateBudgets serves GET /v1/customers/{customer}/rate-budgets: the
+// rate budgets (docs/design.md §17) the customer draws from — its own, its
+// pools' and the global one — with the tokens their buckets hold now.
+func (a *API) listRateBudgets(w http.ResponseWriter, r *http.Request) error {
+	customer, err := readableCustomer(r)
+	if err != nil {
+		return err
+	}
+	if _, err := queryParams(r); err != nil {
+		return err
+	}
+	s, err := a.admissionStore()
+	if err != nil {
+		return err
+	}
+	bs, err := s.RateBudgetsOf(r.Context(), customer)
+	if err != nil {
+		return err
+	}
+	if bs == nil {
+		bs = []admission.RateBudget{}
+	}
+	writeJSON(w, http.StatusOK, Page[admission.RateBudget]{Items: bs})
+	return nil
+}

@@ -1,0 +1,56 @@
+package api_test
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/tally-ledger/tally/api"
+)
+
+// Rate rules over REST (docs/design.md §17): a customer's and the global
+// one, their field errors, grants that say rate, a refusal naming the
+// bucket, and the rate budgets a customer draws from.
+func TestRateRulesOverREST(t *testing.T) {
+	f := newFixture(t)
+	r := f.do("PUT", "/v1/customers/acme/quotas/calls", adminToken, map[string]any{
+		"rate": map[string]any{"amount": "1", "per": "1h", "burst": "10"}, "admission": "exact", "max_skew": "250ms"})
+	if r.status != http.StatusCreated {
+		t.Fatalf("PUT rate rule: %d %s", r.status, r.body)
+	}
+	if m := r.json(t); m["limit"] != nil || m["max_skew"] != "250ms" || m["rate"].(map[string]any)["burst"] != "10" {
+		t.Fatalf("rate rule answer %s", r.body)
+	}
+	for body, field := range map[string]string{
+		`{"rate":{"amount":"1","per":"1s","burst":"2"},"limit":"5","admission":"exact"}`:      "limit",
+		`{"rate":{"amount":"1","per":"1s","burst":"2"}}`:                                      "admission",
+		`{"rate":{"amount":"0","per":"1s","burst":"2"},"admission":"exact"}`:                  "rate.amount",
+		`{"rate":{"amount":"1","per":"1s","burst":"2"},"admission":"exact","max_skew":"1ms"}`: "max_skew",
+	} {
+		p := f.do("PUT", "/v1/customers/acme/quotas/calls", adminToken, body).problem(t, http.StatusBadRequest, api.TypeInvalidRequest)
+		found := false
+		for _, e := range p.Errors {
+			found = found || e.Field == field
+		}
+		if !found {
+			t.Errorf("%s: errors %+v, want one on %s", body, p.Errors, field)
+		}
+	}
+	if r := f.do("PUT", "/v1/global/quotas/calls", adminToken, map[string]any{
+		"rate": map[string]any{"amount": "1", "per": "1h", "burst": "100"}, "admission": "exact"}); r.status != http.StatusCreated {
+		t.Fatalf("PUT global rate rule: %d %s", r.status, r.body)
+	}
+	gw := f.gatewayToken("gw")
+	g := f.do("POST", "/v1/grants", gw, map[string]any{"holder": "gw", "generation": 1, "customer": "acme", "meter": "calls", "amount": "6"})
+	if g.status != http.StatusCreated || g.json(t)["rate"] != true {
+		t.Fatalf("grant: %d %s", g.status, g.body)
+	}
+	p := f.do("POST", "/v1/grants", gw, map[string]any{"holder": "gw", "generation": 1, "customer": "acme", "meter": "calls", "amount": "5"}).
+		problem(t, http.StatusConflict, api.TypeBudgetExhausted)
+	if p.Binding != "customer:acme/calls" {
+		t.Errorf("refusal binding %q, want customer:acme/calls", p.Binding)
+	}
+	items := f.do("GET", "/v1/customers/acme/rate-budgets", adminToken, nil).json(t)["items"].([]any)
+	if len(items) != 2 || items[0].(map[string]any)["scope"] != "customer:acme" || items[1].(map[string]any)["scope"] != "global" {
+		t.Errorf("rate budgets %v", items)
+	}
+}
