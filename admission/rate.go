@@ -132,6 +132,18 @@ const qReturnRateDraws = `
 SELECT admission_rate_give(d.scope, d.meter, @delta::numeric, now())
 FROM (SELECT scope, meter FROM admission_rate_draws WHERE grant_id = @id ORDER BY scope, meter OFFSET 0) d`
 
+// qReturnRateDrawsMany is qReturnRateDraws for a batch of releases: each
+// bucket drawn by any of them gets the sum of their unspent parts, once,
+// in sorted order. Summing first gives what returning one by one gives,
+// since every part is ≥ 0 and the burst caps either way.
+const qReturnRateDrawsMany = `
+SELECT admission_rate_give(x.scope, x.meter, x.delta, now())
+FROM (SELECT d.scope, d.meter, sum(u.delta) AS delta
+      FROM unnest(@ids::uuid[], @deltas::numeric[]) AS u(id, delta)
+      JOIN admission_rate_draws d ON d.grant_id = u.id
+      GROUP BY d.scope, d.meter
+      ORDER BY d.scope, d.meter OFFSET 0) x`
+
 // planRates reads the rate budgets that apply to req at now and picks
 // those it draws from (all, or the ones req.Budgets names, which it
 // removes from unmatched), and every one that applies.

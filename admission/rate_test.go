@@ -228,3 +228,43 @@ func TestRateAccounts(t *testing.T) {
 		t.Fatalf("rate budgets %v: %+v", err, bs)
 	}
 }
+
+// Releases given back together (one batch, ReleaseAll) return exactly the
+// sum of their unspent parts to the bucket they drew from, once; a renew in
+// a batch never extends a rate grant.
+func TestRateReleasesInOneBatch(t *testing.T) {
+	e := rateEnv(t)
+	ctx := context.Background()
+	e.rateRule("customer:acme", "calls", "1", "1h", "30", 0, time.Time{})
+	var gs []admission.Grant
+	for range 3 {
+		g, err := e.issueRate("gw1", "acme", "10")
+		if err != nil {
+			t.Fatal(err)
+		}
+		gs = append(gs, g)
+	}
+	exhaustedBy(t, second(e.issueRate("gw2", "acme", "1")), "customer:acme/calls")
+	renewed, err := e.store.Renew(ctx, admission.Report{Grant: gs[0].ID, Holder: "gw1", Generation: 1, Spent: d("1"), TTL: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if renewed.ValidUntil.After(gs[0].ValidUntil) {
+		t.Errorf("a renew extended a rate grant from %v to %v", gs[0].ValidUntil, renewed.ValidUntil)
+	}
+	// Unspent: 10-4 + 10-0 + 10-10 = 16.
+	_, errs := e.store.ReleaseAll(ctx, []admission.Report{
+		{Grant: gs[0].ID, Holder: "gw1", Generation: 1, Spent: d("4")},
+		{Grant: gs[1].ID, Holder: "gw1", Generation: 1, Spent: d("0")},
+		{Grant: gs[2].ID, Holder: "gw1", Generation: 1, Spent: d("10")},
+	})
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("release %d: %v", i, err)
+		}
+	}
+	exhaustedBy(t, second(e.issueRate("gw2", "acme", "17")), "customer:acme/calls")
+	if _, err := e.issueRate("gw2", "acme", "16"); err != nil {
+		t.Fatalf("16 returned tokens: %v", err)
+	}
+}

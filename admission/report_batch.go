@@ -388,6 +388,9 @@ func writeReports(ctx context.Context, db batcher, grants map[uuid.UUID]Grant, w
 	}
 	if len(freedIDs) > 0 {
 		wb.Queue(qFreeScopeDraws, pgx.NamedArgs{"ids": freedIDs, "deltas": freedDelta, "now": now})
+		// Rate buckets (rate.go): the batch's unspent parts go back, summed
+		// per bucket and in the buckets' sorted order (the lock order, last).
+		wb.Queue(qReturnRateDrawsMany, pgx.NamedArgs{"ids": freedIDs, "deltas": freedDelta})
 	}
 	wb.Queue("COMMIT")
 	if err := db.SendBatch(ctx, wb).Close(); err != nil {
