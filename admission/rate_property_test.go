@@ -119,7 +119,6 @@ func TestRateBoundProperty(t *testing.T) {
 				gens[holder]++
 			case 7: // a rule change: burst lowered or raised, or the rate changed at a future instant
 				tok0, t0 := tokensAt(t, e, scope)
-				last := versions[len(versions)-1]
 				burst := rapid.SampledFrom([]string{"2", "4", "12"}).Draw(rt, "newBurst")
 				at := time.Time{}
 				if rapid.Bool().Draw(rt, "future") {
@@ -132,10 +131,15 @@ func TestRateBoundProperty(t *testing.T) {
 				}
 				tok1, t1 := tokensAt(t, e, scope)
 				// The new version never refills: at most what the bucket
-				// held plus the refill since, at the faster of the rates.
-				maxRefill := refill(last, t1.Sub(t0))
-				if r := refill(versions[len(versions)-1], t1.Sub(t0)); r.GreaterThan(maxRefill) {
-					maxRefill = r
+				// held plus the refill since, at the fastest rate any
+				// version may have in force over [t0, t1] (an earlier
+				// version is still in force while a later one waits for
+				// its future instant).
+				var maxRefill decimal.Decimal
+				for _, v := range versions {
+					if r := refill(v, t1.Sub(t0)); r.GreaterThan(maxRefill) {
+						maxRefill = r
+					}
 				}
 				if tok1.GreaterThan(tok0.Add(maxRefill)) {
 					t.Fatalf("a rule version refilled the bucket: %s before, %s after (refill at most %s)", tok0, tok1, maxRefill)
