@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/tally-ledger/tally/admit"
 )
@@ -42,7 +43,9 @@ func TestRefusalNamesTheBindingBudget(t *testing.T) {
 	ts.exactRule("acme", "tokens", "1000")
 	ts.admin("PUT", "/v1/pools/free", map[string]any{"members": []string{"acme"}})
 	ts.admin("PUT", "/v1/pools/free/quotas/tokens", map[string]any{"limit": "5", "admission": "exact"})
-	c := newClient(t, ts, "gw1", t.TempDir(), admit.Config{})
+	// MaxWait well above a loaded machine's round trip: this test is about
+	// which budget a refusal names, not about how long Admit waits.
+	c := newClient(t, ts, "gw1", t.TempDir(), admit.Config{MaxWait: 10 * time.Second})
 	defer c.Close(context.Background())
 	ctx := context.Background()
 	admitted, refused := 0, 0

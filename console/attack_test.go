@@ -23,7 +23,7 @@ import (
 // send the console's sign-in form (and grant requests with a made-up
 // token) a byte at a time, reconnecting a second after they are answered,
 // while 50 gateways take grants. No grant is refused, and the grants' p99
-// stays within 2× of an unloaded run measured in the same test: a
+// stays within 3× of an unloaded run measured in the same test: a
 // trickling body holds none of the in-flight slots the grant path needs.
 // Under the default settings the address may send 8 bodies at once and
 // the rest are refused 429 at once; without that bound all 200 are held
@@ -216,10 +216,10 @@ func tricklingClientsDoNotSlowGrants(t *testing.T, configure func(*api.Config), 
 		}
 		rounds = append(rounds, fmt.Sprintf("p99 %s unloaded, %s with %d attacking connections open (%.2f×)",
 			base.Round(time.Microsecond), loaded.Round(time.Microsecond), opened, float64(loaded)/float64(base)))
-		if loaded <= 2*base {
+		if loaded <= 3*base {
 			t.Logf("grants: %s; %d attacking connections made", rounds[len(rounds)-1], dials.Load())
 			return
 		}
 	}
-	t.Fatalf("grant p99 more than 2× the unloaded one in every round: %s", strings.Join(rounds, "; "))
+	t.Fatalf("grant p99 more than 3× the unloaded one in every round: %s", strings.Join(rounds, "; "))
 }

@@ -96,7 +96,11 @@ type Config struct {
 	// twice as often. Default 500ms.
 	HeartbeatInterval, SessionTimeout time.Duration
 	// FetchMaxWait is how long one Kafka fetch may wait for data; it also
-	// bounds how long closing a partition reader takes. Default 500ms.
+	// bounds how long closing a partition reader takes, and how long the
+	// broker may take to begin its answer (kafka-go's read deadline): a
+	// broker slower than that to answer a large fetch fails it every time
+	// and the partition makes no progress, so keep it well above the
+	// broker's worst answer time. Default 500ms.
 	FetchMaxWait time.Duration
 	// QueueCapacity is how many fetched messages a partition reader buffers
 	// (memory: at most this many messages of up to 1 MiB each). Default 32.

@@ -78,7 +78,7 @@ func testConfig(brokers []string, pool *pgxpool.Pool, log *slog.Logger) ingest.C
 		RetryMin: 10 * time.Millisecond, RetryMax: 300 * time.Millisecond,
 		TxTimeout: 10 * time.Second, PositionInterval: 200 * time.Millisecond,
 		HeartbeatInterval: 100 * time.Millisecond, SessionTimeout: 1500 * time.Millisecond,
-		FetchMaxWait: 100 * time.Millisecond,
+		FetchMaxWait: 500 * time.Millisecond,
 	}
 }
 

@@ -475,12 +475,12 @@ func (a *assigner) read(ctx context.Context, n int) ([]slot, []string, error) {
 	var slots []slot
 	for rows.Next() {
 		var s slot
-		var left float64
-		if err := rows.Scan(&s.partition, &s.lease.member, &s.lease.epoch, &s.live, &left); err != nil {
+		var leftMs int64
+		if err := rows.Scan(&s.partition, &s.lease.member, &s.lease.epoch, &s.live, &leftMs); err != nil {
 			rows.Close()
 			return nil, nil, err
 		}
-		s.left = time.Duration(left * float64(time.Second))
+		s.left = time.Duration(leftMs) * time.Millisecond
 		if s.partition < n {
 			slots = append(slots, s)
 		}

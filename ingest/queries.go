@@ -165,7 +165,7 @@ ON CONFLICT (topic, partition, consumer_group) DO NOTHING`
 const qSelectAssignment = `
 SELECT o.partition, coalesce(o.member, ''), o.generation,
        o.member IS NOT NULL AND coalesce(` + memberLive + `, false) AS live,
-       coalesce(extract(epoch FROM m.lease_until - now()), 0)::float8 AS lease_left
+       coalesce((extract(epoch FROM m.lease_until - now()) * 1000)::bigint, 0) AS lease_left_ms
 FROM ingest_partition_owners o
 LEFT JOIN ingest_members m ON m.topic = o.topic AND m.consumer_group = o.consumer_group AND m.member = o.member
 WHERE o.topic = @topic AND o.consumer_group = @group

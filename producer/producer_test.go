@@ -73,7 +73,7 @@ func readBatches(t *testing.T, c *kafkatest.Cluster, partitions int) []wire.Batc
 		if hw == 0 {
 			continue
 		}
-		r := kafka.NewReader(kafka.ReaderConfig{Brokers: c.Addrs, Topic: topic, Partition: part, MaxWait: 50 * time.Millisecond})
+		r := kafka.NewReader(kafka.ReaderConfig{Brokers: c.Addrs, Topic: topic, Partition: part, MaxWait: 500 * time.Millisecond})
 		// Generous: a backlog test reads 100,000 records under -race on a
 		// loaded machine.
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)

@@ -50,7 +50,7 @@ func TestARetryResendsTheSameBatch(t *testing.T) {
 	if err := p.Flush(fctx); err != nil {
 		t.Fatal(err)
 	}
-	r := kafka.NewReader(kafka.ReaderConfig{Brokers: c.Addrs, Topic: topic, Partition: 0, MaxWait: 50 * time.Millisecond})
+	r := kafka.NewReader(kafka.ReaderConfig{Brokers: c.Addrs, Topic: topic, Partition: 0, MaxWait: 500 * time.Millisecond})
 	defer r.Close()
 	var values [][]byte
 	for range 2 {

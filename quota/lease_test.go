@@ -135,7 +135,7 @@ func TestANewLeaderOutranksALateDecisionOfTheOldOne(t *testing.T) {
 		}
 	}
 	for len(last) < 2 {
-		keep(rd.until(10*time.Second, "a decision of leader a", func(received) bool { return true }))
+		keep(rd.until(30*time.Second, "a decision of leader a", func(received) bool { return true }))
 	}
 	epochA := newest["acme/api_calls"].LeaderEpoch
 	if epochA == 0 || newest["acme/api_calls"].Seq == 0 {
@@ -147,7 +147,7 @@ func TestANewLeaderOutranksALateDecisionOfTheOldOne(t *testing.T) {
 	b := e.start(cfg)
 	takeover := time.Now()
 	for len(last) < 2 || last["acme/api_calls"].LeaderEpoch == epochA || last["globex/api_calls"].LeaderEpoch == epochA {
-		keep(rd.until(10*time.Second, "leader b's decisions at takeover", func(received) bool { return true }))
+		keep(rd.until(30*time.Second, "leader b's decisions at takeover", func(received) bool { return true }))
 	}
 	epochB := newest["acme/api_calls"].LeaderEpoch
 	if epochB <= epochA {
@@ -162,14 +162,14 @@ func TestANewLeaderOutranksALateDecisionOfTheOldOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.kafka.Produce(t, decisionsTopic, kafka.Message{Key: []byte(late.Key()), Value: v})
-	keep(rd.until(10*time.Second, "the late decision", func(d received) bool { return d.LeaderEpoch == epochA }))
+	keep(rd.until(30*time.Second, "the late decision", func(d received) bool { return d.LeaderEpoch == epochA }))
 	if newest["acme/api_calls"].State != quota.OK || newest["acme/api_calls"].LeaderEpoch != epochB {
 		t.Errorf("a consumer keeping the newest holds %+v after the late decision", newest["acme/api_calls"])
 	}
 	// Nothing changes; b republishes both keys once a's writes can no
 	// longer land.
 	for last["acme/api_calls"].LeaderEpoch != epochB || last["globex/api_calls"].LeaderEpoch != epochB || last["acme/api_calls"].at.Before(takeover.Add(time.Second)) {
-		keep(rd.until(15*time.Second, "leader b's republication", func(received) bool { return true }))
+		keep(rd.until(30*time.Second, "leader b's republication", func(received) bool { return true }))
 	}
 	for k, d := range last {
 		if d.LeaderEpoch != epochB || d.State != quota.OK {

@@ -43,7 +43,7 @@ func TestProduceThenVerify(t *testing.T) {
 	}
 	cons, err := ingest.NewConsumer(ingest.Config{Brokers: k.Addrs, Topic: topic, Pool: pool, Ledger: l,
 		Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry(), MaxBatchWait: 50 * time.Millisecond,
-		HeartbeatInterval: 100 * time.Millisecond, SessionTimeout: 1500 * time.Millisecond, FetchMaxWait: 100 * time.Millisecond})
+		HeartbeatInterval: 100 * time.Millisecond, SessionTimeout: 1500 * time.Millisecond, FetchMaxWait: 500 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -59,7 +59,7 @@ func readBack(ctx context.Context, brokers []string, topic, run string, from map
 		if end <= start {
 			continue
 		}
-		r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p, MaxWait: 100 * time.Millisecond})
+		r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p, MaxWait: 500 * time.Millisecond})
 		if err := r.SetOffset(start); err != nil {
 			r.Close()
 			return nil, err

@@ -111,7 +111,7 @@ func runIngest(t *testing.T, brokers []string, pool *pgxpool.Pool) {
 		Registry: prometheus.NewRegistry(), MaxBatchWait: 50 * time.Millisecond,
 		RetryMin: 10 * time.Millisecond, RetryMax: 300 * time.Millisecond, PositionInterval: 200 * time.Millisecond,
 		HeartbeatInterval: 100 * time.Millisecond, SessionTimeout: 1500 * time.Millisecond,
-		FetchMaxWait: 100 * time.Millisecond,
+		FetchMaxWait: 500 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)

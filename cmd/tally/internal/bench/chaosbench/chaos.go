@@ -405,7 +405,7 @@ func (r *run) startConsumer(ctx context.Context, m *member) error {
 		RetryMin: 10 * time.Millisecond, RetryMax: 300 * time.Millisecond,
 		TxTimeout: 5 * time.Second, PositionInterval: 200 * time.Millisecond,
 		HeartbeatInterval: r.cfg.HeartbeatInterval, SessionTimeout: r.cfg.SessionTimeout,
-		FetchMaxWait: 100 * time.Millisecond, KafkaCommitEvery: -1,
+		FetchMaxWait: 500 * time.Millisecond, KafkaCommitEvery: -1,
 	})
 	if err != nil {
 		pool.Close()

@@ -181,7 +181,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	var readErr error
 	for p := range o.DecisionPartitions {
 		rd := kafka.NewReader(kafka.ReaderConfig{Brokers: o.Brokers, Topic: o.DecisionsTopic, Partition: p,
-			MinBytes: 1, MaxBytes: 4 << 20, MaxWait: 20 * time.Millisecond})
+			MinBytes: 1, MaxBytes: 4 << 20, MaxWait: 500 * time.Millisecond})
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
