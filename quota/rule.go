@@ -279,12 +279,8 @@ func putRule(ctx context.Context, tx pgx.Tx, in RuleInput, now time.Time) (Rule,
 	if err := in.Validate(); err != nil {
 		return Rule{}, err
 	}
-	// Rules read counters' rollups, and exact admission draws from a
-	// running total: a gauge or unique meter has neither (docs/design.md §16).
-	if m, err := ledger.MeterByName(ctx, tx, in.Meter); err != nil {
+	if err := requireCounter(ctx, tx, in.Meter); err != nil {
 		return Rule{}, err
-	} else if m.Kind != ledger.Counter {
-		return Rule{}, invalid(validation.Errorf("meter", "%q is a %s meter: quota rules, lagged or exact, apply to counters only", in.Meter, m.Kind))
 	}
 	now = now.UTC().Truncate(time.Microsecond)
 	in = in.withDefaults(now)
@@ -340,6 +336,38 @@ func putRule(ctx context.Context, tx pgx.Tx, in RuleInput, now time.Time) (Rule,
 		return Rule{}, err
 	}
 	return r, nil
+}
+
+// requireCounter refuses a rule on a gauge or unique meter: rules read
+// counters' rollups, pools and the global budget sum them, and exact
+// admission draws from a running total (docs/design.md §16). It holds
+// locks.MeterKinds shared until tx ends, so a declaration that turns the
+// meter into another kind (which takes it exclusively, then looks for
+// rules: MeterHasRules) is ordered with the rule.
+func requireCounter(ctx context.Context, tx pgx.Tx, meter string) error {
+	if _, err := tx.Exec(ctx, qLockMeterKindsShared, locks.MeterKinds); err != nil {
+		return fmt.Errorf("quota: lock meter kinds: %w", err)
+	}
+	m, err := ledger.MeterByName(ctx, tx, meter)
+	if err != nil {
+		return err
+	}
+	if m.Kind != ledger.Counter {
+		return invalid(validation.Errorf("meter", "%q is a %s meter: quota rules (lagged or exact, customer, pool or global) apply to counters only", meter, m.Kind))
+	}
+	return nil
+}
+
+// MeterHasRules reports whether any customer, pool or global quota rule
+// was ever written for meter: such a meter stays a counter
+// (docs/design.md §16). Call it inside the transaction that declares the
+// meter, after the declaration took locks.MeterKinds exclusively.
+func MeterHasRules(ctx context.Context, db DBTX, meter string) (bool, error) {
+	var has bool
+	if err := db.QueryRow(ctx, qMeterHasRules, meter).Scan(&has); err != nil {
+		return false, fmt.Errorf("quota: rules of meter %q: %w", meter, err)
+	}
+	return has, nil
 }
 
 // Rules returns the current rule of each of customer's meters (of the
