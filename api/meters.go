@@ -89,10 +89,13 @@ func (a *API) putMeter(w http.ResponseWriter, r *http.Request) error {
 	}
 	var m ledger.Meter
 	err := pgx.BeginFunc(r.Context(), a.pool, func(tx pgx.Tx) error {
-		var err error
+		prev, err := ledger.MeterByName(r.Context(), tx, chi.URLParam(r, "meter"))
+		if err != nil {
+			return err
+		}
 		m, err = ledger.DeclareMeter(r.Context(), tx, ledger.Meter{Meter: chi.URLParam(r, "meter"), Kind: b.Kind,
 			Unit: b.Unit, Description: b.Description}, a.now())
-		if err != nil || m.Kind == ledger.Counter {
+		if err != nil || m.Kind == prev.Kind || m.Kind == ledger.Counter {
 			return err
 		}
 		return refuseIfRuled(r.Context(), tx, m.Meter)

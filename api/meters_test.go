@@ -126,9 +126,9 @@ func TestMetersAndKindUsage(t *testing.T) {
 // A meter with quota rules stays a counter: declaring it a gauge or
 // unique meter afterwards is a 409 naming kind (the rules, exact ones
 // above all, would draw from a running total it no longer has), while
-// unit and description of a counter may still be declared. A rule on a
-// gauge is refused naming meter, for a customer, a pool or the global
-// scope, lagged or exact.
+// unit and description of a counter may still be declared. On a gauge, a
+// pool or global rule is refused naming meter, an exact customer rule
+// naming admission; a lagged customer rule is stored and listed.
 func TestMeterWithQuotaRulesStaysACounter(t *testing.T) {
 	f := newFixture(t)
 	if r := f.do("PUT", "/v1/pools/plan", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
@@ -160,12 +160,28 @@ func TestMeterWithQuotaRulesStaysACounter(t *testing.T) {
 	if r := f.do("PUT", "/v1/meters/seats", adminToken, map[string]any{"kind": "gauge"}); r.status != 200 {
 		t.Fatalf("PUT seats: %d %s", r.status, r.body)
 	}
-	for _, path := range []string{"/v1/customers/acme/quotas/seats", "/v1/pools/plan/quotas/seats", "/v1/global/quotas/seats"} {
+	for _, path := range []string{"/v1/pools/plan/quotas/seats", "/v1/global/quotas/seats"} {
 		for _, adm := range []string{"lagged", "exact"} {
 			p := f.do("PUT", path, adminToken, map[string]any{"limit": "10", "admission": adm}).problem(t, 400, "urn:tally:problem:invalid-request")
 			if got := fields(p); len(got) != 1 || got[0] != "meter" {
 				t.Fatalf("%s %s: fields %v", path, adm, got)
 			}
 		}
+	}
+	p := f.do("PUT", "/v1/customers/acme/quotas/seats", adminToken, map[string]any{"limit": "10", "admission": "exact"}).problem(t, 400, "urn:tally:problem:invalid-request")
+	if got := fields(p); len(got) != 1 || got[0] != "admission" {
+		t.Fatalf("exact customer rule on a gauge: fields %v", got)
+	}
+	// A lagged customer rule limits the gauge's period max; the gauge
+	// stays declarable (its unit may change) with the rule on it.
+	if r := f.do("PUT", "/v1/customers/acme/quotas/seats", adminToken, map[string]any{"limit": "10"}); r.status != 201 {
+		t.Fatalf("lagged customer rule on a gauge: %d %s", r.status, r.body)
+	}
+	if r := f.do("PUT", "/v1/meters/seats", adminToken, map[string]any{"kind": "gauge", "unit": "seat"}); r.status != 200 {
+		t.Fatalf("gauge unit: %d %s", r.status, r.body)
+	}
+	q := f.do("GET", "/v1/customers/acme/quotas", adminToken, nil).json(t)
+	if items, _ := q["items"].([]any); len(items) != 2 {
+		t.Fatalf("quotas: %v", q)
 	}
 }

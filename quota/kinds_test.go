@@ -3,20 +3,27 @@ package quota_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/amount"
 
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/quota"
 	"github.com/tally-ledger/tally/validation"
 )
 
-// A quota rule, lagged or exact, needs a counter: a gauge or unique meter
-// is refused with the field at fault.
-func TestRulesRefuseGaugeAndUniqueMeters(t *testing.T) {
+// A customer rule on a gauge or unique meter is lagged with a period
+// limit: exact admission and rate rules are refused naming their field.
+func TestCustomerRulesOnGaugeAndUniqueMetersAreLagged(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
@@ -27,19 +34,19 @@ func TestRulesRefuseGaugeAndUniqueMeters(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		_, err := quota.PutRuleDB(ctx, e.pool, quota.RuleInput{Customer: "acme", Meter: meter, Limit: dec("10"), Actor: "test"})
+		_, err := quota.PutRuleDB(ctx, e.pool, quota.RuleInput{Customer: "acme", Meter: meter, Limit: dec("10"), Admission: quota.Exact, Actor: "test"})
 		fe := validation.Fields(err)
-		if len(fe) != 1 || fe[0].Field != "meter" || !strings.Contains(fe[0].Detail, "is a "+string(kind)) {
+		if len(fe) != 1 || fe[0].Field != "admission" || !strings.Contains(fe[0].Detail, "is a "+string(kind)) {
 			t.Fatalf("%s: %v", meter, err)
 		}
+		e.put(quota.RuleInput{Customer: "acme", Meter: meter, Limit: dec("10")})
 	}
-	e.put(quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("10")})
+	e.put(quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("10"), Admission: quota.Exact})
 }
 
 // Pool and global budgets sum their members' counters: a gauge's peak or
 // a unique meter's distinct members are not sums, so a scope rule, lagged
-// or exact, on such a meter is refused naming the meter, as an exact
-// customer rule is.
+// or exact, on such a meter is refused naming the meter.
 func TestScopeAndExactRulesRefuseGaugeAndUniqueMeters(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -58,8 +65,6 @@ func TestScopeAndExactRulesRefuseGaugeAndUniqueMeters(t *testing.T) {
 				t.Fatalf("%s on %s: %v", what, meter, err)
 			}
 		}
-		_, err := quota.PutRuleDB(ctx, e.pool, quota.RuleInput{Customer: "acme", Meter: meter, Limit: dec("10"), Admission: quota.Exact, Actor: "test"})
-		check("exact customer rule", err)
 		for _, scope := range []string{"pool:team", quota.Global} {
 			for _, adm := range []quota.Admission{quota.Lagged, quota.Exact} {
 				err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
@@ -68,6 +73,131 @@ func TestScopeAndExactRulesRefuseGaugeAndUniqueMeters(t *testing.T) {
 				})
 				check(string(adm)+" "+scope+" rule", err)
 			}
+		}
+	}
+}
+
+// A lagged rule on a gauge limits the period's max (the level carried in
+// included), on a unique meter its distinct members: the REST status (the
+// enforcer's snapshot) and quota.UsageOf (alerts) equal a brute force over
+// the readings, delivered in random order with duplicates; a counter's
+// rule keeps its total.
+func TestLaggedRulesOnGaugesAndUniquesMatchBruteForce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	l, err := ledger.New(ledger.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for meter, kind := range map[string]ledger.MeterKind{"seats": ledger.Gauge, "mau": ledger.Unique} {
+		if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			_, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: meter, Kind: kind}, time.Now())
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.put(quota.RuleInput{Customer: "acme", Meter: "seats", Limit: dec("12")})
+	e.put(quota.RuleInput{Customer: "acme", Meter: "mau", Limit: dec("4")})
+	e.put(quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("100")})
+	e.use("acme", "api_calls", 7)
+
+	now := time.Now().UTC()
+	start := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
+	rng := rand.New(rand.NewPCG(uint64(now.UnixNano()), 27))
+	// Readings from a day before the period to a minute before now.
+	span := now.Add(-time.Minute).Sub(start.Add(-24 * time.Hour))
+	at := func() time.Time {
+		return start.Add(-24 * time.Hour).Add(time.Duration(rng.Int64N(int64(span)))).Truncate(time.Millisecond)
+	}
+	type lv struct {
+		at    time.Time
+		level int64
+	}
+	var recs []ledger.Record
+	levels := map[string][]lv{}
+	for _, producer := range []string{"a", "b", "c"} {
+		var ts []time.Time
+		for range 6 {
+			ts = append(ts, at())
+		}
+		slices.SortFunc(ts, func(x, y time.Time) int { return x.Compare(y) })
+		for i, t0 := range ts {
+			v := rng.Int64N(7)
+			levels[producer] = append(levels[producer], lv{t0, v})
+			recs = append(recs, ledger.Record{OperationID: uuid.New(), Seq: int64(i + 1), OccurredAt: t0,
+				Stream: ledger.StreamKey{Producer: producer, Epoch: 1, Customer: "acme", Meter: "seats"},
+				Shape:  ledger.Gauge, Level: amount.MustParse(fmt.Sprint(v))})
+		}
+	}
+	seen := map[string]bool{}
+	for i := range 12 {
+		t0, m := at(), fmt.Sprintf("u%d", rng.IntN(7))
+		if !t0.Before(start) {
+			seen[m] = true
+		}
+		recs = append(recs, ledger.Record{OperationID: uuid.New(), Seq: int64(i + 1), OccurredAt: t0,
+			Stream: ledger.StreamKey{Producer: "auth", Epoch: 1, Customer: "acme", Meter: "mau"}, Shape: ledger.Unique, Member: m})
+	}
+	recs = append(recs, recs[rng.IntN(len(recs))], recs[rng.IntN(len(recs))]) // retransmits
+	rng.Shuffle(len(recs), func(i, j int) { recs[i], recs[j] = recs[j], recs[i] })
+	for _, r := range recs {
+		if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			_, err := l.Apply(ctx, tx, []ledger.Record{r})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Brute force: the customer's level at t is the sum of each stream's
+	// latest level at or before t; the max is over the period's start and
+	// every reading in it.
+	levelAt := func(t0 time.Time) int64 {
+		var sum int64
+		for _, ls := range levels {
+			var cur int64
+			for _, x := range ls {
+				if !x.at.After(t0) {
+					cur = x.level
+				}
+			}
+			sum += cur
+		}
+		return sum
+	}
+	peak := levelAt(start)
+	for _, ls := range levels {
+		for _, x := range ls {
+			if !x.at.Before(start) {
+				peak = max(peak, levelAt(x.at))
+			}
+		}
+	}
+	want := map[string]int64{"seats": peak, "mau": int64(len(seen)), "api_calls": 7}
+	sts, err := quota.StatusWith(ctx, e.pool, "acme", quota.StatusOptions{IngestTopic: ingestTopic})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sts) != 3 {
+		t.Fatalf("status: %+v", sts)
+	}
+	for _, st := range sts {
+		if !st.Used.Equal(decimal.NewFromInt(want[st.Meter])) {
+			t.Errorf("%s: status used %s, brute force %d", st.Meter, st.Used, want[st.Meter])
+		}
+		if limit := st.Rule.Limit.Decimal; !st.Remaining.Equal(decimal.Max(limit.Sub(st.Used), decimal.Zero)) {
+			t.Errorf("%s: remaining %s of %s used %s", st.Meter, st.Remaining, limit, st.Used)
+		}
+	}
+	us, err := quota.UsageOf(ctx, e.pool, quota.UsageQuery{Now: time.Now(), IngestTopic: ingestTopic, Subjects: []quota.Subject{
+		{Scope: "customer:acme", Meter: "seats"}, {Scope: "customer:acme", Meter: "mau"}, {Scope: "customer:acme", Meter: "api_calls"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range us {
+		if !u.Used.Equal(decimal.NewFromInt(want[u.Meter])) || u.Limit == nil {
+			t.Errorf("%s: UsageOf used %s (limit %v), brute force %d", u.Meter, u.Used, u.Limit, want[u.Meter])
 		}
 	}
 }

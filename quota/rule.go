@@ -279,7 +279,7 @@ func putRule(ctx context.Context, tx pgx.Tx, in RuleInput, now time.Time) (Rule,
 	if err := in.Validate(); err != nil {
 		return Rule{}, err
 	}
-	if err := requireCounter(ctx, tx, in.Meter); err != nil {
+	if err := requireLaggedUnlessCounter(ctx, tx, in); err != nil {
 		return Rule{}, err
 	}
 	now = now.UTC().Truncate(time.Microsecond)
@@ -356,6 +356,40 @@ func requireCounter(ctx context.Context, tx pgx.Tx, meter string) error {
 		return invalid(validation.Errorf("meter", "%q is a %s meter: quota rules (lagged or exact, customer, pool or global) apply to counters only", meter, m.Kind))
 	}
 	return nil
+}
+
+// requireLaggedUnlessCounter admits a customer rule on a gauge or unique
+// meter only lagged and with a period limit: it limits the gauge's period
+// max or the unique meter's distinct members, the aggregate the kind
+// implies (docs/design.md §16); exact admission and rate rules draw from a
+// running total, which only counters have. Like requireCounter it holds
+// locks.MeterKinds shared until tx ends.
+func requireLaggedUnlessCounter(ctx context.Context, tx pgx.Tx, in RuleInput) error {
+	if _, err := tx.Exec(ctx, qLockMeterKindsShared, locks.MeterKinds); err != nil {
+		return fmt.Errorf("quota: lock meter kinds: %w", err)
+	}
+	m, err := ledger.MeterByName(ctx, tx, in.Meter)
+	if err != nil || m.Kind == ledger.Counter {
+		return err
+	}
+	switch {
+	case in.Rate != nil:
+		return invalid(validation.Errorf("rate", "%q is a %s meter: rate rules draw from a running total, which only counters have", in.Meter, m.Kind))
+	case in.Admission == Exact:
+		return invalid(validation.Errorf("admission", "%q is a %s meter: exact admission draws from a running total, which only counters have; a lagged rule limits its %s", in.Meter, m.Kind, aggregateOf(m.Kind)))
+	}
+	return nil
+}
+
+// aggregateOf names what a lagged rule limits on a meter of kind k.
+func aggregateOf(k ledger.MeterKind) string {
+	switch k {
+	case ledger.Gauge:
+		return "period max"
+	case ledger.Unique:
+		return "distinct members per period"
+	}
+	return "period total"
 }
 
 // MeterHasRules reports whether any customer, pool or global quota rule
