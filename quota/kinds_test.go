@@ -201,3 +201,76 @@ func TestLaggedRulesOnGaugesAndUniquesMatchBruteForce(t *testing.T) {
 		}
 	}
 }
+
+// The enforcer publishes decisions for a gauge rule against the period's
+// max: a reading above the limit exceeds it, and a lower level later does
+// not bring it back (the peak of the period stays); a new unique member
+// raises the count.
+func TestEnforcerDecidesOnGaugeMaxAndUniqueCount(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	l, err := ledger.New(ledger.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for meter, kind := range map[string]ledger.MeterKind{"seats": ledger.Gauge, "mau": ledger.Unique} {
+		if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			_, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: meter, Kind: kind}, time.Now())
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seq := map[string]int64{}
+	apply := func(meter string, set func(*ledger.Record)) {
+		t.Helper()
+		seq[meter]++
+		r := ledger.Record{OperationID: uuid.New(), Seq: seq[meter], OccurredAt: time.Now().Add(-time.Second),
+			Stream: ledger.StreamKey{Producer: "p", Epoch: 1, Customer: "acme", Meter: meter}}
+		set(&r)
+		if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			_, err := l.Apply(ctx, tx, []ledger.Record{r})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	level := func(v string) func(*ledger.Record) {
+		return func(r *ledger.Record) { r.Shape, r.Level = ledger.Gauge, amount.MustParse(v) }
+	}
+	member := func(m string) func(*ledger.Record) {
+		return func(r *ledger.Record) { r.Shape, r.Member = ledger.Unique, m }
+	}
+	e.follow()
+	e.put(quota.RuleInput{Customer: "acme", Meter: "seats", Limit: dec("10")})
+	e.put(quota.RuleInput{Customer: "acme", Meter: "mau", Limit: dec("2")})
+	apply("seats", level("4"))
+	apply("mau", member("u1"))
+	rd := e.reader()
+	e.start(e.config("a"))
+	seen := func(key, what string, ok func(received) bool) received {
+		t.Helper()
+		return rd.until(10*time.Second, what, func(d received) bool { return d.key == key && ok(d) })
+	}
+	d := seen("acme/seats", "seats ok at 4", func(d received) bool { return d.State == quota.OK })
+	if !d.Used.Equal(dec("4")) || !d.Remaining.Equal(dec("6")) {
+		t.Fatalf("seats at 4: %+v", d.Decision)
+	}
+	apply("seats", level("12"))
+	d = seen("acme/seats", "seats exceeded at 12", func(d received) bool { return d.State == quota.Exceeded })
+	if !d.Used.Equal(dec("12")) || !d.Remaining.IsZero() {
+		t.Fatalf("seats at 12: %+v", d.Decision)
+	}
+	apply("seats", level("3"))
+	time.Sleep(300 * time.Millisecond)
+	if st, err := quota.Status(ctx, e.pool, "acme"); err != nil || len(st) != 2 || st[1].Meter != "seats" || !st[1].Used.Equal(dec("12")) || st[1].State != quota.Exceeded {
+		t.Fatalf("seats back at 3: %v %+v", err, st)
+	}
+	apply("mau", member("u1"))
+	apply("mau", member("u2"))
+	d = seen("acme/mau", "mau exceeded at 2", func(d received) bool { return d.State == quota.Exceeded })
+	if !d.Used.Equal(dec("2")) {
+		t.Fatalf("mau: %+v", d.Decision)
+	}
+}
