@@ -12,9 +12,12 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/internal/notify"
+	"github.com/tally-ledger/tally/internal/testrun"
 
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/quota"
@@ -272,5 +275,52 @@ func TestEnforcerDecidesOnGaugeMaxAndUniqueCount(t *testing.T) {
 	d = seen("acme/mau", "mau exceeded at 2", func(d received) bool { return d.State == quota.Exceeded })
 	if !d.Used.Equal(dec("2")) {
 		t.Fatalf("mau: %+v", d.Decision)
+	}
+}
+
+// The ledger's usage notifications wake the enforcer: with an Interval of
+// 5s, a gauge reading is decided on well before the next tick.
+func TestEnforcerWakesOnGaugeReadings(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := context.Background()
+	l, err := ledger.New(ledger.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		_, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: "seats", Kind: ledger.Gauge}, time.Now())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e.follow()
+	e.put(quota.RuleInput{Customer: "acme", Meter: "seats", Limit: dec("10")})
+	cfg := e.config("a")
+	cfg.Interval, cfg.LeaseTTL, cfg.Republish = 5*time.Second, 11*time.Second, time.Minute
+	cfg.Registerer = prometheus.NewRegistry()
+	enf, err := quota.NewEnforcer(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis := notify.New(notify.Config{Pool: e.pool, Channel: "tally_api_cache", ApplicationName: "quota-test", Logger: testLogger(t)})
+	lis.Subscribe(enf.Subscriber())
+	testrun.Start(t, prometheus.NewRegistry(), lis.Run)
+	rd := e.reader()
+	testrun.Start(t, prometheus.NewRegistry(), enf.Run)
+	rd.until(10*time.Second, "first decision", func(d received) bool { return d.key == "acme/seats" && d.Used.IsZero() })
+	time.Sleep(200 * time.Millisecond) // the listener is up (it was for the first decision's wake or tick)
+	r := ledger.Record{OperationID: uuid.New(), Seq: 1, OccurredAt: time.Now().Add(-time.Second), Shape: ledger.Gauge,
+		Level: amount.MustParse("11"), Stream: ledger.StreamKey{Producer: "p", Epoch: 1, Customer: "acme", Meter: "seats"}}
+	applied := time.Now()
+	if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		_, err := l.Apply(ctx, tx, []ledger.Record{r})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	d := rd.until(4*time.Second, "exceeded at 11", func(d received) bool { return d.key == "acme/seats" && d.State == quota.Exceeded })
+	if took := d.DecidedAt.Sub(applied); took > 2*time.Second || !d.Used.Equal(dec("11")) {
+		t.Fatalf("decided %v after the reading: %+v", took, d.Decision)
 	}
 }
