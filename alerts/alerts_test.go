@@ -13,6 +13,8 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/alerts"
+	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/pools"
 	"github.com/tally-ledger/tally/quota"
@@ -439,5 +441,50 @@ func TestPoolAndGlobalSubjects(t *testing.T) {
 	slices.Sort(subjects)
 	if !slices.Equal(subjects, []string{"global 85", "pool:team 55"}) {
 		t.Fatalf("events for %v", subjects)
+	}
+}
+
+// TestPercentOfAGaugeRule: a percent threshold of a lagged rule on a gauge
+// is of the rule's limit on the period's max level (docs/design.md §16),
+// read through quota.UsageOf like a counter's.
+func TestPercentOfAGaugeRule(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	rec := newReceiver(t)
+	e.webhook("billing", rec.url())
+	if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		_, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: "seats", Kind: ledger.Gauge}, time.Now())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	e.quota("acme", "seats", 10)
+	e.rule("acme-seats", `{"subject":"customer:acme","meter":"seats","thresholds":[{"percent":"80"}],"endpoints":["billing"]}`)
+	e.start(startOptions{})
+	for i, v := range []string{"5", "9", "2"} {
+		r := ledger.Record{OperationID: uuid.New(), Seq: int64(i + 1), OccurredAt: time.Now().Add(-time.Second),
+			Stream: ledger.StreamKey{Producer: "p", Epoch: 1, Customer: "acme", Meter: "seats"}, Shape: ledger.Gauge, Level: amount.MustParse(v)}
+		if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+			_, err := e.led.Apply(ctx, tx, []ledger.Record{r})
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			time.Sleep(300 * time.Millisecond)
+			if n := len(rec.delivered()); n != 0 {
+				t.Fatalf("%d events at 5 of 10 seats", n)
+			}
+		}
+	}
+	waitFor(t, 5*time.Second, "triggered at a peak of 9", func() bool { return len(rec.delivered()) >= 1 })
+	ev := eventsOf(t, rec.delivered())[0]
+	if ev.Type != "alert.triggered" || !ev.Used.Equal(decimal.NewFromInt(9)) || ev.Limit == nil || !ev.Limit.Equal(decimal.NewFromInt(10)) {
+		t.Fatalf("event %+v", ev)
+	}
+	// The level fell to 2, the period's peak stays 9: no resolved event.
+	time.Sleep(300 * time.Millisecond)
+	if n := len(rec.delivered()); n != 1 {
+		t.Fatalf("%d events after the level fell", n)
 	}
 }

@@ -1,17 +1,40 @@
 package api
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"net/http"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/quota"
 )
 
 // TypeMeterKindInUse: a meter's kind cannot change once it has usage.
 const TypeMeterKindInUse = typePrefix + "meter-kind-in-use"
+
+// TypeMeterHasQuotaRules: a meter named by quota rules stays a counter.
+const TypeMeterHasQuotaRules = typePrefix + "meter-has-quota-rules"
+
+var errMeterHasRules = errors.New("api: meter has quota rules")
+
+// refuseIfRuled fails a declaration of a gauge or unique meter that quota
+// rules name. A declaration that changes the kind holds locks.MeterKinds
+// exclusively from DeclareMeter on, and rules are written under it shared,
+// so no rule slips in between this read and the commit.
+func refuseIfRuled(ctx context.Context, tx pgx.Tx, meter string) error {
+	ruled, err := quota.MeterHasRules(ctx, tx, meter)
+	if err != nil {
+		return err
+	}
+	if ruled {
+		return errMeterHasRules
+	}
+	return nil
+}
 
 // meterBody is PUT /v1/meters/{meter}'s body (docs/design.md §16).
 type meterBody struct {
@@ -66,11 +89,22 @@ func (a *API) putMeter(w http.ResponseWriter, r *http.Request) error {
 	}
 	var m ledger.Meter
 	err := pgx.BeginFunc(r.Context(), a.pool, func(tx pgx.Tx) error {
-		var err error
+		prev, err := ledger.MeterByName(r.Context(), tx, chi.URLParam(r, "meter"))
+		if err != nil {
+			return err
+		}
 		m, err = ledger.DeclareMeter(r.Context(), tx, ledger.Meter{Meter: chi.URLParam(r, "meter"), Kind: b.Kind,
 			Unit: b.Unit, Description: b.Description}, a.now())
-		return err
+		if err != nil || m.Kind == prev.Kind || m.Kind == ledger.Counter {
+			return err
+		}
+		return refuseIfRuled(r.Context(), tx, m.Meter)
 	})
+	if errors.Is(err, errMeterHasRules) {
+		return &Problem{Type: TypeMeterHasQuotaRules, Title: "Meter has quota rules", Status: http.StatusConflict,
+			Detail: fmt.Sprintf("meter %q has quota rules, which apply to counters only (docs/design.md §16); it stays a counter", m.Meter),
+			Errors: []FieldError{{Field: "kind", Detail: "a meter with quota rules cannot become a " + string(b.Kind)}}}
+	}
 	var inUse ledger.KindInUseError
 	if errors.As(err, &inUse) {
 		return &Problem{Type: TypeMeterKindInUse, Title: "Meter kind in use", Status: http.StatusConflict,

@@ -122,3 +122,66 @@ func TestMetersAndKindUsage(t *testing.T) {
 		t.Fatalf("january: %v", jan)
 	}
 }
+
+// A meter with quota rules stays a counter: declaring it a gauge or
+// unique meter afterwards is a 409 naming kind (the rules, exact ones
+// above all, would draw from a running total it no longer has), while
+// unit and description of a counter may still be declared. On a gauge, a
+// pool or global rule is refused naming meter, an exact customer rule
+// naming admission; a lagged customer rule is stored and listed.
+func TestMeterWithQuotaRulesStaysACounter(t *testing.T) {
+	f := newFixture(t)
+	if r := f.do("PUT", "/v1/pools/plan", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
+		t.Fatalf("pool: %d %s", r.status, r.body)
+	}
+	for path, body := range map[string]map[string]any{
+		"/v1/customers/acme/quotas/calls": {"limit": "10", "admission": "exact"},
+		"/v1/pools/plan/quotas/tokens":    {"limit": "10", "admission": "exact"},
+		"/v1/global/quotas/jobs":          {"limit": "10"},
+	} {
+		if r := f.do("PUT", path, adminToken, body); r.status != 200 && r.status != 201 {
+			t.Fatalf("PUT %s: %d %s", path, r.status, r.body)
+		}
+	}
+	for _, meter := range []string{"calls", "tokens", "jobs"} {
+		for _, kind := range []string{"gauge", "unique"} {
+			p := f.do("PUT", "/v1/meters/"+meter, adminToken, map[string]any{"kind": kind}).problem(t, 409, "urn:tally:problem:meter-has-quota-rules")
+			if got := fields(p); len(got) != 1 || got[0] != "kind" {
+				t.Fatalf("%s as %s: fields %v", meter, kind, got)
+			}
+		}
+		if m := f.do("GET", "/v1/meters/"+meter, adminToken, nil).json(t); m["kind"] != "counter" {
+			t.Fatalf("%s: %v", meter, m)
+		}
+	}
+	if r := f.do("PUT", "/v1/meters/calls", adminToken, map[string]any{"kind": "counter", "unit": "call"}); r.status != 200 {
+		t.Fatalf("counter unit: %d %s", r.status, r.body)
+	}
+	if r := f.do("PUT", "/v1/meters/seats", adminToken, map[string]any{"kind": "gauge"}); r.status != 200 {
+		t.Fatalf("PUT seats: %d %s", r.status, r.body)
+	}
+	for _, path := range []string{"/v1/pools/plan/quotas/seats", "/v1/global/quotas/seats"} {
+		for _, adm := range []string{"lagged", "exact"} {
+			p := f.do("PUT", path, adminToken, map[string]any{"limit": "10", "admission": adm}).problem(t, 400, "urn:tally:problem:invalid-request")
+			if got := fields(p); len(got) != 1 || got[0] != "meter" {
+				t.Fatalf("%s %s: fields %v", path, adm, got)
+			}
+		}
+	}
+	p := f.do("PUT", "/v1/customers/acme/quotas/seats", adminToken, map[string]any{"limit": "10", "admission": "exact"}).problem(t, 400, "urn:tally:problem:invalid-request")
+	if got := fields(p); len(got) != 1 || got[0] != "admission" {
+		t.Fatalf("exact customer rule on a gauge: fields %v", got)
+	}
+	// A lagged customer rule limits the gauge's period max; the gauge
+	// stays declarable (its unit may change) with the rule on it.
+	if r := f.do("PUT", "/v1/customers/acme/quotas/seats", adminToken, map[string]any{"limit": "10"}); r.status != 201 {
+		t.Fatalf("lagged customer rule on a gauge: %d %s", r.status, r.body)
+	}
+	if r := f.do("PUT", "/v1/meters/seats", adminToken, map[string]any{"kind": "gauge", "unit": "seat"}); r.status != 200 {
+		t.Fatalf("gauge unit: %d %s", r.status, r.body)
+	}
+	q := f.do("GET", "/v1/customers/acme/quotas", adminToken, nil).json(t)
+	if items, _ := q["items"].([]any); len(items) != 2 {
+		t.Fatalf("quotas: %v", q)
+	}
+}

@@ -12,10 +12,13 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/internal/notify"
 )
 
 // Defaults of Config.
@@ -158,6 +161,7 @@ type Enforcer struct {
 	checked time.Time           // when byCust was last checked
 
 	leading atomic.Pointer[Fence] // set while leading (Leading)
+	wake    chan struct{}         // poked by the ledger's usage notifications (Subscriber)
 }
 
 type sample struct {
@@ -172,7 +176,8 @@ func NewEnforcer(cfg Config) (*Enforcer, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	return &Enforcer{cfg: cfg, log: cfg.Logger.With("holder", cfg.Holder), m: newMetrics(cfg.Registerer)}, nil
+	return &Enforcer{cfg: cfg, log: cfg.Logger.With("holder", cfg.Holder), m: newMetrics(cfg.Registerer),
+		wake: make(chan struct{}, 1)}, nil
 }
 
 // Run campaigns for the lease and, while leading, evaluates every Interval.
@@ -196,6 +201,33 @@ func (e *Enforcer) Run(ctx context.Context) error {
 		}
 	}
 }
+
+// minWakePause is the shortest time between two evaluations woken by
+// usage notifications.
+const minWakePause = 50 * time.Millisecond
+
+// Subscriber wakes the enforcer on each notification of a listener of the
+// ledger's usage channel (tally_api_cache: rollups, gauge_days and
+// unique_counts notify it at commit), so a decision follows new usage of
+// any meter kind without waiting for the next Interval. Without it the
+// enforcer evaluates every Interval.
+func (e *Enforcer) Subscriber() notify.Subscriber { return waker{e.wake} }
+
+type waker struct{ c chan struct{} }
+
+func (w waker) poke() {
+	select {
+	case w.c <- struct{}{}:
+	default:
+	}
+}
+func (w waker) Listening(context.Context, *pgx.Conn) error { w.poke(); return nil }
+func (w waker) Handle(context.Context, *pgx.Conn, *pgconn.Notification) error {
+	w.poke()
+	return nil
+}
+func (w waker) Stopped() {}
+func (w waker) Forget()  { w.poke() }
 
 // lease is the leader's view of its lease.
 type lease struct {
@@ -316,8 +348,12 @@ func (e *Enforcer) lead(ctx context.Context, l lease) {
 
 	t := time.NewTicker(e.cfg.Interval)
 	defer t.Stop()
+	renewed := time.Time{}
 	for {
-		if err := e.renew(ctx, &l); err != nil {
+		if time.Since(renewed) < e.cfg.Interval {
+			// Woken by new usage between two ticks: the lease was renewed
+			// less than an Interval ago.
+		} else if err := e.renew(ctx, &l); err != nil {
 			if ctx.Err() != nil {
 				return
 			}
@@ -326,7 +362,10 @@ func (e *Enforcer) lead(ctx context.Context, l lease) {
 				return
 			}
 			log.Warn("quota enforcer: cannot renew the lease; still within it", "err", err)
+		} else {
+			renewed = time.Now()
 		}
+		began := time.Now()
 		if err := e.evaluate(ctx, w, &l); err != nil {
 			if errors.Is(err, ErrNotLeader) {
 				log.Warn("quota enforcer: fenced while storing decisions; stepping down")
@@ -337,6 +376,15 @@ func (e *Enforcer) lead(ctx context.Context, l lease) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-e.wake:
+			// New usage: evaluate again once a pause as long as the
+			// evaluation (at least minWakePause) has passed, so
+			// notifications never take more than half of the time.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(max(minWakePause, time.Since(began))):
+			}
 		}
 	}
 }

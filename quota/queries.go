@@ -7,6 +7,14 @@ package quota
 // $2 "customer/meter".
 const qLockRule = `SELECT pg_advisory_xact_lock($1::int, hashtext($2))`
 
+// qLockMeterKindsShared is the ledger's meter-kinds lock (locks.MeterKinds,
+// key 0), shared: a rule and a declaration changing its meter's kind take turns.
+const qLockMeterKindsShared = `SELECT pg_advisory_xact_lock_shared($1::int, 0)`
+
+// qMeterHasRules: whether any customer or scope rule names meter $1.
+const qMeterHasRules = `
+SELECT EXISTS (SELECT 1 FROM quota_rules WHERE meter = $1) OR EXISTS (SELECT 1 FROM quota_scope_rules WHERE meter = $1)`
+
 // qLatestVersion is the highest version of a rule and the effective time
 // and version of the version in force at $3.
 const qLatestVersion = `

@@ -279,12 +279,8 @@ func putRule(ctx context.Context, tx pgx.Tx, in RuleInput, now time.Time) (Rule,
 	if err := in.Validate(); err != nil {
 		return Rule{}, err
 	}
-	// Rules read counters' rollups, and exact admission draws from a
-	// running total: a gauge or unique meter has neither (docs/design.md §16).
-	if m, err := ledger.MeterByName(ctx, tx, in.Meter); err != nil {
+	if err := requireLaggedUnlessCounter(ctx, tx, in); err != nil {
 		return Rule{}, err
-	} else if m.Kind != ledger.Counter {
-		return Rule{}, invalid(validation.Errorf("meter", "%q is a %s meter: quota rules, lagged or exact, apply to counters only", in.Meter, m.Kind))
 	}
 	now = now.UTC().Truncate(time.Microsecond)
 	in = in.withDefaults(now)
@@ -340,6 +336,72 @@ func putRule(ctx context.Context, tx pgx.Tx, in RuleInput, now time.Time) (Rule,
 		return Rule{}, err
 	}
 	return r, nil
+}
+
+// requireCounter refuses a rule on a gauge or unique meter: rules read
+// counters' rollups, pools and the global budget sum them, and exact
+// admission draws from a running total (docs/design.md §16). It holds
+// locks.MeterKinds shared until tx ends, so a declaration that turns the
+// meter into another kind (which takes it exclusively, then looks for
+// rules: MeterHasRules) is ordered with the rule.
+func requireCounter(ctx context.Context, tx pgx.Tx, meter string) error {
+	if _, err := tx.Exec(ctx, qLockMeterKindsShared, locks.MeterKinds); err != nil {
+		return fmt.Errorf("quota: lock meter kinds: %w", err)
+	}
+	m, err := ledger.MeterByName(ctx, tx, meter)
+	if err != nil {
+		return err
+	}
+	if m.Kind != ledger.Counter {
+		return invalid(validation.Errorf("meter", "%q is a %s meter: quota rules (lagged or exact, customer, pool or global) apply to counters only", meter, m.Kind))
+	}
+	return nil
+}
+
+// requireLaggedUnlessCounter admits a customer rule on a gauge or unique
+// meter only lagged and with a period limit: it limits the gauge's period
+// max or the unique meter's distinct members, the aggregate the kind
+// implies (docs/design.md §16); exact admission and rate rules draw from a
+// running total, which only counters have. Like requireCounter it holds
+// locks.MeterKinds shared until tx ends.
+func requireLaggedUnlessCounter(ctx context.Context, tx pgx.Tx, in RuleInput) error {
+	if _, err := tx.Exec(ctx, qLockMeterKindsShared, locks.MeterKinds); err != nil {
+		return fmt.Errorf("quota: lock meter kinds: %w", err)
+	}
+	m, err := ledger.MeterByName(ctx, tx, in.Meter)
+	if err != nil || m.Kind == ledger.Counter {
+		return err
+	}
+	switch {
+	case in.Rate != nil:
+		return invalid(validation.Errorf("rate", "%q is a %s meter: rate rules draw from a running total, which only counters have", in.Meter, m.Kind))
+	case in.Admission == Exact:
+		return invalid(validation.Errorf("admission", "%q is a %s meter: exact admission draws from a running total, which only counters have; a lagged rule limits its %s", in.Meter, m.Kind, aggregateOf(m.Kind)))
+	}
+	return nil
+}
+
+// aggregateOf names what a lagged rule limits on a meter of kind k.
+func aggregateOf(k ledger.MeterKind) string {
+	switch k {
+	case ledger.Gauge:
+		return "period max"
+	case ledger.Unique:
+		return "distinct members per period"
+	}
+	return "period total"
+}
+
+// MeterHasRules reports whether any customer, pool or global quota rule
+// was ever written for meter: such a meter stays a counter
+// (docs/design.md §16). Call it inside the transaction that declares the
+// meter, after the declaration took locks.MeterKinds exclusively.
+func MeterHasRules(ctx context.Context, db DBTX, meter string) (bool, error) {
+	var has bool
+	if err := db.QueryRow(ctx, qMeterHasRules, meter).Scan(&has); err != nil {
+		return false, fmt.Errorf("quota: rules of meter %q: %w", meter, err)
+	}
+	return has, nil
 }
 
 // Rules returns the current rule of each of customer's meters (of the

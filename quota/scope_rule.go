@@ -107,6 +107,9 @@ func putScopeRule(ctx context.Context, tx pgx.Tx, in ScopeRuleInput, now time.Ti
 	if err := in.Validate(); err != nil {
 		return ScopeRule{}, err
 	}
+	if err := requireCounter(ctx, tx, in.Meter); err != nil {
+		return ScopeRule{}, err
+	}
 	now = now.UTC().Truncate(time.Microsecond)
 	d := RuleInput{WarnAt: in.WarnAt, Mode: in.Mode, Admission: in.Admission, EffectiveAt: in.EffectiveAt}.withDefaults(now)
 	if _, err := tx.Exec(ctx, qLockRule, locks.QuotaRule, "scope/"+in.Scope+"/"+in.Meter); err != nil {

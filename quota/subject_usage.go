@@ -201,6 +201,14 @@ func customerUsage(ctx context.Context, db DBTX, q UsageQuery, byCust bool, out 
 	if seen != n {
 		return fmt.Errorf("quota: read usage: %d rows for %d subjects", seen, n)
 	}
+	items := make([]kindItem, n)
+	for j, i := range idx {
+		u := &out[i]
+		items[j] = kindItem{customer: customers[j], meter: meters[j], period: u.Period, prev: u.Previous, used: &u.Used, prevUsed: &u.PreviousUsed}
+	}
+	if err := kindUsed(ctx, db, q.Now, items); err != nil {
+		return err
+	}
 	return readLimits(ctx, db, qLimitsInForce, customers, meters, q.Now, out, idx)
 }
 

@@ -159,5 +159,15 @@ func loadCustomerSnapshot(ctx context.Context, db DBTX, q snapshotQuery) ([]rule
 	if seen != n {
 		return nil, fmt.Errorf("quota: read usage: %d rows for %d rules", seen, n)
 	}
+	items := make([]kindItem, n)
+	for i := range out {
+		u := &out[i]
+		items[i] = kindItem{customer: u.rule.Customer, meter: u.rule.Meter, period: u.period, prev: u.prev,
+			used: &u.used, prevUsed: &u.prevUsed, fallback: &u.fallback}
+	}
+	rows.Close()
+	if err := kindUsed(ctx, db, q.now, items); err != nil {
+		return nil, err
+	}
 	return out, nil
 }

@@ -88,6 +88,9 @@ type fingerprint struct {
 	DeadLetters string `json:"dead_letters"`
 	Unowned     string `json:"unowned_dead_letters"`
 	Jumps       string `json:"offset_jumps"`
+	// Kinds counts the gauge and unique readings that bear on the period
+	// ("" when there are none, as in runs stored before it was kept).
+	Kinds string `json:"kinds,omitempty"`
 }
 
 func (a fingerprint) changes(b fingerprint) []string {
@@ -105,6 +108,7 @@ func (a fingerprint) changes(b fingerprint) []string {
 	add(a.DeadLetters != b.DeadLetters, "unreplayed dead letters changed")
 	add(a.Unowned != b.Unowned, "unreplayed dead letters of no known customer changed")
 	add(a.Jumps != b.Jumps, "offset jumps (messages deleted unread) changed")
+	add(a.Kinds != b.Kinds, "new gauge or unique readings")
 	return out
 }
 
@@ -161,7 +165,7 @@ func fingerprints(ctx context.Context, tx pgx.Tx, tg target, usage map[string]st
 	for rows.Next() {
 		var c string
 		var fp fingerprint
-		if err := rows.Scan(&c, &fp.Gaps, &fp.Conflicts, &fp.Findings, &fp.Late, &fp.DeadLetters, &fp.Unowned, &fp.Jumps); err != nil {
+		if err := rows.Scan(&c, &fp.Gaps, &fp.Conflicts, &fp.Findings, &fp.Late, &fp.DeadLetters, &fp.Unowned, &fp.Jumps, &fp.Kinds); err != nil {
 			return nil, err
 		}
 		fp.Usage = usage[c]

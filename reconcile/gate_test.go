@@ -59,6 +59,14 @@ func TestGateRefusesWhatArrivedAfterTheRun(t *testing.T) {
 		{"zero usage", func(e *env) {
 			e.apply(rec("gw", 2, "acme", 1, "0", "0", oct))
 		}, "usage"},
+		{"gauge reading", func(e *env) {
+			e.declare("seats", ledger.Gauge)
+			e.apply(level("a", 1, "0", oct)) // a level of 0 changes no aggregate
+		}, "gauge or unique readings"},
+		{"unique member", func(e *env) {
+			e.declare("mau", ledger.Unique)
+			e.apply(member(1, "u1", oct))
+		}, "gauge or unique readings"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

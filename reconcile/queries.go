@@ -321,7 +321,11 @@ SELECT meter, sum(n)::bigint, sum(q) FROM (
 ) u GROUP BY 1`
 
 	// Per target, everything but usage that a run checks and a close
-	// compares. Ledger findings count in the period they are about and in
+	// compares. Gauge and unique readings are append-only: their counts
+	// see every reading that can change the period (a gauge reading
+	// stamped before the period's end may change the level it carries in
+	// or holds; a unique one counts in the period it occurred in), whether
+	// or not it changed an aggregate (docs/design.md §4, §16). Ledger findings count in the period they are about and in
 	// the one they were noted in; conflicts in the period their record
 	// occurred in and in the one they were detected in. Dead letters and
 	// offset jumps count for every period that had started when they
@@ -359,7 +363,11 @@ g AS (
 )
 SELECT t.customer, coalesce(g.h, ''), coalesce(c.n, 0), coalesce(f.n, 0), coalesce(l.n, 0), coalesce(d.h, ''),
        coalesce((SELECT md5(string_agg(u.id::text, ',' ORDER BY u.id)) FROM u WHERE u.created_at >= t.period_start), ''),
-       coalesce((SELECT md5(string_agg(j.id::text, ',' ORDER BY j.id)) FROM j WHERE j.detected_at >= t.period_start), '')
+       coalesce((SELECT md5(string_agg(j.id::text, ',' ORDER BY j.id)) FROM j WHERE j.detected_at >= t.period_start), ''),
+       (SELECT CASE WHEN kg.n + ku.n = 0 THEN '' ELSE kg.n || ':' || ku.n END
+        FROM (SELECT count(*) AS n FROM gauge_readings r WHERE r.customer = t.customer AND r.occurred_at < t.period_end) kg,
+             (SELECT count(*) AS n FROM unique_readings r WHERE r.customer = t.customer
+                AND r.occurred_at >= t.period_start AND r.occurred_at < t.period_end) ku)
 FROM t LEFT JOIN g USING (customer) LEFT JOIN c USING (customer) LEFT JOIN f USING (customer)
 LEFT JOIN l USING (customer) LEFT JOIN d USING (customer)`
 )

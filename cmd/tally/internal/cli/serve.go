@@ -25,6 +25,7 @@ import (
 	"github.com/tally-ledger/tally/api"
 	"github.com/tally-ledger/tally/console"
 	"github.com/tally-ledger/tally/ingest"
+	"github.com/tally-ledger/tally/internal/notify"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/migrations"
 	"github.com/tally-ledger/tally/periods"
@@ -355,6 +356,7 @@ func run(ctx context.Context, o runOptions) error {
 		g.Go(func() error { return c.Run(gctx) })
 	}
 	var alertEval *alerts.Evaluator // woken by the API's listener when both run here
+	var wakeEnforcer notify.Subscriber
 	if o.enforce {
 		enf, err := quota.NewEnforcer(quota.Config{
 			Pool: o.enforcePool, Brokers: o.brokers, Topic: o.decisionsTopic, IngestTopic: o.topic,
@@ -364,6 +366,7 @@ func run(ctx context.Context, o runOptions) error {
 			return err
 		}
 		g.Go(func() error { return enf.Run(gctx) })
+		wakeEnforcer = enf.Subscriber()
 		if alertEval, err = startAlerts(gctx, g, o, enf, reg); err != nil {
 			return err
 		}
@@ -376,7 +379,7 @@ func run(ctx context.Context, o runOptions) error {
 				MaxInFlight: o.apiLimits.maxInFlight, AddressRate: o.apiLimits.addressRate, TokenRate: o.apiLimits.tokenRate,
 				GatewayRate: o.apiLimits.gatewayRate, AddressBodies: o.apiLimits.addressBodies, BodyTimeout: o.apiLimits.bodyTimeout,
 				UnownedAfter: o.unownedAfter, MaxSkew: o.maxSkew, ReadyChecks: readyChecks,
-				WebhookAllowPrivate: o.alerts.allowPrivate, Subscribers: alertSubscribers(alertEval)})
+				WebhookAllowPrivate: o.alerts.allowPrivate, Subscribers: append(alertSubscribers(alertEval), enforcerSubscribers(wakeEnforcer)...)})
 			if err != nil {
 				return err
 			}

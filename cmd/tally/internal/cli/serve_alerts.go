@@ -72,3 +72,13 @@ func alertSubscribers(e *alerts.Evaluator) []notify.Subscriber {
 	}
 	return []notify.Subscriber{e.Subscriber()}
 }
+
+// enforcerSubscribers is what else the API's listener wakes: the quota
+// enforcer of this process (nil: none), so decisions follow new usage of
+// every meter kind at once (docs/design.md §5, §16).
+func enforcerSubscribers(s notify.Subscriber) []notify.Subscriber {
+	if s == nil {
+		return nil
+	}
+	return []notify.Subscriber{s}
+}
