@@ -49,6 +49,14 @@ func TestCustomerPageShowsGaugesAndUniques(t *testing.T) {
 	for _, want := range []string{
 		`<tr data-meter="seats"><td>seats</td><td class="n">1,200</td><td class="n">3</td>`,
 		`<tr data-meter="mau"><td>mau</td><td class="n">2</td>`,
+		// The gauge's chart marks its max; the unique meter's draws a bar for
+		// the day with both members.
+		`<figure class="chart chart-gauge" data-meter="seats" data-kind="gauge">`,
+		`<line class="level level-max" data-level="1200"`,
+		`max 1,200 · latest 3`,
+		`<figure class="chart chart-unique" data-meter="mau" data-kind="unique">`,
+		`2 distinct this period`,
+		start.Format("Mon 2 Jan") + `: 2 distinct</title>`,
 	} {
 		if !strings.Contains(res.body, want) {
 			t.Fatalf("the page lacks %s:\n%s", want, res.body)
