@@ -41,6 +41,11 @@ const (
 	benchCustomers = 10_000
 	benchRecords   = 500 // per stream
 	benchClients   = 50
+	// benchKindCustomers have a gauge (a reading every 30 minutes of the
+	// current period) and a unique meter (benchMembers members) as well.
+	benchKindCustomers = benchCustomers / 2
+	benchReadings      = 72
+	benchMembers       = 20
 )
 
 var benchNow = time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
@@ -90,6 +95,11 @@ func BenchmarkUsage(b *testing.B) {
 		return srv.URL
 	}()
 	all := slices.Sorted(maps.Keys(tokens))
+	// Half the customers also have a seats gauge and a mau unique meter
+	// (docs/design.md §16): the same query over each half, in the same run,
+	// is the usage query's p99 with and without gauges.
+	withKinds, countersOnly := all[:benchKindCustomers], all[benchKindCustomers:]
+	benchKinds(b, pool, l, withKinds)
 
 	// Saturation: 50 clients send back to back, so latency is 50 /
 	// throughput. At a fixed load: 50 clients together offer a rate, each
@@ -120,6 +130,10 @@ func BenchmarkUsage(b *testing.B) {
 		{"month-by-hour-all-meters/cache", cached, all, "?period=previous&group_by=hour", 0, 0},
 		{"month-by-hour-all-meters/no-cache-at-1000rps", uncached, all, "?period=previous&group_by=hour", 1000, 0},
 		{"current-by-day-all-meters/cache", cached, all, "", 0, 0},
+		{"current-by-day-all-meters/cache-counters-only", cached, countersOnly, "", 0, 0},
+		{"current-by-day-all-meters/cache-with-gauges", cached, withKinds, "", 0, 0},
+		{"current-by-day-all-meters/no-cache-counters-only-at-1000rps", uncached, countersOnly, "", 1000, 0},
+		{"current-by-day-all-meters/no-cache-with-gauges-at-1000rps", uncached, withKinds, "", 1000, 0},
 	} {
 		b.Run(q.name, func(b *testing.B) {
 			if q.writes > 0 {
@@ -461,4 +475,58 @@ INSERT INTO stream_periods SELECT customer, period_start, stream_id, min(seq), m
 	}
 	b.Logf("loaded in %s", time.Since(start).Round(time.Second))
 	return pool
+}
+
+// benchKinds declares seats (gauge) and mau (unique) and books, once, each
+// of customers' readings and members in the current period before benchNow
+// through the ledger, as ingest would.
+func benchKinds(b *testing.B, pool *pgxpool.Pool, l *ledger.Ledger, customers []string) {
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS bench_kinds_loaded (customers int NOT NULL)`); err != nil {
+		b.Fatal(err)
+	}
+	var loaded int
+	_ = pool.QueryRow(ctx, `SELECT coalesce(max(customers), 0) FROM bench_kinds_loaded`).Scan(&loaded)
+	if loaded == len(customers) {
+		return
+	}
+	b.Logf("booking gauges and unique members for %d customers (once)...", len(customers))
+	start := time.Date(benchNow.Year(), benchNow.Month(), 1, 0, 0, 0, 0, time.UTC)
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		for m, k := range map[string]ledger.MeterKind{"seats": ledger.Gauge, "mau": ledger.Unique} {
+			if _, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: m, Kind: k}, start); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for i, c := range customers {
+		var recs []ledger.Record
+		rec := func(meter string, seq int64, at time.Time) ledger.Record {
+			return ledger.Record{OperationID: uuid.New(), Stream: ledger.StreamKey{Producer: "bench", Epoch: 1, Customer: c, Meter: meter},
+				Seq: seq, OccurredAt: at}
+		}
+		for j := range benchReadings {
+			r := rec("seats", int64(j+1), start.Add(time.Duration(j)*30*time.Minute))
+			r.Shape, r.Level = ledger.Gauge, decimal.NewFromInt(int64(1+(i+j*7)%50))
+			recs = append(recs, r)
+		}
+		for j := range benchMembers {
+			r := rec("mau", int64(j+1), start.Add(time.Duration(j)*time.Hour))
+			r.Shape, r.Member = ledger.Unique, fmt.Sprintf("user-%d", (i+j)%(2*benchMembers))
+			recs = append(recs, r)
+		}
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := l.Apply(ctx, tx, recs)
+			return err
+		}); err != nil {
+			b.Fatalf("%s: %v", c, err)
+		}
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO bench_kinds_loaded VALUES ($1)`, len(customers)); err != nil {
+		b.Fatal(err)
+	}
 }

@@ -17,6 +17,36 @@ import (
 func TestCustomerPageShowsGaugesAndUniques(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
+	start := f.kinds()
+	c := f.client()
+	f.signInHTTP(c, f.customerToken("acme"))
+	res := f.get(c, "/console/customers/acme")
+	if res.status != 200 {
+		t.Fatalf("customer page: %d %s", res.status, res.body)
+	}
+	for _, want := range []string{
+		`<tr data-meter="seats"><td>seats</td><td class="n">1,200</td><td class="n">3</td>`,
+		`<tr data-meter="mau"><td>mau</td><td class="n">2</td>`,
+		// The gauge's chart marks its max; the unique meter's draws a bar for
+		// the day with both members.
+		`<figure class="chart chart-gauge" data-meter="seats" data-kind="gauge">`,
+		`<line class="level level-max" data-level="1200"`,
+		`max 1,200 · latest 3`,
+		`<figure class="chart chart-unique" data-meter="mau" data-kind="unique">`,
+		`2 distinct this period`,
+		start.Format("Mon 2 Jan") + `: 2 distinct</title>`,
+	} {
+		if !strings.Contains(res.body, want) {
+			t.Fatalf("the page lacks %s:\n%s", want, res.body)
+		}
+	}
+}
+
+// kinds gives acme (in UTC) a seats gauge at 1,200 for the first hour of
+// the period, then 3, and two members of a mau unique meter on its first
+// day; it answers the period's start.
+func (f *fixture) kinds() time.Time {
+	f.t.Helper()
 	f.calendar("acme", "UTC")
 	ctx := f.ctx()
 	start := time.Date(f.now.Year(), f.now.Month(), 1, 0, 0, 0, 0, time.UTC)
@@ -38,20 +68,64 @@ func TestCustomerPageShowsGaugesAndUniques(t *testing.T) {
 		_, err := f.ledger.Apply(ctx, tx, []ledger.Record{g1, g2, u1, u2})
 		return err
 	}); err != nil {
-		t.Fatal(err)
+		f.t.Fatal(err)
 	}
-	c := f.client()
-	f.signInHTTP(c, f.customerToken("acme"))
-	res := f.get(c, "/console/customers/acme")
-	if res.status != 200 {
-		t.Fatalf("customer page: %d %s", res.status, res.body)
+	return start
+}
+
+// In a browser the gauge's chart marks its max above its latest level,
+// with the numbers of the REST usage answer, and the unique meter's chart
+// draws one bar per day so far, the first day's as high as its count.
+func TestKindChartsInTheBrowser(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	start := f.kinds()
+	ctx := tab(t)
+	f.signIn(t, ctx, adminToken)
+	f.open(t, ctx, "/console/customers/acme")
+
+	var rest struct {
+		Items []struct {
+			Meter string `json:"meter"`
+			Total string `json:"total"`
+			Gauge *struct {
+				Max, Latest string
+			} `json:"gauge"`
+			Series []struct {
+				Quantity string `json:"quantity"`
+			} `json:"series"`
+		} `json:"items"`
 	}
-	for _, want := range []string{
-		`<tr data-meter="seats"><td>seats</td><td class="n">1,200</td><td class="n">3</td>`,
-		`<tr data-meter="mau"><td>mau</td><td class="n">2</td>`,
-	} {
-		if !strings.Contains(res.body, want) {
-			t.Fatalf("the page lacks %s:\n%s", want, res.body)
+	f.rest("/v1/customers/acme/usage?period=current", adminToken, &rest)
+	for _, it := range rest.Items {
+		sel := `figure.chart[data-meter="` + it.Meter + `"]`
+		switch it.Meter {
+		case "seats":
+			if it.Gauge == nil || it.Gauge.Max != "1200" {
+				t.Fatalf("REST seats: %+v", it)
+			}
+			if l := eval[string](t, ctx, `document.querySelector('`+sel+` text.level-max').textContent`); l != "max 1,200" {
+				t.Fatalf("the seats chart's max is marked %q", l)
+			}
+			maxY := eval[float64](t, ctx, `document.querySelector('`+sel+` line.level-max').getBoundingClientRect().top`)
+			latestY := eval[float64](t, ctx, `document.querySelector('`+sel+` line.level-latest').getBoundingClientRect().top`)
+			if maxY >= latestY {
+				t.Fatalf("the max line (y %.1f) is not above the latest level's (y %.1f)", maxY, latestY)
+			}
+		case "mau":
+			bars := eval[[]float64](t, ctx, `[...document.querySelectorAll('`+sel+` svg rect.bar')].map(r => r.getBoundingClientRect().height)`)
+			days := int(f.now.Sub(start)/(24*time.Hour)) + 1
+			if len(bars) != days || len(it.Series) != 1 || it.Series[0].Quantity != "2" || bars[0] <= 0 {
+				t.Fatalf("mau: %d bars %v for %d days, REST series %+v", len(bars), bars, days, it.Series)
+			}
+			for _, h := range bars[1:] {
+				if h != 0 {
+					t.Fatalf("mau: a day without members has a bar %v", bars)
+				}
+			}
+		default:
+			t.Fatalf("REST usage has %s", it.Meter)
 		}
 	}
+	screenshot(t, ctx, "customer-kinds")
 }

@@ -129,6 +129,7 @@ type customerView struct {
 	State          periods.State
 	Usage          api.Usage
 	Charts         []chart
+	KindCharts     []kindChart // gauges and unique meters
 	Quotas         []quota.MeterStatus
 	History        map[string][]quota.Rule // every version of each quota's rule, newest first
 	Periods        []periods.Summary
@@ -188,6 +189,7 @@ func (c *Console) customer(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	cv.Charts = charts(cv.Usage, cv.Quotas, p, now)
+	cv.KindCharts = kindCharts(cv.Usage.Gauges, cv.Usage.Uniques, p.Start, p.End, now)
 	cv.History = map[string][]quota.Rule{}
 	for _, q := range cv.Quotas {
 		h, err := quota.RuleHistory(ctx, c.pool, customer, q.Meter)

@@ -1,0 +1,122 @@
+package console
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/ledger"
+)
+
+// kindChart is the chart of a gauge or a unique meter this period
+// (docs/design.md §16): a gauge's levels as horizontal lines — its max
+// marked, its average and latest level beside it — with its unit-hours in
+// the caption; a unique meter's distinct members as one bar per day. Its
+// numbers are the REST usage answer's, exactly.
+type kindChart struct {
+	Meter, Kind  string
+	W, H         float64
+	Left, Bottom float64
+	Right        float64
+	Marks        []mark // gauge: max, average, latest
+	Bars         []bar  // unique: distinct members per day
+	Ticks        []tick
+	Labels       []label
+	Caption      string
+	Summary      string // for screen readers
+}
+
+// mark is one level drawn across the plot.
+type mark struct {
+	Class, Label string
+	Y            float64
+	Value        decimal.Decimal
+}
+
+func newKindChart(meter, kind string) kindChart {
+	return kindChart{Meter: meter, Kind: kind, W: chartW, H: chartH, Left: chartLeft, Bottom: chartTop + chartPlotH,
+		Right: chartW - chartRight}
+}
+
+// gaugeChart marks g's max, average and latest level on one scale.
+func gaugeChart(g ledger.GaugeUsage) kindChart {
+	c := newKindChart(g.Meter, "gauge")
+	top := g.Max
+	scale := plotScale(top)
+	for _, m := range []mark{{Class: "max", Label: "max", Value: g.Max}, {Class: "average", Label: "average", Value: g.Average},
+		{Class: "latest", Label: "latest", Value: g.Latest}} {
+		m.Y = c.Bottom - scale(m.Value)
+		m.Label += " " + num(m.Value)
+		c.Marks = append(c.Marks, m)
+	}
+	c.Ticks = ticks(top, c.Bottom, scale)
+	c.Caption = fmt.Sprintf("max %s · latest %s · %s unit-hours", num(g.Max), num(g.Latest), num(g.UnitHours))
+	c.Summary = fmt.Sprintf("%s: peak level %s this period, latest %s, %s unit-hours", g.Meter, num(g.Max), num(g.Latest),
+		num(g.UnitHours))
+	return c
+}
+
+// uniqueChart draws u's distinct members per local day of [start, end).
+func uniqueChart(u ledger.UniqueUsage, start, end time.Time, loc *time.Location, now time.Time) kindChart {
+	c := newKindChart(u.Meter, "unique")
+	byStart := map[int64]int64{}
+	top := decimal.Zero
+	for _, d := range u.Days {
+		byStart[d.Start.Unix()] = d.Count
+		top = decimal.Max(top, decimal.NewFromInt(d.Count))
+	}
+	scale := plotScale(top)
+	days := localDays(start, end, loc)
+	slot := chartPlotW / float64(max(len(days), 1))
+	for i, d := range days {
+		if i%7 == 0 || i == len(days)-1 && i%7 > 3 {
+			c.Labels = append(c.Labels, label{X: chartLeft + float64(i)*slot + slot/2, Label: d.In(loc).Format("2 Jan")})
+		}
+		if d.After(now) {
+			continue
+		}
+		n := byStart[d.Unix()]
+		h := scale(decimal.NewFromInt(n))
+		c.Bars = append(c.Bars, bar{X: chartLeft + float64(i)*slot + slot*0.15, Y: c.Bottom - h, W: slot * 0.7, H: h,
+			Title: fmt.Sprintf("%s: %d distinct", d.In(loc).Format("Mon 2 Jan"), n)})
+	}
+	c.Ticks = ticks(top, c.Bottom, scale)
+	c.Caption = fmt.Sprintf("%d distinct this period", u.Count)
+	c.Summary = fmt.Sprintf("%s: %d distinct members this period", u.Meter, u.Count)
+	return c
+}
+
+// plotScale maps a value to its height in the plot, top sitting 10% below
+// the plot's top edge. Floats only here: pixel positions, not amounts.
+func plotScale(top decimal.Decimal) func(decimal.Decimal) float64 {
+	top = top.Mul(decimal.RequireFromString("1.1"))
+	return func(v decimal.Decimal) float64 {
+		if !top.IsPositive() {
+			return 0
+		}
+		return v.Div(top).InexactFloat64() * chartPlotH
+	}
+}
+
+// ticks are the axis labels at 0, half and all of top.
+func ticks(top decimal.Decimal, base float64, scale func(decimal.Decimal) float64) []tick {
+	var out []tick
+	for _, f := range []string{"0", "0.5", "1"} {
+		v := top.Mul(decimal.RequireFromString(f)).Round(0)
+		out = append(out, tick{Y: base - scale(v), Label: num(v)})
+	}
+	return out
+}
+
+// kindCharts are the charts of u's gauges and unique meters.
+func kindCharts(gauges []ledger.GaugeUsage, uniques []ledger.UniqueUsage, start, end time.Time, now time.Time) []kindChart {
+	var out []kindChart
+	for _, g := range gauges {
+		out = append(out, gaugeChart(g))
+	}
+	for _, u := range uniques {
+		out = append(out, uniqueChart(u, start, end, start.Location(), now))
+	}
+	return out
+}
