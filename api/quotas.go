@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -32,9 +33,13 @@ func (a *API) getQuotas(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	rates, err := rateRules(ctx, a, customer)
+	if err != nil {
+		return err
+	}
 	// Every quota of the customer at once: a customer has one per meter.
 	if principalFrom(ctx).admin {
-		writeJSON(w, http.StatusOK, Page[quota.MeterStatus]{Items: items})
+		writeJSON(w, http.StatusOK, quotaPage[quota.MeterStatus, quota.Rule]{Items: items, RateRules: rates})
 		return nil
 	}
 	views := make([]customerQuota, len(items))
@@ -44,8 +49,36 @@ func (a *API) getQuotas(w http.ResponseWriter, r *http.Request) error {
 			views[i].Decision = &customerDecision{Decision: *it.Decision}
 		}
 	}
-	writeJSON(w, http.StatusOK, Page[customerQuota]{Items: views})
+	rateViews := make([]customerRule, len(rates))
+	for i, r := range rates {
+		rateViews[i] = customerRule{Rule: r}
+	}
+	writeJSON(w, http.StatusOK, quotaPage[customerQuota, customerRule]{Items: views, RateRules: rateViews})
 	return nil
+}
+
+// quotaPage is a customer's quotas: its period quotas with their usage
+// (items), and its rate rules in force (docs/design.md §17), whose
+// buckets GET /v1/customers/{customer}/rate-budgets shows.
+type quotaPage[Q, R any] struct {
+	Items      []Q    `json:"items"`
+	RateRules  []R    `json:"rate_rules"`
+	NextCursor string `json:"next_cursor"`
+}
+
+// rateRules is the customer's own rate rules in force now, by meter.
+func rateRules(ctx context.Context, a *API, customer string) ([]quota.Rule, error) {
+	rules, err := quota.RulesAt(ctx, a.pool, customer, a.now())
+	if err != nil {
+		return nil, err
+	}
+	rates := []quota.Rule{}
+	for _, r := range rules {
+		if r.Rate != nil {
+			rates = append(rates, r)
+		}
+	}
+	return rates, nil
 }
 
 // What a customer token sees of its quotas: its limits, usage and the

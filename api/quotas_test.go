@@ -14,7 +14,7 @@ func TestQuotas(t *testing.T) {
 	f.usage("acme", "api_calls", date("2026-11-10T10:00:00Z"), "850")
 
 	// A known customer without rules has none.
-	if r := f.do("GET", "/v1/customers/acme/quotas", adminToken, nil); r.status != 200 || string(r.body) != `{"items":[],"next_cursor":""}`+"\n" {
+	if r := f.do("GET", "/v1/customers/acme/quotas", adminToken, nil); r.status != 200 || string(r.body) != `{"items":[],"rate_rules":[],"next_cursor":""}`+"\n" {
 		t.Fatalf("no rules: %d %s", r.status, r.body)
 	}
 	r := f.do("PUT", "/v1/customers/acme/quotas/api_calls", adminToken, map[string]any{"limit": "1000", "reason": "plan: pro"})

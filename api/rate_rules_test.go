@@ -54,3 +54,36 @@ func TestRateRulesOverREST(t *testing.T) {
 		t.Errorf("rate budgets %v", items)
 	}
 }
+
+// A customer's quota listing shows its rate rules beside its period
+// quotas (docs/design.md §17): an operator or the customer reading
+// GET /v1/customers/{c}/quotas sees every rule the customer has, the rate
+// contract included, and no period usage invented for a rate rule.
+func TestQuotaListingShowsRateRules(t *testing.T) {
+	f := newFixture(t)
+	if r := f.do("PUT", "/v1/customers/acme/quotas/tokens", adminToken, map[string]any{"limit": "1000"}); r.status != http.StatusCreated {
+		t.Fatalf("PUT period rule: %d %s", r.status, r.body)
+	}
+	if r := f.do("PUT", "/v1/customers/acme/quotas/calls", adminToken, map[string]any{
+		"rate": map[string]any{"amount": "100", "per": "1s", "burst": "200"}, "admission": "exact"}); r.status != http.StatusCreated {
+		t.Fatalf("PUT rate rule: %d %s", r.status, r.body)
+	}
+	for _, tok := range []string{adminToken, f.token("acme")} {
+		page := f.do("GET", "/v1/customers/acme/quotas", tok, nil).json(t)
+		items, rates := page["items"].([]any), page["rate_rules"].([]any)
+		if len(items) != 1 || items[0].(map[string]any)["meter"] != "tokens" {
+			t.Fatalf("period quotas %v, want tokens alone", items)
+		}
+		if len(rates) != 1 {
+			t.Fatalf("rate rules %v, want calls", rates)
+		}
+		r := rates[0].(map[string]any)
+		rate, _ := r["rate"].(map[string]any)
+		if r["meter"] != "calls" || rate["amount"] != "100" || rate["per"] != "1s" || rate["burst"] != "200" {
+			t.Errorf("rate rule %v, want calls at 100 per 1s, bursts of 200", r)
+		}
+		if _, shown := r["actor"]; shown != (tok == adminToken) {
+			t.Errorf("token %s…: actor shown %v", tok[:6], shown)
+		}
+	}
+}

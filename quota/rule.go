@@ -408,7 +408,12 @@ func MeterHasRules(ctx context.Context, db DBTX, meter string) (bool, error) {
 // versions whose effective time has come, the latest effective, then the
 // highest version), ordered by meter.
 func Rules(ctx context.Context, db DBTX, customer string) ([]Rule, error) {
-	return queryRules(ctx, db, qCurrentRules, customer, time.Now())
+	return RulesAt(ctx, db, customer, time.Now())
+}
+
+// RulesAt is Rules as of t: the rule of each meter in force at t.
+func RulesAt(ctx context.Context, db DBTX, customer string, t time.Time) ([]Rule, error) {
+	return queryRules(ctx, db, qCurrentRules, customer, t)
 }
 
 // RuleHistory returns every version of a rule, oldest first, including
