@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,10 +26,60 @@ type benchAdmissionOptions struct {
 	// hot is the hot-key run, chosen by --budgets (docs/design.md §13).
 	hot     admissionbench.HotOptions
 	budgets bool
-	// rate is the rate-contract run, chosen by --rate-contract
+	// rate is the rate-contract run, chosen by a contract given to --rate
 	// (docs/design.md §17).
 	rate         admissionbench.RateOptions
 	rateContract bool
+}
+
+// rateFlag is --rate: a bare number is the trace's requests per second; a
+// contract AMOUNT/PER[,burst=B] ("100/s,burst=200") chooses the
+// rate-contract run (the burst defaults to twice the amount).
+type rateFlag struct{ o *benchAdmissionOptions }
+
+func (f rateFlag) Type() string { return "rate" }
+
+func (f rateFlag) String() string {
+	if f.o == nil {
+		return ""
+	}
+	if f.o.rateContract {
+		return fmt.Sprintf("%d/%s,burst=%d", f.o.rate.Amount, f.o.rate.Per, f.o.rate.Burst)
+	}
+	return strconv.Itoa(f.o.sim.Rate)
+}
+
+func (f rateFlag) Set(v string) error {
+	amount, rest, contract := strings.Cut(v, "/")
+	if !contract {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			return fmt.Errorf("%q is neither requests per second (a positive whole number) nor a contract such as 100/s,burst=200", v)
+		}
+		f.o.sim.Rate = n
+		return nil
+	}
+	a, err := strconv.ParseInt(amount, 10, 64)
+	if err != nil || a <= 0 {
+		return fmt.Errorf("contract %q: the amount before / must be a positive whole number", v)
+	}
+	per, burst, hasBurst := strings.Cut(rest, ",")
+	if per != "" && (per[0] < '0' || per[0] > '9') {
+		per = "1" + per // "s" is "1s"
+	}
+	d, err := time.ParseDuration(per)
+	if err != nil || d <= 0 {
+		return fmt.Errorf("contract %q: the period after / must be a duration such as s, 1s or 500ms", v)
+	}
+	b := 2 * a
+	if hasBurst {
+		n, ok := strings.CutPrefix(burst, "burst=")
+		if b, err = strconv.ParseInt(n, 10, 64); !ok || err != nil || b <= 0 {
+			return fmt.Errorf("contract %q: write the burst as burst=N, N a positive whole number", v)
+		}
+	}
+	f.o.rate.Amount, f.o.rate.Per, f.o.rate.Burst, f.o.rateContract = a, d, b, true
+	return nil
 }
 
 func (o benchAdmissionOptions) Validate() error {
@@ -99,7 +150,7 @@ func (o benchAdmissionOptions) Run(ctx context.Context, out io.Writer) error {
 func (o benchAdmissionOptions) runRate(ctx context.Context, out io.Writer, dbURL string, log *slog.Logger) error {
 	r := o.rate
 	r.DatabaseURL, r.Logger, r.RedisAddr, r.Seed = dbURL, log, o.sim.RedisAddr, o.sim.Seed
-	fmt.Fprintf(out, "tally bench admission --rate-contract: database %s\n", dbName(dbURL))
+	fmt.Fprintf(out, "tally bench admission --rate %d/%s,burst=%d: database %s\n", o.rate.Amount, o.rate.Per, o.rate.Burst, dbName(dbURL))
 	res, err := admissionbench.RunRate(ctx, r)
 	if err != nil {
 		return err
@@ -167,10 +218,10 @@ with 50 holders), checks that the budgets read back add up, then sets the
 global limit to what global consumed and checks that every holder is
 refused by global and that no customer's or pool's budget moved.
 
-With --rate-contract it measures a rate contract instead (docs/design.md
-§17): --gateways (default 20) gateways × one tenant of --rate-amount per
---rate-per with bursts of --rate-burst; every second starts with a burst of
---rate-burst requests at each gateway, plus 4 × the contract's rate spread
+With a contract given to --rate (--rate 100/s,burst=200) it measures a rate
+contract instead (docs/design.md §17): --gateways (default 20) gateways ×
+one tenant of that contract; every second starts with a burst of B
+requests at each gateway, plus 4 × the contract's rate spread
 over the second. Four designs side by side: a local token bucket per
 gateway (each enforcing the whole contract), a central counter per request
 in Postgres and in Redis, and grants through the admit SDK. For each: the
@@ -200,7 +251,8 @@ dropped afterwards (unless --keep). Redis is used by this benchmark only.`,
 	f := cmd.Flags()
 	f.IntVar(&o.sim.Gateways, "gateways", 10, "simulated gateways")
 	f.IntVar(&o.sim.Customers, "customers", 100, "customers, one budget each")
-	f.IntVar(&o.sim.Rate, "rate", 2000, "requests per second, all customers together")
+	o.sim.Rate = 2000
+	f.Var(rateFlag{&o}, "rate", "requests per second, all customers together; or a rate contract AMOUNT/PER[,burst=B], e.g. 100/s,burst=200 (burst: twice the amount unless given), which runs the rate-contract comparison instead (docs/design.md §17)")
 	f.DurationVar(&o.sim.Duration, "duration", 6*time.Second, "length of the replay (the period) per regime")
 	f.Int64Var(&o.sim.Limit, "limit", 500, "units per customer for the period")
 	f.Float64Var(&o.sim.Skew, "skew", 1.1, "Zipf exponent of demand across customers (0: even)")
@@ -216,10 +268,6 @@ dropped afterwards (unless --keep). Redis is used by this benchmark only.`,
 	f.IntVar(&o.hot.Holders, "holders", 50, "the hot-key run: concurrent holders, one customer each")
 	f.DurationVar(&o.hot.Duration, "hot-duration", 5*time.Second, "the hot-key run: length of each measured row")
 	f.IntVar(&o.hot.APIPoolSize, "api-pool-size", 4, "the hot-key run: Postgres connections of the REST API (as tally serve's --api-pool-size)")
-	f.BoolVar(&o.rateContract, "rate-contract", false, "the rate-contract run (docs/design.md §17): --gateways (default 20) gateways × one tenant of --rate-amount per --rate-per, bursts of --rate-burst; local buckets, central counters and grants side by side")
-	f.Int64Var(&o.rate.Amount, "rate-amount", 100, "the rate-contract run: the contract's amount per --rate-per")
-	f.DurationVar(&o.rate.Per, "rate-per", time.Second, "the rate-contract run: the contract's period")
-	f.Int64Var(&o.rate.Burst, "rate-burst", 200, "the rate-contract run: the contract's burst (and each gateway's demand at every second's start)")
 	f.DurationVar(&o.rate.MaxSkew, "rate-max-skew", 100*time.Millisecond, "the rate-contract run: the rate rule's max_skew")
 	f.StringVar(&o.adminURL, "database-url", defaultDatabaseURL, "Postgres server to create the benchmark database on")
 	envDefault(f, "database-url", "TALLY_DATABASE_URL")
