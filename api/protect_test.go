@@ -417,3 +417,44 @@ func TestRateLimits(t *testing.T) {
 		}
 	})
 }
+
+// TestGrantPathLogsOnlyWhatGoesWrong: a busy grant path answers thousands
+// of grants a second, so a granted, renewed or released grant is not an
+// Info line of the access log (its counters and latency are metrics); a
+// refused one is.
+func TestGrantPathLogsOnlyWhatGoesWrong(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	if r := f.do("PUT", "/v1/customers/acme/quotas/calls", adminToken, map[string]any{"limit": "10", "admission": "exact"}); r.status != 201 {
+		t.Fatalf("PUT exact rule: %d %s", r.status, r.body)
+	}
+	gw := f.gatewayToken("gw")
+	g := f.do("POST", "/v1/grants", gw, map[string]any{"holder": "gw", "generation": 1, "customer": "acme", "meter": "calls", "amount": "4"})
+	if g.status != 201 {
+		t.Fatalf("grant: %d %s", g.status, g.body)
+	}
+	id := g.json(t)["id"].(string)
+	report := map[string]any{"holder": "gw", "generation": 1, "spent": "1"}
+	quiet := []string{g.header.Get("X-Request-Id"),
+		f.do("POST", "/v1/grants/"+id+"/renew", gw, report).header.Get("X-Request-Id"),
+		f.do("POST", "/v1/grants/"+id+"/release", gw, report).header.Get("X-Request-Id")}
+	refused := f.do("POST", "/v1/grants", gw, map[string]any{"holder": "gw", "generation": 1, "customer": "acme", "meter": "calls", "amount": "100"})
+	if refused.status != 409 {
+		t.Fatalf("a grant above the limit: %d %s", refused.status, refused.body)
+	}
+	logged := map[string]bool{}
+	for _, line := range strings.Split(f.logs.String(), "\n") {
+		var e map[string]any
+		if json.Unmarshal([]byte(line), &e) == nil && e["msg"] == "http request" {
+			logged[e["request_id"].(string)] = true
+		}
+	}
+	for i, id := range quiet {
+		if logged[id] {
+			t.Errorf("request %d of grant, renew, release (%s) logged at Info", i, id)
+		}
+	}
+	if !logged[refused.header.Get("X-Request-Id")] {
+		t.Errorf("the refused grant was not logged:\n%s", f.logs.String())
+	}
+}
