@@ -138,28 +138,40 @@ func runIngest(t *testing.T, brokers []string, pool *pgxpool.Pool) {
 // findings are notices: the gaps the lost batches left (exactly those the
 // ground truth expects) and the streams the crashes abandoned.
 func TestReconcileFaultyButCorrect(t *testing.T) {
-	c := kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{{Name: topic, Partitions: 4}}})
-	pool := pgtest.New(t)
-	runIngest(t, c.Addrs, pool)
-	// A run starved of CPU writes as few as ~25 messages; the scenario
-	// loses the first batch it can, so there is always a gap to look for
-	// (before it did, one clean-clone CI run in about twenty had none).
+	// A run starved of CPU writes as few as ~20 messages; the scenario
+	// loses the first batch it can, but a crash or a resend can still undo
+	// every loss of so short a run. The check needs a gap to look for, so
+	// a run whose ground truth has none is run again, on a fresh broker
+	// and database (at most three runs).
 	f := scenario.Faults{Duplicates: 0.1, Retransmits: 0.1, Lost: 0.1, Reorder: 0.1, Crashes: 2}
 	ctx := context.Background()
-	e, err := scenario.Run(ctx, scenario.Config{
-		Brokers: c.Addrs, Topic: topic, Producers: 2, Customers: 3, Meters: 2, Workers: 2,
-		Duration: 2 * time.Second, Rate: 500, Spread: 40 * 24 * time.Hour, Faults: f, Linger: 10 * time.Millisecond,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("stats: %+v", e.Stats)
-	if diffs := waitVerify(t, pool, e, 60*time.Second); len(diffs) > 0 {
-		t.Fatalf("ledger differs from the ground truth:\n%s", strings.Join(diffs, "\n"))
-	}
-	wantGaps := 0
-	for _, st := range e.Streams {
-		wantGaps += len(st.Gaps)
+	var (
+		e        *scenario.Expect
+		pool     *pgxpool.Pool
+		wantGaps int
+	)
+	for attempt := 1; wantGaps == 0; attempt++ {
+		if attempt > 3 {
+			t.Fatalf("three runs of the scenario lost no batch for good (last: %+v)", e.Stats)
+		}
+		c := kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{{Name: topic, Partitions: 4}}})
+		pool = pgtest.New(t)
+		runIngest(t, c.Addrs, pool)
+		var err error
+		e, err = scenario.Run(ctx, scenario.Config{
+			Brokers: c.Addrs, Topic: topic, Producers: 2, Customers: 3, Meters: 2, Workers: 2,
+			Duration: 2 * time.Second, Rate: 500, Spread: 40 * 24 * time.Hour, Faults: f, Linger: 10 * time.Millisecond,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("run %d: stats %+v", attempt, e.Stats)
+		if diffs := waitVerify(t, pool, e, 60*time.Second); len(diffs) > 0 {
+			t.Fatalf("ledger differs from the ground truth:\n%s", strings.Join(diffs, "\n"))
+		}
+		for _, st := range e.Streams {
+			wantGaps += len(st.Gaps)
+		}
 	}
 	rc, err := reconcile.New(reconcile.Config{Pool: pool})
 	if err != nil {
@@ -188,7 +200,7 @@ func TestReconcileFaultyButCorrect(t *testing.T) {
 			}
 		}
 	}
-	if gaps != wantGaps || wantGaps == 0 {
+	if gaps != wantGaps {
 		t.Errorf("%d open-gap findings across %d periods; the ground truth has %d gaps", gaps, len(periods), wantGaps)
 	}
 }
