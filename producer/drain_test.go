@@ -118,20 +118,15 @@ func checkExactly(t *testing.T, c *kafkatest.Cluster, partitions int, want map[s
 // outage, drains once the broker is back: no produce request carries more
 // than the broker accepts for one partition.
 func TestABacklogAboveTheBrokersMessageLimitDrains(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-
+	addr, port, free := refusingPort(t)
 	reg := prometheus.NewRegistry()
-	p := newProducer(t, producer.Config{Brokers: []string{l.Addr().String()}, Dir: t.TempDir(),
+	p := newProducer(t, producer.Config{Brokers: []string{addr}, Dir: t.TempDir(),
 		WriteTimeout: 5 * time.Second, MaxBuffered: 200_000, Registerer: reg})
 	want, count := recordBacklog(t, p, 100_000)
 	if b := p.Buffered(); b != 100_000 {
 		t.Fatalf("buffered %d during the outage, want 100000", b)
 	}
+	free()
 
 	c := kafkatest.New(t, kafkatest.Options{Port: port, MessageMaxBytes: kafkaDefaultMessageMaxBytes,
 		Topics: []kafkatest.Topic{{Name: topic, Partitions: 2}}})
@@ -199,4 +194,32 @@ func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 		}
 	}
 	return v
+}
+
+// refusingPort is a broker address nothing answers at: it cuts every
+// connection at once. The port stays taken until free is called, so that a
+// broker another test starts meanwhile cannot get it (a port merely closed
+// can be handed to the next listener); free it just before a broker here
+// binds it.
+func refusingPort(t *testing.T) (addr string, port int, free func()) {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	var once sync.Once
+	free = func() { once.Do(func() { l.Close(); <-done }) }
+	t.Cleanup(free)
+	return l.Addr().String(), l.Addr().(*net.TCPAddr).Port, free
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -79,15 +78,8 @@ func TestARetryResendsTheSameBatch(t *testing.T) {
 }
 
 func TestKafkaOutageIsRiddenOut(t *testing.T) {
-	// A port nothing listens on yet.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
-
-	p := newProducer(t, producer.Config{Brokers: []string{l.Addr().String()}, Dir: t.TempDir(), WriteTimeout: 500 * time.Millisecond})
+	addr, port, free := refusingPort(t)
+	p := newProducer(t, producer.Config{Brokers: []string{addr}, Dir: t.TempDir(), WriteTimeout: 500 * time.Millisecond})
 	ctx := context.Background()
 	for range 3 {
 		if err := p.Record(ctx, "acme", "m", d("1"), time.Now()); err != nil {
@@ -98,6 +90,7 @@ func TestKafkaOutageIsRiddenOut(t *testing.T) {
 	if p.Buffered() != 3 {
 		t.Fatalf("buffered %d during the outage, want 3", p.Buffered())
 	}
+	free()
 	c := kafkatest.New(t, kafkatest.Options{Port: port, Topics: []kafkatest.Topic{{Name: topic, Partitions: 1}}})
 	fctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()

@@ -45,7 +45,7 @@ func privatePostgres(t *testing.T) *devstack.Postgres {
 		}
 	}
 	ctx := context.Background()
-	pg, err := devstack.StartPrivate(ctx, devstack.PostgresConfig{Dir: base, PrivatePort: 54392})
+	pg, err := devstack.StartPrivate(ctx, devstack.PostgresConfig{Dir: base, PrivatePort: 54394})
 	if err != nil {
 		t.Fatal(err)
 	}
