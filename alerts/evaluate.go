@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/shopspring/decimal"
@@ -134,7 +133,7 @@ func (e *Evaluator) Run(ctx context.Context) error {
 	done := make(chan struct{})
 	if !e.cfg.NoListen {
 		l := notify.New(notify.Config{Pool: e.cfg.Pool, Channel: UsageChannel, ApplicationName: "tally-alerts", Logger: e.log})
-		l.Subscribe(waker{e.wake})
+		l.Subscribe(e.Subscriber())
 		go func() {
 			defer close(done)
 			_ = l.Run(ctx)
@@ -177,25 +176,7 @@ func (e *Evaluator) Run(ctx context.Context) error {
 
 // Subscriber wakes the evaluator on each notification of a listener it
 // shares (see NoListen).
-func (e *Evaluator) Subscriber() notify.Subscriber { return waker{e.wake} }
-
-// waker wakes the evaluator on every notification (a hint: it reads what
-// it needs from the tables).
-type waker struct{ c chan struct{} }
-
-func (w waker) poke() {
-	select {
-	case w.c <- struct{}{}:
-	default:
-	}
-}
-func (w waker) Listening(context.Context, *pgx.Conn) error { w.poke(); return nil }
-func (w waker) Handle(context.Context, *pgx.Conn, *pgconn.Notification) error {
-	w.poke()
-	return nil
-}
-func (w waker) Stopped() {}
-func (w waker) Forget()  { w.poke() }
+func (e *Evaluator) Subscriber() notify.Subscriber { return notify.Waker(e.wake) }
 
 // stateKey names one state row.
 type stateKey struct {

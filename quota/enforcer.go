@@ -12,7 +12,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
@@ -211,23 +210,7 @@ const minWakePause = 50 * time.Millisecond
 // unique_counts notify it at commit), so a decision follows new usage of
 // any meter kind without waiting for the next Interval. Without it the
 // enforcer evaluates every Interval.
-func (e *Enforcer) Subscriber() notify.Subscriber { return waker{e.wake} }
-
-type waker struct{ c chan struct{} }
-
-func (w waker) poke() {
-	select {
-	case w.c <- struct{}{}:
-	default:
-	}
-}
-func (w waker) Listening(context.Context, *pgx.Conn) error { w.poke(); return nil }
-func (w waker) Handle(context.Context, *pgx.Conn, *pgconn.Notification) error {
-	w.poke()
-	return nil
-}
-func (w waker) Stopped() {}
-func (w waker) Forget()  { w.poke() }
+func (e *Enforcer) Subscriber() notify.Subscriber { return notify.Waker(e.wake) }
 
 // lease is the leader's view of its lease.
 type lease struct {

@@ -242,3 +242,25 @@ func (l *Listener) forgetAll() {
 		s.Forget()
 	}
 }
+
+// Waker is a Subscriber that only wakes a loop: each notification, each
+// (re)connection and each Forget sends on c without blocking (c should
+// have a buffer of one). Notifications are a hint; the woken loop reads
+// what it needs from the tables.
+func Waker(c chan struct{}) Subscriber { return waker{c} }
+
+type waker struct{ c chan struct{} }
+
+func (w waker) poke() {
+	select {
+	case w.c <- struct{}{}:
+	default:
+	}
+}
+func (w waker) Listening(context.Context, *pgx.Conn) error { w.poke(); return nil }
+func (w waker) Handle(context.Context, *pgx.Conn, *pgconn.Notification) error {
+	w.poke()
+	return nil
+}
+func (w waker) Stopped() {}
+func (w waker) Forget()  { w.poke() }
