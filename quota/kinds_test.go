@@ -31,12 +31,7 @@ func TestCustomerRulesOnGaugeAndUniqueMetersAreLagged(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	for meter, kind := range map[string]ledger.MeterKind{"seats": ledger.Gauge, "mau": ledger.Unique} {
-		if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-			_, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: meter, Kind: kind}, time.Now())
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
+		e.declare(meter, kind)
 		_, err := quota.PutRuleDB(ctx, e.pool, quota.RuleInput{Customer: "acme", Meter: meter, Limit: dec("10"), Admission: quota.Exact, Actor: "test"})
 		fe := validation.Fields(err)
 		if len(fe) != 1 || fe[0].Field != "admission" || !strings.Contains(fe[0].Detail, "is a "+string(kind)) {
@@ -55,12 +50,7 @@ func TestScopeAndExactRulesRefuseGaugeAndUniqueMeters(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	for meter, kind := range map[string]ledger.MeterKind{"seats": ledger.Gauge, "mau": ledger.Unique} {
-		if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-			_, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: meter, Kind: kind}, time.Now())
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
+		e.declare(meter, kind)
 		check := func(what string, err error) {
 			t.Helper()
 			fe := validation.Fields(err)
@@ -89,18 +79,8 @@ func TestLaggedRulesOnGaugesAndUniquesMatchBruteForce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
-	l, err := ledger.New(ledger.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for meter, kind := range map[string]ledger.MeterKind{"seats": ledger.Gauge, "mau": ledger.Unique} {
-		if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-			_, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: meter, Kind: kind}, time.Now())
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	e.declare("seats", ledger.Gauge)
+	e.declare("mau", ledger.Unique)
 	e.put(quota.RuleInput{Customer: "acme", Meter: "seats", Limit: dec("12")})
 	e.put(quota.RuleInput{Customer: "acme", Meter: "mau", Limit: dec("4")})
 	e.put(quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("100")})
@@ -146,12 +126,7 @@ func TestLaggedRulesOnGaugesAndUniquesMatchBruteForce(t *testing.T) {
 	recs = append(recs, recs[rng.IntN(len(recs))], recs[rng.IntN(len(recs))]) // retransmits
 	rng.Shuffle(len(recs), func(i, j int) { recs[i], recs[j] = recs[j], recs[i] })
 	for _, r := range recs {
-		if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-			_, err := l.Apply(ctx, tx, []ledger.Record{r})
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
+		e.apply(r)
 	}
 	// Brute force: the customer's level at t is the sum of each stream's
 	// latest level at or before t; the max is over the period's start and
@@ -213,18 +188,8 @@ func TestEnforcerDecidesOnGaugeMaxAndUniqueCount(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	ctx := context.Background()
-	l, err := ledger.New(ledger.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for meter, kind := range map[string]ledger.MeterKind{"seats": ledger.Gauge, "mau": ledger.Unique} {
-		if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-			_, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: meter, Kind: kind}, time.Now())
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	e.declare("seats", ledger.Gauge)
+	e.declare("mau", ledger.Unique)
 	seq := map[string]int64{}
 	apply := func(meter string, set func(*ledger.Record)) {
 		t.Helper()
@@ -232,12 +197,7 @@ func TestEnforcerDecidesOnGaugeMaxAndUniqueCount(t *testing.T) {
 		r := ledger.Record{OperationID: uuid.New(), Seq: seq[meter], OccurredAt: time.Now().Add(-time.Second),
 			Stream: ledger.StreamKey{Producer: "p", Epoch: 1, Customer: "acme", Meter: meter}}
 		set(&r)
-		if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-			_, err := l.Apply(ctx, tx, []ledger.Record{r})
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
+		e.apply(r)
 	}
 	level := func(v string) func(*ledger.Record) {
 		return func(r *ledger.Record) { r.Shape, r.Level = ledger.Gauge, amount.MustParse(v) }
@@ -283,17 +243,7 @@ func TestEnforcerDecidesOnGaugeMaxAndUniqueCount(t *testing.T) {
 func TestEnforcerWakesOnGaugeReadings(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	ctx := context.Background()
-	l, err := ledger.New(ledger.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		_, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: "seats", Kind: ledger.Gauge}, time.Now())
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	e.declare("seats", ledger.Gauge)
 	e.follow()
 	e.put(quota.RuleInput{Customer: "acme", Meter: "seats", Limit: dec("10")})
 	cfg := e.config("a")
@@ -313,14 +263,35 @@ func TestEnforcerWakesOnGaugeReadings(t *testing.T) {
 	r := ledger.Record{OperationID: uuid.New(), Seq: 1, OccurredAt: time.Now().Add(-time.Second), Shape: ledger.Gauge,
 		Level: amount.MustParse("11"), Stream: ledger.StreamKey{Producer: "p", Epoch: 1, Customer: "acme", Meter: "seats"}}
 	applied := time.Now()
-	if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		_, err := l.Apply(ctx, tx, []ledger.Record{r})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	e.apply(r)
 	d := rd.until(4*time.Second, "exceeded at 11", func(d received) bool { return d.key == "acme/seats" && d.State == quota.Exceeded })
 	if took := d.DecidedAt.Sub(applied); took > 2*time.Second || !d.Used.Equal(dec("11")) {
 		t.Fatalf("decided %v after the reading: %+v", took, d.Decision)
+	}
+}
+
+// declare declares meter of kind in the ledger.
+func (e *env) declare(meter string, kind ledger.MeterKind) {
+	e.t.Helper()
+	if err := pgx.BeginFunc(context.Background(), e.pool, func(tx pgx.Tx) error {
+		_, err := ledger.DeclareMeter(context.Background(), tx, ledger.Meter{Meter: meter, Kind: kind}, time.Now())
+		return err
+	}); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// apply applies r through the ledger in a transaction of its own.
+func (e *env) apply(r ledger.Record) {
+	e.t.Helper()
+	l, err := ledger.New(ledger.Config{})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(context.Background(), e.pool, func(tx pgx.Tx) error {
+		_, err := l.Apply(context.Background(), tx, []ledger.Record{r})
+		return err
+	}); err != nil {
+		e.t.Fatal(err)
 	}
 }
