@@ -102,7 +102,7 @@ func (a *API) putMeter(w http.ResponseWriter, r *http.Request) error {
 	})
 	if errors.Is(err, errMeterHasRules) {
 		return &Problem{Type: TypeMeterHasQuotaRules, Title: "Meter has quota rules", Status: http.StatusConflict,
-			Detail: fmt.Sprintf("meter %q has quota rules, which apply to counters only (docs/design.md §16); it stays a counter", m.Meter),
+			Detail: fmt.Sprintf("meter %q has quota rules, written against its running total (docs/design.md §16); it stays a counter", m.Meter),
 			Errors: []FieldError{{Field: "kind", Detail: "a meter with quota rules cannot become a " + string(b.Kind)}}}
 	}
 	var inUse ledger.KindInUseError

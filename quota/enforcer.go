@@ -333,20 +333,21 @@ func (e *Enforcer) lead(ctx context.Context, l lease) {
 	defer t.Stop()
 	renewed := time.Time{}
 	for {
-		if time.Since(renewed) < e.cfg.Interval {
-			// Woken by new usage between two ticks: the lease was renewed
-			// less than an Interval ago.
-		} else if err := e.renew(ctx, &l); err != nil {
-			if ctx.Err() != nil {
-				return
+		// The lease is renewed once an Interval: an evaluation woken by new
+		// usage between two ticks does not renew it again.
+		if time.Since(renewed) >= e.cfg.Interval {
+			if err := e.renew(ctx, &l); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				if errors.Is(err, ErrNotLeader) || time.Now().After(l.deadline) {
+					log.Warn("quota enforcer: lost the lease; stepping down", "err", err)
+					return
+				}
+				log.Warn("quota enforcer: cannot renew the lease; still within it", "err", err)
+			} else {
+				renewed = time.Now()
 			}
-			if errors.Is(err, ErrNotLeader) || time.Now().After(l.deadline) {
-				log.Warn("quota enforcer: lost the lease; stepping down", "err", err)
-				return
-			}
-			log.Warn("quota enforcer: cannot renew the lease; still within it", "err", err)
-		} else {
-			renewed = time.Now()
 		}
 		began := time.Now()
 		if err := e.evaluate(ctx, w, &l); err != nil {

@@ -338,45 +338,44 @@ func putRule(ctx context.Context, tx pgx.Tx, in RuleInput, now time.Time) (Rule,
 	return r, nil
 }
 
-// requireCounter refuses a rule on a gauge or unique meter: rules read
-// counters' rollups, pools and the global budget sum them, and exact
-// admission draws from a running total (docs/design.md §16). It holds
-// locks.MeterKinds shared until tx ends, so a declaration that turns the
-// meter into another kind (which takes it exclusively, then looks for
-// rules: MeterHasRules) is ordered with the rule.
-func requireCounter(ctx context.Context, tx pgx.Tx, meter string) error {
+// meterKindLocked is meter's kind, read holding locks.MeterKinds shared
+// until tx ends, so that a declaration turning the meter into another kind
+// (which takes it exclusively, then looks for rules: MeterHasRules) is
+// ordered with the rule being written.
+func meterKindLocked(ctx context.Context, tx pgx.Tx, meter string) (ledger.MeterKind, error) {
 	if _, err := tx.Exec(ctx, qLockMeterKindsShared, locks.MeterKinds); err != nil {
-		return fmt.Errorf("quota: lock meter kinds: %w", err)
+		return "", fmt.Errorf("quota: lock meter kinds: %w", err)
 	}
 	m, err := ledger.MeterByName(ctx, tx, meter)
-	if err != nil {
+	return m.Kind, err
+}
+
+// requireCounter refuses a scope rule on a gauge or unique meter: pools
+// and the global budget sum their members' counters, and a peak or a
+// distinct count is not a sum (docs/design.md §16).
+func requireCounter(ctx context.Context, tx pgx.Tx, meter string) error {
+	kind, err := meterKindLocked(ctx, tx, meter)
+	if err != nil || kind == ledger.Counter {
 		return err
 	}
-	if m.Kind != ledger.Counter {
-		return invalid(validation.Errorf("meter", "%q is a %s meter: quota rules (lagged or exact, customer, pool or global) apply to counters only", meter, m.Kind))
-	}
-	return nil
+	return invalid(validation.Errorf("meter", "%q is a %s meter: pool and global rules (lagged or exact) sum their members' usage, so they apply to counters only", meter, kind))
 }
 
 // requireLaggedUnlessCounter admits a customer rule on a gauge or unique
 // meter only lagged and with a period limit: it limits the gauge's period
 // max or the unique meter's distinct members, the aggregate the kind
 // implies (docs/design.md §16); exact admission and rate rules draw from a
-// running total, which only counters have. Like requireCounter it holds
-// locks.MeterKinds shared until tx ends.
+// running total, which only counters have.
 func requireLaggedUnlessCounter(ctx context.Context, tx pgx.Tx, in RuleInput) error {
-	if _, err := tx.Exec(ctx, qLockMeterKindsShared, locks.MeterKinds); err != nil {
-		return fmt.Errorf("quota: lock meter kinds: %w", err)
-	}
-	m, err := ledger.MeterByName(ctx, tx, in.Meter)
-	if err != nil || m.Kind == ledger.Counter {
+	kind, err := meterKindLocked(ctx, tx, in.Meter)
+	if err != nil || kind == ledger.Counter {
 		return err
 	}
 	switch {
 	case in.Rate != nil:
-		return invalid(validation.Errorf("rate", "%q is a %s meter: rate rules draw from a running total, which only counters have", in.Meter, m.Kind))
+		return invalid(validation.Errorf("rate", "%q is a %s meter: rate rules draw from a running total, which only counters have", in.Meter, kind))
 	case in.Admission == Exact:
-		return invalid(validation.Errorf("admission", "%q is a %s meter: exact admission draws from a running total, which only counters have; a lagged rule limits its %s", in.Meter, m.Kind, aggregateOf(m.Kind)))
+		return invalid(validation.Errorf("admission", "%q is a %s meter: exact admission draws from a running total, which only counters have; a lagged rule limits its %s", in.Meter, kind, aggregateOf(kind)))
 	}
 	return nil
 }
