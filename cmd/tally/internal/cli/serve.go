@@ -21,7 +21,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/tally-ledger/tally/admission"
-	"github.com/tally-ledger/tally/alerts"
 	"github.com/tally-ledger/tally/api"
 	"github.com/tally-ledger/tally/console"
 	"github.com/tally-ledger/tally/ingest"
@@ -355,8 +354,10 @@ func run(ctx context.Context, o runOptions) error {
 		readyChecks = append(readyChecks, c.NotReady)
 		g.Go(func() error { return c.Run(gctx) })
 	}
-	var alertEval *alerts.Evaluator // woken by the API's listener when both run here
-	var wakeEnforcer notify.Subscriber
+	// What the API's usage listener wakes when it runs in this process: the
+	// quota enforcer, so decisions follow new usage of every meter kind at
+	// once (docs/design.md §5, §16), and the alert evaluator.
+	var woken []notify.Subscriber
 	if o.enforce {
 		enf, err := quota.NewEnforcer(quota.Config{
 			Pool: o.enforcePool, Brokers: o.brokers, Topic: o.decisionsTopic, IngestTopic: o.topic,
@@ -366,9 +367,13 @@ func run(ctx context.Context, o runOptions) error {
 			return err
 		}
 		g.Go(func() error { return enf.Run(gctx) })
-		wakeEnforcer = enf.Subscriber()
-		if alertEval, err = startAlerts(gctx, g, o, enf, reg); err != nil {
+		woken = append(woken, enf.Subscriber())
+		alertEval, err := startAlerts(gctx, g, o, enf, reg)
+		if err != nil {
 			return err
+		}
+		if alertEval != nil {
+			woken = append(woken, alertEval.Subscriber())
 		}
 	}
 	if o.listen != "" {
@@ -379,7 +384,7 @@ func run(ctx context.Context, o runOptions) error {
 				MaxInFlight: o.apiLimits.maxInFlight, AddressRate: o.apiLimits.addressRate, TokenRate: o.apiLimits.tokenRate,
 				GatewayRate: o.apiLimits.gatewayRate, AddressBodies: o.apiLimits.addressBodies, BodyTimeout: o.apiLimits.bodyTimeout,
 				UnownedAfter: o.unownedAfter, MaxSkew: o.maxSkew, ReadyChecks: readyChecks,
-				WebhookAllowPrivate: o.alerts.allowPrivate, Subscribers: append(alertSubscribers(alertEval), enforcerSubscribers(wakeEnforcer)...)})
+				WebhookAllowPrivate: o.alerts.allowPrivate, Subscribers: woken})
 			if err != nil {
 				return err
 			}

@@ -10,7 +10,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/tally-ledger/tally/alerts"
-	"github.com/tally-ledger/tally/internal/notify"
 	"github.com/tally-ledger/tally/quota"
 )
 
@@ -62,23 +61,4 @@ func startAlerts(ctx context.Context, g *errgroup.Group, o runOptions, enf *quot
 		return inner.Wait()
 	})
 	return eval, nil
-}
-
-// alertSubscribers is what the API's listener wakes: the evaluator of this
-// process, if any.
-func alertSubscribers(e *alerts.Evaluator) []notify.Subscriber {
-	if e == nil {
-		return nil
-	}
-	return []notify.Subscriber{e.Subscriber()}
-}
-
-// enforcerSubscribers is what else the API's listener wakes: the quota
-// enforcer of this process (nil: none), so decisions follow new usage of
-// every meter kind at once (docs/design.md §5, §16).
-func enforcerSubscribers(s notify.Subscriber) []notify.Subscriber {
-	if s == nil {
-		return nil
-	}
-	return []notify.Subscriber{s}
 }
