@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sort"
 	"time"
 
@@ -71,16 +72,13 @@ func (l *Ledger) Apply(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome
 	return l.applyKinds(ctx, tx, recs)
 }
 
-// applyCounters is Apply for records of counter meters.
-func (l *Ledger) applyCounters(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome, error) {
-	return l.applyCountersChecking(ctx, tx, recs, "")
-}
-
-// applyCountersChecking is applyCounters; with checkKind Counter, its first
-// load also reads the kinds of the records' meters (see kinds.go) and
-// returns errKindsDiffer, after the savepoint, when one is not a counter.
-func (l *Ledger) applyCountersChecking(ctx context.Context, tx pgx.Tx, recs []Record, checkKind MeterKind) ([]Outcome, error) {
-	out, err := l.apply(ctx, tx, recs, false, checkKind)
+// applyCounters is Apply for records of counter meters. With checkKind
+// Counter, its first load also reads the kinds of the records' meters (see
+// kinds.go) and returns errKindsDiffer, after the savepoint, when one is not
+// a counter. earlier holds the operation ids of earlier records of the same
+// Apply call that are of another kind (see applyKinds).
+func (l *Ledger) applyCounters(ctx context.Context, tx pgx.Tx, recs []Record, checkKind MeterKind, earlier map[uuid.UUID]MeterKind) ([]Outcome, error) {
+	out, err := l.apply(ctx, tx, recs, false, checkKind, earlier)
 	if !errors.Is(err, errOperationTaken) {
 		return out, err
 	}
@@ -93,7 +91,7 @@ func (l *Ledger) applyCountersChecking(ctx context.Context, tx pgx.Tx, recs []Re
 	if _, err := tx.Exec(ctx, qRollbackToApply); err != nil {
 		return nil, fmt.Errorf("ledger: undo the attempt: %w", err)
 	}
-	return l.apply(ctx, tx, recs, true, "")
+	return l.apply(ctx, tx, recs, true, "", earlier)
 }
 
 // errOperationTaken: the records' COPY met a recorded operation id.
@@ -101,7 +99,7 @@ var errOperationTaken = errors.New("ledger: a new record's operation id is alrea
 
 // apply is one attempt at Apply; lookupAll looks every operation id up
 // before anything is written (see load).
-func (l *Ledger) apply(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll bool, checkKind MeterKind) ([]Outcome, error) {
+func (l *Ledger) apply(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll bool, checkKind MeterKind, earlier map[uuid.UUID]MeterKind) ([]Outcome, error) {
 	now := l.now().UTC().Truncate(time.Microsecond)
 	out := make([]Outcome, len(recs))
 	a := &applier{
@@ -115,6 +113,7 @@ func (l *Ledger) apply(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll 
 		calendars: map[string]periods.Schedule{},
 		closed:    map[periodKey]bool{},
 		rollups:   map[rollupKey]decimal.Decimal{},
+		elsewhere: maps.Clone(earlier),
 	}
 	copy(a.recs, recs)
 	valid := a.validate()
@@ -199,8 +198,11 @@ type applier struct {
 	streams    map[StreamKey]*stream
 	byID       map[int64]*stream
 	ops        map[uuid.UUID]stored // by value: a record applied adds no allocation
-	calendars  map[string]periods.Schedule
-	closed     map[periodKey]bool
+	// elsewhere: the batch's operation ids that a record of another kind
+	// holds, recorded or earlier in the same Apply call (see kinds.go).
+	elsewhere map[uuid.UUID]MeterKind
+	calendars map[string]periods.Schedule
+	closed    map[periodKey]bool
 	// lastPeriod is each customer's period last found by periodOf.
 	lastPeriod map[string]periods.Period
 
@@ -364,6 +366,7 @@ func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	}
 	a.queueCustomers(b, customers, minOccurred)
 	a.queueStreamState(b, keys)
+	a.queueOtherKinds(b, opIDs, Counter)
 	if a.lookupAll {
 		a.queueOperations(b, opIDs)
 	}
@@ -553,6 +556,10 @@ func (a *applier) apply(i int) error {
 	r := &a.recs[i]
 	s := a.streams[r.Stream]
 
+	if detail, ok := a.reusedElsewhere(r, Counter); ok {
+		a.conflict(i, s, ReasonOperationReused, &r.OperationID, detail)
+		return nil
+	}
 	if prev, ok := a.ops[r.OperationID]; ok {
 		if prev.streamID == s.id && prev.seq == r.Seq && prev.total.Equal(r.Total) &&
 			nullEqual(prev.quantity, r.Quantity) && prev.occurredAt.Equal(r.OccurredAt) && prev.final == r.Final {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 	"time"
 
@@ -119,29 +120,27 @@ type gaugeNew struct {
 // or below their stream's last seq; a new record whose id is recorded
 // anyway makes the readings' insert insert less, and the batch is undone
 // to a savepoint and applied again with every id looked up.
-func (l *Ledger) applyGauges(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome, error) {
-	return l.applyGaugesChecking(ctx, tx, recs, "")
-}
-
-// applyGaugesChecking is applyGauges; with checkKind, its first round trip
-// also reads the meters' kinds (see applyKinds).
-func (l *Ledger) applyGaugesChecking(ctx context.Context, tx pgx.Tx, recs []Record, checkKind MeterKind) ([]Outcome, error) {
-	out, err := l.applyGaugesOnce(ctx, tx, recs, false, checkKind)
+//
+// With checkKind, its first round trip also reads the meters' kinds; earlier
+// is as for applyCounters (see applyKinds).
+func (l *Ledger) applyGauges(ctx context.Context, tx pgx.Tx, recs []Record, checkKind MeterKind, earlier map[uuid.UUID]MeterKind) ([]Outcome, error) {
+	out, err := l.applyGaugesOnce(ctx, tx, recs, false, checkKind, earlier)
 	if !errors.Is(err, errOperationTaken) {
 		return out, err
 	}
 	if _, err := tx.Exec(ctx, qRollbackToKinds); err != nil {
 		return nil, fmt.Errorf("ledger: undo the attempt: %w", err)
 	}
-	return l.applyGaugesOnce(ctx, tx, recs, true, "")
+	return l.applyGaugesOnce(ctx, tx, recs, true, "", earlier)
 }
 
-func (l *Ledger) applyGaugesOnce(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll bool, checkKind MeterKind) ([]Outcome, error) {
+func (l *Ledger) applyGaugesOnce(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll bool, checkKind MeterKind, earlier map[uuid.UUID]MeterKind) ([]Outcome, error) {
 	now := l.now().UTC().Truncate(time.Microsecond)
 	a := &gaugeApplier{applier: &applier{
 		lookupAll: lookupAll, checkKind: checkKind, now: now, out: make([]Outcome, len(recs)), recs: append([]Record(nil), recs...),
 		streams: map[StreamKey]*stream{}, ops: map[uuid.UUID]stored{},
 		calendars: map[string]periods.Schedule{}, closed: map[periodKey]bool{}, rollups: map[rollupKey]decimal.Decimal{},
+		elsewhere: maps.Clone(earlier),
 	}, gstreams: map[StreamKey]*gaugeStream{}, gbyID: map[int64]*gaugeStream{}, gops: map[uuid.UUID]gaugeStored{},
 		points: map[cmKey]map[int64]decimal.Decimal{}, opOf: map[cmKey]uuid.UUID{}}
 	valid := a.validateReadings()
@@ -254,6 +253,7 @@ func (a *gaugeApplier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 		r := &a.recs[i]
 		ops[j], ps[j], es[j], cs[j], ms[j], seqs[j] = r.OperationID, r.Stream.Producer, r.Stream.Epoch, r.Stream.Customer, r.Stream.Meter, r.Seq
 	}
+	a.queueOtherKinds(b, ops, Gauge)
 	b.Queue(qGaugeByOperation, pgUUIDs(ops), ps, es, cs, ms, seqs, a.lookupAll).Query(func(rows pgx.Rows) error {
 		var op pgtype.UUID
 		var s gaugeStored
@@ -403,6 +403,10 @@ func (a *gaugeApplier) apply(i int) error {
 	g := a.gstreams[r.Stream]
 	rd := gaugeReading{seq: r.Seq, op: r.OperationID, level: r.Level, at: r.OccurredAt, final: r.Final}
 
+	if detail, ok := a.reusedElsewhere(r, Gauge); ok {
+		a.gconflict(i, g, ReasonOperationReused, &r.OperationID, detail)
+		return nil
+	}
 	if prev, ok := a.gops[r.OperationID]; ok {
 		if prev.streamID == g.id && prev.seq == r.Seq && prev.level.Equal(r.Level) && prev.at.Equal(r.OccurredAt) && prev.final == r.Final {
 			a.out[i] = Outcome{Kind: Duplicate}

@@ -7,7 +7,9 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/tally-ledger/tally/amount"
 	"github.com/tally-ledger/tally/internal/locks"
@@ -23,7 +25,11 @@ const MaxMemberLength = 256
 // transaction ends), rejects records whose shape is not their meter's
 // kind, and applies each kind's records on its own path. Outcomes are in
 // the records' order; each path is exactly what applying its records one
-// at a time would give (the kinds share no state).
+// at a time would give. The kinds share one thing, operation ids: an id
+// names one usage report whatever its kind, so each path looks the batch's
+// ids up in the other kinds' tables too, and within one batch the first
+// record to carry an id claims it for its kind (a later record of another
+// kind reusing it is a conflict, even should the first be refused).
 func (l *Ledger) applyKinds(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome, error) {
 	// The common case, a batch of one shape: that kind's path reads the
 	// kinds in its own first round trip, and gives the batch back (undone
@@ -46,11 +52,11 @@ func (l *Ledger) applyKinds(ctx context.Context, tx pgx.Tx, recs []Record) ([]Ou
 		undo := qRollbackToKinds
 		switch shape {
 		case Gauge:
-			out, err = l.applyGaugesChecking(ctx, tx, recs, Gauge)
+			out, err = l.applyGauges(ctx, tx, recs, Gauge, nil)
 		case Unique:
-			out, err = l.applyUniquesChecking(ctx, tx, recs, Unique)
+			out, err = l.applyUniques(ctx, tx, recs, Unique, nil)
 		default:
-			out, err = l.applyCountersChecking(ctx, tx, recs, Counter)
+			out, err = l.applyCounters(ctx, tx, recs, Counter, nil)
 			undo = qRollbackToApply
 		}
 		if !errors.Is(err, errKindsDiffer) {
@@ -83,7 +89,9 @@ func (l *Ledger) applyKinds(ctx context.Context, tx pgx.Tx, recs []Record) ([]Ou
 		return nil, fmt.Errorf("ledger: meter kinds: %w", err)
 	}
 	out := make([]Outcome, len(recs))
-	var byKind [3][]int // counter, gauge, unique
+	var byKind [3][]int                  // counter, gauge, unique
+	claimed := map[uuid.UUID]MeterKind{} // by the first record carrying the id
+	var earlier [3]map[uuid.UUID]MeterKind
 	for i := range recs {
 		r := &recs[i]
 		shape := r.Shape
@@ -99,16 +107,24 @@ func (l *Ledger) applyKinds(ctx context.Context, tx pgx.Tx, recs []Record) ([]Ou
 				Detail: fmt.Sprintf("meter %q is a %s (it takes %s) but the record carries %s", r.Stream.Meter, kind, carries(kind), carries(shape))}
 			continue
 		}
+		k := 0
 		switch kind {
 		case Gauge:
-			byKind[1] = append(byKind[1], i)
+			k = 1
 		case Unique:
-			byKind[2] = append(byKind[2], i)
-		default:
-			byKind[0] = append(byKind[0], i)
+			k = 2
+		}
+		byKind[k] = append(byKind[k], i)
+		if first, ok := claimed[r.OperationID]; !ok {
+			claimed[r.OperationID] = kind
+		} else if first != kind {
+			if earlier[k] == nil {
+				earlier[k] = map[uuid.UUID]MeterKind{}
+			}
+			earlier[k][r.OperationID] = first
 		}
 	}
-	paths := [3]func(context.Context, pgx.Tx, []Record) ([]Outcome, error){l.applyCounters, l.applyGauges, l.applyUniques}
+	paths := [3]func(context.Context, pgx.Tx, []Record, MeterKind, map[uuid.UUID]MeterKind) ([]Outcome, error){l.applyCounters, l.applyGauges, l.applyUniques}
 	for k, idx := range byKind {
 		if len(idx) == 0 {
 			continue
@@ -117,7 +133,7 @@ func (l *Ledger) applyKinds(ctx context.Context, tx pgx.Tx, recs []Record) ([]Ou
 		for j, i := range idx {
 			sub[j] = recs[i]
 		}
-		o, err := paths[k](ctx, tx, sub)
+		o, err := paths[k](ctx, tx, sub, "", earlier[k])
 		if err != nil {
 			return nil, err
 		}
@@ -260,4 +276,33 @@ func DayBucket(s periods.Schedule, t time.Time) (start, end, period time.Time, e
 		de = p.End
 	}
 	return ds.UTC(), de.UTC(), p.Start.UTC(), nil
+}
+
+// queueOtherKinds loads which of the batch's operation ids a reading or
+// record of another kind than own already holds, into a.elsewhere. The
+// counter path pays for it only once a gauge or unique meter is declared.
+func (a *applier) queueOtherKinds(b *pgx.Batch, opIDs []uuid.UUID, own MeterKind) {
+	if a.elsewhere == nil {
+		a.elsewhere = map[uuid.UUID]MeterKind{}
+	}
+	b.Queue(qOperationsOfOtherKinds, pgUUIDs(opIDs), string(own)).Query(func(rows pgx.Rows) error {
+		var op pgtype.UUID
+		var kind string
+		_, err := pgx.ForEachRow(rows, []any{&op, &kind}, func() error {
+			a.elsewhere[op.Bytes] = MeterKind(kind)
+			return nil
+		})
+		return err
+	})
+}
+
+// reusedElsewhere says why r, of kind own, is a conflict when a record of
+// another kind holds its operation id.
+func (a *applier) reusedElsewhere(r *Record, own MeterKind) (string, bool) {
+	k, ok := a.elsewhere[r.OperationID]
+	if !ok || k == own {
+		return "", false
+	}
+	return fmt.Sprintf("operation_id %s is already held by a record of a %s meter: an operation id names one usage report whatever its meter's kind; the first write stands",
+		r.OperationID, k), true
 }

@@ -14,6 +14,19 @@ const (
 
 	qSelectKinds = `SELECT meter, kind FROM meters WHERE meter = ANY($1::text[])`
 
+	// The batch's operation ids ($1) held by another kind than $2. Gauge
+	// and unique readings exist only once a meter of that kind is declared
+	// (a kind never changes once used), so for a counter batch the
+	// uncorrelated EXISTS, evaluated once, skips both probes until then.
+	qOperationsOfOtherKinds = `
+SELECT operation_id, 'counter' FROM records WHERE $2::text <> 'counter' AND operation_id = ANY($1::uuid[])
+UNION ALL
+SELECT operation_id, 'gauge' FROM gauge_readings
+WHERE $2::text <> 'gauge' AND EXISTS (SELECT FROM meters WHERE kind = 'gauge') AND operation_id = ANY($1::uuid[])
+UNION ALL
+SELECT operation_id, 'unique' FROM unique_readings
+WHERE $2::text <> 'unique' AND EXISTS (SELECT FROM meters WHERE kind = 'unique') AND operation_id = ANY($1::uuid[])`
+
 	qSelectMeter  = `SELECT meter, kind, unit, description, created_at, updated_at FROM meters WHERE meter = $1`
 	qSelectMeters = `SELECT meter, kind, unit, description, created_at, updated_at FROM meters ORDER BY meter`
 

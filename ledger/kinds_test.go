@@ -231,3 +231,65 @@ func TestOneShapeBatchNamingAnotherKind(t *testing.T) {
 		t.Fatalf("%s streams of calls", n)
 	}
 }
+
+// An operation id is one usage report whatever its meter's kind: reused by
+// a record of another kind — in a later batch, in the same batch, in
+// either direction, at or past its stream's last seq — it is a conflict,
+// the first write stands, and nothing is billed or counted twice.
+func TestOperationIDReusedAcrossKinds(t *testing.T) {
+	f := newFixture(t)
+	if err := f.declare("seats", ledger.Gauge); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.declare("mau", ledger.Unique); err != nil {
+		t.Fatal(err)
+	}
+	at := f.now.Add(-time.Hour)
+	calls, seats, mau := recBuilder{"p", 1, "acme", "calls"}, recBuilder{"p", 1, "acme", "seats"}, recBuilder{"p", 1, "acme", "mau"}
+	c1, g1, u1 := calls.rec(1, "10", at), seats.level(1, "3", at), mau.member(1, "u1", at)
+	if got := kinds(f.apply(c1, g1, u1)); got != "applied applied applied" {
+		t.Fatalf("first batch: %s", got)
+	}
+	// Later batches: each kind reuses the other two kinds' ids, past its
+	// stream's last seq (new records, whose own-kind ids are not looked up).
+	reuse := func(r ledger.Record, op ledger.Record) ledger.Record { r.OperationID = op.OperationID; return r }
+	for _, tc := range []struct {
+		name string
+		recs []ledger.Record
+	}{
+		{"counter reuses a gauge's and a unique's", []ledger.Record{reuse(calls.rec(2, "20", at), g1), reuse(calls.rec(3, "30", at), u1)}},
+		{"gauge reuses a counter's and a unique's", []ledger.Record{reuse(seats.level(2, "9", at), c1), reuse(seats.level(3, "9", at), u1)}},
+		{"unique reuses a counter's and a gauge's", []ledger.Record{reuse(mau.member(2, "u2", at), c1), reuse(mau.member(3, "u3", at), g1)}},
+	} {
+		if got := kinds(f.apply(tc.recs...)); got != "conflict(operation_id_reused) conflict(operation_id_reused)" {
+			t.Errorf("%s: %s", tc.name, got)
+		}
+	}
+	// One batch of mixed kinds: the gauge reading reuses the new counter
+	// record's id, the unique record the new gauge reading's.
+	c4 := calls.rec(4, "40", at)
+	g4 := reuse(seats.level(4, "7", at), c4)
+	g5 := seats.level(5, "7", at)
+	u5 := reuse(mau.member(5, "u5", at), g5)
+	if got := kinds(f.apply(c4, g4, g5, u5)); got != "applied conflict(operation_id_reused) applied conflict(operation_id_reused)" {
+		t.Errorf("one mixed batch: %s", got)
+	}
+	// The gauge reading comes first in the batch, though counters are
+	// applied first: the reading claims the id.
+	g6 := seats.level(6, "7", at)
+	if got := kinds(f.apply(g6, reuse(calls.rec(5, "50", at), g6))); got != "applied conflict(operation_id_reused)" {
+		t.Errorf("a gauge, then a counter reusing its id, in one batch: %s", got)
+	}
+	if n := f.scalar(`SELECT sum(quantity)::text FROM rollups WHERE meter = 'calls'`); n != "40" {
+		t.Errorf("calls billed %s, want 40 (10 then 30 more at seq 4)", n)
+	}
+	if u := f.gauge("acme", "seats", "current"); u.Latest.String() != "7" || u.Max.String() != "7" {
+		t.Errorf("seats latest %s max %s, want 7 and 7", u.Latest, u.Max)
+	}
+	if n := f.scalar(`SELECT count(*)::text FROM unique_readings`); n != "1" {
+		t.Errorf("%s unique readings, want u1's alone", n)
+	}
+	if n := f.scalar(`SELECT count(*)::text FROM conflicts WHERE reason = 'operation_id_reused' AND existing_operation_id IS NOT NULL`); n != "9" {
+		t.Errorf("%s conflicts naming the operation they collided with, want 9", n)
+	}
+}

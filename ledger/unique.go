@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sort"
 	"time"
 
@@ -49,30 +50,26 @@ type memberKey struct {
 }
 
 // applyUniques is Apply for the records of unique meters; operation ids
-// are looked up as applyGauges does.
-func (l *Ledger) applyUniques(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome, error) {
-	return l.applyUniquesChecking(ctx, tx, recs, "")
-}
-
-// applyUniquesChecking is applyUniques; with checkKind, its first round trip
-// also reads the meters' kinds (see applyKinds).
-func (l *Ledger) applyUniquesChecking(ctx context.Context, tx pgx.Tx, recs []Record, checkKind MeterKind) ([]Outcome, error) {
-	out, err := l.applyUniquesOnce(ctx, tx, recs, false, checkKind)
+// are looked up as applyGauges does, and checkKind and earlier are as
+// there.
+func (l *Ledger) applyUniques(ctx context.Context, tx pgx.Tx, recs []Record, checkKind MeterKind, earlier map[uuid.UUID]MeterKind) ([]Outcome, error) {
+	out, err := l.applyUniquesOnce(ctx, tx, recs, false, checkKind, earlier)
 	if !errors.Is(err, errOperationTaken) {
 		return out, err
 	}
 	if _, err := tx.Exec(ctx, qRollbackToKinds); err != nil {
 		return nil, fmt.Errorf("ledger: undo the attempt: %w", err)
 	}
-	return l.applyUniquesOnce(ctx, tx, recs, true, "")
+	return l.applyUniquesOnce(ctx, tx, recs, true, "", earlier)
 }
 
-func (l *Ledger) applyUniquesOnce(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll bool, checkKind MeterKind) ([]Outcome, error) {
+func (l *Ledger) applyUniquesOnce(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll bool, checkKind MeterKind, earlier map[uuid.UUID]MeterKind) ([]Outcome, error) {
 	now := l.now().UTC().Truncate(time.Microsecond)
 	a := &uniqueApplier{applier: &applier{
 		lookupAll: lookupAll, checkKind: checkKind, now: now, out: make([]Outcome, len(recs)), recs: append([]Record(nil), recs...),
 		streams: map[StreamKey]*stream{}, ops: map[uuid.UUID]stored{},
 		calendars: map[string]periods.Schedule{}, closed: map[periodKey]bool{}, rollups: map[rollupKey]decimal.Decimal{},
+		elsewhere: maps.Clone(earlier),
 	}, uops: map[uuid.UUID]uniqueStored{}, members: map[memberKey]time.Time{}}
 	valid := a.validateReadings()
 	if len(valid) == 0 {
@@ -108,6 +105,7 @@ func (l *Ledger) applyUniquesOnce(ctx context.Context, tx pgx.Tx, recs []Record,
 	}
 	a.queueCustomers(b, customers, minAt)
 	a.queueStreamState(b, keys)
+	a.queueOtherKinds(b, opIDs, Unique)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("ledger: unique load: %w", err)
 	}
@@ -178,6 +176,10 @@ func (l *Ledger) applyUniquesOnce(ctx context.Context, tx pgx.Tx, recs []Record,
 func (a *uniqueApplier) apply(i int) error {
 	r := &a.recs[i]
 	s := a.streams[r.Stream]
+	if detail, ok := a.reusedElsewhere(r, Unique); ok {
+		a.conflict(i, s, ReasonOperationReused, &r.OperationID, detail)
+		return nil
+	}
 	if prev, ok := a.uops[r.OperationID]; ok {
 		if prev.streamID == s.id && prev.seq == r.Seq && prev.member == r.Member && prev.at.Equal(r.OccurredAt) && prev.final == r.Final {
 			a.out[i] = Outcome{Kind: Duplicate}
