@@ -271,7 +271,8 @@ type usageData struct {
 	kinds ledger.KindsUsage
 }
 
-// readUsage reads a usage answer with one statement (one snapshot).
+// readUsage reads a usage answer: its counters with one statement (one
+// snapshot), in one round trip with its gauges and unique meters.
 func (a *API) readUsage(ctx context.Context, key usageKey, p periods.Period) (usageData, error) {
 	var meterArg *string
 	if key.meter != "" {
@@ -284,53 +285,57 @@ func (a *API) readUsage(ctx context.Context, key usageKey, p periods.Period) (us
 	} else {
 		days = localDays(p)
 	}
-	rows, err := a.pool.Query(ctx, query, key.customer, p.Start.UTC(), meterArg, a.topic)
-	if err != nil {
-		return usageData{}, fmt.Errorf("usage: %w", err)
-	}
 	var d usageData
 	var part pgtype.Int4
 	var m, total pgtype.Text
 	var keys []time.Time // hours, or dates (midnight UTC)
 	var qtys []string
-	_, err = pgx.ForEachRow(rows, []any{&d.closed, &d.asOf, &part, &m, &keys, &qtys, &total}, func() error {
-		if !m.Valid { // no usage: the header alone
-			return nil
-		}
-		if len(keys) != len(qtys) {
-			return fmt.Errorf("meter %q: %d buckets, %d quantities", m.String, len(keys), len(qtys))
-		}
-		series := make([]bucketView, len(keys))
-		for j, k := range keys {
-			var start, end time.Time
-			if days == nil {
-				start, end = k, k.Add(time.Hour)
-			} else {
-				i := dayIndex(days, k)
-				if i < 0 {
-					return fmt.Errorf("daily rollup of %s outside period %s", k.Format(time.DateOnly), p.Name)
-				}
-				start, end = days[i], p.End
-				if i+1 < len(days) {
-					end = days[i+1]
-				}
+	// One round trip: the counters' statement and the gauge and unique
+	// reads share the batch.
+	b := &pgx.Batch{}
+	b.Queue(query, key.customer, p.Start.UTC(), meterArg, a.topic).Query(func(rows pgx.Rows) error {
+		_, err := pgx.ForEachRow(rows, []any{&d.closed, &d.asOf, &part, &m, &keys, &qtys, &total}, func() error {
+			if !m.Valid { // no usage: the header alone
+				return nil
 			}
-			// Clamp to the period: boundaries need not be whole local hours.
-			start, end = maxTime(start, p.Start), minTime(end, p.End)
-			series[j] = bucketView{Start: rfc3339(start), End: rfc3339(end), Quantity: qtys[j]}
-		}
-		it, err := newMeterUsage(m.String, total.String, series)
-		d.items = append(d.items, it)
+			if len(keys) != len(qtys) {
+				return fmt.Errorf("meter %q: %d buckets, %d quantities", m.String, len(keys), len(qtys))
+			}
+			series := make([]bucketView, len(keys))
+			for j, k := range keys {
+				var start, end time.Time
+				if days == nil {
+					start, end = k, k.Add(time.Hour)
+				} else {
+					i := dayIndex(days, k)
+					if i < 0 {
+						return fmt.Errorf("daily rollup of %s outside period %s", k.Format(time.DateOnly), p.Name)
+					}
+					start, end = days[i], p.End
+					if i+1 < len(days) {
+						end = days[i+1]
+					}
+				}
+				// Clamp to the period: boundaries need not be whole local hours.
+				start, end = maxTime(start, p.Start), minTime(end, p.End)
+				series[j] = bucketView{Start: rfc3339(start), End: rfc3339(end), Quantity: qtys[j]}
+			}
+			it, err := newMeterUsage(m.String, total.String, series)
+			d.items = append(d.items, it)
+			return err
+		})
 		return err
 	})
-	if err != nil {
+	kinds := ledger.QueueKinds(b, key.customer, key.meter, p)
+	if err := a.pool.SendBatch(ctx, b).Close(); err != nil {
 		return usageData{}, fmt.Errorf("usage: %w", err)
 	}
 	d.partition = -1
 	if part.Valid {
 		d.partition = part.Int32
 	}
-	if d.kinds, err = ledger.ReadKinds(ctx, a.pool, key.customer, key.meter, p, a.now()); err != nil {
+	var err error
+	if d.kinds, err = kinds.Finish(ctx, a.pool, a.now()); err != nil {
 		return usageData{}, fmt.Errorf("usage: %w", err)
 	}
 	return d, nil

@@ -66,78 +66,139 @@ type gaugeRows struct {
 	prior decimal.Decimal
 }
 
-// ReadKinds reads a customer's declared gauges (meter "": every one; a
-// meter without levels is left out) and unique meters over period p: at
-// most a row per gauge and day of the period, whatever the number of
-// readings.
-func ReadKinds(ctx context.Context, db DBTX, customer, meter string, p periods.Period, now time.Time) (KindsUsage, error) {
-	k := KindsUsage{start: p.Start.UTC(), end: p.End.UTC()}
+// KindsRead is a customer's gauge and unique usage being read: QueueKinds
+// puts its statements on a caller's batch, so they share the caller's
+// round trip; Finish completes it once the batch is closed.
+type KindsRead struct {
+	k               KindsUsage
+	customer, meter string
+	prior           map[string]decimal.Decimal
+	err             error
+}
+
+// QueueKinds queues on b the reads of a customer's declared gauges (meter
+// "": every one; a meter without levels is left out) and unique meters
+// over period p: at most a row per gauge and day of the period, whatever
+// the number of readings. After b is sent and closed, Finish answers.
+func QueueKinds(b *pgx.Batch, customer, meter string, p periods.Period) *KindsRead {
+	r := &KindsRead{k: KindsUsage{start: p.Start.UTC(), end: p.End.UTC()}, customer: customer, meter: meter,
+		prior: map[string]decimal.Decimal{}}
+	for _, q := range r.reads(p) {
+		b.Queue(q.sql, q.args...).Query(q.scan)
+	}
+	return r
+}
+
+// kindsQuery is one statement of a KindsRead and what reads its rows.
+type kindsQuery struct {
+	sql  string
+	args []any
+	scan func(pgx.Rows) error
+}
+
+func (r *KindsRead) reads(p periods.Period) []kindsQuery {
 	var m *string
-	if meter != "" {
-		m = &meter
+	if r.meter != "" {
+		m = &r.meter
 	}
-	rows, err := db.Query(ctx, qKindGaugeDays, customer, m, p.Start, p.End)
-	if err != nil {
-		return k, fmt.Errorf("ledger: gauge usage: %w", err)
-	}
+	k := &r.k
 	var name string
 	var d dayRow
-	_, err = pgx.ForEachRow(rows, []any{&name, &d.start, &d.end, numericDst(&d.levelIn), nullNumericDst(&d.prefix), &d.lastAt,
-		numericDst(&d.unitSec), numericDst(&d.levelOut)}, func() error {
-		if len(k.gauges) == 0 || k.gauges[len(k.gauges)-1].meter != name {
-			k.gauges = append(k.gauges, gaugeRows{meter: name})
-		}
-		row := d
-		row.start, row.end = d.start.UTC(), d.end.UTC()
-		if row.lastAt.Valid {
-			row.lastAt.Time = row.lastAt.Time.UTC()
-		}
-		g := &k.gauges[len(k.gauges)-1]
-		g.days = append(g.days, row)
-		return nil
-	})
-	if err != nil {
-		return k, fmt.Errorf("ledger: gauge usage: %w", err)
-	}
-	if len(k.gauges) > 0 {
-		rows, err := db.Query(ctx, qKindGaugeAdjustments, customer, p.Start, m)
+	days := func(rows pgx.Rows) error {
+		_, err := pgx.ForEachRow(rows, []any{&name, &d.start, &d.end, numericDst(&d.levelIn), nullNumericDst(&d.prefix), &d.lastAt,
+			numericDst(&d.unitSec), numericDst(&d.levelOut)}, func() error {
+			if len(k.gauges) == 0 || k.gauges[len(k.gauges)-1].meter != name {
+				k.gauges = append(k.gauges, gaugeRows{meter: name})
+			}
+			row := d
+			row.start, row.end = d.start.UTC(), d.end.UTC()
+			if row.lastAt.Valid {
+				row.lastAt.Time = row.lastAt.Time.UTC()
+			}
+			g := &k.gauges[len(k.gauges)-1]
+			g.days = append(g.days, row)
+			return nil
+		})
 		if err != nil {
-			return k, fmt.Errorf("ledger: gauge usage: %w", err)
+			return fmt.Errorf("ledger: gauge usage: %w", err)
 		}
-		prior := map[string]decimal.Decimal{}
-		var sum decimal.Decimal
+		return nil
+	}
+	var sum decimal.Decimal
+	adjustments := func(rows pgx.Rows) error {
 		if _, err := pgx.ForEachRow(rows, []any{&name, numericDst(&sum)}, func() error {
-			prior[name] = sum
+			r.prior[name] = sum
 			return nil
 		}); err != nil {
-			return k, fmt.Errorf("ledger: gauge usage: %w", err)
+			return fmt.Errorf("ledger: gauge usage: %w", err)
 		}
-		for i := range k.gauges {
-			g := &k.gauges[i]
-			g.prior = prior[g.meter]
-			for _, r := range g.days {
-				// A reading stamped ahead of now (within the allowed skew):
-				// the bucket's own points tell what held until a later now.
-				if r.start.Before(now) && now.Before(r.end) && r.lastAt.Valid && !r.lastAt.Time.Before(now) {
-					prow, err := db.Query(ctx, qGaugePointsBetween, customer, g.meter, r.start, r.end)
-					if err != nil {
-						return k, fmt.Errorf("ledger: gauge usage: %w", err)
-					}
-					var pt point
-					if _, err := pgx.ForEachRow(prow, []any{&pt.at, numericDst(&pt.delta)}, func() error {
-						g.pts = append(g.pts, point{pt.at.UTC(), pt.delta})
-						return nil
-					}); err != nil {
-						return k, fmt.Errorf("ledger: gauge usage: %w", err)
-					}
+		return nil
+	}
+	uniques := func(rows pgx.Rows) error {
+		var err error
+		k.Uniques, err = scanUniques(rows)
+		return err
+	}
+	return []kindsQuery{
+		{qKindGaugeDays, []any{r.customer, m, p.Start, p.End}, days},
+		{qKindGaugeAdjustments, []any{r.customer, p.Start, m}, adjustments},
+		{qUniqueUsage, []any{r.customer, p.Start, m}, uniques},
+	}
+}
+
+// Finish answers the read once its batch is closed. A bucket holding now
+// with a reading stamped ahead of it (within the allowed skew) needs that
+// bucket's own points, read here: the only statement of the read that is
+// not on the batch, and rare.
+func (r *KindsRead) Finish(ctx context.Context, db DBTX, now time.Time) (KindsUsage, error) {
+	k := r.k
+	for i := range k.gauges {
+		g := &k.gauges[i]
+		g.prior = r.prior[g.meter]
+		for _, d := range g.days {
+			if d.start.Before(now) && now.Before(d.end) && d.lastAt.Valid && !d.lastAt.Time.Before(now) {
+				rows, err := db.Query(ctx, qGaugePointsBetween, r.customer, g.meter, d.start, d.end)
+				if err != nil {
+					return k, fmt.Errorf("ledger: gauge usage: %w", err)
+				}
+				var pt point
+				if _, err := pgx.ForEachRow(rows, []any{&pt.at, numericDst(&pt.delta)}, func() error {
+					g.pts = append(g.pts, point{pt.at.UTC(), pt.delta})
+					return nil
+				}); err != nil {
+					return k, fmt.Errorf("ledger: gauge usage: %w", err)
 				}
 			}
 		}
 	}
-	if k.Uniques, err = ReadUniques(ctx, db, customer, meter, p); err != nil {
-		return k, err
-	}
 	return k, nil
+}
+
+// ReadKinds is QueueKinds and Finish in one round trip of its own (one per
+// statement where db cannot send a batch).
+func ReadKinds(ctx context.Context, db DBTX, customer, meter string, p periods.Period, now time.Time) (KindsUsage, error) {
+	if bdb, ok := db.(interface {
+		SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
+	}); ok {
+		b := &pgx.Batch{}
+		r := QueueKinds(b, customer, meter, p)
+		if err := bdb.SendBatch(ctx, b).Close(); err != nil {
+			return KindsUsage{}, fmt.Errorf("ledger: kinds usage: %w", err)
+		}
+		return r.Finish(ctx, db, now)
+	}
+	r := &KindsRead{k: KindsUsage{start: p.Start.UTC(), end: p.End.UTC()}, customer: customer, meter: meter,
+		prior: map[string]decimal.Decimal{}}
+	for _, q := range r.reads(p) {
+		rows, err := db.Query(ctx, q.sql, q.args...)
+		if err != nil {
+			return KindsUsage{}, fmt.Errorf("ledger: kinds usage: %w", err)
+		}
+		if err := q.scan(rows); err != nil {
+			return KindsUsage{}, err
+		}
+	}
+	return r.Finish(ctx, db, now)
 }
 
 // Gauges answers every gauge's aggregates through now (the period's end
@@ -244,12 +305,17 @@ func ReadUniques(ctx context.Context, db DBTX, customer, meter string, p periods
 	if err != nil {
 		return nil, fmt.Errorf("ledger: unique usage: %w", err)
 	}
+	return scanUniques(rows)
+}
+
+// scanUniques reads qUniqueUsage's rows.
+func scanUniques(rows pgx.Rows) ([]UniqueUsage, error) {
 	var out []UniqueUsage
 	var name string
 	var perDay bool
 	var day time.Time
 	var n int64
-	_, err = pgx.ForEachRow(rows, []any{&name, &perDay, &day, &n}, func() error {
+	_, err := pgx.ForEachRow(rows, []any{&name, &perDay, &day, &n}, func() error {
 		if len(out) == 0 || out[len(out)-1].Meter != name {
 			out = append(out, UniqueUsage{Meter: name, Days: []UniqueDay{}})
 		}
