@@ -2,6 +2,7 @@ package console
 
 import (
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/shopspring/decimal"
@@ -10,8 +11,9 @@ import (
 )
 
 // kindChart is the chart of a gauge or a unique meter this period
-// (docs/design.md §16): a gauge's levels as horizontal lines — its max
-// marked, its average and latest level beside it — with its unit-hours in
+// (docs/design.md §16): a gauge's level line over the period (each span's
+// highest level: a bucket day with readings, or a stretch without), its
+// max, average and latest level marked across the plot, its unit-hours in
 // the caption; a unique meter's distinct members as one bar per day. Its
 // numbers are the REST usage answer's, exactly.
 type kindChart struct {
@@ -20,6 +22,7 @@ type kindChart struct {
 	Left, Bottom float64
 	Right        float64
 	Marks        []mark // gauge: max, average, latest
+	Line         string // gauge: the level line's SVG polyline points
 	Bars         []bar  // unique: distinct members per day
 	Ticks        []tick
 	Labels       []label
@@ -32,6 +35,8 @@ type mark struct {
 	Class, Label string
 	Y            float64
 	Value        decimal.Decimal
+	LabelX       float64 // where the label sits, anchored by Anchor
+	Anchor       string
 }
 
 func newKindChart(meter, kind string) kindChart {
@@ -39,18 +44,35 @@ func newKindChart(meter, kind string) kindChart {
 		Right: chartW - chartRight}
 }
 
-// gaugeChart marks g's max, average and latest level on one scale.
-func gaugeChart(g ledger.GaugeUsage) kindChart {
+// gaugeChart draws g's level line over [start, end) and marks its max,
+// average and latest level, on one scale.
+func gaugeChart(g ledger.GaugeUsage, start, end time.Time) kindChart {
 	c := newKindChart(g.Meter, "gauge")
 	top := g.Max
 	scale := plotScale(top)
+	x := func(t time.Time) float64 { return chartLeft + float64(t.Sub(start))/float64(end.Sub(start))*chartPlotW }
+	var pts strings.Builder
+	for _, l := range g.Levels {
+		y := c.Bottom - scale(l.Max)
+		fmt.Fprintf(&pts, "%.1f,%.1f %.1f,%.1f ", x(l.Start), y, x(l.End), y)
+	}
+	c.Line = strings.TrimSpace(pts.String())
 	for _, m := range []mark{{Class: "max", Label: "max", Value: g.Max}, {Class: "average", Label: "average", Value: g.Average},
 		{Class: "latest", Label: "latest", Value: g.Latest}} {
 		m.Y = c.Bottom - scale(m.Value)
 		m.Label += " " + num(m.Value)
+		m.LabelX, m.Anchor = c.Right, "end"
+		if m.Class == "average" { // left, clear of the latest level's label
+			m.LabelX, m.Anchor = c.Left+4, "start"
+		}
 		c.Marks = append(c.Marks, m)
 	}
 	c.Ticks = ticks(top, c.Bottom, scale)
+	for i, d := range localDays(start, end, start.Location()) {
+		if i%7 == 0 {
+			c.Labels = append(c.Labels, label{X: x(d) + chartPlotW/float64(end.Sub(start)/time.Hour)*12, Label: d.In(start.Location()).Format("2 Jan")})
+		}
+	}
 	c.Caption = fmt.Sprintf("max %s · latest %s · %s unit-hours", num(g.Max), num(g.Latest), num(g.UnitHours))
 	c.Summary = fmt.Sprintf("%s: peak level %s this period, latest %s, %s unit-hours", g.Meter, num(g.Max), num(g.Latest),
 		num(g.UnitHours))
@@ -113,7 +135,7 @@ func ticks(top decimal.Decimal, base float64, scale func(decimal.Decimal) float6
 func kindCharts(gauges []ledger.GaugeUsage, uniques []ledger.UniqueUsage, start, end time.Time, now time.Time) []kindChart {
 	var out []kindChart
 	for _, g := range gauges {
-		out = append(out, gaugeChart(g))
+		out = append(out, gaugeChart(g, start, end))
 	}
 	for _, u := range uniques {
 		out = append(out, uniqueChart(u, start, end, start.Location(), now))

@@ -1,6 +1,7 @@
 package console_test
 
 import (
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -111,6 +112,19 @@ func TestKindChartsInTheBrowser(t *testing.T) {
 			latestY := eval[float64](t, ctx, `document.querySelector('`+sel+` line.level-latest').getBoundingClientRect().top`)
 			if maxY >= latestY {
 				t.Fatalf("the max line (y %.1f) is not above the latest level's (y %.1f)", maxY, latestY)
+			}
+			// The level line peaks at the max mark (SVG units).
+			line := eval[[]float64](t, ctx, `[...document.querySelector('`+sel+` polyline.levelline').points].flatMap(p => [p.x, p.y])`)
+			markY := eval[float64](t, ctx, `document.querySelector('`+sel+` line.level-max').y1.baseVal.value`)
+			if len(line) < 4 {
+				t.Fatalf("the seats chart has no level line: %v", line)
+			}
+			top := line[1]
+			for i := 1; i < len(line); i += 2 {
+				top = min(top, line[i])
+			}
+			if math.Abs(top-markY) > 0.5 {
+				t.Fatalf("the level line peaks at y %.1f, the max mark is at y %.1f", top, markY)
 			}
 		case "mau":
 			bars := eval[[]float64](t, ctx, `[...document.querySelectorAll('`+sel+` svg rect.bar')].map(r => r.getBoundingClientRect().height)`)

@@ -262,6 +262,25 @@ func checkGaugeSchedule(rt *rapid.T, f *fixture, ns string) {
 				rt.Fatalf("period %s (%s, %s): ledger max %s latest %s unit_seconds %s; brute force max %s latest %s unit_seconds %s",
 					p.Name, zone, cadence, got.Max, got.Latest, got.UnitSeconds, mx, latest, us)
 			}
+			// The level over time: contiguous spans from the period's
+			// start to asOf, each with the brute-force highest and last
+			// level of its own interval.
+			pos := p.Start
+			for _, l := range got.Levels {
+				if !l.Start.Equal(pos) || !l.End.After(l.Start) {
+					rt.Fatalf("period %s: level span [%s, %s) after %s", p.Name, l.Start, l.End, pos)
+				}
+				if bm, bl, _ := bruteGauge(truth, l.Start, l.End); !l.Max.Equal(bm) || !l.Latest.Equal(bl) {
+					rt.Fatalf("period %s: span [%s, %s) max %s latest %s; brute force %s %s", p.Name, l.Start, l.End, l.Max, l.Latest, bm, bl)
+				}
+				pos = l.End
+			}
+			if len(got.Levels) == 0 && (!mx.IsZero() || !latest.IsZero()) {
+				rt.Fatalf("period %s: no level spans, but max %s latest %s", p.Name, mx, latest)
+			}
+			if len(got.Levels) > 0 && !pos.Equal(asOf) {
+				rt.Fatalf("period %s: level spans end at %s, not at %s", p.Name, pos, asOf)
+			}
 			if closeIt && p.Start.Equal(closed.Start) {
 				var moved decimal.Decimal
 				if err := f.pool.QueryRow(ctx, `SELECT coalesce(sum(unit_seconds), 0) FROM gauge_adjustments WHERE customer = $1 AND prior_period = $2`,

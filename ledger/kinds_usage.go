@@ -33,6 +33,21 @@ type GaugeUsage struct {
 	// changed late and are billed in this one.
 	PriorPeriodUnitSeconds decimal.Decimal `json:"prior_period_unit_seconds"`
 	AsOf                   time.Time       `json:"as_of"`
+	// Levels is the level over the period through AsOf, in time order:
+	// one span per bucket day with readings, and one per stretch without
+	// readings between them (its level constant), each with its highest
+	// and its last level. Their maxima's max is Max. Empty: the gauge had
+	// no level yet (zero throughout).
+	Levels []GaugeLevel `json:"levels"`
+}
+
+// GaugeLevel is a gauge's level over [Start, End): its highest and its
+// last.
+type GaugeLevel struct {
+	Start  time.Time       `json:"start"`
+	End    time.Time       `json:"end"`
+	Max    decimal.Decimal `json:"max"`
+	Latest decimal.Decimal `json:"latest"`
 }
 
 // UniqueUsage is a unique meter's distinct members over a period and per
@@ -233,7 +248,7 @@ func ReadGauge(ctx context.Context, db DBTX, customer, meter string, p periods.P
 	if now.Before(asOf) {
 		asOf = now.UTC().Truncate(time.Microsecond)
 	}
-	return GaugeUsage{Meter: meter, AsOf: asOf}, nil
+	return GaugeUsage{Meter: meter, AsOf: asOf, Levels: []GaugeLevel{}}, nil
 }
 
 // gaugeAggregates folds a period's buckets (the first may be the last one
@@ -245,10 +260,12 @@ func gaugeAggregates(u *GaugeUsage, days []dayRow, pts []point, start, asOf time
 		level, days = days[0].levelOut, days[1:]
 	}
 	var mx decimal.NullDecimal
-	see := func(v decimal.Decimal) {
+	u.Levels = []GaugeLevel{}
+	see := func(from, to time.Time, v, last decimal.Decimal) {
 		if !mx.Valid || v.GreaterThan(mx.Decimal) {
 			mx = decimal.NewNullDecimal(v)
 		}
+		u.Levels = append(u.Levels, GaugeLevel{Start: from, End: to, Max: v, Latest: last})
 	}
 	us, pos := decimal.Zero, start
 	for i := range days {
@@ -258,16 +275,16 @@ func gaugeAggregates(u *GaugeUsage, days []dayRow, pts []point, start, asOf time
 		}
 		if r.start.After(pos) {
 			us = us.Add(level.Mul(Seconds(r.start.Sub(pos))))
-			see(level)
+			see(pos, r.start, level, level)
 		}
 		switch {
 		case !r.end.After(asOf):
 			us = us.Add(r.unitSec)
-			see(r.Max())
+			see(r.start, r.end, r.Max(), r.levelOut)
 			level, pos = r.levelOut, r.end
 		case !r.lastAt.Valid || r.lastAt.Time.Before(asOf):
 			us = us.Add(r.unitSec.Sub(r.levelOut.Mul(Seconds(r.end.Sub(asOf)))))
-			see(r.Max())
+			see(r.start, asOf, r.Max(), r.levelOut)
 			level, pos = r.levelOut, asOf
 		default:
 			cut := dayRow{start: r.start, end: asOf, levelIn: r.levelIn}
@@ -279,13 +296,13 @@ func gaugeAggregates(u *GaugeUsage, days []dayRow, pts []point, start, asOf time
 			}
 			cut.recompute(before)
 			us = us.Add(cut.unitSec)
-			see(cut.Max())
+			see(r.start, asOf, cut.Max(), cut.levelOut)
 			level, pos = cut.levelOut, asOf
 		}
 	}
 	if pos.Before(asOf) {
 		us = us.Add(level.Mul(Seconds(asOf.Sub(pos))))
-		see(level)
+		see(pos, asOf, level, level)
 	}
 	u.Max, u.Latest, u.UnitSeconds = mx.Decimal, level, us
 	u.UnitHours = us.DivRound(decimal.NewFromInt(3600), 9)
