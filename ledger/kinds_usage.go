@@ -88,7 +88,6 @@ type KindsRead struct {
 	k               KindsUsage
 	customer, meter string
 	prior           map[string]decimal.Decimal
-	err             error
 }
 
 // QueueKinds queues on b the reads of a customer's declared gauges (meter
