@@ -564,6 +564,8 @@ func (c *Client) admitSlow(ctx context.Context, customer, meter string, cost int
 		return c.unreachable(customer, meter, cost, b)
 	}
 	f := c.fetch(b, cost)
+	b.waiting.Add(cost)
+	defer b.waiting.Add(-cost) // after the take below
 	t := time.NewTimer(c.cfg.MaxWait)
 	defer t.Stop()
 	select {
@@ -768,6 +770,9 @@ type budget struct {
 
 	fmu      sync.Mutex
 	inflight *fetch // the grant request in flight, started by Admit
+	// waiting is the cost of the Admits waiting for a grant request: the
+	// loop never gives back capacity they are about to take.
+	waiting atomic.Int64
 
 	// Below: under mu (the slow path and the background loop).
 	mu     sync.Mutex

@@ -631,11 +631,13 @@ func (c *Client) tendLocked(ctx context.Context, b *budget) {
 	// held is more than three times the target (the next miss asks for a
 	// grant sized to the demand then). While the budget is tight the
 	// target is two ticks of demand, so a gateway keeps little more than
-	// it is about to spend and a refused one finds the rest.
+	// it is about to spend and a refused one finds the rest. Never what
+	// the Admits waiting for a grant are about to take from it.
 	if n := len(b.grants); n > 0 {
 		alloc = b.allocate()
 		g := b.grants[n-1]
-		if avail-(g.amount-alloc[n-1]) > 2*target || avail > 3*target {
+		left := avail - (g.amount - alloc[n-1])
+		if (left > 2*target || avail > 3*target) && left >= b.waiting.Load() {
 			c.release(ctx, b, g, alloc[n-1])
 		}
 	}

@@ -102,3 +102,27 @@ func TestGrantLeavingBudgetTightMakesGatewayHoldLittle(t *testing.T) {
 		t.Fatal("gw1 took the whole budget before giving any back")
 	}
 }
+
+// A grant fetched for a waiting Admit is not given back before that Admit
+// takes from it: the loop's "hold little" give-back (a partial grant on a
+// tight budget, no demand measured yet) once ran between the grant's
+// arrival and the waiter's take, and the waiter was refused as if the
+// budget were spent. A 1 ms Tick makes the loop run in that window often.
+func TestWaitingAdmitKeepsTheGrantItWaitedFor(t *testing.T) {
+	ts := startTally(t)
+	ts.exactRule("acme", "tokens", "500")
+	ctx := context.Background()
+	for i := range 40 {
+		c := newClient(t, ts, "gw1", t.TempDir(), admit.Config{MinGrant: 1000, Tick: time.Millisecond})
+		d, err := c.Admit(ctx, "acme", "tokens", 1)
+		if err != nil || !d.Admitted {
+			t.Fatalf("round %d: the first Admit, on a 500 grant of the 1,000 asked: %+v %v", i, d, err)
+		}
+		if err := c.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b := ts.budget("acme", "tokens"); !b.Consumed.Equal(decimal.NewFromInt(40)) || !b.Live.IsZero() {
+		t.Fatalf("admitted 40, budget %+v", b)
+	}
+}
