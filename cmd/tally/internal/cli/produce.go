@@ -57,7 +57,8 @@ reorder, crashes, bad):
                totals: a gap; a lost gauge reading is not refilled, the level before it holds
                longer, and a lost member counts only if another reading saw it)
   reorder      a message is written after later ones (late fills)
-  crashes      a producer stops abruptly; alternately its state survives (same epoch) or is wiped (new epoch)
+  crashes      a producer stops abruptly; alternately its state survives (same epoch) or is wiped (new epoch,
+               whose first reading of a customer's gauge ends the old epoch's level there)
   bad          raw messages ingest must dead-letter (malformed JSON, 10 decimals, wrong customer)
 
 --expect FILE writes the ground truth: the exact total to bill per customer,

@@ -3,6 +3,7 @@ package scenario
 import (
 	"context"
 	"fmt"
+	"math"
 	"sort"
 	"time"
 
@@ -190,7 +191,7 @@ func signed(d decimal.Decimal) string {
 // verifyKinds compares the gauges' max, latest and unit_seconds and the
 // unique meters' distinct members with the ledger's answer through now,
 // read as the usage answer reads them (ledger.ReadKinds), for every
-// customer of the run in every period the truth names.
+// customer of the run in every period from the truth's first to its last.
 func verifyKinds(ctx context.Context, db DBTX, e *Expect, now time.Time, add func(string, ...any)) error {
 	type pk struct {
 		customer, meter string
@@ -206,14 +207,25 @@ func verifyKinds(ctx context.Context, db DBTX, e *Expect, now time.Time, add fun
 		wantU[pk{u.Customer, u.Meter, u.PeriodStart.Unix()}] = u
 		starts[u.PeriodStart.Unix()] = true
 	}
+	if len(starts) == 0 {
+		return nil
+	}
+	first, last := int64(math.MaxInt64), int64(math.MinInt64)
+	for start := range starts {
+		first, last = min(first, start), max(last, start)
+	}
 	cal := periods.DefaultCalendar()
 	names := map[int64]string{}
 	gotG, gotU := map[pk]ledger.GaugeUsage{}, map[pk]int64{}
-	for start := range starts {
-		p, err := cal.PeriodAt(time.Unix(start, 0))
+	p, err := cal.PeriodAt(time.Unix(first, 0))
+	if err != nil {
+		return err
+	}
+	for ; p.Start.Unix() <= last; p, err = cal.PeriodAt(p.End) {
 		if err != nil {
 			return err
 		}
+		start := p.Start.Unix()
 		names[start] = p.Name
 		for _, c := range e.Customers {
 			k, err := ledger.ReadKinds(ctx, db, c, "", p, now)
