@@ -197,9 +197,11 @@ func runIngest(t *testing.T, brokers []string, pool *pgxpool.Pool) {
 	})
 }
 
-// TestReconcileFaultyButCorrect: a scenario with duplicates, lost middle
-// batches, reordering, retransmits and producer crashes (new epochs), but
-// no bad input, reconciles clean in every period it touched; the only
+// TestReconcileFaultyButCorrect: a scenario of counters, a gauge and a
+// unique meter with duplicates, lost middle batches, reordering,
+// retransmits and producer crashes (new epochs), but no bad input,
+// reconciles clean in every period it touched (the gauges' aggregates
+// recomputed from their readings, members recounted); the only
 // findings are notices: the gaps the lost batches left (exactly those the
 // ground truth expects) and the streams the crashes abandoned.
 func TestReconcileFaultyButCorrect(t *testing.T) {
@@ -222,11 +224,15 @@ func TestReconcileFaultyButCorrect(t *testing.T) {
 		c := kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{{Name: topic, Partitions: 4}}})
 		pool = pgtest.New(t)
 		runIngest(t, c.Addrs, pool)
-		var err error
-		e, err = scenario.Run(ctx, scenario.Config{
-			Brokers: c.Addrs, Topic: topic, Producers: 2, Customers: 3, Meters: 2, Workers: 2,
+		cfg := scenario.Config{
+			Brokers: c.Addrs, Topic: topic, Producers: 2, Customers: 3, Meters: 2, Gauges: 1, Uniques: 1, Workers: 2,
 			Duration: 2 * time.Second, Rate: 500, Spread: 40 * 24 * time.Hour, Faults: f, Linger: 10 * time.Millisecond,
-		})
+		}
+		if err := scenario.DeclareMeters(ctx, pool, cfg); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		e, err = scenario.Run(ctx, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
