@@ -37,7 +37,7 @@ func TestAnInvalidFlagValueExitsTwo(t *testing.T) {
 // --help never prints a password given in TALLY_DATABASE_URL.
 func TestHelpMasksTheDatabasePassword(t *testing.T) {
 	t.Setenv("TALLY_DATABASE_URL", "postgres://billing:s3cr3t-pw@db.internal:5432/tally?sslmode=require")
-	for _, cmd := range [][]string{{"serve", "--help"}, {"migrate", "--help"}, {"reconcile", "--help"}} {
+	for _, cmd := range [][]string{{"serve", "--help"}, {"migrate", "--help"}, {"reconcile", "--help"}, {"produce", "--help"}} {
 		out, err := runTally(t, cmd...)
 		if err != nil {
 			t.Fatal(err)

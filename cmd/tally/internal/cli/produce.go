@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/tally-ledger/tally/cmd/tally/internal/scenario"
@@ -19,6 +21,7 @@ import (
 func newProduceCmd() *cobra.Command {
 	var (
 		brokers, faults, expectPath string
+		dbURL                       string
 		rate                        float64
 		crashes, bad                int
 		verbose                     bool
@@ -34,19 +37,37 @@ for --duration (or --records records), at --rate records/s (0: as fast as
 acknowledged, every Record fsynced). Ids are prefixed with a run id, so runs
 never mix.
 
+--gauges N and --uniques N add N gauge meters (g1, g2, ...: a level of 0 to
+50 in thousandths per producer, changing by random steps, through
+RecordLevel; a customer's level is the sum over producers) and N unique
+meters (u1, u2, ...: members user-0 to user-49, through RecordMember) per
+customer. Their records are refused unless the meters are declared, so
+produce first declares them in the ledger of --database-url (as PUT
+/v1/meters/{meter} would; a meter already used with another kind is an
+error). With --spread, gauge readings are stamped on a clock running from
+now minus the spread to now over the run (a stream's readings go forward
+in time); after the load every producer reads each customer's gauges once
+more, so that Close ends every level with a final record.
+
 Faults (--faults all, or a comma list of duplicates, retransmits, lost,
 reorder, crashes, bad):
   duplicates   a message is written twice
   retransmits  a write succeeds but the producer is told it failed: it resends the same batch
-  lost         a middle batch is acknowledged but never written (its usage is in later totals: a gap)
+  lost         a middle batch is acknowledged but never written (a counter's usage is in later
+               totals: a gap; a lost gauge reading is not refilled, the level before it holds
+               longer, and a lost member counts only if another reading saw it)
   reorder      a message is written after later ones (late fills)
-  crashes      a producer stops abruptly; alternately its state survives (same epoch) or is wiped (new epoch)
+  crashes      a producer stops abruptly; alternately its state survives (same epoch) or is wiped (new epoch,
+               whose first reading of a customer's gauge ends the old epoch's level there)
   bad          raw messages ingest must dead-letter (malformed JSON, 10 decimals, wrong customer)
 
 --expect FILE writes the ground truth: the exact total to bill per customer,
-meter and period, every stream's final state and open gaps, and the dead
+meter and period, each gauge's max, latest and unit_seconds and each unique
+meter's distinct members per customer and period (from the readings that
+reached Kafka), every stream's final state and open gaps, and the dead
 letters. Check a ledger against it with: tally verify --expect FILE`,
 		Example: `  tally produce --duration 10s --faults all --expect /tmp/expect.json
+  tally produce --duration 10s --faults all --gauges 1 --uniques 1 --spread 1080h --expect /tmp/expect.json
   tally verify --expect /tmp/expect.json --wait 60s`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -57,6 +78,14 @@ letters. Check a ledger against it with: tally verify --expect FILE`,
 				return err
 			}
 			cfg.Faults = f
+			if err := cfg.Validate(); err != nil {
+				return err
+			}
+			if cfg.Gauges > 0 || cfg.Uniques > 0 {
+				if err := declareMeters(cmd.Context(), dbURL, cfg); err != nil {
+					return err
+				}
+			}
 			level := slog.LevelError
 			if verbose {
 				level = slog.LevelInfo
@@ -93,6 +122,10 @@ letters. Check a ledger against it with: tally verify --expect FILE`,
 	fs.IntVar(&cfg.Producers, "producers", 2, "producers (each with its own state directory and epochs)")
 	fs.IntVar(&cfg.Customers, "customers", 3, "customers")
 	fs.IntVar(&cfg.Meters, "meters", 2, "meters per customer")
+	fs.IntVar(&cfg.Gauges, "gauges", 0, "gauge meters per customer (g1, g2, ...), declared in the ledger of --database-url")
+	fs.IntVar(&cfg.Uniques, "uniques", 0, "unique meters per customer (u1, u2, ...), declared in the ledger of --database-url")
+	fs.StringVar(&dbURL, "database-url", defaultDatabaseURL, "Postgres connection URL of the ledger, to declare the --gauges and --uniques meters")
+	envDefault(fs, "database-url", "TALLY_DATABASE_URL")
 	fs.IntVar(&cfg.Workers, "workers", 4, "goroutines calling Record on each producer")
 	fs.Float64Var(&rate, "rate", 0, "records per second over all producers (0: as fast as they are acknowledged)")
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "how long to record usage")
@@ -109,6 +142,20 @@ letters. Check a ledger against it with: tally verify --expect FILE`,
 	fs.StringVar(&expectPath, "expect", "", "write the ground truth (JSON) to this file")
 	fs.BoolVar(&verbose, "verbose", false, "log the producers' retries and restarts")
 	return cmd
+}
+
+// declareMeters declares the run's gauge and unique meters in the ledger
+// at dbURL.
+func declareMeters(ctx context.Context, dbURL string, cfg scenario.Config) error {
+	pool, err := pgxpool.New(ctx, dbURL)
+	if err != nil {
+		return fmt.Errorf("--database-url: %w", err)
+	}
+	defer pool.Close()
+	if err := scenario.DeclareMeters(ctx, pool, cfg); err != nil {
+		return fmt.Errorf("%w (--gauges and --uniques need the ledger's database: --database-url or TALLY_DATABASE_URL)", err)
+	}
+	return nil
 }
 
 func parseFaults(list string, rate float64, crashesSet bool, crashes int, badSet bool, bad int) (scenario.Faults, error) {
@@ -170,6 +217,10 @@ func printRun(w io.Writer, e *scenario.Expect, expectPath string) {
 	fmt.Fprintf(w, "kafka: %d messages; faults: %d duplicated, %d retransmitted, %d lost (%d open gaps), %d reordered, %d crashes (%d epochs), %d bad messages\n",
 		s.Messages, s.Duplicates, s.Retransmits, s.Lost, gaps, s.Reordered, s.Crashes, s.Epochs, s.BadMessages)
 	fmt.Fprintf(w, "ground truth: %d customer/meter/period totals over %d periods, %d streams\n", len(e.Totals), len(periods), len(e.Streams))
+	if len(e.Gauges) > 0 || len(e.Uniques) > 0 {
+		fmt.Fprintf(w, "gauges and unique meters: %d customer/gauge/period aggregates, %d customer/unique-meter/period counts; %d readings lost\n",
+			len(e.Gauges), len(e.Uniques), s.LostReadings)
+	}
 	if expectPath != "" {
 		fmt.Fprintf(w, "wrote %s; check the ledger with: tally verify --expect %s --wait 60s\n", expectPath, expectPath)
 	}

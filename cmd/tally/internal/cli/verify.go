@@ -20,8 +20,10 @@ func newVerifyCmd() *cobra.Command {
 		Use:   "verify --expect FILE",
 		Short: "Compare the ledger with the ground truth written by tally produce",
 		Long: `Compare the ledger with the ground truth of a tally produce run: billed usage
-per customer, meter and period (rollups), every stream's last seq, total and
-final flag, open gaps, dead letters and conflicts of the run's customers.
+per customer, meter and period (rollups); each gauge's max, latest and
+unit_seconds and each unique meter's distinct members per customer and
+period, read as the usage answer reads them; every stream's last seq, total
+and final flag, open gaps, dead letters and conflicts of the run's customers.
 
 Exit status 0 when everything matches, 3 when something differs (each
 difference is printed), 1 on error. Ingest is asynchronous: --wait retries
@@ -58,8 +60,12 @@ until the ledger matches or the time is up.`,
 					for _, n := range e.DeadLetters {
 						dl += n
 					}
-					fmt.Fprintf(cmd.OutOrStdout(), "clean: run %s: %d customer/meter/period totals, %d streams, %d open gaps and %d dead letters match the ledger\n",
-						e.Run, len(e.Totals), len(e.Streams), gaps, dl)
+					kinds := ""
+					if len(e.Gauges) > 0 || len(e.Uniques) > 0 {
+						kinds = fmt.Sprintf("%d gauge and %d unique-meter period aggregates, ", len(e.Gauges), len(e.Uniques))
+					}
+					fmt.Fprintf(cmd.OutOrStdout(), "clean: run %s: %d customer/meter/period totals, %s%d streams, %d open gaps and %d dead letters match the ledger\n",
+						e.Run, len(e.Totals), kinds, len(e.Streams), gaps, dl)
 					return nil
 				}
 				if !time.Now().Before(deadline) {

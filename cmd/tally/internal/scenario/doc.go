@@ -29,4 +29,14 @@
 // in that record's period. It is cross-checked against the generator's
 // own sum of acknowledged usage: Run fails if the producer lost or
 // invented any.
+//
+// Gauge and unique meters (Config.Gauges, Config.Uniques; docs/design.md
+// §16) are recorded through RecordLevel and RecordMember. Their truth is
+// the readings that reached Kafka: a gauge's max, latest and unit_seconds
+// per period by the ledger's definition (ledger.RecomputeGauge), a unique
+// meter's distinct members per period. A lost reading is not refilled by
+// later ones as a counter's usage is; duplicates, retransmits and
+// reordering change nothing; a wiped crash's new epoch ends the old
+// epoch's levels at its first reading of each. The readings the producers
+// acknowledged are cross-checked with those they sent. See kinds.go.
 package scenario

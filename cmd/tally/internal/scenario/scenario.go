@@ -61,6 +61,12 @@ type Config struct {
 	// Producers, Customers and Meters: each producer reports usage of
 	// every meter of every customer. Defaults 2, 3, 2.
 	Producers, Customers, Meters int
+	// Gauges and Uniques add that many gauge meters (g1, g2, …: levels of
+	// 0 to 50 in thousandths, changing by random steps, through
+	// RecordLevel) and unique meters (u1, u2, …: members user-0 to
+	// user-49, through RecordMember) per customer, beside the Meters
+	// counters. They must be declared (DeclareMeters) before the run.
+	Gauges, Uniques int
 	// Workers is how many goroutines call Record on each producer.
 	// Default 4.
 	Workers int
@@ -100,7 +106,7 @@ func (c Config) Validate() error {
 	for _, n := range []struct {
 		name string
 		v    int
-	}{{"producers", c.Producers}, {"customers", c.Customers}, {"meters", c.Meters}, {"workers", c.Workers}, {"crashes", c.Faults.Crashes}, {"bad messages", c.Faults.BadMessages}} {
+	}{{"producers", c.Producers}, {"customers", c.Customers}, {"meters", c.Meters}, {"gauges", c.Gauges}, {"uniques", c.Uniques}, {"workers", c.Workers}, {"crashes", c.Faults.Crashes}, {"bad messages", c.Faults.BadMessages}} {
 		if n.v < 0 {
 			errs = append(errs, fmt.Errorf("scenario: %s %d is negative", n.name, n.v))
 		}
@@ -200,6 +206,9 @@ func Run(ctx context.Context, cfg Config) (*Expect, error) {
 		return nil, err
 	}
 	loadTime := s.load(ctx)
+	if s.firstErr == nil {
+		s.lastLevels(ctx)
+	}
 
 	closeCtx, closeCancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 	defer closeCancel()
@@ -222,7 +231,7 @@ func Run(ctx context.Context, cfg Config) (*Expect, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := s.crossCheck(e, unbilled); err != nil {
+	if err := errors.Join(s.crossCheck(e, unbilled), s.crossCheckReadings()); err != nil {
 		return e, err
 	}
 	s.stats(e, loadTime)
@@ -235,7 +244,10 @@ type scenarioRun struct {
 	t         *tracker
 	customers []string
 	meters    []string
+	gauges    []string
+	uniques   []string
 	gens      []*gen
+	levels    map[levelKey]*levelStream // every producer's level of every customer's gauge
 
 	epochsMu sync.Mutex
 	epochs   map[[2]any]bool // producer, epoch: every epoch the run used
@@ -248,11 +260,15 @@ type scenarioRun struct {
 	errOnce                sync.Once
 	firstErr               error
 	firstErrSet            atomic.Bool
+
+	readingsMu sync.Mutex
+	readings   map[string]int // acknowledged gauge and unique readings (readingKey)
 }
 
 // startRun names the customers and meters and opens the producers.
 func startRun(cfg Config, t *tracker) (*scenarioRun, error) {
-	s := &scenarioRun{cfg: cfg, t: t, epochs: map[[2]any]bool{}, ackedSum: map[[2]string]decimal.Decimal{}}
+	s := &scenarioRun{cfg: cfg, t: t, epochs: map[[2]any]bool{}, ackedSum: map[[2]string]decimal.Decimal{},
+		levels: map[levelKey]*levelStream{}, readings: map[string]int{}}
 	s.customers = make([]string, cfg.Customers)
 	for i := range s.customers {
 		s.customers[i] = fmt.Sprintf("%s-c%d", cfg.Run, i+1)
@@ -261,9 +277,15 @@ func startRun(cfg Config, t *tracker) (*scenarioRun, error) {
 	for i := range s.meters {
 		s.meters[i] = fmt.Sprintf("m%d", i+1)
 	}
+	s.gauges, s.uniques = GaugeMeters(cfg.Gauges), UniqueMeters(cfg.Uniques)
 	s.gens = make([]*gen, cfg.Producers)
 	for i := range s.gens {
 		g := &gen{id: fmt.Sprintf("%s-p%d", cfg.Run, i+1)}
+		for _, c := range s.customers {
+			for _, m := range s.gauges {
+				s.levels[levelKey{g.id, c, m}] = &levelStream{}
+			}
+		}
 		g.dir = filepath.Join(cfg.Dir, g.id)
 		if err := s.open(g); err != nil {
 			return nil, err
@@ -355,7 +377,23 @@ func (s *scenarioRun) work(runCtx context.Context, g *gen, rng *rand.Rand) {
 				}
 			}
 		}
-		c, m := s.customers[rng.IntN(len(s.customers))], s.meters[rng.IntN(len(s.meters))]
+		c := s.customers[rng.IntN(len(s.customers))]
+		i := rng.IntN(len(s.meters) + len(s.gauges) + len(s.uniques))
+		if i >= len(s.meters) {
+			var err error
+			if i -= len(s.meters); i < len(s.gauges) {
+				err = s.recordLevel(runCtx, g, c, s.gauges[i], rng)
+			} else {
+				err = s.recordMember(runCtx, g, c, s.uniques[i-len(s.gauges)], rng)
+			}
+			if err != nil {
+				s.fail(fmt.Errorf("scenario: producer %s: %w", g.id, err))
+				return
+			}
+			s.acked.Add(1)
+			continue
+		}
+		m := s.meters[i]
 		q := decimal.New(rng.Int64N(10_000_000), -int32(rng.IntN(4)))
 		at := time.Now().UTC()
 		if cfg.Spread > 0 {

@@ -84,6 +84,71 @@ func TestEveryFaultVerifiesClean(t *testing.T) {
 	}
 }
 
+// TestGaugesAndUniquesVerifyClean runs a scenario of counters, gauges
+// and unique meters with every fault, and checks that the ledger's
+// gauge aggregates (max, latest, unit_seconds) and distinct members per
+// period equal the ground truth, lost readings included; then that a
+// ledger whose aggregates were altered is reported.
+func TestGaugesAndUniquesVerifyClean(t *testing.T) {
+	c := kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{{Name: topic, Partitions: 4}}})
+	pool := pgtest.New(t)
+	runIngest(t, c.Addrs, pool)
+
+	f := scenario.AllFaults()
+	f.Lost, f.Reorder, f.Duplicates, f.Retransmits = 0.15, 0.15, 0.15, 0.3
+	f.Crashes = 4
+	cfg := scenario.Config{
+		Brokers: c.Addrs, Topic: topic, Producers: 2, Customers: 2, Meters: 1, Gauges: 2, Uniques: 1, Workers: 2,
+		Records: 1000, Rate: 600, Spread: 45 * 24 * time.Hour, Faults: f, Linger: 10 * time.Millisecond,
+	}
+	ctx := context.Background()
+	if err := scenario.DeclareMeters(ctx, pool, cfg); err != nil {
+		t.Fatal(err)
+	}
+	e, err := scenario.Run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := e.Stats
+	t.Logf("stats %+v", s)
+	// Three of the four meters are gauges or unique meters, so a lost
+	// batch holds readings of them.
+	if s.Duplicates == 0 || s.Retransmits == 0 || s.Reordered == 0 || s.LostReadings == 0 || s.Crashes != 4 || s.Epochs != 4 {
+		t.Errorf("not every fault happened: %+v", s)
+	}
+	periods := map[string]bool{}
+	for _, g := range e.Gauges {
+		periods[g.Period] = true
+	}
+	if len(periods) < 2 || len(e.Uniques) == 0 {
+		t.Errorf("expected gauges over several periods and unique counts; got gauge periods %v, %d unique totals", periods, len(e.Uniques))
+	}
+	if diffs := waitVerify(t, pool, e, 60*time.Second); len(diffs) > 0 {
+		t.Fatalf("ledger differs from the ground truth:\n%s", strings.Join(diffs, "\n"))
+	}
+
+	// A verify that cannot fail proves nothing: alter the ledger's gauge
+	// level-seconds in one bucket and drop a member from one count.
+	c1 := e.Run + "-c1"
+	if _, err := pool.Exec(ctx, `UPDATE gauge_days SET unit_seconds = unit_seconds + 1
+		WHERE ctid = (SELECT ctid FROM gauge_days WHERE customer = $1 AND meter = 'g1' AND unit_seconds > 0 LIMIT 1)`, c1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE unique_counts SET members = members - 1
+		WHERE ctid = (SELECT ctid FROM unique_counts WHERE customer = $1 AND meter = 'u1' AND NOT per_day LIMIT 1)`, c1); err != nil {
+		t.Fatal(err)
+	}
+	diffs, err := scenario.Verify(ctx, pool, e)
+	if err != nil {
+		t.Fatal(err)
+	}
+	all := strings.Join(diffs, "\n")
+	if len(diffs) != 2 || !strings.Contains(all, c1+"/g1 period ") || !strings.Contains(all, "ledger's unit_seconds") ||
+		!strings.Contains(all, "over by 1") || !strings.Contains(all, "distinct members") || !strings.Contains(all, "short by 1") {
+		t.Errorf("verify against an altered ledger: %d differences, want 2 (g1 unit_seconds over by 1, u1 short by 1):\n%s", len(diffs), all)
+	}
+}
+
 func waitVerify(t *testing.T, pool *pgxpool.Pool, e *scenario.Expect, within time.Duration) []string {
 	t.Helper()
 	deadline := time.Now().Add(within)
@@ -132,9 +197,11 @@ func runIngest(t *testing.T, brokers []string, pool *pgxpool.Pool) {
 	})
 }
 
-// TestReconcileFaultyButCorrect: a scenario with duplicates, lost middle
-// batches, reordering, retransmits and producer crashes (new epochs), but
-// no bad input, reconciles clean in every period it touched; the only
+// TestReconcileFaultyButCorrect: a scenario of counters, a gauge and a
+// unique meter with duplicates, lost middle batches, reordering,
+// retransmits and producer crashes (new epochs), but no bad input,
+// reconciles clean in every period it touched (the gauges' aggregates
+// recomputed from their readings, members recounted); the only
 // findings are notices: the gaps the lost batches left (exactly those the
 // ground truth expects) and the streams the crashes abandoned.
 func TestReconcileFaultyButCorrect(t *testing.T) {
@@ -157,11 +224,15 @@ func TestReconcileFaultyButCorrect(t *testing.T) {
 		c := kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{{Name: topic, Partitions: 4}}})
 		pool = pgtest.New(t)
 		runIngest(t, c.Addrs, pool)
-		var err error
-		e, err = scenario.Run(ctx, scenario.Config{
-			Brokers: c.Addrs, Topic: topic, Producers: 2, Customers: 3, Meters: 2, Workers: 2,
+		cfg := scenario.Config{
+			Brokers: c.Addrs, Topic: topic, Producers: 2, Customers: 3, Meters: 2, Gauges: 1, Uniques: 1, Workers: 2,
 			Duration: 2 * time.Second, Rate: 500, Spread: 40 * 24 * time.Hour, Faults: f, Linger: 10 * time.Millisecond,
-		})
+		}
+		if err := scenario.DeclareMeters(ctx, pool, cfg); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		e, err = scenario.Run(ctx, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

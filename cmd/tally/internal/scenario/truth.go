@@ -14,6 +14,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/ingest/wire"
+	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/periods"
 )
 
@@ -28,7 +29,14 @@ type Expect struct {
 	// Totals is what must be billed per customer, meter and period (the
 	// customer's default calendar: monthly, UTC).
 	Totals []Total `json:"totals"`
-	// Streams is the state every stream must end in, with its open gaps.
+	// Gauges is every gauge's max, latest and unit_seconds per customer
+	// and period, from the first reading's period through the last's.
+	Gauges []GaugeTotal `json:"gauges,omitempty"`
+	// Uniques is every unique meter's distinct members per customer and
+	// period with readings.
+	Uniques []UniqueTotal `json:"uniques,omitempty"`
+	// Streams is the state every stream must end in, with its open gaps
+	// (a gauge or unique stream: its last seq and final flag, no gaps).
 	Streams []Stream `json:"streams"`
 	// DeadLetters is how many dead letters each message key must have.
 	DeadLetters map[string]int `json:"dead_letters"`
@@ -78,10 +86,13 @@ type Stats struct {
 	Duplicates       int64   `json:"duplicates"`
 	Retransmits      int64   `json:"retransmits"`
 	Lost             int64   `json:"lost_batches"`
-	Reordered        int64   `json:"reordered"`
-	Crashes          int     `json:"crashes"`
-	Epochs           int     `json:"epochs"`
-	BadMessages      int     `json:"bad_messages"`
+	// LostReadings is how many gauge and unique readings never reached
+	// Kafka (inside lost batches).
+	LostReadings int64 `json:"lost_readings"`
+	Reordered    int64 `json:"reordered"`
+	Crashes      int   `json:"crashes"`
+	Epochs       int   `json:"epochs"`
+	BadMessages  int   `json:"bad_messages"`
 }
 
 type sKey struct {
@@ -93,6 +104,8 @@ type sKey struct {
 
 type seen struct {
 	total, quantity decimal.Decimal
+	level           decimal.NullDecimal // a gauge reading's
+	member          string              // a unique reading's
 	at              time.Time
 	final           bool
 	delivered       bool
@@ -248,7 +261,7 @@ func (t *tracker) observe(b wire.Batch) map[sKey][]int64 {
 			t.streams[k] = m
 		}
 		if m[r.Seq] == nil {
-			m[r.Seq] = &seen{total: r.Total, quantity: r.Quantity.Decimal, at: r.OccurredAt, final: r.Final}
+			m[r.Seq] = &seen{total: r.Total, quantity: r.Quantity.Decimal, level: r.Level, member: r.Member, at: r.OccurredAt, final: r.Final}
 		}
 		out[k] = append(out[k], r.Seq)
 	}
@@ -341,6 +354,8 @@ func (t *tracker) truth(e *Expect, delivered map[sKey][]int64) (unbilled map[[2]
 	}
 	totals := map[tk]*Total{}
 	unbilled = map[[2]string]decimal.Decimal{}
+	gauges := map[[2]string][]ledger.GaugeReading{}
+	uniques := map[[2]string][]uniqueSeen{}
 	keys := make([]sKey, 0, len(t.streams))
 	for k := range t.streams {
 		keys = append(keys, k)
@@ -396,6 +411,31 @@ func (t *tracker) truth(e *Expect, delivered map[sKey][]int64) (unbilled map[[2]
 			}
 		}
 		st := Stream{Producer: k.producer, Epoch: k.epoch, Customer: k.customer, Meter: k.meter}
+		if r := recs[1]; r != nil && (r.level.Valid || r.member != "") {
+			// A gauge or unique stream: what reached Kafka is what counts;
+			// the ledger keeps no gaps of it (docs/design.md §16).
+			for s := int64(1); s <= maxSeq; s++ {
+				r := recs[s]
+				if !got[s] {
+					t.stats.LostReadings++
+					continue
+				}
+				if s == last {
+					st.LastSeq, st.LastTotal, st.Final = s, r.total, r.final
+				}
+				k2 := [2]string{k.customer, k.meter}
+				if r.level.Valid {
+					gauges[k2] = append(gauges[k2], ledger.GaugeReading{Producer: k.producer, Epoch: k.epoch, Seq: s,
+						Level: r.level.Decimal, OccurredAt: r.at, Final: r.final})
+				} else {
+					uniques[k2] = append(uniques[k2], uniqueSeen{r.member, r.at})
+				}
+			}
+			if st.LastSeq > 0 {
+				e.Streams = append(e.Streams, st)
+			}
+			continue
+		}
 		prev := decimal.Zero
 		var gap *Gap
 		for s := int64(1); s <= maxSeq; s++ {
@@ -444,6 +484,9 @@ func (t *tracker) truth(e *Expect, delivered map[sKey][]int64) (unbilled map[[2]
 	}
 	for _, tot := range totals {
 		e.Totals = append(e.Totals, *tot)
+	}
+	if err := kindsTruth(e, gauges, uniques); err != nil {
+		return nil, err
 	}
 	sort.Slice(e.Totals, func(i, j int) bool {
 		a, b := e.Totals[i], e.Totals[j]

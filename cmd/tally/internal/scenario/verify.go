@@ -3,17 +3,21 @@ package scenario
 import (
 	"context"
 	"fmt"
+	"math"
 	"sort"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/periods"
 )
 
 // DBTX is what Verify needs of a database: a pool, a connection or a
 // transaction.
 type DBTX interface {
-	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	ledger.DBTX
 }
 
 // The ledger reads of Verify, restricted to the run's customers.
@@ -132,6 +136,10 @@ func Verify(ctx context.Context, db DBTX, e *Expect) ([]string, error) {
 		add("stream %s/%d/%s/%s: expected open gap seq %d..%d, not in the ledger", g.s.producer, g.s.epoch, g.s.customer, g.s.meter, g.from, g.to)
 	}
 
+	if err := verifyKinds(ctx, db, e, time.Now(), add); err != nil {
+		return nil, err
+	}
+
 	// Dead letters and conflicts.
 	keys := make([][]byte, 0, len(e.DeadLetters))
 	for k := range e.DeadLetters {
@@ -178,4 +186,85 @@ func signed(d decimal.Decimal) string {
 		return "over by " + d.String()
 	}
 	return "short by " + d.Neg().String()
+}
+
+// verifyKinds compares the gauges' max, latest and unit_seconds and the
+// unique meters' distinct members with the ledger's answer through now,
+// read as the usage answer reads them (ledger.ReadKinds), for every
+// customer of the run in every period from the truth's first to its last.
+func verifyKinds(ctx context.Context, db DBTX, e *Expect, now time.Time, add func(string, ...any)) error {
+	type pk struct {
+		customer, meter string
+		start           int64
+	}
+	wantG, wantU := map[pk]GaugeTotal{}, map[pk]UniqueTotal{}
+	starts := map[int64]bool{}
+	for _, g := range e.Gauges {
+		wantG[pk{g.Customer, g.Meter, g.PeriodStart.Unix()}] = g
+		starts[g.PeriodStart.Unix()] = true
+	}
+	for _, u := range e.Uniques {
+		wantU[pk{u.Customer, u.Meter, u.PeriodStart.Unix()}] = u
+		starts[u.PeriodStart.Unix()] = true
+	}
+	if len(starts) == 0 {
+		return nil
+	}
+	first, last := int64(math.MaxInt64), int64(math.MinInt64)
+	for start := range starts {
+		first, last = min(first, start), max(last, start)
+	}
+	cal := periods.DefaultCalendar()
+	names := map[int64]string{}
+	gotG, gotU := map[pk]ledger.GaugeUsage{}, map[pk]int64{}
+	p, err := cal.PeriodAt(time.Unix(first, 0))
+	if err != nil {
+		return err
+	}
+	for ; p.Start.Unix() <= last; p, err = cal.PeriodAt(p.End) {
+		if err != nil {
+			return err
+		}
+		start := p.Start.Unix()
+		names[start] = p.Name
+		for _, c := range e.Customers {
+			k, err := ledger.ReadKinds(ctx, db, c, "", p, now)
+			if err != nil {
+				return fmt.Errorf("verify: %w", err)
+			}
+			for _, g := range k.Gauges(now) {
+				gotG[pk{c, g.Meter, start}] = g
+			}
+			for _, u := range k.Uniques {
+				gotU[pk{c, u.Meter, start}] = u.Count
+			}
+		}
+	}
+	for k := range gotG {
+		if _, ok := wantG[k]; !ok {
+			wantG[k] = GaugeTotal{Customer: k.customer, Meter: k.meter, Period: names[k.start]}
+		}
+	}
+	for k, w := range wantG {
+		g := gotG[k]
+		for _, f := range []struct {
+			name      string
+			got, want decimal.Decimal
+		}{{"max", g.Max, w.Max}, {"latest", g.Latest, w.Latest}, {"unit_seconds", g.UnitSeconds, w.UnitSeconds}} {
+			if !f.got.Equal(f.want) {
+				add("%s/%s period %s: ledger's %s %s, expected %s (%s)", w.Customer, w.Meter, w.Period, f.name, f.got, f.want, signed(f.got.Sub(f.want)))
+			}
+		}
+	}
+	for k := range gotU {
+		if _, ok := wantU[k]; !ok {
+			wantU[k] = UniqueTotal{Customer: k.customer, Meter: k.meter, Period: names[k.start]}
+		}
+	}
+	for k, w := range wantU {
+		if n := gotU[k]; n != w.Members {
+			add("%s/%s period %s: ledger counts %d distinct members, expected %d (%s)", w.Customer, w.Meter, w.Period, n, w.Members, signed(decimal.NewFromInt(n-w.Members)))
+		}
+	}
+	return nil
 }
