@@ -2,6 +2,7 @@ package wire
 
 import (
 	"bytes"
+	"slices"
 )
 
 // Decode parses and validates one Kafka message: key is the message key (the
@@ -167,25 +168,34 @@ func (d *decoder) recordsArray(at int) int {
 	if i < len(v) && v[i] == ']' {
 		return i + 1
 	}
-	// Records of one message are alike: the first one's size tells how
-	// many there are about.
-	first := true
+	// Records of one message are alike: the first one's size tells about
+	// how many there are.
+	if end := validValue(v, i, 2); end > i {
+		n := min((len(v)-i)/(end-i)+1, MaxRecords)
+		d.records = make([]Record, 0, n)
+		d.spans = make([][2]int, 0, n)
+		d.index = make([]int, 0, n)
+	}
 	for n := 0; ; n++ {
 		var end int
 		if n < MaxRecords {
-			r, e, field, p := d.record(i)
+			// The record is decoded in place, in the next slot of
+			// d.records (zero: fresh, or cleared below).
+			if len(d.records) == cap(d.records) {
+				d.records = slices.Grow(d.records, 1)
+			}
+			d.records = d.records[:len(d.records)+1]
+			r := &d.records[len(d.records)-1]
+			e, field, p := d.record(i, r)
 			if end = e; end < 0 {
 				return -1
 			}
-			if first {
-				d.alloc(len(v)-i, end-i)
-				first = false
-			}
 			if p.ok() {
-				d.records = append(d.records, r)
 				d.spans = append(d.spans, [2]int{i, end})
 				d.index = append(d.index, n)
 			} else {
+				*r = Record{}
+				d.records = d.records[:len(d.records)-1]
 				d.rejected = append(d.rejected, RecordError{
 					Index: n,
 					Raw:   bytes.Clone(v[i:end]),
@@ -206,15 +216,6 @@ func (d *decoder) recordsArray(at int) int {
 			return -1
 		}
 	}
-}
-
-// alloc sizes the slices of accepted records for a records array of about
-// rest bytes whose first record is size bytes long.
-func (d *decoder) alloc(rest, size int) {
-	n := min(rest/max(size, 1)+1, MaxRecords)
-	d.records = make([]Record, 0, n)
-	d.spans = make([][2]int, 0, n)
-	d.index = make([]int, 0, n)
 }
 
 func fail(r Reason, field, detail string) (Batch, []int, []RecordError, error) {

@@ -52,18 +52,18 @@ func recField(name []byte) int {
 	return -1
 }
 
-// record decodes the record whose JSON starts at offset at of the message,
-// checking its syntax as it goes. It returns the offset just past the
-// record, or -1 on a syntax error (in the record or, if at is past the
-// end, its absence); and on a problem, the offending field's name ("" for
-// the record as a whole).
-func (d *decoder) record(at int) (r Record, end int, field string, p problem) {
+// record decodes the record whose JSON starts at offset at of the message
+// into r, which is zero, checking its syntax as it goes. It returns the
+// offset just past the record, or -1 on a syntax error (in the record or,
+// if at is past the end, its absence); and on a problem, the offending
+// field's name ("" for the record as a whole).
+func (d *decoder) record(at int, r *Record) (end int, field string, p problem) {
 	v := d.data
 	if at >= len(v) || v[at] != '{' {
 		if end = validValue(v, at, 2); end < 0 {
-			return r, -1, "", problem{}
+			return -1, "", problem{}
 		}
-		return r, end, "", problem{ReasonWrongType, mustBe("an object", v[at:end])}
+		return end, "", problem{ReasonWrongType, mustBe("an object", v[at:end])}
 	}
 	var f [nRec][]byte
 	i := skipSpace(v, at+1)
@@ -74,20 +74,20 @@ func (d *decoder) record(at int) (r Record, end int, field string, p problem) {
 			keyAt := i
 			keyEnd, valAt := validKey(v, i)
 			if valAt < 0 {
-				return r, -1, "", problem{}
+				return -1, "", problem{}
 			}
 			// A rejected record's end is found by reading it again whole.
 			name := keyName(v[keyAt:keyEnd])
 			k := recField(name)
 			if k < 0 {
-				return r, validValue(v, at, 2), string(name), problem{ReasonUnknownField, "is not a meter.batch.v1 record field; records have " + recList}
+				return validValue(v, at, 2), string(name), problem{ReasonUnknownField, "is not a meter.batch.v1 record field; records have " + recList}
 			}
 			if f[k] != nil {
-				return r, validValue(v, at, 2), recNames[k], problem{ReasonBadJSON, repeated(keyAt)}
+				return validValue(v, at, 2), recNames[k], problem{ReasonBadJSON, repeated(keyAt)}
 			}
 			valEnd := validValue(v, valAt, 3)
 			if valEnd < 0 {
-				return r, -1, "", problem{}
+				return -1, "", problem{}
 			}
 			f[k] = v[valAt:valEnd]
 			i = skipSpace(v, valEnd)
@@ -99,11 +99,11 @@ func (d *decoder) record(at int) (r Record, end int, field string, p problem) {
 				end = i + 1
 				break
 			}
-			return r, -1, "", problem{}
+			return -1, "", problem{}
 		}
 	}
-	field, p = d.fields(&r, &f)
-	return r, end, field, p
+	field, p = d.fields(r, &f)
+	return end, field, p
 }
 
 // fields decodes and checks the members of a record in the documented order.

@@ -121,7 +121,8 @@ func decodeReference(key, value []byte) (b Batch, index []int, rejected []Record
 		if value[pos] == ',' {
 			pos = skipSpace(value, pos+1)
 		}
-		r, end, field, p := d.recordReference(pos)
+		var r Record
+		end, field, p := d.recordReference(pos, &r)
 		if end < 0 {
 			end = endValue(value, pos)
 		}
@@ -142,9 +143,9 @@ func decodeReference(key, value []byte) (b Batch, index []int, rejected []Record
 }
 
 // recordReference is decoder.record as it was, over valid JSON.
-func (d *decoder) recordReference(at int) (r Record, end int, field string, p problem) {
+func (d *decoder) recordReference(at int, r *Record) (end int, field string, p problem) {
 	if d.data[at] != '{' {
-		return r, -1, "", problem{ReasonWrongType, mustBe("an object", d.data[at:endValue(d.data, at)])}
+		return -1, "", problem{ReasonWrongType, mustBe("an object", d.data[at:endValue(d.data, at)])}
 	}
 	var f [nRec][]byte
 	it := refMembers{d: d.data, i: at + 1}
@@ -155,16 +156,16 @@ func (d *decoder) recordReference(at int) (r Record, end int, field string, p pr
 		}
 		k := recField(m.name())
 		if k < 0 {
-			return r, -1, string(m.name()), problem{ReasonUnknownField, "is not a meter.batch.v1 record field; records have " + recList}
+			return -1, string(m.name()), problem{ReasonUnknownField, "is not a meter.batch.v1 record field; records have " + recList}
 		}
 		if f[k] != nil {
-			return r, -1, recNames[k], problem{ReasonBadJSON, repeated(m.keyAt)}
+			return -1, recNames[k], problem{ReasonBadJSON, repeated(m.keyAt)}
 		}
 		f[k] = m.val
 	}
 	end = it.i
-	field, p = d.fields(&r, &f)
-	return r, end, field, p
+	field, p = d.fields(r, &f)
+	return end, field, p
 }
 
 // The scanner the reference decoder walked valid JSON with.
