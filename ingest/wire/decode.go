@@ -169,9 +169,10 @@ func (d *decoder) recordsArray(at int) int {
 		return i + 1
 	}
 	// Records of one message are alike: the first one's size tells about
-	// how many there are.
+	// how many there are (and no more can be accepted than records of the
+	// shortest kind fit).
 	if end := validValue(v, i, 2); end > i {
-		n := min((len(v)-i)/(end-i)+1, MaxRecords)
+		n := min((len(v)-i)/max(end-i, minRecordBytes)+1, MaxRecords)
 		d.records = make([]Record, 0, n)
 		d.spans = make([][2]int, 0, n)
 		d.index = make([]int, 0, n)
@@ -217,6 +218,11 @@ func (d *decoder) recordsArray(at int) int {
 		}
 	}
 }
+
+// minRecordBytes is the length of the shortest record Decode accepts
+// (TestMinRecordBytes): {"operation_id":"<36 characters>","customer":"a",
+// "meter":"a","seq":1,"total":0,"occurred_at":"1970-01-01T00:00:00Z"}.
+const minRecordBytes = 137
 
 func fail(r Reason, field, detail string) (Batch, []int, []RecordError, error) {
 	return Batch{}, nil, nil, &Error{Reason: r, Field: field, Detail: detail}

@@ -424,3 +424,18 @@ func FuzzDecodeReference(f *testing.F) {
 		checkAgainstReference(t, "fuzz", key, value)
 	})
 }
+
+// TestMinRecordBytes checks that the record minRecordBytes describes is
+// accepted and is that long: each of its required fields at its shortest.
+func TestMinRecordBytes(t *testing.T) {
+	rec := `{"operation_id":"00000000-0000-0000-0000-000000000001","customer":"a","meter":"a","seq":1,"total":0,"occurred_at":"1970-01-01T00:00:00Z"}`
+	value := `{"schema":"meter.batch.v1","batch_id":"01938f2e-6c1b-7d4e-9a51-3c2f9b7e4a10","producer":"p","epoch":1,` +
+		`"sent_at":"2026-12-02T10:00:00Z","records":[` + rec + `]}`
+	b, _, rejected, err := Decode([]byte("a"), []byte(value))
+	if err != nil || len(rejected) > 0 || len(b.Records) != 1 {
+		t.Fatalf("Decode: %v %v", err, rejected)
+	}
+	if len(rec) != minRecordBytes {
+		t.Fatalf("the shortest record is %d bytes, minRecordBytes %d", len(rec), minRecordBytes)
+	}
+}
