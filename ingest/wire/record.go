@@ -52,33 +52,58 @@ func recField(name []byte) int {
 	return -1
 }
 
-// record decodes the record whose JSON starts at offset at of the message.
-// It returns the offset just past the record, or -1 if it stopped before
-// reaching it; and on a problem, the offending field's name ("" for the
-// record as a whole).
-func (d *decoder) record(at int) (r Record, end int, field string, p problem) {
-	if d.data[at] != '{' {
-		return r, -1, "", problem{ReasonWrongType, mustBe("an object", d.data[at:endValue(d.data, at)])}
+// record decodes the record whose JSON starts at offset at of the message
+// into r, which is zero, checking its syntax as it goes. It returns the
+// offset just past the record, or -1 on a syntax error (in the record or,
+// if at is past the end, its absence); and on a problem, the offending
+// field's name ("" for the record as a whole).
+func (d *decoder) record(at int, r *Record) (end int, field string, p problem) {
+	v := d.data
+	if at >= len(v) || v[at] != '{' {
+		if end = validValue(v, at, 2); end < 0 {
+			return -1, "", problem{}
+		}
+		return end, "", problem{ReasonWrongType, mustBe("an object", v[at:end])}
 	}
 	var f [nRec][]byte
-	it := members{d: d.data, i: at + 1}
-	for {
-		m, ok := it.next()
-		if !ok {
-			break
+	i := skipSpace(v, at+1)
+	if i < len(v) && v[i] == '}' {
+		end = i + 1
+	} else {
+		for {
+			keyAt := i
+			keyEnd, valAt := validKey(v, i)
+			if valAt < 0 {
+				return -1, "", problem{}
+			}
+			// A rejected record's end is found by reading it again whole.
+			name := keyName(v[keyAt:keyEnd])
+			k := recField(name)
+			if k < 0 {
+				return validValue(v, at, 2), string(name), problem{ReasonUnknownField, "is not a meter.batch.v1 record field; records have " + recList}
+			}
+			if f[k] != nil {
+				return validValue(v, at, 2), recNames[k], problem{ReasonBadJSON, repeated(keyAt)}
+			}
+			valEnd := validValue(v, valAt, 3)
+			if valEnd < 0 {
+				return -1, "", problem{}
+			}
+			f[k] = v[valAt:valEnd]
+			i = skipSpace(v, valEnd)
+			if i < len(v) && v[i] == ',' {
+				i = skipSpace(v, i+1)
+				continue
+			}
+			if i < len(v) && v[i] == '}' {
+				end = i + 1
+				break
+			}
+			return -1, "", problem{}
 		}
-		k := recField(m.name())
-		if k < 0 {
-			return r, -1, string(m.name()), problem{ReasonUnknownField, "is not a meter.batch.v1 record field; records have " + recList}
-		}
-		if f[k] != nil {
-			return r, -1, recNames[k], problem{ReasonBadJSON, repeated(m.keyAt)}
-		}
-		f[k] = m.val
 	}
-	end = it.i
-	field, p = d.fields(&r, &f)
-	return r, end, field, p
+	field, p = d.fields(r, &f)
+	return end, field, p
 }
 
 // fields decodes and checks the members of a record in the documented order.

@@ -7,7 +7,7 @@ import (
 )
 
 // The JSON scanner (see the package doc for why Decode has its own):
-// unquoting, skipping values, iterating over members and elements.
+// unquoting and skipping white space; valid.go finds where values end.
 
 // unquote returns the content of the JSON string raw (quotes included). It
 // fails on an escaped unpaired UTF-16 surrogate, which encoding/json would
@@ -83,115 +83,13 @@ func skipSpace(d []byte, i int) int {
 	return i
 }
 
-// endString returns the offset just past the string that starts at d[i].
-func endString(d []byte, i int) int {
-	j := i + 1
-	for {
-		q := j + bytes.IndexByte(d[j:], '"')
-		n := 0
-		for p := q - 1; p > i && d[p] == '\\'; p-- {
-			n++
-		}
-		if n%2 == 0 {
-			return q + 1
-		}
-		j = q + 1
-	}
-}
-
-// endValue returns the offset just past the value that starts at d[i].
-func endValue(d []byte, i int) int {
-	switch d[i] {
-	case '"':
-		return endString(d, i)
-	case '{', '[':
-		depth := 0
-		for i < len(d) {
-			switch d[i] {
-			case '"':
-				i = endString(d, i)
-				continue
-			case '{', '[':
-				depth++
-			case '}', ']':
-				depth--
-				if depth == 0 {
-					return i + 1
-				}
-			}
-			i++
-		}
-		return i
-	}
-	for i < len(d) {
-		switch d[i] {
-		case ',', '}', ']', ' ', '\t', '\n', '\r':
-			return i
-		}
-		i++
-	}
-	return i
-}
-
-// members iterates over an object's members; i starts just past the '{'.
-type members struct {
-	d []byte
-	i int
-}
-
-type member struct {
-	key   []byte // raw, with quotes
-	keyAt int    // offset of the key in the message
-	val   []byte // raw value; nil for an absent member
-	at    int    // offset of the value in the message
-}
-
-// name returns the key unescaped. A key that cannot be unescaped comes back
-// raw; it matches no field name and is reported as unknown.
-func (m member) name() []byte {
-	s, detail := unquote(m.key)
+// keyName returns a member's key (raw, with its quotes) unescaped. A key
+// that cannot be unescaped comes back raw; it matches no field name and is
+// reported as unknown.
+func keyName(raw []byte) []byte {
+	s, detail := unquote(raw)
 	if detail != "" {
-		return m.key[1 : len(m.key)-1]
+		return raw[1 : len(raw)-1]
 	}
 	return s
-}
-
-func (it *members) next() (member, bool) {
-	d := it.d
-	i := skipSpace(d, it.i)
-	if d[i] == '}' {
-		it.i = i + 1
-		return member{}, false
-	}
-	if d[i] == ',' {
-		i = skipSpace(d, i+1)
-	}
-	keyAt := i
-	end := endString(d, i)
-	i = skipSpace(d, end) // at ':'
-	i = skipSpace(d, i+1) // at the value
-	vend := endValue(d, i)
-	it.i = vend
-	return member{key: d[keyAt:end], keyAt: keyAt, val: d[i:vend], at: i}, true
-}
-
-// elems iterates over an array's elements; i starts just past the '['.
-type elems struct {
-	d []byte
-	i int
-}
-
-func (it *elems) next() (val []byte, at int, ok bool) {
-	d := it.d
-	i := skipSpace(d, it.i)
-	if d[i] == ']' {
-		it.i = i + 1
-		return nil, 0, false
-	}
-	if d[i] == ',' {
-		i = skipSpace(d, i+1)
-	}
-	end := endValue(d, i)
-	it.i = end
-	return d[i:end], i, true
 }
