@@ -237,7 +237,18 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	var records int64
 	start := time.Now()
 	next := start
-	for time.Since(start) < o.Duration {
+	// Past Duration, go on until every customer reached its limit (a
+	// machine too busy to produce at the rate would leave the last
+	// customers short of theirs), up to four Durations.
+	short := func() bool {
+		for i := range o.Customers {
+			if totals[i] < limits[i] {
+				return true
+			}
+		}
+		return false
+	}
+	for time.Since(start) < o.Duration || short() && time.Since(start) < 4*o.Duration {
 		now := time.Now()
 		msgs := make([]kafka.Message, o.Customers)
 		for i := range o.Customers {
