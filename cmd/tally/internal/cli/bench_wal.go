@@ -43,7 +43,9 @@ type walSum struct{ records, bytes, fpi int64 }
 const (
 	qCreateWALInspect = `CREATE EXTENSION IF NOT EXISTS pg_walinspect`
 	qWALStart         = `SELECT pg_current_wal_insert_lsn()::text, (SELECT oid FROM pg_database WHERE datname = current_database())::text`
-	qWALFlushed       = `SELECT pg_current_wal_flush_lsn()::text`
+	// The flushed position, and whether it is past $1: the start is the
+	// insert position, which the flush may not have reached yet.
+	qWALFlushed = `SELECT pg_current_wal_flush_lsn()::text, pg_current_wal_flush_lsn() > $1::pg_lsn`
 	// A temporary physical slot reserving WAL from now; released as read.
 	qWALSlot        = `SELECT pg_create_physical_replication_slot($1, true, true)`
 	qWALSlotAdvance = `SELECT pg_replication_slot_advance($1, $2::pg_lsn)`
@@ -121,11 +123,12 @@ func (w *walWatch) poll(ctx context.Context) error {
 		return w.err
 	}
 	var to string
-	if err := w.conn.QueryRow(ctx, qWALFlushed).Scan(&to); err != nil {
+	var ahead bool
+	if err := w.conn.QueryRow(ctx, qWALFlushed, w.pos).Scan(&to, &ahead); err != nil {
 		w.err = err
 		return err
 	}
-	if to == w.pos {
+	if !ahead {
 		return nil
 	}
 	xids := make([]string, 0, len(w.xids))
