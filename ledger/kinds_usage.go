@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/periods"
@@ -65,20 +66,35 @@ type UniqueDay struct {
 }
 
 // KindsUsage is what a customer's gauges and unique meters hold for one
-// period, read in one go; Gauges answers the gauges' aggregates at any
-// later now (an open period's level-seconds grow with time), so an answer
-// may be kept until the ledger changes.
+// period, read in one go; Gauges answers the gauges' aggregates at the
+// read's now or any later one (an open period's level-seconds grow with
+// time), so an answer may be kept until the ledger changes.
 type KindsUsage struct {
 	start, end time.Time
+	read       time.Time // the read's now
 	gauges     []gaugeRows
 	Uniques    []UniqueUsage
 }
 
 type gaugeRows struct {
 	meter string
-	days  []dayRow
-	pts   []point // the change points of a bucket whose last one was at or after the read
+	days  []usageDay
 	prior decimal.Decimal
+}
+
+// usageDay is a bucket as a usage read has it. A bucket ending after the
+// read's now with a change point at or after it has ahead set: it is cut
+// at a later now from its row and these, never from all its points.
+type usageDay struct {
+	dayRow
+	ahead *aheadOfRead
+}
+
+// aheadOfRead is what cuts a bucket at any instant from the read's now on.
+type aheadOfRead struct {
+	from      time.Time           // the later of the read's now and the bucket's start
+	maxBefore decimal.NullDecimal // the highest level over [start, from); invalid when that is empty
+	pts       []point             // the bucket's change points from from on, in time order
 }
 
 // KindsRead is a customer's gauge and unique usage being read: QueueKinds
@@ -88,20 +104,24 @@ type KindsRead struct {
 	k               KindsUsage
 	customer, meter string
 	prior           map[string]decimal.Decimal
-	err             error
 }
 
 // QueueKinds queues on b the reads of a customer's declared gauges (meter
 // "": every one; a meter without levels is left out) and unique meters
-// over period p: at most a row per gauge and day of the period, whatever
-// the number of readings. After b is sent and closed, Finish answers.
-func QueueKinds(b *pgx.Batch, customer, meter string, p periods.Period) *KindsRead {
-	r := &KindsRead{k: KindsUsage{start: p.Start.UTC(), end: p.End.UTC()}, customer: customer, meter: meter,
-		prior: map[string]decimal.Decimal{}}
+// over period p as of now: at most a row per gauge and day of the period,
+// whatever the number of readings. After b is sent and closed, Finish
+// answers.
+func QueueKinds(b *pgx.Batch, customer, meter string, p periods.Period, now time.Time) *KindsRead {
+	r := newKindsRead(customer, meter, p, now)
 	for _, q := range r.reads(p) {
 		b.Queue(q.sql, q.args...).Query(q.scan)
 	}
 	return r
+}
+
+func newKindsRead(customer, meter string, p periods.Period, now time.Time) *KindsRead {
+	return &KindsRead{k: KindsUsage{start: p.Start.UTC(), end: p.End.UTC(), read: now.UTC().Truncate(time.Microsecond)},
+		customer: customer, meter: meter, prior: map[string]decimal.Decimal{}}
 }
 
 // kindsQuery is one statement of a KindsRead and what reads its rows.
@@ -119,19 +139,30 @@ func (r *KindsRead) reads(p periods.Period) []kindsQuery {
 	k := &r.k
 	var name string
 	var d dayRow
+	var maxBefore pgtype.Text
+	var ats []time.Time
+	var deltas []string
 	days := func(rows pgx.Rows) error {
 		_, err := pgx.ForEachRow(rows, []any{&name, &d.start, &d.end, numericDst(&d.levelIn), nullNumericDst(&d.prefix), &d.lastAt,
-			numericDst(&d.unitSec), numericDst(&d.levelOut)}, func() error {
+			numericDst(&d.unitSec), numericDst(&d.levelOut), &maxBefore, &ats, &deltas}, func() error {
 			if len(k.gauges) == 0 || k.gauges[len(k.gauges)-1].meter != name {
 				k.gauges = append(k.gauges, gaugeRows{meter: name})
 			}
-			row := d
+			row := usageDay{dayRow: d}
 			row.start, row.end = d.start.UTC(), d.end.UTC()
 			if row.lastAt.Valid {
 				row.lastAt.Time = row.lastAt.Time.UTC()
 			}
+			if ats != nil {
+				a, err := newAhead(row.start, k.read, maxBefore, ats, deltas)
+				if err != nil {
+					return err
+				}
+				row.ahead = a
+			}
 			g := &k.gauges[len(k.gauges)-1]
 			g.days = append(g.days, row)
+			maxBefore, ats, deltas = pgtype.Text{}, nil, nil
 			return nil
 		})
 		if err != nil {
@@ -155,38 +186,45 @@ func (r *KindsRead) reads(p periods.Period) []kindsQuery {
 		return err
 	}
 	return []kindsQuery{
-		{qKindGaugeDays, []any{r.customer, m, p.Start, p.End}, days},
+		{qKindGaugeDays, []any{r.customer, m, p.Start, p.End, r.k.read}, days},
 		{qKindGaugeAdjustments, []any{r.customer, p.Start, m}, adjustments},
 		{qUniqueUsage, []any{r.customer, p.Start, m}, uniques},
 	}
 }
 
-// Finish answers the read once its batch is closed. A bucket holding now
-// with a reading stamped ahead of it (within the allowed skew) needs that
-// bucket's own points, read here: the only statement of the read that is
-// not on the batch, and rare.
-func (r *KindsRead) Finish(ctx context.Context, db DBTX, now time.Time) (KindsUsage, error) {
+// newAhead is a bucket's aheadOfRead from qKindGaugeDays's columns.
+func newAhead(start, read time.Time, maxBefore pgtype.Text, ats []time.Time, deltas []string) (*aheadOfRead, error) {
+	if len(ats) != len(deltas) {
+		return nil, fmt.Errorf("bucket %s: %d change points, %d deltas", start.Format(time.RFC3339), len(ats), len(deltas))
+	}
+	a := &aheadOfRead{from: read, pts: make([]point, len(ats))}
+	if start.After(read) {
+		a.from = start
+	}
+	if maxBefore.Valid {
+		v, err := decimal.NewFromString(maxBefore.String)
+		if err != nil {
+			return nil, err
+		}
+		a.maxBefore = decimal.NewNullDecimal(v)
+	}
+	for i := range ats {
+		v, err := decimal.NewFromString(deltas[i])
+		if err != nil {
+			return nil, err
+		}
+		a.pts[i] = point{ats[i].UTC(), v}
+	}
+	return a, nil
+}
+
+// Finish answers the read once its batch is closed.
+func (r *KindsRead) Finish() KindsUsage {
 	k := r.k
 	for i := range k.gauges {
-		g := &k.gauges[i]
-		g.prior = r.prior[g.meter]
-		for _, d := range g.days {
-			if d.start.Before(now) && now.Before(d.end) && d.lastAt.Valid && !d.lastAt.Time.Before(now) {
-				rows, err := db.Query(ctx, qGaugePointsBetween, r.customer, g.meter, d.start, d.end)
-				if err != nil {
-					return k, fmt.Errorf("ledger: gauge usage: %w", err)
-				}
-				var pt point
-				if _, err := pgx.ForEachRow(rows, []any{&pt.at, numericDst(&pt.delta)}, func() error {
-					g.pts = append(g.pts, point{pt.at.UTC(), pt.delta})
-					return nil
-				}); err != nil {
-					return k, fmt.Errorf("ledger: gauge usage: %w", err)
-				}
-			}
-		}
+		k.gauges[i].prior = r.prior[k.gauges[i].meter]
 	}
-	return k, nil
+	return k
 }
 
 // ReadKinds is QueueKinds and Finish in one round trip of its own (one per
@@ -196,14 +234,13 @@ func ReadKinds(ctx context.Context, db DBTX, customer, meter string, p periods.P
 		SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
 	}); ok {
 		b := &pgx.Batch{}
-		r := QueueKinds(b, customer, meter, p)
+		r := QueueKinds(b, customer, meter, p, now)
 		if err := bdb.SendBatch(ctx, b).Close(); err != nil {
 			return KindsUsage{}, fmt.Errorf("ledger: kinds usage: %w", err)
 		}
-		return r.Finish(ctx, db, now)
+		return r.Finish(), nil
 	}
-	r := &KindsRead{k: KindsUsage{start: p.Start.UTC(), end: p.End.UTC()}, customer: customer, meter: meter,
-		prior: map[string]decimal.Decimal{}}
+	r := newKindsRead(customer, meter, p, now)
 	for _, q := range r.reads(p) {
 		rows, err := db.Query(ctx, q.sql, q.args...)
 		if err != nil {
@@ -213,21 +250,23 @@ func ReadKinds(ctx context.Context, db DBTX, customer, meter string, p periods.P
 			return KindsUsage{}, err
 		}
 	}
-	return r.Finish(ctx, db, now)
+	return r.Finish(), nil
 }
 
 // Gauges answers every gauge's aggregates through now (the period's end
-// once it is over).
+// once it is over). A now before the read's is taken as the read's.
 func (k KindsUsage) Gauges(now time.Time) []GaugeUsage {
 	asOf := k.end
+	if now.Before(k.read) {
+		now = k.read
+	}
 	if now.Before(asOf) {
 		asOf = now.UTC().Truncate(time.Microsecond)
 	}
 	out := make([]GaugeUsage, 0, len(k.gauges))
 	for _, g := range k.gauges {
 		u := GaugeUsage{Meter: g.meter, AsOf: asOf, PriorPeriodUnitSeconds: g.prior}
-		days := append([]dayRow(nil), g.days...)
-		gaugeAggregates(&u, days, g.pts, k.start, asOf)
+		gaugeAggregates(&u, g.days, k.start, asOf)
 		out = append(out, u)
 	}
 	return out
@@ -252,9 +291,9 @@ func ReadGauge(ctx context.Context, db DBTX, customer, meter string, p periods.P
 }
 
 // gaugeAggregates folds a period's buckets (the first may be the last one
-// before the period: its level is carried in) through asOf. pts are the
-// change points of the bucket holding asOf when some lie after it.
-func gaugeAggregates(u *GaugeUsage, days []dayRow, pts []point, start, asOf time.Time) {
+// before the period: its level is carried in) through asOf, at or after
+// the read's now.
+func gaugeAggregates(u *GaugeUsage, days []usageDay, start, asOf time.Time) {
 	level := decimal.Zero
 	if len(days) > 0 && days[0].start.Before(start) {
 		level, days = days[0].levelOut, days[1:]
@@ -287,17 +326,10 @@ func gaugeAggregates(u *GaugeUsage, days []dayRow, pts []point, start, asOf time
 			see(r.start, asOf, r.Max(), r.levelOut)
 			level, pos = r.levelOut, asOf
 		default:
-			cut := dayRow{start: r.start, end: asOf, levelIn: r.levelIn}
-			var before []point
-			for _, p := range pts {
-				if p.at.Before(asOf) {
-					before = append(before, p)
-				}
-			}
-			cut.recompute(before)
-			us = us.Add(cut.unitSec)
-			see(r.start, asOf, cut.Max(), cut.levelOut)
-			level, pos = cut.levelOut, asOf
+			cutMax, cutLevel, cutSec := r.cut(asOf)
+			us = us.Add(cutSec)
+			see(r.start, asOf, cutMax, cutLevel)
+			level, pos = cutLevel, asOf
 		}
 	}
 	if pos.Before(asOf) {
@@ -309,6 +341,44 @@ func gaugeAggregates(u *GaugeUsage, days []dayRow, pts []point, start, asOf time
 	if secs := Seconds(asOf.Sub(start)); secs.Sign() > 0 {
 		u.Average = us.DivRound(secs, 9)
 	}
+}
+
+// cut answers a bucket with a change point at or after asOf (start <
+// asOf <= its last change point, asOf at or after the read's now) over
+// [start, asOf): its highest level, the level just before asOf, and its
+// level-seconds. Only the change points from the read's now on are used:
+// the level just before the first of them is the level carried out less
+// their deltas, the level-seconds are the bucket's less those after asOf.
+func (r *usageDay) cut(asOf time.Time) (mx, latest, sec decimal.Decimal) {
+	a := r.ahead
+	level := r.levelOut
+	for _, p := range a.pts {
+		level = level.Sub(p.delta)
+	}
+	high, pos := a.maxBefore, a.from
+	raise := func(v decimal.Decimal) {
+		if !high.Valid || v.GreaterThan(high.Decimal) {
+			high = decimal.NewNullDecimal(v)
+		}
+	}
+	j := 0
+	for ; j < len(a.pts) && a.pts[j].at.Before(asOf); j++ {
+		if a.pts[j].at.After(pos) {
+			raise(level)
+		}
+		level, pos = level.Add(a.pts[j].delta), a.pts[j].at
+	}
+	if asOf.After(pos) {
+		raise(level)
+	}
+	latest = level
+	after, at := decimal.Zero, asOf
+	for ; j < len(a.pts); j++ {
+		after = after.Add(level.Mul(Seconds(a.pts[j].at.Sub(at))))
+		level, at = level.Add(a.pts[j].delta), a.pts[j].at
+	}
+	after = after.Add(level.Mul(Seconds(r.end.Sub(at))))
+	return high.Decimal, latest, r.unitSec.Sub(after)
 }
 
 // ReadUniques answers the distinct members of a customer's unique meters
