@@ -334,7 +334,10 @@ func (a *API) readUsage(ctx context.Context, key usageKey, p periods.Period) (us
 	if part.Valid {
 		d.partition = part.Int32
 	}
-	d.kinds = kinds.Finish()
+	var err error
+	if d.kinds, err = kinds.Finish(ctx, a.pool); err != nil {
+		return usageData{}, fmt.Errorf("usage: %w", err)
+	}
 	return d, nil
 }
 

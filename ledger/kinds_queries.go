@@ -171,40 +171,31 @@ FROM unnest(@id::uuid[], @customer::text[], @meter::text[], @period_start::times
 	// Usage: a gauge's buckets in a period and the last one before it.
 
 	// Every declared gauge's buckets of a customer in a period ($3, $4),
-	// and the last bucket before it (its level is carried in). A bucket
-	// whose end is after the read's now ($5) and with a change point at or
-	// after it (a reading stamped ahead of now, at most ledger.MaxClockSkew
-	// ahead of when it was applied) is cut at a later now from what it
-	// holds beside those points: the highest level over [day_start, $5)
-	// (NULL when that is empty) and its change points from $5 on, at most
-	// the skew window's. For every other bucket both are NULL and nothing
-	// more is read.
+	// and the last bucket before it (its level is carried in); ahead: the
+	// bucket ends after the read's now ($5) and has a change point at or
+	// after it (a reading stamped ahead of now, at most
+	// ledger.MaxClockSkew ahead of when it was applied). A flag in the
+	// output, not a filter, so the plan is the one without it.
 	qKindGaugeDays = `
-SELECT m.meter, d.day_start, d.day_end, d.level_in, d.max_prefix, d.last_at, d.unit_seconds, d.level_out,
-       a.max_before::text, a.ats, a.deltas
+SELECT m.meter, d.day_start, d.day_end, d.level_in, d.max_prefix, d.last_at, d.unit_seconds, d.level_out, d.ahead
 FROM meters m CROSS JOIN LATERAL (
-  (SELECT * FROM gauge_days g WHERE g.customer = $1 AND g.meter = m.meter AND g.day_start < $3 ORDER BY g.day_start DESC LIMIT 1)
+  (SELECT g.*, false AS ahead FROM gauge_days g
+   WHERE g.customer = $1 AND g.meter = m.meter AND g.day_start < $3 ORDER BY g.day_start DESC LIMIT 1)
   UNION ALL
-  (SELECT * FROM gauge_days g WHERE g.customer = $1 AND g.meter = m.meter AND g.day_start >= $3 AND g.day_start < $4)
+  (SELECT g.*, g.day_end > $5::timestamptz AND g.last_at >= $5::timestamptz FROM gauge_days g
+   WHERE g.customer = $1 AND g.meter = m.meter AND g.day_start >= $3 AND g.day_start < $4)
 ) AS d
-LEFT JOIN LATERAL (
-  SELECT
-    (SELECT CASE WHEN $5::timestamptz > d.day_start
-                 THEN greatest(max(d.level_in + x.rise), CASE WHEN NOT coalesce(bool_or(x.at = d.day_start), false) THEN d.level_in END) END
-     FROM (SELECT p.at, sum(p.delta) OVER (ORDER BY p.at) AS rise FROM gauge_points p
-           WHERE p.customer = $1 AND p.meter = m.meter AND p.at >= d.day_start AND p.at < $5::timestamptz) AS x) AS max_before,
-    (SELECT array_agg(p.at ORDER BY p.at) FROM gauge_points p
-     WHERE p.customer = $1 AND p.meter = m.meter AND p.at >= greatest(d.day_start, $5::timestamptz) AND p.at < d.day_end) AS ats,
-    (SELECT array_agg(p.delta::text ORDER BY p.at) FROM gauge_points p
-     WHERE p.customer = $1 AND p.meter = m.meter AND p.at >= greatest(d.day_start, $5::timestamptz) AND p.at < d.day_end) AS deltas
-  WHERE d.day_start >= $3 AND d.day_end > $5::timestamptz AND d.last_at >= $5::timestamptz
-) AS a ON true
 WHERE m.kind = 'gauge' AND ($2::text IS NULL OR m.meter = $2)
 ORDER BY m.meter, d.day_start`
 
 	qKindGaugeAdjustments = `
 SELECT meter, sum(unit_seconds) FROM gauge_adjustments
 WHERE customer = $1 AND period_start = $2 AND ($3::text IS NULL OR meter = $3) GROUP BY meter`
+
+	// A bucket's change points in [$3, $4): of an ahead bucket from the
+	// read's now on (at most the skew window's), and rarely those before
+	// it (see KindsRead.Finish).
+	qGaugePointsBetween = `SELECT at, delta FROM gauge_points WHERE customer = $1 AND meter = $2 AND at >= $3 AND at < $4 ORDER BY at`
 
 	// Reconciliation and tests: every reading of a customer's gauge.
 	qGaugeReadingsOf = `

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/periods"
@@ -83,11 +82,13 @@ type gaugeRows struct {
 }
 
 // usageDay is a bucket as a usage read has it. A bucket ending after the
-// read's now with a change point at or after it has ahead set: it is cut
-// at a later now from its row and these, never from all its points.
+// read's now with a change point at or after it (isAhead) gets ahead from
+// Finish: it is cut at any later now from its row and that, never from
+// all its points.
 type usageDay struct {
 	dayRow
-	ahead *aheadOfRead
+	isAhead bool
+	ahead   *aheadOfRead
 }
 
 // aheadOfRead is what cuts a bucket at any instant from the read's now on.
@@ -139,30 +140,20 @@ func (r *KindsRead) reads(p periods.Period) []kindsQuery {
 	k := &r.k
 	var name string
 	var d dayRow
-	var maxBefore pgtype.Text
-	var ats []time.Time
-	var deltas []string
+	var isAhead bool
 	days := func(rows pgx.Rows) error {
 		_, err := pgx.ForEachRow(rows, []any{&name, &d.start, &d.end, numericDst(&d.levelIn), nullNumericDst(&d.prefix), &d.lastAt,
-			numericDst(&d.unitSec), numericDst(&d.levelOut), &maxBefore, &ats, &deltas}, func() error {
+			numericDst(&d.unitSec), numericDst(&d.levelOut), &isAhead}, func() error {
 			if len(k.gauges) == 0 || k.gauges[len(k.gauges)-1].meter != name {
 				k.gauges = append(k.gauges, gaugeRows{meter: name})
 			}
-			row := usageDay{dayRow: d}
+			row := usageDay{dayRow: d, isAhead: isAhead}
 			row.start, row.end = d.start.UTC(), d.end.UTC()
 			if row.lastAt.Valid {
 				row.lastAt.Time = row.lastAt.Time.UTC()
 			}
-			if ats != nil {
-				a, err := newAhead(row.start, k.read, maxBefore, ats, deltas)
-				if err != nil {
-					return err
-				}
-				row.ahead = a
-			}
 			g := &k.gauges[len(k.gauges)-1]
 			g.days = append(g.days, row)
-			maxBefore, ats, deltas = pgtype.Text{}, nil, nil
 			return nil
 		})
 		if err != nil {
@@ -192,39 +183,128 @@ func (r *KindsRead) reads(p periods.Period) []kindsQuery {
 	}
 }
 
-// newAhead is a bucket's aheadOfRead from qKindGaugeDays's columns.
-func newAhead(start, read time.Time, maxBefore pgtype.Text, ats []time.Time, deltas []string) (*aheadOfRead, error) {
-	if len(ats) != len(deltas) {
-		return nil, fmt.Errorf("bucket %s: %d change points, %d deltas", start.Format(time.RFC3339), len(ats), len(deltas))
-	}
-	a := &aheadOfRead{from: read, pts: make([]point, len(ats))}
-	if start.After(read) {
-		a.from = start
-	}
-	if maxBefore.Valid {
-		v, err := decimal.NewFromString(maxBefore.String)
-		if err != nil {
-			return nil, err
-		}
-		a.maxBefore = decimal.NewNullDecimal(v)
-	}
-	for i := range ats {
-		v, err := decimal.NewFromString(deltas[i])
-		if err != nil {
-			return nil, err
-		}
-		a.pts[i] = point{ats[i].UTC(), v}
-	}
-	return a, nil
-}
-
-// Finish answers the read once its batch is closed.
-func (r *KindsRead) Finish() KindsUsage {
+// Finish answers the read once its batch is closed. A bucket ending after
+// the read's now with change points at or after it (a reading stamped
+// ahead of now: rare) gets what cuts it at any later now: those points,
+// read here (at most the skew window's), and the highest level before
+// now, which its row tells unless those points rose above every level
+// before now while the level just before now is lower; then, rarer
+// still, the bucket's change points before now are read too.
+func (r *KindsRead) Finish(ctx context.Context, db DBTX) (KindsUsage, error) {
 	k := r.k
 	for i := range k.gauges {
-		k.gauges[i].prior = r.prior[k.gauges[i].meter]
+		g := &k.gauges[i]
+		g.prior = r.prior[g.meter]
+		for j := range g.days {
+			d := &g.days[j]
+			if !d.isAhead {
+				continue
+			}
+			from := k.read
+			if d.start.After(from) {
+				from = d.start
+			}
+			pts, err := r.points(ctx, db, g.meter, from, d.end)
+			if err != nil {
+				return k, err
+			}
+			a, err := d.aheadOf(from, pts)
+			if err != nil {
+				return k, err
+			}
+			if a == nil {
+				if a, err = r.readAhead(ctx, db, g.meter, d, from, pts); err != nil {
+					return k, err
+				}
+			}
+			d.ahead = a
+		}
 	}
-	return k
+	return k, nil
+}
+
+// points reads a gauge's change points in [from, to).
+func (r *KindsRead) points(ctx context.Context, db DBTX, meter string, from, to time.Time) ([]point, error) {
+	rows, err := db.Query(ctx, qGaugePointsBetween, r.customer, meter, from, to)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: gauge usage: %w", err)
+	}
+	var out []point
+	var p point
+	if _, err := pgx.ForEachRow(rows, []any{&p.at, numericDst(&p.delta)}, func() error {
+		out = append(out, point{p.at.UTC(), p.delta})
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("ledger: gauge usage: %w", err)
+	}
+	return out, nil
+}
+
+// aheadOf is the bucket's aheadOfRead from its row and its change points
+// from from (the later of the read's now and its start) on, or nil when
+// they do not tell its highest level before from.
+func (d *usageDay) aheadOf(from time.Time, pts []point) (*aheadOfRead, error) {
+	a := &aheadOfRead{from: from, pts: pts}
+	if !d.lastAt.Valid || d.lastAt.Time.Before(a.from) {
+		return nil, fmt.Errorf("ledger: gauge usage: bucket %s: change points at or after %s beyond its last one",
+			d.start.Format(time.RFC3339), a.from.Format(time.RFC3339Nano))
+	}
+	if !a.from.After(d.start) {
+		return a, nil // [start, from) is empty
+	}
+	// The level just before from, and the highest over [from, lastAt).
+	level := d.levelOut
+	for _, p := range pts {
+		level = level.Sub(p.delta)
+	}
+	before := level
+	var after decimal.NullDecimal
+	pos := a.from
+	for _, p := range pts {
+		if p.at.After(pos) && (!after.Valid || level.GreaterThan(after.Decimal)) {
+			after = decimal.NewNullDecimal(level)
+		}
+		level, pos = level.Add(p.delta), p.at
+	}
+	// prefix is the highest level over [start, lastAt), which holds
+	// [start, from) (lastAt >= from > start), so it is that span's when
+	// nothing after from reaches it, or when the level just before from
+	// (that span's last) is it.
+	switch {
+	case !d.prefix.Valid:
+		return nil, nil
+	case !after.Valid, d.prefix.Decimal.GreaterThan(after.Decimal), d.prefix.Decimal.Equal(before):
+		a.maxBefore = d.prefix
+		return a, nil
+	}
+	return nil, nil
+}
+
+// readAhead is the bucket's aheadOfRead from its change points before
+// from, read here (the bucket starts before from: aheadOf answers the
+// others).
+func (r *KindsRead) readAhead(ctx context.Context, db DBTX, meter string, d *usageDay, from time.Time, pts []point) (*aheadOfRead, error) {
+	a := &aheadOfRead{from: from, pts: pts}
+	before, err := r.points(ctx, db, meter, d.start, from)
+	if err != nil {
+		return nil, err
+	}
+	level, pos := d.levelIn, d.start
+	raise := func() {
+		if !a.maxBefore.Valid || level.GreaterThan(a.maxBefore.Decimal) {
+			a.maxBefore = decimal.NewNullDecimal(level)
+		}
+	}
+	for _, p := range before {
+		if p.at.After(pos) {
+			raise()
+		}
+		level, pos = level.Add(p.delta), p.at
+	}
+	if from.After(pos) {
+		raise()
+	}
+	return a, nil
 }
 
 // ReadKinds is QueueKinds and Finish in one round trip of its own (one per
@@ -238,7 +318,7 @@ func ReadKinds(ctx context.Context, db DBTX, customer, meter string, p periods.P
 		if err := bdb.SendBatch(ctx, b).Close(); err != nil {
 			return KindsUsage{}, fmt.Errorf("ledger: kinds usage: %w", err)
 		}
-		return r.Finish(), nil
+		return r.Finish(ctx, db)
 	}
 	r := newKindsRead(customer, meter, p, now)
 	for _, q := range r.reads(p) {
@@ -250,7 +330,7 @@ func ReadKinds(ctx context.Context, db DBTX, customer, meter string, p periods.P
 			return KindsUsage{}, err
 		}
 	}
-	return r.Finish(), nil
+	return r.Finish(ctx, db)
 }
 
 // Gauges answers every gauge's aggregates through now (the period's end
