@@ -326,7 +326,7 @@ func (a *API) readUsage(ctx context.Context, key usageKey, p periods.Period) (us
 		})
 		return err
 	})
-	kinds := ledger.QueueKinds(b, key.customer, key.meter, p)
+	kinds := ledger.QueueKinds(b, key.customer, key.meter, p, a.now())
 	if err := a.pool.SendBatch(ctx, b).Close(); err != nil {
 		return usageData{}, fmt.Errorf("usage: %w", err)
 	}
@@ -335,7 +335,7 @@ func (a *API) readUsage(ctx context.Context, key usageKey, p periods.Period) (us
 		d.partition = part.Int32
 	}
 	var err error
-	if d.kinds, err = kinds.Finish(ctx, a.pool, a.now()); err != nil {
+	if d.kinds, err = kinds.Finish(ctx, a.pool); err != nil {
 		return usageData{}, fmt.Errorf("usage: %w", err)
 	}
 	return d, nil

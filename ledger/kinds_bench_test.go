@@ -1,13 +1,17 @@
 package ledger_test
 
 import (
+	"context"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/periods"
 )
 
 // BenchmarkApplyKinds measures Apply on micro-batches of counter, gauge and
@@ -55,4 +59,90 @@ func benchApplyKind(b *testing.B, size int, kind ledger.MeterKind) {
 		f.apply(batches[i]...)
 	}
 	b.ReportMetric(float64(size*b.N)/b.Elapsed().Seconds(), "records/s")
+}
+
+// BenchmarkReadKinds measures a customer's uncached gauge read
+// (ledger.ReadKinds, what a usage answer and a statement read) beside a
+// counter's (its daily rollups, what the usage answer reads for a
+// counter), over one monthly period: a gauge and a counter with a reading
+// every minute for 29.5 days (42,480 each), a gauge with 72 readings over
+// the period's first 36 hours, and the long gauge read while its last
+// readings are stamped ahead of now (within ledger.MaxClockSkew, as a
+// producer whose clock runs ahead leaves them). The read's cost must not
+// grow with the number of readings or the period's length (docs/design.md
+// §16). Setup takes about half a minute; compare ns/op.
+//
+//	go test ./ledger -run '^$' -bench ReadKinds -benchtime 2000x
+func BenchmarkReadKinds(b *testing.B) {
+	ctx := context.Background()
+	f := newFixture(b)
+	start := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
+	now := start.Add(29*24*time.Hour + 12*time.Hour)
+	f.now = now
+	if err := f.declare("seats", ledger.Gauge); err != nil {
+		b.Fatal(err)
+	}
+	long, short := recBuilder{"gw", 1, "long", "seats"}, recBuilder{"gw", 1, "short", "seats"}
+	calls := recBuilder{"gw", 1, "long", "api_calls"}
+	const ahead = 3 // the long gauge's readings stamped after now
+	var recs []ledger.Record
+	flush := func() {
+		f.apply(recs...)
+		recs = recs[:0]
+	}
+	n := int64(now.Sub(start)/time.Minute) + ahead
+	for i := int64(0); i < n; i++ {
+		at := start.Add(time.Duration(i) * time.Minute)
+		recs = append(recs, long.level(i+1, strconv.FormatInt(1+(i*7919)%100, 10), at))
+		if !at.After(now) {
+			recs = append(recs, calls.recQ(i+1, strconv.FormatInt(3*(i+1), 10), "3", at))
+		}
+		if len(recs) >= 2000 {
+			flush()
+		}
+	}
+	for i := int64(0); i < 72; i++ {
+		recs = append(recs, short.level(i+1, strconv.FormatInt(1+i%50, 10), start.Add(time.Duration(i)*30*time.Minute)))
+	}
+	flush()
+	sch, err := periods.Store{}.Schedule(ctx, f.pool, "long")
+	if err != nil {
+		b.Fatal(err)
+	}
+	p, err := sch.Resolve("current", now)
+	if err != nil {
+		b.Fatal(err)
+	}
+	f.exec(`VACUUM ANALYZE`)
+	gauge := func(customer string, at time.Time) func(b *testing.B) {
+		return func(b *testing.B) {
+			for b.Loop() {
+				k, err := ledger.ReadKinds(ctx, f.pool, customer, "", p, at)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if g := k.Gauges(at); len(g) != 1 || g[0].Max.Sign() <= 0 {
+					b.Fatalf("%s: %+v", customer, g)
+				}
+			}
+		}
+	}
+	b.Run("counter/42480-records-30-days", func(b *testing.B) {
+		for b.Loop() {
+			rows, err := f.pool.Query(ctx, `SELECT day, quantity::text FROM rollups_daily
+WHERE customer = $1 AND period_start = $2 AND meter = $3 ORDER BY day`, "long", p.Start, "api_calls")
+			if err != nil {
+				b.Fatal(err)
+			}
+			var day time.Time
+			var q string
+			days, err := pgx.ForEachRow(rows, []any{&day, &q}, func() error { return nil })
+			if err != nil || days.RowsAffected() != 30 {
+				b.Fatalf("%v, %d days", err, days.RowsAffected())
+			}
+		}
+	})
+	b.Run("gauge/72-readings-2-days", gauge("short", now))
+	b.Run("gauge/42480-readings-30-days", gauge("long", now.Add(ahead*time.Minute)))
+	b.Run("gauge/42480-readings-30-days-last-ahead-of-now", gauge("long", now))
 }

@@ -297,6 +297,58 @@ func checkGaugeSchedule(rt *rapid.T, f *fixture, ns string) {
 		}
 	}
 	check()
+	checkAhead(rt, f, customer, sch, truth)
 	deliver(order) // the whole schedule again: duplicates change nothing
 	check()
+}
+
+// checkAhead reads a gauge as of an instant with readings stamped after
+// it (a producer whose clock runs ahead of the reader's leaves such
+// readings, up to ledger.MaxClockSkew ahead), so the bucket holding that
+// instant is cut there; the answer kept and asked again later (as the
+// usage cache does) is cut there too. Every aggregate and level span
+// equals the brute force over the readings through the instant asked.
+func checkAhead(rt *rapid.T, f *fixture, customer string, sch periods.Schedule, truth []gaugeTruth) {
+	ctx := context.Background()
+	ref := truth[rapid.IntRange(0, len(truth)-1).Draw(rt, "aheadOf")].at
+	at := ref.Add(time.Duration(rapid.SampledFrom([]int64{-3600e6, -90e6, -1, 0, 1, 90e6}).Draw(rt, "aheadOffset")) * time.Microsecond)
+	p, err := sch.PeriodAt(at)
+	if err != nil {
+		rt.Fatal(err)
+	}
+	k, err := ledger.ReadKinds(ctx, f.pool, customer, "seats", p, at)
+	if err != nil {
+		rt.Fatal(err)
+	}
+	for _, later := range []time.Duration{0, time.Microsecond, time.Duration(rapid.Int64Range(1, 6*3600).Draw(rt, "askedLater")) * time.Second} {
+		now := at.Add(later)
+		asOf := p.End
+		if now.Before(asOf) {
+			asOf = now
+		}
+		mx, latest, us := bruteGauge(truth, p.Start, asOf)
+		got := ledger.GaugeUsage{Levels: []ledger.GaugeLevel{}}
+		for _, g := range k.Gauges(now) {
+			if g.Meter == "seats" {
+				got = g
+			}
+		}
+		if !got.Max.Equal(mx) || !got.Latest.Equal(latest) || !got.UnitSeconds.Equal(us) {
+			rt.Fatalf("read as of %s, asked at %s (period %s): max %s latest %s unit_seconds %s; brute force %s %s %s",
+				at, now, p.Name, got.Max, got.Latest, got.UnitSeconds, mx, latest, us)
+		}
+		pos := p.Start
+		for _, l := range got.Levels {
+			if !l.Start.Equal(pos) || !l.End.After(l.Start) {
+				rt.Fatalf("read as of %s, asked at %s: level span [%s, %s) after %s", at, now, l.Start, l.End, pos)
+			}
+			if bm, bl, _ := bruteGauge(truth, l.Start, l.End); !l.Max.Equal(bm) || !l.Latest.Equal(bl) {
+				rt.Fatalf("read as of %s, asked at %s: span [%s, %s) max %s latest %s; brute force %s %s", at, now, l.Start, l.End, l.Max, l.Latest, bm, bl)
+			}
+			pos = l.End
+		}
+		if len(got.Levels) > 0 && !pos.Equal(asOf) {
+			rt.Fatalf("read as of %s, asked at %s: level spans end at %s, not at %s", at, now, pos, asOf)
+		}
+	}
 }

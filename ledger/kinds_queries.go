@@ -171,13 +171,19 @@ FROM unnest(@id::uuid[], @customer::text[], @meter::text[], @period_start::times
 	// Usage: a gauge's buckets in a period and the last one before it.
 
 	// Every declared gauge's buckets of a customer in a period ($3, $4),
-	// and the last bucket before it (its level is carried in).
+	// and the last bucket before it (its level is carried in); ahead: the
+	// bucket ends after the read's now ($5) and has a change point at or
+	// after it (a reading stamped ahead of now, at most
+	// ledger.MaxClockSkew ahead of when it was applied). A flag in the
+	// output, not a filter, so the plan is the one without it.
 	qKindGaugeDays = `
-SELECT m.meter, d.day_start, d.day_end, d.level_in, d.max_prefix, d.last_at, d.unit_seconds, d.level_out
+SELECT m.meter, d.day_start, d.day_end, d.level_in, d.max_prefix, d.last_at, d.unit_seconds, d.level_out, d.ahead
 FROM meters m CROSS JOIN LATERAL (
-  (SELECT * FROM gauge_days g WHERE g.customer = $1 AND g.meter = m.meter AND g.day_start < $3 ORDER BY g.day_start DESC LIMIT 1)
+  (SELECT g.*, false AS ahead FROM gauge_days g
+   WHERE g.customer = $1 AND g.meter = m.meter AND g.day_start < $3 ORDER BY g.day_start DESC LIMIT 1)
   UNION ALL
-  (SELECT * FROM gauge_days g WHERE g.customer = $1 AND g.meter = m.meter AND g.day_start >= $3 AND g.day_start < $4)
+  (SELECT g.*, g.day_end > $5::timestamptz AND g.last_at >= $5::timestamptz FROM gauge_days g
+   WHERE g.customer = $1 AND g.meter = m.meter AND g.day_start >= $3 AND g.day_start < $4)
 ) AS d
 WHERE m.kind = 'gauge' AND ($2::text IS NULL OR m.meter = $2)
 ORDER BY m.meter, d.day_start`
@@ -186,6 +192,9 @@ ORDER BY m.meter, d.day_start`
 SELECT meter, sum(unit_seconds) FROM gauge_adjustments
 WHERE customer = $1 AND period_start = $2 AND ($3::text IS NULL OR meter = $3) GROUP BY meter`
 
+	// A bucket's change points in [$3, $4): of an ahead bucket from the
+	// read's now on (at most the skew window's), and rarely those before
+	// it (see KindsRead.Finish).
 	qGaugePointsBetween = `SELECT at, delta FROM gauge_points WHERE customer = $1 AND meter = $2 AND at >= $3 AND at < $4 ORDER BY at`
 
 	// Reconciliation and tests: every reading of a customer's gauge.

@@ -65,20 +65,37 @@ type UniqueDay struct {
 }
 
 // KindsUsage is what a customer's gauges and unique meters hold for one
-// period, read in one go; Gauges answers the gauges' aggregates at any
-// later now (an open period's level-seconds grow with time), so an answer
-// may be kept until the ledger changes.
+// period, read in one go; Gauges answers the gauges' aggregates at the
+// read's now or any later one (an open period's level-seconds grow with
+// time), so an answer may be kept until the ledger changes.
 type KindsUsage struct {
 	start, end time.Time
+	read       time.Time // the read's now
 	gauges     []gaugeRows
 	Uniques    []UniqueUsage
 }
 
 type gaugeRows struct {
 	meter string
-	days  []dayRow
-	pts   []point // the change points of a bucket whose last one was at or after the read
+	days  []usageDay
 	prior decimal.Decimal
+}
+
+// usageDay is a bucket as a usage read has it. A bucket ending after the
+// read's now with a change point at or after it (isAhead) gets ahead from
+// Finish: it is cut at any later now from its row and that, never from
+// all its points.
+type usageDay struct {
+	dayRow
+	isAhead bool
+	ahead   *aheadOfRead
+}
+
+// aheadOfRead is what cuts a bucket at any instant from the read's now on.
+type aheadOfRead struct {
+	from      time.Time           // the later of the read's now and the bucket's start
+	maxBefore decimal.NullDecimal // the highest level over [start, from); invalid when that is empty
+	pts       []point             // the bucket's change points from from on, in time order
 }
 
 // KindsRead is a customer's gauge and unique usage being read: QueueKinds
@@ -92,15 +109,20 @@ type KindsRead struct {
 
 // QueueKinds queues on b the reads of a customer's declared gauges (meter
 // "": every one; a meter without levels is left out) and unique meters
-// over period p: at most a row per gauge and day of the period, whatever
-// the number of readings. After b is sent and closed, Finish answers.
-func QueueKinds(b *pgx.Batch, customer, meter string, p periods.Period) *KindsRead {
-	r := &KindsRead{k: KindsUsage{start: p.Start.UTC(), end: p.End.UTC()}, customer: customer, meter: meter,
-		prior: map[string]decimal.Decimal{}}
+// over period p as of now: at most a row per gauge and day of the period,
+// whatever the number of readings. After b is sent and closed, Finish
+// answers.
+func QueueKinds(b *pgx.Batch, customer, meter string, p periods.Period, now time.Time) *KindsRead {
+	r := newKindsRead(customer, meter, p, now)
 	for _, q := range r.reads(p) {
 		b.Queue(q.sql, q.args...).Query(q.scan)
 	}
 	return r
+}
+
+func newKindsRead(customer, meter string, p periods.Period, now time.Time) *KindsRead {
+	return &KindsRead{k: KindsUsage{start: p.Start.UTC(), end: p.End.UTC(), read: now.UTC().Truncate(time.Microsecond)},
+		customer: customer, meter: meter, prior: map[string]decimal.Decimal{}}
 }
 
 // kindsQuery is one statement of a KindsRead and what reads its rows.
@@ -118,13 +140,14 @@ func (r *KindsRead) reads(p periods.Period) []kindsQuery {
 	k := &r.k
 	var name string
 	var d dayRow
+	var isAhead bool
 	days := func(rows pgx.Rows) error {
 		_, err := pgx.ForEachRow(rows, []any{&name, &d.start, &d.end, numericDst(&d.levelIn), nullNumericDst(&d.prefix), &d.lastAt,
-			numericDst(&d.unitSec), numericDst(&d.levelOut)}, func() error {
+			numericDst(&d.unitSec), numericDst(&d.levelOut), &isAhead}, func() error {
 			if len(k.gauges) == 0 || k.gauges[len(k.gauges)-1].meter != name {
 				k.gauges = append(k.gauges, gaugeRows{meter: name})
 			}
-			row := d
+			row := usageDay{dayRow: d, isAhead: isAhead}
 			row.start, row.end = d.start.UTC(), d.end.UTC()
 			if row.lastAt.Valid {
 				row.lastAt.Time = row.lastAt.Time.UTC()
@@ -154,38 +177,134 @@ func (r *KindsRead) reads(p periods.Period) []kindsQuery {
 		return err
 	}
 	return []kindsQuery{
-		{qKindGaugeDays, []any{r.customer, m, p.Start, p.End}, days},
+		{qKindGaugeDays, []any{r.customer, m, p.Start, p.End, r.k.read}, days},
 		{qKindGaugeAdjustments, []any{r.customer, p.Start, m}, adjustments},
 		{qUniqueUsage, []any{r.customer, p.Start, m}, uniques},
 	}
 }
 
-// Finish answers the read once its batch is closed. A bucket holding now
-// with a reading stamped ahead of it (within the allowed skew) needs that
-// bucket's own points, read here: the only statement of the read that is
-// not on the batch, and rare.
-func (r *KindsRead) Finish(ctx context.Context, db DBTX, now time.Time) (KindsUsage, error) {
+// Finish answers the read once its batch is closed. A bucket ending after
+// the read's now with change points at or after it (a reading stamped
+// ahead of now: rare) gets what cuts it at any later now: those points,
+// read here (at most the skew window's), and the highest level before
+// now, which its row tells unless those points rose above every level
+// before now while the level just before now is lower; then, rarer
+// still, the bucket's change points before now are read too.
+func (r *KindsRead) Finish(ctx context.Context, db DBTX) (KindsUsage, error) {
 	k := r.k
 	for i := range k.gauges {
 		g := &k.gauges[i]
 		g.prior = r.prior[g.meter]
-		for _, d := range g.days {
-			if d.start.Before(now) && now.Before(d.end) && d.lastAt.Valid && !d.lastAt.Time.Before(now) {
-				rows, err := db.Query(ctx, qGaugePointsBetween, r.customer, g.meter, d.start, d.end)
-				if err != nil {
-					return k, fmt.Errorf("ledger: gauge usage: %w", err)
-				}
-				var pt point
-				if _, err := pgx.ForEachRow(rows, []any{&pt.at, numericDst(&pt.delta)}, func() error {
-					g.pts = append(g.pts, point{pt.at.UTC(), pt.delta})
-					return nil
-				}); err != nil {
-					return k, fmt.Errorf("ledger: gauge usage: %w", err)
+		for j := range g.days {
+			d := &g.days[j]
+			if !d.isAhead {
+				continue
+			}
+			from := k.read
+			if d.start.After(from) {
+				from = d.start
+			}
+			pts, err := r.points(ctx, db, g.meter, from, d.end)
+			if err != nil {
+				return k, err
+			}
+			a, err := d.aheadOf(from, pts)
+			if err != nil {
+				return k, err
+			}
+			if a == nil {
+				if a, err = r.readAhead(ctx, db, g.meter, d, from, pts); err != nil {
+					return k, err
 				}
 			}
+			d.ahead = a
 		}
 	}
 	return k, nil
+}
+
+// points reads a gauge's change points in [from, to).
+func (r *KindsRead) points(ctx context.Context, db DBTX, meter string, from, to time.Time) ([]point, error) {
+	rows, err := db.Query(ctx, qGaugePointsBetween, r.customer, meter, from, to)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: gauge usage: %w", err)
+	}
+	var out []point
+	var p point
+	if _, err := pgx.ForEachRow(rows, []any{&p.at, numericDst(&p.delta)}, func() error {
+		out = append(out, point{p.at.UTC(), p.delta})
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("ledger: gauge usage: %w", err)
+	}
+	return out, nil
+}
+
+// aheadOf is the bucket's aheadOfRead from its row and its change points
+// from from (the later of the read's now and its start) on, or nil when
+// they do not tell its highest level before from.
+func (d *usageDay) aheadOf(from time.Time, pts []point) (*aheadOfRead, error) {
+	a := &aheadOfRead{from: from, pts: pts}
+	if !d.lastAt.Valid || d.lastAt.Time.Before(a.from) {
+		return nil, fmt.Errorf("ledger: gauge usage: bucket %s: change points at or after %s beyond its last one",
+			d.start.Format(time.RFC3339), a.from.Format(time.RFC3339Nano))
+	}
+	if !a.from.After(d.start) {
+		return a, nil // [start, from) is empty
+	}
+	// The level just before from, and the highest over [from, lastAt).
+	level := d.levelOut
+	for _, p := range pts {
+		level = level.Sub(p.delta)
+	}
+	before := level
+	var after decimal.NullDecimal
+	pos := a.from
+	for _, p := range pts {
+		if p.at.After(pos) && (!after.Valid || level.GreaterThan(after.Decimal)) {
+			after = decimal.NewNullDecimal(level)
+		}
+		level, pos = level.Add(p.delta), p.at
+	}
+	// prefix is the highest level over [start, lastAt), which holds
+	// [start, from) (lastAt >= from > start), so it is that span's when
+	// nothing after from reaches it, or when the level just before from
+	// (that span's last) is it.
+	switch {
+	case !d.prefix.Valid:
+		return nil, nil
+	case !after.Valid, d.prefix.Decimal.GreaterThan(after.Decimal), d.prefix.Decimal.Equal(before):
+		a.maxBefore = d.prefix
+		return a, nil
+	}
+	return nil, nil
+}
+
+// readAhead is the bucket's aheadOfRead from its change points before
+// from, read here (the bucket starts before from: aheadOf answers the
+// others).
+func (r *KindsRead) readAhead(ctx context.Context, db DBTX, meter string, d *usageDay, from time.Time, pts []point) (*aheadOfRead, error) {
+	a := &aheadOfRead{from: from, pts: pts}
+	before, err := r.points(ctx, db, meter, d.start, from)
+	if err != nil {
+		return nil, err
+	}
+	level, pos := d.levelIn, d.start
+	raise := func() {
+		if !a.maxBefore.Valid || level.GreaterThan(a.maxBefore.Decimal) {
+			a.maxBefore = decimal.NewNullDecimal(level)
+		}
+	}
+	for _, p := range before {
+		if p.at.After(pos) {
+			raise()
+		}
+		level, pos = level.Add(p.delta), p.at
+	}
+	if from.After(pos) {
+		raise()
+	}
+	return a, nil
 }
 
 // ReadKinds is QueueKinds and Finish in one round trip of its own (one per
@@ -195,14 +314,13 @@ func ReadKinds(ctx context.Context, db DBTX, customer, meter string, p periods.P
 		SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
 	}); ok {
 		b := &pgx.Batch{}
-		r := QueueKinds(b, customer, meter, p)
+		r := QueueKinds(b, customer, meter, p, now)
 		if err := bdb.SendBatch(ctx, b).Close(); err != nil {
 			return KindsUsage{}, fmt.Errorf("ledger: kinds usage: %w", err)
 		}
-		return r.Finish(ctx, db, now)
+		return r.Finish(ctx, db)
 	}
-	r := &KindsRead{k: KindsUsage{start: p.Start.UTC(), end: p.End.UTC()}, customer: customer, meter: meter,
-		prior: map[string]decimal.Decimal{}}
+	r := newKindsRead(customer, meter, p, now)
 	for _, q := range r.reads(p) {
 		rows, err := db.Query(ctx, q.sql, q.args...)
 		if err != nil {
@@ -212,21 +330,23 @@ func ReadKinds(ctx context.Context, db DBTX, customer, meter string, p periods.P
 			return KindsUsage{}, err
 		}
 	}
-	return r.Finish(ctx, db, now)
+	return r.Finish(ctx, db)
 }
 
 // Gauges answers every gauge's aggregates through now (the period's end
-// once it is over).
+// once it is over). A now before the read's is taken as the read's.
 func (k KindsUsage) Gauges(now time.Time) []GaugeUsage {
 	asOf := k.end
+	if now.Before(k.read) {
+		now = k.read
+	}
 	if now.Before(asOf) {
 		asOf = now.UTC().Truncate(time.Microsecond)
 	}
 	out := make([]GaugeUsage, 0, len(k.gauges))
 	for _, g := range k.gauges {
 		u := GaugeUsage{Meter: g.meter, AsOf: asOf, PriorPeriodUnitSeconds: g.prior}
-		days := append([]dayRow(nil), g.days...)
-		gaugeAggregates(&u, days, g.pts, k.start, asOf)
+		gaugeAggregates(&u, g.days, k.start, asOf)
 		out = append(out, u)
 	}
 	return out
@@ -251,9 +371,9 @@ func ReadGauge(ctx context.Context, db DBTX, customer, meter string, p periods.P
 }
 
 // gaugeAggregates folds a period's buckets (the first may be the last one
-// before the period: its level is carried in) through asOf. pts are the
-// change points of the bucket holding asOf when some lie after it.
-func gaugeAggregates(u *GaugeUsage, days []dayRow, pts []point, start, asOf time.Time) {
+// before the period: its level is carried in) through asOf, at or after
+// the read's now.
+func gaugeAggregates(u *GaugeUsage, days []usageDay, start, asOf time.Time) {
 	level := decimal.Zero
 	if len(days) > 0 && days[0].start.Before(start) {
 		level, days = days[0].levelOut, days[1:]
@@ -286,17 +406,10 @@ func gaugeAggregates(u *GaugeUsage, days []dayRow, pts []point, start, asOf time
 			see(r.start, asOf, r.Max(), r.levelOut)
 			level, pos = r.levelOut, asOf
 		default:
-			cut := dayRow{start: r.start, end: asOf, levelIn: r.levelIn}
-			var before []point
-			for _, p := range pts {
-				if p.at.Before(asOf) {
-					before = append(before, p)
-				}
-			}
-			cut.recompute(before)
-			us = us.Add(cut.unitSec)
-			see(r.start, asOf, cut.Max(), cut.levelOut)
-			level, pos = cut.levelOut, asOf
+			cutMax, cutLevel, cutSec := r.cut(asOf)
+			us = us.Add(cutSec)
+			see(r.start, asOf, cutMax, cutLevel)
+			level, pos = cutLevel, asOf
 		}
 	}
 	if pos.Before(asOf) {
@@ -308,6 +421,44 @@ func gaugeAggregates(u *GaugeUsage, days []dayRow, pts []point, start, asOf time
 	if secs := Seconds(asOf.Sub(start)); secs.Sign() > 0 {
 		u.Average = us.DivRound(secs, 9)
 	}
+}
+
+// cut answers a bucket with a change point at or after asOf (start <
+// asOf <= its last change point, asOf at or after the read's now) over
+// [start, asOf): its highest level, the level just before asOf, and its
+// level-seconds. Only the change points from the read's now on are used:
+// the level just before the first of them is the level carried out less
+// their deltas, the level-seconds are the bucket's less those after asOf.
+func (r *usageDay) cut(asOf time.Time) (mx, latest, sec decimal.Decimal) {
+	a := r.ahead
+	level := r.levelOut
+	for _, p := range a.pts {
+		level = level.Sub(p.delta)
+	}
+	high, pos := a.maxBefore, a.from
+	raise := func(v decimal.Decimal) {
+		if !high.Valid || v.GreaterThan(high.Decimal) {
+			high = decimal.NewNullDecimal(v)
+		}
+	}
+	j := 0
+	for ; j < len(a.pts) && a.pts[j].at.Before(asOf); j++ {
+		if a.pts[j].at.After(pos) {
+			raise(level)
+		}
+		level, pos = level.Add(a.pts[j].delta), a.pts[j].at
+	}
+	if asOf.After(pos) {
+		raise(level)
+	}
+	latest = level
+	after, at := decimal.Zero, asOf
+	for ; j < len(a.pts); j++ {
+		after = after.Add(level.Mul(Seconds(a.pts[j].at.Sub(at))))
+		level, at = level.Add(a.pts[j].delta), a.pts[j].at
+	}
+	after = after.Add(level.Mul(Seconds(r.end.Sub(at))))
+	return high.Decimal, latest, r.unitSec.Sub(after)
 }
 
 // ReadUniques answers the distinct members of a customer's unique meters
