@@ -12,6 +12,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/ingest/wire"
 )
 
@@ -233,7 +234,11 @@ func TestHostileMessagesNeverHaltAPartition(t *testing.T) {
 		msgs = append(msgs, kafka.Message{Key: h.key, Value: h.value})
 		msgs = append(msgs, encode(t, streams[i%len(streams)].next(rng, 2)))
 	}
-	m := e.start()
+	// Fetches of these messages (up to 8 MiB each) can take the in-process
+	// broker longer than the harness's 500 ms to begin answering on a
+	// loaded machine, which fails every fetch (see FetchMaxWait): this
+	// test is about the messages, not the broker's speed.
+	m := e.start(func(c *ingest.Config) { c.FetchMaxWait = 5 * time.Second })
 	t0 := time.Now()
 	w := e.kafka.PartitionWriter(topic, 0)
 	w.BatchSize = 1 // in order, one by one
