@@ -49,7 +49,7 @@ func (a *applier) copyRecords(ctx context.Context, tx pgx.Tx) error {
 		}
 	}
 	buf = binary.BigEndian.AppendUint16(buf, 0xffff) // the trailer: a field count of -1
-	if err := copyIn(ctx, tx.Conn(), buf, int64(len(a.newRecords))); err != nil {
+	if err := copyIn(ctx, tx.Conn(), "records", recordColumns, qCopyRecords, buf, int64(len(a.newRecords))); err != nil {
 		var pe *pgconn.PgError
 		if !a.lookupAll && errors.As(err, &pe) && pe.Code == uniqueViolation && pe.ConstraintName == operationIDKey {
 			// An id load did not look up (see load): Apply tries again.
@@ -67,15 +67,16 @@ const (
 	uniqueViolation = "23505"
 )
 
-// copyIn sends the encoded COPY stream, telling the connection's tracer (if
-// it traces COPY) as pgx.Conn.CopyFrom would.
-func copyIn(ctx context.Context, conn *pgx.Conn, stream []byte, rows int64) error {
+// copyIn sends the encoded COPY stream (statement copies into table's
+// columns), telling the connection's tracer (if it traces COPY) as
+// pgx.Conn.CopyFrom would.
+func copyIn(ctx context.Context, conn *pgx.Conn, table string, columns []string, statement string, stream []byte, rows int64) error {
 	tracer, _ := conn.Config().Tracer.(pgx.CopyFromTracer)
 	if tracer != nil {
 		ctx = tracer.TraceCopyFromStart(ctx, conn, pgx.TraceCopyFromStartData{
-			TableName: pgx.Identifier{"records"}, ColumnNames: recordColumns})
+			TableName: pgx.Identifier{table}, ColumnNames: columns})
 	}
-	tag, err := conn.PgConn().CopyFrom(ctx, bytes.NewReader(stream), qCopyRecords)
+	tag, err := conn.PgConn().CopyFrom(ctx, bytes.NewReader(stream), statement)
 	if err == nil && tag.RowsAffected() != rows {
 		err = fmt.Errorf("COPY wrote %d rows of %d", tag.RowsAffected(), rows)
 	}

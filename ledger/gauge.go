@@ -196,7 +196,7 @@ func (a *gaugeApplier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	}
 	a.queueCustomers(b, customers, minAt)
 	a.queueStreamState(b, keys)
-	b.Queue(qLockGaugeLevels, locks.GaugeLevel, lockC, lockM)
+	b.Queue(qLockCustomerMeters, locks.GaugeLevel, lockC, lockM)
 	// The gauge state of the streams, keyed like the streams just created
 	// and locked, in the same round trip.
 	producers, epochs, custs, meters := streamArrays(keys)

@@ -41,10 +41,12 @@ ON CONFLICT (meter) DO UPDATE SET kind = EXCLUDED.kind, unit = EXCLUDED.unit,
     description = EXCLUDED.description, updated_at = EXCLUDED.updated_at
 WHERE (meters.kind, meters.unit, meters.description) IS DISTINCT FROM (EXCLUDED.kind, EXCLUDED.unit, EXCLUDED.description)`
 
-	// One exclusive lock per (customer, gauge meter), sorted: a gauge's
-	// buckets are read, recomputed and written back, so two batches of
-	// one customer's gauge take turns.
-	qLockGaugeLevels = `
+	// One exclusive lock per (customer, meter), sorted, in the class $1:
+	// locks.GaugeLevel (a gauge's buckets are read, recomputed and written
+	// back) or locks.UniqueMembers (a member's readings are looked up
+	// before the batch's go in), so two batches of one customer's meter
+	// take turns.
+	qLockCustomerMeters = `
 SELECT count(pg_advisory_xact_lock($1::int, h))
 FROM (SELECT DISTINCT hashtext(c || '/' || m) AS h FROM unnest($2::text[], $3::text[]) AS k(c, m) ORDER BY 1) AS s`
 
@@ -211,28 +213,40 @@ SELECT r.stream_id, r.seq, r.operation_id
 FROM unnest($1::bigint[], $2::bigint[]) AS k(stream_id, seq)
 JOIN unique_readings r USING (stream_id, seq)`
 
-	qInsertUniqueReadings = `
-INSERT INTO unique_readings (stream_id, seq, operation_id, customer, meter, member, occurred_at, final, late_fill, ingested_at)
-SELECT stream_id, seq, operation_id, customer, meter, member, occurred_at, final, late_fill, @now
-FROM unnest(@stream_id::bigint[], @seq::bigint[], @operation_id::uuid[], @customer::text[], @meter::text[],
-            @member::text[], @occurred_at::timestamptz[], @final::boolean[], @late_fill::boolean[])
-  AS r(stream_id, seq, operation_id, customer, meter, member, occurred_at, final, late_fill)
-ON CONFLICT (operation_id) DO NOTHING
-RETURNING 1`
+	// The readings of a micro-batch, binary, in the columns' order of
+	// uniqueColumns (unique.go encodes the rows).
+	qCopyUniqueReadings = `COPY unique_readings (stream_id, seq, operation_id, customer, meter, member, occurred_at, ` +
+		`final, late_fill, ingested_at, period_start, day) FROM STDIN BINARY`
 
-	// A member counts once per period and once per bucket day: the count
-	// grows by what the insert added, in the same statement.
-	qInsertUniqueMembers = `
-WITH ins AS (
-  INSERT INTO unique_members (customer, meter, period_start, per_day, day, member, first_at)
-  SELECT * FROM unnest(@customer::text[], @meter::text[], @period_start::timestamptz[], @per_day::boolean[],
-                       @day::timestamptz[], @member::text[], @first_at::timestamptz[])
-  ORDER BY 1, 2, 3, 4, 5, 6
-  ON CONFLICT DO NOTHING
-  RETURNING customer, meter, period_start, per_day, day
+	// A member counts once per period and once per bucket day. The batch's
+	// (customer, meter, period, member, day) keys, each once, are looked
+	// up in the readings before the batch's own go in (the same pipeline,
+	// under locks.UniqueMembers): a key counts in its day when no reading
+	// holds it, and its member in the period when no reading of that
+	// period does.
+	qCountUniqueMembers = `
+WITH k AS MATERIALIZED (
+  SELECT k.*, hashtextextended(k.customer, 0) AS ck, hashtextextended(k.meter || '/' || k.member, 0) AS mk
+  FROM unnest(@customer::text[], @meter::text[], @period_start::timestamptz[], @member::text[], @day::timestamptz[])
+    AS k(customer, meter, period_start, member, day)
+), p AS MATERIALIZED (
+  SELECT k.*, EXISTS (SELECT 1 FROM unique_readings r WHERE r.customer_key = k.ck AND r.period_start = k.period_start
+                        AND r.member_key = k.mk AND r.customer = k.customer AND r.meter = k.meter AND r.member = k.member) AS in_period
+  FROM k
+), n AS (
+  SELECT p.*, CASE WHEN p.in_period THEN EXISTS (SELECT 1 FROM unique_readings r WHERE r.customer_key = p.ck
+                AND r.period_start = p.period_start AND r.member_key = p.mk AND r.day = p.day
+                AND r.customer = p.customer AND r.meter = p.meter AND r.member = p.member)
+              ELSE false END AS on_day
+  FROM p
 )
 INSERT INTO unique_counts AS c (customer, meter, period_start, per_day, day, members)
-SELECT customer, meter, period_start, per_day, day, count(*) FROM ins GROUP BY 1, 2, 3, 4, 5 ORDER BY 1, 2, 3, 4, 5
+SELECT * FROM (
+  SELECT customer, meter, period_start, false, period_start, count(DISTINCT member) FROM n WHERE NOT in_period GROUP BY 1, 2, 3
+  UNION ALL
+  SELECT customer, meter, period_start, true, day, count(*) FROM n WHERE NOT on_day GROUP BY 1, 2, 3, 5
+) AS u(customer, meter, period_start, per_day, day, members)
+ORDER BY 1, 2, 3, 4, 5
 ON CONFLICT (customer, meter, period_start, per_day, day) DO UPDATE SET members = c.members + EXCLUDED.members`
 
 	qUniqueUsage = `
@@ -249,10 +263,11 @@ SELECT DISTINCT s.customer FROM streams s JOIN meters m ON m.meter = s.meter WHE
 	qGaugeMovesOut = `
 SELECT meter, sum(unit_seconds) FROM gauge_adjustments WHERE customer = $1 AND prior_period = $2 GROUP BY meter`
 
-	// Reconciliation: distinct members from the readings themselves. A
-	// unique_readings index by customer would serve it; reconciliation
-	// reads the customer's readings anyway.
+	// Reconciliation: distinct members from the readings themselves, by the
+	// index the counts are kept by (unique_readings_members); a reading
+	// counted in the period although its occurred_at lies outside it is
+	// not recounted, so a wrong attribution shows as a difference.
 	qUniqueRecount = `
-SELECT meter, count(DISTINCT member) FROM unique_readings
-WHERE customer = $1 AND occurred_at >= $2 AND occurred_at < $3 GROUP BY meter`
+SELECT meter, count(DISTINCT member) FILTER (WHERE occurred_at >= $2 AND occurred_at < $3) FROM unique_readings
+WHERE customer_key = hashtextextended($1, 0) AND period_start = $2 AND customer = $1 GROUP BY meter`
 )

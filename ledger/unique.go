@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
@@ -10,19 +11,23 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/shopspring/decimal"
 
+	"github.com/tally-ledger/tally/internal/locks"
 	"github.com/tally-ledger/tally/periods"
 )
 
 // A unique record says its member was active at occurred_at. The member
 // counts once in that period and once in that bucket day (see DayBucket):
-// unique_members' key makes a second sighting insert nothing, and the
-// count grows in the same statement by what was inserted. Streams, seqs
-// and operation ids follow the counters' rules (a seq below the stream's
-// last is a late fill: nothing was billed for it, so it only counts its
-// member).
+// a reading carries both, and before the batch's readings go in (one
+// binary COPY) its members are looked up in the readings by
+// unique_readings_members, under locks.UniqueMembers; the counts grow by
+// the members and member days no reading held (qCountUniqueMembers).
+// Streams, seqs and operation ids follow the counters' rules (a seq below
+// the stream's last is a late fill: nothing was billed for it, so it only
+// counts its member).
 
 // FindingUniqueAfterClose: a member was seen in a period already closed.
 const FindingUniqueAfterClose = "unique_member_after_close"
@@ -37,15 +42,23 @@ type uniqueStored struct {
 
 type uniqueApplier struct {
 	*applier
-	uops     map[uuid.UUID]uniqueStored
-	members  map[memberKey]time.Time
-	news     []gaugeNew
-	inserted int // readings the insert inserted (fewer: an operation id was taken)
+	uops    map[uuid.UUID]uniqueStored
+	members map[memberKey]bool
+	news    []uniqueNew
+}
+
+// uniqueNew is a reading to write, with the period and bucket day it
+// counts in.
+type uniqueNew struct {
+	r           *Record
+	streamID    int64
+	late        bool
+	period, day time.Time
 }
 
 type memberKey struct {
 	customer, meter string
-	period, day     int64 // unix micro; day 0: the period's row
+	period, day     int64 // unix micro
 	member          string
 }
 
@@ -70,7 +83,7 @@ func (l *Ledger) applyUniquesOnce(ctx context.Context, tx pgx.Tx, recs []Record,
 		streams: map[StreamKey]*stream{}, ops: map[uuid.UUID]stored{},
 		calendars: map[string]periods.Schedule{}, closed: map[periodKey]bool{}, rollups: map[rollupKey]decimal.Decimal{},
 		elsewhere: maps.Clone(earlier),
-	}, uops: map[uuid.UUID]uniqueStored{}, members: map[memberKey]time.Time{}}
+	}, uops: map[uuid.UUID]uniqueStored{}, members: map[memberKey]bool{}}
 	valid := a.validateReadings()
 	if len(valid) == 0 {
 		return a.out, nil
@@ -79,12 +92,18 @@ func (l *Ledger) applyUniquesOnce(ctx context.Context, tx pgx.Tx, recs []Record,
 	seenC := map[string]bool{}
 	var keys []StreamKey
 	var opIDs []uuid.UUID
+	var lockC, lockM []string
+	seenCM := map[cmKey]bool{}
 	minAt := now
 	for _, i := range valid {
 		r := &a.recs[i]
 		if !seenC[r.Stream.Customer] {
 			seenC[r.Stream.Customer] = true
 			customers = append(customers, r.Stream.Customer)
+		}
+		if cm := (cmKey{r.Stream.Customer, r.Stream.Meter}); !seenCM[cm] {
+			seenCM[cm] = true
+			lockC, lockM = append(lockC, cm.customer), append(lockM, cm.meter)
 		}
 		if _, ok := a.streams[r.Stream]; !ok {
 			a.streams[r.Stream] = nil
@@ -105,6 +124,7 @@ func (l *Ledger) applyUniquesOnce(ctx context.Context, tx pgx.Tx, recs []Record,
 	}
 	a.queueCustomers(b, customers, minAt)
 	a.queueStreamState(b, keys)
+	b.Queue(qLockCustomerMeters, locks.UniqueMembers, lockC, lockM)
 	a.queueOtherKinds(b, opIDs, Unique)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("ledger: unique load: %w", err)
@@ -208,20 +228,12 @@ func (a *uniqueApplier) apply(i int) error {
 	}
 	s.seen[r.Seq] = r.OperationID
 	a.uops[r.OperationID] = uniqueStored{streamID: s.id, seq: r.Seq, member: r.Member, at: r.OccurredAt, final: r.Final}
-	a.news = append(a.news, gaugeNew{r: r, streamID: s.id, late: late})
-
 	start, _, period, err := DayBucket(a.calendars[r.Stream.Customer], r.OccurredAt)
 	if err != nil {
 		return fmt.Errorf("ledger: customer %q: %w", r.Stream.Customer, err)
 	}
-	for _, k := range []memberKey{
-		{r.Stream.Customer, r.Stream.Meter, period.UnixMicro(), 0, r.Member},
-		{r.Stream.Customer, r.Stream.Meter, period.UnixMicro(), start.UnixMicro(), r.Member},
-	} {
-		if t, ok := a.members[k]; !ok || r.OccurredAt.Before(t) {
-			a.members[k] = r.OccurredAt
-		}
-	}
+	a.news = append(a.news, uniqueNew{r: r, streamID: s.id, late: late, period: period, day: start})
+	a.members[memberKey{r.Stream.Customer, r.Stream.Meter, period.UnixMicro(), start.UnixMicro(), r.Member}] = true
 	if a.closed[periodKey{r.Stream.Customer, period.UnixMicro()}] {
 		sid, seq := s.id, r.Seq
 		a.findings = append(a.findings, finding{kind: FindingUniqueAfterClose, customer: r.Stream.Customer, meter: r.Stream.Meter,
@@ -239,19 +251,14 @@ func (a *uniqueApplier) apply(i int) error {
 
 func (a *uniqueApplier) write(ctx context.Context, tx pgx.Tx) error {
 	b := &pgx.Batch{}
-	if n := len(a.news); n > 0 {
-		sid, seq := make([]int64, n), make([]int64, n)
-		ops := make([]pgtype.UUID, n)
-		cs, ms, mem := make([]string, n), make([]string, n), make([]string, n)
-		at := make([]time.Time, n)
-		fin, late := make([]bool, n), make([]bool, n)
-		for j, g := range a.news {
-			sid[j], seq[j], ops[j] = g.streamID, g.r.Seq, pgUUID(g.r.OperationID)
-			cs[j], ms[j], mem[j], at[j] = g.r.Stream.Customer, g.r.Stream.Meter, g.r.Member, g.r.OccurredAt
-			fin[j], late[j] = g.r.Final, g.late
+	if n := len(a.members); n > 0 {
+		cs, ms, mem := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+		ps, ds := make([]time.Time, 0, n), make([]time.Time, 0, n)
+		for k := range a.members {
+			cs, ms, mem = append(cs, k.customer), append(ms, k.meter), append(mem, k.member)
+			ps, ds = append(ps, time.UnixMicro(k.period).UTC()), append(ds, time.UnixMicro(k.day).UTC())
 		}
-		b.Queue(qInsertUniqueReadings, pgx.StrictNamedArgs{"stream_id": sid, "seq": seq, "operation_id": ops, "customer": cs,
-			"meter": ms, "member": mem, "occurred_at": at, "final": fin, "late_fill": late, "now": a.now}).Query(countInserted(&a.inserted))
+		b.Queue(qCountUniqueMembers, pgx.StrictNamedArgs{"customer": cs, "meter": ms, "period_start": ps, "member": mem, "day": ds})
 	}
 	var ids, seqs []int64
 	var finals []*int64
@@ -270,36 +277,55 @@ func (a *uniqueApplier) write(ctx context.Context, tx pgx.Tx) error {
 	if len(ids) > 0 {
 		b.Queue(qUpdateStreamSeqs, ids, seqs, finals, a.now)
 	}
-	if n := len(a.members); n > 0 {
-		keys := make([]memberKey, 0, n)
-		for k := range a.members {
-			keys = append(keys, k)
-		}
-		cs, ms, mem := make([]string, n), make([]string, n), make([]string, n)
-		ps, ds, first := make([]time.Time, n), make([]time.Time, n), make([]time.Time, n)
-		perDay := make([]bool, n)
-		for j, k := range keys {
-			cs[j], ms[j], mem[j] = k.customer, k.meter, k.member
-			ps[j], first[j] = time.UnixMicro(k.period).UTC(), a.members[k]
-			perDay[j] = k.day != 0
-			ds[j] = ps[j]
-			if perDay[j] {
-				ds[j] = time.UnixMicro(k.day).UTC()
-			}
-		}
-		b.Queue(qInsertUniqueMembers, pgx.StrictNamedArgs{"customer": cs, "meter": ms, "period_start": ps, "per_day": perDay,
-			"day": ds, "member": mem, "first_at": first})
-	}
 	a.queueConflicts(b)
 	a.queueFindings(b)
-	if b.Len() == 0 {
+	if b.Len() > 0 {
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return fmt.Errorf("ledger: unique write: %w", err)
+		}
+	}
+	return a.copyReadings(ctx, tx)
+}
+
+// uniqueColumns are the columns of qCopyUniqueReadings, in order.
+var uniqueColumns = []string{"stream_id", "seq", "operation_id", "customer", "meter", "member", "occurred_at",
+	"final", "late_fill", "ingested_at", "period_start", "day"}
+
+// copyReadings writes the new readings with one binary COPY, as
+// copyRecords does the counters' records, after the members were counted.
+func (a *uniqueApplier) copyReadings(ctx context.Context, tx pgx.Tx) error {
+	if len(a.news) == 0 {
 		return nil
 	}
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("ledger: unique write: %w", err)
+	buf := make([]byte, 0, len(copyHeader)+len(a.news)*160+2)
+	buf = append(buf, copyHeader...)
+	for _, g := range a.news {
+		r := g.r
+		buf = binary.BigEndian.AppendUint16(buf, uint16(len(uniqueColumns)))
+		buf = appendInt8Field(buf, g.streamID)
+		buf = appendInt8Field(buf, r.Seq)
+		buf = appendField(buf, r.OperationID[:])
+		buf = appendTextField(buf, r.Stream.Customer)
+		buf = appendTextField(buf, r.Stream.Meter)
+		buf = appendTextField(buf, r.Member)
+		buf = appendTimeField(buf, r.OccurredAt)
+		buf = appendBoolField(buf, r.Final)
+		buf = appendBoolField(buf, g.late)
+		buf = appendTimeField(buf, a.now)
+		buf = appendTimeField(buf, g.period)
+		buf = appendTimeField(buf, g.day)
 	}
-	if a.inserted != len(a.news) {
-		return errOperationTaken
+	buf = binary.BigEndian.AppendUint16(buf, 0xffff)
+	if err := copyIn(ctx, tx.Conn(), "unique_readings", uniqueColumns, qCopyUniqueReadings, buf, int64(len(a.news))); err != nil {
+		var pe *pgconn.PgError
+		if !a.lookupAll && errors.As(err, &pe) && pe.Code == uniqueViolation && pe.ConstraintName == uniqueOperationIDKey {
+			// An id load did not look up: applyUniques tries again.
+			return fmt.Errorf("%w: %w", errOperationTaken, err)
+		}
+		return fmt.Errorf("ledger: write unique readings: %w", err)
 	}
 	return nil
 }
+
+// uniqueOperationIDKey is the unique key of unique_readings on operation_id.
+const uniqueOperationIDKey = "unique_readings_operation_id_key"

@@ -81,4 +81,16 @@ func TestGaugesAndUniquesAreReconciled(t *testing.T) {
 	if len(kinds) != 2 || kinds[0] != reconcile.KindGaugeMismatch || kinds[1] != reconcile.KindUniqueMismatch {
 		t.Fatalf("discrepancies %v: %+v", kinds, r.Findings)
 	}
+	// A reading counted in a period its occurred_at is not in: the count
+	// stays, the recount does not see the member there.
+	e.exec(`UPDATE gauge_days SET unit_seconds = unit_seconds - 1 WHERE day_start >= '2026-11-05'`)
+	e.exec(`UPDATE unique_counts SET members = members - 1 WHERE period_start = '2026-11-01' AND NOT per_day`)
+	if r = e.run(reconcile.Options{Period: "2026-11-01"}); len(findings(t, r, reconcile.KindUniqueMismatch)) != 0 {
+		t.Fatalf("november, count mended: %+v", r.Findings)
+	}
+	e.exec(`UPDATE unique_readings SET occurred_at = occurred_at - interval '40 days' WHERE period_start = '2026-11-01'`)
+	r = e.run(reconcile.Options{Period: "2026-11-01"})
+	if got := findings(t, r, reconcile.KindUniqueMismatch); len(got) != 1 {
+		t.Fatalf("a reading outside its period: %+v", r.Findings)
+	}
 }

@@ -66,6 +66,14 @@ const (
 	// meter) of its micro-batch, sorted. The second key is
 	// hashtext(customer || '/' || meter).
 	GaugeLevel = 71546
+
+	// UniqueMembers serialises the writers of one customer's unique
+	// meter: ledger's unique path looks the batch's members up in the
+	// readings, counts the new ones and writes the readings, in its
+	// transaction, holding this exclusively for every (customer, meter)
+	// of its micro-batch, sorted. The second key is
+	// hashtext(customer || '/' || meter).
+	UniqueMembers = 71547
 )
 
 // Single-key spaces.

@@ -175,9 +175,7 @@ func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error
 		fmt.Fprintf(out, "  %-34s %8d rows    in %7.2fs = %9.0f rows/s\n", "physical: raw records, one index", len(physical), r4.Seconds(), float64(len(physical))/r4.Seconds())
 		tu, td, tc, tp, copied = append(tu, r1), append(td, r2), append(tc, r3), append(tp, r4), n
 		if kindMsgs != nil {
-			ko := o
-			ko.wal, ko.statements = false, false
-			r5, db5, err := benchRun(ctx, out, log, k.Addr, "bench.kind", ko, kindMsgs, round == 0)
+			r5, db5, err := benchRun(ctx, out, log, k.Addr, "bench.kind", o, kindMsgs, round == 0)
 			if db5 != "" && !o.keep {
 				defer dropBenchDB(o.adminURL, db5)
 			}
