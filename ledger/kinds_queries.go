@@ -216,36 +216,23 @@ JOIN unique_readings r USING (stream_id, seq)`
 	// The readings of a micro-batch, binary, in the columns' order of
 	// uniqueColumns (unique.go encodes the rows).
 	qCopyUniqueReadings = `COPY unique_readings (stream_id, seq, operation_id, customer, meter, member, occurred_at, ` +
-		`final, late_fill, ingested_at, period_start, day) FROM STDIN BINARY`
+		`final, late_fill, ingested_at, period_start, day, counted) FROM STDIN BINARY`
 
-	// A member counts once per period and once per bucket day. The batch's
-	// (customer, meter, period, member, day) keys, each once, are looked
-	// up in the readings before the batch's own go in (the same pipeline,
-	// under locks.UniqueMembers): a key counts in its day when no reading
-	// holds it, and its member in the period when no reading of that
-	// period does.
-	qCountUniqueMembers = `
-WITH k AS MATERIALIZED (
-  SELECT k.*, hashtextextended(k.customer, 0) AS ck, hashtextextended(k.meter || '/' || k.member, 0) AS mk
-  FROM unnest(@customer::text[], @meter::text[], @period_start::timestamptz[], @member::text[], @day::timestamptz[])
-    AS k(customer, meter, period_start, member, day)
-), p AS MATERIALIZED (
-  SELECT k.*, EXISTS (SELECT 1 FROM unique_readings r WHERE r.customer_key = k.ck AND r.period_start = k.period_start
-                        AND r.member_key = k.mk AND r.customer = k.customer AND r.meter = k.meter AND r.member = k.member) AS in_period
-  FROM k
-), n AS (
-  SELECT p.*, CASE WHEN p.in_period THEN EXISTS (SELECT 1 FROM unique_readings r WHERE r.customer_key = p.ck
-                AND r.period_start = p.period_start AND r.member_key = p.mk AND r.day = p.day
-                AND r.customer = p.customer AND r.meter = p.meter AND r.member = p.member)
-              ELSE false END AS on_day
-  FROM p
-)
+	// The counted readings (the first of each member and day) of customer
+	// $1's members ($3 meters, $4 members, pairwise) in periods $2: one
+	// index scan of unique_readings_members over the members' hashes, at
+	// most a row per member and day. A row is another member's when hashes
+	// collide: the caller keys what it finds by the row's meter and member.
+	qCountedMembers = `
+SELECT r.meter, r.member, r.period_start, r.day FROM unique_readings r
+WHERE r.customer_key = hashtextextended($1, 0) AND r.period_start = ANY($2::timestamptz[])
+  AND r.member_key = ANY(ARRAY(SELECT hashtextextended(k.m || '/' || k.member, 0) FROM unnest($3::text[], $4::text[]) AS k(m, member)))
+  AND r.counted AND r.customer = $1`
+
+	qAddUniqueCounts = `
 INSERT INTO unique_counts AS c (customer, meter, period_start, per_day, day, members)
-SELECT * FROM (
-  SELECT customer, meter, period_start, false, period_start, count(DISTINCT member) FROM n WHERE NOT in_period GROUP BY 1, 2, 3
-  UNION ALL
-  SELECT customer, meter, period_start, true, day, count(*) FROM n WHERE NOT on_day GROUP BY 1, 2, 3, 5
-) AS u(customer, meter, period_start, per_day, day, members)
+SELECT * FROM unnest(@customer::text[], @meter::text[], @period_start::timestamptz[], @per_day::boolean[], @day::timestamptz[],
+                     @members::bigint[])
 ORDER BY 1, 2, 3, 4, 5
 ON CONFLICT (customer, meter, period_start, per_day, day) DO UPDATE SET members = c.members + EXCLUDED.members`
 
@@ -263,11 +250,17 @@ SELECT DISTINCT s.customer FROM streams s JOIN meters m ON m.meter = s.meter WHE
 	qGaugeMovesOut = `
 SELECT meter, sum(unit_seconds) FROM gauge_adjustments WHERE customer = $1 AND prior_period = $2 GROUP BY meter`
 
-	// Reconciliation: distinct members from the readings themselves, by the
-	// index the counts are kept by (unique_readings_members); a reading
-	// counted in the period although its occurred_at lies outside it is
-	// not recounted, so a wrong attribution shows as a difference.
+	// Reconciliation: distinct members from every reading of the period,
+	// counted or not (unique_readings_members and unique_readings_repeats
+	// between them hold each reading once); a reading counted in the
+	// period although its occurred_at lies outside it is not recounted, so
+	// a wrong attribution shows as a difference.
 	qUniqueRecount = `
-SELECT meter, count(DISTINCT member) FILTER (WHERE occurred_at >= $2 AND occurred_at < $3) FROM unique_readings
-WHERE customer_key = hashtextextended($1, 0) AND period_start = $2 AND customer = $1 GROUP BY meter`
+SELECT meter, count(DISTINCT member) FILTER (WHERE occurred_at >= $2 AND occurred_at < $3) FROM (
+  SELECT meter, member, occurred_at FROM unique_readings
+  WHERE customer_key = hashtextextended($1, 0) AND period_start = $2 AND customer = $1 AND counted
+  UNION ALL
+  SELECT meter, member, occurred_at FROM unique_readings
+  WHERE customer_key = hashtextextended($1, 0) AND period_start = $2 AND customer = $1 AND NOT counted
+) r GROUP BY meter`
 )

@@ -3,6 +3,7 @@ package ledger_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -291,5 +292,62 @@ func TestOperationIDReusedAcrossKinds(t *testing.T) {
 	}
 	if n := f.scalar(`SELECT count(*)::text FROM conflicts WHERE reason = 'operation_id_reused' AND existing_operation_id IS NOT NULL`); n != "9" {
 		t.Errorf("%s conflicts naming the operation they collided with, want 9", n)
+	}
+}
+
+// TestConcurrentSightingsCountOnce: two transactions see the same new
+// member on two streams of one customer at once. The second waits for the
+// first (locks.UniqueMembers); once the first commits, the second finds
+// the member's counted reading and counts nothing: the period and the day
+// count the member once. Without the wait neither would see the other's
+// reading, and both would count it.
+func TestConcurrentSightingsCountOnce(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	if err := f.declare("mau", ledger.Unique); err != nil {
+		t.Fatal(err)
+	}
+	// The customer and the streams exist already: creating them is not
+	// what the second transaction waits for.
+	s1 := recBuilder{"gw-1", 1, "acme", "mau"}
+	s2 := recBuilder{"gw-2", 1, "acme", "mau"}
+	f.apply(s1.member(1, "bob", nov), s2.member(1, "bob", nov))
+
+	tx1, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx1.Rollback(ctx) }()
+	if out, err := f.l.Apply(ctx, tx1, []ledger.Record{s1.member(2, "ann", nov.Add(time.Hour))}); err != nil || kinds(out) != "applied" {
+		t.Fatalf("first: %v %v", kinds(out), err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+			out, err := f.l.Apply(ctx, tx, []ledger.Record{s2.member(2, "ann", nov.Add(2*time.Hour))})
+			if err == nil && kinds(out) != "applied" {
+				err = fmt.Errorf("second: %s", kinds(out))
+			}
+			return err
+		})
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for f.scalar(`SELECT count(*)::text FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`) == "0" {
+		if time.Now().After(deadline) {
+			t.Fatal("the second transaction never waited for the first")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := tx1.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if got := f.scalar(`SELECT string_agg(per_day || ':' || members, ' ' ORDER BY per_day) FROM unique_counts`); got != "false:2 true:2" {
+		t.Fatalf("counts (per_day:members) = %s, want bob and ann once in the period and the day", got)
+	}
+	if got := f.scalar(`SELECT count(*) FILTER (WHERE counted)::text FROM unique_readings`); got != "2" {
+		t.Fatalf("counted readings = %s, want 2", got)
 	}
 }

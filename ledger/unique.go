@@ -20,11 +20,14 @@ import (
 )
 
 // A unique record says its member was active at occurred_at. The member
-// counts once in that period and once in that bucket day (see DayBucket):
-// a reading carries both, and before the batch's readings go in (one
-// binary COPY) its members are looked up in the readings by
-// unique_readings_members, under locks.UniqueMembers; the counts grow by
-// the members and member days no reading held (qCountUniqueMembers).
+// counts once in that period and once in that bucket day (see DayBucket).
+// A reading carries both, and the first reading written for a member and
+// day is its "counted" one: under locks.UniqueMembers, the batch's
+// members are looked up among the counted readings of their periods (one
+// index scan per customer, qCountedMembers: at most a row per member and
+// day, however often the member was seen), the counts grow by the members
+// and member days none held, and the batch's readings go in with one
+// binary COPY, the first of each new member day counted.
 // Streams, seqs and operation ids follow the counters' rules (a seq below
 // the stream's last is a late fill: nothing was billed for it, so it only
 // counts its member).
@@ -43,8 +46,15 @@ type uniqueStored struct {
 type uniqueApplier struct {
 	*applier
 	uops    map[uuid.UUID]uniqueStored
-	members map[memberKey]bool
+	members map[memberKey]int // the batch's member days: the first new reading's index in news
+	held    map[memberKey]bool
 	news    []uniqueNew
+}
+
+// hasKey says whether m holds k.
+func hasKey[K comparable, V any](m map[K]V, k K) bool {
+	_, ok := m[k]
+	return ok
 }
 
 // uniqueNew is a reading to write, with the period and bucket day it
@@ -54,6 +64,7 @@ type uniqueNew struct {
 	streamID    int64
 	late        bool
 	period, day time.Time
+	counted     bool // the first reading of its member and day
 }
 
 type memberKey struct {
@@ -83,7 +94,7 @@ func (l *Ledger) applyUniquesOnce(ctx context.Context, tx pgx.Tx, recs []Record,
 		streams: map[StreamKey]*stream{}, ops: map[uuid.UUID]stored{},
 		calendars: map[string]periods.Schedule{}, closed: map[periodKey]bool{}, rollups: map[rollupKey]decimal.Decimal{},
 		elsewhere: maps.Clone(earlier),
-	}, uops: map[uuid.UUID]uniqueStored{}, members: map[memberKey]bool{}}
+	}, uops: map[uuid.UUID]uniqueStored{}, members: map[memberKey]int{}}
 	valid := a.validateReadings()
 	if len(valid) == 0 {
 		return a.out, nil
@@ -233,7 +244,9 @@ func (a *uniqueApplier) apply(i int) error {
 		return fmt.Errorf("ledger: customer %q: %w", r.Stream.Customer, err)
 	}
 	a.news = append(a.news, uniqueNew{r: r, streamID: s.id, late: late, period: period, day: start})
-	a.members[memberKey{r.Stream.Customer, r.Stream.Meter, period.UnixMicro(), start.UnixMicro(), r.Member}] = true
+	if k := (memberKey{r.Stream.Customer, r.Stream.Meter, period.UnixMicro(), start.UnixMicro(), r.Member}); !hasKey(a.members, k) {
+		a.members[k] = len(a.news) - 1
+	}
 	if a.closed[periodKey{r.Stream.Customer, period.UnixMicro()}] {
 		sid, seq := s.id, r.Seq
 		a.findings = append(a.findings, finding{kind: FindingUniqueAfterClose, customer: r.Stream.Customer, meter: r.Stream.Meter,
@@ -250,16 +263,10 @@ func (a *uniqueApplier) apply(i int) error {
 }
 
 func (a *uniqueApplier) write(ctx context.Context, tx pgx.Tx) error {
-	b := &pgx.Batch{}
-	if n := len(a.members); n > 0 {
-		cs, ms, mem := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
-		ps, ds := make([]time.Time, 0, n), make([]time.Time, 0, n)
-		for k := range a.members {
-			cs, ms, mem = append(cs, k.customer), append(ms, k.meter), append(mem, k.member)
-			ps, ds = append(ps, time.UnixMicro(k.period).UTC()), append(ds, time.UnixMicro(k.day).UTC())
-		}
-		b.Queue(qCountUniqueMembers, pgx.StrictNamedArgs{"customer": cs, "meter": ms, "period_start": ps, "member": mem, "day": ds})
+	if err := a.count(ctx, tx); err != nil {
+		return err
 	}
+	b := &pgx.Batch{}
 	var ids, seqs []int64
 	var finals []*int64
 	for _, s := range a.streams {
@@ -277,6 +284,7 @@ func (a *uniqueApplier) write(ctx context.Context, tx pgx.Tx) error {
 	if len(ids) > 0 {
 		b.Queue(qUpdateStreamSeqs, ids, seqs, finals, a.now)
 	}
+	a.queueCounts(b)
 	a.queueConflicts(b)
 	a.queueFindings(b)
 	if b.Len() > 0 {
@@ -287,9 +295,102 @@ func (a *uniqueApplier) write(ctx context.Context, tx pgx.Tx) error {
 	return a.copyReadings(ctx, tx)
 }
 
+// count looks the batch's member days up among the counted readings of
+// their periods and marks the first new reading of each member day not
+// found as counted; queueCounts adds them up.
+func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx) error {
+	a.held = map[memberKey]bool{} // counted readings found; day 0: the member in its period
+	if len(a.members) == 0 {
+		return nil
+	}
+	type probe struct {
+		periods         []time.Time
+		meters, members []string
+		seenP           map[int64]bool
+	}
+	byCustomer := map[string]*probe{}
+	var customers []string
+	for k := range a.members {
+		p := byCustomer[k.customer]
+		if p == nil {
+			p = &probe{seenP: map[int64]bool{}}
+			byCustomer[k.customer] = p
+			customers = append(customers, k.customer)
+		}
+		if !p.seenP[k.period] {
+			p.seenP[k.period] = true
+			p.periods = append(p.periods, time.UnixMicro(k.period).UTC())
+		}
+		p.meters, p.members = append(p.meters, k.meter), append(p.members, k.member)
+	}
+	sort.Strings(customers)
+	b := &pgx.Batch{}
+	for _, c := range customers {
+		p := byCustomer[c]
+		b.Queue(qCountedMembers, c, p.periods, p.meters, p.members).Query(func(rows pgx.Rows) error {
+			var m, member string
+			var period, day time.Time
+			_, err := pgx.ForEachRow(rows, []any{&m, &member, &period, &day}, func() error {
+				a.held[memberKey{c, m, period.UnixMicro(), day.UnixMicro(), member}] = true
+				a.held[memberKey{c, m, period.UnixMicro(), 0, member}] = true
+				return nil
+			})
+			return err
+		})
+	}
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return fmt.Errorf("ledger: unique members: %w", err)
+	}
+	for k, i := range a.members {
+		if !a.held[k] {
+			a.news[i].counted = true
+		}
+	}
+	return nil
+}
+
+// queueCounts adds the batch's new member days, and its members new in
+// their periods, to unique_counts.
+func (a *uniqueApplier) queueCounts(b *pgx.Batch) {
+	type countKey struct {
+		customer, meter string
+		period, day     int64 // day 0: the period's count
+	}
+	counts := map[countKey]int64{}
+	for k, i := range a.members {
+		if !a.news[i].counted {
+			continue
+		}
+		counts[countKey{k.customer, k.meter, k.period, k.day}]++
+		if p := (memberKey{k.customer, k.meter, k.period, 0, k.member}); !a.held[p] {
+			a.held[p] = true // counted once in its period, whatever its days in the batch
+			counts[countKey{k.customer, k.meter, k.period, 0}]++
+		}
+	}
+	if len(counts) == 0 {
+		return
+	}
+	n := len(counts)
+	cs, ms := make([]string, 0, n), make([]string, 0, n)
+	ps, ds := make([]time.Time, 0, n), make([]time.Time, 0, n)
+	perDay, members := make([]bool, 0, n), make([]int64, 0, n)
+	for k, v := range counts {
+		cs, ms, members = append(cs, k.customer), append(ms, k.meter), append(members, v)
+		ps = append(ps, time.UnixMicro(k.period).UTC())
+		perDay = append(perDay, k.day != 0)
+		if k.day != 0 {
+			ds = append(ds, time.UnixMicro(k.day).UTC())
+		} else {
+			ds = append(ds, ps[len(ps)-1])
+		}
+	}
+	b.Queue(qAddUniqueCounts, pgx.StrictNamedArgs{"customer": cs, "meter": ms, "period_start": ps, "per_day": perDay,
+		"day": ds, "members": members})
+}
+
 // uniqueColumns are the columns of qCopyUniqueReadings, in order.
 var uniqueColumns = []string{"stream_id", "seq", "operation_id", "customer", "meter", "member", "occurred_at",
-	"final", "late_fill", "ingested_at", "period_start", "day"}
+	"final", "late_fill", "ingested_at", "period_start", "day", "counted"}
 
 // copyReadings writes the new readings with one binary COPY, as
 // copyRecords does the counters' records, after the members were counted.
@@ -314,6 +415,7 @@ func (a *uniqueApplier) copyReadings(ctx context.Context, tx pgx.Tx) error {
 		buf = appendTimeField(buf, a.now)
 		buf = appendTimeField(buf, g.period)
 		buf = appendTimeField(buf, g.day)
+		buf = appendBoolField(buf, g.counted)
 	}
 	buf = binary.BigEndian.AppendUint16(buf, 0xffff)
 	if err := copyIn(ctx, tx.Conn(), "unique_readings", uniqueColumns, qCopyUniqueReadings, buf, int64(len(a.news))); err != nil {

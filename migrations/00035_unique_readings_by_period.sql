@@ -4,13 +4,21 @@
 --    period's and its bucket day's) in unique_members, each through
 --    INSERT ... ON CONFLICT: about 1,100 bytes of WAL and 45 µs of Postgres
 --    CPU per record, 0.3 × counter ingest (docs/performance.md). A reading
---    now carries its period and bucket day (DayBucket), and one index
---    answers both questions the counts need, "was this member already seen
---    in the period" and "on this day"; the readings go in with a binary
---    COPY, and unique_members is gone. Reconciliation's recount and the
---    close gate's fingerprint read the same index by customer and period,
---    so the index by (customer, occurred_at) is gone too.
---  * The index holds 64-bit hashes of the customer and of the meter and
+--    now carries its period and bucket day (DayBucket), and the first
+--    reading written for a member and day is marked "counted"; a partial
+--    index over the counted readings answers what the counts need ("was
+--    this member already seen in the period, on which days") in one index
+--    scan per customer and micro-batch, at most a row per member and day
+--    however often the member is seen. The readings go in with a binary
+--    COPY, and unique_members is gone.
+--  * The readings that are not counted (a member seen again the same day)
+--    have an index of their own, unique_readings_repeats: so every reading
+--    is in exactly one of the two indexes, reconciliation's recount of
+--    distinct members and the close gate's fingerprint read every reading
+--    of a customer's period through the pair, independently of the marks,
+--    and the look-up of members can only take the index of counted ones.
+--    The index by (customer, occurred_at) is gone.
+--  * The indexes hold 64-bit hashes of the customer and of the meter and
 --    member, not the text: text keys compare through the database's
 --    collation and made inserts twice as dear. Every look-up compares the
 --    text itself on the rows the index finds, so a collision costs a row
@@ -21,21 +29,29 @@
 --    occurred_at (the member was active on the reading's own day, so that
 --    day has a row, and no later day of the member starts before the
 --    reading). A reading without one would fail the NOT NULL: the
---    migration stops rather than guess.
+--    migration stops rather than guess. The counted reading of a member
+--    day is its earliest.
 
 -- +goose Up
 ALTER TABLE unique_readings ADD COLUMN period_start timestamptz, ADD COLUMN day timestamptz,
     ADD COLUMN customer_key bigint NOT NULL GENERATED ALWAYS AS (hashtextextended(customer, 0)) STORED,
-    ADD COLUMN member_key bigint NOT NULL GENERATED ALWAYS AS (hashtextextended(meter || '/' || member, 0)) STORED;
+    ADD COLUMN member_key bigint NOT NULL GENERATED ALWAYS AS (hashtextextended(meter || '/' || member, 0)) STORED,
+    ADD COLUMN counted boolean NOT NULL DEFAULT false;
 CREATE INDEX unique_members_backfill ON unique_members (customer, meter, member, day) WHERE per_day;
 UPDATE unique_readings r SET (period_start, day) = (
     SELECT m.period_start, m.day FROM unique_members m
     WHERE m.per_day AND m.customer = r.customer AND m.meter = r.meter AND m.member = r.member AND m.day <= r.occurred_at
     ORDER BY m.day DESC LIMIT 1);
-ALTER TABLE unique_readings ALTER COLUMN period_start SET NOT NULL, ALTER COLUMN day SET NOT NULL;
+ALTER TABLE unique_readings ALTER COLUMN period_start SET NOT NULL, ALTER COLUMN day SET NOT NULL,
+    ALTER COLUMN counted DROP DEFAULT;
+UPDATE unique_readings r SET counted = true
+FROM (SELECT DISTINCT ON (customer, meter, member, period_start, day) stream_id, seq FROM unique_readings
+      ORDER BY customer, meter, member, period_start, day, occurred_at, stream_id, seq) f
+WHERE r.stream_id = f.stream_id AND r.seq = f.seq;
 DROP TABLE unique_members;
 DROP INDEX unique_readings_customer;
-CREATE INDEX unique_readings_members ON unique_readings (customer_key, period_start, member_key, day);
+CREATE INDEX unique_readings_members ON unique_readings (customer_key, period_start, member_key) WHERE counted;
+CREATE INDEX unique_readings_repeats ON unique_readings (customer_key, period_start) WHERE NOT counted;
 
 -- +goose Down
 CREATE TABLE unique_members (
@@ -54,6 +70,7 @@ FROM unique_readings GROUP BY customer, meter, period_start, member;
 INSERT INTO unique_members (customer, meter, period_start, per_day, day, member, first_at)
 SELECT customer, meter, period_start, true, day, member, min(occurred_at)
 FROM unique_readings GROUP BY customer, meter, period_start, day, member;
-DROP INDEX unique_readings_members;
+DROP INDEX unique_readings_members, unique_readings_repeats;
 CREATE INDEX unique_readings_customer ON unique_readings (customer, occurred_at);
-ALTER TABLE unique_readings DROP COLUMN period_start, DROP COLUMN day, DROP COLUMN customer_key, DROP COLUMN member_key;
+ALTER TABLE unique_readings DROP COLUMN period_start, DROP COLUMN day, DROP COLUMN customer_key, DROP COLUMN member_key,
+    DROP COLUMN counted;

@@ -9,8 +9,9 @@ import (
 
 // TestUniqueReadingsBackfill: migration 00035 gives every unique reading
 // written by the previous schema the period and bucket day its member
-// was counted in (from unique_members), and its Down rebuilds
-// unique_members exactly.
+// was counted in (from unique_members), marks the earliest reading of
+// each member day counted (*), and its Down rebuilds unique_members
+// exactly.
 func TestUniqueReadingsBackfill(t *testing.T) {
 	ctx := context.Background()
 	pool := emptyPool(t)
@@ -61,13 +62,13 @@ func TestUniqueReadingsBackfill(t *testing.T) {
 	}
 	var got string
 	if err := pool.QueryRow(ctx, `
-SELECT string_agg(format('%s/%s/%s:%s/%s', customer, seq, member, to_char(period_start AT TIME ZONE 'UTC', 'MM-DD"T"HH24'),
-                         to_char(day AT TIME ZONE 'UTC', 'MM-DD"T"HH24')), ' ' ORDER BY customer, seq)
+SELECT string_agg(format('%s/%s/%s:%s/%s%s', customer, seq, member, to_char(period_start AT TIME ZONE 'UTC', 'MM-DD"T"HH24'),
+                         to_char(day AT TIME ZONE 'UTC', 'MM-DD"T"HH24'), CASE WHEN counted THEN '*' ELSE '' END), ' ' ORDER BY customer, seq)
 FROM unique_readings`).Scan(&got); err != nil {
 		t.Fatal(err)
 	}
-	want := "acme/1/ann:10-01T04/10-31T04 acme/2/ann:10-01T04/10-31T04 acme/3/bob:11-01T04/11-01T04 " +
-		"acme/4/ann:11-01T04/11-02T04 zeta/1/ann:11-01T00/11-01T00"
+	want := "acme/1/ann:10-01T04/10-31T04* acme/2/ann:10-01T04/10-31T04 acme/3/bob:11-01T04/11-01T04* " +
+		"acme/4/ann:11-01T04/11-02T04* zeta/1/ann:11-01T00/11-01T00*"
 	if got != want {
 		t.Fatalf("readings after the migration:\n got %s\nwant %s", got, want)
 	}
