@@ -218,16 +218,17 @@ JOIN unique_readings r USING (stream_id, seq)`
 	qCopyUniqueReadings = `COPY unique_readings (stream_id, seq, operation_id, customer, meter, member, occurred_at, ` +
 		`final, late_fill, ingested_at, period_start, day, counted) FROM STDIN BINARY`
 
-	// The counted readings (the first of each member and day) of customer
-	// $1's members ($3 meters, $4 members, pairwise) in periods $2: one
-	// index scan of unique_readings_members over the members' hashes, at
-	// most a row per member and day. A row is another member's when hashes
-	// collide: the caller keys what it finds by the row's meter and member.
+	// The counted readings (the first of each member and day) of the
+	// members ($1 customers, $2 meters, $3 members, pairwise) in periods
+	// $4: one index scan of unique_readings_members over the members'
+	// hashes, at most a row per member and day. A row is another member's
+	// when hashes collide: the caller keys what it finds by the row's
+	// customer, meter and member.
 	qCountedMembers = `
-SELECT r.meter, r.member, r.period_start, r.day FROM unique_readings r
-WHERE r.customer_key = hashtextextended($1, 0) AND r.period_start = ANY($2::timestamptz[])
-  AND r.member_key = ANY(ARRAY(SELECT hashtextextended(k.m || '/' || k.member, 0) FROM unnest($3::text[], $4::text[]) AS k(m, member)))
-  AND r.counted AND r.customer = $1`
+SELECT r.customer, r.meter, r.member, r.period_start, r.day FROM unique_readings r
+WHERE r.member_key = ANY(ARRAY(SELECT hashtextextended(k.c || '/' || k.m || '/' || k.member, 0)
+                               FROM unnest($1::text[], $2::text[], $3::text[]) AS k(c, m, member)))
+  AND r.period_start = ANY($4::timestamptz[]) AND r.counted`
 
 	qAddUniqueCounts = `
 INSERT INTO unique_counts AS c (customer, meter, period_start, per_day, day, members)
@@ -250,17 +251,11 @@ SELECT DISTINCT s.customer FROM streams s JOIN meters m ON m.meter = s.meter WHE
 	qGaugeMovesOut = `
 SELECT meter, sum(unit_seconds) FROM gauge_adjustments WHERE customer = $1 AND prior_period = $2 GROUP BY meter`
 
-	// Reconciliation: distinct members from every reading of the period,
-	// counted or not (unique_readings_members and unique_readings_repeats
-	// between them hold each reading once); a reading counted in the
+	// Reconciliation: distinct members from every reading of the period
+	// (unique_readings_period), counted or not; a reading counted in the
 	// period although its occurred_at lies outside it is not recounted, so
 	// a wrong attribution shows as a difference.
 	qUniqueRecount = `
-SELECT meter, count(DISTINCT member) FILTER (WHERE occurred_at >= $2 AND occurred_at < $3) FROM (
-  SELECT meter, member, occurred_at FROM unique_readings
-  WHERE customer_key = hashtextextended($1, 0) AND period_start = $2 AND customer = $1 AND counted
-  UNION ALL
-  SELECT meter, member, occurred_at FROM unique_readings
-  WHERE customer_key = hashtextextended($1, 0) AND period_start = $2 AND customer = $1 AND NOT counted
-) r GROUP BY meter`
+SELECT meter, count(DISTINCT member) FILTER (WHERE occurred_at >= $2 AND occurred_at < $3) FROM unique_readings
+WHERE customer_key = hashtextextended($1, 0) AND period_start = $2 AND customer = $1 GROUP BY meter`
 )

@@ -24,10 +24,10 @@ import (
 // A reading carries both, and the first reading written for a member and
 // day is its "counted" one: under locks.UniqueMembers, the batch's
 // members are looked up among the counted readings of their periods (one
-// index scan per customer, qCountedMembers: at most a row per member and
-// day, however often the member was seen), the counts grow by the members
-// and member days none held, and the batch's readings go in with one
-// binary COPY, the first of each new member day counted.
+// index scan per micro-batch, qCountedMembers: at most a row per member
+// and day, however often the member was seen), the counts grow by the
+// members and member days none held, and the batch's readings go in with
+// one binary COPY, the first of each new member day counted.
 // Streams, seqs and operation ids follow the counters' rules (a seq below
 // the stream's last is a late fill: nothing was billed for it, so it only
 // counts its member).
@@ -303,42 +303,29 @@ func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx) error {
 	if len(a.members) == 0 {
 		return nil
 	}
-	type probe struct {
-		periods         []time.Time
-		meters, members []string
-		seenP           map[int64]bool
-	}
-	byCustomer := map[string]*probe{}
-	var customers []string
+	n := len(a.members)
+	cs, ms, mem := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+	var periods []time.Time
+	seenP := map[int64]bool{}
 	for k := range a.members {
-		p := byCustomer[k.customer]
-		if p == nil {
-			p = &probe{seenP: map[int64]bool{}}
-			byCustomer[k.customer] = p
-			customers = append(customers, k.customer)
+		cs, ms, mem = append(cs, k.customer), append(ms, k.meter), append(mem, k.member)
+		if !seenP[k.period] {
+			seenP[k.period] = true
+			periods = append(periods, time.UnixMicro(k.period).UTC())
 		}
-		if !p.seenP[k.period] {
-			p.seenP[k.period] = true
-			p.periods = append(p.periods, time.UnixMicro(k.period).UTC())
-		}
-		p.meters, p.members = append(p.meters, k.meter), append(p.members, k.member)
 	}
-	sort.Strings(customers)
-	b := &pgx.Batch{}
-	for _, c := range customers {
-		p := byCustomer[c]
-		b.Queue(qCountedMembers, c, p.periods, p.meters, p.members).Query(func(rows pgx.Rows) error {
-			var m, member string
-			var period, day time.Time
-			_, err := pgx.ForEachRow(rows, []any{&m, &member, &period, &day}, func() error {
-				a.held[memberKey{c, m, period.UnixMicro(), day.UnixMicro(), member}] = true
-				a.held[memberKey{c, m, period.UnixMicro(), 0, member}] = true
-				return nil
-			})
-			return err
-		})
+	rows, err := tx.Query(ctx, qCountedMembers, cs, ms, mem, periods)
+	if err != nil {
+		return fmt.Errorf("ledger: unique members: %w", err)
 	}
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+	var c, m, member string
+	var period, day time.Time
+	_, err = pgx.ForEachRow(rows, []any{&c, &m, &member, &period, &day}, func() error {
+		a.held[memberKey{c, m, period.UnixMicro(), day.UnixMicro(), member}] = true
+		a.held[memberKey{c, m, period.UnixMicro(), 0, member}] = true
+		return nil
+	})
+	if err != nil {
 		return fmt.Errorf("ledger: unique members: %w", err)
 	}
 	for k, i := range a.members {

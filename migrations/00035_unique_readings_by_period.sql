@@ -6,20 +6,19 @@
 --    CPU per record, 0.3 × counter ingest (docs/performance.md). A reading
 --    now carries its period and bucket day (DayBucket), and the first
 --    reading written for a member and day is marked "counted"; a partial
---    index over the counted readings answers what the counts need ("was
---    this member already seen in the period, on which days") in one index
---    scan per customer and micro-batch, at most a row per member and day
+--    index over the counted readings, by a hash of (customer, meter,
+--    member) and period, answers what the counts need ("was this member
+--    already seen in the period, on which days") in one index scan per
+--    micro-batch whatever its customers, at most a row per member and day
 --    however often the member is seen. The readings go in with a binary
 --    COPY, and unique_members is gone.
---  * The readings that are not counted (a member seen again the same day)
---    have an index of their own, unique_readings_repeats: so every reading
---    is in exactly one of the two indexes, reconciliation's recount of
---    distinct members and the close gate's fingerprint read every reading
---    of a customer's period through the pair, independently of the marks,
---    and the look-up of members can only take the index of counted ones.
---    The index by (customer, occurred_at) is gone.
---  * The indexes hold 64-bit hashes of the customer and of the meter and
---    member, not the text: text keys compare through the database's
+--  * unique_readings_period, over every reading by a hash of the customer
+--    and the period, is reconciliation's: its recount of distinct members
+--    and the close gate's fingerprint read a customer's period through
+--    it, independently of the counted marks; the look-up of members
+--    cannot use it (it names no customer). The index by (customer,
+--    occurred_at) is gone.
+--  * The indexes hold 64-bit hashes, not the text: text keys compare through the database's
 --    collation and made inserts twice as dear. Every look-up compares the
 --    text itself on the rows the index finds, so a collision costs a row
 --    read, never a count. hashtextextended is the hash Postgres's hash
@@ -35,7 +34,7 @@
 -- +goose Up
 ALTER TABLE unique_readings ADD COLUMN period_start timestamptz, ADD COLUMN day timestamptz,
     ADD COLUMN customer_key bigint NOT NULL GENERATED ALWAYS AS (hashtextextended(customer, 0)) STORED,
-    ADD COLUMN member_key bigint NOT NULL GENERATED ALWAYS AS (hashtextextended(meter || '/' || member, 0)) STORED,
+    ADD COLUMN member_key bigint NOT NULL GENERATED ALWAYS AS (hashtextextended(customer || '/' || meter || '/' || member, 0)) STORED,
     ADD COLUMN counted boolean NOT NULL DEFAULT false;
 CREATE INDEX unique_members_backfill ON unique_members (customer, meter, member, day) WHERE per_day;
 UPDATE unique_readings r SET (period_start, day) = (
@@ -50,8 +49,8 @@ FROM (SELECT DISTINCT ON (customer, meter, member, period_start, day) stream_id,
 WHERE r.stream_id = f.stream_id AND r.seq = f.seq;
 DROP TABLE unique_members;
 DROP INDEX unique_readings_customer;
-CREATE INDEX unique_readings_members ON unique_readings (customer_key, period_start, member_key) WHERE counted;
-CREATE INDEX unique_readings_repeats ON unique_readings (customer_key, period_start) WHERE NOT counted;
+CREATE INDEX unique_readings_members ON unique_readings (member_key, period_start) WHERE counted;
+CREATE INDEX unique_readings_period ON unique_readings (customer_key, period_start);
 
 -- +goose Down
 CREATE TABLE unique_members (
@@ -70,7 +69,7 @@ FROM unique_readings GROUP BY customer, meter, period_start, member;
 INSERT INTO unique_members (customer, meter, period_start, per_day, day, member, first_at)
 SELECT customer, meter, period_start, true, day, member, min(occurred_at)
 FROM unique_readings GROUP BY customer, meter, period_start, day, member;
-DROP INDEX unique_readings_members, unique_readings_repeats;
+DROP INDEX unique_readings_members, unique_readings_period;
 CREATE INDEX unique_readings_customer ON unique_readings (customer, occurred_at);
 ALTER TABLE unique_readings DROP COLUMN period_start, DROP COLUMN day, DROP COLUMN customer_key, DROP COLUMN member_key,
     DROP COLUMN counted;

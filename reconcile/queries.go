@@ -366,10 +366,8 @@ SELECT t.customer, coalesce(g.h, ''), coalesce(c.n, 0), coalesce(f.n, 0), coales
        coalesce((SELECT md5(string_agg(j.id::text, ',' ORDER BY j.id)) FROM j WHERE j.detected_at >= t.period_start), ''),
        (SELECT CASE WHEN kg.n + ku.n = 0 THEN '' ELSE kg.n || ':' || ku.n END
         FROM (SELECT count(*) AS n FROM gauge_readings r WHERE r.customer = t.customer AND r.occurred_at < t.period_end) kg,
-             (SELECT (SELECT count(*) FROM unique_readings r WHERE r.customer_key = hashtextextended(t.customer, 0)
-                        AND r.period_start = t.period_start AND r.customer = t.customer AND r.counted)
-                   + (SELECT count(*) FROM unique_readings r WHERE r.customer_key = hashtextextended(t.customer, 0)
-                        AND r.period_start = t.period_start AND r.customer = t.customer AND NOT r.counted) AS n) ku)
+             (SELECT count(*) AS n FROM unique_readings r WHERE r.customer_key = hashtextextended(t.customer, 0)
+                AND r.period_start = t.period_start AND r.customer = t.customer) ku)
 FROM t LEFT JOIN g USING (customer) LEFT JOIN c USING (customer) LEFT JOIN f USING (customer)
 LEFT JOIN l USING (customer) LEFT JOIN d USING (customer)`
 )
