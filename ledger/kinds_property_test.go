@@ -68,6 +68,12 @@ func bruteGauge(rs []gaugeTruth, start, asOf time.Time) (mx, latest, us decimal.
 		}
 		return sum
 	}
+	if !asOf.After(start) {
+		// As of the period's start: only readings stamped before it, as
+		// readings stamped at asOf are not counted below either.
+		l := levelAt(start.Add(-time.Microsecond))
+		return l, l, decimal.Zero
+	}
 	cuts := map[int64]bool{start.UnixMicro(): true}
 	for _, r := range rs {
 		if r.at.After(start) && r.at.Before(asOf) {

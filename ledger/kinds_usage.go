@@ -416,6 +416,9 @@ func gaugeAggregates(u *GaugeUsage, days []usageDay, start, asOf time.Time) {
 		us = us.Add(level.Mul(Seconds(asOf.Sub(pos))))
 		see(pos, asOf, level, level)
 	}
+	if !mx.Valid { // asOf is the period's start: the level carried in is its max
+		mx = decimal.NewNullDecimal(level)
+	}
 	u.Max, u.Latest, u.UnitSeconds = mx.Decimal, level, us
 	u.UnitHours = us.DivRound(decimal.NewFromInt(3600), 9)
 	if secs := Seconds(asOf.Sub(start)); secs.Sign() > 0 {
