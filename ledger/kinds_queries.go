@@ -251,11 +251,14 @@ SELECT DISTINCT s.customer FROM streams s JOIN meters m ON m.meter = s.meter WHE
 	qGaugeMovesOut = `
 SELECT meter, sum(unit_seconds) FROM gauge_adjustments WHERE customer = $1 AND prior_period = $2 GROUP BY meter`
 
-	// Reconciliation: distinct members from every reading of the period
-	// (unique_readings_period), counted or not; a reading counted in the
-	// period although its occurred_at lies outside it is not recounted, so
-	// a wrong attribution shows as a difference.
+	// Reconciliation: distinct members from every reading of the period,
+	// found as a counter's records are, through the seq ranges of its
+	// streams in stream_periods; a reading counted in the period although
+	// its occurred_at lies outside it is not recounted, so a wrong
+	// attribution shows as a difference.
 	qUniqueRecount = `
-SELECT meter, count(DISTINCT member) FILTER (WHERE occurred_at >= $2 AND occurred_at < $3) FROM unique_readings
-WHERE customer_key = hashtextextended($1, 0) AND period_start = $2 AND customer = $1 GROUP BY meter`
+SELECT r.meter, count(DISTINCT r.member) FILTER (WHERE r.occurred_at >= $2 AND r.occurred_at < $3)
+FROM stream_periods sp
+JOIN unique_readings r ON r.stream_id = sp.stream_id AND r.seq BETWEEN sp.min_seq AND sp.max_seq AND r.period_start = sp.period_start
+WHERE sp.customer = $1 AND sp.period_start = $2 GROUP BY r.meter`
 )

@@ -285,6 +285,11 @@ func (a *uniqueApplier) write(ctx context.Context, tx pgx.Tx) error {
 		b.Queue(qUpdateStreamSeqs, ids, seqs, finals, a.now)
 	}
 	a.queueCounts(b)
+	written := make([]periodSeq, len(a.news))
+	for i, g := range a.news {
+		written[i] = periodSeq{g.r.Stream.Customer, g.period, g.streamID, g.r.Seq}
+	}
+	queueSeqRanges(b, written)
 	a.queueConflicts(b)
 	a.queueFindings(b)
 	if b.Len() > 0 {

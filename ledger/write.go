@@ -92,19 +92,37 @@ func (a *applier) queueStreams(b *pgx.Batch) {
 // records were billed in, so that the reads of a customer's period find
 // them (ledger_period_records, migration 00020).
 func (a *applier) queueStreamPeriods(b *pgx.Batch) {
+	seqs := make([]periodSeq, len(a.newRecords))
+	for i, nr := range a.newRecords {
+		seqs[i] = periodSeq{nr.rec.Stream.Customer, nr.period, nr.streamID, nr.rec.Seq}
+	}
+	queueSeqRanges(b, seqs)
+}
+
+// periodSeq is a seq of a stream written in a customer's period.
+type periodSeq struct {
+	customer string
+	period   time.Time
+	streamID int64
+	seq      int64
+}
+
+// queueSeqRanges widens the stream_periods seq range of every (stream,
+// period) of seqs to hold them.
+func queueSeqRanges(b *pgx.Batch, seqs []periodSeq) {
 	type key struct {
 		customer string
 		period   int64 // unix micro
 		streamID int64
 	}
 	ranges := map[key][2]int64{}
-	for _, nr := range a.newRecords {
-		k := key{nr.rec.Stream.Customer, nr.period.UnixMicro(), nr.streamID}
+	for _, s := range seqs {
+		k := key{s.customer, s.period.UnixMicro(), s.streamID}
 		r, ok := ranges[k]
 		if !ok {
-			r = [2]int64{nr.rec.Seq, nr.rec.Seq}
+			r = [2]int64{s.seq, s.seq}
 		}
-		ranges[k] = [2]int64{min(r[0], nr.rec.Seq), max(r[1], nr.rec.Seq)}
+		ranges[k] = [2]int64{min(r[0], s.seq), max(r[1], s.seq)}
 	}
 	if len(ranges) == 0 {
 		return

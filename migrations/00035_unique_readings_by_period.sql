@@ -12,14 +12,16 @@
 --    micro-batch whatever its customers, at most a row per member and day
 --    however often the member is seen. The readings go in with a binary
 --    COPY, and unique_members is gone.
---  * unique_readings_period, over every reading by a hash of the customer
---    and the period, is reconciliation's: its recount of distinct members
---    and the close gate's fingerprint read a customer's period through
---    it, independently of the counted marks; the look-up of members
---    cannot use it (it names no customer). The index by (customer,
---    occurred_at) is gone.
---  * The indexes hold 64-bit hashes, not the text: text keys compare through the database's
---    collation and made inserts twice as dear. Every look-up compares the
+--  * Reconciliation's recount of distinct members and the close gate's
+--    fingerprint read every reading of a customer's period, counted or
+--    not, as they read a counter's records: through the seq ranges of its
+--    streams in stream_periods (migration 00020), which unique streams now
+--    keep too (backfilled here); the check of abandoned epochs, which
+--    finds its streams there, skips unique streams as before (its finding
+--    speaks of totals). The index by (customer, occurred_at) is gone.
+--  * The member index holds a 64-bit hash, not the text: text keys compare
+--    through the database's collation and made inserts twice as dear.
+--    Every look-up compares the
 --    text itself on the rows the index finds, so a collision costs a row
 --    read, never a count. hashtextextended is the hash Postgres's hash
 --    partitioning stores, kept the same across versions for that reason.
@@ -33,7 +35,6 @@
 
 -- +goose Up
 ALTER TABLE unique_readings ADD COLUMN period_start timestamptz, ADD COLUMN day timestamptz,
-    ADD COLUMN customer_key bigint NOT NULL GENERATED ALWAYS AS (hashtextextended(customer, 0)) STORED,
     ADD COLUMN member_key bigint NOT NULL GENERATED ALWAYS AS (hashtextextended(customer || '/' || meter || '/' || member, 0)) STORED,
     ADD COLUMN counted boolean NOT NULL DEFAULT false;
 CREATE INDEX unique_members_backfill ON unique_members (customer, meter, member, day) WHERE per_day;
@@ -50,7 +51,8 @@ WHERE r.stream_id = f.stream_id AND r.seq = f.seq;
 DROP TABLE unique_members;
 DROP INDEX unique_readings_customer;
 CREATE INDEX unique_readings_members ON unique_readings (member_key, period_start) WHERE counted;
-CREATE INDEX unique_readings_period ON unique_readings (customer_key, period_start);
+INSERT INTO stream_periods (customer, period_start, stream_id, min_seq, max_seq)
+SELECT customer, period_start, stream_id, min(seq), max(seq) FROM unique_readings GROUP BY 1, 2, 3;
 
 -- +goose Down
 CREATE TABLE unique_members (
@@ -69,7 +71,8 @@ FROM unique_readings GROUP BY customer, meter, period_start, member;
 INSERT INTO unique_members (customer, meter, period_start, per_day, day, member, first_at)
 SELECT customer, meter, period_start, true, day, member, min(occurred_at)
 FROM unique_readings GROUP BY customer, meter, period_start, day, member;
-DROP INDEX unique_readings_members, unique_readings_period;
+DELETE FROM stream_periods sp WHERE EXISTS (SELECT 1 FROM unique_readings r WHERE r.stream_id = sp.stream_id);
+DROP INDEX unique_readings_members;
 CREATE INDEX unique_readings_customer ON unique_readings (customer, occurred_at);
-ALTER TABLE unique_readings DROP COLUMN period_start, DROP COLUMN day, DROP COLUMN customer_key, DROP COLUMN member_key,
+ALTER TABLE unique_readings DROP COLUMN period_start, DROP COLUMN day, DROP COLUMN member_key,
     DROP COLUMN counted;

@@ -72,6 +72,16 @@ FROM unique_readings`).Scan(&got); err != nil {
 	if got != want {
 		t.Fatalf("readings after the migration:\n got %s\nwant %s", got, want)
 	}
+	var ranges string
+	if err := pool.QueryRow(ctx, `
+SELECT string_agg(format('%s/%s:%s-%s', sp.customer, to_char(sp.period_start AT TIME ZONE 'UTC', 'MM-DD"T"HH24'), sp.min_seq, sp.max_seq), ' '
+                  ORDER BY sp.customer, sp.period_start)
+FROM stream_periods sp`).Scan(&ranges); err != nil {
+		t.Fatal(err)
+	}
+	if want := "acme/10-01T04:1-2 acme/11-01T04:3-4 zeta/11-01T00:1-1"; ranges != want {
+		t.Fatalf("stream periods:\n got %s\nwant %s", ranges, want)
+	}
 	var left bool
 	if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_tables WHERE tablename = 'unique_members')
 	    OR EXISTS (SELECT 1 FROM pg_indexes WHERE indexname = 'unique_readings_customer')`).Scan(&left); err != nil {
@@ -90,5 +100,8 @@ FROM unique_readings`).Scan(&got); err != nil {
 	}
 	if after != before {
 		t.Fatalf("unique_members rebuilt by Down:\n got %s\nwant %s", after, before)
+	}
+	if err := pool.QueryRow(ctx, `SELECT count(*)::text FROM stream_periods`).Scan(&after); err != nil || after != "0" {
+		t.Fatalf("stream periods after Down: %s %v", after, err)
 	}
 }

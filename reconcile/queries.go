@@ -253,6 +253,7 @@ WHERE st.final_seq IS DISTINCT FROM st.last_seq
                 AND n.meter = st.meter AND n.epoch > st.epoch)
   AND EXISTS (SELECT 1 FROM stream_periods sp
               WHERE sp.customer = st.customer AND sp.period_start = t.period_start AND sp.stream_id = st.id)
+  AND NOT EXISTS (SELECT 1 FROM meters mk WHERE mk.meter = st.meter AND mk.kind = 'unique')
 ORDER BY 1, 2, 3`
 
 	// Per partition: records in and the sum of outcomes; refused messages
@@ -366,8 +367,10 @@ SELECT t.customer, coalesce(g.h, ''), coalesce(c.n, 0), coalesce(f.n, 0), coales
        coalesce((SELECT md5(string_agg(j.id::text, ',' ORDER BY j.id)) FROM j WHERE j.detected_at >= t.period_start), ''),
        (SELECT CASE WHEN kg.n + ku.n = 0 THEN '' ELSE kg.n || ':' || ku.n END
         FROM (SELECT count(*) AS n FROM gauge_readings r WHERE r.customer = t.customer AND r.occurred_at < t.period_end) kg,
-             (SELECT count(*) AS n FROM unique_readings r WHERE r.customer_key = hashtextextended(t.customer, 0)
-                AND r.period_start = t.period_start AND r.customer = t.customer) ku)
+             (SELECT count(*) AS n FROM stream_periods sp
+              JOIN unique_readings r ON r.stream_id = sp.stream_id AND r.seq BETWEEN sp.min_seq AND sp.max_seq
+                                    AND r.period_start = sp.period_start
+              WHERE sp.customer = t.customer AND sp.period_start = t.period_start) ku)
 FROM t LEFT JOIN g USING (customer) LEFT JOIN c USING (customer) LEFT JOIN f USING (customer)
 LEFT JOIN l USING (customer) LEFT JOIN d USING (customer)`
 )
