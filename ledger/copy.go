@@ -49,23 +49,27 @@ func (a *applier) copyRecords(ctx context.Context, tx pgx.Tx) error {
 		}
 	}
 	buf = binary.BigEndian.AppendUint16(buf, 0xffff) // the trailer: a field count of -1
-	if err := copyIn(ctx, tx.Conn(), "records", recordColumns, qCopyRecords, buf, int64(len(a.newRecords))); err != nil {
+	return a.copyNew(ctx, tx, "records", recordColumns, qCopyRecords, buf, len(a.newRecords))
+}
+
+// copyNew sends a COPY stream of rows new records or readings into table,
+// whose unique key on operation_id is table_operation_id_key. Uniqueness
+// was decided under the stream locks, but for the operation ids the load
+// did not look up: when the key refuses one of those, the error wraps
+// errOperationTaken and Apply tries again, looking every id up.
+func (a *applier) copyNew(ctx context.Context, tx pgx.Tx, table string, columns []string, statement string, stream []byte, rows int) error {
+	if err := copyIn(ctx, tx.Conn(), table, columns, statement, stream, int64(rows)); err != nil {
 		var pe *pgconn.PgError
-		if !a.lookupAll && errors.As(err, &pe) && pe.Code == uniqueViolation && pe.ConstraintName == operationIDKey {
-			// An id load did not look up (see load): Apply tries again.
+		if !a.lookupAll && errors.As(err, &pe) && pe.Code == uniqueViolation && pe.ConstraintName == table+"_operation_id_key" {
 			return fmt.Errorf("%w: %w", errOperationTaken, err)
 		}
-		return fmt.Errorf("ledger: write records: %w", err)
+		return fmt.Errorf("ledger: write %s: %w", table, err)
 	}
 	return nil
 }
 
-// operationIDKey is the unique key of records on operation_id;
-// uniqueViolation is Postgres's SQLSTATE for breaking one.
-const (
-	operationIDKey  = "records_operation_id_key"
-	uniqueViolation = "23505"
-)
+// uniqueViolation is Postgres's SQLSTATE for breaking a unique key.
+const uniqueViolation = "23505"
 
 // copyIn sends the encoded COPY stream (statement copies into table's
 // columns), telling the connection's tracer (if it traces COPY) as

@@ -56,6 +56,19 @@ func (f *fixture) exec(sql string, args ...any) {
 	}
 }
 
+// awaitLockWait waits until a transaction of the test's database waits
+// on a lock.
+func (f *fixture) awaitLockWait() {
+	f.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for f.scalar(`SELECT count(*)::text FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`) == "0" {
+		if time.Now().After(deadline) {
+			f.t.Fatal("no transaction ever waited on a lock")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // scalar runs a query returning one text value.
 func (f *fixture) scalar(sql string, args ...any) string {
 	f.t.Helper()

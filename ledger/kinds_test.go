@@ -331,13 +331,7 @@ func TestConcurrentSightingsCountOnce(t *testing.T) {
 			return err
 		})
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for f.scalar(`SELECT count(*)::text FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database()`) == "0" {
-		if time.Now().After(deadline) {
-			t.Fatal("the second transaction never waited for the first")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	f.awaitLockWait()
 	if err := tx1.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}

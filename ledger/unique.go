@@ -11,7 +11,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/shopspring/decimal"
 
@@ -410,16 +409,5 @@ func (a *uniqueApplier) copyReadings(ctx context.Context, tx pgx.Tx) error {
 		buf = appendBoolField(buf, g.counted)
 	}
 	buf = binary.BigEndian.AppendUint16(buf, 0xffff)
-	if err := copyIn(ctx, tx.Conn(), "unique_readings", uniqueColumns, qCopyUniqueReadings, buf, int64(len(a.news))); err != nil {
-		var pe *pgconn.PgError
-		if !a.lookupAll && errors.As(err, &pe) && pe.Code == uniqueViolation && pe.ConstraintName == uniqueOperationIDKey {
-			// An id load did not look up: applyUniques tries again.
-			return fmt.Errorf("%w: %w", errOperationTaken, err)
-		}
-		return fmt.Errorf("ledger: write unique readings: %w", err)
-	}
-	return nil
+	return a.copyNew(ctx, tx, "unique_readings", uniqueColumns, qCopyUniqueReadings, buf, len(a.news))
 }
-
-// uniqueOperationIDKey is the unique key of unique_readings on operation_id.
-const uniqueOperationIDKey = "unique_readings_operation_id_key"
