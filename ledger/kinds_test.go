@@ -345,3 +345,28 @@ func TestConcurrentSightingsCountOnce(t *testing.T) {
 		t.Fatalf("counted readings = %s, want 2", got)
 	}
 }
+
+// TestGaugeReadAtThePeriodStart: read as of the instant a period starts,
+// a gauge's max is the level carried in (it was 0 while latest was that
+// level), and a reading stamped at that instant is not yet counted, as a
+// reading stamped at any read's instant is not.
+func TestGaugeReadAtThePeriodStart(t *testing.T) {
+	f := newFixture(t)
+	if err := f.declare("seats", ledger.Gauge); err != nil {
+		t.Fatal(err)
+	}
+	s := recBuilder{"gw-1", 1, "acme", "seats"}
+	dec := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	f.now = dec.Add(time.Hour)
+	f.apply(s.level(1, "4", dec.Add(-48*time.Hour)), s.level(2, "7", dec))
+	f.now = dec
+	g := f.gauge("acme", "seats", "2026-12-01")
+	if got := g.Max.String() + " " + g.Latest.String() + " " + g.UnitSeconds.String(); got != "4 4 0" {
+		t.Fatalf("as of the period's start: max latest unit_seconds = %s, want 4 4 0", got)
+	}
+	f.now = dec.Add(time.Hour)
+	g = f.gauge("acme", "seats", "2026-12-01")
+	if got := g.Max.String() + " " + g.Latest.String() + " " + g.UnitSeconds.String(); got != "7 7 25200" {
+		t.Fatalf("an hour in: max latest unit_seconds = %s, want 7 7 25200", got)
+	}
+}
