@@ -50,12 +50,6 @@ type uniqueApplier struct {
 	news    []uniqueNew
 }
 
-// hasKey says whether m holds k.
-func hasKey[K comparable, V any](m map[K]V, k K) bool {
-	_, ok := m[k]
-	return ok
-}
-
 // uniqueNew is a reading to write, with the period and bucket day it
 // counts in.
 type uniqueNew struct {
@@ -68,7 +62,7 @@ type uniqueNew struct {
 
 type memberKey struct {
 	customer, meter string
-	period, day     int64 // unix micro
+	period, day     int64 // unix micro; day 0 in held: the member in its period
 	member          string
 }
 
@@ -243,7 +237,8 @@ func (a *uniqueApplier) apply(i int) error {
 		return fmt.Errorf("ledger: customer %q: %w", r.Stream.Customer, err)
 	}
 	a.news = append(a.news, uniqueNew{r: r, streamID: s.id, late: late, period: period, day: start})
-	if k := (memberKey{r.Stream.Customer, r.Stream.Meter, period.UnixMicro(), start.UnixMicro(), r.Member}); !hasKey(a.members, k) {
+	k := memberKey{r.Stream.Customer, r.Stream.Meter, period.UnixMicro(), start.UnixMicro(), r.Member}
+	if _, ok := a.members[k]; !ok {
 		a.members[k] = len(a.news) - 1
 	}
 	if a.closed[periodKey{r.Stream.Customer, period.UnixMicro()}] {
