@@ -46,7 +46,6 @@ type uniqueApplier struct {
 	*applier
 	uops    map[uuid.UUID]uniqueStored
 	members map[memberKey]int // the batch's member days: the first new reading's index in news
-	held    map[memberKey]bool
 	news    []uniqueNew
 }
 
@@ -62,7 +61,7 @@ type uniqueNew struct {
 
 type memberKey struct {
 	customer, meter string
-	period, day     int64 // unix micro; day 0 in held: the member in its period
+	period, day     int64 // unix micro; day 0: the member in its period
 	member          string
 }
 
@@ -257,10 +256,10 @@ func (a *uniqueApplier) apply(i int) error {
 }
 
 func (a *uniqueApplier) write(ctx context.Context, tx pgx.Tx) error {
-	if err := a.count(ctx, tx); err != nil {
+	b := &pgx.Batch{}
+	if err := a.count(ctx, tx, b); err != nil {
 		return err
 	}
-	b := &pgx.Batch{}
 	var ids, seqs []int64
 	var finals []*int64
 	for _, s := range a.streams {
@@ -278,7 +277,6 @@ func (a *uniqueApplier) write(ctx context.Context, tx pgx.Tx) error {
 	if len(ids) > 0 {
 		b.Queue(qUpdateStreamSeqs, ids, seqs, finals, a.now)
 	}
-	a.queueCounts(b)
 	written := make([]periodSeq, len(a.news))
 	for i, g := range a.news {
 		written[i] = periodSeq{g.r.Stream.Customer, g.period, g.streamID, g.r.Seq}
@@ -295,10 +293,10 @@ func (a *uniqueApplier) write(ctx context.Context, tx pgx.Tx) error {
 }
 
 // count looks the batch's member days up among the counted readings of
-// their periods and marks the first new reading of each member day not
-// found as counted; queueCounts adds them up.
-func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx) error {
-	a.held = map[memberKey]bool{} // counted readings found; day 0: the member in its period
+// their periods, marks the first new reading of each member day none held
+// counted, and queues what they add to unique_counts: one per new member
+// day, and one per member new in its period.
+func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
 	if len(a.members) == 0 {
 		return nil
 	}
@@ -317,47 +315,38 @@ func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx) error {
 	if err != nil {
 		return fmt.Errorf("ledger: unique members: %w", err)
 	}
+	held := map[memberKey]bool{} // member days, and members in their periods (day 0), already counted
 	var c, m, member string
 	var period, day time.Time
 	_, err = pgx.ForEachRow(rows, []any{&c, &m, &member, &period, &day}, func() error {
-		a.held[memberKey{c, m, period.UnixMicro(), day.UnixMicro(), member}] = true
-		a.held[memberKey{c, m, period.UnixMicro(), 0, member}] = true
+		held[memberKey{c, m, period.UnixMicro(), day.UnixMicro(), member}] = true
+		held[memberKey{c, m, period.UnixMicro(), 0, member}] = true
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("ledger: unique members: %w", err)
 	}
-	for k, i := range a.members {
-		if !a.held[k] {
-			a.news[i].counted = true
-		}
-	}
-	return nil
-}
-
-// queueCounts adds the batch's new member days, and its members new in
-// their periods, to unique_counts.
-func (a *uniqueApplier) queueCounts(b *pgx.Batch) {
 	type countKey struct {
 		customer, meter string
 		period, day     int64 // day 0: the period's count
 	}
 	counts := map[countKey]int64{}
 	for k, i := range a.members {
-		if !a.news[i].counted {
+		if held[k] {
 			continue
 		}
+		a.news[i].counted = true
 		counts[countKey{k.customer, k.meter, k.period, k.day}]++
-		if p := (memberKey{k.customer, k.meter, k.period, 0, k.member}); !a.held[p] {
-			a.held[p] = true // counted once in its period, whatever its days in the batch
+		if p := (memberKey{k.customer, k.meter, k.period, 0, k.member}); !held[p] {
+			held[p] = true // once in its period, whatever its new days in the batch
 			counts[countKey{k.customer, k.meter, k.period, 0}]++
 		}
 	}
 	if len(counts) == 0 {
-		return
+		return nil
 	}
-	n := len(counts)
-	cs, ms := make([]string, 0, n), make([]string, 0, n)
+	n = len(counts)
+	cs, ms = make([]string, 0, n), make([]string, 0, n)
 	ps, ds := make([]time.Time, 0, n), make([]time.Time, 0, n)
 	perDay, members := make([]bool, 0, n), make([]int64, 0, n)
 	for k, v := range counts {
@@ -372,6 +361,7 @@ func (a *uniqueApplier) queueCounts(b *pgx.Batch) {
 	}
 	b.Queue(qAddUniqueCounts, pgx.StrictNamedArgs{"customer": cs, "meter": ms, "period_start": ps, "per_day": perDay,
 		"day": ds, "members": members})
+	return nil
 }
 
 // uniqueColumns are the columns of qCopyUniqueReadings, in order.
