@@ -42,7 +42,22 @@ type walSum struct{ records, bytes, fpi int64 }
 
 const (
 	qCreateWALInspect = `CREATE EXTENSION IF NOT EXISTS pg_walinspect`
-	qWALStart         = `SELECT pg_current_wal_insert_lsn()::text, (SELECT oid FROM pg_database WHERE datname = current_database())::text`
+	// The WAL records from $1 to $2, none when no whole record past $1 is
+	// flushed yet. pg_walinspect raises an error then, and an error that
+	// reaches the session drops its temporary slot: the function catches it.
+	qWALRecordsFunc = `
+CREATE FUNCTION pg_temp.tally_wal_records(from_lsn pg_lsn, to_lsn pg_lsn)
+RETURNS TABLE (xid xid, resource_manager text, record_length int4, fpi_length int4, end_lsn pg_lsn, block_ref text)
+LANGUAGE plpgsql AS $$
+BEGIN
+  RETURN QUERY SELECT r.xid, r.resource_manager, r.record_length, r.fpi_length, r.end_lsn, r.block_ref
+    FROM pg_get_wal_records_info(from_lsn, to_lsn) r;
+EXCEPTION WHEN internal_error THEN
+  IF SQLERRM NOT LIKE 'could not find a valid record%' THEN
+    RAISE;
+  END IF;
+END $$`
+	qWALStart = `SELECT pg_current_wal_insert_lsn()::text, (SELECT oid FROM pg_database WHERE datname = current_database())::text`
 	// The flushed position, and whether it is past $1: the start is the
 	// insert position, which the flush may not have reached yet.
 	qWALFlushed = `SELECT pg_current_wal_flush_lsn()::text, pg_current_wal_flush_lsn() > $1::pg_lsn`
@@ -53,13 +68,15 @@ const (
 	// Each WAL record goes to the relation of its first block (the table or
 	// index it changed); a record without a block (a commit) goes to its
 	// resource manager when its transaction wrote to this database.
-	// record_length includes full-page images, also given apart.
+	// record_length includes full-page images, also given apart. Every row
+	// also carries the end of the last whole record read, where the next
+	// read starts (a row with no relation carries it when nothing counted).
 	qWALByRelation = `
 WITH w AS (
-  SELECT xid::text AS xid, resource_manager, record_length, fpi_length,
+  SELECT xid::text AS xid, resource_manager, record_length, fpi_length, end_lsn,
          substring(block_ref FROM ' rel \d+/' || @db::text || '/(\d+)') AS node,
          coalesce(block_ref, '') = '' AS blockless
-  FROM pg_get_wal_records_info(@from::pg_lsn, @to::pg_lsn)
+  FROM pg_temp.tally_wal_records(@from::pg_lsn, @to::pg_lsn)
 ), x AS (
   SELECT DISTINCT xid FROM w WHERE node IS NOT NULL AND xid <> '0'
   UNION SELECT unnest(@xids::text[])
@@ -67,10 +84,12 @@ WITH w AS (
 SELECT coalesce(c.relname, CASE WHEN w.node IS NOT NULL THEN 'relfilenode ' || w.node END,
                 lower(w.resource_manager) || ' (no block)'),
        count(*), sum(w.record_length), sum(w.fpi_length),
-       coalesce(array_agg(DISTINCT w.xid) FILTER (WHERE w.node IS NOT NULL AND w.xid <> '0'), '{}')
+       coalesce(array_agg(DISTINCT w.xid) FILTER (WHERE w.node IS NOT NULL AND w.xid <> '0'), '{}'),
+       (SELECT max(end_lsn) FROM w)::text
 FROM w LEFT JOIN pg_class c ON c.relfilenode = w.node::oid
 WHERE w.node IS NOT NULL OR (w.blockless AND w.xid IN (SELECT xid FROM x))
-GROUP BY 1`
+GROUP BY 1
+UNION ALL SELECT NULL, 0, 0, 0, '{}', (SELECT max(end_lsn) FROM w)::text`
 )
 
 // startWAL starts following the WAL from now, for the database at url.
@@ -82,6 +101,10 @@ func startWAL(ctx context.Context, url string) (*walWatch, error) {
 	if _, err := conn.Exec(ctx, qCreateWALInspect); err != nil {
 		conn.Close(ctx)
 		return nil, fmt.Errorf("--wal needs the pg_walinspect extension and a superuser: %w", err)
+	}
+	if _, err := conn.Exec(ctx, qWALRecordsFunc); err != nil {
+		conn.Close(ctx)
+		return nil, err
 	}
 	w := &walWatch{conn: conn, sums: map[string]*walSum{}, xids: map[string]bool{},
 		slot: "tally_bench_wal_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12],
@@ -115,7 +138,11 @@ func (w *walWatch) follow(ctx context.Context) {
 	}
 }
 
-// poll adds the WAL from the last position to what is flushed now.
+// poll adds the whole WAL records from the last position to what is
+// flushed now. The flushed position may fall inside a record (the WAL is
+// written by pages), so the next read starts where the last whole record
+// read ended; until a whole record past it is flushed, pg_walinspect finds
+// none, and there is nothing to add yet.
 func (w *walWatch) poll(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -140,26 +167,33 @@ func (w *walWatch) poll(ctx context.Context) error {
 		w.err = fmt.Errorf("reading the WAL (it may have been recycled: the server checkpointed faster than it was read): %w", err)
 		return w.err
 	}
-	var rel string
+	var rel, end *string
 	var n, b, fpi int64
 	var txs []string
-	if _, err := pgx.ForEachRow(rows, []any{&rel, &n, &b, &fpi, &txs}, func() error {
-		s := w.sums[rel]
+	_, err = pgx.ForEachRow(rows, []any{&rel, &n, &b, &fpi, &txs, &end}, func() error {
+		if rel == nil {
+			return nil
+		}
+		s := w.sums[*rel]
 		if s == nil {
 			s = &walSum{}
-			w.sums[rel] = s
+			w.sums[*rel] = s
 		}
 		s.records, s.bytes, s.fpi = s.records+n, s.bytes+b, s.fpi+fpi
 		for _, x := range txs {
 			w.xids[x] = true
 		}
 		return nil
-	}); err != nil {
+	})
+	if err != nil {
 		w.err = err
 		return err
 	}
-	w.pos = to
-	if _, err := w.conn.Exec(ctx, qWALSlotAdvance, w.slot, to); err != nil {
+	if end == nil {
+		return nil // no whole record past w.pos flushed yet
+	}
+	w.pos = *end
+	if _, err := w.conn.Exec(ctx, qWALSlotAdvance, w.slot, w.pos); err != nil {
 		w.err = err
 		return err
 	}
