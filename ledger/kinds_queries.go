@@ -219,18 +219,16 @@ JOIN unique_readings r USING (stream_id, seq)`
 		`final, late_fill, ingested_at, period_start, day, counted) FROM STDIN BINARY`
 
 	// The counted readings (the first of each member and day) of the
-	// members ($1 customers, $2 meters, $3 members, $4 periods, pairwise):
-	// one look-up of unique_readings_members (a hash index) per member and
-	// period, at most a row per member and day. A row is another member's
+	// members ($1 customers, $2 meters, $3 members, pairwise) in periods
+	// $4: one index scan of unique_readings_members over the members'
+	// hashes, at most a row per member and day. A row is another member's
 	// when hashes collide: the caller keys what it finds by the row's
-	// customer, meter, member and period. The key is member_key's
-	// expression (migration 00036).
+	// customer, meter and member.
 	qCountedMembers = `
 SELECT r.customer, r.meter, r.member, r.period_start, r.day FROM unique_readings r
-WHERE r.member_key = ANY(ARRAY(
-        SELECT hashtextextended(k.c || '/' || k.m || '/' || k.member, extract(epoch FROM k.p - timestamptz 'epoch')::bigint)
-        FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[]) AS k(c, m, member, p)))
-  AND r.counted`
+WHERE r.member_key = ANY(ARRAY(SELECT hashtextextended(k.c || '/' || k.m || '/' || k.member, 0)
+                               FROM unnest($1::text[], $2::text[], $3::text[]) AS k(c, m, member)))
+  AND r.period_start = ANY($4::timestamptz[]) AND r.counted`
 
 	qAddUniqueCounts = `
 INSERT INTO unique_counts AS c (customer, meter, period_start, per_day, day, members)

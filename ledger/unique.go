@@ -23,9 +23,8 @@ import (
 // A reading carries both, and the first reading written for a member and
 // day is its "counted" one: under locks.UniqueMembers, the batch's
 // members are looked up among the counted readings of their periods (one
-// statement per micro-batch, qCountedMembers, a hash-index probe per member
-// and period: at most a row per member and day, however often the member
-// was seen), the counts grow by the
+// index scan per micro-batch, qCountedMembers: at most a row per member
+// and day, however often the member was seen), the counts grow by the
 // members and member days none held, and the batch's readings go in with
 // one binary COPY, the first of each new member day counted.
 // Streams, seqs and operation ids follow the counters' rules (a seq below
@@ -302,10 +301,15 @@ func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) erro
 		return nil
 	}
 	n := len(a.members)
-	cs, ms, mem, periods := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n), make([]time.Time, 0, n)
+	cs, ms, mem := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
+	var periods []time.Time
+	seenP := map[int64]bool{}
 	for k := range a.members {
 		cs, ms, mem = append(cs, k.customer), append(ms, k.meter), append(mem, k.member)
-		periods = append(periods, time.UnixMicro(k.period).UTC())
+		if !seenP[k.period] {
+			seenP[k.period] = true
+			periods = append(periods, time.UnixMicro(k.period).UTC())
+		}
 	}
 	rows, err := tx.Query(ctx, qCountedMembers, cs, ms, mem, periods)
 	if err != nil {

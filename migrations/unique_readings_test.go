@@ -11,8 +11,7 @@ import (
 // written by the previous schema the period and bucket day its member
 // was counted in (from unique_members), marks the earliest reading of
 // each member day counted (*), and its Down rebuilds unique_members
-// exactly; 00036 re-keys the member index by member and period, there and
-// back.
+// exactly.
 func TestUniqueReadingsBackfill(t *testing.T) {
 	ctx := context.Background()
 	pool := emptyPool(t)
@@ -90,24 +89,6 @@ FROM stream_periods sp`).Scan(&ranges); err != nil {
 	}
 	if left {
 		t.Fatal("unique_members or unique_readings_customer is still there")
-	}
-
-	// 00036 keys the member index by member and period, in a hash index:
-	// every reading keeps its place, and Down (with 00035's) goes back.
-	if err := migrations.UpTo(ctx, pool, 36); err != nil {
-		t.Fatal(err)
-	}
-	var am string
-	var keyed int
-	if err := pool.QueryRow(ctx, `
-SELECT am.amname, (SELECT count(*) FROM unique_readings
-                   WHERE member_key = hashtextextended(customer || '/' || meter || '/' || member,
-                                                       extract(epoch FROM period_start)::bigint))
-FROM pg_class c JOIN pg_am am ON am.oid = c.relam WHERE c.relname = 'unique_readings_members'`).Scan(&am, &keyed); err != nil {
-		t.Fatal(err)
-	}
-	if am != "hash" || keyed != 5 {
-		t.Fatalf("after 00036: member index %s, %d of 5 readings keyed by member and period", am, keyed)
 	}
 
 	if err := migrations.DownTo(ctx, pool, 34); err != nil {
