@@ -840,7 +840,11 @@ func (b *budget) counted(d Decision) Decision {
 	return d
 }
 
-// take admits cost from one shard, trying the others when it is short.
+// take admits cost from one shard, trying the others when it is short,
+// and when no shard holds cost alone, from several: capacity is spread
+// over the shards, and an Admit of all that is held must not be refused.
+// What it gathered goes back when the shards together hold less than
+// cost.
 func (b *budget) take(cost int64) bool {
 	n := len(b.shards)
 	start := int(rand.Uint32()) % n
@@ -857,6 +861,15 @@ func (b *budget) take(cost int64) bool {
 			}
 		}
 	}
+	if n == 1 {
+		return false
+	}
+	got := b.withdraw(cost)
+	if got == cost {
+		b.shards[start].taken.Add(cost)
+		return true
+	}
+	b.add(got)
 	return false
 }
 

@@ -317,14 +317,17 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	if c.closed.Load() {
 		return ErrClosed
 	}
-	// Grants just given back reach Tally before more is asked for (else
-	// Tally could refuse for capacity it is about to have), waiting at
-	// most half of MaxWait: a stalled send alone never holds a waiting
-	// Admit up to MaxWait.
+	// Final reports of grants just given back may still be on their way:
+	// ask anyway (most top-ups find capacity without them), and only when
+	// Tally refuses, wait for them (at most half of MaxWait: a stalled
+	// send alone never holds a waiting Admit up to MaxWait) and ask once
+	// more, since Tally could have refused for capacity about to be back.
+	inFlight := false
 	select {
 	case b.sending <- struct{}{}:
 		<-b.sending
-	case <-time.After(c.cfg.MaxWait / 2):
+	default:
+		inFlight = true
 	}
 	now := time.Now()
 	// A whole target, not what is missing from it: grants average the
@@ -334,6 +337,14 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	var te *TallyError
 	if errors.As(err, &te) && te.Type == problemStaleGen && c.recoverGeneration(sent, te.next) {
 		g, sent, err = c.issue(ctx, b, size, need) // once: under the recovered generation
+	}
+	if ex := (*exhaustedError)(nil); inFlight && errors.As(err, &ex) {
+		select {
+		case b.sending <- struct{}{}:
+			<-b.sending
+			g, sent, err = c.issue(ctx, b, size, need)
+		case <-time.After(c.cfg.MaxWait / 2):
+		}
 	}
 	var ne *notExactError
 	if errors.As(err, &ne) {

@@ -54,6 +54,19 @@ type tally struct {
 	// refuse, when set, answers a request with its status (429 or 503,
 	// Retry-After: 1) instead of serving it, when it returns one.
 	refuse atomic.Pointer[func(*http.Request) int]
+	// served, when set, is told each request served and its status.
+	served atomic.Pointer[func(*http.Request, int)]
+}
+
+// statusWriter remembers the status written.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	w.status = code
+	w.ResponseWriter.WriteHeader(code)
 }
 
 func startTally(t testing.TB) *tally {
@@ -89,7 +102,11 @@ func startTally(t testing.TB) *tally {
 				return
 			}
 		}
-		h.ServeHTTP(w, r)
+		sw := &statusWriter{ResponseWriter: w, status: http.StatusOK}
+		h.ServeHTTP(sw, r)
+		if served := ts.served.Load(); served != nil {
+			(*served)(r, sw.status)
+		}
 	}))
 	t.Cleanup(ts.srv.Close)
 	ts.url = ts.srv.URL

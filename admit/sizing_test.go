@@ -2,6 +2,9 @@ package admit_test
 
 import (
 	"context"
+	"net/http"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -124,5 +127,76 @@ func TestWaitingAdmitKeepsTheGrantItWaitedFor(t *testing.T) {
 	}
 	if b := ts.budget("acme", "tokens"); !b.Consumed.Equal(decimal.NewFromInt(40)) || !b.Live.IsZero() {
 		t.Fatalf("admitted 40, budget %+v", b)
+	}
+}
+
+// A top-up does not wait for the final reports its gateway is sending,
+// but when Tally refuses it while they are on their way, it waits for
+// them and asks once more: Tally may have refused for capacity they give
+// back. Here the only grant (10 of a limit of 10, 1 spent) is being given
+// back when an Admit of 5 needs a grant; the release is held until Tally
+// has refused that grant request.
+func TestTopUpRefusedWhileReportsInFlightAsksAgain(t *testing.T) {
+	ts := startTally(t)
+	ts.exactRule("acme", "tokens", "10")
+	ctx := context.Background()
+	blocked, unblock := make(chan struct{}), make(chan struct{})
+	var releasing, refused atomic.Bool
+	hold := func(r *http.Request) int {
+		if strings.HasSuffix(r.URL.Path, "/release") && releasing.CompareAndSwap(false, true) {
+			close(blocked)
+			<-unblock
+		}
+		return 0
+	}
+	ts.refuse.Store(&hold)
+	after := func(r *http.Request, status int) {
+		if r.URL.Path == "/v1/grants" && status != http.StatusOK && status != http.StatusCreated &&
+			releasing.Load() && refused.CompareAndSwap(false, true) {
+			close(unblock)
+		}
+	}
+	ts.served.Store(&after)
+	c := newClient(t, ts, "gw1", t.TempDir(), admit.Config{MinGrant: 1000})
+	defer c.Close(ctx)
+	admitN(t, c, 1) // asks 1,000, gets the 10 there are: tight, so it gives 9 back
+	select {
+	case <-blocked:
+	case <-time.After(time.Minute):
+		t.Fatal("the grant was not given back")
+	}
+	d, err := c.Admit(ctx, "acme", "tokens", 5)
+	if err != nil || !d.Admitted {
+		t.Fatalf("admit 5 while 9 were being given back: %+v %v (a grant request refused first: %v)", d, err, refused.Load())
+	}
+	if !refused.Load() {
+		t.Fatal("the grant request was not refused while the release was held: the test did not test the retry")
+	}
+	if err := c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if b := ts.budget("acme", "tokens"); !b.Consumed.Equal(decimal.NewFromInt(6)) || !b.Live.IsZero() {
+		t.Fatalf("admitted 6, budget %+v", b)
+	}
+}
+
+// An Admit whose cost is all a gateway holds is admitted: the capacity
+// is spread over the client's shards (one per CPU), and no one shard
+// holds the whole cost.
+func TestAdmitTakesAllThatIsHeld(t *testing.T) {
+	ts := startTally(t)
+	ts.exactRule("acme", "tokens", "5")
+	ctx := context.Background()
+	c := newClient(t, ts, "gw1", t.TempDir(), admit.Config{})
+	defer c.Close(ctx)
+	d, err := c.Admit(ctx, "acme", "tokens", 5) // asks 10 (MinGrant), gets the 5 there are
+	if err != nil || !d.Admitted {
+		t.Fatalf("admit 5 of a limit of 5: %+v %v", d, err)
+	}
+	if err := c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if b := ts.budget("acme", "tokens"); !b.Consumed.Equal(decimal.NewFromInt(5)) || !b.Live.IsZero() {
+		t.Fatalf("admitted 5, budget %+v", b)
 	}
 }
