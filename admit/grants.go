@@ -319,10 +319,11 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	}
 	// Final reports of grants just given back may still be on their way:
 	// ask anyway (most top-ups find capacity without them), and only when
-	// Tally refuses, wait for them (at most half of MaxWait: a stalled
-	// send alone never holds a waiting Admit up to MaxWait) and ask once
-	// more, since Tally could have refused for capacity about to be back.
-	inFlight := false
+	// Tally refuses, wait for them (until half of MaxWait from here: a
+	// stalled send alone never holds a waiting Admit up to MaxWait) and
+	// ask once more, since Tally could have refused for capacity about to
+	// be back.
+	inFlight, waitUntil := false, time.Now().Add(c.cfg.MaxWait/2)
 	select {
 	case b.sending <- struct{}{}:
 		<-b.sending
@@ -343,7 +344,7 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 		case b.sending <- struct{}{}:
 			<-b.sending
 			g, sent, err = c.issue(ctx, b, size, need)
-		case <-time.After(c.cfg.MaxWait / 2):
+		case <-time.After(time.Until(waitUntil)):
 		}
 	}
 	var ne *notExactError
