@@ -24,6 +24,19 @@ func admitN(t *testing.T, c *admit.Client, n int) {
 	}
 }
 
+// closeSettled closes c and checks that acme's tokens budget consumed
+// exactly the admitted units, with nothing left live: every grant went
+// back with its true spent.
+func closeSettled(t *testing.T, ts *tally, c *admit.Client, admitted int64) {
+	t.Helper()
+	if err := c.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if b := ts.budget("acme", "tokens"); !b.Consumed.Equal(decimal.NewFromInt(admitted)) || !b.Live.IsZero() {
+		t.Fatalf("admitted %d, budget %+v", admitted, b)
+	}
+}
+
 // A top-up asks for a whole grant, not for what is missing from the
 // target: with grants of 50, a gateway that spent 30 of its first grant
 // holds two grants of 50.
@@ -37,12 +50,7 @@ func TestTopUpAsksForAWholeGrant(t *testing.T) {
 	eventually(t, "a second grant of 50", func() bool {
 		return ts.budget("acme", "tokens").Live.Equal(decimal.NewFromInt(100))
 	})
-	if err := c.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if b := ts.budget("acme", "tokens"); !b.Consumed.Equal(decimal.NewFromInt(30)) || !b.Live.IsZero() {
-		t.Fatalf("admitted 30, budget %+v", b)
-	}
+	closeSettled(t, ts, c, 30)
 }
 
 // A grant smaller than asked says the budget is nearly all granted: the
@@ -172,12 +180,7 @@ func TestTopUpRefusedWhileReportsInFlightAsksAgain(t *testing.T) {
 	if !refused.Load() {
 		t.Fatal("the grant request was not refused while the release was held: the test did not test the retry")
 	}
-	if err := c.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if b := ts.budget("acme", "tokens"); !b.Consumed.Equal(decimal.NewFromInt(6)) || !b.Live.IsZero() {
-		t.Fatalf("admitted 6, budget %+v", b)
-	}
+	closeSettled(t, ts, c, 6)
 }
 
 // An Admit whose cost is all a gateway holds is admitted: the capacity
@@ -193,10 +196,5 @@ func TestAdmitTakesAllThatIsHeld(t *testing.T) {
 	if err != nil || !d.Admitted {
 		t.Fatalf("admit 5 of a limit of 5: %+v %v", d, err)
 	}
-	if err := c.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if b := ts.budget("acme", "tokens"); !b.Consumed.Equal(decimal.NewFromInt(5)) || !b.Live.IsZero() {
-		t.Fatalf("admitted 5, budget %+v", b)
-	}
+	closeSettled(t, ts, c, 5)
 }
