@@ -323,13 +323,7 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	// stalled send alone never holds a waiting Admit up to MaxWait) and
 	// ask once more, since Tally could have refused for capacity about to
 	// be back.
-	inFlight, waitUntil := false, time.Now().Add(c.cfg.MaxWait/2)
-	select {
-	case b.sending <- struct{}{}:
-		<-b.sending
-	default:
-		inFlight = true
-	}
+	inFlight, waitUntil := len(b.sending) > 0, time.Now().Add(c.cfg.MaxWait/2)
 	now := time.Now()
 	// A whole target, not what is missing from it: grants average the
 	// target, and each costs an issue and a release.
@@ -339,7 +333,7 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	if errors.As(err, &te) && te.Type == problemStaleGen && c.recoverGeneration(sent, te.next) {
 		g, sent, err = c.issue(ctx, b, size, need) // once: under the recovered generation
 	}
-	if ex := (*exhaustedError)(nil); inFlight && errors.As(err, &ex) {
+	if _, refused := errors.AsType[*exhaustedError](err); refused && inFlight {
 		select {
 		case b.sending <- struct{}{}:
 			<-b.sending
