@@ -68,9 +68,9 @@ END $$`
 	// Each WAL record goes to the relation of its first block (the table or
 	// index it changed); a record without a block (a commit) goes to its
 	// resource manager when its transaction wrote to this database.
-	// record_length includes full-page images, also given apart. Every row
-	// also carries the end of the last whole record read, where the next
-	// read starts (a row with no relation carries it when nothing counted).
+	// record_length includes full-page images, also given apart. One more
+	// row, with no relation, carries the end of the last whole record
+	// read, where the next read starts (NULL when none was).
 	qWALByRelation = `
 WITH w AS (
   SELECT xid::text AS xid, resource_manager, record_length, fpi_length, end_lsn,
@@ -85,7 +85,7 @@ SELECT coalesce(c.relname, CASE WHEN w.node IS NOT NULL THEN 'relfilenode ' || w
                 lower(w.resource_manager) || ' (no block)'),
        count(*), sum(w.record_length), sum(w.fpi_length),
        coalesce(array_agg(DISTINCT w.xid) FILTER (WHERE w.node IS NOT NULL AND w.xid <> '0'), '{}'),
-       (SELECT max(end_lsn) FROM w)::text
+       NULL
 FROM w LEFT JOIN pg_class c ON c.relfilenode = w.node::oid
 WHERE w.node IS NOT NULL OR (w.blockless AND w.xid IN (SELECT xid FROM x))
 GROUP BY 1
@@ -167,11 +167,12 @@ func (w *walWatch) poll(ctx context.Context) error {
 		w.err = fmt.Errorf("reading the WAL (it may have been recycled: the server checkpointed faster than it was read): %w", err)
 		return w.err
 	}
-	var rel, end *string
+	var rel, last, end *string
 	var n, b, fpi int64
 	var txs []string
-	_, err = pgx.ForEachRow(rows, []any{&rel, &n, &b, &fpi, &txs, &end}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&rel, &n, &b, &fpi, &txs, &last}, func() error {
 		if rel == nil {
+			end = last
 			return nil
 		}
 		s := w.sums[*rel]
