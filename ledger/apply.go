@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"maps"
 	"sort"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -36,11 +37,17 @@ type Config struct {
 func (c Config) Validate() error { return nil }
 
 // Ledger applies usage records and adjustments to the Postgres ledger.
-// It holds no state between calls: everything lives in the database, so
-// any number of Ledgers (and processes) may share it.
+// Everything lives in the database, so any number of Ledgers (and
+// processes) may share it; what a Ledger remembers between calls is only a
+// hint that every transaction checks (otherKinds).
 type Ledger struct {
 	now func() time.Time
 	log *slog.Logger
+	// otherKinds: a gauge or unique meter was declared when a transaction
+	// last looked (kinds never go back to none: a declared meter is never
+	// deleted). Until then a counter batch reads whether one is, instead of
+	// looking its operation ids up in those kinds' readings (see load).
+	otherKinds atomic.Bool
 }
 
 // New returns a Ledger.
@@ -103,17 +110,18 @@ func (l *Ledger) apply(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll 
 	now := l.now().UTC().Truncate(time.Microsecond)
 	out := make([]Outcome, len(recs))
 	a := &applier{
-		lookupAll: lookupAll,
-		checkKind: checkKind,
-		now:       now,
-		out:       out,
-		recs:      make([]Record, len(recs)),
-		streams:   map[StreamKey]*stream{},
-		ops:       make(map[uuid.UUID]stored, len(recs)),
-		calendars: map[string]periods.Schedule{},
-		closed:    map[periodKey]bool{},
-		rollups:   map[rollupKey]decimal.Decimal{},
-		elsewhere: maps.Clone(earlier),
+		lookupAll:  lookupAll,
+		checkKind:  checkKind,
+		otherKinds: &l.otherKinds,
+		now:        now,
+		out:        out,
+		recs:       make([]Record, len(recs)),
+		streams:    map[StreamKey]*stream{},
+		ops:        make(map[uuid.UUID]stored, len(recs)),
+		calendars:  map[string]periods.Schedule{},
+		closed:     map[periodKey]bool{},
+		rollups:    map[rollupKey]decimal.Decimal{},
+		elsewhere:  maps.Clone(earlier),
 	}
 	copy(a.recs, recs)
 	valid := a.validate()
@@ -190,6 +198,7 @@ type applier struct {
 	// checkKind: read the meters' kinds in load (kinds.go) and give the
 	// batch back unless every one is this kind ("": no check).
 	checkKind  MeterKind
+	otherKinds *atomic.Bool // the Ledger's hint
 	kindsRead  map[string]MeterKind
 	kindMeters []string
 	now        time.Time
@@ -366,12 +375,28 @@ func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	}
 	a.queueCustomers(b, customers, minOccurred)
 	a.queueStreamState(b, keys)
-	a.queueOtherKinds(b, opIDs, Counter)
+	// A batch of counters checked as such (the meter-kinds lock is then
+	// held, queued above, so no meter is declared until this transaction
+	// ends) sends its operation ids to be looked up in the other kinds'
+	// readings only once a meter of another kind exists. Until the Ledger
+	// has seen one, it reads whether one is now: when one is, the batch is
+	// given back (errKindsDiffer) and applied again the general way, which
+	// always looks the ids up.
+	var declared bool
+	if a.checkKind == Counter && !a.otherKinds.Load() {
+		b.Queue(qOtherKindsDeclared).QueryRow(func(row pgx.Row) error { return row.Scan(&declared) })
+	} else {
+		a.queueOtherKinds(b, opIDs, Counter)
+	}
 	if a.lookupAll {
 		a.queueOperations(b, opIDs)
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("ledger: load: %w", err)
+	}
+	if declared {
+		a.otherKinds.Store(true)
+		return errKindsDiffer
 	}
 	if a.kindsDiffer() {
 		return errKindsDiffer

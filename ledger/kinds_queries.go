@@ -16,16 +16,23 @@ const (
 
 	// The batch's operation ids ($1) held by another kind than $2. Gauge
 	// and unique readings exist only once a meter of that kind is declared
-	// (a kind never changes once used), so for a counter batch the
-	// uncorrelated EXISTS, evaluated once, skips both probes until then.
+	// (a kind never changes once used), so the uncorrelated EXISTS,
+	// evaluated once, skips those probes until then. The array is hidden
+	// from the planner as in qRecordsByOperation.
 	qOperationsOfOtherKinds = `
-SELECT operation_id, 'counter' FROM records WHERE $2::text <> 'counter' AND operation_id = ANY($1::uuid[])
+SELECT operation_id, 'counter' FROM records
+WHERE $2::text <> 'counter' AND operation_id = ANY(ARRAY(SELECT unnest($1::uuid[])))
 UNION ALL
 SELECT operation_id, 'gauge' FROM gauge_readings
-WHERE $2::text <> 'gauge' AND EXISTS (SELECT FROM meters WHERE kind = 'gauge') AND operation_id = ANY($1::uuid[])
+WHERE $2::text <> 'gauge' AND EXISTS (SELECT FROM meters WHERE kind = 'gauge') AND operation_id = ANY(ARRAY(SELECT unnest($1::uuid[])))
 UNION ALL
 SELECT operation_id, 'unique' FROM unique_readings
-WHERE $2::text <> 'unique' AND EXISTS (SELECT FROM meters WHERE kind = 'unique') AND operation_id = ANY($1::uuid[])`
+WHERE $2::text <> 'unique' AND EXISTS (SELECT FROM meters WHERE kind = 'unique') AND operation_id = ANY(ARRAY(SELECT unnest($1::uuid[])))`
+
+	// Whether a gauge or unique meter is declared: until one is, a counter
+	// batch's operation ids cannot be held by another kind, and the batch
+	// need not send them (see applier.load).
+	qOtherKindsDeclared = `SELECT EXISTS (SELECT FROM meters WHERE kind <> 'counter')`
 
 	qSelectMeter  = `SELECT meter, kind, unit, description, created_at, updated_at FROM meters WHERE meter = $1`
 	qSelectMeters = `SELECT meter, kind, unit, description, created_at, updated_at FROM meters ORDER BY meter`
@@ -205,8 +212,10 @@ SELECT s.producer, s.epoch, r.seq, r.level, r.occurred_at, r.final
 FROM gauge_readings r JOIN streams s ON s.id = r.stream_id
 WHERE r.customer = $1 AND r.meter = $2`
 
+	// The array is hidden from the planner as in qRecordsByOperation.
 	qUniqueByOperation = `
-SELECT operation_id, stream_id, seq, member, occurred_at, final FROM unique_readings WHERE operation_id = ANY($1::uuid[])`
+SELECT operation_id, stream_id, seq, member, occurred_at, final FROM unique_readings
+WHERE operation_id = ANY(ARRAY(SELECT unnest($1::uuid[])))`
 
 	qUniqueBySeq = `
 SELECT r.stream_id, r.seq, r.operation_id

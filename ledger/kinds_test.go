@@ -295,6 +295,48 @@ func TestOperationIDReusedAcrossKinds(t *testing.T) {
 	}
 }
 
+// A Ledger that has applied only counters while no other kind existed
+// does not send a counter batch's operation ids to the other kinds'
+// readings; once another process declares a gauge and records a reading,
+// the first Ledger's next counter batch still finds the reading's id
+// taken: the check is made in every transaction, the Ledger's memory is
+// only a hint.
+func TestCounterBatchSeesAKindDeclaredElsewhere(t *testing.T) {
+	f := newFixture(t)
+	at := f.now.Add(-time.Hour)
+	calls, seats := recBuilder{"p", 1, "acme", "calls"}, recBuilder{"p", 1, "acme", "seats"}
+	for seq := int64(1); seq <= 3; seq++ {
+		if got := kinds(f.apply(calls.rec(seq, fmt.Sprint(10*seq), at))); got != "applied" {
+			t.Fatalf("counter seq %d: %s", seq, got)
+		}
+	}
+	other, err := ledger.New(ledger.Config{Clock: func() time.Time { return f.now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := f.declare("seats", ledger.Gauge); err != nil {
+		t.Fatal(err)
+	}
+	g1 := seats.level(1, "3", at)
+	if err := pgx.BeginFunc(context.Background(), f.pool, func(tx pgx.Tx) error {
+		out, err := other.Apply(context.Background(), tx, []ledger.Record{g1})
+		if err == nil && kinds(out) != "applied" {
+			err = fmt.Errorf("gauge reading: %s", kinds(out))
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c4 := calls.rec(4, "40", at)
+	c4.OperationID = g1.OperationID
+	if got := kinds(f.apply(c4, calls.rec(5, "50", at))); got != "conflict(operation_id_reused) applied" {
+		t.Fatalf("a counter reusing the reading's id: %s", got)
+	}
+	if n := f.scalar(`SELECT sum(quantity)::text FROM rollups WHERE meter = 'calls'`); n != "50" {
+		t.Errorf("calls billed %s, want 50", n)
+	}
+}
+
 // TestConcurrentSightingsCountOnce: two transactions see the same new
 // member on two streams of one customer at once. The second waits for the
 // first (locks.UniqueMembers); once the first commits, the second finds

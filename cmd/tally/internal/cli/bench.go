@@ -74,7 +74,9 @@ each measurement wrote per record, by table and index: a figure the machine's
 load does not change.
 
 Each run uses a database of its own on the server of --database-url,
-dropped afterwards (unless --keep).`,
+dropped afterwards (unless --keep). Each measurement starts just after a
+CHECKPOINT (when the role may run one), so that none pays for the dirty
+buffers an earlier one left behind.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return benchIngest(cmd.Context(), cmd.OutOrStdout(), o)
@@ -358,6 +360,9 @@ func benchRun(ctx context.Context, out io.Writer, log *slog.Logger, broker, topi
 		return 0, name, err
 	}
 	defer ingestPool.Close()
+	if err := checkpoint(ctx, pool); err != nil {
+		return 0, name, err
+	}
 	cpu0 := processCPU()
 	var wal *walWatch
 	if o.wal {
@@ -494,6 +499,9 @@ func benchCopy(ctx context.Context, url string) (time.Duration, int64, error) {
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
+		return 0, 0, err
+	}
+	if err := checkpoint(ctx, conn); err != nil {
 		return 0, 0, err
 	}
 	t0 := time.Now()
