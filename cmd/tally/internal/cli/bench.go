@@ -51,6 +51,10 @@ type benchIngestOptions struct {
 	// kind: also ingest gauge or unique records in each round, beside the
 	// counters (docs/design.md §16: at least 0.8 × counter ingest).
 	kind ledger.MeterKind
+	// population: distinct members per customer a unique record names,
+	// drawn evenly; the share of readings that are a new member day falls
+	// as it shrinks.
+	population int
 }
 
 func newBenchIngestCmd() *cobra.Command {
@@ -94,14 +98,15 @@ buffers an earlier one left behind.`,
 	f.IntVar(&o.rounds, "rounds", 3, "rounds of the three measurements; medians are compared")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	f.BoolVar(&o.wal, "wal", false, "print the WAL written per record, by table and index (needs a superuser and pg_walinspect)")
+	f.IntVar(&o.population, "population", 100_000, "with --kind unique: distinct members per customer, drawn evenly (the default makes nearly every reading a new member; 1000 repeats most members within the day)")
 	f.StringVar((*string)(&o.kind), "kind", "counter", "counter, or gauge or unique: also ingest the same records as levels or members in each round and compare with counters")
 	f.BoolVar(&o.statements, "statements", false, "print where ingest's round trips to Postgres spend their time, statement by statement, and the CPU per record of Postgres and of this process")
 	return cmd
 }
 
 func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error {
-	if o.records < 1 || o.perMessage < 1 || o.perMessage > wire.MaxRecords || o.partitions < 1 || o.members < 1 || o.dupShare < 0 || o.dupShare >= 1 || o.rounds < 1 {
-		return errors.New("bench ingest: need --records ≥ 1, 1 ≤ --per-message ≤ 10000, --partitions ≥ 1, --members ≥ 1, 0 ≤ --duplicates < 1, --rounds ≥ 1")
+	if o.records < 1 || o.perMessage < 1 || o.perMessage > wire.MaxRecords || o.partitions < 1 || o.members < 1 || o.dupShare < 0 || o.dupShare >= 1 || o.rounds < 1 || o.population < 1 {
+		return errors.New("bench ingest: need --records ≥ 1, 1 ≤ --per-message ≤ 10000, --partitions ≥ 1, --members ≥ 1, 0 ≤ --duplicates < 1, --rounds ≥ 1, --population ≥ 1")
 	}
 	if o.kind == "" {
 		o.kind = ledger.Counter
@@ -130,11 +135,11 @@ func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error
 	fmt.Fprintf(out, "tally bench ingest: %d records per run, %d records per message, %d partitions, %d ingest members, embedded broker %s\n",
 		o.records, o.perMessage, o.partitions, o.members, k.Addr)
 
-	uniq := benchMessages(o.records, o.perMessage, o.partitions*8, 0, 1, ledger.Counter)
-	dups := benchMessages(o.records, o.perMessage, o.partitions*8, o.dupShare, 2, ledger.Counter)
+	uniq := benchMessages(o.records, o.perMessage, o.partitions*8, 0, 1, ledger.Counter, 0)
+	dups := benchMessages(o.records, o.perMessage, o.partitions*8, o.dupShare, 2, ledger.Counter, 0)
 	var kindMsgs []benchMessage
 	if o.kind != ledger.Counter {
-		kindMsgs = benchMessages(o.records, o.perMessage, o.partitions*8, 0, 1, o.kind)
+		kindMsgs = benchMessages(o.records, o.perMessage, o.partitions*8, 0, 1, o.kind, o.population)
 	}
 	var tk []time.Duration
 	physical, err := physicalRows(uniq)
@@ -228,7 +233,7 @@ func msgsKind(msgs []benchMessage) ledger.MeterKind {
 
 // benchMessages builds messages with total records: (1-dup) of them new,
 // the rest retransmits of earlier messages placed at random later positions.
-func benchMessages(total, perMessage, customers int, dup float64, seed uint64, kind ledger.MeterKind) []benchMessage {
+func benchMessages(total, perMessage, customers int, dup float64, seed uint64, kind ledger.MeterKind, population int) []benchMessage {
 	rng := rand.New(rand.NewPCG(seed, 42))
 	type stream struct {
 		customer string
@@ -253,7 +258,7 @@ func benchMessages(total, perMessage, customers int, dup float64, seed uint64, k
 			case ledger.Gauge:
 				r.Total, r.Quantity, r.Level = decimal.Decimal{}, decimal.NullDecimal{}, decimal.NewNullDecimal(q)
 			case ledger.Unique:
-				r.Total, r.Quantity, r.Member = decimal.Decimal{}, decimal.NullDecimal{}, fmt.Sprintf("user-%d", rng.IntN(100_000))
+				r.Total, r.Quantity, r.Member = decimal.Decimal{}, decimal.NullDecimal{}, fmt.Sprintf("user-%d", rng.IntN(population))
 			}
 			b.Records = append(b.Records, r)
 		}
