@@ -833,11 +833,13 @@ func (a *applier) billingPlace(customer string, t time.Time) (period, bucket tim
 	if err != nil {
 		return
 	}
-	own := p.Start.UTC()
-	if !a.closed[periodKey{customer, own.UnixMicro()}] {
+	// own escapes only when its period is closed: the common path
+	// allocates nothing.
+	if own := p.Start.UTC(); !a.closed[periodKey{customer, own.UnixMicro()}] {
 		bucket, err = a.bucketOf(customer, t)
 		return own, bucket, nil, err
 	}
+	own := p.Start.UTC()
 	// Closes are few (one per period), so this walk is short.
 	for a.closed[periodKey{customer, p.Start.UTC().UnixMicro()}] {
 		next, err := a.calendars[customer].Next(p)
