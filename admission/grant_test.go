@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/admission"
@@ -238,5 +239,75 @@ func TestBypassReportsAreIdempotent(t *testing.T) {
 	}
 	if b := e.budget("acme", "tokens"); !b.Bypassed.Equal(d("7.5")) || !b.Consumed.Equal(d("1")) {
 		t.Fatalf("budget %+v", b)
+	}
+}
+
+// A gateway's grants are issued while its releases are in flight: an
+// issue that brings no new generation locks its holder's row shared, as a
+// release does, so neither waits for the other. One that does bring a new
+// generation — including one this Store believed its holder already had,
+// the row having been reset since — still takes the row exclusively.
+func TestIssueDoesNotWaitForItsHoldersReleases(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.rule("acme", "tokens", d("100"))
+	issue := func(ctx context.Context, gen int64) (admission.Grant, error) {
+		return e.store.Issue(ctx, admission.IssueRequest{Holder: "gw1", Generation: gen, Customer: "acme", Meter: "tokens", Amount: d("10")})
+	}
+	// Generation 3 from the start (a jump of at most MaxGenerationStep).
+	if _, err := issue(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	// What a release batch of gw1 holds until it commits.
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT generation FROM admission_holders WHERE holder = 'gw1' FOR SHARE`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := issue(ctx, 3)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("an issue while a release of its holder is in flight: %v", err)
+		}
+	case <-time.After(3 * time.Second):
+		t.Error("an issue waited for a release of its holder still in flight")
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Rollback(ctx); err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatal(err)
+	}
+	// Another process resets gw1's generation; this Store still believes
+	// it is 3. The issue under generation 3 brings it back to 3.
+	if _, err := e.pool.Exec(ctx, `UPDATE admission_holders SET generation = 1 WHERE holder = 'gw1'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := issue(ctx, 3); err != nil {
+		t.Fatalf("an issue bringing a generation the Store believed in: %v", err)
+	}
+	var gen int64
+	if err := e.pool.QueryRow(ctx, `SELECT generation FROM admission_holders WHERE holder = 'gw1'`).Scan(&gen); err != nil {
+		t.Fatal(err)
+	}
+	if gen != 3 {
+		t.Fatalf("gw1's generation %d, want 3", gen)
+	}
+	if _, err := issue(ctx, 2); err == nil {
+		t.Fatal("an issue to generation 2 after 3 was accepted")
+	}
+	if b := e.budget("acme", "tokens"); !b.Consumed.Equal(d("30")) {
+		t.Fatalf("budget %+v, want 30 consumed", b)
 	}
 }

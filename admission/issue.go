@@ -351,6 +351,11 @@ func (s *Store) issueOwnTx(ctx context.Context, batch []*call) error {
 	defer conn.Release()
 	start := time.Now()
 	err = s.issueBatch(ctx, conn, true, batch)
+	if errors.Is(err, errHolderMoved) {
+		// Rolled back; the holders are forgotten, so this attempt locks
+		// them exclusively.
+		err = s.issueBatch(ctx, conn, true, batch)
+	}
 	d := time.Since(start)
 	s.m.batchSize.Observe(float64(len(batch)))
 	s.m.batchSecs.Observe(d.Seconds())
@@ -410,6 +415,53 @@ func addKeys(args pgx.NamedArgs, p string, customers bool, keys []budgetKey, row
 // version each was brought to: budget rows are never deleted, so a known
 // row needs no insert before it is locked, and a pool or global row known
 // at the planned version needs no bringing (its meter is locked shared).
+// knownHolders is what a Store last saw of holders' generations. It is a
+// hint: a batch that relies on it checks it under the row locks, and is
+// run again with exclusive locks when the row says otherwise.
+type knownHolders struct {
+	mu sync.Mutex
+	m  map[string]int64
+}
+
+// cover reports whether every call of batch still to decide names a
+// holder whose generation is known and at least the call's.
+func (k *knownHolders) cover(batch []*call) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, c := range batch {
+		if c.err != nil {
+			continue
+		}
+		if g, ok := k.m[c.req.Holder]; !ok || c.req.Generation > g {
+			return false
+		}
+	}
+	return true
+}
+
+// add records generations read under the holders' locks or committed
+// (0: no row).
+func (k *knownHolders) add(gens map[string]int64) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.m == nil || len(k.m) > 100_000 {
+		k.m = map[string]int64{}
+	}
+	for h, g := range gens {
+		if g > 0 {
+			k.m[h] = g
+		}
+	}
+}
+
+func (k *knownHolders) forget(holders []string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, h := range holders {
+		delete(k.m, h)
+	}
+}
+
 type knownBudgets struct {
 	mu sync.Mutex
 	m  map[budgetKey]int64

@@ -2,6 +2,7 @@ package admission
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -63,6 +64,11 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 	if ownTx {
 		// BEGIN opens lockAndRead's round trip: no round trip of its own.
 		st.begin = true
+		// Holders already at the generations asked for are only read
+		// under their locks, as a release reads them: shared, so a
+		// gateway's issues and releases do not wait for each other.
+		// Bringing a holder to a new generation takes its row exclusively.
+		st.shareHolders = s.holderGens.cover(batch)
 		defer func() {
 			if err != nil {
 				_, _ = db.Exec(context.WithoutCancel(ctx), "ROLLBACK")
@@ -71,6 +77,21 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 	}
 	if err := st.lockAndRead(ctx, db); err != nil {
 		return err
+	}
+	if st.shareHolders {
+		// The rows read say otherwise than this Store knew (another
+		// process reset a holder): give the batch back to be run with
+		// exclusive locks.
+		var moved []string
+		for _, c := range batch {
+			if c.err == nil && c.req.Generation > st.holders[c.req.Holder] {
+				moved = append(moved, c.req.Holder)
+			}
+		}
+		if len(moved) > 0 {
+			s.holderGens.forget(moved)
+			return errHolderMoved
+		}
 	}
 	d := s.decide(st, batch, plans)
 	if err := st.write(ctx, db, ownTx, d.writes); err != nil {
@@ -81,6 +102,7 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 	}
 	if ownTx {
 		// Committed: these rows exist for good (budget rows are never deleted).
+		s.holderGens.add(st.holders)
 		s.known.add(st.rows, st.custKeys)
 		s.known.add(st.rows, st.scopeKeys)
 		s.m.brought.WithLabelValues("customer").Add(float64(st.broughtCustomers))
@@ -142,7 +164,13 @@ type batchState struct {
 	args                            pgx.NamedArgs
 	// begin: the batch's transaction is its own, begun by lockAndRead.
 	begin bool
+	// shareHolders: lock the holders' rows shared (see issueBatch).
+	shareHolders bool
 }
+
+// errHolderMoved: a batch that locked its holders shared found one that
+// needs a new generation written; it is run again with exclusive locks.
+var errHolderMoved = errors.New("admission: a holder's generation moved; issuing again with its row locked exclusively")
 
 // collectBudgets gathers the budget rows, holders and (customer, meter)
 // pairs the planned calls of batch touch, and their statements' arguments.
@@ -231,7 +259,11 @@ func (st *batchState) lockAndRead(ctx context.Context, db batcher) error {
 		b.Queue("BEGIN")
 	}
 	b.Queue(qLockMeters, st.args)
-	b.Queue(qLockHolders, st.args).Query(func(r pgx.Rows) error {
+	lockHolders := qLockHolders
+	if st.shareHolders {
+		lockHolders = qShareHolders
+	}
+	b.Queue(lockHolders, st.args).Query(func(r pgx.Rows) error {
 		return scanAll(r, func() error {
 			var h string
 			var g int64

@@ -85,7 +85,11 @@ type Store struct {
 	reports reportCombiner
 	plans   planCache
 	known   knownBudgets
-	m       *issueMetrics
+	// holderGens: each holder's generation as last committed or read
+	// under its lock, so that an issue bringing no new generation locks
+	// the holder's row shared (issue_batch.go).
+	holderGens knownHolders
+	m          *issueMetrics
 }
 
 // New returns a Store on db.
