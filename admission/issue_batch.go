@@ -257,6 +257,7 @@ func (st *batchState) lockAndRead(ctx context.Context, db batcher) error {
 	b := &pgx.Batch{}
 	if st.begin {
 		b.Queue("BEGIN")
+		b.Queue(qGenericPlans)
 	}
 	b.Queue(qLockMeters, st.args)
 	lockHolders := qLockHolders

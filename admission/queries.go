@@ -3,6 +3,11 @@ package admission
 // The package's SQL, in one place. Every statement is a constant; values are
 // always bind parameters. Times are parameters too (Config.Now).
 
+// qGenericPlans makes the statements of a batch's transaction use their
+// generic plans, planned once per connection, instead of a plan made again
+// at every execution for the arrays they are given.
+const qGenericPlans = `SET LOCAL plan_cache_mode = force_generic_plan`
+
 const qHolderGeneration = `SELECT generation FROM admission_holders WHERE holder = @holder FOR SHARE`
 
 const qFreeBudget = `
