@@ -833,13 +833,12 @@ func (a *applier) billingPlace(customer string, t time.Time) (period, bucket tim
 	if err != nil {
 		return
 	}
-	// own escapes only when its period is closed: the common path
-	// allocates nothing.
-	if own := p.Start.UTC(); !a.closed[periodKey{customer, own.UnixMicro()}] {
+	start := p.Start.UTC()
+	if !a.closed[periodKey{customer, start.UnixMicro()}] {
 		bucket, err = a.bucketOf(customer, t)
-		return own, bucket, nil, err
+		return start, bucket, nil, err
 	}
-	own := p.Start.UTC()
+	own := start // returned by address: only a closed period's record allocates it
 	// Closes are few (one per period), so this walk is short.
 	for a.closed[periodKey{customer, p.Start.UTC().UnixMicro()}] {
 		next, err := a.calendars[customer].Next(p)

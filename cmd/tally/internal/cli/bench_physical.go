@@ -13,6 +13,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/ingest/wire"
+	"github.com/tally-ledger/tally/ledger"
 )
 
 // The physical baseline of tally bench ingest: the least any durable store
@@ -131,9 +132,7 @@ func benchPhysical(ctx context.Context, out io.Writer, url string, rows [][]any,
 // of a page after one writes the whole page to the WAL). CHECKPOINT needs
 // a superuser or the pg_checkpoint role; without either, the measurements
 // run as they are.
-func checkpoint(ctx context.Context, q interface {
-	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
-}) error {
+func checkpoint(ctx context.Context, q ledger.DBTX) error {
 	_, err := q.Exec(ctx, "CHECKPOINT")
 	if pe, ok := errors.AsType[*pgconn.PgError](err); ok && pe.Code == "42501" {
 		return nil
