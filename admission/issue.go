@@ -411,66 +411,36 @@ func addKeys(args pgx.NamedArgs, p string, customers bool, keys []budgetKey, row
 	args[p+"_names"], args[p+"_limits"], args[p+"_versions"] = names, limits, versions
 }
 
-// knownBudgets are budget rows this Store saw committed, with the rule
-// version each was brought to: budget rows are never deleted, so a known
-// row needs no insert before it is locked, and a pool or global row known
-// at the planned version needs no bringing (its meter is locked shared).
-// knownHolders is what a Store last saw of holders' generations. It is a
-// hint: a batch that relies on it checks it under the row locks, and is
-// run again with exclusive locks when the row says otherwise.
-type knownHolders struct {
+// known is what a Store saw committed, or read under a row's lock, by key:
+// a hint, which every batch that relies on it checks under its locks. It
+// starts over past 100,000 keys.
+//
+// Of budget rows (Store.known): the rule version each was brought to (-1
+// when it was not brought to the version in force, or has no exact rule).
+// Budget rows are never deleted, so a known row needs no insert before it
+// is locked, and a pool or global row known at the planned version needs no
+// bringing (its meter is locked shared).
+//
+// Of holders (Store.holderGens): the newest generation, so that an issue
+// that brings its holder no new generation locks the row shared (see
+// issueBatch).
+type known[K comparable] struct {
 	mu sync.Mutex
-	m  map[string]int64
+	m  map[K]int64
 }
 
-// cover reports whether every call of batch still to decide names a
-// holder whose generation is known and at least the call's.
-func (k *knownHolders) cover(batch []*call) bool {
+func (k *known[K]) get(key K) (int64, bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	for _, c := range batch {
-		if c.err != nil {
-			continue
-		}
-		if g, ok := k.m[c.req.Holder]; !ok || c.req.Generation > g {
-			return false
-		}
-	}
-	return true
+	v, ok := k.m[key]
+	return v, ok
 }
 
-// add records generations read under the holders' locks or committed
-// (0: no row).
-func (k *knownHolders) add(gens map[string]int64) {
+// unknown returns the keys not known.
+func (k *known[K]) unknown(keys []K) []K {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.m == nil || len(k.m) > 100_000 {
-		k.m = map[string]int64{}
-	}
-	for h, g := range gens {
-		if g > 0 {
-			k.m[h] = g
-		}
-	}
-}
-
-func (k *knownHolders) forget(holders []string) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	for _, h := range holders {
-		delete(k.m, h)
-	}
-}
-
-type knownBudgets struct {
-	mu sync.Mutex
-	m  map[budgetKey]int64
-}
-
-func (k *knownBudgets) unknown(keys []budgetKey) []budgetKey {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	var out []budgetKey
+	var out []K
 	for _, key := range keys {
 		if _, ok := k.m[key]; !ok {
 			out = append(out, key)
@@ -479,37 +449,48 @@ func (k *knownBudgets) unknown(keys []budgetKey) []budgetKey {
 	return out
 }
 
-func (k *knownBudgets) version(key budgetKey) (int64, bool) {
-	k.mu.Lock()
-	defer k.mu.Unlock()
-	v, ok := k.m[key]
-	return v, ok
-}
-
-// add records keys as committed, each at the version its row was read at
-// (-1 when it was not brought to the version in force, or has no exact
-// rule).
-func (k *knownBudgets) add(rows map[budgetKey]*budgetRow, keys []budgetKey) {
+// add records each of keys at value(key).
+func (k *known[K]) add(keys []K, value func(K) int64) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.m == nil || len(k.m) > 100_000 {
-		k.m = map[budgetKey]int64{}
+		k.m = map[K]int64{}
 	}
 	for _, key := range keys {
-		// -1 matches the plan of a customer without an exact rule (its row
-		// only carries the period), and never a version in force.
-		v := rows[key].version
-		if rows[key].stale || !rows[key].limit.Valid {
-			v = -1
-		}
-		k.m[key] = v
+		k.m[key] = value(key)
 	}
 }
 
-func (k *knownBudgets) forget(key budgetKey) {
+func (k *known[K]) forget(keys ...K) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	delete(k.m, key)
+	for _, key := range keys {
+		delete(k.m, key)
+	}
+}
+
+// budgetVersion is what Store.known records of a committed budget row:
+// -1 matches the plan of a customer without an exact rule (its row only
+// carries the period), and never a version in force.
+func budgetVersion(r *budgetRow) int64 {
+	if r.stale || !r.limit.Valid {
+		return -1
+	}
+	return r.version
+}
+
+// coveredHolders reports whether every call of batch still to decide names
+// a holder known at the call's generation or a newer one.
+func coveredHolders(k *known[string], batch []*call) bool {
+	for _, c := range batch {
+		if c.err != nil {
+			continue
+		}
+		if g, ok := k.get(c.req.Holder); !ok || c.req.Generation > g {
+			return false
+		}
+	}
+	return true
 }
 
 // drawnKeys are the budget rows a request draws from, in lock order.

@@ -68,7 +68,7 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 		// under their locks, as a release reads them: shared, so a
 		// gateway's issues and releases do not wait for each other.
 		// Bringing a holder to a new generation takes its row exclusively.
-		st.shareHolders = s.holderGens.cover(batch)
+		st.shareHolders = coveredHolders(&s.holderGens, batch)
 		defer func() {
 			if err != nil {
 				_, _ = db.Exec(context.WithoutCancel(ctx), "ROLLBACK")
@@ -89,7 +89,7 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 			}
 		}
 		if len(moved) > 0 {
-			s.holderGens.forget(moved)
+			s.holderGens.forget(moved...)
 			return errHolderMoved
 		}
 	}
@@ -102,9 +102,16 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 	}
 	if ownTx {
 		// Committed: these rows exist for good (budget rows are never deleted).
-		s.holderGens.add(st.holders)
-		s.known.add(st.rows, st.custKeys)
-		s.known.add(st.rows, st.scopeKeys)
+		version := func(k budgetKey) int64 { return budgetVersion(st.rows[k]) }
+		s.known.add(st.custKeys, version)
+		s.known.add(st.scopeKeys, version)
+		var holders []string
+		for h, g := range st.holders {
+			if g > 0 { // 0: no row (a holder refused before its first grant)
+				holders = append(holders, h)
+			}
+		}
+		s.holderGens.add(holders, func(h string) int64 { return st.holders[h] })
 		s.m.brought.WithLabelValues("customer").Add(float64(st.broughtCustomers))
 		s.m.brought.WithLabelValues("scope").Add(float64(st.broughtScopes))
 	}
@@ -212,7 +219,7 @@ func (s *Store) collectBudgets(batch []*call, plans []plan, now time.Time) *batc
 	// may need bringing: its meter is locked exclusively.
 	exclusive := map[string]bool{}
 	for _, k := range st.scopeKeys {
-		if v, ok := s.known.version(k); !ok || v != st.rows[k].drawn.version {
+		if v, ok := s.known.get(k); !ok || v != st.rows[k].drawn.version {
 			exclusive[k.meter] = true
 		}
 	}
@@ -223,7 +230,7 @@ func (s *Store) collectBudgets(batch []*call, plans []plan, now time.Time) *batc
 	}
 	addKeys(st.args, "b", false, st.bring, st.rows)
 	for _, k := range st.custKeys {
-		if v, ok := s.known.version(k); !ok || v != st.rows[k].drawn.version {
+		if v, ok := s.known.get(k); !ok || v != st.rows[k].drawn.version {
 			st.bringCust = append(st.bringCust, k)
 		}
 	}

@@ -84,11 +84,9 @@ type Store struct {
 	// reports queues renews and releases for shared transactions.
 	reports reportCombiner
 	plans   planCache
-	known   knownBudgets
-	// holderGens: each holder's generation as last committed or read
-	// under its lock, so that an issue bringing no new generation locks
-	// the holder's row shared (issue_batch.go).
-	holderGens knownHolders
+	// known budget rows and holders' generations (see known).
+	known      known[budgetKey]
+	holderGens known[string]
 	m          *issueMetrics
 }
 
