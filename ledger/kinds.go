@@ -144,8 +144,10 @@ func (l *Ledger) applyKinds(ctx context.Context, tx pgx.Tx, recs []Record) ([]Ou
 	return out, nil
 }
 
-// errKindsDiffer: a batch of one shape names a meter of another kind;
-// applyKinds dispatches it record by record.
+// errKindsDiffer: a batch of one shape names a meter of another kind, or
+// (counters) a meter of another kind now exists that the Ledger had not
+// seen (see applier.load); applyKinds undoes the attempt and applies the
+// batch the general way, which reads every kind.
 var errKindsDiffer = errors.New("ledger: a meter of the batch is not of its records' kind")
 
 // queueKindsCheck takes locks.MeterKinds shared (as applyKinds does) and
