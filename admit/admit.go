@@ -138,8 +138,9 @@ type Config struct {
 	// Tally's bound grows with it. Default 1 s, at most 10 s.
 	RateGrantTTL time.Duration
 	// Lookahead: grants are sized to cover this much of measured demand
-	// (two ticks of it while the budget is tight: a grant came back
-	// smaller than asked, or was refused, within the last Lookahead).
+	// (while the budget is tight, a grant is an Admit's cost alone: a
+	// grant came back smaller than asked, or was refused, within the last
+	// Lookahead).
 	// Default 2 s.
 	Lookahead time.Duration
 	// MinGrant is the smallest grant asked for while the budget is not
@@ -789,7 +790,7 @@ type budget struct {
 	lastAt    time.Time
 	checkedAt time.Time // when Tally last said the rule is not exact
 	// tightUntil: a grant came back smaller than asked, or was refused;
-	// until then grants cover only two ticks of demand.
+	// until then a grant is an Admit's cost alone.
 	tightUntil time.Time
 	refusals   int   // grant requests refused in a row
 	lastGrant  int64 // amount of the last grant issued

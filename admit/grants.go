@@ -241,23 +241,19 @@ func (c *Client) unlockAndSend(ctx context.Context, b *budget) {
 	<-b.sending
 }
 
-// tightHorizon is the demand a grant covers while the budget is tight:
-// two ticks, so what one gateway holds is soon spent or given back.
-func (c *Client) tightHorizon() time.Duration { return 2 * c.cfg.Tick }
-
-// target is the grant size: measured demand over Lookahead, or over
-// tightHorizon while the budget is tight (a grant came back smaller than
-// asked, or was refused, within the last Lookahead), never below MinGrant.
-// Under b.mu.
+// target is the grant size: measured demand over Lookahead, never below
+// MinGrant; while the budget is tight (a grant came back smaller than
+// asked, or was refused, within the last Lookahead), one unit, so a
+// top-up asks for what the waiting Admit needs and no more. Near its
+// end a budget is then a central counter: a gateway holds nothing another
+// gateway's request could have used. Holding even a tick or two of demand
+// there left capacity stranded in other gateways when the last requests
+// that fit came (docs/performance.md, "Exact admission"). Under b.mu.
 func (c *Client) target(b *budget, now time.Time) int64 {
-	horizon := c.cfg.Lookahead
 	if b.tight(now) {
-		horizon = min(horizon, c.tightHorizon())
+		return 1
 	}
-	t := unitsOver(b.rate, horizon)
-	if b.tight(now) {
-		return max(t, 1)
-	}
+	t := unitsOver(b.rate, c.cfg.Lookahead)
 	// Slow start: at most twice the last grant, so a burst does not hand
 	// one gateway a budget others are about to need.
 	if b.lastGrant > 0 {
@@ -270,7 +266,7 @@ func (c *Client) target(b *budget, now time.Time) int64 {
 // drawn have left after the grant): the budget is tight when left is less
 // than two lookaheads of the demand of all gateways, so it runs dry
 // before every gateway can spend a lookahead's grant. The gateway then
-// holds only two ticks of its demand and gives its surplus back at its
+// asks only for what each Admit needs and gives its surplus back at its
 // next tick, before another gateway is refused for what it holds. The
 // demand of all gateways is measured from how fast available fell between
 // this gateway's grant answers (everyone's grants net of what they gave
@@ -636,8 +632,8 @@ func (c *Client) tendLocked(ctx context.Context, b *budget) {
 	// is left without it still covers the target twice, or when what is
 	// held is more than three times the target (the next miss asks for a
 	// grant sized to the demand then). While the budget is tight the
-	// target is two ticks of demand, so a gateway keeps little more than
-	// it is about to spend and a refused one finds the rest. Never what
+	// target is one unit, so a gateway keeps little more than it is
+	// about to spend and a refused one finds the rest. Never what
 	// the Admits waiting for a grant are about to take from it.
 	if n := len(b.grants); n > 0 {
 		alloc = b.allocate()

@@ -1,9 +1,13 @@
 package admit_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -72,6 +76,59 @@ func TestPartialGrantMakesGatewayHoldLittle(t *testing.T) {
 	d, err := other.Admit(ctx, "acme", "tokens", 1)
 	if err != nil || !d.Admitted {
 		t.Fatalf("the other gateway was refused: %+v %v", d, err)
+	}
+}
+
+// While a budget is tight a gateway asks for what each Admit needs, not
+// for a share of its demand: near its end the budget is a central counter,
+// and nothing a gateway holds strands capacity another gateway's request
+// could use. Here gw2 holds 700 of 1,000, gw1 asks for 1,000 and gets the
+// 300 left (tight), and then admits about a hundred requests a second:
+// every grant request after the first asks for 1 unit (a few ticks of
+// demand, as a gateway once held there, would be 10 or more).
+func TestTightBudgetGrantsAreTheRequestsCost(t *testing.T) {
+	ts := startTally(t)
+	ts.exactRule("acme", "tokens", "1000")
+	ctx := context.Background()
+	var mu sync.Mutex
+	var asked []string
+	watch := func(r *http.Request) int {
+		if r.URL.Path == "/v1/grants" {
+			body, _ := io.ReadAll(r.Body)
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			var req struct {
+				Holder string `json:"holder"`
+				Amount string `json:"amount"`
+			}
+			if err := json.Unmarshal(body, &req); err == nil && req.Holder == "gw1" {
+				mu.Lock()
+				asked = append(asked, req.Amount)
+				mu.Unlock()
+			}
+		}
+		return 0
+	}
+	ts.refuse.Store(&watch)
+	gw2 := newClient(t, ts, "gw2", t.TempDir(), admit.Config{MinGrant: 700})
+	defer gw2.Close(ctx)
+	if d, err := gw2.Admit(ctx, "acme", "tokens", 1); err != nil || !d.Admitted {
+		t.Fatalf("gw2: %+v %v", d, err)
+	}
+	gw1 := newClient(t, ts, "gw1", t.TempDir(), admit.Config{MinGrant: 1000})
+	defer gw1.Close(ctx)
+	for range 150 {
+		admitN(t, gw1, 1)
+		time.Sleep(5 * time.Millisecond)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(asked) < 10 || asked[0] != "1000" {
+		t.Fatalf("gw1's grant requests: %v (the first for 1,000, then at least ten)", asked)
+	}
+	for i, a := range asked[1:] {
+		if a != "1" {
+			t.Fatalf("grant request %d of gw1 on the tight budget asked for %s, not the Admit's 1 (all: %v)", i+1, a, asked)
+		}
 	}
 }
 
