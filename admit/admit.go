@@ -564,41 +564,48 @@ func (c *Client) admitSlow(ctx context.Context, customer, meter string, cost int
 		}
 		return c.unreachable(customer, meter, cost, b)
 	}
-	f := c.fetch(b, cost)
 	b.waiting.Add(cost)
 	defer b.waiting.Add(-cost) // after the take below
 	t := time.NewTimer(c.cfg.MaxWait)
 	defer t.Stop()
-	select {
-	case <-f.done:
-	case <-t.C:
-		// Slower than the bound: Tally counts as unreachable until it
-		// answers (the request goes on and its grant will be used).
-		c.markDown(fmt.Errorf("no answer to a grant request within MaxWait (%s)", c.cfg.MaxWait))
-		return c.unreachable(customer, meter, cost, b)
-	case <-ctx.Done():
-		// The caller's own bound: answered as Tally not answering in
-		// time, without calling Tally unreachable.
-		return c.unreachable(customer, meter, cost, b)
+	for answered := false; ; answered = true {
+		f := c.fetch(b, cost)
+		select {
+		case <-f.done:
+		case <-t.C:
+			if answered {
+				// Tally grants, but others kept taking it first.
+				return Decision{How: Exhausted, Binding: b.binding, RetryAfter: c.cfg.Tick}, nil
+			}
+			// Slower than the bound: Tally counts as unreachable until it
+			// answers (the request goes on and its grant will be used).
+			c.markDown(fmt.Errorf("no answer to a grant request within MaxWait (%s)", c.cfg.MaxWait))
+			return c.unreachable(customer, meter, cost, b)
+		case <-ctx.Done():
+			// The caller's own bound: answered as Tally not answering in
+			// time, without calling Tally unreachable.
+			return c.unreachable(customer, meter, cost, b)
+		}
+		err := f.err
+		if b.kind.Load() >= kindLagged {
+			return b.counted(c.fromDecision(b)), nil
+		}
+		if b.take(cost) {
+			return Decision{Admitted: true, How: FromGrant}, nil
+		}
+		var ex *exhaustedError
+		switch {
+		case errors.As(err, &ex):
+			return Decision{How: Exhausted, Binding: ex.Binding, RetryAfter: ex.RetryAfter}, nil
+		case err != nil && (isUnreachable(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
+			return c.unreachable(customer, meter, cost, b)
+		case err != nil:
+			return Decision{}, err
+		}
+		// Granted, but concurrent callers took the capacity first (the
+		// request joined was sized before they all arrived): Tally has not
+		// refused, so ask again, within MaxWait.
 	}
-	err := f.err
-	if b.kind.Load() >= kindLagged {
-		return b.counted(c.fromDecision(b)), nil
-	}
-	if b.take(cost) {
-		return Decision{Admitted: true, How: FromGrant}, nil
-	}
-	var ex *exhaustedError
-	switch {
-	case errors.As(err, &ex):
-		return Decision{How: Exhausted, Binding: ex.Binding, RetryAfter: ex.RetryAfter}, nil
-	case err != nil && (isUnreachable(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
-		return c.unreachable(customer, meter, cost, b)
-	case err != nil:
-		return Decision{}, err
-	}
-	// Granted, but the capacity went to concurrent callers.
-	return Decision{How: Exhausted, Binding: b.binding, RetryAfter: c.cfg.Tick}, nil
 }
 
 // fetch starts a grant request for b covering at least need, or joins the

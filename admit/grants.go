@@ -322,8 +322,10 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	inFlight, waitUntil := len(b.sending) > 0, time.Now().Add(c.cfg.MaxWait/2)
 	now := time.Now()
 	// A whole target, not what is missing from it: grants average the
-	// target, and each costs an issue and a release.
-	size := max(c.target(b, now), need)
+	// target, and each costs an issue and a release. At least what the
+	// Admits waiting for this request need together (on a tight budget,
+	// the target is one unit).
+	size := max(c.target(b, now), need, b.waiting.Load())
 	g, sent, err := c.issue(ctx, b, size, need)
 	var te *TallyError
 	if errors.As(err, &te) && te.Type == problemStaleGen && c.recoverGeneration(sent, te.next) {
@@ -383,9 +385,10 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 		}
 	}
 	if amount <= 0 {
-		// A fractional grant: nothing usable in whole units. Give it back.
+		// A fractional grant: nothing usable in whole units. Give it back;
+		// the budget has less than a unit left.
 		c.release(ctx, b, &held{id: g.ID, amount: 0, generation: sent}, 0)
-		return nil
+		return &exhaustedError{Binding: b.binding, Available: g.Available}
 	}
 	b.lastGrant = amount
 	// Keep a tick of margin before valid_until: the loop renews or gives

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -128,6 +129,42 @@ func TestTightBudgetGrantsAreTheRequestsCost(t *testing.T) {
 	for i, a := range asked[1:] {
 		if a != "1" {
 			t.Fatalf("grant request %d of gw1 on the tight budget asked for %s, not the Admit's 1 (all: %v)", i+1, a, asked)
+		}
+	}
+}
+
+// Admits that arrive together on a tight budget are all admitted while it
+// has room: they share one grant request when they can, and one that finds
+// the grant it waited for taken by the others asks again (within MaxWait)
+// instead of being refused for capacity Tally still has.
+func TestConcurrentAdmitsOnATightBudgetAreAllAdmitted(t *testing.T) {
+	ts := startTally(t)
+	ts.exactRule("acme", "tokens", "1000")
+	ctx := context.Background()
+	gw2 := newClient(t, ts, "gw2", t.TempDir(), admit.Config{MinGrant: 700})
+	defer gw2.Close(ctx)
+	if d, err := gw2.Admit(ctx, "acme", "tokens", 1); err != nil || !d.Admitted {
+		t.Fatalf("gw2: %+v %v", d, err)
+	}
+	gw1 := newClient(t, ts, "gw1", t.TempDir(), admit.Config{MinGrant: 1000})
+	defer gw1.Close(ctx)
+	admitN(t, gw1, 1)                  // asks 1,000, gets the 300 left: tight
+	time.Sleep(200 * time.Millisecond) // the surplus goes back
+	for round := range 5 {
+		var wg sync.WaitGroup
+		refused := make(chan string, 20)
+		for range 20 {
+			wg.Go(func() {
+				d, err := gw1.Admit(ctx, "acme", "tokens", 1)
+				if err != nil || !d.Admitted {
+					refused <- fmt.Sprintf("%+v %v", d, err)
+				}
+			})
+		}
+		wg.Wait()
+		close(refused)
+		for r := range refused {
+			t.Errorf("round %d: refused with %d of 1,000 admitted: %s", round, 1+20*round, r)
 		}
 	}
 }
