@@ -301,6 +301,14 @@ func (st *batchState) lockAndRead(ctx context.Context, db batcher) error {
 	}
 	b.Queue(qLockCustomerBudgets, st.args)
 	b.Queue(qLockScopeBudgets, st.args)
+	// Bringing rows to a new rule version reads what their period
+	// consumed (every live grant of a pool's or the global members): it
+	// is planned for the tables as they are now, not with the plan the
+	// connection made once, maybe while the ledger was new.
+	bringing := st.begin && (len(st.bringCust) > 0 || len(st.bring) > 0)
+	if bringing {
+		b.Queue(qCustomPlans)
+	}
 	if len(st.bringCust) > 0 {
 		b.Queue(qAdoptCustomerGrants, st.args)
 		b.Queue(qBringCustomerBudgets, st.args).Exec(func(ct pgconn.CommandTag) error {
@@ -314,6 +322,9 @@ func (st *batchState) lockAndRead(ctx context.Context, db batcher) error {
 			st.broughtScopes = ct.RowsAffected()
 			return nil
 		})
+	}
+	if bringing {
+		b.Queue(qGenericPlans)
 	}
 	b.Queue(qCustomerState, st.args).Query(st.scanCustomerState)
 	b.Queue(qScopeState, st.args).Query(st.scanScopeState)

@@ -8,6 +8,15 @@ package admission
 // at every execution for the arrays they are given.
 const qGenericPlans = `SET LOCAL plan_cache_mode = force_generic_plan`
 
+// qCustomPlans plans the statements after it at every execution, for the
+// tables as they are then: for the rare statements whose right plan
+// depends on how many rows there are. Planned once while admission_grants
+// was empty, the statement that adopts the live grants of a pool's or the
+// global budget at a rule change read every live grant again for each
+// live grant, and with 50,000 grants ran for more than ten minutes
+// holding its meter's lock (docs/performance.md, "The hot key").
+const qCustomPlans = `SET LOCAL plan_cache_mode = force_custom_plan`
+
 const qHolderGeneration = `SELECT generation FROM admission_holders WHERE holder = @holder FOR SHARE`
 
 const qFreeBudget = `
