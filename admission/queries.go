@@ -8,6 +8,16 @@ package admission
 // at every execution for the arrays they are given.
 const qGenericPlans = `SET LOCAL plan_cache_mode = force_generic_plan`
 
+// qGenericKeyPlans is qGenericPlans for the release batch, and keeps
+// sequential scans out of its plans: every statement there finds its rows
+// by key (grant ids, holders, and those grants' budget rows and draws),
+// but a plan made while a table was small scans it whole, and a generic
+// plan stays in the connection's cache as the table grows. In the
+// admission benchmark, on a new ledger, the look-up of the reported
+// grants scanned admission_grants whole, at 8,000 rows by the end of a
+// run (docs/performance.md, "Where a tight grant's time goes").
+const qGenericKeyPlans = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true)`
+
 // qCustomPlans plans the statements after it at every execution, for the
 // tables as they are then: for the rare statements whose right plan
 // depends on how many rows there are. Planned once while admission_grants

@@ -235,7 +235,7 @@ func (s *Store) reportTx(ctx context.Context, db batcher, batch []*report) (err 
 	}()
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(qGenericPlans)
+	b.Queue(qGenericKeyPlans)
 	b.Queue(qShareHolders, args).Query(func(r pgx.Rows) error {
 		return scanAll(r, func() error {
 			var h string
