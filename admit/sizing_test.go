@@ -80,6 +80,23 @@ func TestPartialGrantMakesGatewayHoldLittle(t *testing.T) {
 	}
 }
 
+// besideAHolderOf700 returns gw1 on acme's tokens budget (a limit of
+// 1,000 set by the caller) after gw2 took a grant of 700 there: gw1's
+// first grant request, for 1,000, gets the 300 left, which makes the
+// budget tight for gw1.
+func besideAHolderOf700(t *testing.T, ts *tally) *admit.Client {
+	t.Helper()
+	ctx := context.Background()
+	gw2 := newClient(t, ts, "gw2", t.TempDir(), admit.Config{MinGrant: 700})
+	t.Cleanup(func() { _ = gw2.Close(ctx) })
+	if d, err := gw2.Admit(ctx, "acme", "tokens", 1); err != nil || !d.Admitted {
+		t.Fatalf("gw2: %+v %v", d, err)
+	}
+	gw1 := newClient(t, ts, "gw1", t.TempDir(), admit.Config{MinGrant: 1000})
+	t.Cleanup(func() { _ = gw1.Close(ctx) })
+	return gw1
+}
+
 // While a budget is tight a gateway asks for what each Admit needs, not
 // for a share of its demand: near its end the budget is a central counter,
 // and nothing a gateway holds strands capacity another gateway's request
@@ -90,7 +107,6 @@ func TestPartialGrantMakesGatewayHoldLittle(t *testing.T) {
 func TestTightBudgetGrantsAreTheRequestsCost(t *testing.T) {
 	ts := startTally(t)
 	ts.exactRule("acme", "tokens", "1000")
-	ctx := context.Background()
 	var mu sync.Mutex
 	var asked []string
 	watch := func(r *http.Request) int {
@@ -110,13 +126,7 @@ func TestTightBudgetGrantsAreTheRequestsCost(t *testing.T) {
 		return 0
 	}
 	ts.refuse.Store(&watch)
-	gw2 := newClient(t, ts, "gw2", t.TempDir(), admit.Config{MinGrant: 700})
-	defer gw2.Close(ctx)
-	if d, err := gw2.Admit(ctx, "acme", "tokens", 1); err != nil || !d.Admitted {
-		t.Fatalf("gw2: %+v %v", d, err)
-	}
-	gw1 := newClient(t, ts, "gw1", t.TempDir(), admit.Config{MinGrant: 1000})
-	defer gw1.Close(ctx)
+	gw1 := besideAHolderOf700(t, ts)
 	for range 150 {
 		admitN(t, gw1, 1)
 		time.Sleep(5 * time.Millisecond)
@@ -141,13 +151,7 @@ func TestConcurrentAdmitsOnATightBudgetAreAllAdmitted(t *testing.T) {
 	ts := startTally(t)
 	ts.exactRule("acme", "tokens", "1000")
 	ctx := context.Background()
-	gw2 := newClient(t, ts, "gw2", t.TempDir(), admit.Config{MinGrant: 700})
-	defer gw2.Close(ctx)
-	if d, err := gw2.Admit(ctx, "acme", "tokens", 1); err != nil || !d.Admitted {
-		t.Fatalf("gw2: %+v %v", d, err)
-	}
-	gw1 := newClient(t, ts, "gw1", t.TempDir(), admit.Config{MinGrant: 1000})
-	defer gw1.Close(ctx)
+	gw1 := besideAHolderOf700(t, ts)
 	admitN(t, gw1, 1)                  // asks 1,000, gets the 300 left: tight
 	time.Sleep(200 * time.Millisecond) // the surplus goes back
 	for round := range 5 {
