@@ -723,9 +723,7 @@ func (c *Client) Close(ctx context.Context) error {
 		c.fetches.Wait()
 		c.stopReader()
 		c.readers.Wait()
-		for _, b := range *c.budgets.Load() {
-			c.releaseAll(cctx, b)
-		}
+		c.releaseAll(cctx)
 		// Every report once, even while Tally counts as unreachable (it
 		// may have come back since the last probe), then what it did not
 		// take, honouring its pauses, until the bound.

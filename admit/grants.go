@@ -467,14 +467,22 @@ func (c *Client) release(ctx context.Context, b *budget, g *held, allocated int6
 		Customer: b.customer, Meter: b.meter, Spent: final, ValidUntil: g.validUntil})
 }
 
-func (c *Client) releaseAll(ctx context.Context, b *budget) {
-	b.mu.Lock()
-	for len(b.grants) > 0 {
-		alloc := b.allocate()
-		n := len(b.grants) - 1
-		c.release(ctx, b, b.grants[n], alloc[n])
+// releaseAll gives back every grant of every budget (Close, once no
+// top-up can run): their final reports are kept and sent together.
+func (c *Client) releaseAll(ctx context.Context) {
+	var finals []spendReport
+	for _, b := range *c.budgets.Load() {
+		b.mu.Lock()
+		for len(b.grants) > 0 {
+			alloc := b.allocate()
+			n := len(b.grants) - 1
+			c.release(ctx, b, b.grants[n], alloc[n])
+		}
+		finals = append(finals, b.outbox...)
+		b.outbox = nil
+		b.mu.Unlock()
 	}
-	c.unlockAndSend(ctx, b)
+	c.finalReports(ctx, finals)
 }
 
 // loop tops up, renews and releases grants, and reports bypasses.

@@ -2,6 +2,7 @@ package admit_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/shopspring/decimal"
 
@@ -39,6 +41,11 @@ func TestKeptReportsGoBackInOneCall(t *testing.T) {
 	// and taken another meanwhile), three units spent in all.
 	if err := c.Close(ctx); !errors.As(err, &und) || und.Reports < 3 || und.Spent != 3 {
 		t.Fatalf("close while Tally is down: %v, want the three grants' final spend reports undelivered", err)
+	}
+	// Kept together: one file, written and fsynced once (the loop may
+	// have kept another before Close).
+	if kept, _ := filepath.Glob(filepath.Join(dir, "spend-*.json")); len(kept) == 0 || len(kept) > 2 {
+		t.Fatalf("final spend reports kept in %d files, want them together", len(kept))
 	}
 	var mu sync.Mutex
 	var releases []string
@@ -109,5 +116,62 @@ func TestAnUnreadableReportDoesNotHoldBackTheOthers(t *testing.T) {
 	eventually(t, "the unreadable one set aside", func() bool {
 		_, err := os.Stat(filepath.Join(dir, "spend-bogus.rejected"))
 		return err == nil
+	})
+}
+
+// The reports kept in one file are settled one by one: those Tally takes
+// are done, one it can never take is set aside in a file of its own, and
+// nothing of the kept file is left.
+func TestReportsKeptTogetherSettleOneByOne(t *testing.T) {
+	ts := startTally(t)
+	customers := []string{"acme", "globex"}
+	for _, c := range customers {
+		ts.exactRule(c, "tokens", "1000")
+	}
+	ctx := context.Background()
+	dir := t.TempDir()
+	cfg := admit.Config{MinGrant: 20, Tick: time.Hour} // nothing given back before Close
+	c := newClient(t, ts, "gw1", dir, cfg)
+	for _, cu := range customers {
+		if d, err := c.Admit(ctx, cu, "tokens", 1); err != nil || !d.Admitted {
+			t.Fatalf("admit %s: %+v %v", cu, d, err)
+		}
+	}
+	ts.down.Store(true)
+	if err := c.Close(ctx); err == nil {
+		t.Fatal("close while Tally is down: no undelivered reports")
+	}
+	kept, _ := filepath.Glob(filepath.Join(dir, "spend-*.json"))
+	if len(kept) != 1 {
+		t.Fatalf("kept in %d files, want one", len(kept))
+	}
+	var reports []map[string]any
+	b, err := os.ReadFile(kept[0])
+	if err == nil {
+		err = json.Unmarshal(b, &reports)
+	}
+	if err != nil || len(reports) != 2 {
+		t.Fatalf("kept file %s: %v %d reports", b, err, len(reports))
+	}
+	// One Tally will refuse (no such grant) among the two it takes.
+	reports = append(reports[:1], map[string]any{"grant": "bogus", "holder": "gw1", "generation": 1, "customer": "acme", "meter": "tokens", "spent": 1}, reports[1])
+	if b, err = json.Marshal(reports); err == nil {
+		err = os.WriteFile(kept[0], b, 0o600)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts.down.Store(false)
+	c = newClient(t, ts, "gw1", dir, admit.Config{MinGrant: 20})
+	defer c.Close(ctx)
+	eventually(t, "the two reports delivered, the bogus one set aside, the kept file gone", func() bool {
+		for _, cu := range customers {
+			if b := ts.budget(cu, "tokens"); !b.Consumed.Equal(decimal.NewFromInt(1)) || !b.Live.IsZero() {
+				return false
+			}
+		}
+		_, err := os.Stat(filepath.Join(dir, "spend-bogus.rejected"))
+		left, _ := filepath.Glob(filepath.Join(dir, "spend-*.json"))
+		return err == nil && len(left) == 0
 	})
 }

@@ -1,6 +1,7 @@
 package admit
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -38,38 +39,104 @@ func (c *Client) spendPath(grant string) string {
 	return filepath.Join(c.cfg.Dir, spendPrefix+grant+spendPending)
 }
 
-// finalReports keeps each of rs on disk (fsynced), then delivers them
-// together (deliverAll) unless Tally is known to be unreachable or asked
-// for a pause: then the loop delivers them once Tally answers.
-func (c *Client) finalReports(ctx context.Context, rs []spendReport) {
-	if len(rs) == 0 {
-		return
+// keptReports is a file of final spend reports: those of one call, kept
+// together (a JSON array, written and fsynced once: a tick's releases
+// cost one fsync, not one per grant), named after the first one's grant.
+// A file holding a single JSON object was kept by an earlier version of
+// this package and is read as one report.
+type keptReports struct {
+	path    string
+	reports []spendReport
+}
+
+func (f *keptReports) write() error {
+	b, err := json.Marshal(f.reports)
+	if err != nil {
+		return err
 	}
-	paths := make([]string, len(rs))
-	for i, r := range rs {
-		paths[i] = c.spendPath(r.Grant)
-		b, _ := json.Marshal(r)
-		if err := writeFileSync(paths[i], b); err != nil {
-			// Still sent below; only a crash before Tally has it loses it.
-			c.log.Error("final spend report not kept on disk", "grant", r.Grant, "spent", r.Spent, "err", err)
+	return writeFileSync(f.path, b)
+}
+
+func readKept(path string) (*keptReports, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var rs []spendReport
+	if t := bytes.TrimLeft(b, " \t\r\n"); len(t) > 0 && t[0] == '{' {
+		rs = make([]spendReport, 1)
+		err = json.Unmarshal(b, &rs[0])
+	} else {
+		err = json.Unmarshal(b, &rs)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if len(rs) == 0 {
+		return nil, fmt.Errorf("no spend report in %q", b)
+	}
+	for _, r := range rs {
+		if r.Grant == "" || r.Holder == "" || r.Generation <= 0 || r.Spent < 0 {
+			return nil, fmt.Errorf("not a spend report: %+v", r)
 		}
 	}
-	for len(rs) > 0 && !c.paused(time.Now()) && ctx.Err() == nil {
+	return &keptReports{path: path, reports: rs}, nil
+}
+
+// outcome is what became of a final spend report sent to Tally.
+type outcome int8
+
+const (
+	kept     outcome = iota // not taken now (unreachable, load, time, stale generation): sent again later
+	settled                 // Tally has it: delivered now, or earlier
+	rejected                // never deliverable: set aside for an operator
+)
+
+// finalReports keeps rs on disk (fsynced), then delivers them together
+// (deliverAll) unless Tally is known to be unreachable or asked for a
+// pause: then the loop delivers them once Tally answers.
+func (c *Client) finalReports(ctx context.Context, rs []spendReport) {
+	for len(rs) > 0 {
 		n := min(len(rs), maxReleases)
-		c.deliverAll(ctx, paths[:n], rs[:n])
-		paths, rs = paths[n:], rs[n:]
+		f := &keptReports{path: c.spendPath(rs[0].Grant), reports: rs[:n:n]}
+		rs = rs[n:]
+		if err := f.write(); err != nil {
+			// Still sent below; only a crash before Tally has them loses them.
+			c.log.Error("final spend reports not kept on disk", "reports", len(f.reports), "file", f.path, "err", err)
+		}
+		if !c.paused(time.Now()) && ctx.Err() == nil {
+			c.settleFile(f, c.deliverAll(ctx, f.reports))
+		}
 	}
 }
 
 // deliverReports sends every kept final spend report (this run's and
-// earlier runs'), stopping at the first that Tally does not take for
+// earlier runs'), stopping at the first call that Tally does not take for
 // reachability or load (force: not before the first, even while paused
 // for an unreachable Tally). It returns how many remain and their units.
 func (c *Client) deliverReports(ctx context.Context, force bool) (left int, spent int64) {
 	paths, _ := filepath.Glob(filepath.Join(c.cfg.Dir, spendPrefix+"*"+spendPending))
+	var files []*keptReports
+	outs := map[*keptReports][]outcome{}
+	for _, p := range paths {
+		f, err := readKept(p)
+		if err != nil {
+			if !errors.Is(err, os.ErrNotExist) { // delivered meanwhile by finalReports
+				c.log.Error("final spend reports unreadable; set aside", "file", p, "err", err)
+				c.setAside(p)
+			}
+			continue
+		}
+		files = append(files, f)
+		outs[f] = make([]outcome, len(f.reports)) // kept, until sent
+	}
 	// Sent in calls of up to maxReleases reports of one holder each.
+	type at struct {
+		f *keptReports
+		i int
+	}
 	var batch []spendReport
-	var batchPaths []string
+	var where []at
 	send := func() {
 		if len(batch) == 0 {
 			return
@@ -78,67 +145,80 @@ func (c *Client) deliverReports(ctx context.Context, force bool) (left int, spen
 			force = false
 			c.reach.pausedUntil.Store(0)
 		}
-		var done []bool
 		if !c.paused(time.Now()) && ctx.Err() == nil {
-			done = c.deliverAll(ctx, batchPaths, batch)
+			for j, o := range c.deliverAll(ctx, batch) {
+				outs[where[j].f][where[j].i] = o
+			}
 		}
-		for i, r := range batch {
-			if done == nil || !done[i] {
+		batch, where = batch[:0], where[:0]
+	}
+	for _, f := range files {
+		for i, r := range f.reports {
+			if c.waiting(r.Grant) {
+				continue
+			}
+			if len(batch) > 0 && (batch[0].Holder != r.Holder || len(batch) == maxReleases) {
+				send()
+			}
+			batch, where = append(batch, r), append(where, at{f, i})
+		}
+	}
+	send()
+	for _, f := range files {
+		for i, r := range f.reports {
+			if outs[f][i] == kept {
 				left++
 				spent += r.Spent
 			}
 		}
-		batch, batchPaths = batch[:0], batchPaths[:0]
+		c.settleFile(f, outs[f])
 	}
-	for _, p := range paths {
-		r, err := readSpendReport(p)
-		if err != nil {
-			c.log.Error("final spend report unreadable; set aside", "file", p, "err", err)
-			c.setAside(p)
-			continue
-		}
-		if c.waiting(r.Grant) {
-			left++
-			spent += r.Spent
-			continue
-		}
-		if len(batch) > 0 && (batch[0].Holder != r.Holder || len(batch) == maxReleases) {
-			send()
-		}
-		batch, batchPaths = append(batch, r), append(batchPaths, p)
-	}
-	send()
 	c.metrics.undelivered.Set(float64(left))
 	return left, spent
+}
+
+// settleFile keeps on disk what is left of f after its reports' outcomes:
+// rejected ones are set aside, one file each; the file goes once none is
+// kept, and is rewritten with those kept when some were settled.
+func (c *Client) settleFile(f *keptReports, out []outcome) {
+	var left []spendReport
+	for i, r := range f.reports {
+		switch out[i] {
+		case kept:
+			left = append(left, r)
+		case rejected:
+			b, _ := json.Marshal(r)
+			p := strings.TrimSuffix(c.spendPath(r.Grant), spendPending) + spendRejected
+			if err := writeFileSync(p, b); err != nil {
+				c.log.Error("final spend report", "file", p, "err", err)
+			}
+		}
+	}
+	switch {
+	case len(left) == len(f.reports):
+	case len(left) == 0:
+		if err := os.Remove(f.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			c.log.Error("final spend reports", "file", f.path, "err", err)
+		}
+	default:
+		f.reports = left
+		if err := f.write(); err != nil {
+			c.log.Error("final spend reports", "file", f.path, "err", err)
+		}
+	}
 }
 
 // maxReleases is the most final reports sent in one call (Tally's bound on
 // POST /v1/grants/release).
 const maxReleases = 256
 
-func readSpendReport(path string) (spendReport, error) {
-	var r spendReport
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return r, err
-	}
-	if err := json.Unmarshal(b, &r); err != nil {
-		return r, err
-	}
-	if r.Grant == "" || r.Holder == "" || r.Generation <= 0 || r.Spent < 0 {
-		return r, fmt.Errorf("not a spend report: %q", b)
-	}
-	return r, nil
-}
-
-// deliver sends r as its grant's release and says whether it is done with
-// (delivered, or never deliverable and set aside).
-func (c *Client) deliver(ctx context.Context, path string, r spendReport) bool {
+// deliver sends r as its grant's release.
+func (c *Client) deliver(ctx context.Context, r spendReport) outcome {
 	var ans grantAnswer
 	err := c.call(ctx, "release", "/v1/grants/"+r.Grant+"/release", map[string]any{
 		"holder": r.Holder, "generation": r.Generation, "spent": strconv.FormatInt(r.Spent, 10),
 	}, &ans)
-	return c.settle(path, r, ans, err)
+	return c.settle(r, ans, err)
 }
 
 // releasesAnswer is POST /v1/grants/release's answer: every release's
@@ -153,11 +233,10 @@ type releasesAnswer struct {
 
 // deliverAll sends the reports of one holder as one call to
 // POST /v1/grants/release (one at a time when there is only one, or when
-// this Tally has no such route), and settles each by its own outcome. It
-// returns which are done with, by the same rule as deliver.
-func (c *Client) deliverAll(ctx context.Context, paths []string, rs []spendReport) []bool {
+// this Tally has no such route), and settles each by its own outcome.
+func (c *Client) deliverAll(ctx context.Context, rs []spendReport) []outcome {
 	if len(rs) == 1 || c.noBatchRelease.Load() {
-		return c.deliverEach(ctx, paths, rs)
+		return c.deliverEach(ctx, rs)
 	}
 	items := make([]map[string]any, len(rs))
 	for i, r := range rs {
@@ -169,20 +248,20 @@ func (c *Client) deliverAll(ctx context.Context, paths []string, rs []spendRepor
 	if errors.As(err, &te) && (te.Status == http.StatusNotFound || te.Status == http.StatusMethodNotAllowed) {
 		// A Tally from before the route: one release per call from now on.
 		c.noBatchRelease.Store(true)
-		return c.deliverAll(ctx, paths, rs)
+		return c.deliverAll(ctx, rs)
 	}
 	if errors.As(err, &te) {
 		// The call as a whole refused (one report Tally cannot read makes
 		// the body invalid): one per call, so only that one is set aside.
-		return c.deliverEach(ctx, paths, rs)
+		return c.deliverEach(ctx, rs)
 	}
 	if err == nil && len(ans.Items) != len(rs) {
 		err = &unreachableError{fmt.Errorf("release of %d grants answered with %d outcomes", len(rs), len(ans.Items))}
 	}
-	done := make([]bool, len(rs))
+	out := make([]outcome, len(rs))
 	for i, r := range rs {
 		if err != nil {
-			done[i] = c.settle(paths[i], r, grantAnswer{}, err)
+			out[i] = c.settle(r, grantAnswer{}, err)
 			continue
 		}
 		it := ans.Items[i]
@@ -200,26 +279,25 @@ func (c *Client) deliverAll(ctx context.Context, paths []string, rs []spendRepor
 		default:
 			itErr = &TallyError{Path: "/v1/grants/" + r.Grant + "/release", Status: it.Status}
 		}
-		done[i] = c.settle(paths[i], r, g, itErr)
+		out[i] = c.settle(r, g, itErr)
 	}
-	return done
+	return out
 }
 
 // deliverEach sends rs one per call, stopping at the first that Tally does
 // not take for reachability or load (the rest wait too).
-func (c *Client) deliverEach(ctx context.Context, paths []string, rs []spendReport) []bool {
-	done := make([]bool, len(rs))
+func (c *Client) deliverEach(ctx context.Context, rs []spendReport) []outcome {
+	out := make([]outcome, len(rs))
 	for i, r := range rs {
-		if done[i] = c.deliver(ctx, paths[i], r); !done[i] && (c.paused(time.Now()) || ctx.Err() != nil) {
+		if out[i] = c.deliver(ctx, r); out[i] == kept && (c.paused(time.Now()) || ctx.Err() != nil) {
 			break
 		}
 	}
-	return done
+	return out
 }
 
-// settle acts on a release's outcome (ans, err) for the report r kept at
-// path, and says whether r is done with.
-func (c *Client) settle(path string, r spendReport, ans grantAnswer, err error) bool {
+// settle reads a release's answer (ans, err) for r.
+func (c *Client) settle(r spendReport, ans grantAnswer, err error) outcome {
 	var te *TallyError
 	switch {
 	case err == nil:
@@ -230,30 +308,29 @@ func (c *Client) settle(path string, r spendReport, ans grantAnswer, err error) 
 		} else {
 			c.metrics.reports.WithLabelValues("delivered").Inc()
 		}
+		return settled
 	case errors.As(err, &te) && te.Type == problemGrantEnded:
 		// Released already: an earlier delivery whose answer was lost.
 		c.metrics.reports.WithLabelValues("delivered").Inc()
+		return settled
 	case errors.As(err, &te) && te.Type == problemStaleGen:
 		// Sent by a newer run for a grant still live: Tally takes it as a
 		// late report once the grant is reclaimed. Asked again in a second.
 		c.wait(r.Grant, time.Second)
-		return false
+		return kept
 	case errors.As(err, &te):
 		// Never deliverable (another holder's grant, an unknown grant, a
 		// spent Tally refuses): kept aside for an operator, and loud.
 		c.log.Error("final spend report refused by Tally; set aside", "grant", r.Grant, "spent", r.Spent, "err", err)
 		c.metrics.reports.WithLabelValues("rejected").Inc()
-		c.setAside(path)
-		return true
+		return rejected
 	default:
-		return false // unreachable, refused for load, or out of time: kept
+		return kept // unreachable, refused for load, or out of time
 	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		c.log.Error("final spend report", "file", path, "err", err)
-	}
-	return true
 }
 
+// setAside renames a kept file Tally can never take (unreadable) for an
+// operator.
 func (c *Client) setAside(path string) {
 	if err := os.Rename(path, strings.TrimSuffix(path, spendPending)+spendRejected); err != nil {
 		c.log.Error("final spend report", "file", path, "err", err)
