@@ -600,12 +600,18 @@ func (w *writes) batch(now time.Time, rows map[budgetKey]*budgetRow, custKeys, s
 	if len(w.hHolders) > 0 {
 		b.Queue(qUpsertHolders, pgx.NamedArgs{"now": now, "h_holders": w.hHolders, "h_generations": w.hGens})
 	}
-	b.Queue(qTakeCustomerBudgets, takeArgs(now, "u_customers", custKeys, rows))
-	b.Queue(qTakeScopeBudgets, takeArgs(now, "u_scopes", scopeKeys, rows))
+	if len(custKeys) > 0 {
+		b.Queue(qTakeCustomerBudgets, takeArgs(now, "u_customers", custKeys, rows))
+	}
+	if len(scopeKeys) > 0 {
+		b.Queue(qTakeScopeBudgets, takeArgs(now, "u_scopes", scopeKeys, rows))
+	}
 	b.Queue(qInsertGrants, pgx.NamedArgs{"now": now, "g_ids": w.gIDs, "g_customers": w.gCustomers, "g_meters": w.gMeters,
 		"g_starts": w.gStarts, "g_versions": w.gVersions, "g_holders": w.gHolders, "g_generations": w.gGens,
 		"g_amounts": w.gAmounts, "g_valid_until": w.gValid, "g_reclaim_at": w.gReclaim, "g_draws_customer": w.gDraws})
-	b.Queue(qInsertDraws, pgx.NamedArgs{"d_ids": w.dIDs, "d_scopes": w.dScopes, "d_meters": w.dMeters, "d_starts": w.dStarts})
+	if len(w.dIDs) > 0 {
+		b.Queue(qInsertDraws, pgx.NamedArgs{"d_ids": w.dIDs, "d_scopes": w.dScopes, "d_meters": w.dMeters, "d_starts": w.dStarts})
+	}
 	return b
 }
 

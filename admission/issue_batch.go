@@ -299,8 +299,15 @@ func (st *batchState) lockAndRead(ctx context.Context, db batcher) error {
 	if len(st.newScope) > 0 {
 		b.Queue(qEnsureScopeBudgets, st.args)
 	}
-	b.Queue(qLockCustomerBudgets, st.args)
-	b.Queue(qLockScopeBudgets, st.args)
+	// A batch drawing from no pool's or global budget (or from no
+	// customer's) sends no statement for those rows: each costs a bind and
+	// an execution on the server however few rows it finds.
+	if len(st.custKeys) > 0 {
+		b.Queue(qLockCustomerBudgets, st.args)
+	}
+	if len(st.scopeKeys) > 0 {
+		b.Queue(qLockScopeBudgets, st.args)
+	}
 	// Bringing rows to a new rule version reads what their period
 	// consumed (every live grant of a pool's or the global members): it
 	// is planned for the tables as they are now, not with the plan the
@@ -326,8 +333,12 @@ func (st *batchState) lockAndRead(ctx context.Context, db batcher) error {
 	if bringing {
 		b.Queue(qGenericPlans)
 	}
-	b.Queue(qCustomerState, st.args).Query(st.scanCustomerState)
-	b.Queue(qScopeState, st.args).Query(st.scanScopeState)
+	if len(st.custKeys) > 0 {
+		b.Queue(qCustomerState, st.args).Query(st.scanCustomerState)
+	}
+	if len(st.scopeKeys) > 0 {
+		b.Queue(qScopeState, st.args).Query(st.scanScopeState)
+	}
 	b.Queue(qApplicableNow, st.args).Query(func(r pgx.Rows) error {
 		return scanAll(r, func() error {
 			var c, m, scope string
