@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 
+	"github.com/tally-ledger/tally/internal/pguuid"
 	"github.com/tally-ledger/tally/quota"
 )
 
@@ -77,7 +78,7 @@ func (s *Store) renew(ctx context.Context, db batcher, r Report) (g Grant, err e
 		g.ReclaimAt = reclaim
 	}
 	g.Spent = r.Spent
-	if _, err = db.Exec(ctx, qRenewGrant, pgx.NamedArgs{"id": g.ID, "spent": r.Spent.String(),
+	if _, err = db.Exec(ctx, qRenewGrant, pgx.NamedArgs{"id": pguuid.Of(g.ID), "spent": r.Spent.String(),
 		"valid_until": g.ValidUntil, "reclaim_at": g.ReclaimAt}); err != nil {
 		return Grant{}, fmt.Errorf("admission: renew: %w", err)
 	}
@@ -137,7 +138,7 @@ func (s *Store) release(ctx context.Context, db batcher, r Report) (g Grant, err
 // needs; then it checks the fence. late says r is a final report that
 // arrived after g was reclaimed without one (recordLate, not a release).
 func lockRelease(ctx context.Context, db batcher, r Report, now time.Time) (_ Grant, late bool, _ error) {
-	args := pgx.NamedArgs{"holder": r.Holder, "id": r.Grant, "spent": r.Spent.String()}
+	args := pgx.NamedArgs{"holder": r.Holder, "id": pguuid.Of(r.Grant), "spent": r.Spent.String()}
 	var g Grant
 	var current int64
 	holderFound := true
@@ -183,7 +184,7 @@ func lockRelease(ctx context.Context, db batcher, r Report, now time.Time) (_ Gr
 // amount - spent in every budget it drew from, and commits.
 func writeRelease(ctx context.Context, db batcher, g Grant, r Report, now time.Time) error {
 	wb := &pgx.Batch{}
-	wb.Queue(qReleaseGrant, pgx.NamedArgs{"id": g.ID, "spent": r.Spent.String(), "now": now})
+	wb.Queue(qReleaseGrant, pgx.NamedArgs{"id": pguuid.Of(g.ID), "spent": r.Spent.String(), "now": now})
 	// Nothing to give back when all was spent: no budget moves (and none
 	// was locked).
 	if freed := g.Amount.Sub(r.Spent); !freed.IsZero() {
@@ -191,10 +192,10 @@ func writeRelease(ctx context.Context, db batcher, g Grant, r Report, now time.T
 			wb.Queue(qFreeBudget, pgx.NamedArgs{"customer": g.Customer, "meter": g.Meter,
 				"period_start": g.PeriodStart, "now": now, "delta": freed.String()})
 		}
-		wb.Queue(qFreeGrantDraws, pgx.NamedArgs{"id": g.ID, "delta": freed.String(), "now": now})
+		wb.Queue(qFreeGrantDraws, pgx.NamedArgs{"id": pguuid.Of(g.ID), "delta": freed.String(), "now": now})
 		// Rate buckets (rate.go): the unspent part goes back, never above
 		// the burst; locked last, after the grant.
-		wb.Queue(qReturnRateDraws, pgx.NamedArgs{"id": g.ID, "delta": freed.String()})
+		wb.Queue(qReturnRateDraws, pgx.NamedArgs{"id": pguuid.Of(g.ID), "delta": freed.String()})
 	}
 	wb.Queue("COMMIT")
 	if err := db.SendBatch(ctx, wb).Close(); err != nil {
@@ -222,7 +223,7 @@ func (s *Store) recordLate(ctx context.Context, db batcher, g Grant, r Report) (
 	if r.Spent.LessThan(g.Spent) || r.Spent.GreaterThan(g.Amount) {
 		return Grant{}, &SpentError{Grant: g.ID, Spent: r.Spent, Previous: g.Spent, Amount: g.Amount}
 	}
-	tag, err := db.Exec(ctx, qRecordLateSpent, pgx.NamedArgs{"id": g.ID, "spent": r.Spent.String()})
+	tag, err := db.Exec(ctx, qRecordLateSpent, pgx.NamedArgs{"id": pguuid.Of(g.ID), "spent": r.Spent.String()})
 	if err != nil {
 		return Grant{}, fmt.Errorf("admission: record late report: %w", err)
 	}
@@ -248,7 +249,7 @@ func (s *Store) fenced(ctx context.Context, tx DBTX, r Report, now time.Time) (G
 	if err != nil {
 		return Grant{}, fmt.Errorf("admission: read holder: %w", err)
 	}
-	g, err := scanGrant(tx.QueryRow(ctx, qGrantForUpdate, pgx.NamedArgs{"id": r.Grant}), now)
+	g, err := scanGrant(tx.QueryRow(ctx, qGrantForUpdate, pgx.NamedArgs{"id": pguuid.Of(r.Grant)}), now)
 	if err := checkFence(g, err, r, current); err != nil {
 		return Grant{}, err
 	}
@@ -282,7 +283,7 @@ func checkFence(g Grant, readErr error, r Report, current int64) error {
 
 // Get returns one grant.
 func (s *Store) Get(ctx context.Context, id uuid.UUID) (Grant, error) {
-	return scanGrant(s.db.QueryRow(ctx, qGrant, pgx.NamedArgs{"id": id}), s.now())
+	return scanGrant(s.db.QueryRow(ctx, qGrant, pgx.NamedArgs{"id": pguuid.Of(id)}), s.now())
 }
 
 func scanGrant(row pgx.Row, now time.Time) (Grant, error) {

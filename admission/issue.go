@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 
+	"github.com/tally-ledger/tally/internal/pguuid"
 	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/quota"
 )
@@ -606,11 +607,11 @@ func (w *writes) batch(now time.Time, rows map[budgetKey]*budgetRow, custKeys, s
 	if len(scopeKeys) > 0 {
 		b.Queue(qTakeScopeBudgets, takeArgs(now, "u_scopes", scopeKeys, rows))
 	}
-	b.Queue(qInsertGrants, pgx.NamedArgs{"now": now, "g_ids": w.gIDs, "g_customers": w.gCustomers, "g_meters": w.gMeters,
+	b.Queue(qInsertGrants, pgx.NamedArgs{"now": now, "g_ids": pguuid.Slice(w.gIDs), "g_customers": w.gCustomers, "g_meters": w.gMeters,
 		"g_starts": w.gStarts, "g_versions": w.gVersions, "g_holders": w.gHolders, "g_generations": w.gGens,
 		"g_amounts": w.gAmounts, "g_valid_until": w.gValid, "g_reclaim_at": w.gReclaim, "g_draws_customer": w.gDraws})
 	if len(w.dIDs) > 0 {
-		b.Queue(qInsertDraws, pgx.NamedArgs{"d_ids": w.dIDs, "d_scopes": w.dScopes, "d_meters": w.dMeters, "d_starts": w.dStarts})
+		b.Queue(qInsertDraws, pgx.NamedArgs{"d_ids": pguuid.Slice(w.dIDs), "d_scopes": w.dScopes, "d_meters": w.dMeters, "d_starts": w.dStarts})
 	}
 	return b
 }

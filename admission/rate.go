@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 
+	"github.com/tally-ledger/tally/internal/pguuid"
 	"github.com/tally-ledger/tally/quota"
 )
 
@@ -346,7 +347,7 @@ func (st *batchState) queueRateWrites(b *pgx.Batch, w *rateDraws) {
 		b.Queue(qTakeRateBuckets, pgx.NamedArgs{"rw_scopes": scopes, "rw_meters": meters, "rw_deltas": deltas, "rw_refused": refused})
 	}
 	if len(w.ids) > 0 {
-		b.Queue(qInsertRateDraws, pgx.NamedArgs{"rd_ids": w.ids, "rd_scopes": w.scopes, "rd_meters": w.meters, "rd_until": w.until})
+		b.Queue(qInsertRateDraws, pgx.NamedArgs{"rd_ids": pguuid.Slice(w.ids), "rd_scopes": w.scopes, "rd_meters": w.meters, "rd_until": w.until})
 	}
 }
 

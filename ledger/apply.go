@@ -19,6 +19,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/internal/pguuid"
 	"github.com/tally-ledger/tally/periods"
 )
 
@@ -486,7 +487,7 @@ func (a *applier) queueStreamState(b *pgx.Batch, keys []StreamKey) {
 // queueOperations loads the records already stored under the batch's
 // operation ids into a.ops, for duplicate detection.
 func (a *applier) queueOperations(b *pgx.Batch, opIDs []uuid.UUID) {
-	b.Queue(qRecordsByOperation, pgUUIDs(opIDs)).Query(func(rows pgx.Rows) error {
+	b.Queue(qRecordsByOperation, pguuid.Slice(opIDs)).Query(func(rows pgx.Rows) error {
 		var op pgtype.UUID
 		var s stored
 		_, err := pgx.ForEachRow(rows, []any{&op, &s.streamID, &s.seq, numericDst(&s.total), nullNumericDst(&s.quantity),

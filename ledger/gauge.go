@@ -14,6 +14,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/internal/locks"
+	"github.com/tally-ledger/tally/internal/pguuid"
 	"github.com/tally-ledger/tally/periods"
 )
 
@@ -254,7 +255,7 @@ func (a *gaugeApplier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 		ops[j], ps[j], es[j], cs[j], ms[j], seqs[j] = r.OperationID, r.Stream.Producer, r.Stream.Epoch, r.Stream.Customer, r.Stream.Meter, r.Seq
 	}
 	a.queueOtherKinds(b, ops, Gauge)
-	b.Queue(qGaugeByOperation, pgUUIDs(ops), ps, es, cs, ms, seqs, a.lookupAll).Query(func(rows pgx.Rows) error {
+	b.Queue(qGaugeByOperation, pguuid.Slice(ops), ps, es, cs, ms, seqs, a.lookupAll).Query(func(rows pgx.Rows) error {
 		var op pgtype.UUID
 		var s gaugeStored
 		_, err := pgx.ForEachRow(rows, []any{&op, &s.streamID, &s.seq, numericDst(&s.level), &s.at, &s.final}, func() error {

@@ -3,6 +3,7 @@ package ledger
 import (
 	"context"
 	"fmt"
+	"github.com/tally-ledger/tally/internal/pguuid"
 	"sort"
 	"time"
 
@@ -377,7 +378,7 @@ func (a *gaugeApplier) queueGaugeWrites(b *pgx.Batch, works []*gaugeWork) {
 		at := make([]time.Time, n)
 		fin, late := make([]bool, n), make([]bool, n)
 		for j, g := range a.readings {
-			sid[j], seq[j], ops[j] = g.streamID, g.r.Seq, pgUUID(g.r.OperationID)
+			sid[j], seq[j], ops[j] = g.streamID, g.r.Seq, pguuid.Of(g.r.OperationID)
 			cs[j], ms[j], lv[j], at[j] = g.r.Stream.Customer, g.r.Stream.Meter, g.r.Level.String(), g.r.OccurredAt
 			fin[j], late[j] = g.r.Final, g.late
 		}
@@ -475,7 +476,7 @@ func (a *gaugeApplier) queueGaugeWrites(b *pgx.Batch, works []*gaugeWork) {
 		cs, ms, us := make([]string, n), make([]string, n), make([]string, n)
 		ps, pr := make([]time.Time, n), make([]time.Time, n)
 		for j, g := range a.gaugeAdjustments {
-			ids[j], ops[j] = pgUUID(uuid.Must(uuid.NewV7())), pgUUID(g.op)
+			ids[j], ops[j] = pguuid.Of(uuid.Must(uuid.NewV7())), pguuid.Of(g.op)
 			cs[j], ms[j], us[j], ps[j], pr[j] = g.customer, g.meter, g.unitSeconds.String(), g.period, g.prior
 		}
 		b.Queue(qInsertGaugeAdjustments, pgx.StrictNamedArgs{"id": ids, "customer": cs, "meter": ms, "period_start": ps,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/tally-ledger/tally/amount"
 	"github.com/tally-ledger/tally/internal/locks"
+	"github.com/tally-ledger/tally/internal/pguuid"
 	"github.com/tally-ledger/tally/periods"
 )
 
@@ -287,7 +288,7 @@ func (a *applier) queueOtherKinds(b *pgx.Batch, opIDs []uuid.UUID, own MeterKind
 	if a.elsewhere == nil {
 		a.elsewhere = map[uuid.UUID]MeterKind{}
 	}
-	b.Queue(qOperationsOfOtherKinds, pgUUIDs(opIDs), string(own)).Query(func(rows pgx.Rows) error {
+	b.Queue(qOperationsOfOtherKinds, pguuid.Slice(opIDs), string(own)).Query(func(rows pgx.Rows) error {
 		var op pgtype.UUID
 		var kind string
 		_, err := pgx.ForEachRow(rows, []any{&op, &kind}, func() error {

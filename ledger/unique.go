@@ -15,6 +15,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/internal/locks"
+	"github.com/tally-ledger/tally/internal/pguuid"
 	"github.com/tally-ledger/tally/periods"
 )
 
@@ -145,7 +146,7 @@ func (l *Ledger) applyUniquesOnce(ctx context.Context, tx pgx.Tx, recs []Record,
 	}
 	if len(opIDs) > 0 {
 		b = &pgx.Batch{}
-		b.Queue(qUniqueByOperation, pgUUIDs(opIDs)).Query(func(rows pgx.Rows) error {
+		b.Queue(qUniqueByOperation, pguuid.Slice(opIDs)).Query(func(rows pgx.Rows) error {
 			var op pgtype.UUID
 			var s uniqueStored
 			_, err := pgx.ForEachRow(rows, []any{&op, &s.streamID, &s.seq, &s.member, &s.at, &s.final}, func() error {

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"github.com/tally-ledger/tally/internal/pguuid"
 	"slices"
 	"strings"
 	"time"
@@ -36,29 +37,6 @@ func (a *applier) write(ctx context.Context, tx pgx.Tx) error {
 		return fmt.Errorf("ledger: write: %w", err)
 	}
 	return nil
-}
-
-// pgUUID is u as pgx encodes it natively. google/uuid's driver.Valuer
-// path formats every value as text, fails a binary plan (building an
-// error) and parses it back: a tenth of ingest's CPU before this.
-func pgUUID(u uuid.UUID) pgtype.UUID { return pgtype.UUID{Bytes: u, Valid: true} }
-
-func pgUUIDs(us []uuid.UUID) []pgtype.UUID {
-	out := make([]pgtype.UUID, len(us))
-	for i, u := range us {
-		out[i] = pgUUID(u)
-	}
-	return out
-}
-
-func pgNullUUIDs(us []*uuid.UUID) []pgtype.UUID {
-	out := make([]pgtype.UUID, len(us))
-	for i, u := range us {
-		if u != nil {
-			out[i] = pgUUID(*u)
-		}
-	}
-	return out
 }
 
 func numeric(d decimal.Decimal) pgtype.Numeric {
@@ -200,7 +178,7 @@ func queueEntries(b *pgx.Batch, entries []entry, now time.Time, query string) *p
 		period[i], bucket[i], prior[i], occ[i] = e.period, e.bucket, e.priorPeriod, e.occurredAt
 		reason[i], actor[i], sid[i], seq[i] = e.reason, e.actor, e.streamID, e.seq
 	}
-	return b.Queue(query, pgx.StrictNamedArgs{"id": pgUUIDs(ids), "kind": kind, "operation_id": pgUUIDs(ops), "customer": cust,
+	return b.Queue(query, pgx.StrictNamedArgs{"id": pguuid.Slice(ids), "kind": kind, "operation_id": pguuid.Slice(ops), "customer": cust,
 		"meter": meter, "amount": amt, "period_start": period, "bucket": bucket, "prior_period": prior, "occurred_at": occ,
 		"reason": reason, "actor": actor, "stream_id": sid, "seq": seq, "request_hash": hash, "created_at": now})
 }
@@ -270,8 +248,8 @@ func (a *applier) queueConflicts(b *pgx.Batch) {
 	for i := range payload {
 		ps[i] = string(payload[i])
 	}
-	b.Queue(qInsertConflicts, pgx.StrictNamedArgs{"id": pgUUIDs(ids), "reason": reason, "operation_id": pgUUIDs(ops),
-		"stream_id": sid, "seq": seq, "customer": cust, "meter": meter, "existing_operation_id": pgNullUUIDs(existing),
+	b.Queue(qInsertConflicts, pgx.StrictNamedArgs{"id": pguuid.Slice(ids), "reason": reason, "operation_id": pguuid.Slice(ops),
+		"stream_id": sid, "seq": seq, "customer": cust, "meter": meter, "existing_operation_id": pguuid.NullSlice(existing),
 		"payload": ps, "payload_hash": hash, "detected_at": a.now})
 }
 
@@ -294,7 +272,7 @@ func (a *applier) queueFindings(b *pgx.Batch) {
 			amt[i] = &s
 		}
 	}
-	b.Queue(qInsertFindings, pgx.StrictNamedArgs{"id": pgUUIDs(ids), "kind": kind, "customer": cust, "meter": meter,
+	b.Queue(qInsertFindings, pgx.StrictNamedArgs{"id": pguuid.Slice(ids), "kind": kind, "customer": cust, "meter": meter,
 		"stream_id": sid, "seq": seq, "period_start": period, "amount": amt, "detail": detail, "created_at": a.now})
 }
 
