@@ -295,6 +295,11 @@ type Client struct {
 	metrics    *metrics
 	reportMu   sync.Mutex
 	reportAt   map[string]time.Time // final spend reports not to resend before
+	// keptMu serialises rewriting and removing files of kept reports: a
+	// file being delivered by the top-up that kept it may be delivered by
+	// the loop too (a report delivered twice is settled as delivered), and
+	// two rewrites through one temporary file must not interleave.
+	keptMu sync.Mutex
 
 	decMu      sync.Mutex // decisions, and handing them to budgets as they are added
 	decisions  map[key]*lagged

@@ -181,6 +181,8 @@ func (c *Client) deliverReports(ctx context.Context, force bool) (left int, spen
 // rejected ones are set aside, one file each; the file goes once none is
 // kept, and is rewritten with those kept when some were settled.
 func (c *Client) settleFile(f *keptReports, out []outcome) {
+	c.keptMu.Lock()
+	defer c.keptMu.Unlock()
 	var left []spendReport
 	for i, r := range f.reports {
 		switch out[i] {
