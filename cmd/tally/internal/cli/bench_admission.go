@@ -204,7 +204,10 @@ For each: worst admitted ÷ limit, units over the limit, units stranded
 (granted, unspent) at the end, false denials (refused while the customer's
 admissions so far plus the request were within the limit: capacity sat
 unspent in another gateway's grant), central calls per 1,000 admissions,
-and admission latency p50/p99. Then each regime against the targets.
+and admission latency p50/p99; calls and p99 also at steady demand, past
+a warm-up of the first sixth of the replay (every customer's first
+grants, new budget rows, new connections). Then each regime against the
+targets.
 
 With --budgets (any of customer, pool, global) it measures the hot key
 instead (docs/design.md §13): --holders concurrent holders, one customer

@@ -69,8 +69,8 @@ func TestRunInvariants(t *testing.T) {
 		if len(row.Problems) > 0 {
 			t.Errorf("%s: %v", row.Regime, row.Problems)
 		}
-		if row.Admitted == 0 || row.CentralCalls == 0 || row.P99 < row.P50 {
-			t.Errorf("%s: admitted %d, calls %d, p50 %s p99 %s", row.Regime, row.Admitted, row.CentralCalls, row.P50, row.P99)
+		if row.Admitted == 0 || row.CentralCalls == 0 || row.P99 < row.P50 || row.SteadyP99 == 0 {
+			t.Errorf("%s: admitted %d, calls %d, p50 %s p99 %s (steady %s)", row.Regime, row.Admitted, row.CentralCalls, row.P50, row.P99, row.SteadyP99)
 		}
 		if row.FalseDenials > row.Refused || row.Below95False > row.Below95 || row.Below95False > row.FalseDenials {
 			t.Errorf("%s: false denials %d (%d below 95%% of %d) of %d refused", row.Regime, row.FalseDenials,

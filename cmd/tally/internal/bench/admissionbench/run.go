@@ -141,6 +141,9 @@ type Row struct {
 	SteadyCalls, SteadyGrantCalls, SteadyAdmitted int64
 	CallDetail                                    string // what the central calls were, where known
 	P50, P99                                      time.Duration
+	// SteadyP99: of the admissions sent after the warm-up (every
+	// customer's first grants, new budget rows, new connections).
+	SteadyP99 time.Duration
 	// DecisionLag (lagged only): from the admission that reached a
 	// customer's limit to the decision that blocks it, p50 and p99.
 	DecisionLag [2]time.Duration
@@ -234,6 +237,7 @@ func replay(ctx context.Context, o Options, tr trace, sys system) (Row, error) {
 	var row Row
 	var adm, ref, errs, falseDen, below, belowFalse atomic.Int64
 	lat := make([][]time.Duration, o.Gateways)
+	steadyLat := make([][]time.Duration, o.Gateways)
 	var firstErr error
 	var errOnce sync.Once
 	start := time.Now()
@@ -258,6 +262,7 @@ func replay(ctx context.Context, o Options, tr trace, sys system) (Row, error) {
 	for g := range o.Gateways {
 		wg.Go(func() {
 			l := make([]time.Duration, 0, len(tr.gateways[g]))
+			var ls []time.Duration
 			for _, a := range tr.gateways[g] {
 				if ctx.Err() != nil {
 					return
@@ -270,7 +275,11 @@ func replay(ctx context.Context, o Options, tr trace, sys system) (Row, error) {
 				inflight[c].Add(a.cost)
 				t0 := time.Now()
 				ok, err := sys.admit(ctx, g, c, a.cost)
-				l = append(l, time.Since(t0))
+				took := time.Since(t0)
+				l = append(l, took)
+				if t0.Sub(start) >= warm {
+					ls = append(ls, took)
+				}
 				if isBelow {
 					below.Add(1)
 				}
@@ -296,7 +305,7 @@ func replay(ctx context.Context, o Options, tr trace, sys system) (Row, error) {
 				}
 				inflight[c].Add(-a.cost)
 			}
-			lat[g] = l
+			lat[g], steadyLat[g] = l, ls
 		})
 	}
 	wg.Wait()
@@ -332,6 +341,9 @@ func replay(ctx context.Context, o Options, tr trace, sys system) (Row, error) {
 	all := slices.Concat(lat...)
 	slices.Sort(all)
 	row.P50, row.P99 = pct(all, 0.50), pct(all, 0.99)
+	steady := slices.Concat(steadyLat...)
+	slices.Sort(steady)
+	row.SteadyP99 = pct(steady, 0.99)
 	if lr, ok := sys.(interface{ lag() [2]time.Duration }); ok {
 		row.DecisionLag = lr.lag()
 	}
