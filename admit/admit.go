@@ -813,21 +813,24 @@ type budget struct {
 	// reported. Integers, like every quantity here.
 	rate int64
 	// left is the available of the last grant answer, at leftAt; drain is
-	// how fast it fell between answers (thousandths of a unit per second,
-	// smoothed): the demand of all gateways, net of what they gave back.
-	// Estimates that only decide whether the budget is tight.
+	// how fast it fell between answers at least a tick apart (thousandths
+	// of a unit per second, smoothed), fell the last such reading: the
+	// demand of all gateways, net of what they gave back. Estimates that
+	// only decide whether the budget is tight.
 	left   int64
 	leftAt time.Time
 	drain  int64
+	fell   int64
 }
 
 type held struct {
 	id         string
 	amount     int64
 	validUntil time.Time
-	spent      int64 // last reported
-	generation int64 // the holder's generation it was issued under
-	rate       bool  // drew from a rate budget: renew never extends it
+	spent      int64     // last reported
+	generation int64     // the holder's generation it was issued under
+	rate       bool      // drew from a rate budget: renew never extends it
+	spentAt    time.Time // when tend first found it fully spent (spentHold)
 }
 
 func (b *budget) tight(now time.Time) bool { return now.Before(b.tightUntil) }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -272,14 +273,21 @@ func (c *Client) target(b *budget, now time.Time) int64 {
 // this gateway's grant answers (everyone's grants net of what they gave
 // back), never below the gateway's own demand. Under b.mu.
 func (c *Client) tightAfter(b *budget, now time.Time, left int64) bool {
-	if !b.leftAt.IsZero() {
-		if dt := now.Sub(b.leftAt); dt > 0 {
-			fell := perSecond(max(b.left-left, 0), dt)
-			b.drain = (b.drain + fell) / 2
-		}
+	switch dt := now.Sub(b.leftAt); {
+	case b.leftAt.IsZero():
+		b.left, b.leftAt = left, now
+	case dt >= c.cfg.Tick:
+		b.fell = perSecond(max(b.left-left, 0), dt)
+		b.drain = (b.drain + b.fell) / 2
+		b.left, b.leftAt = left, now
+	default:
+		// Too soon after the last reading for a rate: answers that come
+		// back to back (a top-up and an Admit's miss, a burst's growing
+		// grants) would read one grant as a flood. The fall is measured
+		// from that reading once a tick has passed.
 	}
-	b.left, b.leftAt = left, now
-	demand := max(b.drain, b.rate)
+	// A burst counts at once (fell), and for a while after (drain).
+	demand := max(b.drain, b.fell, b.rate)
 	return left < unitsOver(2*demand, c.cfg.Lookahead)
 }
 
@@ -502,9 +510,23 @@ func (c *Client) loop() {
 		// go together: one call for all of them.
 		var finals []spendReport
 		var sending []*budget
-		for _, b := range *c.budgets.Load() {
+		budgets := *c.budgets.Load()
+		for _, b := range budgets {
 			if out := c.tend(ctx, b); len(out) > 0 {
 				finals, sending = append(finals, out...), append(sending, b)
+			}
+		}
+		if len(finals) > 0 {
+			// A call goes anyway: every budget's spent grants go with it
+			// (spentHold), so they go back a call a second in all, not one
+			// per budget.
+			for _, b := range budgets {
+				if slices.Contains(sending, b) {
+					continue
+				}
+				if out := c.giveBackSpent(ctx, b); len(out) > 0 {
+					finals, sending = append(finals, out...), append(sending, b)
+				}
 			}
 		}
 		c.finalReports(ctx, finals)
@@ -581,6 +603,25 @@ func (c *Client) tend(ctx context.Context, b *budget) []spendReport {
 	return out
 }
 
+// giveBackSpent gives back b's fully spent grants, as tend does, and
+// returns their final reports (b.sending full when there are any).
+func (c *Client) giveBackSpent(ctx context.Context, b *budget) []spendReport {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	alloc := b.allocate()
+	for i := len(b.grants) - 1; i >= 0; i-- {
+		if g := b.grants[i]; alloc[i] >= g.amount {
+			c.release(ctx, b, g, alloc[i])
+		}
+	}
+	out := b.outbox
+	b.outbox = nil
+	if len(out) > 0 {
+		b.sending <- struct{}{}
+	}
+	return out
+}
+
 func (c *Client) tendLocked(ctx context.Context, b *budget) {
 	now := time.Now()
 	if b.kind.Load() >= kindLagged {
@@ -608,11 +649,26 @@ func (c *Client) tendLocked(ctx context.Context, b *budget) {
 	b.lastTaken, b.lastAt = taken, now
 
 	// Grants about to run out: give back what is unspent while Tally can
-	// still take it; fully spent ones end at once.
+	// still take it. Fully spent ones free nothing when they end, so they
+	// wait to go together (spentHold).
 	alloc := b.allocate()
+	spentDue := false
+	spentHeld := 0
+	for i, g := range b.grants {
+		expiring := now.Add(2 * c.cfg.Tick).After(g.validUntil)
+		if alloc[i] >= g.amount {
+			spentHeld++
+			if g.spentAt.IsZero() {
+				g.spentAt = now
+			}
+			expiring = expiring || now.Sub(g.spentAt) >= spentHold
+		}
+		spentDue = spentDue || expiring
+	}
+	spentDue = spentDue || spentHeld >= maxSpentHeld
 	for i := len(b.grants) - 1; i >= 0; i-- {
 		g := b.grants[i]
-		if now.Add(2*c.cfg.Tick).After(g.validUntil) || alloc[i] >= g.amount {
+		if now.Add(2*c.cfg.Tick).After(g.validUntil) || alloc[i] >= g.amount && spentDue {
 			c.release(ctx, b, g, alloc[i])
 		}
 	}
@@ -621,7 +677,12 @@ func (c *Client) tendLocked(ctx context.Context, b *budget) {
 	// after the pause (Retry-After, or the backoff), until the grant is
 	// released above, two ticks before its valid_until.
 	alloc = b.allocate()
+	unspent := 0 // grants held with capacity left (spent ones wait for spentHold)
 	for i, g := range b.grants {
+		if alloc[i] >= g.amount {
+			continue
+		}
+		unspent++
 		if !g.rate && g.validUntil.Sub(now) < c.cfg.GrantTTL/2 && !c.paused(time.Now()) {
 			var ans grantAnswer
 			err := c.call(ctx, "renew", "/v1/grants/"+g.id+"/renew", map[string]any{
@@ -636,7 +697,7 @@ func (c *Client) tendLocked(ctx context.Context, b *budget) {
 	target := c.target(b, now)
 	avail := b.available()
 	// Top up before running dry.
-	if avail < target/2 && time.Now().UnixNano() >= b.refusedUntil.Load() && len(b.grants) > 0 && !c.paused(time.Now()) {
+	if avail < target/2 && time.Now().UnixNano() >= b.refusedUntil.Load() && unspent > 0 && !c.paused(time.Now()) {
 		_ = c.topUpLocked(ctx, b, 1)
 	}
 	// Give back what demand no longer needs: the newest grant, when what
@@ -646,12 +707,30 @@ func (c *Client) tendLocked(ctx context.Context, b *budget) {
 	// target is one unit, so a gateway keeps little more than it is
 	// about to spend and a refused one finds the rest. Never what
 	// the Admits waiting for a grant are about to take from it.
-	if n := len(b.grants); n > 0 {
-		alloc = b.allocate()
-		g := b.grants[n-1]
-		left := avail - (g.amount - alloc[n-1])
-		if (left > 2*target || avail > 3*target) && left >= b.waiting.Load() {
-			c.release(ctx, b, g, alloc[n-1])
+	alloc = b.allocate()
+	for n := len(b.grants) - 1; n >= 0; n-- {
+		g := b.grants[n]
+		if alloc[n] >= g.amount {
+			continue // spent: goes back with the others (spentHold)
 		}
+		left := avail - (g.amount - alloc[n])
+		if (left > 2*target || avail > 3*target) && left >= b.waiting.Load() {
+			c.release(ctx, b, g, alloc[n])
+		}
+		break
 	}
 }
+
+// A fully spent grant frees nothing when it goes back: it only closes
+// Tally's record of it (until then Tally counts its whole amount as
+// consumed, as it is). So spent grants go back together, the first of
+// them spentHold after it was found spent, or once maxSpentHeld are held,
+// or with any grant given back (of any budget: the loop's one call a tick
+// takes them all): on a tight budget, where every grant is one request's
+// cost and spent as it arrives, a gateway sends about a release call a
+// second instead of one a tick. A crash meanwhile costs nothing either: Tally reclaims them
+// as spent in full, which they are.
+const (
+	spentHold    = time.Second
+	maxSpentHeld = 64
+)

@@ -296,3 +296,72 @@ func TestAdmitTakesAllThatIsHeld(t *testing.T) {
 	}
 	closeSettled(t, ts, c, 5)
 }
+
+// A burst on a budget with room to spare is not tight: grants grow with
+// the demand and the gateway asks Tally a few dozen times for 20,000
+// admissions. Grant answers arriving in quick succession once made the
+// measured drain of the budget a flood (hundreds of thousands of units a
+// second), the budget tight, and every Admit a grant request of one unit:
+// thousands of them, until Tally's per-token limit paused the gateway.
+func TestABurstWithRoomToSpareIsNotTight(t *testing.T) {
+	ts := startTally(t)
+	ts.exactRule("acme", "tokens", "1000000")
+	var grants atomic.Int64
+	count := func(r *http.Request) int {
+		if r.URL.Path == "/v1/grants" {
+			grants.Add(1)
+		}
+		return 0
+	}
+	ts.refuse.Store(&count)
+	ctx := context.Background()
+	c := newClient(t, ts, "gw1", t.TempDir(), admit.Config{MinGrant: 10})
+	defer c.Close(ctx)
+	const burst = 20_000
+	for i := range burst {
+		d, err := c.Admit(ctx, "acme", "tokens", 1)
+		if err != nil || !d.Admitted {
+			t.Fatalf("admit %d: %+v %v (after %d grant requests)", i, d, err, grants.Load())
+		}
+	}
+	if n := grants.Load(); n > 200 {
+		t.Fatalf("%d grant requests for %d admissions on a budget of 1,000,000", n, burst)
+	}
+}
+
+// On a tight budget every grant is an Admit's cost and spent as it
+// arrives. A spent grant frees nothing when it goes back (Tally counts it
+// as consumed either way), so the spent ones go back together, about once
+// a second, not at every tick: gw1's grants over 1.5 s take a few release
+// calls, not thirty.
+func TestSpentGrantsGoBackTogether(t *testing.T) {
+	ts := startTally(t)
+	ts.exactRule("acme", "tokens", "1000")
+	var releases, grants atomic.Int64
+	count := func(r *http.Request) int {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		var req struct {
+			Holder string `json:"holder"`
+		}
+		if json.Unmarshal(body, &req) != nil || req.Holder != "gw1" {
+			return 0
+		}
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/release"):
+			releases.Add(1)
+		case r.URL.Path == "/v1/grants":
+			grants.Add(1)
+		}
+		return 0
+	}
+	ts.refuse.Store(&count)
+	gw1 := besideAHolderOf700(t, ts)
+	for range 150 {
+		admitN(t, gw1, 1)
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n, g := releases.Load(), grants.Load(); n > 6 || g < 100 {
+		t.Fatalf("gw1 sent %d release calls for %d grant requests over 1.5 s of a tight budget", n, g)
+	}
+}
