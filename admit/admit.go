@@ -282,7 +282,6 @@ type Client struct {
 	budgets    atomic.Pointer[map[key]*budget]
 	mu         sync.Mutex // adding budgets, and the background loop's grant bookkeeping
 	journal    *journal
-	wake       chan struct{}
 	stop       chan struct{}
 	done       chan struct{}
 	closeOnce  sync.Once
@@ -383,7 +382,7 @@ func New(cfg Config) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{cfg: cfg, http: cfg.HTTPClient, log: cfg.Logger, journal: j,
-		wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{}),
+		stop: make(chan struct{}), done: make(chan struct{}),
 		decisions: map[key]*lagged{}, reportAt: map[string]time.Time{}}
 	c.generation.Store(gen)
 	empty := map[key]*budget{}

@@ -503,7 +503,6 @@ func (c *Client) loop() {
 		case <-c.stop:
 			return
 		case <-t.C:
-		case <-c.wake:
 		}
 		ctx, cancel := context.WithTimeout(c.bg, 5*c.cfg.Tick+2*time.Second)
 		// The final reports of every budget's grants given back this tick
