@@ -324,7 +324,16 @@ func TestABurstWithRoomToSpareIsNotTight(t *testing.T) {
 			t.Fatalf("admit %d: %+v %v (after %d grant requests)", i, d, err, grants.Load())
 		}
 	}
-	if n := grants.Load(); n > 200 {
+	// Slow start from MinGrant takes about a dozen. A loop of Admits at
+	// full speed can also be fast enough (hundreds of thousands a second)
+	// for the rule to call the budget tight for a Lookahead, which on a
+	// loaded machine cost a few hundred one-unit requests. The defect
+	// took 1,500 to several thousand, or Tally's per-token limit refused
+	// the gateway (the Admit above fails then). TestBackToBackAnswers
+	// tests the reading itself.
+	n := grants.Load()
+	t.Logf("%d grant requests for %d admissions", n, burst)
+	if n > 1_000 {
 		t.Fatalf("%d grant requests for %d admissions on a budget of 1,000,000", n, burst)
 	}
 }
