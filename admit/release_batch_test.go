@@ -82,28 +82,15 @@ func TestKeptReportsGoBackInOneCall(t *testing.T) {
 func TestAnUnreadableReportDoesNotHoldBackTheOthers(t *testing.T) {
 	ts := startTally(t)
 	customers := []string{"acme", "globex"}
-	for _, c := range customers {
-		ts.exactRule(c, "tokens", "1000")
-	}
 	ctx := context.Background()
-	dir := t.TempDir()
 	cfg := admit.Config{MinGrant: 20}
-	c := newClient(t, ts, "gw1", dir, cfg)
-	for _, cu := range customers {
-		if d, err := c.Admit(ctx, cu, "tokens", 1); err != nil || !d.Admitted {
-			t.Fatalf("admit %s: %+v %v", cu, d, err)
-		}
-	}
-	ts.down.Store(true)
-	if err := c.Close(ctx); err == nil {
-		t.Fatal("close while Tally is down: no undelivered reports")
-	}
+	dir := keptWhileDown(t, ts, cfg, customers)
 	bogus := filepath.Join(dir, "spend-bogus.json")
 	if err := os.WriteFile(bogus, []byte(`{"grant":"bogus","holder":"gw1","generation":1,"customer":"acme","meter":"tokens","spent":1}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	ts.down.Store(false)
-	c = newClient(t, ts, "gw1", dir, cfg)
+	c := newClient(t, ts, "gw1", dir, cfg)
 	defer c.Close(ctx)
 	eventually(t, "the readable reports delivered", func() bool {
 		for _, cu := range customers {
@@ -125,22 +112,8 @@ func TestAnUnreadableReportDoesNotHoldBackTheOthers(t *testing.T) {
 func TestReportsKeptTogetherSettleOneByOne(t *testing.T) {
 	ts := startTally(t)
 	customers := []string{"acme", "globex"}
-	for _, c := range customers {
-		ts.exactRule(c, "tokens", "1000")
-	}
 	ctx := context.Background()
-	dir := t.TempDir()
-	cfg := admit.Config{MinGrant: 20, Tick: time.Hour} // nothing given back before Close
-	c := newClient(t, ts, "gw1", dir, cfg)
-	for _, cu := range customers {
-		if d, err := c.Admit(ctx, cu, "tokens", 1); err != nil || !d.Admitted {
-			t.Fatalf("admit %s: %+v %v", cu, d, err)
-		}
-	}
-	ts.down.Store(true)
-	if err := c.Close(ctx); err == nil {
-		t.Fatal("close while Tally is down: no undelivered reports")
-	}
+	dir := keptWhileDown(t, ts, admit.Config{MinGrant: 20, Tick: time.Hour}, customers) // nothing given back before Close
 	kept, _ := filepath.Glob(filepath.Join(dir, "spend-*.json"))
 	if len(kept) != 1 {
 		t.Fatalf("kept in %d files, want one", len(kept))
@@ -162,7 +135,7 @@ func TestReportsKeptTogetherSettleOneByOne(t *testing.T) {
 		t.Fatal(err)
 	}
 	ts.down.Store(false)
-	c = newClient(t, ts, "gw1", dir, admit.Config{MinGrant: 20})
+	c := newClient(t, ts, "gw1", dir, admit.Config{MinGrant: 20})
 	defer c.Close(ctx)
 	eventually(t, "the two reports delivered, the bogus one set aside, the kept file gone", func() bool {
 		for _, cu := range customers {
@@ -174,4 +147,27 @@ func TestReportsKeptTogetherSettleOneByOne(t *testing.T) {
 		left, _ := filepath.Glob(filepath.Join(dir, "spend-*.json"))
 		return err == nil && len(left) == 0
 	})
+}
+
+// keptWhileDown admits one unit of each customer's tokens (an exact rule
+// of 1,000 each) through gw1 under cfg, then closes gw1 while Tally is
+// down, and returns gw1's directory, holding the final spend reports.
+func keptWhileDown(t *testing.T, ts *tally, cfg admit.Config, customers []string) string {
+	t.Helper()
+	for _, c := range customers {
+		ts.exactRule(c, "tokens", "1000")
+	}
+	ctx := context.Background()
+	dir := t.TempDir()
+	c := newClient(t, ts, "gw1", dir, cfg)
+	for _, cu := range customers {
+		if d, err := c.Admit(ctx, cu, "tokens", 1); err != nil || !d.Admitted {
+			t.Fatalf("admit %s: %+v %v", cu, d, err)
+		}
+	}
+	ts.down.Store(true)
+	if err := c.Close(ctx); err == nil {
+		t.Fatal("close while Tally is down: no undelivered reports")
+	}
+	return dir
 }
