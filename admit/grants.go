@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strconv"
 	"time"
 )
@@ -508,21 +507,18 @@ func (c *Client) loop() {
 		// The final reports of every budget's grants given back this tick
 		// go together: one call for all of them.
 		var finals []spendReport
-		var sending []*budget
-		budgets := *c.budgets.Load()
-		for _, b := range budgets {
+		var sending, quiet []*budget
+		for _, b := range *c.budgets.Load() {
 			if out := c.tend(ctx, b); len(out) > 0 {
 				finals, sending = append(finals, out...), append(sending, b)
+			} else {
+				quiet = append(quiet, b)
 			}
 		}
 		if len(finals) > 0 {
 			// A call goes anyway: every budget's spent grants go with it
-			// (spentHold), so they go back a call a second in all, not one
-			// per budget.
-			for _, b := range budgets {
-				if slices.Contains(sending, b) {
-					continue
-				}
+			// (spentHold), a call a second in all, not one per budget.
+			for _, b := range quiet {
 				if out := c.giveBackSpent(ctx, b); len(out) > 0 {
 					finals, sending = append(finals, out...), append(sending, b)
 				}
@@ -594,6 +590,22 @@ func (c *Client) tend(ctx context.Context, b *budget) []spendReport {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	c.tendLocked(ctx, b)
+	return b.takeOutbox()
+}
+
+// giveBackSpent gives back b's fully spent grants now, and returns their
+// final reports as tend does.
+func (c *Client) giveBackSpent(ctx context.Context, b *budget) []spendReport {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	c.releaseSpent(ctx, b)
+	return b.takeOutbox()
+}
+
+// takeOutbox empties b's outbox for the caller to send once b.mu is
+// released; when it returns reports, b.sending is full until the caller
+// empties it once they are sent. Under b.mu.
+func (b *budget) takeOutbox() []spendReport {
 	out := b.outbox
 	b.outbox = nil
 	if len(out) > 0 {
@@ -602,23 +614,14 @@ func (c *Client) tend(ctx context.Context, b *budget) []spendReport {
 	return out
 }
 
-// giveBackSpent gives back b's fully spent grants, as tend does, and
-// returns their final reports (b.sending full when there are any).
-func (c *Client) giveBackSpent(ctx context.Context, b *budget) []spendReport {
-	b.mu.Lock()
-	defer b.mu.Unlock()
+// releaseSpent gives back b's fully spent grants. Under b.mu.
+func (c *Client) releaseSpent(ctx context.Context, b *budget) {
 	alloc := b.allocate()
 	for i := len(b.grants) - 1; i >= 0; i-- {
 		if g := b.grants[i]; alloc[i] >= g.amount {
 			c.release(ctx, b, g, alloc[i])
 		}
 	}
-	out := b.outbox
-	b.outbox = nil
-	if len(out) > 0 {
-		b.sending <- struct{}{}
-	}
-	return out
 }
 
 func (c *Client) tendLocked(ctx context.Context, b *budget) {
@@ -649,27 +652,26 @@ func (c *Client) tendLocked(ctx context.Context, b *budget) {
 
 	// Grants about to run out: give back what is unspent while Tally can
 	// still take it. Fully spent ones free nothing when they end, so they
-	// wait to go together (spentHold).
+	// wait to go together (spentHold), or with any other release.
 	alloc := b.allocate()
-	spentDue := false
-	spentHeld := 0
+	spent, spentDue := 0, false
 	for i, g := range b.grants {
-		expiring := now.Add(2 * c.cfg.Tick).After(g.validUntil)
-		if alloc[i] >= g.amount {
-			spentHeld++
-			if g.spentAt.IsZero() {
-				g.spentAt = now
-			}
-			expiring = expiring || now.Sub(g.spentAt) >= spentHold
+		if alloc[i] < g.amount {
+			continue
 		}
-		spentDue = spentDue || expiring
+		spent++
+		if g.spentAt.IsZero() {
+			g.spentAt = now
+		}
+		spentDue = spentDue || now.Sub(g.spentAt) >= spentHold
 	}
-	spentDue = spentDue || spentHeld >= maxSpentHeld
 	for i := len(b.grants) - 1; i >= 0; i-- {
-		g := b.grants[i]
-		if now.Add(2*c.cfg.Tick).After(g.validUntil) || alloc[i] >= g.amount && spentDue {
+		if g := b.grants[i]; now.Add(2 * c.cfg.Tick).After(g.validUntil) {
 			c.release(ctx, b, g, alloc[i])
 		}
+	}
+	if spentDue || spent >= maxSpentHeld || len(b.outbox) > 0 {
+		c.releaseSpent(ctx, b)
 	}
 	// Renew the rest when half their TTL is gone. A renew Tally does not
 	// take (down, or refused for load) is tried again at the next tick
@@ -727,8 +729,8 @@ func (c *Client) tendLocked(ctx context.Context, b *budget) {
 // or with any grant given back (of any budget: the loop's one call a tick
 // takes them all): on a tight budget, where every grant is one request's
 // cost and spent as it arrives, a gateway sends about a release call a
-// second instead of one a tick. A crash meanwhile costs nothing either: Tally reclaims them
-// as spent in full, which they are.
+// second instead of one a tick. A crash meanwhile costs nothing either:
+// Tally reclaims them as spent in full, which they are.
 const (
 	spentHold    = time.Second
 	maxSpentHeld = 64

@@ -111,13 +111,7 @@ func TestTightBudgetGrantsAreTheRequestsCost(t *testing.T) {
 	var asked []string
 	watch := func(r *http.Request) int {
 		if r.URL.Path == "/v1/grants" {
-			body, _ := io.ReadAll(r.Body)
-			r.Body = io.NopCloser(bytes.NewReader(body))
-			var req struct {
-				Holder string `json:"holder"`
-				Amount string `json:"amount"`
-			}
-			if err := json.Unmarshal(body, &req); err == nil && req.Holder == "gw1" {
+			if req := readBody(r); req.Holder == "gw1" {
 				mu.Lock()
 				asked = append(asked, req.Amount)
 				mu.Unlock()
@@ -125,12 +119,7 @@ func TestTightBudgetGrantsAreTheRequestsCost(t *testing.T) {
 		}
 		return 0
 	}
-	ts.refuse.Store(&watch)
-	gw1 := besideAHolderOf700(t, ts)
-	for range 150 {
-		admitN(t, gw1, 1)
-		time.Sleep(5 * time.Millisecond)
-	}
+	admitOnATightBudget(t, ts, watch, 5*time.Millisecond)
 	mu.Lock()
 	defer mu.Unlock()
 	if len(asked) < 10 || asked[0] != "1000" {
@@ -348,12 +337,7 @@ func TestSpentGrantsGoBackTogether(t *testing.T) {
 	ts.exactRule("acme", "tokens", "1000")
 	var releases, grants atomic.Int64
 	count := func(r *http.Request) int {
-		body, _ := io.ReadAll(r.Body)
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		var req struct {
-			Holder string `json:"holder"`
-		}
-		if json.Unmarshal(body, &req) != nil || req.Holder != "gw1" {
+		if readBody(r).Holder != "gw1" {
 			return 0
 		}
 		switch {
@@ -364,13 +348,36 @@ func TestSpentGrantsGoBackTogether(t *testing.T) {
 		}
 		return 0
 	}
-	ts.refuse.Store(&count)
+	admitOnATightBudget(t, ts, count, 10*time.Millisecond)
+	if n, g := releases.Load(), grants.Load(); n > 6 || g < 100 {
+		t.Fatalf("gw1 sent %d release calls for %d grant requests over 1.5 s of a tight budget", n, g)
+	}
+}
+
+// grantBody is what the tests read of a grant, renew or release request.
+type grantBody struct {
+	Holder string `json:"holder"`
+	Amount string `json:"amount"`
+}
+
+// readBody reads r's body as a grantBody and puts it back for the API.
+func readBody(r *http.Request) grantBody {
+	body, _ := io.ReadAll(r.Body)
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	var req grantBody
+	_ = json.Unmarshal(body, &req)
+	return req
+}
+
+// admitOnATightBudget has Tally's requests watched, then gw1, beside a
+// holder of 700 of acme's 1,000 tokens, admit one unit 150 times, a pause
+// of every after each.
+func admitOnATightBudget(t *testing.T, ts *tally, watch func(*http.Request) int, every time.Duration) {
+	t.Helper()
+	ts.refuse.Store(&watch)
 	gw1 := besideAHolderOf700(t, ts)
 	for range 150 {
 		admitN(t, gw1, 1)
-		time.Sleep(10 * time.Millisecond)
-	}
-	if n, g := releases.Load(), grants.Load(); n > 6 || g < 100 {
-		t.Fatalf("gw1 sent %d release calls for %d grant requests over 1.5 s of a tight budget", n, g)
+		time.Sleep(every)
 	}
 }
