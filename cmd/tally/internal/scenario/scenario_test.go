@@ -43,8 +43,11 @@ func TestEveryFaultVerifiesClean(t *testing.T) {
 	e, err := scenario.Run(ctx, scenario.Config{
 		Brokers: c.Addrs, Topic: topic, Producers: 3, Customers: 4, Meters: 2, Workers: 2,
 		// A record count, not a duration: a CPU-starved machine takes longer
-		// but still writes enough for every fault to happen.
-		Records: 1200, Rate: 600, Spread: 45 * 24 * time.Hour, Faults: f, Linger: 10 * time.Millisecond,
+		// but still writes enough for every fault to happen. A starved
+		// producer packs more records per message: with 1,200 records one
+		// CI run wrote 77 messages and no loss became a gap (each was the
+		// last of its streams before a crash or the end), so twice that.
+		Records: 2400, Rate: 1200, Spread: 45 * 24 * time.Hour, Faults: f, Linger: 10 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatal(err)
