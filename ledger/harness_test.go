@@ -22,6 +22,9 @@ type fixture struct {
 	pool *pgxpool.Pool
 	l    *ledger.Ledger
 	now  time.Time
+	// applyBatch, when set, applies the micro-batches of a unique
+	// schedule (applyUniques).
+	applyBatch func([]ledger.Record) []ledger.Outcome
 }
 
 func newFixture(t testing.TB) *fixture {
@@ -32,6 +35,15 @@ func newFixture(t testing.TB) *fixture {
 	}
 	f.l = l
 	return f
+}
+
+// applyUniques applies a micro-batch of a unique schedule: with
+// applyBatch when a test set one, else as apply does.
+func (f *fixture) applyUniques(recs []ledger.Record) []ledger.Outcome {
+	if f.applyBatch != nil {
+		return f.applyBatch(recs)
+	}
+	return f.apply(recs...)
 }
 
 // apply applies recs in one transaction and returns the outcomes.

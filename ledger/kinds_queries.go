@@ -244,7 +244,17 @@ INSERT INTO unique_counts AS c (customer, meter, period_start, per_day, day, mem
 SELECT * FROM unnest(@customer::text[], @meter::text[], @period_start::timestamptz[], @per_day::boolean[], @day::timestamptz[],
                      @members::bigint[])
 ORDER BY 1, 2, 3, 4, 5
-ON CONFLICT (customer, meter, period_start, per_day, day) DO UPDATE SET members = c.members + EXCLUDED.members`
+ON CONFLICT (customer, meter, period_start, per_day, day) DO UPDATE SET members = c.members + EXCLUDED.members
+RETURNING customer, meter, period_start, per_day, xmin::text::bigint, members`
+
+	// The period rows of unique_counts ($1 customers, $2 meters, $3
+	// periods, pairwise): the version of what a Ledger remembers of
+	// each period (unique_cache.go).
+	qUniqueCountVersions = `
+SELECT u.customer, u.meter, u.period_start, u.xmin::text::bigint, u.members
+FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS k(customer, meter, period_start)
+JOIN unique_counts u ON u.customer = k.customer AND u.meter = k.meter AND u.period_start = k.period_start
+                    AND NOT u.per_day AND u.day = k.period_start`
 
 	qUniqueUsage = `
 SELECT meter, per_day, day, members FROM unique_counts

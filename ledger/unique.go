@@ -45,6 +45,7 @@ type uniqueStored struct {
 
 type uniqueApplier struct {
 	*applier
+	cache   *memberCache
 	uops    map[uuid.UUID]uniqueStored
 	members map[memberKey]int // the batch's member days: the first new reading's index in news
 	news    []uniqueNew
@@ -87,7 +88,7 @@ func (l *Ledger) applyUniquesOnce(ctx context.Context, tx pgx.Tx, recs []Record,
 		streams: map[StreamKey]*stream{}, ops: map[uuid.UUID]stored{},
 		calendars: map[string]periods.Schedule{}, closed: map[periodKey]bool{}, rollups: map[rollupKey]decimal.Decimal{},
 		elsewhere: maps.Clone(earlier),
-	}, uops: map[uuid.UUID]uniqueStored{}, members: map[memberKey]int{}}
+	}, cache: l.members, uops: map[uuid.UUID]uniqueStored{}, members: map[memberKey]int{}}
 	valid := a.validateReadings()
 	if len(valid) == 0 {
 		return a.out, nil
@@ -293,61 +294,81 @@ func (a *uniqueApplier) write(ctx context.Context, tx pgx.Tx) error {
 	return a.copyReadings(ctx, tx)
 }
 
-// count looks the batch's member days up among the counted readings of
-// their periods, marks the first new reading of each member day none held
-// counted, and queues what they add to unique_counts: one per new member
-// day, and one per member new in its period.
+// count decides which of the batch's member days are new, marks the first
+// new reading of each counted, and queues what they add to unique_counts:
+// one per new member day, and one per member new in its period. What the
+// Ledger remembers of a period decides when unique_counts says it is
+// exact (unique_cache.go); the members of the other periods are looked up
+// among their counted readings.
 func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
 	if len(a.members) == 0 {
 		return nil
 	}
-	n := len(a.members)
-	cs, ms, mem := make([]string, 0, n), make([]string, 0, n), make([]string, 0, n)
-	var periods []time.Time
-	seenP := map[int64]bool{}
+	var keys []cmpKey
+	seenK := map[cmpKey]bool{}
 	for k := range a.members {
-		cs, ms, mem = append(cs, k.customer), append(ms, k.meter), append(mem, k.member)
-		if !seenP[k.period] {
-			seenP[k.period] = true
-			periods = append(periods, time.UnixMicro(k.period).UTC())
+		if pk := (cmpKey{k.customer, k.meter, k.period}); !seenK[pk] {
+			seenK[pk] = true
+			keys = append(keys, pk)
 		}
 	}
-	rows, err := tx.Query(ctx, qCountedMembers, cs, ms, mem, periods)
-	if err != nil {
-		return fmt.Errorf("ledger: unique members: %w", err)
+	sets := map[cmpKey]*memberSet{}
+	if a.cache.limit > 0 {
+		rows, err := countVersions(ctx, tx, keys)
+		if err != nil {
+			return err
+		}
+		sets = a.cache.exact(keys, rows)
 	}
-	held := map[memberKey]bool{} // member days, and members in their periods (day 0), already counted
-	var c, m, member string
-	var period, day time.Time
-	_, err = pgx.ForEachRow(rows, []any{&c, &m, &member, &period, &day}, func() error {
-		held[memberKey{c, m, period.UnixMicro(), day.UnixMicro(), member}] = true
-		held[memberKey{c, m, period.UnixMicro(), 0, member}] = true
-		return nil
-	})
+	held, err := a.lookUpMembers(ctx, tx, sets)
 	if err != nil {
-		return fmt.Errorf("ledger: unique members: %w", err)
+		return err
 	}
 	type countKey struct {
 		customer, meter string
 		period, day     int64 // day 0: the period's count
 	}
 	counts := map[countKey]int64{}
+	added := map[cmpKey][]memberDay{}
+	newInPeriod := map[memberKey]bool{}
+	if len(sets) > 0 {
+		a.cache.mu.Lock()
+		defer a.cache.mu.Unlock()
+	}
 	for k, i := range a.members {
-		if held[k] {
+		pk := cmpKey{k.customer, k.meter, k.period}
+		p := memberKey{k.customer, k.meter, k.period, 0, k.member}
+		s := sets[pk]
+		var inPeriod, onDay bool
+		if s != nil {
+			inPeriod, onDay = s.held(k.member, k.day)
+		} else {
+			inPeriod, onDay = held[p], held[k]
+		}
+		if onDay {
 			continue
 		}
 		a.news[i].counted = true
 		counts[countKey{k.customer, k.meter, k.period, k.day}]++
-		if p := (memberKey{k.customer, k.meter, k.period, 0, k.member}); !held[p] {
-			held[p] = true // once in its period, whatever its new days in the batch
-			counts[countKey{k.customer, k.meter, k.period, 0}]++
+		// The period's row is written whenever one of its member days
+		// is new (adding 0 when the member was already counted in the
+		// period): its xmin then names the last transaction that changed
+		// the period's counted readings (unique_cache.go).
+		pc := countKey{k.customer, k.meter, k.period, 0}
+		counts[pc] += 0
+		if !inPeriod && !newInPeriod[p] {
+			newInPeriod[p] = true // once in its period, whatever its new days in the batch
+			counts[pc]++
+		}
+		if s != nil {
+			added[pk] = append(added[pk], memberDay{k.member, k.day})
 		}
 	}
 	if len(counts) == 0 {
 		return nil
 	}
-	n = len(counts)
-	cs, ms = make([]string, 0, n), make([]string, 0, n)
+	n := len(counts)
+	cs, ms := make([]string, 0, n), make([]string, 0, n)
 	ps, ds := make([]time.Time, 0, n), make([]time.Time, 0, n)
 	perDay, members := make([]bool, 0, n), make([]int64, 0, n)
 	for k, v := range counts {
@@ -361,8 +382,83 @@ func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) erro
 		}
 	}
 	b.Queue(qAddUniqueCounts, pgx.StrictNamedArgs{"customer": cs, "meter": ms, "period_start": ps, "per_day": perDay,
-		"day": ds, "members": members})
+		"day": ds, "members": members}).Query(func(rows pgx.Rows) error {
+		var c, m string
+		var period time.Time
+		var day bool
+		var v countVersion
+		_, err := pgx.ForEachRow(rows, []any{&c, &m, &period, &day, &v.xmin, &v.members}, func() error {
+			if pk := (cmpKey{c, m, period.UnixMicro()}); !day && sets[pk] != nil {
+				a.cache.counted(pk, sets[pk], v, added[pk])
+			}
+			return nil
+		})
+		return err
+	})
 	return nil
+}
+
+// countVersions reads the period rows of unique_counts of keys: the
+// periods with a row, and its version.
+func countVersions(ctx context.Context, tx pgx.Tx, keys []cmpKey) (map[cmpKey]countVersion, error) {
+	cs, ms, ps := make([]string, len(keys)), make([]string, len(keys)), make([]time.Time, len(keys))
+	for i, k := range keys {
+		cs[i], ms[i], ps[i] = k.customer, k.meter, time.UnixMicro(k.period).UTC()
+	}
+	rows, err := tx.Query(ctx, qUniqueCountVersions, cs, ms, ps)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: unique counts: %w", err)
+	}
+	out := map[cmpKey]countVersion{}
+	var c, m string
+	var period time.Time
+	var v countVersion
+	_, err = pgx.ForEachRow(rows, []any{&c, &m, &period, &v.xmin, &v.members}, func() error {
+		out[cmpKey{c, m, period.UnixMicro()}] = v
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ledger: unique counts: %w", err)
+	}
+	return out, nil
+}
+
+// lookUpMembers looks the batch's members of the periods not in exact up
+// among the counted readings of their periods: the member days, and the
+// members in their periods (day 0), already counted.
+func (a *uniqueApplier) lookUpMembers(ctx context.Context, tx pgx.Tx, exact map[cmpKey]*memberSet) (map[memberKey]bool, error) {
+	held := map[memberKey]bool{}
+	var cs, ms, mem []string
+	var periods []time.Time
+	seenP := map[int64]bool{}
+	for k := range a.members {
+		if exact[cmpKey{k.customer, k.meter, k.period}] != nil {
+			continue
+		}
+		cs, ms, mem = append(cs, k.customer), append(ms, k.meter), append(mem, k.member)
+		if !seenP[k.period] {
+			seenP[k.period] = true
+			periods = append(periods, time.UnixMicro(k.period).UTC())
+		}
+	}
+	if len(cs) == 0 {
+		return held, nil
+	}
+	rows, err := tx.Query(ctx, qCountedMembers, cs, ms, mem, periods)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: unique members: %w", err)
+	}
+	var c, m, member string
+	var period, day time.Time
+	_, err = pgx.ForEachRow(rows, []any{&c, &m, &member, &period, &day}, func() error {
+		held[memberKey{c, m, period.UnixMicro(), day.UnixMicro(), member}] = true
+		held[memberKey{c, m, period.UnixMicro(), 0, member}] = true
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ledger: unique members: %w", err)
+	}
+	return held, nil
 }
 
 // uniqueColumns are the columns of qCopyUniqueReadings, in order.

@@ -75,7 +75,7 @@ func checkUniqueSchedule(rt *rapid.T, f *fixture, ns string) {
 	deliver := func() {
 		for rs := sched; len(rs) > 0; {
 			n := min(len(rs), rapid.IntRange(1, 7).Draw(rt, "batch"))
-			for i, o := range f.apply(rs[:n]...) {
+			for i, o := range f.applyUniques(rs[:n]) {
 				if o.Kind != ledger.Applied && o.Kind != ledger.LateFill && o.Kind != ledger.Duplicate {
 					rt.Fatalf("sighting %+v: %s %s", rs[i], o.Kind, o.Detail)
 				}

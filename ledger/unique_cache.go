@@ -1,0 +1,166 @@
+package ledger
+
+import (
+	"sync"
+)
+
+// A Ledger remembers the members it counted in a customer's period of a
+// unique meter, so that a micro-batch whose members are all known, or all
+// new, does not look them up in unique_readings (an index probe per
+// member, the larger part of what a unique reading costs beyond a
+// counter's record). What it remembers is only a hint, checked in every
+// transaction against the period's row of unique_counts:
+//
+//   - every transaction that counts a member or a member day in a period
+//     writes that period's row (adding 0 members when only a day is new),
+//     so the row's xmin names the last transaction that changed the
+//     period's counted readings, and its members how many there are;
+//   - a set is used only when the row, read under locks.UniqueMembers
+//     (which every writer of the period's readings holds until it
+//     commits), carries the xmin and the members the set was left with:
+//     no other transaction, of this process or another, changed the
+//     period since. A transaction that rolled back leaves the row as it
+//     was before it and so never matches what the set recorded from it;
+//   - a period without a row has no counted readings: its set starts
+//     empty, and exact.
+//
+// Any other case (another writer, a rollback, a process that started
+// after the period's first member, a set evicted for room) looks the
+// batch's members up in the database, as if nothing were remembered, and
+// forgets the set until the period's next row-less start: what is
+// remembered never decides a count on its own.
+//
+// Memory is bounded by the member days held (memberCacheLimit); past it,
+// whole sets are dropped.
+
+// memberCacheLimit is the default bound on member days remembered, about
+// 100 bytes each.
+const memberCacheLimit = 1_000_000
+
+// periodKey with its meter.
+type cmpKey struct {
+	customer, meter string
+	period          int64 // unix micro
+}
+
+// countVersion is what a period's unique_counts row said when a set was
+// last known exact: the xmin of its latest version and its members.
+type countVersion struct {
+	xmin, members int64
+}
+
+type memberSet struct {
+	version countVersion
+	first   map[string]int64       // member → the first bucket day it is counted in (unix micro)
+	more    map[memberDay]struct{} // the member's other days
+	size    int                    // member days
+}
+
+func newMemberSet() *memberSet {
+	return &memberSet{first: map[string]int64{}, more: map[memberDay]struct{}{}}
+}
+
+type memberCache struct {
+	mu    sync.Mutex
+	limit int
+	size  int
+	sets  map[cmpKey]*memberSet
+}
+
+func newMemberCache(limit int) *memberCache {
+	return &memberCache{limit: limit, sets: map[cmpKey]*memberSet{}}
+}
+
+// exact returns the sets of keys that are exact given the current rows of
+// unique_counts (rows: the keys whose period row exists), creating empty
+// ones for keys without a row, and forgets the others. The caller holds
+// locks.UniqueMembers for every key's customer and meter.
+func (c *memberCache) exact(keys []cmpKey, rows map[cmpKey]countVersion) map[cmpKey]*memberSet {
+	out := make(map[cmpKey]*memberSet, len(keys))
+	if c.limit <= 0 {
+		return out
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, k := range keys {
+		row, ok := rows[k]
+		s := c.sets[k]
+		switch {
+		case !ok:
+			c.drop(k)
+			out[k] = newMemberSet()
+		case s != nil && s.version == row:
+			out[k] = s
+		default:
+			c.drop(k)
+		}
+	}
+	return out
+}
+
+// held reports whether member was counted in s's period (inPeriod) and on
+// day. The caller holds c.mu (sets are handed from one transaction to the
+// next through it).
+func (s *memberSet) held(member string, day int64) (inPeriod, onDay bool) {
+	first, ok := s.first[member]
+	switch {
+	case !ok:
+		return false, false
+	case first == day:
+		return true, true
+	}
+	_, onDay = s.more[memberDay{member, day}]
+	return true, onDay
+}
+
+// counted records, once the period's row was written at version v, the
+// member days the transaction counted in s, and keeps s for k.
+func (c *memberCache) counted(k cmpKey, s *memberSet, v countVersion, added []memberDay) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if old := c.sets[k]; old != nil && old != s {
+		c.drop(k)
+	}
+	if c.sets[k] == nil {
+		c.size += s.size
+	}
+	for _, m := range added {
+		if _, ok := s.first[m.member]; ok {
+			s.more[m] = struct{}{}
+		} else {
+			s.first[m.member] = m.day
+		}
+	}
+	s.size += len(added)
+	c.size += len(added)
+	s.version = v
+	c.sets[k] = s
+	if c.size <= c.limit {
+		return
+	}
+	// Past the bound: drop sets (the one just written last) until a
+	// quarter of the room is free.
+	for other := range c.sets {
+		if c.size <= c.limit*3/4 {
+			break
+		}
+		if other != k {
+			c.drop(other)
+		}
+	}
+	if c.size > c.limit {
+		c.drop(k)
+	}
+}
+
+func (c *memberCache) drop(k cmpKey) {
+	if s := c.sets[k]; s != nil {
+		c.size -= s.size
+		delete(c.sets, k)
+	}
+}
+
+type memberDay struct {
+	member string
+	day    int64
+}

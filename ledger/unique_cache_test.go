@@ -1,0 +1,186 @@
+package ledger_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"pgregory.net/rapid"
+
+	"github.com/tally-ledger/tally/ledger"
+)
+
+// A Ledger remembers the members it counted in a period, and checks what
+// it remembers against unique_counts in every transaction. These tests
+// change the period behind its back: another Ledger (another process)
+// counts a member, and a transaction of its own rolls back after it
+// counted one.
+
+// twoWriters is a fixture with a unique meter "mau", and another
+// process's Ledger on its database.
+func twoWriters(t *testing.T) (*fixture, *ledger.Ledger) {
+	f := newFixture(t)
+	if err := f.declare("mau", ledger.Unique); err != nil {
+		t.Fatal(err)
+	}
+	return f, secondLedger(t, f)
+}
+
+// secondLedger is another process's Ledger on f's database.
+func secondLedger(t testing.TB, f *fixture) *ledger.Ledger {
+	t.Helper()
+	l, err := ledger.New(ledger.Config{Clock: func() time.Time { return f.now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// fataler is what applyWith needs of a test (testing.TB or *rapid.T).
+type fataler interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+}
+
+// applyWith applies recs with l in one transaction, committed or rolled
+// back.
+func applyWith(t fataler, f *fixture, l *ledger.Ledger, commit bool, recs ...ledger.Record) []ledger.Outcome {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	out, err := l.Apply(ctx, tx, recs)
+	if err != nil {
+		t.Fatalf("apply: %v", err)
+	}
+	if commit {
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return out
+}
+
+func (f *fixture) uniqueCounts() string {
+	f.t.Helper()
+	return f.scalar(`SELECT string_agg(per_day || ':' || members, ' ' ORDER BY per_day) FROM unique_counts`)
+}
+
+// TestMembersCountedElsewhereAreSeen: a member counted by another Ledger
+// after this one last wrote the period is not counted again when this
+// one sees it.
+func TestMembersCountedElsewhereAreSeen(t *testing.T) {
+	f, other := twoWriters(t)
+	s1 := recBuilder{"gw-1", 1, "acme", "mau"}
+	s2 := recBuilder{"gw-2", 1, "acme", "mau"}
+	f.apply(s1.member(1, "bob", nov))
+	applyWith(t, f, other, true, s2.member(1, "ann", nov.Add(time.Hour)))
+	f.apply(s1.member(2, "ann", nov.Add(2*time.Hour)), s1.member(3, "bob", nov.Add(3*time.Hour)))
+	if got := f.uniqueCounts(); got != "false:2 true:2" {
+		t.Fatalf("counts (per_day:members) = %s, want bob and ann once in the period and the day", got)
+	}
+}
+
+// TestRolledBackMembersAreForgotten: a Ledger counted ann in a
+// transaction that rolled back, and another Ledger then counted carl, so
+// the period holds as many members as the first Ledger's rolled-back
+// transaction left it believing. Ann, seen again, is counted.
+func TestRolledBackMembersAreForgotten(t *testing.T) {
+	f, other := twoWriters(t)
+	s1 := recBuilder{"gw-1", 1, "acme", "mau"}
+	s2 := recBuilder{"gw-2", 1, "acme", "mau"}
+	f.apply(s1.member(1, "bob", nov))
+	if out := applyWith(t, f, f.l, false, s1.member(2, "ann", nov.Add(time.Hour))); kinds(out) != "applied" {
+		t.Fatalf("rolled back: %s", kinds(out))
+	}
+	applyWith(t, f, other, true, s2.member(1, "carl", nov.Add(time.Hour)))
+	if out := f.apply(s1.member(2, "ann", nov.Add(2*time.Hour))); kinds(out) != "applied" {
+		t.Fatalf("again: %s", kinds(out))
+	}
+	if got := f.uniqueCounts(); got != "false:3 true:3" {
+		t.Fatalf("counts (per_day:members) = %s, want bob, carl and ann", got)
+	}
+	if got := f.scalar(`SELECT count(*) FILTER (WHERE counted)::text FROM unique_readings`); got != "3" {
+		t.Fatalf("counted readings = %s, want 3", got)
+	}
+}
+
+// TestPropertyUniqueCountsManyWriters is TestPropertyUniqueCounts with
+// every micro-batch applied by one of two Ledgers, each with room for a
+// few member days only, and some micro-batches applied once in a
+// transaction that rolls back before they are applied for good.
+func TestPropertyUniqueCountsManyWriters(t *testing.T) {
+	f := newFixture(t)
+	if err := f.declare("mau", ledger.Unique); err != nil {
+		t.Fatal(err)
+	}
+	var ls []*ledger.Ledger
+	for _, days := range []int{0, 5} {
+		l, err := ledger.New(ledger.Config{Clock: func() time.Time { return f.now }, UniqueMemberDays: days})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+	}
+	iteration := 0
+	rapid.Check(t, func(rt *rapid.T) {
+		iteration++
+		f.applyBatch = func(recs []ledger.Record) []ledger.Outcome {
+			l := rapid.SampledFrom(ls).Draw(rt, "ledger")
+			if rapid.IntRange(0, 3).Draw(rt, "rollback") == 0 {
+				applyWith(rt, f, rapid.SampledFrom(ls).Draw(rt, "rolled back by"), false, recs...)
+			}
+			return applyWith(rt, f, l, true, recs...)
+		}
+		defer func() { f.applyBatch = nil }()
+		checkUniqueSchedule(rt, f, fmt.Sprintf("w%d", iteration))
+	})
+}
+
+// TestConcurrentWritersOfOnePeriod: two Ledgers count members of one
+// period at once, each on its own streams, in many small transactions;
+// the counts are the distinct members.
+func TestConcurrentWritersOfOnePeriod(t *testing.T) {
+	f := newFixture(t)
+	if err := f.declare("mau", ledger.Unique); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	ls := []*ledger.Ledger{f.l, secondLedger(t, f)}
+	errs := make(chan error, len(ls))
+	for w, l := range ls {
+		go func() {
+			b := recBuilder{fmt.Sprintf("gw-%d", w), 1, "acme", "mau"}
+			for seq := int64(1); seq <= 60; seq++ {
+				m := seq % 40 // the writers go over the members in opposite orders
+				if w == 1 {
+					m = 39 - m
+				}
+				r := b.member(seq, fmt.Sprintf("user-%d", m), nov.Add(time.Duration(seq)*time.Minute))
+				if err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+					_, err := l.Apply(ctx, tx, []ledger.Record{r})
+					return err
+				}); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range ls {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	want := f.scalar(`SELECT count(DISTINCT member)::text FROM unique_readings`)
+	if got := f.uniqueCounts(); got != "false:"+want+" true:"+want {
+		t.Fatalf("counts (per_day:members) = %s, want %s distinct members in the period and the day", got, want)
+	}
+}
