@@ -228,16 +228,30 @@ JOIN unique_readings r USING (stream_id, seq)`
 		`final, late_fill, ingested_at, period_start, day, counted) FROM STDIN BINARY`
 
 	// The counted readings (the first of each member and day) of the
-	// members ($1 customers, $2 meters, $3 members, pairwise) in periods
-	// $4: one index scan of unique_readings_members over the members'
-	// hashes, at most a row per member and day. A row is another member's
-	// when hashes collide: the caller keys what it finds by the row's
-	// customer, meter and member.
+	// members ($1 customers, $2 meters, $3 members, $4 periods,
+	// pairwise): a descent of unique_readings_counted per member (the
+	// subquery is kept apart so that it stays one), at most a row per
+	// member and day. A row is another member's when hashes collide: the
+	// caller keys what it finds by the row's customer, meter and member.
 	qCountedMembers = `
-SELECT r.customer, r.meter, r.member, r.period_start, r.day FROM unique_readings r
-WHERE r.member_key = ANY(ARRAY(SELECT hashtextextended(k.c || '/' || k.m || '/' || k.member, 0)
-                               FROM unnest($1::text[], $2::text[], $3::text[]) AS k(c, m, member)))
-  AND r.period_start = ANY($4::timestamptz[]) AND r.counted`
+SELECT r.customer, r.meter, r.member, r.period_start, r.day
+FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[]) AS k(c, m, member, p)
+CROSS JOIN LATERAL (
+  SELECT * FROM unique_readings r
+  WHERE hashtextextended(r.customer || '/' || r.meter, 0) = hashtextextended(k.c || '/' || k.m, 0)
+    AND r.period_start = k.p AND r.member_key = hashtextextended(k.c || '/' || k.m || '/' || k.member, 0) AND r.counted
+  OFFSET 0) r`
+
+	// The counted readings of whole periods ($1 customers, $2 meters, $3
+	// periods, pairwise): a range of unique_readings_counted each.
+	qCountedInPeriods = `
+SELECT k.c, k.m, k.p, r.member, r.day
+FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS k(c, m, p)
+CROSS JOIN LATERAL (
+  SELECT r.member, r.day FROM unique_readings r
+  WHERE hashtextextended(r.customer || '/' || r.meter, 0) = hashtextextended(k.c || '/' || k.m, 0)
+    AND r.period_start = k.p AND r.counted AND r.customer = k.c AND r.meter = k.m
+  OFFSET 0) r`
 
 	qAddUniqueCounts = `
 INSERT INTO unique_counts AS c (customer, meter, period_start, per_day, day, members)

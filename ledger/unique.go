@@ -23,11 +23,13 @@ import (
 // counts once in that period and once in that bucket day (see DayBucket).
 // A reading carries both, and the first reading written for a member and
 // day is its "counted" one: under locks.UniqueMembers, the batch's
-// members are looked up among the counted readings of their periods (one
-// index scan per micro-batch, qCountedMembers: at most a row per member
-// and day, however often the member was seen), the counts grow by the
-// members and member days none held, and the batch's readings go in with
-// one binary COPY, the first of each new member day counted.
+// members are found among the counted readings of their periods — in
+// what the Ledger remembers of the period when unique_counts says it is
+// exact (unique_cache.go), else by one index descent per member
+// (qCountedMembers: at most a row per member and day, however often the
+// member was seen) — the counts grow by the members and member days none
+// held, and the batch's readings go in with one binary COPY, the first of
+// each new member day counted.
 // Streams, seqs and operation ids follow the counters' rules (a seq below
 // the stream's last is a late fill: nothing was billed for it, so it only
 // counts its member).
@@ -319,6 +321,9 @@ func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) erro
 			return err
 		}
 		sets = a.cache.exact(keys, rows)
+		if err := a.loadMembers(ctx, tx, keys, rows, sets); err != nil {
+			return err
+		}
 	}
 	held, err := a.lookUpMembers(ctx, tx, sets)
 	if err != nil {
@@ -423,28 +428,63 @@ func countVersions(ctx context.Context, tx pgx.Tx, keys []cmpKey) (map[cmpKey]co
 	return out, nil
 }
 
+// loadMembers reads the counted readings of the periods of keys that have
+// some (rows) but no exact set, when they fit in half the cache's bound,
+// and adds what it read to sets and to the cache.
+func (a *uniqueApplier) loadMembers(ctx context.Context, tx pgx.Tx, keys []cmpKey, rows map[cmpKey]countVersion, sets map[cmpKey]*memberSet) error {
+	var cs, ms []string
+	var ps []time.Time
+	loaded := map[cmpKey]*memberSet{}
+	for _, k := range keys {
+		if v, ok := rows[k]; ok && sets[k] == nil && v.members <= int64(a.cache.limit/2) {
+			cs, ms, ps = append(cs, k.customer), append(ms, k.meter), append(ps, time.UnixMicro(k.period).UTC())
+			loaded[k] = newMemberSet()
+			loaded[k].version = v
+		}
+	}
+	if len(cs) == 0 {
+		return nil
+	}
+	got, err := tx.Query(ctx, qCountedInPeriods, cs, ms, ps)
+	if err != nil {
+		return fmt.Errorf("ledger: unique members of periods: %w", err)
+	}
+	var c, m, member string
+	var period, day time.Time
+	_, err = pgx.ForEachRow(got, []any{&c, &m, &period, &member, &day}, func() error {
+		loaded[cmpKey{c, m, period.UnixMicro()}].add(memberDay{member, day.UnixMicro()})
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("ledger: unique members of periods: %w", err)
+	}
+	for k, s := range loaded {
+		sets[k] = s
+		a.cache.loaded(k, s)
+	}
+	return nil
+}
+
 // lookUpMembers looks the batch's members of the periods not in exact up
 // among the counted readings of their periods: the member days, and the
 // members in their periods (day 0), already counted.
 func (a *uniqueApplier) lookUpMembers(ctx context.Context, tx pgx.Tx, exact map[cmpKey]*memberSet) (map[memberKey]bool, error) {
 	held := map[memberKey]bool{}
 	var cs, ms, mem []string
-	var periods []time.Time
-	seenP := map[int64]bool{}
+	var ps []time.Time
 	for k := range a.members {
-		if exact[cmpKey{k.customer, k.meter, k.period}] != nil {
+		p := memberKey{k.customer, k.meter, k.period, 0, k.member}
+		if _, asked := held[p]; asked || exact[cmpKey{k.customer, k.meter, k.period}] != nil {
 			continue
 		}
+		held[p] = false // asked once, whatever its days in the batch
 		cs, ms, mem = append(cs, k.customer), append(ms, k.meter), append(mem, k.member)
-		if !seenP[k.period] {
-			seenP[k.period] = true
-			periods = append(periods, time.UnixMicro(k.period).UTC())
-		}
+		ps = append(ps, time.UnixMicro(k.period).UTC())
 	}
 	if len(cs) == 0 {
 		return held, nil
 	}
-	rows, err := tx.Query(ctx, qCountedMembers, cs, ms, mem, periods)
+	rows, err := tx.Query(ctx, qCountedMembers, cs, ms, mem, ps)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: unique members: %w", err)
 	}

@@ -25,10 +25,12 @@ import (
 //     empty, and exact.
 //
 // Any other case (another writer, a rollback, a process that started
-// after the period's first member, a set evicted for room) looks the
-// batch's members up in the database, as if nothing were remembered, and
-// forgets the set until the period's next row-less start: what is
-// remembered never decides a count on its own.
+// after the period's first member, a set evicted for room) forgets the
+// set and reads the period's counted readings whole, in one range of
+// unique_readings_counted (at most a row per member and day), when they
+// fit in half the bound; else the batch's members are looked up one by
+// one, as if nothing were remembered. What is remembered never decides a
+// count on its own.
 //
 // Memory is bounded by the member days held (memberCacheLimit); past it,
 // whole sets are dropped.
@@ -118,28 +120,31 @@ func (s *memberSet) held(member string, day int64) (inPeriod, onDay bool) {
 func (c *memberCache) counted(k cmpKey, s *memberSet, v countVersion, added []memberDay) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if old := c.sets[k]; old != nil && old != s {
-		c.drop(k)
-	}
-	if c.sets[k] == nil {
-		c.size += s.size
-	}
+	c.drop(k)
 	for _, m := range added {
-		if _, ok := s.first[m.member]; ok {
-			s.more[m] = struct{}{}
-		} else {
-			s.first[m.member] = m.day
-		}
+		s.add(m)
 	}
-	s.size += len(added)
-	c.size += len(added)
 	s.version = v
+	c.keep(k, s)
+}
+
+// loaded keeps s, read whole from the database, for k.
+func (c *memberCache) loaded(k cmpKey, s *memberSet) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.drop(k)
+	c.keep(k, s)
+}
+
+// keep holds s for k, within the bound: past it, other sets are dropped
+// until a quarter of the room is free, and s is not kept if it is larger
+// than the bound on its own. The caller holds c.mu and dropped k.
+func (c *memberCache) keep(k cmpKey, s *memberSet) {
 	c.sets[k] = s
+	c.size += s.size
 	if c.size <= c.limit {
 		return
 	}
-	// Past the bound: drop sets (the one just written last) until a
-	// quarter of the room is free.
 	for other := range c.sets {
 		if c.size <= c.limit*3/4 {
 			break
@@ -151,6 +156,15 @@ func (c *memberCache) counted(k cmpKey, s *memberSet, v countVersion, added []me
 	if c.size > c.limit {
 		c.drop(k)
 	}
+}
+
+func (s *memberSet) add(m memberDay) {
+	if _, ok := s.first[m.member]; ok {
+		s.more[m] = struct{}{}
+	} else {
+		s.first[m.member] = m.day
+	}
+	s.size++
 }
 
 func (c *memberCache) drop(k cmpKey) {

@@ -112,16 +112,17 @@ func TestRolledBackMembersAreForgotten(t *testing.T) {
 }
 
 // TestPropertyUniqueCountsManyWriters is TestPropertyUniqueCounts with
-// every micro-batch applied by one of two Ledgers, each with room for a
-// few member days only, and some micro-batches applied once in a
-// transaction that rolls back before they are applied for good.
+// every micro-batch applied by one of three Ledgers (one with the default
+// room for member days, one with room for a few, one that remembers
+// none), and some micro-batches applied once in a transaction that rolls
+// back before they are applied for good.
 func TestPropertyUniqueCountsManyWriters(t *testing.T) {
 	f := newFixture(t)
 	if err := f.declare("mau", ledger.Unique); err != nil {
 		t.Fatal(err)
 	}
 	var ls []*ledger.Ledger
-	for _, days := range []int{0, 5} {
+	for _, days := range []int{0, 5, -1} {
 		l, err := ledger.New(ledger.Config{Clock: func() time.Time { return f.now }, UniqueMemberDays: days})
 		if err != nil {
 			t.Fatal(err)
