@@ -100,7 +100,6 @@ type gaugeApplier struct {
 	// prior-period adjustments).
 	opOf             map[cmKey]uuid.UUID
 	gaugeAdjustments []gaugeAdjustment
-	inserted         int // readings the insert inserted (fewer: an operation id was taken)
 	newest           map[sibKey]int64
 	siblings         map[sibKey][]*gaugeStream
 }

@@ -2,8 +2,8 @@ package ledger
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
-	"github.com/tally-ledger/tally/internal/pguuid"
 	"sort"
 	"time"
 
@@ -11,6 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/internal/pguuid"
 )
 
 // dayRow is one gauge bucket (a row of gauge_days): enough to answer its
@@ -165,25 +167,45 @@ func (a *gaugeApplier) write(ctx context.Context, tx pgx.Tx) error {
 	a.queueConflicts(b)
 	a.queueFindings(b)
 	if b.Len() == 0 {
-		return nil
+		return a.copyReadings(ctx, tx)
 	}
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("ledger: gauge write: %w", err)
 	}
-	if a.inserted != len(a.readings) {
-		return errOperationTaken
-	}
-	return nil
+	return a.copyReadings(ctx, tx)
 }
 
-// countInserted counts the rows an INSERT ... RETURNING returned.
-func countInserted(n *int) func(pgx.Rows) error {
-	return func(rows pgx.Rows) error {
-		for rows.Next() {
-			*n++
-		}
-		return rows.Err()
+// gaugeColumns are the columns of qCopyGaugeReadings, in order.
+var gaugeColumns = []string{"stream_id", "seq", "operation_id", "customer", "meter", "level", "occurred_at", "final",
+	"late_fill", "ingested_at"}
+
+// copyReadings writes the new readings with one binary COPY, as
+// copyRecords does the counters' records.
+func (a *gaugeApplier) copyReadings(ctx context.Context, tx pgx.Tx) error {
+	if len(a.readings) == 0 {
+		return nil
 	}
+	buf := make([]byte, 0, len(copyHeader)+len(a.readings)*128+2)
+	buf = append(buf, copyHeader...)
+	var err error
+	for _, g := range a.readings {
+		r := g.r
+		buf = binary.BigEndian.AppendUint16(buf, uint16(len(gaugeColumns)))
+		buf = appendInt8Field(buf, g.streamID)
+		buf = appendInt8Field(buf, r.Seq)
+		buf = appendField(buf, r.OperationID[:])
+		buf = appendTextField(buf, r.Stream.Customer)
+		buf = appendTextField(buf, r.Stream.Meter)
+		if buf, err = appendNumericField(buf, r.Level); err != nil {
+			return fmt.Errorf("ledger: write gauge readings: %w", err)
+		}
+		buf = appendTimeField(buf, r.OccurredAt)
+		buf = appendBoolField(buf, r.Final)
+		buf = appendBoolField(buf, g.late)
+		buf = appendTimeField(buf, a.now)
+	}
+	buf = binary.BigEndian.AppendUint16(buf, 0xffff)
+	return a.copyNew(ctx, tx, "gauge_readings", gaugeColumns, qCopyGaugeReadings, buf, len(a.readings))
 }
 
 // loadDays reads the buckets each gauge's new points fall in or cover,
@@ -371,20 +393,6 @@ type gaugeAdjustment struct {
 }
 
 func (a *gaugeApplier) queueGaugeWrites(b *pgx.Batch, works []*gaugeWork) {
-	if n := len(a.readings); n > 0 {
-		sid, seq := make([]int64, n), make([]int64, n)
-		ops := make([]pgtype.UUID, n)
-		cs, ms, lv := make([]string, n), make([]string, n), make([]string, n)
-		at := make([]time.Time, n)
-		fin, late := make([]bool, n), make([]bool, n)
-		for j, g := range a.readings {
-			sid[j], seq[j], ops[j] = g.streamID, g.r.Seq, pguuid.Of(g.r.OperationID)
-			cs[j], ms[j], lv[j], at[j] = g.r.Stream.Customer, g.r.Stream.Meter, g.r.Level.String(), g.r.OccurredAt
-			fin[j], late[j] = g.r.Final, g.late
-		}
-		b.Queue(qInsertGaugeReadings, pgx.StrictNamedArgs{"stream_id": sid, "seq": seq, "operation_id": ops, "customer": cs,
-			"meter": ms, "level": lv, "occurred_at": at, "final": fin, "late_fill": late, "now": a.now}).Query(countInserted(&a.inserted))
-	}
 	var gs []*gaugeStream
 	for _, g := range a.gbyID {
 		if g.dirty && g.hasState {

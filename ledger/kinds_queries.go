@@ -123,14 +123,10 @@ FROM unnest($1::text[], $2::text[], $3::timestamptz[], $4::timestamptz[]) AS k(c
 JOIN gauge_points p ON p.customer = k.customer AND p.meter = k.meter AND p.at >= k.lo AND p.at < k.hi
 ORDER BY 1, 2, 3`
 
-	qInsertGaugeReadings = `
-INSERT INTO gauge_readings (stream_id, seq, operation_id, customer, meter, level, occurred_at, final, late_fill, ingested_at)
-SELECT stream_id, seq, operation_id, customer, meter, level::numeric, occurred_at, final, late_fill, @now
-FROM unnest(@stream_id::bigint[], @seq::bigint[], @operation_id::uuid[], @customer::text[], @meter::text[],
-            @level::text[], @occurred_at::timestamptz[], @final::boolean[], @late_fill::boolean[])
-  AS r(stream_id, seq, operation_id, customer, meter, level, occurred_at, final, late_fill)
-ON CONFLICT (operation_id) DO NOTHING
-RETURNING 1`
+	// The readings of a micro-batch, binary, in the columns' order of
+	// gaugeColumns (gauge_days.go encodes the rows).
+	qCopyGaugeReadings = `COPY gauge_readings (stream_id, seq, operation_id, customer, meter, level, occurred_at, ` +
+		`final, late_fill, ingested_at) FROM STDIN BINARY`
 
 	qUpsertGaugeStreams = `
 INSERT INTO gauge_streams AS g (stream_id, customer, meter, last_seq, last_level, last_at, first_at, ends_at)
