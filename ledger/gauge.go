@@ -245,26 +245,11 @@ func (a *gaugeApplier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 		})
 		return err
 	})
-	// The operation ids that could be recorded: those of records at or
-	// below their stream's last seq (every one with lookupAll).
-	n := len(valid)
-	ops, ps, es, cs, ms, seqs := make([]uuid.UUID, n), make([]string, n), make([]int64, n), make([]string, n), make([]string, n), make([]int64, n)
+	ops := make([]uuid.UUID, len(valid))
 	for j, i := range valid {
-		r := &a.recs[i]
-		ops[j], ps[j], es[j], cs[j], ms[j], seqs[j] = r.OperationID, r.Stream.Producer, r.Stream.Epoch, r.Stream.Customer, r.Stream.Meter, r.Seq
+		ops[j] = a.recs[i].OperationID
 	}
 	a.queueOtherKinds(b, ops, Gauge)
-	b.Queue(qGaugeByOperation, pguuid.Slice(ops), ps, es, cs, ms, seqs, a.lookupAll).Query(func(rows pgx.Rows) error {
-		var op pgtype.UUID
-		var s gaugeStored
-		_, err := pgx.ForEachRow(rows, []any{&op, &s.streamID, &s.seq, numericDst(&s.level), &s.at, &s.final}, func() error {
-			s.op = op.Bytes
-			s.at = s.at.UTC()
-			a.gops[op.Bytes] = s
-			return nil
-		})
-		return err
-	})
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return fmt.Errorf("ledger: gauge load: %w", err)
 	}
@@ -277,6 +262,32 @@ func (a *gaugeApplier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 		}
 		if _, err := a.gaugeOf(a.streams[k].id); err != nil {
 			return err
+		}
+	}
+	// The operation ids that could be recorded: those of records at or
+	// below their stream's last seq (every one with lookupAll), looked up
+	// only when there are some.
+	ops = ops[:0]
+	for _, i := range valid {
+		if r := &a.recs[i]; a.lookupAll || r.Seq <= a.streams[r.Stream].dbLastSeq {
+			ops = append(ops, r.OperationID)
+		}
+	}
+	if len(ops) > 0 {
+		b = &pgx.Batch{}
+		b.Queue(qGaugeByOperation, pguuid.Slice(ops)).Query(func(rows pgx.Rows) error {
+			var op pgtype.UUID
+			var s gaugeStored
+			_, err := pgx.ForEachRow(rows, []any{&op, &s.streamID, &s.seq, numericDst(&s.level), &s.at, &s.final}, func() error {
+				s.op = op.Bytes
+				s.at = s.at.UTC()
+				a.gops[op.Bytes] = s
+				return nil
+			})
+			return err
+		})
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return fmt.Errorf("ledger: gauge load: %w", err)
 		}
 	}
 

@@ -80,14 +80,11 @@ JOIN streams s ON s.producer = k.producer AND s.customer = k.customer AND s.mete
 JOIN gauge_streams g ON g.stream_id = s.id
 WHERE g.ends_at IS NULL OR g.ends_at > $5`
 
-	// The recorded readings under the batch's operation ids, of records at
-	// or below their stream's last seq ($7: all of them).
+	// The recorded readings under operation ids (the array hidden from
+	// the planner as in qRecordsByOperation).
 	qGaugeByOperation = `
-SELECT g.operation_id, g.stream_id, g.seq, g.level, g.occurred_at, g.final
-FROM unnest($1::uuid[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::bigint[]) AS k(op, producer, epoch, customer, meter, seq)
-JOIN streams s USING (producer, epoch, customer, meter)
-JOIN gauge_readings g ON g.operation_id = k.op
-WHERE $7::boolean OR k.seq <= s.last_seq`
+SELECT operation_id, stream_id, seq, level, occurred_at, final FROM gauge_readings
+WHERE operation_id = ANY(ARRAY(SELECT unnest($1::uuid[])))`
 
 	// The recorded reading at, just below and just above each seq.
 	qGaugeNeighbours = `
