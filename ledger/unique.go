@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"sort"
 	"time"
 
@@ -48,10 +49,17 @@ type uniqueStored struct {
 type uniqueApplier struct {
 	*applier
 	cache   *memberCache
+	buckets map[string]dayBucket // each customer's last bucket day: the next reading is likely in it too
 	uops    map[uuid.UUID]uniqueStored
-	members map[memberKey]int // the batch's member days: the first new reading's index in news
+	periods map[cmpKey]map[memberDay]int // the batch's member days by period: the first new reading's index in news
+	lastPK  cmpKey
+	lastP   map[memberDay]int // periods[lastPK]
 	news    []uniqueNew
 }
+
+// dayBucket is what DayBucket answered for an instant: the same for every
+// instant from start to end.
+type dayBucket struct{ start, end, period time.Time }
 
 // uniqueNew is a reading to write, with the period and bucket day it
 // counts in.
@@ -61,12 +69,6 @@ type uniqueNew struct {
 	late        bool
 	period, day time.Time
 	counted     bool // the first reading of its member and day
-}
-
-type memberKey struct {
-	customer, meter string
-	period, day     int64 // unix micro; day 0: the member in its period
-	member          string
 }
 
 // applyUniques is Apply for the records of unique meters; operation ids
@@ -90,7 +92,7 @@ func (l *Ledger) applyUniquesOnce(ctx context.Context, tx pgx.Tx, recs []Record,
 		streams: map[StreamKey]*stream{}, ops: map[uuid.UUID]stored{},
 		calendars: map[string]periods.Schedule{}, closed: map[periodKey]bool{}, rollups: map[rollupKey]decimal.Decimal{},
 		elsewhere: maps.Clone(earlier),
-	}, cache: l.members, uops: map[uuid.UUID]uniqueStored{}, members: map[memberKey]int{}}
+	}, cache: l.members, buckets: map[string]dayBucket{}, uops: map[uuid.UUID]uniqueStored{}, periods: map[cmpKey]map[memberDay]int{}}
 	valid := a.validateReadings()
 	if len(valid) == 0 {
 		return a.out, nil
@@ -235,14 +237,25 @@ func (a *uniqueApplier) apply(i int) error {
 	}
 	s.seen[r.Seq] = r.OperationID
 	a.uops[r.OperationID] = uniqueStored{streamID: s.id, seq: r.Seq, member: r.Member, at: r.OccurredAt, final: r.Final}
-	start, _, period, err := DayBucket(a.calendars[r.Stream.Customer], r.OccurredAt)
-	if err != nil {
-		return fmt.Errorf("ledger: customer %q: %w", r.Stream.Customer, err)
+	bk, ok := a.buckets[r.Stream.Customer]
+	if !ok || r.OccurredAt.Before(bk.start) || !r.OccurredAt.Before(bk.end) {
+		var err error
+		if bk.start, bk.end, bk.period, err = DayBucket(a.calendars[r.Stream.Customer], r.OccurredAt); err != nil {
+			return fmt.Errorf("ledger: customer %q: %w", r.Stream.Customer, err)
+		}
+		a.buckets[r.Stream.Customer] = bk
 	}
+	start, period := bk.start, bk.period
 	a.news = append(a.news, uniqueNew{r: r, streamID: s.id, late: late, period: period, day: start})
-	k := memberKey{r.Stream.Customer, r.Stream.Meter, period.UnixMicro(), start.UnixMicro(), r.Member}
-	if _, ok := a.members[k]; !ok {
-		a.members[k] = len(a.news) - 1
+	if pk := (cmpKey{r.Stream.Customer, r.Stream.Meter, period.UnixMicro()}); a.lastP == nil || pk != a.lastPK {
+		if a.periods[pk] == nil {
+			a.periods[pk] = map[memberDay]int{}
+		}
+		a.lastPK, a.lastP = pk, a.periods[pk]
+	}
+	md := memberDay{r.Member, start.UnixMicro()}
+	if _, ok := a.lastP[md]; !ok {
+		a.lastP[md] = len(a.news) - 1
 	}
 	if a.closed[periodKey{r.Stream.Customer, period.UnixMicro()}] {
 		sid, seq := s.id, r.Seq
@@ -303,17 +316,10 @@ func (a *uniqueApplier) write(ctx context.Context, tx pgx.Tx) error {
 // exact (unique_cache.go); the members of the other periods are looked up
 // among their counted readings.
 func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
-	if len(a.members) == 0 {
+	if len(a.periods) == 0 {
 		return nil
 	}
-	var keys []cmpKey
-	seenK := map[cmpKey]bool{}
-	for k := range a.members {
-		if pk := (cmpKey{k.customer, k.meter, k.period}); !seenK[pk] {
-			seenK[pk] = true
-			keys = append(keys, pk)
-		}
-	}
+	keys := slices.Collect(maps.Keys(a.periods))
 	sets := map[cmpKey]*memberSet{}
 	if a.cache.limit > 0 {
 		rows, err := countVersions(ctx, tx, keys)
@@ -325,7 +331,7 @@ func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) erro
 			return err
 		}
 	}
-	held, err := a.lookUpMembers(ctx, tx, sets)
+	found, err := a.lookUpMembers(ctx, tx, sets)
 	if err != nil {
 		return err
 	}
@@ -335,39 +341,45 @@ func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) erro
 	}
 	counts := map[countKey]int64{}
 	added := map[cmpKey][]memberDay{}
-	newInPeriod := map[memberKey]bool{}
 	if len(sets) > 0 {
 		a.cache.mu.Lock()
 		defer a.cache.mu.Unlock()
 	}
-	for k, i := range a.members {
-		pk := cmpKey{k.customer, k.meter, k.period}
-		p := memberKey{k.customer, k.meter, k.period, 0, k.member}
-		s := sets[pk]
-		var inPeriod, onDay bool
-		if s != nil {
-			inPeriod, onDay = s.held(k.member, k.day)
-		} else {
-			inPeriod, onDay = held[p], held[k]
+	for pk, days := range a.periods {
+		s, exact := sets[pk], true
+		if s == nil {
+			s, exact = found[pk], false
 		}
-		if onDay {
+		days0 := map[int64]int64{}
+		var newMembers map[string]bool
+		for md, i := range days {
+			inPeriod, onDay := s.held(md.member, md.day)
+			if onDay {
+				continue
+			}
+			a.news[i].counted = true
+			days0[md.day]++
+			if !inPeriod && !newMembers[md.member] {
+				if newMembers == nil {
+					newMembers = map[string]bool{}
+				}
+				newMembers[md.member] = true // once in its period, whatever its new days in the batch
+			}
+			if exact {
+				added[pk] = append(added[pk], md)
+			}
+		}
+		if len(days0) == 0 {
 			continue
 		}
-		a.news[i].counted = true
-		counts[countKey{k.customer, k.meter, k.period, k.day}]++
-		// The period's row is written whenever one of its member days
-		// is new (adding 0 when the member was already counted in the
+		for day, n := range days0 {
+			counts[countKey{pk.customer, pk.meter, pk.period, day}] = n
+		}
+		// The period's row is written whenever one of its member days is
+		// new (adding 0 when the member was already counted in the
 		// period): its xmin then names the last transaction that changed
 		// the period's counted readings (unique_cache.go).
-		pc := countKey{k.customer, k.meter, k.period, 0}
-		counts[pc] += 0
-		if !inPeriod && !newInPeriod[p] {
-			newInPeriod[p] = true // once in its period, whatever its new days in the batch
-			counts[pc]++
-		}
-		if s != nil {
-			added[pk] = append(added[pk], memberDay{k.member, k.day})
-		}
+		counts[countKey{pk.customer, pk.meter, pk.period, 0}] = int64(len(newMembers))
 	}
 	if len(counts) == 0 {
 		return nil
@@ -466,23 +478,29 @@ func (a *uniqueApplier) loadMembers(ctx context.Context, tx pgx.Tx, keys []cmpKe
 }
 
 // lookUpMembers looks the batch's members of the periods not in exact up
-// among the counted readings of their periods: the member days, and the
-// members in their periods (day 0), already counted.
-func (a *uniqueApplier) lookUpMembers(ctx context.Context, tx pgx.Tx, exact map[cmpKey]*memberSet) (map[memberKey]bool, error) {
-	held := map[memberKey]bool{}
+// among the counted readings of their periods: for each such period, a
+// set of the member days (and so of the members) already counted, among
+// the batch's members.
+func (a *uniqueApplier) lookUpMembers(ctx context.Context, tx pgx.Tx, exact map[cmpKey]*memberSet) (map[cmpKey]*memberSet, error) {
+	found := map[cmpKey]*memberSet{}
 	var cs, ms, mem []string
 	var ps []time.Time
-	for k := range a.members {
-		p := memberKey{k.customer, k.meter, k.period, 0, k.member}
-		if _, asked := held[p]; asked || exact[cmpKey{k.customer, k.meter, k.period}] != nil {
+	for pk, days := range a.periods {
+		if exact[pk] != nil {
 			continue
 		}
-		held[p] = false // asked once, whatever its days in the batch
-		cs, ms, mem = append(cs, k.customer), append(ms, k.meter), append(mem, k.member)
-		ps = append(ps, time.UnixMicro(k.period).UTC())
+		found[pk] = newMemberSet()
+		asked := map[string]bool{}
+		for md := range days {
+			if !asked[md.member] {
+				asked[md.member] = true // once, whatever its days in the batch
+				cs, ms, mem = append(cs, pk.customer), append(ms, pk.meter), append(mem, md.member)
+				ps = append(ps, time.UnixMicro(pk.period).UTC())
+			}
+		}
 	}
 	if len(cs) == 0 {
-		return held, nil
+		return found, nil
 	}
 	rows, err := tx.Query(ctx, qCountedMembers, cs, ms, mem, ps)
 	if err != nil {
@@ -491,14 +509,15 @@ func (a *uniqueApplier) lookUpMembers(ctx context.Context, tx pgx.Tx, exact map[
 	var c, m, member string
 	var period, day time.Time
 	_, err = pgx.ForEachRow(rows, []any{&c, &m, &member, &period, &day}, func() error {
-		held[memberKey{c, m, period.UnixMicro(), day.UnixMicro(), member}] = true
-		held[memberKey{c, m, period.UnixMicro(), 0, member}] = true
+		if s := found[cmpKey{c, m, period.UnixMicro()}]; s != nil {
+			s.add(memberDay{member, day.UnixMicro()})
+		}
 		return nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("ledger: unique members: %w", err)
 	}
-	return held, nil
+	return found, nil
 }
 
 // uniqueColumns are the columns of qCopyUniqueReadings, in order.
