@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/google/uuid"
 	pgxdecimal "github.com/jackc/pgx-shopspring-decimal"
 	"github.com/jackc/pgx/v5"
@@ -36,6 +38,9 @@ type Config struct {
 	// when it knows a period's members exactly (about 100 bytes each).
 	// 0: 1,000,000; negative: none, every member is looked up.
 	UniqueMemberDays int
+	// Registerer, when set, receives the ledger's metrics
+	// (tally_ledger_unique_*).
+	Registerer prometheus.Registerer
 }
 
 // Validate reports configuration problems (none today; kept for symmetry
@@ -69,6 +74,11 @@ func New(cfg Config) (*Ledger, error) {
 		limit = memberCacheLimit
 	}
 	l := &Ledger{now: cfg.Clock, log: cfg.Logger, members: newMemberCache(limit)}
+	if cfg.Registerer != nil {
+		if err := l.members.register(cfg.Registerer); err != nil {
+			return nil, err
+		}
+	}
 	if l.now == nil {
 		l.now = time.Now
 	}

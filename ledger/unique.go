@@ -327,10 +327,12 @@ func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) erro
 			return err
 		}
 		sets = a.cache.exact(keys, rows)
+		a.cache.periods.WithLabelValues("remembered").Add(float64(len(sets)))
 		if err := a.loadMembers(ctx, tx, keys, rows, sets); err != nil {
 			return err
 		}
 	}
+	a.cache.periods.WithLabelValues("looked_up").Add(float64(len(keys) - len(sets)))
 	found, err := a.lookUpMembers(ctx, tx, sets)
 	if err != nil {
 		return err
@@ -474,6 +476,7 @@ func (a *uniqueApplier) loadMembers(ctx context.Context, tx pgx.Tx, keys []cmpKe
 		sets[k] = s
 		a.cache.loaded(k, s)
 	}
+	a.cache.periods.WithLabelValues("read").Add(float64(len(loaded)))
 	return nil
 }
 

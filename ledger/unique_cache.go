@@ -2,6 +2,8 @@ package ledger
 
 import (
 	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // A Ledger remembers the members it counted in a customer's period of a
@@ -67,10 +69,40 @@ type memberCache struct {
 	limit int
 	size  int
 	sets  map[cmpKey]*memberSet
+	// periods counts the periods of micro-batches by how their members
+	// were found: remembered, read (the period's counted readings, whole)
+	// or looked_up (member by member).
+	periods *prometheus.CounterVec
 }
 
 func newMemberCache(limit int) *memberCache {
-	return &memberCache{limit: limit, sets: map[cmpKey]*memberSet{}}
+	c := &memberCache{limit: limit, sets: map[cmpKey]*memberSet{}}
+	c.periods = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "tally_ledger_unique_periods_total",
+		Help: "Periods of unique meters in micro-batches (rolled back ones too), by how their members were found: remembered (what this process counted, checked against unique_counts), read (the period's counted readings, whole: after a restart, a rebalance or another writer) or looked_up (member by member: the period is too large to remember).",
+	}, []string{"how"})
+	for _, how := range []string{"remembered", "read", "looked_up"} {
+		c.periods.WithLabelValues(how)
+	}
+	return c
+}
+
+// register adds the cache's metrics to reg.
+func (c *memberCache) register(reg prometheus.Registerer) error {
+	held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tally_ledger_unique_member_days",
+		Help: "Member days of unique meters this process remembers (bounded by ledger.Config.UniqueMemberDays).",
+	}, func() float64 {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return float64(c.size)
+	})
+	for _, m := range []prometheus.Collector{c.periods, held} {
+		if err := reg.Register(m); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // exact returns the sets of keys that are exact given the current rows of

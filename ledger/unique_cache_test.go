@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
 	"pgregory.net/rapid"
 
 	"github.com/tally-ledger/tally/ledger"
@@ -183,5 +184,53 @@ func TestConcurrentWritersOfOnePeriod(t *testing.T) {
 	want := f.scalar(`SELECT count(DISTINCT member)::text FROM unique_readings`)
 	if got := f.uniqueCounts(); got != "false:"+want+" true:"+want {
 		t.Fatalf("counts (per_day:members) = %s, want %s distinct members in the period and the day", got, want)
+	}
+}
+
+// TestUniqueMetricsSayHowMembersWereFound: a period is remembered from its
+// first member on, read whole once another Ledger wrote it, and looked up
+// member by member by a Ledger that remembers nothing.
+func TestUniqueMetricsSayHowMembersWereFound(t *testing.T) {
+	f, other := twoWriters(t)
+	reg := prometheus.NewRegistry()
+	l, err := ledger.New(ledger.Config{Clock: func() time.Time { return f.now }, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	none, err := ledger.New(ledger.Config{Clock: func() time.Time { return f.now }, UniqueMemberDays: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1 := recBuilder{"gw-1", 1, "acme", "mau"}
+	s2 := recBuilder{"gw-2", 1, "acme", "mau"}
+	s3 := recBuilder{"gw-3", 1, "acme", "mau"}
+	applyWith(t, f, l, true, s1.member(1, "bob", nov))
+	applyWith(t, f, l, true, s1.member(2, "ann", nov.Add(time.Hour)))
+	applyWith(t, f, other, true, s2.member(1, "carl", nov.Add(time.Hour)))
+	applyWith(t, f, l, true, s1.member(3, "carl", nov.Add(2*time.Hour)))
+	applyWith(t, f, none, true, s3.member(1, "dan", nov.Add(3*time.Hour)))
+	got := map[string]float64{}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			switch mf.GetName() {
+			case "tally_ledger_unique_periods_total":
+				got[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
+			case "tally_ledger_unique_member_days":
+				got["member days"] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	if got["member days"] != 3 {
+		t.Errorf("member days remembered = %v, want bob, ann and carl's", got["member days"])
+	}
+	if got["remembered"] != 2 || got["read"] != 1 || got["looked_up"] != 0 {
+		t.Errorf("periods by how = %v, want 2 remembered, 1 read (after the other Ledger wrote), none looked up", got)
+	}
+	if f.uniqueCounts() != "false:4 true:4" {
+		t.Errorf("counts (per_day:members) = %s, want bob, ann, carl and dan", f.uniqueCounts())
 	}
 }

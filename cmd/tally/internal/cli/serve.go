@@ -329,7 +329,7 @@ func run(ctx context.Context, o runOptions) error {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	l, err := ledger.New(ledger.Config{Logger: o.log})
+	l, err := ledger.New(ledger.Config{Logger: o.log, Registerer: reg})
 	if err != nil {
 		return err
 	}
