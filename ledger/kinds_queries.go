@@ -257,8 +257,11 @@ RETURNING customer, meter, period_start, per_day, xmin::text::bigint, members`
 	// The period rows of unique_counts ($1 customers, $2 meters, $3
 	// periods, pairwise): the version of what a Ledger remembers of
 	// each period (unique_cache.go).
+	// And the period's member days: what reading it whole would hold.
 	qUniqueCountVersions = `
-SELECT u.customer, u.meter, u.period_start, u.xmin::text::bigint, u.members
+SELECT u.customer, u.meter, u.period_start, u.xmin::text::bigint, u.members,
+       (SELECT coalesce(sum(d.members), 0) FROM unique_counts d
+        WHERE d.customer = u.customer AND d.meter = u.meter AND d.period_start = u.period_start AND d.per_day)
 FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS k(customer, meter, period_start)
 JOIN unique_counts u ON u.customer = k.customer AND u.meter = k.meter AND u.period_start = k.period_start
                     AND NOT u.per_day AND u.day = k.period_start`

@@ -322,13 +322,13 @@ func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) erro
 	keys := slices.Collect(maps.Keys(a.periods))
 	sets := map[cmpKey]*memberSet{}
 	if a.cache.limit > 0 {
-		rows, err := countVersions(ctx, tx, keys)
+		rows, memberDays, err := countVersions(ctx, tx, keys)
 		if err != nil {
 			return err
 		}
 		sets = a.cache.exact(keys, rows)
 		a.cache.periods.WithLabelValues("remembered").Add(float64(len(sets)))
-		if err := a.loadMembers(ctx, tx, keys, rows, sets); err != nil {
+		if err := a.loadMembers(ctx, tx, keys, rows, memberDays, sets); err != nil {
 			return err
 		}
 	}
@@ -418,39 +418,44 @@ func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) erro
 }
 
 // countVersions reads the period rows of unique_counts of keys: the
-// periods with a row, and its version.
-func countVersions(ctx context.Context, tx pgx.Tx, keys []cmpKey) (map[cmpKey]countVersion, error) {
+// periods with a row, its version, and the period's member days (what
+// reading it whole would hold).
+func countVersions(ctx context.Context, tx pgx.Tx, keys []cmpKey) (map[cmpKey]countVersion, map[cmpKey]int64, error) {
 	cs, ms, ps := make([]string, len(keys)), make([]string, len(keys)), make([]time.Time, len(keys))
 	for i, k := range keys {
 		cs[i], ms[i], ps[i] = k.customer, k.meter, time.UnixMicro(k.period).UTC()
 	}
 	rows, err := tx.Query(ctx, qUniqueCountVersions, cs, ms, ps)
 	if err != nil {
-		return nil, fmt.Errorf("ledger: unique counts: %w", err)
+		return nil, nil, fmt.Errorf("ledger: unique counts: %w", err)
 	}
-	out := map[cmpKey]countVersion{}
+	versions, memberDays := map[cmpKey]countVersion{}, map[cmpKey]int64{}
 	var c, m string
 	var period time.Time
 	var v countVersion
-	_, err = pgx.ForEachRow(rows, []any{&c, &m, &period, &v.xmin, &v.members}, func() error {
-		out[cmpKey{c, m, period.UnixMicro()}] = v
+	var n int64
+	_, err = pgx.ForEachRow(rows, []any{&c, &m, &period, &v.xmin, &v.members, &n}, func() error {
+		k := cmpKey{c, m, period.UnixMicro()}
+		versions[k], memberDays[k] = v, n
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("ledger: unique counts: %w", err)
+		return nil, nil, fmt.Errorf("ledger: unique counts: %w", err)
 	}
-	return out, nil
+	return versions, memberDays, nil
 }
 
 // loadMembers reads the counted readings of the periods of keys that have
-// some (rows) but no exact set, when they fit in half the cache's bound,
+// some (rows) but no exact set, when their member days fit in half the
+// cache's bound,
 // and adds what it read to sets and to the cache.
-func (a *uniqueApplier) loadMembers(ctx context.Context, tx pgx.Tx, keys []cmpKey, rows map[cmpKey]countVersion, sets map[cmpKey]*memberSet) error {
+func (a *uniqueApplier) loadMembers(ctx context.Context, tx pgx.Tx, keys []cmpKey, rows map[cmpKey]countVersion, memberDays map[cmpKey]int64,
+	sets map[cmpKey]*memberSet) error {
 	var cs, ms []string
 	var ps []time.Time
 	loaded := map[cmpKey]*memberSet{}
 	for _, k := range keys {
-		if v, ok := rows[k]; ok && sets[k] == nil && v.members <= int64(a.cache.limit/2) {
+		if v, ok := rows[k]; ok && sets[k] == nil && memberDays[k] > 0 && memberDays[k] <= int64(a.cache.limit/2) {
 			cs, ms, ps = append(cs, k.customer), append(ms, k.meter), append(ps, time.UnixMicro(k.period).UTC())
 			loaded[k] = newMemberSet()
 			loaded[k].version = v

@@ -209,11 +209,50 @@ func TestUniqueMetricsSayHowMembersWereFound(t *testing.T) {
 	applyWith(t, f, other, true, s2.member(1, "carl", nov.Add(time.Hour)))
 	applyWith(t, f, l, true, s1.member(3, "carl", nov.Add(2*time.Hour)))
 	applyWith(t, f, none, true, s3.member(1, "dan", nov.Add(3*time.Hour)))
-	got := map[string]float64{}
+	got := uniqueMetrics(t, reg)
+	if got["member days"] != 3 {
+		t.Errorf("member days remembered = %v, want bob, ann and carl's", got["member days"])
+	}
+	if got["remembered"] != 2 || got["read"] != 1 || got["looked_up"] != 0 {
+		t.Errorf("periods by how = %v, want 2 remembered, 1 read (after the other Ledger wrote), none looked up", got)
+	}
+	if f.uniqueCounts() != "false:4 true:4" {
+		t.Errorf("counts (per_day:members) = %s, want bob, ann, carl and dan", f.uniqueCounts())
+	}
+}
+
+// TestPeriodTooLargeToRememberIsLookedUp: a period another Ledger wrote,
+// with more member days than half this Ledger's bound, is not read whole:
+// its members are looked up one by one, and counted once.
+func TestPeriodTooLargeToRememberIsLookedUp(t *testing.T) {
+	f, other := twoWriters(t)
+	reg := prometheus.NewRegistry()
+	l, err := ledger.New(ledger.Config{Clock: func() time.Time { return f.now }, UniqueMemberDays: 4, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1 := recBuilder{"gw-1", 1, "acme", "mau"}
+	s2 := recBuilder{"gw-2", 1, "acme", "mau"}
+	applyWith(t, f, other, true, s2.member(1, "bob", nov), s2.member(2, "ann", nov), s2.member(3, "ann", nov.Add(24*time.Hour)))
+	applyWith(t, f, l, true, s1.member(1, "ann", nov.Add(25*time.Hour)), s1.member(2, "carl", nov.Add(25*time.Hour)))
+	got := uniqueMetrics(t, reg)
+	if got["looked_up"] != 1 || got["read"] != 0 {
+		t.Errorf("periods by how = %v, want the period of 3 member days looked up (bound 4)", got)
+	}
+	if want := "false:3 true:2 true:2"; f.uniqueCounts() != want {
+		t.Errorf("counts (per_day:members) = %s, want %s", f.uniqueCounts(), want)
+	}
+}
+
+// uniqueMetrics gathers the ledger's unique metrics from reg: the periods
+// by how ("remembered", "read", "looked_up") and "member days".
+func uniqueMetrics(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
+	got := map[string]float64{}
 	for _, mf := range mfs {
 		for _, m := range mf.GetMetric() {
 			switch mf.GetName() {
@@ -224,13 +263,5 @@ func TestUniqueMetricsSayHowMembersWereFound(t *testing.T) {
 			}
 		}
 	}
-	if got["member days"] != 3 {
-		t.Errorf("member days remembered = %v, want bob, ann and carl's", got["member days"])
-	}
-	if got["remembered"] != 2 || got["read"] != 1 || got["looked_up"] != 0 {
-		t.Errorf("periods by how = %v, want 2 remembered, 1 read (after the other Ledger wrote), none looked up", got)
-	}
-	if f.uniqueCounts() != "false:4 true:4" {
-		t.Errorf("counts (per_day:members) = %s, want bob, ann, carl and dan", f.uniqueCounts())
-	}
+	return got
 }
