@@ -375,7 +375,14 @@ func TestLateUsageIntoAClosedPeriodFiresNothingForIt(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.rule("daily", `{"subject":"customer:acme","meter":"calls","thresholds":[{"value":"10"}],"endpoints":["billing"]}`)
+	// Yesterday at this time of day, so that the evaluator, set a day
+	// back, sees it as now; but the test's usage goes up to two minutes
+	// later, which must still be yesterday: within five minutes of
+	// midnight, five minutes earlier.
 	yesterday := time.Now().UTC().AddDate(0, 0, -1)
+	if day := 24 * time.Hour; yesterday.Add(5*time.Minute).Truncate(day) != yesterday.Truncate(day) {
+		yesterday = yesterday.Add(-5 * time.Minute)
+	}
 	e.streams.Use(t, "acme", "calls", yesterday, decimal.NewFromInt(11))
 	e.skew.Store(int64(-24 * time.Hour)) // the evaluator looks at yesterday
 	e.start(startOptions{})
