@@ -35,7 +35,8 @@ type Config struct {
 	Logger *slog.Logger
 	// UniqueMemberDays bounds the member days of unique meters a Ledger
 	// remembers, so that it need not look members up in the database
-	// when it knows a period's members exactly (about 100 bytes each).
+	// when it knows a period's members exactly (about 40 bytes each beside
+	// the member itself: 52 for 10-character members).
 	// 0: 1,000,000; negative: none, every member is looked up.
 	UniqueMemberDays int
 	// Registerer, when set, receives the ledger's metrics
