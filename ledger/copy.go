@@ -37,19 +37,41 @@ var copyHeader = []byte("PGCOPY\n\xff\r\n\x00\x00\x00\x00\x00\x00\x00\x00\x00")
 // decided under the stream locks, but for the operation ids load did not
 // look up; the table's unique keys are the backstop.)
 func (a *applier) copyRecords(ctx context.Context, tx pgx.Tx) error {
-	if len(a.newRecords) == 0 {
+	return a.copyRows(ctx, tx, "records", recordColumns, qCopyRecords, len(a.newRecords), 192, func(buf []byte, i int) ([]byte, error) {
+		return appendRecordRow(buf, &a.newRecords[i], a.now)
+	})
+}
+
+// copyRows writes n new rows into table with one binary COPY of columns
+// (statement), through copyNew: row appends the fields of the i-th
+// (about rowBytes of them), copyRows the stream's header, each row's
+// field count and the trailer.
+func (a *applier) copyRows(ctx context.Context, tx pgx.Tx, table string, columns []string, statement string, n, rowBytes int,
+	row func(buf []byte, i int) ([]byte, error)) error {
+	if n == 0 {
 		return nil
 	}
-	buf := make([]byte, 0, len(copyHeader)+len(a.newRecords)*192+2)
+	buf := make([]byte, 0, len(copyHeader)+n*rowBytes+2)
 	buf = append(buf, copyHeader...)
 	var err error
-	for i := range a.newRecords {
-		if buf, err = appendRecordRow(buf, &a.newRecords[i], a.now); err != nil {
-			return fmt.Errorf("ledger: write records: %w", err)
+	for i := range n {
+		buf = binary.BigEndian.AppendUint16(buf, uint16(len(columns)))
+		if buf, err = row(buf, i); err != nil {
+			return fmt.Errorf("ledger: write %s: %w", table, err)
 		}
 	}
 	buf = binary.BigEndian.AppendUint16(buf, 0xffff) // the trailer: a field count of -1
-	return a.copyNew(ctx, tx, "records", recordColumns, qCopyRecords, buf, len(a.newRecords))
+	return a.copyNew(ctx, tx, table, columns, statement, buf, n)
+}
+
+// appendKeyFields appends the first fields of every table of new usage
+// (records and readings): stream_id, seq, operation_id, customer, meter.
+func appendKeyFields(buf []byte, streamID int64, r *Record) []byte {
+	buf = appendInt8Field(buf, streamID)
+	buf = appendInt8Field(buf, r.Seq)
+	buf = appendField(buf, r.OperationID[:])
+	buf = appendTextField(buf, r.Stream.Customer)
+	return appendTextField(buf, r.Stream.Meter)
 }
 
 // copyNew sends a COPY stream of rows new records or readings into table,
@@ -90,16 +112,11 @@ func copyIn(ctx context.Context, conn *pgx.Conn, table string, columns []string,
 	return err
 }
 
-// appendRecordRow appends one row of recordColumns.
+// appendRecordRow appends the fields of one row of recordColumns.
 func appendRecordRow(buf []byte, nr *newRecord, now time.Time) ([]byte, error) {
 	r := nr.rec
 	var err error
-	buf = binary.BigEndian.AppendUint16(buf, uint16(len(recordColumns)))
-	buf = appendInt8Field(buf, nr.streamID)
-	buf = appendInt8Field(buf, r.Seq)
-	buf = appendField(buf, r.OperationID[:])
-	buf = appendTextField(buf, r.Stream.Customer)
-	buf = appendTextField(buf, r.Stream.Meter)
+	buf = appendKeyFields(buf, nr.streamID, r)
 	if buf, err = appendNumericField(buf, r.Total); err != nil {
 		return nil, fmt.Errorf("total: %w", err)
 	}

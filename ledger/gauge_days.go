@@ -2,7 +2,6 @@ package ledger
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"sort"
 	"time"
@@ -182,30 +181,17 @@ var gaugeColumns = []string{"stream_id", "seq", "operation_id", "customer", "met
 // copyReadings writes the new readings with one binary COPY, as
 // copyRecords does the counters' records.
 func (a *gaugeApplier) copyReadings(ctx context.Context, tx pgx.Tx) error {
-	if len(a.readings) == 0 {
-		return nil
-	}
-	buf := make([]byte, 0, len(copyHeader)+len(a.readings)*128+2)
-	buf = append(buf, copyHeader...)
-	var err error
-	for _, g := range a.readings {
-		r := g.r
-		buf = binary.BigEndian.AppendUint16(buf, uint16(len(gaugeColumns)))
-		buf = appendInt8Field(buf, g.streamID)
-		buf = appendInt8Field(buf, r.Seq)
-		buf = appendField(buf, r.OperationID[:])
-		buf = appendTextField(buf, r.Stream.Customer)
-		buf = appendTextField(buf, r.Stream.Meter)
-		if buf, err = appendNumericField(buf, r.Level); err != nil {
-			return fmt.Errorf("ledger: write gauge readings: %w", err)
+	return a.copyRows(ctx, tx, "gauge_readings", gaugeColumns, qCopyGaugeReadings, len(a.readings), 128, func(buf []byte, i int) ([]byte, error) {
+		g := &a.readings[i]
+		buf, err := appendNumericField(appendKeyFields(buf, g.streamID, g.r), g.r.Level)
+		if err != nil {
+			return nil, fmt.Errorf("level: %w", err)
 		}
-		buf = appendTimeField(buf, r.OccurredAt)
-		buf = appendBoolField(buf, r.Final)
+		buf = appendTimeField(buf, g.r.OccurredAt)
+		buf = appendBoolField(buf, g.r.Final)
 		buf = appendBoolField(buf, g.late)
-		buf = appendTimeField(buf, a.now)
-	}
-	buf = binary.BigEndian.AppendUint16(buf, 0xffff)
-	return a.copyNew(ctx, tx, "gauge_readings", gaugeColumns, qCopyGaugeReadings, buf, len(a.readings))
+		return appendTimeField(buf, a.now), nil
+	})
 }
 
 // loadDays reads the buckets each gauge's new points fall in or cover,

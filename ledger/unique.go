@@ -2,7 +2,6 @@ package ledger
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
@@ -535,28 +534,16 @@ var uniqueColumns = []string{"stream_id", "seq", "operation_id", "customer", "me
 // copyReadings writes the new readings with one binary COPY, as
 // copyRecords does the counters' records, after the members were counted.
 func (a *uniqueApplier) copyReadings(ctx context.Context, tx pgx.Tx) error {
-	if len(a.news) == 0 {
-		return nil
-	}
-	buf := make([]byte, 0, len(copyHeader)+len(a.news)*160+2)
-	buf = append(buf, copyHeader...)
-	for _, g := range a.news {
-		r := g.r
-		buf = binary.BigEndian.AppendUint16(buf, uint16(len(uniqueColumns)))
-		buf = appendInt8Field(buf, g.streamID)
-		buf = appendInt8Field(buf, r.Seq)
-		buf = appendField(buf, r.OperationID[:])
-		buf = appendTextField(buf, r.Stream.Customer)
-		buf = appendTextField(buf, r.Stream.Meter)
-		buf = appendTextField(buf, r.Member)
-		buf = appendTimeField(buf, r.OccurredAt)
-		buf = appendBoolField(buf, r.Final)
+	return a.copyRows(ctx, tx, "unique_readings", uniqueColumns, qCopyUniqueReadings, len(a.news), 160, func(buf []byte, i int) ([]byte, error) {
+		g := &a.news[i]
+		buf = appendKeyFields(buf, g.streamID, g.r)
+		buf = appendTextField(buf, g.r.Member)
+		buf = appendTimeField(buf, g.r.OccurredAt)
+		buf = appendBoolField(buf, g.r.Final)
 		buf = appendBoolField(buf, g.late)
 		buf = appendTimeField(buf, a.now)
 		buf = appendTimeField(buf, g.period)
 		buf = appendTimeField(buf, g.day)
-		buf = appendBoolField(buf, g.counted)
-	}
-	buf = binary.BigEndian.AppendUint16(buf, 0xffff)
-	return a.copyNew(ctx, tx, "unique_readings", uniqueColumns, qCopyUniqueReadings, buf, len(a.news))
+		return appendBoolField(buf, g.counted), nil
+	})
 }
