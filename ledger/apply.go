@@ -432,14 +432,7 @@ func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	}
 
 	if !a.lookupAll {
-		// The operation ids that could be recorded.
-		opIDs = opIDs[:0]
-		for _, i := range valid {
-			if r := &a.recs[i]; r.Seq <= a.streams[r.Stream].dbLastSeq {
-				opIDs = append(opIDs, r.OperationID)
-			}
-		}
-		if len(opIDs) > 0 {
+		if opIDs := a.recordable(valid); len(opIDs) > 0 {
 			b = &pgx.Batch{}
 			a.queueOperations(b, opIDs)
 			if err := tx.SendBatch(ctx, b).Close(); err != nil {
@@ -965,4 +958,18 @@ func conflictPayload(r *Record) ([]byte, []byte) {
 	b, _ := json.Marshal(p) // map keys are sorted: the same record hashes the same
 	h := sha256.Sum256(b)
 	return b, h[:]
+}
+
+// recordable returns the operation ids of the records valid (indexes into
+// a.recs) that may be recorded already: those at or below their stream's
+// last seq as loaded (a seq above it cannot be), every one with
+// lookupAll.
+func (a *applier) recordable(valid []int) []uuid.UUID {
+	var ids []uuid.UUID
+	for _, i := range valid {
+		if r, s := &a.recs[i], a.streams[a.recs[i].Stream]; a.lookupAll || s != nil && r.Seq <= s.dbLastSeq {
+			ids = append(ids, r.OperationID)
+		}
+	}
+	return ids
 }

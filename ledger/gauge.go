@@ -264,16 +264,9 @@ func (a *gaugeApplier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 			return err
 		}
 	}
-	// The operation ids that could be recorded: those of records at or
-	// below their stream's last seq (every one with lookupAll), looked up
-	// only when there are some.
-	ops = ops[:0]
-	for _, i := range valid {
-		if r := &a.recs[i]; a.lookupAll || r.Seq <= a.streams[r.Stream].dbLastSeq {
-			ops = append(ops, r.OperationID)
-		}
-	}
-	if len(ops) > 0 {
+	// The operation ids that may be recorded, looked up only when there
+	// are some.
+	if ops := a.recordable(valid); len(ops) > 0 {
 		b = &pgx.Batch{}
 		b.Queue(qGaugeByOperation, pguuid.Slice(ops)).Query(func(rows pgx.Rows) error {
 			var op pgtype.UUID

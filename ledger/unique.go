@@ -140,15 +140,7 @@ func (l *Ledger) applyUniquesOnce(ctx context.Context, tx pgx.Tx, recs []Record,
 	if a.kindsDiffer() {
 		return nil, errKindsDiffer
 	}
-	if !lookupAll {
-		opIDs = opIDs[:0]
-		for _, i := range valid {
-			if r := &a.recs[i]; a.streams[r.Stream] != nil && r.Seq <= a.streams[r.Stream].dbLastSeq {
-				opIDs = append(opIDs, r.OperationID)
-			}
-		}
-	}
-	if len(opIDs) > 0 {
+	if opIDs := a.recordable(valid); len(opIDs) > 0 {
 		b = &pgx.Batch{}
 		b.Queue(qUniqueByOperation, pguuid.Slice(opIDs)).Query(func(rows pgx.Rows) error {
 			var op pgtype.UUID
