@@ -51,8 +51,6 @@ type uniqueApplier struct {
 	buckets map[string]dayBucket // each customer's last bucket day: the next reading is likely in it too
 	uops    map[uuid.UUID]uniqueStored
 	periods map[cmpKey]map[memberDay]int // the batch's member days by period: the first new reading's index in news
-	lastPK  cmpKey
-	lastP   map[memberDay]int // periods[lastPK]
 	news    []uniqueNew
 }
 
@@ -238,15 +236,15 @@ func (a *uniqueApplier) apply(i int) error {
 	}
 	start, period := bk.start, bk.period
 	a.news = append(a.news, uniqueNew{r: r, streamID: s.id, late: late, period: period, day: start})
-	if pk := (cmpKey{r.Stream.Customer, r.Stream.Meter, period.UnixMicro()}); a.lastP == nil || pk != a.lastPK {
-		if a.periods[pk] == nil {
-			a.periods[pk] = map[memberDay]int{}
-		}
-		a.lastPK, a.lastP = pk, a.periods[pk]
+	pk := cmpKey{r.Stream.Customer, r.Stream.Meter, period.UnixMicro()}
+	days := a.periods[pk]
+	if days == nil {
+		days = map[memberDay]int{}
+		a.periods[pk] = days
 	}
 	md := memberDay{r.Member, start.UnixMicro()}
-	if _, ok := a.lastP[md]; !ok {
-		a.lastP[md] = len(a.news) - 1
+	if _, ok := days[md]; !ok {
+		days[md] = len(a.news) - 1
 	}
 	if a.closed[periodKey{r.Stream.Customer, period.UnixMicro()}] {
 		sid, seq := s.id, r.Seq
@@ -318,21 +316,26 @@ func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) erro
 			return err
 		}
 		sets = a.cache.exact(keys, rows)
-		a.cache.periods.WithLabelValues("remembered").Add(float64(len(sets)))
+		a.cache.remembered.Add(float64(len(sets)))
 		if err := a.loadMembers(ctx, tx, keys, rows, memberDays, sets); err != nil {
 			return err
 		}
 	}
-	a.cache.periods.WithLabelValues("looked_up").Add(float64(len(keys) - len(sets)))
+	a.cache.lookups.Add(float64(len(keys) - len(sets)))
 	found, err := a.lookUpMembers(ctx, tx, sets)
 	if err != nil {
 		return err
 	}
-	type countKey struct {
-		customer, meter string
-		period, day     int64 // day 0: the period's count
+	// What the batch adds to unique_counts: a row per period and per
+	// bucket day with new member days.
+	var cs, ms []string
+	var ps, ds []time.Time
+	var perDay []bool
+	var members []int64
+	addCount := func(pk cmpKey, day time.Time, perDayRow bool, n int64) {
+		cs, ms, ps = append(cs, pk.customer), append(ms, pk.meter), append(ps, time.UnixMicro(pk.period).UTC())
+		ds, perDay, members = append(ds, day), append(perDay, perDayRow), append(members, n)
 	}
-	counts := map[countKey]int64{}
 	added := map[cmpKey][]memberDay{}
 	if len(sets) > 0 {
 		a.cache.mu.Lock()
@@ -343,7 +346,7 @@ func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) erro
 		if s == nil {
 			s, exact = found[pk], false
 		}
-		days0 := map[int64]int64{}
+		newDays := map[int64]int64{}
 		var newMembers map[string]bool
 		for md, i := range days {
 			inPeriod, onDay := s.held(md.member, md.day)
@@ -351,7 +354,7 @@ func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) erro
 				continue
 			}
 			a.news[i].counted = true
-			days0[md.day]++
+			newDays[md.day]++
 			if !inPeriod && !newMembers[md.member] {
 				if newMembers == nil {
 					newMembers = map[string]bool{}
@@ -362,34 +365,20 @@ func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) erro
 				added[pk] = append(added[pk], md)
 			}
 		}
-		if len(days0) == 0 {
+		if len(newDays) == 0 {
 			continue
 		}
-		for day, n := range days0 {
-			counts[countKey{pk.customer, pk.meter, pk.period, day}] = n
+		for day, n := range newDays {
+			addCount(pk, time.UnixMicro(day).UTC(), true, n)
 		}
 		// The period's row is written whenever one of its member days is
 		// new (adding 0 when the member was already counted in the
 		// period): its xmin then names the last transaction that changed
 		// the period's counted readings (unique_cache.go).
-		counts[countKey{pk.customer, pk.meter, pk.period, 0}] = int64(len(newMembers))
+		addCount(pk, time.UnixMicro(pk.period).UTC(), false, int64(len(newMembers)))
 	}
-	if len(counts) == 0 {
+	if len(cs) == 0 {
 		return nil
-	}
-	n := len(counts)
-	cs, ms := make([]string, 0, n), make([]string, 0, n)
-	ps, ds := make([]time.Time, 0, n), make([]time.Time, 0, n)
-	perDay, members := make([]bool, 0, n), make([]int64, 0, n)
-	for k, v := range counts {
-		cs, ms, members = append(cs, k.customer), append(ms, k.meter), append(members, v)
-		ps = append(ps, time.UnixMicro(k.period).UTC())
-		perDay = append(perDay, k.day != 0)
-		if k.day != 0 {
-			ds = append(ds, time.UnixMicro(k.day).UTC())
-		} else {
-			ds = append(ds, ps[len(ps)-1])
-		}
 	}
 	b.Queue(qAddUniqueCounts, pgx.StrictNamedArgs{"customer": cs, "meter": ms, "period_start": ps, "per_day": perDay,
 		"day": ds, "members": members}).Query(func(rows pgx.Rows) error {
@@ -470,9 +459,9 @@ func (a *uniqueApplier) loadMembers(ctx context.Context, tx pgx.Tx, keys []cmpKe
 	}
 	for k, s := range loaded {
 		sets[k] = s
-		a.cache.loaded(k, s)
+		a.cache.counted(k, s, s.version, nil)
 	}
-	a.cache.periods.WithLabelValues("read").Add(float64(len(loaded)))
+	a.cache.read.Add(float64(len(loaded)))
 	return nil
 }
 

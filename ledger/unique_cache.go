@@ -58,8 +58,10 @@ type memberSet struct {
 	version countVersion
 	first   map[string]int64       // member → the first bucket day it is counted in (unix micro)
 	more    map[memberDay]struct{} // the member's other days
-	size    int                    // member days
 }
+
+// size is the member days s holds.
+func (s *memberSet) size() int { return len(s.first) + len(s.more) }
 
 func newMemberSet() *memberSet {
 	return &memberSet{first: map[string]int64{}, more: map[memberDay]struct{}{}}
@@ -68,12 +70,13 @@ func newMemberSet() *memberSet {
 type memberCache struct {
 	mu    sync.Mutex
 	limit int
-	size  int
+	size  int // member days of sets
 	sets  map[cmpKey]*memberSet
 	// periods counts the periods of micro-batches by how their members
-	// were found: remembered, read (the period's counted readings, whole)
-	// or looked_up (member by member).
-	periods *prometheus.CounterVec
+	// were found: remembered, read (the period's counted readings,
+	// whole) or looked up (member by member).
+	periods                   *prometheus.CounterVec
+	remembered, read, lookups prometheus.Counter
 }
 
 func newMemberCache(limit int) *memberCache {
@@ -82,9 +85,8 @@ func newMemberCache(limit int) *memberCache {
 		Name: "tally_ledger_unique_periods_total",
 		Help: "Periods of unique meters in micro-batches (rolled back ones too), by how their members were found: remembered (what this process counted, checked against unique_counts), read (the period's counted readings, whole: after a restart, a rebalance or another writer) or looked_up (member by member: the period is too large to remember).",
 	}, []string{"how"})
-	for _, how := range []string{"remembered", "read", "looked_up"} {
-		c.periods.WithLabelValues(how)
-	}
+	c.remembered, c.read, c.lookups = c.periods.WithLabelValues("remembered"), c.periods.WithLabelValues("read"),
+		c.periods.WithLabelValues("looked_up")
 	return c
 }
 
@@ -93,7 +95,7 @@ func (c *memberCache) register(reg prometheus.Registerer) error {
 	held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tally_ledger_unique_member_days",
 		Help: "Member days of unique meters this process remembers (bounded by ledger.Config.UniqueMemberDays).",
-	}, func() float64 {
+	}, func() float64 { // Prometheus's sample type; a count of member days, exact below 2^53
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		return float64(c.size)
@@ -148,8 +150,9 @@ func (s *memberSet) held(member string, day int64) (inPeriod, onDay bool) {
 	return true, onDay
 }
 
-// counted records, once the period's row was written at version v, the
-// member days the transaction counted in s, and keeps s for k.
+// counted keeps s for k at version v, with the member days added (those
+// the transaction counted in it, none for a set read whole from the
+// database).
 func (c *memberCache) counted(k cmpKey, s *memberSet, v countVersion, added []memberDay) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -161,20 +164,12 @@ func (c *memberCache) counted(k cmpKey, s *memberSet, v countVersion, added []me
 	c.keep(k, s)
 }
 
-// loaded keeps s, read whole from the database, for k.
-func (c *memberCache) loaded(k cmpKey, s *memberSet) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.drop(k)
-	c.keep(k, s)
-}
-
 // keep holds s for k, within the bound: past it, other sets are dropped
 // until a quarter of the room is free, and s is not kept if it is larger
 // than the bound on its own. The caller holds c.mu and dropped k.
 func (c *memberCache) keep(k cmpKey, s *memberSet) {
 	c.sets[k] = s
-	c.size += s.size
+	c.size += s.size()
 	if c.size <= c.limit {
 		return
 	}
@@ -197,12 +192,11 @@ func (s *memberSet) add(m memberDay) {
 	} else {
 		s.first[m.member] = m.day
 	}
-	s.size++
 }
 
 func (c *memberCache) drop(k cmpKey) {
 	if s := c.sets[k]; s != nil {
-		c.size -= s.size
+		c.size -= s.size()
 		delete(c.sets, k)
 	}
 }

@@ -30,7 +30,7 @@ func TestMemberCacheStaysWithinItsBound(t *testing.T) {
 	}
 	total := 0
 	for _, s := range c.sets {
-		total += s.size
+		total += s.size()
 	}
 	if total != c.size {
 		t.Fatalf("sets hold %d member days, the cache counts %d", total, c.size)
