@@ -36,7 +36,7 @@ type Config struct {
 	// UniqueMemberDays bounds the member days of unique meters a Ledger
 	// remembers, so that it need not look members up in the database
 	// when it knows a period's members exactly (about 40 bytes each beside
-	// the member itself: 52 for 10-character members).
+	// the member itself: 52–54 for 10-character members).
 	// 0: 1,000,000; negative: none, every member is looked up.
 	UniqueMemberDays int
 	// Registerer, when set, receives the ledger's metrics

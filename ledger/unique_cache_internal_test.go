@@ -2,6 +2,8 @@ package ledger
 
 import (
 	"fmt"
+	"runtime"
+	"strings"
 	"testing"
 )
 
@@ -57,4 +59,32 @@ func TestMemberCacheStaysWithinItsBound(t *testing.T) {
 	if c.sets[big] != nil || c.size > c.limit {
 		t.Fatalf("a set of 101 member days is kept under a bound of 100 (%d held)", c.size)
 	}
+}
+
+// BenchmarkMemberSetBytes reports what a remembered member day costs in
+// memory: sets of 100,000 members of 10 characters, a tenth of them on a
+// second day (docs/operations.md quotes it).
+func BenchmarkMemberSetBytes(b *testing.B) {
+	members := make([]string, 100_000)
+	for i := range members {
+		members[i] = fmt.Sprintf("user-%05d", i)
+	}
+	var perDay float64
+	for range b.N {
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		s := newMemberSet()
+		for i, m := range members {
+			s.add(memberDay{strings.Clone(m), 1})
+			if i%10 == 0 {
+				s.add(memberDay{strings.Clone(m), 2})
+			}
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		perDay = float64(after.HeapAlloc-before.HeapAlloc) / float64(s.size())
+		runtime.KeepAlive(s)
+	}
+	b.ReportMetric(perDay, "bytes/member-day")
 }
