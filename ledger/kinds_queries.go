@@ -199,11 +199,13 @@ WHERE customer = $1 AND period_start = $2 AND ($3::text IS NULL OR meter = $3) G
 	// it (see KindsRead.Finish).
 	qGaugePointsBetween = `SELECT at, delta FROM gauge_points WHERE customer = $1 AND meter = $2 AND at >= $3 AND at < $4 ORDER BY at`
 
-	// Reconciliation and tests: every reading of a customer's gauge.
+	// Reconciliation and tests: every reading of a customer's gauge, a
+	// stream at a time (gauge_streams_customer, then the readings'
+	// primary key).
 	qGaugeReadingsOf = `
 SELECT s.producer, s.epoch, r.seq, r.level, r.occurred_at, r.final
-FROM gauge_readings r JOIN streams s ON s.id = r.stream_id
-WHERE r.customer = $1 AND r.meter = $2`
+FROM gauge_streams g JOIN streams s ON s.id = g.stream_id JOIN gauge_readings r ON r.stream_id = g.stream_id
+WHERE g.customer = $1 AND g.meter = $2`
 
 	// The array is hidden from the planner as in qRecordsByOperation.
 	qUniqueByOperation = `
@@ -275,7 +277,8 @@ WHERE customer = $1 AND period_start = $2 AND ($3::text IS NULL OR meter = $3) O
 	qKindCustomers = `
 SELECT DISTINCT s.customer FROM streams s JOIN meters m ON m.meter = s.meter WHERE m.kind <> 'counter'`
 
-	qGaugeMetersWithReadings = `SELECT DISTINCT meter FROM gauge_readings WHERE customer = $1 ORDER BY 1`
+	// A gauge_streams row is written with a stream's first reading.
+	qGaugeMetersWithReadings = `SELECT DISTINCT meter FROM gauge_streams WHERE customer = $1 ORDER BY 1`
 
 	qGaugeMovesOut = `
 SELECT meter, sum(unit_seconds) FROM gauge_adjustments WHERE customer = $1 AND prior_period = $2 GROUP BY meter`

@@ -366,7 +366,8 @@ SELECT t.customer, coalesce(g.h, ''), coalesce(c.n, 0), coalesce(f.n, 0), coales
        coalesce((SELECT md5(string_agg(u.id::text, ',' ORDER BY u.id)) FROM u WHERE u.created_at >= t.period_start), ''),
        coalesce((SELECT md5(string_agg(j.id::text, ',' ORDER BY j.id)) FROM j WHERE j.detected_at >= t.period_start), ''),
        (SELECT CASE WHEN kg.n + ku.n = 0 THEN '' ELSE kg.n || ':' || ku.n END
-        FROM (SELECT count(*) AS n FROM gauge_readings r WHERE r.customer = t.customer AND r.occurred_at < t.period_end) kg,
+        FROM (SELECT count(*) AS n FROM gauge_streams gs JOIN gauge_readings r ON r.stream_id = gs.stream_id
+              WHERE gs.customer = t.customer AND r.occurred_at < t.period_end) kg,
              (SELECT count(*) AS n FROM stream_periods sp
               JOIN unique_readings r ON r.stream_id = sp.stream_id AND r.seq BETWEEN sp.min_seq AND sp.max_seq
                                     AND r.period_start = sp.period_start
