@@ -234,7 +234,7 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[]) AS k(c, m, me
 CROSS JOIN LATERAL (
   SELECT * FROM unique_readings r
   WHERE hashtextextended(r.customer || '/' || r.meter, 0) = hashtextextended(k.c || '/' || k.m, 0)
-    AND r.period_start = k.p AND r.member_key = hashtextextended(k.c || '/' || k.m || '/' || k.member, 0) AND r.counted
+    AND r.period_start = k.p AND hashtextextended(r.member, 0) = hashtextextended(k.member, 0) AND r.counted
   OFFSET 0) r`
 
 	// The counted readings of whole periods ($1 customers, $2 meters, $3
