@@ -86,3 +86,94 @@ func TestUniqueReadingsCountedIndex(t *testing.T) {
 		t.Fatalf("indexes after 00036 down: %s", got)
 	}
 }
+
+// TestUniqueMemberHashIndex: on a ledger of unique readings written under
+// migration 00037, migration 00038 rebuilds unique_readings_counted on the
+// hash of the member alone and drops the stored member_key column; Ledgers
+// that never saw the period go on counting each member and member day
+// once, whether they look members up one by one (nothing remembered) or
+// read the period whole. Down restores the column and the index.
+func TestUniqueMemberHashIndex(t *testing.T) {
+	ctx := context.Background()
+	pool := emptyPool(t)
+	if err := migrations.UpTo(ctx, pool, 37); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
+	day := time.Date(2026, 11, 10, 9, 0, 0, 0, time.UTC)
+	seq := int64(0)
+	sighting := func(member string, at time.Time) ledger.Record {
+		seq++
+		return ledger.Record{OperationID: uuid.New(), Seq: seq, OccurredAt: at, Total: decimal.Zero, Shape: ledger.Unique, Member: member,
+			Stream: ledger.StreamKey{Producer: "gw", Epoch: 1, Customer: "acme", Meter: "mau"}}
+	}
+	apply := func(memberDays int, recs ...ledger.Record) {
+		t.Helper()
+		l, err := ledger.New(ledger.Config{Clock: func() time.Time { return now }, UniqueMemberDays: memberDays})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := l.Apply(ctx, tx, recs)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: "mau", Kind: ledger.Unique, Unit: "user"}, now)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	apply(0, sighting("ann", day), sighting("bob", day.Add(time.Hour)), sighting("ann", day.Add(24*time.Hour)))
+
+	if err := migrations.UpTo(ctx, pool, 38); err != nil {
+		t.Fatal(err)
+	}
+	schema := func() string {
+		var s string
+		if err := pool.QueryRow(ctx, `SELECT indexdef || ' / member_key: ' || EXISTS (SELECT FROM information_schema.columns
+			WHERE table_name = 'unique_readings' AND column_name = 'member_key')
+			FROM pg_indexes WHERE indexname = 'unique_readings_counted'`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if got, want := schema(), "CREATE INDEX unique_readings_counted ON public.unique_readings USING btree (hashtextextended(((customer || '/'::text) || meter), (0)::bigint), period_start, hashtextextended(member, (0)::bigint)) WHERE counted / member_key: false"; got != want {
+		t.Fatalf("after 00038: %s\nwant %s", got, want)
+	}
+	counts := func() string {
+		var s string
+		if err := pool.QueryRow(ctx, `SELECT string_agg(per_day || ':' || to_char(day AT TIME ZONE 'UTC', 'MM-DD') || ':' || members, ' '
+			ORDER BY per_day, day) FROM unique_counts`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	// Looked up one by one: ann again on both her days, bob on a new day.
+	apply(-1, sighting("ann", day.Add(2*time.Hour)), sighting("ann", day.Add(25*time.Hour)), sighting("bob", day.Add(26*time.Hour)))
+	if got, want := counts(), "false:11-01:2 true:11-10:2 true:11-11:2"; got != want {
+		t.Fatalf("counts (per_day:day:members) looked up = %s, want %s", got, want)
+	}
+	// Read whole: bob and ann again, carl new.
+	apply(0, sighting("bob", day.Add(27*time.Hour)), sighting("ann", day.Add(3*time.Hour)), sighting("carl", day.Add(28*time.Hour)))
+	if got, want := counts(), "false:11-01:3 true:11-10:2 true:11-11:3"; got != want {
+		t.Fatalf("counts (per_day:day:members) read whole = %s, want %s", got, want)
+	}
+
+	if err := migrations.DownTo(ctx, pool, 37); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := schema(), "CREATE INDEX unique_readings_counted ON public.unique_readings USING btree (hashtextextended(((customer || '/'::text) || meter), (0)::bigint), period_start, member_key) WHERE counted / member_key: true"; got != want {
+		t.Fatalf("after 00038 down: %s\nwant %s", got, want)
+	}
+	var wrong int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM unique_readings
+		WHERE member_key <> hashtextextended(customer || '/' || meter || '/' || member, 0)`).Scan(&wrong); err != nil {
+		t.Fatal(err)
+	}
+	if wrong != 0 {
+		t.Fatalf("%d readings with a wrong member_key after 00038 down", wrong)
+	}
+}
