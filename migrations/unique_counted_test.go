@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/ledger"
@@ -24,33 +25,9 @@ func TestUniqueReadingsCountedIndex(t *testing.T) {
 	if err := migrations.UpTo(ctx, pool, 35); err != nil {
 		t.Fatal(err)
 	}
-	now := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
-	day := time.Date(2026, 11, 10, 9, 0, 0, 0, time.UTC)
-	seq := int64(0)
-	sighting := func(member string, at time.Time) ledger.Record {
-		seq++
-		return ledger.Record{OperationID: uuid.New(), Seq: seq, OccurredAt: at, Total: decimal.Zero, Shape: ledger.Unique, Member: member,
-			Stream: ledger.StreamKey{Producer: "gw", Epoch: 1, Customer: "acme", Meter: "mau"}}
-	}
-	apply := func(recs ...ledger.Record) {
-		t.Helper()
-		l, err := ledger.New(ledger.Config{Clock: func() time.Time { return now }}) // a Ledger that remembers nothing
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			_, err := l.Apply(ctx, tx, recs)
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: "mau", Kind: ledger.Unique, Unit: "user"}, now)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	f := newMAU(t, pool)
+	day, sighting := f.day, f.sighting
+	apply := func(recs ...ledger.Record) { t.Helper(); f.apply(0, recs...) } // each batch through a new Ledger
 	apply(sighting("ann", day), sighting("bob", day.Add(time.Hour)), sighting("ann", day.Add(24*time.Hour)))
 
 	if err := migrations.UpTo(ctx, pool, 36); err != nil {
@@ -99,33 +76,8 @@ func TestUniqueMemberHashIndex(t *testing.T) {
 	if err := migrations.UpTo(ctx, pool, 37); err != nil {
 		t.Fatal(err)
 	}
-	now := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
-	day := time.Date(2026, 11, 10, 9, 0, 0, 0, time.UTC)
-	seq := int64(0)
-	sighting := func(member string, at time.Time) ledger.Record {
-		seq++
-		return ledger.Record{OperationID: uuid.New(), Seq: seq, OccurredAt: at, Total: decimal.Zero, Shape: ledger.Unique, Member: member,
-			Stream: ledger.StreamKey{Producer: "gw", Epoch: 1, Customer: "acme", Meter: "mau"}}
-	}
-	apply := func(memberDays int, recs ...ledger.Record) {
-		t.Helper()
-		l, err := ledger.New(ledger.Config{Clock: func() time.Time { return now }, UniqueMemberDays: memberDays})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			_, err := l.Apply(ctx, tx, recs)
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		_, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: "mau", Kind: ledger.Unique, Unit: "user"}, now)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	f := newMAU(t, pool)
+	day, sighting, apply := f.day, f.sighting, f.apply
 	apply(0, sighting("ann", day), sighting("bob", day.Add(time.Hour)), sighting("ann", day.Add(24*time.Hour)))
 
 	if err := migrations.UpTo(ctx, pool, 38); err != nil {
@@ -175,5 +127,49 @@ func TestUniqueMemberHashIndex(t *testing.T) {
 	}
 	if wrong != 0 {
 		t.Fatalf("%d readings with a wrong member_key after 00038 down", wrong)
+	}
+}
+
+// mau applies sightings of acme's unique meter "mau", declared on a ledger
+// at whatever version the test migrated it to, each batch through a new
+// Ledger (remembering nothing of earlier batches).
+type mau struct {
+	t    *testing.T
+	pool *pgxpool.Pool
+	now  time.Time
+	day  time.Time
+	seq  int64
+}
+
+func newMAU(t *testing.T, pool *pgxpool.Pool) *mau {
+	f := &mau{t: t, pool: pool, now: time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC), day: time.Date(2026, 11, 10, 9, 0, 0, 0, time.UTC)}
+	if err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
+		_, err := ledger.DeclareMeter(context.Background(), tx, ledger.Meter{Meter: "mau", Kind: ledger.Unique, Unit: "user"}, f.now)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func (f *mau) sighting(member string, at time.Time) ledger.Record {
+	f.seq++
+	return ledger.Record{OperationID: uuid.New(), Seq: f.seq, OccurredAt: at, Total: decimal.Zero, Shape: ledger.Unique, Member: member,
+		Stream: ledger.StreamKey{Producer: "gw", Epoch: 1, Customer: "acme", Meter: "mau"}}
+}
+
+// apply applies recs in one transaction through a new Ledger remembering
+// at most memberDays member days (ledger.Config.UniqueMemberDays).
+func (f *mau) apply(memberDays int, recs ...ledger.Record) {
+	f.t.Helper()
+	l, err := ledger.New(ledger.Config{Clock: func() time.Time { return f.now }, UniqueMemberDays: memberDays})
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(context.Background(), f.pool, func(tx pgx.Tx) error {
+		_, err := l.Apply(context.Background(), tx, recs)
+		return err
+	}); err != nil {
+		f.t.Fatal(err)
 	}
 }
