@@ -2,9 +2,9 @@
 -- alone, computed by the index, and unique_readings loses its stored
 -- member_key column (the hash of customer, meter and member). Why:
 --  * A stored generated column makes Postgres form every inserted row a
---    second time; with the hash in the index expression instead, a COPY
---    of 200,000 readings on the server took 1,230–1,323 ms against
---    1,359–1,554 ms (docs/performance.md).
+--    second time; with the hash in the index expression instead, an
+--    INSERT … SELECT of 200,000 readings on the server took 1,230–1,323 ms
+--    against 1,359–1,554 ms (docs/performance.md).
 --  * The index already leads with the hash of customer and meter, then
 --    the period: the member's own hash is enough after them. As before,
 --    every read compares the text itself on the rows the index finds, so
