@@ -165,11 +165,10 @@ func (a *gaugeApplier) write(ctx context.Context, tx pgx.Tx) error {
 	a.queueGaugeWrites(b, works)
 	a.queueConflicts(b)
 	a.queueFindings(b)
-	if b.Len() == 0 {
-		return a.copyReadings(ctx, tx)
-	}
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return fmt.Errorf("ledger: gauge write: %w", err)
+	if b.Len() > 0 {
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return fmt.Errorf("ledger: gauge write: %w", err)
+		}
 	}
 	return a.copyReadings(ctx, tx)
 }

@@ -257,9 +257,9 @@ ON CONFLICT (customer, meter, period_start, per_day, day) DO UPDATE SET members 
 RETURNING customer, meter, period_start, per_day, xmin::text::bigint, members`
 
 	// The period rows of unique_counts ($1 customers, $2 meters, $3
-	// periods, pairwise): the version of what a Ledger remembers of
-	// each period (unique_cache.go).
-	// And the period's member days: what reading it whole would hold.
+	// periods, pairwise): the version of what a Ledger remembers of each
+	// period (unique_cache.go), and the period's member days (what
+	// reading it whole would hold).
 	qUniqueCountVersions = `
 SELECT u.customer, u.meter, u.period_start, u.xmin::text::bigint, u.members,
        (SELECT coalesce(sum(d.members), 0) FROM unique_counts d

@@ -56,7 +56,7 @@ type countVersion struct {
 
 type memberSet struct {
 	version countVersion
-	first   map[string]int64       // member → the first bucket day it is counted in (unix micro)
+	first   map[string]int64       // member → a bucket day it is counted in (unix micro): the first one added
 	more    map[memberDay]struct{} // the member's other days
 }
 
@@ -111,12 +111,10 @@ func (c *memberCache) register(reg prometheus.Registerer) error {
 // exact returns the sets of keys that are exact given the current rows of
 // unique_counts (rows: the keys whose period row exists), creating empty
 // ones for keys without a row, and forgets the others. The caller holds
-// locks.UniqueMembers for every key's customer and meter.
+// locks.UniqueMembers for every key's customer and meter, and calls it only
+// when the cache remembers anything (limit > 0).
 func (c *memberCache) exact(keys []cmpKey, rows map[cmpKey]countVersion) map[cmpKey]*memberSet {
 	out := make(map[cmpKey]*memberSet, len(keys))
-	if c.limit <= 0 {
-		return out
-	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, k := range keys {
@@ -186,11 +184,13 @@ func (c *memberCache) keep(k cmpKey, s *memberSet) {
 	}
 }
 
+// add adds a member day; adding one s holds changes nothing.
 func (s *memberSet) add(m memberDay) {
-	if _, ok := s.first[m.member]; ok {
-		s.more[m] = struct{}{}
-	} else {
+	switch first, ok := s.first[m.member]; {
+	case !ok:
 		s.first[m.member] = m.day
+	case first != m.day:
+		s.more[m] = struct{}{}
 	}
 }
 

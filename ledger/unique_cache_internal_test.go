@@ -61,6 +61,19 @@ func TestMemberCacheStaysWithinItsBound(t *testing.T) {
 	}
 }
 
+// TestMemberSetAddsADayOnce: a member day added again (a hash collision
+// answers a member's rows twice) is held once.
+func TestMemberSetAddsADayOnce(t *testing.T) {
+	s := newMemberSet()
+	for range 2 {
+		s.add(memberDay{"ann", 1})
+		s.add(memberDay{"ann", 2})
+	}
+	if s.size() != 2 {
+		t.Fatalf("ann on two days, each added twice: %d member days held", s.size())
+	}
+}
+
 // BenchmarkMemberSetBytes reports what a remembered member day costs in
 // memory: sets of 100,000 members of 10 characters, a tenth of them on a
 // second day (docs/operations.md quotes it).
