@@ -229,6 +229,8 @@ type applier struct {
 	recs       []Record
 	streams    map[StreamKey]*stream
 	byID       map[int64]*stream
+	perStream  int                  // records of the batch per stream, on average: what a stream's maps start at
+	gauges     bool                 // a gauge batch: its streams keep their seqs in the gauge state, not in seen
 	ops        map[uuid.UUID]stored // by value: a record applied adds no allocation
 	// elsewhere: the batch's operation ids that a record of another kind
 	// holds, recorded or earlier in the same Apply call (see kinds.go).
@@ -484,13 +486,21 @@ func (a *applier) queueStreamState(b *pgx.Batch, keys []StreamKey) {
 	producers, epochs, customers, meters := streamArrays(keys)
 	b.Queue(qInsertStreams, producers, epochs, customers, meters)
 	a.byID = make(map[int64]*stream, len(keys))
+	// A stream's seqs of the batch go into a map of its own (seen, or a
+	// gauge's known readings): sized for the stream's share of the batch,
+	// it does not grow record by record.
+	a.perStream = (len(a.recs) + len(keys) - 1) / max(len(keys), 1)
+	seenSize := a.perStream
+	if a.gauges {
+		seenSize = 0 // a gauge stream keeps its seqs in known
+	}
 	b.Queue(qLockStreams, producers, epochs, customers, meters).Query(func(rows pgx.Rows) error {
 		var s stream
 		_, err := pgx.ForEachRow(rows, []any{&s.id, &s.key.Producer, &s.key.Epoch, &s.key.Customer, &s.key.Meter,
 			&s.lastSeq, numericDst(&s.lastTotal)}, func() error {
 			st := s
 			st.dbLastSeq = st.lastSeq
-			st.seen = map[int64]uuid.UUID{}
+			st.seen = make(map[int64]uuid.UUID, seenSize)
 			a.streams[st.key] = &st
 			a.byID[st.id] = &st
 			return nil

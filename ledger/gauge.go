@@ -138,10 +138,10 @@ func (l *Ledger) applyGaugesOnce(ctx context.Context, tx pgx.Tx, recs []Record, 
 	now := l.now().UTC().Truncate(time.Microsecond)
 	a := &gaugeApplier{applier: &applier{
 		lookupAll: lookupAll, checkKind: checkKind, now: now, out: make([]Outcome, len(recs)), recs: append([]Record(nil), recs...),
-		streams: map[StreamKey]*stream{}, ops: map[uuid.UUID]stored{},
+		streams: map[StreamKey]*stream{}, gauges: true, ops: map[uuid.UUID]stored{},
 		calendars: map[string]periods.Schedule{}, closed: map[periodKey]bool{}, rollups: map[rollupKey]decimal.Decimal{},
 		elsewhere: maps.Clone(earlier),
-	}, gstreams: map[StreamKey]*gaugeStream{}, gbyID: map[int64]*gaugeStream{}, gops: map[uuid.UUID]gaugeStored{},
+	}, gstreams: map[StreamKey]*gaugeStream{}, gbyID: map[int64]*gaugeStream{}, gops: make(map[uuid.UUID]gaugeStored, len(recs)),
 		points: map[cmKey]map[int64]decimal.Decimal{}, opOf: map[cmKey]uuid.UUID{}}
 	valid := a.validateReadings()
 	if len(valid) == 0 {
@@ -341,7 +341,7 @@ func (a *gaugeApplier) gaugeOf(id int64) (*gaugeStream, error) {
 	if s == nil {
 		return nil, fmt.Errorf("ledger: gauge stream %d is not among the batch's locked streams", id)
 	}
-	g := &gaugeStream{id: s.id, key: s.key, dbLastSeq: s.lastSeq, lastSeq: s.lastSeq, known: map[int64]gaugeReading{}}
+	g := &gaugeStream{id: s.id, key: s.key, dbLastSeq: s.lastSeq, lastSeq: s.lastSeq, known: make(map[int64]gaugeReading, a.perStream)}
 	a.gstreams[s.key], a.gbyID[id] = g, g
 	return g, nil
 }
@@ -540,7 +540,7 @@ func (a *gaugeApplier) change(k StreamKey, op uuid.UUID, from time.Time, to *tim
 	cm := cmKey{k.Customer, k.Meter}
 	pts := a.points[cm]
 	if pts == nil {
-		pts = map[int64]decimal.Decimal{}
+		pts = make(map[int64]decimal.Decimal, 2*a.perStream) // a reading starts a level and may end one
 		a.points[cm] = pts
 	}
 	pts[from.UnixMicro()] = pts[from.UnixMicro()].Add(c)

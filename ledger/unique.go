@@ -51,6 +51,7 @@ type uniqueApplier struct {
 	buckets map[string]dayBucket // each customer's last bucket day: the next reading is likely in it too
 	uops    map[uuid.UUID]uniqueStored
 	periods map[cmpKey]map[memberDay]int // the batch's member days by period: the first new reading's index in news
+	perCM   int                          // readings per customer and meter of the batch: the size a period's member days start at
 	news    []uniqueNew
 }
 
@@ -89,7 +90,7 @@ func (l *Ledger) applyUniquesOnce(ctx context.Context, tx pgx.Tx, recs []Record,
 		streams: map[StreamKey]*stream{}, ops: map[uuid.UUID]stored{},
 		calendars: map[string]periods.Schedule{}, closed: map[periodKey]bool{}, rollups: map[rollupKey]decimal.Decimal{},
 		elsewhere: maps.Clone(earlier),
-	}, cache: l.members, buckets: map[string]dayBucket{}, uops: map[uuid.UUID]uniqueStored{}, periods: map[cmpKey]map[memberDay]int{}}
+	}, cache: l.members, buckets: map[string]dayBucket{}, uops: make(map[uuid.UUID]uniqueStored, len(recs)), periods: map[cmpKey]map[memberDay]int{}}
 	valid := a.validateReadings()
 	if len(valid) == 0 {
 		return a.out, nil
@@ -121,6 +122,7 @@ func (l *Ledger) applyUniquesOnce(ctx context.Context, tx pgx.Tx, recs []Record,
 		}
 	}
 	sort.Strings(customers)
+	a.perCM = (len(valid) + len(seenCM) - 1) / len(seenCM)
 	b := &pgx.Batch{}
 	if !lookupAll {
 		b.Queue(qSavepointKinds)
@@ -239,7 +241,7 @@ func (a *uniqueApplier) apply(i int) error {
 	pk := cmpKey{r.Stream.Customer, r.Stream.Meter, period.UnixMicro()}
 	days := a.periods[pk]
 	if days == nil {
-		days = map[memberDay]int{}
+		days = make(map[memberDay]int, a.perCM)
 		a.periods[pk] = days
 	}
 	md := memberDay{r.Member, start.UnixMicro()}
@@ -357,7 +359,7 @@ func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) erro
 			newDays[md.day]++
 			if !inPeriod && !newMembers[md.member] {
 				if newMembers == nil {
-					newMembers = map[string]bool{}
+					newMembers = make(map[string]bool, len(days))
 				}
 				newMembers[md.member] = true // once in its period, whatever its new days in the batch
 			}
