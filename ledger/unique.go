@@ -359,7 +359,7 @@ func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) erro
 			newDays[md.day]++
 			if !inPeriod && !newMembers[md.member] {
 				if newMembers == nil {
-					newMembers = make(map[string]bool, len(days))
+					newMembers = map[string]bool{}
 				}
 				newMembers[md.member] = true // once in its period, whatever its new days in the batch
 			}
