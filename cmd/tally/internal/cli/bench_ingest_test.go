@@ -37,3 +37,29 @@ func TestBenchIngestBreakdown(t *testing.T) {
 		t.Errorf("physical baseline's index: %v WAL records per row, want about 1", n)
 	}
 }
+
+// TestBenchIngestKind: --kind unique ingests unique-meter readings beside
+// the counter records, says which run is which (a counter run of records
+// none of which repeats is "unique records"; the unique meter's run is
+// named after its kind), writes the readings' own table and prints their
+// rate against counter ingest.
+func TestBenchIngestKind(t *testing.T) {
+	out, err := runTally(t, "bench", "ingest", "--kind", "unique", "--records", "6000", "--per-message", "500",
+		"--partitions", "2", "--rounds", "1", "--statements", "--database-url", pgtest.AdminURL())
+	if err != nil {
+		t.Fatalf("bench: %v\n%s", err, out)
+	}
+	for _, want := range []string{"ingest, unique records", "ingest, unique-meter readings", "applied 6000, duplicate 0",
+		`COPY "unique_readings"`, "ingest unique-meter / counter"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in\n%s", want, out)
+		}
+	}
+	m := regexp.MustCompile(`ingest unique-meter / counter += ([0-9.]+)`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("no ratio against counter ingest in\n%s", out)
+	}
+	if r, _ := strconv.ParseFloat(m[1], 64); r <= 0 {
+		t.Errorf("unique-meter / counter = %v", r)
+	}
+}
