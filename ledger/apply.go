@@ -230,7 +230,6 @@ type applier struct {
 	streams    map[StreamKey]*stream
 	byID       map[int64]*stream
 	perStream  int                  // records of the batch per stream, on average: what a stream's maps start at
-	gauges     bool                 // a gauge batch: its streams keep their seqs in the gauge state, not in seen
 	ops        map[uuid.UUID]stored // by value: a record applied adds no allocation
 	// elsewhere: the batch's operation ids that a record of another kind
 	// holds, recorded or earlier in the same Apply call (see kinds.go).
@@ -490,17 +489,12 @@ func (a *applier) queueStreamState(b *pgx.Batch, keys []StreamKey) {
 	// gauge's known readings): sized for the stream's share of the batch,
 	// it does not grow record by record.
 	a.perStream = (len(a.recs) + len(keys) - 1) / max(len(keys), 1)
-	seenSize := a.perStream
-	if a.gauges {
-		seenSize = 0 // a gauge stream keeps its seqs in known
-	}
 	b.Queue(qLockStreams, producers, epochs, customers, meters).Query(func(rows pgx.Rows) error {
 		var s stream
 		_, err := pgx.ForEachRow(rows, []any{&s.id, &s.key.Producer, &s.key.Epoch, &s.key.Customer, &s.key.Meter,
 			&s.lastSeq, numericDst(&s.lastTotal)}, func() error {
 			st := s
 			st.dbLastSeq = st.lastSeq
-			st.seen = make(map[int64]uuid.UUID, seenSize)
 			a.streams[st.key] = &st
 			a.byID[st.id] = &st
 			return nil
@@ -530,7 +524,7 @@ func (a *applier) queueRecordedSeqs(b *pgx.Batch, streamIDs, seqs []int64) {
 		var sid, seq int64
 		var op pgtype.UUID
 		_, err := pgx.ForEachRow(rows, []any{&sid, &seq, &op}, func() error {
-			a.byID[sid].seen[seq] = op.Bytes
+			a.see(a.byID[sid], seq, op.Bytes)
 			return nil
 		})
 		return err
@@ -807,7 +801,17 @@ func (a *applier) record(i int, s *stream, late bool, billed decimal.Decimal, pe
 		billed: billed, period: period, bucket: bucket, priorPeriod: prior})
 	a.ops[r.OperationID] = stored{streamID: s.id, seq: r.Seq, total: r.Total, quantity: r.Quantity,
 		occurredAt: r.OccurredAt, final: r.Final}
-	s.seen[r.Seq] = r.OperationID
+	a.see(s, r.Seq, r.OperationID)
+}
+
+// see records that op holds seq of s, in the stream's map of seen seqs,
+// made on its first seq at the stream's share of the batch (a gauge
+// batch, which keeps its seqs with its readings, makes none).
+func (a *applier) see(s *stream, seq int64, op uuid.UUID) {
+	if s.seen == nil {
+		s.seen = make(map[int64]uuid.UUID, a.perStream)
+	}
+	s.seen[seq] = op
 }
 
 func (a *applier) conflict(i int, s *stream, reason string, existing *uuid.UUID, detail string) {

@@ -138,7 +138,7 @@ func (l *Ledger) applyGaugesOnce(ctx context.Context, tx pgx.Tx, recs []Record, 
 	now := l.now().UTC().Truncate(time.Microsecond)
 	a := &gaugeApplier{applier: &applier{
 		lookupAll: lookupAll, checkKind: checkKind, now: now, out: make([]Outcome, len(recs)), recs: append([]Record(nil), recs...),
-		streams: map[StreamKey]*stream{}, gauges: true, ops: map[uuid.UUID]stored{},
+		streams: map[StreamKey]*stream{}, ops: map[uuid.UUID]stored{},
 		calendars: map[string]periods.Schedule{}, closed: map[periodKey]bool{}, rollups: map[rollupKey]decimal.Decimal{},
 		elsewhere: maps.Clone(earlier),
 	}, gstreams: map[StreamKey]*gaugeStream{}, gbyID: map[int64]*gaugeStream{}, gops: make(map[uuid.UUID]gaugeStored, len(recs)),

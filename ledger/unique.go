@@ -173,7 +173,7 @@ func (l *Ledger) applyUniquesOnce(ctx context.Context, tx pgx.Tx, recs []Record,
 			var sid, seq int64
 			var op pgtype.UUID
 			_, err := pgx.ForEachRow(rows, []any{&sid, &seq, &op}, func() error {
-				a.byID[sid].seen[seq] = op.Bytes
+				a.see(a.byID[sid], seq, op.Bytes)
 				return nil
 			})
 			return err
@@ -226,7 +226,7 @@ func (a *uniqueApplier) apply(i int) error {
 			s.finalSeq = r.Seq
 		}
 	}
-	s.seen[r.Seq] = r.OperationID
+	a.see(s, r.Seq, r.OperationID)
 	a.uops[r.OperationID] = uniqueStored{streamID: s.id, seq: r.Seq, member: r.Member, at: r.OccurredAt, final: r.Final}
 	bk, ok := a.buckets[r.Stream.Customer]
 	if !ok || r.OccurredAt.Before(bk.start) || !r.OccurredAt.Before(bk.end) {
