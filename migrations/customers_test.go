@@ -15,10 +15,7 @@ import (
 // customers were created on reference), and leaves existing ones alone.
 func TestReferredCustomersBackfill(t *testing.T) {
 	ctx := context.Background()
-	pool := emptyPool(t)
-	if err := migrations.UpTo(ctx, pool, 16); err != nil {
-		t.Fatal(err)
-	}
+	pool := poolAt(t, 16)
 	for _, sql := range []string{
 		`INSERT INTO customers (id, schedule) VALUES ('metered', '[
 		  {"effective_from":"0001-01-01T00:00:00Z","calendar":{"cadence":"weekly","anchor_day":1,"anchor_time":"00:00","zone":"UTC"}}]')`,

@@ -12,10 +12,7 @@ import (
 // start, and loses nothing.
 func TestDailyRollupsBackfill(t *testing.T) {
 	ctx := context.Background()
-	pool := emptyPool(t)
-	if err := migrations.UpTo(ctx, pool, 5); err != nil {
-		t.Fatal(err)
-	}
+	pool := poolAt(t, 5)
 	exec := func(sql string) {
 		t.Helper()
 		if _, err := pool.Exec(ctx, sql); err != nil {

@@ -25,10 +25,7 @@ import (
 // the index.
 func TestGaugeReadingsFoundByStream(t *testing.T) {
 	ctx := context.Background()
-	pool := emptyPool(t)
-	if err := migrations.UpTo(ctx, pool, 36); err != nil {
-		t.Fatal(err)
-	}
+	pool := poolAt(t, 36)
 	now := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
 	at := time.Date(2026, 11, 10, 9, 0, 0, 0, time.UTC)
 	seqs := map[ledger.StreamKey]int64{}
@@ -87,37 +84,33 @@ func TestGaugeReadingsFoundByStream(t *testing.T) {
 	if want := "acme [seats storage_gb]: gw-1/1/1=3@09:00 gw-1/1/2=5@09:10 gw-2/1/1=2@09:05\nzeta [seats]: gw-1/1/1=7@09:00\n"; before != want {
 		t.Fatalf("before 00037:\n%s\nwant\n%s", before, want)
 	}
-	indexes := func() string {
-		var s string
+	// expect checks, after step, the gauge tables' indexes (other than
+	// keys) and what reconciliation reads.
+	expect := func(step, wantIndexes, wantRead string) {
+		t.Helper()
+		var got string
 		if err := pool.QueryRow(ctx, `SELECT string_agg(indexname, ' ' ORDER BY indexname) FROM pg_indexes
-			WHERE tablename IN ('gauge_readings', 'gauge_streams') AND indexname NOT LIKE '%pkey' AND indexname NOT LIKE '%key'`).Scan(&s); err != nil {
+			WHERE tablename IN ('gauge_readings', 'gauge_streams') AND indexname NOT LIKE '%pkey' AND indexname NOT LIKE '%key'`).Scan(&got); err != nil {
 			t.Fatal(err)
 		}
-		return s
+		if got != wantIndexes {
+			t.Fatalf("indexes %s: %s, want %s", step, got, wantIndexes)
+		}
+		if got := read(); got != wantRead {
+			t.Fatalf("read %s:\n%s\nwant\n%s", step, got, wantRead)
+		}
 	}
 	if err := migrations.UpTo(ctx, pool, 37); err != nil {
 		t.Fatal(err)
 	}
-	if got := indexes(); got != "gauge_streams_customer" {
-		t.Fatalf("indexes after 00037: %s", got)
-	}
-	if after := read(); after != before {
-		t.Fatalf("after 00037:\n%s\nwant what was read before:\n%s", after, before)
-	}
+	expect("after 00037", "gauge_streams_customer", before)
 	apply(reading("gw-3", "acme", "seats", 1, 20), reading("gw-2", "acme", "seats", 0, 30))
 	want := "acme [seats storage_gb]: gw-1/1/1=3@09:00 gw-1/1/2=5@09:10 gw-2/1/1=2@09:05 gw-2/1/2=0@09:30 gw-3/1/1=1@09:20\nzeta [seats]: gw-1/1/1=7@09:00\n"
-	if got := read(); got != want {
-		t.Fatalf("after new readings:\n%s\nwant\n%s", got, want)
-	}
+	expect("after new readings", "gauge_streams_customer", want)
 	if err := migrations.DownTo(ctx, pool, 36); err != nil {
 		t.Fatal(err)
 	}
-	if got := indexes(); got != "gauge_readings_customer" {
-		t.Fatalf("indexes after 00037 down: %s", got)
-	}
-	if got := read(); got != want {
-		t.Fatalf("after 00037 down:\n%s\nwant\n%s", got, want)
-	}
+	expect("after 00037 down", "gauge_readings_customer", want)
 }
 
 // ledgerSorted orders readings by producer, epoch and seq.

@@ -22,6 +22,17 @@ func emptyPool(t *testing.T) *pgxpool.Pool {
 	return pool
 }
 
+// poolAt is emptyPool migrated up to version: the ledger as an earlier
+// release left it, for a migration's test to write into.
+func poolAt(t *testing.T, version int64) *pgxpool.Pool {
+	t.Helper()
+	pool := emptyPool(t)
+	if err := migrations.UpTo(context.Background(), pool, version); err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
 func TestUpIsIdempotent(t *testing.T) {
 	ctx := context.Background()
 	pool := emptyPool(t)

@@ -13,10 +13,7 @@ import (
 // rows records_period found, and drops that index.
 func TestStreamPeriodsBackfill(t *testing.T) {
 	ctx := context.Background()
-	pool := emptyPool(t)
-	if err := migrations.UpTo(ctx, pool, 14); err != nil {
-		t.Fatal(err)
-	}
+	pool := poolAt(t, 14)
 	exec := func(sql string) {
 		t.Helper()
 		if _, err := pool.Exec(ctx, sql); err != nil {

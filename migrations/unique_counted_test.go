@@ -21,10 +21,7 @@ import (
 // counting each member and member day once. Down restores the index.
 func TestUniqueReadingsCountedIndex(t *testing.T) {
 	ctx := context.Background()
-	pool := emptyPool(t)
-	if err := migrations.UpTo(ctx, pool, 35); err != nil {
-		t.Fatal(err)
-	}
+	pool := poolAt(t, 35)
 	f := newMAU(t, pool)
 	day, sighting := f.day, f.sighting
 	apply := func(recs ...ledger.Record) { t.Helper(); f.apply(0, recs...) } // each batch through a new Ledger
@@ -47,13 +44,8 @@ func TestUniqueReadingsCountedIndex(t *testing.T) {
 	// ann again on both her days, bob on a new day, carl new.
 	apply(sighting("ann", day.Add(2*time.Hour)), sighting("ann", day.Add(25*time.Hour)), sighting("bob", day.Add(26*time.Hour)),
 		sighting("carl", day.Add(27*time.Hour)))
-	var counts string
-	if err := pool.QueryRow(ctx, `SELECT string_agg(per_day || ':' || to_char(day AT TIME ZONE 'UTC', 'MM-DD') || ':' || members, ' '
-		ORDER BY per_day, day) FROM unique_counts`).Scan(&counts); err != nil {
-		t.Fatal(err)
-	}
-	if want := "false:11-01:3 true:11-10:2 true:11-11:3"; counts != want {
-		t.Fatalf("counts (per_day:day:members) = %s, want %s", counts, want)
+	if got, want := f.counts(), "false:11-01:3 true:11-10:2 true:11-11:3"; got != want {
+		t.Fatalf("counts (per_day:day:members) = %s, want %s", got, want)
 	}
 
 	if err := migrations.DownTo(ctx, pool, 35); err != nil {
@@ -72,10 +64,7 @@ func TestUniqueReadingsCountedIndex(t *testing.T) {
 // read the period whole. Down restores the column and the index.
 func TestUniqueMemberHashIndex(t *testing.T) {
 	ctx := context.Background()
-	pool := emptyPool(t)
-	if err := migrations.UpTo(ctx, pool, 37); err != nil {
-		t.Fatal(err)
-	}
+	pool := poolAt(t, 37)
 	f := newMAU(t, pool)
 	day, sighting, apply := f.day, f.sighting, f.apply
 	apply(0, sighting("ann", day), sighting("bob", day.Add(time.Hour)), sighting("ann", day.Add(24*time.Hour)))
@@ -95,22 +84,14 @@ func TestUniqueMemberHashIndex(t *testing.T) {
 	if got, want := schema(), "CREATE INDEX unique_readings_counted ON public.unique_readings USING btree (hashtextextended(((customer || '/'::text) || meter), (0)::bigint), period_start, hashtextextended(member, (0)::bigint)) WHERE counted / member_key: false"; got != want {
 		t.Fatalf("after 00038: %s\nwant %s", got, want)
 	}
-	counts := func() string {
-		var s string
-		if err := pool.QueryRow(ctx, `SELECT string_agg(per_day || ':' || to_char(day AT TIME ZONE 'UTC', 'MM-DD') || ':' || members, ' '
-			ORDER BY per_day, day) FROM unique_counts`).Scan(&s); err != nil {
-			t.Fatal(err)
-		}
-		return s
-	}
 	// Looked up one by one: ann again on both her days, bob on a new day.
 	apply(-1, sighting("ann", day.Add(2*time.Hour)), sighting("ann", day.Add(25*time.Hour)), sighting("bob", day.Add(26*time.Hour)))
-	if got, want := counts(), "false:11-01:2 true:11-10:2 true:11-11:2"; got != want {
+	if got, want := f.counts(), "false:11-01:2 true:11-10:2 true:11-11:2"; got != want {
 		t.Fatalf("counts (per_day:day:members) looked up = %s, want %s", got, want)
 	}
 	// Read whole: bob and ann again, carl new.
 	apply(0, sighting("bob", day.Add(27*time.Hour)), sighting("ann", day.Add(3*time.Hour)), sighting("carl", day.Add(28*time.Hour)))
-	if got, want := counts(), "false:11-01:3 true:11-10:2 true:11-11:3"; got != want {
+	if got, want := f.counts(), "false:11-01:3 true:11-10:2 true:11-11:3"; got != want {
 		t.Fatalf("counts (per_day:day:members) read whole = %s, want %s", got, want)
 	}
 
@@ -156,6 +137,17 @@ func (f *mau) sighting(member string, at time.Time) ledger.Record {
 	f.seq++
 	return ledger.Record{OperationID: uuid.New(), Seq: f.seq, OccurredAt: at, Total: decimal.Zero, Shape: ledger.Unique, Member: member,
 		Stream: ledger.StreamKey{Producer: "gw", Epoch: 1, Customer: "acme", Meter: "mau"}}
+}
+
+// counts is unique_counts as per_day:day:members, in order.
+func (f *mau) counts() string {
+	f.t.Helper()
+	var s string
+	if err := f.pool.QueryRow(context.Background(), `SELECT string_agg(per_day || ':' || to_char(day AT TIME ZONE 'UTC', 'MM-DD') || ':' || members, ' '
+		ORDER BY per_day, day) FROM unique_counts`).Scan(&s); err != nil {
+		f.t.Fatal(err)
+	}
+	return s
 }
 
 // apply applies recs in one transaction through a new Ledger remembering

@@ -14,10 +14,7 @@ import (
 // exactly.
 func TestUniqueReadingsBackfill(t *testing.T) {
 	ctx := context.Background()
-	pool := emptyPool(t)
-	if err := migrations.UpTo(ctx, pool, 34); err != nil {
-		t.Fatal(err)
-	}
+	pool := poolAt(t, 34)
 	exec := func(sql string) {
 		t.Helper()
 		if _, err := pool.Exec(ctx, sql); err != nil {
