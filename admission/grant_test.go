@@ -3,6 +3,8 @@ package admission_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -309,5 +311,141 @@ func TestIssueDoesNotWaitForItsHoldersReleases(t *testing.T) {
 	}
 	if b := e.budget("acme", "tokens"); !b.Consumed.Equal(d("30")) {
 		t.Fatalf("budget %+v, want 30 consumed", b)
+	}
+}
+
+// Many callers of two API processes (two Stores on one database), some
+// giving up while queued or while their batch runs, most of them bringing
+// a holder's first grant: every caller is answered (no batch dies in a
+// deadlock over holder rows created meanwhile), both Stores keep issuing
+// afterwards, and each budget's consumed is exactly what its grants took.
+func TestConcurrentIssuesOfTwoProcessesAllAnswered(t *testing.T) {
+	e := newEnv(t)
+	other, err := admission.New(e.pool, admission.Config{Now: e.clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stores := []*admission.Store{e.store, other}
+	customers := []string{"c1", "c2", "c3", "c4"}
+	for _, c := range customers {
+		e.rule(c, "tokens", d("100000"))
+	}
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for i := range 400 {
+		wg.Go(func() {
+			cctx := ctx
+			if i%5 == 0 {
+				var cancel context.CancelFunc
+				cctx, cancel = context.WithTimeout(ctx, time.Duration(i%7)*time.Millisecond)
+				defer cancel()
+			}
+			_, err := stores[i%2].Issue(cctx, admission.IssueRequest{Holder: fmt.Sprintf("gw%d", i%10), Generation: 1,
+				Customer: customers[i%len(customers)], Meter: "tokens", Amount: d("1")})
+			if err != nil && cctx.Err() == nil {
+				t.Errorf("issue %d: %v", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	for _, c := range customers {
+		for _, s := range stores {
+			if _, err := s.Issue(ctx, admission.IssueRequest{Holder: "gw0", Generation: 1, Customer: c, Meter: "tokens",
+				Amount: d("1")}); err != nil {
+				t.Fatalf("%s: an issue after the storm: %v", c, err)
+			}
+		}
+		var issued decimal.Decimal
+		if err := e.pool.QueryRow(ctx, `SELECT coalesce(sum(amount), 0) FROM admission_grants WHERE customer = $1`, c).
+			Scan(&issued); err != nil {
+			t.Fatal(err)
+		}
+		if b := e.budget(c, "tokens"); !b.Consumed.Equal(issued) {
+			t.Errorf("%s: budget consumed %s, grants issued %s", c, b.Consumed, issued)
+		}
+	}
+}
+
+// A holder's first grant, when another process created the holder's row
+// after this batch locked its holders and a transaction of that process
+// (a release batch) holds the row and waits for this batch's budget row:
+// the batch gives its locks up and runs again, where an upsert of the
+// holder row would wait for that transaction, which waits for the batch
+// (a deadlock, one of the two killed).
+func TestIssueOfAHolderCreatedMeanwhileDoesNotDeadlock(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.rule("acme", "tokens", d("100"))
+	if _, err := e.store.Issue(ctx, admission.IssueRequest{Holder: "gw-old", Generation: 1, Customer: "acme",
+		Meter: "tokens", Amount: d("1")}); err != nil {
+		t.Fatal(err)
+	}
+	waiting := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			var got int
+			if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&got); err != nil {
+				t.Fatal(err)
+			}
+			if got >= n {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d transactions waiting for a lock, want %d", got, n)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// Another process's batch holds acme's budget row.
+	first, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Rollback(ctx)
+	if _, err := first.Exec(ctx, `SELECT 1 FROM admission_budgets WHERE customer = 'acme' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	issued := make(chan error, 1)
+	go func() {
+		_, err := e.store.Issue(ctx, admission.IssueRequest{Holder: "gw-new", Generation: 1, Customer: "acme",
+			Meter: "tokens", Amount: d("1")})
+		issued <- err
+	}()
+	waiting(1) // the batch locked its holders (gw-new has no row) and waits for acme's row
+	// The other process gives gw-new its first grant's row, and a release
+	// batch of gw-new locks it, then waits for acme's row.
+	if _, err := e.pool.Exec(ctx, `INSERT INTO admission_holders (holder, generation, seen_at) VALUES ('gw-new', 1, now())`); err != nil {
+		t.Fatal(err)
+	}
+	release, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release.Rollback(ctx)
+	if _, err := release.Exec(ctx, `SELECT 1 FROM admission_holders WHERE holder = 'gw-new' FOR SHARE`); err != nil {
+		t.Fatal(err)
+	}
+	locked := make(chan error, 1)
+	go func() {
+		_, err := release.Exec(ctx, `SELECT 1 FROM admission_budgets WHERE customer = 'acme' FOR UPDATE`)
+		locked <- err
+	}()
+	waiting(2)
+	if err := first.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-locked; err != nil {
+		t.Fatalf("the release batch: %v", err)
+	}
+	if err := release.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-issued; err != nil {
+		t.Fatalf("gw-new's first grant: %v", err)
+	}
+	if b := e.budget("acme", "tokens"); !b.Consumed.Equal(d("2")) {
+		t.Fatalf("budget %+v, want 2 consumed", b)
 	}
 }

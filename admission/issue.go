@@ -352,9 +352,12 @@ func (s *Store) issueOwnTx(ctx context.Context, batch []*call) error {
 	defer conn.Release()
 	start := time.Now()
 	err = s.issueBatch(ctx, conn, true, batch)
-	if errors.Is(err, errHolderMoved) {
+	for range maxHolderRetries {
+		if !errors.Is(err, errHolderMoved) {
+			break
+		}
 		// Rolled back; the holders are forgotten, so this attempt locks
-		// them exclusively.
+		// them exclusively, rows created meanwhile included.
 		err = s.issueBatch(ctx, conn, true, batch)
 	}
 	d := time.Since(start)
@@ -560,8 +563,11 @@ func (s *Store) newGrant(req IssueRequest, pl plan, amt decimal.Decimal, now tim
 
 // writes collects a batch's grants as columns.
 type writes struct {
-	hHolders                                []string
-	hGens                                   []int64
+	// nHolders: holders without a row when the batch locked its holders
+	// (their first grant); hHolders: holders whose locked row gets a newer
+	// generation.
+	nHolders, hHolders                      []string
+	nGens, hGens                            []int64
 	gIDs                                    []uuid.UUID
 	gCustomers, gMeters, gHolders, gAmounts []string
 	gStarts, gValid, gReclaim               []time.Time
@@ -575,8 +581,13 @@ type writes struct {
 
 func newWrites() *writes { return &writes{} }
 
-func (w *writes) add(g Grant, keys []budgetKey, newGeneration bool) {
-	if newGeneration {
+// add adds g, drawn from keys; stored is g's holder's generation as the
+// batch read it under its locks (0: the holder had no row).
+func (w *writes) add(g Grant, keys []budgetKey, stored int64) {
+	switch {
+	case stored == 0:
+		w.nHolders, w.nGens = append(w.nHolders, g.Holder), append(w.nGens, g.Generation)
+	case g.Generation > stored:
 		w.hHolders, w.hGens = append(w.hHolders, g.Holder), append(w.hGens, g.Generation)
 	}
 	w.gIDs, w.gCustomers, w.gMeters = append(w.gIDs, g.ID), append(w.gCustomers, g.Customer), append(w.gMeters, g.Meter)
@@ -598,8 +609,11 @@ func (w *writes) batch(now time.Time, rows map[budgetKey]*budgetRow, custKeys, s
 	if len(w.gIDs) == 0 {
 		return b
 	}
+	if len(w.nHolders) > 0 {
+		b.Queue(qInsertHolders, pgx.NamedArgs{"now": now, "h_holders": w.nHolders, "h_generations": w.nGens})
+	}
 	if len(w.hHolders) > 0 {
-		b.Queue(qUpsertHolders, pgx.NamedArgs{"now": now, "h_holders": w.hHolders, "h_generations": w.hGens})
+		b.Queue(qRaiseHolderGenerations, pgx.NamedArgs{"now": now, "h_holders": w.hHolders, "h_generations": w.hGens})
 	}
 	if len(custKeys) > 0 {
 		b.Queue(qTakeCustomerBudgets, takeArgs(now, "u_customers", custKeys, rows))

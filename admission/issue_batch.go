@@ -93,10 +93,21 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 			return errHolderMoved
 		}
 	}
+	before := make([]error, len(batch))
+	for i, c := range batch {
+		before[i] = c.err
+	}
 	d := s.decide(st, batch, plans)
 	if err := st.write(ctx, db, ownTx, d.writes); err != nil {
-		for _, c := range batch {
+		retry := ownTx && holderCreated(err)
+		for i, c := range batch {
 			c.grant = Grant{}
+			if retry {
+				c.err = before[i] // decided again on the next attempt
+			}
+		}
+		if retry {
+			return errHolderMoved
 		}
 		return err
 	}
@@ -176,8 +187,23 @@ type batchState struct {
 }
 
 // errHolderMoved: a batch that locked its holders shared found one that
-// needs a new generation written; it is run again with exclusive locks.
+// needs a new generation written, or a batch found the row of a holder it
+// was to create (no row when it locked its holders) created meanwhile by
+// another batch; it is run again with exclusive locks, up to
+// maxHolderRetries times (each time a holder row now exists or a
+// generation is now known, so it settles).
 var errHolderMoved = errors.New("admission: a holder's generation moved; issuing again with its row locked exclusively")
+
+const maxHolderRetries = 3
+
+// holderCreated reports whether err is the unique violation of a holder
+// row created by another batch after this one locked its holders: its
+// INSERT then fails rather than locking a row out of the lock order (an
+// upsert would wait for a batch that may be waiting for it).
+func holderCreated(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == "admission_holders_pkey"
+}
 
 // collectBudgets gathers the budget rows, holders and (customer, meter)
 // pairs the planned calls of batch touch, and their statements' arguments.
@@ -432,7 +458,7 @@ func (s *Store) decide(st *batchState, batch []*call, plans []plan) decisions {
 		keys, bind := s.decideCall(st, c, plans[i])
 		switch {
 		case c.err == nil:
-			d.writes.add(c.grant, keys, c.req.Generation > stored[c.req.Holder])
+			d.writes.add(c.grant, keys, stored[c.req.Holder])
 			d.writes.rate.add(c.grant, plans[i])
 			issued, issuedKeys, issuedPlans = append(issued, c), append(issuedKeys, keys), append(issuedPlans, plans[i])
 		case bind >= 0:

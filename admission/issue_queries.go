@@ -256,14 +256,23 @@ WHERE r.admission = 'exact' AND r."limit" IS NOT NULL`
 
 // The writes of a batch, set-based.
 
-// qUpsertHolders records new holders and newer generations (seen_at: when
-// the holder's newest generation was first issued a grant).
-const qUpsertHolders = `
-INSERT INTO admission_holders AS h (holder, generation, seen_at)
+// qInsertHolders records holders that had no row when the batch locked
+// its holders, sorted (seen_at: when the holder's newest generation was
+// first issued a grant). No ON CONFLICT: a row another batch created
+// meanwhile is not locked here, out of the lock order, but fails the
+// batch (holderCreated), which runs again with that row locked.
+const qInsertHolders = `
+INSERT INTO admission_holders (holder, generation, seen_at)
 SELECT holder, max(generation), @now FROM unnest(@h_holders::text[], @h_generations::bigint[]) AS u(holder, generation)
-GROUP BY holder ORDER BY holder
-ON CONFLICT (holder) DO UPDATE
-SET generation = GREATEST(h.generation, EXCLUDED.generation), seen_at = EXCLUDED.seen_at`
+GROUP BY holder ORDER BY holder`
+
+// qRaiseHolderGenerations records newer generations of holders whose rows
+// the batch locked.
+const qRaiseHolderGenerations = `
+UPDATE admission_holders h SET generation = GREATEST(h.generation, u.generation), seen_at = @now
+FROM (SELECT holder, max(generation) AS generation FROM unnest(@h_holders::text[], @h_generations::bigint[]) AS x(holder, generation)
+      GROUP BY holder) u
+WHERE h.holder = u.holder`
 
 const qTakeCustomerBudgets = `
 UPDATE admission_budgets b
