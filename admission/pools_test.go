@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -382,5 +383,37 @@ func TestJoinDuringAFirstGrantCountsIt(t *testing.T) {
 	<-joined
 	if c := e.scopeConsumed("pool:team", "calls"); !c.Equal(d("40")) {
 		t.Fatalf("pool consumed %s after a joined with a 30 grant in flight, want 10 + 30", c)
+	}
+}
+
+// Membership changed several times at one instant (the clock did not
+// move, or the caller named the same effective_at): a customer listed,
+// dropped and listed again at that instant is a member from it, counted
+// once, and the change is not refused by the store.
+func TestRejoiningAtTheInstantItLeftIsAMember(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.rule("a", "calls", d("100"))
+	e.scopeRule(quota.PoolScope("team"), "calls", d("100"))
+	e.putPool("team", "a", "b")
+	if _, err := e.issue("gw1", "a", d("10")); err != nil {
+		t.Fatal(err)
+	}
+	e.putPool("team", "b")
+	if _, err := e.store.PutPool(ctx, pools.PutInput{Name: "team", Members: []string{"a", "b"}, Actor: "test"}); err != nil {
+		t.Fatalf("a listed again at the instant it left: %v", err)
+	}
+	p, err := pools.Get(ctx, e.pool, "team")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(p.Members, []string{"a", "b"}) {
+		t.Fatalf("members %v, want [a b]", p.Members)
+	}
+	if _, err := e.issue("gw1", "a", d("5")); err != nil {
+		t.Fatal(err)
+	}
+	if c := e.scopeConsumed(quota.PoolScope("team"), "calls"); !c.Equal(d("15")) {
+		t.Fatalf("pool consumed %s, want 15", c)
 	}
 }

@@ -20,9 +20,13 @@ const qLeave = `
 UPDATE pool_members SET left_at = @at
 WHERE pool = @pool AND left_at IS NULL AND customer = ANY(@customers::text[])`
 
+// qJoin starts a stay for each customer at @at. A customer that joined and
+// left at @at itself (a stay that never counted: the pool changed twice at
+// one instant) has that stay opened again: it is a member from @at.
 const qJoin = `
-INSERT INTO pool_members (pool, customer, joined_at, actor)
-SELECT @pool, c, @at, @actor FROM unnest(@customers::text[]) AS c`
+INSERT INTO pool_members AS m (pool, customer, joined_at, actor)
+SELECT @pool, c, @at, @actor FROM unnest(@customers::text[]) AS c
+ON CONFLICT (pool, customer, joined_at) DO UPDATE SET left_at = NULL, actor = EXCLUDED.actor`
 
 const qPool = `SELECT name, created_at, updated_at FROM pools WHERE name = @name`
 
