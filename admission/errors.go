@@ -18,6 +18,11 @@ var ErrNotFound = errors.New("admission: no such grant")
 // ErrUnknownHolder: no grant was ever issued to the holder.
 var ErrUnknownHolder = errors.New("admission: no such holder")
 
+// ErrKeptChanging: the rules or pool memberships that decide which
+// budgets a request draws from changed under every one of its attempts
+// (maxReplans). Nothing was issued; the request may be sent again.
+var ErrKeptChanging = errors.New("admission: the budgets kept changing while issuing")
+
 // FieldError is one problem of an input, naming its field: the shape
 // every domain package returns, so the REST API maps them in one place.
 type FieldError = validation.FieldError

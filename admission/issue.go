@@ -171,7 +171,7 @@ func (s *Store) IssueTx(ctx context.Context, tx pgx.Tx, req IssueRequest) (Grant
 }
 
 func errKeptChanging(req IssueRequest) error {
-	return fmt.Errorf("admission: the budgets of %s/%s kept changing while issuing; try again", req.Customer, req.Meter)
+	return fmt.Errorf("%w (%s/%s); try again", ErrKeptChanging, req.Customer, req.Meter)
 }
 
 // call is one request waiting in the combiner.

@@ -307,5 +307,10 @@ func admissionProblem(w http.ResponseWriter, err error) error {
 	if errors.Is(err, admission.ErrNotFound) || errors.Is(err, admission.ErrUnknownHolder) {
 		return notFound(err.Error())
 	}
+	if errors.Is(err, admission.ErrKeptChanging) {
+		// Contention, not a fault: the gateway asks again after Retry-After.
+		return &Problem{Type: TypeUnavailable, Title: "Budgets changing", Status: http.StatusServiceUnavailable,
+			Detail: err.Error()}
+	}
 	return err
 }

@@ -1,0 +1,111 @@
+package admission_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/admission"
+	"github.com/tally-ledger/tally/pools"
+	"github.com/tally-ledger/tally/quota"
+)
+
+// Two API processes (two Stores on one database) serve the same gateways
+// at once: first grants of new holders, grants drawn from a customer's, a
+// pool's and the global budget, renews, releases one by one and together,
+// and customers joining and leaving the pool meanwhile. No request fails
+// for the database's sake (a deadlock, a serialization failure): every
+// answer is a grant or one of admission's own refusals.
+func TestTwoProcessesServingTheSameGatewaysNeverDeadlock(t *testing.T) {
+	e := newEnv(t)
+	other, err := admission.New(e.pool, admission.Config{Now: e.clock.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stores := []*admission.Store{e.store, other}
+	customers := []string{"a", "b", "c", "d", "e", "f"}
+	for _, c := range customers {
+		e.rule(c, "calls", d("1000000"))
+	}
+	e.scopeRule(quota.PoolScope("team"), "calls", d("1000000"))
+	e.scopeRule(quota.Global, "calls", d("1000000"))
+	e.putPool("team", customers[:3]...)
+	ctx := context.Background()
+	check := func(what string, err error) {
+		if err == nil {
+			return
+		}
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) || strings.Contains(err.Error(), "SQLSTATE") {
+			t.Errorf("%s: %v", what, err)
+			return
+		}
+		var ended *admission.GrantEndedError
+		var exhausted *admission.BudgetExhaustedError
+		if !errors.As(err, &ended) && !errors.As(err, &exhausted) && !errors.Is(err, admission.ErrKeptChanging) {
+			t.Errorf("%s: %v", what, err)
+		}
+	}
+	var wg sync.WaitGroup
+	for w := range 12 {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(w), 7))
+			var held []admission.Grant
+			for i := range 40 {
+				s := stores[r.IntN(2)]
+				switch {
+				case len(held) == 0 || r.IntN(3) > 0:
+					g, err := s.Issue(ctx, admission.IssueRequest{Holder: fmt.Sprintf("gw%d-%d", w, i/10), Generation: 1,
+						Customer: customers[r.IntN(len(customers))], Meter: "calls", Amount: d("5")})
+					check("issue", err)
+					if err == nil {
+						held = append(held, g)
+					}
+				case r.IntN(3) == 0:
+					g := held[r.IntN(len(held))]
+					_, err := s.Renew(ctx, admission.Report{Grant: g.ID, Holder: g.Holder, Generation: 1, Spent: d("1")})
+					check("renew", err)
+				case r.IntN(2) == 0:
+					g := held[0]
+					held = held[1:]
+					_, err := s.Release(ctx, admission.Report{Grant: g.ID, Holder: g.Holder, Generation: 1, Spent: d("2")})
+					check("release", err)
+				default:
+					var rs []admission.Report
+					for _, g := range held {
+						rs = append(rs, admission.Report{Grant: g.ID, Holder: g.Holder, Generation: 1, Spent: d("3")})
+					}
+					held = nil
+					_, errs := s.ReleaseAll(ctx, rs)
+					for _, err := range errs {
+						check("release all", err)
+					}
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		for i := range 20 {
+			members := customers[i%3 : i%3+3]
+			if _, err := stores[i%2].PutPool(ctx, pools.PutInput{Name: "team", Members: members, Actor: "test"}); err != nil {
+				check("pool", err)
+			}
+		}
+	})
+	wg.Wait()
+	var live, spent decimal.Decimal
+	if err := e.pool.QueryRow(ctx, `SELECT coalesce(sum(amount) FILTER (WHERE ended_at IS NULL), 0),
+		coalesce(sum(spent) FILTER (WHERE ended_at IS NOT NULL), 0) FROM admission_grants`).Scan(&live, &spent); err != nil {
+		t.Fatal(err)
+	}
+	if c := e.scopeConsumed(quota.Global, "calls"); !c.Equal(live.Add(spent)) {
+		t.Errorf("global consumed %s, want %s live + %s spent", c, live, spent)
+	}
+}
