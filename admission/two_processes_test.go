@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/shopspring/decimal"
@@ -20,7 +21,8 @@ import (
 // Two API processes (two Stores on one database) serve the same gateways
 // at once: first grants of new holders, grants drawn from a customer's, a
 // pool's and the global budget, renews, releases one by one and together,
-// and customers joining and leaving the pool meanwhile. No request fails
+// grants of a customer's rate budget, customers joining and leaving the
+// pool and holders retired meanwhile. No request fails
 // for the database's sake (a deadlock, a serialization failure): every
 // answer is a grant or one of admission's own refusals.
 func TestTwoProcessesServingTheSameGatewaysNeverDeadlock(t *testing.T) {
@@ -31,9 +33,10 @@ func TestTwoProcessesServingTheSameGatewaysNeverDeadlock(t *testing.T) {
 	}
 	stores := []*admission.Store{e.store, other}
 	customers := []string{"a", "b", "c", "d", "e", "f"}
-	for _, c := range customers {
+	for _, c := range customers[:5] {
 		e.rule(c, "calls", d("1000000"))
 	}
+	e.rateRule("customer:f", "calls", "100000", "1s", "100000", 0, time.Time{})
 	e.scopeRule(quota.PoolScope("team"), "calls", d("1000000"))
 	e.scopeRule(quota.Global, "calls", d("1000000"))
 	e.putPool("team", customers[:3]...)
@@ -49,7 +52,9 @@ func TestTwoProcessesServingTheSameGatewaysNeverDeadlock(t *testing.T) {
 		}
 		var ended *admission.GrantEndedError
 		var exhausted *admission.BudgetExhaustedError
-		if !errors.As(err, &ended) && !errors.As(err, &exhausted) && !errors.Is(err, admission.ErrKeptChanging) {
+		var fenced *admission.FencedError
+		if !errors.As(err, &ended) && !errors.As(err, &exhausted) && !errors.As(err, &fenced) &&
+			!errors.Is(err, admission.ErrKeptChanging) {
 			t.Errorf("%s: %v", what, err)
 		}
 	}
@@ -91,6 +96,15 @@ func TestTwoProcessesServingTheSameGatewaysNeverDeadlock(t *testing.T) {
 			}
 		})
 	}
+	wg.Go(func() {
+		for i := range 6 {
+			time.Sleep(20 * time.Millisecond)
+			_, err := stores[i%2].RetireHolder(ctx, fmt.Sprintf("gw%d-0", i))
+			if !errors.Is(err, admission.ErrUnknownHolder) {
+				check("retire", err)
+			}
+		}
+	})
 	wg.Go(func() {
 		for i := range 20 {
 			members := customers[i%3 : i%3+3]
