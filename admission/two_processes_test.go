@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/shopspring/decimal"
 
@@ -22,7 +23,8 @@ import (
 // at once: first grants of new holders, grants drawn from a customer's, a
 // pool's and the global budget, renews, releases one by one and together,
 // grants of a customer's rate budget, customers joining and leaving the
-// pool and holders retired meanwhile. No request fails
+// pool, holders retired and new versions of the budgets' rules
+// meanwhile. No request fails
 // for the database's sake (a deadlock, a serialization failure): every
 // answer is a grant or one of admission's own refusals.
 func TestTwoProcessesServingTheSameGatewaysNeverDeadlock(t *testing.T) {
@@ -96,6 +98,27 @@ func TestTwoProcessesServingTheSameGatewaysNeverDeadlock(t *testing.T) {
 			}
 		})
 	}
+	wg.Go(func() {
+		// New rule versions: the budgets are brought to them mid-flight.
+		for i := range 8 {
+			time.Sleep(15 * time.Millisecond)
+			limit := decimal.NewFromInt(int64(1000000 + i))
+			var err error
+			if i%2 == 0 {
+				_, err = quota.PutRuleDB(ctx, e.pool, quota.RuleInput{Customer: customers[i%5], Meter: "calls", Limit: limit,
+					Admission: quota.Exact, EffectiveAt: e.clock.Now(), Actor: "test"})
+			} else {
+				err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+					_, err := quota.PutScopeRuleAt(ctx, tx, quota.ScopeRuleInput{Scope: []string{quota.PoolScope("team"), quota.Global}[i/2%2],
+						Meter: "calls", Limit: limit, Admission: quota.Exact, Actor: "test"}, e.clock.Now())
+					return err
+				})
+			}
+			if err != nil {
+				t.Errorf("rule %d: %v", i, err)
+			}
+		}
+	})
 	wg.Go(func() {
 		for i := range 6 {
 			time.Sleep(20 * time.Millisecond)
