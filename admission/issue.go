@@ -153,7 +153,10 @@ const maxReplans = 3
 
 var errReplan = errors.New("admission: budgets changed while issuing")
 
-// IssueTx leases a grant inside tx: the grant exists once tx commits.
+// IssueTx leases a grant inside tx: the grant exists once tx commits. A
+// holder's first grant fails tx with a unique violation on
+// admission_holders when another process created the holder's row after
+// tx locked it (never a wait out of the lock order): run tx again.
 func (s *Store) IssueTx(ctx context.Context, tx pgx.Tx, req IssueRequest) (Grant, error) {
 	if err := req.Validate(); err != nil {
 		return Grant{}, err
