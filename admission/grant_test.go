@@ -261,14 +261,7 @@ func TestIssueDoesNotWaitForItsHoldersReleases(t *testing.T) {
 		t.Fatal(err)
 	}
 	// What a release batch of gw1 holds until it commits.
-	tx, err := e.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, `SELECT generation FROM admission_holders WHERE holder = 'gw1' FOR SHARE`); err != nil {
-		t.Fatal(err)
-	}
+	tx := e.holding(`SELECT generation FROM admission_holders WHERE holder = 'gw1' FOR SHARE`)
 	done := make(chan error, 1)
 	go func() {
 		_, err := issue(ctx, 3)
@@ -321,11 +314,7 @@ func TestIssueDoesNotWaitForItsHoldersReleases(t *testing.T) {
 // afterwards, and each budget's consumed is exactly what its grants took.
 func TestConcurrentIssuesOfTwoProcessesAllAnswered(t *testing.T) {
 	e := newEnv(t)
-	other, err := admission.New(e.pool, admission.Config{Now: e.clock.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stores := []*admission.Store{e.store, other}
+	stores := []*admission.Store{e.store, e.otherProcess()}
 	customers := []string{"c1", "c2", "c3", "c4"}
 	for _, c := range customers {
 		e.rule(c, "tokens", d("100000"))
@@ -399,14 +388,7 @@ func TestIssueOfAHolderCreatedMeanwhileDoesNotDeadlock(t *testing.T) {
 		}
 	}
 	// Another process's batch holds acme's budget row.
-	first, err := e.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer first.Rollback(ctx)
-	if _, err := first.Exec(ctx, `SELECT 1 FROM admission_budgets WHERE customer = 'acme' FOR UPDATE`); err != nil {
-		t.Fatal(err)
-	}
+	first := e.holding(`SELECT 1 FROM admission_budgets WHERE customer = 'acme' FOR UPDATE`)
 	issued := make(chan error, 1)
 	go func() {
 		_, err := e.store.Issue(ctx, admission.IssueRequest{Holder: "gw-new", Generation: 1, Customer: "acme",
@@ -419,14 +401,7 @@ func TestIssueOfAHolderCreatedMeanwhileDoesNotDeadlock(t *testing.T) {
 	if _, err := e.pool.Exec(ctx, `INSERT INTO admission_holders (holder, generation, seen_at) VALUES ('gw-new', 1, now())`); err != nil {
 		t.Fatal(err)
 	}
-	release, err := e.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer release.Rollback(ctx)
-	if _, err := release.Exec(ctx, `SELECT 1 FROM admission_holders WHERE holder = 'gw-new' FOR SHARE`); err != nil {
-		t.Fatal(err)
-	}
+	release := e.holding(`SELECT 1 FROM admission_holders WHERE holder = 'gw-new' FOR SHARE`)
 	locked := make(chan error, 1)
 	go func() {
 		_, err := release.Exec(ctx, `SELECT 1 FROM admission_budgets WHERE customer = 'acme' FOR UPDATE`)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/shopspring/decimal"
 	"go.uber.org/goleak"
@@ -66,6 +67,34 @@ func (e *env) rule(customer, meter string, limit decimal.Decimal) {
 }
 
 func d(s string) decimal.Decimal { return decimal.RequireFromString(s) }
+
+// otherProcess is a second Store on the same database and clock: another
+// API process.
+func (e *env) otherProcess() *admission.Store {
+	e.t.Helper()
+	s, err := admission.New(e.pool, admission.Config{Now: e.clock.Now})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return s
+}
+
+// holding begins a transaction that runs lock (a statement taking row
+// locks) and holds them until it ends; it is rolled back at the test's
+// end if still open.
+func (e *env) holding(lock string) pgx.Tx {
+	e.t.Helper()
+	ctx := context.Background()
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { _ = tx.Rollback(ctx) })
+	if _, err := tx.Exec(ctx, lock); err != nil {
+		e.t.Fatal(err)
+	}
+	return tx
+}
 
 // budgetOrZero is the budget, or a zero one before its first grant.
 func (e *env) budgetOrZero(customer, meter string) admission.Budget {

@@ -29,11 +29,7 @@ import (
 // answer is a grant or one of admission's own refusals.
 func TestTwoProcessesServingTheSameGatewaysNeverDeadlock(t *testing.T) {
 	e := newEnv(t)
-	other, err := admission.New(e.pool, admission.Config{Now: e.clock.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stores := []*admission.Store{e.store, other}
+	stores := []*admission.Store{e.store, e.otherProcess()}
 	customers := []string{"a", "b", "c", "d", "e", "f"}
 	for _, c := range customers[:5] {
 		e.rule(c, "calls", d("1000000"))
