@@ -20,13 +20,13 @@ import (
 )
 
 // Two API processes (two Stores on one database) serve the same gateways
-// at once: first grants of new holders, grants drawn from a customer's, a
-// pool's and the global budget, renews, releases one by one and together,
-// grants of a customer's rate budget, customers joining and leaving the
-// pool, holders retired and new versions of the budgets' rules
-// meanwhile. No request fails
-// for the database's sake (a deadlock, a serialization failure): every
-// answer is a grant or one of admission's own refusals.
+// at once: first grants of new holders, grants drawn from a customer's,
+// pools' and the global budget, renews, releases one by one and together,
+// grants of a customer's rate budget, customers joining and leaving two
+// pools, holders retired and new versions of the budgets' rules
+// meanwhile. No request fails for the database's sake (a deadlock, a
+// serialization failure): every answer is a grant or one of admission's
+// own refusals.
 func TestTwoProcessesServingTheSameGatewaysNeverDeadlock(t *testing.T) {
 	e := newEnv(t)
 	stores := []*admission.Store{e.store, e.otherProcess()}
@@ -38,6 +38,8 @@ func TestTwoProcessesServingTheSameGatewaysNeverDeadlock(t *testing.T) {
 	e.scopeRule(quota.PoolScope("team"), "calls", d("1000000"))
 	e.scopeRule(quota.Global, "calls", d("1000000"))
 	e.putPool("team", customers[:3]...)
+	e.scopeRule(quota.PoolScope("ops"), "calls", d("1000000"))
+	e.putPool("ops", customers[2:5]...)
 	ctx := context.Background()
 	check := func(what string, err error) {
 		if err == nil {
@@ -124,14 +126,16 @@ func TestTwoProcessesServingTheSameGatewaysNeverDeadlock(t *testing.T) {
 			}
 		}
 	})
-	wg.Go(func() {
-		for i := range 20 {
-			members := customers[i%3 : i%3+3]
-			if _, err := stores[i%2].PutPool(ctx, pools.PutInput{Name: "team", Members: members, Actor: "test"}); err != nil {
-				check("pool", err)
+	for k, pool := range []string{"team", "ops"} {
+		wg.Go(func() {
+			for i := range 20 {
+				members := customers[(i+k)%4 : (i+k)%4+3]
+				if _, err := stores[(i+k)%2].PutPool(ctx, pools.PutInput{Name: pool, Members: members, Actor: "test"}); err != nil {
+					check("pool", err)
+				}
 			}
-		}
-	})
+		})
+	}
 	wg.Wait()
 	var live, spent decimal.Decimal
 	if err := e.pool.QueryRow(ctx, `SELECT coalesce(sum(amount) FILTER (WHERE ended_at IS NULL), 0),
