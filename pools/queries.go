@@ -24,7 +24,7 @@ WHERE pool = @pool AND left_at IS NULL AND customer = ANY(@customers::text[])`
 // left at @at itself (a stay that never counted: the pool changed twice at
 // one instant) has that stay opened again: it is a member from @at.
 const qJoin = `
-INSERT INTO pool_members AS m (pool, customer, joined_at, actor)
+INSERT INTO pool_members (pool, customer, joined_at, actor)
 SELECT @pool, c, @at, @actor FROM unnest(@customers::text[]) AS c
 ON CONFLICT (pool, customer, joined_at) DO UPDATE SET left_at = NULL, actor = EXCLUDED.actor`
 
