@@ -18,11 +18,14 @@ import (
 
 // Two Ledgers (two ingest members, as around a rebalance) and several
 // transactions each apply the same records at once: shuffled, in batches
-// of any size, each record several times, out of order across the streams of
-// four customers. A transaction the database aborts for a deadlock or a
+// of any size, each record several times, out of order across the streams
+// of four customers, counters, a unique meter and a gauge mixed in one
+// batch. A transaction the database aborts for a deadlock or a
 // serialization failure is applied again, as ingest does; any other error
 // fails. Afterwards every record is applied once: each customer's billed
-// usage and rollups are the streams' final totals.
+// usage and rollups are its counters' final totals, its members are
+// counted once in the period and the day, and its gauge's max, latest and
+// unit-seconds are those of its readings in seq order.
 func TestTwoLedgersApplyingOverlappingBatchesAtOnce(t *testing.T) {
 	f := newFixture(t)
 	other, err := ledger.New(ledger.Config{Clock: func() time.Time { return f.now }})
@@ -37,11 +40,35 @@ func TestTwoLedgersApplyingOverlappingBatchesAtOnce(t *testing.T) {
 		}
 	}
 	const n = 100
+	if err := f.declare("mau", ledger.Unique); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.declare("seats", ledger.Gauge); err != nil {
+		t.Fatal(err)
+	}
+	// Every stream's records, in seq order: counters, and per customer a
+	// unique meter's (30 members, each seen several times) and a gauge's.
+	records := func(s recBuilder) []ledger.Record {
+		var recs []ledger.Record
+		for seq := int64(1); seq <= n; seq++ {
+			at := nov.Add(time.Duration(seq) * time.Minute)
+			switch s.meter {
+			case "mau":
+				recs = append(recs, s.member(seq, fmt.Sprintf("user-%d", seq%30), at))
+			case "seats":
+				recs = append(recs, s.level(seq, fmt.Sprint(seq%7), at))
+			default:
+				recs = append(recs, s.rec(seq, fmt.Sprint(seq), at))
+			}
+		}
+		return recs
+	}
+	for c := range 4 {
+		streams = append(streams, recBuilder{"gw-u", 1, fmt.Sprintf("c%d", c), "mau"}, recBuilder{"gw-g", 1, fmt.Sprintf("c%d", c), "seats"})
+	}
 	var all []ledger.Record
 	for _, s := range streams {
-		for seq := int64(1); seq <= n; seq++ {
-			all = append(all, s.rec(seq, fmt.Sprint(seq), nov))
-		}
+		all = append(all, records(s)...)
 	}
 	ctx := context.Background()
 	var mu sync.Mutex
@@ -82,11 +109,7 @@ func TestTwoLedgersApplyingOverlappingBatchesAtOnce(t *testing.T) {
 	// Everything once more (each goroutine sent two thirds), so every seq
 	// is in.
 	for _, s := range streams {
-		var recs []ledger.Record
-		for seq := int64(1); seq <= n; seq++ {
-			recs = append(recs, s.rec(seq, fmt.Sprint(seq), nov))
-		}
-		f.apply(recs...)
+		f.apply(records(s)...)
 	}
 	t.Logf("transactions applied again: %v", retries)
 	for c := range 4 {
@@ -95,6 +118,27 @@ func TestTwoLedgersApplyingOverlappingBatchesAtOnce(t *testing.T) {
 		}
 		if got := f.scalar(`SELECT trim_scale(sum(billed))::text FROM records WHERE customer = $1`, fmt.Sprintf("c%d", c)); got != fmt.Sprint(3*n) {
 			t.Errorf("c%d billed %s, want %d", c, got, 3*n)
+		}
+		// The gauge's aggregates are those of its readings in seq order,
+		// each level held a minute, the last one until now.
+		last := nov.Add(n * time.Minute)
+		var unitSeconds int64
+		for seq := int64(1); seq < n; seq++ {
+			unitSeconds += seq % 7 * 60
+		}
+		unitSeconds += n % 7 * int64(f.now.Sub(last)/time.Second)
+		if g := f.gauge(fmt.Sprintf("c%d", c), "seats", "2026-11-01"); g.Max.String() != "6" || g.Latest.String() != fmt.Sprint(n%7) ||
+			g.UnitSeconds.String() != fmt.Sprint(unitSeconds) {
+			t.Errorf("c%d: gauge max %s latest %s unit-seconds %s, want 6, %d, %d", c, g.Max, g.Latest, g.UnitSeconds, n%7, unitSeconds)
+		}
+		for sql, want := range map[string]string{
+			`SELECT string_agg(per_day || ':' || members, ' ' ORDER BY per_day) FROM unique_counts WHERE customer = $1`: "false:30 true:30",
+			`SELECT count(*)::text FROM unique_readings WHERE customer = $1`:                                            fmt.Sprint(n),
+			`SELECT count(*)::text FROM gauge_readings g JOIN gauge_streams s USING (stream_id) WHERE s.customer = $1`:  fmt.Sprint(n),
+		} {
+			if got := f.scalar(sql, fmt.Sprintf("c%d", c)); got != want {
+				t.Errorf("c%d: %s = %s, want %s", c, sql, got, want)
+			}
 		}
 	}
 }
