@@ -57,13 +57,38 @@ func newEnv(t testing.TB) *env {
 // rule stores a new exact rule version effective at the clock's now.
 func (e *env) rule(customer, meter string, limit decimal.Decimal) {
 	e.t.Helper()
-	_, err := quota.PutRuleDB(context.Background(), e.pool, quota.RuleInput{
-		Customer: customer, Meter: meter, Limit: limit, Admission: quota.Exact,
-		EffectiveAt: e.clock.Now(), Actor: "test",
-	})
-	if err != nil {
+	if err := e.putLimit(quota.CustomerScope(customer), meter, limit); err != nil {
 		e.t.Fatalf("put rule: %v", err)
 	}
+}
+
+// putLimit stores a new exact rule version with limit, effective at the
+// clock's now, for a customer ("customer:<id>"), a pool or the global
+// scope.
+func (e *env) putLimit(scope, meter string, limit decimal.Decimal) error {
+	ctx := context.Background()
+	if c, ok := rateCustomerOf(scope); ok {
+		_, err := quota.PutRuleDB(ctx, e.pool, quota.RuleInput{Customer: c, Meter: meter, Limit: limit,
+			Admission: quota.Exact, EffectiveAt: e.clock.Now(), Actor: "test"})
+		return err
+	}
+	return pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
+		_, err := quota.PutScopeRuleAt(ctx, tx, quota.ScopeRuleInput{Scope: scope, Meter: meter, Limit: limit,
+			Admission: quota.Exact, Actor: "test"}, e.clock.Now())
+		return err
+	})
+}
+
+// lockWaiters counts the test database's sessions waiting for a lock
+// (of wait event event; any, when "").
+func (e *env) lockWaiters(event string) int {
+	e.t.Helper()
+	var n int
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND wait_event_type = 'Lock' AND ($1 = '' OR wait_event = $1)`, event).Scan(&n); err != nil {
+		e.t.Fatal(err)
+	}
+	return n
 }
 
 func d(s string) decimal.Decimal { return decimal.RequireFromString(s) }

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/admission"
@@ -20,12 +19,7 @@ import (
 // scopeRule stores a new exact rule version of a pool or the global scope.
 func (e *env) scopeRule(scope, meter string, limit decimal.Decimal) {
 	e.t.Helper()
-	err := pgx.BeginFunc(context.Background(), e.pool, func(tx pgx.Tx) error {
-		_, err := quota.PutScopeRuleAt(context.Background(), tx, quota.ScopeRuleInput{Scope: scope, Meter: meter,
-			Limit: limit, Admission: quota.Exact, Actor: "test"}, e.clock.Now())
-		return err
-	})
-	if err != nil {
+	if err := e.putLimit(scope, meter, limit); err != nil {
 		e.t.Fatalf("put scope rule: %v", err)
 	}
 }
@@ -338,14 +332,7 @@ func TestJoinDuringAFirstGrantCountsIt(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waiters := func() int {
-		var n int
-		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory'`).Scan(&n); err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	waiters := func() int { return e.lockWaiters("advisory") }
 	granted := make(chan error, 1)
 	go func() {
 		_, err := e.issue("gw", "a", d("30"))
