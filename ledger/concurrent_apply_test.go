@@ -33,21 +33,24 @@ func TestTwoLedgersApplyingOverlappingBatchesAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	ledgers := []*ledger.Ledger{f.l, other}
-	var streams []recBuilder
-	for c := range 4 {
-		for p := range 3 {
-			streams = append(streams, recBuilder{fmt.Sprintf("gw-%d", p), 1, fmt.Sprintf("c%d", c), []string{"api_calls", "bytes"}[p%2]})
-		}
-	}
-	const n = 100
 	if err := f.declare("mau", ledger.Unique); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.declare("seats", ledger.Gauge); err != nil {
 		t.Fatal(err)
 	}
-	// Every stream's records, in seq order: counters, and per customer a
-	// unique meter's (30 members, each seen several times) and a gauge's.
+	// Per customer three counter streams, a unique meter's and a gauge's.
+	customers := []string{"c0", "c1", "c2", "c3"}
+	var streams []recBuilder
+	for _, c := range customers {
+		for p := range 3 {
+			streams = append(streams, recBuilder{fmt.Sprintf("gw-%d", p), 1, c, []string{"api_calls", "bytes"}[p%2]})
+		}
+		streams = append(streams, recBuilder{"gw-u", 1, c, "mau"}, recBuilder{"gw-g", 1, c, "seats"})
+	}
+	const n = 100
+	// A stream's records in seq order (a unique meter's: 30 members, each
+	// seen several times).
 	records := func(s recBuilder) []ledger.Record {
 		var recs []ledger.Record
 		for seq := int64(1); seq <= n; seq++ {
@@ -62,9 +65,6 @@ func TestTwoLedgersApplyingOverlappingBatchesAtOnce(t *testing.T) {
 			}
 		}
 		return recs
-	}
-	for c := range 4 {
-		streams = append(streams, recBuilder{"gw-u", 1, fmt.Sprintf("c%d", c), "mau"}, recBuilder{"gw-g", 1, fmt.Sprintf("c%d", c), "seats"})
 	}
 	var all []ledger.Record
 	for _, s := range streams {
@@ -112,32 +112,27 @@ func TestTwoLedgersApplyingOverlappingBatchesAtOnce(t *testing.T) {
 		f.apply(records(s)...)
 	}
 	t.Logf("transactions applied again: %v", retries)
-	for c := range 4 {
-		if got := f.scalar(`SELECT trim_scale(sum(quantity))::text FROM rollups WHERE customer = $1`, fmt.Sprintf("c%d", c)); got != fmt.Sprint(3*n) {
-			t.Errorf("c%d rollups %s, want %d", c, got, 3*n)
-		}
-		if got := f.scalar(`SELECT trim_scale(sum(billed))::text FROM records WHERE customer = $1`, fmt.Sprintf("c%d", c)); got != fmt.Sprint(3*n) {
-			t.Errorf("c%d billed %s, want %d", c, got, 3*n)
-		}
-		// The gauge's aggregates are those of its readings in seq order,
-		// each level held a minute, the last one until now.
-		last := nov.Add(n * time.Minute)
-		var unitSeconds int64
-		for seq := int64(1); seq < n; seq++ {
-			unitSeconds += seq % 7 * 60
-		}
-		unitSeconds += n % 7 * int64(f.now.Sub(last)/time.Second)
-		if g := f.gauge(fmt.Sprintf("c%d", c), "seats", "2026-11-01"); g.Max.String() != "6" || g.Latest.String() != fmt.Sprint(n%7) ||
+	// The gauge's aggregates are those of its readings in seq order, each
+	// level held a minute, the last one until now.
+	var unitSeconds int64
+	for seq := int64(1); seq < n; seq++ {
+		unitSeconds += seq % 7 * 60
+	}
+	unitSeconds += n % 7 * int64(f.now.Sub(nov.Add(n*time.Minute))/time.Second)
+	for _, c := range customers {
+		if g := f.gauge(c, "seats", "2026-11-01"); g.Max.String() != "6" || g.Latest.String() != fmt.Sprint(n%7) ||
 			g.UnitSeconds.String() != fmt.Sprint(unitSeconds) {
-			t.Errorf("c%d: gauge max %s latest %s unit-seconds %s, want 6, %d, %d", c, g.Max, g.Latest, g.UnitSeconds, n%7, unitSeconds)
+			t.Errorf("%s: gauge max %s latest %s unit-seconds %s, want 6, %d, %d", c, g.Max, g.Latest, g.UnitSeconds, n%7, unitSeconds)
 		}
 		for sql, want := range map[string]string{
+			`SELECT trim_scale(sum(quantity))::text FROM rollups WHERE customer = $1`:                                   fmt.Sprint(3 * n),
+			`SELECT trim_scale(sum(billed))::text FROM records WHERE customer = $1`:                                     fmt.Sprint(3 * n),
 			`SELECT string_agg(per_day || ':' || members, ' ' ORDER BY per_day) FROM unique_counts WHERE customer = $1`: "false:30 true:30",
 			`SELECT count(*)::text FROM unique_readings WHERE customer = $1`:                                            fmt.Sprint(n),
 			`SELECT count(*)::text FROM gauge_readings g JOIN gauge_streams s USING (stream_id) WHERE s.customer = $1`:  fmt.Sprint(n),
 		} {
-			if got := f.scalar(sql, fmt.Sprintf("c%d", c)); got != want {
-				t.Errorf("c%d: %s = %s, want %s", c, sql, got, want)
+			if got := f.scalar(sql, c); got != want {
+				t.Errorf("%s: %s = %s, want %s", c, sql, got, want)
 			}
 		}
 	}
