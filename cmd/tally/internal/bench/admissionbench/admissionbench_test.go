@@ -51,6 +51,11 @@ func TestRunInvariants(t *testing.T) {
 	if r.Requests == 0 || r.Over == 0 || r.Over+r.Near+r.Below != o.Customers {
 		t.Fatalf("trace: %d requests, customers over %d near %d below %d", r.Requests, r.Over, r.Near, r.Below)
 	}
+	if r.Firsts < int64(o.Customers) || r.Firsts > min(r.Requests, int64(o.Gateways*o.Customers)) ||
+		r.Steady >= r.Requests || r.FirstsSteady > min(r.Steady, r.Firsts) {
+		t.Fatalf("trace: %d first requests of a customer at a gateway of %d (after the warm-up %d of %d), %d gateways × %d customers",
+			r.Firsts, r.Requests, r.FirstsSteady, r.Steady, o.Gateways, o.Customers)
+	}
 	rows := map[string]admissionbench.Row{}
 	for _, row := range r.Rows {
 		rows[row.Regime] = row
@@ -99,8 +104,11 @@ func TestRunInvariants(t *testing.T) {
 		t.Errorf("lagged: over limit %d, decision lag %v, stranded %d", lag.OverLimit, lag.DecisionLag, lag.Stranded)
 	}
 	for _, name := range []string{"exact, fixed grant", "exact, sized by demand"} {
-		if row := rows[name]; row.GrantCalls == 0 || row.GrantCalls > row.CentralCalls || !strings.Contains(row.CallDetail, "grants issued") {
-			t.Errorf("%s: %d grant calls of %d (%s)", name, row.GrantCalls, row.CentralCalls, row.CallDetail)
+		// A gateway holds nothing for a customer it has not seen: each
+		// first request of a customer at a gateway asks for a grant.
+		if row := rows[name]; row.GrantCalls < r.Firsts || row.GrantCalls > row.CentralCalls || !strings.Contains(row.CallDetail, "grants issued") {
+			t.Errorf("%s: %d grant calls of %d (%s), %d first requests of a customer at a gateway", name, row.GrantCalls,
+				row.CentralCalls, row.CallDetail, r.Firsts)
 		}
 	}
 	if redisRow := rows["central counter, Redis"]; redisAnswers(redisAddr) == (redisRow.Skipped != "") {
@@ -110,7 +118,8 @@ func TestRunInvariants(t *testing.T) {
 	var out bytes.Buffer
 	r.Report(&out)
 	for _, want := range []string{"| lagged decisions", "| exact, fixed grant", "| exact, sized by demand",
-		"| central counter, Postgres", "central counter, Redis", "targets (docs/design.md §10)", "decision lag"} {
+		"| central counter, Postgres", "central counter, Redis", "targets (docs/design.md §10)", "decision lag",
+		"first requests of a customer at a gateway"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("no %q in the report:\n%s", want, out.String())
 		}

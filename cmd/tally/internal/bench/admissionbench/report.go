@@ -14,7 +14,9 @@ func (r Result) Report(w io.Writer) {
 	o := r.Options
 	fmt.Fprintf(w, "tally bench admission: %d gateways × %d customers, %d requests of cost 1 in %s per regime (%d/s, Zipf %.2g, bursts ×%.2g), limit %d per customer for the period\n",
 		o.Gateways, o.Customers, r.Requests, o.Duration, o.Rate, o.Skew, o.Burst, o.Limit)
-	fmt.Fprintf(w, "demand over the period: %d customers over the limit, %d at 95–100%% of it, %d at most 95%%\n\n", r.Over, r.Near, r.Below)
+	fmt.Fprintf(w, "demand over the period: %d customers over the limit, %d at 95–100%% of it, %d at most 95%%\n", r.Over, r.Near, r.Below)
+	fmt.Fprintf(w, "first requests of a customer at a gateway: %d (%s of requests; after the warm-up %d, %s of those): under grants each waits for a grant request%s\n\n",
+		r.Firsts, percent(r.Firsts, r.Requests), r.FirstsSteady, percent(r.FirstsSteady, r.Steady), callFloor(r.Firsts, r.Requests))
 	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
 	fmt.Fprintln(tw, "| regime\t| admitted ÷ limit (worst)\t| over limit\t| stranded at end (of Σ limits)\t| false denials (of requests)\t| false denials, demand ≤ 95%\t| central calls / 1,000 admissions: all (steady)\t| p50\t| p99: all (steady)\t|")
 	fmt.Fprintln(tw, "| ---\t| ---\t| ---\t| ---\t| ---\t| ---\t| ---\t| ---\t| ---\t|")
@@ -71,6 +73,18 @@ func percent(n, of int64) string {
 		return "–"
 	}
 	return fmt.Sprintf("%.2f%%", 100*float64(n)/float64(of))
+}
+
+// callFloor says which quantile of grant-request latency bounds the p99
+// of admission from below when a share n/of of requests must each wait
+// for one: the slowest 1% of admissions are at least the slowest
+// 1/(100·share) of those requests. Empty when the share is at most 1%.
+func callFloor(n, of int64) string {
+	if of == 0 || 100*n <= of {
+		return ""
+	}
+	q := 100 - float64(of)/float64(n)
+	return fmt.Sprintf(", so the p99 of admission is at least about the p%.0f of a grant request", q)
 }
 
 func perThousand(n, of int64) string {

@@ -158,7 +158,12 @@ type Result struct {
 	Requests int64 // per regime: the trace's length
 	// Customers by the trace's demand over the period against the limit.
 	Over, Near, Below int // demand > limit, 95–100%, ≤ 95%
-	Rows              []Row
+	// Firsts: requests that are their customer's first at their gateway
+	// (under grants each waits for a grant request: a gateway holds
+	// nothing for a customer it has not seen); FirstsSteady: those after
+	// the warm-up, of Steady requests.
+	Firsts, FirstsSteady, Steady int64
+	Rows                         []Row
 }
 
 // system is one regime: how a gateway admits, and what it leaves at the end.
@@ -192,7 +197,7 @@ func Run(ctx context.Context, o Options) (Result, error) {
 	}
 	o.defaults()
 	tr := newTrace(o)
-	res := Result{Options: o, Requests: tr.requests}
+	res := Result{Options: o, Requests: tr.requests, Firsts: tr.firsts, FirstsSteady: tr.firstsSteady, Steady: tr.steady}
 	for _, d := range tr.demand {
 		switch {
 		case d > o.Limit:

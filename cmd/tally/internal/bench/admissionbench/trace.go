@@ -20,6 +20,10 @@ type trace struct {
 	gateways [][]arrival
 	demand   []int64 // units offered per customer over the whole trace
 	requests int64
+	// firsts counts the requests that are their customer's first at their
+	// gateway, and firstsSteady those of them after the warm-up (a sixth
+	// of the trace), of steady requests.
+	firsts, firstsSteady, steady int64
 }
 
 // slot is the granularity of the burst model.
@@ -66,8 +70,23 @@ func newTrace(o Options) trace {
 			}
 		}
 	}
+	warm := o.Duration / 6
 	for _, g := range t.gateways {
 		slices.SortFunc(g, func(a, b arrival) int { return int(a.at - b.at) })
+		seen := make([]bool, o.Customers)
+		for _, a := range g {
+			steady := a.at >= warm
+			if steady {
+				t.steady++
+			}
+			if !seen[a.customer] {
+				seen[a.customer] = true
+				t.firsts++
+				if steady {
+					t.firstsSteady++
+				}
+			}
+		}
 	}
 	return t
 }
