@@ -347,9 +347,9 @@ func (g *grants) detail() string {
 	lat := slices.Clone(n.grantLatency)
 	n.mu.Unlock()
 	slices.Sort(lat)
-	return fmt.Sprintf("%d calls: %d grants issued, %d refused (budget exhausted), %d renewals, %d releases, %d bypass reports; grant request p50 %s, p99 %s",
+	return fmt.Sprintf("%d calls: %d grants issued, %d refused (budget exhausted), %d renewals, %d releases, %d bypass reports; grant request p50 %s, p90 %s, p99 %s",
 		n.all.Load(), n.issued.Load(), n.refused.Load(), n.renewed.Load(), n.released.Load(), n.bypasses.Load(),
-		dur(pct(lat, 0.5)), dur(pct(lat, 0.99)))
+		dur(pct(lat, 0.5)), dur(pct(lat, 0.9)), dur(pct(lat, 0.99)))
 }
 
 func (g *grants) admit(ctx context.Context, gw int, c int, cost int64) (bool, error) {
