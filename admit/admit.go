@@ -48,7 +48,8 @@ const (
 	Exhausted
 	// Unreachable: refused by on_unreachable (deny, or local's amount
 	// used up): Tally could not be reached, was slower than MaxWait, or
-	// refused for load. RetryAfter is when the client asks Tally again.
+	// refused for load, or could not decide a grant request whose budgets
+	// kept changing. RetryAfter is when the client asks Tally again.
 	Unreachable
 
 	numHow

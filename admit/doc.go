@@ -37,7 +37,10 @@
 //     (reach.go): while Tally is known down, or has asked for a pause
 //     (429, 503 Retry-After), Admit answers by on_unreachable without
 //     calling it; the background loop and grant requests started without
-//     waiting are the probes, after a backoff.
+//     waiting are the probes, after a backoff. A 503 budgets-changing
+//     (one grant request's rules or memberships kept changing) pauses
+//     nothing: that Admit is answered by on_unreachable, the budget's
+//     next Admit asks again.
 //   - Every final spend report (a grant's release) is written to Dir and
 //     fsynced before it is sent, and removed only once Tally has it
 //     (spend.go), so no outage, hang or restart loses spend: delivered

@@ -40,13 +40,25 @@ func (e *loadError) Error() string {
 	return fmt.Sprintf("admit: Tally refused for load (%d), retry after %s", e.Status, e.RetryAfter)
 }
 
+// changingError: Tally could not decide this grant request, its budgets
+// (the rules and pool memberships that apply) having changed under each
+// attempt (503 budgets-changing). It concerns that budget alone: nothing
+// is paused, and the next request for it asks again.
+type changingError struct{ RetryAfter time.Duration }
+
+func (e *changingError) Error() string {
+	return fmt.Sprintf("admit: the budgets of the request kept changing, retry after %s", e.RetryAfter)
+}
+
 // isUnreachable: Tally could not serve the call, for whatever reason it
-// did not say no (down, hung, slow, or shedding load): the rule's
-// on_unreachable answers.
+// did not say no (down, hung, slow, shedding load, or unable to decide
+// while the request's budgets kept changing): the rule's on_unreachable
+// answers.
 func isUnreachable(err error) bool {
 	var u *unreachableError
 	var l *loadError
-	return errors.As(err, &u) || errors.As(err, &l)
+	var ch *changingError
+	return errors.As(err, &u) || errors.As(err, &l) || errors.As(err, &ch)
 }
 
 // notExactError: the rule is lagged ("lagged") or there is none ("none").
@@ -123,6 +135,7 @@ const (
 	problemGrantEnded     = "urn:tally:problem:grant-ended"
 	problemStaleGen       = "urn:tally:problem:stale-generation"
 	problemBypassConflict = "urn:tally:problem:bypass-conflict"
+	problemChanging       = "urn:tally:problem:budgets-changing"
 )
 
 // call POSTs body to path and decodes a 2xx answer into out. It records
@@ -173,6 +186,10 @@ func (c *Client) do(ctx context.Context, path string, body, out any) error {
 		return &unreachableError{err}
 	}
 	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+		var p problem
+		if json.Unmarshal(raw, &p) == nil && p.Type == problemChanging {
+			return &changingError{RetryAfter: retryAfter(resp.Header.Get("Retry-After"))}
+		}
 		return &loadError{Status: resp.StatusCode, RetryAfter: retryAfter(resp.Header.Get("Retry-After"))}
 	}
 	if resp.StatusCode >= 500 {

@@ -1,8 +1,10 @@
 package admit_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -54,6 +56,10 @@ type tally struct {
 	// refuse, when set, answers a request with its status (429 or 503,
 	// Retry-After: 1) instead of serving it, when it returns one.
 	refuse atomic.Pointer[func(*http.Request) int]
+	// changing, when set, answers a grant request whose body it returns
+	// true for as the API answers one whose budgets kept changing (503
+	// budgets-changing, Retry-After: 1).
+	changing atomic.Pointer[func(body []byte) bool]
 	// served, when set, is told each request served and its status.
 	served atomic.Pointer[func(*http.Request, int)]
 }
@@ -99,6 +105,20 @@ func startTally(t testing.TB) *tally {
 				w.Header().Set("Content-Type", "application/problem+json")
 				w.WriteHeader(code)
 				_, _ = w.Write([]byte(`{"type":"urn:tally:problem:overloaded","title":"Too many requests","status":` + strconv.Itoa(code) + `}`))
+				return
+			}
+		}
+		if changing := ts.changing.Load(); changing != nil && r.URL.Path == "/v1/grants" {
+			body, err := io.ReadAll(r.Body)
+			if err != nil {
+				panic(http.ErrAbortHandler)
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			if (*changing)(body) {
+				w.Header().Set("Retry-After", "1")
+				w.Header().Set("Content-Type", "application/problem+json")
+				w.WriteHeader(http.StatusServiceUnavailable)
+				_, _ = w.Write([]byte(`{"type":"` + api.TypeBudgetsChanging + `","title":"Budgets changing","status":503}`))
 				return
 			}
 		}

@@ -36,7 +36,7 @@ var (
 func newMetrics(reg prometheus.Registerer, c *Client) (*metrics, error) {
 	m := &metrics{
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tally_admit_grant_calls_total",
-			Help: "Calls to Tally's grant API, by call (issue, renew, release, bypasses) and result (ok, exhausted, not_exact, refused, overloaded, unreachable, canceled)"},
+			Help: "Calls to Tally's grant API, by call (issue, renew, release, bypasses) and result (ok, exhausted, not_exact, refused, overloaded, changing, unreachable, canceled)"},
 			[]string{"call", "result"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tally_admit_grant_call_seconds",
 			Help:    "Latency of calls to Tally's grant API that got an answer, by call",
@@ -81,6 +81,7 @@ func (m *metrics) call(kind string, err error, took time.Duration) {
 	var te *TallyError
 	var le *loadError
 	var ue *unreachableError
+	var ch *changingError
 	result := "ok"
 	switch {
 	case err == nil:
@@ -92,6 +93,8 @@ func (m *metrics) call(kind string, err error, took time.Duration) {
 		result = "refused"
 	case errors.As(err, &le):
 		result = "overloaded"
+	case errors.As(err, &ch):
+		result = "changing"
 	case errors.As(err, &ue):
 		result = "unreachable"
 	default:

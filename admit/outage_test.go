@@ -1,6 +1,7 @@
 package admit_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -298,5 +299,40 @@ func TestOutageIsLoggedOnceEachWay(t *testing.T) {
 	eventually(t, "Tally answers again, logged", func() bool { return logs.count("Tally answers again") == 1 })
 	if n := logs.count("Tally unreachable: admitting by each rule's on_unreachable, final spend reports and bypasses kept on disk until it answers"); n != 1 {
 		t.Fatalf("outage logged %d times, want once", n)
+	}
+}
+
+// A grant request answered "budgets changing" (its customer's rules or
+// pool memberships changed under each attempt) concerns that budget
+// only: that Admit is answered by on_unreachable, without pausing the
+// gateway's calls, so another customer's Admit is served from a grant at
+// once and the churned customer's next Admit asks Tally again.
+func TestBudgetsChangingPausesNothingElse(t *testing.T) {
+	ts := startTally(t)
+	ts.exactRule("acme", "tokens", "1000")
+	ts.exactRule("globex", "tokens", "1000")
+	var churning atomic.Bool
+	churning.Store(true)
+	changing := func(body []byte) bool {
+		return churning.Load() && bytes.Contains(body, []byte(`"customer":"acme"`))
+	}
+	ts.changing.Store(&changing)
+	ctx := context.Background()
+	c := newClient(t, ts, "gw1", t.TempDir(), admit.Config{OnUnreachable: admit.Deny})
+	defer c.Close(ctx)
+
+	d, err := c.Admit(ctx, "acme", "tokens", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.How != admit.Unreachable || d.Admitted {
+		t.Fatalf("acme while its budgets change: %+v, want refused by on_unreachable (deny)", d)
+	}
+	if d, err := c.Admit(ctx, "globex", "tokens", 1); err != nil || d.How != admit.FromGrant || !d.Admitted {
+		t.Fatalf("globex right after acme's answer: %+v, %v; want admitted from a grant (nothing paused)", d, err)
+	}
+	churning.Store(false)
+	if d, err := c.Admit(ctx, "acme", "tokens", 1); err != nil || d.How != admit.FromGrant || !d.Admitted {
+		t.Fatalf("acme once its budgets settled: %+v, %v; want admitted from a grant", d, err)
 	}
 }

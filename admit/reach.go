@@ -21,6 +21,9 @@ import (
 //   - A refusal for load (429, 503) pauses calls for its Retry-After,
 //     without calling Tally unreachable.
 //
+// A 503 budgets-changing is not a refusal for load: it concerns one grant
+// request's budgets and pauses nothing (changingError).
+//
 // Both transitions are logged once.
 type reach struct {
 	pausedUntil atomic.Int64 // unix nanos; no call to Tally before then

@@ -308,8 +308,10 @@ func admissionProblem(w http.ResponseWriter, err error) error {
 		return notFound(err.Error())
 	}
 	if errors.Is(err, admission.ErrKeptChanging) {
-		// Contention, not a fault: the gateway asks again after Retry-After.
-		return &Problem{Type: TypeUnavailable, Title: "Budgets changing", Status: http.StatusServiceUnavailable,
+		// Contention on this request's budgets, not a fault nor load: the
+		// request may be sent again after Retry-After; other requests are
+		// unaffected.
+		return &Problem{Type: TypeBudgetsChanging, Title: "Budgets changing", Status: http.StatusServiceUnavailable,
 			Detail: err.Error()}
 	}
 	return err
