@@ -29,5 +29,6 @@
 //     from the stored decisions, so it neither starts empty nor re-flaps.
 //   - Overage (usage that became visible while the decision in force was
 //     exceeded in enforce mode, or stale) is accumulated per period,
-//     customer and meter for reconciliation.
+//     customer and meter for reconciliation, under lagged rules only: under
+//     an exact rule gateways admit from grants, not from the decision.
 package quota

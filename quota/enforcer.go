@@ -153,7 +153,10 @@ type Enforcer struct {
 	m   *metrics
 
 	// Leader state, touched only by Run's goroutine.
-	last    map[string]Decision // the latest published decision per key
+	last map[string]Decision // the latest published decision per key
+	// exact says, per key, whether last was decided under an exact rule
+	// (absent for decisions loaded at takeover: see decidedExact).
+	exact   map[string]bool
 	seqs    map[string]int64    // the highest seq published per key (stored or not)
 	samples map[string][]sample // recent (as_of, used) per key, for the rate
 	byCust  bool                // the ingest_customers table exists
@@ -293,6 +296,7 @@ func (e *Enforcer) lead(ctx context.Context, l lease) {
 		return
 	}
 	e.last = make(map[string]Decision, len(last))
+	e.exact = make(map[string]bool, len(last))
 	e.seqs = make(map[string]int64, len(last))
 	for _, d := range last {
 		e.last[d.Key()] = d
@@ -397,6 +401,7 @@ func (e *Enforcer) evaluate(ctx context.Context, w *kafka.Writer, l *lease) erro
 	republish := !l.takenOver || (!l.republished && !time.Now().Before(l.republishAt))
 	var pub []Decision
 	var starts []time.Time
+	var exact, prevExact []bool // per published decision: its rule's admission, and its predecessor's
 	var tails []tail
 	counts := map[State]int{}
 	maxLag, unknown := Seconds(0), 0
@@ -414,10 +419,13 @@ func (e *Enforcer) evaluate(ctx context.Context, w *kafka.Writer, l *lease) erro
 			d.LeaderEpoch, d.Seq = l.epoch, e.seqs[key]
 			pub = append(pub, d)
 			starts = append(starts, u.period.Start.UTC())
+			exact = append(exact, u.rule.Admission == Exact)
+			prevExact = append(prevExact, ok && e.decidedExact(key, prev, u.rule))
 			if ok && prev.Period != d.Period && prev.Period == u.prev.Name {
 				// The period ended since prev: settle the usage that
 				// came into it after prev under prev's state.
-				tails = append(tails, tail{prev: prev, start: u.prev.Start.UTC(), used: u.prevUsed})
+				tails = append(tails, tail{prev: prev, start: u.prev.Start.UTC(), used: u.prevUsed,
+					exact: e.decidedExact(key, prev, u.rule)})
 			}
 		}
 	}
@@ -471,21 +479,33 @@ func (e *Enforcer) evaluate(ctx context.Context, w *kafka.Writer, l *lease) erro
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.WriteTimeout)
 	defer cancel()
-	if err := e.store(sctx, *l, pub, starts, tails, payloads); err != nil {
+	if err := e.store(sctx, *l, pub, starts, prevExact, tails, payloads); err != nil {
 		if !errors.Is(err, ErrNotLeader) {
 			e.m.storeErrors.Inc()
 			e.log.Error("quota enforcer: published decisions not stored; they are republished at the next evaluation", "err", err)
 		}
 		return err
 	}
-	for _, d := range pub {
+	for i, d := range pub {
 		if prev, ok := e.last[d.Key()]; ok && prev.State != d.State {
 			e.log.Info("quota decision", "customer", d.Customer, "meter", d.Meter, "state", d.State,
 				"previous", prev.State, "used", d.Used, "limit", d.Limit, "mode", d.Mode)
 		}
-		e.last[d.Key()] = d
+		e.last[d.Key()], e.exact[d.Key()] = d, exact[i]
 	}
 	return nil
+}
+
+// decidedExact says whether prev, the key's last published decision, was
+// decided under an exact rule: as recorded when it was published, or, for
+// a decision loaded at takeover, by the rule in force now when prev was
+// decided under its version (else lagged, as a rule that changed since
+// cannot be told apart).
+func (e *Enforcer) decidedExact(key string, prev Decision, now Rule) bool {
+	if x, ok := e.exact[key]; ok {
+		return x
+	}
+	return prev.RuleVersion == now.Version && now.Admission == Exact
 }
 
 func (e *Enforcer) readFailed(ctx context.Context, err error) error {
@@ -536,7 +556,7 @@ func (e *Enforcer) rate(key string, u ruleUsage) *rate {
 
 // store writes published decisions and their overage in one transaction
 // fenced by the lease: a deposed leader's write fails with ErrNotLeader.
-func (e *Enforcer) store(ctx context.Context, l lease, pub []Decision, starts []time.Time, tails []tail, payloads [][]byte) error {
+func (e *Enforcer) store(ctx context.Context, l lease, pub []Decision, starts []time.Time, prevExact []bool, tails []tail, payloads [][]byte) error {
 	n := len(pub)
 	cs, ms, states, used := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	versions, decided, stale := make([]int64, n), make([]time.Time, n), make([]bool, n)
@@ -550,10 +570,10 @@ func (e *Enforcer) store(ctx context.Context, l lease, pub []Decision, starts []
 		if p, ok := e.last[d.Key()]; ok && p.Period == d.Period {
 			prev = &p
 		}
-		ov.add(d.Customer, d.Meter, start, d.Period, prev, d.Used, d.Limit, d.DecidedAt)
+		ov.add(d.Customer, d.Meter, start, d.Period, prev, prevExact[i], d.Used, d.Limit, d.DecidedAt)
 	}
 	for _, t := range tails {
-		ov.add(t.prev.Customer, t.prev.Meter, t.start, t.prev.Period, &t.prev, t.used, t.prev.Limit, decided[0])
+		ov.add(t.prev.Customer, t.prev.Meter, t.start, t.prev.Period, &t.prev, t.exact, t.used, t.prev.Limit, decided[0])
 	}
 	return pgx.BeginFunc(ctx, e.cfg.Pool, func(tx pgx.Tx) error {
 		var one int
@@ -581,6 +601,7 @@ type tail struct {
 	prev  Decision // the last decision of the period
 	start time.Time
 	used  decimal.Decimal // the period's usage now
+	exact bool            // prev was decided under an exact rule
 }
 
 // overage collects overage rows for one statement.
@@ -592,10 +613,13 @@ type overage struct {
 // add attributes the usage that became visible since prev (the decision in
 // force, of the same period; nil when there is none) to the state prev
 // showed: exceeded in enforce mode, else stale if prev had gone stale by
-// now. The two never count the same usage.
-func (o *overage) add(customer, meter string, start time.Time, period string, prev *Decision, used, limit decimal.Decimal, now time.Time) {
+// now. The two never count the same usage. Under an exact rule
+// (prevExact) gateways admit from grants, not from the decision: nothing
+// is attributed to its state.
+func (o *overage) add(customer, meter string, start time.Time, period string, prev *Decision, prevExact bool,
+	used, limit decimal.Decimal, now time.Time) {
 	ex, st := decimal.Zero, decimal.Zero
-	if prev != nil {
+	if prev != nil && !prevExact {
 		if delta := used.Sub(prev.Used); delta.IsPositive() {
 			switch {
 			case prev.Mode == Enforce && prev.State == Exceeded:

@@ -344,3 +344,57 @@ func TestPeriodBoundarySettlesTheOldPeriod(t *testing.T) {
 		t.Errorf("old period's overage: %+v", got)
 	}
 }
+
+// Usage under an exact rule is admitted by grants, not by the published
+// decision: what became visible while that decision was stale (or
+// exceeded) is not overage, and reconciliation must not say it was
+// admitted so. Under a lagged rule the same schedule is overage.
+func TestExactRuleUsageIsNotOverage(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for _, c := range []string{"exact", "lagged"} {
+		in := quota.RuleInput{Customer: c, Meter: "api_calls", Limit: dec("1000"), StaleAfter: 30 * time.Second, OnStale: quota.Deny}
+		if c == "exact" {
+			in.Admission = quota.Exact
+		}
+		e.put(in)
+	}
+	e.position(e.now())
+	rd := e.reader()
+	e.start(e.config("a"))
+	for _, c := range []string{"exact", "lagged"} {
+		e.use(c, "api_calls", 10)
+	}
+	e.advance(time.Second)
+	e.position(e.now())
+	for _, c := range []string{"exact", "lagged"} {
+		rd.until(5*time.Second, c+" used 10", func(d received) bool { return d.Customer == c && d.Used.Equal(dec("10")) })
+	}
+	// Ingest stalls past stale_after; the decisions published go stale.
+	e.advance(40 * time.Second)
+	for _, c := range []string{"exact", "lagged"} {
+		rd.until(5*time.Second, c+" stale", func(d received) bool { return d.Customer == c && d.Stale(d.DecidedAt) })
+	}
+	// Ingest resumes with the usage it held back.
+	for _, c := range []string{"exact", "lagged"} {
+		e.use(c, "api_calls", 25)
+	}
+	e.position(e.now())
+	for _, c := range []string{"exact", "lagged"} {
+		rd.until(5*time.Second, c+" used 35", func(d received) bool { return d.Customer == c && d.Used.Equal(dec("35")) })
+	}
+	waitOverage(t, e, "lagged", func(o quota.Overage) bool { return o.WhileStale.Equal(dec("25")) })
+	st, err := quota.Status(context.Background(), e.pool, "exact")
+	if err != nil || len(st) == 0 {
+		t.Fatalf("status: %v %v", st, err)
+	}
+	got, err := quota.Overages(context.Background(), e.pool, st[0].PeriodStart, "exact")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range got {
+		if !o.WhileStale.IsZero() || !o.WhileExceeded.IsZero() {
+			t.Errorf("exact rule's usage counted as overage: %+v", o)
+		}
+	}
+}

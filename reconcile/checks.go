@@ -449,8 +449,8 @@ func clip(s string, n int) string {
 }
 
 // checkOverage reports usage the quota enforcer measured as admitted while
-// a quota was exceeded (enforce mode) or its decision was stale. It is
-// billed like any usage; finance decides what to do about it.
+// a lagged quota was exceeded (enforce mode) or its decision was stale. It
+// is billed like any usage; finance decides what to do about it.
 func (r *runner) checkOverage(ctx context.Context, tx pgx.Tx, tg target) error {
 	rows, err := tx.Query(ctx, qOverage, tg.args())
 	if err != nil {
