@@ -348,11 +348,22 @@ func TestPeriodBoundarySettlesTheOldPeriod(t *testing.T) {
 // Usage under an exact rule is admitted by grants, not by the published
 // decision: what became visible while that decision was stale (or
 // exceeded) is not overage, and reconciliation must not say it was
-// admitted so. Under a lagged rule the same schedule is overage.
+// admitted so. Under a lagged rule the same schedule is overage. The same
+// holds when another enforcer took over meanwhile, starting from the
+// stored decisions.
 func TestExactRuleUsageIsNotOverage(t *testing.T) {
-	t.Parallel()
+	for _, takeover := range []bool{false, true} {
+		t.Run(map[bool]string{false: "one leader", true: "after a takeover"}[takeover], func(t *testing.T) {
+			t.Parallel()
+			exactRuleUsageIsNotOverage(t, takeover)
+		})
+	}
+}
+
+func exactRuleUsageIsNotOverage(t *testing.T, takeover bool) {
 	e := newEnv(t)
-	for _, c := range []string{"exact", "lagged"} {
+	customers := []string{"exact", "lagged"}
+	for _, c := range customers {
 		in := quota.RuleInput{Customer: c, Meter: "api_calls", Limit: dec("1000"), StaleAfter: 30 * time.Second, OnStale: quota.Deny}
 		if c == "exact" {
 			in.Admission = quota.Exact
@@ -361,26 +372,34 @@ func TestExactRuleUsageIsNotOverage(t *testing.T) {
 	}
 	e.position(e.now())
 	rd := e.reader()
-	e.start(e.config("a"))
-	for _, c := range []string{"exact", "lagged"} {
+	a := e.start(e.config("a"))
+	for _, c := range customers {
 		e.use(c, "api_calls", 10)
 	}
 	e.advance(time.Second)
 	e.position(e.now())
-	for _, c := range []string{"exact", "lagged"} {
+	for _, c := range customers {
 		rd.until(5*time.Second, c+" used 10", func(d received) bool { return d.Customer == c && d.Used.Equal(dec("10")) })
 	}
 	// Ingest stalls past stale_after; the decisions published go stale.
 	e.advance(40 * time.Second)
-	for _, c := range []string{"exact", "lagged"} {
+	for _, c := range customers {
 		rd.until(5*time.Second, c+" stale", func(d received) bool { return d.Customer == c && d.Stale(d.DecidedAt) })
 	}
+	if takeover {
+		a.Stop(t)
+	}
 	// Ingest resumes with the usage it held back.
-	for _, c := range []string{"exact", "lagged"} {
+	for _, c := range customers {
 		e.use(c, "api_calls", 25)
 	}
 	e.position(e.now())
-	for _, c := range []string{"exact", "lagged"} {
+	if takeover {
+		// The new leader sees the usage first against the stale decisions
+		// it loaded, which it did not publish itself.
+		e.start(e.config("b"))
+	}
+	for _, c := range customers {
 		rd.until(5*time.Second, c+" used 35", func(d received) bool { return d.Customer == c && d.Used.Equal(dec("35")) })
 	}
 	waitOverage(t, e, "lagged", func(o quota.Overage) bool { return o.WhileStale.Equal(dec("25")) })
