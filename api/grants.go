@@ -25,6 +25,10 @@ const (
 	TypeGrantEnded      = typePrefix + "grant-ended"
 	TypeNotExact        = typePrefix + "not-exact"
 	TypeBypassConflict  = typePrefix + "bypass-conflict"
+	// TypeBudgetsChanging: a grant request whose budgets changed under
+	// each attempt (503, Retry-After): about that request's budgets, not
+	// Tally's load, so a gateway pauses nothing else for it.
+	TypeBudgetsChanging = typePrefix + "budgets-changing"
 )
 
 // admissionStore is the API's one grant store, on its pool and clock.

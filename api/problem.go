@@ -89,10 +89,6 @@ const (
 	TypeBusy            = typePrefix + "busy"
 	TypeNotReady        = typePrefix + "not-ready"
 	TypeUnavailable     = typePrefix + "unavailable"
-	// TypeBudgetsChanging: a grant request whose budgets changed under
-	// each attempt (503, Retry-After): about that request's budgets, not
-	// Tally's load, so a gateway pauses nothing else for it.
-	TypeBudgetsChanging = typePrefix + "budgets-changing"
 	TypeRateLimited     = typePrefix + "rate-limited"
 	TypeBodyTimeout     = typePrefix + "body-timeout"
 	TypeOverloaded      = typePrefix + "overloaded"
