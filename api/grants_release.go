@@ -15,7 +15,7 @@ import (
 const maxReleases = admission.DefaultMaxBatch
 
 type releaseItem struct {
-	Grant      uuid.UUID       `json:"grant"`
+	Grant      string          `json:"grant"` // a grant id, checked by releaseGrants (the field at fault named)
 	Generation int64           `json:"generation"`
 	Spent      decimal.Decimal `json:"spent"`
 }
@@ -48,8 +48,17 @@ func (a *API) releaseGrants(w http.ResponseWriter, r *http.Request) error {
 		return invalidField("releases", "%d releases: send 1 to %d", len(b.Releases), maxReleases)
 	}
 	reps := make([]admission.Report, len(b.Releases))
+	var bad []FieldError
 	for i, it := range b.Releases {
-		reps[i] = admission.Report{Grant: it.Grant, Holder: b.Holder, Generation: it.Generation, Spent: it.Spent}
+		id, err := uuid.Parse(it.Grant)
+		if err != nil {
+			bad = append(bad, FieldError{Field: fmt.Sprintf("releases[%d].grant", i), Detail: quote(it.Grant) + " is not a grant id"})
+			continue
+		}
+		reps[i] = admission.Report{Grant: id, Holder: b.Holder, Generation: it.Generation, Spent: it.Spent}
+	}
+	if len(bad) > 0 {
+		return invalid(bad...)
 	}
 	gs, errs := s.ReleaseAll(r.Context(), reps)
 	out := make([]releaseAnswer, len(reps))

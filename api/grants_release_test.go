@@ -82,3 +82,31 @@ func TestReleaseSeveralGrants(t *testing.T) {
 		}
 	}
 }
+
+// A release item with a grant id that is not a UUID, or not a string, is
+// refused as invalid input naming the item's field, as the single release
+// route names its id.
+func TestReleaseItemsNameTheFieldAtFault(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	gw1 := f.gatewayToken("gw1")
+	for _, c := range []struct {
+		grant        any
+		field, about string
+	}{
+		{"not-a-uuid", "releases[1].grant", `"not-a-uuid" is not a grant id`},
+		{12, "releases.grant", "must be a string, not number"},
+	} {
+		ok := map[string]any{"grant": "0193a4c2-0000-7000-8000-000000000001", "generation": 1, "spent": "0"}
+		bad := map[string]any{"grant": c.grant, "generation": 1, "spent": "0"}
+		r := f.do("POST", "/v1/grants/release", gw1, map[string]any{"holder": "gw1", "releases": []any{ok, bad}})
+		var p struct {
+			Type   string
+			Errors []struct{ Field, Detail string }
+		}
+		if err := json.Unmarshal(r.body, &p); err != nil || r.status != 400 || p.Type != "urn:tally:problem:invalid-request" ||
+			len(p.Errors) != 1 || p.Errors[0].Field != c.field || !strings.Contains(p.Errors[0].Detail, c.about) {
+			t.Errorf("grant %v: %d %s; want 400 invalid-request, field %s: %s", c.grant, r.status, r.body, c.field, c.about)
+		}
+	}
+}
