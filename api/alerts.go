@@ -18,13 +18,19 @@ import (
 // Alerts (docs/design.md §15), admin only: rules, webhooks, events.
 
 type alertBody struct {
-	Subject           string             `json:"subject"`
-	Meter             string             `json:"meter"`
-	Thresholds        []alerts.Threshold `json:"thresholds"`
-	NotifyOn          []string           `json:"notify_on"`
-	HysteresisPercent *decimal.Decimal   `json:"hysteresis_percent"`
-	Endpoints         []string           `json:"endpoints"`
-	Actor             *string            `json:"actor"`
+	Subject           string           `json:"subject"`
+	Meter             string           `json:"meter"`
+	Thresholds        []thresholdInput `json:"thresholds"`
+	NotifyOn          []string         `json:"notify_on"`
+	HysteresisPercent *decimalInput    `json:"hysteresis_percent"`
+	Endpoints         []string         `json:"endpoints"`
+	Actor             *string          `json:"actor"`
+}
+
+// thresholdInput is alerts.Threshold as a request body gives it.
+type thresholdInput struct {
+	Value   *decimalInput `json:"value"`
+	Percent *decimalInput `json:"percent"`
 }
 
 // alertView is a rule with the state of each subject × threshold.
@@ -65,8 +71,24 @@ func (a *API) putAlert(w http.ResponseWriter, r *http.Request) error {
 			return invalidField("actor", "1-200 characters, or leave it out for \"admin\"")
 		}
 	}
+	thresholds := make([]alerts.Threshold, len(b.Thresholds))
+	for i, t := range b.Thresholds {
+		if t.Value != nil {
+			thresholds[i].Value = &t.Value.Decimal
+		}
+		if t.Percent != nil {
+			thresholds[i].Percent = &t.Percent.Decimal
+		}
+	}
+	if b.Thresholds == nil {
+		thresholds = nil
+	}
+	var hysteresis *decimal.Decimal
+	if b.HysteresisPercent != nil {
+		hysteresis = &b.HysteresisPercent.Decimal
+	}
 	rule, created, err := alerts.PutRule(r.Context(), a.pool, alerts.RuleInput{Name: name, Subject: b.Subject, Meter: b.Meter,
-		Thresholds: b.Thresholds, NotifyOn: b.NotifyOn, HysteresisPercent: b.HysteresisPercent, Endpoints: b.Endpoints,
+		Thresholds: thresholds, NotifyOn: b.NotifyOn, HysteresisPercent: hysteresis, Endpoints: b.Endpoints,
 		Actor: actor}, a.now())
 	if err != nil {
 		return err

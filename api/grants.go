@@ -11,10 +11,8 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
-	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/admission"
-	"github.com/tally-ledger/tally/quota"
 )
 
 // Problem types of exact admission.
@@ -61,28 +59,38 @@ func checkHolder(r *http.Request, holder string) error {
 }
 
 type grantBody struct {
-	Holder     string              `json:"holder"`
-	Generation int64               `json:"generation"`
-	Customer   string              `json:"customer"`
-	Meter      string              `json:"meter"`
-	Amount     decimal.Decimal     `json:"amount"`
-	MinAmount  decimal.NullDecimal `json:"min_amount"`
-	TTL        quota.Duration      `json:"ttl"`
-	Budgets    []string            `json:"budgets"`
+	Holder     string           `json:"holder"`
+	Generation int64            `json:"generation"`
+	Customer   string           `json:"customer"`
+	Meter      string           `json:"meter"`
+	Amount     decimalInput     `json:"amount"`
+	MinAmount  nullDecimalInput `json:"min_amount"`
+	TTL        durationInput    `json:"ttl"`
+	Budgets    []string         `json:"budgets"`
 }
 
 type reportBody struct {
-	Holder     string          `json:"holder"`
-	Generation int64           `json:"generation"`
-	Spent      decimal.Decimal `json:"spent"`
-	TTL        quota.Duration  `json:"ttl"`
+	Holder     string        `json:"holder"`
+	Generation int64         `json:"generation"`
+	Spent      decimalInput  `json:"spent"`
+	TTL        durationInput `json:"ttl"`
 }
 
 type bypassBody struct {
-	Holder     string                 `json:"holder"`
-	Generation int64                  `json:"generation"`
-	ReportID   string                 `json:"report_id"`
-	Items      []admission.BypassItem `json:"items"`
+	Holder     string       `json:"holder"`
+	Generation int64        `json:"generation"`
+	ReportID   string       `json:"report_id"`
+	Items      []bypassItem `json:"items"`
+}
+
+// bypassItem is admission.BypassItem as a request body gives it.
+type bypassItem struct {
+	Customer   string       `json:"customer"`
+	Meter      string       `json:"meter"`
+	Amount     decimalInput `json:"amount"`
+	Admissions int64        `json:"admissions"`
+	FirstAt    timeInput    `json:"first_at"`
+	LastAt     timeInput    `json:"last_at"`
 }
 
 // holderRequest decodes a grant-protocol body (no query parameters),
@@ -114,7 +122,7 @@ func (a *API) postGrant(w http.ResponseWriter, r *http.Request) error {
 	}
 	start := time.Now()
 	g, err := s.Issue(r.Context(), admission.IssueRequest{Holder: b.Holder, Generation: b.Generation,
-		Customer: b.Customer, Meter: b.Meter, Amount: b.Amount, MinAmount: b.MinAmount, TTL: time.Duration(b.TTL), Budgets: b.Budgets,
+		Customer: b.Customer, Meter: b.Meter, Amount: b.Amount.Decimal, MinAmount: b.MinAmount.NullDecimal, TTL: time.Duration(b.TTL.Duration), Budgets: b.Budgets,
 		EveryBudget: !principalFrom(r.Context()).admin})
 	a.grantMetrics.Issued(g, err, time.Since(start))
 	if err != nil {
@@ -137,10 +145,10 @@ func (a *API) report(w http.ResponseWriter, r *http.Request, release bool) error
 	if err != nil {
 		return err
 	}
-	rep := admission.Report{Grant: id, Holder: b.Holder, Generation: b.Generation, Spent: b.Spent, TTL: time.Duration(b.TTL)}
+	rep := admission.Report{Grant: id, Holder: b.Holder, Generation: b.Generation, Spent: b.Spent.Decimal, TTL: time.Duration(b.TTL.Duration)}
 	var g admission.Grant
 	if release {
-		if b.TTL != 0 {
+		if b.TTL.Duration != 0 {
 			return invalidField("ttl", "a release takes no ttl")
 		}
 		g, err = s.Release(r.Context(), rep)
@@ -162,7 +170,12 @@ func (a *API) postBypasses(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	rep := admission.BypassReport{Holder: b.Holder, Generation: b.Generation, ReportID: b.ReportID, Items: b.Items}
+	items := make([]admission.BypassItem, len(b.Items))
+	for i, it := range b.Items {
+		items[i] = admission.BypassItem{Customer: it.Customer, Meter: it.Meter, Amount: it.Amount.Decimal,
+			Admissions: it.Admissions, FirstAt: it.FirstAt.Time, LastAt: it.LastAt.Time}
+	}
+	rep := admission.BypassReport{Holder: b.Holder, Generation: b.Generation, ReportID: b.ReportID, Items: items}
 	err = s.RecordBypasses(r.Context(), rep)
 	a.grantMetrics.Bypassed(rep, err)
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"net/http"
 
 	"github.com/google/uuid"
-	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/admission"
 )
@@ -15,9 +14,9 @@ import (
 const maxReleases = admission.DefaultMaxBatch
 
 type releaseItem struct {
-	Grant      string          `json:"grant"` // a grant id, checked by releaseGrants (the field at fault named)
-	Generation int64           `json:"generation"`
-	Spent      decimal.Decimal `json:"spent"`
+	Grant      string       `json:"grant"` // a grant id, checked by releaseGrants (the field at fault named)
+	Generation int64        `json:"generation"`
+	Spent      decimalInput `json:"spent"`
 }
 
 type releasesBody struct {
@@ -55,7 +54,7 @@ func (a *API) releaseGrants(w http.ResponseWriter, r *http.Request) error {
 			bad = append(bad, FieldError{Field: fmt.Sprintf("releases[%d].grant", i), Detail: quote(it.Grant) + " is not a grant id"})
 			continue
 		}
-		reps[i] = admission.Report{Grant: id, Holder: b.Holder, Generation: it.Generation, Spent: it.Spent}
+		reps[i] = admission.Report{Grant: id, Holder: b.Holder, Generation: it.Generation, Spent: it.Spent.Decimal}
 	}
 	if len(bad) > 0 {
 		return invalid(bad...)

@@ -225,6 +225,16 @@ func (r response) problem(t *testing.T, status int, typ string) api.Problem {
 	return p
 }
 
+// fieldProblem checks that r is a 400 invalid-request naming field
+// alone, with a detail that contains about.
+func (r response) fieldProblem(t *testing.T, field, about string) {
+	t.Helper()
+	p := r.problem(t, 400, api.TypeInvalidRequest)
+	if len(p.Errors) != 1 || p.Errors[0].Field != field || !strings.Contains(p.Errors[0].Detail, about) {
+		t.Errorf("errors %+v, want %s: …%s…", p.Errors, field, about)
+	}
+}
+
 // fields lists the problem's fields at fault.
 func fields(p api.Problem) []string {
 	var out []string

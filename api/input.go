@@ -13,7 +13,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 	"unicode/utf8"
+
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/quota"
 )
 
 // validID reports whether s is a customer or meter id (docs/design.md §2):
@@ -155,6 +160,14 @@ func jsonTypeName(t reflect.Type) string {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
+	switch t {
+	case reflect.TypeFor[decimalInput](), reflect.TypeFor[nullDecimalInput]():
+		return `an exact decimal string like "12.5"`
+	case reflect.TypeFor[durationInput]():
+		return `a duration like "30s", or whole seconds`
+	case reflect.TypeFor[timeInput]():
+		return "an RFC 3339 time"
+	}
 	switch t.Kind() {
 	case reflect.String:
 		return "a string"
@@ -169,6 +182,40 @@ func jsonTypeName(t reflect.Type) string {
 		return "a boolean"
 	}
 	return t.String()
+}
+
+// Values of request bodies whose JSON form has a syntax of its own: a bad
+// one is refused as invalid input naming its field. The types' own
+// UnmarshalJSON errors say nothing of where the value was, so each is
+// turned into the json.UnmarshalTypeError that encoding/json names the
+// field of (jsonProblem).
+type (
+	decimalInput     struct{ decimal.Decimal }
+	nullDecimalInput struct{ decimal.NullDecimal }
+	durationInput    struct{ quota.Duration }
+	timeInput        struct{ time.Time }
+)
+
+func (d *decimalInput) UnmarshalJSON(b []byte) error { return typed(d.Decimal.UnmarshalJSON(b), b, d) }
+func (d *nullDecimalInput) UnmarshalJSON(b []byte) error {
+	return typed(d.NullDecimal.UnmarshalJSON(b), b, d)
+}
+func (d *durationInput) UnmarshalJSON(b []byte) error {
+	return typed(d.Duration.UnmarshalJSON(b), b, d)
+}
+func (t *timeInput) UnmarshalJSON(b []byte) error { return typed(t.Time.UnmarshalJSON(b), b, t) }
+
+// typed is err, the parse error of the JSON value b into v, as a
+// json.UnmarshalTypeError (the value clipped: it is quoted back).
+func typed(err error, b []byte, v any) error {
+	if err == nil {
+		return nil
+	}
+	s := string(b)
+	if utf8.RuneCountInString(s) > 40 {
+		s = string([]rune(s)[:37]) + "..."
+	}
+	return &json.UnmarshalTypeError{Value: strings.ToValidUTF8(s, "\uFFFD"), Type: reflect.TypeOf(v)}
 }
 
 // writeJSON writes v with the given status.

@@ -20,7 +20,7 @@ import (
 
 type poolBody struct {
 	Members     []string   `json:"members"`
-	EffectiveAt *time.Time `json:"effective_at"`
+	EffectiveAt *timeInput `json:"effective_at"`
 	Actor       *string    `json:"actor"`
 }
 
@@ -78,7 +78,7 @@ func (a *API) putPool(w http.ResponseWriter, r *http.Request) error {
 	}
 	in := pools.PutInput{Name: name, Members: b.Members, Actor: actor}
 	if b.EffectiveAt != nil {
-		in.EffectiveAt = *b.EffectiveAt
+		in.EffectiveAt = b.EffectiveAt.Time
 	}
 	_, existed := pools.Get(r.Context(), a.pool, name)
 	s, err := a.admissionStore()
@@ -173,16 +173,16 @@ func (a *API) poolView(r *http.Request, name string) (poolView, error) {
 }
 
 type scopeRuleBody struct {
-	Limit decimal.Decimal `json:"limit"`
+	Limit decimalInput `json:"limit"`
 	// A rate rule (docs/design.md §17) instead of limit.
-	Rate        json.RawMessage     `json:"rate"`
-	MaxSkew     *quota.DurationText `json:"max_skew"`
-	WarnAt      decimal.NullDecimal `json:"warn_at"`
-	Mode        quota.Mode          `json:"mode"`
-	Admission   quota.Admission     `json:"admission"`
-	EffectiveAt *time.Time          `json:"effective_at"`
-	Reason      string              `json:"reason"`
-	Actor       *string             `json:"actor"`
+	Rate        json.RawMessage  `json:"rate"`
+	MaxSkew     *durationInput   `json:"max_skew"`
+	WarnAt      nullDecimalInput `json:"warn_at"`
+	Mode        quota.Mode       `json:"mode"`
+	Admission   quota.Admission  `json:"admission"`
+	EffectiveAt *timeInput       `json:"effective_at"`
+	Reason      string           `json:"reason"`
+	Actor       *string          `json:"actor"`
 }
 
 func (a *API) putPoolQuota(w http.ResponseWriter, r *http.Request) error {
@@ -214,10 +214,10 @@ func (a *API) putScopeQuota(w http.ResponseWriter, r *http.Request, scope, locat
 	if err != nil {
 		return err
 	}
-	in := quota.ScopeRuleInput{Scope: scope, Meter: chi.URLParam(r, "meter"), Limit: b.Limit, WarnAt: b.WarnAt,
+	in := quota.ScopeRuleInput{Scope: scope, Meter: chi.URLParam(r, "meter"), Limit: b.Limit.Decimal, WarnAt: b.WarnAt.NullDecimal,
 		Mode: b.Mode, Admission: b.Admission, Reason: b.Reason, Actor: actor}
 	if b.EffectiveAt != nil {
-		in.EffectiveAt = *b.EffectiveAt
+		in.EffectiveAt = b.EffectiveAt.Time
 	}
 	if len(b.Rate) > 0 && string(b.Rate) != "null" {
 		var errs []error
@@ -226,7 +226,7 @@ func (a *API) putScopeQuota(w http.ResponseWriter, r *http.Request, scope, locat
 		}
 	}
 	if b.MaxSkew != nil {
-		in.MaxSkew = time.Duration(*b.MaxSkew)
+		in.MaxSkew = time.Duration(b.MaxSkew.Duration)
 	}
 	var rule quota.ScopeRule
 	err = pgx.BeginFunc(r.Context(), a.pool, func(tx pgx.Tx) error {

@@ -1,0 +1,38 @@
+package api_test
+
+import "testing"
+
+// The admin bodies' values with a syntax of their own (a pool's and the
+// global quota's limit, warn_at, max_skew and effective_at, a pool's
+// effective_at, an alert's thresholds and hysteresis) are refused as
+// invalid input naming their field when they do not parse; they were
+// answered malformed-json with the parser's words and no field.
+func TestAdminBodiesNameTheValueAtFault(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	if r := f.do("PUT", "/v1/pools/team", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
+		t.Fatalf("pool: %d %s", r.status, r.body)
+	}
+	alert := func(extra map[string]any) map[string]any {
+		b := map[string]any{"subject": "customer:acme", "meter": "calls", "thresholds": []any{map[string]any{"percent": "80"}}}
+		for k, v := range extra {
+			b[k] = v
+		}
+		return b
+	}
+	for _, c := range []struct {
+		path         string
+		body         map[string]any
+		field, about string
+	}{
+		{"/v1/pools/team/quotas/calls", map[string]any{"limit": "lots"}, "limit", `must be an exact decimal string like "12.5", not "lots"`},
+		{"/v1/global/quotas/calls", map[string]any{"limit": "10", "warn_at": []int{1}}, "warn_at", "exact decimal string"},
+		{"/v1/global/quotas/calls", map[string]any{"limit": "10", "max_skew": "soon"}, "max_skew", `must be a duration like "30s"`},
+		{"/v1/pools/team/quotas/calls", map[string]any{"limit": "10", "effective_at": "tomorrow"}, "effective_at", "an RFC 3339 time"},
+		{"/v1/pools/team", map[string]any{"members": []string{"acme"}, "effective_at": 12}, "effective_at", "not 12"},
+		{"/v1/alerts/a1", alert(map[string]any{"hysteresis_percent": "a bit"}), "hysteresis_percent", "exact decimal string"},
+		{"/v1/alerts/a1", alert(map[string]any{"thresholds": []any{map[string]any{"percent": "most"}}}), "thresholds.percent", "exact decimal string"},
+	} {
+		f.do("PUT", c.path, adminToken, c.body).fieldProblem(t, c.field, c.about)
+	}
+}
