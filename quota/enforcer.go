@@ -155,7 +155,7 @@ type Enforcer struct {
 	// Leader state, touched only by Run's goroutine.
 	last map[string]Decision // the latest published decision per key
 	// exact says, per key, whether last was decided under an exact rule
-	// (absent for decisions loaded at takeover: see decidedExact).
+	// (its version's admission).
 	exact   map[string]bool
 	seqs    map[string]int64    // the highest seq published per key (stored or not)
 	samples map[string][]sample // recent (as_of, used) per key, for the rate
@@ -289,6 +289,10 @@ func (e *Enforcer) lead(ctx context.Context, l lease) {
 	// Start from the decisions the previous leader published, never empty:
 	// an unchanged state is not republished before it is due.
 	last, err := loadDecisions(ctx, e.cfg.Pool, qLoadDecisions)
+	var exact []string
+	if err == nil {
+		exact, err = exactDecisions(ctx, e.cfg.Pool)
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			log.Error("quota enforcer: cannot load the stored decisions; not leading", "err", err)
@@ -299,8 +303,11 @@ func (e *Enforcer) lead(ctx context.Context, l lease) {
 	e.exact = make(map[string]bool, len(last))
 	e.seqs = make(map[string]int64, len(last))
 	for _, d := range last {
-		e.last[d.Key()] = d
+		e.last[d.Key()], e.exact[d.Key()] = d, false
 		e.seqs[d.Key()] = d.Seq
+	}
+	for _, k := range exact {
+		e.exact[k] = true
 	}
 	// The lease was free: the previous leader's lease had ended (or it
 	// released it after closing its writer). A write it started before
@@ -420,12 +427,11 @@ func (e *Enforcer) evaluate(ctx context.Context, w *kafka.Writer, l *lease) erro
 			pub = append(pub, d)
 			starts = append(starts, u.period.Start.UTC())
 			exact = append(exact, u.rule.Admission == Exact)
-			prevExact = append(prevExact, ok && e.decidedExact(key, prev, u.rule))
+			prevExact = append(prevExact, ok && e.exact[key])
 			if ok && prev.Period != d.Period && prev.Period == u.prev.Name {
 				// The period ended since prev: settle the usage that
 				// came into it after prev under prev's state.
-				tails = append(tails, tail{prev: prev, start: u.prev.Start.UTC(), used: u.prevUsed,
-					exact: e.decidedExact(key, prev, u.rule)})
+				tails = append(tails, tail{prev: prev, start: u.prev.Start.UTC(), used: u.prevUsed, exact: e.exact[key]})
 			}
 		}
 	}
@@ -494,18 +500,6 @@ func (e *Enforcer) evaluate(ctx context.Context, w *kafka.Writer, l *lease) erro
 		e.last[d.Key()], e.exact[d.Key()] = d, exact[i]
 	}
 	return nil
-}
-
-// decidedExact says whether prev, the key's last published decision, was
-// decided under an exact rule: as recorded when it was published, or, for
-// a decision loaded at takeover, by the rule in force now when prev was
-// decided under its version (else lagged, as a rule that changed since
-// cannot be told apart).
-func (e *Enforcer) decidedExact(key string, prev Decision, now Rule) bool {
-	if x, ok := e.exact[key]; ok {
-		return x
-	}
-	return prev.RuleVersion == now.Version && now.Admission == Exact
 }
 
 func (e *Enforcer) readFailed(ctx context.Context, err error) error {

@@ -350,7 +350,8 @@ func TestPeriodBoundarySettlesTheOldPeriod(t *testing.T) {
 // exceeded) is not overage, and reconciliation must not say it was
 // admitted so. Under a lagged rule the same schedule is overage. The same
 // holds when another enforcer took over meanwhile, starting from the
-// stored decisions.
+// stored decisions and the admission of the rule versions they were made
+// under.
 func TestExactRuleUsageIsNotOverage(t *testing.T) {
 	for _, takeover := range []bool{false, true} {
 		t.Run(map[bool]string{false: "one leader", true: "after a takeover"}[takeover], func(t *testing.T) {

@@ -96,6 +96,13 @@ const qLoadDecisions = `SELECT decision FROM quota_decisions`
 
 const qCustomerDecisions = `SELECT decision FROM quota_decisions WHERE customer = $1`
 
+// qExactDecisions are the stored decisions made under an exact customer
+// rule, by key (pool and global decisions are made for lagged rules only).
+const qExactDecisions = `
+SELECT d.customer || '/' || d.meter FROM quota_decisions d
+JOIN quota_rules r ON r.customer = d.customer AND r.meter = d.meter AND r.version = d.rule_version
+WHERE r.admission = 'exact'`
+
 // qFence holds the lease row (shared) for the rest of the transaction: a
 // competing acquire waits for it, and a deposed leader finds no row.
 const qFence = `

@@ -33,6 +33,21 @@ func loadDecisions(ctx context.Context, db DBTX, q string, args ...any) ([]Decis
 	return ds, nil
 }
 
+// exactDecisions returns the keys ("customer/meter") of the stored
+// decisions made under an exact rule: the admission of the rule version
+// each was decided under.
+func exactDecisions(ctx context.Context, db DBTX) ([]string, error) {
+	rows, err := db.Query(ctx, qExactDecisions)
+	if err != nil {
+		return nil, fmt.Errorf("quota: read decisions' rules: %w", err)
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("quota: read decisions' rules: %w", err)
+	}
+	return keys, nil
+}
+
 // Decisions returns the latest published decision of each of customer's
 // rules, as the enforcer stored it.
 func Decisions(ctx context.Context, db DBTX, customer string) ([]Decision, error) {
