@@ -153,10 +153,8 @@ type Enforcer struct {
 	m   *metrics
 
 	// Leader state, touched only by Run's goroutine.
-	last map[string]Decision // the latest published decision per key
-	// exact says, per key, whether last was decided under an exact rule
-	// (its version's admission).
-	exact   map[string]bool
+	last    map[string]Decision // the latest published decision per key
+	exact   map[string]bool     // whether last was decided under an exact rule (its version's admission)
 	seqs    map[string]int64    // the highest seq published per key (stored or not)
 	samples map[string][]sample // recent (as_of, used) per key, for the rate
 	byCust  bool                // the ingest_customers table exists
@@ -408,7 +406,7 @@ func (e *Enforcer) evaluate(ctx context.Context, w *kafka.Writer, l *lease) erro
 	republish := !l.takenOver || (!l.republished && !time.Now().Before(l.republishAt))
 	var pub []Decision
 	var starts []time.Time
-	var exact, prevExact []bool // per published decision: its rule's admission, and its predecessor's
+	var exact []bool // per published decision: whether its rule is exact
 	var tails []tail
 	counts := map[State]int{}
 	maxLag, unknown := Seconds(0), 0
@@ -427,11 +425,10 @@ func (e *Enforcer) evaluate(ctx context.Context, w *kafka.Writer, l *lease) erro
 			pub = append(pub, d)
 			starts = append(starts, u.period.Start.UTC())
 			exact = append(exact, u.rule.Admission == Exact)
-			prevExact = append(prevExact, ok && e.exact[key])
 			if ok && prev.Period != d.Period && prev.Period == u.prev.Name {
 				// The period ended since prev: settle the usage that
 				// came into it after prev under prev's state.
-				tails = append(tails, tail{prev: prev, start: u.prev.Start.UTC(), used: u.prevUsed, exact: e.exact[key]})
+				tails = append(tails, tail{prev: prev, start: u.prev.Start.UTC(), used: u.prevUsed})
 			}
 		}
 	}
@@ -485,7 +482,7 @@ func (e *Enforcer) evaluate(ctx context.Context, w *kafka.Writer, l *lease) erro
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.WriteTimeout)
 	defer cancel()
-	if err := e.store(sctx, *l, pub, starts, prevExact, tails, payloads); err != nil {
+	if err := e.store(sctx, *l, pub, starts, tails, payloads); err != nil {
 		if !errors.Is(err, ErrNotLeader) {
 			e.m.storeErrors.Inc()
 			e.log.Error("quota enforcer: published decisions not stored; they are republished at the next evaluation", "err", err)
@@ -550,7 +547,9 @@ func (e *Enforcer) rate(key string, u ruleUsage) *rate {
 
 // store writes published decisions and their overage in one transaction
 // fenced by the lease: a deposed leader's write fails with ErrNotLeader.
-func (e *Enforcer) store(ctx context.Context, l lease, pub []Decision, starts []time.Time, prevExact []bool, tails []tail, payloads [][]byte) error {
+// The overage is attributed against e.last and e.exact, which still hold
+// the decisions before pub (evaluate updates them once pub is stored).
+func (e *Enforcer) store(ctx context.Context, l lease, pub []Decision, starts []time.Time, tails []tail, payloads [][]byte) error {
 	n := len(pub)
 	cs, ms, states, used := make([]string, n), make([]string, n), make([]string, n), make([]string, n)
 	versions, decided, stale := make([]int64, n), make([]time.Time, n), make([]bool, n)
@@ -564,10 +563,10 @@ func (e *Enforcer) store(ctx context.Context, l lease, pub []Decision, starts []
 		if p, ok := e.last[d.Key()]; ok && p.Period == d.Period {
 			prev = &p
 		}
-		ov.add(d.Customer, d.Meter, start, d.Period, prev, prevExact[i], d.Used, d.Limit, d.DecidedAt)
+		ov.add(d.Customer, d.Meter, start, d.Period, prev, e.exact[d.Key()], d.Used, d.Limit, d.DecidedAt)
 	}
 	for _, t := range tails {
-		ov.add(t.prev.Customer, t.prev.Meter, t.start, t.prev.Period, &t.prev, t.exact, t.used, t.prev.Limit, decided[0])
+		ov.add(t.prev.Customer, t.prev.Meter, t.start, t.prev.Period, &t.prev, e.exact[t.prev.Key()], t.used, t.prev.Limit, decided[0])
 	}
 	return pgx.BeginFunc(ctx, e.cfg.Pool, func(tx pgx.Tx) error {
 		var one int
@@ -595,7 +594,6 @@ type tail struct {
 	prev  Decision // the last decision of the period
 	start time.Time
 	used  decimal.Decimal // the period's usage now
-	exact bool            // prev was decided under an exact rule
 }
 
 // overage collects overage rows for one statement.
