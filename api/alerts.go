@@ -10,7 +10,6 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
-	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/alerts"
 )
@@ -73,22 +72,10 @@ func (a *API) putAlert(w http.ResponseWriter, r *http.Request) error {
 	}
 	thresholds := make([]alerts.Threshold, len(b.Thresholds))
 	for i, t := range b.Thresholds {
-		if t.Value != nil {
-			thresholds[i].Value = &t.Value.Decimal
-		}
-		if t.Percent != nil {
-			thresholds[i].Percent = &t.Percent.Decimal
-		}
-	}
-	if b.Thresholds == nil {
-		thresholds = nil
-	}
-	var hysteresis *decimal.Decimal
-	if b.HysteresisPercent != nil {
-		hysteresis = &b.HysteresisPercent.Decimal
+		thresholds[i] = alerts.Threshold{Value: t.Value.ptr(), Percent: t.Percent.ptr()}
 	}
 	rule, created, err := alerts.PutRule(r.Context(), a.pool, alerts.RuleInput{Name: name, Subject: b.Subject, Meter: b.Meter,
-		Thresholds: thresholds, NotifyOn: b.NotifyOn, HysteresisPercent: hysteresis, Endpoints: b.Endpoints,
+		Thresholds: thresholds, NotifyOn: b.NotifyOn, HysteresisPercent: b.HysteresisPercent.ptr(), Endpoints: b.Endpoints,
 		Actor: actor}, a.now())
 	if err != nil {
 		return err

@@ -47,14 +47,18 @@ func checkID(field, s string) error {
 	return invalidField(field, "%s is not 1-128 characters of A-Z a-z 0-9 . _ : -", quote(s))
 }
 
-func quote(s string) string {
+func quote(s string) string { return fmt.Sprintf("%q", clip(s, 64)) }
+
+// clip is s as valid UTF-8, cut to n runes (the last three "...") when
+// longer.
+func clip(s string, n int) string {
 	if !utf8.ValidString(s) {
 		s = strings.ToValidUTF8(s, "\uFFFD")
 	}
-	if utf8.RuneCountInString(s) > 64 {
-		s = string([]rune(s)[:61]) + "..."
+	if utf8.RuneCountInString(s) > n {
+		s = string([]rune(s)[:n-3]) + "..."
 	}
-	return fmt.Sprintf("%q", s)
+	return s
 }
 
 // queryParams returns the query with every parameter appearing at most once
@@ -205,17 +209,21 @@ func (d *durationInput) UnmarshalJSON(b []byte) error {
 }
 func (t *timeInput) UnmarshalJSON(b []byte) error { return typed(t.Time.UnmarshalJSON(b), b, t) }
 
+// ptr is the decimal given, or nil when none was.
+func (d *decimalInput) ptr() *decimal.Decimal {
+	if d == nil {
+		return nil
+	}
+	return &d.Decimal
+}
+
 // typed is err, the parse error of the JSON value b into v, as a
 // json.UnmarshalTypeError (the value clipped: it is quoted back).
 func typed(err error, b []byte, v any) error {
 	if err == nil {
 		return nil
 	}
-	s := string(b)
-	if utf8.RuneCountInString(s) > 40 {
-		s = string([]rune(s)[:37]) + "..."
-	}
-	return &json.UnmarshalTypeError{Value: strings.ToValidUTF8(s, "\uFFFD"), Type: reflect.TypeOf(v)}
+	return &json.UnmarshalTypeError{Value: clip(string(b), 40), Type: reflect.TypeOf(v)}
 }
 
 // writeJSON writes v with the given status.
