@@ -185,19 +185,19 @@ func (c *Client) do(ctx context.Context, path string, body, out any) error {
 		}
 		return &unreachableError{err}
 	}
-	if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
-		var p problem
-		if json.Unmarshal(raw, &p) == nil && p.Type == problemChanging {
-			return &changingError{RetryAfter: retryAfter(resp.Header.Get("Retry-After"))}
-		}
-		return &loadError{Status: resp.StatusCode, RetryAfter: retryAfter(resp.Header.Get("Retry-After"))}
+	var p problem
+	if resp.StatusCode >= 300 {
+		_ = json.Unmarshal(raw, &p) // a body that is not a problem leaves p empty
 	}
-	if resp.StatusCode >= 500 {
+	switch {
+	case p.Type == problemChanging:
+		return &changingError{RetryAfter: retryAfter(resp.Header.Get("Retry-After"))}
+	case resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable:
+		return &loadError{Status: resp.StatusCode, RetryAfter: retryAfter(resp.Header.Get("Retry-After"))}
+	case resp.StatusCode >= 500:
 		return &unreachableError{fmt.Errorf("%s: %s", resp.Status, raw)}
 	}
 	if resp.StatusCode >= 300 {
-		var p problem
-		_ = json.Unmarshal(raw, &p)
 		switch p.Type {
 		case problemExhausted:
 			e := &exhaustedError{Binding: p.Binding, Available: p.Available}
