@@ -74,6 +74,10 @@ func (o *Options) defaults() {
 	}
 }
 
+// warmUp is the start of the replay that steady figures leave out (every
+// customer's first grants, new budget rows, new connections).
+func (o Options) warmUp() time.Duration { return o.Duration / 6 }
+
 // Validate reports every problem of o (after defaults) at once.
 func (o Options) Validate() error {
 	o.defaults()
@@ -249,7 +253,7 @@ func replay(ctx context.Context, o Options, tr trace, sys system) (Row, error) {
 	// Steady demand (§10): calls and admissions from the end of a warm-up
 	// (the first grants) to the end of the replay (before the releases of
 	// the period's end).
-	warm := o.Duration / 6
+	warm := o.warmUp()
 	var warmCalls, warmGrant, warmAdm atomic.Int64
 	warmed := make(chan struct{})
 	go func() {

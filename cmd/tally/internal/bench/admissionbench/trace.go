@@ -21,8 +21,8 @@ type trace struct {
 	demand   []int64 // units offered per customer over the whole trace
 	requests int64
 	// firsts counts the requests that are their customer's first at their
-	// gateway, and firstsSteady those of them after the warm-up (a sixth
-	// of the trace), of steady requests.
+	// gateway, and firstsSteady those of them after the warm-up
+	// (Options.warmUp), of steady requests.
 	firsts, firstsSteady, steady int64
 }
 
@@ -70,7 +70,7 @@ func newTrace(o Options) trace {
 			}
 		}
 	}
-	warm := o.Duration / 6
+	warm := o.warmUp()
 	for _, g := range t.gateways {
 		slices.SortFunc(g, func(a, b arrival) int { return int(a.at - b.at) })
 		seen := make([]bool, o.Customers)
