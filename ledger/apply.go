@@ -38,6 +38,14 @@ type Config struct {
 	// the member itself: 52–54 for 10-character members).
 	// 0: 1,000,000; negative: none, every member is looked up.
 	UniqueMemberDays int
+	// UniqueIndexAfter is how many readings a period of a unique meter
+	// holds before its members go into the member index of
+	// unique_readings (docs/design.md §16): below it, a Ledger that does
+	// not remember the period reads its readings whole, through its
+	// streams, instead of the index. The batch that takes a period to it
+	// indexes the period's counted readings once.
+	// 0: 100,000; negative: every period is indexed from its first reading.
+	UniqueIndexAfter int
 	// Registerer, when set, receives the ledger's metrics
 	// (tally_ledger_unique_*).
 	Registerer prometheus.Registerer
@@ -62,6 +70,9 @@ type Ledger struct {
 	// members: the members counted in periods of unique meters
 	// (unique_cache.go).
 	members *memberCache
+	// indexAfter: Config.UniqueIndexAfter, resolved (0: from the first
+	// reading).
+	indexAfter int64
 }
 
 // New returns a Ledger.
@@ -73,7 +84,10 @@ func New(cfg Config) (*Ledger, error) {
 	if limit == 0 {
 		limit = memberCacheLimit
 	}
-	l := &Ledger{now: cfg.Clock, log: cfg.Logger, members: newMemberCache(limit)}
+	l := &Ledger{now: cfg.Clock, log: cfg.Logger, members: newMemberCache(limit), indexAfter: int64(max(cfg.UniqueIndexAfter, 0))}
+	if cfg.UniqueIndexAfter == 0 {
+		l.indexAfter = uniqueIndexAfter
+	}
 	if cfg.Registerer != nil {
 		if err := l.members.register(cfg.Registerer); err != nil {
 			return nil, err

@@ -220,7 +220,7 @@ JOIN unique_readings r USING (stream_id, seq)`
 	// The readings of a micro-batch, binary, in the columns' order of
 	// uniqueColumns (unique.go encodes the rows).
 	qCopyUniqueReadings = `COPY unique_readings (stream_id, seq, operation_id, customer, meter, member, occurred_at, ` +
-		`final, late_fill, ingested_at, period_start, day, counted) FROM STDIN BINARY`
+		`final, late_fill, ingested_at, period_start, day, counted, indexed) FROM STDIN BINARY`
 
 	// The counted readings (the first of each member and day) of the
 	// members ($1 customers, $2 meters, $3 members, $4 periods,
@@ -234,36 +234,79 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::timestamptz[]) AS k(c, m, me
 CROSS JOIN LATERAL (
   SELECT * FROM unique_readings r
   WHERE hashtextextended(r.customer || '/' || r.meter, 0) = hashtextextended(k.c || '/' || k.m, 0)
-    AND r.period_start = k.p AND hashtextextended(r.member, 0) = hashtextextended(k.member, 0) AND r.counted
+    AND r.period_start = k.p AND hashtextextended(r.member, 0) = hashtextextended(k.member, 0) AND r.counted AND r.indexed
   OFFSET 0) r`
 
-	// The counted readings of whole periods ($1 customers, $2 meters, $3
-	// periods, pairwise): a range of unique_readings_counted each.
+	// The counted readings of whole indexed periods ($1 customers, $2
+	// meters, $3 periods, pairwise): a range of unique_readings_counted
+	// each.
 	qCountedInPeriods = `
 SELECT k.c, k.m, k.p, r.member, r.day
 FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS k(c, m, p)
 CROSS JOIN LATERAL (
   SELECT r.member, r.day FROM unique_readings r
   WHERE hashtextextended(r.customer || '/' || r.meter, 0) = hashtextextended(k.c || '/' || k.m, 0)
-    AND r.period_start = k.p AND r.counted AND r.customer = k.c AND r.meter = k.m
+    AND r.period_start = k.p AND r.counted AND r.indexed AND r.customer = k.c AND r.meter = k.m
   OFFSET 0) r`
 
+	// The counted readings of whole periods not indexed (as
+	// qCountedInPeriods): through the seq ranges of the meter's streams
+	// in stream_periods and the readings' primary key, as qUniqueRecount
+	// reads them; fewer rows than Config.UniqueIndexAfter a period.
+	qCountedInStreams = `
+SELECT k.c, k.m, k.p, r.member, r.day
+FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS k(c, m, p)
+JOIN stream_periods sp ON sp.customer = k.c AND sp.period_start = k.p
+JOIN streams s ON s.id = sp.stream_id AND s.meter = k.m
+CROSS JOIN LATERAL (
+  SELECT r.member, r.day FROM unique_readings r
+  WHERE r.stream_id = sp.stream_id AND r.seq BETWEEN sp.min_seq AND sp.max_seq AND r.period_start = k.p AND r.counted
+  OFFSET 0) r`
+
+	// The periods ($1 customers, $2 meters, $3 periods, pairwise) go into
+	// the member index: their counted readings, found as in
+	// qCountedInStreams, and every row of their counts.
+	qIndexPeriods = `
+WITH k AS (SELECT * FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS k(c, m, p)),
+ranges AS (
+  SELECT sp.stream_id, sp.min_seq, sp.max_seq, k.p FROM k
+  JOIN stream_periods sp ON sp.customer = k.c AND sp.period_start = k.p
+  JOIN streams s ON s.id = sp.stream_id AND s.meter = k.m),
+readings AS (
+  UPDATE unique_readings r SET indexed = true
+  FROM ranges x
+  WHERE r.stream_id = x.stream_id AND r.seq BETWEEN x.min_seq AND x.max_seq AND r.period_start = x.p
+    AND r.counted AND NOT r.indexed
+  RETURNING 1),
+counts AS (
+  UPDATE unique_counts c SET indexed = true
+  FROM k WHERE c.customer = k.c AND c.meter = k.m AND c.period_start = k.p AND NOT c.indexed
+  RETURNING 1)
+SELECT (SELECT count(*) FROM readings), (SELECT count(*) FROM counts)`
+
 	qAddUniqueCounts = `
-INSERT INTO unique_counts AS c (customer, meter, period_start, per_day, day, members)
+INSERT INTO unique_counts AS c (customer, meter, period_start, per_day, day, members, indexed)
 SELECT * FROM unnest(@customer::text[], @meter::text[], @period_start::timestamptz[], @per_day::boolean[], @day::timestamptz[],
-                     @members::bigint[])
+                     @members::bigint[], @indexed::boolean[])
 ORDER BY 1, 2, 3, 4, 5
-ON CONFLICT (customer, meter, period_start, per_day, day) DO UPDATE SET members = c.members + EXCLUDED.members
+ON CONFLICT (customer, meter, period_start, per_day, day) DO UPDATE SET members = c.members + EXCLUDED.members,
+                                                                        indexed = c.indexed OR EXCLUDED.indexed
 RETURNING customer, meter, period_start, per_day, xmin::text::bigint, members`
 
 	// The period rows of unique_counts ($1 customers, $2 meters, $3
 	// periods, pairwise): the version of what a Ledger remembers of each
-	// period (unique_cache.go), and the period's member days (what
-	// reading it whole would hold).
+	// period (unique_cache.go), the period's member days (what reading it
+	// whole would hold), whether it is indexed and, when it is not, the
+	// seqs its streams span in it (at least its readings: what
+	// qCountedInStreams reads).
 	qUniqueCountVersions = `
 SELECT u.customer, u.meter, u.period_start, u.xmin::text::bigint, u.members,
        (SELECT coalesce(sum(d.members), 0) FROM unique_counts d
-        WHERE d.customer = u.customer AND d.meter = u.meter AND d.period_start = u.period_start AND d.per_day)
+        WHERE d.customer = u.customer AND d.meter = u.meter AND d.period_start = u.period_start AND d.per_day),
+       u.indexed,
+       CASE WHEN u.indexed THEN 0 ELSE
+         (SELECT coalesce(sum(sp.max_seq - sp.min_seq + 1), 0) FROM stream_periods sp JOIN streams s ON s.id = sp.stream_id
+          WHERE sp.customer = u.customer AND sp.period_start = u.period_start AND s.meter = u.meter) END
 FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS k(customer, meter, period_start)
 JOIN unique_counts u ON u.customer = k.customer AND u.meter = k.meter AND u.period_start = k.period_start
                     AND NOT u.per_day AND u.day = k.period_start`

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"sort"
@@ -25,14 +26,22 @@ import (
 // day is its "counted" one: under locks.UniqueMembers, the batch's
 // members are found among the counted readings of their periods — in
 // what the Ledger remembers of the period when unique_counts says it is
-// exact (unique_cache.go), else by one index descent per member
-// (qCountedMembers: at most a row per member and day, however often the
-// member was seen) — the counts grow by the members and member days none
-// held, and the batch's readings go in with one binary COPY, the first of
-// each new member day counted.
+// exact (unique_cache.go), else read whole or, in a period too large to
+// remember, by one index descent per member (qCountedMembers: at most a
+// row per member and day, however often the member was seen) — the
+// counts grow by the members and member days none held, and the batch's
+// readings go in with one binary COPY, the first of each new member day
+// counted. Only a period of Config.UniqueIndexAfter readings or more
+// keeps its counted readings in the member index (indexed): a smaller
+// one is read whole through its streams instead.
 // Streams, seqs and operation ids follow the counters' rules (a seq below
 // the stream's last is a late fill: nothing was billed for it, so it only
 // counts its member).
+
+// uniqueIndexAfter is the default Config.UniqueIndexAfter: a period of
+// fewer readings is read whole through its streams in well under a
+// second, and fits in half the default bound on what a Ledger remembers.
+const uniqueIndexAfter = 100_000
 
 // FindingUniqueAfterClose: a member was seen in a period already closed.
 const FindingUniqueAfterClose = "unique_member_after_close"
@@ -53,6 +62,11 @@ type uniqueApplier struct {
 	periods map[cmpKey]map[memberDay]int // the batch's member days by period: the first new reading's index in news
 	perCM   int                          // readings per customer and meter of the batch: the size a period's member days start at
 	news    []uniqueNew
+	// indexAfter is Config.UniqueIndexAfter; indexed, the batch's periods
+	// whose counted readings are written indexed.
+	indexAfter int64
+	indexed    map[cmpKey]bool
+	log        *slog.Logger
 }
 
 // dayBucket is what DayBucket answered for an instant: the same for every
@@ -67,6 +81,11 @@ type uniqueNew struct {
 	late        bool
 	period, day time.Time
 	counted     bool // the first reading of its member and day
+}
+
+// key is the period g counts in.
+func (g *uniqueNew) key() cmpKey {
+	return cmpKey{g.r.Stream.Customer, g.r.Stream.Meter, g.period.UnixMicro()}
 }
 
 // applyUniques is Apply for the records of unique meters; operation ids
@@ -90,7 +109,7 @@ func (l *Ledger) applyUniquesOnce(ctx context.Context, tx pgx.Tx, recs []Record,
 		streams: map[StreamKey]*stream{}, ops: map[uuid.UUID]stored{},
 		calendars: map[string]periods.Schedule{}, closed: map[periodKey]bool{}, rollups: map[rollupKey]decimal.Decimal{},
 		elsewhere: maps.Clone(earlier),
-	}, cache: l.members, buckets: map[string]dayBucket{}, uops: make(map[uuid.UUID]uniqueStored, len(recs)), periods: map[cmpKey]map[memberDay]int{}}
+	}, cache: l.members, indexAfter: l.indexAfter, indexed: map[cmpKey]bool{}, log: l.log, buckets: map[string]dayBucket{}, uops: make(map[uuid.UUID]uniqueStored, len(recs)), periods: map[cmpKey]map[memberDay]int{}}
 	valid := a.validateReadings()
 	if len(valid) == 0 {
 		return a.out, nil
@@ -304,24 +323,47 @@ func (a *uniqueApplier) write(ctx context.Context, tx pgx.Tx) error {
 // new reading of each counted, and queues what they add to unique_counts:
 // one per new member day, and one per member new in its period. What the
 // Ledger remembers of a period decides when unique_counts says it is
-// exact (unique_cache.go); the members of the other periods are looked up
-// among their counted readings.
+// exact (unique_cache.go); the members of the other periods are read
+// whole (a period not indexed, or one small enough to remember) or
+// looked up among their counted readings. A period this batch takes to
+// Config.UniqueIndexAfter readings is indexed first (indexPeriods), and
+// the counted readings of an indexed period are written indexed.
 func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
 	if len(a.periods) == 0 {
 		return nil
 	}
 	keys := slices.Collect(maps.Keys(a.periods))
+	rows, err := countVersions(ctx, tx, keys)
+	if err != nil {
+		return err
+	}
+	readings := map[cmpKey]int64{}
+	for _, g := range a.news {
+		readings[g.key()]++
+	}
+	var flips []cmpKey
+	for _, k := range keys {
+		row, ok := rows[k]
+		switch {
+		case ok && row.indexed:
+			a.indexed[k] = true
+		case row.span+readings[k] >= a.indexAfter:
+			a.indexed[k] = true
+			if ok {
+				flips = append(flips, k)
+			}
+		}
+	}
 	sets := map[cmpKey]*memberSet{}
 	if a.cache.limit > 0 {
-		rows, memberDays, err := countVersions(ctx, tx, keys)
-		if err != nil {
-			return err
-		}
 		sets = a.cache.exact(keys, rows)
 		a.cache.remembered.Add(float64(len(sets)))
-		if err := a.loadMembers(ctx, tx, keys, rows, memberDays, sets); err != nil {
-			return err
-		}
+	}
+	if err := a.loadMembers(ctx, tx, keys, rows, sets); err != nil {
+		return err
+	}
+	if err := a.indexPeriods(ctx, tx, flips, rows); err != nil {
+		return err
 	}
 	a.cache.lookups.Add(float64(len(keys) - len(sets)))
 	found, err := a.lookUpMembers(ctx, tx, sets)
@@ -332,11 +374,11 @@ func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) erro
 	// bucket day with new member days.
 	var cs, ms []string
 	var ps, ds []time.Time
-	var perDay []bool
+	var perDay, indexed []bool
 	var members []int64
 	addCount := func(pk cmpKey, day time.Time, perDayRow bool, n int64) {
 		cs, ms, ps = append(cs, pk.customer), append(ms, pk.meter), append(ps, time.UnixMicro(pk.period).UTC())
-		ds, perDay, members = append(ds, day), append(perDay, perDayRow), append(members, n)
+		ds, perDay, members, indexed = append(ds, day), append(perDay, perDayRow), append(members, n), append(indexed, a.indexed[pk])
 	}
 	added := map[cmpKey][]memberDay{}
 	if len(sets) > 0 {
@@ -383,13 +425,13 @@ func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) erro
 		return nil
 	}
 	b.Queue(qAddUniqueCounts, pgx.StrictNamedArgs{"customer": cs, "meter": ms, "period_start": ps, "per_day": perDay,
-		"day": ds, "members": members}).Query(func(rows pgx.Rows) error {
+		"day": ds, "members": members, "indexed": indexed}).Query(func(rows pgx.Rows) error {
 		var c, m string
 		var period time.Time
 		var day bool
 		var v countVersion
 		_, err := pgx.ForEachRow(rows, []any{&c, &m, &period, &day, &v.xmin, &v.members}, func() error {
-			if pk := (cmpKey{c, m, period.UnixMicro()}); !day && sets[pk] != nil {
+			if pk := (cmpKey{c, m, period.UnixMicro()}); !day && sets[pk] != nil && a.cache.limit > 0 {
 				a.cache.counted(pk, sets[pk], v, added[pk])
 			}
 			return nil
@@ -399,71 +441,119 @@ func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) erro
 	return nil
 }
 
+// periodRow is what the period row of unique_counts says of a period.
+type periodRow struct {
+	version    countVersion
+	memberDays int64 // what reading the period whole would hold
+	indexed    bool
+	span       int64 // when not indexed: the seqs its streams span in it, at least its readings
+}
+
 // countVersions reads the period rows of unique_counts of keys: the
-// periods with a row, its version, and the period's member days (what
-// reading it whole would hold).
-func countVersions(ctx context.Context, tx pgx.Tx, keys []cmpKey) (map[cmpKey]countVersion, map[cmpKey]int64, error) {
+// periods with a row (the others have no readings).
+func countVersions(ctx context.Context, tx pgx.Tx, keys []cmpKey) (map[cmpKey]periodRow, error) {
 	cs, ms, ps := make([]string, len(keys)), make([]string, len(keys)), make([]time.Time, len(keys))
 	for i, k := range keys {
 		cs[i], ms[i], ps[i] = k.customer, k.meter, time.UnixMicro(k.period).UTC()
 	}
 	rows, err := tx.Query(ctx, qUniqueCountVersions, cs, ms, ps)
 	if err != nil {
-		return nil, nil, fmt.Errorf("ledger: unique counts: %w", err)
+		return nil, fmt.Errorf("ledger: unique counts: %w", err)
 	}
-	versions, memberDays := map[cmpKey]countVersion{}, map[cmpKey]int64{}
+	out := map[cmpKey]periodRow{}
 	var c, m string
 	var period time.Time
-	var v countVersion
-	var n int64
-	_, err = pgx.ForEachRow(rows, []any{&c, &m, &period, &v.xmin, &v.members, &n}, func() error {
-		k := cmpKey{c, m, period.UnixMicro()}
-		versions[k], memberDays[k] = v, n
+	var r periodRow
+	_, err = pgx.ForEachRow(rows, []any{&c, &m, &period, &r.version.xmin, &r.version.members, &r.memberDays, &r.indexed, &r.span}, func() error {
+		out[cmpKey{c, m, period.UnixMicro()}] = r
 		return nil
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("ledger: unique counts: %w", err)
+		return nil, fmt.Errorf("ledger: unique counts: %w", err)
 	}
-	return versions, memberDays, nil
+	return out, nil
 }
 
-// loadMembers reads the counted readings of the periods of keys that have
-// some (rows) but no exact set, when their member days fit in half the
-// cache's bound,
-// and adds what it read to sets and to the cache.
-func (a *uniqueApplier) loadMembers(ctx context.Context, tx pgx.Tx, keys []cmpKey, rows map[cmpKey]countVersion, memberDays map[cmpKey]int64,
-	sets map[cmpKey]*memberSet) error {
-	var cs, ms []string
-	var ps []time.Time
+// loadMembers reads whole the counted readings of the periods of keys
+// that have some (rows) but no exact set: a period not indexed through
+// its streams (fewer readings than Config.UniqueIndexAfter), an indexed
+// one through the member index when its member days fit in half the
+// cache's bound. It adds what it read to sets and, when the Ledger
+// remembers members, to the cache.
+func (a *uniqueApplier) loadMembers(ctx context.Context, tx pgx.Tx, keys []cmpKey, rows map[cmpKey]periodRow, sets map[cmpKey]*memberSet) error {
+	var streams, index [3][]any
 	loaded := map[cmpKey]*memberSet{}
 	for _, k := range keys {
-		if v, ok := rows[k]; ok && sets[k] == nil && memberDays[k] > 0 && memberDays[k] <= int64(a.cache.limit/2) {
-			cs, ms, ps = append(cs, k.customer), append(ms, k.meter), append(ps, time.UnixMicro(k.period).UTC())
-			loaded[k] = newMemberSet()
-			loaded[k].version = v
+		row, ok := rows[k]
+		if !ok || sets[k] != nil {
+			continue
 		}
+		var to *[3][]any
+		switch {
+		case !row.indexed:
+			to = &streams
+		case row.memberDays > 0 && row.memberDays <= int64(a.cache.limit/2):
+			to = &index
+		default:
+			continue
+		}
+		to[0], to[1], to[2] = append(to[0], k.customer), append(to[1], k.meter), append(to[2], time.UnixMicro(k.period).UTC())
+		loaded[k] = newMemberSet()
+		loaded[k].version = row.version
 	}
-	if len(cs) == 0 {
-		return nil
-	}
-	got, err := tx.Query(ctx, qCountedInPeriods, cs, ms, ps)
-	if err != nil {
-		return fmt.Errorf("ledger: unique members of periods: %w", err)
-	}
-	var c, m, member string
-	var period, day time.Time
-	_, err = pgx.ForEachRow(got, []any{&c, &m, &period, &member, &day}, func() error {
-		loaded[cmpKey{c, m, period.UnixMicro()}].add(memberDay{member, day.UnixMicro()})
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("ledger: unique members of periods: %w", err)
+	for _, q := range []struct {
+		sql  string
+		args [3][]any
+	}{{qCountedInStreams, streams}, {qCountedInPeriods, index}} {
+		if len(q.args[0]) == 0 {
+			continue
+		}
+		got, err := tx.Query(ctx, q.sql, q.args[0], q.args[1], q.args[2])
+		if err != nil {
+			return fmt.Errorf("ledger: unique members of periods: %w", err)
+		}
+		var c, m, member string
+		var period, day time.Time
+		_, err = pgx.ForEachRow(got, []any{&c, &m, &period, &member, &day}, func() error {
+			loaded[cmpKey{c, m, period.UnixMicro()}].add(memberDay{member, day.UnixMicro()})
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("ledger: unique members of periods: %w", err)
+		}
 	}
 	for k, s := range loaded {
 		sets[k] = s
-		a.cache.counted(k, s, s.version, nil)
+		if a.cache.limit > 0 {
+			a.cache.counted(k, s, s.version, nil)
+		}
 	}
 	a.cache.read.Add(float64(len(loaded)))
+	return nil
+}
+
+// indexPeriods puts the counted readings of flips, periods not indexed
+// that this batch takes to Config.UniqueIndexAfter readings, into the
+// member index, once.
+func (a *uniqueApplier) indexPeriods(ctx context.Context, tx pgx.Tx, flips []cmpKey, rows map[cmpKey]periodRow) error {
+	if len(flips) == 0 {
+		return nil
+	}
+	cs, ms, ps := make([]string, len(flips)), make([]string, len(flips)), make([]time.Time, len(flips))
+	for i, k := range flips {
+		cs[i], ms[i], ps[i] = k.customer, k.meter, time.UnixMicro(k.period).UTC()
+	}
+	start := time.Now()
+	var readings, counts int64
+	if err := tx.QueryRow(ctx, qIndexPeriods, cs, ms, ps).Scan(&readings, &counts); err != nil {
+		return fmt.Errorf("ledger: index unique periods: %w", err)
+	}
+	for _, k := range flips {
+		a.log.Info("unique meter period indexed: its members are looked up in the member index from now on",
+			"customer", k.customer, "meter", k.meter, "period", time.UnixMicro(k.period).UTC(), "readings_before", rows[k].span)
+	}
+	a.log.Info("unique meter periods indexed", "periods", len(flips), "counted_readings", readings, "count_rows", counts,
+		"took", time.Since(start))
 	return nil
 }
 
@@ -512,7 +602,7 @@ func (a *uniqueApplier) lookUpMembers(ctx context.Context, tx pgx.Tx, exact map[
 
 // uniqueColumns are the columns of qCopyUniqueReadings, in order.
 var uniqueColumns = []string{"stream_id", "seq", "operation_id", "customer", "meter", "member", "occurred_at",
-	"final", "late_fill", "ingested_at", "period_start", "day", "counted"}
+	"final", "late_fill", "ingested_at", "period_start", "day", "counted", "indexed"}
 
 // copyReadings writes the new readings with one binary COPY, as
 // copyRecords does the counters' records, after the members were counted.
@@ -527,6 +617,7 @@ func (a *uniqueApplier) copyReadings(ctx context.Context, tx pgx.Tx) error {
 		buf = appendTimeField(buf, a.now)
 		buf = appendTimeField(buf, g.period)
 		buf = appendTimeField(buf, g.day)
-		return appendBoolField(buf, g.counted), nil
+		buf = appendBoolField(buf, g.counted)
+		return appendBoolField(buf, a.indexed[g.key()]), nil
 	})
 }

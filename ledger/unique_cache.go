@@ -9,8 +9,7 @@ import (
 // A Ledger remembers the members it counted in a customer's period of a
 // unique meter, so that a micro-batch whose members are all known, or all
 // new, does not look them up in unique_readings (an index probe per
-// member, the larger part of what a unique reading costs beyond a
-// counter's record). What it remembers is only a hint, checked in every
+// member). What it remembers is only a hint, checked in every
 // transaction against the period's row of unique_counts:
 //
 //   - every transaction that counts a member or a member day in a period
@@ -28,11 +27,13 @@ import (
 //
 // Any other case (another writer, a rollback, a process that started
 // after the period's first member, a set evicted for room) forgets the
-// set and reads the period's counted readings whole, in one range of
-// unique_readings_counted (at most a row per member and day), when they
-// fit in half the bound; else the batch's members are looked up one by
-// one, as if nothing were remembered. What is remembered never decides a
-// count on its own.
+// set and reads the period's counted readings whole: a period not
+// indexed (fewer readings than Config.UniqueIndexAfter) through its
+// streams, an indexed one in one range of unique_readings_counted (at
+// most a row per member and day) when they fit in half the bound; else
+// the batch's members are looked up one by one in that index, as if
+// nothing were remembered. What is remembered never decides a count on
+// its own.
 //
 // Memory is bounded by the member days held (memberCacheLimit); past it,
 // whole sets are dropped.
@@ -113,7 +114,7 @@ func (c *memberCache) register(reg prometheus.Registerer) error {
 // ones for keys without a row, and forgets the others. The caller holds
 // locks.UniqueMembers for every key's customer and meter, and calls it only
 // when the cache remembers anything (limit > 0).
-func (c *memberCache) exact(keys []cmpKey, rows map[cmpKey]countVersion) map[cmpKey]*memberSet {
+func (c *memberCache) exact(keys []cmpKey, rows map[cmpKey]periodRow) map[cmpKey]*memberSet {
 	out := make(map[cmpKey]*memberSet, len(keys))
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -124,7 +125,7 @@ func (c *memberCache) exact(keys []cmpKey, rows map[cmpKey]countVersion) map[cmp
 		case !ok:
 			c.drop(k)
 			out[k] = newMemberSet()
-		case s != nil && s.version == row:
+		case s != nil && s.version == row.version:
 			out[k] = s
 		default:
 			c.drop(k)

@@ -38,7 +38,7 @@ func TestMemberCacheStaysWithinItsBound(t *testing.T) {
 		t.Fatalf("sets hold %d member days, the cache counts %d", total, c.size)
 	}
 	k := cmpKey{"acme", "mau", 4}
-	s := c.exact([]cmpKey{k}, map[cmpKey]countVersion{k: {xmin: 5, members: 30}})[k]
+	s := c.exact([]cmpKey{k}, map[cmpKey]periodRow{k: {version: countVersion{xmin: 5, members: 30}}})[k]
 	if s == nil {
 		t.Fatal("the latest set is not exact at the version it was left with")
 	}
@@ -51,7 +51,7 @@ func TestMemberCacheStaysWithinItsBound(t *testing.T) {
 	if in, _ := s.held("user-30", 1); in {
 		t.Fatal("user-30 was never counted")
 	}
-	if c.exact([]cmpKey{k}, map[cmpKey]countVersion{k: {xmin: 6, members: 30}})[k] != nil || c.sets[k] != nil {
+	if c.exact([]cmpKey{k}, map[cmpKey]periodRow{k: {version: countVersion{xmin: 6, members: 30}}})[k] != nil || c.sets[k] != nil {
 		t.Fatal("a set whose period row changed is still used")
 	}
 	big := cmpKey{"globex", "mau", 1}

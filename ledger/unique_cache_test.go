@@ -113,18 +113,19 @@ func TestRolledBackMembersAreForgotten(t *testing.T) {
 }
 
 // TestPropertyUniqueCountsManyWriters is TestPropertyUniqueCounts with
-// every micro-batch applied by one of three Ledgers (one with the default
-// room for member days, one with room for a few, one that remembers
-// none), and some micro-batches applied once in a transaction that rolls
-// back before they are applied for good.
+// every micro-batch applied by one of five Ledgers (with the default room
+// for member days, room for a few, or none; indexing periods from their
+// first reading, after a few or after the default), and some
+// micro-batches applied once in a transaction that rolls back before they
+// are applied for good.
 func TestPropertyUniqueCountsManyWriters(t *testing.T) {
 	f := newFixture(t)
 	if err := f.declare("mau", ledger.Unique); err != nil {
 		t.Fatal(err)
 	}
 	var ls []*ledger.Ledger
-	for _, days := range []int{0, 5, -1} {
-		l, err := ledger.New(ledger.Config{Clock: func() time.Time { return f.now }, UniqueMemberDays: days})
+	for _, c := range []struct{ days, indexAfter int }{{0, 0}, {5, 8}, {-1, 12}, {0, -1}, {-1, -1}} {
+		l, err := ledger.New(ledger.Config{Clock: func() time.Time { return f.now }, UniqueMemberDays: c.days, UniqueIndexAfter: c.indexAfter})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -221,13 +222,17 @@ func TestUniqueMetricsSayHowMembersWereFound(t *testing.T) {
 	}
 }
 
-// TestPeriodTooLargeToRememberIsLookedUp: a period another Ledger wrote,
-// with more member days than half this Ledger's bound, is not read whole:
-// its members are looked up one by one, and counted once.
+// TestPeriodTooLargeToRememberIsLookedUp: an indexed period another
+// Ledger wrote, with more member days than half this Ledger's bound, is
+// not read whole: its members are looked up one by one, and counted once.
 func TestPeriodTooLargeToRememberIsLookedUp(t *testing.T) {
-	f, other := twoWriters(t)
+	f, _ := twoWriters(t)
 	reg := prometheus.NewRegistry()
-	l, err := ledger.New(ledger.Config{Clock: func() time.Time { return f.now }, UniqueMemberDays: 4, Registerer: reg})
+	l, err := ledger.New(ledger.Config{Clock: func() time.Time { return f.now }, UniqueMemberDays: 4, UniqueIndexAfter: -1, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := ledger.New(ledger.Config{Clock: func() time.Time { return f.now }, UniqueIndexAfter: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,4 +269,59 @@ func uniqueMetrics(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 		}
 	}
 	return got
+}
+
+// TestPeriodIndexedOnceLarge: a period of fewer readings than
+// Config.UniqueIndexAfter keeps no member index entries, and a Ledger
+// that remembers nothing reads it whole through its streams; the batch
+// that takes it to the bound indexes its counted readings, once, and from
+// then on a Ledger that remembers nothing looks its members up in the
+// index. Every member and member day counts once throughout.
+func TestPeriodIndexedOnceLarge(t *testing.T) {
+	f, _ := twoWriters(t)
+	reg := prometheus.NewRegistry()
+	none, err := ledger.New(ledger.Config{Clock: func() time.Time { return f.now }, UniqueMemberDays: -1, UniqueIndexAfter: 5, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := ledger.New(ledger.Config{Clock: func() time.Time { return f.now }, UniqueIndexAfter: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1 := recBuilder{"gw-1", 1, "acme", "mau"}
+	s2 := recBuilder{"gw-2", 1, "acme", "mau"}
+	state := func() string {
+		t.Helper()
+		return f.scalar(`SELECT (SELECT string_agg(DISTINCT indexed::text, ',') FROM unique_counts) || ' / ' ||
+			(SELECT count(*) FILTER (WHERE counted AND indexed) || ' of ' || count(*) FILTER (WHERE counted) FROM unique_readings)`)
+	}
+	applyWith(t, f, l, true, s1.member(1, "ann", nov), s1.member(2, "bob", nov), s1.member(3, "ann", nov.Add(time.Hour)))
+	if got, want := state(), "false / 0 of 2"; got != want {
+		t.Fatalf("after 3 readings (period indexed / counted readings indexed): %s, want %s", got, want)
+	}
+	// Read whole through its streams: ann again, carl new.
+	applyWith(t, f, none, true, s2.member(1, "ann", nov.Add(2*time.Hour)))
+	if got := uniqueMetrics(t, reg); got["read"] != 1 || got["looked_up"] != 0 {
+		t.Errorf("periods by how = %v, want the period read whole", got)
+	}
+	if got, want := state(), "false / 0 of 2"; got != want {
+		t.Fatalf("after 4 readings: %s, want %s", got, want)
+	}
+	// The fifth reading indexes the period: bob again, carl new.
+	applyWith(t, f, l, true, s1.member(4, "bob", nov.Add(24*time.Hour)), s1.member(5, "carl", nov.Add(2*time.Hour)))
+	if got, want := state(), "true / 4 of 4"; got != want {
+		t.Fatalf("after 6 readings: %s, want %s", got, want)
+	}
+	// Looked up in the index from now on: dan new, ann and bob again.
+	applyWith(t, f, none, true, s2.member(2, "dan", nov.Add(25*time.Hour)), s2.member(3, "ann", nov.Add(26*time.Hour)),
+		s2.member(4, "bob", nov.Add(27*time.Hour)))
+	if got := uniqueMetrics(t, reg); got["read"] != 1 || got["looked_up"] != 1 {
+		t.Errorf("periods by how = %v, want the period read once, then looked up", got)
+	}
+	if got, want := state(), "true / 6 of 6"; got != want {
+		t.Fatalf("after 9 readings: %s, want %s", got, want)
+	}
+	if want := "false:4 true:3 true:3"; f.uniqueCounts() != want {
+		t.Errorf("counts (per_day:members) = %s, want %s", f.uniqueCounts(), want)
+	}
 }

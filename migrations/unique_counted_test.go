@@ -2,6 +2,7 @@ package migrations_test
 
 import (
 	"context"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -14,19 +15,24 @@ import (
 	"github.com/tally-ledger/tally/migrations"
 )
 
-// TestUniqueReadingsCountedIndex: on a ledger of unique readings written
-// under migration 00035, migration 00036 swaps the member index for
-// unique_readings_counted, and a Ledger that never saw the period (it
-// reads the period's counted members through the new index) goes on
-// counting each member and member day once. Down restores the index.
+// TestUniqueReadingsCountedIndex: on a ledger of unique readings taken
+// down to migration 00035, migration 00036 swaps the member index for
+// unique_readings_counted, and, migrated up to the latest, a Ledger that
+// never saw the period (it reads the period's counted members through the
+// index) goes on counting each member and member day once. Down restores
+// the index.
 func TestUniqueReadingsCountedIndex(t *testing.T) {
 	ctx := context.Background()
-	pool := poolAt(t, 35)
+	pool := emptyPool(t)
+	latest := upToLatest(t, pool)
 	f := newMAU(t, pool)
 	day, sighting := f.day, f.sighting
 	apply := func(recs ...ledger.Record) { t.Helper(); f.apply(0, recs...) } // each batch through a new Ledger
 	apply(sighting("ann", day), sighting("bob", day.Add(time.Hour)), sighting("ann", day.Add(24*time.Hour)))
 
+	if err := migrations.DownTo(ctx, pool, 35); err != nil {
+		t.Fatal(err)
+	}
 	if err := migrations.UpTo(ctx, pool, 36); err != nil {
 		t.Fatal(err)
 	}
@@ -40,6 +46,9 @@ func TestUniqueReadingsCountedIndex(t *testing.T) {
 	}
 	if got := indexes(); got != "unique_readings_counted" {
 		t.Fatalf("indexes after 00036: %s", got)
+	}
+	if err := migrations.UpTo(ctx, pool, latest); err != nil {
+		t.Fatal(err)
 	}
 	// ann again on both her days, bob on a new day, carl new.
 	apply(sighting("ann", day.Add(2*time.Hour)), sighting("ann", day.Add(25*time.Hour)), sighting("bob", day.Add(26*time.Hour)),
@@ -56,19 +65,24 @@ func TestUniqueReadingsCountedIndex(t *testing.T) {
 	}
 }
 
-// TestUniqueMemberHashIndex: on a ledger of unique readings written under
+// TestUniqueMemberHashIndex: on a ledger of unique readings taken down to
 // migration 00037, migration 00038 rebuilds unique_readings_counted on the
-// hash of the member alone and drops the stored member_key column; Ledgers
-// that never saw the period go on counting each member and member day
-// once, whether they look members up one by one (nothing remembered) or
-// read the period whole. Down restores the column and the index.
+// hash of the member alone and drops the stored member_key column;
+// migrated up to the latest, Ledgers that never saw the period go on
+// counting each member and member day once, whether they look members up
+// one by one (nothing remembered) or read the period whole. Down restores
+// the column and the index.
 func TestUniqueMemberHashIndex(t *testing.T) {
 	ctx := context.Background()
-	pool := poolAt(t, 37)
+	pool := emptyPool(t)
+	latest := upToLatest(t, pool)
 	f := newMAU(t, pool)
 	day, sighting, apply := f.day, f.sighting, f.apply
 	apply(0, sighting("ann", day), sighting("bob", day.Add(time.Hour)), sighting("ann", day.Add(24*time.Hour)))
 
+	if err := migrations.DownTo(ctx, pool, 37); err != nil {
+		t.Fatal(err)
+	}
 	if err := migrations.UpTo(ctx, pool, 38); err != nil {
 		t.Fatal(err)
 	}
@@ -83,6 +97,9 @@ func TestUniqueMemberHashIndex(t *testing.T) {
 	}
 	if got, want := schema(), "CREATE INDEX unique_readings_counted ON public.unique_readings USING btree (hashtextextended(((customer || '/'::text) || meter), (0)::bigint), period_start, hashtextextended(member, (0)::bigint)) WHERE counted / member_key: false"; got != want {
 		t.Fatalf("after 00038: %s\nwant %s", got, want)
+	}
+	if err := migrations.UpTo(ctx, pool, latest); err != nil {
+		t.Fatal(err)
 	}
 	// Looked up one by one: ann again on both her days, bob on a new day.
 	apply(-1, sighting("ann", day.Add(2*time.Hour)), sighting("ann", day.Add(25*time.Hour)), sighting("bob", day.Add(26*time.Hour)))
@@ -111,19 +128,94 @@ func TestUniqueMemberHashIndex(t *testing.T) {
 	}
 }
 
+// TestUniqueIndexLargePeriods: on a ledger of unique readings taken down
+// to migration 00038 (every counted reading in the member index), 00039
+// marks every existing period and reading indexed and narrows the index
+// to indexed readings; a Ledger that remembers nothing goes on looking
+// the old period's members up in the index and counting each once, and a
+// new period is written without index entries until it holds
+// Config.UniqueIndexAfter readings. Down indexes every counted reading
+// again.
+func TestUniqueIndexLargePeriods(t *testing.T) {
+	ctx := context.Background()
+	pool := emptyPool(t)
+	latest := upToLatest(t, pool)
+	f := newMAU(t, pool)
+	day, sighting, apply := f.day, f.sighting, f.apply
+	apply(0, sighting("ann", day), sighting("bob", day.Add(time.Hour)), sighting("ann", day.Add(24*time.Hour)))
+	if err := migrations.DownTo(ctx, pool, 38); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.UpTo(ctx, pool, 39); err != nil {
+		t.Fatal(err)
+	}
+	state := func() string {
+		var s string
+		if err := pool.QueryRow(ctx, `SELECT (SELECT indexdef FROM pg_indexes WHERE indexname = 'unique_readings_counted') || ' / ' ||
+			coalesce((SELECT string_agg(to_char(period_start AT TIME ZONE 'UTC', 'MM') || ':' || indexed, ' ' ORDER BY period_start)
+			          FROM unique_counts WHERE NOT per_day), '') || ' / ' ||
+			(SELECT count(*) FILTER (WHERE counted AND indexed) || ' of ' || count(*) FILTER (WHERE counted) FROM unique_readings)`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	const index = "CREATE INDEX unique_readings_counted ON public.unique_readings USING btree (hashtextextended(((customer || '/'::text) || meter), (0)::bigint), period_start, hashtextextended(member, (0)::bigint))"
+	if got, want := state(), index+" WHERE (counted AND indexed) / 11:true / 3 of 3"; got != want {
+		t.Fatalf("after 00039: %s\nwant %s", got, want)
+	}
+	if err := migrations.UpTo(ctx, pool, latest); err != nil {
+		t.Fatal(err)
+	}
+	// Looked up in the index, by a Ledger indexing only large periods:
+	// ann again on both her days, bob on a new day.
+	f.indexAfter = 0
+	apply(-1, sighting("ann", day.Add(2*time.Hour)), sighting("ann", day.Add(25*time.Hour)), sighting("bob", day.Add(26*time.Hour)))
+	if got, want := f.counts(), "false:11-01:2 true:11-10:2 true:11-11:2"; got != want {
+		t.Fatalf("counts (per_day:day:members) = %s, want %s", got, want)
+	}
+	// December is a new period: not indexed.
+	f.now = day.AddDate(0, 1, 1)
+	apply(-1, sighting("ann", day.AddDate(0, 1, 0)), sighting("dan", day.AddDate(0, 1, 0)))
+	if got, want := state(), index+" WHERE (counted AND indexed) / 11:true 12:false / 4 of 6"; got != want {
+		t.Fatalf("after December: %s\nwant %s", got, want)
+	}
+
+	if err := migrations.DownTo(ctx, pool, 38); err != nil {
+		t.Fatal(err)
+	}
+	var def string
+	if err := pool.QueryRow(ctx, `SELECT indexdef FROM pg_indexes WHERE indexname = 'unique_readings_counted'`).Scan(&def); err != nil {
+		t.Fatal(err)
+	}
+	if want := index + " WHERE counted"; def != want {
+		t.Fatalf("after 00039 down: %s\nwant %s", def, want)
+	}
+}
+
+// upToLatest migrates pool to the latest version and returns it.
+func upToLatest(t *testing.T, pool *pgxpool.Pool) int64 {
+	t.Helper()
+	v, err := migrations.Up(context.Background(), pool, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
 // mau applies sightings of acme's unique meter "mau", declared on a ledger
 // at whatever version the test migrated it to, each batch through a new
 // Ledger (remembering nothing of earlier batches).
 type mau struct {
-	t    *testing.T
-	pool *pgxpool.Pool
-	now  time.Time
-	day  time.Time
-	seq  int64
+	t          *testing.T
+	pool       *pgxpool.Pool
+	now        time.Time
+	day        time.Time
+	seq        int64
+	indexAfter int // ledger.Config.UniqueIndexAfter: from the first reading, unless a test says otherwise
 }
 
 func newMAU(t *testing.T, pool *pgxpool.Pool) *mau {
-	f := &mau{t: t, pool: pool, now: time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC), day: time.Date(2026, 11, 10, 9, 0, 0, 0, time.UTC)}
+	f := &mau{t: t, pool: pool, indexAfter: -1, now: time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC), day: time.Date(2026, 11, 10, 9, 0, 0, 0, time.UTC)}
 	if err := pgx.BeginFunc(context.Background(), pool, func(tx pgx.Tx) error {
 		_, err := ledger.DeclareMeter(context.Background(), tx, ledger.Meter{Meter: "mau", Kind: ledger.Unique, Unit: "user"}, f.now)
 		return err
@@ -151,10 +243,11 @@ func (f *mau) counts() string {
 }
 
 // apply applies recs in one transaction through a new Ledger remembering
-// at most memberDays member days (ledger.Config.UniqueMemberDays).
+// at most memberDays member days (ledger.Config.UniqueMemberDays) and
+// indexing periods after f.indexAfter readings.
 func (f *mau) apply(memberDays int, recs ...ledger.Record) {
 	f.t.Helper()
-	l, err := ledger.New(ledger.Config{Clock: func() time.Time { return f.now }, UniqueMemberDays: memberDays})
+	l, err := ledger.New(ledger.Config{Clock: func() time.Time { return f.now }, UniqueMemberDays: memberDays, UniqueIndexAfter: f.indexAfter})
 	if err != nil {
 		f.t.Fatal(err)
 	}

@@ -55,6 +55,8 @@ type benchIngestOptions struct {
 	// drawn evenly; the share of readings that are a new member day falls
 	// as it shrinks.
 	population int
+	// customers the records are spread over (0: eight per partition).
+	customers int
 }
 
 func newBenchIngestCmd() *cobra.Command {
@@ -104,6 +106,7 @@ buffers an earlier one left behind.`,
 	f.IntVar(&o.rounds, "rounds", 3, "rounds of the three measurements; medians are compared")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the whole run to this file")
 	f.BoolVar(&o.wal, "wal", false, "print the WAL written per record, by table and index (needs a superuser and pg_walinspect)")
+	f.IntVar(&o.customers, "customers", 0, "customers the records are spread over, one stream each (0: eight per partition); with --kind unique, fewer customers make larger periods, and a period's members go into the member index once it holds 100,000 readings")
 	f.IntVar(&o.population, "population", 100_000, "with --kind unique: distinct members per customer, drawn evenly (the default makes nearly every reading a new member; 1000 repeats most members within the day)")
 	f.StringVar((*string)(&o.kind), "kind", "counter", "counter, or gauge or unique: also ingest the same records as levels or members in each round and compare with counters")
 	f.BoolVar(&o.statements, "statements", false, "print where ingest's round trips to Postgres spend their time, statement by statement, and the CPU per record of Postgres and of this process")
@@ -111,8 +114,8 @@ buffers an earlier one left behind.`,
 }
 
 func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error {
-	if o.records < 1 || o.perMessage < 1 || o.perMessage > wire.MaxRecords || o.partitions < 1 || o.members < 1 || o.dupShare < 0 || o.dupShare >= 1 || o.rounds < 1 || o.population < 1 {
-		return errors.New("bench ingest: need --records ≥ 1, 1 ≤ --per-message ≤ 10000, --partitions ≥ 1, --members ≥ 1, 0 ≤ --duplicates < 1, --rounds ≥ 1, --population ≥ 1")
+	if o.records < 1 || o.perMessage < 1 || o.perMessage > wire.MaxRecords || o.partitions < 1 || o.members < 1 || o.dupShare < 0 || o.dupShare >= 1 || o.rounds < 1 || o.population < 1 || o.customers < 0 {
+		return errors.New("bench ingest: need --records ≥ 1, 1 ≤ --per-message ≤ 10000, --partitions ≥ 1, --members ≥ 1, 0 ≤ --duplicates < 1, --rounds ≥ 1, --population ≥ 1, --customers ≥ 0")
 	}
 	if o.kind == "" {
 		o.kind = ledger.Counter
@@ -141,11 +144,15 @@ func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error
 	fmt.Fprintf(out, "tally bench ingest: %d records per run, %d records per message, %d partitions, %d ingest members, embedded broker %s\n",
 		o.records, o.perMessage, o.partitions, o.members, k.Addr)
 
-	uniq := benchMessages(o.records, o.perMessage, o.partitions*8, 0, 1, ledger.Counter, 0)
-	dups := benchMessages(o.records, o.perMessage, o.partitions*8, o.dupShare, 2, ledger.Counter, 0)
+	customers := o.customers
+	if customers == 0 {
+		customers = o.partitions * 8
+	}
+	uniq := benchMessages(o.records, o.perMessage, customers, 0, 1, ledger.Counter, 0)
+	dups := benchMessages(o.records, o.perMessage, customers, o.dupShare, 2, ledger.Counter, 0)
 	var kindMsgs []benchMessage
 	if o.kind != ledger.Counter {
-		kindMsgs = benchMessages(o.records, o.perMessage, o.partitions*8, 0, 1, o.kind, o.population)
+		kindMsgs = benchMessages(o.records, o.perMessage, customers, 0, 1, o.kind, o.population)
 	}
 	var tk []time.Duration
 	physical, err := physicalRows(uniq)
