@@ -23,19 +23,9 @@ import (
 // the index.
 func TestUniqueReadingsCountedIndex(t *testing.T) {
 	ctx := context.Background()
-	pool := emptyPool(t)
-	latest := upToLatest(t, pool)
-	f := newMAU(t, pool)
-	day, sighting := f.day, f.sighting
+	f, latest := migratedMAU(t, 35, 36)
+	pool, day, sighting := f.pool, f.day, f.sighting
 	apply := func(recs ...ledger.Record) { t.Helper(); f.apply(0, recs...) } // each batch through a new Ledger
-	apply(sighting("ann", day), sighting("bob", day.Add(time.Hour)), sighting("ann", day.Add(24*time.Hour)))
-
-	if err := migrations.DownTo(ctx, pool, 35); err != nil {
-		t.Fatal(err)
-	}
-	if err := migrations.UpTo(ctx, pool, 36); err != nil {
-		t.Fatal(err)
-	}
 	indexes := func() string {
 		var s string
 		if err := pool.QueryRow(ctx, `SELECT string_agg(indexname, ' ' ORDER BY indexname) FROM pg_indexes
@@ -74,18 +64,8 @@ func TestUniqueReadingsCountedIndex(t *testing.T) {
 // the column and the index.
 func TestUniqueMemberHashIndex(t *testing.T) {
 	ctx := context.Background()
-	pool := emptyPool(t)
-	latest := upToLatest(t, pool)
-	f := newMAU(t, pool)
-	day, sighting, apply := f.day, f.sighting, f.apply
-	apply(0, sighting("ann", day), sighting("bob", day.Add(time.Hour)), sighting("ann", day.Add(24*time.Hour)))
-
-	if err := migrations.DownTo(ctx, pool, 37); err != nil {
-		t.Fatal(err)
-	}
-	if err := migrations.UpTo(ctx, pool, 38); err != nil {
-		t.Fatal(err)
-	}
+	f, latest := migratedMAU(t, 37, 38)
+	pool, day, sighting, apply := f.pool, f.day, f.sighting, f.apply
 	schema := func() string {
 		var s string
 		if err := pool.QueryRow(ctx, `SELECT indexdef || ' / member_key: ' || EXISTS (SELECT FROM information_schema.columns
@@ -138,17 +118,8 @@ func TestUniqueMemberHashIndex(t *testing.T) {
 // again.
 func TestUniqueIndexLargePeriods(t *testing.T) {
 	ctx := context.Background()
-	pool := emptyPool(t)
-	latest := upToLatest(t, pool)
-	f := newMAU(t, pool)
-	day, sighting, apply := f.day, f.sighting, f.apply
-	apply(0, sighting("ann", day), sighting("bob", day.Add(time.Hour)), sighting("ann", day.Add(24*time.Hour)))
-	if err := migrations.DownTo(ctx, pool, 38); err != nil {
-		t.Fatal(err)
-	}
-	if err := migrations.UpTo(ctx, pool, 39); err != nil {
-		t.Fatal(err)
-	}
+	f, latest := migratedMAU(t, 38, 39)
+	pool, day, sighting, apply := f.pool, f.day, f.sighting, f.apply
 	state := func() string {
 		var s string
 		if err := pool.QueryRow(ctx, `SELECT (SELECT indexdef FROM pg_indexes WHERE indexname = 'unique_readings_counted') || ' / ' ||
@@ -192,14 +163,28 @@ func TestUniqueIndexLargePeriods(t *testing.T) {
 	}
 }
 
-// upToLatest migrates pool to the latest version and returns it.
-func upToLatest(t *testing.T, pool *pgxpool.Pool) int64 {
+// migratedMAU returns a mau fixture on a new database holding acme's
+// first sightings (ann, bob, and ann again the next day), written at the
+// latest version and taken down to version before, then migrated up to
+// version after: a ledger written by the schema before a migration, as
+// that migration finds it. It also returns the latest version.
+func migratedMAU(t *testing.T, before, after int64) (*mau, int64) {
 	t.Helper()
-	v, err := migrations.Up(context.Background(), pool, slog.New(slog.DiscardHandler))
+	ctx := context.Background()
+	pool := emptyPool(t)
+	latest, err := migrations.Up(ctx, pool, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return v
+	f := newMAU(t, pool)
+	f.apply(0, f.sighting("ann", f.day), f.sighting("bob", f.day.Add(time.Hour)), f.sighting("ann", f.day.Add(24*time.Hour)))
+	if err := migrations.DownTo(ctx, pool, before); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.UpTo(ctx, pool, after); err != nil {
+		t.Fatal(err)
+	}
+	return f, latest
 }
 
 // mau applies sightings of acme's unique meter "mau", declared on a ledger
