@@ -43,7 +43,9 @@ type Config struct {
 	// unique_readings (docs/design.md §16): below it, a Ledger that does
 	// not remember the period reads its readings whole, through its
 	// streams, instead of the index. The batch that takes a period to it
-	// indexes the period's counted readings once.
+	// indexes the period's counted readings once; a period whose
+	// customer's previous period of the meter reached it is indexed from
+	// its first reading.
 	// 0: 100,000; negative: every period is indexed from its first reading.
 	UniqueIndexAfter int
 	// Registerer, when set, receives the ledger's metrics

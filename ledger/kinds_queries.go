@@ -284,6 +284,19 @@ counts AS (
   RETURNING 1)
 SELECT (SELECT count(*) FROM readings), (SELECT count(*) FROM counts)`
 
+	// For periods without a row yet ($1 customers, $2 meters, $3
+	// periods, pairwise): the seqs the meter's streams span in the
+	// customer's latest earlier period of the meter (0: none), found as
+	// qUniqueCountVersions finds a period's. A period whose predecessor
+	// reached Config.UniqueIndexAfter is indexed from its first reading.
+	qPreviousPeriodSpans = `
+SELECT k.c, k.m, k.p, coalesce((
+  SELECT sum(sp.max_seq - sp.min_seq + 1) FROM stream_periods sp JOIN streams s ON s.id = sp.stream_id
+  WHERE sp.customer = k.c AND s.meter = k.m AND sp.period_start = (
+    SELECT max(u.period_start) FROM unique_counts u
+    WHERE u.customer = k.c AND u.meter = k.m AND u.period_start < k.p AND NOT u.per_day)), 0)
+FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS k(c, m, p)`
+
 	qAddUniqueCounts = `
 INSERT INTO unique_counts AS c (customer, meter, period_start, per_day, day, members, indexed)
 SELECT * FROM unnest(@customer::text[], @meter::text[], @period_start::timestamptz[], @per_day::boolean[], @day::timestamptz[],

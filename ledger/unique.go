@@ -31,7 +31,8 @@ import (
 // row per member and day, however often the member was seen) — the
 // counts grow by the members and member days none held, and the batch's
 // readings go in with one binary COPY, the first of each new member day
-// counted. Only a period of Config.UniqueIndexAfter readings or more
+// counted. Only a period of Config.UniqueIndexAfter readings or more,
+// or one whose customer's previous period of the meter had as many,
 // keeps its counted readings in the member index (indexed): a smaller
 // one is read whole through its streams instead.
 // Streams, seqs and operation ids follow the counters' rules (a seq below
@@ -341,13 +342,17 @@ func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) erro
 	for _, g := range a.news {
 		readings[g.key()]++
 	}
+	previous, err := a.previousSpans(ctx, tx, keys, rows)
+	if err != nil {
+		return err
+	}
 	var flips []cmpKey
 	for _, k := range keys {
 		row, ok := rows[k]
 		switch {
 		case ok && row.indexed:
 			a.indexed[k] = true
-		case row.span+readings[k] >= a.indexAfter:
+		case row.span+readings[k] >= a.indexAfter || previous[k] >= a.indexAfter:
 			a.indexed[k] = true
 			if ok {
 				flips = append(flips, k)
@@ -439,6 +444,40 @@ func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) erro
 		return err
 	})
 	return nil
+}
+
+// previousSpans returns, for the keys that are new periods (no row) when
+// a period can go unindexed, the seqs the meter's streams span in the
+// customer's period of the meter before it: a customer whose last period
+// reached Config.UniqueIndexAfter readings has its next one indexed from
+// the start, so that it is not indexed again, at once, every period.
+func (a *uniqueApplier) previousSpans(ctx context.Context, tx pgx.Tx, keys []cmpKey, rows map[cmpKey]periodRow) (map[cmpKey]int64, error) {
+	var cs, ms []string
+	var ps []time.Time
+	for _, k := range keys {
+		if _, ok := rows[k]; !ok && a.indexAfter > 0 {
+			cs, ms, ps = append(cs, k.customer), append(ms, k.meter), append(ps, time.UnixMicro(k.period).UTC())
+		}
+	}
+	out := map[cmpKey]int64{}
+	if len(cs) == 0 {
+		return out, nil
+	}
+	got, err := tx.Query(ctx, qPreviousPeriodSpans, cs, ms, ps)
+	if err != nil {
+		return nil, fmt.Errorf("ledger: unique periods before: %w", err)
+	}
+	var c, m string
+	var period time.Time
+	var span int64
+	_, err = pgx.ForEachRow(got, []any{&c, &m, &period, &span}, func() error {
+		out[cmpKey{c, m, period.UnixMicro()}] = span
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ledger: unique periods before: %w", err)
+	}
+	return out, nil
 }
 
 // periodRow is what the period row of unique_counts says of a period.
@@ -548,6 +587,7 @@ func (a *uniqueApplier) indexPeriods(ctx context.Context, tx pgx.Tx, flips []cmp
 	if err := tx.QueryRow(ctx, qIndexPeriods, cs, ms, ps).Scan(&readings, &counts); err != nil {
 		return fmt.Errorf("ledger: index unique periods: %w", err)
 	}
+	a.cache.indexed.Add(float64(len(flips)))
 	for _, k := range flips {
 		a.log.Info("unique meter period indexed: its members are looked up in the member index from now on",
 			"customer", k.customer, "meter", k.meter, "period", time.UnixMicro(k.period).UTC(), "readings_before", rows[k].span)

@@ -78,6 +78,9 @@ type memberCache struct {
 	// whole) or looked up (member by member).
 	periods                   *prometheus.CounterVec
 	remembered, read, lookups prometheus.Counter
+	// indexed counts the periods whose counted readings a micro-batch
+	// put into the member index (Config.UniqueIndexAfter).
+	indexed prometheus.Counter
 }
 
 func newMemberCache(limit int) *memberCache {
@@ -88,6 +91,10 @@ func newMemberCache(limit int) *memberCache {
 	}, []string{"how"})
 	c.remembered, c.read, c.lookups = c.periods.WithLabelValues("remembered"), c.periods.WithLabelValues("read"),
 		c.periods.WithLabelValues("looked_up")
+	c.indexed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tally_ledger_unique_periods_indexed_total",
+		Help: "Periods of unique meters whose counted readings a micro-batch put into the member index, once each, on reaching ledger.Config.UniqueIndexAfter readings (rolled back ones too); the partition's ingest waits for it.",
+	})
 	return c
 }
 
@@ -101,7 +108,7 @@ func (c *memberCache) register(reg prometheus.Registerer) error {
 		defer c.mu.Unlock()
 		return float64(c.size)
 	})
-	for _, m := range []prometheus.Collector{c.periods, held} {
+	for _, m := range []prometheus.Collector{c.periods, c.indexed, held} {
 		if err := reg.Register(m); err != nil {
 			return err
 		}

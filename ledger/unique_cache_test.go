@@ -250,7 +250,8 @@ func TestPeriodTooLargeToRememberIsLookedUp(t *testing.T) {
 }
 
 // uniqueMetrics gathers the ledger's unique metrics from reg: the periods
-// by how ("remembered", "read", "looked_up") and "member days".
+// by how ("remembered", "read", "looked_up"), "member days" and the
+// periods "indexed".
 func uniqueMetrics(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -265,6 +266,8 @@ func uniqueMetrics(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 				got[m.GetLabel()[0].GetValue()] = m.GetCounter().GetValue()
 			case "tally_ledger_unique_member_days":
 				got["member days"] = m.GetGauge().GetValue()
+			case "tally_ledger_unique_periods_indexed_total":
+				got["indexed"] = m.GetCounter().GetValue()
 			}
 		}
 	}
@@ -284,7 +287,8 @@ func TestPeriodIndexedOnceLarge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := ledger.New(ledger.Config{Clock: func() time.Time { return f.now }, UniqueIndexAfter: 5})
+	regL := prometheus.NewRegistry()
+	l, err := ledger.New(ledger.Config{Clock: func() time.Time { return f.now }, UniqueIndexAfter: 5, Registerer: regL})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,16 +316,33 @@ func TestPeriodIndexedOnceLarge(t *testing.T) {
 	if got, want := state(), "true / 4 of 4"; got != want {
 		t.Fatalf("after 6 readings: %s, want %s", got, want)
 	}
+	if got := uniqueMetrics(t, regL)["indexed"]; got != 1 {
+		t.Errorf("periods indexed = %v, want 1", got)
+	}
 	// Looked up in the index from now on: dan new, ann and bob again.
 	applyWith(t, f, none, true, s2.member(2, "dan", nov.Add(25*time.Hour)), s2.member(3, "ann", nov.Add(26*time.Hour)),
 		s2.member(4, "bob", nov.Add(27*time.Hour)))
-	if got := uniqueMetrics(t, reg); got["read"] != 1 || got["looked_up"] != 1 {
-		t.Errorf("periods by how = %v, want the period read once, then looked up", got)
+	if got := uniqueMetrics(t, reg); got["read"] != 1 || got["looked_up"] != 1 || got["indexed"] != 0 {
+		t.Errorf("periods by how = %v, want the period read once, then looked up (and indexed by the other Ledger)", got)
 	}
 	if got, want := state(), "true / 6 of 6"; got != want {
 		t.Fatalf("after 9 readings: %s, want %s", got, want)
 	}
 	if want := "false:4 true:3 true:3"; f.uniqueCounts() != want {
 		t.Errorf("counts (per_day:members) = %s, want %s", f.uniqueCounts(), want)
+	}
+	// The next period of a customer whose period reached the bound is
+	// indexed from its first reading; the one after a small period is not.
+	f.now = nov.AddDate(0, 2, 1)
+	applyWith(t, f, l, true, s1.member(6, "erin", nov.AddDate(0, 1, 0)))
+	if got, want := state(), "true / 7 of 7"; got != want {
+		t.Fatalf("after December's first reading: %s, want %s", got, want)
+	}
+	applyWith(t, f, l, true, s1.member(7, "erin", nov.AddDate(0, 2, 0)))
+	if got, want := state(), "false,true / 7 of 8"; got != want {
+		t.Fatalf("after January's first reading: %s, want %s", got, want)
+	}
+	if got := uniqueMetrics(t, regL)["indexed"]; got != 1 {
+		t.Errorf("periods indexed = %v, want 1 (December was indexed from the start)", got)
 	}
 }
