@@ -265,7 +265,8 @@ CROSS JOIN LATERAL (
 
 	// The periods ($1 customers, $2 meters, $3 periods, pairwise) go into
 	// the member index: their counted readings, found as in
-	// qCountedInStreams, and every row of their counts.
+	// qCountedInStreams (how many is the answer), and every row of their
+	// counts.
 	qIndexPeriods = `
 WITH k AS (SELECT * FROM unnest($1::text[], $2::text[], $3::timestamptz[]) AS k(c, m, p)),
 ranges AS (
@@ -280,9 +281,8 @@ readings AS (
   RETURNING 1),
 counts AS (
   UPDATE unique_counts c SET indexed = true
-  FROM k WHERE c.customer = k.c AND c.meter = k.m AND c.period_start = k.p AND NOT c.indexed
-  RETURNING 1)
-SELECT (SELECT count(*) FROM readings), (SELECT count(*) FROM counts)`
+  FROM k WHERE c.customer = k.c AND c.meter = k.m AND c.period_start = k.p AND NOT c.indexed)
+SELECT count(*) FROM readings`
 
 	// For periods without a row yet ($1 customers, $2 meters, $3
 	// periods, pairwise): the seqs the meter's streams span in the

@@ -452,17 +452,17 @@ func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) erro
 // reached Config.UniqueIndexAfter readings has its next one indexed from
 // the start, so that it is not indexed again, at once, every period.
 func (a *uniqueApplier) previousSpans(ctx context.Context, tx pgx.Tx, keys []cmpKey, rows map[cmpKey]periodRow) (map[cmpKey]int64, error) {
-	var cs, ms []string
-	var ps []time.Time
+	var fresh []cmpKey
 	for _, k := range keys {
 		if _, ok := rows[k]; !ok && a.indexAfter > 0 {
-			cs, ms, ps = append(cs, k.customer), append(ms, k.meter), append(ps, time.UnixMicro(k.period).UTC())
+			fresh = append(fresh, k)
 		}
 	}
 	out := map[cmpKey]int64{}
-	if len(cs) == 0 {
+	if len(fresh) == 0 {
 		return out, nil
 	}
+	cs, ms, ps := keyArgs(fresh)
 	got, err := tx.Query(ctx, qPreviousPeriodSpans, cs, ms, ps)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: unique periods before: %w", err)
@@ -491,10 +491,7 @@ type periodRow struct {
 // countVersions reads the period rows of unique_counts of keys: the
 // periods with a row (the others have no readings).
 func countVersions(ctx context.Context, tx pgx.Tx, keys []cmpKey) (map[cmpKey]periodRow, error) {
-	cs, ms, ps := make([]string, len(keys)), make([]string, len(keys)), make([]time.Time, len(keys))
-	for i, k := range keys {
-		cs[i], ms[i], ps[i] = k.customer, k.meter, time.UnixMicro(k.period).UTC()
-	}
+	cs, ms, ps := keyArgs(keys)
 	rows, err := tx.Query(ctx, qUniqueCountVersions, cs, ms, ps)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: unique counts: %w", err)
@@ -520,34 +517,32 @@ func countVersions(ctx context.Context, tx pgx.Tx, keys []cmpKey) (map[cmpKey]pe
 // cache's bound. It adds what it read to sets and, when the Ledger
 // remembers members, to the cache.
 func (a *uniqueApplier) loadMembers(ctx context.Context, tx pgx.Tx, keys []cmpKey, rows map[cmpKey]periodRow, sets map[cmpKey]*memberSet) error {
-	var streams, index [3][]any
+	var byStreams, byIndex []cmpKey
 	loaded := map[cmpKey]*memberSet{}
 	for _, k := range keys {
 		row, ok := rows[k]
-		if !ok || sets[k] != nil {
-			continue
-		}
-		var to *[3][]any
 		switch {
+		case !ok || sets[k] != nil:
+			continue
 		case !row.indexed:
-			to = &streams
+			byStreams = append(byStreams, k)
 		case row.memberDays > 0 && row.memberDays <= int64(a.cache.limit/2):
-			to = &index
+			byIndex = append(byIndex, k)
 		default:
 			continue
 		}
-		to[0], to[1], to[2] = append(to[0], k.customer), append(to[1], k.meter), append(to[2], time.UnixMicro(k.period).UTC())
 		loaded[k] = newMemberSet()
 		loaded[k].version = row.version
 	}
 	for _, q := range []struct {
 		sql  string
-		args [3][]any
-	}{{qCountedInStreams, streams}, {qCountedInPeriods, index}} {
-		if len(q.args[0]) == 0 {
+		keys []cmpKey
+	}{{qCountedInStreams, byStreams}, {qCountedInPeriods, byIndex}} {
+		if len(q.keys) == 0 {
 			continue
 		}
-		got, err := tx.Query(ctx, q.sql, q.args[0], q.args[1], q.args[2])
+		cs, ms, ps := keyArgs(q.keys)
+		got, err := tx.Query(ctx, q.sql, cs, ms, ps)
 		if err != nil {
 			return fmt.Errorf("ledger: unique members of periods: %w", err)
 		}
@@ -578,23 +573,30 @@ func (a *uniqueApplier) indexPeriods(ctx context.Context, tx pgx.Tx, flips []cmp
 	if len(flips) == 0 {
 		return nil
 	}
-	cs, ms, ps := make([]string, len(flips)), make([]string, len(flips)), make([]time.Time, len(flips))
-	for i, k := range flips {
-		cs[i], ms[i], ps[i] = k.customer, k.meter, time.UnixMicro(k.period).UTC()
-	}
+	cs, ms, ps := keyArgs(flips)
 	start := time.Now()
-	var readings, counts int64
-	if err := tx.QueryRow(ctx, qIndexPeriods, cs, ms, ps).Scan(&readings, &counts); err != nil {
+	var readings int64
+	if err := tx.QueryRow(ctx, qIndexPeriods, cs, ms, ps).Scan(&readings); err != nil {
 		return fmt.Errorf("ledger: index unique periods: %w", err)
 	}
 	a.cache.indexed.Add(float64(len(flips)))
-	for _, k := range flips {
-		a.log.Info("unique meter period indexed: its members are looked up in the member index from now on",
-			"customer", k.customer, "meter", k.meter, "period", time.UnixMicro(k.period).UTC(), "readings_before", rows[k].span)
+	periods := make([]string, len(flips))
+	for i, k := range flips {
+		periods[i] = fmt.Sprintf("%s %s %s (%d readings)", k.customer, k.meter, ps[i].Format(time.RFC3339), rows[k].span)
 	}
-	a.log.Info("unique meter periods indexed", "periods", len(flips), "counted_readings", readings, "count_rows", counts,
-		"took", time.Since(start))
+	a.log.Info("unique meter periods indexed: their members are looked up in the member index from now on",
+		"periods", periods, "counted_readings", readings, "took", time.Since(start))
 	return nil
+}
+
+// keyArgs is keys as the three arrays ($1 customers, $2 meters, $3
+// periods) the statements on whole periods take.
+func keyArgs(keys []cmpKey) (cs, ms []string, ps []time.Time) {
+	cs, ms, ps = make([]string, len(keys)), make([]string, len(keys)), make([]time.Time, len(keys))
+	for i, k := range keys {
+		cs[i], ms[i], ps[i] = k.customer, k.meter, time.UnixMicro(k.period).UTC()
+	}
+	return cs, ms, ps
 }
 
 // lookUpMembers looks the batch's members of the periods not in exact up

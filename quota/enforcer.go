@@ -301,7 +301,7 @@ func (e *Enforcer) lead(ctx context.Context, l lease) {
 	e.exact = make(map[string]bool, len(last))
 	e.seqs = make(map[string]int64, len(last))
 	for _, d := range last {
-		e.last[d.Key()], e.exact[d.Key()] = d, false
+		e.last[d.Key()] = d
 		e.seqs[d.Key()] = d.Seq
 	}
 	for _, k := range exact {
