@@ -44,7 +44,11 @@ var physicalColumns = []string{"operation_id", "producer", "epoch", "customer", 
 	"occurred_at", "batch_id"}
 
 // physicalRows decodes msgs (each message once: a retransmit is not a new
-// record) into the baseline's rows; decoding is not part of its time.
+// record) into the baseline's rows; decoding is not part of its time. The
+// rows are about a dozen heap objects each (boxed values), millions for a
+// run: benchIngest builds them just before the baseline and drops them
+// after, so that the garbage collections of its ingest runs do not mark
+// them, as no ingest process outside the benchmark would.
 func physicalRows(msgs []benchMessage) ([][]any, error) {
 	var rows [][]any
 	seen := map[string]bool{}
