@@ -87,8 +87,9 @@ load does not change.
 
 Each run uses a database of its own on the server of --database-url,
 dropped afterwards (unless --keep). Each measurement starts just after a
-CHECKPOINT (when the role may run one), so that none pays for the dirty
-buffers an earlier one left behind.`,
+CHECKPOINT (when the role may run one) and a garbage collection of this
+process, so that none pays for the dirty buffers or the garbage an earlier
+step left behind.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return benchIngest(cmd.Context(), cmd.OutOrStdout(), o)
@@ -382,7 +383,7 @@ func benchRun(ctx context.Context, out io.Writer, log *slog.Logger, broker, topi
 		return 0, name, err
 	}
 	defer ingestPool.Close()
-	if err := checkpoint(ctx, pool); err != nil {
+	if err := settle(ctx, pool); err != nil {
 		return 0, name, err
 	}
 	cpu0 := processCPU()
@@ -523,7 +524,7 @@ func benchCopy(ctx context.Context, url string) (time.Duration, int64, error) {
 	if err := rows.Err(); err != nil {
 		return 0, 0, err
 	}
-	if err := checkpoint(ctx, conn); err != nil {
+	if err := settle(ctx, conn); err != nil {
 		return 0, 0, err
 	}
 	t0 := time.Now()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -101,7 +102,7 @@ func benchPhysical(ctx context.Context, out io.Writer, url string, rows [][]any,
 	if err := conn.QueryRow(ctx, qBackendPID).Scan(&pid); err != nil {
 		return 0, err
 	}
-	if err := checkpoint(ctx, conn); err != nil {
+	if err := settle(ctx, conn); err != nil {
 		return 0, err
 	}
 	pg0, pgOK := backendCPU(pid)
@@ -130,13 +131,16 @@ func benchPhysical(ctx context.Context, out io.Writer, url string, rows [][]any,
 	return took, nil
 }
 
-// checkpoint writes out the server's dirty buffers before a measurement,
-// so that none pays for what an earlier one left in shared buffers, and
-// each starts, like the others, just after a checkpoint (the first change
-// of a page after one writes the whole page to the WAL). CHECKPOINT needs
-// a superuser or the pg_checkpoint role; without either, the measurements
-// run as they are.
-func checkpoint(ctx context.Context, q ledger.DBTX) error {
+// settle is run just before each measurement, so that none pays for what
+// an earlier step left behind. It writes out the server's dirty buffers:
+// each measurement starts, like the others, just after a checkpoint (the
+// first change of a page after one writes the whole page to the WAL).
+// CHECKPOINT needs a superuser or the pg_checkpoint role; without either,
+// the measurements run as they are. It also collects this process's
+// garbage: the baselines build their rows just before they run, and a
+// measurement would otherwise pay for marking them.
+func settle(ctx context.Context, q ledger.DBTX) error {
+	runtime.GC()
 	_, err := q.Exec(ctx, "CHECKPOINT")
 	if pe, ok := errors.AsType[*pgconn.PgError](err); ok && pe.Code == "42501" {
 		return nil
