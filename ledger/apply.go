@@ -176,6 +176,7 @@ func (l *Ledger) apply(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll 
 			return nil, err
 		}
 	}
+	a.endRuns()
 	if err := a.write(ctx, tx); err != nil {
 		return nil, err
 	}
@@ -193,6 +194,26 @@ type stream struct {
 	dirty     bool
 	seen      map[int64]uuid.UUID // recorded seqs <= dbLastSeq among the batch's candidates, plus the batch's own
 	gaps      []*gap              // open gaps touching the batch's candidates, plus new ones
+	run       billingRun
+}
+
+// billingRun is where a stream's in-order records have been going: a
+// micro-batch's records of one stream mostly occurred within one hour, so
+// a record that occurred within the run's span is billed to its period
+// and bucket without looking them up again. What the run's records billed
+// goes to the hourly rollup when the run ends (endRun): each record bills
+// its total minus the stream's last, and only they move the stream's last
+// total while the run lasts, so together they bill the stream's last total
+// minus the one before the run, with no sum kept per record.
+type billingRun struct {
+	from, to       time.Time // occurred_at in [from, to) is billed here
+	period, bucket time.Time
+	base           decimal.Decimal // the stream's last total before the run
+	set            bool
+}
+
+func (r *billingRun) covers(t time.Time) bool {
+	return r.set && !t.Before(r.from) && t.Before(r.to)
 }
 
 type gap struct {
@@ -654,7 +675,7 @@ func (a *applier) apply(i int) error {
 	}
 
 	delta := r.Total.Sub(s.lastTotal)
-	p, bucket, prior, err := a.billingPlace(r.Stream.Customer, r.OccurredAt)
+	p, bucket, prior, err := a.place(s, r.OccurredAt)
 	if err != nil {
 		return err
 	}
@@ -680,7 +701,9 @@ func (a *applier) apply(i int) error {
 	}
 	a.record(i, s, false, delta, p, bucket, prior)
 	a.out[i] = Outcome{Kind: Applied, Billed: delta, Period: p}
-	a.roll(r.Stream.Customer, r.Stream.Meter, p, bucket, delta)
+	if prior != nil { // a closed period's: not in a run (see place)
+		a.roll(r.Stream.Customer, r.Stream.Meter, p, bucket, delta)
+	}
 	return nil
 }
 
@@ -846,6 +869,80 @@ func ptr[T any](v T) *T { return &v }
 func (a *applier) roll(customer, meter string, period, bucket time.Time, q decimal.Decimal) {
 	k := rollupKey{customer, meter, period.UnixMicro(), bucket.UnixMicro()}
 	a.rollups[k] = a.rollups[k].Add(q)
+}
+
+// place is billingPlace for an in-order record of s that occurred at t,
+// through the stream's run: within the run's span it answers from the run;
+// otherwise it ends the run and, for a period that is not closed, begins a
+// new one over the span in which the answer cannot change. A record placed
+// with prior nil is in the run, which bills it when it ends.
+func (a *applier) place(s *stream, t time.Time) (period, bucket time.Time, prior *time.Time, err error) {
+	if s.run.covers(t) {
+		return s.run.period, s.run.bucket, nil, nil
+	}
+	a.endRun(s)
+	period, bucket, prior, err = a.billingPlace(s.key.Customer, t)
+	if err != nil || prior != nil {
+		return period, bucket, prior, err
+	}
+	from, to, err := a.sameBucket(s.key.Customer, t, bucket)
+	if err != nil {
+		return period, bucket, prior, err
+	}
+	s.run = billingRun{from: from, to: to, period: period, bucket: bucket, base: s.lastTotal, set: true}
+	return period, bucket, nil, nil
+}
+
+// endRun adds what the run's records billed to its hourly rollup and
+// clears it.
+func (a *applier) endRun(s *stream) {
+	if s.run.set {
+		a.roll(s.key.Customer, s.key.Meter, s.run.period, s.run.bucket, s.lastTotal.Sub(s.run.base))
+	}
+	s.run = billingRun{}
+}
+
+// endRuns ends every stream's run, before the rollups are written.
+func (a *applier) endRuns() {
+	for _, s := range a.streams {
+		a.endRun(s)
+	}
+}
+
+// sameBucket is the span around t, at the customer's period and bucket for
+// t (not closed), in which billingPlace gives that same answer: within the
+// period (a calendar changes only at a period boundary), the zone offset
+// in force at t and the hour of the bucket.
+func (a *applier) sameBucket(customer string, t, bucket time.Time) (from, to time.Time, err error) {
+	p, err := a.periodOf(customer, t)
+	if err != nil {
+		return from, to, err
+	}
+	loc, err := a.calendars[customer].CalendarAt(t).Location()
+	if err != nil {
+		return from, to, err
+	}
+	from, to = p.Start, p.End
+	for _, span := range [][2]time.Time{{bucket, bucket.Add(time.Hour)}, zoneSpan(t.In(loc))} {
+		if !span[0].IsZero() && span[0].After(from) {
+			from = span[0]
+		}
+		if !span[1].IsZero() && span[1].Before(to) {
+			to = span[1]
+		}
+	}
+	if t.Before(from) || !t.Before(to) {
+		// A span that does not hold t (ZoneBounds may end a span early,
+		// golang/go#81583): no run; the next record is looked up again.
+		return t, t, nil
+	}
+	return from.UTC(), to.UTC(), nil
+}
+
+// zoneSpan is ZoneBounds as a pair (zero where unbounded).
+func zoneSpan(t time.Time) [2]time.Time {
+	start, end := t.ZoneBounds()
+	return [2]time.Time{start, end}
 }
 
 // periodOf is the customer's accounting period containing t. A batch's
