@@ -149,9 +149,14 @@ type Config struct {
 	MinGrant int64
 	// Tick is the period of the background loop. Default 50 ms.
 	Tick time.Duration
-	// HTTPClient; default one with a 2 s timeout. Its timeout bounds the
-	// background calls (renew, release, reports, and a grant request
-	// Admit stopped waiting for), never an Admit: see MaxWait.
+	// HTTPClient; default one with a 2 s timeout that keeps up to
+	// DefaultIdleConns connections to Tally open between calls. Its
+	// timeout bounds the background calls (renew, release, reports, and a
+	// grant request Admit stopped waiting for), never an Admit: see
+	// MaxWait. A client of your own should keep as many idle connections
+	// as budgets may ask for grants at once (http.Transport's
+	// MaxIdleConnsPerHost, 2 by default), or most grant requests of a
+	// burst pay a new connection's handshake.
 	HTTPClient *http.Client
 	Logger     *slog.Logger
 	// MaxWait bounds how long Admit waits for Tally when it needs a grant
@@ -279,22 +284,25 @@ type Client struct {
 	cfg        Config
 	generation atomic.Int64 // see recoverGeneration
 	http       *http.Client
-	log        *slog.Logger
-	budgets    atomic.Pointer[map[key]*budget]
-	mu         sync.Mutex // adding budgets, and the background loop's grant bookkeeping
-	journal    *journal
-	stop       chan struct{}
-	done       chan struct{}
-	closeOnce  sync.Once
-	closed     atomic.Bool // set by Close before it gives the grants back
-	bg         context.Context
-	stopBG     context.CancelFunc // ends the loop's and background grant requests' calls at Close
-	fetchMu    sync.RWMutex       // orders starting a background grant request against Close
-	fetches    sync.WaitGroup
-	reach      reach
-	metrics    *metrics
-	reportMu   sync.Mutex
-	reportAt   map[string]time.Time // final spend reports not to resend before
+	// ownTransport is the default HTTPClient's transport (nil when the
+	// caller gave a client): Close closes its idle connections.
+	ownTransport *http.Transport
+	log          *slog.Logger
+	budgets      atomic.Pointer[map[key]*budget]
+	mu           sync.Mutex // adding budgets, and the background loop's grant bookkeeping
+	journal      *journal
+	stop         chan struct{}
+	done         chan struct{}
+	closeOnce    sync.Once
+	closed       atomic.Bool // set by Close before it gives the grants back
+	bg           context.Context
+	stopBG       context.CancelFunc // ends the loop's and background grant requests' calls at Close
+	fetchMu      sync.RWMutex       // orders starting a background grant request against Close
+	fetches      sync.WaitGroup
+	reach        reach
+	metrics      *metrics
+	reportMu     sync.Mutex
+	reportAt     map[string]time.Time // final spend reports not to resend before
 	// keptMu serialises rewriting and removing files of kept reports: a
 	// file being delivered by the top-up that kept it may be delivered by
 	// the loop too (a report delivered twice is settled as delivered), and
@@ -318,6 +326,18 @@ type Client struct {
 }
 
 type key struct{ customer, meter string }
+
+// DefaultIdleConns is how many idle connections to Tally the default
+// HTTPClient keeps: each budget has at most one grant request in flight,
+// so a burst over many customers needs that many connections at once, and
+// the next burst finds them open.
+const DefaultIdleConns = 256
+
+func defaultTransport() *http.Transport {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = DefaultIdleConns, DefaultIdleConns
+	return tr
+}
 
 // New reads and bumps the holder's generation on disk, reports bypasses
 // left by earlier runs when Tally answers, and starts the background loop.
@@ -350,8 +370,10 @@ func New(cfg Config) (*Client, error) {
 	if cfg.Tick == 0 {
 		cfg.Tick = 50 * time.Millisecond
 	}
+	var own *http.Transport // the default client's, closed with the client
 	if cfg.HTTPClient == nil {
-		cfg.HTTPClient = &http.Client{Timeout: 2 * time.Second}
+		own = defaultTransport()
+		cfg.HTTPClient = &http.Client{Timeout: 2 * time.Second, Transport: own}
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
@@ -382,7 +404,7 @@ func New(cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{cfg: cfg, http: cfg.HTTPClient, log: cfg.Logger, journal: j,
+	c := &Client{cfg: cfg, http: cfg.HTTPClient, ownTransport: own, log: cfg.Logger, journal: j,
 		stop: make(chan struct{}), done: make(chan struct{}),
 		decisions: map[key]*lagged{}, reportAt: map[string]time.Time{}}
 	c.generation.Store(gen)
@@ -750,6 +772,9 @@ func (c *Client) Close(ctx context.Context) error {
 				"reports", left, "spent", spent, "dir", c.cfg.Dir)
 		}
 		err = errors.Join(undelivered, c.journal.close())
+		if c.ownTransport != nil {
+			c.ownTransport.CloseIdleConnections()
+		}
 	})
 	return err
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/http"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -43,16 +42,14 @@ func demoGateways(ctx context.Context, apiURL, token, dir string, pool *pgxpool.
 	}
 	var wg sync.WaitGroup
 	for _, h := range gwHolders {
-		// A transport of its own, closed with the client: nothing left
-		// behind when tally dev stops.
-		tr := http.DefaultTransport.(*http.Transport).Clone()
+		// The SDK's default HTTP client: its connections close with the
+		// client, so nothing is left behind when tally dev stops.
 		c, err := admit.New(admit.Config{URL: apiURL, Token: token, Holder: h, Dir: filepath.Join(dir, "gateways", h),
-			HTTPClient: &http.Client{Timeout: 2 * time.Second, Transport: tr}, Logger: log.With("holder", h)})
+			Logger: log.With("holder", h)})
 		if err != nil {
 			return fmt.Errorf("demo gateway %s: %w", h, err)
 		}
 		wg.Go(func() {
-			defer tr.CloseIdleConnections()
 			defer func() {
 				// Give back what was not spent while the API still answers
 				// (it may already be stopping: then the grants expire).
