@@ -1,5 +1,10 @@
 package wire
 
+import (
+	"encoding/binary"
+	"math/bits"
+)
+
 // valid reports whether d is one JSON value (RFC 8259) with optional
 // surrounding whitespace: exactly what encoding/json.Valid accepts (no
 // UTF-8 check inside strings, nesting at most 10,000 deep), which
@@ -136,7 +141,17 @@ func validKey(d []byte, i int) (keyEnd, val int) {
 // validString returns the offset just past the string at d[i], or -1.
 func validString(d []byte, i int) int {
 	for i++; i < len(d); {
-		// Most of a message is plain string bytes: skip them in a tight loop.
+		// Most of a message is plain string bytes: skip them eight at a
+		// time up to the first byte that is not (the end of a string is
+		// mostly in the next word), then one at a time near the end of d.
+		for i+8 <= len(d) {
+			m := specialBytes(binary.LittleEndian.Uint64(d[i:]))
+			if m != 0 {
+				i += bits.TrailingZeros64(m) >> 3
+				break
+			}
+			i += 8
+		}
 		for i < len(d) && plainStringByte[d[i]] {
 			i++
 		}
@@ -174,6 +189,20 @@ func validString(d []byte, i int) int {
 		}
 	}
 	return -1
+}
+
+// specialBytes marks, in the high bit of each of the eight bytes of w
+// (little-endian: byte 0 is d[i]), the bytes that are not plain string
+// bytes (plainStringByte); the lowest mark is exactly the first such byte.
+// (x-ones)&^x&highs marks the zero bytes of x, and (w-0x20 in each
+// byte)&^w&highs the bytes below 0x20: a borrow runs into the next byte
+// only from a marked one, so marks above the first may be spurious but the
+// first is not; a quote or a backslash is a zero byte of w xor that byte
+// repeated.
+func specialBytes(w uint64) uint64 {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	q, b := w^(ones*'"'), w^(ones*'\\')
+	return ((q-ones)&^q | (b-ones)&^b | (w-ones*0x20)&^w) & highs
 }
 
 // plainStringByte: the bytes a string holds as they are (not a quote, a
