@@ -674,7 +674,7 @@ func (a *applier) apply(i int) error {
 		return nil
 	}
 
-	delta := r.Total.Sub(s.lastTotal)
+	delta := deltaOf(r.Total, s.lastTotal, r.Quantity)
 	p, bucket, prior, err := a.place(s, r.OccurredAt)
 	if err != nil {
 		return err
@@ -869,6 +869,39 @@ func ptr[T any](v T) *T { return &v }
 func (a *applier) roll(customer, meter string, period, bucket time.Time, q decimal.Decimal) {
 	k := rollupKey{customer, meter, period.UnixMicro(), bucket.UnixMicro()}
 	a.rollups[k] = a.rollups[k].Add(q)
+}
+
+// deltaOf is total − last, as Decimal.Sub gives it (the smaller exponent
+// of the two). When the record's quantity is that same decimal, exponent
+// included, it is the quantity itself: the common case, found by int64
+// arithmetic on the coefficients, with no big.Int made for the delta.
+func deltaOf(total, last decimal.Decimal, q decimal.NullDecimal) decimal.Decimal {
+	if e := min(total.Exponent(), last.Exponent()); q.Valid && q.Decimal.Exponent() == e && q.Decimal.NumDigits() <= maxInt64Digits {
+		t, tok := coefficientAt(total, e)
+		l, lok := coefficientAt(last, e)
+		if tok && lok && t-l == q.Decimal.CoefficientInt64() {
+			return q.Decimal
+		}
+	}
+	return total.Sub(last)
+}
+
+// maxInt64Digits: coefficients of at most this many digits, and their
+// differences, fit in an int64.
+const maxInt64Digits = 17
+
+// coefficientAt is d's coefficient at exponent e (at most d's own), when
+// it has at most maxInt64Digits digits there.
+func coefficientAt(d decimal.Decimal, e int32) (int64, bool) {
+	k := int(d.Exponent() - e)
+	if k < 0 || d.NumDigits()+k > maxInt64Digits {
+		return 0, false
+	}
+	c := d.CoefficientInt64()
+	for range k {
+		c *= 10
+	}
+	return c, true
 }
 
 // place is billingPlace for an in-order record of s that occurred at t,
