@@ -141,21 +141,7 @@ func validKey(d []byte, i int) (keyEnd, val int) {
 // validString returns the offset just past the string at d[i], or -1.
 func validString(d []byte, i int) int {
 	for i++; i < len(d); {
-		// Most of a message is plain string bytes: skip them eight at a
-		// time up to the first byte that is not (the end of a string is
-		// mostly in the next word), then one at a time near the end of d.
-		for i+8 <= len(d) {
-			m := specialBytes(binary.LittleEndian.Uint64(d[i:]))
-			if m != 0 {
-				i += bits.TrailingZeros64(m) >> 3
-				break
-			}
-			i += 8
-		}
-		for i < len(d) && plainStringByte[d[i]] {
-			i++
-		}
-		if i >= len(d) {
+		if i = skipPlain(d, i); i >= len(d) {
 			return -1
 		}
 		c := d[i]
@@ -189,6 +175,24 @@ func validString(d []byte, i int) int {
 		}
 	}
 	return -1
+}
+
+// skipPlain returns the offset of the first byte at or after i that is
+// not a plain string byte (plainStringByte), or len(d). Most of a message
+// is plain string bytes: it skips them eight at a time up to the first
+// that is not (the end of a string is mostly in the next word), then one
+// at a time near the end of d.
+func skipPlain(d []byte, i int) int {
+	for i+8 <= len(d) {
+		if m := specialBytes(binary.LittleEndian.Uint64(d[i:])); m != 0 {
+			return i + bits.TrailingZeros64(m)>>3
+		}
+		i += 8
+	}
+	for i < len(d) && plainStringByte[d[i]] {
+		i++
+	}
+	return i
 }
 
 // specialBytes marks, in the high bit of each of the eight bytes of w
