@@ -205,6 +205,13 @@ func TestRapidCrossingNeverTriggersTwice(t *testing.T) {
 	secret := e.webhook("billing", rec.url())
 	e.rule("flap", `{"subject":"customers","meter":"calls","thresholds":[{"value":"100"}],"hysteresis_percent":"10","endpoints":["billing"]}`)
 	e.start(startOptions{})
+	// One crossing each way at the evaluator's pace first: under load the
+	// evaluator may see none of the flapping's states below the threshold,
+	// and the check below needs at least a trigger and a resolution.
+	e.use("acme", "calls", 100)
+	waitFor(t, 10*time.Second, "triggered", func() bool { return len(e.stored()) == 1 })
+	e.adjust("acme", "calls", -95, time.Time{}) // 5
+	waitFor(t, 10*time.Second, "resolved", func() bool { return len(e.stored()) == 2 })
 	for i := 0; i < 30; i++ {
 		e.use("acme", "calls", 100)
 		if i%3 == 0 {
