@@ -284,25 +284,22 @@ type Client struct {
 	cfg        Config
 	generation atomic.Int64 // see recoverGeneration
 	http       *http.Client
-	// ownTransport is the default HTTPClient's transport (nil when the
-	// caller gave a client): Close closes its idle connections.
-	ownTransport *http.Transport
-	log          *slog.Logger
-	budgets      atomic.Pointer[map[key]*budget]
-	mu           sync.Mutex // adding budgets, and the background loop's grant bookkeeping
-	journal      *journal
-	stop         chan struct{}
-	done         chan struct{}
-	closeOnce    sync.Once
-	closed       atomic.Bool // set by Close before it gives the grants back
-	bg           context.Context
-	stopBG       context.CancelFunc // ends the loop's and background grant requests' calls at Close
-	fetchMu      sync.RWMutex       // orders starting a background grant request against Close
-	fetches      sync.WaitGroup
-	reach        reach
-	metrics      *metrics
-	reportMu     sync.Mutex
-	reportAt     map[string]time.Time // final spend reports not to resend before
+	log        *slog.Logger
+	budgets    atomic.Pointer[map[key]*budget]
+	mu         sync.Mutex // adding budgets, and the background loop's grant bookkeeping
+	journal    *journal
+	stop       chan struct{}
+	done       chan struct{}
+	closeOnce  sync.Once
+	closed     atomic.Bool // set by Close before it gives the grants back
+	bg         context.Context
+	stopBG     context.CancelFunc // ends the loop's and background grant requests' calls at Close
+	fetchMu    sync.RWMutex       // orders starting a background grant request against Close
+	fetches    sync.WaitGroup
+	reach      reach
+	metrics    *metrics
+	reportMu   sync.Mutex
+	reportAt   map[string]time.Time // final spend reports not to resend before
 	// keptMu serialises rewriting and removing files of kept reports: a
 	// file being delivered by the top-up that kept it may be delivered by
 	// the loop too (a report delivered twice is settled as delivered), and
@@ -323,6 +320,10 @@ type Client struct {
 	// reports go one per call.
 	noBatchRelease atomic.Bool
 	fenced         bool // refused as stale after issued, logged; under genMu
+
+	// ownTransport is the default HTTPClient's transport (nil when the
+	// caller gave a client): Close closes its idle connections.
+	ownTransport *http.Transport
 }
 
 type key struct{ customer, meter string }
