@@ -265,6 +265,7 @@ type applier struct {
 	out        []Outcome
 	recs       []Record
 	streams    map[StreamKey]*stream
+	lastStream *stream // see streamOf
 	byID       map[int64]*stream
 	perStream  int                  // records of the batch per stream, on average: what a stream's maps start at
 	ops        map[uuid.UUID]stored // by value: a record applied adds no allocation
@@ -410,15 +411,19 @@ func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	var keys []StreamKey
 	var opIDs []uuid.UUID
 	minOccurred := a.now
+	var last *StreamKey // the records come mostly in runs of one stream
 	for _, i := range valid {
 		r := &a.recs[i]
-		if !seenCustomer[r.Stream.Customer] {
-			seenCustomer[r.Stream.Customer] = true
-			customers = append(customers, r.Stream.Customer)
-		}
-		if _, ok := a.streams[r.Stream]; !ok {
-			a.streams[r.Stream] = nil
-			keys = append(keys, r.Stream)
+		if last == nil || r.Stream != *last {
+			last = &r.Stream
+			if !seenCustomer[r.Stream.Customer] {
+				seenCustomer[r.Stream.Customer] = true
+				customers = append(customers, r.Stream.Customer)
+			}
+			if _, ok := a.streams[r.Stream]; !ok {
+				a.streams[r.Stream] = nil
+				keys = append(keys, r.Stream)
+			}
 		}
 		opIDs = append(opIDs, r.OperationID)
 		if r.OccurredAt.Before(minOccurred) {
@@ -485,7 +490,7 @@ func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
 	var candStream, candSeq []int64
 	for _, i := range valid {
 		r := &a.recs[i]
-		s := a.streams[r.Stream]
+		s := a.streamOf(r.Stream)
 		if _, recorded := a.ops[r.OperationID]; recorded {
 			continue
 		}
@@ -636,7 +641,7 @@ func (a *applier) loadCustomers(ctx context.Context, tx pgx.Tx, customers []stri
 // apply decides one record's outcome against the state built so far.
 func (a *applier) apply(i int) error {
 	r := &a.recs[i]
-	s := a.streams[r.Stream]
+	s := a.streamOf(r.Stream)
 
 	if detail, ok := a.reusedElsewhere(r, Counter); ok {
 		a.conflict(i, s, ReasonOperationReused, &r.OperationID, detail)
@@ -904,6 +909,19 @@ func coefficientAt(d decimal.Decimal, e int32) (int64, bool) {
 	return c, true
 }
 
+// streamOf is a.streams[k] once the streams are loaded, remembering the
+// last one found: a batch's records come mostly in runs of one stream (a
+// message is one customer's), and comparing keys whose strings the decoder
+// shares is cheaper than hashing them.
+func (a *applier) streamOf(k StreamKey) *stream {
+	if s := a.lastStream; s != nil && s.key == k {
+		return s
+	}
+	s := a.streams[k]
+	a.lastStream = s
+	return s
+}
+
 // place is billingPlace for an in-order record of s that occurred at t,
 // through the stream's run: within the run's span it answers from the run;
 // otherwise it ends the run and, for a period that is not closed, begins a
@@ -1126,7 +1144,7 @@ func conflictPayload(r *Record) ([]byte, []byte) {
 func (a *applier) recordable(valid []int) []uuid.UUID {
 	var ids []uuid.UUID
 	for _, i := range valid {
-		if r, s := &a.recs[i], a.streams[a.recs[i].Stream]; a.lookupAll || s != nil && r.Seq <= s.dbLastSeq {
+		if r, s := &a.recs[i], a.streamOf(a.recs[i].Stream); a.lookupAll || s != nil && r.Seq <= s.dbLastSeq {
 			ids = append(ids, r.OperationID)
 		}
 	}
