@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -57,6 +58,8 @@ type benchIngestOptions struct {
 	population int
 	// customers the records are spread over (0: eight per partition).
 	customers int
+	// cpu collects CPU per record with --statements.
+	cpu cpuPerRecord
 }
 
 func newBenchIngestCmd() *cobra.Command {
@@ -110,7 +113,7 @@ step left behind.`,
 	f.IntVar(&o.customers, "customers", 0, "customers the records are spread over, one stream each (0: eight per partition); with --kind unique, fewer customers make larger periods, and a period's members go into the member index once it holds 100,000 readings")
 	f.IntVar(&o.population, "population", 100_000, "with --kind unique: distinct members per customer, drawn evenly (the default makes nearly every reading a new member; 1000 repeats most members within the day)")
 	f.StringVar((*string)(&o.kind), "kind", "counter", "counter, or gauge or unique: also ingest the same records as levels or members in each round and compare with counters")
-	f.BoolVar(&o.statements, "statements", false, "print where ingest's round trips to Postgres spend their time, statement by statement, and the CPU per record of Postgres and of this process")
+	f.BoolVar(&o.statements, "statements", false, "print where ingest's round trips to Postgres spend their time, statement by statement, and the CPU per record of Postgres and of this process; at the end, ingest's CPU per record against the physical baseline's (their ratio is what the ratio of rates follows on a machine bound by CPU, and the load moves it less)")
 	return cmd
 }
 
@@ -123,6 +126,9 @@ func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error
 	}
 	if !o.kind.Valid() {
 		return fmt.Errorf("bench ingest: --kind %q is not one of counter, gauge, unique", o.kind)
+	}
+	if o.statements {
+		o.cpu = cpuPerRecord{}
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if o.cpuProfile != "" {
@@ -191,7 +197,7 @@ func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error
 		if err != nil {
 			return err
 		}
-		r4, err := benchPhysical(ctx, out, withDB(o.adminURL, db1), physical, o.wal, o.statements)
+		r4, err := benchPhysical(ctx, out, withDB(o.adminURL, db1), physical, o.wal, o.cpu)
 		if err != nil {
 			return err
 		}
@@ -218,6 +224,12 @@ func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error
 	fmt.Fprintf(out, "  ingest unique / physical   = %.2f   (target ≥ 0.50)\n", uRate/pRate)
 	fmt.Fprintf(out, "  ingest unique / COPY       = %.2f   (own table: what the ledger's rows cost)\n", uRate/cRate)
 	fmt.Fprintf(out, "  ingest duplicates / unique = %.2f   (target ≥ 1.00)\n", dRate/uRate)
+	if u, p := o.cpu["ingest, unique records"], o.cpu["physical baseline"]; len(u) > 0 && len(p) > 0 {
+		// On a machine bound by CPU the ratio of the rates follows the
+		// ratio of CPU per record, which the machine's load moves less.
+		fmt.Fprintf(out, "  CPU per record: ingest %.1f µs, physical baseline %.1f µs = %.2f   (Postgres and this process together)\n",
+			median(u), median(p), median(p)/median(u))
+	}
 	if tk != nil {
 		kRate := float64(o.records) / median(tk).Seconds()
 		fmt.Fprintf(out, "  ingest, %s-meter readings  %9.0f readings/s\n", o.kind, kRate)
@@ -226,8 +238,8 @@ func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error
 	return nil
 }
 
-func median(ds []time.Duration) time.Duration {
-	s := slices.Clone(ds)
+func median[T cmp.Ordered](xs []T) T {
+	s := slices.Clone(xs)
 	slices.Sort(s)
 	return s[len(s)/2]
 }
@@ -446,7 +458,7 @@ func benchRun(ctx context.Context, out io.Writer, log *slog.Logger, broker, topi
 			pg, nb, ok := backendsCPU(ctx, pool, benchIngestApp)
 			defer func() {
 				if o.statements {
-					printCPU(out, label, len(msgs)*o.perMessage, cpu, pg, nb, ok)
+					printCPU(out, label, len(msgs)*o.perMessage, cpu, pg, nb, ok, o.cpu)
 				}
 			}()
 			break

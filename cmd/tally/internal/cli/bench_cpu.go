@@ -85,11 +85,18 @@ func backendsCPU(ctx context.Context, conn interface {
 	return sum, len(pids), true
 }
 
-func printCPU(out io.Writer, label string, n int, process time.Duration, backends time.Duration, nb int, ok bool) {
+// cpuPerRecord collects, by measurement label, the CPU each run spent per
+// record, Postgres's and this process's together.
+type cpuPerRecord map[string][]float64
+
+// printCPU prints what a measurement of n records cost in CPU, and adds it
+// to seen when Postgres's backends could be read.
+func printCPU(out io.Writer, label string, n int, process time.Duration, backends time.Duration, nb int, ok bool, seen cpuPerRecord) {
 	per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 / float64(n) }
 	if ok {
 		fmt.Fprintf(out, "    CPU of %s: Postgres %.1f µs per record (%d backends), this process %.1f µs per record\n",
 			label, per(backends), nb, per(process))
+		seen[label] = append(seen[label], per(backends)+per(process))
 		return
 	}
 	fmt.Fprintf(out, "    CPU of %s: this process %.1f µs per record (Postgres's backends are not on this host)\n", label, per(process))

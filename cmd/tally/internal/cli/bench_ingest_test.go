@@ -12,7 +12,8 @@ import (
 // TestBenchIngestBreakdown: a small run of tally bench ingest with its WAL and statement
 // breakdowns: both baselines and both ratios are printed, and the WAL of
 // the physical baseline is its table and its one index, about one WAL
-// record per row for the index (every row a B-tree entry).
+// record per row for the index (every row a B-tree entry); the CPU per
+// record of ingest and of the physical baseline is compared.
 func TestBenchIngestBreakdown(t *testing.T) {
 	out, err := runTally(t, "bench", "ingest", "--records", "6000", "--per-message", "500", "--partitions", "2",
 		"--rounds", "1", "--wal", "--statements", "--database-url", pgtest.AdminURL())
@@ -28,6 +29,18 @@ func TestBenchIngestBreakdown(t *testing.T) {
 	}
 	if strings.Contains(out, "records_period") {
 		t.Errorf("records_period is written per record again:\n%s", out)
+	}
+	// With Postgres on this host, the CPU per record of both, and their ratio.
+	if strings.Contains(out, "CPU of physical baseline: Postgres") {
+		m := regexp.MustCompile(`CPU per record: ingest ([0-9.]+) µs, physical baseline ([0-9.]+) µs = ([0-9.]+)`).FindStringSubmatch(out)
+		if m == nil {
+			t.Fatalf("no CPU per record of ingest against the physical baseline in\n%s", out)
+		}
+		for _, v := range m[1:] {
+			if f, _ := strconv.ParseFloat(v, 64); f <= 0 {
+				t.Errorf("CPU per record line %q: %s is not positive", m[0], v)
+			}
+		}
 	}
 	m := regexp.MustCompile(`bench_physical_operation +[0-9.]+ bytes/record .* ([0-9.]+) WAL records/record`).FindStringSubmatch(out)
 	if m == nil {

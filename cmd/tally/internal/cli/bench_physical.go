@@ -81,8 +81,9 @@ func benchNumeric(d decimal.Decimal) pgtype.Numeric {
 
 // benchPhysical copies rows into a fresh bench_physical table of the
 // database at url, physicalTxRows rows per committed transaction, and
-// returns how long that took; with wal, it also prints the WAL it wrote.
-func benchPhysical(ctx context.Context, out io.Writer, url string, rows [][]any, wal, cpu bool) (time.Duration, error) {
+// returns how long that took; with wal, it also prints the WAL it wrote,
+// and with cpu (not nil) the CPU it spent.
+func benchPhysical(ctx context.Context, out io.Writer, url string, rows [][]any, wal bool, cpu cpuPerRecord) (time.Duration, error) {
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		return 0, err
@@ -119,9 +120,9 @@ func benchPhysical(ctx context.Context, out io.Writer, url string, rows [][]any,
 		}
 	}
 	took := time.Since(t0)
-	if cpu {
+	if cpu != nil {
 		pg1, ok := backendCPU(pid)
-		printCPU(out, "physical baseline", len(rows), processCPU()-cpu0, pg1-pg0, 1, pgOK && ok)
+		printCPU(out, "physical baseline", len(rows), processCPU()-cpu0, pg1-pg0, 1, pgOK && ok, cpu)
 	}
 	if wal {
 		if err := w.report(ctx, out, "physical baseline", len(rows)); err != nil {
