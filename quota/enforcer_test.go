@@ -71,6 +71,11 @@ func TestEnforcerAcrossWarnAndLimit(t *testing.T) {
 		st[0].Decision.State != quota.Exceeded || st[0].AsOf == nil {
 		t.Fatalf("status: %+v", st)
 	}
+	// The count goes up once Kafka has acknowledged the write, which may be
+	// after the reader above has the decision.
+	for deadline := time.Now().Add(5 * time.Second); enf.Metric("tally_quota_decisions_published_total", nil) < 4 && time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+	}
 	if enf.Metric("tally_quota_leader", nil) != 1 || enf.Metric("tally_quota_decisions_published_total", nil) < 4 {
 		t.Errorf("metrics: leader %v published %v", enf.Metric("tally_quota_leader", nil), enf.Metric("tally_quota_decisions_published_total", nil))
 	}
