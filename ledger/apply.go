@@ -973,13 +973,16 @@ func (a *applier) sameBucket(customer string, t, bucket time.Time) (from, to tim
 	if err != nil {
 		return from, to, err
 	}
+	zoneStart, zoneEnd := t.In(loc).ZoneBounds() // zero where the zone's offset never changes
 	from, to = p.Start, p.End
-	for _, span := range [][2]time.Time{{bucket, bucket.Add(time.Hour)}, zoneSpan(t.In(loc))} {
-		if !span[0].IsZero() && span[0].After(from) {
-			from = span[0]
+	for _, f := range []time.Time{bucket, zoneStart} {
+		if f.After(from) {
+			from = f
 		}
-		if !span[1].IsZero() && span[1].Before(to) {
-			to = span[1]
+	}
+	for _, e := range []time.Time{bucket.Add(time.Hour), zoneEnd} {
+		if !e.IsZero() && e.Before(to) {
+			to = e
 		}
 	}
 	if t.Before(from) || !t.Before(to) {
@@ -988,12 +991,6 @@ func (a *applier) sameBucket(customer string, t, bucket time.Time) (from, to tim
 		return t, t, nil
 	}
 	return from.UTC(), to.UTC(), nil
-}
-
-// zoneSpan is ZoneBounds as a pair (zero where unbounded).
-func zoneSpan(t time.Time) [2]time.Time {
-	start, end := t.ZoneBounds()
-	return [2]time.Time{start, end}
 }
 
 // periodOf is the customer's accounting period containing t. A batch's
