@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/shopspring/decimal"
 
+	"github.com/tally-ledger/tally/internal/pgcopy"
 	"github.com/tally-ledger/tally/internal/pguuid"
 )
 
@@ -182,14 +183,14 @@ var gaugeColumns = []string{"stream_id", "seq", "operation_id", "customer", "met
 func (a *gaugeApplier) copyReadings(ctx context.Context, tx pgx.Tx) error {
 	return a.copyRows(ctx, tx, "gauge_readings", gaugeColumns, qCopyGaugeReadings, len(a.readings), 128, func(buf []byte, i int) ([]byte, error) {
 		g := &a.readings[i]
-		buf, err := appendNumericField(appendKeyFields(buf, g.streamID, g.r), g.r.Level)
+		buf, err := pgcopy.Numeric(appendKeyFields(buf, g.streamID, g.r), g.r.Level)
 		if err != nil {
 			return nil, fmt.Errorf("level: %w", err)
 		}
-		buf = appendTimeField(buf, g.r.OccurredAt)
-		buf = appendBoolField(buf, g.r.Final)
-		buf = appendBoolField(buf, g.late)
-		return appendTimeField(buf, a.now), nil
+		buf = pgcopy.Time(buf, g.r.OccurredAt)
+		buf = pgcopy.Bool(buf, g.r.Final)
+		buf = pgcopy.Bool(buf, g.late)
+		return pgcopy.Time(buf, a.now), nil
 	})
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/internal/locks"
+	"github.com/tally-ledger/tally/internal/pgcopy"
 	"github.com/tally-ledger/tally/internal/pguuid"
 	"github.com/tally-ledger/tally/periods"
 )
@@ -652,14 +653,14 @@ func (a *uniqueApplier) copyReadings(ctx context.Context, tx pgx.Tx) error {
 	return a.copyRows(ctx, tx, "unique_readings", uniqueColumns, qCopyUniqueReadings, len(a.news), 160, func(buf []byte, i int) ([]byte, error) {
 		g := &a.news[i]
 		buf = appendKeyFields(buf, g.streamID, g.r)
-		buf = appendTextField(buf, g.r.Member)
-		buf = appendTimeField(buf, g.r.OccurredAt)
-		buf = appendBoolField(buf, g.r.Final)
-		buf = appendBoolField(buf, g.late)
-		buf = appendTimeField(buf, a.now)
-		buf = appendTimeField(buf, g.period)
-		buf = appendTimeField(buf, g.day)
-		buf = appendBoolField(buf, g.counted)
-		return appendBoolField(buf, a.indexed[g.key()]), nil
+		buf = pgcopy.Text(buf, g.r.Member)
+		buf = pgcopy.Time(buf, g.r.OccurredAt)
+		buf = pgcopy.Bool(buf, g.r.Final)
+		buf = pgcopy.Bool(buf, g.late)
+		buf = pgcopy.Time(buf, a.now)
+		buf = pgcopy.Time(buf, g.period)
+		buf = pgcopy.Time(buf, g.day)
+		buf = pgcopy.Bool(buf, g.counted)
+		return pgcopy.Bool(buf, a.indexed[g.key()]), nil
 	})
 }

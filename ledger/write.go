@@ -4,14 +4,14 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"github.com/tally-ledger/tally/internal/pguuid"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/tally-ledger/tally/internal/pguuid"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/shopspring/decimal"
 )
 
@@ -37,10 +37,6 @@ func (a *applier) write(ctx context.Context, tx pgx.Tx) error {
 		return fmt.Errorf("ledger: write: %w", err)
 	}
 	return nil
-}
-
-func numeric(d decimal.Decimal) pgtype.Numeric {
-	return pgtype.Numeric{Int: d.Coefficient(), Exp: d.Exponent(), Valid: true}
 }
 
 func (a *applier) queueStreams(b *pgx.Batch) {
