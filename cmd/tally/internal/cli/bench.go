@@ -14,6 +14,7 @@ import (
 	"runtime/pprof"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -92,9 +93,16 @@ Each run uses a database of its own on the server of --database-url,
 dropped afterwards (unless --keep). Each measurement starts just after a
 CHECKPOINT (when the role may run one) and a garbage collection of this
 process, so that none pays for the dirty buffers or the garbage an earlier
-step left behind.`,
+step left behind. The process runs with GODEBUG=madvdontneed=0 (it starts
+itself again with it, unless GODEBUG already sets madvdontneed): the memory
+its runtime frees between measurements stays mapped, as a tally serve under
+steady ingest keeps its heap, instead of being faulted in again by the next
+measurement.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := keepFreedMemory(); err != nil {
+				return err
+			}
 			return benchIngest(cmd.Context(), cmd.OutOrStdout(), o)
 		},
 	}
@@ -115,6 +123,31 @@ step left behind.`,
 	f.StringVar((*string)(&o.kind), "kind", "counter", "counter, or gauge or unique: also ingest the same records as levels or members in each round and compare with counters")
 	f.BoolVar(&o.statements, "statements", false, "print where ingest's round trips to Postgres spend their time, statement by statement, and the CPU per record of Postgres and of this process; at the end, ingest's CPU per record against the physical baseline's (their ratio is what the ratio of rates follows on a machine bound by CPU, and the load moves it less)")
 	return cmd
+}
+
+// keepFreedMemory starts this process again with GODEBUG=madvdontneed=0
+// added, unless GODEBUG already sets madvdontneed (the runtime reads it
+// only at start). The runtime then gives the pages it frees back lazily
+// (MADV_FREE): a machine with memory to spare leaves them mapped, and the
+// next measurement reuses them. Without it, each measurement of a few
+// seconds faulted in again the heap the one before had grown and given
+// back, about 2.5 µs of this process's CPU per record in
+// docs/ingest-breakdown.md's runs, which a long-running ingest process
+// with a steady heap does not pay.
+func keepFreedMemory() error {
+	godebug := os.Getenv("GODEBUG")
+	if strings.Contains(godebug, "madvdontneed=") {
+		return nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	if godebug != "" {
+		godebug += ","
+	}
+	env := slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, "GODEBUG=") })
+	return syscall.Exec(exe, os.Args, append(env, "GODEBUG="+godebug+"madvdontneed=0"))
 }
 
 func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error {
@@ -192,7 +225,7 @@ func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error
 		fmt.Fprintf(out, "  %-34s %8d rows    in %7.2fs = %9.0f rows/s\n", "COPY into a records-shaped table", n, r3.Seconds(), float64(n)/r3.Seconds())
 		// The physical baseline: the raw records, one unique index. Its rows
 		// are built here and dropped after (see physicalRows).
-		physical, err := physicalRows(uniq)
+		physical, err := physicalRows(uniq, o.records)
 		if err != nil {
 			return err
 		}
@@ -504,7 +537,10 @@ func benchRun(ctx context.Context, out io.Writer, log *slog.Logger, broker, topi
 }
 
 // benchCopy copies the records of the database at url into a table with the
-// same columns and indexes and returns how long the COPY took.
+// same columns and indexes and returns how long the COPY took. The rows go
+// as Postgres itself wrote them out (binary COPY into a file before the
+// clock starts): the baseline spends nothing on encoding them, and holds
+// none of them in this process's heap.
 func benchCopy(ctx context.Context, url string) (time.Duration, int64, error) {
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
@@ -514,36 +550,27 @@ func benchCopy(ctx context.Context, url string) (time.Duration, int64, error) {
 	if _, err := conn.Exec(ctx, "CREATE TABLE bench_records_copy (LIKE records INCLUDING ALL)"); err != nil {
 		return 0, 0, err
 	}
-	rows, err := conn.Query(ctx, "SELECT * FROM records")
+	rows, err := os.CreateTemp("", "tally-bench-records-")
 	if err != nil {
 		return 0, 0, err
 	}
-	var cols []string
-	for _, f := range rows.FieldDescriptions() {
-		cols = append(cols, f.Name)
+	defer os.Remove(rows.Name())
+	defer rows.Close()
+	if _, err := conn.PgConn().CopyTo(ctx, rows, "COPY records TO STDOUT (FORMAT binary)"); err != nil {
+		return 0, 0, err
 	}
-	var data [][]any
-	for rows.Next() {
-		v, err := rows.Values()
-		if err != nil {
-			rows.Close()
-			return 0, 0, err
-		}
-		data = append(data, v)
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	if _, err := rows.Seek(0, io.SeekStart); err != nil {
 		return 0, 0, err
 	}
 	if err := settle(ctx, conn); err != nil {
 		return 0, 0, err
 	}
 	t0 := time.Now()
-	n, err := conn.CopyFrom(ctx, pgx.Identifier{"bench_records_copy"}, cols, pgx.CopyFromRows(data))
+	tag, err := conn.PgConn().CopyFrom(ctx, rows, "COPY bench_records_copy FROM STDIN (FORMAT binary)")
 	if err != nil {
 		return 0, 0, fmt.Errorf("copy: %w", err)
 	}
-	return time.Since(t0), n, nil
+	return time.Since(t0), tag.RowsAffected(), nil
 }
 
 func producedNote(d time.Duration) string {

@@ -1,12 +1,21 @@
 package cli
 
 import (
+	"context"
+	"fmt"
+	"io"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tally-ledger/tally/ingest/wire"
 	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/ledger"
 )
 
 // TestBenchIngestBreakdown: a small run of tally bench ingest with its WAL and statement
@@ -74,5 +83,75 @@ func TestBenchIngestKind(t *testing.T) {
 	}
 	if r, _ := strconv.ParseFloat(m[1], 64); r <= 0 {
 		t.Errorf("unique-meter / counter = %v", r)
+	}
+}
+
+// TestPhysicalBaselineStoresTheRecordsSent: the physical baseline's table
+// holds every raw record once, field for field as the producer sent it
+// (operation id, producer, epoch, customer, meter, seq, total and
+// quantity with their scales or NULL, occurred_at to the microsecond as
+// timestamptz keeps it, batch id): its own encoding (internal/pgcopy)
+// writes what pgx's would have.
+func TestPhysicalBaselineStoresTheRecordsSent(t *testing.T) {
+	ctx := context.Background()
+	msgs := benchMessages(3000, 250, 4, 0.3, 5, ledger.Counter, 0)
+	rows, err := physicalRows(msgs, 3000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := pgtest.NewEmptyURL(t)
+	if _, err := benchPhysical(ctx, io.Discard, url, rows, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	want := map[string]string{}
+	seen := map[string]bool{}
+	for _, m := range msgs {
+		if seen[string(m.value)] {
+			continue // a retransmit is not a new record
+		}
+		seen[string(m.value)] = true
+		b, _, _, err := wire.Decode(m.key, m.value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range b.Records {
+			q := "NULL"
+			if r.Quantity.Valid {
+				q = r.Quantity.Decimal.StringFixed(max(0, -r.Quantity.Decimal.Exponent()))
+			}
+			want[uuid.UUID(r.OperationID).String()] = fmt.Sprintf("%s %d %s %s %d %s %s %s %s", b.Producer, b.Epoch, r.Customer, r.Meter,
+				r.Seq, r.Total.StringFixed(max(0, -r.Total.Exponent())), q,
+				r.OccurredAt.UTC().Truncate(time.Microsecond).Format(time.RFC3339Nano), uuid.UUID(b.BatchID))
+		}
+	}
+	got, err := conn.Query(ctx, `SELECT operation_id::text, producer, epoch, customer, meter, seq, total::text,
+       coalesce(quantity::text, 'NULL'), occurred_at, batch_id::text FROM bench_physical`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for got.Next() {
+		var id, producer, customer, meter, total, quantity, batch string
+		var epoch, seq int64
+		var at time.Time
+		if err := got.Scan(&id, &producer, &epoch, &customer, &meter, &seq, &total, &quantity, &at, &batch); err != nil {
+			t.Fatal(err)
+		}
+		n++
+		row := fmt.Sprintf("%s %d %s %s %d %s %s %s %s", producer, epoch, customer, meter, seq, total, quantity, at.UTC().Format(time.RFC3339Nano), batch)
+		if want[id] != row {
+			t.Errorf("operation %s:\n got %s\nwant %s", id, row, want[id])
+		}
+	}
+	if err := got.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n != len(want) || n != len(rows) {
+		t.Fatalf("%d rows stored, %d records sent, %d rows built", n, len(want), len(rows))
 	}
 }

@@ -6,14 +6,15 @@ import (
 	"fmt"
 	"io"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/ingest/wire"
+	"github.com/tally-ledger/tally/internal/pgcopy"
 	"github.com/tally-ledger/tally/ledger"
 )
 
@@ -41,17 +42,33 @@ CREATE TABLE bench_physical (
 CREATE UNIQUE INDEX bench_physical_operation ON bench_physical (operation_id)`
 )
 
-var physicalColumns = []string{"operation_id", "producer", "epoch", "customer", "meter", "seq", "total", "quantity",
-	"occurred_at", "batch_id"}
+var (
+	physicalColumns = []string{"operation_id", "producer", "epoch", "customer", "meter", "seq", "total", "quantity",
+		"occurred_at", "batch_id"}
+	qCopyPhysical = "COPY bench_physical (" + strings.Join(physicalColumns, ", ") + ") FROM STDIN BINARY"
+)
+
+// physicalRow is one raw record as a producer sent it.
+type physicalRow struct {
+	operationID, batchID [16]byte
+	producer             string
+	epoch                int64
+	customer, meter      string
+	seq                  int64
+	total                decimal.Decimal
+	quantity             decimal.NullDecimal
+	occurredAt           time.Time
+}
 
 // physicalRows decodes msgs (each message once: a retransmit is not a new
-// record) into the baseline's rows; decoding is not part of its time. The
-// rows are about a dozen heap objects each (boxed values), millions for a
-// run: benchIngest builds them just before the baseline and drops them
-// after, so that the garbage collections of its ingest runs do not mark
-// them, as no ingest process outside the benchmark would.
-func physicalRows(msgs []benchMessage) ([][]any, error) {
-	var rows [][]any
+// record) into the baseline's rows; decoding is not part of its time,
+// encoding them for COPY is (as it is of ingest's). The rows hold a few
+// heap objects each, a couple of million for a run: benchIngest builds
+// them just before the baseline and drops them after, so that the garbage
+// collections of its ingest runs do not mark them, as no ingest process
+// outside the benchmark would.
+func physicalRows(msgs []benchMessage, records int) ([]physicalRow, error) {
+	rows := make([]physicalRow, 0, records)
 	seen := map[string]bool{}
 	for _, m := range msgs {
 		if seen[string(m.value)] {
@@ -62,28 +79,53 @@ func physicalRows(msgs []benchMessage) ([][]any, error) {
 		if err != nil || len(rejected) > 0 {
 			return nil, fmt.Errorf("physical baseline: a generated message does not decode: %v %v", err, rejected)
 		}
-		batchID := pgtype.UUID{Bytes: b.BatchID, Valid: true}
 		for _, r := range b.Records {
-			var q any
-			if r.Quantity.Valid {
-				q = benchNumeric(r.Quantity.Decimal)
-			}
-			rows = append(rows, []any{pgtype.UUID{Bytes: r.OperationID, Valid: true}, b.Producer, b.Epoch, r.Customer, r.Meter,
-				r.Seq, benchNumeric(r.Total), q, r.OccurredAt, batchID})
+			rows = append(rows, physicalRow{operationID: r.OperationID, batchID: b.BatchID, producer: b.Producer,
+				epoch: b.Epoch, customer: r.Customer, meter: r.Meter, seq: r.Seq, total: r.Total, quantity: r.Quantity,
+				occurredAt: r.OccurredAt})
 		}
 	}
 	return rows, nil
 }
 
-func benchNumeric(d decimal.Decimal) pgtype.Numeric {
-	return pgtype.Numeric{Int: d.Coefficient(), Exp: d.Exponent(), Valid: true}
+// physicalCopy encodes rows for COPY into bench_physical as ingest
+// encodes its own (internal/pgcopy): pgx's generic CopyFrom would spend
+// more of the baseline's time in this process than Postgres spends
+// storing the rows, and the baseline would not be the least a store must
+// do.
+func physicalCopy(buf []byte, rows []physicalRow) ([]byte, error) {
+	buf = append(buf[:0], pgcopy.Header...)
+	var err error
+	for i := range rows {
+		r := &rows[i]
+		buf = pgcopy.Row(buf, len(physicalColumns))
+		buf = pgcopy.Bytes(buf, r.operationID[:])
+		buf = pgcopy.Text(buf, r.producer)
+		buf = pgcopy.Int8(buf, r.epoch)
+		buf = pgcopy.Text(buf, r.customer)
+		buf = pgcopy.Text(buf, r.meter)
+		buf = pgcopy.Int8(buf, r.seq)
+		if buf, err = pgcopy.Numeric(buf, r.total); err != nil {
+			return nil, err
+		}
+		if r.quantity.Valid {
+			if buf, err = pgcopy.Numeric(buf, r.quantity.Decimal); err != nil {
+				return nil, err
+			}
+		} else {
+			buf = pgcopy.Null(buf)
+		}
+		buf = pgcopy.Time(buf, r.occurredAt)
+		buf = pgcopy.Bytes(buf, r.batchID[:])
+	}
+	return pgcopy.Trailer(buf), nil
 }
 
 // benchPhysical copies rows into a fresh bench_physical table of the
 // database at url, physicalTxRows rows per committed transaction, and
 // returns how long that took; with wal, it also prints the WAL it wrote,
 // and with cpu (not nil) the CPU it spent.
-func benchPhysical(ctx context.Context, out io.Writer, url string, rows [][]any, wal bool, cpu cpuPerRecord) (time.Duration, error) {
+func benchPhysical(ctx context.Context, out io.Writer, url string, rows []physicalRow, wal bool, cpu cpuPerRecord) (time.Duration, error) {
 	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		return 0, err
@@ -109,11 +151,15 @@ func benchPhysical(ctx context.Context, out io.Writer, url string, rows [][]any,
 	pg0, pgOK := backendCPU(pid)
 	cpu0 := processCPU()
 	t0 := time.Now()
+	var buf []byte
 	for from := 0; from < len(rows); from += physicalTxRows {
 		chunk := rows[from:min(from+physicalTxRows, len(rows))]
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			_, err := tx.CopyFrom(ctx, pgx.Identifier{"bench_physical"}, physicalColumns, pgx.CopyFromRows(chunk))
-			return err
+			var err error
+			if buf, err = physicalCopy(buf, chunk); err != nil {
+				return err
+			}
+			return pgcopy.In(ctx, tx.Conn(), "bench_physical", physicalColumns, qCopyPhysical, buf, int64(len(chunk)))
 		})
 		if err != nil {
 			return 0, fmt.Errorf("physical baseline: copy: %w", err)
