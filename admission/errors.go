@@ -37,6 +37,11 @@ type BudgetExhaustedError struct {
 	// RetryAfter is when the earliest live grant is reclaimed at the latest
 	// (it may be released earlier), or the period's end when none is live.
 	RetryAfter time.Duration
+	// Held is what other holders' live grants on the binding budget still
+	// hold, by the spend they have reported: capacity that comes back if
+	// they give it back unspent. Zero when they hold none: the budget is
+	// spent, not only held (an SDK then stops asking for a while).
+	Held decimal.Decimal
 }
 
 func (e *BudgetExhaustedError) Error() string {

@@ -414,3 +414,67 @@ func TestIssueOfAHolderCreatedMeanwhileDoesNotDeadlock(t *testing.T) {
 		t.Fatalf("budget %+v, want 2 consumed", b)
 	}
 }
+
+// A refusal says what other holders' live grants still hold on the budget
+// that refused, by the spend they have reported: capacity that may come
+// back. The refused holder's own grants, ended grants and grants past
+// valid_until are not counted; a pool's refusal counts the grants drawn
+// from the pool, whoever the customer.
+func TestRefusalSaysWhatOtherHoldersHold(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.rule("acme", "calls", d("100"))
+	held := func(holder, customer string, amt string) decimal.Decimal {
+		t.Helper()
+		_, err := e.issue(holder, customer, d(amt))
+		ex, ok := errors.AsType[*admission.BudgetExhaustedError](err)
+		if !ok {
+			t.Fatalf("%s asking %s of %s: want a refusal, got %v", holder, amt, customer, err)
+		}
+		return ex.Held
+	}
+	g1, err := e.issue("gw1", "acme", d("60"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.store.Renew(ctx, admission.Report{Grant: g1.ID, Holder: "gw1", Generation: 1, Spent: d("15.5")}); err != nil {
+		t.Fatal(err)
+	}
+	if h := held("gw2", "acme", "41"); !h.Equal(d("44.5")) {
+		t.Fatalf("gw1 holds 60, spent 15.5: held %s, want 44.5", h)
+	}
+	if h := held("gw1", "acme", "41"); !h.IsZero() {
+		t.Fatalf("gw1's own grant counted: held %s", h)
+	}
+	g2, err := e.issue("gw2", "acme", d("40"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := held("gw3", "acme", "1"); !h.Equal(d("84.5")) {
+		t.Fatalf("gw1 and gw2 hold 44.5 and 40: held %s, want 84.5", h)
+	}
+	e.release(g1, d("60"))
+	if h := held("gw2", "acme", "1"); !h.IsZero() {
+		t.Fatalf("gw1 released everything spent, gw2 is asking: held %s, want 0", h)
+	}
+	// Past valid_until a grant's capacity no longer comes back: it is
+	// reclaimed as spent.
+	e.clock.Advance(g2.ValidUntil.Sub(e.clock.Now()) + time.Second)
+	if h := held("gw3", "acme", "1"); !h.IsZero() {
+		t.Fatalf("gw2's grant is past valid_until: held %s, want 0", h)
+	}
+
+	// A pool that refuses: the grants drawn from it by its members.
+	e.rule("b", "calls", d("100"))
+	e.rule("c", "calls", d("100"))
+	e.putPool("team", "b", "c")
+	e.scopeRule("pool:team", "calls", d("10"))
+	if _, err := e.issue("gw1", "b", d("7")); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.issue("gw2", "c", d("4"))
+	ex, ok := errors.AsType[*admission.BudgetExhaustedError](err)
+	if !ok || ex.Binding != "pool:team/calls" || !ex.Held.Equal(d("7")) {
+		t.Fatalf("pool refusal: %+v, %v; want pool:team/calls holding 7 elsewhere", ex, err)
+	}
+}

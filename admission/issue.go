@@ -655,24 +655,28 @@ func takeArgs(now time.Time, first string, keys []budgetKey, rows map[budgetKey]
 		"u_deltas": deltas, "u_limits": limits, "u_versions": versions}
 }
 
-// retryAfter fills the refusals' retry_after: when the binding budget's
-// earliest live grant is reclaimed at the latest, or its period's end.
+// retryAfter fills the refusals' retry_after (when the binding budget's
+// earliest live grant is reclaimed at the latest, or its period's end) and
+// held (what other holders' live grants on it still hold).
 func (s *Store) retryAfter(ctx context.Context, db DBTX, now time.Time, refused []*call, at []budgetKey, rows map[budgetKey]*budgetRow) {
 	n := len(at)
-	scopes, meters, starts := make([]string, n), make([]string, n), make([]time.Time, n)
+	scopes, meters, starts, holders := make([]string, n), make([]string, n), make([]time.Time, n), make([]string, n)
 	for i, k := range at {
-		scopes[i], meters[i], starts[i] = k.scope, k.meter, k.start
+		scopes[i], meters[i], starts[i], holders[i] = k.scope, k.meter, k.start, refused[i].req.Holder
 	}
 	earliest := make([]*time.Time, n)
-	r, err := db.Query(ctx, qEarliestReclaims, pgx.NamedArgs{"now": now, "r_scopes": scopes, "r_meters": meters, "r_starts": starts})
+	held := make([]decimal.Decimal, n)
+	r, err := db.Query(ctx, qEarliestReclaims, pgx.NamedArgs{"now": now, "r_scopes": scopes, "r_meters": meters, "r_starts": starts,
+		"r_holders": holders})
 	if err == nil {
 		err = scanAll(r, func() error {
 			var i int
 			var t *time.Time
-			if err := r.Scan(&i, &t); err != nil {
+			var h decimal.Decimal
+			if err := r.Scan(&i, &t, numeric(&h)); err != nil {
 				return err
 			}
-			earliest[i-1] = t
+			earliest[i-1], held[i-1] = t, h
 			return nil
 		})
 	}
@@ -687,6 +691,7 @@ func (s *Store) retryAfter(ctx context.Context, db DBTX, now time.Time, refused 
 		// A grant of this batch is reclaimed after any stored one.
 		if ex, ok := c.err.(*BudgetExhaustedError); ok {
 			ex.RetryAfter = max(end.Sub(now), 0)
+			ex.Held = held[i]
 		}
 	}
 }

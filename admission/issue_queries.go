@@ -302,18 +302,27 @@ INSERT INTO admission_grant_draws (grant_id, scope, meter, period_start)
 SELECT * FROM unnest(@d_ids::uuid[], @d_scopes::text[], @d_meters::text[], @d_starts::timestamptz[])`
 
 // qEarliestReclaims is, for budgets that refused, when their earliest live
-// grant is reclaimed (NULL: none live). Read after the batch committed.
+// grant is reclaimed (NULL: none live), and what the live grants of other
+// holders than the one refused still hold, as far as their spend reports
+// have said (0: none). Read after the batch committed.
 const qEarliestReclaims = `
-SELECT k.i,
-       CASE WHEN k.scope LIKE 'customer:%'
-            THEN (SELECT min(x.reclaim_at) FROM admission_grants x
-                  WHERE x.customer = substr(k.scope, 10) AND x.meter = k.meter AND x.period_start = k.period_start
-                    AND x.draws_customer AND x.ended_at IS NULL AND x.reclaim_at > @now)
-            ELSE (SELECT min(x.reclaim_at) FROM admission_grant_draws y JOIN admission_grants x ON x.id = y.grant_id
-                  WHERE y.scope = k.scope AND y.meter = k.meter AND y.period_start = k.period_start
-                    AND x.ended_at IS NULL AND x.reclaim_at > @now)
-       END
-FROM unnest(@r_scopes::text[], @r_meters::text[], @r_starts::timestamptz[]) WITH ORDINALITY AS k(scope, meter, period_start, i)`
+SELECT k.i, min(x.reclaim_at),
+       coalesce(sum(x.amount - x.spent) FILTER (WHERE x.holder <> k.holder AND x.valid_until > @now), 0)
+FROM unnest(@r_scopes::text[], @r_meters::text[], @r_starts::timestamptz[], @r_holders::text[])
+       WITH ORDINALITY AS k(scope, meter, period_start, holder, i)
+LEFT JOIN LATERAL (
+    SELECT g.reclaim_at, g.amount, g.spent, g.holder, g.valid_until FROM admission_grants g
+    WHERE k.scope LIKE 'customer:%'
+      AND g.customer = substr(k.scope, 10) AND g.meter = k.meter AND g.period_start = k.period_start
+      AND g.draws_customer AND g.ended_at IS NULL AND g.reclaim_at > @now
+    UNION ALL
+    SELECT g.reclaim_at, g.amount, g.spent, g.holder, g.valid_until
+    FROM admission_grant_draws y JOIN admission_grants g ON g.id = y.grant_id
+    WHERE k.scope NOT LIKE 'customer:%'
+      AND y.scope = k.scope AND y.meter = k.meter AND y.period_start = k.period_start
+      AND g.ended_at IS NULL AND g.reclaim_at > @now
+) x ON true
+GROUP BY k.i`
 
 // qLockJoiningCustomers takes locks.PoolMembership exclusively for the
 // joining @customers, sorted (see qLockNewCustomersShared).

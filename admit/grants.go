@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -16,6 +17,9 @@ type exhaustedError struct {
 	Binding    string
 	Available  string
 	RetryAfter time.Duration
+	// held: other holders' live grants hold capacity on the binding
+	// budget that may come back (Tally's held > 0).
+	held bool
 }
 
 func (e *exhaustedError) Error() string {
@@ -91,6 +95,7 @@ type problem struct {
 	Detail     string `json:"detail"`
 	Binding    string `json:"binding"`
 	Available  string `json:"available"`
+	Held       string `json:"held"`
 	RetryAfter *int64 `json:"retry_after"`
 	// NextGeneration: of a stale-generation refusal, the generation a
 	// holder that lost its state recovers with.
@@ -200,7 +205,7 @@ func (c *Client) do(ctx context.Context, path string, body, out any) error {
 	if resp.StatusCode >= 300 {
 		switch p.Type {
 		case problemExhausted:
-			e := &exhaustedError{Binding: p.Binding, Available: p.Available}
+			e := &exhaustedError{Binding: p.Binding, Available: p.Available, held: positive(p.Held)}
 			if p.RetryAfter != nil {
 				e.RetryAfter = time.Duration(*p.RetryAfter) * time.Second
 			}
@@ -320,11 +325,12 @@ func unitsOver(rate int64, d time.Duration) int64 {
 	return (rate*d.Microseconds() + per - 1) / per
 }
 
-// refusalMemory is how long Admit answers a refusal from memory: one tick
-// after the first refusal, doubling with each refusal in a row up to
-// 8 ticks, never past retry_after. Capacity another gateway gives back is
-// then found within a tick or two, and an exhausted budget costs a few
-// refused grant requests per second, not twenty.
+// refusalMemory is how long Admit answers a refusal from memory when the
+// budget is spent (no other gateway holds any of it): one tick after the
+// first refusal, doubling with each refusal in a row up to 8 ticks, never
+// past retry_after. An exhausted budget then costs a few refused grant
+// requests per second, not twenty. A refusal while other gateways hold
+// capacity is not remembered at all (topUpLocked).
 func (c *Client) refusalMemory(streak int, retryAfter time.Duration) time.Duration {
 	wait := c.cfg.Tick << min(streak, 3)
 	if retryAfter > 0 {
@@ -370,12 +376,22 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	}
 	var ex *exhaustedError
 	if errors.As(err, &ex) {
-		// Answer refusals from memory for a while: fewer central calls.
 		// The budget is tight: hold little of it from now on.
 		b.tightUntil = now.Add(c.cfg.Lookahead)
 		if binding := ex.Binding; binding != "" {
 			b.refusedBy.Store(&binding)
 		}
+		if ex.held {
+			// Other gateways hold what is left, and give back what they
+			// do not spend at their next tick: the next Admit asks again
+			// (remembering the refusal for even a tick refused requests
+			// that fit, docs/performance.md), and the caller may retry
+			// within a tick.
+			ex.RetryAfter = min(ex.RetryAfter, c.cfg.Tick)
+			return err
+		}
+		// Spent, not only held: answer refusals from memory for a while,
+		// fewer central calls.
 		b.refusedUntil.Store(time.Now().Add(c.refusalMemory(b.refusals, ex.RetryAfter)).UnixNano())
 		b.refusals++
 		return err
@@ -444,6 +460,14 @@ func (c *Client) issue(ctx context.Context, b *budget, size, need int64) (grantA
 		c.issued.Store(true)
 	}
 	return g, gen, err
+}
+
+// positive says whether a decimal string is above zero.
+func positive(s string) bool {
+	if strings.HasPrefix(s, "-") {
+		return false
+	}
+	return strings.ContainsAny(s, "123456789")
 }
 
 // parseUnits reads a decimal string as whole units, flooring a fraction

@@ -381,3 +381,66 @@ func admitOnATightBudget(t *testing.T, ts *tally, watch func(*http.Request) int,
 		time.Sleep(every)
 	}
 }
+
+// A refusal while another gateway holds capacity it may give back is not
+// remembered: the next Admit asks Tally again, and is admitted as soon as
+// the other gateway has given its grant back, with a RetryAfter of at
+// most a tick. A refusal of a budget that is spent (no other gateway
+// holds any) is remembered: the next Admit is answered without a call.
+func TestRefusalWhileOthersHoldIsNotRemembered(t *testing.T) {
+	ts := startTally(t)
+	ts.exactRule("acme", "tokens", "10")
+	ts.exactRule("beta", "tokens", "1")
+	ctx := context.Background()
+	var grantCalls atomic.Int64
+	count := func(r *http.Request, _ int) {
+		if r.URL.Path == "/v1/grants" {
+			grantCalls.Add(1)
+		}
+	}
+	ts.served.Store(&count)
+	// gw1 holds the whole budget, spending little, and gives nothing back
+	// before the test ends (its tick is long).
+	gw1 := newClient(t, ts, "gw1", t.TempDir(), admit.Config{MinGrant: 10, Tick: time.Minute})
+	admitN(t, gw1, 1)
+	gw2 := newClient(t, ts, "gw2", t.TempDir(), admit.Config{})
+	defer gw2.Close(ctx)
+	refusedAsking := func(customer string) admit.Decision {
+		t.Helper()
+		before := grantCalls.Load()
+		d, err := gw2.Admit(ctx, customer, "tokens", 1)
+		if err != nil || d.Admitted || d.How != admit.Exhausted {
+			t.Fatalf("%s: %+v %v, want a refusal", customer, d, err)
+		}
+		if n := grantCalls.Load() - before; n != 1 {
+			t.Fatalf("%s: the refusal made %d grant calls, want 1 (asked Tally)", customer, n)
+		}
+		return d
+	}
+	for i := range 3 {
+		if d := refusedAsking("acme"); d.RetryAfter > 50*time.Millisecond {
+			t.Fatalf("refusal %d while gw1 holds 9: retry after %s, want at most a tick", i, d.RetryAfter)
+		}
+	}
+	if err := gw1.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d, err := gw2.Admit(ctx, "acme", "tokens", 1)
+	if err != nil || !d.Admitted {
+		t.Fatalf("admit once gw1 gave its 9 back: %+v %v", d, err)
+	}
+
+	// beta's one unit is spent by gw2 itself: nothing held elsewhere.
+	if d, err := gw2.Admit(ctx, "beta", "tokens", 1); err != nil || !d.Admitted {
+		t.Fatalf("beta's first unit: %+v %v", d, err)
+	}
+	refusedAsking("beta")
+	before := grantCalls.Load()
+	d, err = gw2.Admit(ctx, "beta", "tokens", 1)
+	if err != nil || d.Admitted || d.RetryAfter <= 0 {
+		t.Fatalf("beta again: %+v %v, want a refusal from memory", d, err)
+	}
+	if n := grantCalls.Load() - before; n != 0 {
+		t.Fatalf("a spent budget's refusal was not remembered: %d grant calls", n)
+	}
+}

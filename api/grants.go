@@ -287,7 +287,7 @@ func admissionProblem(w http.ResponseWriter, err error) error {
 		secs := int64(math.Ceil(ex.RetryAfter.Seconds()))
 		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
 		return &Problem{Type: TypeBudgetExhausted, Title: "Budget exhausted", Status: http.StatusConflict,
-			Detail: ex.Error(), Binding: ex.Binding, Available: ex.Available.String(), RetryAfter: &secs}
+			Detail: ex.Error(), Binding: ex.Binding, Available: ex.Available.String(), Held: ex.Held.String(), RetryAfter: &secs}
 	}
 	if se, ok := errors.AsType[*admission.StaleGenerationError](err); ok {
 		return &Problem{Type: TypeStaleGeneration, Title: "Older generation", Status: http.StatusConflict, Detail: se.Error(),

@@ -32,10 +32,11 @@ type Problem struct {
 	// ContainingPeriod names the period that contains a date that is not a
 	// period start (period-not-found only).
 	ContainingPeriod string `json:"containing_period,omitempty"`
-	// Binding, Available and RetryAfter (whole seconds) explain a
+	// Binding, Available, Held and RetryAfter (whole seconds) explain a
 	// budget-exhausted refusal.
 	Binding    string `json:"binding,omitempty"`
 	Available  string `json:"available,omitempty"`
+	Held       string `json:"held,omitempty"`
 	RetryAfter *int64 `json:"retry_after,omitempty"`
 	// Admission says why a grant was refused as not-exact: the rule in
 	// force is "lagged", or there is "none".
