@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/google/uuid"
@@ -134,9 +135,12 @@ measurement.`,
 // back, about 2.5 µs of this process's CPU per record in
 // docs/ingest-breakdown.md's runs, which a long-running ingest process
 // with a steady heap does not pay.
+//
+// Not in a test binary, where the command runs in the test's process:
+// starting it again would run the tests again.
 func keepFreedMemory() error {
 	godebug := os.Getenv("GODEBUG")
-	if strings.Contains(godebug, "madvdontneed=") {
+	if strings.Contains(godebug, "madvdontneed=") || testing.Testing() {
 		return nil
 	}
 	exe, err := os.Executable()
