@@ -8,11 +8,11 @@ import (
 	"strings"
 	"time"
 
-	"github.com/tally-ledger/tally/internal/pguuid"
-
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/internal/pguuid"
 )
 
 // write sends every change of the batch in one pipelined round trip.

@@ -132,9 +132,9 @@ measurement.`,
 // (MADV_FREE): a machine with memory to spare leaves them mapped, and the
 // next measurement reuses them. Without it, each measurement of a few
 // seconds faulted in again the heap the one before had grown and given
-// back, about 2.5 µs of this process's CPU per record in
-// docs/ingest-breakdown.md's runs, which a long-running ingest process
-// with a steady heap does not pay.
+// back: about 2 µs of this process's CPU per record in
+// docs/ingest-breakdown.md's runs (seventh change), which a long-running
+// ingest process with a steady heap does not pay.
 //
 // Not in a test binary, where the command runs in the test's process:
 // starting it again would run the tests again.
