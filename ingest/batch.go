@@ -154,25 +154,31 @@ func deadLetterArgs(topic string, partition int, now time.Time, dls []deadLetter
 // wasted; when only the partition's context ends (the member released it
 // as surplus, or another member claimed it) it is rolled back at once, so
 // the partition's rows are not kept locked from its next owner.
+//
+// BEGIN goes in the fence's pipeline and COMMIT in the counters', so the
+// transaction costs no round trip of its own for either (see openTx).
 func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary, err error) {
 	ctx, cancel := p.txContext(parent)
 	defer cancel()
 
-	tx, err := p.c.cfg.Pool.BeginTx(ctx, txOptions)
+	conn, err := p.c.cfg.Pool.Acquire(ctx)
 	if err != nil {
 		return s, &connLost{fmt.Errorf("begin: %w", err)}
 	}
+	tx := openTx{conn.Conn()}
 	defer func() {
 		if err != nil {
 			// A closed connection means the connection failed, not the
-			// data (asked before Rollback hands the connection back).
-			if tx.Conn().IsClosed() && !errors.Is(err, errFenced) {
+			// data (asked before the rollback hands the connection back).
+			if tx.c.IsClosed() && !errors.Is(err, errFenced) {
 				err = &connLost{err}
 			}
-			// Rollback errors add nothing: the connection is discarded and
-			// the server rolls back on its own.
-			_ = tx.Rollback(context.WithoutCancel(ctx))
+			// Rollback errors add nothing: a connection left inside a
+			// transaction is closed by the pool on release, and the
+			// server rolls back on its own.
+			_, _ = tx.c.Exec(context.WithoutCancel(ctx), "ROLLBACK")
 		}
+		conn.Release()
 	}()
 
 	if err := p.fence(ctx, tx, b); err != nil {
@@ -187,14 +193,35 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 	if err != nil {
 		return s, err
 	}
-	if err := p.record(ctx, tx, b, s, dls); err != nil {
+	if err := p.recordAndCommit(ctx, tx, b, s, dls); err != nil {
 		return s, err
-	}
-	if err := tx.Commit(ctx); err != nil {
-		return s, fmt.Errorf("commit: %w", err)
 	}
 	return s, nil
 }
+
+// openTx is a micro-batch's transaction: a pooled connection inside the
+// transaction block its fence began (READ COMMITTED, what ledger.Apply
+// needs). pgx.Tx would send BEGIN and COMMIT as round trips of their own;
+// here they travel in the pipelines of the first and the last statements.
+type openTx struct{ c *pgx.Conn }
+
+func (t openTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return t.c.Exec(ctx, sql, args...)
+}
+
+func (t openTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	return t.c.Query(ctx, sql, args...)
+}
+
+func (t openTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	return t.c.QueryRow(ctx, sql, args...)
+}
+
+func (t openTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	return t.c.SendBatch(ctx, b)
+}
+
+func (t openTx) Conn() *pgx.Conn { return t.c }
 
 // txContext bounds a micro-batch transaction by TxTimeout, and ends it when
 // parent ends unless the whole member is shutting down (see tryCommit).
@@ -217,10 +244,12 @@ func (p *partition) txContext(parent context.Context) (context.Context, context.
 // can claim it meanwhile) and the offset is the one it expects; otherwise
 // it fails with errFenced and nothing of the batch is written. The row lock
 // it takes serialises any competing member before the ledger work.
-func (p *partition) fence(ctx context.Context, tx pgx.Tx, b *microBatch) error {
+func (p *partition) fence(ctx context.Context, tx openTx, b *microBatch) error {
 	cfg := p.c.cfg
-	// One round trip: the idle bound, then the fence, pipelined.
+	// One round trip: the transaction's BEGIN, the idle bound, then the
+	// fence, pipelined.
 	batch := &pgx.Batch{}
+	batch.Queue(qBegin)
 	// A member stalled as a whole (stopped, swapped out) mid-transaction
 	// would keep the partition's row locked from the member that takes the
 	// partition over: Postgres ends a transaction idle for a session
@@ -294,7 +323,7 @@ func ledgerRecords(b *microBatch) ([]ledger.Record, []recordRef) {
 }
 
 // apply applies the batch's records in one ledger Apply.
-func (p *partition) apply(ctx context.Context, tx pgx.Tx, recs []ledger.Record) ([]ledger.Outcome, error) {
+func (p *partition) apply(ctx context.Context, tx ledger.Tx, recs []ledger.Record) ([]ledger.Outcome, error) {
 	if len(recs) == 0 {
 		return nil, nil
 	}
@@ -360,9 +389,13 @@ func account(b *microBatch, refs []recordRef, outs []ledger.Outcome) (summary, [
 	return s, dls, nil
 }
 
-// record writes, in one pipelined round trip, the batch's dead letters,
-// offset jumps, the partition its customers arrive on, and its counters.
-func (p *partition) record(ctx context.Context, tx pgx.Tx, b *microBatch, s summary, dls []deadLetter) error {
+// recordAndCommit writes, in one pipelined round trip, the batch's dead
+// letters, offset jumps, the partition its customers arrive on and its
+// counters, and commits. A statement that fails skips the rest of the
+// pipeline, COMMIT included, and the transaction is rolled back. A commit
+// whose answer is lost may have committed: attempt reads the stored offset
+// to know.
+func (p *partition) recordAndCommit(ctx context.Context, tx openTx, b *microBatch, s summary, dls []deadLetter) error {
 	cfg := p.c.cfg
 	now := cfg.Clock().UTC()
 	batch := &pgx.Batch{}
@@ -388,8 +421,14 @@ func (p *partition) record(ctx context.Context, tx pgx.Tx, b *microBatch, s summ
 		"messages": s.messages, "messages_rejected": s.messagesRejected, "records": s.records,
 		"applied": s.outcomes[ledger.Applied], "duplicate": s.outcomes[ledger.Duplicate], "conflict": s.outcomes[ledger.Conflict],
 		"late_fill": s.outcomes[ledger.LateFill], "rejected": s.outcomes[ledger.Rejected]})
+	batch.Queue(qCommit).Exec(func(tag pgconn.CommandTag) error {
+		if tag.String() == "ROLLBACK" { // the transaction had failed
+			return pgx.ErrTxCommitRollback
+		}
+		return nil
+	})
 	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
-		return fmt.Errorf("dead letters and counters: %w", err)
+		return fmt.Errorf("dead letters, counters and commit: %w", err)
 	}
 	return nil
 }

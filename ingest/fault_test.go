@@ -2,8 +2,10 @@ package ingest_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -388,4 +390,102 @@ func childMain() int {
 		return 1
 	}
 	return 0
+}
+
+// A micro-batch's COMMIT reaches Postgres and commits, and its answer is
+// lost with the connection: ingest cannot tell from the error whether it
+// committed. It must read the stored offset, find the batch committed and
+// go on: nothing applied twice, no counter counted twice, nothing
+// dead-lettered as refused.
+func TestCommitWhoseAnswerIsLostCountsOnce(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 2)
+	streams := models(6)
+
+	cfg, err := pgxpool.ParseConfig(e.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lose, lost atomic.Int64 // commit answers still to lose; lost so far
+	cfg.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return &commitLoser{Conn: c, lose: &lose, lost: &lost}, nil
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+
+	var logs syncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	m := e.start(func(c *ingest.Config) { c.Pool, c.Logger = pool, log })
+	p := startProducer(t, e.kafka.Addrs, streams, 3, 120, 5*time.Millisecond)
+	time.Sleep(300 * time.Millisecond)
+	lose.Store(5)
+	p.wait()
+	e.waitCaughtUp(60 * time.Second)
+	m.Stop(t)
+
+	if lost.Load() == 0 {
+		t.Fatal("no commit answer was lost; the test proved nothing")
+	}
+	if n := strings.Count(logs.String(), "the failed commit had committed"); n == 0 {
+		t.Errorf("lost %d commit answers, and ingest never found a batch committed by one:\n%s", lost.Load(), logs.String())
+	}
+	e.checkLedger(streams)
+	e.checkOffsets()
+	if got, want := e.checkCounters().RecordsIn, p.records.Load(); got != want {
+		t.Errorf("records in %d, want exactly the %d sent", got, want)
+	}
+	var dead int
+	if err := e.pool.QueryRow(context.Background(), "SELECT count(*) FROM dead_letters").Scan(&dead); err != nil {
+		t.Fatal(err)
+	}
+	if dead != 0 {
+		t.Errorf("%d dead letters: a lost commit answer was taken for a refusal", dead)
+	}
+	t.Logf("lost %d commit answers", lost.Load())
+}
+
+// commitLoser is a connection to Postgres that, while lose > 0, drops the
+// connection instead of delivering a COMMIT's CommandComplete: the server
+// has committed, the client sees the connection fail.
+type commitLoser struct {
+	net.Conn
+	lose, lost *atomic.Int64
+}
+
+// commitComplete is the CommandComplete message of a COMMIT.
+var commitComplete = []byte("C\x00\x00\x00\x0bCOMMIT\x00")
+
+func (c *commitLoser) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 && bytes.Contains(b[:n], commitComplete) && c.lose.Add(-1) >= 0 {
+		c.lost.Add(1)
+		_ = c.Conn.Close()
+		return 0, io.ErrUnexpectedEOF
+	}
+	return n, err
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

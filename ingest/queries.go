@@ -235,6 +235,14 @@ WHERE p.topic = $1
   AND coalesce(o.until, p.updated_at) <= now() - $2::interval
 ORDER BY p.partition`
 
+// qBegin and qCommit open and end a micro-batch's transaction, each in the
+// pipeline of other statements (see openTx). READ COMMITTED is what
+// ledger.Apply needs.
+const (
+	qBegin  = `BEGIN ISOLATION LEVEL READ COMMITTED`
+	qCommit = `COMMIT`
+)
+
 // qSetIdleTimeout bounds how long the micro-batch transaction may sit idle
 // (milliseconds, this transaction only).
 const qSetIdleTimeout = `SELECT set_config('idle_in_transaction_session_timeout', $1, true)`

@@ -77,7 +77,7 @@ type AdjustmentResult struct {
 // Created false; another request with the same id fails with
 // ErrAdjustmentConflict, also when the two requests race (it needs READ
 // COMMITTED, Postgres's default, to see the winner's row).
-func (l *Ledger) Adjust(ctx context.Context, tx pgx.Tx, adj Adjustment) (AdjustmentResult, error) {
+func (l *Ledger) Adjust(ctx context.Context, tx Tx, adj Adjustment) (AdjustmentResult, error) {
 	if err := adj.Validate(); err != nil {
 		return AdjustmentResult{}, err
 	}
@@ -142,7 +142,7 @@ func (l *Ledger) Adjust(ctx context.Context, tx pgx.Tx, adj Adjustment) (Adjustm
 
 // storedAdjustment is the adjustment booked under id, if any: its result
 // when its request hash is hash, else ErrAdjustmentConflict.
-func storedAdjustment(ctx context.Context, tx pgx.Tx, id uuid.UUID, hash []byte) (AdjustmentResult, bool, error) {
+func storedAdjustment(ctx context.Context, tx Tx, id uuid.UUID, hash []byte) (AdjustmentResult, bool, error) {
 	var res AdjustmentResult
 	var stored []byte
 	err := tx.QueryRow(ctx, qSelectAdjustment, id).Scan(&res.ID, &res.Period, &res.PriorPeriod, &res.OccurredAt, &stored)

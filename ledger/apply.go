@@ -104,6 +104,17 @@ func New(cfg Config) (*Ledger, error) {
 	return l, nil
 }
 
+// Tx is the transaction Apply and Adjust work in: a pgx.Tx, or a
+// connection inside a transaction block its caller began and will end
+// itself (ingest begins and commits in pipelines of its own statements, so
+// that neither costs a round trip of its own).
+type Tx interface {
+	DBTX
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	// Conn is the connection the transaction runs on (for COPY).
+	Conn() *pgx.Conn
+}
+
 // Apply applies a micro-batch of records inside tx and returns one outcome
 // per record, in order. The result is exactly what applying the records one
 // at a time, in order, would give. It needs READ COMMITTED (Postgres's
@@ -114,7 +125,7 @@ func New(cfg Config) (*Ledger, error) {
 // An error is a store error (or an inconsistency in stored state), never
 // bad input: bad input is an outcome. After an error the caller must roll
 // tx back.
-func (l *Ledger) Apply(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome, error) {
+func (l *Ledger) Apply(ctx context.Context, tx Tx, recs []Record) ([]Outcome, error) {
 	return l.applyKinds(ctx, tx, recs)
 }
 
@@ -123,7 +134,7 @@ func (l *Ledger) Apply(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome
 // kinds.go) and returns errKindsDiffer, after the savepoint, when one is not
 // a counter. earlier holds the operation ids of earlier records of the same
 // Apply call that are of another kind (see applyKinds).
-func (l *Ledger) applyCounters(ctx context.Context, tx pgx.Tx, recs []Record, checkKind MeterKind, earlier map[uuid.UUID]MeterKind) ([]Outcome, error) {
+func (l *Ledger) applyCounters(ctx context.Context, tx Tx, recs []Record, checkKind MeterKind, earlier map[uuid.UUID]MeterKind) ([]Outcome, error) {
 	out, err := l.apply(ctx, tx, recs, false, checkKind, earlier)
 	if !errors.Is(err, errOperationTaken) {
 		return out, err
@@ -145,7 +156,7 @@ var errOperationTaken = errors.New("ledger: a new record's operation id is alrea
 
 // apply is one attempt at Apply; lookupAll looks every operation id up
 // before anything is written (see load).
-func (l *Ledger) apply(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll bool, checkKind MeterKind, earlier map[uuid.UUID]MeterKind) ([]Outcome, error) {
+func (l *Ledger) apply(ctx context.Context, tx Tx, recs []Record, lookupAll bool, checkKind MeterKind, earlier map[uuid.UUID]MeterKind) ([]Outcome, error) {
 	now := l.now().UTC().Truncate(time.Microsecond)
 	out := make([]Outcome, len(recs))
 	a := &applier{
@@ -405,7 +416,7 @@ func (r *Record) check() error {
 // savepoint taken here, and Apply runs again with lookupAll, which looks
 // every id up first, as one load always did. Outcomes are the same either
 // way.
-func (a *applier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
+func (a *applier) load(ctx context.Context, tx Tx, valid []int) error {
 	var customers []string
 	seenCustomer := map[string]bool{}
 	var keys []StreamKey
@@ -629,7 +640,7 @@ func (a *applier) queueCustomers(b *pgx.Batch, customers []string, minOccurred t
 }
 
 // loadCustomers is queueCustomers in a round trip of its own.
-func (a *applier) loadCustomers(ctx context.Context, tx pgx.Tx, customers []string, minOccurred time.Time) error {
+func (a *applier) loadCustomers(ctx context.Context, tx Tx, customers []string, minOccurred time.Time) error {
 	b := &pgx.Batch{}
 	a.queueCustomers(b, customers, minOccurred)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/tally-ledger/tally/internal/pgcopy"
@@ -24,7 +23,7 @@ var recordColumns = []string{"stream_id", "seq", "operation_id", "customer", "me
 // every micro-batch, and the fastest way into Postgres. (Uniqueness was
 // decided under the stream locks, but for the operation ids load did not
 // look up; the table's unique keys are the backstop.)
-func (a *applier) copyRecords(ctx context.Context, tx pgx.Tx) error {
+func (a *applier) copyRecords(ctx context.Context, tx Tx) error {
 	return a.copyRows(ctx, tx, "records", recordColumns, qCopyRecords, len(a.newRecords), 192, func(buf []byte, i int) ([]byte, error) {
 		return appendRecordRow(buf, &a.newRecords[i], a.now)
 	})
@@ -34,7 +33,7 @@ func (a *applier) copyRecords(ctx context.Context, tx pgx.Tx) error {
 // (statement), through copyNew: row appends the fields of the i-th
 // (about rowBytes of them), copyRows the stream's header, each row's
 // field count and the trailer.
-func (a *applier) copyRows(ctx context.Context, tx pgx.Tx, table string, columns []string, statement string, n, rowBytes int,
+func (a *applier) copyRows(ctx context.Context, tx Tx, table string, columns []string, statement string, n, rowBytes int,
 	row func(buf []byte, i int) ([]byte, error)) error {
 	if n == 0 {
 		return nil
@@ -67,7 +66,7 @@ func appendKeyFields(buf []byte, streamID int64, r *Record) []byte {
 // was decided under the stream locks, but for the operation ids the load
 // did not look up: when the key refuses one of those, the error wraps
 // errOperationTaken and Apply tries again, looking every id up.
-func (a *applier) copyNew(ctx context.Context, tx pgx.Tx, table string, columns []string, statement string, stream []byte, rows int) error {
+func (a *applier) copyNew(ctx context.Context, tx Tx, table string, columns []string, statement string, stream []byte, rows int) error {
 	if err := pgcopy.In(ctx, tx.Conn(), table, columns, statement, stream, int64(rows)); err != nil {
 		var pe *pgconn.PgError
 		if !a.lookupAll && errors.As(err, &pe) && pe.Code == uniqueViolation && pe.ConstraintName == table+"_operation_id_key" {

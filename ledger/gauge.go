@@ -123,7 +123,7 @@ type gaugeNew struct {
 //
 // With checkKind, its first round trip also reads the meters' kinds; earlier
 // is as for applyCounters (see applyKinds).
-func (l *Ledger) applyGauges(ctx context.Context, tx pgx.Tx, recs []Record, checkKind MeterKind, earlier map[uuid.UUID]MeterKind) ([]Outcome, error) {
+func (l *Ledger) applyGauges(ctx context.Context, tx Tx, recs []Record, checkKind MeterKind, earlier map[uuid.UUID]MeterKind) ([]Outcome, error) {
 	out, err := l.applyGaugesOnce(ctx, tx, recs, false, checkKind, earlier)
 	if !errors.Is(err, errOperationTaken) {
 		return out, err
@@ -134,7 +134,7 @@ func (l *Ledger) applyGauges(ctx context.Context, tx pgx.Tx, recs []Record, chec
 	return l.applyGaugesOnce(ctx, tx, recs, true, "", earlier)
 }
 
-func (l *Ledger) applyGaugesOnce(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll bool, checkKind MeterKind, earlier map[uuid.UUID]MeterKind) ([]Outcome, error) {
+func (l *Ledger) applyGaugesOnce(ctx context.Context, tx Tx, recs []Record, lookupAll bool, checkKind MeterKind, earlier map[uuid.UUID]MeterKind) ([]Outcome, error) {
 	now := l.now().UTC().Truncate(time.Microsecond)
 	a := &gaugeApplier{applier: &applier{
 		lookupAll: lookupAll, checkKind: checkKind, now: now, out: make([]Outcome, len(recs)), recs: append([]Record(nil), recs...),
@@ -161,7 +161,7 @@ func (l *Ledger) applyGaugesOnce(ctx context.Context, tx pgx.Tx, recs []Record, 
 	return a.out, nil
 }
 
-func (a *gaugeApplier) load(ctx context.Context, tx pgx.Tx, valid []int) error {
+func (a *gaugeApplier) load(ctx context.Context, tx Tx, valid []int) error {
 	var customers []string
 	seenC := map[string]bool{}
 	var keys []StreamKey

@@ -126,7 +126,7 @@ type gaugeWork struct {
 // write sends the gauge batch's changes: the readings, stream state,
 // change points, the buckets they touch, prior-period adjustments and
 // findings, conflicts.
-func (a *gaugeApplier) write(ctx context.Context, tx pgx.Tx) error {
+func (a *gaugeApplier) write(ctx context.Context, tx Tx) error {
 	cms := make([]cmKey, 0, len(a.points))
 	for cm := range a.points {
 		cms = append(cms, cm)
@@ -180,7 +180,7 @@ var gaugeColumns = []string{"stream_id", "seq", "operation_id", "customer", "met
 
 // copyReadings writes the new readings with one binary COPY, as
 // copyRecords does the counters' records.
-func (a *gaugeApplier) copyReadings(ctx context.Context, tx pgx.Tx) error {
+func (a *gaugeApplier) copyReadings(ctx context.Context, tx Tx) error {
 	return a.copyRows(ctx, tx, "gauge_readings", gaugeColumns, qCopyGaugeReadings, len(a.readings), 128, func(buf []byte, i int) ([]byte, error) {
 		g := &a.readings[i]
 		buf, err := pgcopy.Numeric(appendKeyFields(buf, g.streamID, g.r), g.r.Level)
@@ -196,7 +196,7 @@ func (a *gaugeApplier) copyReadings(ctx context.Context, tx pgx.Tx) error {
 
 // loadDays reads the buckets each gauge's new points fall in or cover,
 // and the change points of those a point lands before the last change of.
-func (a *gaugeApplier) loadDays(ctx context.Context, tx pgx.Tx, works []*gaugeWork) error {
+func (a *gaugeApplier) loadDays(ctx context.Context, tx Tx, works []*gaugeWork) error {
 	n := len(works)
 	cs, ms, los, his := make([]string, n), make([]string, n), make([]time.Time, n), make([]time.Time, n)
 	byCM := map[cmKey]*gaugeWork{}

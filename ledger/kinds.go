@@ -31,7 +31,7 @@ const MaxMemberLength = 256
 // ids up in the other kinds' tables too, and within one batch the first
 // record to carry an id claims it for its kind (a later record of another
 // kind reusing it is a conflict, even should the first be refused).
-func (l *Ledger) applyKinds(ctx context.Context, tx pgx.Tx, recs []Record) ([]Outcome, error) {
+func (l *Ledger) applyKinds(ctx context.Context, tx Tx, recs []Record) ([]Outcome, error) {
 	// The common case, a batch of one shape: that kind's path reads the
 	// kinds in its own first round trip, and gives the batch back (undone
 	// to its savepoint) when a meter is not of that kind.
@@ -125,7 +125,7 @@ func (l *Ledger) applyKinds(ctx context.Context, tx pgx.Tx, recs []Record) ([]Ou
 			earlier[k][r.OperationID] = first
 		}
 	}
-	paths := [3]func(context.Context, pgx.Tx, []Record, MeterKind, map[uuid.UUID]MeterKind) ([]Outcome, error){l.applyCounters, l.applyGauges, l.applyUniques}
+	paths := [3]func(context.Context, Tx, []Record, MeterKind, map[uuid.UUID]MeterKind) ([]Outcome, error){l.applyCounters, l.applyGauges, l.applyUniques}
 	for k, idx := range byKind {
 		if len(idx) == 0 {
 			continue

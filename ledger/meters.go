@@ -79,7 +79,7 @@ type DBTX interface {
 // DeclareMeter creates or updates a meter's declaration inside tx. Unit and
 // description may change at any time; the kind only while the meter has no
 // streams (a KindInUseError otherwise). It returns the declaration stored.
-func DeclareMeter(ctx context.Context, tx pgx.Tx, m Meter, now time.Time) (Meter, error) {
+func DeclareMeter(ctx context.Context, tx Tx, m Meter, now time.Time) (Meter, error) {
 	if err := m.Validate(); err != nil {
 		return Meter{}, err
 	}

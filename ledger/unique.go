@@ -93,7 +93,7 @@ func (g *uniqueNew) key() cmpKey {
 // applyUniques is Apply for the records of unique meters; operation ids
 // are looked up as applyGauges does, and checkKind and earlier are as
 // there.
-func (l *Ledger) applyUniques(ctx context.Context, tx pgx.Tx, recs []Record, checkKind MeterKind, earlier map[uuid.UUID]MeterKind) ([]Outcome, error) {
+func (l *Ledger) applyUniques(ctx context.Context, tx Tx, recs []Record, checkKind MeterKind, earlier map[uuid.UUID]MeterKind) ([]Outcome, error) {
 	out, err := l.applyUniquesOnce(ctx, tx, recs, false, checkKind, earlier)
 	if !errors.Is(err, errOperationTaken) {
 		return out, err
@@ -104,7 +104,7 @@ func (l *Ledger) applyUniques(ctx context.Context, tx pgx.Tx, recs []Record, che
 	return l.applyUniquesOnce(ctx, tx, recs, true, "", earlier)
 }
 
-func (l *Ledger) applyUniquesOnce(ctx context.Context, tx pgx.Tx, recs []Record, lookupAll bool, checkKind MeterKind, earlier map[uuid.UUID]MeterKind) ([]Outcome, error) {
+func (l *Ledger) applyUniquesOnce(ctx context.Context, tx Tx, recs []Record, lookupAll bool, checkKind MeterKind, earlier map[uuid.UUID]MeterKind) ([]Outcome, error) {
 	now := l.now().UTC().Truncate(time.Microsecond)
 	a := &uniqueApplier{applier: &applier{
 		lookupAll: lookupAll, checkKind: checkKind, now: now, out: make([]Outcome, len(recs)), recs: append([]Record(nil), recs...),
@@ -284,7 +284,7 @@ func (a *uniqueApplier) apply(i int) error {
 	return nil
 }
 
-func (a *uniqueApplier) write(ctx context.Context, tx pgx.Tx) error {
+func (a *uniqueApplier) write(ctx context.Context, tx Tx) error {
 	b := &pgx.Batch{}
 	if err := a.count(ctx, tx, b); err != nil {
 		return err
@@ -330,7 +330,7 @@ func (a *uniqueApplier) write(ctx context.Context, tx pgx.Tx) error {
 // looked up among their counted readings. A period this batch takes to
 // Config.UniqueIndexAfter readings is indexed first (indexPeriods), and
 // the counted readings of an indexed period are written indexed.
-func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) error {
+func (a *uniqueApplier) count(ctx context.Context, tx Tx, b *pgx.Batch) error {
 	if len(a.periods) == 0 {
 		return nil
 	}
@@ -452,7 +452,7 @@ func (a *uniqueApplier) count(ctx context.Context, tx pgx.Tx, b *pgx.Batch) erro
 // customer's period of the meter before it: a customer whose last period
 // reached Config.UniqueIndexAfter readings has its next one indexed from
 // the start, so that it is not indexed again, at once, every period.
-func (a *uniqueApplier) previousSpans(ctx context.Context, tx pgx.Tx, keys []cmpKey, rows map[cmpKey]periodRow) (map[cmpKey]int64, error) {
+func (a *uniqueApplier) previousSpans(ctx context.Context, tx Tx, keys []cmpKey, rows map[cmpKey]periodRow) (map[cmpKey]int64, error) {
 	var fresh []cmpKey
 	for _, k := range keys {
 		if _, ok := rows[k]; !ok && a.indexAfter > 0 {
@@ -491,7 +491,7 @@ type periodRow struct {
 
 // countVersions reads the period rows of unique_counts of keys: the
 // periods with a row (the others have no readings).
-func countVersions(ctx context.Context, tx pgx.Tx, keys []cmpKey) (map[cmpKey]periodRow, error) {
+func countVersions(ctx context.Context, tx Tx, keys []cmpKey) (map[cmpKey]periodRow, error) {
 	cs, ms, ps := keyArgs(keys)
 	rows, err := tx.Query(ctx, qUniqueCountVersions, cs, ms, ps)
 	if err != nil {
@@ -517,7 +517,7 @@ func countVersions(ctx context.Context, tx pgx.Tx, keys []cmpKey) (map[cmpKey]pe
 // one through the member index when its member days fit in half the
 // cache's bound. It adds what it read to sets and, when the Ledger
 // remembers members, to the cache.
-func (a *uniqueApplier) loadMembers(ctx context.Context, tx pgx.Tx, keys []cmpKey, rows map[cmpKey]periodRow, sets map[cmpKey]*memberSet) error {
+func (a *uniqueApplier) loadMembers(ctx context.Context, tx Tx, keys []cmpKey, rows map[cmpKey]periodRow, sets map[cmpKey]*memberSet) error {
 	var byStreams, byIndex []cmpKey
 	loaded := map[cmpKey]*memberSet{}
 	for _, k := range keys {
@@ -570,7 +570,7 @@ func (a *uniqueApplier) loadMembers(ctx context.Context, tx pgx.Tx, keys []cmpKe
 // indexPeriods puts the counted readings of flips, periods not indexed
 // that this batch takes to Config.UniqueIndexAfter readings, into the
 // member index, once.
-func (a *uniqueApplier) indexPeriods(ctx context.Context, tx pgx.Tx, flips []cmpKey, rows map[cmpKey]periodRow) error {
+func (a *uniqueApplier) indexPeriods(ctx context.Context, tx Tx, flips []cmpKey, rows map[cmpKey]periodRow) error {
 	if len(flips) == 0 {
 		return nil
 	}
@@ -604,7 +604,7 @@ func keyArgs(keys []cmpKey) (cs, ms []string, ps []time.Time) {
 // among the counted readings of their periods: for each such period, a
 // set of the member days (and so of the members) already counted, among
 // the batch's members.
-func (a *uniqueApplier) lookUpMembers(ctx context.Context, tx pgx.Tx, exact map[cmpKey]*memberSet) (map[cmpKey]*memberSet, error) {
+func (a *uniqueApplier) lookUpMembers(ctx context.Context, tx Tx, exact map[cmpKey]*memberSet) (map[cmpKey]*memberSet, error) {
 	found := map[cmpKey]*memberSet{}
 	var cs, ms, mem []string
 	var ps []time.Time
@@ -649,7 +649,7 @@ var uniqueColumns = []string{"stream_id", "seq", "operation_id", "customer", "me
 
 // copyReadings writes the new readings with one binary COPY, as
 // copyRecords does the counters' records, after the members were counted.
-func (a *uniqueApplier) copyReadings(ctx context.Context, tx pgx.Tx) error {
+func (a *uniqueApplier) copyReadings(ctx context.Context, tx Tx) error {
 	return a.copyRows(ctx, tx, "unique_readings", uniqueColumns, qCopyUniqueReadings, len(a.news), 160, func(buf []byte, i int) ([]byte, error) {
 		g := &a.news[i]
 		buf = appendKeyFields(buf, g.streamID, g.r)

@@ -16,7 +16,7 @@ import (
 )
 
 // write sends every change of the batch in one pipelined round trip.
-func (a *applier) write(ctx context.Context, tx pgx.Tx) error {
+func (a *applier) write(ctx context.Context, tx Tx) error {
 	if err := a.copyRecords(ctx, tx); err != nil {
 		return err
 	}
