@@ -199,25 +199,48 @@ func (p *Proxy) serve(client net.Conn) {
 }
 
 // pipe copies src to dst, honouring the mode at every chunk; when either
-// side fails, both are closed (reset).
+// side fails, both are closed (reset). Reading and writing are apart, so a
+// latency delays every chunk from when it was read, as a long link does,
+// and does not cap the bytes in flight.
 func (p *Proxy) pipe(dst, src net.Conn) {
 	defer abort(dst)
 	defer abort(src)
-	buf := make([]byte, 32<<10)
+	chunks := make(chan chunk, 64)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for c := range chunks {
+			if !p.deliver(dst, c) {
+				abort(src) // the reader stops too
+				for range chunks {
+				}
+				return
+			}
+		}
+	}()
 	for {
+		buf := make([]byte, 32<<10)
 		n, err := src.Read(buf)
-		if n > 0 && !p.deliver(dst, buf[:n]) {
-			return
+		if n > 0 {
+			chunks <- chunk{b: buf[:n], read: time.Now()}
 		}
 		if err != nil {
-			return // EOF or a failure: the other direction ends too
+			break // EOF or a failure: the other direction ends too
 		}
 	}
+	close(chunks)
+	<-done
 }
 
-// deliver writes b to dst once the mode lets it (after the latency); false
-// when the connection must end.
-func (p *Proxy) deliver(dst net.Conn, b []byte) bool {
+// chunk is bytes read from one side, and when.
+type chunk struct {
+	b    []byte
+	read time.Time
+}
+
+// deliver writes c to dst once the mode lets it, the latency after it was
+// read; false when the connection must end.
+func (p *Proxy) deliver(dst net.Conn, c chunk) bool {
 	for {
 		p.mu.Lock()
 		mode, latency, changed, closed := p.mode, p.latency, p.changed, p.closed
@@ -229,14 +252,14 @@ func (p *Proxy) deliver(dst net.Conn, b []byte) bool {
 			<-changed
 			continue
 		}
-		if latency > 0 {
+		if wait := time.Until(c.read.Add(latency)); wait > 0 {
 			select {
-			case <-time.After(latency):
+			case <-time.After(wait):
 			case <-changed:
 				continue
 			}
 		}
-		_, err := dst.Write(b)
+		_, err := dst.Write(c.b)
 		return err == nil
 	}
 }

@@ -2,6 +2,7 @@ package faultproxy_test
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -171,4 +172,36 @@ func waitState(t *testing.T, state func() string, want string) {
 		}
 	}
 	t.Fatalf("process state %s, want %s", state(), want)
+}
+
+// Latency delays each chunk from when it was read, as a long link does:
+// a megabyte through 50 ms each way takes about one round trip, not one
+// latency per chunk the proxy reads.
+func TestLatencyIsADelayNotABandwidthCap(t *testing.T) {
+	p, err := faultproxy.Start(echo(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	p.Latency(50 * time.Millisecond)
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+	sent := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB
+	t0 := time.Now()
+	go func() { _, _ = c.Write(sent) }()
+	got := make([]byte, len(sent))
+	if _, err := io.ReadFull(c, got); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(t0)
+	if !bytes.Equal(got, sent) {
+		t.Fatal("the echo differs from what was sent")
+	}
+	if took < 100*time.Millisecond || took > time.Second {
+		t.Errorf("1 MiB through 50 ms each way took %v; want about one round trip (100 ms)", took)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"math/rand/v2"
+	"net"
 	neturl "net/url"
 	"os"
 	"runtime/pprof"
@@ -29,6 +30,7 @@ import (
 	"github.com/tally-ledger/tally/cmd/tally/internal/devstack"
 	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/ingest/wire"
+	"github.com/tally-ledger/tally/internal/faultproxy"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/migrations"
 )
@@ -62,6 +64,8 @@ type benchIngestOptions struct {
 	customers int
 	// cpu collects CPU per record with --statements.
 	cpu cpuPerRecord
+	// latency: delay each way on every connection to Postgres.
+	latency time.Duration
 }
 
 func newBenchIngestCmd() *cobra.Command {
@@ -98,7 +102,12 @@ step left behind. The process runs with GODEBUG=madvdontneed=0 (it starts
 itself again with it, unless GODEBUG already sets madvdontneed): the memory
 its runtime frees between measurements stays mapped, as a tally serve under
 steady ingest keeps its heap, instead of being faulted in again by the next
-measurement.`,
+measurement.
+
+With --latency, every connection to Postgres (ingest's and the baselines')
+goes through a proxy in this process that delays each chunk of bytes by
+that much each way, as a link to a database on another host does: what
+each round trip costs when it is not local.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := keepFreedMemory(); err != nil {
@@ -122,6 +131,7 @@ measurement.`,
 	f.IntVar(&o.customers, "customers", 0, "customers the records are spread over, one stream each (0: eight per partition); with --kind unique, fewer customers make larger periods, and a period's members go into the member index once it holds 100,000 readings")
 	f.IntVar(&o.population, "population", 100_000, "with --kind unique: distinct members per customer, drawn evenly (the default makes nearly every reading a new member; 1000 repeats most members within the day)")
 	f.StringVar((*string)(&o.kind), "kind", "counter", "counter, or gauge or unique: also ingest the same records as levels or members in each round and compare with counters")
+	f.DurationVar(&o.latency, "latency", 0, "delay every byte to and from Postgres by this much each way, through a proxy in this process (a database on another host; 0: connect directly)")
 	f.BoolVar(&o.statements, "statements", false, "print where ingest's round trips to Postgres spend their time, statement by statement, and the CPU per record of Postgres and of this process; at the end, ingest's CPU per record against the physical baseline's (their ratio is what the ratio of rates follows on a machine bound by CPU, and the load moves it less)")
 	return cmd
 }
@@ -167,6 +177,14 @@ func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error
 	if o.statements {
 		o.cpu = cpuPerRecord{}
 	}
+	if o.latency > 0 {
+		url, stop, err := behindLatency(o.adminURL, o.latency)
+		if err != nil {
+			return err
+		}
+		defer stop()
+		o.adminURL = url
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if o.cpuProfile != "" {
 		f, err := os.Create(o.cpuProfile)
@@ -185,8 +203,12 @@ func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error
 		return err
 	}
 	defer k.Close()
-	fmt.Fprintf(out, "tally bench ingest: %d records per run, %d records per message, %d partitions, %d ingest members, embedded broker %s\n",
-		o.records, o.perMessage, o.partitions, o.members, k.Addr)
+	through := ""
+	if o.latency > 0 {
+		through = fmt.Sprintf(", Postgres through a proxy adding %s each way", o.latency)
+	}
+	fmt.Fprintf(out, "tally bench ingest: %d records per run, %d records per message, %d partitions, %d ingest members, embedded broker %s%s\n",
+		o.records, o.perMessage, o.partitions, o.members, k.Addr, through)
 
 	customers := o.customers
 	if customers == 0 {
@@ -582,6 +604,26 @@ func producedNote(d time.Duration) string {
 		return ""
 	}
 	return fmt.Sprintf("; produced in %.2fs", d.Seconds())
+}
+
+// behindLatency starts a proxy in front of the Postgres server of dbURL
+// that delays every chunk by d each way, and returns dbURL through it.
+func behindLatency(dbURL string, d time.Duration) (string, func(), error) {
+	parsed, err := neturl.Parse(dbURL)
+	if err != nil || parsed.Host == "" {
+		return "", nil, fmt.Errorf("bench ingest: --latency needs a database URL with a TCP host:port, not %s", maskSecrets(dbURL))
+	}
+	host := parsed.Host
+	if parsed.Port() == "" {
+		host = net.JoinHostPort(parsed.Hostname(), "5432")
+	}
+	p, err := faultproxy.Start(host)
+	if err != nil {
+		return "", nil, err
+	}
+	p.Latency(d)
+	parsed.Host = p.Addr()
+	return parsed.String(), func() { _ = p.Close() }, nil
 }
 
 func withDB(u, name string) string {

@@ -66,13 +66,14 @@ func TestBenchIngestBreakdown(t *testing.T) {
 // named after its kind), writes the readings' own table and prints their
 // rate against counter ingest.
 func TestBenchIngestKind(t *testing.T) {
+	// Through the latency proxy, as a database on another host.
 	out, err := runTally(t, "bench", "ingest", "--kind", "unique", "--records", "6000", "--per-message", "500",
-		"--partitions", "2", "--rounds", "1", "--statements", "--database-url", pgtest.AdminURL())
+		"--partitions", "2", "--rounds", "1", "--statements", "--latency", "1ms", "--database-url", pgtest.AdminURL())
 	if err != nil {
 		t.Fatalf("bench: %v\n%s", err, out)
 	}
 	for _, want := range []string{"ingest, unique records", "ingest, unique-meter readings", "applied 6000, duplicate 0",
-		`COPY "unique_readings"`, "ingest unique-meter / counter"} {
+		`COPY "unique_readings"`, "ingest unique-meter / counter", "Postgres through a proxy adding 1ms each way"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in\n%s", want, out)
 		}
