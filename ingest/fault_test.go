@@ -26,6 +26,7 @@ import (
 	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/ingest/wire"
 	"github.com/tally-ledger/tally/internal/kafkatest"
+	"github.com/tally-ledger/tally/internal/testrun"
 )
 
 // producer sends batches of the given streams in the background until
@@ -420,8 +421,8 @@ func TestCommitWhoseAnswerIsLostCountsOnce(t *testing.T) {
 	}
 	defer pool.Close()
 
-	var logs syncBuffer
-	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	logs := testrun.Logs(t)
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	m := e.start(func(c *ingest.Config) { c.Pool, c.Logger = pool, log })
 	p := startProducer(t, e.kafka.Addrs, streams, 3, 120, 5*time.Millisecond)
 	time.Sleep(300 * time.Millisecond)
@@ -434,7 +435,7 @@ func TestCommitWhoseAnswerIsLostCountsOnce(t *testing.T) {
 		t.Fatal("no commit answer was lost; the test proved nothing")
 	}
 	if n := strings.Count(logs.String(), "the failed commit had committed"); n == 0 {
-		t.Errorf("lost %d commit answers, and ingest never found a batch committed by one:\n%s", lost.Load(), logs.String())
+		t.Errorf("lost %d commit answers, and ingest never found a batch committed by one", lost.Load())
 	}
 	e.checkLedger(streams)
 	e.checkOffsets()
@@ -470,22 +471,4 @@ func (c *commitLoser) Read(b []byte) (int, error) {
 		return 0, io.ErrUnexpectedEOF
 	}
 	return n, err
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
