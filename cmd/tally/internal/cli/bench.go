@@ -64,8 +64,10 @@ type benchIngestOptions struct {
 	customers int
 	// cpu collects CPU per record with --statements.
 	cpu cpuPerRecord
-	// latency: delay each way on every connection to Postgres.
-	latency time.Duration
+	// latency: delay each way on every connection to Postgres;
+	// latencyNote says it, with the round trip it makes, in the header.
+	latency     time.Duration
+	latencyNote string
 }
 
 func newBenchIngestCmd() *cobra.Command {
@@ -107,7 +109,9 @@ measurement.
 With --latency, every connection to Postgres (ingest's and the baselines')
 goes through a proxy in this process that delays each chunk of bytes by
 that much each way, as a link to a database on another host does: what
-each round trip costs when it is not local.`,
+each round trip costs when it is not local. Go's timers may round a short
+delay up (to about a millisecond on some machines), so the first line
+prints what a SELECT 1 through the proxy takes.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := keepFreedMemory(); err != nil {
@@ -131,7 +135,7 @@ each round trip costs when it is not local.`,
 	f.IntVar(&o.customers, "customers", 0, "customers the records are spread over, one stream each (0: eight per partition); with --kind unique, fewer customers make larger periods, and a period's members go into the member index once it holds 100,000 readings")
 	f.IntVar(&o.population, "population", 100_000, "with --kind unique: distinct members per customer, drawn evenly (the default makes nearly every reading a new member; 1000 repeats most members within the day)")
 	f.StringVar((*string)(&o.kind), "kind", "counter", "counter, or gauge or unique: also ingest the same records as levels or members in each round and compare with counters")
-	f.DurationVar(&o.latency, "latency", 0, "delay every byte to and from Postgres by this much each way, through a proxy in this process (a database on another host; 0: connect directly)")
+	f.DurationVar(&o.latency, "latency", 0, "delay every byte to and from Postgres by this much each way, through a proxy in this process (a database on another host; the first line prints the round trip it makes; 0: connect directly)")
 	f.BoolVar(&o.statements, "statements", false, "print where ingest's round trips to Postgres spend their time, statement by statement, and the CPU per record of Postgres and of this process; at the end, ingest's CPU per record against the physical baseline's (their ratio is what the ratio of rates follows on a machine bound by CPU, and the load moves it less)")
 	return cmd
 }
@@ -184,6 +188,12 @@ func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error
 		}
 		defer stop()
 		o.adminURL = url
+		rtt, err := selectOneRoundTrip(ctx, withDB(url, "postgres"))
+		if err != nil {
+			return err
+		}
+		o.latencyNote = fmt.Sprintf(", Postgres through a proxy adding %s each way (a SELECT 1 through it: %s at the median)",
+			o.latency, rtt.Round(10*time.Microsecond))
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	if o.cpuProfile != "" {
@@ -203,12 +213,8 @@ func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error
 		return err
 	}
 	defer k.Close()
-	through := ""
-	if o.latency > 0 {
-		through = fmt.Sprintf(", Postgres through a proxy adding %s each way", o.latency)
-	}
 	fmt.Fprintf(out, "tally bench ingest: %d records per run, %d records per message, %d partitions, %d ingest members, embedded broker %s%s\n",
-		o.records, o.perMessage, o.partitions, o.members, k.Addr, through)
+		o.records, o.perMessage, o.partitions, o.members, k.Addr, o.latencyNote)
 
 	customers := o.customers
 	if customers == 0 {
@@ -624,6 +630,26 @@ func behindLatency(dbURL string, d time.Duration) (string, func(), error) {
 	p.Latency(d)
 	parsed.Host = p.Addr()
 	return parsed.String(), func() { _ = p.Close() }, nil
+}
+
+// selectOneRoundTrip is the median of 21 SELECT 1 round trips on one
+// connection to dbURL.
+func selectOneRoundTrip(ctx context.Context, dbURL string) (time.Duration, error) {
+	c, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return 0, fmt.Errorf("database: %w", err)
+	}
+	defer c.Close(context.WithoutCancel(ctx))
+	took := make([]time.Duration, 21)
+	for i := range took {
+		t0 := time.Now()
+		if _, err := c.Exec(ctx, "SELECT 1"); err != nil {
+			return 0, fmt.Errorf("database: %w", err)
+		}
+		took[i] = time.Since(t0)
+	}
+	slices.Sort(took)
+	return took[len(took)/2], nil
 }
 
 func withDB(u, name string) string {
