@@ -31,23 +31,17 @@ func (a *applier) copyRecords(ctx context.Context, tx Tx) error {
 
 // copyRows writes n new rows into table with one binary COPY of columns
 // (statement), through copyNew: row appends the fields of the i-th
-// (about rowBytes of them), copyRows the stream's header, each row's
-// field count and the trailer.
+// (about rowBytes of them), pgcopy.Stream the stream's header, each
+// row's field count and the trailer.
 func (a *applier) copyRows(ctx context.Context, tx Tx, table string, columns []string, statement string, n, rowBytes int,
 	row func(buf []byte, i int) ([]byte, error)) error {
 	if n == 0 {
 		return nil
 	}
-	buf := make([]byte, 0, len(pgcopy.Header)+n*rowBytes+2)
-	buf = append(buf, pgcopy.Header...)
-	var err error
-	for i := range n {
-		buf = pgcopy.Row(buf, len(columns))
-		if buf, err = row(buf, i); err != nil {
-			return fmt.Errorf("ledger: write %s: %w", table, err)
-		}
+	buf, err := pgcopy.Stream(make([]byte, 0, n*rowBytes+64), n, len(columns), row) // 64: room for the header and trailer
+	if err != nil {
+		return fmt.Errorf("ledger: write %s: %w", table, err)
 	}
-	buf = pgcopy.Trailer(buf)
 	return a.copyNew(ctx, tx, table, columns, statement, buf, n)
 }
 

@@ -53,22 +53,24 @@ func TestNumericEncoding(t *testing.T) {
 	if _, err := pool.Exec(ctx, `CREATE TABLE numeric_pairs (i int8, fast numeric, pgx numeric)`); err != nil {
 		t.Fatal(err)
 	}
-	buf := append([]byte{}, Header...)
-	var err error
-	for i, d := range ds {
-		buf = Row(buf, 3)
+	buf, err := Stream(nil, len(ds), 3, func(buf []byte, i int) ([]byte, error) {
+		d := ds[i]
 		buf = Int8(buf, int64(i))
-		if buf, err = Numeric(buf, d); err != nil {
-			t.Fatalf("%s: %v", d, err)
+		buf, err := Numeric(buf, d)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", d, err)
 		}
 		at := len(buf)
 		buf = binary.BigEndian.AppendUint32(buf, 0)
 		if buf, err = appendNumericSlow(buf, d); err != nil {
-			t.Fatalf("%s: %v", d, err)
+			return nil, fmt.Errorf("%s: %w", d, err)
 		}
 		binary.BigEndian.PutUint32(buf[at:], uint32(len(buf)-at-4))
+		return buf, nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
-	buf = Trailer(buf)
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -6,8 +6,8 @@
 // single item of ingest's CPU (docs/ingest-breakdown.md). The bytes here
 // are the ones pgx writes too.
 //
-// A stream is Header, then per row Row and one field per column, then
-// Trailer.
+// Stream writes a whole stream (its header, each row's field count and
+// its trailer) around the fields each row appends.
 package pgcopy
 
 import (
@@ -23,9 +23,24 @@ import (
 	"github.com/shopspring/decimal"
 )
 
-// Header opens a binary COPY stream: the signature, no flags, no
+// header opens a binary COPY stream: the signature, no flags, no
 // header extension.
-var Header = []byte("PGCOPY\n\xff\r\n\x00\x00\x00\x00\x00\x00\x00\x00\x00")
+var header = []byte("PGCOPY\n\xff\r\n\x00\x00\x00\x00\x00\x00\x00\x00\x00")
+
+// Stream appends to buf a COPY stream of rows rows of columns fields
+// each: the header, then each row's field count and the fields row
+// appends for the i-th, then the trailer (a field count of -1).
+func Stream(buf []byte, rows, columns int, row func(buf []byte, i int) ([]byte, error)) ([]byte, error) {
+	buf = append(buf, header...)
+	var err error
+	for i := range rows {
+		buf = binary.BigEndian.AppendUint16(buf, uint16(columns))
+		if buf, err = row(buf, i); err != nil {
+			return nil, err
+		}
+	}
+	return binary.BigEndian.AppendUint16(buf, 0xffff), nil
+}
 
 // In sends an encoded COPY stream of rows rows (statement copies into table's
 // columns), telling the connection's tracer (if it traces COPY) as
@@ -169,12 +184,6 @@ var numericPlan = pgtype.NumericCodec{}.PlanEncode(nil, pgtype.NumericOID, pgtyp
 func appendNumericSlow(buf []byte, d decimal.Decimal) ([]byte, error) {
 	return numericPlan.Encode(numeric(d), buf)
 }
-
-// Row opens a row of fields fields.
-func Row(buf []byte, fields int) []byte { return binary.BigEndian.AppendUint16(buf, uint16(fields)) }
-
-// Trailer ends a stream: a field count of -1.
-func Trailer(buf []byte) []byte { return binary.BigEndian.AppendUint16(buf, 0xffff) }
 
 // numeric is d as pgx's NUMERIC value.
 func numeric(d decimal.Decimal) pgtype.Numeric {

@@ -94,18 +94,16 @@ func physicalRows(msgs []benchMessage, records int) ([]physicalRow, error) {
 // storing the rows, and the baseline would not be the least a store must
 // do.
 func physicalCopy(buf []byte, rows []physicalRow) ([]byte, error) {
-	buf = append(buf[:0], pgcopy.Header...)
-	var err error
-	for i := range rows {
+	return pgcopy.Stream(buf[:0], len(rows), len(physicalColumns), func(buf []byte, i int) ([]byte, error) {
 		r := &rows[i]
-		buf = pgcopy.Row(buf, len(physicalColumns))
 		buf = pgcopy.Bytes(buf, r.operationID[:])
 		buf = pgcopy.Text(buf, r.producer)
 		buf = pgcopy.Int8(buf, r.epoch)
 		buf = pgcopy.Text(buf, r.customer)
 		buf = pgcopy.Text(buf, r.meter)
 		buf = pgcopy.Int8(buf, r.seq)
-		if buf, err = pgcopy.Numeric(buf, r.total); err != nil {
+		buf, err := pgcopy.Numeric(buf, r.total)
+		if err != nil {
 			return nil, err
 		}
 		if r.quantity.Valid {
@@ -116,9 +114,8 @@ func physicalCopy(buf []byte, rows []physicalRow) ([]byte, error) {
 			buf = pgcopy.Null(buf)
 		}
 		buf = pgcopy.Time(buf, r.occurredAt)
-		buf = pgcopy.Bytes(buf, r.batchID[:])
-	}
-	return pgcopy.Trailer(buf), nil
+		return pgcopy.Bytes(buf, r.batchID[:]), nil
+	})
 }
 
 // benchPhysical copies rows into a fresh bench_physical table of the
