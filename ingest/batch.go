@@ -163,7 +163,7 @@ func (p *partition) tryCommit(parent context.Context, b *microBatch) (s summary,
 
 	conn, err := p.c.cfg.Pool.Acquire(ctx)
 	if err != nil {
-		return s, &connLost{fmt.Errorf("begin: %w", err)}
+		return s, &connLost{fmt.Errorf("acquire a connection: %w", err)}
 	}
 	tx := openTx{conn.Conn()}
 	defer func() {

@@ -218,11 +218,12 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 			}
 		}
 	}()
+	buf := make([]byte, 32<<10)
 	for {
-		buf := make([]byte, 32<<10)
 		n, err := src.Read(buf)
 		if n > 0 {
-			chunks <- chunk{b: buf[:n], read: time.Now()}
+			// A copy of what was read, as queued chunks outlive the buffer.
+			chunks <- chunk{b: append([]byte(nil), buf[:n]...), read: time.Now()}
 		}
 		if err != nil {
 			break // EOF or a failure: the other direction ends too
