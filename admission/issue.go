@@ -369,7 +369,7 @@ func (s *Store) issueOwnTx(ctx context.Context, batch []*call) error {
 	s.cfg.Logger.Debug("grant batch", "requests", len(batch), "duration", d, "error", err)
 	if err == nil {
 		for _, c := range batch {
-			if c.err == nil {
+			if c.err == nil && !c.req.debit {
 				s.m.issued.WithLabelValues(strconv.Itoa(len(c.grant.Budgets))).Inc()
 			} else if ex, ok := c.err.(*BudgetExhaustedError); ok {
 				kind, _, _ := strings.Cut(ex.Binding, ":")
@@ -544,12 +544,16 @@ func (s *Store) newGrant(req IssueRequest, pl plan, amt decimal.Decimal, now tim
 		end = minTime(end, d.period.End.UTC())
 	}
 	validUntil := minTime(now.Add(ttl), end)
+	id := req.id
+	if id == uuid.Nil {
+		id = uuid.New()
+	}
 	g := Grant{
-		ID: uuid.New(), Customer: req.Customer, Meter: req.Meter, Period: pl.custPeriod.Name,
+		ID: id, Customer: req.Customer, Meter: req.Meter, Period: pl.custPeriod.Name,
 		PeriodStart: pl.custPeriod.Start.UTC(), PeriodEnd: pl.custPeriod.End.UTC(), RuleVersion: pl.rule.Version,
 		Holder: req.Holder, Generation: req.Generation, Amount: amt, Spent: decimal.Zero,
 		IssuedAt: now, ValidUntil: validUntil, ReclaimAt: validUntil.Add(s.cfg.MaxSkew), State: "live",
-		OnUnreachable: string(quota.UnreachableDeny), drawsCustomer: pl.drawsCustomer,
+		OnUnreachable: string(quota.UnreachableDeny), drawsCustomer: pl.drawsCustomer, debit: req.debit,
 	}
 	if pl.rule.Admission == quota.Exact {
 		g.OnUnreachable, g.LocalAmount = string(pl.rule.OnUnreachable), pl.rule.LocalAmount
@@ -575,7 +579,7 @@ type writes struct {
 	gCustomers, gMeters, gHolders, gAmounts []string
 	gStarts, gValid, gReclaim               []time.Time
 	gVersions, gGens                        []int64
-	gDraws                                  []bool
+	gDraws, gDebits                         []bool
 	rate                                    rateDraws
 	dIDs                                    []uuid.UUID
 	dScopes, dMeters                        []string
@@ -597,6 +601,7 @@ func (w *writes) add(g Grant, keys []budgetKey, stored int64) {
 	w.gHolders, w.gAmounts = append(w.gHolders, g.Holder), append(w.gAmounts, g.Amount.String())
 	w.gStarts, w.gValid, w.gReclaim = append(w.gStarts, g.PeriodStart), append(w.gValid, g.ValidUntil), append(w.gReclaim, g.ReclaimAt)
 	w.gVersions, w.gGens, w.gDraws = append(w.gVersions, g.RuleVersion), append(w.gGens, g.Generation), append(w.gDraws, g.drawsCustomer)
+	w.gDebits = append(w.gDebits, g.debit)
 	for _, k := range keys {
 		if strings.HasPrefix(k.scope, "customer:") {
 			continue
@@ -626,7 +631,8 @@ func (w *writes) batch(now time.Time, rows map[budgetKey]*budgetRow, custKeys, s
 	}
 	b.Queue(qInsertGrants, pgx.NamedArgs{"now": now, "g_ids": pguuid.Slice(w.gIDs), "g_customers": w.gCustomers, "g_meters": w.gMeters,
 		"g_starts": w.gStarts, "g_versions": w.gVersions, "g_holders": w.gHolders, "g_generations": w.gGens,
-		"g_amounts": w.gAmounts, "g_valid_until": w.gValid, "g_reclaim_at": w.gReclaim, "g_draws_customer": w.gDraws})
+		"g_amounts": w.gAmounts, "g_valid_until": w.gValid, "g_reclaim_at": w.gReclaim, "g_draws_customer": w.gDraws,
+		"g_debits": w.gDebits})
 	if len(w.dIDs) > 0 {
 		b.Queue(qInsertDraws, pgx.NamedArgs{"d_ids": pguuid.Slice(w.dIDs), "d_scopes": w.dScopes, "d_meters": w.dMeters, "d_starts": w.dStarts})
 	}

@@ -10,6 +10,7 @@ type issueMetrics struct {
 	batchSize prometheus.Histogram
 	batchSecs prometheus.Histogram
 	brought   *prometheus.CounterVec // budget rows brought to a new rule version, by kind
+	debits    *prometheus.CounterVec // debits taken, by path (one_round_trip, batch)
 	// reportSize and reportSecs are those of the renew and release
 	// transactions (report_batch.go).
 	reportSize prometheus.Histogram
@@ -40,6 +41,10 @@ func newIssueMetrics(reg prometheus.Registerer) *issueMetrics {
 			Name: "tally_admission_budgets_brought_total",
 			Help: "Budget rows brought to a new rule version (created, a rule changed or turned exact) and counted from what their period already consumed, by kind (customer, scope: a pool or global).",
 		}, []string{"kind"}),
+		debits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tally_admission_debits_total",
+			Help: "Debits taken (a request's cost taken centrally, recorded as a grant spent and released at once), by path: one_round_trip, or batch (an issue transaction of its own, when a row had to be created or brought, or a rate budget applies).",
+		}, []string{"path"}),
 		reportSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "tally_admission_report_batch_reports",
 			Help:    "Renews and releases decided in one shared transaction.",
@@ -52,7 +57,7 @@ func newIssueMetrics(reg prometheus.Registerer) *issueMetrics {
 		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.issued, m.refused, m.batchSize, m.batchSecs, m.brought, m.reportSize, m.reportSecs)
+		reg.MustRegister(m.issued, m.refused, m.batchSize, m.batchSecs, m.brought, m.debits, m.reportSize, m.reportSecs)
 	}
 	return m
 }

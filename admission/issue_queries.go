@@ -288,14 +288,18 @@ FROM unnest(@u_scopes::text[], @u_meters::text[], @u_starts::timestamptz[], @u_d
             @u_limits::numeric[], @u_versions::bigint[]) AS u(scope, meter, period_start, delta, lim, version)
 WHERE (s.scope, s.meter, s.period_start) = (u.scope, u.meter, u.period_start)`
 
+// qInsertGrants writes the batch's grants; a debit's (g_debits) is
+// written spent in full and released at once (debit.go).
 const qInsertGrants = `
-INSERT INTO admission_grants (id, customer, meter, period_start, rule_version, holder, generation, amount,
-                              issued_at, valid_until, reclaim_at, draws_customer)
-SELECT id, customer, meter, period_start, rule_version, holder, generation, amount, @now, valid_until, reclaim_at, draws_customer
+INSERT INTO admission_grants (id, customer, meter, period_start, rule_version, holder, generation, amount, spent,
+                              issued_at, valid_until, reclaim_at, ended_at, end_reason, draws_customer)
+SELECT id, customer, meter, period_start, rule_version, holder, generation, amount,
+       CASE WHEN debit THEN amount ELSE 0 END, @now, valid_until, reclaim_at,
+       CASE WHEN debit THEN @now::timestamptz END, CASE WHEN debit THEN 'released' END, draws_customer
 FROM unnest(@g_ids::uuid[], @g_customers::text[], @g_meters::text[], @g_starts::timestamptz[], @g_versions::bigint[],
             @g_holders::text[], @g_generations::bigint[], @g_amounts::numeric[], @g_valid_until::timestamptz[],
-            @g_reclaim_at::timestamptz[], @g_draws_customer::boolean[])
-     AS g(id, customer, meter, period_start, rule_version, holder, generation, amount, valid_until, reclaim_at, draws_customer)`
+            @g_reclaim_at::timestamptz[], @g_draws_customer::boolean[], @g_debits::boolean[])
+     AS g(id, customer, meter, period_start, rule_version, holder, generation, amount, valid_until, reclaim_at, draws_customer, debit)`
 
 const qInsertDraws = `
 INSERT INTO admission_grant_draws (grant_id, scope, meter, period_start)

@@ -153,6 +153,7 @@ type Grant struct {
 	Available decimal.NullDecimal `json:"available,omitzero"`
 
 	drawsCustomer bool
+	debit         bool // issued spent and released (Store.Debit)
 	// Rate: the grant drew from a rate budget (docs/design.md §17): it
 	// is short, and renew never extends it.
 	Rate     bool       `json:"rate,omitempty"`
@@ -184,6 +185,11 @@ type IssueRequest struct {
 	// applies (*OmittedBudgetError): set it for every caller but the
 	// admin (docs/design.md §13).
 	EveryBudget bool
+
+	// id, when set, is the grant's id; debit issues it spent in full and
+	// released (Store.Debit).
+	id    uuid.UUID
+	debit bool
 }
 
 func checkHolder(holder string, generation int64) []error {
