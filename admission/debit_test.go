@@ -279,4 +279,3 @@ func fieldNamed(err error, field string) *admission.FieldError {
 	}
 	return nil
 }
-
