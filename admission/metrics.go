@@ -24,6 +24,8 @@ type Metrics struct {
 	bypassRep   *prometheus.CounterVec
 	bypassUnits prometheus.Counter
 	bypassN     prometheus.Counter
+	debits      *prometheus.CounterVec
+	debitTime   *prometheus.HistogramVec
 }
 
 // Refusal reasons, the label of tally_grants_refused_total and of
@@ -88,9 +90,18 @@ func NewMetrics(reg prometheus.Registerer, db DBTX, now func() time.Time, log *s
 			Help: "Units admitted without a grant, as reported in accepted bypass reports (a resent report counts again)."}),
 		bypassN: prometheus.NewCounter(prometheus.CounterOpts{Name: "tally_bypassed_admissions_total",
 			Help: "Admissions made without a grant, as reported in accepted bypass reports (a resent report counts again)."}),
+		debits: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tally_debits_total",
+			Help: "Debit requests, by outcome: ok, or the reason of a refusal (budget_exhausted, not_exact, stale_generation, invalid, error)."}, []string{"outcome"}),
+		debitTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tally_debit_duration_seconds",
+			Help:    "Time to answer a debit request (its transaction included), by outcome: debited or refused.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}}, []string{"outcome"}),
 	}
 	for _, r := range refusalReasons {
 		m.refused.WithLabelValues(r)
+	}
+	m.debits.WithLabelValues("ok")
+	for _, o := range []string{"debited", "refused"} {
+		m.debitTime.WithLabelValues(o)
 	}
 	for _, o := range []string{"issued", "refused"} {
 		m.issueTime.WithLabelValues(o)
@@ -102,13 +113,23 @@ func NewMetrics(reg prometheus.Registerer, db DBTX, now func() time.Time, log *s
 		log = slog.New(slog.DiscardHandler)
 	}
 	cs := []prometheus.Collector{m.issued, m.issuedUnits, m.refused, m.issueTime, m.renewals, m.releases,
-		m.bypassRep, m.bypassUnits, m.bypassN, &grantCollector{db: db, now: now, log: log}}
+		m.bypassRep, m.bypassUnits, m.bypassN, m.debits, m.debitTime, &grantCollector{db: db, now: now, log: log}}
 	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	return m, nil
+}
+
+// Debited records the answer to a debit request that took d.
+func (m *Metrics) Debited(err error, d time.Duration) {
+	m.debits.WithLabelValues(reason(err)).Inc()
+	outcome := "debited"
+	if err != nil {
+		outcome = "refused"
+	}
+	m.debitTime.WithLabelValues(outcome).Observe(d.Seconds())
 }
 
 // Issued records the answer to a grant request that took d.

@@ -68,6 +68,8 @@ var authzRows = []authzRow{
 	{"POST /v1/grants/{id}/release", holderWrite, "/v1/grants/{grant}/release", `{"holder":"{h}","generation":1,"spent":"1"}`, is(200)},
 	{"POST /v1/grants/release", holderWrite, "/v1/grants/release",
 		`{"holder":"{h}","releases":[{"grant":"{grant}","generation":1,"spent":"1"}]}`, is(200)},
+	{"POST /v1/grants/debits", holderWrite, "/v1/grants/debits",
+		`{"id":"{uuid}","holder":"{h}","generation":1,"customer":"{c}","meter":"tokens","amount":"1"}`, is(201)},
 	{"POST /v1/bypasses", holderWrite, "/v1/bypasses", `{"holder":"{h}","generation":1,"report_id":"{uuid}","items":[{"customer":"{c}",` +
 		`"meter":"tokens","amount":"1","admissions":1,"first_at":"2026-11-20T11:00:00Z","last_at":"2026-11-20T11:00:00Z"}]}`, is(200)},
 	{"GET /v1/ingest/status", adminOnly, "/v1/ingest/status", "", is(200)},

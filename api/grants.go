@@ -69,6 +69,15 @@ type grantBody struct {
 	Budgets    []string         `json:"budgets"`
 }
 
+type debitBody struct {
+	ID         string       `json:"id"`
+	Holder     string       `json:"holder"`
+	Generation int64        `json:"generation"`
+	Customer   string       `json:"customer"`
+	Meter      string       `json:"meter"`
+	Amount     decimalInput `json:"amount"`
+}
+
 type reportBody struct {
 	Holder     string        `json:"holder"`
 	Generation int64         `json:"generation"`
@@ -129,6 +138,33 @@ func (a *API) postGrant(w http.ResponseWriter, r *http.Request) error {
 		return admissionProblem(w, err)
 	}
 	w.Header().Set("Location", "/v1/customers/"+g.Customer+"/grants?state=live")
+	writeJSON(w, http.StatusCreated, g)
+	return nil
+}
+
+// postDebit takes one request's cost from every exact budget that applies
+// (admission.Store.Debit): 201 with the debit's record (a grant spent and
+// released at once), or 409 budget-exhausted. The same id is taken once:
+// sent again, it answers with the debit stored.
+func (a *API) postDebit(w http.ResponseWriter, r *http.Request) error {
+	b, s, err := holderRequest[debitBody](a, r, func(b *debitBody) string { return b.Holder })
+	if err != nil {
+		return err
+	}
+	id, err := uuid.Parse(b.ID)
+	if b.ID == "" {
+		return invalidField("id", "required: a UUID the gateway picks, the same when the debit is sent again")
+	} else if err != nil || len(b.ID) != 36 {
+		return invalidField("id", "%s is not a UUID", quote(b.ID))
+	}
+	start := time.Now()
+	g, err := s.Debit(r.Context(), admission.DebitRequest{ID: id, Holder: b.Holder, Generation: b.Generation,
+		Customer: b.Customer, Meter: b.Meter, Amount: b.Amount.Decimal})
+	a.grantMetrics.Debited(err, time.Since(start))
+	if err != nil {
+		return admissionProblem(w, err)
+	}
+	w.Header().Set("Location", "/v1/customers/"+g.Customer+"/grants?state=ended")
 	writeJSON(w, http.StatusCreated, g)
 	return nil
 }

@@ -58,6 +58,7 @@ func (a *API) routes() http.Handler {
 			r.Post("/grants/{id}/renew", a.handle(a.renewGrant))
 			r.Post("/grants/{id}/release", a.handle(a.releaseGrant))
 			r.Post("/grants/release", a.handle(a.releaseGrants))
+			r.Post("/grants/debits", a.handle(a.postDebit))
 			r.Post("/bypasses", a.handle(a.postBypasses))
 		})
 
