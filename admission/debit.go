@@ -176,6 +176,11 @@ func (s *Store) debitOnce(ctx context.Context, req IssueRequest, pl plan) (Grant
 		"sstart": scopeStart, "version": g.RuleVersion, "valid_until": g.ValidUntil, "reclaim_at": g.ReclaimAt,
 		"draws_customer": pl.drawsCustomer, "exact_scope_lock": locks.ExactScope}
 	b := &pgx.Batch{}
+	// One round trip, one transaction: BEGIN and COMMIT ride in it. The
+	// guarded statement's plan is made once per connection (generic):
+	// planning it per call cost more than running it.
+	b.Queue("BEGIN")
+	b.Queue(qGenericPlans)
 	// The lock order of every path: the meter, the holder, the customer's
 	// row, the pool and global rows (sorted); then the guarded statement.
 	b.Queue(qDebitLockMeter, args)
@@ -186,14 +191,18 @@ func (s *Store) debitOnce(ctx context.Context, req IssueRequest, pl plan) (Grant
 	}
 	var outcome string
 	var stored *int64
-	b.Queue(qDebit, args).QueryRow(func(r pgx.Row) error { return r.Scan(&outcome, &stored) })
-	// No BEGIN: the batch's statements run in one implicit transaction,
-	// committed at its end (or rolled back on any error).
+	var left decimal.NullDecimal
+	b.Queue(qDebit, args).QueryRow(func(r pgx.Row) error { return r.Scan(&outcome, &stored, nullNumeric(&left)) })
+	b.Queue("COMMIT")
+	// A failed statement leaves the connection in a failed transaction:
+	// the pool closes a connection released in a transaction, so nothing
+	// of it is reused.
 	if err := s.db.SendBatch(ctx, b).Close(); err != nil {
 		return Grant{}, 0, fmt.Errorf("admission: debit: %w", err)
 	}
 	switch outcome {
 	case "debited":
+		g.Available = left
 		return debited(g), debitDone, nil
 	case "already":
 		g, err := s.storedDebit(ctx, req)
@@ -320,7 +329,8 @@ FOR UPDATE`
 // version, the rules and memberships in force, a rate budget applying);
 // "refused" when a budget has less than the cost left; else "debited",
 // with every budget taken and the record written. The second column is
-// the holder's stored generation.
+// the holder's stored generation, the third what the budgets drawn have
+// left once this debit is taken (the smallest limit − consumed).
 const qDebit = `
 WITH h AS (SELECT generation FROM admission_holders WHERE holder = @holder::text),
 c AS (SELECT b.consumed, b.rule_version, r."limit" AS lim, r.version,
@@ -379,7 +389,10 @@ g AS (INSERT INTO admission_grants (id, customer, meter, period_start, rule_vers
       RETURNING id),
 d AS (INSERT INTO admission_grant_draws (grant_id, scope, meter, period_start)
       SELECT g.id, u.scope, @meter::text, @sstart::timestamptz FROM g, unnest(@scopes::text[]) AS u(scope))
-SELECT v.outcome, (SELECT generation FROM h) FROM v`
+SELECT v.outcome, (SELECT generation FROM h),
+       (SELECT greatest(0, min(left_after)) FROM (SELECT lim - consumed - @cost::numeric AS left_after FROM c WHERE @draws_customer::boolean
+                                                  UNION ALL SELECT lim - consumed - @cost::numeric FROM s) x)
+FROM v`
 
 // qDebitRefusal is, for a debit refused in one round trip, the binding
 // budget (the least available; the customer's first, then by scope),

@@ -74,6 +74,9 @@ func TestDebitTakesEveryBudgetAllOrNothing(t *testing.T) {
 	if want := []string{"customer:a", "global", "pool:free"}; fmt.Sprint(g.Budgets) != fmt.Sprint(want) {
 		t.Fatalf("debit drew from %v, want %v", g.Budgets, want)
 	}
+	if !g.Available.Valid || !g.Available.Decimal.Equal(d("4")) {
+		t.Fatalf("available after the first debit %v, want a's 4", g.Available)
+	}
 	if !g.Spent.Equal(d("6")) || g.EndReason != "released" || g.State != "ended" || g.EndedAt == nil {
 		t.Fatalf("debit record %+v: want spent 6, released, ended", g)
 	}
@@ -91,8 +94,8 @@ func TestDebitTakesEveryBudgetAllOrNothing(t *testing.T) {
 	}
 	refused("a", "5", "customer:a/calls", "4") // the customer's own binds
 	refused("b", "10", "pool:free/calls", "9") // the pool's binds: b's own budget is untouched
-	if _, err := e.debit("gw", 1, "b", d("9")); err != nil {
-		t.Fatal(err)
+	if g, err := e.debit("gw", 1, "b", d("9")); err != nil || !g.Available.Valid || !g.Available.Decimal.IsZero() {
+		t.Fatalf("debit b 9: %+v, %v; want the pool's 0 left as available", g, err)
 	}
 	refused("c", "8", "global/calls", "7") // 6 + 9 of 22 taken
 	if _, err := e.debit("gw", 1, "c", d("7")); err != nil {

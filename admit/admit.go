@@ -51,6 +51,11 @@ const (
 	// refused for load, or could not decide a grant request whose budgets
 	// kept changing. RetryAfter is when the client asks Tally again.
 	Unreachable
+	// Debited: admitted by a debit: the budget was tight and the gateway
+	// held nothing, so Tally took the request's cost from every budget
+	// that applies, as a central counter would (a refused debit is
+	// Exhausted).
+	Debited
 
 	numHow
 )
@@ -69,6 +74,8 @@ func (h How) String() string {
 		return "exhausted"
 	case Unreachable:
 		return "unreachable"
+	case Debited:
+		return "debit"
 	}
 	return "none"
 }
@@ -592,6 +599,12 @@ func (c *Client) admitSlow(ctx context.Context, customer, meter string, cost int
 		}
 		return c.unreachable(customer, meter, cost, b)
 	}
+	if b.kind.Load() == kindExact && b.tight(now) {
+		// Near the budget's end a grant would be the size of this request
+		// and be given back at the next tick: take the cost centrally
+		// instead, in one call, with nothing held and nothing to release.
+		return c.admitByDebit(ctx, customer, meter, cost, b)
+	}
 	b.waiting.Add(cost)
 	defer b.waiting.Add(-cost) // after the take below
 	t := time.NewTimer(c.cfg.MaxWait)
@@ -825,11 +838,13 @@ type budget struct {
 	lastTaken int64
 	lastAt    time.Time
 	checkedAt time.Time // when Tally last said the rule is not exact
-	// tightUntil: a grant came back smaller than asked, or was refused;
-	// until then a grant is an Admit's cost alone.
-	tightUntil time.Time
-	refusals   int   // grant requests refused in a row
-	lastGrant  int64 // amount of the last grant issued
+	// tightUntil: a grant or debit came back refused, smaller than asked,
+	// or with less than two lookaheads of demand left; until then an
+	// Admit that finds nothing held is debited (debit.go), and a top-up
+	// asks for its cost alone.
+	tightUntil atomic.Int64 // unix nanos: read by Admit without b.mu
+	refusals   int          // grant requests refused in a row
+	lastGrant  int64        // amount of the last grant issued
 	// checkedVersion is the rule version last checked: of the decision
 	// when Tally said the rule is not exact, of the newest grant else.
 	checkedVersion int64
@@ -859,7 +874,7 @@ type held struct {
 	spentAt    time.Time // when tend first found it fully spent (spentHold)
 }
 
-func (b *budget) tight(now time.Time) bool { return now.Before(b.tightUntil) }
+func (b *budget) tight(now time.Time) bool { return now.UnixNano() < b.tightUntil.Load() }
 
 func newBudget(customer, meter string) *budget {
 	return &budget{customer: customer, meter: meter, binding: "customer:" + customer + "/" + meter,

@@ -97,6 +97,8 @@ type problem struct {
 	Available  string `json:"available"`
 	Held       string `json:"held"`
 	RetryAfter *int64 `json:"retry_after"`
+	// RetryAfterMS: the same in milliseconds, from a Tally that says.
+	RetryAfterMS *int64 `json:"retry_after_ms"`
 	// NextGeneration: of a stale-generation refusal, the generation a
 	// holder that lost its state recovers with.
 	NextGeneration *int64 `json:"next_generation"`
@@ -206,7 +208,10 @@ func (c *Client) do(ctx context.Context, path string, body, out any) error {
 		switch p.Type {
 		case problemExhausted:
 			e := &exhaustedError{Binding: p.Binding, Available: p.Available, held: positive(p.Held)}
-			if p.RetryAfter != nil {
+			switch {
+			case p.RetryAfterMS != nil:
+				e.RetryAfter = time.Duration(*p.RetryAfterMS) * time.Millisecond
+			case p.RetryAfter != nil:
 				e.RetryAfter = time.Duration(*p.RetryAfter) * time.Second
 			}
 			return e
@@ -377,7 +382,7 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	var ex *exhaustedError
 	if errors.As(err, &ex) {
 		// The budget is tight: hold little of it from now on.
-		b.tightUntil = now.Add(c.cfg.Lookahead)
+		b.tightUntil.Store(now.Add(c.cfg.Lookahead).UnixNano())
 		if binding := ex.Binding; binding != "" {
 			b.refusedBy.Store(&binding)
 		}
@@ -417,11 +422,11 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	}
 	if amount < size {
 		// Less than asked: Tally had no more, the budget is tight.
-		b.tightUntil = now.Add(c.cfg.Lookahead)
+		b.tightUntil.Store(now.Add(c.cfg.Lookahead).UnixNano())
 	}
 	if g.Available != "" {
 		if left, err := parseUnits(g.Available); err == nil && c.tightAfter(b, now, left) {
-			b.tightUntil = now.Add(c.cfg.Lookahead)
+			b.tightUntil.Store(now.Add(c.cfg.Lookahead).UnixNano())
 		}
 	}
 	if amount <= 0 {

@@ -146,7 +146,7 @@ func TestExactAndLaggedRulesInOneClient(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 			continue
 		}
-		if d.How != admit.FromGrant {
+		if d.How != admit.FromGrant && d.How != admit.Debited {
 			t.Fatalf("tokens admitted by %v", d.How)
 		}
 		tokens++

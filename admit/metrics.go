@@ -25,7 +25,7 @@ type metrics struct {
 
 var (
 	descAdmissions = prometheus.NewDesc("tally_admit_admissions_total",
-		"Admit answers, by how (grant, decision, no-rule, bypass, exhausted, unreachable) and outcome (admitted, refused)",
+		"Admit answers, by how (grant, debit, decision, no-rule, bypass, exhausted, unreachable) and outcome (admitted, refused)",
 		[]string{"how", "outcome"}, nil)
 	descHeld = prometheus.NewDesc("tally_admit_held_units",
 		"Units held in live grants and not yet admitted, over every budget", nil, nil)
@@ -36,7 +36,7 @@ var (
 func newMetrics(reg prometheus.Registerer, c *Client) (*metrics, error) {
 	m := &metrics{
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tally_admit_grant_calls_total",
-			Help: "Calls to Tally's grant API, by call (issue, renew, release, bypasses) and result (ok, exhausted, not_exact, refused, overloaded, changing, unreachable, canceled)"},
+			Help: "Calls to Tally's grant API, by call (issue, debit, renew, release, bypasses) and result (ok, exhausted, not_exact, refused, overloaded, changing, unreachable, canceled)"},
 			[]string{"call", "result"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tally_admit_grant_call_seconds",
 			Help:    "Latency of calls to Tally's grant API that got an answer, by call",

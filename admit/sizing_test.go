@@ -97,37 +97,46 @@ func besideAHolderOf700(t *testing.T, ts *tally) *admit.Client {
 	return gw1
 }
 
-// While a budget is tight a gateway asks for what each Admit needs, not
-// for a share of its demand: near its end the budget is a central counter,
-// and nothing a gateway holds strands capacity another gateway's request
-// could use. Here gw2 holds 700 of 1,000, gw1 asks for 1,000 and gets the
-// 300 left (tight), and then admits about a hundred requests a second:
-// every grant request after the first asks for 1 unit (a few ticks of
-// demand, as a gateway once held there, would be 10 or more).
-func TestTightBudgetGrantsAreTheRequestsCost(t *testing.T) {
+// While a budget is tight a gateway holds nothing and has each Admit's
+// cost debited: near its end the budget is a central counter, and nothing
+// a gateway holds strands capacity another gateway's request could use.
+// Here gw2 holds 700 of 1,000, gw1 asks for 1,000 and gets the 300 left
+// (tight), and then admits about a hundred requests a second: after the
+// first grant its central calls are debits of the Admit's 1 (a grant of a
+// few ticks of demand, as a gateway once held there, would be 10 or more),
+// and any grant it still asks for is of 1.
+func TestTightBudgetIsDebitedByTheRequestsCost(t *testing.T) {
 	ts := startTally(t)
 	ts.exactRule("acme", "tokens", "1000")
 	var mu sync.Mutex
-	var asked []string
+	var asked, debited []string
 	watch := func(r *http.Request) int {
-		if r.URL.Path == "/v1/grants" {
-			if req := readBody(r); req.Holder == "gw1" {
-				mu.Lock()
+		if req := readBody(r); req.Holder == "gw1" {
+			mu.Lock()
+			switch r.URL.Path {
+			case "/v1/grants":
 				asked = append(asked, req.Amount)
-				mu.Unlock()
+			case "/v1/grants/debits":
+				debited = append(debited, req.Amount)
 			}
+			mu.Unlock()
 		}
 		return 0
 	}
 	admitOnATightBudget(t, ts, watch, 5*time.Millisecond)
 	mu.Lock()
 	defer mu.Unlock()
-	if len(asked) < 10 || asked[0] != "1000" {
-		t.Fatalf("gw1's grant requests: %v (the first for 1,000, then at least ten)", asked)
+	if len(asked) < 1 || asked[0] != "1000" || len(debited) < 10 {
+		t.Fatalf("gw1's grant requests %v and debits %v (the first grant for 1,000, then at least ten debits)", asked, debited)
 	}
 	for i, a := range asked[1:] {
 		if a != "1" {
 			t.Fatalf("grant request %d of gw1 on the tight budget asked for %s, not the Admit's 1 (all: %v)", i+1, a, asked)
+		}
+	}
+	for i, a := range debited {
+		if a != "1" {
+			t.Fatalf("debit %d of gw1 was of %s, not the Admit's 1 (all: %v)", i, a, debited)
 		}
 	}
 }
@@ -225,7 +234,8 @@ func TestWaitingAdmitKeepsTheGrantItWaitedFor(t *testing.T) {
 	}
 }
 
-// A top-up does not wait for the final reports its gateway is sending,
+// A top-up (or, on a tight budget, a debit) does not wait for the final
+// reports its gateway is sending,
 // but when Tally refuses it while they are on their way, it waits for
 // them and asks once more: Tally may have refused for capacity they give
 // back. Here the only grant (10 of a limit of 10, 1 spent) is being given
@@ -246,7 +256,7 @@ func TestTopUpRefusedWhileReportsInFlightAsksAgain(t *testing.T) {
 	}
 	ts.refuse.Store(&hold)
 	after := func(r *http.Request, status int) {
-		if r.URL.Path == "/v1/grants" && status != http.StatusOK && status != http.StatusCreated &&
+		if (r.URL.Path == "/v1/grants" || r.URL.Path == "/v1/grants/debits") && status != http.StatusOK && status != http.StatusCreated &&
 			releasing.Load() && refused.CompareAndSwap(false, true) {
 			close(unblock)
 		}
@@ -327,15 +337,14 @@ func TestABurstWithRoomToSpareIsNotTight(t *testing.T) {
 	}
 }
 
-// On a tight budget every grant is an Admit's cost and spent as it
-// arrives. A spent grant frees nothing when it goes back (Tally counts it
-// as consumed either way), so the spent ones go back together, about once
-// a second, not at every tick: gw1's grants over 1.5 s take a few release
-// calls, not thirty.
-func TestSpentGrantsGoBackTogether(t *testing.T) {
+// On a tight budget an Admit's cost is debited: nothing is held, so
+// nothing goes back. gw1's central calls over 1.5 s of a tight budget are
+// a hundred or more debits and a few release calls (of the grant it held
+// when the budget turned tight), not a release per request.
+func TestTightBudgetMakesNoReleasePerRequest(t *testing.T) {
 	ts := startTally(t)
 	ts.exactRule("acme", "tokens", "1000")
-	var releases, grants atomic.Int64
+	var releases, central atomic.Int64
 	count := func(r *http.Request) int {
 		if readBody(r).Holder != "gw1" {
 			return 0
@@ -343,14 +352,14 @@ func TestSpentGrantsGoBackTogether(t *testing.T) {
 		switch {
 		case strings.HasSuffix(r.URL.Path, "/release"):
 			releases.Add(1)
-		case r.URL.Path == "/v1/grants":
-			grants.Add(1)
+		case r.URL.Path == "/v1/grants" || r.URL.Path == "/v1/grants/debits":
+			central.Add(1)
 		}
 		return 0
 	}
 	admitOnATightBudget(t, ts, count, 10*time.Millisecond)
-	if n, g := releases.Load(), grants.Load(); n > 6 || g < 100 {
-		t.Fatalf("gw1 sent %d release calls for %d grant requests over 1.5 s of a tight budget", n, g)
+	if n, g := releases.Load(), central.Load(); n > 6 || g < 100 {
+		t.Fatalf("gw1 sent %d release calls for %d grant requests and debits over 1.5 s of a tight budget", n, g)
 	}
 }
 
@@ -394,8 +403,8 @@ func TestRefusalWhileOthersHoldIsNotRemembered(t *testing.T) {
 	ctx := context.Background()
 	var grantCalls atomic.Int64
 	count := func(r *http.Request, _ int) {
-		if r.URL.Path == "/v1/grants" {
-			grantCalls.Add(1)
+		if r.URL.Path == "/v1/grants" || r.URL.Path == "/v1/grants/debits" {
+			grantCalls.Add(1) // a debit, once the budget is tight
 		}
 	}
 	ts.served.Store(&count)

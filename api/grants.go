@@ -321,9 +321,11 @@ func (a *API) listBudgets(w http.ResponseWriter, r *http.Request) error {
 func admissionProblem(w http.ResponseWriter, err error) error {
 	if ex, ok := errors.AsType[*admission.BudgetExhaustedError](err); ok {
 		secs := int64(math.Ceil(ex.RetryAfter.Seconds()))
+		ms := (ex.RetryAfter + time.Millisecond - 1).Milliseconds()
 		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
 		return &Problem{Type: TypeBudgetExhausted, Title: "Budget exhausted", Status: http.StatusConflict,
-			Detail: ex.Error(), Binding: ex.Binding, Available: ex.Available.String(), Held: ex.Held.String(), RetryAfter: &secs}
+			Detail: ex.Error(), Binding: ex.Binding, Available: ex.Available.String(), Held: ex.Held.String(), RetryAfter: &secs,
+			RetryAfterMS: &ms}
 	}
 	if se, ok := errors.AsType[*admission.StaleGenerationError](err); ok {
 		return &Problem{Type: TypeStaleGeneration, Title: "Older generation", Status: http.StatusConflict, Detail: se.Error(),

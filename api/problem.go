@@ -38,6 +38,10 @@ type Problem struct {
 	Available  string `json:"available,omitempty"`
 	Held       string `json:"held,omitempty"`
 	RetryAfter *int64 `json:"retry_after,omitempty"`
+	// RetryAfterMS is RetryAfter in milliseconds (budget-exhausted): a
+	// rate budget refills in milliseconds, which whole seconds round up
+	// to a second of refusals.
+	RetryAfterMS *int64 `json:"retry_after_ms,omitempty"`
 	// Admission says why a grant was refused as not-exact: the rule in
 	// force is "lagged", or there is "none".
 	Admission string `json:"admission,omitempty"`

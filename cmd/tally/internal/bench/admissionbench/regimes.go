@@ -302,8 +302,10 @@ func startGrants(ctx context.Context, o Options, fixed bool) (_ system, err erro
 // callCounts counts the HTTP requests gateways send to Tally, by kind.
 type callCounts struct {
 	all, issued, refused, renewed, released, bypasses atomic.Int64
+	debited, debitRefused                             atomic.Int64
 	mu                                                sync.Mutex
 	grantLatency                                      []time.Duration // of POST /v1/grants, as the gateway saw it
+	debitLatency                                      []time.Duration // of POST /v1/grants/debits
 }
 
 // counting is a gateway's transport, counting into n.
@@ -320,10 +322,14 @@ func (c counting) RoundTrip(r *http.Request) (*http.Response, error) {
 		return resp, err
 	}
 	p := r.URL.Path
-	if p == "/v1/grants" {
-		took := time.Since(t0)
+	switch took := time.Since(t0); p {
+	case "/v1/grants":
 		c.n.mu.Lock()
 		c.n.grantLatency = append(c.n.grantLatency, took)
+		c.n.mu.Unlock()
+	case debitPath:
+		c.n.mu.Lock()
+		c.n.debitLatency = append(c.n.debitLatency, took)
 		c.n.mu.Unlock()
 	}
 	switch {
@@ -331,6 +337,10 @@ func (c counting) RoundTrip(r *http.Request) (*http.Response, error) {
 		c.n.issued.Add(1)
 	case p == "/v1/grants" && resp.StatusCode == http.StatusConflict:
 		c.n.refused.Add(1)
+	case p == debitPath && resp.StatusCode == http.StatusCreated:
+		c.n.debited.Add(1)
+	case p == debitPath && resp.StatusCode == http.StatusConflict:
+		c.n.debitRefused.Add(1)
 	case strings.HasSuffix(p, "/renew"):
 		c.n.renewed.Add(1)
 	case strings.HasSuffix(p, "/release"):
@@ -344,12 +354,13 @@ func (c counting) RoundTrip(r *http.Request) (*http.Response, error) {
 func (g *grants) detail() string {
 	n := &g.requests
 	n.mu.Lock()
-	lat := slices.Clone(n.grantLatency)
+	lat, dlat := slices.Clone(n.grantLatency), slices.Clone(n.debitLatency)
 	n.mu.Unlock()
 	slices.Sort(lat)
-	return fmt.Sprintf("%d calls: %d grants issued, %d refused (budget exhausted), %d renewals, %d releases, %d bypass reports; grant request p50 %s, p90 %s, p99 %s",
-		n.all.Load(), n.issued.Load(), n.refused.Load(), n.renewed.Load(), n.released.Load(), n.bypasses.Load(),
-		dur(pct(lat, 0.5)), dur(pct(lat, 0.9)), dur(pct(lat, 0.99)))
+	slices.Sort(dlat)
+	return fmt.Sprintf("%d calls: %d grants issued, %d refused (budget exhausted), %d debits taken, %d refused, %d renewals, %d releases, %d bypass reports; grant request p50 %s, p90 %s, p99 %s; debit p50 %s, p90 %s, p99 %s",
+		n.all.Load(), n.issued.Load(), n.refused.Load(), n.debited.Load(), n.debitRefused.Load(), n.renewed.Load(), n.released.Load(), n.bypasses.Load(),
+		dur(pct(lat, 0.5)), dur(pct(lat, 0.9)), dur(pct(lat, 0.99)), dur(pct(dlat, 0.5)), dur(pct(dlat, 0.9)), dur(pct(dlat, 0.99)))
 }
 
 func (g *grants) admit(ctx context.Context, gw int, c int, cost int64) (bool, error) {
@@ -357,8 +368,12 @@ func (g *grants) admit(ctx context.Context, gw int, c int, cost int64) (bool, er
 	return d.Admitted, err
 }
 
+// debitPath is where a gateway sends debits.
+const debitPath = "/v1/grants/debits"
+
 func (g *grants) calls() (int64, int64) {
-	return g.requests.all.Load(), g.requests.issued.Load() + g.requests.refused.Load()
+	n := &g.requests
+	return n.all.Load(), n.issued.Load() + n.refused.Load() + n.debited.Load() + n.debitRefused.Load()
 }
 
 // consumed reads each customer's budget: consumed and live.
