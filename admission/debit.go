@@ -233,8 +233,13 @@ func debited(g Grant) Grant {
 
 // debitInBatch runs req as an issue batch of its own transaction: it
 // creates and brings what the one round trip cannot. A debit whose id is
-// stored already (sent again) answers with it.
+// stored already (sent again) answers with it, before the batch and after
+// a refusal (the first sending may have committed meanwhile: the batch
+// waited for its locks, so it sees it then).
 func (s *Store) debitInBatch(ctx context.Context, req IssueRequest) (Grant, error) {
+	if g, found, err := s.debitStored(ctx, req); found || err != nil {
+		return g, err
+	}
 	c := &call{req: req}
 	err := s.issueOwnTx(ctx, []*call{c})
 	if isDuplicateGrant(err) {
@@ -244,9 +249,25 @@ func (s *Store) debitInBatch(ctx context.Context, req IssueRequest) (Grant, erro
 		return Grant{}, err
 	}
 	if c.err != nil {
+		if g, found, err := s.debitStored(ctx, req); found || err != nil {
+			return g, err
+		}
 		return Grant{}, c.err
 	}
 	return debited(c.grant), nil
+}
+
+// debitStored is storedDebit, found false when req's id is stored for
+// nothing.
+func (s *Store) debitStored(ctx context.Context, req IssueRequest) (Grant, bool, error) {
+	g, err := s.storedDebit(ctx, req)
+	switch {
+	case errors.Is(err, ErrNotFound):
+		return Grant{}, false, nil
+	case err != nil:
+		return Grant{}, true, err
+	}
+	return g, true, nil
 }
 
 func isDuplicateGrant(err error) bool {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
@@ -281,4 +282,34 @@ func fieldNamed(err error, field string) *admission.FieldError {
 		}
 	}
 	return nil
+}
+
+// A debit sent again after it took the budget's last units answers with
+// the debit stored, not with a refusal: in one round trip, and after a
+// rule change sends it through an issue transaction of its own.
+func TestDebitSentAgainOnAnExhaustedBudgetIsTheDebitStored(t *testing.T) {
+	e := newEnv(t)
+	e.rule("a", "calls", d("3"))
+	ctx := context.Background()
+	if _, err := e.debit("gw", 1, "a", d("1")); err != nil { // the holder's first: the rows are known from here
+		t.Fatal(err)
+	}
+	req := admission.DebitRequest{ID: uuid.New(), Holder: "gw", Generation: 1, Customer: "a", Meter: "calls", Amount: d("2")}
+	first, err := e.store.Debit(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, step := range []string{"one round trip", "after a rule change"} {
+		if step == "after a rule change" {
+			e.clock.Advance(time.Second)
+			e.rule("a", "calls", d("3"))
+		}
+		again, err := e.store.Debit(ctx, req)
+		if err != nil || again.ID != first.ID {
+			t.Fatalf("%s: the debit sent again on the exhausted budget answered %+v %v, want the debit stored", step, again, err)
+		}
+	}
+	if got := e.budget("a", "calls").Consumed; !got.Equal(d("3")) {
+		t.Fatalf("consumed %s, want 3", got)
+	}
 }

@@ -52,7 +52,8 @@ func (m *model) available() decimal.Decimal {
 }
 
 // TestIssuingProperty runs random interleavings of issue (sequential and
-// concurrent), renew, release, expiry, holder restarts and rule changes
+// concurrent), debits (and debits sent again), renew, release, expiry,
+// holder restarts and rule changes
 // across many holders, and checks after every step that the store's
 // consumed equals Σ amount of unreleased grants + Σ spent of released ones,
 // that it never exceeds the limit (or, after a lowering, what was already
@@ -102,6 +103,7 @@ func TestIssuingProperty(t *testing.T) {
 				m.server[g.Holder] = g.Generation
 			}
 		}
+		var debits []admission.DebitRequest
 		live := func() []*modelGrant {
 			var out []*modelGrant
 			now := e.clock.Now()
@@ -179,6 +181,36 @@ func TestIssuingProperty(t *testing.T) {
 					}
 				}
 				check("concurrent issue")
+			},
+			"debit": func(rt *rapid.T) {
+				h := rapid.SampledFrom(holders).Draw(rt, "holder")
+				amt := genAmount.Draw(rt, "amount")
+				req := admission.DebitRequest{ID: uuid.New(), Holder: h, Generation: m.holders[h], Customer: m.customer,
+					Meter: meter, Amount: amt}
+				avail := m.available()
+				g, err := e.store.Debit(ctx, req)
+				if avail.GreaterThanOrEqual(amt) {
+					if err != nil || !g.Amount.Equal(amt) || !g.Spent.Equal(amt) || g.EndReason != "released" {
+						rt.Fatalf("debit %s with %s available: %+v %v", amt, avail, g, err)
+					}
+					record(g)
+					m.grants[len(m.grants)-1].spent, m.grants[len(m.grants)-1].released = amt, true
+					debits = append(debits, req)
+				} else if ex, ok := errors.AsType[*admission.BudgetExhaustedError](err); !ok || !ex.Available.Equal(avail) {
+					rt.Fatalf("debit %s with %s available: want budget_exhausted, got %+v %v", amt, avail, g, err)
+				}
+				check("debit")
+			},
+			"debit sent again": func(rt *rapid.T) {
+				if len(debits) == 0 {
+					return // nothing debited yet: the step is a no-op
+				}
+				req := rapid.SampledFrom(debits).Draw(rt, "debit")
+				g, err := e.store.Debit(ctx, req)
+				if err != nil || g.ID != req.ID || !g.Spent.Equal(req.Amount) {
+					rt.Fatalf("debit %s sent again: %+v %v, want the debit stored", req.ID, g, err)
+				}
+				check("debit sent again")
 			},
 			"renew": func(rt *rapid.T) {
 				if len(m.grants) == 0 {

@@ -599,10 +599,13 @@ func (c *Client) admitSlow(ctx context.Context, customer, meter string, cost int
 		}
 		return c.unreachable(customer, meter, cost, b)
 	}
-	if b.kind.Load() == kindExact && b.tight(now) {
+	if b.kind.Load() == kindExact && b.tight(now) && !b.rateBudget.Load() {
 		// Near the budget's end a grant would be the size of this request
 		// and be given back at the next tick: take the cost centrally
 		// instead, in one call, with nothing held and nothing to release.
+		// Not on a rate budget: a debit of a bucket is an issue transaction
+		// of its own, and twenty gateways debiting one bucket queued on it
+		// (docs/performance.md, "Debits").
 		return c.admitByDebit(ctx, customer, meter, cost, b)
 	}
 	b.waiting.Add(cost)
