@@ -12,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/shopspring/decimal"
 
-	"github.com/tally-ledger/tally/amount"
 	"github.com/tally-ledger/tally/internal/locks"
 	"github.com/tally-ledger/tally/quota"
 )
@@ -58,20 +57,9 @@ type DebitRequest struct {
 
 // Validate reports every problem of r at once.
 func (r DebitRequest) Validate() error {
-	errs := checkHolder(r.Holder, r.Generation)
+	errs := checkTake(r.Holder, r.Generation, r.Customer, r.Meter, r.Amount)
 	if r.ID == uuid.Nil {
 		errs = append(errs, &FieldError{Field: "id", Detail: "must be a uuid other than the nil uuid (the gateway's own, so a debit sent again is taken once)"})
-	}
-	if !idPattern.MatchString(r.Customer) {
-		errs = append(errs, &FieldError{Field: "customer", Detail: fmt.Sprintf("%q must be 1-128 characters of [A-Za-z0-9._:-]", r.Customer)})
-	}
-	if !idPattern.MatchString(r.Meter) {
-		errs = append(errs, &FieldError{Field: "meter", Detail: fmt.Sprintf("%q must be 1-128 characters of [A-Za-z0-9._:-]", r.Meter)})
-	}
-	if !r.Amount.IsPositive() {
-		errs = append(errs, &FieldError{Field: "amount", Detail: fmt.Sprintf("%s must be positive", r.Amount)})
-	} else if err := amount.Check(r.Amount); err != nil {
-		errs = append(errs, &FieldError{Field: "amount", Detail: err.Error()})
 	}
 	return errors.Join(errs...)
 }

@@ -210,20 +210,27 @@ func checkTTL(ttl time.Duration) []error {
 	return nil
 }
 
-// Validate reports every problem of r at once.
-func (r IssueRequest) Validate() error {
-	errs := checkHolder(r.Holder, r.Generation)
-	if !idPattern.MatchString(r.Customer) {
-		errs = append(errs, &FieldError{Field: "customer", Detail: fmt.Sprintf("%q must be 1-128 characters of [A-Za-z0-9._:-]", r.Customer)})
+// checkTake checks what a grant and a debit both name: the holder and its
+// generation, the customer, the meter and a positive amount.
+func checkTake(holder string, generation int64, customer, meter string, amt decimal.Decimal) []error {
+	errs := checkHolder(holder, generation)
+	if !idPattern.MatchString(customer) {
+		errs = append(errs, &FieldError{Field: "customer", Detail: fmt.Sprintf("%q must be 1-128 characters of [A-Za-z0-9._:-]", customer)})
 	}
-	if !idPattern.MatchString(r.Meter) {
-		errs = append(errs, &FieldError{Field: "meter", Detail: fmt.Sprintf("%q must be 1-128 characters of [A-Za-z0-9._:-]", r.Meter)})
+	if !idPattern.MatchString(meter) {
+		errs = append(errs, &FieldError{Field: "meter", Detail: fmt.Sprintf("%q must be 1-128 characters of [A-Za-z0-9._:-]", meter)})
 	}
-	if !r.Amount.IsPositive() {
-		errs = append(errs, &FieldError{Field: "amount", Detail: fmt.Sprintf("%s must be positive", r.Amount)})
-	} else if err := amount.Check(r.Amount); err != nil {
+	if !amt.IsPositive() {
+		errs = append(errs, &FieldError{Field: "amount", Detail: fmt.Sprintf("%s must be positive", amt)})
+	} else if err := amount.Check(amt); err != nil {
 		errs = append(errs, &FieldError{Field: "amount", Detail: err.Error()})
 	}
+	return errs
+}
+
+// Validate reports every problem of r at once.
+func (r IssueRequest) Validate() error {
+	errs := checkTake(r.Holder, r.Generation, r.Customer, r.Meter, r.Amount)
 	if r.MinAmount.Valid {
 		m := r.MinAmount.Decimal
 		if !m.IsPositive() || m.GreaterThan(r.Amount) {
