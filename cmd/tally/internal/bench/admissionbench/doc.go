@@ -16,7 +16,8 @@
 //     Postgres, each gateway taking grants of FixedGrant units per budget,
 //     a new one when less than half of that is left (demand sizing off:
 //     Lookahead 1 ns, MinGrant FixedGrant).
-//   - exact, sized by demand: the same with the SDK's own sizing.
+//   - exact, sized by demand: the same with the SDK's own sizing (and,
+//     on a tight budget, its debits: each request's cost taken centrally).
 //   - central counter in Postgres: one UPDATE … RETURNING per request.
 //   - central counter in Redis: one Lua check-and-INCRBY per request
 //     (skipped, with the reason, when no Redis answers). Redis is a
@@ -35,11 +36,12 @@
 //     in some gateway's grant (or was not yet granted). The §10 target is
 //     their share among requests made while the customer's demand so far
 //     (requests offered, this one included) was at most 95% of the limit.
-//   - central calls: HTTP requests to Tally (grants, renewals, releases,
-//     bypass reports), statements or scripts of a central counter, decision
+//   - central calls: HTTP requests to Tally (grants, debits, renewals,
+//     releases, bypass reports), statements or scripts of a central counter, decision
 //     evaluations of the lagged loop; per 1,000 admissions.
 //   - latency: of the admission call as the gateway sees it; the grant
-//     requests' own latency is in the exact rows' detail line.
+//     requests' and debits' own latency is in the exact rows' detail line,
+//     with the mean of the API's handler beside the gateways' mean.
 //   - first requests of a customer at a gateway (a line of their own,
 //     of the trace): under grants each waits for a grant request, since a
 //     gateway holds nothing for a customer it has not seen. When they are
