@@ -2,10 +2,12 @@ package reconcile_test
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 
@@ -156,5 +158,42 @@ func TestExactAdmissionFindingsPerScope(t *testing.T) {
 	if r.Status != reconcile.StatusDiscrepancies || len(over) != 1 || over[0].Amount.String() != "20" ||
 		over[0].Detail != "pool:team/calls: grants took the budget 20 above the limit of the rule version in force when they were issued (limit now 30, 40 spent)" {
 		t.Fatalf("over_granted: %s %+v", r.Status, over)
+	}
+}
+
+// Debits are grants spent in full and released at once: a period whose
+// usage was admitted by debits reconciles clean, with nothing stranded and
+// no usage the grants did not allow.
+func TestDebitsReconcileAsSpentGrants(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	d := decimal.RequireFromString
+	if _, err := quota.PutRuleDB(ctx, e.pool, quota.RuleInput{Customer: "acme", Meter: "calls", Limit: d("100"),
+		Admission: quota.Exact, EffectiveAt: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), Actor: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	s, err := admission.New(e.pool, admission.Config{Now: func() time.Time { return e.now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, amt := range []string{"40", "35", "25"} {
+		if _, err := s.Debit(ctx, admission.DebitRequest{ID: uuid.New(), Holder: "gw1", Generation: 1, Customer: "acme",
+			Meter: "calls", Amount: d(amt)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = s.Debit(ctx, admission.DebitRequest{ID: uuid.New(), Holder: "gw1", Generation: 1, Customer: "acme", Meter: "calls", Amount: d("1")})
+	if _, ok := errors.AsType[*admission.BudgetExhaustedError](err); !ok {
+		t.Fatalf("a debit past the limit: %v", err)
+	}
+	e.apply(rec("gw", 1, "acme", 1, "100", "100", time.Date(2026, 11, 10, 0, 0, 0, 0, time.UTC)))
+	r := e.run(reconcile.Options{Period: "2026-11-01"})
+	for _, kind := range []string{reconcile.KindUngrantedUsage, reconcile.KindStranded, reconcile.KindOverGranted, reconcile.KindBypass} {
+		if fs := findings(t, r, kind); len(fs) != 0 {
+			t.Errorf("%s: %+v", kind, fs)
+		}
+	}
+	if r.Status != reconcile.StatusClean {
+		t.Fatalf("status %s: %+v", r.Status, r.Findings)
 	}
 }
