@@ -313,3 +313,33 @@ func TestDebitSentAgainOnAnExhaustedBudgetIsTheDebitStored(t *testing.T) {
 		t.Fatalf("consumed %s, want 3", got)
 	}
 }
+
+// A plan older than a second is still used while it is made again beside
+// the request, but never decides: a global rule that turned exact since is
+// drawn from by the very next grant and debit, whatever the plan said.
+func TestAPlanPastItsTTLNeverDecides(t *testing.T) {
+	e := newEnv(t)
+	e.rule("a", "calls", d("100"))
+	if _, err := e.issue("gw", "a", d("1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.debit("gw", 1, "a", d("1")); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(2 * time.Second) // past the plan's TTL, within its age
+	e.scopeRule(quota.Global, "calls", d("50"))
+	g, err := e.issue("gw", "a", d("1"))
+	if err != nil || fmt.Sprint(g.Budgets) != "[customer:a global]" {
+		t.Fatalf("grant after a global rule turned exact: %+v %v, want drawn from customer:a and global", g, err)
+	}
+	e.clock.Advance(2 * time.Second)
+	e.scopeRule(quota.Global, "calls", d("60"))
+	g, err = e.debit("gw", 1, "a", d("1"))
+	if err != nil || fmt.Sprint(g.Budgets) != "[customer:a global]" {
+		t.Fatalf("debit after the global rule changed: %+v %v", g, err)
+	}
+	if got := e.scopeConsumed("global", "calls"); !got.Equal(d("4")) {
+		// Bringing the global row counted a's 2 before it; then 1 and 1.
+		t.Fatalf("global consumed %s, want 4", got)
+	}
+}

@@ -236,21 +236,30 @@ func (s *Store) Issue(ctx context.Context, req IssueRequest) (Grant, error) {
 	return Grant{}, errKeptChanging(req)
 }
 
-// planTTL is how long a plan is reused. A plan is only a guess of which
-// budgets apply: every batch checks it under its locks (rules in force,
-// memberships, periods) and a request whose plan no longer holds is
-// planned again, so reuse never decides anything.
-const planTTL = time.Second
+// planTTL is how long a plan is reused as it is. A plan is only a guess
+// of which budgets apply: every batch (and every debit) checks it under
+// its locks (rules in force, memberships, periods) and a request whose
+// plan no longer holds is planned again, so reuse never decides anything.
+// An older plan, up to planMaxAge, is still used while one refresh runs
+// beside the request (planning is four reads: inline, every busy budget
+// paid them once a second, in its tail latency); an older one still, or
+// one of another period, is made again before the request goes on.
+const (
+	planTTL    = time.Second
+	planMaxAge = 10 * time.Second
+)
 
 type cachedPlan struct {
-	plan plan
-	at   time.Time
+	plan       plan
+	at         time.Time
+	refreshing bool
 }
 
 // planCache keeps recent plans per customer, meter and named subset.
 type planCache struct {
-	mu sync.Mutex
-	m  map[string]cachedPlan
+	now func() time.Time // the Store's clock
+	mu  sync.Mutex
+	m   map[string]*cachedPlan
 }
 
 func planKey(req IssueRequest) string {
@@ -261,21 +270,56 @@ func (c *planCache) get(ctx context.Context, db DBTX, req IssueRequest, now time
 	k := planKey(req)
 	c.mu.Lock()
 	p, ok := c.m[k]
-	c.mu.Unlock()
-	if ok && now.Sub(p.at) < planTTL && !now.Before(p.at) && p.plan.custPeriod.Contains(now) {
-		return p.plan, nil
+	if ok && !now.Before(p.at) && p.plan.custPeriod.Contains(now) {
+		switch age := now.Sub(p.at); {
+		case age < planTTL:
+			c.mu.Unlock()
+			return p.plan, nil
+		case age < planMaxAge:
+			if !p.refreshing {
+				p.refreshing = true
+				go c.refresh(db, req, k, p)
+			}
+			c.mu.Unlock()
+			return p.plan, nil
+		}
 	}
+	c.mu.Unlock()
 	pl, err := planIssue(ctx, db, req, now)
 	if err != nil {
 		return plan{}, err
 	}
-	c.mu.Lock()
-	if c.m == nil || len(c.m) > 100_000 {
-		c.m = map[string]cachedPlan{}
-	}
-	c.m[k] = cachedPlan{plan: pl, at: now}
-	c.mu.Unlock()
+	c.put(k, pl, now)
 	return pl, nil
+}
+
+// refresh plans req again beside the requests that go on with old; a
+// plan that cannot be made (the rule stopped being exact, the database
+// failed) is forgotten, so the next request plans inline and gets the
+// error.
+func (c *planCache) refresh(db DBTX, req IssueRequest, k string, old *cachedPlan) {
+	ctx, cancel := context.WithTimeout(context.Background(), planMaxAge)
+	defer cancel()
+	now := c.now()
+	pl, err := planIssue(ctx, db, req, now)
+	if err != nil {
+		c.mu.Lock()
+		if c.m[k] == old {
+			delete(c.m, k)
+		}
+		c.mu.Unlock()
+		return
+	}
+	c.put(k, pl, now)
+}
+
+func (c *planCache) put(k string, pl plan, at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) > 100_000 {
+		c.m = map[string]*cachedPlan{}
+	}
+	c.m[k] = &cachedPlan{plan: pl, at: at}
 }
 
 func (c *planCache) forget(req IssueRequest) {

@@ -107,7 +107,9 @@ func New(db DB, cfg Config) (*Store, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Store{db: db, cfg: cfg, m: newIssueMetrics(cfg.Registerer)}, nil
+	s := &Store{db: db, cfg: cfg, m: newIssueMetrics(cfg.Registerer)}
+	s.plans.now = s.now
+	return s, nil
 }
 
 func (s *Store) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }
