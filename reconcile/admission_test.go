@@ -17,18 +17,27 @@ import (
 	"github.com/tally-ledger/tally/reconcile"
 )
 
-func TestExactAdmissionFindings(t *testing.T) {
-	e := newEnv(t)
-	ctx := context.Background()
-	d := decimal.RequireFromString
-	if _, err := quota.PutRuleDB(ctx, e.pool, quota.RuleInput{Customer: "acme", Meter: "calls", Limit: d("100"),
-		Admission: quota.Exact, EffectiveAt: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), Actor: "test"}); err != nil {
+// exactCalls gives acme an exact rule of 100 calls from 2026-11-01 and a
+// grant store on the test's clock.
+func (e *env) exactCalls(t *testing.T) *admission.Store {
+	t.Helper()
+	if _, err := quota.PutRuleDB(context.Background(), e.pool, quota.RuleInput{Customer: "acme", Meter: "calls",
+		Limit: decimal.NewFromInt(100), Admission: quota.Exact, EffectiveAt: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC),
+		Actor: "test"}); err != nil {
 		t.Fatal(err)
 	}
 	s, err := admission.New(e.pool, admission.Config{Now: func() time.Time { return e.now }})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s
+}
+
+func TestExactAdmissionFindings(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	d := decimal.RequireFromString
+	s := e.exactCalls(t)
 	issue := func(holder, amt string) admission.Grant {
 		g, err := s.Issue(ctx, admission.IssueRequest{Holder: holder, Generation: 1, Customer: "acme", Meter: "calls", Amount: d(amt)})
 		if err != nil {
@@ -168,21 +177,14 @@ func TestDebitsReconcileAsSpentGrants(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	d := decimal.RequireFromString
-	if _, err := quota.PutRuleDB(ctx, e.pool, quota.RuleInput{Customer: "acme", Meter: "calls", Limit: d("100"),
-		Admission: quota.Exact, EffectiveAt: time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC), Actor: "test"}); err != nil {
-		t.Fatal(err)
-	}
-	s, err := admission.New(e.pool, admission.Config{Now: func() time.Time { return e.now }})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := e.exactCalls(t)
 	for _, amt := range []string{"40", "35", "25"} {
 		if _, err := s.Debit(ctx, admission.DebitRequest{ID: uuid.New(), Holder: "gw1", Generation: 1, Customer: "acme",
 			Meter: "calls", Amount: d(amt)}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	_, err = s.Debit(ctx, admission.DebitRequest{ID: uuid.New(), Holder: "gw1", Generation: 1, Customer: "acme", Meter: "calls", Amount: d("1")})
+	_, err := s.Debit(ctx, admission.DebitRequest{ID: uuid.New(), Holder: "gw1", Generation: 1, Customer: "acme", Meter: "calls", Amount: d("1")})
 	if _, ok := errors.AsType[*admission.BudgetExhaustedError](err); !ok {
 		t.Fatalf("a debit past the limit: %v", err)
 	}
