@@ -18,8 +18,11 @@
 //     renews them with their spent, and releases what demand no longer
 //     needs, so a busy gateway elsewhere can get it. A grant smaller than
 //     asked or a refusal makes the budget tight for a Lookahead: the
-//     gateway then asks for each Admit's cost alone and gives back the
-//     rest (near its end a budget is a central counter).
+//     gateway then gives back what it holds, and an Admit that finds
+//     nothing held has its cost debited (POST /v1/grants/debits: taken
+//     from every budget that applies in one call, nothing held, nothing
+//     to release; on a rate budget, a grant of its cost alone). Near its
+//     end a budget is a central counter.
 //   - The holder id and its generation are kept on disk; every New is a new
 //     generation, so a restarted gateway never reuses an earlier grant. A
 //     run that lost its Dir, refused stale-generation before it was issued
