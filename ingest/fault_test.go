@@ -183,13 +183,14 @@ func TestFencingConcurrentOwners(t *testing.T) {
 
 // Postgres connections are killed (pg_terminate_backend) again and again
 // while ingest runs: transactions roll back and are retried, nothing is lost
-// or doubled.
+// or doubled. A kill lands mid-batch only by chance (a backend may be
+// killed between batches, or ingest's listener), so production goes on in
+// rounds until ingest has retried at least one interrupted batch.
 func TestPostgresConnectionsTerminated(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 2)
 	streams := models(6)
 	m := e.start()
-	p := startProducer(t, e.kafka.Addrs, streams, 11, 120, 5*time.Millisecond)
 
 	killer, err := pgxpool.New(context.Background(), e.dbURL)
 	if err != nil {
@@ -197,35 +198,40 @@ func TestPostgresConnectionsTerminated(t *testing.T) {
 	}
 	defer killer.Close()
 	var killed int
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(time.Duration(20+rand.IntN(60)) * time.Millisecond):
+	const rounds = 5
+	for round := range rounds {
+		p := startProducer(t, e.kafka.Addrs, streams, 11+uint64(round), 120, 5*time.Millisecond)
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(time.Duration(20+rand.IntN(60)) * time.Millisecond):
+				}
+				var n int
+				// Prefer backends inside a transaction: that is mid-batch.
+				_ = killer.QueryRow(context.Background(), `
+					SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+					WHERE datname = current_database() AND pid <> pg_backend_pid()
+					  AND backend_type = 'client backend' AND state IN ('active', 'idle in transaction')`).Scan(&n)
+				killed += n
 			}
-			var n int
-			// Prefer backends inside a transaction: that is mid-batch.
-			_ = killer.QueryRow(context.Background(), `
-				SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-				WHERE datname = current_database() AND pid <> pg_backend_pid()
-				  AND backend_type = 'client backend' AND state IN ('active', 'idle in transaction')`).Scan(&n)
-			killed += n
+		})
+		p.wait()
+		time.Sleep(time.Second)
+		close(stop)
+		wg.Wait()
+		if m.Metric("tally_ingest_retries_total", nil) > 0 {
+			break
 		}
-	}()
-	p.wait()
-	time.Sleep(time.Second)
-	close(stop)
-	wg.Wait()
+	}
 	e.waitCaughtUp(60 * time.Second)
 	m.Stop(t)
 	t.Logf("terminated %d backends; %v retries", killed, m.Metric("tally_ingest_retries_total", nil))
 	if killed == 0 || m.Metric("tally_ingest_retries_total", nil) == 0 {
-		t.Errorf("no transaction was interrupted (killed %d); the test proved nothing", killed)
+		t.Errorf("no transaction was interrupted in %d rounds (killed %d); the test proved nothing", rounds, killed)
 	}
 	e.checkLedger(streams)
 	e.checkOffsets()
