@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/internal/locks"
@@ -193,7 +191,7 @@ func (s *Store) debitOnce(ctx context.Context, req IssueRequest, pl plan) (Grant
 		g.Available = left
 		return debited(g), debitDone, nil
 	case "already":
-		g, err := s.storedDebit(ctx, req)
+		g, _, err := s.storedDebit(ctx, req)
 		return g, debitDone, err
 	case "refused":
 		return Grant{}, debitRefused, nil
@@ -203,10 +201,7 @@ func (s *Store) debitOnce(ctx context.Context, req IssueRequest, pl plan) (Grant
 		if stored == nil || *stored != req.Generation {
 			s.holderGens.forget(req.Holder)
 		}
-		for _, k := range drawnKeys(pl, req) {
-			s.known.forget(k)
-		}
-		s.known.forget(budgetKey{quota.CustomerScope(req.Customer), req.Meter, pl.custPeriod.Start.UTC()})
+		s.known.forget(append(drawnKeys(pl, req), budgetKey{quota.CustomerScope(req.Customer), req.Meter, pl.custPeriod.Start.UTC()})...)
 		s.plans.forget(req)
 		return Grant{}, debitSlow, nil
 	}
@@ -225,19 +220,20 @@ func debited(g Grant) Grant {
 // a refusal (the first sending may have committed meanwhile: the batch
 // waited for its locks, so it sees it then).
 func (s *Store) debitInBatch(ctx context.Context, req IssueRequest) (Grant, error) {
-	if g, found, err := s.debitStored(ctx, req); found || err != nil {
+	if g, found, err := s.storedDebit(ctx, req); found || err != nil {
 		return g, err
 	}
 	c := &call{req: req}
 	err := s.issueOwnTx(ctx, []*call{c})
-	if isDuplicateGrant(err) {
-		return s.storedDebit(ctx, req)
+	if keyTaken(err, "admission_grants_pkey") {
+		g, _, err := s.storedDebit(ctx, req)
+		return g, err
 	}
 	if err != nil {
 		return Grant{}, err
 	}
 	if c.err != nil {
-		if g, found, err := s.debitStored(ctx, req); found || err != nil {
+		if g, found, err := s.storedDebit(ctx, req); found || err != nil {
 			return g, err
 		}
 		return Grant{}, c.err
@@ -245,42 +241,29 @@ func (s *Store) debitInBatch(ctx context.Context, req IssueRequest) (Grant, erro
 	return debited(c.grant), nil
 }
 
-// debitStored is storedDebit, found false when req's id is stored for
-// nothing.
-func (s *Store) debitStored(ctx context.Context, req IssueRequest) (Grant, bool, error) {
-	g, err := s.storedDebit(ctx, req)
+// storedDebit reads the debit stored under req's id (found false when
+// none is): the answer to a debit sent again. An id stored for anything
+// else is an error on the id.
+func (s *Store) storedDebit(ctx context.Context, req IssueRequest) (Grant, bool, error) {
+	g, err := s.Get(ctx, req.id)
 	switch {
 	case errors.Is(err, ErrNotFound):
 		return Grant{}, false, nil
 	case err != nil:
-		return Grant{}, true, err
+		return Grant{}, false, err
+	}
+	if g.Holder != req.Holder || g.Customer != req.Customer || g.Meter != req.Meter || !g.Amount.Equal(req.Amount) ||
+		g.EndReason != "released" || !g.Spent.Equal(g.Amount) {
+		return Grant{}, true, &FieldError{Field: "id", Detail: fmt.Sprintf("%s is already the id of another grant or debit", req.id)}
 	}
 	return g, true, nil
 }
 
-func isDuplicateGrant(err error) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == "admission_grants_pkey"
-}
-
-// storedDebit reads the debit stored under req's id: the answer to a debit
-// sent again. An id stored for anything else is an error on the id.
-func (s *Store) storedDebit(ctx context.Context, req IssueRequest) (Grant, error) {
-	g, err := s.Get(ctx, req.id)
-	if err != nil {
-		return Grant{}, err
-	}
-	if g.Holder != req.Holder || g.Customer != req.Customer || g.Meter != req.Meter || !g.Amount.Equal(req.Amount) ||
-		g.EndReason != "released" || !g.Spent.Equal(g.Amount) {
-		return Grant{}, &FieldError{Field: "id", Detail: fmt.Sprintf("%s is already the id of another grant or debit", req.id)}
-	}
-	return g, nil
-}
-
-// debitRefusal is the refusal of req, as an issue batch of its own
-// decides it: the binding budget, what is available, retry_after and
-// what other holders hold, read under the locks. It never takes anything:
-// a debit refused in one round trip is not tried again.
+// debitRefusal is the refusal of a debit the guarded statement refused:
+// the binding budget, what it has left, retry_after and what other
+// holders hold, as an issue batch's refusal says them, read after that
+// statement's transaction ended (advice, as retry_after always is). It
+// takes nothing: a refused debit is not tried again.
 func (s *Store) debitRefusal(ctx context.Context, req IssueRequest, pl plan) error {
 	now := s.now()
 	var bind string
@@ -297,8 +280,9 @@ func (s *Store) debitRefusal(ctx context.Context, req IssueRequest, pl plan) err
 	if earliest != nil {
 		end = *earliest
 	}
-	s.m.refused.WithLabelValues(strings.SplitN(strings.SplitN(bind, ":", 2)[0], "/", 2)[0]).Inc()
-	return &BudgetExhaustedError{Binding: bind + "/" + req.Meter, Available: avail, RetryAfter: max(end.Sub(now), 0), Held: held}
+	binding := bind + "/" + req.Meter
+	s.m.refusedBy(binding)
+	return &BudgetExhaustedError{Binding: binding, Available: avail, RetryAfter: max(end.Sub(now), 0), Held: held}
 }
 
 func scopeNames(pl plan) []string {

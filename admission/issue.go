@@ -416,9 +416,7 @@ func (s *Store) issueOwnTx(ctx context.Context, batch []*call) error {
 			if c.err == nil && !c.req.debit {
 				s.m.issued.WithLabelValues(strconv.Itoa(len(c.grant.Budgets))).Inc()
 			} else if ex, ok := c.err.(*BudgetExhaustedError); ok {
-				kind, _, _ := strings.Cut(ex.Binding, ":")
-				kind, _, _ = strings.Cut(kind, "/") // "global/calls"
-				s.m.refused.WithLabelValues(kind).Inc()
+				s.m.refusedBy(ex.Binding)
 			}
 		}
 	}

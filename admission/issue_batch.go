@@ -200,9 +200,12 @@ const maxHolderRetries = 3
 // row created by another batch after this one locked its holders: its
 // INSERT then fails rather than locking a row out of the lock order (an
 // upsert would wait for a batch that may be waiting for it).
-func holderCreated(err error) bool {
+func holderCreated(err error) bool { return keyTaken(err, "admission_holders_pkey") }
+
+// keyTaken says whether err is a unique violation of constraint.
+func keyTaken(err error, constraint string) bool {
 	var pe *pgconn.PgError
-	return errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == "admission_holders_pkey"
+	return errors.As(err, &pe) && pe.Code == uniqueViolation && pe.ConstraintName == constraint
 }
 
 // collectBudgets gathers the budget rows, holders and (customer, meter)

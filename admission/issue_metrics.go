@@ -1,6 +1,10 @@
 package admission
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // issueMetrics are the metrics of issuing, registered when
 // Config.Registerer is set.
@@ -60,4 +64,12 @@ func newIssueMetrics(reg prometheus.Registerer) *issueMetrics {
 		reg.MustRegister(m.issued, m.refused, m.batchSize, m.batchSecs, m.brought, m.debits, m.reportSize, m.reportSecs)
 	}
 	return m
+}
+
+// refusedBy counts a refusal by the kind of its binding budget
+// ("customer:acme/calls" → customer, "global/calls" → global).
+func (m *issueMetrics) refusedBy(binding string) {
+	kind, _, _ := strings.Cut(binding, ":")
+	kind, _, _ = strings.Cut(kind, "/")
+	m.refused.WithLabelValues(kind).Inc()
 }
