@@ -846,7 +846,7 @@ type budget struct {
 	// Admit that finds nothing held is debited (debit.go), and a top-up
 	// asks for its cost alone.
 	tightUntil atomic.Int64 // unix nanos: read by Admit without b.mu
-	refusals   int          // grant requests refused in a row
+	refusals   atomic.Int64 // grant requests and debits refused in a row
 	lastGrant  int64        // amount of the last grant issued
 	// checkedVersion is the rule version last checked: of the decision
 	// when Tally said the rule is not exact, of the newest grant else.

@@ -38,16 +38,10 @@ func (c *Client) admitByDebit(ctx context.Context, customer, meter string, cost 
 	if errors.As(err, &te) && te.Type == problemStaleGen && c.recoverGeneration(sent, te.next) {
 		ans, _, err = c.debit(dctx, b, id, cost) // nothing was taken under the older generation
 	}
-	if _, refused := errors.AsType[*exhaustedError](err); refused && inFlight {
-		// Tally may have refused for capacity those reports give back:
-		// wait for them (until half of MaxWait) and ask once more, as a
-		// top-up does.
-		select {
-		case b.sending <- struct{}{}:
-			<-b.sending
-			ans, _, err = c.debit(dctx, b, id, cost)
-		case <-time.After(time.Until(start.Add(c.cfg.MaxWait / 2))):
-		}
+	if _, refused := errors.AsType[*exhaustedError](err); refused && inFlight && b.reportsSent(start.Add(c.cfg.MaxWait/2)) {
+		// Tally may have refused for capacity those reports gave back:
+		// asked once more, as a top-up does.
+		ans, _, err = c.debit(dctx, b, id, cost)
 	}
 	now := time.Now()
 	var ex *exhaustedError
@@ -57,35 +51,14 @@ func (c *Client) admitByDebit(ctx context.Context, customer, meter string, cost 
 		// How tight the budget is now, when b.mu is free (the loop may hold
 		// it across a renew's round trip; the reading is advice, and the
 		// next answer brings another).
-		if left, perr := parseUnits(ans.Available); perr == nil && ans.Available != "" && b.mu.TryLock() {
-			if c.tightAfter(b, now, left) {
-				b.tightUntil.Store(now.Add(c.cfg.Lookahead).UnixNano())
-			}
+		if b.mu.TryLock() {
+			c.readAvailable(b, now, ans.Available)
 			b.mu.Unlock()
 		}
-		b.refusedUntil.Store(0)
+		b.noteTaken()
 		return Decision{Admitted: true, How: Debited}, nil
 	case errors.As(err, &ex):
-		b.tightUntil.Store(now.Add(c.cfg.Lookahead).UnixNano())
-		if ex.Binding != "" {
-			binding := ex.Binding
-			b.refusedBy.Store(&binding)
-		}
-		if ex.held {
-			// Other gateways hold what is left and give back what they do
-			// not spend at their next tick: the next Admit asks again.
-			ex.RetryAfter = min(ex.RetryAfter, c.cfg.Tick)
-		} else {
-			// Spent, not only held: answer refusals from memory for a
-			// while (the streak counts when b.mu is free).
-			streak := 0
-			if b.mu.TryLock() {
-				streak = b.refusals
-				b.refusals++
-				b.mu.Unlock()
-			}
-			b.refusedUntil.Store(now.Add(c.refusalMemory(streak, ex.RetryAfter)).UnixNano())
-		}
+		c.noteRefusal(b, ex, now)
 		return Decision{How: Exhausted, Binding: ex.Binding, RetryAfter: ex.RetryAfter}, nil
 	case errors.As(err, &ne):
 		b.mu.Lock()

@@ -344,6 +344,60 @@ func (c *Client) refusalMemory(streak int, retryAfter time.Duration) time.Durati
 	return wait
 }
 
+// noteRefusal records that Tally refused b's grant request or debit (ex,
+// answered after now): the budget is tight, so the gateway holds little
+// of it from now on. When other gateways hold what is left, they give back
+// what they do not spend at their next tick: the next Admit asks again
+// (remembering the refusal for even a tick refused requests that fit,
+// docs/performance.md), and ex's RetryAfter is at most a tick. When the
+// budget is spent, not only held, refusals are answered from memory for a
+// while (refusalMemory): fewer central calls.
+func (c *Client) noteRefusal(b *budget, ex *exhaustedError, now time.Time) {
+	b.tightUntil.Store(now.Add(c.cfg.Lookahead).UnixNano())
+	if binding := ex.Binding; binding != "" {
+		b.refusedBy.Store(&binding)
+	}
+	if ex.held {
+		ex.RetryAfter = min(ex.RetryAfter, c.cfg.Tick)
+		return
+	}
+	streak := b.refusals.Add(1) - 1
+	b.refusedUntil.Store(time.Now().Add(c.refusalMemory(int(streak), ex.RetryAfter)).UnixNano())
+}
+
+// readAvailable reads an answer's available (what the budgets drawn have
+// left; "" from a Tally that does not say): b is tight for a Lookahead
+// when tightAfter says so. Under b.mu.
+func (c *Client) readAvailable(b *budget, now time.Time, available string) {
+	if available == "" {
+		return
+	}
+	if left, err := parseUnits(available); err == nil && c.tightAfter(b, now, left) {
+		b.tightUntil.Store(now.Add(c.cfg.Lookahead).UnixNano())
+	}
+}
+
+// noteTaken records that Tally took a grant request or debit of b: the
+// refusals in a row, and their memory, end.
+func (b *budget) noteTaken() {
+	b.refusedUntil.Store(0)
+	b.refusals.Store(0)
+}
+
+// reportsSent waits, until at the latest, for the final reports b's
+// gateway is sending to be delivered, and says whether they were: Tally
+// may have refused for capacity they give back, so a refused request is
+// asked once more then.
+func (b *budget) reportsSent(until time.Time) bool {
+	select {
+	case b.sending <- struct{}{}:
+		<-b.sending
+		return true
+	case <-time.After(time.Until(until)):
+		return false
+	}
+}
+
 func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	if c.closed.Load() {
 		return ErrClosed
@@ -366,13 +420,8 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	if errors.As(err, &te) && te.Type == problemStaleGen && c.recoverGeneration(sent, te.next) {
 		g, sent, err = c.issue(ctx, b, size, need) // once: under the recovered generation
 	}
-	if _, refused := errors.AsType[*exhaustedError](err); refused && inFlight {
-		select {
-		case b.sending <- struct{}{}:
-			<-b.sending
-			g, sent, err = c.issue(ctx, b, size, need)
-		case <-time.After(time.Until(waitUntil)):
-		}
+	if _, refused := errors.AsType[*exhaustedError](err); refused && inFlight && b.reportsSent(waitUntil) {
+		g, sent, err = c.issue(ctx, b, size, need)
 	}
 	var ne *notExactError
 	if errors.As(err, &ne) {
@@ -381,31 +430,13 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	}
 	var ex *exhaustedError
 	if errors.As(err, &ex) {
-		// The budget is tight: hold little of it from now on.
-		b.tightUntil.Store(now.Add(c.cfg.Lookahead).UnixNano())
-		if binding := ex.Binding; binding != "" {
-			b.refusedBy.Store(&binding)
-		}
-		if ex.held {
-			// Other gateways hold what is left, and give back what they
-			// do not spend at their next tick: the next Admit asks again
-			// (remembering the refusal for even a tick refused requests
-			// that fit, docs/performance.md), and the caller may retry
-			// within a tick.
-			ex.RetryAfter = min(ex.RetryAfter, c.cfg.Tick)
-			return err
-		}
-		// Spent, not only held: answer refusals from memory for a while,
-		// fewer central calls.
-		b.refusedUntil.Store(time.Now().Add(c.refusalMemory(b.refusals, ex.RetryAfter)).UnixNano())
-		b.refusals++
+		c.noteRefusal(b, ex, now)
 		return err
 	}
 	if err != nil {
 		return err
 	}
-	b.refusedUntil.Store(0)
-	b.refusals = 0
+	b.noteTaken()
 	b.kind.Store(kindExact)
 	b.checkedVersion = max(b.checkedVersion, g.RuleVersion)
 	if g.OnUnreachable != "" {
@@ -424,11 +455,7 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 		// Less than asked: Tally had no more, the budget is tight.
 		b.tightUntil.Store(now.Add(c.cfg.Lookahead).UnixNano())
 	}
-	if g.Available != "" {
-		if left, err := parseUnits(g.Available); err == nil && c.tightAfter(b, now, left) {
-			b.tightUntil.Store(now.Add(c.cfg.Lookahead).UnixNano())
-		}
-	}
+	c.readAvailable(b, now, g.Available)
 	if amount <= 0 {
 		// A fractional grant: nothing usable in whole units. Give it back;
 		// the budget has less than a unit left.
