@@ -151,11 +151,12 @@ func (a *API) postDebit(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	id, err := uuid.Parse(b.ID)
 	if b.ID == "" {
 		return invalidField("id", "required: a UUID the gateway picks, the same when the debit is sent again")
-	} else if err != nil || len(b.ID) != 36 {
-		return invalidField("id", "%s is not a UUID", quote(b.ID))
+	}
+	id, err := parseUUID("id", b.ID)
+	if err != nil {
+		return err
 	}
 	start := time.Now()
 	g, err := s.Debit(r.Context(), admission.DebitRequest{ID: id, Holder: b.Holder, Generation: b.Generation,

@@ -94,7 +94,11 @@ func (a *API) listDeadLetters(w http.ResponseWriter, r *http.Request) error {
 
 // pathUUID reads a UUID path parameter.
 func pathUUID(r *http.Request, name string) (uuid.UUID, error) {
-	s := chi.URLParam(r, name)
+	return parseUUID(name, chi.URLParam(r, name))
+}
+
+// parseUUID reads field name's value s as a UUID in its 36-character form.
+func parseUUID(name, s string) (uuid.UUID, error) {
 	id, err := uuid.Parse(s)
 	if err != nil || len(s) != 36 {
 		return uuid.Nil, invalidField(name, "%s is not a UUID", quote(s))
