@@ -88,8 +88,6 @@ func (s *Store) Debit(ctx context.Context, req DebitRequest) (Grant, error) {
 		case outcome == debitDone:
 			s.m.debits.WithLabelValues("one_round_trip").Inc()
 			return g, nil
-		case outcome == debitRefused:
-			return Grant{}, s.debitRefusal(ctx, ireq, pl)
 		}
 		// Not decidable in one round trip: an issue batch of its own.
 		g, err = s.debitInBatch(ctx, ireq)
@@ -107,9 +105,8 @@ func (s *Store) Debit(ctx context.Context, req DebitRequest) (Grant, error) {
 type debitOutcome int
 
 const (
-	debitDone debitOutcome = iota
-	debitRefused
-	debitSlow // a batch of its own decides it
+	debitDone debitOutcome = iota // taken, or refused (the error)
+	debitSlow                     // a batch of its own decides it
 )
 
 // oneRoundTrip says whether every row pl draws from (and the customer's
@@ -175,10 +172,12 @@ func (s *Store) debitOnce(ctx context.Context, req IssueRequest, pl plan) (Grant
 	if len(scopes) > 0 {
 		b.Queue(qDebitLockScopes, args)
 	}
-	var outcome string
+	var outcome, bind string
 	var stored *int64
-	var left decimal.NullDecimal
-	b.Queue(qDebit, args).QueryRow(func(r pgx.Row) error { return r.Scan(&outcome, &stored, nullNumeric(&left)) })
+	var left, bindLeft decimal.NullDecimal
+	b.Queue(qDebit, args).QueryRow(func(r pgx.Row) error {
+		return r.Scan(&outcome, &stored, nullNumeric(&left), &bind, nullNumeric(&bindLeft))
+	})
 	b.Queue("COMMIT")
 	// A failed statement leaves the connection in a failed transaction:
 	// the pool closes a connection released in a transaction, so nothing
@@ -194,7 +193,7 @@ func (s *Store) debitOnce(ctx context.Context, req IssueRequest, pl plan) (Grant
 		g, _, err := s.storedDebit(ctx, req)
 		return g, debitDone, err
 	case "refused":
-		return Grant{}, debitRefused, nil
+		return Grant{}, debitDone, s.debitRefused(ctx, req, pl, bind, bindLeft.Decimal, now)
 	case "stale":
 		return Grant{}, 0, staleGeneration(req.Holder, req.Generation, *stored)
 	default: // "slow": the plan or the rows are not as this Store knew them
@@ -259,45 +258,23 @@ func (s *Store) storedDebit(ctx context.Context, req IssueRequest) (Grant, bool,
 	return g, true, nil
 }
 
-// debitRefusal is the refusal of a debit the guarded statement refused:
-// the binding budget, what it has left, retry_after and what other
-// holders hold, as an issue batch's refusal says them, read after that
-// statement's transaction ended (advice, as retry_after always is). It
-// takes nothing: a refused debit is not tried again.
-func (s *Store) debitRefusal(ctx context.Context, req IssueRequest, pl plan) error {
-	now := s.now()
-	var bind string
-	var avail decimal.Decimal
-	var earliest *time.Time
-	var held decimal.Decimal
-	var end time.Time
-	err := s.db.QueryRow(ctx, qDebitRefusal, pgx.NamedArgs{"customer": req.Customer, "meter": req.Meter,
-		"cstart": pl.custPeriod.Start.UTC(), "draws_customer": pl.drawsCustomer, "scopes": scopeNames(pl),
-		"sstart": scopeStart(pl), "holder": req.Holder, "now": now}).Scan(&bind, numeric(&avail), &earliest, numeric(&held), &end)
-	if err != nil {
-		return fmt.Errorf("admission: debit: %w", err)
+// debitRefused is the refusal of a debit the guarded statement refused
+// by the budget scope (left of it), with retry_after and what other
+// holders hold on it, read as an issue batch reads them for its refusals
+// (after the transaction: advice, as retry_after always is). A refused
+// debit takes nothing and is not tried again.
+func (s *Store) debitRefused(ctx context.Context, req IssueRequest, pl plan, scope string, left decimal.Decimal, now time.Time) error {
+	row := &budgetRow{drawn: drawn{period: pl.custPeriod}}
+	for _, d := range pl.scopes {
+		if d.scope == scope {
+			row.drawn.period = d.period
+		}
 	}
-	if earliest != nil {
-		end = *earliest
-	}
-	binding := bind + "/" + req.Meter
-	s.m.refusedBy(binding)
-	return &BudgetExhaustedError{Binding: binding, Available: avail, RetryAfter: max(end.Sub(now), 0), Held: held}
-}
-
-func scopeNames(pl plan) []string {
-	out := make([]string, len(pl.scopes))
-	for i, d := range pl.scopes {
-		out[i] = d.scope
-	}
-	return out
-}
-
-func scopeStart(pl plan) time.Time {
-	if len(pl.scopes) == 0 {
-		return time.Time{}
-	}
-	return pl.scopes[0].period.Start.UTC()
+	k := budgetKey{scope, req.Meter, row.drawn.period.Start.UTC()}
+	ex := &BudgetExhaustedError{Binding: scope + "/" + req.Meter, Available: left}
+	s.retryAfter(ctx, s.db, now, []*call{{req: req, err: ex}}, []budgetKey{k}, map[budgetKey]*budgetRow{k: row})
+	s.m.refusedBy(ex.Binding)
+	return ex
 }
 
 // The one-round-trip debit's statements.
@@ -323,7 +300,9 @@ FOR UPDATE`
 // "refused" when a budget has less than the cost left; else "debited",
 // with every budget taken and the record written. The second column is
 // the holder's stored generation, the third what the budgets drawn have
-// left once this debit is taken (the smallest limit − consumed).
+// left once this debit is taken (the smallest limit − consumed), the
+// last two the budget with the least left (the customer's first, then by
+// scope, as an issue batch names the binding one) and what it has left.
 const qDebit = `
 WITH h AS (SELECT generation FROM admission_holders WHERE holder = @holder::text),
 c AS (SELECT b.consumed, b.rule_version, r."limit" AS lim, r.version,
@@ -381,39 +360,11 @@ g AS (INSERT INTO admission_grants (id, customer, meter, period_start, rule_vers
       FROM v WHERE v.outcome = 'debited'
       RETURNING id),
 d AS (INSERT INTO admission_grant_draws (grant_id, scope, meter, period_start)
-      SELECT g.id, u.scope, @meter::text, @sstart::timestamptz FROM g, unnest(@scopes::text[]) AS u(scope))
-SELECT v.outcome, (SELECT generation FROM h),
-       (SELECT greatest(0, min(left_after)) FROM (SELECT lim - consumed - @cost::numeric AS left_after FROM c WHERE @draws_customer::boolean
-                                                  UNION ALL SELECT lim - consumed - @cost::numeric FROM s) x)
+      SELECT g.id, u.scope, @meter::text, @sstart::timestamptz FROM g, unnest(@scopes::text[]) AS u(scope)),
+k AS (SELECT 0 AS ord, 'customer:' || @customer::text AS scope, greatest(0, lim - consumed) AS avail FROM c
+      WHERE @draws_customer::boolean
+      UNION ALL
+      SELECT 1, scope, greatest(0, lim - consumed) FROM s)
+SELECT v.outcome, (SELECT generation FROM h), greatest(0, (SELECT min(avail) FROM k) - @cost::numeric),
+       coalesce((SELECT scope FROM k ORDER BY avail, ord, scope LIMIT 1), ''), (SELECT min(avail) FROM k)
 FROM v`
-
-// qDebitRefusal is, for a debit refused in one round trip, the binding
-// budget (the least available; the customer's first, then by scope),
-// what it has left, when its earliest live grant is reclaimed, what other
-// holders' live grants on it hold, and its period's end. It reads without
-// locks: a refusal's details are advice, as retry_after always is.
-const qDebitRefusal = `
-WITH k AS (
-    SELECT 0 AS ord, 'customer:' || b.customer AS scope, greatest(0, b."limit" - b.consumed) AS avail, b.period_end
-    FROM admission_budgets b
-    WHERE @draws_customer::boolean AND (b.customer, b.meter, b.period_start) = (@customer::text, @meter::text, @cstart::timestamptz)
-    UNION ALL
-    SELECT 1, x.scope, greatest(0, x."limit" - x.consumed), x.period_end
-    FROM admission_scope_budgets x
-    WHERE x.scope = ANY(@scopes::text[]) AND x.meter = @meter::text AND x.period_start = @sstart::timestamptz
-    ORDER BY 3, 1, 2 LIMIT 1)
-SELECT k.scope, k.avail, min(g.reclaim_at),
-       coalesce(sum(g.amount - g.spent) FILTER (WHERE g.holder <> @holder::text AND g.valid_until > @now::timestamptz), 0),
-       k.period_end
-FROM k
-LEFT JOIN LATERAL (
-    SELECT g.reclaim_at, g.amount, g.spent, g.holder, g.valid_until FROM admission_grants g
-    WHERE k.ord = 0 AND g.customer = @customer::text AND g.meter = @meter::text AND g.period_start = @cstart::timestamptz
-      AND g.draws_customer AND g.ended_at IS NULL AND g.reclaim_at > @now::timestamptz
-    UNION ALL
-    SELECT g.reclaim_at, g.amount, g.spent, g.holder, g.valid_until
-    FROM admission_grant_draws y JOIN admission_grants g ON g.id = y.grant_id
-    WHERE k.ord = 1 AND y.scope = k.scope AND y.meter = @meter::text AND y.period_start = @sstart::timestamptz
-      AND g.ended_at IS NULL AND g.reclaim_at > @now::timestamptz
-) g ON true
-GROUP BY k.scope, k.avail, k.period_end`

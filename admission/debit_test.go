@@ -89,8 +89,8 @@ func TestDebitTakesEveryBudgetAllOrNothing(t *testing.T) {
 		t.Helper()
 		_, err := e.debit("gw", 1, customer, d(amt))
 		ex, ok := errors.AsType[*admission.BudgetExhaustedError](err)
-		if !ok || ex.Binding != binding || !ex.Available.Equal(d(available)) {
-			t.Fatalf("debit %s of %s: %v, want refused by %s with %s available", customer, amt, err, binding, available)
+		if !ok || ex.Binding != binding || !ex.Available.Equal(d(available)) || ex.RetryAfter <= 0 {
+			t.Fatalf("debit %s of %s: %v, want refused by %s with %s available, retry after the period's end", customer, amt, err, binding, available)
 		}
 	}
 	refused("a", "5", "customer:a/calls", "4") // the customer's own binds
