@@ -364,7 +364,8 @@ d AS (INSERT INTO admission_grant_draws (grant_id, scope, meter, period_start)
 k AS (SELECT 0 AS ord, 'customer:' || @customer::text AS scope, greatest(0, lim - consumed) AS avail FROM c
       WHERE @draws_customer::boolean
       UNION ALL
-      SELECT 1, scope, greatest(0, lim - consumed) FROM s)
-SELECT v.outcome, (SELECT generation FROM h), greatest(0, (SELECT min(avail) FROM k) - @cost::numeric),
-       coalesce((SELECT scope FROM k ORDER BY avail, ord, scope LIMIT 1), ''), (SELECT min(avail) FROM k)
-FROM v`
+      SELECT 1, scope, greatest(0, lim - consumed) FROM s),
+m AS (SELECT min(avail) AS least FROM k)
+SELECT v.outcome, (SELECT generation FROM h), greatest(0, m.least - @cost::numeric),
+       CASE WHEN v.outcome = 'refused' THEN (SELECT scope FROM k ORDER BY avail, ord, scope LIMIT 1) ELSE '' END, m.least
+FROM v, m`
