@@ -359,10 +359,14 @@ func (g *grants) detail() string {
 	n.mu.Unlock()
 	slices.Sort(lat)
 	slices.Sort(dlat)
-	return fmt.Sprintf("%d calls: %d grants issued, %d refused (budget exhausted), %d debits taken, %d refused, %d renewals, %d releases, %d bypass reports; grant request p50 %s, p90 %s, p99 %s (mean %s, of which the API's handler %s); debit p50 %s, p90 %s, p99 %s (mean %s, the API's handler %s)",
+	// The API's pool: how often a request waited for one of its
+	// connections, and for how long on average over every acquire.
+	ps := g.pool.Stat()
+	return fmt.Sprintf("%d calls: %d grants issued, %d refused (budget exhausted), %d debits taken, %d refused, %d renewals, %d releases, %d bypass reports; grant request p50 %s, p90 %s, p99 %s (mean %s, of which the API's handler %s); debit p50 %s, p90 %s, p99 %s (mean %s, the API's handler %s); the API's %d connections: %d acquires, %d of them waited, %s per acquire on average",
 		n.all.Load(), n.issued.Load(), n.refused.Load(), n.debited.Load(), n.debitRefused.Load(), n.renewed.Load(), n.released.Load(), n.bypasses.Load(),
 		dur(pct(lat, 0.5)), dur(pct(lat, 0.9)), dur(pct(lat, 0.99)), dur(mean(lat)), dur(handlerMean(g.api.reg, "tally_grant_issue_duration_seconds")),
-		dur(pct(dlat, 0.5)), dur(pct(dlat, 0.9)), dur(pct(dlat, 0.99)), dur(mean(dlat)), dur(handlerMean(g.api.reg, "tally_debit_duration_seconds")))
+		dur(pct(dlat, 0.5)), dur(pct(dlat, 0.9)), dur(pct(dlat, 0.99)), dur(mean(dlat)), dur(handlerMean(g.api.reg, "tally_debit_duration_seconds")),
+		ps.MaxConns(), ps.AcquireCount(), ps.EmptyAcquireCount(), dur(ps.AcquireDuration()/time.Duration(max(ps.AcquireCount(), 1))))
 }
 
 func (g *grants) admit(ctx context.Context, gw int, c int, cost int64) (bool, error) {
