@@ -310,7 +310,7 @@ func ledgerRecords(b *microBatch) ([]ledger.Record, []recordRef) {
 				Seq:         r.Seq,
 				Total:       r.Total,
 				Quantity:    r.Quantity,
-				OccurredAt:  r.OccurredAt,
+				OccurredAt:  r.OccurredAt.Truncate(time.Microsecond), // in UTC, as stored: the ledger need not copy the batch to make it so
 				Final:       r.Final,
 			})
 			if r.Level.Valid || r.Member != "" {

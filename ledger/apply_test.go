@@ -1,8 +1,11 @@
 package ledger_test
 
 import (
+	"slices"
 	"testing"
 	"time"
+
+	"github.com/tally-ledger/tally/ledger"
 )
 
 var nov = time.Date(2026, 11, 10, 9, 30, 0, 0, time.UTC)
@@ -184,5 +187,33 @@ func TestApplyLoadsStoredAmountsExactly(t *testing.T) {
 	}
 	if got := f.scalar(`SELECT count(*)::text FROM findings`); got != "0" {
 		t.Fatalf("findings = %s", got)
+	}
+}
+
+// Apply keeps occurred_at in whole microseconds, in UTC, as Postgres does,
+// without changing the records it is given; a retransmit whose timestamp
+// carries the nanoseconds the first one had is a duplicate of it.
+func TestApplyStoresMicrosecondsAndLeavesTheCallersRecords(t *testing.T) {
+	f := newFixture(t)
+	s := recBuilder{"gw-1", 1, "acme", "api_calls"}
+	at := time.Date(2026, 11, 10, 10, 30, 0, 123456789, time.FixedZone("UTC+1", 3600))
+	recs := []ledger.Record{s.rec(1, "10", at), s.rec(2, "12", at.Add(time.Nanosecond))}
+	sent := slices.Clone(recs)
+	if got := kinds(f.apply(recs...)); got != "applied applied" {
+		t.Fatalf("outcomes = %s", got)
+	}
+	if !slices.EqualFunc(recs, sent, func(a, b ledger.Record) bool { return a.OccurredAt == b.OccurredAt }) {
+		t.Fatalf("Apply changed its caller's records: %v, want %v", recs[0].OccurredAt, sent[0].OccurredAt)
+	}
+	if got := f.scalar(`SELECT string_agg(to_char(occurred_at AT TIME ZONE 'UTC', 'HH24:MI:SS.US'), ' ' ORDER BY seq) FROM records`); got != "09:30:00.123456 09:30:00.123456" {
+		t.Fatalf("occurred_at stored = %s", got)
+	}
+	if got := kinds(f.apply(recs...)); got != "duplicate duplicate" {
+		t.Fatalf("retransmit: %s", got)
+	}
+	// Already in UTC and whole microseconds, as ingest gives them.
+	utc := s.rec(3, "13", at.UTC().Truncate(time.Microsecond))
+	if got := kinds(f.apply(utc, utc)); got != "applied duplicate" {
+		t.Fatalf("normalised records: %s", got)
 	}
 }

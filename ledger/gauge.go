@@ -137,8 +137,8 @@ func (l *Ledger) applyGauges(ctx context.Context, tx Tx, recs []Record, checkKin
 func (l *Ledger) applyGaugesOnce(ctx context.Context, tx Tx, recs []Record, lookupAll bool, checkKind MeterKind, earlier map[uuid.UUID]MeterKind) ([]Outcome, error) {
 	now := l.now().UTC().Truncate(time.Microsecond)
 	a := &gaugeApplier{applier: &applier{
-		lookupAll: lookupAll, checkKind: checkKind, now: now, out: make([]Outcome, len(recs)), recs: append([]Record(nil), recs...),
-		streams: map[StreamKey]*stream{}, ops: map[uuid.UUID]stored{},
+		lookupAll: lookupAll, checkKind: checkKind, now: now, out: make([]Outcome, len(recs)), recs: normalised(recs),
+		streams:   map[StreamKey]*stream{},
 		calendars: map[string]periods.Schedule{}, closed: map[periodKey]bool{}, rollups: map[rollupKey]decimal.Decimal{},
 		elsewhere: maps.Clone(earlier),
 	}, gstreams: map[StreamKey]*gaugeStream{}, gbyID: map[int64]*gaugeStream{}, gops: make(map[uuid.UUID]gaugeStored, len(recs)),

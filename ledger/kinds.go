@@ -236,13 +236,12 @@ func (r *Record) checkReading() error {
 	return errors.Join(errs...)
 }
 
-// validateReadings normalises gauge and unique records and rejects those
-// Apply cannot take, returning the indexes of the rest.
+// validateReadings rejects the gauge and unique records Apply cannot
+// take, returning the indexes of the rest.
 func (a *applier) validateReadings() []int {
 	valid := make([]int, 0, len(a.recs))
 	for i := range a.recs {
 		r := &a.recs[i]
-		r.OccurredAt = r.OccurredAt.UTC().Truncate(time.Microsecond)
 		if err := r.checkReading(); err != nil {
 			a.out[i] = Outcome{Kind: Rejected, Reason: ReasonInvalid, Detail: err.Error()}
 			continue

@@ -107,8 +107,8 @@ func (l *Ledger) applyUniques(ctx context.Context, tx Tx, recs []Record, checkKi
 func (l *Ledger) applyUniquesOnce(ctx context.Context, tx Tx, recs []Record, lookupAll bool, checkKind MeterKind, earlier map[uuid.UUID]MeterKind) ([]Outcome, error) {
 	now := l.now().UTC().Truncate(time.Microsecond)
 	a := &uniqueApplier{applier: &applier{
-		lookupAll: lookupAll, checkKind: checkKind, now: now, out: make([]Outcome, len(recs)), recs: append([]Record(nil), recs...),
-		streams: map[StreamKey]*stream{}, ops: map[uuid.UUID]stored{},
+		lookupAll: lookupAll, checkKind: checkKind, now: now, out: make([]Outcome, len(recs)), recs: normalised(recs),
+		streams:   map[StreamKey]*stream{},
 		calendars: map[string]periods.Schedule{}, closed: map[periodKey]bool{}, rollups: map[rollupKey]decimal.Decimal{},
 		elsewhere: maps.Clone(earlier),
 	}, cache: l.members, indexAfter: l.indexAfter, indexed: map[cmpKey]bool{}, log: l.log, buckets: map[string]dayBucket{}, uops: make(map[uuid.UUID]uniqueStored, len(recs)), periods: map[cmpKey]map[memberDay]int{}}
