@@ -1,12 +1,14 @@
 package admissionbench
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -307,6 +309,13 @@ type callCounts struct {
 	mu                                                sync.Mutex
 	grantLatency                                      []time.Duration // of POST /v1/grants, as the gateway saw it
 	debitLatency                                      []time.Duration // of POST /v1/grants/debits
+	admissions                                        []admitted      // every Admit, as the caller saw it
+}
+
+// admitted is one Admit: how it was decided and how long it took.
+type admitted struct {
+	how  admit.How
+	took time.Duration
 }
 
 // counting is a gateway's transport, counting into n.
@@ -356,22 +365,59 @@ func (g *grants) detail() string {
 	n := &g.requests
 	n.mu.Lock()
 	lat, dlat := slices.Clone(n.grantLatency), slices.Clone(n.debitLatency)
+	slow := tail(n.admissions)
 	n.mu.Unlock()
 	slices.Sort(lat)
 	slices.Sort(dlat)
 	// The API's pool: how often a request waited for one of its
 	// connections, and for how long on average over every acquire.
 	ps := g.pool.Stat()
-	return fmt.Sprintf("%d calls: %d grants issued, %d refused (budget exhausted), %d debits taken, %d refused, %d renewals, %d releases, %d bypass reports; grant request p50 %s, p90 %s, p99 %s (mean %s, of which the API's handler %s); debit p50 %s, p90 %s, p99 %s (mean %s, the API's handler %s); the API's %d connections: %d acquires, %d of them waited, %s per acquire on average",
+	return fmt.Sprintf("%d calls: %d grants issued, %d refused (budget exhausted), %d debits taken, %d refused, %d renewals, %d releases, %d bypass reports; grant request p50 %s, p90 %s, p99 %s (mean %s, of which the API's handler %s); debit p50 %s, p90 %s, p99 %s (mean %s, the API's handler %s); the API's %d connections: %d acquires, %d of them waited, %s per acquire on average; %s",
 		n.all.Load(), n.issued.Load(), n.refused.Load(), n.debited.Load(), n.debitRefused.Load(), n.renewed.Load(), n.released.Load(), n.bypasses.Load(),
 		dur(pct(lat, 0.5)), dur(pct(lat, 0.9)), dur(pct(lat, 0.99)), dur(mean(lat)), dur(handlerMean(g.api.reg, "tally_grant_issue_duration_seconds")),
 		dur(pct(dlat, 0.5)), dur(pct(dlat, 0.9)), dur(pct(dlat, 0.99)), dur(mean(dlat)), dur(handlerMean(g.api.reg, "tally_debit_duration_seconds")),
-		ps.MaxConns(), ps.AcquireCount(), ps.EmptyAcquireCount(), dur(ps.AcquireDuration()/time.Duration(max(ps.AcquireCount(), 1))))
+		ps.MaxConns(), ps.AcquireCount(), ps.EmptyAcquireCount(), dur(ps.AcquireDuration()/time.Duration(max(ps.AcquireCount(), 1))), slow)
 }
 
 func (g *grants) admit(ctx context.Context, gw int, c int, cost int64) (bool, error) {
+	t0 := time.Now()
 	d, err := g.clients[gw].Admit(ctx, g.names[c], meter, cost)
+	took := time.Since(t0)
+	n := &g.requests
+	n.mu.Lock()
+	n.admissions = append(n.admissions, admitted{d.How, took})
+	n.mu.Unlock()
 	return d.Admitted, err
+}
+
+// tail says how the admissions at or above their p99 were decided: what
+// sets the p99. "grant" there is an Admit that waited for a grant request
+// (one served from a grant held takes microseconds).
+func tail(as []admitted) string {
+	if len(as) == 0 {
+		return "no admissions"
+	}
+	took := make([]time.Duration, len(as))
+	for i, a := range as {
+		took[i] = a.took
+	}
+	slices.Sort(took)
+	p99 := pct(took, 0.99)
+	by := map[admit.How]int{}
+	n := 0
+	for _, a := range as {
+		if a.took >= p99 {
+			by[a.how]++
+			n++
+		}
+	}
+	hows := slices.Collect(maps.Keys(by))
+	slices.SortFunc(hows, func(a, b admit.How) int { return cmp.Or(by[b]-by[a], int(a)-int(b)) })
+	parts := make([]string, len(hows))
+	for i, h := range hows {
+		parts[i] = fmt.Sprintf("%s %.0f%%", h, 100*float64(by[h])/float64(n))
+	}
+	return fmt.Sprintf("the %d admissions at or above the p99 (%s): %s", n, dur(p99), strings.Join(parts, ", "))
 }
 
 func mean(ds []time.Duration) time.Duration {
