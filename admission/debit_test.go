@@ -28,20 +28,22 @@ func (e *env) withRegistry() *prometheus.Registry {
 	return reg
 }
 
-func debitsBy(t *testing.T, reg *prometheus.Registry, path string) int {
+// counted is the value of the counter name whose label is value in reg
+// (0 when it has not counted).
+func counted(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != "tally_admission_debits_total" {
+		if mf.GetName() != name {
 			continue
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "path" && l.GetValue() == path {
-					return int(m.GetCounter().GetValue())
+				if l.GetName() == label && l.GetValue() == value {
+					return m.GetCounter().GetValue()
 				}
 			}
 		}
@@ -112,11 +114,11 @@ func TestDebitTakesEveryBudgetAllOrNothing(t *testing.T) {
 			t.Errorf("customer %s consumed %s, want %s", c.customer, got, c.want)
 		}
 	}
-	if n := debitsBy(t, reg, "one_round_trip"); n < 1 {
-		t.Errorf("%d debits took one round trip, want the ones after each row was known", n)
+	if n := counted(t, reg, "tally_admission_debits_total", "path", "one_round_trip"); n < 1 {
+		t.Errorf("%.0f debits took one round trip, want the ones after each row was known", n)
 	}
-	if n := debitsBy(t, reg, "batch"); n < 1 {
-		t.Errorf("%d debits ran as a batch, want the holder's first", n)
+	if n := counted(t, reg, "tally_admission_debits_total", "path", "batch"); n < 1 {
+		t.Errorf("%.0f debits ran as a batch, want the holder's first", n)
 	}
 }
 

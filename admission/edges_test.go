@@ -382,21 +382,7 @@ func TestBroughtBudgetsAreCounted(t *testing.T) {
 	e.scopeRule(quota.Global, "calls", d("90"))
 	issue()
 	brought := func(kind string) float64 {
-		mfs, err := reg.Gather()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, mf := range mfs {
-			if mf.GetName() != "tally_admission_budgets_brought_total" {
-				continue
-			}
-			for _, m := range mf.GetMetric() {
-				if m.GetLabel()[0].GetValue() == kind {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-		return 0
+		return counted(t, reg, "tally_admission_budgets_brought_total", "kind", kind)
 	}
 	if c, g := brought("customer"), brought("scope"); c != 1 || g != 2 {
 		t.Fatalf("brought customer %v scope %v, want 1 (its first grant) and 2 (first grant, new version)", c, g)
