@@ -374,8 +374,8 @@ func (a *applier) validate() []int {
 }
 
 // normalised returns recs when every OccurredAt is already in UTC and in
-// whole microseconds (Postgres keeps microseconds), as the wire decoder
-// gives them, and otherwise a copy of recs in which they are: Apply never
+// whole microseconds (Postgres keeps microseconds), as ingest gives them,
+// and otherwise a copy of recs in which they are: Apply never
 // changes its caller's records, and a micro-batch of decoded records is not
 // copied (a copy of 5,000 records is a megabyte to write and to collect).
 func normalised(recs []Record) []Record {
