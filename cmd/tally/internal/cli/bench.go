@@ -12,7 +12,6 @@ import (
 	"net"
 	neturl "net/url"
 	"os"
-	"runtime/pprof"
 	"slices"
 	"strings"
 	"syscall"
@@ -196,17 +195,11 @@ func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error
 			o.latency, rtt.Round(10*time.Microsecond))
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	if o.cpuProfile != "" {
-		f, err := os.Create(o.cpuProfile)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+	stop, err := startCPUProfile(o.cpuProfile)
+	if err != nil {
+		return err
 	}
+	defer stop()
 	k, err := devstack.StartKafka(devstack.KafkaConfig{Addr: "127.0.0.1:0",
 		Topics: []string{"bench.unique", "bench.duplicates", "bench.kind"}, Partitions: int32(o.partitions)})
 	if err != nil {

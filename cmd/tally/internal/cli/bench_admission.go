@@ -30,6 +30,7 @@ type benchAdmissionOptions struct {
 	// (docs/design.md §17).
 	rate         admissionbench.RateOptions
 	rateContract bool
+	cpuProfile   string
 }
 
 // rateFlag is --rate: a bare number is the trace's requests per second; a
@@ -124,6 +125,11 @@ func (o benchAdmissionOptions) Run(ctx context.Context, out io.Writer) error {
 		return err
 	}
 	defer done()
+	stop, err := startCPUProfile(o.cpuProfile)
+	if err != nil {
+		return err
+	}
+	defer stop()
 	if o.budgets {
 		return o.runHot(ctx, out, dbURL, log)
 	}
@@ -131,7 +137,7 @@ func (o benchAdmissionOptions) Run(ctx context.Context, out io.Writer) error {
 		return o.runRate(ctx, out, dbURL, log)
 	}
 	sim := o.sim
-	sim.DatabaseURL, sim.Logger = dbURL, log
+	sim.DatabaseURL, sim.Logger, sim.APIPoolSize = dbURL, log, o.hot.APIPoolSize
 	fmt.Fprintf(out, "tally bench admission: database %s; regimes %s, one after another\n", dbName(dbURL), strings.Join(sim.Regimes, ", "))
 	r, err := admissionbench.Run(ctx, sim)
 	if err != nil {
@@ -270,10 +276,11 @@ dropped afterwards (unless --keep). Redis is used by this benchmark only.`,
 	f.StringSliceVar(&o.hot.Budgets, "budgets", []string{"customer"}, "the hot-key run: budgets every grant draws on, of customer, pool, global (without it: the regimes above)")
 	f.IntVar(&o.hot.Holders, "holders", 50, "the hot-key run: concurrent holders, one customer each")
 	f.DurationVar(&o.hot.Duration, "hot-duration", 5*time.Second, "the hot-key run: length of each measured row")
-	f.IntVar(&o.hot.APIPoolSize, "api-pool-size", 4, "the hot-key run: Postgres connections of the REST API (as tally serve's --api-pool-size)")
+	f.IntVar(&o.hot.APIPoolSize, "api-pool-size", 4, "Postgres connections of the REST API in the exact regimes and the hot-key run (as tally serve's --api-pool-size)")
 	f.DurationVar(&o.rate.MaxSkew, "rate-max-skew", 100*time.Millisecond, "the rate-contract run: the rate rule's max_skew")
 	f.StringVar(&o.adminURL, "database-url", defaultDatabaseURL, "Postgres server to create the benchmark database on")
 	envDefault(f, "database-url", "TALLY_DATABASE_URL")
 	f.BoolVar(&o.keep, "keep", false, "keep the benchmark database")
+	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (the gateways' SDK, the REST API and the replay; not Postgres) to this file")
 	return cmd
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -100,4 +101,24 @@ func printCPU(out io.Writer, label string, n int, process time.Duration, backend
 		return
 	}
 	fmt.Fprintf(out, "    CPU of %s: this process %.1f µs per record (Postgres's backends are not on this host)\n", label, per(process))
+}
+
+// startCPUProfile writes a CPU profile of this process to path until stop
+// is called (nothing when path is empty): the --cpuprofile of the benches.
+func startCPUProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		f.Close()
+	}, nil
 }

@@ -238,6 +238,7 @@ type grants struct {
 	transports []*http.Transport
 	requests   callCounts
 	names      []string
+	seen       []atomic.Bool // by gateway × customer: admitted there before
 	dir        string
 }
 
@@ -248,7 +249,12 @@ func startGrants(ctx context.Context, o Options, fixed bool) (_ system, err erro
 			_, _, _ = g.end(context.WithoutCancel(ctx), nil)
 		}
 	}()
-	if g.pool, err = pgxpool.New(ctx, o.DatabaseURL); err != nil {
+	cfg, err := pgxpool.ParseConfig(o.DatabaseURL)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = int32(o.APIPoolSize)
+	if g.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return nil, err
 	}
 	if g.store, err = admission.New(g.pool, admission.Config{}); err != nil {
@@ -263,7 +269,7 @@ func startGrants(ctx context.Context, o Options, fixed bool) (_ system, err erro
 	if fixed {
 		kind = "fixed"
 	}
-	g.names = make([]string, o.Customers)
+	g.names, g.seen = make([]string, o.Customers), make([]atomic.Bool, o.Gateways*o.Customers)
 	for c := range g.names {
 		g.names[c] = fmt.Sprintf("%s-%s-c%04d", kind, id, c)
 		if _, err := quota.PutRuleDB(ctx, g.pool, quota.RuleInput{Customer: g.names[c], Meter: meter,
@@ -312,10 +318,12 @@ type callCounts struct {
 	admissions                                        []admitted      // every Admit, as the caller saw it
 }
 
-// admitted is one Admit: how it was decided and how long it took.
+// admitted is one Admit: how it was decided and how long it took, and
+// whether it was its customer's first at its gateway.
 type admitted struct {
-	how  admit.How
-	took time.Duration
+	how   admit.How
+	took  time.Duration
+	first bool
 }
 
 // counting is a gateway's transport, counting into n.
@@ -383,16 +391,19 @@ func (g *grants) admit(ctx context.Context, gw int, c int, cost int64) (bool, er
 	t0 := time.Now()
 	d, err := g.clients[gw].Admit(ctx, g.names[c], meter, cost)
 	took := time.Since(t0)
+	first := !g.seen[gw*len(g.names)+c].Swap(true)
 	n := &g.requests
 	n.mu.Lock()
-	n.admissions = append(n.admissions, admitted{d.How, took})
+	n.admissions = append(n.admissions, admitted{d.How, took, first})
 	n.mu.Unlock()
 	return d.Admitted, err
 }
 
 // tail says how the admissions at or above their p99 were decided: what
 // sets the p99. "grant" there is an Admit that waited for a grant request
-// (one served from a grant held takes microseconds).
+// (one served from a grant held takes microseconds); "first" is the
+// share of them that were their customer's first at their gateway (the
+// rest waited for a top-up).
 func tail(as []admitted) string {
 	if len(as) == 0 {
 		return "no admissions"
@@ -404,11 +415,14 @@ func tail(as []admitted) string {
 	slices.Sort(took)
 	p99 := pct(took, 0.99)
 	by := map[admit.How]int{}
-	n := 0
+	n, first := 0, 0
 	for _, a := range as {
 		if a.took >= p99 {
 			by[a.how]++
 			n++
+			if a.first && a.how == admit.FromGrant {
+				first++
+			}
 		}
 	}
 	hows := slices.Collect(maps.Keys(by))
@@ -416,6 +430,10 @@ func tail(as []admitted) string {
 	parts := make([]string, len(hows))
 	for i, h := range hows {
 		parts[i] = fmt.Sprintf("%s %.0f%%", h, 100*float64(by[h])/float64(n))
+		if h == admit.FromGrant {
+			parts[i] += fmt.Sprintf(" (%.0f%% first at their gateway, %.0f%% top-ups)",
+				100*float64(first)/float64(n), 100*float64(by[h]-first)/float64(n))
+		}
 	}
 	return fmt.Sprintf("the %d admissions at or above the p99 (%s): %s", n, dur(p99), strings.Join(parts, ", "))
 }

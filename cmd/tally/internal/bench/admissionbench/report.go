@@ -45,15 +45,15 @@ func (r Result) Report(w io.Writer) {
 				perThousand(row.SteadyGrantCalls, row.SteadyAdmitted), perThousand(row.SteadyCalls, row.SteadyAdmitted),
 				met(row.SteadyGrantCalls*100 <= row.SteadyAdmitted),
 				percent(row.Below95False, row.Below95), met(row.Below95False*100 <= row.Below95))
-			fmt.Fprintf(w, "  %-26s %s; the replay took %s\n", "", row.CallDetail, row.Elapsed.Round(10*time.Millisecond))
+			fmt.Fprintf(w, "  %-26s %s; the replay took %s%s\n", "", row.CallDetail, row.Elapsed.Round(10*time.Millisecond), row.cpu())
 		case row.Key == "lagged" && row.DecisionLag == [2]time.Duration{}:
 			fmt.Fprintf(w, "  %-26s overshoot %d units; no customer reached the limit\n", row.Regime, row.OverLimit)
 		case row.Key == "lagged":
 			fmt.Fprintf(w, "  %-26s overshoot %d units (not exact); decision lag, limit reached → blocked: p50 %s, p99 %s (decision every %s, usage metered every %s)\n",
 				row.Regime, row.OverLimit, dur(row.DecisionLag[0]), dur(row.DecisionLag[1]), o.LagInterval, o.LagFlush)
 		default:
-			fmt.Fprintf(w, "  %-26s overshoot %d units; one central call per request (%s per 1,000 admissions); the replay took %s\n",
-				row.Regime, row.OverLimit, perThousand(row.CentralCalls, row.Admitted), row.Elapsed.Round(10*time.Millisecond))
+			fmt.Fprintf(w, "  %-26s overshoot %d units; one central call per request (%s per 1,000 admissions); the replay took %s%s\n",
+				row.Regime, row.OverLimit, perThousand(row.CentralCalls, row.Admitted), row.Elapsed.Round(10*time.Millisecond), row.cpu())
 		}
 		for _, p := range row.Problems {
 			fmt.Fprintf(w, "  %-26s PROBLEM: %s\n", "", p)
@@ -158,4 +158,14 @@ func (r HotResult) Report(w io.Writer) {
 	for _, p := range f.Problems {
 		fmt.Fprintf(w, "  PROBLEM: %s\n", p)
 	}
+}
+
+// cpu says how busy the host was during the replay: the share of its
+// cores and the CPU time per request.
+func (row Row) cpu() string {
+	if row.CPUBusy <= 0 || row.Cores == 0 || row.Elapsed <= 0 || row.Requests == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", the host's %d cores %.0f%% busy (%s of CPU per request: gateways, API and Postgres together)",
+		row.Cores, 100*row.CPUBusy.Seconds()/(row.Elapsed.Seconds()*float64(row.Cores)), dur(row.CPUBusy/time.Duration(row.Requests)))
 }

@@ -30,6 +30,7 @@ type Options struct {
 	Lookahead   time.Duration // the SDK's Lookahead in the sized regime [the SDK's default, 2s]
 	LagInterval time.Duration // the lagged regime's decision interval [quota.DefaultInterval]
 	LagFlush    time.Duration // the lagged regime's metering micro-batch [100ms]
+	APIPoolSize int           // Postgres connections of the REST API in the exact regimes [4, tally serve's default]
 	// RedisAddr of the Redis the central-counter row uses; "" skips it
 	// [127.0.0.1:6379 — set by the command, not defaulted here].
 	RedisAddr string
@@ -47,6 +48,7 @@ func (o *Options) defaults() {
 	}
 	def(&o.Gateways, 10)
 	def(&o.Customers, 100)
+	def(&o.APIPoolSize, 4)
 	def(&o.Rate, 2000)
 	if o.Duration == 0 {
 		o.Duration = 6 * time.Second
@@ -152,6 +154,10 @@ type Row struct {
 	// customer's limit to the decision that blocks it, p50 and p99.
 	DecisionLag [2]time.Duration
 	Elapsed     time.Duration // of the replay
+	// CPUBusy is the time the host's Cores spent busy during the replay
+	// (0 where /proc/stat is not there): gateways, API and Postgres.
+	CPUBusy time.Duration
+	Cores   int
 	// Problems: invariant checks that failed (e.g. spend not reported).
 	Problems []string
 }
@@ -249,6 +255,7 @@ func replay(ctx context.Context, o Options, tr trace, sys system) (Row, error) {
 	steadyLat := make([][]time.Duration, o.Gateways)
 	var firstErr error
 	var errOnce sync.Once
+	busy0, _, cpuOK := machineCPU()
 	start := time.Now()
 	// Steady demand (§10): calls and admissions from the end of a warm-up
 	// (the first grants) to the end of the replay (before the releases of
@@ -320,6 +327,9 @@ func replay(ctx context.Context, o Options, tr trace, sys system) (Row, error) {
 	wg.Wait()
 	<-warmed
 	row.Elapsed = time.Since(start)
+	if busy1, cores, ok := machineCPU(); ok && cpuOK {
+		row.CPUBusy, row.Cores = busy1-busy0, cores
+	}
 	calls, grant := sys.calls()
 	row.SteadyCalls, row.SteadyGrantCalls = calls-warmCalls.Load(), grant-warmGrant.Load()
 	row.SteadyAdmitted = adm.Load() - warmAdm.Load()
