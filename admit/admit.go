@@ -327,6 +327,12 @@ type Client struct {
 	// reports go one per call.
 	noBatchRelease atomic.Bool
 	fenced         bool // refused as stale after issued, logged; under genMu
+	// spendOnDisk and bypassesOnDisk: Dir may hold final spend reports or
+	// sealed bypass reports to deliver (an earlier run's, or this run's
+	// not taken yet). Set after such a file is written, cleared by the
+	// loop's scan that finds none left: the loop reads Dir only then, not
+	// every tick.
+	spendOnDisk, bypassesOnDisk atomic.Bool
 
 	// ownTransport is the default HTTPClient's transport (nil when the
 	// caller gave a client): Close closes its idle connections.
@@ -416,6 +422,8 @@ func New(cfg Config) (*Client, error) {
 		stop: make(chan struct{}), done: make(chan struct{}),
 		decisions: map[key]*lagged{}, reportAt: map[string]time.Time{}}
 	c.generation.Store(gen)
+	c.spendOnDisk.Store(true) // an earlier run's, delivered by the first scan
+	c.bypassesOnDisk.Store(true)
 	empty := map[key]*budget{}
 	c.budgets.Store(&empty) // before the metrics: a scrape reads it
 	if c.metrics, err = newMetrics(cfg.Registerer, c); err != nil {

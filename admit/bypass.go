@@ -76,21 +76,21 @@ func (j *journal) append(customer, meter string, cost int64, at time.Time) error
 }
 
 // seal turns the current log, when not empty, into a pending report.
-func (j *journal) seal() error {
+func (j *journal) seal() (sealed bool, err error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.f == nil || j.size == 0 {
-		return nil
+		return false, nil
 	}
 	if err := j.f.Close(); err != nil {
-		return err
+		return false, err
 	}
 	p := j.path()
 	if err := os.Rename(p, strings.TrimSuffix(p, ".log")+".pending"); err != nil {
-		return err
+		return false, err
 	}
 	j.seq++
-	return j.open()
+	return true, j.open()
 }
 
 // setGeneration moves the current log to gen's report ids: used when the
@@ -217,15 +217,23 @@ func readReport(path string) ([]bypassItem, error) {
 // reportBypasses sends every pending report; each file is removed once
 // Tally has stored it (resending the same report id is harmless).
 func (c *Client) reportBypasses(ctx context.Context) {
-	if err := c.journal.seal(); err != nil {
+	sealed, err := c.journal.seal()
+	if sealed {
+		c.bypassesOnDisk.Store(true)
+	}
+	if err != nil {
 		c.log.Error("bypass journal", "err", err)
 		return
+	}
+	if !c.bypassesOnDisk.Swap(false) {
+		return // none sealed or left since the last scan found none
 	}
 	pending, _ := filepath.Glob(filepath.Join(c.cfg.Dir, "bypass-*.pending"))
 	for _, p := range pending {
 		items, err := readReport(p)
 		if err != nil {
 			c.log.Error("bypass report", "file", p, "err", err)
+			c.bypassesOnDisk.Store(true) // still there: logged again next round, as before
 			continue
 		}
 		if len(items) > 0 {
@@ -238,14 +246,17 @@ func (c *Client) reportBypasses(ctx context.Context) {
 				// lost its Dir reuses ids. Not stored: sent again under a
 				// new id.
 				c.resendBypasses(p, id)
+				c.bypassesOnDisk.Store(true)
 				continue
 			}
 			if err != nil {
+				c.bypassesOnDisk.Store(true)
 				return // try again on the next round
 			}
 		}
 		if err := os.Remove(p); err != nil {
 			c.log.Error("bypass report", "file", p, "err", err)
+			c.bypassesOnDisk.Store(true)
 		}
 	}
 }

@@ -544,7 +544,7 @@ func (c *Client) release(ctx context.Context, b *budget, g *held, allocated int6
 	}
 	b.heldGrants.Store(int64(len(b.grants)))
 	b.outbox = append(b.outbox, spendReport{Grant: g.id, Holder: c.cfg.Holder, Generation: g.generation,
-		Customer: b.customer, Meter: b.meter, Spent: final, ValidUntil: g.validUntil})
+		Customer: b.customer, Meter: b.meter, Spent: final, ValidUntil: g.validUntil, full: final >= g.amount})
 }
 
 // releaseAll gives back every grant of every budget (Close, once no

@@ -1,14 +1,18 @@
 package admit_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -170,4 +174,106 @@ func keptWhileDown(t *testing.T, ts *tally, cfg admit.Config, customers []string
 		t.Fatal("close while Tally is down: no undelivered reports")
 	}
 	return dir
+}
+
+// A grant spent in full goes back without its final report written to
+// disk first: Tally records it the same whether the report arrives or a
+// crash leaves the grant to be reclaimed as fully spent, so there is
+// nothing to keep. A grant with capacity left is on disk while its report
+// is on the way (a crash would otherwise count its unspent part as
+// spent). And a report of a spent grant that Tally does not take is kept
+// then, and delivered once Tally takes it.
+func TestOnlyReportsACrashCouldLoseAreWrittenBeforeTheyAreSent(t *testing.T) {
+	ts := startTally(t)
+	ts.exactRule("acme", "tokens", "1000")
+	ctx := context.Background()
+	dir := t.TempDir()
+	// Every grant is 2 units.
+	c := newClient(t, ts, "gw1", dir, admit.Config{MinGrant: 2, Lookahead: time.Nanosecond})
+	onDisk := func() bool {
+		kept, _ := filepath.Glob(filepath.Join(dir, "spend-*.json"))
+		return len(kept) > 0
+	}
+	type sent struct {
+		spent  []string
+		onDisk bool
+	}
+	var mu sync.Mutex
+	var releases []sent
+	refuseReleases := atomic.Bool{}
+	hook := func(r *http.Request) int {
+		if !strings.HasSuffix(r.URL.Path, "/release") {
+			return 0
+		}
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		var one struct{ Spent string }
+		var many struct{ Items []struct{ Spent string } }
+		s := sent{onDisk: onDisk()}
+		if json.Unmarshal(body, &many) == nil && len(many.Items) > 0 {
+			for _, it := range many.Items {
+				s.spent = append(s.spent, it.Spent)
+			}
+		} else if json.Unmarshal(body, &one) == nil {
+			s.spent = append(s.spent, one.Spent)
+		}
+		mu.Lock()
+		releases = append(releases, s)
+		mu.Unlock()
+		if refuseReleases.Load() {
+			return http.StatusServiceUnavailable
+		}
+		return 0
+	}
+	ts.refuse.Store(&hook)
+	sentSoFar := func() []sent {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(releases)
+	}
+
+	// A grant of 2, spent: it goes back within a couple of seconds.
+	for range 2 {
+		if d, err := c.Admit(ctx, "acme", "tokens", 1); err != nil || !d.Admitted || d.How != admit.FromGrant {
+			t.Fatalf("admit: %+v %v", d, err)
+		}
+	}
+	eventually(t, "the spent grant given back", func() bool { return len(sentSoFar()) > 0 })
+	if r := sentSoFar()[0]; !slices.Equal(r.spent, []string{"2"}) || r.onDisk {
+		t.Fatalf("first release: spent %q, a file on disk while it was sent: %v; want [2] and no file", r.spent, r.onDisk)
+	}
+	if onDisk() {
+		t.Fatal("a final report is left on disk after Tally took it")
+	}
+
+	// Tally refuses releases for load: the next spent grant's report is
+	// kept on disk, and delivered when Tally takes releases again.
+	refuseReleases.Store(true)
+	for range 2 {
+		if d, err := c.Admit(ctx, "acme", "tokens", 1); err != nil || !d.Admitted {
+			t.Fatalf("admit: %+v %v", d, err)
+		}
+	}
+	eventually(t, "the refused report kept on disk", onDisk)
+	refuseReleases.Store(false)
+	eventually(t, "the kept report delivered", func() bool {
+		b := ts.budget("acme", "tokens")
+		return !onDisk() && b.Consumed.Equal(decimal.NewFromInt(4)) && b.Live.IsZero()
+	})
+
+	// A grant of 2 with 1 spent goes back at Close: on disk while sent.
+	if d, err := c.Admit(ctx, "acme", "tokens", 1); err != nil || !d.Admitted {
+		t.Fatalf("admit: %+v %v", d, err)
+	}
+	n := len(sentSoFar())
+	if err := c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	last := sentSoFar()[n:]
+	if len(last) != 1 || !slices.Equal(last[0].spent, []string{"1"}) || !last[0].onDisk {
+		t.Fatalf("Close's releases: %+v; want one, spent 1, on disk while it was sent", last)
+	}
+	if b := ts.budget("acme", "tokens"); !b.Consumed.Equal(decimal.NewFromInt(5)) || onDisk() {
+		t.Fatalf("consumed %s, file left %v; want 5 admitted, and nothing kept", b.Consumed, onDisk())
+	}
 }

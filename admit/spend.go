@@ -27,6 +27,11 @@ type spendReport struct {
 	Meter      string    `json:"meter"`
 	Spent      int64     `json:"spent"`
 	ValidUntil time.Time `json:"valid_until"`
+	// full: the grant was spent in full. Tally records such a grant the
+	// same whether this report reaches it or the grant is reclaimed after
+	// a crash (as fully spent), so a crash before the report is taken
+	// loses nothing: it need not be on disk before it is sent.
+	full bool
 }
 
 const (
@@ -94,20 +99,55 @@ const (
 
 // finalReports keeps rs on disk (fsynced), then delivers them together
 // (deliverAll) unless Tally is known to be unreachable or asked for a
-// pause: then the loop delivers them once Tally answers.
+// pause: then the loop delivers them once Tally answers. Reports of
+// grants spent in full, which a crash cannot lose (spendReport.full), are
+// sent first and only those Tally does not take are kept: a tight budget
+// gives back a spent grant per request or so, and each file costs two
+// fsyncs beside Tally's own.
 func (c *Client) finalReports(ctx context.Context, rs []spendReport) {
 	for len(rs) > 0 {
 		n := min(len(rs), maxReleases)
 		f := &keptReports{path: c.spendPath(rs[0].Grant), reports: rs[:n:n]}
 		rs = rs[n:]
-		if err := f.write(); err != nil {
-			// Still sent below; only a crash before Tally has them loses them.
-			c.log.Error("final spend reports not kept on disk", "reports", len(f.reports), "file", f.path, "err", err)
+		send := !c.paused(time.Now()) && ctx.Err() == nil
+		if send && allFull(f.reports) {
+			var left []spendReport
+			var outs []outcome
+			for i, o := range c.deliverAll(ctx, f.reports) {
+				if o != settled {
+					left, outs = append(left, f.reports[i]), append(outs, o)
+				}
+			}
+			if len(left) > 0 {
+				f.reports = left
+				c.keep(f)
+				c.settleFile(f, outs) // sets aside those Tally rejected
+			}
+			continue
 		}
-		if !c.paused(time.Now()) && ctx.Err() == nil {
+		c.keep(f)
+		if send {
 			c.settleFile(f, c.deliverAll(ctx, f.reports))
 		}
 	}
+}
+
+// keep writes f to disk, fsynced, for the loop to send until Tally has it.
+func (c *Client) keep(f *keptReports) {
+	if err := f.write(); err != nil {
+		// Still sent; only a crash before Tally has them loses them.
+		c.log.Error("final spend reports not kept on disk", "reports", len(f.reports), "file", f.path, "err", err)
+	}
+	c.spendOnDisk.Store(true) // after the write: a scan that clears it sees the file
+}
+
+func allFull(rs []spendReport) bool {
+	for _, r := range rs {
+		if !r.full {
+			return false
+		}
+	}
+	return true
 }
 
 // deliverReports sends every kept final spend report (this run's and
@@ -115,6 +155,14 @@ func (c *Client) finalReports(ctx context.Context, rs []spendReport) {
 // reachability or load (force: not before the first, even while paused
 // for an unreachable Tally). It returns how many remain and their units.
 func (c *Client) deliverReports(ctx context.Context, force bool) (left int, spent int64) {
+	if !c.spendOnDisk.Swap(false) && !force {
+		return 0, 0 // nothing written since the last scan found none
+	}
+	defer func() {
+		if left > 0 {
+			c.spendOnDisk.Store(true)
+		}
+	}()
 	paths, _ := filepath.Glob(filepath.Join(c.cfg.Dir, spendPrefix+"*"+spendPending))
 	var files []*keptReports
 	outs := map[*keptReports][]outcome{}
