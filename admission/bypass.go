@@ -12,6 +12,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/internal/pgnamed"
 )
 
 // BypassReport is what a holder admitted without a grant (Tally was
@@ -112,7 +113,7 @@ func (b bypassRow) same(o bypassRow) bool {
 }
 
 func (s *Store) recordBypasses(ctx context.Context, tx pgx.Tx, r BypassReport, now time.Time) error {
-	rows, err := tx.Query(ctx, qStoredBypassReport, pgx.NamedArgs{"holder": r.Holder, "report_id": r.ReportID})
+	rows, err := tx.Query(ctx, qStoredBypassReport, pgnamed.Args{"holder": r.Holder, "report_id": r.ReportID})
 	if err != nil {
 		return fmt.Errorf("admission: read bypass report: %w", err)
 	}
@@ -148,7 +149,7 @@ func (s *Store) recordBypasses(ctx context.Context, tx pgx.Tx, r BypassReport, n
 		return &BypassConflictError{Holder: r.Holder, ReportID: r.ReportID}
 	}
 	for i, it := range items {
-		_, err = tx.Exec(ctx, qInsertBypass, pgx.NamedArgs{"holder": r.Holder, "report_id": r.ReportID,
+		_, err = tx.Exec(ctx, qInsertBypass, pgnamed.Args{"holder": r.Holder, "report_id": r.ReportID,
 			"customer": it.customer, "meter": it.meter, "period_start": it.periodStart, "period": names[i],
 			"rule_version": versions[i], "generation": r.Generation, "amount": it.amount.String(),
 			"admissions": it.admissions, "first_at": it.firstAt, "last_at": it.lastAt, "now": now})

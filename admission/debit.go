@@ -11,6 +11,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/internal/locks"
+	"github.com/tally-ledger/tally/internal/pgnamed"
 	"github.com/tally-ledger/tally/quota"
 )
 
@@ -154,7 +155,7 @@ func (s *Store) debitOnce(ctx context.Context, req IssueRequest, pl plan) (Grant
 		}
 		scopes[i], scopeStart = d.scope, d.period.Start.UTC()
 	}
-	args := pgx.NamedArgs{"id": g.ID, "holder": req.Holder, "generation": req.Generation, "customer": req.Customer,
+	args := pgnamed.Args{"id": g.ID, "holder": req.Holder, "generation": req.Generation, "customer": req.Customer,
 		"meter": req.Meter, "cstart": g.PeriodStart, "cost": req.Amount.String(), "now": now, "scopes": scopes,
 		"sstart": scopeStart, "version": g.RuleVersion, "valid_until": g.ValidUntil, "reclaim_at": g.ReclaimAt,
 		"draws_customer": pl.drawsCustomer, "exact_scope_lock": locks.ExactScope}
@@ -167,7 +168,7 @@ func (s *Store) debitOnce(ctx context.Context, req IssueRequest, pl plan) (Grant
 	// The lock order of every path: the meter, the holder, the customer's
 	// row, the pool and global rows (sorted); then the guarded statement.
 	b.Queue(qDebitLockMeter, args)
-	b.Queue(qShareHolders, pgx.NamedArgs{"holders": []string{req.Holder}})
+	b.Queue(qShareHolders, pgnamed.Args{"holders": []string{req.Holder}})
 	b.Queue(qDebitLockCustomer, args)
 	if len(scopes) > 0 {
 		b.Queue(qDebitLockScopes, args)

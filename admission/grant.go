@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 
+	"github.com/tally-ledger/tally/internal/pgnamed"
 	"github.com/tally-ledger/tally/internal/pguuid"
 	"github.com/tally-ledger/tally/quota"
 )
@@ -78,7 +79,7 @@ func (s *Store) renew(ctx context.Context, db batcher, r Report) (g Grant, err e
 		g.ReclaimAt = reclaim
 	}
 	g.Spent = r.Spent
-	if _, err = db.Exec(ctx, qRenewGrant, pgx.NamedArgs{"id": pguuid.Of(g.ID), "spent": r.Spent.String(),
+	if _, err = db.Exec(ctx, qRenewGrant, pgnamed.Args{"id": pguuid.Of(g.ID), "spent": r.Spent.String(),
 		"valid_until": g.ValidUntil, "reclaim_at": g.ReclaimAt}); err != nil {
 		return Grant{}, fmt.Errorf("admission: renew: %w", err)
 	}
@@ -138,7 +139,7 @@ func (s *Store) release(ctx context.Context, db batcher, r Report) (g Grant, err
 // needs; then it checks the fence. late says r is a final report that
 // arrived after g was reclaimed without one (recordLate, not a release).
 func lockRelease(ctx context.Context, db batcher, r Report, now time.Time) (_ Grant, late bool, _ error) {
-	args := pgx.NamedArgs{"holder": r.Holder, "id": pguuid.Of(r.Grant), "spent": r.Spent.String()}
+	args := pgnamed.Args{"holder": r.Holder, "id": pguuid.Of(r.Grant), "spent": r.Spent.String()}
 	var g Grant
 	var current int64
 	holderFound := true
@@ -184,18 +185,18 @@ func lockRelease(ctx context.Context, db batcher, r Report, now time.Time) (_ Gr
 // amount - spent in every budget it drew from, and commits.
 func writeRelease(ctx context.Context, db batcher, g Grant, r Report, now time.Time) error {
 	wb := &pgx.Batch{}
-	wb.Queue(qReleaseGrant, pgx.NamedArgs{"id": pguuid.Of(g.ID), "spent": r.Spent.String(), "now": now})
+	wb.Queue(qReleaseGrant, pgnamed.Args{"id": pguuid.Of(g.ID), "spent": r.Spent.String(), "now": now})
 	// Nothing to give back when all was spent: no budget moves (and none
 	// was locked).
 	if freed := g.Amount.Sub(r.Spent); !freed.IsZero() {
 		if g.drawsCustomer {
-			wb.Queue(qFreeBudget, pgx.NamedArgs{"customer": g.Customer, "meter": g.Meter,
+			wb.Queue(qFreeBudget, pgnamed.Args{"customer": g.Customer, "meter": g.Meter,
 				"period_start": g.PeriodStart, "now": now, "delta": freed.String()})
 		}
-		wb.Queue(qFreeGrantDraws, pgx.NamedArgs{"id": pguuid.Of(g.ID), "delta": freed.String(), "now": now})
+		wb.Queue(qFreeGrantDraws, pgnamed.Args{"id": pguuid.Of(g.ID), "delta": freed.String(), "now": now})
 		// Rate buckets (rate.go): the unspent part goes back, never above
 		// the burst; locked last, after the grant.
-		wb.Queue(qReturnRateDraws, pgx.NamedArgs{"id": pguuid.Of(g.ID), "delta": freed.String()})
+		wb.Queue(qReturnRateDraws, pgnamed.Args{"id": pguuid.Of(g.ID), "delta": freed.String()})
 	}
 	wb.Queue("COMMIT")
 	if err := db.SendBatch(ctx, wb).Close(); err != nil {
@@ -223,7 +224,7 @@ func (s *Store) recordLate(ctx context.Context, db batcher, g Grant, r Report) (
 	if r.Spent.LessThan(g.Spent) || r.Spent.GreaterThan(g.Amount) {
 		return Grant{}, &SpentError{Grant: g.ID, Spent: r.Spent, Previous: g.Spent, Amount: g.Amount}
 	}
-	tag, err := db.Exec(ctx, qRecordLateSpent, pgx.NamedArgs{"id": pguuid.Of(g.ID), "spent": r.Spent.String()})
+	tag, err := db.Exec(ctx, qRecordLateSpent, pgnamed.Args{"id": pguuid.Of(g.ID), "spent": r.Spent.String()})
 	if err != nil {
 		return Grant{}, fmt.Errorf("admission: record late report: %w", err)
 	}
@@ -242,14 +243,14 @@ func (s *Store) recordLate(ctx context.Context, db batcher, g Grant, r Report) (
 // checks that r may report on the grant.
 func (s *Store) fenced(ctx context.Context, tx DBTX, r Report, now time.Time) (Grant, error) {
 	var current int64
-	err := tx.QueryRow(ctx, qHolderGeneration, pgx.NamedArgs{"holder": r.Holder}).Scan(&current)
+	err := tx.QueryRow(ctx, qHolderGeneration, pgnamed.Args{"holder": r.Holder}).Scan(&current)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Grant{}, &FencedError{Grant: r.Grant, Holder: r.Holder, Generation: r.Generation}
 	}
 	if err != nil {
 		return Grant{}, fmt.Errorf("admission: read holder: %w", err)
 	}
-	g, err := scanGrant(tx.QueryRow(ctx, qGrantForUpdate, pgx.NamedArgs{"id": pguuid.Of(r.Grant)}), now)
+	g, err := scanGrant(tx.QueryRow(ctx, qGrantForUpdate, pgnamed.Args{"id": pguuid.Of(r.Grant)}), now)
 	if err := checkFence(g, err, r, current); err != nil {
 		return Grant{}, err
 	}
@@ -283,7 +284,7 @@ func checkFence(g Grant, readErr error, r Report, current int64) error {
 
 // Get returns one grant.
 func (s *Store) Get(ctx context.Context, id uuid.UUID) (Grant, error) {
-	return scanGrant(s.db.QueryRow(ctx, qGrant, pgx.NamedArgs{"id": pguuid.Of(id)}), s.now())
+	return scanGrant(s.db.QueryRow(ctx, qGrant, pgnamed.Args{"id": pguuid.Of(id)}), s.now())
 }
 
 func scanGrant(row pgx.Row, now time.Time) (Grant, error) {
@@ -346,7 +347,7 @@ func (s *Store) Grants(ctx context.Context, req ListRequest) ([]Grant, error) {
 		req.Limit = 100
 	}
 	now := s.now()
-	rows, err := s.db.Query(ctx, qCustomerGrants, pgx.NamedArgs{"customer": req.Customer, "state": req.State,
+	rows, err := s.db.Query(ctx, qCustomerGrants, pgnamed.Args{"customer": req.Customer, "state": req.State,
 		"now": now, "after_issued": req.AfterIssued, "after_id": req.AfterID, "limit": req.Limit})
 	if err != nil {
 		return nil, fmt.Errorf("admission: list grants: %w", err)
@@ -410,7 +411,7 @@ func (b *BudgetState) scan(row pgx.Row, first any, rest ...any) error {
 
 // Budgets lists a customer's exact budgets, newest period first.
 func (s *Store) Budgets(ctx context.Context, customer string) ([]Budget, error) {
-	rows, err := s.db.Query(ctx, qBudgets, pgx.NamedArgs{"customer": customer, "now": s.now()})
+	rows, err := s.db.Query(ctx, qBudgets, pgnamed.Args{"customer": customer, "now": s.now()})
 	if err != nil {
 		return nil, fmt.Errorf("admission: list budgets: %w", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 
+	"github.com/tally-ledger/tally/internal/pgnamed"
 	"github.com/tally-ledger/tally/internal/pguuid"
 	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/quota"
@@ -68,7 +69,7 @@ func planIssue(ctx context.Context, db DBTX, req IssueRequest, now time.Time) (p
 	if err != nil {
 		return plan{}, err
 	}
-	rows, err := db.Query(ctx, qApplicableScopes, pgx.NamedArgs{"customer": req.Customer, "meter": req.Meter, "now": now})
+	rows, err := db.Query(ctx, qApplicableScopes, pgnamed.Args{"customer": req.Customer, "meter": req.Meter, "now": now})
 	if err != nil {
 		return plan{}, fmt.Errorf("admission: read budgets: %w", err)
 	}
@@ -432,7 +433,7 @@ func scanAll(r pgx.Rows, f func() error) error {
 	return r.Err()
 }
 
-func addKeys(args pgx.NamedArgs, p string, customers bool, keys []budgetKey, rows map[budgetKey]*budgetRow) {
+func addKeys(args pgnamed.Args, p string, customers bool, keys []budgetKey, rows map[budgetKey]*budgetRow) {
 	slices.SortFunc(keys, func(a, b budgetKey) int {
 		return cmp.Or(strings.Compare(a.scope, b.scope), strings.Compare(a.meter, b.meter), a.start.Compare(b.start))
 	})
@@ -660,10 +661,10 @@ func (w *writes) batch(now time.Time, rows map[budgetKey]*budgetRow, custKeys, s
 		return b
 	}
 	if len(w.nHolders) > 0 {
-		b.Queue(qInsertHolders, pgx.NamedArgs{"now": now, "h_holders": w.nHolders, "h_generations": w.nGens})
+		b.Queue(qInsertHolders, pgnamed.Args{"now": now, "h_holders": w.nHolders, "h_generations": w.nGens})
 	}
 	if len(w.hHolders) > 0 {
-		b.Queue(qRaiseHolderGenerations, pgx.NamedArgs{"now": now, "h_holders": w.hHolders, "h_generations": w.hGens})
+		b.Queue(qRaiseHolderGenerations, pgnamed.Args{"now": now, "h_holders": w.hHolders, "h_generations": w.hGens})
 	}
 	if len(custKeys) > 0 {
 		b.Queue(qTakeCustomerBudgets, takeArgs(now, "u_customers", custKeys, rows))
@@ -671,19 +672,19 @@ func (w *writes) batch(now time.Time, rows map[budgetKey]*budgetRow, custKeys, s
 	if len(scopeKeys) > 0 {
 		b.Queue(qTakeScopeBudgets, takeArgs(now, "u_scopes", scopeKeys, rows))
 	}
-	b.Queue(qInsertGrants, pgx.NamedArgs{"now": now, "g_ids": pguuid.Slice(w.gIDs), "g_customers": w.gCustomers, "g_meters": w.gMeters,
+	b.Queue(qInsertGrants, pgnamed.Args{"now": now, "g_ids": pguuid.Slice(w.gIDs), "g_customers": w.gCustomers, "g_meters": w.gMeters,
 		"g_starts": w.gStarts, "g_versions": w.gVersions, "g_holders": w.gHolders, "g_generations": w.gGens,
 		"g_amounts": w.gAmounts, "g_valid_until": w.gValid, "g_reclaim_at": w.gReclaim, "g_draws_customer": w.gDraws,
 		"g_debits": w.gDebits})
 	if len(w.dIDs) > 0 {
-		b.Queue(qInsertDraws, pgx.NamedArgs{"d_ids": pguuid.Slice(w.dIDs), "d_scopes": w.dScopes, "d_meters": w.dMeters, "d_starts": w.dStarts})
+		b.Queue(qInsertDraws, pgnamed.Args{"d_ids": pguuid.Slice(w.dIDs), "d_scopes": w.dScopes, "d_meters": w.dMeters, "d_starts": w.dStarts})
 	}
 	return b
 }
 
 // takeArgs are the deltas of the rows of keys that a batch took from, as
 // columns; first names the column of ids (customers or scopes).
-func takeArgs(now time.Time, first string, keys []budgetKey, rows map[budgetKey]*budgetRow) pgx.NamedArgs {
+func takeArgs(now time.Time, first string, keys []budgetKey, rows map[budgetKey]*budgetRow) pgnamed.Args {
 	var ids, meters, deltas, limits []string
 	var starts []time.Time
 	var versions []int64
@@ -699,7 +700,7 @@ func takeArgs(now time.Time, first string, keys []budgetKey, rows map[budgetKey]
 		ids, meters, starts, deltas = append(ids, id), append(meters, k.meter), append(starts, k.start), append(deltas, r.taken.String())
 		limits, versions = append(limits, r.limit.Decimal.String()), append(versions, r.version)
 	}
-	return pgx.NamedArgs{"now": now, first: ids, "u_meters": meters, "u_starts": starts,
+	return pgnamed.Args{"now": now, first: ids, "u_meters": meters, "u_starts": starts,
 		"u_deltas": deltas, "u_limits": limits, "u_versions": versions}
 }
 
@@ -714,7 +715,7 @@ func (s *Store) retryAfter(ctx context.Context, db DBTX, now time.Time, refused 
 	}
 	earliest := make([]*time.Time, n)
 	held := make([]decimal.Decimal, n)
-	r, err := db.Query(ctx, qEarliestReclaims, pgx.NamedArgs{"now": now, "r_scopes": scopes, "r_meters": meters, "r_starts": starts,
+	r, err := db.Query(ctx, qEarliestReclaims, pgnamed.Args{"now": now, "r_scopes": scopes, "r_meters": meters, "r_starts": starts,
 		"r_holders": holders})
 	if err == nil {
 		err = scanAll(r, func() error {

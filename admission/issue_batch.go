@@ -13,6 +13,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/internal/locks"
+	"github.com/tally-ledger/tally/internal/pgnamed"
 	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/quota"
 )
@@ -179,7 +180,7 @@ type batchState struct {
 	rate *rateState
 	// brought counts the rows brought to a new rule version, by kind.
 	broughtCustomers, broughtScopes int64
-	args                            pgx.NamedArgs
+	args                            pgnamed.Args
 	// begin: the batch's transaction is its own, begun by lockAndRead.
 	begin bool
 	// shareHolders: lock the holders' rows shared (see issueBatch).
@@ -238,7 +239,7 @@ func (s *Store) collectBudgets(batch []*call, plans []plan, now time.Time) *batc
 			}
 		}
 	}
-	st.args = pgx.NamedArgs{"now": now, "holders": slices.Sorted(maps.Keys(st.holders))}
+	st.args = pgnamed.Args{"now": now, "holders": slices.Sorted(maps.Keys(st.holders))}
 	addKeys(st.args, "c", true, st.custKeys, st.rows)
 	addKeys(st.args, "s", false, st.scopeKeys, st.rows)
 	st.newCust, st.newScope = s.known.unknown(st.custKeys), s.known.unknown(st.scopeKeys)

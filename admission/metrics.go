@@ -6,9 +6,9 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/shopspring/decimal"
+	"github.com/tally-ledger/tally/internal/pgnamed"
 )
 
 // Metrics counts what the grant protocol does, for Prometheus. Amounts
@@ -198,7 +198,7 @@ func (c *grantCollector) Collect(ch chan<- prometheus.Metric) {
 	var live, expired int64
 	var lu, su decimal.Decimal
 	now := c.now().UTC()
-	if err := c.db.QueryRow(ctx, qGrantGauges, pgx.NamedArgs{"now": now}).Scan(&live, numeric(&lu), &expired, numeric(&su)); err != nil {
+	if err := c.db.QueryRow(ctx, qGrantGauges, pgnamed.Args{"now": now}).Scan(&live, numeric(&lu), &expired, numeric(&su)); err != nil {
 		c.log.Warn("admission: grant gauges not read", "err", err)
 		return
 	}

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tally-ledger/tally/internal/locks"
+	"github.com/tally-ledger/tally/internal/pgnamed"
 	"github.com/tally-ledger/tally/pools"
 	"github.com/tally-ledger/tally/quota"
 )
@@ -33,7 +34,7 @@ func (s *Store) PutPool(ctx context.Context, in pools.PutInput) (pools.Change, e
 		// (sorted), then the pool's. A grant issued to a joining customer
 		// before these locks is counted below; one issued after sees the
 		// new membership and draws from the pool itself.
-		args := pgx.NamedArgs{"customers": ch.Joined, "scope": quota.PoolScope(in.Name), "now": now,
+		args := pgnamed.Args{"customers": ch.Joined, "scope": quota.PoolScope(in.Name), "now": now,
 			"membership_lock": locks.PoolMembership}
 		// A joining customer's first grant of the period may be in flight
 		// with a budget row the locks below cannot see: wait for it.
@@ -66,7 +67,7 @@ type ScopeBudget struct {
 // ScopeBudgets lists the budgets of a scope ("pool:<name>" or "global"),
 // newest period first.
 func (s *Store) ScopeBudgets(ctx context.Context, scope string) ([]ScopeBudget, error) {
-	rows, err := s.db.Query(ctx, qScopeBudgets, pgx.NamedArgs{"scope": scope, "now": s.now()})
+	rows, err := s.db.Query(ctx, qScopeBudgets, pgnamed.Args{"scope": scope, "now": s.now()})
 	if err != nil {
 		return nil, fmt.Errorf("admission: list budgets: %w", err)
 	}

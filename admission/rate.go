@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 
+	"github.com/tally-ledger/tally/internal/pgnamed"
 	"github.com/tally-ledger/tally/internal/pguuid"
 	"github.com/tally-ledger/tally/quota"
 )
@@ -149,7 +150,7 @@ FROM (SELECT d.scope, d.meter, sum(u.delta) AS delta
 // those it draws from (all, or the ones req.Budgets names, which it
 // removes from unmatched), and every one that applies.
 func planRates(ctx context.Context, db DBTX, req IssueRequest, now time.Time) (drawn, all []string, _ error) {
-	rows, err := db.Query(ctx, qApplicableRates, pgx.NamedArgs{"customer": req.Customer, "meter": req.Meter, "now": now})
+	rows, err := db.Query(ctx, qApplicableRates, pgnamed.Args{"customer": req.Customer, "meter": req.Meter, "now": now})
 	if err != nil {
 		return nil, nil, fmt.Errorf("admission: read rate budgets: %w", err)
 	}
@@ -344,10 +345,10 @@ func (st *batchState) queueRateWrites(b *pgx.Batch, w *rateDraws) {
 		scopes, meters, deltas, refused = append(scopes, k.scope), append(meters, k.meter), append(deltas, r.taken.String()), append(refused, r.refused)
 	}
 	if len(scopes) > 0 {
-		b.Queue(qTakeRateBuckets, pgx.NamedArgs{"rw_scopes": scopes, "rw_meters": meters, "rw_deltas": deltas, "rw_refused": refused})
+		b.Queue(qTakeRateBuckets, pgnamed.Args{"rw_scopes": scopes, "rw_meters": meters, "rw_deltas": deltas, "rw_refused": refused})
 	}
 	if len(w.ids) > 0 {
-		b.Queue(qInsertRateDraws, pgx.NamedArgs{"rd_ids": pguuid.Slice(w.ids), "rd_scopes": w.scopes, "rd_meters": w.meters, "rd_until": w.until})
+		b.Queue(qInsertRateDraws, pgnamed.Args{"rd_ids": pguuid.Slice(w.ids), "rd_scopes": w.scopes, "rd_meters": w.meters, "rd_until": w.until})
 	}
 }
 
@@ -391,7 +392,7 @@ ORDER BY b.scope, b.meter`
 // RateBudgets lists the rate budgets of scopes ("customer:<id>",
 // "pool:<name>", "global") whose rule in force is a rate.
 func (s *Store) RateBudgets(ctx context.Context, scopes ...string) ([]RateBudget, error) {
-	rows, err := s.db.Query(ctx, qRateBudgets, pgx.NamedArgs{"scopes": scopes})
+	rows, err := s.db.Query(ctx, qRateBudgets, pgnamed.Args{"scopes": scopes})
 	if err != nil {
 		return nil, fmt.Errorf("admission: read rate budgets: %w", err)
 	}
@@ -431,7 +432,7 @@ UNION SELECT 'pool:' || m.pool FROM pool_members m
 // RateBudgetsOf lists the rate budgets a customer draws from: its own,
 // its pools' and the global one.
 func (s *Store) RateBudgetsOf(ctx context.Context, customer string) ([]RateBudget, error) {
-	rows, err := s.db.Query(ctx, qCustomerScopes, pgx.NamedArgs{"customer": customer})
+	rows, err := s.db.Query(ctx, qCustomerScopes, pgnamed.Args{"customer": customer})
 	if err != nil {
 		return nil, fmt.Errorf("admission: read rate budgets: %w", err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
+	"github.com/tally-ledger/tally/internal/pgnamed"
 )
 
 // RateAccount is what one rate budget (docs/design.md §17) handed out to
@@ -43,7 +44,7 @@ ORDER BY k.scope, k.meter`
 // RateAccounts reads the rate budgets the grants of customers[i] in the
 // period starting at starts[i] drew from.
 func RateAccounts(ctx context.Context, db DBTX, customers []string, starts []time.Time, now time.Time) ([]RateAccount, error) {
-	rows, err := db.Query(ctx, qRateAccounts, pgx.NamedArgs{"customers": customers, "starts": starts, "now": now})
+	rows, err := db.Query(ctx, qRateAccounts, pgnamed.Args{"customers": customers, "starts": starts, "now": now})
 	if err != nil {
 		return nil, fmt.Errorf("admission: rate accounts: %w", err)
 	}

@@ -8,6 +8,7 @@ import (
 	pgxdecimal "github.com/jackc/pgx-shopspring-decimal"
 	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
+	"github.com/tally-ledger/tally/internal/pgnamed"
 )
 
 // Account is what the protocol handed out for one budget and period, for
@@ -76,7 +77,7 @@ ORDER BY 1, 2, 3`
 // Accounts returns the account of every exact budget of the given
 // (customer, period start) pairs.
 func Accounts(ctx context.Context, db DBTX, customers []string, starts []time.Time, now time.Time) ([]Account, error) {
-	rows, err := db.Query(ctx, qAccounts, pgx.NamedArgs{"customers": customers, "starts": starts, "now": now})
+	rows, err := db.Query(ctx, qAccounts, pgnamed.Args{"customers": customers, "starts": starts, "now": now})
 	if err != nil {
 		return nil, fmt.Errorf("admission: accounts: %w", err)
 	}
@@ -156,7 +157,7 @@ ORDER BY 1, 2, 3`
 // ScopeAccounts returns the account of every pool and global budget that
 // grants of the given (customer, period start) pairs drew from.
 func ScopeAccounts(ctx context.Context, db DBTX, customers []string, starts []time.Time, now time.Time) ([]ScopeAccount, error) {
-	rows, err := db.Query(ctx, qScopeAccounts, pgx.NamedArgs{"customers": customers, "starts": starts, "now": now})
+	rows, err := db.Query(ctx, qScopeAccounts, pgnamed.Args{"customers": customers, "starts": starts, "now": now})
 	if err != nil {
 		return nil, fmt.Errorf("admission: scope accounts: %w", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 
+	"github.com/tally-ledger/tally/internal/pgnamed"
 	"github.com/tally-ledger/tally/internal/pguuid"
 )
 
@@ -226,7 +227,7 @@ func (s *Store) reportTx(ctx context.Context, db batcher, batch []*report) (err 
 			freeIDs, freeSpent = append(freeIDs, c.r.Grant), append(freeSpent, c.r.Spent.String())
 		}
 	}
-	args := pgx.NamedArgs{"holders": slices.Sorted(maps.Keys(holders)), "ids": pguuid.Slice(sortedIDs(ids)),
+	args := pgnamed.Args{"holders": slices.Sorted(maps.Keys(holders)), "ids": pguuid.Slice(sortedIDs(ids)),
 		"free_ids": pguuid.Slice(freeIDs), "free_spent": freeSpent}
 	generations := map[string]int64{}
 	grants := map[uuid.UUID]Grant{}
@@ -384,16 +385,16 @@ func writeReports(ctx context.Context, db batcher, grants map[uuid.UUID]Grant, w
 		fc, fm, fs, fd = append(fc, k.customer), append(fm, k.meter), append(fs, k.start), append(fd, freed[k].String())
 	}
 	wb := &pgx.Batch{}
-	wb.Queue(qWriteReportedGrants, pgx.NamedArgs{"ids": pguuid.Slice(ids), "spent": spent, "valid_until": validUntil,
+	wb.Queue(qWriteReportedGrants, pgnamed.Args{"ids": pguuid.Slice(ids), "spent": spent, "valid_until": validUntil,
 		"reclaim_at": reclaimAt, "released": released, "now": now})
 	if len(fc) > 0 {
-		wb.Queue(qFreeBudgets, pgx.NamedArgs{"customers": fc, "meters": fm, "starts": fs, "deltas": fd, "now": now})
+		wb.Queue(qFreeBudgets, pgnamed.Args{"customers": fc, "meters": fm, "starts": fs, "deltas": fd, "now": now})
 	}
 	if len(freedIDs) > 0 {
-		wb.Queue(qFreeScopeDraws, pgx.NamedArgs{"ids": pguuid.Slice(freedIDs), "deltas": freedDelta, "now": now})
+		wb.Queue(qFreeScopeDraws, pgnamed.Args{"ids": pguuid.Slice(freedIDs), "deltas": freedDelta, "now": now})
 		// Rate buckets (rate.go): the batch's unspent parts go back, summed
 		// per bucket and in the buckets' sorted order (the lock order, last).
-		wb.Queue(qReturnRateDrawsMany, pgx.NamedArgs{"ids": pguuid.Slice(freedIDs), "deltas": freedDelta})
+		wb.Queue(qReturnRateDrawsMany, pgnamed.Args{"ids": pguuid.Slice(freedIDs), "deltas": freedDelta})
 	}
 	wb.Queue("COMMIT")
 	if err := db.SendBatch(ctx, wb).Close(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/tally-ledger/tally/internal/pgnamed"
 )
 
 // MaxGenerationStep is how far above its stored highest generation a
@@ -39,7 +40,7 @@ func (s *Store) RetireHolder(ctx context.Context, holder string) (Retired, error
 	}
 	out := Retired{Holder: holder}
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		args := pgx.NamedArgs{"holder": holder, "now": s.now()}
+		args := pgnamed.Args{"holder": holder, "now": s.now()}
 		if err := tx.QueryRow(ctx, qLockHolder, args).Scan(&out.PreviousGeneration); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
 				return fmt.Errorf("%w: %s was never issued a grant", ErrUnknownHolder, holder)
