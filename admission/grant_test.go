@@ -478,3 +478,49 @@ func TestRefusalSaysWhatOtherHoldersHold(t *testing.T) {
 		t.Fatalf("pool refusal: %+v, %v; want pool:team/calls holding 7 elsewhere", ex, err)
 	}
 }
+
+// A grant request that arrives while an issue batch is in flight starts a
+// batch of its own at once, unless two are in flight already: it does not
+// wait for one that is stuck on a row another transaction holds.
+func TestIssueDoesNotWaitForTheBatchInFlight(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.rule("acme", "tokens", d("100"))
+	e.rule("globex", "tokens", d("100"))
+	issue := func(ctx context.Context, customer string) error {
+		_, err := e.store.Issue(ctx, admission.IssueRequest{Holder: "gw1", Generation: 1, Customer: customer, Meter: "tokens", Amount: d("10")})
+		return err
+	}
+	for _, c := range []string{"acme", "globex"} { // every row created
+		if err := issue(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// acme's row held by another transaction: a batch with acme waits.
+	tx := e.holding(`SELECT 1 FROM admission_budgets WHERE customer = 'acme' FOR UPDATE`)
+	stuck := make(chan error, 1)
+	go func() { stuck <- issue(ctx, "acme") }()
+	for waiting := false; !waiting; time.Sleep(10 * time.Millisecond) {
+		var n int
+		if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		waiting = n > 0 // acme's batch waits for its row
+	}
+	gctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if err := issue(gctx, "globex"); err != nil {
+		t.Errorf("globex's grant while acme's batch waits for a row: %v; want it issued in a batch of its own", err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-stuck; err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []string{"acme", "globex"} {
+		if b := e.budget(c, "tokens"); !b.Consumed.Equal(d("20")) {
+			t.Fatalf("%s: %+v, want 20 consumed", c, b)
+		}
+	}
+}

@@ -191,17 +191,25 @@ type call struct {
 	leading bool
 }
 
-// combiner lets concurrent Issue calls share transactions: while one batch
-// is in flight, requests queue; when it ends, the oldest queued caller
-// runs the next batch with everything queued, up to MaxBatch. One
-// hot budget row is then locked once per batch, not once per request, and
-// the issue rate is no longer one commit per grant. No goroutine of its
-// own: callers take turns running batches.
+// combiner lets concurrent Issue calls share transactions: while
+// issueLanes batches are in flight, requests queue; when one ends, the
+// oldest queued caller runs the next batch with everything queued that no
+// other batch leads, up to MaxBatch. One hot budget row is then locked
+// once per batch, not once per request, and the issue rate is no longer
+// one commit per grant. No goroutine of its own: callers take turns
+// running batches. Batches in flight together lock rows in the order
+// every path takes, as a debit's batch beside them always could.
 type combiner struct {
 	mu      sync.Mutex
 	pending []*call
-	running bool
+	running int // batches in flight (or about to be), at most issueLanes
 }
+
+// issueLanes is how many issue batches may be in flight at once. With one,
+// a request arriving during a batch waited for it to end and then for its
+// own: about two batches, where a counter pays one statement. With two, it
+// starts its own batch at once unless two are in flight already.
+const issueLanes = 2
 
 // Issue leases a grant in a transaction (shared with concurrent requests of
 // this Store), answering only after it committed. It draws from every
@@ -221,8 +229,9 @@ func (s *Store) Issue(ctx context.Context, req IssueRequest) (Grant, error) {
 		c := &call{req: req, plan: &pl, done: make(chan struct{}), lead: make(chan struct{}, 1)}
 		s.comb.mu.Lock()
 		s.comb.pending = append(s.comb.pending, c)
-		if !s.comb.running {
-			s.comb.running, c.leading = true, true
+		if s.comb.running < issueLanes {
+			s.comb.running++
+			c.leading = true
 			c.lead <- struct{}{}
 		}
 		s.comb.mu.Unlock()
@@ -340,14 +349,14 @@ func (s *Store) await(ctx context.Context, c *call) error {
 		case <-c.done:
 			return nil
 		case <-c.lead:
-			s.runBatch(context.WithoutCancel(ctx))
+			s.runBatch(context.WithoutCancel(ctx), c)
 		case <-ctx.Done():
 			s.comb.mu.Lock()
 			if c.leading {
 				s.comb.mu.Unlock()
 				select {
 				case <-c.lead:
-					s.runBatch(context.WithoutCancel(ctx))
+					s.runBatch(context.WithoutCancel(ctx), c)
 				case <-c.done:
 				}
 				return ctx.Err()
@@ -364,30 +373,37 @@ func (s *Store) await(ctx context.Context, c *call) error {
 	}
 }
 
-// runBatch issues the oldest queued requests, up to MaxBatch, in one
-// transaction, then passes the lead on.
-func (s *Store) runBatch(ctx context.Context) {
+// runBatch issues lead's request and the oldest queued ones no other
+// batch leads, up to MaxBatch, in one transaction, then passes the lead
+// on to the oldest request still queued that leads none.
+func (s *Store) runBatch(ctx context.Context, lead *call) {
 	s.comb.mu.Lock()
-	n := min(len(s.comb.pending), s.cfg.MaxBatch)
-	batch := slices.Clone(s.comb.pending[:n])
-	s.comb.pending = slices.Delete(s.comb.pending, 0, n)
-	s.comb.mu.Unlock()
-	if n > 0 {
-		err := s.issueOwnTx(ctx, batch)
-		for _, c := range batch {
-			if err != nil {
-				c.err = err
-			}
-			close(c.done)
+	batch := []*call{lead}
+	s.comb.pending = slices.DeleteFunc(s.comb.pending, func(c *call) bool {
+		if c == lead {
+			return true
 		}
+		if c.leading || len(batch) == s.cfg.MaxBatch {
+			return false
+		}
+		batch = append(batch, c)
+		return true
+	})
+	s.comb.mu.Unlock()
+	err := s.issueOwnTx(ctx, batch)
+	for _, c := range batch {
+		if err != nil {
+			c.err = err
+		}
+		close(c.done)
 	}
 	s.comb.mu.Lock()
-	if len(s.comb.pending) == 0 {
-		s.comb.running = false
-	} else {
-		next := s.comb.pending[0]
+	if i := slices.IndexFunc(s.comb.pending, func(c *call) bool { return !c.leading }); i >= 0 {
+		next := s.comb.pending[i]
 		next.leading = true
 		next.lead <- struct{}{}
+	} else {
+		s.comb.running--
 	}
 	s.comb.mu.Unlock()
 }
