@@ -480,8 +480,10 @@ func TestRefusalSaysWhatOtherHoldersHold(t *testing.T) {
 }
 
 // A grant request that arrives while an issue batch is in flight starts a
-// batch of its own at once, unless two are in flight already: it does not
-// wait for one that is stuck on a row another transaction holds.
+// batch of its own at once when it locks none of that batch's rows (and
+// two are not in flight already): it does not wait for one that is stuck
+// on a row another transaction holds. One that shares a row waits for
+// the next batch.
 func TestIssueDoesNotWaitForTheBatchInFlight(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
@@ -512,15 +514,30 @@ func TestIssueDoesNotWaitForTheBatchInFlight(t *testing.T) {
 	if err := issue(gctx, "globex"); err != nil {
 		t.Errorf("globex's grant while acme's batch waits for a row: %v; want it issued in a batch of its own", err)
 	}
+	// Another request for acme's row waits for the batch in flight and
+	// goes in the next one: a second batch on that row would only queue
+	// on its lock.
+	again := make(chan error, 1)
+	go func() { again <- issue(ctx, "acme") }()
+	time.Sleep(500 * time.Millisecond)
+	var waiting int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+		t.Fatal(err)
+	}
+	if waiting != 1 {
+		t.Errorf("%d transactions wait for acme's row; want only the batch in flight", waiting)
+	}
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if err := <-stuck; err != nil {
-		t.Fatal(err)
+	for _, ch := range []chan error{stuck, again} {
+		if err := <-ch; err != nil {
+			t.Fatal(err)
+		}
 	}
-	for _, c := range []string{"acme", "globex"} {
-		if b := e.budget(c, "tokens"); !b.Consumed.Equal(d("20")) {
-			t.Fatalf("%s: %+v, want 20 consumed", c, b)
+	for c, want := range map[string]string{"acme": "30", "globex": "20"} {
+		if b := e.budget(c, "tokens"); !b.Consumed.Equal(d(want)) {
+			t.Fatalf("%s: %+v, want %s consumed", c, b, want)
 		}
 	}
 }

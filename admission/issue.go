@@ -189,27 +189,84 @@ type call struct {
 	// set) when this queued call is to run the next batch.
 	lead    chan struct{}
 	leading bool
+	// rows names the budget rows the request locks (its customer's, its
+	// pools' and global, its rate buckets), by scope and meter.
+	rows []string
 }
 
-// combiner lets concurrent Issue calls share transactions: while
-// issueLanes batches are in flight, requests queue; when one ends, the
-// oldest queued caller runs the next batch with everything queued that no
-// other batch leads, up to MaxBatch. One hot budget row is then locked
-// once per batch, not once per request, and the issue rate is no longer
-// one commit per grant. No goroutine of its own: callers take turns
-// running batches. Batches in flight together lock rows in the order
-// every path takes, as a debit's batch beside them always could.
+// rowsOf names the budget rows req locks under pl.
+func rowsOf(req IssueRequest, pl *plan) []string {
+	rows := []string{quota.CustomerScope(req.Customer) + "\x00" + req.Meter}
+	if pl != nil {
+		for _, d := range pl.scopes {
+			rows = append(rows, d.scope+"\x00"+req.Meter)
+		}
+		for _, r := range pl.allRates {
+			rows = append(rows, r+"\x00"+req.Meter)
+		}
+	}
+	return rows
+}
+
+// combiner lets concurrent Issue calls share transactions: a request that
+// locks a row of a batch in flight (or arrives while issueLanes batches
+// are in flight) queues; when a batch ends, the oldest queued caller free
+// of the other batch's rows runs the next batch with everything queued
+// that no other batch leads and that is free of them too, up to MaxBatch.
+// One hot budget row is then locked once per batch, not once per request,
+// and the issue rate is no longer one commit per grant, while requests on
+// other rows do not wait for it. No goroutine of its own: callers take
+// turns running batches. Batches in flight together lock rows in the
+// order every path takes, as a debit's batch beside them always could.
 type combiner struct {
 	mu      sync.Mutex
 	pending []*call
 	running int // batches in flight (or about to be), at most issueLanes
+	// locked counts, by row (call.rows), the batches in flight that lock it.
+	locked map[string]int
 }
 
 // issueLanes is how many issue batches may be in flight at once. With one,
 // a request arriving during a batch waited for it to end and then for its
-// own: about two batches, where a counter pays one statement. With two, it
-// starts its own batch at once unless two are in flight already.
+// own: about two batches, where a counter pays one statement. With two, a
+// request that locks no row of the batch in flight starts its own at once;
+// one that does waits and shares the next batch, as before: two batches
+// on one hot row would only queue on its lock, in smaller transactions
+// (docs/performance.md, "Two lanes for batches that share no row").
 const issueLanes = 2
+
+// free reports whether c locks no row a batch in flight locks. Under mu.
+func (cb *combiner) free(c *call) bool {
+	for _, r := range c.rows {
+		if cb.locked[r] > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// elect makes c the lead of the next batch: its rows count as locked from
+// now, so a request arriving before that batch starts does not start
+// another beside it on the same rows. Under mu.
+func (cb *combiner) elect(c *call) {
+	c.leading = true
+	cb.lock([]*call{c}, 1)
+	c.lead <- struct{}{}
+}
+
+// lock counts (n = 1) or uncounts (n = -1) the rows of batch. Under mu.
+func (cb *combiner) lock(batch []*call, n int) {
+	if cb.locked == nil {
+		cb.locked = map[string]int{}
+	}
+	for _, c := range batch {
+		for _, r := range c.rows {
+			if cb.locked[r] += n; cb.locked[r] == 0 {
+				delete(cb.locked, r)
+			}
+		}
+	}
+}
 
 // Issue leases a grant in a transaction (shared with concurrent requests of
 // this Store), answering only after it committed. It draws from every
@@ -226,13 +283,12 @@ func (s *Store) Issue(ctx context.Context, req IssueRequest) (Grant, error) {
 		if err != nil {
 			return Grant{}, err
 		}
-		c := &call{req: req, plan: &pl, done: make(chan struct{}), lead: make(chan struct{}, 1)}
+		c := &call{req: req, plan: &pl, done: make(chan struct{}), lead: make(chan struct{}, 1), rows: rowsOf(req, &pl)}
 		s.comb.mu.Lock()
 		s.comb.pending = append(s.comb.pending, c)
-		if s.comb.running < issueLanes {
+		if s.comb.running < issueLanes && s.comb.free(c) {
 			s.comb.running++
-			c.leading = true
-			c.lead <- struct{}{}
+			s.comb.elect(c)
 		}
 		s.comb.mu.Unlock()
 		if err := s.await(ctx, c); err != nil {
@@ -373,22 +429,27 @@ func (s *Store) await(ctx context.Context, c *call) error {
 	}
 }
 
-// runBatch issues lead's request and the oldest queued ones no other
-// batch leads, up to MaxBatch, in one transaction, then passes the lead
-// on to the oldest request still queued that leads none.
+// runBatch issues lead's request and the oldest queued ones that no other
+// batch leads and that lock no row of the batch in flight beside it, up
+// to MaxBatch, in one transaction. Then it passes the lead on to the
+// oldest request still queued that leads none and is free of the other
+// batch's rows; when there is none, that other batch passes it on when it
+// ends (the last batch in flight passes it to any).
 func (s *Store) runBatch(ctx context.Context, lead *call) {
 	s.comb.mu.Lock()
 	batch := []*call{lead}
+	s.comb.lock(batch, -1) // counted since lead was elected: free to share below
 	s.comb.pending = slices.DeleteFunc(s.comb.pending, func(c *call) bool {
 		if c == lead {
 			return true
 		}
-		if c.leading || len(batch) == s.cfg.MaxBatch {
+		if c.leading || len(batch) == s.cfg.MaxBatch || !s.comb.free(c) {
 			return false
 		}
 		batch = append(batch, c)
 		return true
 	})
+	s.comb.lock(batch, 1)
 	s.comb.mu.Unlock()
 	err := s.issueOwnTx(ctx, batch)
 	for _, c := range batch {
@@ -398,10 +459,9 @@ func (s *Store) runBatch(ctx context.Context, lead *call) {
 		close(c.done)
 	}
 	s.comb.mu.Lock()
-	if i := slices.IndexFunc(s.comb.pending, func(c *call) bool { return !c.leading }); i >= 0 {
-		next := s.comb.pending[i]
-		next.leading = true
-		next.lead <- struct{}{}
+	s.comb.lock(batch, -1)
+	if i := slices.IndexFunc(s.comb.pending, func(c *call) bool { return !c.leading && s.comb.free(c) }); i >= 0 {
+		s.comb.elect(s.comb.pending[i])
 	} else {
 		s.comb.running--
 	}
