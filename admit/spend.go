@@ -101,35 +101,56 @@ const (
 // (deliverAll) unless Tally is known to be unreachable or asked for a
 // pause: then the loop delivers them once Tally answers. Reports of
 // grants spent in full, which a crash cannot lose (spendReport.full), are
-// sent first and only those Tally does not take are kept: a tight budget
-// gives back a spent grant per request or so, and each file costs two
-// fsyncs beside Tally's own.
+// not written first: they go in the same call, and only those Tally does
+// not take are kept then. A tight budget gives back a spent grant per
+// request or so, and each file cost two fsyncs beside Tally's own.
 func (c *Client) finalReports(ctx context.Context, rs []spendReport) {
 	for len(rs) > 0 {
 		n := min(len(rs), maxReleases)
-		f := &keptReports{path: c.spendPath(rs[0].Grant), reports: rs[:n:n]}
+		batch := rs[:n:n]
 		rs = rs[n:]
 		send := !c.paused(time.Now()) && ctx.Err() == nil
-		if send && allFull(f.reports) {
-			var left []spendReport
-			var outs []outcome
-			for i, o := range c.deliverAll(ctx, f.reports) {
-				if o != settled {
-					left, outs = append(left, f.reports[i]), append(outs, o)
-				}
+		var partial, full []int // indexes into batch
+		for i, r := range batch {
+			if r.full && send {
+				full = append(full, i)
+			} else {
+				partial = append(partial, i)
 			}
-			if len(left) > 0 {
-				f.reports = left
-				c.keep(f)
-				c.settleFile(f, outs) // sets aside those Tally rejected
-			}
+		}
+		var f *keptReports // the partly spent reports, on disk before they go
+		if len(partial) > 0 {
+			f = &keptReports{path: c.spendPath(batch[partial[0]].Grant), reports: pick(batch, partial)}
+			c.keep(f)
+		}
+		if !send {
 			continue
 		}
-		c.keep(f)
-		if send {
-			c.settleFile(f, c.deliverAll(ctx, f.reports))
+		outs := c.deliverAll(ctx, batch)
+		if f != nil {
+			c.settleFile(f, pick(outs, partial))
+		}
+		var left []int // spent in full, not taken: kept now, sent again
+		for _, i := range full {
+			if outs[i] != settled {
+				left = append(left, i)
+			}
+		}
+		if len(left) > 0 {
+			g := &keptReports{path: c.spendPath(batch[left[0]].Grant), reports: pick(batch, left)}
+			c.keep(g)
+			c.settleFile(g, pick(outs, left)) // sets aside those Tally rejected
 		}
 	}
+}
+
+// pick is xs at the indexes at, in that order.
+func pick[T any](xs []T, at []int) []T {
+	out := make([]T, len(at))
+	for j, i := range at {
+		out[j] = xs[i]
+	}
+	return out
 }
 
 // keep writes f to disk, fsynced, for the loop to send until Tally has it.
@@ -139,15 +160,6 @@ func (c *Client) keep(f *keptReports) {
 		c.log.Error("final spend reports not kept on disk", "reports", len(f.reports), "file", f.path, "err", err)
 	}
 	c.spendOnDisk.Store(true) // after the write: a scan that clears it sees the file
-}
-
-func allFull(rs []spendReport) bool {
-	for _, r := range rs {
-		if !r.full {
-			return false
-		}
-	}
-	return true
 }
 
 // deliverReports sends every kept final spend report (this run's and
