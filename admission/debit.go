@@ -307,7 +307,8 @@ FOR UPDATE`
 const qDebit = `
 WITH h AS (SELECT generation FROM admission_holders WHERE holder = @holder::text),
 c AS (SELECT b.consumed, b.rule_version, r."limit" AS lim, r.version,
-             coalesce(r.admission = 'exact' AND r."limit" IS NOT NULL, false) AS exact
+             coalesce(r.admission = 'exact' AND r."limit" IS NOT NULL, false) AS exact,
+             coalesce(r.admission = 'exact' AND r.rate_amount IS NOT NULL, false) AS rated
       FROM admission_budgets b
       LEFT JOIN LATERAL quota_rule_in_force(b.customer, b.meter, @now::timestamptz) r ON true
       WHERE (b.customer, b.meter, b.period_start) = (@customer::text, @meter::text, @cstart::timestamptz)),
@@ -316,21 +317,14 @@ s AS (SELECT x.scope, x.consumed, x.rule_version, r."limit" AS lim, r.version
       JOIN LATERAL quota_scope_rule_in_force(x.scope, x.meter, @now::timestamptz) r ON true
       WHERE x.scope = ANY(@scopes::text[]) AND x.meter = @meter::text AND x.period_start = @sstart::timestamptz
         AND r.admission = 'exact' AND r."limit" IS NOT NULL AND r.version = x.rule_version),
-app AS (SELECT a.scope
-        FROM (SELECT 'global' AS scope
-              UNION
-              SELECT 'pool:' || m.pool FROM pool_members m
-              WHERE m.customer = @customer::text AND m.joined_at <= @now::timestamptz
-                AND (m.left_at IS NULL OR m.left_at > @now::timestamptz)) a
-        CROSS JOIN LATERAL quota_scope_rule_in_force(a.scope, @meter::text, @now::timestamptz) r
-        WHERE r.admission = 'exact' AND r."limit" IS NOT NULL),
-rates AS (SELECT 1
-          FROM (SELECT 'customer:' || @customer::text AS scope
-                UNION SELECT 'global'
-                UNION SELECT 'pool:' || m.pool FROM pool_members m
-                      WHERE m.customer = @customer::text AND m.joined_at <= @now::timestamptz
-                        AND (m.left_at IS NULL OR m.left_at > @now::timestamptz)) a
-          CROSS JOIN LATERAL admission_rate_rule_in_force(a.scope, @meter::text, @now::timestamptz) r),
+sr AS (SELECT a.scope, r.admission, r."limit" AS lim, r.rate_amount
+       FROM (SELECT 'global' AS scope
+             UNION
+             SELECT 'pool:' || m.pool FROM pool_members m
+             WHERE m.customer = @customer::text AND m.joined_at <= @now::timestamptz
+               AND (m.left_at IS NULL OR m.left_at > @now::timestamptz)) a
+       CROSS JOIN LATERAL quota_scope_rule_in_force(a.scope, @meter::text, @now::timestamptz) r),
+app AS (SELECT scope FROM sr WHERE admission = 'exact' AND lim IS NOT NULL),
 v AS (SELECT CASE
         WHEN EXISTS (SELECT 1 FROM admission_grants WHERE id = @id::uuid) THEN 'already'
         WHEN (SELECT generation FROM h) > @generation::bigint THEN 'stale'
@@ -341,7 +335,7 @@ v AS (SELECT CASE
         WHEN (SELECT count(*) FROM s) <> cardinality(@scopes::text[]) THEN 'slow'
         WHEN (SELECT count(*) FROM app) <> cardinality(@scopes::text[])
           OR EXISTS (SELECT 1 FROM app WHERE NOT (scope = ANY(@scopes::text[]))) THEN 'slow'
-        WHEN EXISTS (SELECT 1 FROM rates) THEN 'slow'
+        WHEN (SELECT rated FROM c) OR EXISTS (SELECT 1 FROM sr WHERE admission = 'exact' AND rate_amount IS NOT NULL) THEN 'slow'
         WHEN (@draws_customer::boolean AND (SELECT consumed + @cost::numeric > lim FROM c))
           OR EXISTS (SELECT 1 FROM s WHERE consumed + @cost::numeric > lim) THEN 'refused'
         ELSE 'debited' END AS outcome),

@@ -345,3 +345,26 @@ func TestAPlanPastItsTTLNeverDecides(t *testing.T) {
 		t.Fatalf("global consumed %s, want 4", got)
 	}
 }
+
+// A rate rule that comes into force after the Store planned a customer's
+// debits (its plans are reused for a second or more) is seen by the
+// one-round-trip debit's own check: the debit goes the way a rate budget
+// takes, and the bucket's burst is all it admits.
+func TestDebitSeesARateRuleItsPlanDoesNot(t *testing.T) {
+	e := newEnv(t)
+	e.rule("a", "calls", d("100"))
+	if _, err := e.debit("gw", 1, "a", d("1")); err != nil { // planned: no rate budget
+		t.Fatal(err)
+	}
+	e.rateRule(quota.Global, "calls", "1", "1h", "1", 0, e.clock.Now())
+	if _, err := e.debit("gw", 1, "a", d("1")); err != nil {
+		t.Fatalf("first debit under a global rate of 1 an hour, burst 1: %v", err)
+	}
+	_, err := e.debit("gw", 1, "a", d("1"))
+	if _, ok := errors.AsType[*admission.BudgetExhaustedError](err); !ok {
+		t.Fatalf("second debit under a global rate of 1 an hour, burst 1: %v; want refused", err)
+	}
+	if b := e.budget("a", "calls"); !b.Consumed.Equal(d("2")) {
+		t.Fatalf("a's budget %+v, want the two debits admitted", b)
+	}
+}
