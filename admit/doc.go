@@ -44,11 +44,14 @@
 //     (one grant request's rules or memberships kept changing) pauses
 //     nothing: that Admit is answered by on_unreachable, the budget's
 //     next Admit asks again.
-//   - Every final spend report (a grant's release) is written to Dir and
-//     fsynced before it is sent, and removed only once Tally has it
-//     (spend.go), so no outage, hang or restart loses spend: delivered
-//     before reclaim it frees the unspent part, after it Tally records it
-//     as a late report that frees nothing. Reports are written and sent
+//   - Every final spend report (a grant's release) of a grant with
+//     capacity left is written to Dir and fsynced before it is sent, and
+//     removed only once Tally has it (spend.go), so no outage, hang or
+//     restart loses spend: delivered before reclaim it frees the unspent
+//     part, after it Tally records it as a late report that frees
+//     nothing. A grant spent in full is recorded the same whether its
+//     report arrives or the grant is reclaimed, so its report is written
+//     only if Tally does not take it. Reports are written and sent
 //     after the budget's lock is released, and those of a tick (or kept
 //     while Tally was away) go in one POST /v1/grants/release.
 //   - Close is bounded by Config.CloseTimeout and its ctx; what it could
