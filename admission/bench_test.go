@@ -14,6 +14,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/admission"
+	"github.com/tally-ledger/tally/internal/pgcpu"
 	"github.com/tally-ledger/tally/internal/pgtest"
 	"github.com/tally-ledger/tally/pools"
 	"github.com/tally-ledger/tally/quota"
@@ -160,12 +161,18 @@ func BenchmarkDebit(b *testing.B) {
 			b.Fatal(err)
 		}
 		from := walAt()
+		pg0, _, pgOK := pgcpu.Database(ctx, e.pool, "")
 		for b.Loop() {
 			if err := op(); err != nil {
 				b.Fatal(err)
 			}
 		}
 		b.ReportMetric(float64(walAt()-from)/float64(b.N), "wal-B/op")
+		// Postgres's CPU (its backends' own, from /proc, when it runs on
+		// this host): what the machine's load moves least.
+		if pg1, _, ok := pgcpu.Database(ctx, e.pool, ""); ok && pgOK {
+			b.ReportMetric(float64((pg1-pg0).Microseconds())/float64(b.N), "pg-cpu-µs/op")
+		}
 	}
 	b.Run("debit", func(b *testing.B) { run(b, debit) })
 	b.Run("counter", func(b *testing.B) {

@@ -30,6 +30,7 @@ import (
 	"github.com/tally-ledger/tally/ingest"
 	"github.com/tally-ledger/tally/ingest/wire"
 	"github.com/tally-ledger/tally/internal/faultproxy"
+	"github.com/tally-ledger/tally/internal/pgcpu"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/migrations"
 )
@@ -512,7 +513,7 @@ func benchRun(ctx context.Context, out io.Writer, log *slog.Logger, broker, topi
 		}
 		if next == int64(len(msgs)) {
 			cpu := processCPU() - cpu0
-			pg, nb, ok := backendsCPU(ctx, pool, benchIngestApp)
+			pg, nb, ok := pgcpu.Database(ctx, pool, benchIngestApp)
 			defer func() {
 				if o.statements {
 					printCPU(out, label, len(msgs)*o.perMessage, cpu, pg, nb, ok, o.cpu)

@@ -1,17 +1,12 @@
 package cli
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"os"
 	"runtime/pprof"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // CPU time, which the machine's load changes far less than wall-clock
@@ -22,13 +17,8 @@ import (
 const (
 	benchIngestApp = "tally-bench-ingest"
 
-	qBackendsOf = `SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND application_name = $1`
 	qBackendPID = `SELECT pg_backend_pid()`
 )
-
-// clkTck is the kernel's clock tick of /proc/<pid>/stat's times (USER_HZ,
-// 100 on every Linux architecture Tally runs on).
-const clkTck = 100
 
 // processCPU is this process's user and system CPU so far.
 func processCPU() time.Duration {
@@ -37,53 +27,6 @@ func processCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// backendCPU is the CPU a Postgres backend has used, if this host runs it.
-func backendCPU(pid int32) (time.Duration, bool) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(int(pid)) + "/stat")
-	if err != nil {
-		return 0, false
-	}
-	// Fields after the command (which may hold spaces) in parentheses.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, false
-	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
-		return 0, false
-	}
-	ut, err1 := strconv.ParseInt(f[11], 10, 64)
-	st, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, false
-	}
-	return time.Duration(ut+st) * time.Second / clkTck, true
-}
-
-// backendsCPU sums the CPU of the current database's backends named app.
-func backendsCPU(ctx context.Context, conn interface {
-	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, app string) (time.Duration, int, bool) {
-	rows, err := conn.Query(ctx, qBackendsOf, app)
-	if err != nil {
-		return 0, 0, false
-	}
-	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])
-	if err != nil || len(pids) == 0 {
-		return 0, 0, false
-	}
-	var sum time.Duration
-	for _, pid := range pids {
-		d, ok := backendCPU(pid)
-		if !ok {
-			return 0, 0, false
-		}
-		sum += d
-	}
-	return sum, len(pids), true
 }
 
 // cpuPerRecord collects, by measurement label, the CPU each run spent per

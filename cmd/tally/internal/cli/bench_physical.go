@@ -15,6 +15,7 @@ import (
 
 	"github.com/tally-ledger/tally/ingest/wire"
 	"github.com/tally-ledger/tally/internal/pgcopy"
+	"github.com/tally-ledger/tally/internal/pgcpu"
 	"github.com/tally-ledger/tally/ledger"
 )
 
@@ -145,7 +146,7 @@ func benchPhysical(ctx context.Context, out io.Writer, url string, rows []physic
 	if err := settle(ctx, conn); err != nil {
 		return 0, err
 	}
-	pg0, pgOK := backendCPU(pid)
+	pg0, pgOK := pgcpu.Backend(pid)
 	cpu0 := processCPU()
 	t0 := time.Now()
 	var buf []byte
@@ -164,7 +165,7 @@ func benchPhysical(ctx context.Context, out io.Writer, url string, rows []physic
 	}
 	took := time.Since(t0)
 	if cpu != nil {
-		pg1, ok := backendCPU(pid)
+		pg1, ok := pgcpu.Backend(pid)
 		printCPU(out, "physical baseline", len(rows), processCPU()-cpu0, pg1-pg0, 1, pgOK && ok, cpu)
 	}
 	if wal {
