@@ -195,15 +195,13 @@ type call struct {
 }
 
 // rowsOf names the budget rows req locks under pl.
-func rowsOf(req IssueRequest, pl *plan) []string {
+func rowsOf(req IssueRequest, pl plan) []string {
 	rows := []string{quota.CustomerScope(req.Customer) + "\x00" + req.Meter}
-	if pl != nil {
-		for _, d := range pl.scopes {
-			rows = append(rows, d.scope+"\x00"+req.Meter)
-		}
-		for _, r := range pl.allRates {
-			rows = append(rows, r+"\x00"+req.Meter)
-		}
+	for _, d := range pl.scopes {
+		rows = append(rows, d.scope+"\x00"+req.Meter)
+	}
+	for _, r := range pl.allRates {
+		rows = append(rows, r+"\x00"+req.Meter)
 	}
 	return rows
 }
@@ -283,7 +281,7 @@ func (s *Store) Issue(ctx context.Context, req IssueRequest) (Grant, error) {
 		if err != nil {
 			return Grant{}, err
 		}
-		c := &call{req: req, plan: &pl, done: make(chan struct{}), lead: make(chan struct{}, 1), rows: rowsOf(req, &pl)}
+		c := &call{req: req, plan: &pl, done: make(chan struct{}), lead: make(chan struct{}, 1), rows: rowsOf(req, pl)}
 		s.comb.mu.Lock()
 		s.comb.pending = append(s.comb.pending, c)
 		if s.comb.running < issueLanes && s.comb.free(c) {
