@@ -97,7 +97,7 @@ func (o benchAdmissionOptions) Validate() error {
 		zero bool
 	}{{"gateways", sim.Gateways == 0}, {"customers", sim.Customers == 0}, {"rate", sim.Rate == 0},
 		{"duration", sim.Duration == 0}, {"limit", sim.Limit == 0}, {"fixed-grant", sim.FixedGrant == 0}, {"burst", sim.Burst == 0},
-		{"lag-interval", sim.LagInterval == 0}, {"lag-flush", sim.LagFlush == 0}} {
+		{"lag-interval", sim.LagInterval == 0}, {"lag-flush", sim.LagFlush == 0}, {"api-pool-size", o.hot.APIPoolSize == 0}} {
 		if f.zero {
 			errs = append(errs, fmt.Errorf("--%s must not be 0", f.name))
 		}
@@ -105,8 +105,8 @@ func (o benchAdmissionOptions) Validate() error {
 	if o.budgets {
 		hot := o.hot
 		hot.DatabaseURL = "set by Run"
-		if hot.Holders == 0 || hot.Duration == 0 || hot.APIPoolSize == 0 || len(hot.Budgets) == 0 {
-			errs = append(errs, errors.New("--budgets, --holders, --hot-duration and --api-pool-size must not be empty or 0"))
+		if hot.Holders == 0 || hot.Duration == 0 || len(hot.Budgets) == 0 {
+			errs = append(errs, errors.New("--budgets, --holders and --hot-duration must not be empty or 0"))
 		}
 		errs = append(errs, hot.Validate())
 	}
