@@ -78,10 +78,12 @@ func (s *Store) Debit(ctx context.Context, req DebitRequest) (Grant, error) {
 	}
 	ireq := req.issue()
 	for range maxReplans {
+		t := time.Now()
 		pl, err := s.plans.get(ctx, s.db, ireq, s.now())
 		if err != nil {
 			return Grant{}, err
 		}
+		s.m.observe("debit", phasePlan, time.Since(t))
 		g, outcome, err := s.debitOnce(ctx, ireq, pl)
 		switch {
 		case err != nil:
@@ -183,7 +185,17 @@ func (s *Store) debitOnce(ctx context.Context, req IssueRequest, pl plan) (Grant
 	// A failed statement leaves the connection in a failed transaction:
 	// the pool closes a connection released in a transaction, so nothing
 	// of it is reused.
-	if err := s.db.SendBatch(ctx, b).Close(); err != nil {
+	t := time.Now()
+	conn, err := s.db.Acquire(ctx)
+	if err != nil {
+		return Grant{}, 0, fmt.Errorf("admission: debit: %w", err)
+	}
+	acquired := time.Now()
+	err = conn.SendBatch(ctx, b).Close()
+	conn.Release()
+	s.m.observe("debit", phaseConnection, acquired.Sub(t))
+	s.m.observe("debit", phasePostgres, time.Since(acquired))
+	if err != nil {
 		return Grant{}, 0, fmt.Errorf("admission: debit: %w", err)
 	}
 	switch outcome {

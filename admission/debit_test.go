@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/admission"
@@ -32,6 +33,13 @@ func (e *env) withRegistry() *prometheus.Registry {
 // (0 when it has not counted).
 func counted(t *testing.T, reg *prometheus.Registry, name, label, value string) float64 {
 	t.Helper()
+	return series(t, reg, name, map[string]string{label: value}).GetCounter().GetValue()
+}
+
+// series is the first series of name in reg whose labels include every
+// one of labels (nil when there is none).
+func series(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) *dto.Metric {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -40,15 +48,17 @@ func counted(t *testing.T, reg *prometheus.Registry, name, label, value string) 
 		if mf.GetName() != name {
 			continue
 		}
+	metrics:
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == value {
-					return m.GetCounter().GetValue()
+				if v, ok := labels[l.GetName()]; ok && v != l.GetValue() {
+					continue metrics
 				}
 			}
+			return m
 		}
 	}
-	return 0
+	return nil
 }
 
 func (e *env) debit(holder string, gen int64, customer string, amt decimal.Decimal) (admission.Grant, error) {

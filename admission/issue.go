@@ -189,6 +189,8 @@ type call struct {
 	// set) when this queued call is to run the next batch.
 	lead    chan struct{}
 	leading bool
+	// queued is when the request joined the combiner (zero: it did not).
+	queued time.Time
 	// rows names the budget rows the request locks (its customer's, its
 	// pools' and global, its rate buckets), by scope and meter.
 	rows []string
@@ -277,11 +279,14 @@ func (s *Store) Issue(ctx context.Context, req IssueRequest) (Grant, error) {
 	for range maxReplans {
 		// Each caller plans on its own connection, concurrently; the batch
 		// checks the plan under its locks.
+		t := time.Now()
 		pl, err := s.plans.get(ctx, s.db, req, s.now())
 		if err != nil {
 			return Grant{}, err
 		}
-		c := &call{req: req, plan: &pl, done: make(chan struct{}), lead: make(chan struct{}, 1), rows: rowsOf(req, pl)}
+		queued := time.Now()
+		s.m.observe(pathOf(req), phasePlan, queued.Sub(t))
+		c := &call{req: req, plan: &pl, done: make(chan struct{}), lead: make(chan struct{}, 1), rows: rowsOf(req, pl), queued: queued}
 		s.comb.mu.Lock()
 		s.comb.pending = append(s.comb.pending, c)
 		if s.comb.running < issueLanes && s.comb.free(c) {
@@ -467,12 +472,14 @@ func (s *Store) runBatch(ctx context.Context, lead *call) {
 }
 
 func (s *Store) issueOwnTx(ctx context.Context, batch []*call) error {
+	t := time.Now()
 	conn, err := s.db.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("admission: issue: %w", err)
 	}
 	defer conn.Release()
 	start := time.Now()
+	defer func() { s.m.observeBatch(batch, t, start, time.Now()) }()
 	err = s.issueBatch(ctx, conn, true, batch)
 	for range maxHolderRetries {
 		if !errors.Is(err, errHolderMoved) {

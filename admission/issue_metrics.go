@@ -19,6 +19,8 @@ type issueMetrics struct {
 	// transactions (report_batch.go).
 	reportSize prometheus.Histogram
 	reportSecs prometheus.Histogram
+	// phases: where a grant request's or a debit's time went (phase.go).
+	phases *prometheus.HistogramVec
 }
 
 func newIssueMetrics(reg prometheus.Registerer) *issueMetrics {
@@ -59,9 +61,20 @@ func newIssueMetrics(reg prometheus.Registerer) *issueMetrics {
 			Help:    "Time of one renew and release transaction, locks to commit.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
 		}),
+		phases: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "tally_admission_phase_seconds",
+			Help: "Where the time of a grant request or a debit went, by path (grant, debit) and phase: plan (finding the budgets that apply; a read only when no plan is cached), " +
+				"queue (waiting for an issue transaction to take it: the one in flight on the same rows, or a free lane), connection (waiting for a Postgres connection), postgres (the transaction, locks to commit).",
+			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16),
+		}, []string{"path", "phase"}),
+	}
+	for _, path := range []string{"grant", "debit"} {
+		for _, ph := range phaseNames {
+			m.phases.WithLabelValues(path, ph)
+		}
 	}
 	if reg != nil {
-		reg.MustRegister(m.issued, m.refused, m.batchSize, m.batchSecs, m.brought, m.debits, m.reportSize, m.reportSecs)
+		reg.MustRegister(m.issued, m.refused, m.batchSize, m.batchSecs, m.brought, m.debits, m.reportSize, m.reportSecs, m.phases)
 	}
 	return m
 }

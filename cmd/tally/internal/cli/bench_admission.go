@@ -194,7 +194,7 @@ func newBenchAdmissionCmd() *cobra.Command {
 		Long: `Replay one demand trace — --gateways gateways × --customers customers, Zipf-skewed
 across customers (--skew), bursty in time (--burst), requests of cost 1 at
 --rate per second for --duration — against a limit of --limit units per
-customer for the period (the replay), under five regimes, one after another:
+customer for the period (the replay), under six regimes, one after another:
 
   lagged decisions          gateways admit until a decision says exceeded;
                             usage metered every --lag-flush, decided every
@@ -202,7 +202,13 @@ customer for the period (the replay), under five regimes, one after another:
   exact, fixed grant        the admit SDK through the REST API, each gateway
                             taking grants of --fixed-grant units per budget
   exact, sized by demand    the same with the SDK's demand sizing (--lookahead)
-  central counter, Postgres one UPDATE … RETURNING per request
+  central counter, Postgres one UPDATE … RETURNING per request, each gateway
+                            on a Postgres connection of its own
+  central counter, Postgres the same statement behind a service of its own:
+    via HTTP                one HTTP call per request (a token, a JSON body)
+                            to a handler on --api-pool-size connections, as
+                            gateways without database credentials reach it;
+                            beside the row above it says what the hop costs
   central counter, Redis    one Lua check-and-INCRBY per request against
                             --redis (the row is skipped when none answers)
 
@@ -272,7 +278,7 @@ dropped afterwards (unless --keep). Redis is used by this benchmark only.`,
 	f.DurationVar(&o.sim.LagFlush, "lag-flush", 100*time.Millisecond, "how often the lagged regime meters admitted usage")
 	f.StringVar(&o.sim.RedisAddr, "redis", "127.0.0.1:6379", `Redis for the central-counter row ("" skips it)`)
 	f.Uint64Var(&o.sim.Seed, "seed", 1, "seed of the demand trace")
-	f.StringSliceVar(&o.sim.Regimes, "regimes", admissionbench.RegimeKeys, "regimes to run, of lagged, fixed, sized, postgres, redis (they run in that order)")
+	f.StringSliceVar(&o.sim.Regimes, "regimes", admissionbench.RegimeKeys, "regimes to run, of lagged, fixed, sized, postgres, postgres-http, redis (they run in that order)")
 	f.StringSliceVar(&o.hot.Budgets, "budgets", []string{"customer"}, "the hot-key run: budgets every grant draws on, of customer, pool, global (without it: the regimes above)")
 	f.IntVar(&o.hot.Holders, "holders", 50, "the hot-key run: concurrent holders, one customer each")
 	f.DurationVar(&o.hot.Duration, "hot-duration", 5*time.Second, "the hot-key run: length of each measured row")

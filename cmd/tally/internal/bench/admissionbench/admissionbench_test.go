@@ -60,8 +60,8 @@ func TestRunInvariants(t *testing.T) {
 	for _, row := range r.Rows {
 		rows[row.Regime] = row
 	}
-	if len(rows) != 5 {
-		t.Fatalf("%d rows, want 5: %+v", len(rows), r.Rows)
+	if len(rows) != 6 {
+		t.Fatalf("%d rows, want 6: %+v", len(rows), r.Rows)
 	}
 	for _, row := range r.Rows {
 		if row.Skipped != "" {
@@ -82,7 +82,8 @@ func TestRunInvariants(t *testing.T) {
 				row.Below95False, row.Below95, row.Refused)
 		}
 	}
-	for _, name := range []string{"exact, fixed grant", "exact, sized by demand", "central counter, Postgres", "central counter, Redis"} {
+	for _, name := range []string{"exact, fixed grant", "exact, sized by demand", "central counter, Postgres",
+		"central counter, Postgres via HTTP", "central counter, Redis"} {
 		row := rows[name]
 		if row.Skipped != "" {
 			continue
@@ -94,7 +95,7 @@ func TestRunInvariants(t *testing.T) {
 			t.Errorf("%s refused nothing, though %d customers' demand is over the limit", name, r.Over)
 		}
 	}
-	for _, name := range []string{"central counter, Postgres", "central counter, Redis"} {
+	for _, name := range []string{"central counter, Postgres", "central counter, Postgres via HTTP", "central counter, Redis"} {
 		if row := rows[name]; row.Skipped == "" && (row.FalseDenials != 0 || row.Stranded != 0 || row.CentralCalls != row.Requests) {
 			t.Errorf("%s: %d false denials, %d stranded, %d calls for %d requests", name, row.FalseDenials, row.Stranded,
 				row.CentralCalls, row.Requests)
@@ -106,7 +107,8 @@ func TestRunInvariants(t *testing.T) {
 	for _, name := range []string{"exact, fixed grant", "exact, sized by demand"} {
 		// A gateway holds nothing for a customer it has not seen: each
 		// first request of a customer at a gateway asks for a grant.
-		if row := rows[name]; row.GrantCalls < r.Firsts || row.GrantCalls > row.CentralCalls || !strings.Contains(row.CallDetail, "grants issued") {
+		if row := rows[name]; row.GrantCalls < r.Firsts || row.GrantCalls > row.CentralCalls || !strings.Contains(row.CallDetail, "grants issued") ||
+			!strings.Contains(row.CallDetail, "in Tally, a grant request's mean plan") {
 			t.Errorf("%s: %d grant calls of %d (%s), %d first requests of a customer at a gateway", name, row.GrantCalls,
 				row.CentralCalls, row.CallDetail, r.Firsts)
 		}
@@ -118,7 +120,7 @@ func TestRunInvariants(t *testing.T) {
 	var out bytes.Buffer
 	r.Report(&out)
 	for _, want := range []string{"| lagged decisions", "| exact, fixed grant", "| exact, sized by demand",
-		"| central counter, Postgres", "central counter, Redis", "targets (docs/design.md §10)", "decision lag",
+		"| central counter, Postgres", "| central counter, Postgres via HTTP", "central counter, Redis", "targets (docs/design.md §10)", "decision lag",
 		"first requests of a customer at a gateway"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("no %q in the report:\n%s", want, out.String())

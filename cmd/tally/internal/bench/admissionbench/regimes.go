@@ -36,7 +36,7 @@ import (
 const meter = "requests"
 
 // RegimeKeys name the regimes, in the order they run.
-var RegimeKeys = []string{"lagged", "fixed", "sized", "postgres", "redis"}
+var RegimeKeys = []string{"lagged", "fixed", "sized", "postgres", "postgres-http", "redis"}
 
 func regimes() []regime {
 	return []regime{
@@ -44,6 +44,7 @@ func regimes() []regime {
 		{"fixed", "exact, fixed grant", func(ctx context.Context, o Options) (system, error) { return startGrants(ctx, o, true) }},
 		{"sized", "exact, sized by demand", func(ctx context.Context, o Options) (system, error) { return startGrants(ctx, o, false) }},
 		{"postgres", "central counter, Postgres", startPostgresCounter},
+		{"postgres-http", "central counter, Postgres via HTTP", startHTTPCounter},
 		{"redis", "central counter, Redis", startRedisCounter},
 	}
 }
@@ -380,10 +381,11 @@ func (g *grants) detail() string {
 	// The API's pool: how often a request waited for one of its
 	// connections, and for how long on average over every acquire.
 	ps := g.pool.Stat()
-	return fmt.Sprintf("%d calls: %d grants issued, %d refused (budget exhausted), %d debits taken, %d refused, %d renewals, %d releases, %d bypass reports; grant request p50 %s, p90 %s, p99 %s (mean %s, of which the API's handler %s); debit p50 %s, p90 %s, p99 %s (mean %s, the API's handler %s); the API's %d connections: %d acquires, %d of them waited, %s per acquire on average; %s",
+	return fmt.Sprintf("%d calls: %d grants issued, %d refused (budget exhausted), %d debits taken, %d refused, %d renewals, %d releases, %d bypass reports; grant request p50 %s, p90 %s, p99 %s (mean %s, of which the API's handler %s); debit p50 %s, p90 %s, p99 %s (mean %s, the API's handler %s); %s; the API's %d connections: %d acquires, %d of them waited, %s per acquire on average; %s",
 		n.all.Load(), n.issued.Load(), n.refused.Load(), n.debited.Load(), n.debitRefused.Load(), n.renewed.Load(), n.released.Load(), n.bypasses.Load(),
 		dur(pct(lat, 0.5)), dur(pct(lat, 0.9)), dur(pct(lat, 0.99)), dur(mean(lat)), dur(handlerMean(g.api.reg, "tally_grant_issue_duration_seconds")),
 		dur(pct(dlat, 0.5)), dur(pct(dlat, 0.9)), dur(pct(dlat, 0.99)), dur(mean(dlat)), dur(handlerMean(g.api.reg, "tally_debit_duration_seconds")),
+		phases(g.api.reg),
 		ps.MaxConns(), ps.AcquireCount(), ps.EmptyAcquireCount(), dur(ps.AcquireDuration()/time.Duration(max(ps.AcquireCount(), 1))), slow)
 }
 
@@ -452,6 +454,12 @@ func mean(ds []time.Duration) time.Duration {
 // handlerMean is the mean of the API's histogram name (seconds, over
 // every label): how long its handlers took, without the HTTP round trip.
 func handlerMean(reg *prometheus.Registry, name string) time.Duration {
+	return histMean(reg, name, nil)
+}
+
+// histMean is the mean of the histogram name (seconds) over the series
+// whose labels include every one of match.
+func histMean(reg *prometheus.Registry, name string, match map[string]string) time.Duration {
 	mfs, err := reg.Gather()
 	if err != nil {
 		return 0
@@ -462,7 +470,13 @@ func handlerMean(reg *prometheus.Registry, name string) time.Duration {
 		if mf.GetName() != name {
 			continue
 		}
+	series:
 		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if v, ok := match[l.GetName()]; ok && v != l.GetValue() {
+					continue series
+				}
+			}
 			sum += m.GetHistogram().GetSampleSum()
 			n += m.GetHistogram().GetSampleCount()
 		}
@@ -471,6 +485,18 @@ func handlerMean(reg *prometheus.Registry, name string) time.Duration {
 		return 0
 	}
 	return time.Duration(sum / float64(n) * float64(time.Second))
+}
+
+// phases says where, in Tally, the grant requests' and debits' time went
+// on average (tally_admission_phase_seconds): planning, queueing for an
+// issue transaction, waiting for a connection, the transaction.
+func phases(reg *prometheus.Registry) string {
+	at := func(path, phase string) string {
+		return dur(histMean(reg, "tally_admission_phase_seconds", map[string]string{"path": path, "phase": phase}))
+	}
+	return fmt.Sprintf("in Tally, a grant request's mean plan %s, queue for an issue transaction %s, wait for a connection %s, transaction %s; a debit's plan %s, connection %s, transaction %s",
+		at("grant", "plan"), at("grant", "queue"), at("grant", "connection"), at("grant", "postgres"),
+		at("debit", "plan"), at("debit", "connection"), at("debit", "postgres"))
 }
 
 // debitPath is where a gateway sends debits.
