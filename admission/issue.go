@@ -49,44 +49,62 @@ type plan struct {
 // planIssue reads the customer's rule and period and the pool and global
 // budgets that apply, and picks those req draws from. Nothing is locked:
 // the issuing statement checks under the locks that the budgets drawn are
-// still the ones that apply.
-func planIssue(ctx context.Context, db DBTX, req IssueRequest, now time.Time) (plan, error) {
-	var pl plan
-	rule, err := quota.RuleAt(ctx, db, req.Customer, req.Meter, now)
-	switch {
-	case err == nil:
-		// A rate rule is exact too, through its bucket (rate.go), not a
-		// period budget.
-		pl.rule, pl.customerExact = rule, rule.Admission == quota.Exact && rule.Limit.Valid
-	case errors.Is(err, quota.ErrNotFound):
-	default:
-		return plan{}, err
-	}
-	if pl.custPeriod, err = periodAt(ctx, db, req.Customer, now); err != nil {
-		return plan{}, err
-	}
+// still the ones that apply. The four reads go in one round trip: a plan
+// is made on a request's way (its customer's first, or one past
+// planMaxAge) and once a second in the background for every busy budget,
+// and each read of its own waited in turn for a connection of the pool
+// (docs/performance.md, "Where a grant request's time goes").
+func planIssue(ctx context.Context, db batcher, req IssueRequest, now time.Time) (plan, error) {
+	var (
+		pl               plan
+		rule             quota.Rule
+		sch              periods.Schedule
+		applicable       []drawn
+		allRates         []string
+		ruleErr, schErr  error
+		scopeErr, ratErr error
+	)
 	scopePeriod, err := scopeCalendar.PeriodAt(now)
 	if err != nil {
 		return plan{}, err
 	}
-	rows, err := db.Query(ctx, qApplicableScopes, pgnamed.Args{"customer": req.Customer, "meter": req.Meter, "now": now})
-	if err != nil {
-		return plan{}, fmt.Errorf("admission: read budgets: %w", err)
-	}
-	applicable, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (drawn, error) {
-		var d drawn
-		if err := row.Scan(&d.scope, numeric(&d.limit), &d.version); err != nil {
-			return drawn{}, err
-		}
-		d.period = scopePeriod
-		return d, nil
+	args := pgnamed.Args{"customer": req.Customer, "meter": req.Meter, "now": now}
+	b := &pgx.Batch{}
+	quota.QueueRuleAt(b, req.Customer, req.Meter, now, func(r quota.Rule, err error) { rule, ruleErr = r, err })
+	periods.Store{}.QueueSchedule(b, req.Customer, func(s periods.Schedule, err error) { sch, schErr = s, err })
+	b.Queue(qApplicableScopes, args).Query(func(rows pgx.Rows) error {
+		applicable, scopeErr = pgx.CollectRows(rows, func(row pgx.CollectableRow) (drawn, error) {
+			d := drawn{period: scopePeriod}
+			return d, row.Scan(&d.scope, numeric(&d.limit), &d.version)
+		})
+		return nil
 	})
-	if err != nil {
-		return plan{}, fmt.Errorf("admission: read budgets: %w", err)
+	b.Queue(qApplicableRates, args).Query(func(rows pgx.Rows) error {
+		allRates, ratErr = pgx.CollectRows(rows, pgx.RowTo[string])
+		return nil
+	})
+	if err := db.SendBatch(ctx, b).Close(); err != nil {
+		return plan{}, fmt.Errorf("admission: plan: %w", err)
 	}
-	if pl.rates, pl.allRates, err = planRates(ctx, db, req, now); err != nil {
+	switch {
+	case ruleErr == nil:
+		// A rate rule is exact too, through its bucket (rate.go), not a
+		// period budget.
+		pl.rule, pl.customerExact = rule, rule.Admission == quota.Exact && rule.Limit.Valid
+	case errors.Is(ruleErr, quota.ErrNotFound):
+	default:
+		return plan{}, ruleErr
+	}
+	if pl.custPeriod, err = periodIn(sch, schErr, now); err != nil {
 		return plan{}, err
 	}
+	if scopeErr != nil {
+		return plan{}, fmt.Errorf("admission: read budgets: %w", scopeErr)
+	}
+	if ratErr != nil {
+		return plan{}, fmt.Errorf("admission: read rate budgets: %w", ratErr)
+	}
+	pl.rates, pl.allRates = ratesDrawn(req, allRates), allRates
 	if len(req.Budgets) == 0 {
 		pl.drawsCustomer, pl.scopes = pl.customerExact, applicable
 		if !pl.drawsCustomer && len(pl.scopes) == 0 && len(pl.rates) == 0 {
@@ -335,7 +353,7 @@ func planKey(req IssueRequest) string {
 	return req.Customer + "\x00" + req.Meter + "\x00" + strings.Join(req.Budgets, ",")
 }
 
-func (c *planCache) get(ctx context.Context, db DBTX, req IssueRequest, now time.Time) (plan, error) {
+func (c *planCache) get(ctx context.Context, db batcher, req IssueRequest, now time.Time) (plan, error) {
 	k := planKey(req)
 	c.mu.Lock()
 	p, ok := c.m[k]
@@ -366,7 +384,7 @@ func (c *planCache) get(ctx context.Context, db DBTX, req IssueRequest, now time
 // plan that cannot be made (the rule stopped being exact, the database
 // failed) is forgotten, so the next request plans inline and gets the
 // error.
-func (c *planCache) refresh(db DBTX, req IssueRequest, k string, old *cachedPlan) {
+func (c *planCache) refresh(db batcher, req IssueRequest, k string, old *cachedPlan) {
 	ctx, cancel := context.WithTimeout(context.Background(), planMaxAge)
 	defer cancel()
 	now := c.now()

@@ -137,7 +137,7 @@ func (s *Store) issueBatch(ctx context.Context, db batcher, ownTx bool, batch []
 // queued while its customer's period still holds, else one made now (once
 // per customer, meter and subset). A call that cannot be planned gets its
 // error. It says whether any call is left to decide.
-func planBatch(ctx context.Context, db DBTX, batch []*call, now time.Time) ([]plan, bool) {
+func planBatch(ctx context.Context, db batcher, batch []*call, now time.Time) ([]plan, bool) {
 	plans := make([]plan, len(batch))
 	planned := map[string]int{} // one plan per customer, meter and subset
 	left := false

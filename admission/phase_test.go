@@ -81,3 +81,20 @@ func TestPhasesSayWhereARequestWaited(t *testing.T) {
 		t.Errorf("a one-round-trip debit queued %d times, want 0", n)
 	}
 }
+
+// A request's plan, when none is cached (its customer's first request, or
+// one past the plan's age), reads the rule, the calendar, the pools and
+// the rate budgets that apply in one round trip on one connection: under
+// load each read of its own waited for a connection in turn. The issue
+// then takes one more connection for its transaction.
+func TestAPlanIsOneRoundTrip(t *testing.T) {
+	e := newEnv(t)
+	e.rule("a", "calls", d("100"))
+	before := e.pool.Stat().AcquireCount()
+	if _, err := e.issue("gw", "a", d("1")); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.pool.Stat().AcquireCount() - before; n != 2 {
+		t.Fatalf("a grant request with no plan cached took %d connections, want 2 (its plan, its transaction)", n)
+	}
+}

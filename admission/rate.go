@@ -149,20 +149,13 @@ FROM (SELECT d.scope, d.meter, sum(u.delta) AS delta
 // planRates reads the rate budgets that apply to req at now and picks
 // those it draws from (all, or the ones req.Budgets names, which it
 // removes from unmatched), and every one that applies.
-func planRates(ctx context.Context, db DBTX, req IssueRequest, now time.Time) (drawn, all []string, _ error) {
-	rows, err := db.Query(ctx, qApplicableRates, pgnamed.Args{"customer": req.Customer, "meter": req.Meter, "now": now})
-	if err != nil {
-		return nil, nil, fmt.Errorf("admission: read rate budgets: %w", err)
+// ratesDrawn is, of all the rate budgets that apply, those req draws from:
+// every one, or those it names.
+func ratesDrawn(req IssueRequest, all []string) []string {
+	if len(req.Budgets) == 0 {
+		return all
 	}
-	all, err = pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return nil, nil, fmt.Errorf("admission: read rate budgets: %w", err)
-	}
-	scopes := all
-	if len(req.Budgets) > 0 {
-		scopes = slices.DeleteFunc(slices.Clone(all), func(s string) bool { return !slices.Contains(req.Budgets, s) })
-	}
-	return scopes, all, nil
+	return slices.DeleteFunc(slices.Clone(all), func(s string) bool { return !slices.Contains(req.Budgets, s) })
 }
 
 // rateTTL is the ttl of a grant on rate budgets: DefaultRateTTL when the

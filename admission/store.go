@@ -271,6 +271,12 @@ func exactRule(ctx context.Context, db DBTX, customer, meter string, now time.Ti
 // a customer Tally has not seen yet, as the enforcer does).
 func periodAt(ctx context.Context, db DBTX, customer string, t time.Time) (periods.Period, error) {
 	sch, err := periods.Store{}.Schedule(ctx, db, customer)
+	return periodIn(sch, err, t)
+}
+
+// periodIn is the period at t of the calendar read as sch (err): the
+// default calendar's for a customer not stored yet.
+func periodIn(sch periods.Schedule, err error, t time.Time) (periods.Period, error) {
 	if errors.Is(err, periods.ErrUnknownCustomer) {
 		sch, err = periods.NewSchedule(periods.DefaultCalendar()), nil
 	}

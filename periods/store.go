@@ -111,8 +111,22 @@ func (s Store) grace() time.Duration {
 
 // Schedule loads a customer's calendar history.
 func (s Store) Schedule(ctx context.Context, db DBTX, customer string) (Schedule, error) {
+	return schedule(db.QueryRow(ctx, qSelectSchedule, customer), customer)
+}
+
+// QueueSchedule queues Schedule's read on b, for a caller that sends
+// several reads in one round trip: done gets what Schedule would return,
+// when b's results are read.
+func (s Store) QueueSchedule(b *pgx.Batch, customer string, done func(Schedule, error)) {
+	b.Queue(qSelectSchedule, customer).QueryRow(func(row pgx.Row) error {
+		done(schedule(row, customer))
+		return nil
+	})
+}
+
+func schedule(row pgx.Row, customer string) (Schedule, error) {
 	var raw []byte
-	err := db.QueryRow(ctx, qSelectSchedule, customer).Scan(&raw)
+	err := row.Scan(&raw)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, fmt.Errorf("customer %q: %w", customer, ErrUnknownCustomer)
 	}

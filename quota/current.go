@@ -20,7 +20,21 @@ const qRuleAt = `SELECT ` + ruleColumns + ` FROM quota_rule_in_force($1, $2, $3)
 // same SQL function, quota_rule_in_force (quota_scope_rule_in_force for
 // pool and global rules).
 func RuleAt(ctx context.Context, db DBTX, customer, meter string, t time.Time) (Rule, error) {
-	r, err := scanRule(db.QueryRow(ctx, qRuleAt, customer, meter, t))
+	return ruleAt(db.QueryRow(ctx, qRuleAt, customer, meter, t), customer, meter)
+}
+
+// QueueRuleAt queues RuleAt's read on b, for a caller that sends several
+// reads in one round trip: done gets what RuleAt would return, when b's
+// results are read.
+func QueueRuleAt(b *pgx.Batch, customer, meter string, t time.Time, done func(Rule, error)) {
+	b.Queue(qRuleAt, customer, meter, t).QueryRow(func(row pgx.Row) error {
+		done(ruleAt(row, customer, meter))
+		return nil
+	})
+}
+
+func ruleAt(row pgx.Row, customer, meter string) (Rule, error) {
+	r, err := scanRule(row)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Rule{}, fmt.Errorf("%w: %s/%s", ErrNotFound, customer, meter)
 	}
