@@ -19,6 +19,10 @@
 //   - exact, sized by demand: the same with the SDK's own sizing (and,
 //     on a tight budget, its debits: each request's cost taken centrally).
 //   - central counter in Postgres: one UPDATE … RETURNING per request.
+//   - central counter in Postgres via HTTP: the same statement behind an
+//     HTTP service of its own (a bearer token, a JSON body, a pool of
+//     APIPoolSize connections), as gateways without database credentials
+//     reach it: beside the row above, what the hop costs.
 //   - central counter in Redis: one Lua check-and-INCRBY per request
 //     (skipped, with the reason, when no Redis answers). Redis is a
 //     dependency of this benchmark only, never of Tally.
