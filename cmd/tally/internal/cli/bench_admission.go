@@ -97,7 +97,8 @@ func (o benchAdmissionOptions) Validate() error {
 		zero bool
 	}{{"gateways", sim.Gateways == 0}, {"customers", sim.Customers == 0}, {"rate", sim.Rate == 0},
 		{"duration", sim.Duration == 0}, {"limit", sim.Limit == 0}, {"fixed-grant", sim.FixedGrant == 0}, {"burst", sim.Burst == 0},
-		{"lag-interval", sim.LagInterval == 0}, {"lag-flush", sim.LagFlush == 0}, {"api-pool-size", o.hot.APIPoolSize == 0}} {
+		{"lag-interval", sim.LagInterval == 0}, {"lag-flush", sim.LagFlush == 0}, {"api-pool-size", o.hot.APIPoolSize == 0},
+		{"rounds", sim.Rounds == 0}} {
 		if f.zero {
 			errs = append(errs, fmt.Errorf("--%s must not be 0", f.name))
 		}
@@ -138,7 +139,7 @@ func (o benchAdmissionOptions) Run(ctx context.Context, out io.Writer) error {
 	}
 	sim := o.sim
 	sim.DatabaseURL, sim.Logger, sim.APIPoolSize = dbURL, log, o.hot.APIPoolSize
-	fmt.Fprintf(out, "tally bench admission: database %s; regimes %s, one after another\n", dbName(dbURL), strings.Join(sim.Regimes, ", "))
+	fmt.Fprintf(out, "tally bench admission: database %s; regimes %s, one after another%s\n", dbName(dbURL), strings.Join(sim.Regimes, ", "), roundsNote(sim.Rounds))
 	r, err := admissionbench.Run(ctx, sim)
 	if err != nil {
 		return err
@@ -219,7 +220,9 @@ unspent in another gateway's grant), central calls per 1,000 admissions,
 and admission latency p50/p99; calls and p99 also at steady demand, past
 a warm-up of the first sixth of the replay (every customer's first
 grants, new budget rows, new connections). Then each regime against the
-targets.
+targets. With --rounds N the regimes run N times, alternating, and each
+regime's medians follow, with its p99 and CPU per request as multiples of
+the Postgres counter's in the same round.
 
 With --budgets (any of customer, pool, global) it measures the hot key
 instead (docs/design.md §13): --holders concurrent holders, one customer
@@ -278,6 +281,7 @@ dropped afterwards (unless --keep). Redis is used by this benchmark only.`,
 	f.DurationVar(&o.sim.LagFlush, "lag-flush", 100*time.Millisecond, "how often the lagged regime meters admitted usage")
 	f.StringVar(&o.sim.RedisAddr, "redis", "127.0.0.1:6379", `Redis for the central-counter row ("" skips it)`)
 	f.Uint64Var(&o.sim.Seed, "seed", 1, "seed of the demand trace")
+	f.IntVar(&o.sim.Rounds, "rounds", 1, "run the regimes this many times, alternating, and add each one's medians, its p99 and CPU per request ÷ the Postgres counter's in the same round (one replay's p99 moves with the machine's load)")
 	f.StringSliceVar(&o.sim.Regimes, "regimes", admissionbench.RegimeKeys, "regimes to run, of lagged, fixed, sized, postgres, postgres-http, redis (they run in that order)")
 	f.StringSliceVar(&o.hot.Budgets, "budgets", []string{"customer"}, "the hot-key run: budgets every grant draws on, of customer, pool, global (without it: the regimes above)")
 	f.IntVar(&o.hot.Holders, "holders", 50, "the hot-key run: concurrent holders, one customer each")
@@ -289,4 +293,12 @@ dropped afterwards (unless --keep). Redis is used by this benchmark only.`,
 	f.BoolVar(&o.keep, "keep", false, "keep the benchmark database")
 	f.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of this process (the gateways' SDK, the REST API and the replay; not Postgres) to this file")
 	return cmd
+}
+
+// roundsNote says how many rounds run, when more than one.
+func roundsNote(n int) string {
+	if n > 1 {
+		return fmt.Sprintf(", %d rounds", n)
+	}
+	return ""
 }

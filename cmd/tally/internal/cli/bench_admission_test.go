@@ -30,11 +30,12 @@ func TestBenchAdmissionSmall(t *testing.T) {
 // Bad flags are all reported at once, before any database is made.
 func TestBenchAdmissionFlags(t *testing.T) {
 	_, err := runTally(t, "bench", "admission", "--gateways", "0", "--burst", "9", "--regimes", "lagged,nosuch",
-		"--api-pool-size", "0", "--database-url", "postgres://nobody@127.0.0.1:1/none")
+		"--api-pool-size", "0", "--rounds", "0", "--database-url", "postgres://nobody@127.0.0.1:1/none")
 	if err == nil {
 		t.Fatal("no error")
 	}
-	for _, want := range []string{"--gateways must not be 0", "burst: 9", `regimes: "nosuch"`, "--api-pool-size must not be 0"} {
+	for _, want := range []string{"--gateways must not be 0", "burst: 9", `regimes: "nosuch"`, "--api-pool-size must not be 0",
+		"--rounds must not be 0"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("no %q in %v", want, err)
 		}

@@ -3,6 +3,7 @@ package admissionbench_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"strings"
 	"testing"
@@ -230,5 +231,46 @@ func TestRunHotCustomerOnly(t *testing.T) {
 	}
 	if err := (admissionbench.HotOptions{DatabaseURL: "x", Budgets: []string{"plan"}}).Validate(); err == nil || !strings.Contains(err.Error(), `"plan"`) {
 		t.Errorf("budgets plan: %v", err)
+	}
+}
+
+// With rounds, every regime runs that many times, alternating, and the
+// report adds each regime's medians against the Postgres counter of the
+// same round.
+func TestRoundsAlternateAndReportMedians(t *testing.T) {
+	o := small(t)
+	o.Rounds, o.Regimes = 2, []string{"sized", "postgres"}
+	r, err := admissionbench.Run(t.Context(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var order []string
+	for _, row := range r.Rows {
+		order = append(order, fmt.Sprintf("%s/%d", row.Key, row.Round))
+		if len(row.Problems) > 0 {
+			t.Errorf("%s round %d: %v", row.Regime, row.Round, row.Problems)
+		}
+	}
+	if want := "[sized/1 postgres/1 sized/2 postgres/2]"; fmt.Sprint(order) != want {
+		t.Fatalf("rows ran as %v, want %s", order, want)
+	}
+	var out bytes.Buffer
+	r.Report(&out)
+	for _, want := range []string{"| exact, sized by demand (round 2)", "over 2 rounds, alternating: median (lowest–highest)",
+		"p99 ÷ the Postgres counter's", "| central counter, Postgres (round 2) |"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("no %q in the report:\n%s", want, out.String())
+		}
+	}
+	// The counter against itself: 1.00 × in every round, for p99 and CPU.
+	_, medians, _ := strings.Cut(out.String(), "over 2 rounds")
+	var counter string
+	for line := range strings.Lines(medians) {
+		if strings.HasPrefix(line, "| central counter, Postgres ") {
+			counter = line
+		}
+	}
+	if strings.Count(counter, "1.00 × (1.00 ×–1.00 ×)") != 2 {
+		t.Errorf("the counter's medians are not 1.00 × its own: %q", counter)
 	}
 }

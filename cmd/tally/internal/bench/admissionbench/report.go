@@ -1,8 +1,10 @@
 package admissionbench
 
 import (
+	"cmp"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -23,11 +25,11 @@ func (r Result) Report(w io.Writer) {
 	limits := o.Limit * int64(o.Customers)
 	for _, row := range r.Rows {
 		if row.Skipped != "" {
-			fmt.Fprintf(tw, "| %s\t| %s\t|\t|\t|\t|\t|\t|\t|\t|\n", row.Regime, row.Skipped)
+			fmt.Fprintf(tw, "| %s\t| %s\t|\t|\t|\t|\t|\t|\t|\t|\n", r.name(row), row.Skipped)
 			continue
 		}
 		fmt.Fprintf(tw, "| %s\t| %.3f\t| %d\t| %d (%s)\t| %d (%s)\t| %s of %d\t| %s (%s)\t| %s\t| %s (%s)\t|\n",
-			row.Regime, float64(row.WorstAdmitted)/float64(o.Limit), row.OverLimit, row.Stranded, percent(row.Stranded, limits),
+			r.name(row), float64(row.WorstAdmitted)/float64(o.Limit), row.OverLimit, row.Stranded, percent(row.Stranded, limits),
 			row.FalseDenials, percent(row.FalseDenials, row.Requests),
 			percent(row.Below95False, row.Below95), row.Below95,
 			perThousand(row.CentralCalls, row.Admitted), perThousand(row.SteadyCalls, row.SteadyAdmitted), dur(row.P50), dur(row.P99), dur(row.SteadyP99))
@@ -38,26 +40,29 @@ func (r Result) Report(w io.Writer) {
 	for _, row := range r.Rows {
 		switch {
 		case row.Skipped != "":
-			fmt.Fprintf(w, "  %-26s %s\n", row.Regime, row.Skipped)
+			fmt.Fprintf(w, "  %-26s %s\n", r.name(row), row.Skipped)
 		case row.Key == "fixed" || row.Key == "sized":
 			fmt.Fprintf(w, "  %-26s overshoot %d units: %s; grant calls at steady demand %s per 1,000 admissions (all calls %s): %s; false denials at demand ≤ 95%%: %s: %s\n",
-				row.Regime, row.OverLimit, met(row.OverLimit == 0),
+				r.name(row), row.OverLimit, met(row.OverLimit == 0),
 				perThousand(row.SteadyGrantCalls, row.SteadyAdmitted), perThousand(row.SteadyCalls, row.SteadyAdmitted),
 				met(row.SteadyGrantCalls*100 <= row.SteadyAdmitted),
 				percent(row.Below95False, row.Below95), met(row.Below95False*100 <= row.Below95))
 			fmt.Fprintf(w, "  %-26s %s; the replay took %s%s\n", "", row.CallDetail, row.Elapsed.Round(10*time.Millisecond), row.cpu())
 		case row.Key == "lagged" && row.DecisionLag == [2]time.Duration{}:
-			fmt.Fprintf(w, "  %-26s overshoot %d units; no customer reached the limit\n", row.Regime, row.OverLimit)
+			fmt.Fprintf(w, "  %-26s overshoot %d units; no customer reached the limit\n", r.name(row), row.OverLimit)
 		case row.Key == "lagged":
 			fmt.Fprintf(w, "  %-26s overshoot %d units (not exact); decision lag, limit reached → blocked: p50 %s, p99 %s (decision every %s, usage metered every %s)\n",
-				row.Regime, row.OverLimit, dur(row.DecisionLag[0]), dur(row.DecisionLag[1]), o.LagInterval, o.LagFlush)
+				r.name(row), row.OverLimit, dur(row.DecisionLag[0]), dur(row.DecisionLag[1]), o.LagInterval, o.LagFlush)
 		default:
 			fmt.Fprintf(w, "  %-26s overshoot %d units; one central call per request (%s per 1,000 admissions); the replay took %s%s\n",
-				row.Regime, row.OverLimit, perThousand(row.CentralCalls, row.Admitted), row.Elapsed.Round(10*time.Millisecond), row.cpu())
+				r.name(row), row.OverLimit, perThousand(row.CentralCalls, row.Admitted), row.Elapsed.Round(10*time.Millisecond), row.cpu())
 		}
 		for _, p := range row.Problems {
 			fmt.Fprintf(w, "  %-26s PROBLEM: %s\n", "", p)
 		}
+	}
+	if o.Rounds > 1 {
+		r.medians(w)
 	}
 }
 
@@ -168,4 +173,81 @@ func (row Row) cpu() string {
 	}
 	return fmt.Sprintf(", the host's %d cores %.0f%% busy (%s of CPU per request: gateways, API and Postgres together)",
 		row.Cores, 100*row.CPUBusy.Seconds()/(row.Elapsed.Seconds()*float64(row.Cores)), dur(row.CPUBusy/time.Duration(row.Requests)))
+}
+
+// name is row's regime, with its round when there are several.
+func (r Result) name(row Row) string {
+	if r.Options.Rounds > 1 {
+		return fmt.Sprintf("%s (round %d)", row.Regime, row.Round)
+	}
+	return row.Regime
+}
+
+// medians writes, for each regime that ran, the median (and range) over
+// the rounds of its p99 and CPU per request, and of those as multiples of
+// the Postgres counter's in the same round: what a noisy machine moves
+// least.
+func (r Result) medians(w io.Writer) {
+	counter := map[int]Row{}
+	for _, row := range r.Rows {
+		if row.Key == "postgres" && row.Skipped == "" {
+			counter[row.Round] = row
+		}
+	}
+	fmt.Fprintf(w, "\nover %d rounds, alternating: median (lowest–highest)\n", r.Options.Rounds)
+	tw := tabwriter.NewWriter(w, 0, 0, 1, ' ', 0)
+	fmt.Fprintln(tw, "| regime\t| p99: all\t| p99: steady\t| p99 ÷ the Postgres counter's\t| CPU per request\t| CPU per request ÷ the counter's\t| central calls / 1,000 admissions\t| false denials, demand ≤ 95%\t|")
+	fmt.Fprintln(tw, "| ---\t| ---\t| ---\t| ---\t| ---\t| ---\t| ---\t| ---\t|")
+	for _, key := range RegimeKeys {
+		var p99, steady, cpu []time.Duration
+		var p99x, cpux, calls, denials []float64
+		name := ""
+		for _, row := range r.Rows {
+			if row.Key != key || row.Skipped != "" {
+				continue
+			}
+			name = row.Regime
+			p99, steady = append(p99, row.P99), append(steady, row.SteadyP99)
+			calls = append(calls, 1000*float64(row.CentralCalls)/float64(max(row.Admitted, 1)))
+			denials = append(denials, 100*float64(row.Below95False)/float64(max(row.Below95, 1)))
+			perReq := row.CPUBusy / time.Duration(max(row.Requests, 1))
+			if row.CPUBusy > 0 {
+				cpu = append(cpu, perReq)
+			}
+			if c, ok := counter[row.Round]; ok {
+				p99x = append(p99x, float64(row.P99)/float64(max(c.P99, 1)))
+				if c.CPUBusy > 0 && row.CPUBusy > 0 {
+					cpux = append(cpux, float64(row.CPUBusy)/float64(c.CPUBusy))
+				}
+			}
+		}
+		if name == "" {
+			continue
+		}
+		fmt.Fprintf(tw, "| %s\t| %s\t| %s\t| %s\t| %s\t| %s\t| %s\t| %s\t|\n", name,
+			spread(p99, dur), spread(steady, dur), spread(p99x, times), spread(cpu, dur), spread(cpux, times),
+			spread(calls, func(v float64) string { return fmt.Sprintf("%.1f", v) }),
+			spread(denials, func(v float64) string { return fmt.Sprintf("%.2f%%", v) }))
+	}
+	_ = tw.Flush()
+}
+
+func times(v float64) string { return fmt.Sprintf("%.2f ×", v) }
+
+// spread is the median of vs and their range, each as f writes it ("–"
+// when there are none).
+func spread[T cmp.Ordered](vs []T, f func(T) string) string {
+	if len(vs) == 0 {
+		return "–"
+	}
+	s := slices.Sorted(slices.Values(vs))
+	m := s[len(s)/2]
+	if len(s)%2 == 0 {
+		// The lower of the two middle values: an observed one, not a mean.
+		m = s[len(s)/2-1]
+	}
+	if len(s) == 1 {
+		return f(m)
+	}
+	return fmt.Sprintf("%s (%s–%s)", f(m), f(s[0]), f(s[len(s)-1]))
 }

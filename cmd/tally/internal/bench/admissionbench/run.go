@@ -37,7 +37,13 @@ type Options struct {
 	Seed      uint64 // of the trace [1]
 	// Regimes to run, by RegimeKeys [all]; they run in RegimeKeys's order.
 	Regimes []string
-	Logger  *slog.Logger
+	// Rounds runs every regime this many times, alternating (every regime
+	// once, then again), over the same trace [1]. The report then adds
+	// each regime's medians, and its p99 and CPU per request as multiples
+	// of the Postgres counter's in the same round: a single replay's p99
+	// moves with the machine's load.
+	Rounds int
+	Logger *slog.Logger
 }
 
 func (o *Options) defaults() {
@@ -50,6 +56,7 @@ func (o *Options) defaults() {
 	def(&o.Customers, 100)
 	def(&o.APIPoolSize, 4)
 	def(&o.Rate, 2000)
+	def(&o.Rounds, 1)
 	if o.Duration == 0 {
 		o.Duration = 6 * time.Second
 	}
@@ -112,6 +119,9 @@ func (o Options) Validate() error {
 	if o.FixedGrant < 1 {
 		bad("fixed-grant: %d must be positive", o.FixedGrant)
 	}
+	if o.Rounds < 1 || o.Rounds > 20 {
+		bad("rounds: %d must be 1 to 20", o.Rounds)
+	}
 	for _, k := range o.Regimes {
 		if !slices.Contains(RegimeKeys, k) {
 			bad("regimes: %q is not one of %s", k, strings.Join(RegimeKeys, ", "))
@@ -127,6 +137,7 @@ func (o Options) Validate() error {
 type Row struct {
 	Key     string // one of RegimeKeys
 	Regime  string
+	Round   int    // 1 to Options.Rounds
 	Skipped string // why the regime did not run; empty when it ran
 	// Requests = Admitted + Refused + Errors.
 	Requests, Admitted, Refused, Errors int64
@@ -218,26 +229,28 @@ func Run(ctx context.Context, o Options) (Result, error) {
 			res.Below++
 		}
 	}
-	for _, r := range regimes() {
-		if len(o.Regimes) > 0 && !slices.Contains(o.Regimes, r.key) {
-			continue
+	for round := 1; round <= o.Rounds; round++ {
+		for _, r := range regimes() {
+			if len(o.Regimes) > 0 && !slices.Contains(o.Regimes, r.key) {
+				continue
+			}
+			o.Logger.Info("admission bench: regime", "regime", r.name, "round", round)
+			sys, err := r.start(ctx, o)
+			var skip errSkip
+			if errors.As(err, &skip) {
+				res.Rows = append(res.Rows, Row{Key: r.key, Regime: r.name, Round: round, Skipped: skip.why})
+				continue
+			}
+			if err != nil {
+				return res, fmt.Errorf("%s: %w", r.name, err)
+			}
+			row, err := replay(ctx, o, tr, sys)
+			row.Key, row.Regime, row.Round = r.key, r.name, round
+			if err != nil {
+				return res, fmt.Errorf("%s: %w", r.name, err)
+			}
+			res.Rows = append(res.Rows, row)
 		}
-		o.Logger.Info("admission bench: regime", "regime", r.name)
-		sys, err := r.start(ctx, o)
-		var skip errSkip
-		if errors.As(err, &skip) {
-			res.Rows = append(res.Rows, Row{Key: r.key, Regime: r.name, Skipped: skip.why})
-			continue
-		}
-		if err != nil {
-			return res, fmt.Errorf("%s: %w", r.name, err)
-		}
-		row, err := replay(ctx, o, tr, sys)
-		row.Key, row.Regime = r.key, r.name
-		if err != nil {
-			return res, fmt.Errorf("%s: %w", r.name, err)
-		}
-		res.Rows = append(res.Rows, row)
 	}
 	return res, nil
 }
