@@ -53,7 +53,8 @@ type plan struct {
 // is made on a request's way (its customer's first, or one past
 // planMaxAge) and once a second in the background for every busy budget,
 // and each read of its own waited in turn for a connection of the pool
-// (docs/performance.md, "Where a grant request's time goes").
+// (docs/performance.md, "Where a grant request's time goes, as Tally
+// measures it").
 func planIssue(ctx context.Context, db batcher, req IssueRequest, now time.Time) (plan, error) {
 	var (
 		pl               plan
