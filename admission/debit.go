@@ -83,7 +83,7 @@ func (s *Store) Debit(ctx context.Context, req DebitRequest) (Grant, error) {
 		if err != nil {
 			return Grant{}, err
 		}
-		s.m.observe("debit", phasePlan, time.Since(t))
+		s.m.observe(pathDebit, phasePlan, time.Since(t))
 		g, outcome, err := s.debitOnce(ctx, ireq, pl)
 		switch {
 		case err != nil:
@@ -193,8 +193,8 @@ func (s *Store) debitOnce(ctx context.Context, req IssueRequest, pl plan) (Grant
 	acquired := time.Now()
 	err = conn.SendBatch(ctx, b).Close()
 	conn.Release()
-	s.m.observe("debit", phaseConnection, acquired.Sub(t))
-	s.m.observe("debit", phasePostgres, time.Since(acquired))
+	s.m.observe(pathDebit, phaseConnection, acquired.Sub(t))
+	s.m.observe(pathDebit, phasePostgres, time.Since(acquired))
 	if err != nil {
 		return Grant{}, 0, fmt.Errorf("admission: debit: %w", err)
 	}

@@ -68,7 +68,7 @@ func newIssueMetrics(reg prometheus.Registerer) *issueMetrics {
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16),
 		}, []string{"path", "phase"}),
 	}
-	for _, path := range []string{"grant", "debit"} {
+	for _, path := range []string{pathGrant, pathDebit} {
 		for _, ph := range phaseNames {
 			m.phases.WithLabelValues(path, ph)
 		}

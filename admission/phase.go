@@ -17,12 +17,18 @@ const (
 
 var phaseNames = []string{phasePlan, phaseQueue, phaseConnection, phasePostgres}
 
-// pathOf is the path label of req: a debit, or a grant request.
+// The path labels: a grant request, or a debit.
+const (
+	pathGrant = "grant"
+	pathDebit = "debit"
+)
+
+// pathOf is the path label of req.
 func pathOf(req IssueRequest) string {
 	if req.debit {
-		return "debit"
+		return pathDebit
 	}
-	return "grant"
+	return pathGrant
 }
 
 // observe records d as phase of path.

@@ -199,19 +199,14 @@ func RunHot(ctx context.Context, o HotOptions) (res HotResult, err error) {
 }
 
 func (h *hotRun) setUp(ctx context.Context) (err error) {
-	cfg, err := pgxpool.ParseConfig(h.o.DatabaseURL)
-	if err != nil {
-		return err
-	}
-	cfg.MaxConns = int32(h.o.APIPoolSize)
-	if h.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+	if h.pool, err = newPool(ctx, h.o.DatabaseURL, h.o.APIPoolSize); err != nil {
 		return err
 	}
 	if h.api, err = serveAPI(ctx, h.pool, h.o.Logger); err != nil {
 		return err
 	}
 	// The in-process row has a pool of the same size of its own.
-	if h.spool, err = pgxpool.NewWithConfig(ctx, cfg.Copy()); err != nil {
+	if h.spool, err = newPool(ctx, h.o.DatabaseURL, h.o.APIPoolSize); err != nil {
 		return err
 	}
 	if h.store, err = admission.New(h.spool, admission.Config{}); err != nil {
@@ -525,12 +520,7 @@ func (h *hotRun) check(ctx context.Context, meter string, grants int64, released
 // per request that locks the request's budget rows in key order, checks
 // every one and adds to all (all or nothing), a connection per holder.
 func (h *hotRun) counter(ctx context.Context) (HotRow, error) {
-	cfg, err := pgxpool.ParseConfig(h.o.DatabaseURL)
-	if err != nil {
-		return HotRow{}, err
-	}
-	cfg.MaxConns = int32(h.o.Holders)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := newPool(ctx, h.o.DatabaseURL, h.o.Holders)
 	if err != nil {
 		return HotRow{}, err
 	}

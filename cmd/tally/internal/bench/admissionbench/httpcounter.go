@@ -55,12 +55,7 @@ func startHTTPCounter(ctx context.Context, o Options) (_ system, err error) {
 			_, _, _ = h.end(context.WithoutCancel(ctx), nil)
 		}
 	}()
-	cfg, err := pgxpool.ParseConfig(o.DatabaseURL)
-	if err != nil {
-		return nil, err
-	}
-	cfg.MaxConns = int32(o.APIPoolSize)
-	if h.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+	if h.pool, err = newPool(ctx, o.DatabaseURL, o.APIPoolSize); err != nil {
 		return nil, err
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -142,9 +137,5 @@ func (h *httpCounter) end(ctx context.Context, admitted []int64) (int64, []strin
 	if h.pool != nil {
 		h.pool.Close()
 	}
-	if admitted == nil { // a failed start: the table is the counter's to drop with its pool
-		h.counter.pool.Close()
-		return 0, nil, nil
-	}
-	return h.counter.end(ctx, admitted)
+	return h.counter.end(ctx, admitted) // closes the counter's pool (nil admitted: a failed start, nothing checked)
 }

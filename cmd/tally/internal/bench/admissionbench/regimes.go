@@ -221,6 +221,16 @@ func serveAPI(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (_ *api
 	return s, nil
 }
 
+// newPool opens a pool of at most conns connections on url.
+func newPool(ctx context.Context, url string, conns int) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = int32(conns)
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
 // close shuts the server down and stops the API's background work.
 func (s *apiServer) close(ctx context.Context) {
 	_ = s.srv.Shutdown(ctx)
@@ -250,12 +260,7 @@ func startGrants(ctx context.Context, o Options, fixed bool) (_ system, err erro
 			_, _, _ = g.end(context.WithoutCancel(ctx), nil)
 		}
 	}()
-	cfg, err := pgxpool.ParseConfig(o.DatabaseURL)
-	if err != nil {
-		return nil, err
-	}
-	cfg.MaxConns = int32(o.APIPoolSize)
-	if g.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+	if g.pool, err = newPool(ctx, o.DatabaseURL, o.APIPoolSize); err != nil {
 		return nil, err
 	}
 	if g.store, err = admission.New(g.pool, admission.Config{}); err != nil {
@@ -579,12 +584,7 @@ type pgCounter struct {
 }
 
 func startPostgresCounter(ctx context.Context, o Options) (system, error) {
-	cfg, err := pgxpool.ParseConfig(o.DatabaseURL)
-	if err != nil {
-		return nil, err
-	}
-	cfg.MaxConns = int32(o.Gateways) // a connection per gateway, as separate processes would have
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	pool, err := newPool(ctx, o.DatabaseURL, o.Gateways) // a connection per gateway, as separate processes would have
 	if err != nil {
 		return nil, err
 	}
