@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +21,24 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const redisAddr = "127.0.0.1:6379"
+
+// syncBuffer is a log's output, written from several goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
 
 // small is a run that takes seconds: 3 gateways, 8 customers, a limit the
 // busiest customers cross early.
@@ -42,12 +62,18 @@ func redisAnswers(addr string) bool {
 // holds: the counts add up, the exact regimes and the central counters
 // never admit past a limit, the counters never refuse with room left, the
 // lagged regime overshoots, and every exact regime's spend reached
-// Postgres when the gateways released.
+// Postgres when the gateways released. Nothing warns on the way: the
+// report's figures are read while what they come from is still open.
 func TestRunInvariants(t *testing.T) {
 	o := small(t)
+	var logged syncBuffer
+	o.Logger = slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	r, err := admissionbench.Run(t.Context(), o)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if s := logged.String(); s != "" {
+		t.Errorf("the run logged warnings:\n%s", s)
 	}
 	if r.Requests == 0 || r.Over == 0 || r.Over+r.Near+r.Below != o.Customers {
 		t.Fatalf("trace: %d requests, customers over %d near %d below %d", r.Requests, r.Over, r.Near, r.Below)

@@ -251,6 +251,10 @@ type grants struct {
 	names      []string
 	seen       []atomic.Bool // by gateway × customer: admitted there before
 	dir        string
+	// summary is detail's line, written by end once every gateway has
+	// given its grants back and before the API's pool closes: the API's
+	// registry reads Postgres when gathered.
+	summary string
 }
 
 func startGrants(ctx context.Context, o Options, fixed bool) (_ system, err error) {
@@ -375,7 +379,11 @@ func (c counting) RoundTrip(r *http.Request) (*http.Response, error) {
 	return resp, err
 }
 
-func (g *grants) detail() string {
+func (g *grants) detail() string { return g.summary }
+
+// describe is the regime's detail line, from the SDK's calls, the API's
+// histograms and its pool.
+func (g *grants) describe() string {
 	n := &g.requests
 	n.mu.Lock()
 	lat, dlat := slices.Clone(n.grantLatency), slices.Clone(n.debitLatency)
@@ -560,6 +568,9 @@ func (g *grants) end(ctx context.Context, admitted []int64) (stranded int64, pro
 					g.names[c], consumed[c], live[c], admitted[c]))
 			}
 		}
+	}
+	if admitted != nil && g.api != nil {
+		g.summary = g.describe()
 	}
 	if g.api != nil {
 		g.api.close(cctx)
