@@ -146,6 +146,28 @@ func TestRateBucket(t *testing.T) {
 	}
 }
 
+// A refusal by a rate bucket tells when the bucket holds what the request
+// needs (its min_amount, when it gives one), and says held 0 even while
+// another holder's grant holds tokens: a refused gateway waits for the
+// refill, it does not ask again at once (docs/design.md §17).
+func TestRateRefusalWaitsForWhatTheRequestNeeds(t *testing.T) {
+	e := rateEnv(t)
+	// 1 per hour: one token an hour, the refill during the test below 0.01.
+	e.rateRule("customer:acme", "calls", "1", "1h", "20", 0, time.Time{})
+	if _, err := e.issueRate("gw1", "acme", "20"); err != nil {
+		t.Fatal(err)
+	}
+	_, err := e.store.Issue(context.Background(), admission.IssueRequest{Holder: "gw2", Generation: 1, Customer: "acme",
+		Meter: "calls", Amount: d("10"), MinAmount: decimal.NewNullDecimal(d("2"))})
+	ex := exhaustedBy(t, err, "customer:acme/calls")
+	if ex.RetryAfter < 119*time.Minute || ex.RetryAfter > 2*time.Hour {
+		t.Errorf("retry_after %v, want about two hours (min_amount 2 at 1/h, not the 10 asked)", ex.RetryAfter)
+	}
+	if !ex.Held.IsZero() {
+		t.Errorf("held %s on a rate bucket's refusal, want 0", ex.Held)
+	}
+}
+
 // A grant draws from its rate and period budgets all or nothing: a period
 // budget that refuses takes nothing from the bucket, and the reverse.
 func TestRateAllOrNothingWithPeriodBudgets(t *testing.T) {
