@@ -18,6 +18,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/internal/testrun"
 	"github.com/tally-ledger/tally/producer"
 )
 
@@ -224,7 +225,7 @@ func runKeyedChild(t *testing.T, dir string, brokers []string, kill time.Duratio
 // Close logs "producer stopped" once, and Stop after Close adds nothing.
 func TestCloseLogsStoppedOnce(t *testing.T) {
 	c := newCluster(t, 1)
-	var logs syncBuffer
+	var logs testrun.Buffer
 	p := newProducer(t, producer.Config{Brokers: c.Addrs, Dir: t.TempDir(),
 		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -240,21 +241,4 @@ func TestCloseLogsStoppedOnce(t *testing.T) {
 	if n := strings.Count(logs.String(), `msg="producer stopped"`); n != 1 {
 		t.Fatalf(`"producer stopped" logged %d times:\n%s`, n, logs.String())
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,29 +15,12 @@ import (
 
 	"github.com/tally-ledger/tally/cmd/tally/internal/bench/admissionbench"
 	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/internal/testrun"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const redisAddr = "127.0.0.1:6379"
-
-// syncBuffer is a log's output, written from several goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // small is a run that takes seconds: 3 gateways, 8 customers, a limit the
 // busiest customers cross early.
@@ -66,7 +48,7 @@ func redisAnswers(addr string) bool {
 // report's figures are read while what they come from is still open.
 func TestRunInvariants(t *testing.T) {
 	o := small(t)
-	var logged syncBuffer
+	var logged testrun.Buffer
 	o.Logger = slog.New(slog.NewTextHandler(&logged, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	r, err := admissionbench.Run(t.Context(), o)
 	if err != nil {
