@@ -146,9 +146,6 @@ FROM (SELECT d.scope, d.meter, sum(u.delta) AS delta
       GROUP BY d.scope, d.meter
       ORDER BY d.scope, d.meter OFFSET 0) x`
 
-// planRates reads the rate budgets that apply to req at now and picks
-// those it draws from (all, or the ones req.Budgets names, which it
-// removes from unmatched), and every one that applies.
 // ratesDrawn is, of all the rate budgets that apply, those req draws from:
 // every one, or those it names.
 func ratesDrawn(req IssueRequest, all []string) []string {
