@@ -20,6 +20,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/admit"
+	"github.com/tally-ledger/tally/tokens"
 )
 
 // Final spend reports kept while Tally was down go back in one call
@@ -309,4 +310,63 @@ func TestOnlyReportsACrashCouldLoseAreWrittenBeforeTheyAreSent(t *testing.T) {
 	if b := ts.budget("acme", "tokens"); !b.Consumed.Equal(decimal.NewFromInt(7)) || len(kept()) > 0 {
 		t.Fatalf("consumed %s, reports left on disk %q; want the 7 admitted, and nothing kept", b.Consumed, kept())
 	}
+}
+
+// A release refused for the gateway's credentials (its token revoked or
+// rotated away) is not a report Tally can never take: it is kept in Dir,
+// nothing is set aside, and the next run with a valid token delivers it,
+// so the grants' unspent capacity is freed and Tally's consumed is exactly
+// what was admitted.
+func TestReportsRefusedForTheTokenAreKept(t *testing.T) {
+	ts := startTally(t)
+	customers := []string{"acme", "globex"}
+	for _, cu := range customers {
+		ts.exactRule(cu, "tokens", "1000")
+	}
+	ctx := context.Background()
+	dir := t.TempDir()
+	tok, secret, err := tokens.CreateGateway(ctx, ts.pool, "gw1", "to be revoked", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := admit.New(admit.Config{URL: ts.url, Token: secret, Holder: "gw1", Dir: dir, MinGrant: 20,
+		Tick: time.Hour, MaxWait: 10 * time.Second}) // nothing given back before Close
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cu := range customers {
+		if d, err := c.Admit(ctx, cu, "tokens", 1); err != nil || !d.Admitted || d.How != admit.FromGrant {
+			t.Fatalf("admit %s: %+v %v", cu, d, err)
+		}
+	}
+	if _, err := tokens.Revoke(ctx, ts.pool, tok.ID, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the revoked token refused", func() bool {
+		req, _ := http.NewRequest(http.MethodGet, ts.url+"/v1/customers/acme", nil)
+		req.Header.Set("Authorization", "Bearer "+secret)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusUnauthorized
+	})
+	var und *admit.UndeliveredError
+	if err := c.Close(ctx); !errors.As(err, &und) || und.Spent != 2 {
+		t.Fatalf("close with a revoked token: %v, want the final spend reports (2 units) kept undelivered", err)
+	}
+	if rejected, _ := filepath.Glob(filepath.Join(dir, "*.rejected")); len(rejected) > 0 {
+		t.Fatalf("set aside for an operator: %q, want them kept for the next run", rejected)
+	}
+	c = newClient(t, ts, "gw1", dir, admit.Config{MinGrant: 20}) // a new token
+	defer c.Close(ctx)
+	eventually(t, "the kept reports delivered with the new token", func() bool {
+		for _, cu := range customers {
+			if b := ts.budget(cu, "tokens"); !b.Consumed.Equal(decimal.NewFromInt(1)) || !b.Live.IsZero() {
+				return false
+			}
+		}
+		return true
+	})
 }

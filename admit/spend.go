@@ -351,7 +351,7 @@ func (c *Client) deliverAll(ctx context.Context, rs []spendReport) []outcome {
 func (c *Client) deliverEach(ctx context.Context, rs []spendReport) []outcome {
 	out := make([]outcome, len(rs))
 	for i, r := range rs {
-		if out[i] = c.deliver(ctx, r); out[i] == kept && (c.paused(time.Now()) || ctx.Err() != nil) {
+		if out[i] = c.deliver(ctx, r); out[i] == kept && (c.paused(time.Now()) || ctx.Err() != nil || c.waiting(r.Grant)) {
 			break
 		}
 	}
@@ -380,6 +380,14 @@ func (c *Client) settle(r spendReport, ans grantAnswer, err error) outcome {
 		// late report once the grant is reclaimed. Asked again in a second.
 		c.wait(r.Grant, time.Second)
 		return kept
+	case errors.As(err, &te) && refusedCredentials(te):
+		// The token revoked or not this holder's: a new token delivers it
+		// (a report set aside would strand its grant's unspent capacity).
+		// Kept, and loud; asked again in a while, not at every tick.
+		c.log.Error("final spend report refused for the gateway's token; kept in Dir until a valid token delivers it",
+			"grant", r.Grant, "spent", r.Spent, "err", err)
+		c.wait(r.Grant, credentialRetry)
+		return kept
 	case errors.As(err, &te):
 		// Never deliverable (another holder's grant, an unknown grant, a
 		// spent Tally refuses): kept aside for an operator, and loud.
@@ -389,6 +397,17 @@ func (c *Client) settle(r spendReport, ans grantAnswer, err error) outcome {
 	default:
 		return kept // unreachable, refused for load, or out of time
 	}
+}
+
+// credentialRetry is how long a report refused for the token waits before
+// it is sent again.
+const credentialRetry = 30 * time.Second
+
+// refusedCredentials: Tally refused the call for the token that made it
+// (401: unknown, revoked; 403: not a gateway token, or another holder's),
+// not for what it asked.
+func refusedCredentials(te *TallyError) bool {
+	return te.Status == http.StatusUnauthorized || te.Status == http.StatusForbidden
 }
 
 // setAside renames a kept file Tally can never take (unreadable) for an
