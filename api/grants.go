@@ -81,8 +81,14 @@ type debitBody struct {
 type reportBody struct {
 	Holder     string        `json:"holder"`
 	Generation int64         `json:"generation"`
-	Spent      decimalInput  `json:"spent"`
+	Spent      *decimalInput `json:"spent"` // required: nil when left out
 	TTL        durationInput `json:"ttl"`
+}
+
+// errSpentRequired refuses a report without spent: recording 0 would give
+// every unit of the grant back, unbilled.
+func errSpentRequired(field string) *Problem {
+	return invalidField(field, `required: the units spent from the grant so far, a decimal string ("0" when none)`)
 }
 
 type bypassBody struct {
@@ -181,6 +187,9 @@ func (a *API) report(w http.ResponseWriter, r *http.Request, release bool) error
 	b, s, err := holderRequest[reportBody](a, r, func(b *reportBody) string { return b.Holder })
 	if err != nil {
 		return err
+	}
+	if b.Spent == nil {
+		return errSpentRequired("spent")
 	}
 	rep := admission.Report{Grant: id, Holder: b.Holder, Generation: b.Generation, Spent: b.Spent.Decimal, TTL: time.Duration(b.TTL.Duration)}
 	var g admission.Grant

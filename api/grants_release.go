@@ -16,7 +16,7 @@ const maxReleases = admission.DefaultMaxBatch
 type releaseItem struct {
 	Grant      string       `json:"grant"` // a grant id, checked by releaseGrants (the field at fault named)
 	Generation int64        `json:"generation"`
-	Spent      decimalInput `json:"spent"`
+	Spent      *decimalInput `json:"spent"` // required: nil when left out
 }
 
 type releasesBody struct {
@@ -52,6 +52,10 @@ func (a *API) releaseGrants(w http.ResponseWriter, r *http.Request) error {
 		id, err := uuid.Parse(it.Grant)
 		if err != nil {
 			bad = append(bad, FieldError{Field: fmt.Sprintf("releases[%d].grant", i), Detail: quote(it.Grant) + " is not a grant id"})
+			continue
+		}
+		if it.Spent == nil {
+			bad = append(bad, errSpentRequired(fmt.Sprintf("releases[%d].spent", i)).Errors...)
 			continue
 		}
 		reps[i] = admission.Report{Grant: id, Holder: b.Holder, Generation: it.Generation, Spent: it.Spent.Decimal}

@@ -155,3 +155,32 @@ func TestGrantBodiesNameTheValueAtFault(t *testing.T) {
 		f.do("POST", c.path, gw1, c.body).fieldProblem(t, c.field, c.about)
 	}
 }
+
+// A renew or release that leaves out spent is refused naming it: a
+// gateway whose report lost the field would otherwise record nothing
+// spent and give every unit back, unbilled. The grant is untouched.
+func TestReportsWithoutSpentAreRefused(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	if r := f.do("PUT", "/v1/customers/acme/quotas/tokens", adminToken, map[string]any{"limit": "100", "admission": "exact"}); r.status != 201 {
+		t.Fatalf("exact rule: %d %s", r.status, r.body)
+	}
+	gw1 := f.gatewayToken("gw1")
+	r := f.do("POST", "/v1/grants", gw1, map[string]any{"holder": "gw1", "generation": 1, "customer": "acme", "meter": "tokens", "amount": "20"})
+	if r.status != 201 {
+		t.Fatalf("grant: %d %s", r.status, r.body)
+	}
+	id := r.json(t)["id"].(string)
+	for _, route := range []string{"renew", "release"} {
+		f.do("POST", "/v1/grants/"+id+"/"+route, gw1, map[string]any{"holder": "gw1", "generation": 1}).fieldProblem(t, "spent", "required")
+	}
+	f.do("POST", "/v1/grants/release", gw1, map[string]any{"holder": "gw1", "releases": []any{
+		map[string]any{"grant": id, "generation": 1, "spent": "1"}, map[string]any{"grant": id, "generation": 1}}}).fieldProblem(t, "releases[1].spent", "required")
+	r = f.do("GET", "/v1/customers/acme/grants?state=live", adminToken, nil)
+	if items := r.json(t)["items"].([]any); len(items) != 1 || items[0].(map[string]any)["spent"] != "0" {
+		t.Fatalf("the grant after refused reports: %s", r.body)
+	}
+	if r := f.do("POST", "/v1/grants/"+id+"/release", gw1, map[string]any{"holder": "gw1", "generation": 1, "spent": "7"}); r.status != 200 {
+		t.Fatalf("release with spent: %d %s", r.status, r.body)
+	}
+}
