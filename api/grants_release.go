@@ -14,8 +14,8 @@ import (
 const maxReleases = admission.DefaultMaxBatch
 
 type releaseItem struct {
-	Grant      string       `json:"grant"` // a grant id, checked by releaseGrants (the field at fault named)
-	Generation int64        `json:"generation"`
+	Grant      string        `json:"grant"` // a grant id, checked by releaseGrants (the field at fault named)
+	Generation int64         `json:"generation"`
 	Spent      *decimalInput `json:"spent"` // required: nil when left out
 }
 
