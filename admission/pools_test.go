@@ -404,3 +404,62 @@ func TestRejoiningAtTheInstantItLeftIsAMember(t *testing.T) {
 		t.Fatalf("pool consumed %s, want 15", c)
 	}
 }
+
+// Two membership changes of one pool at once, the one that waits for the
+// pool's lock having read its clock first (two API processes, or one
+// request overtaken by another): it applies after the other, from no
+// earlier than the other's change, instead of failing on a stay that
+// would end before it began. A change that names its effective_at is
+// still refused when another change came after it.
+func TestConcurrentPoolChangesApplyInLockOrder(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.putPool("free", "a")
+	earlier := e.clock.Now().Add(time.Second)
+	later := earlier.Add(time.Second)
+	// The rival holds the pool's lock with its change (at the later
+	// instant) not yet committed.
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := pools.PutTx(ctx, tx, pools.PutInput{Name: "free", Members: []string{"a", "b"}, Actor: "rival"}, later); err != nil {
+		t.Fatal(err)
+	}
+	e.clock.Advance(earlier.Sub(e.clock.Now()))
+	done := make(chan error, 1)
+	var ch pools.Change
+	go func() {
+		var err error
+		ch, err = e.store.PutPool(ctx, pools.PutInput{Name: "free", Members: []string{"c"}, Actor: "waiter"})
+		done <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the waiter reads its clock and queues on the lock
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the change that waited: %v", err)
+	}
+	if !ch.At.Equal(later) || fmt.Sprint(ch.Left) != "[a b]" || fmt.Sprint(ch.Joined) != "[c]" {
+		t.Fatalf("the change that waited: %+v, want a and b left and c joined at %s", ch, later)
+	}
+	p, err := pools.Get(ctx, e.pool, "free")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(p.Members) != "[c]" {
+		t.Fatalf("members %v, want [c]", p.Members)
+	}
+	for _, s := range p.History {
+		if s.LeftAt != nil && s.LeftAt.Before(s.JoinedAt) {
+			t.Fatalf("a stay ends before it began: %+v", s)
+		}
+	}
+	_, err = e.store.PutPool(ctx, pools.PutInput{Name: "free", Members: []string{"a"}, EffectiveAt: earlier, Actor: "late"})
+	var fe *pools.FieldError
+	if !errors.As(err, &fe) || fe.Field != "effective_at" {
+		t.Fatalf("a change effective before the latest: %v, want an effective_at error", err)
+	}
+}

@@ -116,9 +116,17 @@ func PutTx(ctx context.Context, tx pgx.Tx, in PutInput, now time.Time) (Change, 
 	if at.After(now) {
 		return Change{}, &FieldError{Field: "effective_at", Detail: "must not be in the future"}
 	}
-	var latest *time.Time
-	if err := tx.QueryRow(ctx, qLockPool, pgx.NamedArgs{"name": in.Name, "now": now}).Scan(&latest); err != nil {
+	if _, err := tx.Exec(ctx, qLockPool, pgx.NamedArgs{"name": in.Name, "now": now}); err != nil {
 		return Change{}, fmt.Errorf("pools: lock pool: %w", err)
+	}
+	var latest *time.Time
+	if err := tx.QueryRow(ctx, qLatestChange, pgx.NamedArgs{"name": in.Name}).Scan(&latest); err != nil {
+		return Change{}, fmt.Errorf("pools: read the latest change: %w", err)
+	}
+	if latest != nil && in.EffectiveAt.IsZero() && at.Before(*latest) {
+		// now was read before the lock was waited for: the change that
+		// held it came after. This one applies from that instant.
+		at = latest.UTC()
 	}
 	if latest != nil && at.Before(*latest) {
 		return Change{}, &FieldError{Field: "effective_at", Detail: fmt.Sprintf("%s is before the pool's latest change at %s",

@@ -3,16 +3,17 @@ package pools
 // The package's SQL, in one place. Every statement is a constant; values are
 // always bind parameters.
 
-// qLockPool creates the pool if needed, locks its row and returns the time
-// of its latest membership change.
+// qLockPool creates the pool if needed and locks its row.
 const qLockPool = `
-WITH p AS (
-    INSERT INTO pools AS p (name, created_at, updated_at) VALUES (@name, @now, @now)
-    ON CONFLICT (name) DO UPDATE SET updated_at = EXCLUDED.updated_at
-    RETURNING name
-)
-SELECT max(greatest(m.joined_at, coalesce(m.left_at, m.joined_at)))
-FROM p LEFT JOIN pool_members m ON m.pool = p.name`
+INSERT INTO pools AS p (name, created_at, updated_at) VALUES (@name, @now, @now)
+ON CONFLICT (name) DO UPDATE SET updated_at = greatest(p.updated_at, EXCLUDED.updated_at)`
+
+// qLatestChange is the time of the pool's latest membership change. It is
+// a statement of its own, after qLockPool: read in the locking statement,
+// it would see the memberships as they were before the lock was waited
+// for, missing a change committed meanwhile.
+const qLatestChange = `
+SELECT max(greatest(joined_at, coalesce(left_at, joined_at))) FROM pool_members WHERE pool = @name`
 
 const qMembers = `SELECT customer FROM pool_members WHERE pool = @pool AND left_at IS NULL ORDER BY customer`
 
