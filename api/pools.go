@@ -231,7 +231,7 @@ func (a *API) putScopeQuota(w http.ResponseWriter, r *http.Request, scope, locat
 	var rule quota.ScopeRule
 	err = pgx.BeginFunc(r.Context(), a.pool, func(tx pgx.Tx) error {
 		var err error
-		rule, err = quota.PutScopeRuleAt(r.Context(), tx, in, a.now())
+		rule, err = quota.PutScopeRuleClock(r.Context(), tx, in, a.now)
 		return err
 	})
 	if err != nil {

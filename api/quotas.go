@@ -200,10 +200,10 @@ func (a *API) putQuota(w http.ResponseWriter, r *http.Request) error {
 		sortFieldErrors(errs)
 		return invalid(errs...)
 	}
-	if in.EffectiveAt.IsZero() {
-		in.EffectiveAt = a.now() // the API's clock, like every other "now" here
-	}
-	rule, err := quota.PutRuleDB(r.Context(), a.pool, in)
+	// The API's clock, like every other "now" here; read once the rule's
+	// lock is held, so a version without effective_at takes effect after
+	// any version it waited for.
+	rule, err := quota.PutRuleDBClock(r.Context(), a.pool, in, a.now)
 	if err != nil {
 		return err
 	}

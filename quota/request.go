@@ -146,18 +146,23 @@ type TxBeginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// PutRuleAt is PutRule with the caller's clock (tests, and callers whose
-// clock is configurable), as PutScopeRuleAt.
+// PutRuleAt is PutRule at the instant now (tests), as PutScopeRuleAt.
 func PutRuleAt(ctx context.Context, tx pgx.Tx, in RuleInput, now time.Time) (Rule, error) {
-	return putRule(ctx, tx, in, now)
+	return putRule(ctx, tx, in, func() time.Time { return now })
 }
 
 // PutRuleDB is PutRule in a transaction of its own.
 func PutRuleDB(ctx context.Context, db TxBeginner, in RuleInput) (Rule, error) {
+	return PutRuleDBClock(ctx, db, in, time.Now)
+}
+
+// PutRuleDBClock is PutRuleDB with the caller's clock (callers whose clock
+// is configurable, the API), read once the rule's lock is held.
+func PutRuleDBClock(ctx context.Context, db TxBeginner, in RuleInput, clock func() time.Time) (Rule, error) {
 	var r Rule
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		var err error
-		r, err = PutRule(ctx, tx, in)
+		r, err = putRule(ctx, tx, in, clock)
 		return err
 	})
 	return r, err

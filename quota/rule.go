@@ -272,23 +272,25 @@ func (in RuleInput) withDefaults(now time.Time) RuleInput {
 // not before the effective time of the version in force, where it would
 // never take effect.
 func PutRule(ctx context.Context, tx pgx.Tx, in RuleInput) (Rule, error) {
-	return putRule(ctx, tx, in, time.Now())
+	return putRule(ctx, tx, in, time.Now)
 }
 
-func putRule(ctx context.Context, tx pgx.Tx, in RuleInput, now time.Time) (Rule, error) {
+// putRule reads clock once it holds the rule's lock: a version without
+// effective_at takes effect then, after any version it waited for.
+func putRule(ctx context.Context, tx pgx.Tx, in RuleInput, clock func() time.Time) (Rule, error) {
 	if err := in.Validate(); err != nil {
 		return Rule{}, err
 	}
 	if err := requireLaggedUnlessCounter(ctx, tx, in); err != nil {
 		return Rule{}, err
 	}
-	now = now.UTC().Truncate(time.Microsecond)
-	in = in.withDefaults(now)
 	// Serialise versions of one rule: the next version number and the
 	// effective-time check read the previous version under this lock.
 	if _, err := tx.Exec(ctx, qLockRule, locks.QuotaRule, in.Customer+"/"+in.Meter); err != nil {
 		return Rule{}, fmt.Errorf("quota: lock rule: %w", err)
 	}
+	now := clock().UTC().Truncate(time.Microsecond)
+	in = in.withDefaults(now)
 	var prevVersion int64
 	var inForceVersion *int64
 	var inForce *time.Time

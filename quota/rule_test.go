@@ -9,6 +9,7 @@ import (
 
 	"github.com/shopspring/decimal"
 
+	"github.com/tally-ledger/tally/internal/pgtest"
 	"github.com/tally-ledger/tally/quota"
 	"github.com/tally-ledger/tally/validation"
 )
@@ -159,5 +160,49 @@ func TestCustomerNamedLikeAScopeHasNoRule(t *testing.T) {
 		if err := in.Validate(); err != nil {
 			t.Errorf("customer %q: %v", customer, err)
 		}
+	}
+}
+
+// A rule version put without effective_at takes effect when it is stored,
+// after the lock on the rule's versions: one that waited for another
+// version being put is in force after it, not before it (the last version
+// written wins). Before, its effective time was read before the wait, so
+// the version that held the lock, dated later, stayed in force.
+func TestAVersionThatWaitedTakesEffectAfterTheOneItWaitedFor(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.New(t)
+	ctx := context.Background()
+	start := time.Now()
+	rival, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rival.Rollback(ctx)
+	// The rival's version is dated after the waiter began.
+	if _, err := quota.PutRuleAt(ctx, rival, quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("10"), Actor: "rival"},
+		start.Add(100*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	var mine quota.Rule
+	go func() {
+		var err error
+		mine, err = quota.PutRuleDB(ctx, pool, quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("20"), Actor: "waiter"})
+		done <- err
+	}()
+	time.Sleep(time.Until(start.Add(200 * time.Millisecond)))
+	if err := rival.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the version that waited: %v", err)
+	}
+	in, err := quota.RuleAt(ctx, pool, "acme", "api_calls", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mine.Version != 2 || in.Version != 2 || !in.Limit.Decimal.Equal(dec("20")) {
+		t.Fatalf("stored version %d effective %s; in force now: version %d, limit %s; want the last written (2, 20) in force",
+			mine.Version, mine.EffectiveAt, in.Version, in.Limit.Decimal)
 	}
 }

@@ -94,27 +94,33 @@ func (in ScopeRuleInput) Validate() error {
 // Like PutRule, it never touches usage or consumed: a lower limit stops new
 // grants while live ones run out, a higher one frees capacity at once.
 func PutScopeRule(ctx context.Context, tx pgx.Tx, in ScopeRuleInput) (ScopeRule, error) {
-	return putScopeRule(ctx, tx, in, time.Now())
+	return putScopeRule(ctx, tx, in, time.Now)
 }
 
-// PutScopeRuleAt is PutScopeRule with the caller's clock (tests and the
-// API, whose clock is configurable).
+// PutScopeRuleAt is PutScopeRule at the instant now (tests).
 func PutScopeRuleAt(ctx context.Context, tx pgx.Tx, in ScopeRuleInput, now time.Time) (ScopeRule, error) {
-	return putScopeRule(ctx, tx, in, now)
+	return putScopeRule(ctx, tx, in, func() time.Time { return now })
 }
 
-func putScopeRule(ctx context.Context, tx pgx.Tx, in ScopeRuleInput, now time.Time) (ScopeRule, error) {
+// PutScopeRuleClock is PutScopeRule with the caller's clock (the API, whose
+// clock is configurable), read once the rule's lock is held.
+func PutScopeRuleClock(ctx context.Context, tx pgx.Tx, in ScopeRuleInput, clock func() time.Time) (ScopeRule, error) {
+	return putScopeRule(ctx, tx, in, clock)
+}
+
+// putScopeRule reads clock once it holds the rule's lock, as putRule.
+func putScopeRule(ctx context.Context, tx pgx.Tx, in ScopeRuleInput, clock func() time.Time) (ScopeRule, error) {
 	if err := in.Validate(); err != nil {
 		return ScopeRule{}, err
 	}
 	if err := requireCounter(ctx, tx, in.Meter); err != nil {
 		return ScopeRule{}, err
 	}
-	now = now.UTC().Truncate(time.Microsecond)
-	d := RuleInput{WarnAt: in.WarnAt, Mode: in.Mode, Admission: in.Admission, EffectiveAt: in.EffectiveAt}.withDefaults(now)
 	if _, err := tx.Exec(ctx, qLockRule, locks.QuotaRule, "scope/"+in.Scope+"/"+in.Meter); err != nil {
 		return ScopeRule{}, fmt.Errorf("quota: lock scope rule: %w", err)
 	}
+	now := clock().UTC().Truncate(time.Microsecond)
+	d := RuleInput{WarnAt: in.WarnAt, Mode: in.Mode, Admission: in.Admission, EffectiveAt: in.EffectiveAt}.withDefaults(now)
 	var prev int64
 	var inForce *time.Time
 	if err := tx.QueryRow(ctx, qScopeLatestVersion, pgx.NamedArgs{"scope": in.Scope, "meter": in.Meter, "now": now}).
