@@ -187,7 +187,7 @@ func (s Store) Close(ctx context.Context, tx pgx.Tx, req CloseRequest) (Statemen
 	var runID *uuid.UUID
 	if !req.Force {
 		if s.Gate == nil {
-			return Statement{}, fmt.Errorf("period %s of %q: %w (reconciliation is not available yet: force the close with a reason)", p.Name, req.Customer, ErrNotReconciled)
+			return Statement{}, fmt.Errorf("period %s of %q: %w (no reconciliation gate is configured: force the close with a reason)", p.Name, req.Customer, ErrNotReconciled)
 		}
 		id, err := s.Gate(ctx, tx, req.Customer, p)
 		if err != nil {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/periods"
+	"github.com/tally-ledger/tally/reconcile"
 )
 
 func newPeriodsCmd() *cobra.Command {
@@ -31,7 +32,11 @@ adjustment, and the closed statement never changes.`,
 	cmd.PersistentFlags().DurationVar(&grace, "grace", periods.DefaultGrace, "how long after its end a period takes late usage before it is due for closing")
 	envDefault(cmd.PersistentFlags(), "grace", "TALLY_GRACE")
 
-	store := func() periods.Store { return periods.Store{Grace: grace, Kinds: ledger.StatementKinds} }
+	// The same gate as the API and the console: a close without --force
+	// needs a clean reconciliation run of the period.
+	store := func() periods.Store {
+		return periods.Store{Grace: grace, Gate: reconcile.Gate, Kinds: ledger.StatementKinds}
+	}
 	open := func(cmd *cobra.Command) (*pgxpool.Pool, error) {
 		if err := periods.ValidateGrace(grace); err != nil {
 			return nil, err

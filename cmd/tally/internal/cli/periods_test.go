@@ -1,9 +1,11 @@
 package cli
 
 import (
+	"context"
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/tally-ledger/tally/internal/pgtest"
 )
 
@@ -26,5 +28,35 @@ func TestPeriodOutOfRangeRefused(t *testing.T) {
 				t.Errorf("%v: %v", args, err)
 			}
 		}
+	}
+}
+
+// A period with a clean reconciliation run closes without --force, as
+// the command's help says; before a run it is refused as not reconciled.
+func TestPeriodsCloseAfterACleanReconciliation(t *testing.T) {
+	db := pgtest.NewURL(t)
+	pool, err := pgxpool.New(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(context.Background(), `INSERT INTO customers (id, schedule) VALUES ('acme',
+		'[{"effective_from":"0001-01-01T00:00:00Z","calendar":{"cadence":"monthly","anchor_day":1,"anchor_time":"00:00","zone":"UTC"}}]')`); err != nil {
+		t.Fatal(err)
+	}
+	closeArgs := []string{"periods", "close", "--customer", "acme", "--period", "2026-10-01", "--database-url", db}
+	if _, err := runTally(t, closeArgs...); err == nil || !strings.Contains(err.Error(), "reconcil") {
+		t.Fatalf("close before any reconciliation: %v, want it refused as not reconciled", err)
+	}
+	if out, err := runTally(t, "reconcile", "--period", "2026-10-01", "--customer", "acme", "--database-url", db); err != nil {
+		t.Fatalf("reconcile: %v\n%s", err, out)
+	}
+	out, err := runTally(t, closeArgs...)
+	if err != nil {
+		t.Fatalf("close after a clean reconciliation: %v\n%s", err, out)
+	}
+	var state string
+	if err := pool.QueryRow(context.Background(), `SELECT count(*)::text FROM period_closes WHERE customer = 'acme'`).Scan(&state); err != nil || state != "1" {
+		t.Fatalf("closed periods of acme: %s %v", state, err)
 	}
 }
