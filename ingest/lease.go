@@ -96,6 +96,7 @@ type assigner struct {
 	partitions int       // the topic's partition count, 0 until known
 	running    map[int]*running
 	stalled    map[int]time.Time // partition → retrying since, while it is stalled
+	balanceErr error             // the last balancing round's error, nil once one succeeds
 }
 
 func newAssigner(c *Consumer) *assigner {
@@ -240,8 +241,22 @@ func (a *assigner) balanceLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		wake, err := a.balance(ctx)
-		if err != nil && ctx.Err() == nil {
+		if ctx.Err() != nil {
+			return
+		}
+		a.mu.Lock()
+		was := a.balanceErr
+		a.balanceErr = err
+		a.mu.Unlock()
+		// Once when balancing starts failing and once when it works again:
+		// a Kafka or database outage is not a line every round.
+		switch {
+		case err != nil && was == nil:
+			a.c.log.Warn("cannot balance the partitions (Kafka or Postgres unreachable?); retrying", "every", every, "err", err)
+		case err != nil:
 			a.c.log.Debug("cannot balance the partitions (will retry)", "err", err)
+		case was != nil:
+			a.c.log.Info("partitions balanced again")
 		}
 		if wake <= 0 || wake > every {
 			wake = every

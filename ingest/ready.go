@@ -32,9 +32,12 @@ func (c *Consumer) NotReady() []string {
 			a.renewedAt.UTC().Format(time.RFC3339), a.renewErr))
 	}
 	if a.member != "" && !a.balanced {
-		if a.partitions == 0 {
+		switch {
+		case a.partitions == 0 && a.balanceErr != nil:
+			out = append(out, fmt.Sprintf("ingest holds no partition leases yet: the topic's partitions are not known: %v", a.balanceErr))
+		case a.partitions == 0:
 			out = append(out, "ingest holds no partition leases yet: the topic's partitions are not known (is Kafka reachable?)")
-		} else {
+		default:
 			out = append(out, "ingest holds no partition leases yet: it has not finished claiming its share")
 		}
 	}

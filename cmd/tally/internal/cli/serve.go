@@ -51,8 +51,9 @@ TALLY_KAFKA_BROKERS and TALLY_DATABASE_URL. With none of --ingest, --api,
 
   --ingest   consume meter batches from --topic into the ledger. Several
              processes with the same --group share the topic's partitions
-             (leases in Postgres, a fair share each; one that dies loses
-             only its own partitions, for about --session-timeout).
+             (leases in Postgres, a fair share each; one that dies pauses
+             only its own partitions: within a second when its process
+             died, about --session-timeout when its host or link did).
   --api      serve the REST API on --listen (needs TALLY_ADMIN_TOKEN), and
              the web console at /console/ (sign in with a token; see
              docs/console.md) unless --no-console.
@@ -465,7 +466,7 @@ type groupTimings struct {
 
 func addGroupTimingFlags(f *pflag.FlagSet, t *groupTimings) {
 	f.DurationVar(&t.session, "session-timeout", ingest.DefaultSessionTimeout,
-		"ingest: a member's lease in Postgres; a crashed member's partitions move to the others once it runs out (a crash costs about this much)")
+		"ingest: a member's lease in Postgres; a dead process's partitions move at once (its session ends with it), a dead host's or cut link's once the lease runs out")
 	envDefault(f, "session-timeout", "TALLY_SESSION_TIMEOUT")
 	f.DurationVar(&t.heartbeat, "heartbeat-interval", ingest.DefaultHeartbeatInterval,
 		"ingest: how often a member renews its lease and rebalances partitions (at most half of --session-timeout)")

@@ -91,3 +91,46 @@ func TestServeIngestAnswersReadyz(t *testing.T) {
 	proxy.Pass()
 	waitFor("ready again", func(s int, b string) bool { return s == 200 })
 }
+
+// While the topic's partitions cannot be read, /readyz says why in Kafka's
+// or the network's own words, not only that they are unknown.
+func TestServeIngestReadyzSaysWhyKafkaIsNotRead(t *testing.T) {
+	db := pgtest.NewURL(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		root := newRoot()
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		root.SetArgs([]string{"serve", "--ingest", "--database-url", db, "--kafka-brokers", "127.0.0.1:1",
+			"--listen", addr, "--session-timeout", "1500ms", "--heartbeat-interval", "100ms"})
+		done <- root.ExecuteContext(ctx)
+	}()
+	defer func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(30 * time.Second):
+			t.Error("serve did not stop within 30s of its context ending")
+		}
+	}()
+	var body string
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		resp, err := http.Get("http://" + addr + "/readyz")
+		if err != nil {
+			continue
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if body = string(b); resp.StatusCode == 503 && strings.Contains(body, "connection refused") {
+			return
+		}
+	}
+	t.Fatalf("/readyz never named the cause: last %s", body)
+}
