@@ -73,6 +73,16 @@ func newIssueMetrics(reg prometheus.Registerer) *issueMetrics {
 			m.phases.WithLabelValues(path, ph)
 		}
 	}
+	// Exported at 0 before their first event, every label value they take.
+	for _, kind := range []string{"customer", "pool", "global"} {
+		m.refused.WithLabelValues(kind)
+	}
+	for _, path := range []string{"one_round_trip", "batch"} {
+		m.debits.WithLabelValues(path)
+	}
+	for _, kind := range []string{"customer", "scope"} {
+		m.brought.WithLabelValues(kind)
+	}
 	if reg != nil {
 		reg.MustRegister(m.issued, m.refused, m.batchSize, m.batchSecs, m.brought, m.debits, m.reportSize, m.reportSecs, m.phases)
 	}

@@ -76,7 +76,7 @@ func NewMetrics(reg prometheus.Registerer, db DBTX, now func() time.Time, log *s
 		issuedUnits: prometheus.NewCounter(prometheus.CounterOpts{Name: "tally_grants_issued_units_total",
 			Help: "Units granted (sum of issued amounts)."}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tally_grants_refused_total",
-			Help: "Grant requests refused, by reason: budget_exhausted, not_exact, stale_generation, invalid, error."}, []string{"reason"}),
+			Help: "Grant requests refused, by reason: budget_exhausted, not_exact, stale_generation, invalid, error (and not_holder, grant_ended, not_found, which a grant request does not meet: the reasons of renewals and releases)."}, []string{"reason"}),
 		issueTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "tally_grant_issue_duration_seconds",
 			Help:    "Time to answer a grant request (the issuing transaction included), by outcome: issued or refused.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5}}, []string{"outcome"}),

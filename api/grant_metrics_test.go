@@ -83,3 +83,24 @@ func TestGrantMetrics(t *testing.T) {
 		}
 	}
 }
+
+// The admission counters an alert is written on are exported at 0 before
+// the first grant, with every label value they take.
+func TestAdmissionCountersAreExportedBeforeTheFirstGrant(t *testing.T) {
+	t.Parallel()
+	m := newFixture(t).metrics()
+	for _, name := range []string{
+		`tally_admission_grants_refused_total{binding="customer"}`,
+		`tally_admission_grants_refused_total{binding="pool"}`,
+		`tally_admission_grants_refused_total{binding="global"}`,
+		`tally_admission_debits_total{path="one_round_trip"}`,
+		`tally_admission_debits_total{path="batch"}`,
+		`tally_admission_budgets_brought_total{kind="customer"}`,
+		`tally_admission_budgets_brought_total{kind="scope"}`,
+		`tally_grants_refused_total{reason="budget_exhausted"}`,
+	} {
+		if m[name] != "0" {
+			t.Errorf("%s = %q, want 0", name, m[name])
+		}
+	}
+}

@@ -145,6 +145,7 @@ func (c *Consumer) runPartition(ctx context.Context, a *assigner, id int, l leas
 	p := &partition{c: c, lease: l, id: id, label: strconv.Itoa(id),
 		log: c.log.With("partition", id, "epoch", l.epoch), runCtx: c.runCtx, assign: a}
 	c.m.stalled.WithLabelValues(p.label).Set(0)
+	c.m.jumps.WithLabelValues(p.label) // 0 until a jump
 	p.run(ctx)
 }
 

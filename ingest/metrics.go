@@ -101,6 +101,17 @@ func newMetrics(reg prometheus.Registerer, topic string) (*metrics, error) {
 	}
 	m.messages.WithLabelValues("accepted")
 	m.messages.WithLabelValues("rejected")
+	// Exported at 0 before their first event, every label value they take
+	// (jumps per partition: when the partition starts).
+	for _, c := range []string{"postgres", "refused"} {
+		m.retries.WithLabelValues(c)
+	}
+	for _, k := range []string{"offset_ahead_of_end", "offset_backwards", "aborted_transaction", "stalled_lock_holder_ended"} {
+		m.anomalies.WithLabelValues(k)
+	}
+	for _, c := range []string{skipCompaction, skipCommitMarker, skipAbortMarker} {
+		m.skipped.WithLabelValues(c)
+	}
 	return m, nil
 }
 
