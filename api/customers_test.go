@@ -172,3 +172,16 @@ func TestScheduleCacheAcrossProcesses(t *testing.T) {
 		t.Fatalf("future period of the new calendar: %d %s", r.status, r.body)
 	}
 }
+
+// Every route under /v1/customers/{c} answers an unknown customer with the
+// same 404, whoever asks: the grant routes listed nothing instead.
+func TestUnknownCustomerIsNotFoundOnEveryRoute(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	for _, path := range []string{"", "/usage", "/periods", "/quotas", "/grants", "/budgets", "/rate-budgets"} {
+		p := f.do("GET", "/v1/customers/nosuch"+path, adminToken, nil).problem(t, 404, "urn:tally:problem:not-found")
+		if p.Detail != `customer "nosuch" not found` {
+			t.Errorf("%s: detail %q", path, p.Detail)
+		}
+	}
+}

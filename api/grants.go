@@ -266,6 +266,9 @@ func (a *API) listGrants(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	if err := a.requireCustomer(r.Context(), customer); err != nil {
+		return err
+	}
 	pr, err := ParsePageRequest(q)
 	if err != nil {
 		return err
@@ -309,6 +312,9 @@ func (a *API) listBudgets(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if _, err := queryParams(r); err != nil {
+		return err
+	}
+	if err := a.requireCustomer(r.Context(), customer); err != nil {
 		return err
 	}
 	s, err := a.admissionStore()

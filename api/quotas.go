@@ -13,6 +13,19 @@ import (
 	"github.com/tally-ledger/tally/quota"
 )
 
+// requireCustomer answers a customer Tally does not know with the 404 of
+// every route under /v1/customers/{c}.
+func (a *API) requireCustomer(ctx context.Context, customer string) error {
+	var exists bool
+	if err := a.pool.QueryRow(ctx, qCustomerExists, customer).Scan(&exists); err != nil {
+		return fmt.Errorf("customer %q: %w", customer, err)
+	}
+	if !exists {
+		return customerNotFound(customer)
+	}
+	return nil
+}
+
 func (a *API) getQuotas(w http.ResponseWriter, r *http.Request) error {
 	ctx := r.Context()
 	customer, err := readableCustomer(r)
@@ -22,12 +35,8 @@ func (a *API) getQuotas(w http.ResponseWriter, r *http.Request) error {
 	if _, err := queryParams(r); err != nil {
 		return err
 	}
-	var exists bool
-	if err := a.pool.QueryRow(ctx, qCustomerExists, customer).Scan(&exists); err != nil {
-		return fmt.Errorf("customer %q: %w", customer, err)
-	}
-	if !exists {
-		return customerNotFound(customer)
+	if err := a.requireCustomer(ctx, customer); err != nil {
+		return err
 	}
 	items, err := quota.StatusWith(ctx, a.pool, customer, quota.StatusOptions{Now: a.now(), IngestTopic: a.topic})
 	if err != nil {

@@ -17,6 +17,9 @@ func (a *API) listRateBudgets(w http.ResponseWriter, r *http.Request) error {
 	if _, err := queryParams(r); err != nil {
 		return err
 	}
+	if err := a.requireCustomer(r.Context(), customer); err != nil {
+		return err
+	}
 	s, err := a.admissionStore()
 	if err != nil {
 		return err
