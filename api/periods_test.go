@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -39,11 +40,14 @@ func TestPeriodsListAndStatement(t *testing.T) {
 	f := newFixture(t) // now: 2026-11-20T12:00Z
 	f.usage("acme", "api_calls", date("2026-10-15T10:00:00Z"), "10")
 	f.usage("acme", "api_calls", date("2026-11-10T10:00:00Z"), "5.5")
+	f.usage("acme", "storage_gb", date("2026-11-11T10:00:00Z"), "2")
 	f.usage("globex", "api_calls", date("2026-11-10T10:00:00Z"), "1")
 
+	// Billed per meter: a sum across meters would add calls to gigabytes.
 	var page struct {
 		Items []struct {
-			Period, State, Billed string
+			Period, State string
+			Billed        map[string]string
 		} `json:"items"`
 		NextCursor string `json:"next_cursor"`
 	}
@@ -52,8 +56,8 @@ func TestPeriodsListAndStatement(t *testing.T) {
 		t.Fatalf("%d %v: %s", r.status, err, r.body)
 	}
 	if len(page.Items) != 2 || page.NextCursor != "" ||
-		page.Items[0].Period != "2026-11-01" || page.Items[0].State != "open" || page.Items[0].Billed != "5.5" ||
-		page.Items[1].Period != "2026-10-01" || page.Items[1].State != "awaiting_close" || page.Items[1].Billed != "10" {
+		page.Items[0].Period != "2026-11-01" || page.Items[0].State != "open" || fmt.Sprint(page.Items[0].Billed) != "map[api_calls:5.5 storage_gb:2]" ||
+		page.Items[1].Period != "2026-10-01" || page.Items[1].State != "awaiting_close" || fmt.Sprint(page.Items[1].Billed) != "map[api_calls:10]" {
 		t.Fatalf("periods: %s", r.body)
 	}
 	// Paged one at a time, with a customer token of its own.
@@ -68,6 +72,10 @@ func TestPeriodsListAndStatement(t *testing.T) {
 	_ = json.Unmarshal(r.body, &page)
 	if len(page.Items) != 1 || page.Items[0].Period != "2026-10-01" || page.NextCursor != "" {
 		t.Fatalf("page 2: %s", r.body)
+	}
+
+	if r := f.do("GET", "/v1/customers/globex/periods", adminToken, nil); !strings.Contains(string(r.body), `"billed":{"api_calls":"1"}`) {
+		t.Fatalf("globex's periods: %s", r.body)
 	}
 
 	st := decodeStatement(t, f.do("GET", "/v1/customers/acme/periods/previous/statement", tok, nil))

@@ -42,14 +42,19 @@ const (
 INSERT INTO period_closes (customer, period_start, period_end, closed_at, statement, forced, reason, actor, reconciliation_id)
 VALUES (@customer, @period_start, @period_end, @closed_at, @statement, @forced, @reason, @actor, @reconciliation_id)`
 
-	// Per period of the customer with usage or a close record: the billed
-	// total and whether it is closed, newest first.
+	// Per period of the customer with usage or a close record: each
+	// counter meter's billed total (meters and totals, in meter order) and
+	// whether it is closed, newest first.
 	qListPeriods = `
-SELECT period_start, trim_scale(sum(q)), bool_or(closed)
+SELECT period_start,
+       coalesce(array_agg(meter ORDER BY meter) FILTER (WHERE meter IS NOT NULL), '{}'),
+       coalesce(array_agg(q::text ORDER BY meter) FILTER (WHERE meter IS NOT NULL), '{}'),
+       bool_or(closed)
 FROM (
-  SELECT period_start, quantity AS q, false AS closed FROM rollups WHERE customer = $1
+  SELECT period_start, meter, trim_scale(sum(quantity)) AS q, false AS closed
+  FROM rollups WHERE customer = $1 GROUP BY period_start, meter
   UNION ALL
-  SELECT period_start, 0, true FROM period_closes WHERE customer = $1
+  SELECT period_start, NULL, NULL, true FROM period_closes WHERE customer = $1
 ) s GROUP BY 1 ORDER BY 1 DESC`
 )
 

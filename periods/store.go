@@ -319,11 +319,14 @@ func (s Store) computeWith(ctx context.Context, db DBTX, customer string, p Peri
 
 // Summary is one period in a customer's list of periods.
 type Summary struct {
-	Name   string          `json:"period"`
-	Start  time.Time       `json:"start"`
-	End    time.Time       `json:"end"`
-	State  State           `json:"state"`
-	Billed decimal.Decimal `json:"billed"`
+	Name  string    `json:"period"`
+	Start time.Time `json:"start"`
+	End   time.Time `json:"end"`
+	State State     `json:"state"`
+	// Billed is each counter meter's billed total, as the statement's
+	// lines (never one sum: meters count different things). Gauges and
+	// unique meters are on the statement.
+	Billed map[string]decimal.Decimal `json:"billed"`
 }
 
 // List returns the customer's periods, newest first: every period with
@@ -340,12 +343,24 @@ func (s Store) List(ctx context.Context, db DBTX, customer string) ([]Summary, e
 	}
 	type row struct {
 		start  time.Time
-		billed decimal.Decimal
+		billed map[string]decimal.Decimal
 		closed bool
 	}
 	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
 		var x row
-		return x, r.Scan(&x.start, numeric(&x.billed), &x.closed)
+		var meters, totals []string
+		if err := r.Scan(&x.start, &meters, &totals, &x.closed); err != nil {
+			return x, err
+		}
+		x.billed = make(map[string]decimal.Decimal, len(meters))
+		for i, m := range meters {
+			d, err := decimal.NewFromString(totals[i])
+			if err != nil {
+				return x, err
+			}
+			x.billed[m] = d
+		}
+		return x, nil
 	})
 	if err != nil {
 		return nil, fmt.Errorf("periods: list: %w", err)
@@ -356,7 +371,7 @@ func (s Store) List(ctx context.Context, db DBTX, customer string) ([]Summary, e
 	}
 	out := []Summary{}
 	if len(found) == 0 || found[0].start.Before(cur.Start) {
-		out = append(out, Summary{Name: cur.Name, Start: cur.Start.UTC(), End: cur.End.UTC(), State: Open})
+		out = append(out, Summary{Name: cur.Name, Start: cur.Start.UTC(), End: cur.End.UTC(), State: Open, Billed: map[string]decimal.Decimal{}})
 	}
 	for _, r := range found {
 		p, err := sch.PeriodAt(r.start)

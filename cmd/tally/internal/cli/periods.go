@@ -3,11 +3,15 @@ package cli
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/shopspring/decimal"
 	"github.com/spf13/cobra"
 
 	"github.com/tally-ledger/tally/ledger"
@@ -62,7 +66,7 @@ adjustment, and the closed statement never changes.`,
 			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "PERIOD\tSTART (UTC)\tEND (UTC)\tSTATE\tBILLED")
 			for _, p := range ps {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Name, p.Start.Format(time.RFC3339), p.End.Format(time.RFC3339), p.State, p.Billed)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", p.Name, p.Start.Format(time.RFC3339), p.End.Format(time.RFC3339), p.State, billedText(p.Billed))
 			}
 			return tw.Flush()
 		},
@@ -114,4 +118,17 @@ statement it was closed with.`,
 
 	cmd.AddCommand(list, closeCmd)
 	return cmd
+}
+
+// billedText is a period's billed totals, one per counter meter in meter
+// order ("api_calls=12 storage_gb=3.5"), or "-" when nothing is billed.
+func billedText(billed map[string]decimal.Decimal) string {
+	if len(billed) == 0 {
+		return "-"
+	}
+	parts := make([]string, 0, len(billed))
+	for _, m := range slices.Sorted(maps.Keys(billed)) {
+		parts = append(parts, m+"="+billed[m].String())
+	}
+	return strings.Join(parts, " ")
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/shopspring/decimal"
 	"github.com/tally-ledger/tally/internal/pgtest"
 )
 
@@ -58,5 +59,18 @@ func TestPeriodsCloseAfterACleanReconciliation(t *testing.T) {
 	var state string
 	if err := pool.QueryRow(context.Background(), `SELECT count(*)::text FROM period_closes WHERE customer = 'acme'`).Scan(&state); err != nil || state != "1" {
 		t.Fatalf("closed periods of acme: %s %v", state, err)
+	}
+}
+
+// periods list shows each meter's billed total, never one sum across
+// meters.
+func TestBilledTextIsPerMeter(t *testing.T) {
+	for want, billed := range map[string]map[string]decimal.Decimal{
+		"-":                           {},
+		"api_calls=12 storage_gb=3.5": {"storage_gb": decimal.RequireFromString("3.5"), "api_calls": decimal.NewFromInt(12)},
+	} {
+		if got := billedText(billed); got != want {
+			t.Errorf("billedText(%v) = %q, want %q", billed, got, want)
+		}
 	}
 }
