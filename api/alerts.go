@@ -238,6 +238,9 @@ func (a *API) listAlertEvents(w http.ResponseWriter, r *http.Request) error {
 	default:
 		errs = append(errs, FieldError{Field: "state", Detail: quote(f.State) + ` must be "pending", "delivered" or "failed"`})
 	}
+	if strings.IndexByte(f.Rule, 0) >= 0 { // the one query parameter that reaches SQL unchecked
+		errs = append(errs, FieldError{Field: "alert", Detail: nulDetail})
+	}
 	if len(pr.After) == 1 {
 		if f.Before, err = strconv.ParseInt(pr.After[0], 10, 64); err != nil {
 			errs = append(errs, FieldError{Field: "cursor", Detail: "not a cursor returned by this API (pass next_cursor back unchanged)"})

@@ -16,6 +16,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/go-chi/chi/v5"
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/quota"
@@ -92,6 +93,27 @@ func queryParams(r *http.Request, allowed ...string) (map[string]string, error) 
 	return out, nil
 }
 
+// checkPathParams refuses a path parameter holding a NUL character (%00),
+// naming the parameter: ids are checked by their handlers, but names (of
+// alerts, webhooks, pools) reach Postgres as they are, whose text cannot
+// hold one.
+func checkPathParams(r *http.Request) error {
+	rctx := chi.RouteContext(r.Context())
+	if rctx == nil {
+		return nil
+	}
+	var errs []FieldError
+	for i, k := range rctx.URLParams.Keys {
+		if k != "*" && strings.IndexByte(rctx.URLParams.Values[i], 0) >= 0 {
+			errs = append(errs, FieldError{Field: k, Detail: nulDetail})
+		}
+	}
+	if len(errs) > 0 {
+		return invalid(errs...)
+	}
+	return nil
+}
+
 func sortFieldErrors(errs []FieldError) {
 	for i := 1; i < len(errs); i++ {
 		for j := i; j > 0 && errs[j].Field < errs[j-1].Field; j-- {
@@ -111,7 +133,14 @@ func decodeJSON(r *http.Request, v any) error {
 				Detail: fmt.Sprintf("Content-Type %s is not application/json (with curl: --json '{...}', or -H 'Content-Type: application/json')", quote(ct))}
 		}
 	}
-	dec := json.NewDecoder(r.Body)
+	raw, err := io.ReadAll(r.Body)
+	if err != nil {
+		return jsonProblem(err)
+	}
+	if err := checkBody(raw); err != nil {
+		return err
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return jsonProblem(err)
@@ -129,6 +158,78 @@ func decodeJSON(r *http.Request, v any) error {
 		}
 		return malformed("the body has data after the JSON object")
 	}
+}
+
+// checkBody refuses, as invalid input naming each field by its JSON path
+// (reason, thresholds[0].value, members[1]), every string of the body's
+// JSON value that holds a NUL character (U+0000, "\u0000" in JSON): no
+// text column of Postgres can store one, and every string of a body is
+// text somewhere. A body that is not one well-formed JSON value is left to
+// the decoder, which says what is wrong with it.
+func checkBody(raw []byte) error {
+	c := bodyCheck{dec: json.NewDecoder(bytes.NewReader(raw))}
+	c.dec.UseNumber()
+	if err := c.value(""); err != nil || len(c.errs) == 0 {
+		return nil // malformed (or empty): the decoder's error is the answer
+	}
+	return invalid(c.errs...)
+}
+
+type bodyCheck struct {
+	dec  *json.Decoder
+	errs []FieldError
+}
+
+const nulDetail = "contains a NUL character (\\u0000), which no text may hold"
+
+// value walks the next JSON value, at path.
+func (c *bodyCheck) value(path string) error {
+	tok, err := c.dec.Token()
+	if err != nil {
+		return err
+	}
+	switch tok := tok.(type) {
+	case string:
+		if strings.IndexByte(tok, 0) >= 0 && path != "" {
+			c.errs = append(c.errs, FieldError{Field: path, Detail: nulDetail})
+		}
+	case json.Delim:
+		switch tok {
+		case '{':
+			for c.dec.More() {
+				key, err := c.dec.Token()
+				if err != nil {
+					return err
+				}
+				k, _ := key.(string)
+				if strings.IndexByte(k, 0) >= 0 {
+					k = strings.ReplaceAll(k, "\x00", `\u0000`)
+					c.errs = append(c.errs, FieldError{Field: joinPath(path, k), Detail: "the name " + nulDetail})
+				}
+				if err := c.value(joinPath(path, k)); err != nil {
+					return err
+				}
+			}
+		case '[':
+			for i := 0; c.dec.More(); i++ {
+				if err := c.value(fmt.Sprintf("%s[%d]", path, i)); err != nil {
+					return err
+				}
+			}
+		}
+		if _, err := c.dec.Token(); err != nil { // the closing delimiter
+			return err
+		}
+	}
+	return nil
+}
+
+// joinPath is the JSON path of member key of the object at path.
+func joinPath(path, key string) string {
+	if path == "" {
+		return key
+	}
+	return path + "." + key
 }
 
 func jsonProblem(err error) error {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"strconv"
+	"strings"
 )
 
 // Lists return Page and take ?limit= and ?cursor= (docs/design.md §7). Cursors are
@@ -83,6 +84,11 @@ func DecodeCursor(s string) ([]string, error) {
 	var key []string
 	if err := json.Unmarshal(b, &key); err != nil || len(key) == 0 {
 		return nil, errBad
+	}
+	for _, k := range key {
+		if strings.IndexByte(k, 0) >= 0 { // never made by EncodeCursor: no text holds a NUL
+			return nil, errBad
+		}
 	}
 	return key, nil
 }

@@ -110,9 +110,14 @@ func (a *API) routes() http.Handler {
 }
 
 // handle adapts a handler that returns an error to http.HandlerFunc; the
-// error goes to writeError, the one mapping to problem+json.
+// error goes to writeError, the one mapping to problem+json. Path
+// parameters are checked first (checkPathParams).
 func (a *API) handle(h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		if err := checkPathParams(r); err != nil {
+			a.writeError(w, r, err)
+			return
+		}
 		if err := h(w, r); err != nil {
 			a.writeError(w, r, err)
 		}

@@ -1,0 +1,73 @@
+package api_test
+
+import (
+	"testing"
+
+	"github.com/tally-ledger/tally/api"
+)
+
+// A NUL character (U+0000, JSON "\u0000") in any string a request carries
+// is refused as invalid input naming where it was — the body's field by its
+// JSON path, the query parameter, the path parameter — before anything
+// reaches Postgres, whose text cannot hold it (it was a 500, SQLSTATE
+// 22021).
+func TestNULRefusedNamingTheField(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	if r := f.do("PUT", "/v1/pools/team", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
+		t.Fatalf("pool: %d %s", r.status, r.body)
+	}
+	const op = `"operation_id":"0193e0a1-7c00-7d4e-9a51-3c2f9b7e4a10","customer":"acme","meter":"calls","quantity":"1"`
+	const alert = `"subject":"customer:acme","meter":"calls","thresholds":[{"percent":"80"}]`
+	for _, c := range []struct {
+		method, path, body, field string
+	}{
+		{"POST", "/v1/adjustments", `{` + op + `,"reason":"outage\u0000","actor":"me"}`, "reason"},
+		{"POST", "/v1/adjustments", `{` + op + `,"reason":"outage","actor":"\u0000"}`, "actor"},
+		{"POST", "/v1/tokens", `{"customer":"acme","description":"portal\u0000"}`, "description"},
+		{"PUT", "/v1/meters/calls", `{"kind":"counter","unit":"call\u0000"}`, "unit"},
+		{"PUT", "/v1/meters/calls", `{"kind":"counter","description":"a\u0000b"}`, "description"},
+		{"PUT", "/v1/customers/acme", `{"cadence":"monthly","zone":"UTC\u0000"}`, "zone"},
+		{"PUT", "/v1/customers/acme/quotas/calls", `{"limit":"10","reason":"why\u0000"}`, "reason"},
+		{"PUT", "/v1/customers/acme/quotas/calls", `{"limit":"10","actor":"\u0000"}`, "actor"},
+		{"PUT", "/v1/pools/team", `{"members":["acme"],"actor":"ops\u0000"}`, "actor"},
+		{"PUT", "/v1/pools/team", `{"members":["acme","b\u0000"]}`, "members[1]"},
+		{"PUT", "/v1/pools/team/quotas/calls", `{"limit":"10","reason":"\u0000"}`, "reason"},
+		{"POST", "/v1/customers/acme/periods/2026-10-01/close", `{"force":true,"reason":"late\u0000"}`, "reason"},
+		{"PUT", "/v1/alerts/a1", `{` + alert + `,"actor":"ops\u0000"}`, "actor"},
+		{"PUT", "/v1/alerts/a1", `{` + alert + `,"endpoints":["w","\u0000"]}`, "endpoints[1]"},
+		{"PUT", "/v1/webhooks/w", `{"url":"https://example.com/\u0000"}`, "url"},
+		{"POST", "/v1/grants/release", `{"holder":"gw","releases":[{"grant":"0193e0a1-7c00-7d4e-9a51-3c2f9b7e4a10","generation":1,"spent":"1"},{"grant":"\u0000","generation":1,"spent":"1"}]}`, "releases[1].grant"},
+		{"POST", "/v1/reconciliations", `{"period":"2026-10-01","customer":"acme\u0000"}`, "customer"},
+		// Query and path parameters (%00).
+		{"GET", "/v1/alert-events?alert=a%00b", "", "alert"},
+		{"GET", "/v1/alert-events?cursor=" + api.EncodeCursor("a\x00b", "1"), "", "cursor"},
+		{"GET", "/v1/alerts/a%00b", "", "name"},
+		{"DELETE", "/v1/alerts/a%00b", "", "name"},
+		{"GET", "/v1/webhooks/a%00b", "", "name"},
+		{"GET", "/v1/pools/a%00b", "", "name"},
+	} {
+		var body any
+		if c.body != "" {
+			body = c.body
+		}
+		r := f.do(c.method, c.path, adminToken, body)
+		if r.status != 400 {
+			t.Errorf("%s %s %s: %d %s", c.method, c.path, c.body, r.status, r.body)
+			continue
+		}
+		if c.field == "cursor" {
+			r.fieldProblem(t, c.field, "not a cursor")
+			continue
+		}
+		r.fieldProblem(t, c.field, "NUL")
+	}
+	// Nothing was written.
+	var n int
+	if err := f.pool.QueryRow(t.Context(), `SELECT (SELECT count(*) FROM entries) + (SELECT count(*) FROM api_tokens) + (SELECT count(*) FROM quota_rules) + (SELECT count(*) FROM alert_rules)`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("%d entries, tokens, quota and alert rules written", n)
+	}
+}
