@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"encoding"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -123,8 +124,9 @@ func sortFieldErrors(errs []FieldError) {
 }
 
 // decodeJSON reads exactly one JSON object of type T from the body: the
-// content type must be JSON, unknown fields and trailing data are refused,
-// and the body is limited by the router's MaxBytesReader.
+// content type must be JSON, unknown and duplicate fields (checkBody),
+// NUL characters and trailing data are refused, and the body is limited by
+// the router's MaxBytesReader.
 func decodeJSON(r *http.Request, v any) error {
 	if ct := r.Header.Get("Content-Type"); ct != "" {
 		mt, _, err := mime.ParseMediaType(ct)
@@ -137,7 +139,7 @@ func decodeJSON(r *http.Request, v any) error {
 	if err != nil {
 		return jsonProblem(err)
 	}
-	if err := checkBody(raw); err != nil {
+	if err := checkBody(raw, v); err != nil {
 		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
@@ -160,16 +162,27 @@ func decodeJSON(r *http.Request, v any) error {
 	}
 }
 
-// checkBody refuses, as invalid input naming each field by its JSON path
-// (reason, thresholds[0].value, members[1]), every string of the body's
-// JSON value that holds a NUL character (U+0000, "\u0000" in JSON): no
-// text column of Postgres can store one, and every string of a body is
-// text somewhere. A body that is not one well-formed JSON value is left to
-// the decoder, which says what is wrong with it.
-func checkBody(raw []byte) error {
+// checkBody checks the body's JSON value against v's type before it is
+// decoded, naming each field at fault by its JSON path (reason,
+// thresholds[0].percent, members[1]):
+//   - a key given twice in one object is a duplicate field (encoding/json
+//     would take the last);
+//   - a key of a struct that is not exactly one of its fields' JSON names
+//     is an unknown field, also one that differs from a field only in case
+//     (encoding/json would match it to the field);
+//   - a string (or key) holding a NUL character (U+0000, "\u0000" in JSON)
+//     is refused: no text column of Postgres can store one, and every
+//     string of a body is text somewhere.
+//
+// Values whose type decodes itself (json.RawMessage, decimalInput, ...)
+// have no fields to match; their objects are still checked for duplicate
+// keys and their strings for NUL. A body that is not one well-formed JSON
+// value is left to the decoder, which says what is wrong with it, as it
+// does for a value of the wrong JSON type.
+func checkBody(raw []byte, v any) error {
 	c := bodyCheck{dec: json.NewDecoder(bytes.NewReader(raw))}
 	c.dec.UseNumber()
-	if err := c.value(""); err != nil || len(c.errs) == 0 {
+	if err := c.value("", reflect.TypeOf(v)); err != nil || len(c.errs) == 0 {
 		return nil // malformed (or empty): the decoder's error is the answer
 	}
 	return invalid(c.errs...)
@@ -182,8 +195,14 @@ type bodyCheck struct {
 
 const nulDetail = "contains a NUL character (\\u0000), which no text may hold"
 
-// value walks the next JSON value, at path.
-func (c *bodyCheck) value(path string) error {
+func (c *bodyCheck) fail(path, detail string) {
+	c.errs = append(c.errs, FieldError{Field: path, Detail: detail})
+}
+
+// value walks the next JSON value, at path, to be decoded into a t (nil:
+// a type whose fields are not known).
+func (c *bodyCheck) value(path string, t reflect.Type) error {
+	t = fieldsType(t)
 	tok, err := c.dec.Token()
 	if err != nil {
 		return err
@@ -191,28 +210,21 @@ func (c *bodyCheck) value(path string) error {
 	switch tok := tok.(type) {
 	case string:
 		if strings.IndexByte(tok, 0) >= 0 && path != "" {
-			c.errs = append(c.errs, FieldError{Field: path, Detail: nulDetail})
+			c.fail(path, nulDetail)
 		}
 	case json.Delim:
 		switch tok {
 		case '{':
-			for c.dec.More() {
-				key, err := c.dec.Token()
-				if err != nil {
-					return err
-				}
-				k, _ := key.(string)
-				if strings.IndexByte(k, 0) >= 0 {
-					k = strings.ReplaceAll(k, "\x00", `\u0000`)
-					c.errs = append(c.errs, FieldError{Field: joinPath(path, k), Detail: "the name " + nulDetail})
-				}
-				if err := c.value(joinPath(path, k)); err != nil {
-					return err
-				}
+			if err := c.object(path, t); err != nil {
+				return err
 			}
 		case '[':
+			var elem reflect.Type
+			if t != nil && (t.Kind() == reflect.Slice || t.Kind() == reflect.Array) {
+				elem = t.Elem()
+			}
 			for i := 0; c.dec.More(); i++ {
-				if err := c.value(fmt.Sprintf("%s[%d]", path, i)); err != nil {
+				if err := c.value(fmt.Sprintf("%s[%d]", path, i), elem); err != nil {
 					return err
 				}
 			}
@@ -222,6 +234,137 @@ func (c *bodyCheck) value(path string) error {
 		}
 	}
 	return nil
+}
+
+// object walks an object's members (its opening brace read) at path, to be
+// decoded into a t.
+func (c *bodyCheck) object(path string, t reflect.Type) error {
+	var fields map[string]reflect.Type
+	var elem reflect.Type
+	if t != nil {
+		switch t.Kind() {
+		case reflect.Struct:
+			fields = jsonFields(t)
+		case reflect.Map:
+			elem = t.Elem()
+		}
+	}
+	seen := map[string]bool{}
+	for c.dec.More() {
+		tok, err := c.dec.Token()
+		if err != nil {
+			return err
+		}
+		key, _ := tok.(string)
+		name := key
+		if strings.IndexByte(key, 0) >= 0 {
+			name = strings.ReplaceAll(key, "\x00", `\u0000`)
+		}
+		kpath := joinPath(path, name)
+		ft := elem
+		switch {
+		case seen[key]:
+			c.fail(kpath, "duplicate field: give it once")
+		case name != key:
+			c.fail(kpath, "the name "+nulDetail)
+		case fields != nil:
+			var ok bool
+			if ft, ok = fields[key]; !ok {
+				c.fail(kpath, unknownField(key, fields))
+				if err := c.dec.Decode(new(json.RawMessage)); err != nil { // its value is not looked at
+					return err
+				}
+				continue
+			}
+		}
+		seen[key] = true
+		if err := c.value(kpath, ft); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// unknownField is the detail for key, which is not one of fields.
+func unknownField(key string, fields map[string]reflect.Type) string {
+	for f := range fields {
+		if strings.EqualFold(f, key) {
+			return fmt.Sprintf("unknown field (names are case-sensitive: %s)", quote(f))
+		}
+	}
+	return "unknown field"
+}
+
+var (
+	jsonUnmarshaler = reflect.TypeFor[json.Unmarshaler]()
+	textUnmarshaler = reflect.TypeFor[encoding.TextUnmarshaler]()
+)
+
+// fieldsType is t with pointers removed, or nil when t's JSON fields are
+// not known: an interface, or a type that decodes itself.
+func fieldsType(t reflect.Type) reflect.Type {
+	for t != nil {
+		if t.Kind() == reflect.Interface || t.Implements(jsonUnmarshaler) || t.Implements(textUnmarshaler) {
+			return nil
+		}
+		if t.Kind() != reflect.Pointer {
+			if reflect.PointerTo(t).Implements(jsonUnmarshaler) || reflect.PointerTo(t).Implements(textUnmarshaler) {
+				return nil
+			}
+			return t
+		}
+		t = t.Elem()
+	}
+	return nil
+}
+
+var fieldCache sync.Map // reflect.Type → map[string]reflect.Type
+
+// jsonFields is the struct type t's fields by JSON name, as encoding/json
+// names them: the tag's name, else the Go name; "-" left out; an untagged
+// embedded struct's fields promoted unless a shallower field has the name.
+func jsonFields(t reflect.Type) map[string]reflect.Type {
+	if m, ok := fieldCache.Load(t); ok {
+		return m.(map[string]reflect.Type)
+	}
+	out := map[string]reflect.Type{}
+	for level := []reflect.Type{t}; len(level) > 0; {
+		var next []reflect.Type
+		found := map[string]reflect.Type{}
+		for _, st := range level {
+			for i := range st.NumField() {
+				sf := st.Field(i)
+				tag := sf.Tag.Get("json")
+				if tag == "-" {
+					continue
+				}
+				name, _, _ := strings.Cut(tag, ",")
+				ft := sf.Type
+				if ft.Kind() == reflect.Pointer {
+					ft = ft.Elem()
+				}
+				if sf.Anonymous && name == "" && ft.Kind() == reflect.Struct {
+					next = append(next, ft)
+					continue
+				}
+				if !sf.IsExported() {
+					continue
+				}
+				if name == "" {
+					name = sf.Name
+				}
+				if _, ok := out[name]; !ok {
+					found[name] = sf.Type
+				}
+			}
+		}
+		for k, v := range found {
+			out[k] = v
+		}
+		level = next
+	}
+	fieldCache.Store(t, out)
+	return out
 }
 
 // joinPath is the JSON path of member key of the object at path.

@@ -71,3 +71,52 @@ func TestNULRefusedNamingTheField(t *testing.T) {
 		t.Errorf("%d entries, tokens, quota and alert rules written", n)
 	}
 }
+
+// A body's keys match its fields exactly: a key given twice is refused
+// naming it (encoding/json took the last), and a key that differs from a
+// field only in case is an unknown field (encoding/json matched it to the
+// field, so {"customer":"cx","Customer":"other"} booked to "other").
+// Nested keys are named by their JSON path (thresholds[0].x, not x).
+func TestBodyKeysMatchExactlyOnce(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	if r := f.do("PUT", "/v1/pools/team", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
+		t.Fatalf("pool: %d %s", r.status, r.body)
+	}
+	const op = `"operation_id":"0193e0a1-7c00-7d4e-9a51-3c2f9b7e4a10","meter":"calls","quantity":"1","reason":"r","actor":"me"`
+	const alert = `"subject":"customer:acme","meter":"calls"`
+	const grant = `"0193e0a1-7c00-7d4e-9a51-3c2f9b7e4a10"`
+	for _, c := range []struct {
+		method, path, body, field, about string
+	}{
+		{"POST", "/v1/adjustments", `{` + op + `,"customer":"cx","Customer":"other"}`, "Customer", "unknown field"},
+		{"POST", "/v1/adjustments", `{` + op + `,"customer":"cx","customer":"other"}`, "customer", "duplicate field"},
+		{"POST", "/v1/tokens", `{"customer":"acme","description":"a","DESCRIPTION":"b"}`, "DESCRIPTION", "unknown field"},
+		{"POST", "/v1/tokens", `{"customer":"acme","customer":"other"}`, "customer", "duplicate field"},
+		{"PUT", "/v1/customers/acme", `{"cadence":"monthly","Zone":"UTC"}`, "Zone", "unknown field"},
+		{"PUT", "/v1/meters/calls", `{"kind":"counter","kind":"gauge"}`, "kind", "duplicate field"},
+		{"PUT", "/v1/customers/acme/quotas/calls", `{"limit":"10","limit":"20"}`, "limit", "duplicate field"},
+		{"PUT", "/v1/customers/acme/quotas/calls", `{"limit":"10","Limit":"20"}`, "Limit", "unknown field"},
+		{"PUT", "/v1/customers/acme/quotas/calls", `{"rate":{"amount":"1","per":"1s","burst":"2","amount":"5"},"admission":"exact"}`, "rate.amount", "duplicate field"},
+		{"PUT", "/v1/pools/team", `{"members":["acme"],"Members":["other"]}`, "Members", "unknown field"},
+		{"PUT", "/v1/alerts/a1", `{` + alert + `,"thresholds":[{"percent":"80"},{"percent":"90","percent":"95"}]}`, "thresholds[1].percent", "duplicate field"},
+		{"PUT", "/v1/alerts/a1", `{` + alert + `,"thresholds":[{"percent":"80","x":1}]}`, "thresholds[0].x", "unknown field"},
+		{"PUT", "/v1/alerts/a1", `{` + alert + `,"thresholds":[{"Percent":"80"}]}`, "thresholds[0].Percent", "unknown field"},
+		{"POST", "/v1/grants/release", `{"holder":"gw","releases":[{"grant":` + grant + `,"generation":1,"Spent":"1"}]}`, "releases[0].Spent", "unknown field"},
+		{"POST", "/v1/grants", `{"holder":"gw","generation":1,"customer":"acme","meter":"calls","amount":"1","amount":"100"}`, "amount", "duplicate field"},
+	} {
+		r := f.do(c.method, c.path, adminToken, c.body)
+		if r.status != 400 {
+			t.Errorf("%s %s %s: %d %s", c.method, c.path, c.body, r.status, r.body)
+			continue
+		}
+		r.fieldProblem(t, c.field, c.about)
+	}
+	var n int
+	if err := f.pool.QueryRow(t.Context(), `SELECT (SELECT count(*) FROM entries) + (SELECT count(*) FROM api_tokens) + (SELECT count(*) FROM quota_rules) + (SELECT count(*) FROM alert_rules)`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("%d entries, tokens, quota and alert rules written", n)
+	}
+}
