@@ -25,7 +25,7 @@ func TestAdminBodiesNameTheValueAtFault(t *testing.T) {
 		body         map[string]any
 		field, about string
 	}{
-		{"/v1/pools/team/quotas/calls", map[string]any{"limit": "lots"}, "limit", `must be an exact decimal string like "12.5", not "lots"`},
+		{"/v1/pools/team/quotas/calls", map[string]any{"limit": "lots"}, "limit", `must be an exact decimal string like "12.5" or "-3" (no exponent`}, {"/v1/pools/team/quotas/calls", map[string]any{"limit": "lots"}, "limit", `, not "lots"`},
 		{"/v1/global/quotas/calls", map[string]any{"limit": "10", "warn_at": []int{1}}, "warn_at", "exact decimal string"},
 		{"/v1/global/quotas/calls", map[string]any{"limit": "10", "max_skew": "soon"}, "max_skew", `must be a duration like "30s"`},
 		{"/v1/pools/team/quotas/calls", map[string]any{"limit": "10", "effective_at": "tomorrow"}, "effective_at", "an RFC 3339 time"},

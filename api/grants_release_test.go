@@ -121,8 +121,10 @@ func TestGrantBodiesNameTheValueAtFault(t *testing.T) {
 		}
 		return b
 	}
-	// A JSON number is an exact decimal too.
-	r := f.do("POST", "/v1/grants", gw1, grant(map[string]any{"amount": 5}))
+	// A decimal is a string, as an adjustment's quantity: a JSON number is
+	// refused (docs/api.md).
+	f.do("POST", "/v1/grants", gw1, grant(map[string]any{"amount": 5})).fieldProblem(t, "amount", "exact decimal string")
+	r := f.do("POST", "/v1/grants", gw1, grant(map[string]any{"amount": "5"}))
 	if r.status != 201 {
 		t.Fatalf("amount 5: %d %s", r.status, r.body)
 	}
@@ -143,7 +145,7 @@ func TestGrantBodiesNameTheValueAtFault(t *testing.T) {
 		body         map[string]any
 		field, about string
 	}{
-		{"/v1/grants", grant(map[string]any{"amount": "abc"}), "amount", `must be an exact decimal string like "12.5", not "abc"`},
+		{"/v1/grants", grant(map[string]any{"amount": "abc"}), "amount", `must be an exact decimal string like "12.5" or "-3" (no exponent, "+" or bare point; at most 9 digits after the point, 38 in all), not "abc"`},
 		{"/v1/grants", grant(map[string]any{"amount": true}), "amount", "not true"},
 		{"/v1/grants", grant(map[string]any{"min_amount": "x"}), "min_amount", "exact decimal string"},
 		{"/v1/grants", grant(map[string]any{"ttl": "forever"}), "ttl", `must be a duration like "30s", or whole seconds, not "forever"`},

@@ -20,6 +20,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/shopspring/decimal"
 
+	"github.com/tally-ledger/tally/amount"
 	"github.com/tally-ledger/tally/quota"
 )
 
@@ -404,13 +405,17 @@ func jsonProblem(err error) error {
 	return malformed(strings.TrimPrefix(err.Error(), "json: "))
 }
 
+// decimalRule describes the one rule of decimals (parseDecimal).
+var decimalRule = fmt.Sprintf(`an exact decimal string like "12.5" or "-3" (no exponent, "+" or bare point; at most %d digits after the point, %d in all)`,
+	amount.MaxScale, amount.MaxDigits)
+
 func jsonTypeName(t reflect.Type) string {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
 	switch t {
 	case reflect.TypeFor[decimalInput](), reflect.TypeFor[nullDecimalInput]():
-		return `an exact decimal string like "12.5"`
+		return decimalRule
 	case reflect.TypeFor[durationInput]():
 		return `a duration like "30s", or whole seconds`
 	case reflect.TypeFor[timeInput]():
@@ -444,10 +449,44 @@ type (
 	timeInput        struct{ time.Time }
 )
 
-func (d *decimalInput) UnmarshalJSON(b []byte) error { return typed(d.Decimal.UnmarshalJSON(b), b, d) }
-func (d *nullDecimalInput) UnmarshalJSON(b []byte) error {
-	return typed(d.NullDecimal.UnmarshalJSON(b), b, d)
+// A decimal's one rule is the adjustments' quantity's (amount.Parse): a
+// JSON string of a plain decimal, "12", "0.5", "-3.25" (no exponent, "+",
+// bare point, spaces or JSON number), at most amount.MaxScale digits after
+// the point and amount.MaxDigits in all. null leaves it unset.
+func (d *decimalInput) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return nil
+	}
+	v, err := parseDecimal(b)
+	if err != nil {
+		return typed(err, b, d)
+	}
+	d.Decimal = v
+	return nil
 }
+
+func (d *nullDecimalInput) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		d.NullDecimal = decimal.NullDecimal{}
+		return nil
+	}
+	v, err := parseDecimal(b)
+	if err != nil {
+		return typed(err, b, d)
+	}
+	d.NullDecimal = decimal.NewNullDecimal(v)
+	return nil
+}
+
+// parseDecimal reads the JSON value b by the one rule.
+func parseDecimal(b []byte) (decimal.Decimal, error) {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return decimal.Decimal{}, err // not a string
+	}
+	return amount.Parse(s)
+}
+
 func (d *durationInput) UnmarshalJSON(b []byte) error {
 	return typed(d.Duration.UnmarshalJSON(b), b, d)
 }

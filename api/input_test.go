@@ -120,3 +120,48 @@ func TestBodyKeysMatchExactlyOnce(t *testing.T) {
 		t.Errorf("%d entries, tokens, quota and alert rules written", n)
 	}
 }
+
+// Every decimal a body gives follows the adjustments' one rule
+// (amount.Parse): a JSON string of digits with an optional leading "-" and
+// an optional point with digits on both sides, at most 9 digits after it
+// and 38 in all. Grants took exponents, "+", bare points and JSON numbers,
+// alert thresholds exponents.
+func TestDecimalsFollowOneRule(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	if r := f.do("PUT", "/v1/pools/team", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
+		t.Fatalf("pool: %d %s", r.status, r.body)
+	}
+	const grantID = "0193e0a1-7c00-7d4e-9a51-3c2f9b7e4a10"
+	grant := func(amount string) string {
+		return `{"holder":"gw","generation":1,"customer":"acme","meter":"calls","amount":` + amount + `}`
+	}
+	for _, bad := range []string{`"1e1"`, `"+5"`, `".5"`, `"5."`, `"2.5e-1"`, `"0x10"`, `" 5"`, `"1.0000000001"`, `"NaN"`, `5`, `2.5`, `true`} {
+		f.do("POST", "/v1/grants", adminToken, grant(bad)).fieldProblem(t, "amount", "decimal string")
+	}
+	for _, c := range []struct {
+		method, path, body, field string
+	}{
+		{"POST", "/v1/grants", `{"holder":"gw","generation":1,"customer":"acme","meter":"calls","amount":"10","min_amount":"1e0"}`, "min_amount"},
+		{"POST", "/v1/grants/debits", `{"id":"` + grantID + `","holder":"gw","generation":1,"customer":"acme","meter":"calls","amount":"+5"}`, "amount"},
+		{"POST", "/v1/grants/" + grantID + "/release", `{"holder":"gw","generation":1,"spent":".5"}`, "spent"},
+		{"POST", "/v1/grants/" + grantID + "/renew", `{"holder":"gw","generation":1,"spent":5}`, "spent"},
+		{"POST", "/v1/bypasses", `{"holder":"gw","generation":1,"report_id":"` + grantID + `","items":[{"customer":"acme","meter":"calls","amount":"1E2","admissions":1,"first_at":"2026-11-20T12:00:00Z","last_at":"2026-11-20T12:00:00Z"}]}`, "items.amount"},
+		{"PUT", "/v1/alerts/a1", `{"subject":"customer:acme","meter":"calls","thresholds":[{"percent":"1e2"}]}`, "thresholds.percent"},
+		{"PUT", "/v1/alerts/a1", `{"subject":"customer:acme","meter":"calls","thresholds":[{"value":1000}]}`, "thresholds.value"},
+		{"PUT", "/v1/alerts/a1", `{"subject":"customer:acme","meter":"calls","thresholds":[{"percent":"80"}],"hysteresis_percent":"5."}`, "hysteresis_percent"},
+		{"PUT", "/v1/pools/team/quotas/calls", `{"limit":"1e3"}`, "limit"},
+		{"PUT", "/v1/global/quotas/calls", `{"limit":"100","warn_at":".5"}`, "warn_at"},
+	} {
+		f.do(c.method, c.path, adminToken, c.body).fieldProblem(t, c.field, "decimal string")
+	}
+	// The forms the rule takes are still taken.
+	for _, c := range []struct{ path, body string }{
+		{"/v1/pools/team/quotas/calls", `{"limit":"1000.5","warn_at":"0.75"}`},
+		{"/v1/alerts/a1", `{"subject":"customer:acme","meter":"calls","thresholds":[{"percent":"80"},{"value":"1500.25"}],"hysteresis_percent":"5"}`},
+	} {
+		if r := f.do("PUT", c.path, adminToken, c.body); r.status != 201 {
+			t.Errorf("PUT %s %s: %d %s", c.path, c.body, r.status, r.body)
+		}
+	}
+}
