@@ -159,7 +159,7 @@ func TestRoutingProblems(t *testing.T) {
 	}
 	r = f.do("DELETE", "/v1/customers/acme", adminToken, nil)
 	r.problem(t, 405, "urn:tally:problem:method-not-allowed")
-	if got := r.header.Values("Allow"); !slices.Equal(got, []string{"GET", "PUT"}) {
+	if got := r.header.Values("Allow"); !slices.Equal(got, []string{"GET", "HEAD", "PUT"}) {
 		t.Fatalf("Allow = %v", got)
 	}
 	f.do("GET", "/v1/customers/acme/usage/extra", adminToken, nil).problem(t, 404, "urn:tally:problem:not-found")

@@ -88,7 +88,7 @@ func secureHeaders(next http.Handler) http.Handler {
 // process because someone else floods it (both are cheap: /readyz's
 // answer is reused for a second).
 func exempt(r *http.Request) bool {
-	return r.Method == http.MethodGet && (r.URL.Path == "/healthz" || r.URL.Path == "/readyz")
+	return (r.Method == http.MethodGet || r.Method == http.MethodHead) && (r.URL.Path == "/healthz" || r.URL.Path == "/readyz")
 }
 
 // shed answers at once, rather than queueing, when the client's address is

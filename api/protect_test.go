@@ -345,8 +345,10 @@ func TestOverloadAnswers503(t *testing.T) {
 		t.Fatalf("Retry-After %q", r.header.Get("Retry-After"))
 	}
 	for _, p := range []string{"/healthz", "/readyz"} {
-		if r := f.do("GET", p, "", nil); r.status != 200 {
-			t.Fatalf("%s while overloaded: %d", p, r.status)
+		for _, m := range []string{"GET", "HEAD"} {
+			if r := f.do(m, p, "", nil); r.status != 200 {
+				t.Fatalf("%s %s while overloaded: %d", m, p, r.status)
+			}
 		}
 	}
 	if err := tx.Rollback(ctx); err != nil {
@@ -387,8 +389,10 @@ func TestRateLimits(t *testing.T) {
 			t.Fatalf("the admin over the address's rate: %d %s", r.status, r.body)
 		}
 		for _, p := range []string{"/healthz", "/readyz"} {
-			if r := f.do("GET", p, "", nil); r.status != 200 {
-				t.Fatalf("%s over the rate: %d", p, r.status)
+			for _, m := range []string{"GET", "HEAD"} {
+				if r := f.do(m, p, "", nil); r.status != 200 {
+					t.Fatalf("%s %s over the rate: %d", m, p, r.status)
+				}
 			}
 		}
 	})

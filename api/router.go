@@ -17,7 +17,9 @@ import (
 // (TestOpenAPICoversRoutes walks this tree).
 func (a *API) routes() http.Handler {
 	r := chi.NewRouter()
-	r.Use(assignRequestID, secureHeaders, a.observe, a.recoverer, a.shed, a.limits)
+	// GetHead routes a HEAD request as GET (the body written is dropped by
+	// net/http): load balancers health-check with HEAD.
+	r.Use(assignRequestID, secureHeaders, a.observe, a.recoverer, a.shed, a.limits, middleware.GetHead)
 	r.NotFound(a.handle(func(w http.ResponseWriter, r *http.Request) error {
 		return notFound(fmt.Sprintf("no route for %s %s; see /openapi.json", quote(r.Method), quote(r.URL.Path)))
 	}))
@@ -178,6 +180,9 @@ func allowedMethods(r *http.Request) []string {
 	for _, m := range []string{http.MethodGet, http.MethodPut, http.MethodPost, http.MethodPatch, http.MethodDelete} {
 		if rctx.Routes.Match(chi.NewRouteContext(), m, path) {
 			out = append(out, m)
+			if m == http.MethodGet {
+				out = append(out, http.MethodHead) // middleware.GetHead
+			}
 		}
 	}
 	return out
