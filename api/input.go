@@ -95,18 +95,35 @@ func queryParams(r *http.Request, allowed ...string) (map[string]string, error) 
 	return out, nil
 }
 
-// checkPathParams refuses a path parameter holding a NUL character (%00),
-// naming the parameter: ids are checked by their handlers, but names (of
-// alerts, webhooks, pools) reach Postgres as they are, whose text cannot
-// hold one.
-func checkPathParams(r *http.Request) error {
+// pathParams readies the route's path parameters for the handler, which
+// reads them with chi.URLParam. chi routes on the escaped path when the
+// request's differs from the default escaping (r.URL.RawPath), so that an
+// escaped slash stays inside its parameter; its parameters are then
+// percent-decoded here, once: demo%2Dacme is demo-acme, and demo%2Facme is
+// "demo/acme", an invalid id, not another route. A parameter holding a NUL
+// character (%00) is refused naming it: ids are checked by their handlers,
+// but names (of alerts, webhooks, pools) reach Postgres as they are, whose
+// text cannot hold one.
+func pathParams(r *http.Request) error {
 	rctx := chi.RouteContext(r.Context())
 	if rctx == nil {
 		return nil
 	}
+	ps := &rctx.URLParams
 	var errs []FieldError
-	for i, k := range rctx.URLParams.Keys {
-		if k != "*" && strings.IndexByte(rctx.URLParams.Values[i], 0) >= 0 {
+	for i, k := range ps.Keys {
+		if k == "*" {
+			continue
+		}
+		if r.URL.RawPath != "" {
+			v, err := url.PathUnescape(ps.Values[i])
+			if err != nil {
+				errs = append(errs, FieldError{Field: k, Detail: quote(ps.Values[i]) + " is not percent-encoded correctly"})
+				continue
+			}
+			ps.Values[i] = v
+		}
+		if strings.IndexByte(ps.Values[i], 0) >= 0 {
 			errs = append(errs, FieldError{Field: k, Detail: nulDetail})
 		}
 	}

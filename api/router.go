@@ -113,10 +113,10 @@ func (a *API) routes() http.Handler {
 
 // handle adapts a handler that returns an error to http.HandlerFunc; the
 // error goes to writeError, the one mapping to problem+json. Path
-// parameters are checked first (checkPathParams).
+// parameters are decoded and checked first (pathParams).
 func (a *API) handle(h func(http.ResponseWriter, *http.Request) error) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		if err := checkPathParams(r); err != nil {
+		if err := pathParams(r); err != nil {
 			a.writeError(w, r, err)
 			return
 		}
