@@ -301,7 +301,7 @@ func startGrants(ctx context.Context, o Options, fixed bool) (_ system, err erro
 		g.transports = append(g.transports, tr)
 		cfg := admit.Config{URL: g.api.url, Token: token, Holder: holder,
 			Dir: filepath.Join(g.dir, holder), Logger: o.Logger,
-			HTTPClient: &http.Client{Timeout: 5 * time.Second, Transport: counting{tr, &g.requests}}}
+			HTTPClient: &http.Client{Timeout: 5 * time.Second, Transport: counting{tr, &g.requests}}, MaxWait: o.MaxWait}
 		if fixed {
 			// Demand sizing off: every gateway takes grants of
 			// FixedGrant units.

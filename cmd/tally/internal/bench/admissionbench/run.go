@@ -28,6 +28,12 @@ type Options struct {
 	Burst       float64       // rate multiplier in a burst, 1 to 5; 1: no bursts [4]
 	FixedGrant  int64         // units per gateway and budget of the fixed-grant regime [50]
 	Lookahead   time.Duration // the SDK's Lookahead in the sized regime [the SDK's default, 2s]
+	// MaxWait is the SDK's bound on an Admit waiting for Tally [the SDK's
+	// default, 250ms]. A debit answered after it may have been taken while
+	// its request was refused (docs/gateways-exact.md), which the exact
+	// rows then report as consumed beyond admitted: tests on a loaded
+	// machine raise it.
+	MaxWait     time.Duration
 	LagInterval time.Duration // the lagged regime's decision interval [quota.DefaultInterval]
 	LagFlush    time.Duration // the lagged regime's metering micro-batch [100ms]
 	APIPoolSize int           // Postgres connections of the REST API in the exact regimes [4, tally serve's default]
