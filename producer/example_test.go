@@ -46,7 +46,12 @@ func Example() {
 			panic(err)
 		}
 	}
-	if err := p.Close(ctx); err != nil { // flush, then "final": true per stream
+	// Close (and Stop) send until their context ends: a timeout keeps a
+	// Kafka outage from holding shutdown for good. What is unsent then
+	// stays in Dir for the next producer on it, and the error says so.
+	closeCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := p.Close(closeCtx); err != nil { // flush, then "final": true per stream
 		panic(err)
 	}
 

@@ -856,7 +856,12 @@ func (p *Producer) Close(ctx context.Context) error {
 // Stop shuts down without ending the epoch: it stops accepting records and
 // sends what is buffered until ctx ends (pass a cancelled ctx to stop at
 // once). Whatever is unsent stays on disk; the next producer on Dir sends it
-// and continues the same streams.
+// and continues the same streams. Bound ctx with a timeout: during a Kafka
+// outage nothing can be sent, so a ctx that never ends keeps Stop waiting
+// for as long as the outage lasts. When ctx ends before everything is
+// sent, Stop shuts down all the same and returns an error that wraps
+// ctx.Err() and says how many records stay on disk (a ctx already
+// cancelled skips sending and returns no such error).
 func (p *Producer) Stop(ctx context.Context) error {
 	p.closeOnce.Do(func() { close(p.closing) })
 	var err error

@@ -201,6 +201,36 @@ func TestRestartContinuesTheEpochAndSendsWhatWasBuffered(t *testing.T) {
 	}
 }
 
+// TestStopWithATimeoutEndsDuringAnOutage checks what docs/producers.md
+// says of a Stop bounded by a timeout while Kafka is down: it returns when
+// its context ends, with an error that wraps context.DeadlineExceeded, and
+// the records stay on disk for the next producer on Dir.
+func TestStopWithATimeoutEndsDuringAnOutage(t *testing.T) {
+	dir := t.TempDir()
+	ctx := context.Background()
+	down := []string{"127.0.0.1:1"}
+	p := newProducer(t, producer.Config{Brokers: down, Dir: dir, WriteTimeout: 200 * time.Millisecond})
+	for range 3 {
+		if err := p.Record(ctx, "acme", "api_calls", d("1"), time.Now()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stopCtx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := p.Stop(stopCtx)
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("Stop took %s with a 500ms context", took)
+	}
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "3 records still buffered on disk") {
+		t.Errorf("Stop during an outage: %v, want context.DeadlineExceeded and the records still buffered", err)
+	}
+	p2 := newProducer(t, producer.Config{Brokers: down, Dir: dir, WriteTimeout: 200 * time.Millisecond})
+	if p2.Buffered() != 3 {
+		t.Errorf("buffered after restart %d, want 3", p2.Buffered())
+	}
+}
+
 func TestUnreadableStateStartsANewEpoch(t *testing.T) {
 	c := newCluster(t, 1)
 	dir := t.TempDir()
