@@ -179,7 +179,8 @@ type Config struct {
 	CloseTimeout time.Duration
 	// Registerer receives the client's Prometheus metrics
 	// (tally_admit_*, docs/gateways-exact.md). Nil: no metrics. One
-	// client per registry.
+	// client per registry at a time: Close takes its metrics off, so a
+	// new client may register on the same registry.
 	Registerer prometheus.Registerer
 
 	// Brokers are Kafka bootstrap addresses: lagged rules are answered
@@ -407,29 +408,34 @@ func New(cfg Config) (*Client, error) {
 	if cfg.RuleRecheck == 0 {
 		cfg.RuleRecheck = 30 * time.Second
 	}
+	c := &Client{cfg: cfg, http: cfg.HTTPClient, ownTransport: own, log: cfg.Logger,
+		stop: make(chan struct{}), done: make(chan struct{}),
+		decisions: map[key]*lagged{}, reportAt: map[string]time.Time{}}
+	empty := map[key]*budget{}
+	c.budgets.Store(&empty) // before the metrics: a scrape reads it
+	// The metrics are registered before anything is written to Dir, so a
+	// New refused for its registry leaves the holder's generation as it
+	// was; later failures take them off the registry again.
+	var err error
+	if c.metrics, err = newMetrics(cfg.Registerer, c); err != nil {
+		return nil, fmt.Errorf("admit: metrics: %w", err)
+	}
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		c.metrics.unregister()
 		return nil, fmt.Errorf("admit: state directory: %w", err)
 	}
 	gen, err := bumpGeneration(cfg.Dir)
 	if err != nil {
+		c.metrics.unregister()
 		return nil, err
 	}
-	j, err := openJournal(cfg.Dir, gen)
-	if err != nil {
+	if c.journal, err = openJournal(cfg.Dir, gen); err != nil {
+		c.metrics.unregister()
 		return nil, err
 	}
-	c := &Client{cfg: cfg, http: cfg.HTTPClient, ownTransport: own, log: cfg.Logger, journal: j,
-		stop: make(chan struct{}), done: make(chan struct{}),
-		decisions: map[key]*lagged{}, reportAt: map[string]time.Time{}}
 	c.generation.Store(gen)
 	c.spendOnDisk.Store(true) // an earlier run's, delivered by the first scan
 	c.bypassesOnDisk.Store(true)
-	empty := map[key]*budget{}
-	c.budgets.Store(&empty) // before the metrics: a scrape reads it
-	if c.metrics, err = newMetrics(cfg.Registerer, c); err != nil {
-		_ = j.close()
-		return nil, fmt.Errorf("admit: metrics: %w", err)
-	}
 	c.bg, c.stopBG = context.WithCancel(context.Background())
 	rctx, cancel := context.WithCancel(context.Background())
 	c.stopReader = cancel
@@ -800,6 +806,9 @@ func (c *Client) Close(ctx context.Context) error {
 		if c.ownTransport != nil {
 			c.ownTransport.CloseIdleConnections()
 		}
+		// Last, so the metrics count this Close's reports: a new client
+		// may then register on the same registry.
+		c.metrics.unregister()
 	})
 	return err
 }

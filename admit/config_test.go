@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -124,9 +126,12 @@ func TestMetricsOnTheCallersRegistry(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := c.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
+	// The spent grant goes back a second after it was found spent: read
+	// the metrics then, since Close takes them off the registry.
+	eventually(t, "the spent grant's report delivered", func() bool {
+		v, err := metricValue(reg, "tally_admit_spend_reports_total", `result="delivered"`)
+		return err == nil && v == 1
+	})
 	for _, want := range []struct {
 		name, labels string
 		value        float64
@@ -151,6 +156,59 @@ func TestMetricsOnTheCallersRegistry(t *testing.T) {
 		return mf.GetName() == "tally_admit_grant_call_seconds" && mf.GetMetric()[0].GetHistogram().GetSampleCount() > 0
 	}) {
 		t.Error("no grant call latency")
+	}
+	if err := c.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if mfs, err = reg.Gather(); err != nil || len(mfs) != 0 {
+		t.Errorf("after Close the registry still gathers %d families (%v), want none", len(mfs), err)
+	}
+}
+
+// Close takes the client's metrics off its registry, so a gateway that
+// closes its client and makes a new one (a reload) registers it on the
+// same registry.
+func TestANewClientAfterCloseOnTheSameRegistry(t *testing.T) {
+	ts := startTally(t)
+	ts.exactRule("acme", "tokens", "100")
+	reg := prometheus.NewRegistry()
+	ctx := context.Background()
+	dir := t.TempDir()
+	for run := range 2 {
+		c := newClient(t, ts, "gw1", dir, admit.Config{Registerer: reg})
+		if d, err := c.Admit(ctx, "acme", "tokens", 1); err != nil || !d.Admitted {
+			t.Fatalf("run %d: admit: %+v %v", run, d, err)
+		}
+		if got, err := metricValue(reg, "tally_admit_admissions_total", `how="grant",outcome="admitted"`); err != nil || got != 1 {
+			t.Errorf("run %d: admitted from grants %v (%v), want this client's 1", run, got, err)
+		}
+		if err := c.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A New refused because its registry already holds a client's metrics
+// has no effect on Dir: the holder's generation is not moved.
+func TestNewRefusedForItsRegistryLeavesTheGeneration(t *testing.T) {
+	ts := startTally(t)
+	reg := prometheus.NewRegistry()
+	first := newClient(t, ts, "gw1", t.TempDir(), admit.Config{Registerer: reg})
+	defer first.Close(context.Background())
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "generation"), []byte("4\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := admit.New(admit.Config{URL: ts.url, Token: "tly_x", Holder: "gw2", Dir: dir, Registerer: reg})
+	if err == nil {
+		c.Close(context.Background())
+		t.Fatal("New on a registry that holds another client's metrics succeeded")
+	}
+	if !strings.Contains(err.Error(), "metrics") {
+		t.Errorf("New: %v, want a metrics error", err)
+	}
+	if got := generationFile(t, dir); got != "4" {
+		t.Errorf("generation file %q after a refused New, want 4 (unchanged)", got)
 	}
 }
 

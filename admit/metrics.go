@@ -21,6 +21,11 @@ type metrics struct {
 	undelivered prometheus.Gauge
 	bypassFiles prometheus.Gauge
 	reachable   prometheus.Gauge
+
+	// reg and registered are where the collectors were registered, so
+	// Close takes them off again and the registry takes a new client.
+	reg        prometheus.Registerer
+	registered []prometheus.Collector
 }
 
 var (
@@ -64,7 +69,17 @@ func newMetrics(reg prometheus.Registerer, c *Client) (*metrics, error) {
 			return nil, err
 		}
 	}
+	m.reg, m.registered = reg, cols
 	return m, nil
+}
+
+// unregister takes the collectors off the registry they were registered
+// on (none when Config.Registerer was nil).
+func (m *metrics) unregister() {
+	for _, col := range m.registered {
+		m.reg.Unregister(col)
+	}
+	m.registered = nil
 }
 
 // admit counts an admission answered off the hot path.
