@@ -318,6 +318,7 @@ type Client struct {
 	decisions  map[key]*lagged
 	stopReader context.CancelFunc
 	readers    sync.WaitGroup
+	kafka      kafkaReach // whether the decision readers can read Kafka
 
 	// genMu orders grant requests (read-locked across the call and the
 	// noting of issued) against recoverGeneration (write-locked): a

@@ -113,12 +113,12 @@ func (c *Client) readDecisions(ctx context.Context, wg *sync.WaitGroup) {
 		if ctx.Err() != nil {
 			return
 		}
-		c.log.Warn("admit: cannot list the decision topic's partitions; lagged rules follow on_stale meanwhile",
-			"topic", c.cfg.DecisionsTopic, "err", err, "retry_in", wait)
+		c.decisionsFailed(listing, err)
 		if !pause.For(ctx, wait) {
 			return
 		}
 	}
+	c.decisionsRead(listing)
 	for _, p := range parts {
 		wg.Add(1)
 		go c.readPartition(ctx, wg, p.ID)
@@ -159,22 +159,45 @@ func (c *Client) readPartition(ctx context.Context, wg *sync.WaitGroup, partitio
 		if ctx.Err() != nil {
 			return
 		}
-		c.log.Warn("admit: cannot position the decision reader", "partition", partition, "err", err)
+		c.decisionsFailed(partition, err)
 		if !pause.For(ctx, time.Second) {
 			return
 		}
 	}
+	c.decisionsRead(partition)
+	failing := false
 	for {
-		m, err := r.ReadMessage(ctx)
+		rctx, cancel := ctx, context.CancelFunc(func() {})
+		if failing {
+			// An idle topic brings no message to say Kafka answers again:
+			// a second without an error in which the reader fetched does.
+			// An error queued before Kafka came back is read within that
+			// second, so it does not end the outage only to start another.
+			rctx, cancel = context.WithTimeout(ctx, time.Second)
+		}
+		m, err := r.ReadMessage(rctx)
+		cancel()
 		if err != nil {
-			if ctx.Err() != nil {
+			switch {
+			case ctx.Err() != nil:
 				return
-			}
-			c.log.Error("admit: read decisions", "partition", partition, "err", err)
-			if !pause.For(ctx, time.Second) {
-				return
+			case failing && rctx.Err() != nil:
+				if r.Stats().Fetches > 0 {
+					failing = false
+					c.decisionsRead(partition)
+				}
+			default:
+				// The reader retries on its own, with backoff; the
+				// outage is logged once for every partition.
+				failing = true
+				c.decisionsFailed(partition, err)
+				r.Stats() // its counters start again from this error
 			}
 			continue
+		}
+		if failing {
+			failing = false
+			c.decisionsRead(partition)
 		}
 		var d quota.Decision
 		if err := json.Unmarshal(m.Value, &d); err != nil || d.Customer == "" || d.Meter == "" {
@@ -182,5 +205,53 @@ func (c *Client) readPartition(ctx context.Context, wg *sync.WaitGroup, partitio
 			continue
 		}
 		c.onDecision(d)
+	}
+}
+
+// listing stands for the listing of the topic's partitions in kafkaReach.
+const listing = -1
+
+// kafkaReach is whether the decision readers can read Kafka. An outage is
+// logged once, when the first reader fails, and once more when every
+// reader that failed reads again: each reader retries every second or so,
+// and a line per partition and retry said nothing new.
+type kafkaReach struct {
+	mu        sync.Mutex
+	failing   map[int]bool // partitions whose reader failed last (listing: the listing)
+	downSince time.Time    // zero while Kafka is read
+}
+
+// decisionsFailed notes that partition (or listing) could not be read.
+func (c *Client) decisionsFailed(partition int, err error) {
+	r := &c.kafka
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.failing == nil {
+		r.failing = map[int]bool{}
+	}
+	r.failing[partition] = true
+	if r.downSince.IsZero() {
+		r.downSince = time.Now()
+		args := []any{"topic", c.cfg.DecisionsTopic, "brokers", c.cfg.Brokers, "err", err}
+		if partition != listing {
+			args = append(args, "partition", partition)
+		}
+		c.log.Warn("admit: cannot read decisions from Kafka; lagged rules follow on_stale until it answers", args...)
+	}
+}
+
+// decisionsRead notes that partition (or listing) was read.
+func (c *Client) decisionsRead(partition int) {
+	r := &c.kafka
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.failing[partition] {
+		return
+	}
+	delete(r.failing, partition)
+	if len(r.failing) == 0 && !r.downSince.IsZero() {
+		c.log.Info("admit: decisions read from Kafka again", "topic", c.cfg.DecisionsTopic,
+			"down_for", time.Since(r.downSince).Round(time.Millisecond))
+		r.downSince = time.Time{}
 	}
 }
