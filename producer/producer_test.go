@@ -389,3 +389,36 @@ func TestConfigRefusesAControlCharacterInTheProducerID(t *testing.T) {
 		t.Fatalf("got %v, want an error about the control character", err)
 	}
 }
+
+// tally_producer_records_total counts the Record calls made durable (not
+// a repeated key's, nor Close's final records), and
+// tally_producer_batches_sent_total the messages Kafka acknowledged, as
+// docs/producers.md says.
+func TestRecordAndBatchCounters(t *testing.T) {
+	c := newCluster(t, 2)
+	reg := prometheus.NewRegistry()
+	p := newProducer(t, producer.Config{Brokers: c.Addrs, Dir: t.TempDir(), Registerer: reg})
+	ctx := context.Background()
+	at := time.Now().Add(-time.Minute)
+	for _, u := range []struct{ customer, key string }{{"acme", "a"}, {"acme", "b"}, {"globex", "c"}, {"acme", "a"}} {
+		if err := p.Record(ctx, u.customer, "api_calls", d("1"), at, producer.Key(u.key)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := counter(t, reg, "tally_producer_records_total"); n != 3 {
+		t.Errorf("tally_producer_records_total = %v, want 3 (the repeated key records nothing)", n)
+	}
+	got := len(readBatches(t, c, 2))
+	// Counted just after the batches leave the disk, which Flush waits
+	// for: the count may follow Flush's return by an instant.
+	sent := counter(t, reg, "tally_producer_batches_sent_total")
+	for deadline := time.Now().Add(10 * time.Second); sent != float64(got) && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		sent = counter(t, reg, "tally_producer_batches_sent_total")
+	}
+	if sent != float64(got) || got < 2 {
+		t.Errorf("tally_producer_batches_sent_total = %v, Kafka holds %d messages (one per customer at least)", sent, got)
+	}
+}
