@@ -211,13 +211,21 @@ func (c Config) Validate() error {
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, validation.Errorf(field, format, args...))
 	}
+	// The scheme is checked before the URL is parsed: Go's parser refuses
+	// a host and port alone ("127.0.0.1:8080") with an error that does
+	// not say what is missing, and takes "localhost:8080" as the scheme
+	// "localhost".
+	scheme, rest, hasScheme := strings.Cut(c.URL, "://")
 	switch u, err := url.Parse(c.URL); {
 	case c.URL == "":
 		bad("URL", "is required, e.g. \"http://127.0.0.1:8080\"")
+	case !hasScheme || !strings.EqualFold(scheme, "http") && !strings.EqualFold(scheme, "https"):
+		if !hasScheme {
+			rest = strings.TrimPrefix(c.URL, "//")
+		}
+		bad("URL", "%q needs a scheme, http:// or https:// (e.g. \"http://%s\")", c.URL, rest)
 	case err != nil:
 		bad("URL", "%q is not a URL: %v", c.URL, err)
-	case u.Scheme != "http" && u.Scheme != "https":
-		bad("URL", "%q needs a scheme, http:// or https:// (e.g. \"http://%s\")", c.URL, strings.TrimPrefix(c.URL, "//"))
 	case u.Host == "":
 		bad("URL", "%q has no host", c.URL)
 	case u.RawQuery != "" || u.Fragment != "":

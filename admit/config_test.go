@@ -3,6 +3,7 @@ package admit_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -44,6 +45,32 @@ func TestNewRefusesSetupMistakes(t *testing.T) {
 				t.Fatalf("New: %v; fields %v, want %v", err, got, tc.fields)
 			}
 		})
+	}
+}
+
+// Every URL without an http or https scheme is told the one thing that is
+// wrong and how to write it, whatever Go's URL parser makes of it (a host
+// and port alone do not parse; "ftp://x" has another scheme).
+func TestURLWithoutSchemeIsToldHowToWriteIt(t *testing.T) {
+	for _, tc := range []struct{ url, example string }{
+		{"127.0.0.1:18082", "http://127.0.0.1:18082"},
+		{"localhost:18082", "http://localhost:18082"},
+		{"tally", "http://tally"},
+		{"[::1]:8080", "http://[::1]:8080"},
+		{"//tally:8080", "http://tally:8080"},
+		{"ftp://x", "http://x"},
+		{"tcp://127.0.0.1:8080", "http://127.0.0.1:8080"},
+	} {
+		err := admit.Config{URL: tc.url, Token: "t", Holder: "gw1", Dir: "d"}.Validate()
+		want := fmt.Sprintf("URL: %q needs a scheme, http:// or https:// (e.g. %q)", tc.url, tc.example)
+		if err == nil || err.Error() != want {
+			t.Errorf("URL %q: %v, want %s", tc.url, err, want)
+		}
+	}
+	for _, ok := range []string{"http://127.0.0.1:8080", "https://tally.example", "HTTP://tally:8080"} {
+		if err := (admit.Config{URL: ok, Token: "t", Holder: "gw1", Dir: "d"}).Validate(); err != nil {
+			t.Errorf("URL %q: %v, want valid", ok, err)
+		}
 	}
 }
 
