@@ -92,8 +92,10 @@ type Decision struct {
 	Binding string
 	// RetryAfter is Tally's estimate of when capacity may free up (How
 	// Exhausted; at a period's end it is the time until the next period,
-	// which may be weeks), or, when Tally was unreachable, when the client
-	// asks it again (never 0: at least a tick, growing with the backoff).
+	// which may be weeks), or, when Tally was unreachable and the request
+	// was refused (How Unreachable), when the client asks it again (never
+	// 0: at least a tick, growing with the backoff). An admitted decision
+	// has nothing to retry: its RetryAfter is 0, a bypass's included.
 	RetryAfter time.Duration
 	// Unreachable: Tally could not be reached when a grant was needed (or
 	// was slower than MaxWait, or refused for load): the rule's
@@ -130,8 +132,9 @@ type Config struct {
 	// Holder is this gateway's stable id: 1 to 128 of A-Z a-z 0-9 . _ : -.
 	// Required.
 	Holder string
-	// Dir keeps the generation and the bypass journal. Required; one
-	// directory per holder.
+	// Dir keeps the generation, the bypass journal and the final spend
+	// reports not yet delivered to Tally. Required; one directory per
+	// holder, kept across restarts.
 	Dir string
 	// OnUnreachable with LocalAmount per LocalEvery for Local: the policy
 	// for a budget until a grant has brought its rule's on_unreachable

@@ -143,7 +143,9 @@ func TestTallyUnreachable(t *testing.T) {
 					continue
 				}
 				attempts++
-				if !d.Unreachable || d.Admitted != (d.How == admit.Bypass) {
+				// A refusal says when the client asks Tally again (never
+				// 0); an admission has nothing to retry (0).
+				if !d.Unreachable || d.Admitted != (d.How == admit.Bypass) || d.Admitted != (d.RetryAfter == 0) {
 					t.Fatalf("decision %+v while Tally is down", d)
 				}
 				if d.Admitted {

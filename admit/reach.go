@@ -13,8 +13,8 @@ import (
 //   - A call that gets no answer (connection refused, timeout, 5xx), or an
 //     Admit that waited MaxWait for a grant, marks Tally unreachable and
 //     pauses calls for a backoff: 2 ticks, doubling to MaxBackoff, with
-//     ±25% jitter. Meanwhile Admit answers by on_unreachable at once, with
-//     RetryAfter the time left of the pause. After the pause, calls
+//     ±25% jitter. Meanwhile Admit answers by on_unreachable at once; a
+//     refusal's RetryAfter is the time left of the pause. After the pause, calls
 //     resume from the background (the loop's renews and reports, a grant
 //     request started by a miss without waiting for it): they are the
 //     probes. The first answer marks Tally up again.

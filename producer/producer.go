@@ -225,8 +225,10 @@ func (p *Producer) Record(ctx context.Context, customer, meter string, quantity 
 // producer sees it, is level from occurredAt on (docs/design.md §16): seats
 // in use, gigabytes stored. The level holds until the next RecordLevel of
 // the same customer and meter; Close ends it at 0 (a final record). The
-// meter must be declared a gauge; durability, Key and the buffer are as
-// for Record.
+// meter must be declared a gauge first (PUT /v1/meters/{meter} with kind
+// gauge): on any other meter the ledger sets the record aside as a dead
+// letter (meter_kind_mismatch). Durability, Key and the buffer are as for
+// Record.
 func (p *Producer) RecordLevel(ctx context.Context, customer, meter string, level decimal.Decimal, occurredAt time.Time, opts ...RecordOption) error {
 	return p.record(ctx, &request{key: streamKey{customer, meter}, quantity: level, at: occurredAt, shape: "gauge"}, opts)
 }
@@ -234,7 +236,9 @@ func (p *Producer) RecordLevel(ctx context.Context, customer, meter string, leve
 // RecordMember records that member (1–256 characters) of customer was
 // active on a unique meter at occurredAt: the meter counts distinct
 // members per period and day (docs/design.md §16). The meter must be
-// declared unique; durability, Key and the buffer are as for Record.
+// declared unique first (PUT /v1/meters/{meter} with kind unique): on any
+// other meter the ledger sets the record aside as a dead letter
+// (meter_kind_mismatch). Durability, Key and the buffer are as for Record.
 func (p *Producer) RecordMember(ctx context.Context, customer, meter, member string, occurredAt time.Time, opts ...RecordOption) error {
 	return p.record(ctx, &request{key: streamKey{customer, meter}, at: occurredAt, shape: "unique", member: member}, opts)
 }
