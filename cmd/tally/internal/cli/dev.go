@@ -53,8 +53,20 @@ unless TALLY_ADMIN_TOKEN is set) and what to try, and runs until Ctrl-C.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
 			out := cmd.OutOrStdout()
+			// Pure configuration is checked before anything starts, so a
+			// mistake is the one line that says what to change.
 			if err := admission.ValidateMaxSkew(maxSkew); err != nil {
 				return &ExitError{Code: exitUsage, Err: fmt.Errorf("--grant-max-skew (TALLY_GRANT_MAX_SKEW): %w", err)}
+			}
+			if token := os.Getenv("TALLY_ADMIN_TOKEN"); token != "" {
+				if err := checkAdminToken(token, "or unset it and tally dev generates one"); err != nil {
+					return err
+				}
+			}
+			if len(splitBrokers(os.Getenv("TALLY_KAFKA_BROKERS"))) == 0 {
+				if _, err := devstack.KafkaPort(kafkaAddr); err != nil {
+					return &ExitError{Code: exitUsage, Err: fmt.Errorf("--kafka-addr: %w", err)}
+				}
 			}
 			log := newLogger()
 

@@ -2,8 +2,13 @@ package cli
 
 import (
 	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/tally-ledger/tally/internal/pgtest"
 )
 
 // An environment variable that does not parse is an error naming it (exit
@@ -75,6 +80,40 @@ func TestGrantMaxSkewOutOfBoundsIsRefused(t *testing.T) {
 		if err == nil || !errors.As(err, &ee) || ee.Code != 2 || !strings.Contains(err.Error(), "TALLY_GRANT_MAX_SKEW") ||
 			!strings.Contains(err.Error(), "between 1s and 10m0s") {
 			t.Errorf("%s with TALLY_GRANT_MAX_SKEW=%q: got %v; want exit 2 naming the bounds", strings.Join(tc.args, " "), tc.env, err)
+		}
+	}
+}
+
+// A mistake in pure configuration (an admin token too short, an embedded
+// broker's address tally dev cannot listen on) is refused before anything
+// starts, with exit code 2 and the one line that says what to change: not
+// after Postgres, Kafka, the migrations and the enforcer started, among
+// their shutdown lines.
+func TestBadConfigIsRefusedBeforeAnythingStarts(t *testing.T) {
+	t.Setenv("TALLY_DATABASE_URL", pgtest.NewEmptyURL(t))
+	t.Setenv("TALLY_KAFKA_BROKERS", "")
+	for _, tc := range []struct {
+		token string
+		args  []string
+		want  string
+	}{
+		{"too-short", []string{"dev", "--kafka-addr", "127.0.0.1:0", "--listen", "127.0.0.1:0"}, "TALLY_ADMIN_TOKEN"},
+		{"", []string{"dev", "--kafka-addr", "10.1.2.3:9092", "--listen", "127.0.0.1:0"}, "--kafka-addr"},
+		{"too-short", []string{"serve", "--api", "--listen", "127.0.0.1:0"}, "TALLY_ADMIN_TOKEN"},
+	} {
+		t.Setenv("TALLY_ADMIN_TOKEN", tc.token)
+		dir := filepath.Join(t.TempDir(), "dev")
+		args := tc.args
+		if args[0] == "dev" {
+			args = append(args, "--dir", dir)
+		}
+		_, err := runTally(t, args...)
+		var ee *ExitError
+		if err == nil || !errors.As(err, &ee) || ee.Code != exitUsage || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s with TALLY_ADMIN_TOKEN=%q: %v; want exit 2 naming %s", strings.Join(tc.args, " "), tc.token, err, tc.want)
+		}
+		if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s with TALLY_ADMIN_TOKEN=%q started something: %s exists (%v)", strings.Join(tc.args, " "), tc.token, dir, err)
 		}
 	}
 }

@@ -33,6 +33,21 @@ import (
 
 const defaultListen = "127.0.0.1:8080"
 
+// checkAdminToken refuses an admin token the REST API would refuse, as a
+// usage error, before anything starts: found by the API itself, after
+// Postgres, Kafka and the enforcer started, the one line that says what to
+// change was lost among their shutdown lines. hint, when set, is added.
+func checkAdminToken(token, hint string) error {
+	if len(token) >= api.MinAdminTokenLength {
+		return nil
+	}
+	if hint != "" {
+		hint = "; " + hint
+	}
+	return &ExitError{Code: exitUsage, Err: fmt.Errorf("the REST API needs an admin token of at least %d characters in TALLY_ADMIN_TOKEN (try: export TALLY_ADMIN_TOKEN=$(openssl rand -hex 32))%s",
+		api.MinAdminTokenLength, hint)}
+}
+
 func newServeCmd() *cobra.Command {
 	var (
 		o                             runOptions
@@ -88,8 +103,10 @@ partition leases and the enforcer lease.`,
 			if err := admission.ValidateMaxSkew(o.maxSkew); err != nil {
 				return &ExitError{Code: exitUsage, Err: fmt.Errorf("--grant-max-skew (TALLY_GRANT_MAX_SKEW): %w", err)}
 			}
-			if o.api && len(o.adminToken) < api.MinAdminTokenLength {
-				return fmt.Errorf("the REST API needs an admin token of at least %d characters in TALLY_ADMIN_TOKEN (try: export TALLY_ADMIN_TOKEN=$(openssl rand -hex 32))", api.MinAdminTokenLength)
+			if o.api {
+				if err := checkAdminToken(o.adminToken, ""); err != nil {
+					return err
+				}
 			}
 			o.log = newLogger()
 			o.brokers = splitBrokers(brokers)

@@ -48,6 +48,24 @@ type KafkaConfig struct {
 	Logger     *slog.Logger
 }
 
+// KafkaPort returns the port of addr, an address the embedded broker can
+// listen on (127.0.0.1 or localhost, and a port; 0 picks one), or says
+// what is wrong with it: tally dev checks it before it starts anything.
+func KafkaPort(addr string) (int, error) {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0, fmt.Errorf("kafka address %q: %w", addr, err)
+	}
+	if host != "127.0.0.1" && host != "localhost" {
+		return 0, fmt.Errorf("kafka address %q: the embedded broker listens on 127.0.0.1 only", addr)
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return 0, fmt.Errorf("kafka address %q: bad port", addr)
+	}
+	return port, nil
+}
+
 // StartKafka starts the broker, reloading its data directory, and creates
 // missing topics.
 func StartKafka(cfg KafkaConfig) (*Kafka, error) {
@@ -57,16 +75,9 @@ func StartKafka(cfg KafkaConfig) (*Kafka, error) {
 	if cfg.Partitions == 0 {
 		cfg.Partitions = DefaultPartitions
 	}
-	host, portStr, err := net.SplitHostPort(cfg.Addr)
+	port, err := KafkaPort(cfg.Addr)
 	if err != nil {
-		return nil, fmt.Errorf("kafka address %q: %w", cfg.Addr, err)
-	}
-	if host != "127.0.0.1" && host != "localhost" {
-		return nil, fmt.Errorf("kafka address %q: the embedded broker listens on 127.0.0.1 only", cfg.Addr)
-	}
-	port, err := strconv.Atoi(portStr)
-	if err != nil {
-		return nil, fmt.Errorf("kafka address %q: bad port", cfg.Addr)
+		return nil, err
 	}
 	opts := []kfake.Opt{
 		kfake.NumBrokers(1),
