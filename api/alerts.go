@@ -118,14 +118,19 @@ func (a *API) getAlert(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (a *API) listAlerts(w http.ResponseWriter, r *http.Request) error {
-	if _, err := queryParams(r); err != nil {
+	q, err := queryParams(r, "limit", "cursor")
+	if err != nil {
 		return err
 	}
 	rs, err := alerts.Rules(r.Context(), a.pool)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, Page[alerts.Rule]{Items: rs})
+	page, err := pageInMemory(q, rs, func(r alerts.Rule) []string { return []string{r.Name} }, nil)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, page)
 	return nil
 }
 
@@ -198,14 +203,19 @@ func (a *API) deleteWebhook(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (a *API) listWebhooks(w http.ResponseWriter, r *http.Request) error {
-	if _, err := queryParams(r); err != nil {
+	q, err := queryParams(r, "limit", "cursor")
+	if err != nil {
 		return err
 	}
 	hs, err := alerts.Webhooks(r.Context(), a.pool)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, Page[alerts.Webhook]{Items: hs})
+	page, err := pageInMemory(q, hs, func(h alerts.Webhook) []string { return []string{h.Name} }, nil)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, page)
 	return nil
 }
 

@@ -1,10 +1,12 @@
 package api
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -311,7 +313,8 @@ func (a *API) listBudgets(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if _, err := queryParams(r); err != nil {
+	q, err := queryParams(r, "limit", "cursor")
+	if err != nil {
 		return err
 	}
 	if err := a.requireCustomer(r.Context(), customer); err != nil {
@@ -325,10 +328,16 @@ func (a *API) listBudgets(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if bs == nil {
-		bs = []admission.Budget{}
+	// Newest period first, by meter within a period, as Budgets reads them.
+	page, err := pageInMemory(q, bs, func(b admission.Budget) []string {
+		return []string{b.PeriodStart.UTC().Format(time.RFC3339), b.Meter}
+	}, func(a, b []string) int {
+		return cmp.Or(-strings.Compare(a[0], b[0]), slices.Compare(a[1:], b[1:]))
+	})
+	if err != nil {
+		return err
 	}
-	writeJSON(w, http.StatusOK, Page[admission.Budget]{Items: bs})
+	writeJSON(w, http.StatusOK, page)
 	return nil
 }
 

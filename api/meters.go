@@ -43,22 +43,20 @@ type meterBody struct {
 	Description string           `json:"description"`
 }
 
-type meterList struct {
-	Items []ledger.Meter `json:"items"`
-}
-
 func (a *API) listMeters(w http.ResponseWriter, r *http.Request) error {
-	if _, err := queryParams(r); err != nil {
+	q, err := queryParams(r, "limit", "cursor")
+	if err != nil {
 		return err
 	}
 	ms, err := ledger.Meters(r.Context(), a.pool)
 	if err != nil {
 		return err
 	}
-	if ms == nil {
-		ms = []ledger.Meter{}
+	page, err := pageInMemory(q, ms, func(m ledger.Meter) []string { return []string{m.Meter} }, nil)
+	if err != nil {
+		return err
 	}
-	writeJSON(w, http.StatusOK, meterList{Items: ms})
+	writeJSON(w, http.StatusOK, page)
 	return nil
 }
 

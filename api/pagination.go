@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -104,6 +105,37 @@ func NewPage[T any](rows []T, limit int, key func(T) []string) Page[T] {
 	}
 	rows = rows[:limit]
 	return Page[T]{Items: rows, NextCursor: EncodeCursor(key(rows[limit-1])...)}
+}
+
+// pageInMemory pages a list read whole: the lists an operator keeps
+// (tokens, meters, pools, alert rules, webhooks) and a customer's budgets
+// are short enough to read at once, and are paged here by key (unique per
+// item) so that a client pages them as every other list. The page is in
+// key order (slices.Compare), or in cmp's when it is not nil.
+func pageInMemory[T any](q map[string]string, all []T, key func(T) []string, cmp func(a, b []string) int) (Page[T], error) {
+	pr, err := ParsePageRequest(q)
+	if err != nil {
+		return Page[T]{}, err
+	}
+	if cmp == nil {
+		cmp = slices.Compare[[]string]
+	}
+	all = slices.Clone(all)
+	slices.SortFunc(all, func(a, b T) int { return cmp(key(a), key(b)) })
+	rows := all
+	if pr.After != nil {
+		i, _ := slices.BinarySearchFunc(all, pr.After, func(t T, after []string) int {
+			if cmp(key(t), after) <= 0 {
+				return -1
+			}
+			return 1
+		})
+		rows = all[i:]
+	}
+	if len(rows) > pr.Limit+1 {
+		rows = rows[:pr.Limit+1]
+	}
+	return NewPage(rows, pr.Limit, key), nil
 }
 
 // parsePage is ParsePageRequest returning the field errors, for handlers

@@ -102,14 +102,19 @@ func (a *API) putPool(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (a *API) listPools(w http.ResponseWriter, r *http.Request) error {
-	if _, err := queryParams(r); err != nil {
+	q, err := queryParams(r, "limit", "cursor")
+	if err != nil {
 		return err
 	}
 	ps, err := pools.List(r.Context(), a.pool)
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, Page[pools.Pool]{Items: ps})
+	page, err := pageInMemory(q, ps, func(p pools.Pool) []string { return []string{p.Name} }, nil)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, page)
 	return nil
 }
 

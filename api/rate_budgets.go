@@ -14,7 +14,8 @@ func (a *API) listRateBudgets(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if _, err := queryParams(r); err != nil {
+	q, err := queryParams(r, "limit", "cursor")
+	if err != nil {
 		return err
 	}
 	if err := a.requireCustomer(r.Context(), customer); err != nil {
@@ -28,9 +29,10 @@ func (a *API) listRateBudgets(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if bs == nil {
-		bs = []admission.RateBudget{}
+	page, err := pageInMemory(q, bs, func(b admission.RateBudget) []string { return []string{b.Scope, b.Meter} }, nil)
+	if err != nil {
+		return err
 	}
-	writeJSON(w, http.StatusOK, Page[admission.RateBudget]{Items: bs})
+	writeJSON(w, http.StatusOK, page)
 	return nil
 }

@@ -58,7 +58,7 @@ func (a *API) createToken(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (a *API) listTokens(w http.ResponseWriter, r *http.Request) error {
-	q, err := queryParams(r, "customer")
+	q, err := queryParams(r, "customer", "limit", "cursor")
 	if err != nil {
 		return err
 	}
@@ -72,11 +72,14 @@ func (a *API) listTokens(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if ts == nil {
-		ts = []tokens.Token{}
+	// Oldest first, as tokens.List reads them.
+	page, err := pageInMemory(q, ts, func(t tokens.Token) []string {
+		return []string{t.CreatedAt.UTC().Format("2006-01-02T15:04:05.000000Z"), t.ID.String()}
+	}, nil)
+	if err != nil {
+		return err
 	}
-	// Every token at once: a deployment has a token per portal or gateway.
-	writeJSON(w, http.StatusOK, Page[tokens.Token]{Items: ts})
+	writeJSON(w, http.StatusOK, page)
 	return nil
 }
 
