@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"os"
 	"strings"
 	"testing"
 
@@ -80,3 +81,71 @@ func TestReconcileGatedCustomer(t *testing.T) {
 		t.Fatalf("the report does not name newco2:\n%s", out)
 	}
 }
+
+// countRuns is the number of reconciliation runs stored in the database.
+func countRuns(t *testing.T, url string) int {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM reconciliation_runs`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// TestReconcileDeepBrokers: --deep reads Kafka at the documented default
+// broker (docs/operations.md: TALLY_KAFKA_BROKERS defaults to
+// 127.0.0.1:9092 for reconcile --deep), and an empty or invalid broker
+// setting is refused, naming the flag and the variable, before any run is
+// stored.
+func TestReconcileDeepBrokers(t *testing.T) {
+	t.Setenv("TALLY_KAFKA_BROKERS", "") // restored at the end
+	os.Unsetenv("TALLY_KAFKA_BROKERS")
+	help, err := runTally(t, "reconcile", "--help")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(help, `--kafka-brokers string`) || !strings.Contains(help, `(default "127.0.0.1:9092")`) {
+		t.Errorf("reconcile --help shows no default broker:\n%s", help)
+	}
+
+	url := pgtest.NewURL(t)
+	for _, tc := range []struct {
+		env  *string
+		args []string
+	}{
+		{nil, []string{"--kafka-brokers", ""}},
+		{nil, []string{"--kafka-brokers", " , "}},
+		{nil, []string{"--kafka-brokers", "kafka-1"}},
+		{nil, []string{"--kafka-brokers", "127.0.0.1:9092,kafka-2:port"}},
+		{ptr(""), nil},
+		{ptr("kafka-1:0"), nil},
+	} {
+		if tc.env != nil {
+			t.Setenv("TALLY_KAFKA_BROKERS", *tc.env)
+		}
+		args := append([]string{"reconcile", "--database-url", url, "--period", "current", "--deep"}, tc.args...)
+		out, err := runTally(t, args...)
+		if err == nil || !strings.Contains(err.Error(), "--kafka-brokers") || !strings.Contains(err.Error(), "TALLY_KAFKA_BROKERS") {
+			t.Errorf("%v (TALLY_KAFKA_BROKERS %v): got %v; want an error naming --kafka-brokers and TALLY_KAFKA_BROKERS", tc.args, tc.env, err)
+		}
+		if out != "" {
+			t.Errorf("%v: a report was printed besides the error:\n%s", tc.args, out)
+		}
+		if n := countRuns(t, url); n != 0 {
+			t.Fatalf("%v: %d runs stored despite the broker setting", tc.args, n)
+		}
+		os.Unsetenv("TALLY_KAFKA_BROKERS")
+	}
+	// Without --deep the brokers are not used, so not checked.
+	t.Setenv("TALLY_KAFKA_BROKERS", "")
+	if _, err := runTally(t, "reconcile", "--database-url", url, "--period", "current"); err != nil {
+		t.Errorf("reconcile without --deep, TALLY_KAFKA_BROKERS empty: %v", err)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
