@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -16,6 +17,9 @@ const (
 	AcceptDeadLetter = "dead_letter" // a dead letter that will not be replayed
 	AcceptOffsetJump = "offset_jump" // messages Kafka deleted before ingest read them
 )
+
+// ErrLossNotFound: no dead letter or offset jump has the id to accept.
+var ErrLossNotFound = errors.New("not found")
 
 // ErrAlreadyReplayed: a replayed dead letter has nothing left to accept.
 var ErrAlreadyReplayed = errors.New("the dead letter was replayed: nothing to accept")
@@ -69,7 +73,7 @@ func Accept(ctx context.Context, db interface {
 		err = db.QueryRow(ctx, qOffsetJumpExists, a.ID).Scan(&exists, &replayed)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
-		return fmt.Errorf("%s %s: %w", a.Kind, a.ID, ErrNotFound)
+		return fmt.Errorf("%s %s %w", strings.ReplaceAll(a.Kind, "_", " "), a.ID, ErrLossNotFound)
 	}
 	if err != nil {
 		return fmt.Errorf("reconcile: accept: %w", err)

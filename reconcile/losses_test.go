@@ -39,7 +39,7 @@ func TestDeadLetterOfUnknownCustomerBlocksEveryClose(t *testing.T) {
 		t.Fatal("accepted without actor and reason")
 	}
 	if err := reconcile.Accept(context.Background(), e.pool, reconcile.Acceptance{Kind: reconcile.AcceptDeadLetter, ID: uuid.New(),
-		Actor: "alice", Reason: "x"}); !errors.Is(err, reconcile.ErrNotFound) {
+		Actor: "alice", Reason: "x"}); !errors.Is(err, reconcile.ErrLossNotFound) {
 		t.Fatalf("accepting a missing dead letter: %v", err)
 	}
 	if err := reconcile.Accept(context.Background(), e.pool, reconcile.Acceptance{Kind: reconcile.AcceptDeadLetter, ID: dl,

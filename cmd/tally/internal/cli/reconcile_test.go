@@ -59,6 +59,20 @@ func TestReconcileAccept(t *testing.T) {
 	}
 }
 
+// TestReconcileAcceptUnknownID: accepting a dead letter or an offset jump
+// that does not exist says which one is missing, not that a
+// reconciliation run is.
+func TestReconcileAcceptUnknownID(t *testing.T) {
+	url := pgtest.NewURL(t)
+	const id = "019a3c8e-7a40-7000-8000-0000000000f9"
+	for flag, want := range map[string]string{"--dead-letter": "dead letter " + id + " not found", "--offset-jump": "offset jump " + id + " not found"} {
+		_, err := runTally(t, "reconcile", "accept", "--database-url", url, flag, id, "--actor", "alice", "--reason", "r")
+		if err == nil || err.Error() != want {
+			t.Errorf("accept %s unknown: got %v; want %q", flag, err, want)
+		}
+	}
+}
+
 // TestReconcileGatedCustomer: a customer with a quota rule and no usage yet
 // is a customer: reconciling it finds an empty, clean period instead of
 // refusing an "unknown customer".
