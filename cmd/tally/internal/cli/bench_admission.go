@@ -118,7 +118,7 @@ func (o benchAdmissionOptions) Validate() error {
 // regime and prints the table.
 func (o benchAdmissionOptions) Run(ctx context.Context, out io.Writer) error {
 	if err := o.Validate(); err != nil {
-		return err
+		return usageError(err)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	_, dbURL, done, err := benchDB(ctx, o.adminURL, "tally_bench", o.keep, log)

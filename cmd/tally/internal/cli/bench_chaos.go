@@ -52,7 +52,7 @@ func (o benchChaosOptions) Validate() error {
 // schedule and prints it with the outcome.
 func (o benchChaosOptions) Run(ctx context.Context, out io.Writer) error {
 	if err := o.Validate(); err != nil {
-		return err
+		return usageError(err)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	const topic = "bench.chaos"

@@ -133,7 +133,7 @@ type failoverBench struct {
 
 func benchFailover(ctx context.Context, out io.Writer, o benchFailoverOptions) error {
 	if o.members < 2 || o.partitions < o.members || o.rate < 1 || o.perMessage < 1 || o.perMessage > wire.MaxRecords || o.kills < 0 {
-		return errors.New("bench failover: need --members ≥ 2, --partitions ≥ --members, --rate ≥ 1, 1 ≤ --per-message ≤ 10000, --kills ≥ 0")
+		return usageError(errors.New("bench failover: need --members ≥ 2, --partitions ≥ --members, --rate ≥ 1, 1 ≤ --per-message ≤ 10000, --kills ≥ 0"))
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	exe, err := os.Executable()

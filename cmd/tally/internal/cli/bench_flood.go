@@ -80,7 +80,7 @@ func benchFlood(ctx context.Context, out io.Writer, o benchFloodOptions) error {
 	c := floodbench.Config{Records: o.records, PerMessage: o.perMessage, Partitions: o.partitions, Rounds: o.rounds,
 		Conns: o.conns, Methods: o.methods, Saturation: o.saturation, Warmup: o.warmup, Out: out}
 	if err := c.Validate(); err != nil {
-		return err
+		return usageError(err)
 	}
 	exe, err := loadExecutable()
 	if err != nil {

@@ -43,7 +43,7 @@ adjustment, and the closed statement never changes.`,
 	}
 	open := func(cmd *cobra.Command) (*pgxpool.Pool, error) {
 		if err := periods.ValidateGrace(grace); err != nil {
-			return nil, err
+			return nil, usageError(err)
 		}
 		return pgxpool.New(cmd.Context(), dbURL)
 	}
@@ -88,7 +88,7 @@ statement it was closed with.`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := periods.CheckRef(req.Period); err != nil {
-				return err
+				return usageError(err)
 			}
 			pool, err := open(cmd)
 			if err != nil {

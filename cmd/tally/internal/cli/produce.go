@@ -75,11 +75,11 @@ letters. Check a ledger against it with: tally verify --expect FILE`,
 			cfg.Rate = rate
 			f, err := parseFaults(faults, fault, cmd.Flags().Changed("crashes"), crashes, cmd.Flags().Changed("bad-messages"), bad)
 			if err != nil {
-				return err
+				return usageError(err)
 			}
 			cfg.Faults = f
 			if err := cfg.Validate(); err != nil {
-				return err
+				return usageError(err)
 			}
 			if cfg.Gauges > 0 || cfg.Uniques > 0 {
 				if err := declareMeters(cmd.Context(), dbURL, cfg); err != nil {

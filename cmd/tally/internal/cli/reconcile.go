@@ -43,8 +43,9 @@ A dead letter of a customer the ledger does not know, or an offset jump
 (messages deleted before ingest read them), blocks every close it could
 touch until it is replayed or accepted: see "tally reconcile accept".
 
-Exit codes: 0 clean, 3 discrepancies found, 1 error. Safe to re-run; runs
-for the same period never overlap.`,
+Exit codes: 0 clean, 3 discrepancies found, 1 error, 2 invalid flags or
+arguments (nothing was run). Safe to re-run; runs for the same period never
+overlap.`,
 		Example: `  tally reconcile --period 2026-11-01
   tally reconcile --period 2026-11-01 --customer acme --format csv > acme.csv
   tally reconcile --nightly        # from cron: 30 2 * * *`,
@@ -54,6 +55,13 @@ for the same period never overlap.`,
 			var errs []error
 			if nightly == (opt.Period != "") {
 				errs = append(errs, errors.New("give either --period or --nightly"))
+			}
+			if nightly {
+				for _, name := range []string{"customer", "close", "deep"} {
+					if cmd.Flags().Changed(name) {
+						errs = append(errs, fmt.Errorf("--%s goes with --period, not --nightly (which closes what it finds clean, for every customer)", name))
+					}
+				}
 			}
 			if err := reconcile.ValidateFormat(format); err != nil {
 				errs = append(errs, fmt.Errorf("--format: %w", err))
@@ -68,13 +76,13 @@ for the same period never overlap.`,
 					errs = append(errs, fmt.Errorf("--kafka-brokers (TALLY_KAFKA_BROKERS) for --deep: %w", err))
 				}
 			}
-			if err := errors.Join(errs...); err != nil {
-				return err
-			}
-			if !nightly {
+			if !nightly && opt.Period != "" {
 				if err := periods.CheckRef(opt.Period); err != nil {
-					return err
+					errs = append(errs, err)
 				}
+			}
+			if err := errors.Join(errs...); err != nil {
+				return usageError(err)
 			}
 			pool, err := pgxpool.New(cmd.Context(), dbURL)
 			if err != nil {
@@ -170,7 +178,7 @@ Then reconcile again.`,
 				errs = append(errs, errors.New("--reason is required"))
 			}
 			if err := errors.Join(errs...); err != nil {
-				return err
+				return usageError(err)
 			}
 			pool, err := pgxpool.New(cmd.Context(), dbURL)
 			if err != nil {

@@ -5,18 +5,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/url"
 	"os"
 	"os/signal"
 	"regexp"
+	"strings"
 	"syscall"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 )
 
-// ExitError carries a specific exit code (reconcile uses 3 for discrepancies).
+// ExitError carries a specific exit code (reconcile uses 3 for discrepancies,
+// usageError 2).
 type ExitError struct {
 	Code int
 	Err  error
@@ -25,21 +28,44 @@ type ExitError struct {
 func (e *ExitError) Error() string { return e.Err.Error() }
 func (e *ExitError) Unwrap() error { return e.Err }
 
+// exitUsage is the exit code of a usage error: an invalid, missing or
+// conflicting flag, environment variable or argument, or an unknown
+// command.
+const exitUsage = 2
+
+// usageError marks err (nil stays nil) as a usage error, found before
+// anything ran: the command exits 2.
+func usageError(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &ExitError{Code: exitUsage, Err: err}
+}
+
 // Main runs the CLI and returns the process exit code.
 func Main(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	return execute(ctx, args, os.Stdout, os.Stderr)
+}
+
+// execute runs the CLI with args, printing an error on stderr, and returns
+// the exit code: an ExitError's code, else 1 for an error and 0 for none.
+func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root := newRoot()
 	root.SetArgs(args)
-	if err := root.ExecuteContext(ctx); err != nil {
-		fmt.Fprintln(os.Stderr, "tally:", err)
-		var ee *ExitError
-		if errors.As(err, &ee) {
-			return ee.Code
-		}
-		return 1
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
 	}
-	return 0
+	fmt.Fprintln(stderr, "tally:", err)
+	var ee *ExitError
+	if errors.As(err, &ee) {
+		return ee.Code
+	}
+	return 1
 }
 
 func newRoot() *cobra.Command {
@@ -57,12 +83,21 @@ Every flag can also be set with the environment variable shown in its help.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		// Runs before every subcommand (none has a PersistentPreRun of
-		// its own): a variable envDefault could not parse is an error.
-		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error { return envErrors(cmd) },
+		// its own): a variable envDefault could not parse, a required flag
+		// not given or flags given together that exclude each other are
+		// usage errors. (cobra checks the flags again after this, and
+		// would return its errors as they are: exit 1.)
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			if err := envErrors(cmd); err != nil {
+				return err
+			}
+			if err := cmd.ValidateRequiredFlags(); err != nil {
+				return usageError(err)
+			}
+			return usageError(cmd.ValidateFlagGroups())
+		},
 	}
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error {
-		return &ExitError{Code: exitUsage, Err: err}
-	})
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError(err) })
 	root.AddCommand(newMigrateCmd(), newDevCmd())
 	root.AddCommand(newServeCmd(), newBenchCmd())
 	root.AddCommand(newPeriodsCmd())
@@ -70,11 +105,47 @@ Every flag can also be set with the environment variable shown in its help.`,
 	root.AddCommand(newTokensCmd())
 	root.AddCommand(newProduceCmd())
 	root.AddCommand(newVerifyCmd())
+	checkArgs(root)
 	return root
 }
 
-// exitUsage is the exit code of an invalid flag or environment variable.
-const exitUsage = 2
+// checkArgs makes every argument error of cmd and its subcommands a usage
+// error. A command that only groups others (tokens, bench...) prints its
+// help when given no argument, and refuses an unknown subcommand, naming
+// it and the valid ones; cobra would print the help and exit 0.
+func checkArgs(cmd *cobra.Command) {
+	for _, c := range cmd.Commands() {
+		checkArgs(c)
+	}
+	if !cmd.Runnable() && cmd.HasSubCommands() {
+		cmd.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+	}
+	validate := cmd.Args
+	cmd.Args = func(cmd *cobra.Command, args []string) error {
+		if len(args) > 0 && cmd.HasAvailableSubCommands() && (validate == nil || validate(cmd, args) != nil) {
+			var valid []string
+			for _, c := range cmd.Commands() {
+				if c.IsAvailableCommand() {
+					valid = append(valid, c.Name())
+				}
+			}
+			return usageError(fmt.Errorf("unknown command %q for %q; valid commands: %s (see %s --help)",
+				args[0], cmd.CommandPath(), strings.Join(valid, ", "), cmd.CommandPath()))
+		}
+		if validate == nil {
+			return nil
+		}
+		err := validate(cmd, args)
+		name := strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" ")
+		if err != nil && len(args) > 0 && validate(cmd, nil) == nil && validate(cmd, args[:1]) != nil {
+			return usageError(fmt.Errorf("%s takes no arguments, got %q (usage: %s)", name, args[0], cmd.UseLine()))
+		}
+		if err != nil {
+			return usageError(fmt.Errorf("%s: %w (usage: %s)", name, err, cmd.UseLine()))
+		}
+		return nil
+	}
+}
 
 // envErrorKey is the flag annotation envDefault leaves on a flag whose
 // environment variable does not parse.

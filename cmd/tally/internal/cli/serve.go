@@ -44,8 +44,8 @@ func checkAdminToken(token, hint string) error {
 	if hint != "" {
 		hint = "; " + hint
 	}
-	return &ExitError{Code: exitUsage, Err: fmt.Errorf("the REST API needs an admin token of at least %d characters in TALLY_ADMIN_TOKEN (try: export TALLY_ADMIN_TOKEN=$(openssl rand -hex 32))%s",
-		api.MinAdminTokenLength, hint)}
+	return usageError(fmt.Errorf("the REST API needs an admin token of at least %d characters in TALLY_ADMIN_TOKEN (try: export TALLY_ADMIN_TOKEN=$(openssl rand -hex 32))%s",
+		api.MinAdminTokenLength, hint))
 }
 
 func newServeCmd() *cobra.Command {
@@ -95,13 +95,13 @@ partition leases and the enforcer lease.`,
 			o.ingest, o.api, o.enforce = runIngest, runAPI, runEnforce
 			o.noConsole, o.consoleSecure = noConsole, consoleSecure
 			if !o.ingest && !o.api && !o.enforce {
-				return errors.New("nothing to run: give --ingest, --api or --enforce (or none of them for all three)")
+				return usageError(errors.New("nothing to run: give --ingest, --api or --enforce (or none of them for all three)"))
 			}
 			if err := periods.ValidateGrace(o.grace); err != nil {
-				return err
+				return usageError(err)
 			}
 			if err := admission.ValidateMaxSkew(o.maxSkew); err != nil {
-				return &ExitError{Code: exitUsage, Err: fmt.Errorf("--grant-max-skew (TALLY_GRANT_MAX_SKEW): %w", err)}
+				return usageError(fmt.Errorf("--grant-max-skew (TALLY_GRANT_MAX_SKEW): %w", err))
 			}
 			if o.api {
 				if err := checkAdminToken(o.adminToken, ""); err != nil {
@@ -230,7 +230,7 @@ func openPools(ctx context.Context, dbURL string, o runOptions, sizes poolSizes)
 	}()
 	open := func(name string, size int) (*pgxpool.Pool, error) {
 		if size < 1 {
-			return nil, fmt.Errorf("--%s-pool-size must be at least 1, got %d", name, size)
+			return nil, usageError(fmt.Errorf("--%s-pool-size must be at least 1, got %d", name, size))
 		}
 		cfg, err := pgxpool.ParseConfig(dbURL)
 		if err != nil {

@@ -84,7 +84,7 @@ may issue, renew and release only holder H's grants and report its bypasses.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := uuid.Parse(args[0])
 			if err != nil {
-				return fmt.Errorf("%q is not a token id (see tally tokens list)", args[0])
+				return usageError(fmt.Errorf("%q is not a token id (see tally tokens list)", args[0]))
 			}
 			pool, err := open(cmd)
 			if err != nil {

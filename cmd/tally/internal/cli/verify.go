@@ -26,18 +26,19 @@ period, read as the usage answer reads them; every stream's last seq, total
 and final flag, open gaps, dead letters and conflicts of the run's customers.
 
 Exit status 0 when everything matches, 3 when something differs (each
-difference is printed), 1 on error. Ingest is asynchronous: --wait retries
+difference is printed), 1 on error, 2 for invalid flags or an unreadable
+--expect file. Ingest is asynchronous: --wait retries
 until the ledger matches or the time is up.`,
 		Example: `  tally verify --expect /tmp/expect.json --wait 60s`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			b, err := os.ReadFile(expectPath)
 			if err != nil {
-				return fmt.Errorf("--expect: %w", err)
+				return usageError(fmt.Errorf("--expect: %w", err))
 			}
 			var e scenario.Expect
 			if err := json.Unmarshal(b, &e); err != nil {
-				return fmt.Errorf("--expect %s: %w", expectPath, err)
+				return usageError(fmt.Errorf("--expect %s: %w", expectPath, err))
 			}
 			ctx := cmd.Context()
 			pool, err := pgxpool.New(ctx, dbURL)
