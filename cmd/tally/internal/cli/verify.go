@@ -26,8 +26,9 @@ period, read as the usage answer reads them; every stream's last seq, total
 and final flag, open gaps, dead letters and conflicts of the run's customers.
 
 Exit status 0 when everything matches, 3 when something differs (each
-difference is printed), 1 on error, 2 for invalid flags or an unreadable
---expect file. Ingest is asynchronous: --wait retries
+difference is printed), 1 on error, 2 for invalid flags or an --expect
+file that cannot be read or is not a ground truth (no run id, no customers
+or nothing to check). Ingest is asynchronous: --wait retries
 until the ledger matches or the time is up.`,
 		Example: `  tally verify --expect /tmp/expect.json --wait 60s`,
 		Args:    cobra.NoArgs,
@@ -38,6 +39,9 @@ until the ledger matches or the time is up.`,
 			}
 			var e scenario.Expect
 			if err := json.Unmarshal(b, &e); err != nil {
+				return usageError(fmt.Errorf("--expect %s: %w", expectPath, err))
+			}
+			if err := e.Check(); err != nil {
 				return usageError(fmt.Errorf("--expect %s: %w", expectPath, err))
 			}
 			ctx := cmd.Context()

@@ -46,6 +46,21 @@ type Expect struct {
 	Stats        Stats   `json:"stats"`
 }
 
+// Check refuses a ground truth verify could only find "clean": one with no
+// run id (not written by produce --expect), no customers (verify reads
+// only the run's customers) or nothing to compare with the ledger.
+func (e *Expect) Check() error {
+	switch {
+	case e.Run == "":
+		return errors.New("no run id: not a ground truth written by tally produce --expect")
+	case len(e.Customers) == 0:
+		return errors.New("no customers: not a ground truth written by tally produce --expect")
+	case len(e.Totals)+len(e.Gauges)+len(e.Uniques)+len(e.Streams) == 0:
+		return fmt.Errorf("run %s: nothing to check (no totals, gauges, unique meters or streams: produce acknowledged no records)", e.Run)
+	}
+	return nil
+}
+
 // Total is a quantity for a customer and meter, in a period when Period is
 // set.
 type Total struct {
