@@ -78,7 +78,27 @@ letters. Check a ledger against it with: tally verify --expect FILE`,
 				return usageError(err)
 			}
 			cfg.Faults = f
-			if err := cfg.Validate(); err != nil {
+			// The scenario takes 0 for its defaults; here the defaults are
+			// the flags', so a 0 would silently run with them.
+			var errs []error
+			for _, n := range []struct {
+				flag string
+				v    int
+			}{{"producers", cfg.Producers}, {"customers", cfg.Customers}, {"meters", cfg.Meters}, {"workers", cfg.Workers}} {
+				if n.v < 1 {
+					errs = append(errs, fmt.Errorf("--%s must be at least 1, got %d", n.flag, n.v))
+				}
+			}
+			if cfg.Linger <= 0 {
+				errs = append(errs, fmt.Errorf("--linger must be positive, got %s", cfg.Linger))
+			}
+			if cfg.Duration == 0 && cfg.Records == 0 {
+				errs = append(errs, errors.New("--duration 0 runs until --records records: give --records too"))
+			}
+			if len(errs) == 0 {
+				errs = append(errs, cfg.Validate()) // the rest, and negatives
+			}
+			if err := errors.Join(errs...); err != nil {
 				return usageError(err)
 			}
 			if cfg.Gauges > 0 || cfg.Uniques > 0 {

@@ -81,3 +81,20 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		}
 	}
 }
+
+// TestProduceRefusesNonPositiveCounts: the scenario takes 0 for its
+// defaults, so on the command line (whose defaults are the flags') a 0 or
+// a negative count would silently run with the default: it is a usage
+// error naming the flag.
+func TestProduceRefusesNonPositiveCounts(t *testing.T) {
+	for _, args := range [][]string{
+		{"--customers", "0"}, {"--producers", "0"}, {"--workers", "0"}, {"--meters", "0"},
+		{"--customers", "-1"}, {"--linger", "0s"}, {"--duration", "0s"},
+	} {
+		var out, errOut bytes.Buffer
+		code := execute(t.Context(), append([]string{"produce", "--kafka-brokers", "127.0.0.1:1"}, args...), &out, &errOut)
+		if code != 2 || !strings.Contains(errOut.String(), args[0]) {
+			t.Errorf("produce %s: exit %d, want 2 naming %s; stderr:\n%s", strings.Join(args, " "), code, args[0], errOut.String())
+		}
+	}
+}
