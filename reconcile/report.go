@@ -109,6 +109,10 @@ func writeCSV(w io.Writer, runs []*Run) error {
 	_ = cw.Write([]string{"run", "period", "status", "row", "customer", "meter", "billed", "usage",
 		"prior_period_adjustments", "adjustments", "open_gaps", "gap_usage", "severity", "kind", "stream", "amount", "detail"})
 	for _, r := range runs {
+		periodOf := map[string]string{} // customer -> period name
+		for _, t := range r.Totals {
+			periodOf[t.Customer] = t.Period
+		}
 		for _, t := range r.Totals {
 			_ = cw.Write([]string{r.ID.String(), t.Period, r.Status, "total", t.Customer, t.Meter, t.Billed.String(), t.Usage.String(),
 				t.PriorPeriod.String(), t.Adjustments.String(), fmt.Sprint(t.OpenGaps), t.GapAmount.String(), "", "", "", "", ""})
@@ -118,7 +122,17 @@ func writeCSV(w io.Writer, runs []*Run) error {
 			if f.Amount != nil {
 				amt = f.Amount.String()
 			}
-			_ = cw.Write([]string{r.ID.String(), r.Period, r.Status, "finding", f.Customer, f.Meter, "", "", "", "", "", "",
+			// The period resolved, as on the total rows; the reference
+			// asked for (e.g. "current") only when the customers' periods
+			// differ, or in a loaded run of a customer without totals.
+			period := f.PeriodName
+			if period == "" {
+				period = periodOf[f.Customer]
+			}
+			if period == "" {
+				period = r.Period
+			}
+			_ = cw.Write([]string{r.ID.String(), period, r.Status, "finding", f.Customer, f.Meter, "", "", "", "", "", "",
 				f.Severity, f.Kind, f.Stream, amt, f.Detail})
 		}
 	}

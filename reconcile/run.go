@@ -98,6 +98,12 @@ type Finding struct {
 	Period   *time.Time       `json:"period_start,omitempty"`
 	Amount   *decimal.Decimal `json:"amount,omitempty"`
 	Detail   string           `json:"detail"`
+	// PeriodName is the name of the period the finding is about (the
+	// reference resolved, e.g. "current" to "2026-12-01"): its customer's,
+	// or, for a finding of no customer of the run, the one all its
+	// customers share (empty when their calendars differ). Not stored:
+	// empty in a run loaded with Get.
+	PeriodName string `json:"-"`
 }
 
 // Total is what the run saw billed for one customer and meter.
@@ -167,7 +173,29 @@ func (r *runner) total(customer, meter string) *Total {
 	return t
 }
 
-func (r *runner) find(f Finding) { r.run.Findings = append(r.run.Findings, f) }
+func (r *runner) find(f Finding) {
+	if f.PeriodName == "" {
+		f.PeriodName = r.periodName(f.Customer)
+	}
+	r.run.Findings = append(r.run.Findings, f)
+}
+
+// periodName is the name of customer's period in the run; for a customer
+// not in the run (none, or one the ledger does not know), the name every
+// customer's period shares, or "" when they differ.
+func (r *runner) periodName(customer string) string {
+	if n, ok := r.periodOf[customer]; ok {
+		return n
+	}
+	name := ""
+	for _, n := range r.periodOf {
+		if name != "" && n != name {
+			return ""
+		}
+		name = n
+	}
+	return name
+}
 
 // Run reconciles one period (for one customer or all), stores the run and
 // returns it. A run that could not complete is stored as failed and

@@ -2,9 +2,12 @@ package cli
 
 import (
 	"context"
+	"encoding/csv"
+	"errors"
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/shopspring/decimal"
@@ -163,3 +166,49 @@ func TestReconcileDeepBrokers(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// TestReconcileCSVNamesTheResolvedPeriod: with --period current, every
+// row of the CSV report, findings included, names the period the
+// reference resolved to (its start date), never "current".
+func TestReconcileCSVNamesTheResolvedPeriod(t *testing.T) {
+	url := pgtest.NewURL(t)
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := quota.PutRuleDB(context.Background(), pool, quota.RuleInput{
+		Customer: "newco3", Meter: "calls", Limit: decimal.RequireFromString("500"), Admission: quota.Exact, Actor: "admin"}); err != nil {
+		t.Fatal(err)
+	}
+	// A dead letter of newco3, and one of a customer the ledger does not
+	// know (a finding of every customer's period).
+	if _, err := pool.Exec(context.Background(), `INSERT INTO dead_letters (id, topic, partition, "offset", reason, detail, key, raw, created_at)
+		VALUES ('019a3c8e-7a40-7000-8000-0000000000d5', 't', 0, 1, 'schema', 'x', 'newco3', '{}', now()),
+		       ('019a3c8e-7a40-7000-8000-0000000000d6', 't', 0, 2, 'schema', 'x', 'ghost', '{}', now())`); err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now().UTC().Format("2006-01") + "-01" // the default calendar: monthly, UTC
+	out, err := runTally(t, "reconcile", "--database-url", url, "--period", "current", "--customer", "newco3", "--format", "csv")
+	var ee *ExitError
+	if !errors.As(err, &ee) || ee.Code != 3 {
+		t.Fatalf("reconcile: %v, want exit 3 (the dead letters)\n%s", err, out)
+	}
+	rows, err := csv.NewReader(strings.NewReader(out)).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := time.Now().UTC().Format("2006-01") + "-01"
+	findings := 0
+	for _, row := range rows[1:] {
+		if row[3] == "finding" {
+			findings++
+		}
+		if row[1] != before && row[1] != after {
+			t.Errorf("a %s row names period %q, want %q: %v", row[3], row[1], before, row)
+		}
+	}
+	if findings != 2 {
+		t.Errorf("%d finding rows, want 2:\n%s", findings, out)
+	}
+}
