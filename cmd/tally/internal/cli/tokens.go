@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/tokens"
 )
 
@@ -47,7 +48,10 @@ managed here; it is TALLY_ADMIN_TOKEN.`,
 		Use:   "create (--customer C | --gateway H) [--description D]",
 		Short: "Create a read-only token for one customer, or a gateway token, and print it (once)",
 		Long: `A customer token reads its own customer. A gateway token (--gateway H)
-may issue, renew and release only holder H's grants and report its bypasses.`,
+may issue, renew and release only holder H's grants and report its bypasses.
+A token for a customer the ledger does not know yet registers it, with the
+default calendar (monthly, UTC): the token reads zero usage until usage
+arrives, and a note on stderr says the customer is new.`,
 		Example: `  tally tokens create --customer acme --description "acme portal"
   tally tokens create --gateway gw-eu-1`,
 		Args: cobra.NoArgs,
@@ -61,6 +65,16 @@ may issue, renew and release only holder H's grants and report its bypasses.`,
 			if gateway != "" {
 				create, owner = tokens.CreateGateway, "gateway "+gateway
 			}
+			// A token may come before its customer's usage: creating it
+			// registers the customer (tokens.Create). Say so when the
+			// customer is new, which shows a mistyped id.
+			newCustomer := false
+			if customer != "" {
+				_, err := periods.Store{}.Customer(cmd.Context(), pool, customer)
+				if newCustomer = errors.Is(err, periods.ErrUnknownCustomer); err != nil && !newCustomer {
+					return err
+				}
+			}
 			t, secret, err := create(cmd.Context(), pool, customer+gateway, description, time.Now())
 			if err != nil {
 				return err
@@ -68,6 +82,10 @@ may issue, renew and release only holder H's grants and report its bypasses.`,
 			w := cmd.OutOrStdout()
 			fmt.Fprintln(w, secret)
 			fmt.Fprintf(cmd.ErrOrStderr(), "token %s for %s: store it now, it is not shown again\n", t.ID, owner)
+			if newCustomer {
+				fmt.Fprintf(cmd.ErrOrStderr(), "note: customer %q was unknown to the ledger; it is registered now, with the default calendar (monthly, UTC), "+
+					"and the token reads its usage, zero until some arrives (a mistyped id? tally tokens revoke %s)\n", customer, t.ID)
+			}
 			return nil
 		},
 	}

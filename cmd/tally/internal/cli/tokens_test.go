@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 
@@ -33,5 +34,37 @@ func TestTokensCreateListRevoke(t *testing.T) {
 	}
 	if _, err := runTally(t, "tokens", "revoke", "0193e0a1-7c00-7d4e-9a51-3c2f9b7e4a10", "--database-url", db); err == nil || !strings.Contains(err.Error(), "no token") {
 		t.Fatalf("revoke unknown: %v", err)
+	}
+}
+
+// TestTokensCreateForANewCustomer: a token for a customer the ledger does
+// not know yet is legitimate (usage may come later) and creating it
+// registers the customer, so the token reads zero usage at once; a note on
+// stderr says so, which shows a mistyped id. A known customer gets no note.
+func TestTokensCreateForANewCustomer(t *testing.T) {
+	db := pgtest.NewURL(t)
+	create := func() (string, string) {
+		t.Helper()
+		var out, errOut bytes.Buffer
+		if code := execute(t.Context(), []string{"tokens", "create", "--customer", "review-nosuch-cust", "--database-url", db}, &out, &errOut); code != 0 {
+			t.Fatalf("create: exit %d\n%s", code, errOut.String())
+		}
+		return out.String(), errOut.String()
+	}
+	secret, stderr := create()
+	if !strings.HasPrefix(secret, tokens.Prefix) {
+		t.Fatalf("create printed %q", secret)
+	}
+	note := `note: customer "review-nosuch-cust" was unknown to the ledger; it is registered now, with the default calendar (monthly, UTC)`
+	if !strings.Contains(stderr, note) || strings.Count(stderr, "\n") != 2 {
+		t.Errorf("stderr of a token for a new customer: want the token line and a one-line note %q; got\n%s", note, stderr)
+	}
+	// It is a customer now: other commands know it, and a second token
+	// gets no note.
+	if _, err := runTally(t, "periods", "list", "--customer", "review-nosuch-cust", "--database-url", db); err != nil {
+		t.Errorf("periods list after the token: %v", err)
+	}
+	if _, stderr := create(); strings.Contains(stderr, "note:") {
+		t.Errorf("a token for a known customer has a note:\n%s", stderr)
 	}
 }
