@@ -171,7 +171,10 @@ unless TALLY_ADMIN_TOKEN is set) and what to try, and runs until Ctrl-C.`,
 	cmd.Flags().StringVar(&listen, "listen", defaultListen, "address of the REST API (and /metrics, /healthz)")
 	cmd.Flags().BoolVar(&simulated, "simulate", true, "run simulated producers and a demo quota")
 	cmd.Flags().BoolVar(&reset, "reset", false, "start over: drop this data directory's dev database and the embedded broker's data (never a TALLY_DATABASE_URL database)")
+	envDefault(cmd.Flags(), "dir", "TALLY_DEV_DIR")
+	envDefault(cmd.Flags(), "kafka-addr", "TALLY_DEV_KAFKA_ADDR")
 	envDefault(cmd.Flags(), "listen", "TALLY_LISTEN")
+	envDefault(cmd.Flags(), "simulate", "TALLY_DEV_SIMULATE")
 	addMaxSkewFlag(cmd.Flags(), &maxSkew)
 	return cmd
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/spf13/pflag"
 	"github.com/tally-ledger/tally/internal/pgtest"
 )
 
@@ -115,5 +116,29 @@ func TestBadConfigIsRefusedBeforeAnythingStarts(t *testing.T) {
 		if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
 			t.Errorf("%s with TALLY_ADMIN_TOKEN=%q started something: %s exists (%v)", strings.Join(tc.args, " "), tc.token, dir, err)
 		}
+	}
+}
+
+// Every configuration flag of the commands that run Tally (serve, dev,
+// migrate) and of those that reach its database has an environment
+// variable, shown in its help. Left out are a run's arguments: which roles
+// serve runs, dev's one-off --reset, and the flags kept for compatibility.
+func TestEveryConfigurationFlagHasAnEnvironmentVariable(t *testing.T) {
+	arguments := map[string]bool{"serve --ingest": true, "serve --api": true, "serve --enforce": true,
+		"serve --rebalance-timeout": true, "serve --join-group-backoff": true, "dev --reset": true}
+	root := newRoot()
+	for _, name := range []string{"serve", "dev", "migrate"} {
+		cmd, _, err := root.Find([]string{name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Flags().VisitAll(func(f *pflag.Flag) {
+			if f.Name == "help" || arguments[name+" --"+f.Name] {
+				return
+			}
+			if !strings.Contains(f.Usage, "[$TALLY_") {
+				t.Errorf("tally %s --%s has no environment variable", name, f.Name)
+			}
+		})
 	}
 }

@@ -79,7 +79,9 @@ every period before it is billed.
 Start here:  tally dev        (everything embedded, for trying it out)
 Production:  tally migrate && tally serve
 
-Every flag can also be set with the environment variable shown in its help.`,
+Every configuration flag (addresses, topics, tokens, timings) can also be set
+with the environment variable shown in its help; a run's arguments (a
+customer, a period, a reason) and the benchmarks' parameters are flags only.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		// Runs before every subcommand (none has a PersistentPreRun of
