@@ -84,6 +84,7 @@ const (
 	TypeMalformedJSON   = typePrefix + "malformed-json"
 	TypeBodyTooLarge    = typePrefix + "body-too-large"
 	TypeURITooLong      = typePrefix + "uri-too-long"
+	TypeHeadersTooLarge = typePrefix + "headers-too-large"
 	TypeUnsupportedType = typePrefix + "unsupported-media-type"
 	TypeMethod          = typePrefix + "method-not-allowed"
 	TypeConflict        = typePrefix + "idempotency-conflict"

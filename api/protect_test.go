@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"regexp"
 	"strconv"
@@ -460,5 +461,29 @@ func TestGrantPathLogsOnlyWhatGoesWrong(t *testing.T) {
 	}
 	if !logged[refused.header.Get("X-Request-Id")] {
 		t.Errorf("the refused grant was not logged:\n%s", f.logs.String())
+	}
+}
+
+// Headers over 16 KiB are refused as 431 problem+json, as every other
+// refusal, not net/http's plain text (which, past its slack, it still
+// answers for headers over 64 KiB).
+func TestHeadersOverTheLimitAreAProblem(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	req, err := http.NewRequest("GET", f.srv.URL+"/v1/customers/acme", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	req.Header.Set("X-Padding", strings.Repeat("a", 17000))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge || resp.Header.Get("Content-Type") != "application/problem+json" ||
+		!strings.Contains(string(body), "urn:tally:problem:headers-too-large") {
+		t.Fatalf("17,000-byte header: %d %s %s", resp.StatusCode, resp.Header.Get("Content-Type"), body)
 	}
 }

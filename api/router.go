@@ -136,6 +136,11 @@ func (a *API) limits(next http.Handler) http.Handler {
 				Detail: fmt.Sprintf("the query string must be at most %d bytes", a.maxQuery)})
 			return
 		}
+		if n := headerBytes(r); n > MaxHeaderBytes {
+			a.writeError(w, r, &Problem{Type: TypeHeadersTooLarge, Title: "Request headers too large", Status: http.StatusRequestHeaderFieldsTooLarge,
+				Detail: fmt.Sprintf("the request's headers are %d bytes; at most %d", n, MaxHeaderBytes)})
+			return
+		}
 		if r.ContentLength > a.maxBody {
 			a.writeError(w, r, &http.MaxBytesError{Limit: a.maxBody})
 			return
@@ -205,6 +210,22 @@ func validRequestID(s string) bool {
 	return true
 }
 
+// MaxHeaderBytes bounds a request's headers (names, values and their
+// separators): over it, 431 headers-too-large. The server lets through up
+// to 4 × as much so that the answer is a problem, not net/http's plain text.
+const MaxHeaderBytes = 16 << 10
+
+// headerBytes is the size of r's headers as they were sent.
+func headerBytes(r *http.Request) int {
+	n := 0
+	for k, vs := range r.Header {
+		for _, v := range vs {
+			n += len(k) + len(v) + 4 // ": " and CRLF
+		}
+	}
+	return n
+}
+
 // NewServer returns an http.Server for handler with the limits a public
 // listener needs: header size and read/write/idle timeouts (so slow clients
 // cannot hold connections open). Bodies are limited by the handler.
@@ -216,6 +237,6 @@ func NewServer(addr string, handler http.Handler) *http.Server {
 		ReadTimeout:       30 * time.Second,
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       120 * time.Second,
-		MaxHeaderBytes:    16 << 10,
+		MaxHeaderBytes:    4 * MaxHeaderBytes,
 	}
 }
