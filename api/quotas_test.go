@@ -24,7 +24,7 @@ func TestQuotas(t *testing.T) {
 		t.Fatalf("first version: %d %s", r.status, r.body)
 	}
 	r = f.do("PUT", "/v1/customers/acme/quotas/api_calls", adminToken,
-		map[string]any{"limit": 2000, "warn_at": "0.4", "mode": "shadow", "stale_after": "10m", "actor": "ops@example.com"})
+		map[string]any{"limit": "2000", "warn_at": "0.4", "mode": "shadow", "stale_after": "10m", "actor": "ops@example.com"})
 	rule = r.json(t)
 	if r.status != 200 || rule["version"] != 2.0 || rule["limit"] != "2000" || rule["mode"] != "shadow" || rule["stale_after"] != "10m" || rule["actor"] != "ops@example.com" {
 		t.Fatalf("second version: %d %s", r.status, r.body)

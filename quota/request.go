@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"time"
 
@@ -129,16 +130,19 @@ func (p PutRequest) Input(customer, meter, actor string) (RuleInput, error) {
 	return in, nil
 }
 
-// decodeDecimal reads a decimal string or a plain JSON integer, refusing
-// floats in exponent form and anything amount.Parse refuses.
+// decodeDecimal reads a decimal as every decimal of the API's bodies is
+// given: a JSON string that amount.Parse accepts ("12", "0.5"; never a
+// JSON number, an exponent, "+" or a bare point).
 func decodeDecimal(raw json.RawMessage) (decimal.Decimal, error) {
-	s := string(raw)
-	if len(raw) > 0 && raw[0] == '"' {
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return decimal.Decimal{}, err
-		}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return decimal.Decimal{}, fmt.Errorf("%s: must be an exact decimal string like \"12.5\"", raw)
 	}
-	return amount.Parse(s)
+	d, err := amount.Parse(s)
+	if err != nil {
+		return decimal.Decimal{}, fmt.Errorf("%w (an exact decimal string like \"12.5\")", err)
+	}
+	return d, nil
 }
 
 // TxBeginner is what PutRuleDB needs of a pool.

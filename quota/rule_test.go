@@ -46,8 +46,15 @@ func TestDecodePutRequest(t *testing.T) {
 		in.StaleAfter != 2*time.Minute || in.Actor != "admin" || in.Customer != "acme" {
 		t.Errorf("decoded %+v", in)
 	}
-	if in, err := quota.DecodePutRequest(strings.NewReader(`{"limit":500,"stale_after":60}`), "acme", "m", "admin"); err != nil || !in.Limit.Equal(dec("500")) || in.StaleAfter != time.Minute {
-		t.Errorf("integer forms: %+v %v", in, err)
+	if in, err := quota.DecodePutRequest(strings.NewReader(`{"limit":"500","stale_after":60}`), "acme", "m", "admin"); err != nil || !in.Limit.Equal(dec("500")) || in.StaleAfter != time.Minute {
+		t.Errorf("whole seconds: %+v %v", in, err)
+	}
+	// Decimals are strings, as every decimal of the API's bodies: a JSON
+	// number is refused naming its field, in a rate too.
+	for _, body := range []string{`{"limit":500}`, `{"limit":"1","warn_at":0.5}`, `{"rate":{"amount":100,"per":"1s","burst":"200"},"admission":"exact"}`} {
+		if _, err := quota.DecodePutRequest(strings.NewReader(body), "acme", "m", "admin"); !errors.Is(err, quota.ErrInvalid) || !strings.Contains(err.Error(), "decimal string") {
+			t.Errorf("%s: %v, want a decimal string asked for", body, err)
+		}
 	}
 	_, err = quota.DecodePutRequest(strings.NewReader(`{"limit":1e3,"mode":"block"}`), "acme", "m", "admin")
 	if !errors.Is(err, quota.ErrInvalid) || !strings.Contains(err.Error(), "limit:") || !strings.Contains(err.Error(), "mode:") {
