@@ -34,8 +34,8 @@ const (
 	MaxRuleMaxSkew = 10 * time.Minute
 )
 
-// ratePayload is the JSON form of Rate on input: decimals as strings (or
-// JSON integers), per as a duration string or whole seconds.
+// ratePayload is the JSON form of Rate on input: decimals as strings, per
+// as a duration string or whole seconds.
 type ratePayload struct {
 	Amount json.RawMessage `json:"amount"`
 	Per    json.RawMessage `json:"per"`
@@ -50,6 +50,16 @@ func DecodeRate(raw json.RawMessage) (*Rate, []error) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&p); err != nil {
 		return nil, []error{validation.Errorf("rate", `must be an object {"amount", "per", "burst"}: %v`, err)}
+	}
+	// encoding/json matches names regardless of case: "Amount" would be
+	// taken for amount. Names match exactly here, as in every body.
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &keys); err == nil {
+		for k := range keys {
+			if k != "amount" && k != "per" && k != "burst" {
+				return nil, []error{validation.Errorf("rate", `unknown field %q (names are case-sensitive: "amount", "per", "burst")`, k)}
+			}
+		}
 	}
 	var r Rate
 	var errs []error

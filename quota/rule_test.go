@@ -213,3 +213,16 @@ func TestAVersionThatWaitedTakesEffectAfterTheOneItWaitedFor(t *testing.T) {
 			mine.Version, mine.EffectiveAt, in.Version, in.Limit.Decimal)
 	}
 }
+
+// A rate's field names match exactly, as every body's do: "Amount" is an
+// unknown field, not amount.
+func TestRateFieldNamesAreCaseSensitive(t *testing.T) {
+	t.Parallel()
+	_, errs := quota.DecodeRate([]byte(`{"Amount":"100","per":"1s","burst":"200"}`))
+	if len(errs) == 0 || !strings.Contains(errors.Join(errs...).Error(), `"Amount"`) {
+		t.Fatalf("Amount: %v, want an unknown field named", errs)
+	}
+	if r, errs := quota.DecodeRate([]byte(`{"amount":"100","per":"1s","burst":"200"}`)); len(errs) > 0 || !r.Amount.Equal(dec("100")) {
+		t.Fatalf("a rate: %+v %v", r, errs)
+	}
+}
