@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -178,4 +179,18 @@ func TestPrivatePostgresIsOnlyForItsUser(t *testing.T) {
 		t.Fatalf("connect through the socket: %v", err)
 	}
 	c.Close(ctx)
+}
+
+// An address in use is said as such, with what to do: not "delete the
+// data to start empty", which would not help.
+func TestKafkaAddressInUseSaysSo(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	_, err = devstack.StartKafka(devstack.KafkaConfig{Addr: ln.Addr().String(), Dir: t.TempDir(), Topics: devstack.DefaultTopics, Partitions: 1})
+	if err == nil || !strings.Contains(err.Error(), "is in use") || !strings.Contains(err.Error(), "--kafka-addr") || strings.Contains(err.Error(), "delete") {
+		t.Fatalf("address in use: %v", err)
+	}
 }

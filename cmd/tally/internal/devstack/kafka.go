@@ -8,12 +8,14 @@
 package devstack
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
+	"syscall"
 
 	"github.com/twmb/franz-go/pkg/kfake"
 )
@@ -96,6 +98,9 @@ func StartKafka(cfg KafkaConfig) (*Kafka, error) {
 		opts = append(opts, kfake.DataDir(cfg.Dir), kfake.SyncWrites())
 	}
 	c, err := kfake.NewCluster(opts...)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return nil, fmt.Errorf("start embedded kafka: %s is in use (another tally dev, or a Kafka): stop it, pick another address with --kafka-addr (port 0 picks one), or use that Kafka with TALLY_KAFKA_BROKERS: %w", cfg.Addr, err)
+	}
 	if err != nil {
 		if cfg.Dir != "" {
 			return nil, fmt.Errorf("start embedded kafka on %s (data %s; delete it to start empty): %w", cfg.Addr, cfg.Dir, err)
