@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -34,32 +35,12 @@ func TestServeIngestAnswersReadyz(t *testing.T) {
 	q.Set("connect_timeout", "1")
 	u.RawQuery = q.Encode()
 	k := kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{{Name: "tally.meter-batches", Partitions: 2}}})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		root := newRoot()
-		root.SetOut(io.Discard)
-		root.SetErr(io.Discard)
-		root.SetArgs([]string{"serve", "--ingest", "--database-url", u.String(), "--kafka-brokers", strings.Join(k.Addrs, ","),
-			"--listen", addr, "--session-timeout", "1500ms", "--heartbeat-interval", "100ms"})
-		done <- root.ExecuteContext(ctx)
-	}()
+	addr, stop := startServe(t, "--ingest", "--database-url", u.String(), "--kafka-brokers", strings.Join(k.Addrs, ","),
+		"--session-timeout", "1500ms", "--heartbeat-interval", "100ms")
 	defer func() {
 		proxy.Pass()
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("serve: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("serve did not stop within 30s of its context ending")
+		if err := stop(); err != nil {
+			t.Errorf("serve: %v", err)
 		}
 	}()
 	readyz := func() (int, string) {
@@ -95,29 +76,11 @@ func TestServeIngestAnswersReadyz(t *testing.T) {
 // While the topic's partitions cannot be read, /readyz says why in Kafka's
 // or the network's own words, not only that they are unknown.
 func TestServeIngestReadyzSaysWhyKafkaIsNotRead(t *testing.T) {
-	db := pgtest.NewURL(t)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		root := newRoot()
-		root.SetOut(io.Discard)
-		root.SetErr(io.Discard)
-		root.SetArgs([]string{"serve", "--ingest", "--database-url", db, "--kafka-brokers", "127.0.0.1:1",
-			"--listen", addr, "--session-timeout", "1500ms", "--heartbeat-interval", "100ms"})
-		done <- root.ExecuteContext(ctx)
-	}()
+	addr, stop := startServe(t, "--ingest", "--database-url", pgtest.NewURL(t), "--kafka-brokers", "127.0.0.1:1",
+		"--session-timeout", "1500ms", "--heartbeat-interval", "100ms")
 	defer func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(30 * time.Second):
-			t.Error("serve did not stop within 30s of its context ending")
+		if err := stop(); err != nil {
+			t.Errorf("serve: %v", err)
 		}
 	}()
 	var body string
@@ -133,4 +96,35 @@ func TestServeIngestReadyzSaysWhyKafkaIsNotRead(t *testing.T) {
 		}
 	}
 	t.Fatalf("/readyz never named the cause: last %s", body)
+}
+
+// startServe runs tally serve with args and --listen on a free address
+// until the returned stop is called; stop returns what serve returned, or
+// an error when it did not stop within 30 s of being told to.
+func startServe(t *testing.T, args ...string) (addr string, stop func() error) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr = ln.Addr().String()
+	ln.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		root := newRoot()
+		root.SetOut(io.Discard)
+		root.SetErr(io.Discard)
+		root.SetArgs(append(append([]string{"serve"}, args...), "--listen", addr))
+		done <- root.ExecuteContext(ctx)
+	}()
+	return addr, func() error {
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(30 * time.Second):
+			return errors.New("serve did not stop within 30s of its context ending")
+		}
+	}
 }

@@ -58,32 +58,10 @@ func TestServeIngests(t *testing.T) {
 	}
 	k.Produce(t, "tally.meter-batches", kafka.Message{Key: []byte("acme"), Value: sample})
 
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		root := newRoot()
-		root.SetOut(io.Discard)
-		root.SetErr(io.Discard)
-		root.SetArgs([]string{"serve", "--database-url", db, "--kafka-brokers", strings.Join(k.Addrs, ","), "--listen", addr,
-			"--admin-token", testAdminToken})
-		done <- root.ExecuteContext(ctx)
-	}()
+	addr, stop := startServe(t, "--database-url", db, "--kafka-brokers", strings.Join(k.Addrs, ","), "--admin-token", testAdminToken)
 	defer func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("serve: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("serve did not stop within 30s of its context ending")
+		if err := stop(); err != nil {
+			t.Errorf("serve: %v", err)
 		}
 	}()
 
