@@ -203,3 +203,28 @@ func statuses(rs []response) []int {
 	}
 	return out
 }
+
+// An adjustment is an amount of a counter: one on a gauge or a unique
+// meter is refused naming the meter (its statement lines are readings, and
+// the amount would show nowhere but in the billed total). A meter with
+// adjustments is a counter with usage: its kind stays.
+func TestAdjustmentsAreForCounters(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	for meter, kind := range map[string]string{"seats": "gauge", "mau": "unique"} {
+		if r := f.do("PUT", "/v1/meters/"+meter, adminToken, map[string]any{"kind": kind}); r.status != 200 {
+			t.Fatalf("declare %s: %d %s", meter, r.status, r.body)
+		}
+		f.do("POST", "/v1/adjustments", adminToken, map[string]any{
+			"operation_id": "0193e0a1-7c00-7d4e-9a51-3c2f9b7e4a1" + map[string]string{"seats": "1", "mau": "2"}[meter],
+			"customer":     "acme", "meter": meter, "quantity": "-1000", "reason": "credit", "actor": "ops",
+		}).fieldProblem(t, "meter", "a "+kind)
+	}
+	if r := f.do("POST", "/v1/adjustments", adminToken, map[string]any{
+		"operation_id": "0193e0a1-7c00-7d4e-9a51-3c2f9b7e4a13", "customer": "acme", "meter": "adjonly",
+		"quantity": "5", "reason": "manual", "actor": "ops",
+	}); r.status != 201 {
+		t.Fatalf("adjustment on a counter: %d %s", r.status, r.body)
+	}
+	f.do("PUT", "/v1/meters/adjonly", adminToken, map[string]any{"kind": "gauge"}).problem(t, 409, "urn:tally:problem:meter-kind-in-use")
+}

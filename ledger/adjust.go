@@ -16,6 +16,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/internal/locks"
 	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/validation"
 )
@@ -98,6 +99,21 @@ func (l *Ledger) Adjust(ctx context.Context, tx Tx, adj Adjustment) (AdjustmentR
 	// The same operation id again? Compare the request, not the derived fields.
 	if res, found, err := storedAdjustment(ctx, tx, adj.OperationID, hash); found || err != nil {
 		return res, err
+	}
+
+	// An adjustment is an amount of a counter. A gauge's or a unique
+	// meter's statement lines are its readings: an amount there would show
+	// in the billed total and in no usage answer. The kind is read under
+	// the meter-kinds lock (shared), so it cannot change before the commit.
+	if _, err := tx.Exec(ctx, qLockMeterKindsShared, locks.MeterKinds); err != nil {
+		return AdjustmentResult{}, fmt.Errorf("ledger: adjust: %w", err)
+	}
+	kinds, err := MeterKinds(ctx, tx, []string{adj.Meter})
+	if err != nil {
+		return AdjustmentResult{}, err
+	}
+	if k := kinds[adj.Meter]; k != Counter {
+		return AdjustmentResult{}, validation.Errorf("meter", "%q is a %s: adjustments are amounts of a counter (a %s's statement lines are its readings)", adj.Meter, k, k)
 	}
 
 	period, bucket, prior, err := a.billingPlace(adj.Customer, occurred)

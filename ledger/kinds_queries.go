@@ -39,7 +39,9 @@ WHERE $2::text <> 'unique' AND EXISTS (SELECT FROM meters WHERE kind = 'unique')
 
 	// A meter is used once it has a stream: streams has no index by meter
 	// alone, but this runs only when a declaration changes a kind.
-	qMeterHasStreams = `SELECT EXISTS (SELECT 1 FROM streams WHERE meter = $1)`
+	// A meter has usage once it has a stream or an entry (an adjustment is
+	// an amount of a counter).
+	qMeterHasStreams = `SELECT EXISTS (SELECT 1 FROM streams WHERE meter = $1) OR EXISTS (SELECT 1 FROM entries WHERE meter = $1)`
 
 	qUpsertMeter = `
 INSERT INTO meters (meter, kind, unit, description, created_at, updated_at)
