@@ -42,9 +42,10 @@ const (
 INSERT INTO period_closes (customer, period_start, period_end, closed_at, statement, forced, reason, actor, reconciliation_id)
 VALUES (@customer, @period_start, @period_end, @closed_at, @statement, @forced, @reason, @actor, @reconciliation_id)`
 
-	// Per period of the customer with usage or a close record: each
-	// counter meter's billed total (meters and totals, in meter order) and
-	// whether it is closed, newest first.
+	// Per period of the customer with usage (counter rollups, gauge days,
+	// unique counts) or a close record: each counter meter's billed total
+	// (meters and totals, in meter order) and whether it is closed, newest
+	// first.
 	qListPeriods = `
 SELECT period_start,
        coalesce(array_agg(meter ORDER BY meter) FILTER (WHERE meter IS NOT NULL), '{}'),
@@ -54,7 +55,11 @@ FROM (
   SELECT period_start, meter, trim_scale(sum(quantity)) AS q, false AS closed
   FROM rollups WHERE customer = $1 GROUP BY period_start, meter
   UNION ALL
-  SELECT period_start, NULL, NULL, true FROM period_closes WHERE customer = $1
+  SELECT period_start, NULL, NULL::numeric, true FROM period_closes WHERE customer = $1
+  UNION ALL
+  SELECT DISTINCT period_start, NULL, NULL::numeric, false FROM gauge_days WHERE customer = $1
+  UNION ALL
+  SELECT DISTINCT period_start, NULL, NULL::numeric, false FROM unique_counts WHERE customer = $1
 ) s GROUP BY 1 ORDER BY 1 DESC`
 )
 

@@ -11,9 +11,10 @@ import (
 	"github.com/tally-ledger/tally/periods"
 )
 
-// maxDuePerCustomer bounds how many ended periods of one customer a
-// nightly run lists (a daily calendar over a decade is under 4,000); the
-// oldest are listed first, the rest on the following nights.
+// maxDuePerCustomer bounds how many unclosed ended periods of one customer
+// a nightly run lists (a daily calendar over a decade is under 4,000); the
+// oldest are listed first, the rest on the following nights. Closed
+// periods are walked past, not counted.
 const maxDuePerCustomer = 5000
 
 // Nightly reconciles every period whose grace has ended and that is not
@@ -21,7 +22,8 @@ const maxDuePerCustomer = 5000
 // without closing them. It returns every run it made.
 //
 // Due periods come from each customer's calendar, from its first period
-// (the earlier of its creation and its first usage) to now: a period with
+// (the earliest of its creation and its first usage: counter rollups,
+// gauge days, unique counts) to now: a period with
 // no usage is due like any other and closes with a zero statement, so
 // usage that arrives months late is a prior-period adjustment, never a new
 // statement for an old month.
@@ -81,7 +83,7 @@ func (rc *Reconciler) duePeriods(ctx context.Context, now time.Time) ([]string, 
 		if err != nil {
 			return nil, fmt.Errorf("customer %q: %w", id, err)
 		}
-		for n := 0; periods.StateOf(p, now, rc.cfg.Grace, false) == periods.AwaitingClose; n++ {
+		for n := 0; periods.StateOf(p, now, rc.cfg.Grace, false) == periods.AwaitingClose; {
 			if n == maxDuePerCustomer {
 				// The oldest are listed; the rest come on the next nights.
 				rc.log.Warn("customer has more periods awaiting close than one nightly run lists",
@@ -90,6 +92,7 @@ func (rc *Reconciler) duePeriods(ctx context.Context, now time.Time) ([]string, 
 			}
 			if !closed[p.Start.UnixMicro()] {
 				due[p.Name] = true
+				n++
 			}
 			if p, err = s.Next(p); err != nil {
 				return nil, fmt.Errorf("customer %q: %w", id, err)

@@ -97,7 +97,9 @@ const (
 	// earlier of its creation and its first usage) and its closed periods.
 	qCustomersDue = `
 SELECT c.id, c.schedule,
-       least(c.created_at, (SELECT min(r.period_start) FROM rollups r WHERE r.customer = c.id)),
+       least(c.created_at, (SELECT min(r.period_start) FROM rollups r WHERE r.customer = c.id),
+             (SELECT min(g.period_start) FROM gauge_days g WHERE g.customer = c.id),
+             (SELECT min(u.period_start) FROM unique_counts u WHERE u.customer = c.id)),
        coalesce((SELECT array_agg(pc.period_start) FROM period_closes pc WHERE pc.customer = c.id), '{}')
 FROM customers c`
 
