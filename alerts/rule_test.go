@@ -3,6 +3,7 @@ package alerts_test
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"slices"
 	"testing"
 	"time"
@@ -97,6 +98,31 @@ func TestSignatureVerifies(t *testing.T) {
 	} {
 		if f() == nil {
 			t.Errorf("%s: verified", name)
+		}
+	}
+}
+
+// Public is true only of addresses anyone on the internet may reach: every
+// special-purpose range is refused, and an address that carries an IPv4
+// one (NAT64, 6to4, IPv4-mapped) is judged by it.
+func TestPublicRefusesEveryNonGlobalAddress(t *testing.T) {
+	t.Parallel()
+	for addr, want := range map[string]bool{
+		"93.184.215.14": true, "2606:2800:21f:cb07:6820:80da:af6b:8b2c": true, "64:ff9b::5db8:d70e": true, // NAT64 of a public one
+		"127.0.0.1": false, "10.1.2.3": false, "172.16.0.1": false, "192.168.1.1": false, "100.64.0.1": false,
+		"169.254.169.254": false, "0.0.0.0": false, "0.0.0.1": false, "192.0.0.8": false, "192.0.2.1": false,
+		"198.18.0.1": false, "198.51.100.7": false, "203.0.113.9": false, "240.0.0.1": false, "255.255.255.255": false,
+		"224.0.0.1": false, "::1": false, "::": false, "::127.0.0.1": false, "::ffff:10.0.0.1": false,
+		"64:ff9b::a00:1": false, "64:ff9b:1::1": false, "2002:a00:1::1": false, "2001:db8::1": false,
+		"fc00::1": false, "fe80::1": false, "fec0::1": false, "ff02::1": false, "100::1": false, "2001::1": false,
+	} {
+		if got := alerts.Public(netip.MustParseAddr(addr)); got != want {
+			t.Errorf("Public(%s) = %v, want %v", addr, got, want)
+		}
+	}
+	for _, u := range []string{"http://LOCALHOST:9/x", "http://localhost.:9/x", "http://api.localhost/x", "http://[::127.0.0.1]/x"} {
+		if _, _, _, err := alerts.PutWebhook(context.Background(), pgtest.New(t), alerts.WebhookInput{Name: "ops", URL: u}, time.Now()); len(validation.Fields(err)) != 1 {
+			t.Errorf("%s without AllowPrivate: %v", u, err)
 		}
 	}
 }

@@ -95,22 +95,61 @@ func checkURL(raw string, allowPrivate bool) string {
 	if ip, err := netip.ParseAddr(u.Hostname()); err == nil && !allowPrivate && !Public(ip) {
 		return fmt.Sprintf("%s is a loopback, private or otherwise local address; Tally refuses it unless TALLY_WEBHOOK_ALLOW_PRIVATE=true", ip)
 	}
-	if !allowPrivate && u.Hostname() == "localhost" {
-		return "localhost is a loopback address; Tally refuses it unless TALLY_WEBHOOK_ALLOW_PRIVATE=true"
+	// Names are resolved at each connection, whose address is checked
+	// then; localhost names (RFC 6761) are refused now, in every spelling.
+	if host := strings.TrimSuffix(strings.ToLower(u.Hostname()), "."); !allowPrivate && (host == "localhost" || strings.HasSuffix(host, ".localhost")) {
+		return fmt.Sprintf("%s is a loopback name; Tally refuses it unless TALLY_WEBHOOK_ALLOW_PRIVATE=true", u.Hostname())
 	}
 	return ""
 }
 
 // Public reports whether ip is an address a webhook may reach without
-// TALLY_WEBHOOK_ALLOW_PRIVATE: not loopback, private, link-local,
-// unspecified, multicast or carrier-grade NAT.
+// TALLY_WEBHOOK_ALLOW_PRIVATE: a global unicast address outside every
+// special-purpose range of IANA's registries (loopback, private, shared,
+// link-local, documentation, benchmarking, reserved, discard, the
+// deprecated site-local and IPv4-compatible forms, ...). An IPv6 address
+// that carries an IPv4 one (IPv4-mapped, NAT64's well-known prefix, 6to4)
+// is judged by the IPv4 one: through a NAT64 gateway, 64:ff9b::a00:1
+// reaches 10.0.0.1.
 func Public(ip netip.Addr) bool {
 	ip = ip.Unmap()
-	cgnat := netip.MustParsePrefix("100.64.0.0/10")
-	return ip.IsValid() && !ip.IsLoopback() && !ip.IsPrivate() && !ip.IsLinkLocalUnicast() &&
-		!ip.IsLinkLocalMulticast() && !ip.IsUnspecified() && !ip.IsMulticast() && !ip.IsInterfaceLocalMulticast() &&
-		!cgnat.Contains(ip)
+	if !ip.IsValid() || !ip.IsGlobalUnicast() || ip.IsPrivate() {
+		return false
+	}
+	if ip.Is6() {
+		b := ip.As16()
+		switch {
+		case nat64.Contains(ip):
+			return Public(netip.AddrFrom4([4]byte(b[12:16])))
+		case sixToFour.Contains(ip):
+			return Public(netip.AddrFrom4([4]byte(b[2:6])))
+		}
+	}
+	for _, p := range notPublic {
+		if p.Contains(ip) {
+			return false
+		}
+	}
+	return true
 }
+
+var (
+	nat64     = netip.MustParsePrefix("64:ff9b::/96")
+	sixToFour = netip.MustParsePrefix("2002::/16")
+	// notPublic: the special-purpose ranges IsGlobalUnicast and IsPrivate
+	// let through.
+	notPublic = func() []netip.Prefix {
+		var ps []netip.Prefix
+		for _, s := range []string{
+			"0.0.0.0/8", "100.64.0.0/10", "192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24", "198.18.0.0/15",
+			"198.51.100.0/24", "203.0.113.0/24", "240.0.0.0/4", "255.255.255.255/32",
+			"::/96", "64:ff9b:1::/48", "100::/64", "2001::/23", "2001:db8::/32", "fec0::/10",
+		} {
+			ps = append(ps, netip.MustParsePrefix(s))
+		}
+		return ps
+	}()
+)
 
 func newSecret() (string, error) {
 	b := make([]byte, 32)
