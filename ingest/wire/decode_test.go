@@ -778,3 +778,39 @@ func BenchmarkEncode(b *testing.B) {
 		}
 	}
 }
+
+// An error's detail is stored as text (dead_letters.detail): whatever bytes
+// the message held, it is valid UTF-8 without NUL. A raw token cut at the
+// length shown once split a character, and Postgres refused the dead
+// letter, and with it the message's valid records.
+func TestErrorDetailsAreText(t *testing.T) {
+	long := strings.Repeat("é", 25)
+	for _, bad := range []string{long + `\ud800`, long + "\xff" + `\ud800`, "\xff\xfe", strings.Repeat("€", 30) + `\udc00`} {
+		value := `{"schema":"meter.batch.v1","batch_id":"52621be3-ac96-48a4-a0b0-88274452c911","producer":"pe","epoch":1,` +
+			`"sent_at":"2026-12-07T03:17:58Z","records":[` +
+			`{"operation_id":"0779c313-8062-4bae-949a-150520458b4e","customer":"e2","meter":"only","seq":1,"total":"42","occurred_at":"2026-12-07T03:17:58Z"},` +
+			`{"operation_id":"8fe27486-6415-490f-a2c0-86078275a77b","customer":"e2","meter":"` + bad + `","seq":1,"total":"1","occurred_at":"2026-12-07T03:17:58Z"}]}`
+		b, _, rejected, err := wire.Decode([]byte("e2"), []byte(value))
+		var details []string
+		if err != nil {
+			var e *wire.Error
+			if errors.As(err, &e) {
+				details = append(details, e.Detail)
+			}
+		}
+		for _, r := range rejected {
+			details = append(details, r.Err.Detail)
+		}
+		if len(details) == 0 {
+			t.Errorf("%q: accepted", bad)
+		}
+		for _, d := range details {
+			if !utf8.ValidString(d) || strings.ContainsRune(d, 0) {
+				t.Errorf("%q: detail %q is not text", bad, d)
+			}
+		}
+		if err == nil && len(b.Records) != 1 {
+			t.Errorf("%q: %d records accepted, want the valid one", bad, len(b.Records))
+		}
+	}
+}

@@ -42,7 +42,7 @@ func FuzzDecode(f *testing.F) {
 		b, index, rejected, err := wire.Decode(key, value)
 		if err != nil {
 			var e *wire.Error
-			if !errors.As(err, &e) || !slices.Contains(wire.Reasons(), e.Reason) || e.Detail == "" {
+			if !errors.As(err, &e) || !slices.Contains(wire.Reasons(), e.Reason) || e.Detail == "" || !isText(e.Detail) {
 				t.Fatalf("message error %#v", err)
 			}
 			if b.Records != nil || b.Schema != "" || index != nil || rejected != nil {
@@ -55,6 +55,11 @@ func FuzzDecode(f *testing.F) {
 			return
 		}
 		checkAccepted(t, key, value, b, index, rejected)
+		for _, r := range rejected {
+			if !isText(r.Err.Detail) {
+				t.Fatalf("record error detail %q is not text (dead_letters.detail)", r.Err.Detail)
+			}
+		}
 
 		if len(b.Records) == 0 {
 			return
@@ -288,3 +293,6 @@ func btoi(b bool) int {
 	}
 	return 0
 }
+
+// isText: storable as Postgres text (valid UTF-8, no NUL).
+func isText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }

@@ -1,6 +1,9 @@
 package wire
 
-import "strconv"
+import (
+	"strconv"
+	"strings"
+)
 
 // Reason is a stable, machine-readable rejection code. It is stored with dead
 // letters and used as a metric label, so a value never changes meaning once
@@ -115,10 +118,21 @@ func quote(s string) string {
 	return strconv.Quote(s[:n]) + "..."
 }
 
-// clipRaw shows raw JSON text (a number, a literal) in an error message.
+// clipRaw shows raw JSON text (a number, a literal, a string token) in an
+// error message, which is stored as text: cut between characters, invalid
+// UTF-8 shown as U+FFFD and NUL escaped.
 func clipRaw(b []byte) string {
-	if len(b) <= maxShown {
-		return string(b)
+	clipped := len(b) > maxShown
+	if clipped {
+		n := maxShown
+		for n > 0 && b[n]&0xC0 == 0x80 { // do not cut a UTF-8 sequence
+			n--
+		}
+		b = b[:n]
 	}
-	return string(b[:maxShown]) + "..."
+	s := strings.ReplaceAll(strings.ToValidUTF8(string(b), "\uFFFD"), "\x00", `\u0000`)
+	if clipped {
+		s += "..."
+	}
+	return s
 }
