@@ -253,17 +253,17 @@ func (r *runner) checkConflicts(ctx context.Context, tx pgx.Tx, tg target) error
 		return err
 	}
 	for rows.Next() {
-		var c, m, stream, reason, total, occurred string
+		var c, m, stream, reason, value, occurred string
 		var op uuid.UUID
 		var seq int64
 		var at time.Time
-		if err := rows.Scan(&c, &m, &stream, &reason, &seq, &op, &total, &occurred, &at); err != nil {
+		if err := rows.Scan(&c, &m, &stream, &reason, &seq, &op, &value, &occurred, &at); err != nil {
 			rows.Close()
 			return err
 		}
 		r.find(Finding{Kind: KindConflict, Severity: Discrepancy, Customer: c, Meter: m, Stream: stream,
-			Detail: fmt.Sprintf("%s: seq %d (operation %s, total %s, occurred %s) lost to an earlier record on %s; the first write stands",
-				reason, seq, op, total, occurred, at.UTC().Format(time.RFC3339))})
+			Detail: fmt.Sprintf("%s: seq %d (operation %s, %s, occurred %s) lost to an earlier record on %s; the first write stands",
+				reason, seq, op, value, occurred, at.UTC().Format(time.RFC3339))})
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {

@@ -2,6 +2,7 @@ package reconcile_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/periods"
+	"github.com/tally-ledger/tally/reconcile"
 )
 
 // closedState is the state of a customer's period as a statement says.
@@ -73,5 +75,34 @@ func TestNightlyBoundCountsOnlyUnclosedPeriods(t *testing.T) {
 	}
 	if s := e.closedState("d", "2026-11-18"); s != periods.Closed {
 		t.Errorf("2026-11-18 after the nightly job: %s, want closed", s)
+	}
+}
+
+// A gauge's or unique meter's conflict is a finding like a counter's: its
+// payload has a level or a member where a counter's has a total, and the
+// run once failed reading it (for every customer of the period).
+func TestKindConflictsAreFindings(t *testing.T) {
+	e := newEnv(t) // 2026-11-20 12:00
+	ctx := context.Background()
+	e.exec(`INSERT INTO meters (meter, kind, created_at, updated_at) VALUES ('gg', 'gauge', now(), now())`)
+	at := func(s int) time.Time { return time.Date(2026, 11, 20, 1, 0, s, 0, time.UTC) }
+	reading := func(seq int64, level int64, sec int) ledger.Record {
+		return ledger.Record{OperationID: uuid.New(), Stream: ledger.StreamKey{Producer: "p", Epoch: 1, Customer: "q1", Meter: "gg"},
+			Seq: seq, OccurredAt: at(sec), Shape: ledger.Gauge, Level: decimal.NewFromInt(level)}
+	}
+	e.apply(reading(1, 10, 0), reading(3, 30, 20), reading(2, 20, 10))
+	e.apply(reading(4, 40, 5)) // before seq 3's occurred_at: a conflict
+	run, err := e.rc.Run(ctx, reconcile.Options{Period: "current"})
+	if err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	found := false
+	for _, f := range run.Findings {
+		if f.Customer == "q1" && strings.Contains(f.Detail, "level 40") {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("findings %+v, want q1's conflict with its level", run.Findings)
 	}
 }

@@ -187,10 +187,14 @@ ORDER BY 1, 2, 3, 4`
 
 	// Conflicts whose record occurred in a target period or that were
 	// detected in it.
+	// What the conflicting record carried: a counter's total, a gauge's
+	// level or a unique meter's member.
 	qConflicts = `
 WITH ` + qTargets + `
 SELECT c.customer, c.meter, (c.payload->>'producer') || '/' || (c.payload->>'epoch'), c.reason, c.seq,
-       c.operation_id, c.payload->>'total', c.payload->>'occurred_at', c.detected_at
+       c.operation_id,
+       coalesce('total ' || (c.payload->>'total'), 'level ' || (c.payload->>'level'), 'member ' || (c.payload->>'member'), 'no value'),
+       coalesce(c.payload->>'occurred_at', '?'), c.detected_at
 FROM conflicts c JOIN t ON t.customer = c.customer
  AND ((c.payload->>'occurred_at')::timestamptz >= t.period_start AND (c.payload->>'occurred_at')::timestamptz < t.period_end
       OR c.detected_at >= t.period_start AND c.detected_at < t.period_end)
