@@ -33,6 +33,18 @@ var (
 	maxTime = time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)
 )
 
+// Usage is booked in its customer's period of occurred_at, whose name (its
+// local start date) must be one a period reference can name, 1970-01-01
+// to 9998-12-31 (periods.MinRefDate, MaxRefDate), or no one could read or
+// close it. An instant in [MinOccurredAt, MaxOccurredAt) is: its local date
+// in any zone (UTC−12 to UTC+14) is 1970-02-01 or later, so the period of
+// any calendar (daily, weekly, monthly at any anchor day and time) starts
+// in 1970 or later; and on 9998-12-01 or earlier, so it starts by then.
+var (
+	MinOccurredAt = time.Date(1970, 2, 2, 0, 0, 0, 0, time.UTC)
+	MaxOccurredAt = time.Date(9998, 12, 1, 0, 0, 0, 0, time.UTC)
+)
+
 // Batch is one meter.batch.v1 message. All its records belong to the customer
 // named by the message key.
 type Batch struct {
@@ -227,7 +239,7 @@ func (b Batch) problems() []error {
 				add(reason, recordPath(i, "quantity"), p)
 			}
 		}
-		if p := timeRangeProblem(r.OccurredAt); p != "" {
+		if p := occurredRangeProblem(r.OccurredAt); p != "" {
 			add(ReasonBadTimestamp, recordPath(i, "occurred_at"), quote(r.OccurredAt.UTC().Format(time.RFC3339Nano))+p)
 		}
 	}
@@ -318,6 +330,17 @@ func timeRangeProblem(t time.Time) string {
 		return " is before 1970"
 	case !t.Before(maxTime):
 		return " is after 9999"
+	}
+	return ""
+}
+
+// occurredRangeProblem checks that t lies in [MinOccurredAt, MaxOccurredAt).
+func occurredRangeProblem(t time.Time) string {
+	switch {
+	case t.Before(MinOccurredAt):
+		return " is before 1970-02-02, from which every calendar's period of it is one Tally keeps"
+	case !t.Before(MaxOccurredAt):
+		return " is not before 9998-12-01, until which every calendar's period of it is one Tally keeps"
 	}
 	return ""
 }

@@ -83,7 +83,7 @@ func Decode(key, value []byte) (b Batch, index []int, rejected []RecordError, er
 	if b.Epoch, p = parseInt(d.top[fEpoch], ReasonBadEpoch); !p.ok() {
 		return fail(p.reason, "epoch", p.detail)
 	}
-	if b.SentAt, p = parseTime(d.top[fSentAt]); !p.ok() {
+	if b.SentAt, p = parseTime(d.top[fSentAt], timeRangeProblem); !p.ok() {
 		return fail(p.reason, "sent_at", p.detail)
 	}
 

@@ -213,6 +213,9 @@ func checkRecord(t *testing.T, key string, raw json.RawMessage, r wire.Record) {
 		t.Fatalf("quantity %v from nowhere", r.Quantity)
 	}
 	checkTime(t, m["occurred_at"], r.OccurredAt)
+	if r.OccurredAt.Before(wire.MinOccurredAt) || !r.OccurredAt.Before(wire.MaxOccurredAt) {
+		t.Fatalf("accepted occurred_at %v, outside the periods Tally keeps", r.OccurredAt)
+	}
 	if f, ok := m["final"]; ok && string(f) != "null" {
 		var final bool
 		if err := json.Unmarshal(f, &final); err != nil || final != r.Final {

@@ -182,7 +182,7 @@ func (d *decoder) fields(r *Record, f *[nRec][]byte) (field string, p problem) {
 		}
 		r.Quantity.Valid = true
 	}
-	if r.OccurredAt, p = parseTime(f[rOccurredAt]); !p.ok() {
+	if r.OccurredAt, p = parseTime(f[rOccurredAt], occurredRangeProblem); !p.ok() {
 		return "occurred_at", p
 	}
 	switch v := f[rFinal]; {

@@ -86,7 +86,7 @@ func decodeReference(key, value []byte) (b Batch, index []int, rejected []Record
 	if b.Epoch, p = parseInt(top[fEpoch].val, ReasonBadEpoch); !p.ok() {
 		return fail(p.reason, "epoch", p.detail)
 	}
-	if b.SentAt, p = parseTime(top[fSentAt].val); !p.ok() {
+	if b.SentAt, p = parseTime(top[fSentAt].val, timeRangeProblem); !p.ok() {
 		return fail(p.reason, "sent_at", p.detail)
 	}
 
@@ -428,7 +428,7 @@ func FuzzDecodeReference(f *testing.F) {
 // TestMinRecordBytes checks that the record minRecordBytes describes is
 // accepted and is that long: each of its required fields at its shortest.
 func TestMinRecordBytes(t *testing.T) {
-	rec := `{"operation_id":"00000000-0000-0000-0000-000000000001","customer":"a","meter":"a","seq":1,"total":0,"occurred_at":"1970-01-01T00:00:00Z"}`
+	rec := `{"operation_id":"00000000-0000-0000-0000-000000000001","customer":"a","meter":"a","seq":1,"total":0,"occurred_at":"1970-02-02T00:00:00Z"}`
 	value := `{"schema":"meter.batch.v1","batch_id":"01938f2e-6c1b-7d4e-9a51-3c2f9b7e4a10","producer":"p","epoch":1,` +
 		`"sent_at":"2026-12-02T10:00:00Z","records":[` + rec + `]}`
 	b, _, rejected, err := Decode([]byte("a"), []byte(value))

@@ -2,8 +2,10 @@ package wire
 
 import "time"
 
-// parseTime reads occurred_at or sent_at: a JSON string in strict RFC 3339.
-func parseTime(raw []byte) (time.Time, problem) {
+// parseTime reads occurred_at or sent_at: a JSON string in strict RFC 3339,
+// in the range rangeProblem accepts (timeRangeProblem,
+// occurredRangeProblem).
+func parseTime(raw []byte, rangeProblem func(time.Time) string) (time.Time, problem) {
 	s, p := stringField(raw, ReasonBadTimestamp)
 	if !p.ok() {
 		return time.Time{}, p
@@ -13,7 +15,7 @@ func parseTime(raw []byte) (time.Time, problem) {
 		return time.Time{}, problem{ReasonBadTimestamp, quote(string(s)) +
 			` is not an RFC 3339 timestamp with a zone, like "2026-12-02T10:00:00Z"`}
 	}
-	if d := timeRangeProblem(t); d != "" {
+	if d := rangeProblem(t); d != "" {
 		return time.Time{}, problem{ReasonBadTimestamp, quote(string(s)) + d}
 	}
 	return t, problem{}
