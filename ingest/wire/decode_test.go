@@ -437,6 +437,12 @@ func TestDecodeAcceptsVariants(t *testing.T) {
 			}},
 		{"lower-case t and z", rec(`2026-12-02T09:59:58Z`, `2026-12-02t09:59:58z`),
 			func(r wire.Record) bool { return r.OccurredAt == time.Date(2026, 12, 2, 9, 59, 58, 0, time.UTC) }},
+		// U+FFFD is a character like any other, spelled out or escaped;
+		// only bytes that are not UTF-8 are refused.
+		{"member holding U+FFFD", rec(`"total":"5"`, `"member":"caf\ufffd"`),
+			func(r wire.Record) bool { return r.Member == "caf\uFFFD" }},
+		{"member holding U+FFFD as bytes", rec(`"total":"5"`, "\"member\":\"caf\xef\xbf\xbd\""),
+			func(r wire.Record) bool { return r.Member == "caf\uFFFD" }},
 		{"leap day", rec(`2026-12-02T09:59:58Z`, `2028-02-29T00:00:00Z`),
 			func(r wire.Record) bool { return r.OccurredAt.Month() == time.February }},
 		{"upper-case UUID", rec(`01938f2e-6c1b-7d4e-9a51-3c2f9b7e4a11`, `01938F2E-6C1B-7D4E-9A51-3C2F9B7E4A11`),

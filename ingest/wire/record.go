@@ -216,11 +216,11 @@ func memberProblem[T string | []byte](s T) string {
 	if len(s) == 0 {
 		return "is empty; members are 1 to 256 characters"
 	}
+	if !utf8.ValidString(string(s)) { // U+FFFD itself is a character like any other
+		return quote(string(s)) + " is not valid UTF-8"
+	}
 	n := 0
 	for _, c := range string(s) {
-		if c == utf8.RuneError {
-			return quote(string(s)) + " is not valid UTF-8"
-		}
 		if unicode.IsControl(c) {
 			return quote(string(s)) + " has a control character; members are printable text"
 		}
