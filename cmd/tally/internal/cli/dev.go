@@ -207,7 +207,7 @@ tally dev is running (Ctrl-C to stop).
 
 Send a sample batch (key = customer id). Send it as often as you like: it is billed once.
 
-  kcat -P -b %s -t %s -k acme testdata/batches/valid-spec-example.json
+  kcat -P -b %s -t %s -k acme -X topic.partitioner=murmur2_random testdata/batches/valid-spec-example.json
 
 Ask for acme's usage this period:
 
