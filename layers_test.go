@@ -18,7 +18,7 @@ const module = "github.com/tally-ledger/tally"
 // anything. A new package gets a place here, where its imports put it.
 var layers = [][]string{
 	// Foundations: shapes and machinery, no domain package below them.
-	{"validation", "amount", "migrations", "internal/faultproxy", "internal/ratelimit", "internal/locks", "internal/notify", "internal/pause", "internal/ttlcache", "internal/pguuid", "internal/pgcopy", "internal/pgnamed", "internal/pgcpu",
+	{"validation", "amount", "migrations", "internal/ids", "internal/faultproxy", "internal/ratelimit", "internal/locks", "internal/notify", "internal/pause", "internal/ttlcache", "internal/pguuid", "internal/pgcopy", "internal/pgnamed", "internal/pgcpu",
 		"internal/testrun", "internal/kafkatest"},
 	{"periods", "ingest/wire", "internal/pgtest"},
 	{"ledger", "producer", "tokens", "pools"},

@@ -12,6 +12,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/internal/ids"
 	"github.com/tally-ledger/tally/internal/pgnamed"
 )
 
@@ -38,19 +39,19 @@ type BypassItem struct {
 // Validate reports every problem of r at once.
 func (r BypassReport) Validate() error {
 	errs := checkHolder(r.Holder, r.Generation)
-	if !idPattern.MatchString(r.ReportID) {
-		errs = append(errs, &FieldError{Field: "report_id", Detail: fmt.Sprintf("%q must be 1-128 characters of [A-Za-z0-9._:-]", r.ReportID)})
+	if !ids.Valid(r.ReportID) {
+		errs = append(errs, &FieldError{Field: "report_id", Detail: fmt.Sprintf("%q must be "+ids.Rule, r.ReportID)})
 	}
 	if len(r.Items) == 0 || len(r.Items) > 1000 {
 		errs = append(errs, &FieldError{Field: "items", Detail: "1 to 1000 items"})
 	}
 	for i, it := range r.Items {
 		f := fmt.Sprintf("items[%d].", i)
-		if !idPattern.MatchString(it.Customer) {
-			errs = append(errs, &FieldError{Field: f + "customer", Detail: fmt.Sprintf("%q is not a customer id", it.Customer)})
+		if !ids.Valid(it.Customer) {
+			errs = append(errs, &FieldError{Field: f + "customer", Detail: fmt.Sprintf("%q is not a customer id: %s", it.Customer, ids.Rule)})
 		}
-		if !idPattern.MatchString(it.Meter) {
-			errs = append(errs, &FieldError{Field: f + "meter", Detail: fmt.Sprintf("%q is not a meter", it.Meter)})
+		if !ids.Valid(it.Meter) {
+			errs = append(errs, &FieldError{Field: f + "meter", Detail: fmt.Sprintf("%q is not a meter: %s", it.Meter, ids.Rule)})
 		}
 		if !it.Amount.IsPositive() {
 			errs = append(errs, &FieldError{Field: f + "amount", Detail: "must be positive"})

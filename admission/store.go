@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"regexp"
 	"slices"
 	"time"
 
@@ -17,6 +16,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/internal/ids"
 	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/quota"
 )
@@ -165,8 +165,6 @@ type Grant struct {
 // Binding is the name of a budget in errors and problems.
 func Binding(customer, meter string) string { return "customer:" + customer + "/" + meter }
 
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
-
 // IssueRequest asks for a grant.
 type IssueRequest struct {
 	Holder     string
@@ -196,8 +194,8 @@ type IssueRequest struct {
 
 func checkHolder(holder string, generation int64) []error {
 	var errs []error
-	if !idPattern.MatchString(holder) {
-		errs = append(errs, &FieldError{Field: "holder", Detail: fmt.Sprintf("%q must be 1-128 characters of [A-Za-z0-9._:-]", holder)})
+	if !ids.Valid(holder) {
+		errs = append(errs, &FieldError{Field: "holder", Detail: fmt.Sprintf("%q must be "+ids.Rule, holder)})
 	}
 	if generation < 1 {
 		errs = append(errs, &FieldError{Field: "generation", Detail: "must be a positive integer"})
@@ -216,11 +214,11 @@ func checkTTL(ttl time.Duration) []error {
 // generation, the customer, the meter and a positive amount.
 func checkTake(holder string, generation int64, customer, meter string, amt decimal.Decimal) []error {
 	errs := checkHolder(holder, generation)
-	if !idPattern.MatchString(customer) {
-		errs = append(errs, &FieldError{Field: "customer", Detail: fmt.Sprintf("%q must be 1-128 characters of [A-Za-z0-9._:-]", customer)})
+	if !ids.Valid(customer) {
+		errs = append(errs, &FieldError{Field: "customer", Detail: fmt.Sprintf("%q must be "+ids.Rule, customer)})
 	}
-	if !idPattern.MatchString(meter) {
-		errs = append(errs, &FieldError{Field: "meter", Detail: fmt.Sprintf("%q must be 1-128 characters of [A-Za-z0-9._:-]", meter)})
+	if !ids.Valid(meter) {
+		errs = append(errs, &FieldError{Field: "meter", Detail: fmt.Sprintf("%q must be "+ids.Rule, meter)})
 	}
 	if !amt.IsPositive() {
 		errs = append(errs, &FieldError{Field: "amount", Detail: fmt.Sprintf("%s must be positive", amt)})

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/tally-ledger/tally/internal/ids"
 	"github.com/tally-ledger/tally/internal/pause"
 	"github.com/tally-ledger/tally/quota"
 	"github.com/tally-ledger/tally/validation"
@@ -239,8 +240,8 @@ func (c Config) Validate() error {
 	} else if strings.TrimSpace(c.Token) != c.Token || strings.ContainsAny(c.Token, " \t\r\n") {
 		bad("Token", "has white space in it (copied with a newline?)")
 	}
-	if !validHolder(c.Holder) {
-		bad("Holder", "%q must be 1 to 128 of A-Z a-z 0-9 . _ : -", c.Holder)
+	if !ids.Valid(c.Holder) {
+		bad("Holder", "%q must be "+ids.Rule, c.Holder)
 	}
 	if c.Dir == "" {
 		bad("Dir", "is required: the holder's generation, bypass journal and final spend reports, kept across restarts")
@@ -284,18 +285,6 @@ func (c Config) Validate() error {
 		bad("MinGrant", "MinGrant and LocalAmount must not be negative")
 	}
 	return errors.Join(errs...)
-}
-
-func validHolder(h string) bool {
-	if len(h) == 0 || len(h) > 128 {
-		return false
-	}
-	for _, r := range h {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("._:-", r)) {
-			return false
-		}
-	}
-	return true
 }
 
 // Client admits requests for one holder.

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/internal/ids"
 	"github.com/tally-ledger/tally/quota"
 	"github.com/tally-ledger/tally/validation"
 )
@@ -42,11 +42,6 @@ const (
 
 // DBTX is what reads need of a pool, a connection or a transaction.
 type DBTX = quota.DBTX
-
-var (
-	namePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
-	idPattern   = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
-)
 
 // Threshold is one threshold of a rule: an absolute Value, or a Percent of
 // the quota limit in force for the subject and meter.
@@ -123,14 +118,14 @@ func (in RuleInput) Validate() error {
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, validation.Errorf(field, format, args...))
 	}
-	if !namePattern.MatchString(in.Name) {
-		bad("name", "%q must be 1-128 characters of [A-Za-z0-9._-]", in.Name)
+	if !ids.ValidName(in.Name) {
+		bad("name", "%q must be "+ids.NameRule, in.Name)
 	}
 	if err := checkSubject(in.Subject); err != "" {
 		bad("subject", "%s", err)
 	}
-	if !idPattern.MatchString(in.Meter) {
-		bad("meter", "%q must be 1-128 characters of [A-Za-z0-9._:-]", in.Meter)
+	if !ids.Valid(in.Meter) {
+		bad("meter", "%q must be "+ids.Rule, in.Meter)
 	}
 	switch n := len(in.Thresholds); {
 	case n == 0:
@@ -174,7 +169,7 @@ func (in RuleInput) Validate() error {
 		bad("endpoints", "%d endpoints; at most %d", len(in.Endpoints), MaxEndpoints)
 	}
 	for i, e := range in.Endpoints {
-		if !namePattern.MatchString(e) {
+		if !ids.ValidName(e) {
 			bad(fmt.Sprintf("endpoints[%d]", i), "%q is not a webhook name (PUT /v1/webhooks/{name})", e)
 		}
 	}
@@ -193,13 +188,13 @@ func checkSubject(s string) string {
 	case s == SubjectGlobal || s == SubjectCustomers:
 		return ""
 	case strings.HasPrefix(s, "customer:"):
-		if id := strings.TrimPrefix(s, "customer:"); !idPattern.MatchString(id) {
-			return fmt.Sprintf("customer id %q must be 1-128 characters of [A-Za-z0-9._:-]", id)
+		if id := strings.TrimPrefix(s, "customer:"); !ids.Valid(id) {
+			return fmt.Sprintf("customer id %q must be "+ids.Rule, id)
 		}
 		return ""
 	case strings.HasPrefix(s, "pool:"):
 		if !quota.ValidPoolName(strings.TrimPrefix(s, "pool:")) {
-			return fmt.Sprintf("pool name in %q must be 1-128 characters of [A-Za-z0-9._-]", s)
+			return fmt.Sprintf("pool name in %q must be "+ids.NameRule, s)
 		}
 		return ""
 	}

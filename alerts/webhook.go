@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tally-ledger/tally/internal/ids"
 	"github.com/tally-ledger/tally/validation"
 )
 
@@ -51,8 +52,8 @@ func (in WebhookInput) Validate() error {
 	bad := func(field, format string, args ...any) {
 		errs = append(errs, validation.Errorf(field, format, args...))
 	}
-	if !namePattern.MatchString(in.Name) {
-		bad("name", "%q must be 1-128 characters of [A-Za-z0-9._-]", in.Name)
+	if !ids.ValidName(in.Name) {
+		bad("name", "%q must be "+ids.NameRule, in.Name)
 	} else if in.Name == KafkaEndpoint {
 		bad("name", "%q names the Kafka delivery (topic tally.alerts); choose another", in.Name)
 	}

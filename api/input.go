@@ -21,25 +21,12 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/internal/ids"
 	"github.com/tally-ledger/tally/quota"
 )
 
-// validID reports whether s is a customer or meter id (docs/design.md §2):
-// 1-128 characters of [A-Za-z0-9._:-].
-func validID(s string) bool {
-	if len(s) == 0 || len(s) > 128 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9', c == '.', c == '_', c == ':', c == '-':
-		default:
-			return false
-		}
-	}
-	return true
-}
+// validID reports whether s is a customer or meter id (internal/ids).
+func validID(s string) bool { return ids.Valid(s) }
 
 // checkID returns a field problem for an id that is not valid. The value is
 // quoted (and clipped) so control characters never reach a response raw.
@@ -47,7 +34,7 @@ func checkID(field, s string) error {
 	if validID(s) {
 		return nil
 	}
-	return invalidField(field, "%s is not 1-128 characters of A-Z a-z 0-9 . _ : -", quote(s))
+	return invalidField(field, "%s is not %s", quote(s), ids.Rule)
 }
 
 func quote(s string) string { return fmt.Sprintf("%q", clip(s, 64)) }

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"time"
 	"unicode/utf8"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/internal/ids"
 	"github.com/tally-ledger/tally/internal/locks"
 	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/validation"
@@ -35,8 +35,6 @@ type Adjustment struct {
 // ErrAdjustmentConflict: the operation id was used before with other content.
 var ErrAdjustmentConflict = errors.New("operation_id was already used for a different adjustment")
 
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
-
 // Validate reports every problem with the adjustment at once: errors.Join
 // of *validation.FieldError.
 func (a Adjustment) Validate() error {
@@ -44,11 +42,11 @@ func (a Adjustment) Validate() error {
 	if a.OperationID == uuid.Nil {
 		errs = append(errs, validation.Errorf("operation_id", "required"))
 	}
-	if !idPattern.MatchString(a.Customer) {
-		errs = append(errs, validation.Errorf("customer", "%q is not 1-128 characters of A-Z a-z 0-9 . _ : -", a.Customer))
+	if !ids.Valid(a.Customer) {
+		errs = append(errs, validation.Errorf("customer", "%q is not "+ids.Rule, a.Customer))
 	}
-	if !idPattern.MatchString(a.Meter) {
-		errs = append(errs, validation.Errorf("meter", "%q is not 1-128 characters of A-Z a-z 0-9 . _ : -", a.Meter))
+	if !ids.Valid(a.Meter) {
+		errs = append(errs, validation.Errorf("meter", "%q is not "+ids.Rule, a.Meter))
 	}
 	if a.Quantity.IsZero() {
 		errs = append(errs, validation.Errorf("quantity", "must not be zero"))

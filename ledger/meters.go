@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/tally-ledger/tally/internal/ids"
 	"github.com/tally-ledger/tally/internal/locks"
 	"github.com/tally-ledger/tally/validation"
 )
@@ -43,7 +44,7 @@ type Meter struct {
 // Validate reports every problem with a declaration at once.
 func (m Meter) Validate() error {
 	var errs []error
-	if !idPattern.MatchString(m.Meter) {
+	if !ids.Valid(m.Meter) {
 		errs = append(errs, validation.Errorf("meter", "%q is not 1-128 characters of A-Z a-z 0-9 . _ : -", m.Meter))
 	}
 	if !m.Kind.Valid() {

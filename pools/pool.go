@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/tally-ledger/tally/internal/ids"
 	"github.com/tally-ledger/tally/periods"
 )
 
@@ -31,11 +31,6 @@ type DBTX interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 }
-
-var (
-	namePattern     = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
-	customerPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
-)
 
 // MaxMembers bounds one pool's member list in one change.
 const MaxMembers = 10000
@@ -72,16 +67,16 @@ type PutInput struct {
 // Validate reports every problem of in at once.
 func (in PutInput) Validate() error {
 	var errs []error
-	if !namePattern.MatchString(in.Name) {
-		errs = append(errs, &FieldError{Field: "name", Detail: fmt.Sprintf("%q must be 1-128 characters of [A-Za-z0-9._-]", in.Name)})
+	if !ids.ValidName(in.Name) {
+		errs = append(errs, &FieldError{Field: "name", Detail: fmt.Sprintf("%q must be "+ids.NameRule, in.Name)})
 	}
 	if len(in.Members) > MaxMembers {
 		errs = append(errs, &FieldError{Field: "members", Detail: fmt.Sprintf("at most %d members", MaxMembers)})
 	}
 	seen := make(map[string]bool, len(in.Members))
 	for i, c := range in.Members {
-		if !customerPattern.MatchString(c) {
-			errs = append(errs, &FieldError{Field: fmt.Sprintf("members[%d]", i), Detail: fmt.Sprintf("%q is not a customer id", c)})
+		if !ids.Valid(c) {
+			errs = append(errs, &FieldError{Field: fmt.Sprintf("members[%d]", i), Detail: fmt.Sprintf("%q is not a customer id: %s", c, ids.Rule)})
 		} else if seen[c] {
 			errs = append(errs, &FieldError{Field: fmt.Sprintf("members[%d]", i), Detail: fmt.Sprintf("%q is listed twice", c)})
 		}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/internal/ids"
 	"github.com/tally-ledger/tally/internal/locks"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/periods"
@@ -141,8 +141,6 @@ type RuleInput struct {
 	Reason      string
 }
 
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
-
 // Validate reports every problem of in at once, each naming its field:
 // ErrInvalid wrapping errors.Join of *validation.FieldError.
 func (in RuleInput) Validate() error {
@@ -164,15 +162,15 @@ func (in RuleInput) problems() []error {
 		errs = append(errs, validation.Errorf(field, format, args...))
 	}
 	switch {
-	case !idPattern.MatchString(in.Customer):
-		bad("customer", "%q must be 1-128 characters of [A-Za-z0-9._:-]", in.Customer)
+	case !ids.Valid(in.Customer):
+		bad("customer", "%q must be "+ids.Rule, in.Customer)
 	case in.Customer == Global || strings.HasPrefix(in.Customer, "pool:"):
 		// Scope decisions are published under "<scope>/<meter>": a
 		// customer rule here would share their key.
 		bad("customer", "%q is reserved for the global and pool budgets' decisions; a customer with this id can be metered but not given a quota rule", in.Customer)
 	}
-	if !idPattern.MatchString(in.Meter) {
-		bad("meter", "%q must be 1-128 characters of [A-Za-z0-9._:-]", in.Meter)
+	if !ids.Valid(in.Meter) {
+		bad("meter", "%q must be "+ids.Rule, in.Meter)
 	}
 	if in.Limit.IsNegative() {
 		bad("limit", "%s is negative", in.Limit)

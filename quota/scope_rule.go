@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/internal/ids"
 	"github.com/tally-ledger/tally/internal/locks"
 )
 
@@ -24,10 +24,8 @@ func PoolScope(pool string) string { return "pool:" + pool }
 // CustomerScope is the scope of a customer's own budget: "customer:<id>".
 func CustomerScope(customer string) string { return "customer:" + customer }
 
-var poolNamePattern = regexp.MustCompile(`^[A-Za-z0-9._-]{1,128}$`)
-
 // ValidPoolName says whether name can name a pool.
-func ValidPoolName(name string) bool { return poolNamePattern.MatchString(name) }
+func ValidPoolName(name string) bool { return ids.ValidName(name) }
 
 // ValidScope says whether scope is a pool or the global scope (the scopes
 // of ScopeRule; a customer's rules are Rule).

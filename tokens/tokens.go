@@ -7,7 +7,6 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -16,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/tally-ledger/tally/internal/ids"
 	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/validation"
 )
@@ -52,8 +52,6 @@ type Token struct {
 // ErrNotFound: no token has that id.
 var ErrNotFound = errors.New("no token with that id")
 
-var idPattern = regexp.MustCompile(`^[A-Za-z0-9._:-]{1,128}$`)
-
 // Create stores a new read-only token for customer and returns it with
 // its secret. Only the secret's SHA-256 is stored: the secret cannot be
 // shown again. The token refers to its customer, which exists from then on
@@ -76,15 +74,15 @@ func Create(ctx context.Context, db Beginner, customer, description string, now 
 // gateway: it may issue, renew and release only that holder's grants and
 // report only its bypasses. The secret is shown once, like Create's.
 func CreateGateway(ctx context.Context, db Beginner, gateway, description string, now time.Time) (Token, string, error) {
-	if !idPattern.MatchString(gateway) {
-		return Token{}, "", validation.Errorf("gateway", "%q is not 1-128 characters of A-Z a-z 0-9 . _ : -", gateway)
+	if !ids.Valid(gateway) {
+		return Token{}, "", validation.Errorf("gateway", "%q is not "+ids.Rule, gateway)
 	}
 	return create(ctx, db, "", gateway, description, now)
 }
 
 func create(ctx context.Context, db DBTX, customer, gateway, description string, now time.Time) (Token, string, error) {
-	if gateway == "" && !idPattern.MatchString(customer) {
-		return Token{}, "", validation.Errorf("customer", "%q is not 1-128 characters of A-Z a-z 0-9 . _ : -", customer)
+	if gateway == "" && !ids.Valid(customer) {
+		return Token{}, "", validation.Errorf("customer", "%q is not "+ids.Rule, customer)
 	}
 	if utf8.RuneCountInString(description) > 200 || !utf8.ValidString(description) {
 		return Token{}, "", validation.Errorf("description", "at most 200 characters of UTF-8")

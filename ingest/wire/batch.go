@@ -250,10 +250,13 @@ func (b Batch) problems() []error {
 // fine, else the Detail of an Error.
 
 // idProblem checks a customer or meter id (or a message key): 1..MaxIDLen
-// characters of [A-Za-z0-9._:-].
+// characters of [A-Za-z0-9._:-], not "." or ".." (internal/ids).
 func idProblem[T string | []byte](s T) string {
 	if len(s) == 0 {
 		return "is empty; ids are 1 to 128 characters of A-Z a-z 0-9 . _ : -"
+	}
+	if string(s) == "." || string(s) == ".." {
+		return quote(string(s)) + " is a path segment; ids are 1 to 128 characters of A-Z a-z 0-9 . _ : -, not . or .."
 	}
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; !idByte[c] {

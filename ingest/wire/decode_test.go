@@ -361,6 +361,8 @@ func TestDecodeRecordErrors(t *testing.T) {
 			`records[1].occurred_at: "2026-12-02T09:59:58.1234567891Z" is not an RFC 3339 timestamp with a zone, like "2026-12-02T10:00:00Z" (bad_timestamp)`},
 		{"occurred_at zero time", rec(`2026-12-02T09:59:58Z`, `0001-01-01T00:00:00Z`),
 			`records[1].occurred_at: "0001-01-01T00:00:00Z" is before 1970-02-02, from which every calendar's period of it is one Tally keeps (bad_timestamp)`},
+		{"meter ..", rec(`"meter":"api_calls"`, `"meter":".."`),
+			`records[1].meter: ".." is a path segment; ids are 1 to 128 characters of A-Z a-z 0-9 . _ : -, not . or .. (bad_id)`},
 		// A weekly period of 1970-01-02 starts in 1969: no period reference
 		// could name it, nor close it.
 		{"occurred_at in 1970's first days", rec(`2026-12-02T09:59:58Z`, `1970-01-02T00:00:00Z`),
@@ -669,7 +671,7 @@ func diffTime(want, got time.Time) string {
 
 // Generators of valid batches.
 var (
-	idGen       = rapid.StringMatching(`[A-Za-z0-9._:-]{1,128}`)
+	idGen       = rapid.StringMatching(`[A-Za-z0-9._:-]{1,128}`).Filter(func(s string) bool { return s != "." && s != ".." })
 	producerGen = rapid.StringOfN(rapid.Rune().Filter(func(r rune) bool {
 		return utf8.ValidRune(r) && !unicode.IsControl(r)
 	}), 1, wire.MaxIDLen, -1)
