@@ -513,3 +513,39 @@ func TestPercentOfAGaugeRule(t *testing.T) {
 		t.Fatalf("%d events after the level fell", n)
 	}
 }
+
+// A resolution says what the threshold stood for and the usage when it was
+// decided: a threshold resolved because a rule version moved it carries
+// the usage of that evaluation (with its as_of), and one resolved because
+// no limit is in force any more (the quota became a rate) the usage its
+// percent stood for under the limit it was crossed at, not 0.
+func TestResolutionsSayWhatTheyStoodFor(t *testing.T) {
+	e := newEnv(t)
+	rec := newReceiver(t)
+	e.webhook("billing", rec.url())
+	e.quota("acme", "calls", 100)
+	e.rule("acme-calls", `{"subject":"customer:acme","meter":"calls","thresholds":[{"percent":"75"}],"endpoints":["billing"]}`)
+	e.start(startOptions{})
+	e.use("acme", "calls", 80)
+	waitFor(t, 5*time.Second, "triggered", func() bool { return len(rec.delivered()) >= 1 })
+	e.use("acme", "calls", 10)
+	time.Sleep(300 * time.Millisecond) // evaluated at 90
+	e.rule("acme-calls", `{"subject":"customer:acme","meter":"calls","thresholds":[{"percent":"50"}],"endpoints":["billing"]}`)
+	waitFor(t, 5*time.Second, "moved", func() bool { return len(rec.delivered()) >= 3 })
+	if _, err := quota.PutRuleDB(context.Background(), e.pool, quota.RuleInput{Customer: "acme", Meter: "calls", Actor: "test",
+		Rate:      &quota.Rate{Amount: decimal.NewFromInt(100), Per: quota.DurationText(time.Second), Burst: decimal.NewFromInt(200)},
+		Admission: quota.Exact}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "no limit", func() bool { return len(rec.delivered()) >= 4 })
+	evs := eventsOf(t, rec.delivered())
+	if got := types(evs); !slices.Equal(got, []string{"triggered p75", "resolved p75 rule_changed", "triggered p50", "resolved p50 no_limit_in_force"}) {
+		t.Fatalf("events %v", got)
+	}
+	if ev := evs[1]; !ev.Used.Equal(decimal.NewFromInt(90)) || ev.AsOf == nil {
+		t.Errorf("resolved by the rule change: used %s, as_of %v; want 90 and the evaluation's as_of", ev.Used, ev.AsOf)
+	}
+	if ev := evs[3]; !ev.Threshold.Value.Equal(decimal.NewFromInt(50)) {
+		t.Errorf("resolved with no limit in force: threshold %+v, want value 50 (50%% of 100)", ev.Threshold)
+	}
+}

@@ -482,9 +482,15 @@ func decideAll(rules map[string]Rule, p plan, usage []quota.SubjectUsage, states
 			continue // evaluated below
 		}
 		used, at := s.used, (*quota.SubjectUsage)(nil)
-		if reason == ReasonPeriodEnded && u.Previous.Start.UTC().Equal(s.periodStart) {
+		switch {
+		case reason == ReasonPeriodEnded && u.Previous.Start.UTC().Equal(s.periodStart):
 			// The period just ended: its usage as known now.
 			used, at = u.PreviousUsed, &u
+		case evaluated && r.Meter == s.meter && u.Period.Start.UTC().Equal(s.periodStart):
+			// A rule change that keeps the subject and meter: this
+			// evaluation's usage of the same period. (A deleted rule's
+			// subject is evaluated no more: its usage when last seen.)
+			used, at = u.Used, &u
 		}
 		out = append(out, resolve(r, s, used, s.limit, at, now, reason))
 		done[s.stateKey] = true
@@ -558,6 +564,7 @@ func decide(r Rule, th Threshold, s state, u quota.SubjectUsage, now time.Time) 
 }
 
 func resolve(r Rule, s state, used decimal.Decimal, limit *decimal.Decimal, u *quota.SubjectUsage, now time.Time, reason string) transition {
+	crossedAt := s.limit // the limit a percent threshold was crossed under
 	s.state, s.transitions, s.used, s.limit = "ok", s.transitions+1, used, limit
 	var th Threshold
 	for _, t := range r.Thresholds {
@@ -576,7 +583,13 @@ func resolve(r Rule, s state, used decimal.Decimal, limit *decimal.Decimal, u *q
 	}
 	t := transition{s: s}
 	if r.Notifies(Resolved) {
-		t.event = newEvent(r, th, s, used, limit, u, now, TypeResolved, reason)
+		es := s
+		if limit == nil {
+			// No limit in force now: the threshold's value is the one it
+			// stood for when it was crossed.
+			es.limit = crossedAt
+		}
+		t.event = newEvent(r, th, es, used, limit, u, now, TypeResolved, reason)
 	}
 	return t
 }
