@@ -384,9 +384,22 @@ func account(b *microBatch, refs []recordRef, outs []ledger.Outcome) (summary, [
 		if detail == "" {
 			detail = o.Reason
 		}
-		add(deadLetter{offset: m.offset, index: &idx, reason: o.Reason, detail: detail, key: m.key, raw: raw, header: &m.batch})
+		var field string
+		if f := ledgerReasonField[o.Reason]; f != "" {
+			field = fmt.Sprintf("records[%d].%s", idx, f)
+		}
+		add(deadLetter{offset: m.offset, index: &idx, reason: o.Reason, field: field, detail: detail, key: m.key, raw: raw, header: &m.batch})
 	}
 	return s, dls, nil
+}
+
+// ledgerReasonField is the record field at fault in a record the ledger
+// refused, by reason, for the dead letter's field (as the decoder's name
+// theirs); a reason not listed names no one field.
+var ledgerReasonField = map[string]string{
+	ledger.ReasonFutureTimestamp: "occurred_at",
+	ledger.ReasonTotalDecreased:  "total",
+	ledger.ReasonKindMismatch:    "meter",
 }
 
 // recordAndCommit writes, in one pipelined round trip, the batch's dead

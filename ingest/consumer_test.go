@@ -140,11 +140,16 @@ func TestBadInputGoesToDeadLetters(t *testing.T) {
 	c := e.checkCounters()
 	var futureRaw []byte
 	var futureIdx int
-	if err := e.pool.QueryRow(context.Background(), `SELECT raw, record_index FROM dead_letters WHERE reason = 'future_timestamp'`).Scan(&futureRaw, &futureIdx); err != nil {
+	var futureField *string
+	if err := e.pool.QueryRow(context.Background(), `SELECT raw, record_index, field FROM dead_letters WHERE reason = 'future_timestamp'`).Scan(&futureRaw, &futureIdx, &futureField); err != nil {
 		t.Fatalf("no future_timestamp dead letter: %v", err)
 	}
 	if futureIdx != 1 || !bytes.Equal(futureRaw, sent.Records[1]) {
 		t.Errorf("future_timestamp dead letter: index %d raw\n%s\nwant the bytes sent\n%s", futureIdx, futureRaw, sent.Records[1])
+	}
+	// The field at fault, as the decoder's dead letters name theirs.
+	if futureField == nil || *futureField != "records[1].occurred_at" {
+		t.Errorf("future_timestamp dead letter: field %v, want records[1].occurred_at", futureField)
 	}
 	if c.MessagesIn != int64(len(msgs)) || c.MessagesRejected != int64(wantWhole) {
 		t.Errorf("messages in %d rejected %d; want %d and %d", c.MessagesIn, c.MessagesRejected, len(msgs), wantWhole)
