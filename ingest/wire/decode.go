@@ -5,6 +5,10 @@ import (
 	"slices"
 )
 
+// emptyMessage is the detail of a message with no value (or only white
+// space): a tombstone, or a producer that sent none.
+const emptyMessage = "message is empty (a tombstone, or a producer that sent no value); a message is one JSON object"
+
 // Decode parses and validates one Kafka message: key is the message key (the
 // customer id), value the meter.batch.v1 JSON.
 //
@@ -33,7 +37,10 @@ func Decode(key, value []byte) (b Batch, index []int, rejected []RecordError, er
 		return fail(ReasonBadKey, "", "message key "+p)
 	}
 	start := skipSpace(value, 0)
-	if start == len(value) || value[start] != '{' {
+	if start == len(value) {
+		return fail(ReasonBadJSON, "", emptyMessage)
+	}
+	if value[start] != '{' {
 		if !valid(value) {
 			return fail(ReasonBadJSON, "", syntaxDetail(value))
 		}

@@ -24,6 +24,9 @@ func decodeReference(key, value []byte) (b Batch, index []int, rejected []Record
 	if p := idProblem(key); p != "" {
 		return fail(ReasonBadKey, "", "message key "+p)
 	}
+	if len(bytes.TrimSpace(value)) == 0 {
+		return fail(ReasonBadJSON, "", emptyMessage)
+	}
 	if !json.Valid(value) {
 		return fail(ReasonBadJSON, "", syntaxDetail(value))
 	}
