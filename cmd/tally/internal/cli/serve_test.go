@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -137,31 +136,11 @@ func TestServeAPILoadNeverStarvesIngest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() {
-		root := newRoot()
-		root.SetOut(io.Discard)
-		root.SetErr(io.Discard)
-		root.SetArgs([]string{"serve", "--database-url", db, "--kafka-brokers", strings.Join(k.Addrs, ","), "--listen", addr,
-			"--admin-token", testAdminToken, "--api-pool-size", "2", "--api-rate-per-address", "0", "--api-max-in-flight", "200"})
-		done <- root.ExecuteContext(ctx)
-	}()
+	addr, stopServe := startServe(t, "--database-url", db, "--kafka-brokers", strings.Join(k.Addrs, ","),
+		"--admin-token", testAdminToken, "--api-pool-size", "2", "--api-rate-per-address", "0", "--api-max-in-flight", "200")
 	defer func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("serve: %v", err)
-			}
-		case <-time.After(60 * time.Second):
-			t.Error("serve did not stop within 60s of its context ending")
+		if err := stopServe(); err != nil {
+			t.Errorf("serve: %v", err)
 		}
 	}()
 	pool, err := pgxpool.New(context.Background(), db)
