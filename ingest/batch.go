@@ -427,8 +427,19 @@ func (p *partition) recordAndCommit(ctx context.Context, tx openTx, b *microBatc
 		batch.Queue(qInsertJump, pgx.StrictNamedArgs{"id": id, "topic": cfg.Topic, "partition": p.id, "from": j.from, "to": j.to,
 			"detected_at": now, "detail": j.detail})
 	}
+	var moved []string
 	if customers := b.customers(); len(customers) > 0 {
-		batch.Queue(qNoteCustomers, cfg.Topic, p.id, customers, now)
+		batch.Queue(qNoteCustomers, cfg.Topic, p.id, customers, now).Query(func(rows pgx.Rows) error {
+			var c string
+			var wasThere bool
+			_, err := pgx.ForEachRow(rows, []any{&c, &wasThere}, func() error {
+				if wasThere {
+					moved = append(moved, c)
+				}
+				return nil
+			})
+			return err
+		})
 	}
 	batch.Queue(qAddCounters, pgx.StrictNamedArgs{"topic": cfg.Topic, "partition": p.id,
 		"messages": s.messages, "messages_rejected": s.messagesRejected, "records": s.records,
@@ -443,7 +454,24 @@ func (p *partition) recordAndCommit(ctx context.Context, tx openTx, b *microBatc
 	if err := tx.SendBatch(ctx, batch).Close(); err != nil {
 		return fmt.Errorf("dead letters, counters and commit: %w", err)
 	}
+	p.noteMoved(moved)
 	return nil
+}
+
+// noteMoved counts the customers that arrived on this partition after
+// another (committed), and says so at most once a minute per partition:
+// the ledger stays exact, but a customer's usage as_of and quota lag follow
+// whichever partition was seen last.
+func (p *partition) noteMoved(moved []string) {
+	if len(moved) == 0 {
+		return
+	}
+	p.c.m.moves.Add(float64(len(moved)))
+	if now := time.Now(); now.Sub(p.movedLogged) >= time.Minute {
+		p.movedLogged = now
+		p.log.Warn("customers arrived on this partition after another: a producer's partitioner is not murmur2 (the SDK's), or the topic was repartitioned; usage as_of and quota lag follow the partition seen last",
+			"customers", len(moved), "first", moved[0])
+	}
 }
 
 // customers are the keys of the batch's decoded messages, sorted, once each.

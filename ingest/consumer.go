@@ -122,6 +122,9 @@ type partition struct {
 	label    string
 	log      *slog.Logger
 	aheadLog bool // logged "stored offset ahead of the partition's end" already
+	// movedLogged is when noteMoved last logged customers arriving from
+	// another partition.
+	movedLogged time.Time
 
 	lastKafkaCommit time.Time
 	stall           stall

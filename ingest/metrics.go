@@ -29,6 +29,7 @@ type metrics struct {
 	claims      prometheus.Counter     //
 	releases    prometheus.Counter     //
 	evictions   prometheus.Counter     //
+	moves       prometheus.Counter     // customers arriving on a partition after another
 }
 
 func newMetrics(reg prometheus.Registerer, topic string) (*metrics, error) {
@@ -86,12 +87,15 @@ func newMetrics(reg prometheus.Registerer, topic string) (*metrics, error) {
 		releases: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tally_ingest_partition_releases_total", Help: "Partition leases this process released (its surplus when members joined, or a clean shutdown).", ConstLabels: cl,
 		}),
+		moves: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tally_ingest_customer_partition_moves_total", Help: "Customers whose messages arrived on this member's partition after another partition's: a producer whose partitioner is not murmur2 (the SDK's), or a repartitioned topic.", ConstLabels: cl,
+		}),
 		evictions: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tally_ingest_member_evictions_total", Help: "Times this process found its member lease had run out (stopped or starved for a session timeout) and joined again as a new member.", ConstLabels: cl,
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.records, m.messages, m.deadLetters, m.batches, m.txSeconds,
-		m.retries, m.jumps, m.fenced, m.lag, m.through, m.owned, m.anomalies, m.stalled, m.skipped, m.leaseLost, m.claims, m.releases, m.evictions} {
+		m.retries, m.jumps, m.fenced, m.lag, m.through, m.owned, m.anomalies, m.stalled, m.skipped, m.leaseLost, m.claims, m.releases, m.evictions, m.moves} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -96,13 +96,16 @@ WHERE $1 = '' OR topic = $1
 ORDER BY topic, partition`
 
 // qNoteCustomers records which partition the micro-batch's customers arrive
-// on; it writes only for a customer seen for the first time (or moved,
-// after the topic was repartitioned).
+// on; it writes only for a customer seen for the first time (or moved:
+// after the topic was repartitioned, or sent by a producer whose
+// partitioner is not murmur2). It returns the customers that moved (a row
+// updated, not inserted, has a non-zero xmax).
 const qNoteCustomers = `
 INSERT INTO ingest_customers (customer, topic, partition, first_seen)
 SELECT c, $1, $2, $4 FROM unnest($3::text[]) AS c
 ON CONFLICT (customer, topic) DO UPDATE SET partition = EXCLUDED.partition
-WHERE ingest_customers.partition <> EXCLUDED.partition`
+WHERE ingest_customers.partition <> EXCLUDED.partition
+RETURNING customer, xmax <> 0`
 
 // Partition leases (see lease.go). Liveness is a member's row in
 // ingest_members; the partition's row in ingest_partition_owners names the
