@@ -133,7 +133,7 @@ func deadLetterArgs(topic string, partition int, now time.Time, dls []deadLetter
 		if err != nil {
 			return nil, err
 		}
-		ids[i], offsets[i], indexes[i], reasons[i], details[i], keys[i], raws[i] = id, d.offset, d.index, d.reason, asText(d.detail), d.key, d.raw
+		ids[i], offsets[i], indexes[i], reasons[i], details[i], keys[i], raws[i] = id, d.offset, d.index, d.reason, wire.Text(d.detail), d.key, d.raw
 		if d.field != "" {
 			fields[i] = &d.field
 		}

@@ -198,7 +198,7 @@ func Replay(ctx context.Context, tx pgx.Tx, l *ledger.Ledger, id uuid.UUID, now 
 }
 
 func markAttempt(ctx context.Context, tx pgx.Tx, id uuid.UUID, detail string) error {
-	_, err := tx.Exec(ctx, qMarkReplayAttempt, id, asText(detail))
+	_, err := tx.Exec(ctx, qMarkReplayAttempt, id, wire.Text(detail))
 	return err
 }
 
@@ -209,12 +209,4 @@ func summarize(outcomes map[string]int) string {
 	}
 	sort.Strings(parts)
 	return strings.Join(parts, ", ")
-}
-
-// asText makes a dead letter's detail storable as Postgres text whatever
-// bytes an error quoted from the message: invalid UTF-8 as U+FFFD, NUL
-// escaped. A detail Postgres refused would fail the micro-batch, and the
-// message's valid records with it.
-func asText(s string) string {
-	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", `\u0000`)
 }

@@ -108,31 +108,41 @@ const maxShown = 40
 
 // quote quotes s for an error message, clipped at a rune boundary.
 func quote(s string) string {
+	c, clipped := cutShown(s)
+	if clipped {
+		return strconv.Quote(c) + "..."
+	}
+	return strconv.Quote(c)
+}
+
+// clipRaw shows raw JSON text (a number, a literal, a string token) in an
+// error message, which is stored as text (Text), clipped at a rune
+// boundary.
+func clipRaw(b []byte) string {
+	c, clipped := cutShown(string(b))
+	if clipped {
+		return Text(c) + "..."
+	}
+	return Text(c)
+}
+
+// cutShown cuts s to at most maxShown bytes, between UTF-8 sequences, and says
+// whether it cut.
+func cutShown(s string) (string, bool) {
 	if len(s) <= maxShown {
-		return strconv.Quote(s)
+		return s, false
 	}
 	n := maxShown
 	for n > 0 && s[n]&0xC0 == 0x80 { // do not cut a UTF-8 sequence
 		n--
 	}
-	return strconv.Quote(s[:n]) + "..."
+	return s[:n], true
 }
 
-// clipRaw shows raw JSON text (a number, a literal, a string token) in an
-// error message, which is stored as text: cut between characters, invalid
-// UTF-8 shown as U+FFFD and NUL escaped.
-func clipRaw(b []byte) string {
-	clipped := len(b) > maxShown
-	if clipped {
-		n := maxShown
-		for n > 0 && b[n]&0xC0 == 0x80 { // do not cut a UTF-8 sequence
-			n--
-		}
-		b = b[:n]
-	}
-	s := strings.ReplaceAll(strings.ToValidUTF8(string(b), "\uFFFD"), "\x00", `\u0000`)
-	if clipped {
-		s += "..."
-	}
-	return s
+// Text makes s storable as Postgres text, as an error's Detail is stored
+// (dead_letters.detail), whatever bytes it quotes from a message: invalid
+// UTF-8 as U+FFFD, NUL escaped. Text refused by Postgres would fail the
+// micro-batch, and the message's valid records with it.
+func Text(s string) string {
+	return strings.ReplaceAll(strings.ToValidUTF8(s, "\uFFFD"), "\x00", `\u0000`)
 }
