@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tally-ledger/tally/ingest"
+	"github.com/tally-ledger/tally/internal/ids"
 )
 
 // ingestStatusView answers GET /v1/ingest/status: the stored position and
@@ -52,7 +53,7 @@ func (a *API) listDeadLetters(w http.ResponseWriter, r *http.Request) error {
 	}
 	pr, errs := parsePage(q)
 	f := ingest.DeadLetterFilter{Customer: q["customer"]}
-	if c, ok := q["customer"]; ok && !validID(c) {
+	if c, ok := q["customer"]; ok && !ids.Valid(c) {
 		errs = append(errs, FieldError{Field: "customer", Detail: quote(c) + " is not 1-128 characters of A-Z a-z 0-9 . _ : -"})
 	}
 	if s, ok := q["pending"]; ok {

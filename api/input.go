@@ -25,13 +25,10 @@ import (
 	"github.com/tally-ledger/tally/quota"
 )
 
-// validID reports whether s is a customer or meter id (internal/ids).
-func validID(s string) bool { return ids.Valid(s) }
-
 // checkID returns a field problem for an id that is not valid. The value is
 // quoted (and clipped) so control characters never reach a response raw.
 func checkID(field, s string) error {
-	if validID(s) {
+	if ids.Valid(s) {
 		return nil
 	}
 	return invalidField(field, "%s is not %s", quote(s), ids.Rule)

@@ -9,6 +9,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tally-ledger/tally/internal/ids"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/quota"
 )
@@ -66,7 +67,7 @@ func (a *API) getMeter(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	meter := chi.URLParam(r, "meter")
-	if !validID(meter) {
+	if !ids.Valid(meter) {
 		return invalidField("meter", "%s is not 1-128 characters of A-Z a-z 0-9 . _ : -", quote(meter))
 	}
 	m, err := ledger.MeterByName(r.Context(), a.pool, meter)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"github.com/tally-ledger/tally/internal/ids"
 	"github.com/tally-ledger/tally/quota"
 )
 
@@ -151,7 +152,7 @@ func (a *API) putQuota(w http.ResponseWriter, r *http.Request) error {
 	customer, meter := chi.URLParam(r, "customer"), chi.URLParam(r, "meter")
 	var errs []FieldError
 	for _, p := range []struct{ field, v string }{{"customer", customer}, {"meter", meter}} {
-		if !validID(p.v) {
+		if !ids.Valid(p.v) {
 			errs = append(errs, FieldError{Field: p.field, Detail: quote(p.v) + " is not 1-128 characters of A-Z a-z 0-9 . _ : -"})
 		}
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/tally-ledger/tally/internal/ids"
 	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/reconcile"
 )
@@ -111,7 +112,7 @@ func (a *API) postReconciliation(w http.ResponseWriter, r *http.Request) error {
 	} else if fe := checkPeriodRef("period", body.Period); fe != nil {
 		errs = append(errs, *fe)
 	}
-	if body.Customer != "" && !validID(body.Customer) {
+	if body.Customer != "" && !ids.Valid(body.Customer) {
 		errs = append(errs, FieldError{Field: "customer", Detail: quote(body.Customer) + " is not 1-128 characters of A-Z a-z 0-9 . _ : -"})
 	}
 	if body.Deep {

@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/tally-ledger/tally/internal/ids"
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/periods"
 )
@@ -106,7 +107,7 @@ func (a *API) getUsage(w http.ResponseWriter, r *http.Request) error {
 	}
 	var errs []FieldError
 	meter, oneMeter := q["meter"]
-	if oneMeter && !validID(meter) {
+	if oneMeter && !ids.Valid(meter) {
 		errs = append(errs, FieldError{Field: "meter", Detail: quote(meter) + " is not 1-128 characters of A-Z a-z 0-9 . _ : -"})
 	}
 	ref := q["period"]
