@@ -109,10 +109,6 @@ func writeCSV(w io.Writer, runs []*Run) error {
 	_ = cw.Write([]string{"run", "period", "status", "row", "customer", "meter", "billed", "usage",
 		"prior_period_adjustments", "adjustments", "open_gaps", "gap_usage", "severity", "kind", "stream", "amount", "detail"})
 	for _, r := range runs {
-		periodOf := map[string]string{} // customer -> period name
-		for _, t := range r.Totals {
-			periodOf[t.Customer] = t.Period
-		}
 		for _, t := range r.Totals {
 			_ = cw.Write([]string{r.ID.String(), t.Period, r.Status, "total", t.Customer, t.Meter, t.Billed.String(), t.Usage.String(),
 				t.PriorPeriod.String(), t.Adjustments.String(), fmt.Sprint(t.OpenGaps), t.GapAmount.String(), "", "", "", "", ""})
@@ -124,11 +120,8 @@ func writeCSV(w io.Writer, runs []*Run) error {
 			}
 			// The period resolved, as on the total rows; the reference
 			// asked for (e.g. "current") only when the customers' periods
-			// differ, or in a loaded run of a customer without totals.
+			// differ, or in a run loaded with Get (PeriodName is not stored).
 			period := f.PeriodName
-			if period == "" {
-				period = periodOf[f.Customer]
-			}
 			if period == "" {
 				period = r.Period
 			}
