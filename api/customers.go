@@ -1,7 +1,6 @@
 package api
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -110,9 +109,6 @@ func (a *API) getCustomer(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	c, err := a.periodStore().Customer(r.Context(), a.pool, customer)
-	if errors.Is(err, periods.ErrUnknownCustomer) {
-		return customerNotFound(customer)
-	}
 	if err != nil {
 		return err
 	}

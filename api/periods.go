@@ -2,7 +2,6 @@ package api
 
 import (
 	"bytes"
-	"errors"
 	"io"
 	"net/http"
 	"time"
@@ -18,15 +17,6 @@ import (
 
 // periodStore is the periods store on the API's clock and grace; closes
 // need a clean reconciliation run unless forced.
-// unknownCustomer answers the periods store's unknown customer with the 404
-// of every route under /v1/customers/{c}; other errors pass.
-func unknownCustomer(err error, customer string) error {
-	if errors.Is(err, periods.ErrUnknownCustomer) {
-		return customerNotFound(customer)
-	}
-	return err
-}
-
 func (a *API) periodStore() periods.Store {
 	return periods.Store{Grace: a.grace, Clock: a.now, Gate: reconcile.Gate, Kinds: ledger.StatementKinds}
 }
@@ -59,7 +49,7 @@ func (a *API) listPeriods(w http.ResponseWriter, r *http.Request) error {
 	}
 	all, err := a.periodStore().List(ctx, a.pool, customer)
 	if err != nil {
-		return unknownCustomer(err, customer)
+		return err
 	}
 	// A customer has few periods (a year of daily ones is 366): page in
 	// memory, keyed by start, newest first.
@@ -92,7 +82,7 @@ func (a *API) getStatement(w http.ResponseWriter, r *http.Request) error {
 	}
 	st, err := a.periodStore().Statement(ctx, a.pool, customer, chi.URLParam(r, "period"))
 	if err != nil {
-		return unknownCustomer(err, customer)
+		return err
 	}
 	if !principalFrom(ctx).admin {
 		st = customerStatement(st)
@@ -148,7 +138,7 @@ func (a *API) closePeriod(w http.ResponseWriter, r *http.Request) error {
 	})
 	a.forgetUsage(customer)
 	if err != nil {
-		return unknownCustomer(err, customer)
+		return err
 	}
 	writeJSON(w, http.StatusOK, st)
 	return nil

@@ -179,6 +179,7 @@ func (a *API) problemFor(r *http.Request, err error) *Problem {
 	var badRef *periods.InvalidPeriodRefError
 	var noSuchPeriod *periods.NoSuchPeriodError
 	var field *validation.FieldError
+	var unknown *periods.UnknownCustomerError
 	switch {
 	case errors.As(err, &p):
 		cp := *p
@@ -198,8 +199,8 @@ func (a *API) problemFor(r *http.Request, err error) *Problem {
 			ContainingPeriod: noSuchPeriod.Containing.Name}
 	case errors.As(err, &field):
 		return invalid(fieldsOf(err)...)
-	case errors.Is(err, periods.ErrUnknownCustomer):
-		return notFound(err.Error())
+	case errors.As(err, &unknown):
+		return customerNotFound(unknown.Customer) // the 404 of every route under /v1/customers/{c}
 	case errors.Is(err, ingest.ErrDeadLetterNotFound):
 		return notFound(err.Error())
 	case errors.Is(err, reconcile.ErrNotFound):

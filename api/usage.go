@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -418,9 +417,6 @@ func (a *API) resolvePeriod(ctx context.Context, customer, ref string, now time.
 		}
 	}
 	c, err := a.periodStore().Customer(ctx, a.pool, customer)
-	if errors.Is(err, periods.ErrUnknownCustomer) {
-		return periods.Period{}, customerNotFound(customer)
-	}
 	if err != nil {
 		return periods.Period{}, err
 	}

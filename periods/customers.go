@@ -72,7 +72,7 @@ func loadCustomer(ctx context.Context, db DBTX, id, query string) (Customer, err
 	var raw []byte
 	err := db.QueryRow(ctx, query, id).Scan(&raw, &c.CreatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Customer{}, fmt.Errorf("customer %q: %w", id, ErrUnknownCustomer)
+		return Customer{}, &UnknownCustomerError{Customer: id}
 	}
 	if err != nil {
 		return Customer{}, fmt.Errorf("periods: customer %q: %w", id, err)

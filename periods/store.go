@@ -23,6 +23,16 @@ const (
 	CustomerLockBuckets = locks.CustomerBuckets
 )
 
+// UnknownCustomerError: a customer with neither usage nor a calendar. It
+// is ErrUnknownCustomer (errors.Is), and names the customer.
+type UnknownCustomerError struct{ Customer string }
+
+func (e *UnknownCustomerError) Error() string {
+	return fmt.Sprintf("customer %q: %v", e.Customer, ErrUnknownCustomer)
+}
+
+func (e *UnknownCustomerError) Is(target error) bool { return target == ErrUnknownCustomer }
+
 // Errors of the period store. The API maps them to HTTP statuses.
 var (
 	ErrUnknownCustomer = errors.New("unknown customer")
@@ -128,7 +138,7 @@ func schedule(row pgx.Row, customer string) (Schedule, error) {
 	var raw []byte
 	err := row.Scan(&raw)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("customer %q: %w", customer, ErrUnknownCustomer)
+		return nil, &UnknownCustomerError{Customer: customer}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("periods: load calendar: %w", err)

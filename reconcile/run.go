@@ -458,7 +458,7 @@ func (rc *Reconciler) targets(ctx context.Context, tx pgx.Tx, opt Options, now t
 		var exists bool
 		_ = tx.QueryRow(ctx, qCustomerExists, opt.Customer).Scan(&exists)
 		if !exists {
-			return tg, nil, fmt.Errorf("customer %q: %w", opt.Customer, periods.ErrUnknownCustomer)
+			return tg, nil, &periods.UnknownCustomerError{Customer: opt.Customer}
 		}
 		return tg, nil, fmt.Errorf("customer %q has no period starting %s: %w", opt.Customer, opt.Period, periods.ErrNoSuchPeriod)
 	}
