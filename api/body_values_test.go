@@ -31,7 +31,8 @@ func TestAdminBodiesNameTheValueAtFault(t *testing.T) {
 		{"/v1/pools/team/quotas/calls", map[string]any{"limit": "10", "effective_at": "tomorrow"}, "effective_at", "an RFC 3339 time"},
 		{"/v1/pools/team", map[string]any{"members": []string{"acme"}, "effective_at": 12}, "effective_at", "not 12"},
 		{"/v1/alerts/a1", alert(map[string]any{"hysteresis_percent": "a bit"}), "hysteresis_percent", "exact decimal string"},
-		{"/v1/alerts/a1", alert(map[string]any{"thresholds": []any{map[string]any{"percent": "most"}}}), "thresholds.percent", "exact decimal string"},
+		{"/v1/alerts/a1", alert(map[string]any{"thresholds": []any{map[string]any{"percent": "most"}}}), "thresholds[0].percent", "exact decimal string"},
+		{"/v1/alerts/a1", alert(map[string]any{"thresholds": []any{map[string]any{"percent": "80"}, map[string]any{"percent": true}}}), "thresholds[1].percent", "exact decimal string"},
 	} {
 		f.do("PUT", c.path, adminToken, c.body).fieldProblem(t, c.field, c.about)
 	}

@@ -95,7 +95,7 @@ func TestReleaseItemsNameTheFieldAtFault(t *testing.T) {
 		field, about string
 	}{
 		{"not-a-uuid", "releases[1].grant", `"not-a-uuid" is not a grant id`},
-		{12, "releases.grant", "must be a string, not number"},
+		{12, "releases[1].grant", "must be a string, not number"},
 	} {
 		ok := map[string]any{"grant": "0193a4c2-0000-7000-8000-000000000001", "generation": 1, "spent": "0"}
 		bad := map[string]any{"grant": c.grant, "generation": 1, "spent": "0"}
@@ -150,9 +150,9 @@ func TestGrantBodiesNameTheValueAtFault(t *testing.T) {
 		{"/v1/grants", grant(map[string]any{"min_amount": "x"}), "min_amount", "exact decimal string"},
 		{"/v1/grants", grant(map[string]any{"ttl": "forever"}), "ttl", `must be a duration like "30s", or whole seconds, not "forever"`},
 		{"/v1/grants/" + id + "/renew", map[string]any{"holder": "gw1", "generation": 1, "spent": "x"}, "spent", "exact decimal string"},
-		{"/v1/grants/release", release("1/2"), "releases.spent", "exact decimal string"},
-		{"/v1/bypasses", bypass(map[string]any{"amount": "x"}), "items.amount", "exact decimal string"},
-		{"/v1/bypasses", bypass(map[string]any{"first_at": "yesterday"}), "items.first_at", `must be an RFC 3339 time, not "yesterday"`},
+		{"/v1/grants/release", release("1/2"), "releases[0].spent", "exact decimal string"},
+		{"/v1/bypasses", bypass(map[string]any{"amount": "x"}), "items[0].amount", "exact decimal string"},
+		{"/v1/bypasses", bypass(map[string]any{"first_at": "yesterday"}), "items[0].first_at", `must be an RFC 3339 time, not "yesterday"`},
 	} {
 		f.do("POST", c.path, gw1, c.body).fieldProblem(t, c.field, c.about)
 	}

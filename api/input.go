@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -147,6 +148,10 @@ func decodeJSON(r *http.Request, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
+		var typ *json.UnmarshalTypeError
+		if errors.As(err, &typ) && typ.Field != "" {
+			typ.Field = indexedField(raw, v, typ)
+		}
 		return jsonProblem(err)
 	}
 	var extra json.RawMessage
@@ -193,6 +198,10 @@ func checkBody(raw []byte, v any) error {
 type bodyCheck struct {
 	dec  *json.Decoder
 	errs []FieldError
+	// visit, when set, is given each value walked: its path and where its
+	// JSON text ends in the body (it begins after the previous one's end,
+	// past separators and white space).
+	visit func(path string, start, end int64)
 }
 
 const nulDetail = "contains a NUL character (\\u0000), which no text may hold"
@@ -205,6 +214,10 @@ func (c *bodyCheck) fail(path, detail string) {
 // a type whose fields are not known).
 func (c *bodyCheck) value(path string, t reflect.Type) error {
 	t = fieldsType(t)
+	if c.visit != nil {
+		start := c.dec.InputOffset()
+		defer func() { c.visit(path, start, c.dec.InputOffset()) }()
+	}
 	tok, err := c.dec.Token()
 	if err != nil {
 		return err
@@ -367,6 +380,53 @@ func jsonFields(t reflect.Type) map[string]reflect.Type {
 	}
 	fieldCache.Store(t, out)
 	return out
+}
+
+// indexedField is the JSON path, with its array indices, of the value typ
+// is about: encoding/json names a field without them (thresholds.percent
+// for thresholds[2].percent). It is the first value at that path whose JSON
+// is what typ says it found: a kind ("string", "number 1.5") or, from the
+// types that decode themselves, the value's text clipped as they clip it.
+// When no value matches, typ's own field.
+func indexedField(raw []byte, v any, typ *json.UnmarshalTypeError) string {
+	found := ""
+	c := bodyCheck{dec: json.NewDecoder(bytes.NewReader(raw))}
+	c.dec.UseNumber()
+	c.visit = func(path string, start, end int64) {
+		if found != "" || indexRE.ReplaceAllString(path, "") != typ.Field {
+			return
+		}
+		if text := bytes.TrimLeft(raw[start:end], " \t\r\n,:"); foundAs(typ.Value, text) {
+			found = path
+		}
+	}
+	_ = c.value("", reflect.TypeOf(v)) // a body the decoder read to a type error is well-formed
+	if found == "" {
+		return typ.Field
+	}
+	return found
+}
+
+var indexRE = regexp.MustCompile(`\[[0-9]+\]`)
+
+// foundAs reports whether the JSON text is the value a type error
+// described as found.
+func foundAs(found string, text []byte) bool {
+	if len(text) == 0 {
+		return false
+	}
+	if n, ok := strings.CutPrefix(found, "number "); ok {
+		return string(text) == n
+	}
+	kind := map[byte]string{'"': "string", '{': "object", '[': "array", 't': "bool", 'f': "bool", 'n': "null"}[text[0]]
+	if kind == "" {
+		kind = "number"
+	}
+	switch found {
+	case "string", "object", "array", "bool", "number":
+		return kind == found
+	}
+	return clip(string(text), 40) == found
 }
 
 // joinPath is the JSON path of member key of the object at path.
