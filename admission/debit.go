@@ -12,6 +12,7 @@ import (
 
 	"github.com/tally-ledger/tally/internal/locks"
 	"github.com/tally-ledger/tally/internal/pgnamed"
+	"github.com/tally-ledger/tally/internal/pguuid"
 	"github.com/tally-ledger/tally/quota"
 )
 
@@ -157,7 +158,7 @@ func (s *Store) debitOnce(ctx context.Context, req IssueRequest, pl plan) (Grant
 		}
 		scopes[i], scopeStart = d.scope, d.period.Start.UTC()
 	}
-	args := pgnamed.Args{"id": g.ID, "holder": req.Holder, "generation": req.Generation, "customer": req.Customer,
+	args := pgnamed.Args{"id": pguuid.Of(g.ID), "holder": req.Holder, "generation": req.Generation, "customer": req.Customer,
 		"meter": req.Meter, "cstart": g.PeriodStart, "cost": req.Amount.String(), "now": now, "scopes": scopes,
 		"sstart": scopeStart, "version": g.RuleVersion, "valid_until": g.ValidUntil, "reclaim_at": g.ReclaimAt,
 		"draws_customer": pl.drawsCustomer, "exact_scope_lock": locks.ExactScope}
