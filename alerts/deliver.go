@@ -336,40 +336,54 @@ func (d *Dispatcher) backoff(n int) time.Duration {
 }
 
 // Sign returns the Tally-Signature header of body sent at t with secret:
-// "t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>".
-func Sign(secret string, t time.Time, body []byte) string {
+// "t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>", with one
+// more ",v1=<hex>" for each of older (a rotated-out secret during its
+// overlap).
+func Sign(secret string, t time.Time, body []byte, older ...string) string {
 	ts := strconv.FormatInt(t.Unix(), 10)
+	h := "t=" + ts
+	for _, s := range append([]string{secret}, older...) {
+		h += ",v1=" + hex.EncodeToString(signature(s, ts, body))
+	}
+	return h
+}
+
+func signature(secret, ts string, body []byte) []byte {
 	mac := hmac.New(sha256.New, []byte(secret))
 	mac.Write([]byte(ts + "."))
 	mac.Write(body)
-	return "t=" + ts + ",v1=" + hex.EncodeToString(mac.Sum(nil))
+	return mac.Sum(nil)
 }
 
-// Verify checks a Tally-Signature header against body and secret, and
-// that its time is within tolerance of now.
+// Verify checks a Tally-Signature header against body and secret (one of
+// its v1 signatures is secret's), and that its time is within tolerance of
+// now.
 func Verify(secret, header string, body []byte, now time.Time, tolerance time.Duration) error {
-	var ts, v1 string
+	var ts string
+	var v1s []string
 	for _, part := range strings.Split(header, ",") {
 		k, v, _ := strings.Cut(strings.TrimSpace(part), "=")
 		switch k {
 		case "t":
 			ts = v
 		case "v1":
-			v1 = v
+			v1s = append(v1s, v)
 		}
 	}
 	sec, err := strconv.ParseInt(ts, 10, 64)
-	if err != nil || v1 == "" {
+	if err != nil || len(v1s) == 0 {
 		return errors.New("alerts: malformed signature header")
 	}
 	if d := now.Sub(time.Unix(sec, 0)); d > tolerance || d < -tolerance {
 		return fmt.Errorf("alerts: signature time %s is %v from now", ts, d)
 	}
-	want := Sign(secret, time.Unix(sec, 0), body)
-	if !hmac.Equal([]byte(want), []byte("t="+ts+",v1="+v1)) {
-		return errors.New("alerts: signature does not match")
+	want := signature(secret, ts, body)
+	for _, v1 := range v1s {
+		if got, err := hex.DecodeString(v1); err == nil && hmac.Equal(want, got) {
+			return nil
+		}
 	}
-	return nil
+	return errors.New("alerts: signature does not match")
 }
 
 func (d *Dispatcher) post(ctx context.Context, h endpointConfig, c claimed) (int, error) {
@@ -382,7 +396,11 @@ func (d *Dispatcher) post(ctx context.Context, h endpointConfig, c claimed) (int
 	req.Header.Set("User-Agent", "Tally-Alerts/1")
 	req.Header.Set("Tally-Event-Id", c.eventID.String())
 	req.Header.Set("Tally-Event-Type", c.typ)
-	req.Header.Set("Tally-Signature", Sign(h.secret, time.Now(), body))
+	var older []string
+	if h.previous != "" {
+		older = append(older, h.previous)
+	}
+	req.Header.Set("Tally-Signature", Sign(h.secret, time.Now(), body, older...))
 	resp, err := d.client.Do(req)
 	if err != nil {
 		return 0, err

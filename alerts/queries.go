@@ -130,9 +130,13 @@ GROUP BY e.id
 ORDER BY e.seq DESC
 LIMIT @limit`
 
-const qWebhooks = `SELECT name, url, events, created_at, updated_at, rotated_at FROM alert_webhooks ORDER BY name`
-const qWebhook = `SELECT name, url, events, created_at, updated_at, rotated_at FROM alert_webhooks WHERE name = $1`
-const qWebhookSecrets = `SELECT name, url, events, secret FROM alert_webhooks`
+const qWebhooks = `SELECT name, url, events, created_at, updated_at, rotated_at, previous_until FROM alert_webhooks ORDER BY name`
+const qWebhook = `SELECT name, url, events, created_at, updated_at, rotated_at, previous_until FROM alert_webhooks WHERE name = $1`
+
+// qWebhookSecrets: the previous secret only while its overlap lasts.
+const qWebhookSecrets = `
+SELECT name, url, events, secret, CASE WHEN previous_until > now() THEN previous_secret END
+FROM alert_webhooks`
 
 const qPutWebhook = `
 INSERT INTO alert_webhooks AS w (name, url, events, secret, created_at, updated_at, rotated_at)
@@ -140,7 +144,12 @@ VALUES (@name, @url, @events, @secret, @at, @at, @at)
 ON CONFLICT (name) DO UPDATE SET url = EXCLUDED.url, events = EXCLUDED.events, updated_at = EXCLUDED.updated_at
 RETURNING (xmax = 0)`
 
-const qRotateSecret = `UPDATE alert_webhooks SET secret = @secret, rotated_at = @at WHERE name = @name`
+// qRotateSecret: the secret replaced is the previous one (@until NULL: none).
+const qRotateSecret = `
+UPDATE alert_webhooks
+SET previous_secret = CASE WHEN @until::timestamptz IS NOT NULL THEN secret END, previous_until = @until::timestamptz,
+    secret = @secret, rotated_at = @at
+WHERE name = @name`
 
 const qChangedAt = `SELECT subject, threshold, period_start, changed_at FROM alert_states WHERE rule = $1`
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -51,7 +52,7 @@ func TestRuleEndpointsMustExistAndVersionsGrow(t *testing.T) {
 	if _, again, created, _ := alerts.PutWebhook(ctx, pool, alerts.WebhookInput{Name: "ops", URL: "https://hooks.example.com/y"}, time.Now()); again != "" || created {
 		t.Fatalf("an update showed the secret again or said created")
 	}
-	rotated, err := alerts.RotateSecret(ctx, pool, "ops", time.Now())
+	rotated, err := alerts.RotateSecret(ctx, pool, "ops", time.Now(), 0)
 	if err != nil || rotated == secret {
 		t.Fatalf("rotate: %q %v", rotated, err)
 	}
@@ -90,11 +91,23 @@ func TestSignatureVerifies(t *testing.T) {
 	if err := alerts.Verify("whsec_k", sig, body, at, time.Minute); err != nil {
 		t.Fatal(err)
 	}
+	// While a rotation's overlap lasts, one signature per secret, the new
+	// secret's first: either verifies.
+	both := alerts.Sign("whsec_k", at, body, "whsec_j")
+	if both != sig+",v1="+strings.TrimPrefix(alerts.Sign("whsec_j", at, body), "t=1764806400,v1=") {
+		t.Fatalf("signature with two secrets %q", both)
+	}
+	for _, secret := range []string{"whsec_k", "whsec_j"} {
+		if err := alerts.Verify(secret, both, body, at, time.Minute); err != nil {
+			t.Errorf("%s with two signatures: %v", secret, err)
+		}
+	}
 	for name, f := range map[string]func() error{
-		"other secret": func() error { return alerts.Verify("whsec_j", sig, body, at, time.Minute) },
-		"other body":   func() error { return alerts.Verify("whsec_k", sig, []byte(`{"id":"y"}`), at, time.Minute) },
-		"too old":      func() error { return alerts.Verify("whsec_k", sig, body, at.Add(time.Hour), time.Minute) },
-		"malformed":    func() error { return alerts.Verify("whsec_k", "v1=00", body, at, time.Minute) },
+		"two signatures, neither by it": func() error { return alerts.Verify("whsec_x", both, body, at, time.Minute) },
+		"other secret":                  func() error { return alerts.Verify("whsec_j", sig, body, at, time.Minute) },
+		"other body":                    func() error { return alerts.Verify("whsec_k", sig, []byte(`{"id":"y"}`), at, time.Minute) },
+		"too old":                       func() error { return alerts.Verify("whsec_k", sig, body, at.Add(time.Hour), time.Minute) },
+		"malformed":                     func() error { return alerts.Verify("whsec_k", "v1=00", body, at, time.Minute) },
 	} {
 		if f() == nil {
 			t.Errorf("%s: verified", name)

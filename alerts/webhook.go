@@ -27,6 +27,10 @@ type Webhook struct {
 	CreatedAt time.Time `json:"created_at"`
 	UpdatedAt time.Time `json:"updated_at"`
 	RotatedAt time.Time `json:"secret_rotated_at"`
+	// PreviousUntil is when the secret replaced by the last rotation stops
+	// (or stopped) signing deliveries beside the new one (nil: the last
+	// rotation kept none).
+	PreviousUntil *time.Time `json:"previous_secret_valid_until"`
 }
 
 // WebhookInput is PUT /v1/webhooks/{name}.
@@ -188,14 +192,28 @@ func PutWebhook(ctx context.Context, db DBTX, in WebhookInput, now time.Time) (w
 	return w, s, created, nil
 }
 
+// MaxKeepPrevious is the longest a rotated-out secret keeps signing.
+const MaxKeepPrevious = 7 * 24 * time.Hour
+
 // RotateSecret gives the webhook a new secret and returns it (shown once).
-// Deliveries from then on are signed with it.
-func RotateSecret(ctx context.Context, db DBTX, name string, now time.Time) (string, error) {
+// Deliveries from then on are signed with it and, for keepPrevious (0 to
+// MaxKeepPrevious), also with the secret it replaces, so a receiver can
+// switch to the new secret without refusing a delivery. A secret replaced
+// during an earlier overlap stops signing at once.
+func RotateSecret(ctx context.Context, db DBTX, name string, now time.Time, keepPrevious time.Duration) (string, error) {
+	if keepPrevious < 0 || keepPrevious > MaxKeepPrevious {
+		return "", validation.Errorf("keep_previous_for", "must be between 0 and %v, not %v", MaxKeepPrevious, keepPrevious)
+	}
 	s, err := newSecret()
 	if err != nil {
 		return "", err
 	}
-	tag, err := db.Exec(ctx, qRotateSecret, pgx.NamedArgs{"name": name, "secret": s, "at": now.UTC()})
+	var until *time.Time
+	if keepPrevious > 0 {
+		u := now.UTC().Add(keepPrevious).Truncate(time.Microsecond)
+		until = &u
+	}
+	tag, err := db.Exec(ctx, qRotateSecret, pgx.NamedArgs{"name": name, "secret": s, "at": now.UTC(), "until": until})
 	if err != nil {
 		return "", fmt.Errorf("alerts: rotate secret: %w", err)
 	}
@@ -207,8 +225,11 @@ func RotateSecret(ctx context.Context, db DBTX, name string, now time.Time) (str
 
 func scanWebhook(row pgx.Row) (Webhook, error) {
 	var w Webhook
-	err := row.Scan(&w.Name, &w.URL, &w.Events, &w.CreatedAt, &w.UpdatedAt, &w.RotatedAt)
+	err := row.Scan(&w.Name, &w.URL, &w.Events, &w.CreatedAt, &w.UpdatedAt, &w.RotatedAt, &w.PreviousUntil)
 	w.CreatedAt, w.UpdatedAt, w.RotatedAt = w.CreatedAt.UTC(), w.UpdatedAt.UTC(), w.RotatedAt.UTC()
+	if w.PreviousUntil != nil {
+		*w.PreviousUntil = w.PreviousUntil.UTC()
+	}
 	return w, err
 }
 
@@ -242,6 +263,9 @@ type endpointConfig struct {
 	url    string
 	events []string
 	secret string
+	// previous is the secret the last rotation replaced, while its
+	// overlap lasts ("" otherwise).
+	previous string
 }
 
 func loadEndpoints(ctx context.Context, db DBTX) (map[string]endpointConfig, error) {
@@ -254,8 +278,12 @@ func loadEndpoints(ctx context.Context, db DBTX) (map[string]endpointConfig, err
 	for rows.Next() {
 		var name string
 		var c endpointConfig
-		if err := rows.Scan(&name, &c.url, &c.events, &c.secret); err != nil {
+		var previous *string
+		if err := rows.Scan(&name, &c.url, &c.events, &c.secret, &previous); err != nil {
 			return nil, fmt.Errorf("alerts: read webhooks: %w", err)
+		}
+		if previous != nil {
+			c.previous = *previous
 		}
 		out[name] = c
 	}

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 	"unicode/utf8"
 
 	"github.com/go-chi/chi/v5"
@@ -219,12 +220,23 @@ func (a *API) listWebhooks(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// rotateBody is POST /v1/webhooks/{name}/rotate-secret's optional body.
+type rotateBody struct {
+	// KeepPreviousFor is how long the secret replaced keeps signing beside
+	// the new one (none by default).
+	KeepPreviousFor durationInput `json:"keep_previous_for"`
+}
+
 func (a *API) rotateWebhookSecret(w http.ResponseWriter, r *http.Request) error {
 	name := chi.URLParam(r, "name")
 	if _, err := queryParams(r); err != nil {
 		return err
 	}
-	secret, err := alerts.RotateSecret(r.Context(), a.pool, name, a.now())
+	var in rotateBody
+	if err := decodeOptionalJSON(r, &in); err != nil {
+		return err
+	}
+	secret, err := alerts.RotateSecret(r.Context(), a.pool, name, a.now(), time.Duration(in.KeepPreviousFor.Duration))
 	if err != nil {
 		return alertsProblem(err)
 	}

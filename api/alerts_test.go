@@ -1,10 +1,12 @@
 package api_test
 
 import (
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tally-ledger/tally/api"
 )
@@ -45,8 +47,22 @@ func TestAlertRulesAndWebhooksOverREST(t *testing.T) {
 		t.Fatalf("GET shows the secret: %v", m)
 	}
 	r = f.do("POST", "/v1/webhooks/ops/rotate-secret", adminToken, nil)
-	if m := r.json(t); r.status != http.StatusOK || m["secret"] == nil || m["secret"] == created["secret"] {
+	if m := r.json(t); r.status != http.StatusOK || m["secret"] == nil || m["secret"] == created["secret"] || m["previous_secret_valid_until"] != nil {
 		t.Fatalf("rotate: %d %s", r.status, r.body)
+	}
+	// With an overlap, the secret replaced keeps signing until the time
+	// the answer gives (docs/operations.md, "Alerts").
+	r = f.do("POST", "/v1/webhooks/ops/rotate-secret", adminToken, map[string]any{"keep_previous_for": "24h"})
+	until, _ := time.Parse(time.RFC3339Nano, fmt.Sprint(r.json(t)["previous_secret_valid_until"]))
+	rotated, _ := time.Parse(time.RFC3339Nano, fmt.Sprint(r.json(t)["secret_rotated_at"]))
+	if r.status != http.StatusOK || until.Sub(rotated) != 24*time.Hour {
+		t.Fatalf("rotate with an overlap: %d %s", r.status, r.body)
+	}
+	if m := f.do("GET", "/v1/webhooks/ops", adminToken, nil).json(t); m["previous_secret_valid_until"] != r.json(t)["previous_secret_valid_until"] {
+		t.Fatalf("GET after a rotation with an overlap: %v", m)
+	}
+	for _, bad := range []any{"8d", "169h", "-1s", "soon"} {
+		f.do("POST", "/v1/webhooks/ops/rotate-secret", adminToken, map[string]any{"keep_previous_for": bad}).fieldProblem(t, "keep_previous_for", "")
 	}
 
 	rule := map[string]any{"subject": "customer:acme", "meter": "calls",
