@@ -7,7 +7,9 @@
 //
 // The enforcer evaluates every current rule against rollup usage and
 // publishes a Decision to Kafka (key "customer/meter") on every change and at
-// least every Republish, and stores the latest one per rule in Postgres.
+// least every Republish (sooner when the one published would otherwise turn
+// stale while usage is caught up), and stores the latest one per rule in
+// Postgres.
 //
 // Pools and the global scope have rules too (ScopeRule, docs/design.md §13),
 // versioned and insert-only. The enforcer evaluates the lagged ones like a

@@ -512,7 +512,22 @@ func (e *Enforcer) readFailed(ctx context.Context, err error) error {
 func (e *Enforcer) due(prev, d Decision) bool {
 	return prev.State != d.State || prev.RuleVersion != d.RuleVersion || prev.Period != d.Period ||
 		prev.Mode != d.Mode || d.DecidedAt.Sub(prev.DecidedAt) >= e.cfg.Republish ||
-		prev.Stale(prev.DecidedAt) != d.Stale(d.DecidedAt)
+		prev.Stale(prev.DecidedAt) != d.Stale(d.DecidedAt) || e.refreshes(prev, d)
+}
+
+// refreshes reports whether d, fresher than prev, must replace it before
+// consumers find prev stale: a consumer holding prev applies on_stale from
+// prev.AsOf + StaleAfter, which comes before the next republication when
+// stale_after is shorter than Republish (plus the lag). d is published
+// when that instant is less than two evaluations and a second of delivery
+// away, so a caught-up customer's decision never reads stale, while one
+// whose as_of stands still (a stalled ingest) is not republished for it.
+func (e *Enforcer) refreshes(prev, d Decision) bool {
+	if prev.AsOf == nil || d.AsOf == nil || !d.AsOf.After(*prev.AsOf) || d.Stale(d.DecidedAt) {
+		return false
+	}
+	staleAt := prev.AsOf.Add(time.Duration(prev.StaleAfter))
+	return !d.DecidedAt.Add(2*e.cfg.Interval + time.Second).Before(staleAt)
 }
 
 // rate records u as a sample and returns the recent rate of usage: from the

@@ -423,3 +423,34 @@ func exactRuleUsageIsNotOverage(t *testing.T, takeover bool) {
 		}
 	}
 }
+
+// A rule whose stale_after is shorter than the republication interval:
+// while ingest keeps up, the decision a gateway holds is never stale, so
+// on_stale (allow here: an exceeded customer would be admitted) never
+// applies to a customer whose usage is known. The enforcer publishes a
+// fresher decision before the one held reaches as_of + stale_after.
+func TestShortStaleAfterNeverStaleWhileCaughtUp(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	e.follow()
+	e.put(quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("50"), StaleAfter: 3 * time.Second})
+	e.use("acme", "api_calls", 60)
+	rd := e.reader()
+	cfg := e.config("a")
+	cfg.Republish = 10 * time.Second
+	e.start(cfg)
+	held := rd.until(10*time.Second, "exceeded", func(d received) bool { return d.State == quota.Exceeded })
+	for end := time.Now().Add(6 * time.Second); time.Now().Before(end); {
+		d, ok := rd.next(min(time.Until(end), 200*time.Millisecond))
+		if now := time.Now(); held.Stale(now) {
+			t.Fatalf("at %s the decision held (as_of %s, stale_after 3s) is stale although ingest is caught up: a gateway admits an exceeded customer (on_stale allow)",
+				now.Format(time.StampMilli), held.AsOf.Format(time.StampMilli))
+		}
+		if ok {
+			if d.State != quota.Exceeded {
+				t.Fatalf("decision %+v", d.Decision)
+			}
+			held = d
+		}
+	}
+}
