@@ -66,18 +66,7 @@ func (s *Store) renew(ctx context.Context, db batcher, r Report) (g Grant, err e
 	if g, err = s.fenced(ctx, db, r, now); err != nil {
 		return Grant{}, err
 	}
-	// Never past the end of any period the grant drew from: its
-	// customer's and every pool's or the global one's.
-	validUntil := minTime(now.Add(r.TTL), g.PeriodEnd)
-	if g.drawsEnd != nil {
-		validUntil = minTime(validUntil, *g.drawsEnd)
-	}
-	if validUntil.After(g.ValidUntil) {
-		g.ValidUntil = validUntil
-	}
-	if reclaim := validUntil.Add(s.cfg.MaxSkew); reclaim.After(g.ReclaimAt) {
-		g.ReclaimAt = reclaim
-	}
+	s.extend(&g, r.TTL, now)
 	g.Spent = r.Spent
 	if _, err = db.Exec(ctx, qRenewGrant, pgnamed.Args{"id": pguuid.Of(g.ID), "spent": r.Spent.String(),
 		"valid_until": g.ValidUntil, "reclaim_at": g.ReclaimAt}); err != nil {
@@ -87,6 +76,27 @@ func (s *Store) renew(ctx context.Context, db batcher, r Report) (g Grant, err e
 		return Grant{}, fmt.Errorf("admission: renew: %w", err)
 	}
 	return g, nil
+}
+
+// extend is what a renewal does to g's validity: valid_until becomes now
+// + ttl unless already later, never past the end of any period the grant
+// drew from (its customer's, every pool's or the global one's) nor a rate
+// grant's validity at issue. reclaim_at moves only with valid_until, to
+// max_skew after it, and never earlier: a renewal that extends nothing (a
+// rate grant's) keeps the reclaim its issue set, which for a rate grant
+// may be its rules' own smaller max_skew (docs/design.md §17).
+func (s *Store) extend(g *Grant, ttl time.Duration, now time.Time) {
+	validUntil := minTime(now.Add(ttl), g.PeriodEnd)
+	if g.drawsEnd != nil {
+		validUntil = minTime(validUntil, *g.drawsEnd)
+	}
+	if !validUntil.After(g.ValidUntil) {
+		return
+	}
+	g.ValidUntil = validUntil
+	if reclaim := validUntil.Add(s.cfg.MaxSkew); reclaim.After(g.ReclaimAt) {
+		g.ReclaimAt = reclaim
+	}
 }
 
 // Release ends the grant with its final spent; amount - spent is free for

@@ -290,3 +290,30 @@ func TestRateReleasesInOneBatch(t *testing.T) {
 		t.Fatalf("16 returned tokens: %v", err)
 	}
 }
+
+// Renew never extends a rate grant, so it never moves its reclaim either:
+// reclaim_at stays valid_until + the rule's max_skew, not the
+// deployment's (docs/design.md §17).
+func TestRenewKeepsARateGrantsReclaim(t *testing.T) {
+	e := rateEnv(t)
+	ctx := context.Background()
+	e.rateRule("customer:acme", "calls", "1", "1h", "20", 250*time.Millisecond, time.Time{})
+	g, err := e.issueRate("gw1", "acme", "10")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := e.store.Renew(ctx, admission.Report{Grant: g.ID, Holder: "gw1", Generation: 1, Spent: d("2")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored, err := e.store.Get(ctx, g.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, x := range map[string]admission.Grant{"answer": r, "stored": stored} {
+		if !x.ValidUntil.Equal(g.ValidUntil) || !x.ReclaimAt.Equal(g.ReclaimAt) {
+			t.Errorf("%s after renew: valid_until %v reclaim_at %v, want the issue's %v and %v (max_skew 250ms)",
+				name, x.ValidUntil, x.ReclaimAt, g.ValidUntil, g.ReclaimAt)
+		}
+	}
+}

@@ -321,16 +321,7 @@ func (s *Store) decideReport(c *report, generations map[string]int64, grants map
 		t := now
 		g.Spent, g.EndedAt, g.EndReason, g.State = r.Spent, &t, "released", "ended"
 	} else {
-		validUntil := minTime(now.Add(r.TTL), g.PeriodEnd)
-		if g.drawsEnd != nil {
-			validUntil = minTime(validUntil, *g.drawsEnd)
-		}
-		if validUntil.After(g.ValidUntil) {
-			g.ValidUntil = validUntil
-		}
-		if reclaim := validUntil.Add(s.cfg.MaxSkew); reclaim.After(g.ReclaimAt) {
-			g.ReclaimAt = reclaim
-		}
+		s.extend(&g, r.TTL, now)
 		g.Spent = r.Spent
 		w.validUntil, w.reclaimAt = g.ValidUntil, g.ReclaimAt
 	}
