@@ -12,8 +12,10 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/ingest/wire"
 	"github.com/tally-ledger/tally/internal/ids"
 	"github.com/tally-ledger/tally/internal/pgnamed"
+	"github.com/tally-ledger/tally/ledger"
 )
 
 // BypassReport is what a holder admitted without a grant (Tally was
@@ -64,8 +66,29 @@ func (r BypassReport) Validate() error {
 		if slices.ContainsFunc(r.Items[:i], func(o BypassItem) bool { return o.Customer == it.Customer && o.Meter == it.Meter }) {
 			errs = append(errs, &FieldError{Field: f + "meter", Detail: fmt.Sprintf("%s/%s is reported twice: one item per customer and meter", it.Customer, it.Meter)})
 		}
-		if it.FirstAt.IsZero() || it.LastAt.Before(it.FirstAt) {
+		switch {
+		case it.FirstAt.IsZero() || it.LastAt.Before(it.FirstAt):
 			errs = append(errs, &FieldError{Field: f + "last_at", Detail: "first_at is required and last_at must not be before it"})
+		case it.FirstAt.Before(wire.MinOccurredAt):
+			errs = append(errs, &FieldError{Field: f + "first_at", Detail: fmt.Sprintf("%s is before %s, as no usage can be",
+				it.FirstAt.UTC().Format(time.RFC3339), wire.MinOccurredAt.Format(time.DateOnly))})
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// checkBypassTimes refuses items whose last admission is more than the
+// ledger's clock skew ahead of now: a bypass is an admission that
+// happened, booked in the period of its first one, and one stamped ahead
+// would count in the books of a period to come (usage stamped so is
+// refused too, ledger.MaxClockSkew).
+func (r BypassReport) checkBypassTimes(now time.Time) error {
+	var errs []error
+	for i, it := range r.Items {
+		if it.LastAt.After(now.Add(ledger.MaxClockSkew)) {
+			errs = append(errs, &FieldError{Field: fmt.Sprintf("items[%d].last_at", i), Detail: fmt.Sprintf(
+				"%s is more than %s ahead of Tally's clock (%s): a bypass reports admissions that happened",
+				it.LastAt.UTC().Format(time.RFC3339Nano), ledger.MaxClockSkew, now.UTC().Format(time.RFC3339Nano))})
 		}
 	}
 	return errors.Join(errs...)
@@ -83,6 +106,9 @@ func (s *Store) RecordBypasses(ctx context.Context, r BypassReport) error {
 		return err
 	}
 	now := s.now()
+	if err := r.checkBypassTimes(now); err != nil {
+		return err
+	}
 	var err error
 	// Twice at most: a concurrent copy of the same report that commits
 	// first makes this one's insert conflict, and the second attempt

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/admission"
+	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/quota"
 )
 
@@ -539,5 +541,49 @@ func TestIssueDoesNotWaitForTheBatchInFlight(t *testing.T) {
 		if b := e.budget(c, "tokens"); !b.Consumed.Equal(d(want)) {
 			t.Fatalf("%s: %+v, want %s consumed", c, b, want)
 		}
+	}
+}
+
+// A bypass is an admission that happened: one stamped more than the
+// ledger's clock skew ahead of Tally's clock, or before the instants whose
+// periods a period reference can name, is refused naming its field, and
+// nothing of the report is stored (it would count in a future period's, or
+// an unnameable period's, books). One just inside the skew is stored.
+func TestBypassTimesAreInstantsThatHappened(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	e.rule("acme", "tokens", d("100"))
+	now := e.clock.Now()
+	item := func(first, last time.Time) admission.BypassItem {
+		return admission.BypassItem{Customer: "acme", Meter: "tokens", Amount: d("1"), Admissions: 1, FirstAt: first, LastAt: last}
+	}
+	for _, c := range []struct {
+		name        string
+		first, last time.Time
+		field       string
+	}{
+		{"future", now.AddDate(3, 0, 0), now.AddDate(3, 0, 0), "items[1].last_at"},
+		{"last ahead", now, now.Add(ledger.MaxClockSkew + time.Second), "items[1].last_at"},
+		{"year 9999", time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC), time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC), "items[1].last_at"},
+		{"before 1970", time.Date(1969, 12, 31, 0, 0, 0, 0, time.UTC), now, "items[1].first_at"},
+		{"year 1", time.Date(1, 1, 1, 0, 0, 1, 0, time.UTC), time.Date(1, 1, 1, 0, 0, 1, 0, time.UTC), "items[1].first_at"},
+	} {
+		rep := admission.BypassReport{Holder: "gw1", Generation: 1, ReportID: "r-" + strings.ReplaceAll(c.name, " ", "-"),
+			Items: []admission.BypassItem{item(now, now), item(c.first, c.last)}}
+		rep.Items[1].Meter = "other"
+		err := e.store.RecordBypasses(ctx, rep)
+		var fe *admission.FieldError
+		if !errors.As(err, &fe) || fe.Field != c.field {
+			t.Errorf("%s: got %v, want a field error on %s", c.name, err, c.field)
+		}
+	}
+	var n int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM admission_bypasses`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d bypasses stored (%v), want none", n, err)
+	}
+	ahead := now.Add(ledger.MaxClockSkew)
+	if err := e.store.RecordBypasses(ctx, admission.BypassReport{Holder: "gw1", Generation: 1, ReportID: "ok",
+		Items: []admission.BypassItem{item(ahead, ahead)}}); err != nil {
+		t.Fatalf("a bypass within the clock skew: %v", err)
 	}
 }
