@@ -44,13 +44,21 @@ func canRead(ctx context.Context, customer string) error {
 	return customerNotFound(customer)
 }
 
-var errForbidden = &Problem{Type: TypeForbidden, Title: "Forbidden", Status: http.StatusForbidden,
-	Detail: "customer tokens may only read; this needs the admin token"}
+var (
+	errForbidden = &Problem{Type: TypeForbidden, Title: "Forbidden", Status: http.StatusForbidden,
+		Detail: "customer tokens may only read; this needs the admin token"}
+	errForbiddenGateway = &Problem{Type: TypeForbidden, Title: "Forbidden", Status: http.StatusForbidden,
+		Detail: "a gateway token manages only its holder's grants, debits and bypasses; this needs the admin token"}
+)
 
 // requireAdmin lets only the admin token through (every write).
 func requireAdmin(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !principalFrom(r.Context()).admin {
+		if p := principalFrom(r.Context()); !p.admin {
+			if p.gateway != "" {
+				writeProblemRequest(w, r, errForbiddenGateway)
+				return
+			}
 			writeProblemRequest(w, r, errForbidden)
 			return
 		}

@@ -219,3 +219,13 @@ func TestGrantRoutes401NamesGatewayTokens(t *testing.T) {
 		}
 	}
 }
+
+// An admin route refused to a gateway token says what a gateway token
+// may do, not that it is a customer token.
+func TestAdminRoute403ToAGatewayTokenSaysSo(t *testing.T) {
+	f := newFixture(t)
+	p := f.do("POST", "/v1/holders/gw1/retire", f.gatewayToken("gw1"), nil).problem(t, 403, "urn:tally:problem:forbidden")
+	if strings.Contains(p.Detail, "customer token") || !strings.Contains(p.Detail, "gateway token") || !strings.Contains(p.Detail, "admin token") {
+		t.Errorf("403 to a gateway token: %q, want it to say what a gateway token may do and that this needs the admin token", p.Detail)
+	}
+}
