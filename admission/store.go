@@ -203,9 +203,15 @@ func checkHolder(holder string, generation int64) []error {
 	return errs
 }
 
+// MinTTL is the shortest a grant may be asked to live.
+const MinTTL = time.Millisecond
+
+// checkTTL refuses a ttl (0: the default) shorter than MinTTL, longer than
+// MaxTTL, or finer than the microsecond Tally keeps times to (a grant's
+// answer would name a valid_until it does not store).
 func checkTTL(ttl time.Duration) []error {
-	if ttl < 0 || ttl > MaxTTL {
-		return []error{&FieldError{Field: "ttl", Detail: fmt.Sprintf("%v must be positive and at most %v", ttl, MaxTTL)}}
+	if ttl != 0 && (ttl < MinTTL || ttl > MaxTTL || ttl%time.Microsecond != 0) {
+		return []error{&FieldError{Field: "ttl", Detail: fmt.Sprintf("%v must be whole microseconds, from %v to %v", ttl, MinTTL, MaxTTL)}}
 	}
 	return nil
 }

@@ -280,6 +280,8 @@ func (c Config) Validate() error {
 	}
 	if c.GrantTTL > 0 && c.GrantTTL < time.Second {
 		bad("GrantTTL", "%s is below a second: Tally takes whole grants of at least 1s", c.GrantTTL)
+	} else if c.GrantTTL > time.Hour || c.GrantTTL%time.Microsecond != 0 {
+		bad("GrantTTL", "%s must be whole microseconds, at most 1h: Tally refuses any other grant ttl", c.GrantTTL)
 	}
 	if c.MinGrant < 0 || c.LocalAmount < 0 {
 		bad("MinGrant", "MinGrant and LocalAmount must not be negative")

@@ -34,6 +34,8 @@ func TestNewRefusesSetupMistakes(t *testing.T) {
 		{"token with a newline", admit.Config{URL: "http://h:1", Token: "t\n", Holder: "gw1", Dir: "d"}, []string{"Token"}},
 		{"holder", admit.Config{URL: "http://h:1", Token: "t", Holder: "gw 1", Dir: "d"}, []string{"Holder"}},
 		{"negative", admit.Config{URL: "http://h:1", Token: "t", Holder: "gw1", Dir: "d", MaxWait: -time.Second}, []string{"MaxWait"}},
+		{"grant ttl finer than a microsecond", admit.Config{URL: "http://h:1", Token: "t", Holder: "gw1", Dir: "d", GrantTTL: 30*time.Second + time.Nanosecond}, []string{"GrantTTL"}},
+		{"grant ttl above an hour", admit.Config{URL: "http://h:1", Token: "t", Holder: "gw1", Dir: "d", GrantTTL: 2 * time.Hour}, []string{"GrantTTL"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := admit.New(tc.cfg)

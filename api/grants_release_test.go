@@ -186,3 +186,37 @@ func TestReportsWithoutSpentAreRefused(t *testing.T) {
 		t.Fatalf("release with spent: %d %s", r.status, r.body)
 	}
 }
+
+// A grant's ttl is kept as Tally keeps times, to the microsecond, and a
+// grant lives at least a millisecond: "1ns" gave a grant valid for no time
+// and "30.0000014s" an answer's valid_until that GET did not give back.
+func TestGrantTTLIsWholeMicroseconds(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	if r := f.do("PUT", "/v1/customers/acme/quotas/tokens", adminToken, map[string]any{"limit": "100", "admission": "exact"}); r.status != 201 {
+		t.Fatalf("exact rule: %d %s", r.status, r.body)
+	}
+	gw1 := f.gatewayToken("gw1")
+	grant := func(ttl string) map[string]any {
+		return map[string]any{"holder": "gw1", "generation": 1, "customer": "acme", "meter": "tokens", "amount": "1", "ttl": ttl}
+	}
+	for _, bad := range []string{"1ns", "999us", "30.0000014s"} {
+		f.do("POST", "/v1/grants", gw1, grant(bad)).fieldProblem(t, "ttl", "whole microseconds, from 1ms")
+	}
+	r := f.do("POST", "/v1/grants", gw1, grant("30.000001s"))
+	if r.status != 201 {
+		t.Fatalf("ttl 30.000001s: %d %s", r.status, r.body)
+	}
+	issued := r.json(t)
+	id := issued["id"].(string)
+	var stored any
+	for _, g := range f.do("GET", "/v1/customers/acme/grants", adminToken, nil).json(t)["items"].([]any) {
+		if g := g.(map[string]any); g["id"] == id {
+			stored = g["valid_until"]
+		}
+	}
+	if issued["valid_until"] != stored {
+		t.Fatalf("valid_until answered %v, stored %v", issued["valid_until"], stored)
+	}
+	f.do("POST", "/v1/grants/"+id+"/renew", gw1, map[string]any{"holder": "gw1", "generation": 1, "spent": "0", "ttl": "1ns"}).fieldProblem(t, "ttl", "whole microseconds, from 1ms")
+}
