@@ -99,15 +99,22 @@ func NewMetrics(reg prometheus.Registerer, db DBTX, now func() time.Time, log *s
 	for _, r := range refusalReasons {
 		m.refused.WithLabelValues(r)
 	}
-	m.debits.WithLabelValues("ok")
+	// Each outcome a call can end in, exported at 0 from the start.
+	for _, o := range []string{"ok", "budget_exhausted", "not_exact", "stale_generation", "invalid", "error"} {
+		m.debits.WithLabelValues(o)
+	}
+	for _, o := range []string{"ok", "stale_generation", "not_holder", "grant_ended", "not_found", "invalid", "error"} {
+		m.renewals.WithLabelValues(o)
+		m.releases.WithLabelValues(o)
+	}
+	for _, o := range []string{"ok", "invalid", "error"} {
+		m.bypassRep.WithLabelValues(o)
+	}
 	for _, o := range []string{"debited", "refused"} {
 		m.debitTime.WithLabelValues(o)
 	}
 	for _, o := range []string{"issued", "refused"} {
 		m.issueTime.WithLabelValues(o)
-	}
-	for _, v := range []*prometheus.CounterVec{m.renewals, m.releases, m.bypassRep} {
-		v.WithLabelValues("ok")
 	}
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)

@@ -98,6 +98,29 @@ func TestAdmissionCountersAreExportedBeforeTheFirstGrant(t *testing.T) {
 		`tally_admission_budgets_brought_total{kind="customer"}`,
 		`tally_admission_budgets_brought_total{kind="scope"}`,
 		`tally_grants_refused_total{reason="budget_exhausted"}`,
+		// docs/operations.md: renewals and releases are ok or refused as
+		// stale_generation, not_holder, grant_ended, not_found, invalid or
+		// error; debits ok or refused as a grant request is; bypass
+		// reports ok, invalid or error.
+		`tally_grant_renewals_total{outcome="stale_generation"}`,
+		`tally_grant_renewals_total{outcome="not_holder"}`,
+		`tally_grant_renewals_total{outcome="grant_ended"}`,
+		`tally_grant_renewals_total{outcome="not_found"}`,
+		`tally_grant_renewals_total{outcome="invalid"}`,
+		`tally_grant_renewals_total{outcome="error"}`,
+		`tally_grant_releases_total{outcome="stale_generation"}`,
+		`tally_grant_releases_total{outcome="not_holder"}`,
+		`tally_grant_releases_total{outcome="grant_ended"}`,
+		`tally_grant_releases_total{outcome="not_found"}`,
+		`tally_grant_releases_total{outcome="invalid"}`,
+		`tally_grant_releases_total{outcome="error"}`,
+		`tally_debits_total{outcome="budget_exhausted"}`,
+		`tally_debits_total{outcome="not_exact"}`,
+		`tally_debits_total{outcome="stale_generation"}`,
+		`tally_debits_total{outcome="invalid"}`,
+		`tally_debits_total{outcome="error"}`,
+		`tally_bypass_reports_total{outcome="invalid"}`,
+		`tally_bypass_reports_total{outcome="error"}`,
 	} {
 		if m[name] != "0" {
 			t.Errorf("%s = %q, want 0", name, m[name])
