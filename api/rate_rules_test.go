@@ -87,3 +87,18 @@ func TestQuotaListingShowsRateRules(t *testing.T) {
 		}
 	}
 }
+
+// Each problem of a customer's rate rule is one field error
+// (docs/api.md): a rate value that does not parse, or is missing, is not
+// reported again as the zero it left behind ("0 must be positive").
+func TestRateRuleProblemIsOneFieldError(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	for _, c := range []struct{ body, field, about string }{
+		{`{"rate":{"amount":"1e3","per":"1s","burst":"2"},"admission":"exact"}`, "rate.amount", "not a decimal number"},
+		{`{"rate":{"amount":"1","per":"1s"},"admission":"exact"}`, "rate.burst", "is required"},
+		{`{"rate":{"amount":"1","per":"soon","burst":"2"},"admission":"exact"}`, "rate.per", "soon"},
+	} {
+		f.do("PUT", "/v1/customers/acme/quotas/calls", adminToken, c.body).fieldProblem(t, c.field, c.about)
+	}
+}

@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -123,11 +125,25 @@ func (p PutRequest) Input(customer, meter, actor string) (RuleInput, error) {
 	if p.EffectiveAt != nil {
 		in.EffectiveAt = *p.EffectiveAt
 	}
-	// Report the field checks too, so the caller sees everything at once.
-	if err := invalid(append(errs, in.problems()...)...); err != nil {
+	// Report the field checks too, so the caller sees everything at once,
+	// but not again for a field that did not decode: its check would
+	// judge the zero left in its place.
+	for _, e := range in.problems() {
+		if !slices.ContainsFunc(errs, func(d error) bool { return sameField(d, e) }) {
+			errs = append(errs, e)
+		}
+	}
+	if err := invalid(errs...); err != nil {
 		return RuleInput{}, err
 	}
 	return in, nil
+}
+
+// sameField says whether a and b are field errors of one field.
+func sameField(a, b error) bool {
+	fa, ok := errors.AsType[*validation.FieldError](a)
+	fb, ok2 := errors.AsType[*validation.FieldError](b)
+	return ok && ok2 && fa.Field == fb.Field
 }
 
 // decodeDecimal reads a decimal as every decimal of the API's bodies is
