@@ -366,18 +366,25 @@ type RateBudget struct {
 }
 
 // qRateBudgets lists the rate buckets of @scopes with their state now.
+// A budget no grant has drawn on yet has no bucket row: it is listed
+// full at its burst, as the first grant creates it.
 const qRateBudgets = `
-SELECT b.scope, b.meter, r.amount::text, (r.per_us / 1000)::bigint, r.burst::text,
-       admission_rate_tokens_at(b.scope, b.meter, b.tokens, b.refilled_at, now())::text,
+WITH c AS (
+    SELECT scope, meter FROM admission_rate_buckets WHERE scope = ANY(@scopes::text[])
+    UNION SELECT 'customer:' || customer, meter FROM quota_rules
+          WHERE rate_amount IS NOT NULL AND 'customer:' || customer = ANY(@scopes::text[])
+    UNION SELECT scope, meter FROM quota_scope_rules WHERE rate_amount IS NOT NULL AND scope = ANY(@scopes::text[]))
+SELECT c.scope, c.meter, r.amount::text, (r.per_us / 1000)::bigint, r.burst::text,
+       coalesce(admission_rate_tokens_at(b.scope, b.meter, b.tokens, b.refilled_at, now()), r.burst)::text,
        coalesce((SELECT sum(g.amount) FROM admission_rate_draws d JOIN admission_grants g ON g.id = d.grant_id
-                 WHERE (d.scope, d.meter) = (b.scope, b.meter) AND g.ended_at IS NULL AND g.reclaim_at > now()), 0)::text,
+                 WHERE (d.scope, d.meter) = (c.scope, c.meter) AND g.ended_at IS NULL AND g.reclaim_at > now()), 0)::text,
        coalesce((SELECT sum(g.amount - g.spent) FROM admission_rate_draws d JOIN admission_grants g ON g.id = d.grant_id
-                 WHERE (d.scope, d.meter) = (b.scope, b.meter) AND g.ended_at IS NULL AND g.reclaim_at <= now()), 0)::text,
-       b.taken::text, b.returned::text, b.refused
-FROM admission_rate_buckets b
-JOIN LATERAL admission_rate_rule_in_force(b.scope, b.meter, now()) r ON true
-WHERE b.scope = ANY(@scopes::text[])
-ORDER BY b.scope, b.meter`
+                 WHERE (d.scope, d.meter) = (c.scope, c.meter) AND g.ended_at IS NULL AND g.reclaim_at <= now()), 0)::text,
+       coalesce(b.taken, 0)::text, coalesce(b.returned, 0)::text, coalesce(b.refused, 0)
+FROM c
+JOIN LATERAL admission_rate_rule_in_force(c.scope, c.meter, now()) r ON true
+LEFT JOIN admission_rate_buckets b ON (b.scope, b.meter) = (c.scope, c.meter)
+ORDER BY c.scope, c.meter`
 
 // RateBudgets lists the rate budgets of scopes ("customer:<id>",
 // "pool:<name>", "global") whose rule in force is a rate.

@@ -102,3 +102,42 @@ func TestRateRuleProblemIsOneFieldError(t *testing.T) {
 		f.do("PUT", "/v1/customers/acme/quotas/calls", adminToken, c.body).fieldProblem(t, c.field, c.about)
 	}
 }
+
+// A customer's rate budgets are listed from the moment their rules are in
+// force (docs/api.md: the rate budgets the customer draws from), each
+// bucket full at its burst, as the first grant finds it: not only once a
+// grant has drawn on it.
+func TestRateBudgetsListedBeforeTheFirstGrant(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	if r := f.do("PUT", "/v1/customers/acme/quotas/calls", adminToken, map[string]any{
+		"rate": map[string]any{"amount": "100", "per": "1s", "burst": "200"}, "admission": "exact"}); r.status != http.StatusCreated {
+		t.Fatalf("PUT rate rule: %d %s", r.status, r.body)
+	}
+	if r := f.do("PUT", "/v1/global/quotas/calls", adminToken, map[string]any{
+		"rate": map[string]any{"amount": "1", "per": "1h", "burst": "100"}, "admission": "exact"}); r.status != http.StatusCreated {
+		t.Fatalf("PUT global rate rule: %d %s", r.status, r.body)
+	}
+	if r := f.do("PUT", "/v1/customers/acme/quotas/tokens", adminToken, map[string]any{"limit": "1000", "admission": "exact"}); r.status != http.StatusCreated {
+		t.Fatalf("PUT period rule: %d %s", r.status, r.body)
+	}
+	items := f.do("GET", "/v1/customers/acme/rate-budgets", adminToken, nil).json(t)["items"].([]any)
+	if len(items) != 2 {
+		t.Fatalf("rate budgets %v, want customer:acme and global", items)
+	}
+	for i, want := range []map[string]any{
+		{"scope": "customer:acme", "meter": "calls", "amount": "100", "per": "1s", "burst": "200", "tokens": "200", "live": "0", "taken": "0", "refused": float64(0)},
+		{"scope": "global", "meter": "calls", "amount": "1", "per": "1h", "burst": "100", "tokens": "100", "live": "0", "taken": "0", "refused": float64(0)},
+	} {
+		got := items[i].(map[string]any)
+		for k, v := range want {
+			if got[k] != v {
+				t.Errorf("rate budget %d: %s = %v, want %v (%v)", i, k, got[k], v, got)
+			}
+		}
+	}
+	f.usage("globex", "calls", f.clock(), "1")
+	if items := f.do("GET", "/v1/customers/globex/rate-budgets", adminToken, nil).json(t)["items"].([]any); len(items) != 1 || items[0].(map[string]any)["scope"] != "global" {
+		t.Errorf("globex's rate budgets %v, want global's alone", items)
+	}
+}
