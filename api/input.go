@@ -66,7 +66,11 @@ func queryParams(r *http.Request, allowed ...string) (map[string]string, error) 
 		}
 		switch {
 		case !known:
-			errs = append(errs, FieldError{Field: k, Detail: fmt.Sprintf("unknown query parameter; allowed: %s", strings.Join(allowed, ", "))})
+			detail := "unknown query parameter; this route takes none"
+			if len(allowed) > 0 {
+				detail = "unknown query parameter; allowed: " + strings.Join(allowed, ", ")
+			}
+			errs = append(errs, FieldError{Field: k, Detail: detail})
 		case len(vs) > 1:
 			errs = append(errs, FieldError{Field: k, Detail: "given more than once"})
 		default:

@@ -166,3 +166,13 @@ func TestDecimalsFollowOneRule(t *testing.T) {
 		}
 	}
 }
+
+// An unknown query parameter is refused naming the ones the route takes,
+// and on a route that takes none, saying so (not "allowed: " and nothing).
+func TestUnknownQueryParameterSaysWhatTheRouteTakes(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.usage("acme", "calls", f.clock(), "1")
+	f.do("GET", "/v1/customers/acme/usage?bogus=1", adminToken, nil).fieldProblem(t, "bogus", "allowed: meter, period, group_by")
+	f.do("GET", "/v1/customers/acme/quotas?limit=1", adminToken, nil).fieldProblem(t, "limit", "unknown query parameter; this route takes none")
+}
