@@ -268,3 +268,38 @@ func TestReadyzUnownedPartition(t *testing.T) {
 		t.Fatalf("check off: %d %s", r.status, r.body)
 	}
 }
+
+// A record's dead letter refused again on replay names the record by its
+// place in the message it came in (records[1].total, as its field does),
+// not by its place in the one-record message the replay wraps it in.
+func TestReplayRefusedAgainNamesTheRecordsOwnField(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	id := uuid.Must(uuid.NewV7())
+	f.exec(`INSERT INTO dead_letters (id, topic, partition, "offset", record_index, reason, field, detail, key, raw, producer, epoch, created_at) VALUES
+		($1, 'tally.meter-batches', 0, 3, 1, 'bad_decimal', 'records[1].total', '1.5 is a JSON number', 'acme',
+		 '{"operation_id":"01938f2e-6c1b-7d4e-9a51-3c2f9b7e4a12","customer":"acme","meter":"api_calls","seq":2,"total":1.5,"occurred_at":"2026-11-20T09:59:02Z"}',
+		 'gw-1', 3, '2026-11-20T11:00:00Z')`, id)
+	res := f.do("POST", "/v1/dead-letters/"+id.String()+"/replay", adminToken, nil).json(t)
+	detail, _ := res["detail"].(string)
+	if res["replayed"] != false || !strings.HasPrefix(detail, "refused again: records[1].total: ") {
+		t.Fatalf("replay: %v", res)
+	}
+	if got := f.do("GET", "/v1/dead-letters/"+id.String(), adminToken, nil).json(t); got["replay_outcome"] != detail {
+		t.Errorf("replay_outcome %v, want %q", got["replay_outcome"], detail)
+	}
+}
+
+// A record that is not a JSON object is refused by the decoder as a whole
+// message once wrapped; the replay names it at its own place too.
+func TestReplayRefusedAgainNamesAWrongRecordAtItsPlace(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	id := uuid.Must(uuid.NewV7())
+	f.exec(`INSERT INTO dead_letters (id, topic, partition, "offset", record_index, reason, field, detail, key, raw, producer, epoch, created_at) VALUES
+		($1, 'tally.meter-batches', 0, 3, 2, 'wrong_type', 'records[2]', 'not an object', 'acme', '17', 'gw-1', 3, '2026-11-20T11:00:00Z')`, id)
+	res := f.do("POST", "/v1/dead-letters/"+id.String()+"/replay", adminToken, nil).json(t)
+	if detail, _ := res["detail"].(string); res["replayed"] != false || !strings.HasPrefix(detail, "refused again: records[2]") {
+		t.Fatalf("replay: %v", res)
+	}
+}

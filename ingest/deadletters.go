@@ -152,19 +152,22 @@ func Replay(ctx context.Context, tx pgx.Tx, l *ledger.Ledger, id uuid.UUID, now 
 			"epoch": *d.Epoch, "sent_at": now.UTC().Format(time.RFC3339Nano), "records": []json.RawMessage{json.RawMessage(d.raw)}}
 		if value, err = json.Marshal(env); err != nil {
 			res.Detail = "refused again: the stored record is not JSON"
-			return res, markAttempt(ctx, tx, id, res.Detail)
+			return res, markAttempt(ctx, tx, &res, id)
 		}
 	}
 	b, _, rejected, err := wire.Decode(d.key, value)
 	if err != nil {
 		res.Outcomes[ledger.Rejected.String()]++
+		if we, ok := errors.AsType[*wire.Error](err); ok {
+			err = ownPlace(*we, d.RecordIndex)
+		}
 		res.Detail = "refused again: " + err.Error()
-		return res, markAttempt(ctx, tx, id, res.Detail)
+		return res, markAttempt(ctx, tx, &res, id)
 	}
 	var why []string
 	for _, r := range rejected {
 		res.Outcomes[ledger.Rejected.String()]++
-		why = append(why, r.Err.Error())
+		why = append(why, ownPlace(r.Err, d.RecordIndex).Error())
 	}
 	recs := make([]ledger.Record, len(b.Records))
 	for i, r := range b.Records {
@@ -187,7 +190,7 @@ func Replay(ctx context.Context, tx pgx.Tx, l *ledger.Ledger, id uuid.UUID, now 
 	}
 	if len(why) > 0 {
 		res.Detail = "refused again: " + strings.Join(why, "; ")
-		return res, markAttempt(ctx, tx, id, res.Detail)
+		return res, markAttempt(ctx, tx, &res, id)
 	}
 	res.Replayed, res.Detail = true, summarize(res.Outcomes)
 	if _, err := tx.Exec(ctx, qMarkReplayed, id, now, res.Detail); err != nil {
@@ -197,9 +200,23 @@ func Replay(ctx context.Context, tx pgx.Tx, l *ledger.Ledger, id uuid.UUID, now 
 	return res, nil
 }
 
-func markAttempt(ctx context.Context, tx pgx.Tx, id uuid.UUID, detail string) error {
-	_, err := tx.Exec(ctx, qMarkReplayAttempt, id, wire.Text(detail))
+// markAttempt notes res.Detail, why the replay was refused again, on the
+// dead letter and in the answer's copy of it.
+func markAttempt(ctx context.Context, tx pgx.Tx, res *ReplayResult, id uuid.UUID) error {
+	outcome := wire.Text(res.Detail)
+	res.DeadLetter.ReplayOutcome = &outcome
+	_, err := tx.Exec(ctx, qMarkReplayAttempt, id, outcome)
 	return err
+}
+
+// ownPlace is e with a record's path (records[0], as the replay wraps a
+// record dead letter alone in a message) at the record's place in the
+// message it came in, as its dead letter's field names it.
+func ownPlace(e wire.Error, index *int32) wire.Error {
+	if index != nil && strings.HasPrefix(e.Field, "records[0]") {
+		e.Field = fmt.Sprintf("records[%d]", *index) + strings.TrimPrefix(e.Field, "records[0]")
+	}
+	return e
 }
 
 func summarize(outcomes map[string]int) string {
