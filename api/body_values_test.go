@@ -37,6 +37,7 @@ func TestAdminBodiesNameTheValueAtFault(t *testing.T) {
 		f.do("PUT", c.path, adminToken, c.body).fieldProblem(t, c.field, c.about)
 	}
 }
+
 // A value of the wrong type inside an array is named by its JSON path,
 // index included, as every other field problem is (docs/api.md): the
 // decoder's own path left the index out (thresholds.percent), so a
