@@ -464,9 +464,39 @@ func (r *runner) checkOverage(ctx context.Context, tx pgx.Tx, tg target) error {
 			return err
 		}
 		a := exceeded.dec().Add(stale.dec())
-		r.find(Finding{Kind: KindOverage, Severity: Notice, Customer: c, Meter: m, Amount: &a,
-			Detail: fmt.Sprintf("%s admitted while the quota was exceeded and %s while its decision was stale (at most %s over the limit)",
-				exceeded.dec(), stale.dec(), over.dec())})
+		r.find(Finding{Kind: KindOverage, Severity: Notice, Customer: c, Meter: m, Amount: &a, Detail: overageDetail(exceeded, stale, over)})
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	return r.checkScopeOverage(ctx, tx, tg)
+}
+
+// checkScopeOverage reports what the lagged quotas of pools and the global
+// scope that concern the targets admitted over: a finding of no one
+// customer (many share the scope), its scope in the detail, its period
+// the scope's.
+func (r *runner) checkScopeOverage(ctx context.Context, tx pgx.Tx, tg target) error {
+	rows, err := tx.Query(ctx, qScopeOverage, tg.args())
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var scope, m string
+		var start time.Time
+		var exceeded, stale, over numeric
+		if err := rows.Scan(&scope, &m, &start, &exceeded, &stale, &over); err != nil {
+			return err
+		}
+		a, period := exceeded.dec().Add(stale.dec()), start.UTC()
+		r.find(Finding{Kind: KindOverage, Severity: Notice, Meter: m, Period: &period, Amount: &a,
+			Detail: scope + "/" + m + ": " + overageDetail(exceeded, stale, over)})
 	}
 	return rows.Err()
+}
+
+func overageDetail(exceeded, stale, over numeric) string {
+	return fmt.Sprintf("%s admitted while the quota was exceeded and %s while its decision was stale (at most %s over the limit)",
+		exceeded.dec(), stale.dec(), over.dec())
 }

@@ -278,6 +278,26 @@ FROM quota_overage o JOIN t USING (customer, period_start)
 WHERE o.while_exceeded > 0 OR o.while_stale > 0
 ORDER BY 1, 2`
 
+	// What the lagged quotas of pools and the global scope admitted over,
+	// in scope periods (calendar months, UTC) that overlap a target's
+	// period: the global one's always, a pool's when the target's customer
+	// was its member during the target's period.
+	qScopeOverage = `
+WITH ` + qTargets + `
+SELECT o.customer, o.meter, o.period_start, o.while_exceeded, o.while_stale, o.over_limit
+FROM quota_overage o
+WHERE (o.customer = 'global' OR o.customer LIKE 'pool:%')
+  AND (o.while_exceeded > 0 OR o.while_stale > 0)
+  AND EXISTS (
+    SELECT 1 FROM t
+    WHERE o.period_start < t.period_end
+      AND t.period_start < ((o.period_start AT TIME ZONE 'UTC') + interval '1 month') AT TIME ZONE 'UTC'
+      AND (o.customer = 'global' OR EXISTS (
+        SELECT 1 FROM pool_members m
+        WHERE 'pool:' || m.pool = o.customer AND m.customer = t.customer
+          AND m.joined_at < t.period_end AND (m.left_at IS NULL OR m.left_at > t.period_start))))
+ORDER BY 1, 2, 3`
+
 	// An exact budget's billed usage.
 	qBudgetUsage = `
 SELECT coalesce(sum(quantity), 0) FROM rollups

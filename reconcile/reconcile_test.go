@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -277,6 +278,38 @@ func TestOverageIsReported(t *testing.T) {
 	if r.Status != reconcile.StatusClean || len(over) != 1 || over[0].Amount.String() != "20" ||
 		over[0].Detail != "15 admitted while the quota was exceeded and 5 while its decision was stale (at most 20 over the limit)" {
 		t.Fatalf("overage: %s %+v", r.Status, over)
+	}
+}
+
+// What a pool's or the global lagged quota admitted over is reported too,
+// as a finding of no one customer (its scope in the detail), in the runs
+// of the customers it concerns: the global one in every run, a pool's in
+// the runs of customers that were its members during the period.
+func TestPoolAndGlobalOverageIsReported(t *testing.T) {
+	e := newEnv(t)
+	e.apply(rec("gw", 1, "acme", 1, "120", "120", nov))
+	e.exec(`INSERT INTO pools (name, created_at, updated_at) VALUES ('team', '2026-10-01', '2026-10-01'), ('other', '2026-10-01', '2026-10-01')`)
+	e.exec(`INSERT INTO pool_members (pool, customer, joined_at, actor) VALUES ('team', 'acme', '2026-10-01', 'test'), ('other', 'globex', '2026-10-01', 'test')`)
+	e.exec(`INSERT INTO quota_overage (customer, meter, period_start, period, while_exceeded, while_stale, over_limit, updated_at)
+		VALUES ('pool:team', 'calls', '2026-11-01T00:00:00Z', '2026-11-01', 7, 0, 7, now()),
+		       ('pool:other', 'calls', '2026-11-01T00:00:00Z', '2026-11-01', 3, 0, 3, now()),
+		       ('global', 'calls', '2026-11-01T00:00:00Z', '2026-11-01', 0, 4, 0, now()),
+		       ('global', 'calls', '2026-10-01T00:00:00Z', '2026-10-01', 9, 0, 9, now())`)
+	r := e.run(reconcile.Options{Period: "2026-11-01", Customer: "acme"})
+	over := findings(t, r, reconcile.KindOverage)
+	var got []string
+	for _, f := range over {
+		if f.Customer != "" || f.Period == nil || !f.Period.Equal(time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)) {
+			t.Errorf("a scope's overage names customer %q, period %v", f.Customer, f.Period)
+		}
+		got = append(got, f.Amount.String()+" "+f.Detail)
+	}
+	want := []string{
+		"4 global/calls: 0 admitted while the quota was exceeded and 4 while its decision was stale (at most 0 over the limit)",
+		"7 pool:team/calls: 7 admitted while the quota was exceeded and 0 while its decision was stale (at most 7 over the limit)",
+	}
+	if r.Status != reconcile.StatusClean || !slices.Equal(got, want) {
+		t.Fatalf("overage: %s\n%s", r.Status, strings.Join(got, "\n"))
 	}
 }
 
