@@ -221,11 +221,31 @@ func scanRule(row pgx.Row) (Rule, error) {
 	return r, nil
 }
 
+// unknownEndpoints is a field error for each of endpoints that names no
+// webhook.
+func unknownEndpoints(ctx context.Context, db DBTX, endpoints []string) ([]error, error) {
+	var unknown []string
+	if err := db.QueryRow(ctx, qUnknownWebhooks, endpoints).Scan(&unknown); err != nil {
+		return nil, fmt.Errorf("alerts: read webhooks: %w", err)
+	}
+	var errs []error
+	for _, u := range unknown {
+		i := slices.Index(endpoints, u)
+		errs = append(errs, validation.Errorf(fmt.Sprintf("endpoints[%d]", i), "no webhook %q; create it first (PUT /v1/webhooks/%s)", u, u))
+	}
+	return errs, nil
+}
+
 // PutRule stores a new version of the rule in.Name and returns it, with
 // created true when no live version existed. Endpoints must name existing
 // webhooks.
 func PutRule(ctx context.Context, db TxBeginner, in RuleInput, now time.Time) (r Rule, created bool, err error) {
 	if err := in.Validate(); err != nil {
+		// Every field at fault at once: the endpoints that name no webhook
+		// too (read without the lock: nothing is written).
+		if unknown, rerr := unknownEndpoints(ctx, db, in.Endpoints); rerr == nil && len(unknown) > 0 {
+			err = fmt.Errorf("%w: %w", err, errors.Join(unknown...))
+		}
 		return Rule{}, false, err
 	}
 	if in.NotifyOn == nil {
@@ -243,17 +263,12 @@ func PutRule(ctx context.Context, db TxBeginner, in RuleInput, now time.Time) (r
 			if _, err := tx.Exec(ctx, qLockWebhooks, in.Endpoints); err != nil {
 				return fmt.Errorf("alerts: lock webhooks: %w", err)
 			}
-			var unknown []string
-			if err := tx.QueryRow(ctx, qUnknownWebhooks, in.Endpoints).Scan(&unknown); err != nil {
-				return fmt.Errorf("alerts: read webhooks: %w", err)
+			unknown, err := unknownEndpoints(ctx, tx, in.Endpoints)
+			if err != nil {
+				return err
 			}
 			if len(unknown) > 0 {
-				var errs []error
-				for _, u := range unknown {
-					i := slices.Index(in.Endpoints, u)
-					errs = append(errs, validation.Errorf(fmt.Sprintf("endpoints[%d]", i), "no webhook %q; create it first (PUT /v1/webhooks/%s)", u, u))
-				}
-				return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(errs...))
+				return fmt.Errorf("%w: %w", ErrInvalid, errors.Join(unknown...))
 			}
 			var prev int64
 			var live bool

@@ -42,6 +42,18 @@ func TestRuleEndpointsMustExistAndVersionsGrow(t *testing.T) {
 	if fs := validation.Fields(err); len(fs) != 1 || fs[0].Field != "endpoints[0]" {
 		t.Fatalf("unknown endpoint: %v", err)
 	}
+	// Every field at fault at once: an unknown endpoint is named beside a
+	// threshold at fault, not only once the threshold is mended.
+	bad := in
+	bad.Thresholds = []alerts.Threshold{{}}
+	_, _, err = alerts.PutRule(ctx, pool, bad, time.Now())
+	var fields []string
+	for _, fe := range validation.Fields(err) {
+		fields = append(fields, fe.Field)
+	}
+	if !errors.Is(err, alerts.ErrInvalid) || !slices.Equal(fields, []string{"thresholds[0]", "endpoints[0]"}) {
+		t.Fatalf("a threshold at fault and an unknown endpoint: fields %v (%v)", fields, err)
+	}
 	if _, _, _, err := alerts.PutWebhook(ctx, pool, alerts.WebhookInput{Name: "ops", URL: "http://127.0.0.1:9/x"}, time.Now()); len(validation.Fields(err)) != 1 {
 		t.Fatalf("a loopback webhook without AllowPrivate: %v", err)
 	}
