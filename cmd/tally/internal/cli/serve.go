@@ -437,6 +437,13 @@ func run(ctx context.Context, o runOptions) error {
 			return fmt.Errorf("listen %s: %w", o.listen, err)
 		}
 		srv := api.NewServer(ln.Addr().String(), handler)
+		// Requests outlive the components' context by the drain at most:
+		// a request still running then (a synchronous reconciliation run)
+		// is cancelled and ends as its code ends a cancelled one, while
+		// the pools are still open, rather than being cut off by them.
+		reqCtx, cancelRequests := context.WithCancel(context.WithoutCancel(ctx))
+		defer cancelRequests()
+		srv.BaseContext = func(net.Listener) context.Context { return reqCtx }
 		g.Go(func() error {
 			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("http: %w", err)
@@ -446,9 +453,20 @@ func run(ctx context.Context, o runOptions) error {
 		g.Go(func() error {
 			<-gctx.Done()
 			<-alsoDone
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), httpDrain)
 			defer cancel()
-			return srv.Shutdown(sctx)
+			err := srv.Shutdown(sctx)
+			cancelRequests()
+			if !errors.Is(err, context.DeadlineExceeded) {
+				return err
+			}
+			o.log.Warn("http: requests still running after the drain were cancelled", "drain", httpDrain)
+			sctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), httpCancelled)
+			defer cancel()
+			if err := srv.Shutdown(sctx); err != nil {
+				return fmt.Errorf("http: requests still running %v after they were cancelled: %w", httpCancelled, err)
+			}
+			return nil
 		})
 		o.log.Info("listening", "addr", ln.Addr().String(), "api", o.api)
 		if o.ready != nil {
@@ -465,6 +483,13 @@ func run(ctx context.Context, o runOptions) error {
 	}
 	return g.Wait()
 }
+
+// httpDrain is how long a stopping process lets requests in flight
+// finish; httpCancelled how long it then waits for the cancelled ones.
+const (
+	httpDrain     = 10 * time.Second
+	httpCancelled = 5 * time.Second
+)
 
 // flagRate maps a rate flag, where 0 is off, to api.Config, where off is
 // negative and 0 the default.
