@@ -84,6 +84,24 @@ LIMIT $3`
 const (
 	qRunLockTry    = `SELECT pg_try_advisory_lock($1::int, hashtext($2))`
 	qRunLockUnlock = `SELECT pg_advisory_unlock($1::int, hashtext($2))`
+
+	// A run holds the lock of its own id (space runAliveSpace) while it
+	// runs, from before it is stored as running.
+	qRunAliveLock   = `SELECT pg_advisory_lock($1::int, hashtext($2::text))`
+	qRunAliveUnlock = `SELECT pg_advisory_unlock($1::int, hashtext($2::text))`
+
+	// Runs stored as running whose lock no session holds: their process
+	// died (a SIGKILL, an OOM kill, a lost host) before they finished.
+	qRunsAbandoned = `
+UPDATE reconciliation_runs r
+SET status = 'failed', finished_at = now(),
+    error = 'the process running it ended before it finished (killed, or its connection to Postgres lost); nothing it checked was closed'
+WHERE r.status = 'running'
+  AND NOT EXISTS (SELECT 1 FROM pg_locks l
+                  WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2
+                    AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                    AND l.classid = $1::int::oid AND l.objid = hashtext(r.id::text)::oid)
+RETURNING r.id`
 )
 
 // Customers and their calendars.

@@ -228,6 +228,15 @@ func (rc *Reconciler) Run(ctx context.Context, opt Options) (*Run, error) {
 
 	run := &Run{ID: uuid.Must(uuid.NewV7()), Period: opt.Period, Customer: opt.Customer, Deep: opt.Deep,
 		Status: StatusRunning, StartedAt: now.Truncate(time.Microsecond), Findings: []Finding{}, Checks: []Check{}, Totals: []Total{}}
+	// The run is marked alive before it is stored as running, so a run
+	// stored as running whose mark nobody holds is one whose process died:
+	// it is stored as failed now, not shown as running forever.
+	if err := locks.markAlive(ctx, run.ID); err != nil {
+		return nil, err
+	}
+	if err := rc.failAbandoned(ctx); err != nil {
+		return nil, err
+	}
 	if _, err := rc.cfg.Pool.Exec(ctx, qRunInsert, pgx.StrictNamedArgs{"id": run.ID, "period": run.Period, "customer": nullable(run.Customer),
 		"deep": run.Deep, "status": run.Status, "started_at": run.StartedAt}); err != nil {
 		return nil, fmt.Errorf("reconcile: store run: %w", err)
@@ -264,10 +273,41 @@ func (rc *Reconciler) Run(ctx context.Context, opt Options) (*Run, error) {
 // runLockSpace: see internal/locks.ReconcileRun.
 const runLockSpace = locks.ReconcileRun
 
-// runLocks are the period locks of one run, held on one connection.
+// runAliveSpace: see internal/locks.ReconcileRunAlive.
+const runAliveSpace = locks.ReconcileRunAlive
+
+// runLocks are the period locks of one run, and the mark that it is
+// alive, held on one connection.
 type runLocks struct {
-	conn *pgxpool.Conn
-	held map[string]bool
+	conn  *pgxpool.Conn
+	held  map[string]bool
+	alive *uuid.UUID
+}
+
+// markAlive takes the lock of run id, held until release.
+func (l *runLocks) markAlive(ctx context.Context, id uuid.UUID) error {
+	if _, err := l.conn.Exec(ctx, qRunAliveLock, runAliveSpace, id.String()); err != nil {
+		return fmt.Errorf("reconcile: lock: %w", err)
+	}
+	l.alive = &id
+	return nil
+}
+
+// failAbandoned stores as failed every run stored as running whose
+// process died before it finished.
+func (rc *Reconciler) failAbandoned(ctx context.Context) error {
+	rows, err := rc.cfg.Pool.Query(ctx, qRunsAbandoned, runAliveSpace)
+	if err != nil {
+		return fmt.Errorf("reconcile: runs left running: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return fmt.Errorf("reconcile: runs left running: %w", err)
+	}
+	for _, id := range ids {
+		rc.log.Warn("a run left running by a process that ended is now stored as failed", "run", id)
+	}
+	return nil
 }
 
 // lockAll takes the lock of every period in by (in name order, so two
@@ -299,6 +339,9 @@ func (l *runLocks) lockAll(ctx context.Context, by map[string]periods.Period) er
 func (l *runLocks) release(ctx context.Context) {
 	for n := range l.held {
 		_, _ = l.conn.Exec(ctx, qRunLockUnlock, runLockSpace, n)
+	}
+	if l.alive != nil {
+		_, _ = l.conn.Exec(ctx, qRunAliveUnlock, runAliveSpace, l.alive.String())
 	}
 }
 

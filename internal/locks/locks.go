@@ -74,6 +74,14 @@ const (
 	// of its micro-batch, sorted. The second key is
 	// hashtext(customer || '/' || meter).
 	UniqueMembers = 71547
+	// ReconcileRunAlive marks a reconciliation run as still running:
+	// reconcile takes it with pg_advisory_lock on the connection holding
+	// the run's ReconcileRun locks before it stores the run as running,
+	// and releases it when the run ends; a run stored as running whose
+	// lock nobody holds was left by a process that died (pg_locks tells),
+	// and the next run stores it as failed. The second key is
+	// hashtext of the run's id.
+	ReconcileRunAlive = 71548
 )
 
 // Single-key spaces.
