@@ -46,6 +46,18 @@ func usageError(err error) error {
 func Main(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	go func() {
+		// The first signal stops the command gracefully; from then on a
+		// signal has its default effect: a second one ends the process
+		// at once (every write is a transaction: nothing half-done stays).
+		<-ctx.Done()
+		stop()
+		// A signal's cause matches context.Canceled under errors.Is; the
+		// command's own end cancels with context.Canceled itself.
+		if cause := context.Cause(ctx); cause != nil && cause != context.Canceled {
+			fmt.Fprintf(os.Stderr, "tally: %v: stopping (a second signal ends the process at once)\n", cause)
+		}
+	}()
 	return execute(ctx, args, os.Stdout, os.Stderr)
 }
 

@@ -82,7 +82,8 @@ tally migrate first). /metrics (admin token with --api), /healthz and
 /readyz are served on --listen by every process; /readyz answers 503 with
 what it is not ready for (database down, no partition leases yet, stalled
 partitions). SIGINT/SIGTERM finish or roll back in-flight work, release the
-partition leases and the enforcer lease.`,
+partition leases and the enforcer lease; a second signal ends the process
+at once.`,
 		Example: `  TALLY_ADMIN_TOKEN=$(openssl rand -hex 32) tally serve
   tally serve --ingest --group tally-ingest        # one of several ingest processes`,
 		Args: cobra.NoArgs,

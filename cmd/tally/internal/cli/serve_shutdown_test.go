@@ -1,15 +1,21 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"io"
+	"net"
 	"net/http"
+	"os"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/tally-ledger/tally/cmd/tally/internal/bench/floodbench"
 	"github.com/tally-ledger/tally/internal/pgtest"
 )
 
@@ -101,5 +107,94 @@ func TestServeStopCancelsARunStillRunningAfterTheDrain(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Error("the request was not answered")
+	}
+}
+
+// The first SIGTERM stops serve gracefully (here a request that holds the
+// HTTP drain); a second one ends the process at once, as an operator who
+// presses Ctrl-C again expects.
+func TestASecondSignalEndsTheProcessAtOnce(t *testing.T) {
+	db := pgtest.NewURL(t)
+	pool, err := pgxpool.New(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	lock, err := pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lock.Rollback(context.Background()) }()
+	if _, err := lock.Exec(context.Background(), "LOCK TABLE records IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	cmd := exec.Command(os.Args[0], "serve", "--api", "--listen", addr, "--kafka-brokers", "127.0.0.1:1")
+	cmd.Env = append(os.Environ(), floodbench.LoadEnv+"=1", "TALLY_DATABASE_URL="+db, "TALLY_ADMIN_TOKEN="+testAdminToken)
+	var logs bytes.Buffer
+	cmd.Stderr = &logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	waited := make(chan struct{})
+	go func() { exited <- cmd.Wait(); close(waited) }()
+	defer func() {
+		_ = cmd.Process.Kill()
+		<-waited
+		if t.Failed() {
+			t.Logf("tally serve logs:\n%s", logs.String())
+		}
+	}()
+	for up := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if resp, err := http.Get("http://" + addr + "/healthz"); err == nil {
+			resp.Body.Close()
+			break
+		}
+		if time.Now().After(up) {
+			t.Fatal("serve did not listen within 30s")
+		}
+	}
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/reconciliations", strings.NewReader(`{"period":"current"}`))
+		req.Header.Set("Authorization", "Bearer "+testAdminToken)
+		req.Header.Set("Content-Type", "application/json")
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	deadline := time.Now().Add(30 * time.Second)
+	var running int
+	for running == 0 && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+		_ = pool.QueryRow(context.Background(), "SELECT count(*) FROM reconciliation_runs WHERE status = 'running'").Scan(&running)
+	}
+	if running != 1 {
+		t.Fatalf("%d runs running, want the one posted", running)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		t.Fatalf("serve exited %v before its drain was over", err)
+	case <-time.After(time.Second):
+	}
+	start := time.Now()
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-exited:
+		if took := time.Since(start); took > 3*time.Second {
+			t.Errorf("serve exited %v after the second signal, want at once", took)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve still runs 30s after a second signal")
 	}
 }
