@@ -208,12 +208,15 @@ func (rc *Reconciler) Run(ctx context.Context, opt Options) (*Run, error) {
 	// One run per period at a time, across processes: session locks on a
 	// dedicated connection, one per period the reference resolves to in
 	// the customers' calendars ("previous" and its date are one period),
-	// released when the run ends.
-	conn, err := rc.cfg.Pool.Acquire(ctx)
+	// released when the run ends. The connection is the run's own, not
+	// the pool's: the checks take a connection of the pool while the
+	// locks are held, so runs holding every connection of the pool with
+	// their locks would each wait for another forever.
+	conn, err := pgx.ConnectConfig(ctx, rc.cfg.Pool.Config().ConnConfig.Copy())
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: %w", err)
 	}
-	defer conn.Release()
+	defer conn.Close(context.WithoutCancel(ctx))
 	locks := &runLocks{conn: conn, held: map[string]bool{}}
 	defer locks.release(context.WithoutCancel(ctx))
 	if err := pgx.BeginTxFunc(ctx, rc.cfg.Pool, pgx.TxOptions{AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
@@ -279,7 +282,7 @@ const runAliveSpace = locks.ReconcileRunAlive
 // runLocks are the period locks of one run, and the mark that it is
 // alive, held on one connection.
 type runLocks struct {
-	conn  *pgxpool.Conn
+	conn  *pgx.Conn
 	held  map[string]bool
 	alive *uuid.UUID
 }
