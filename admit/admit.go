@@ -596,8 +596,9 @@ func (c *Client) admitSlow(ctx context.Context, customer, meter string, cost int
 	}
 	b.misses.Add(1)
 	now := time.Now()
-	// Refused recently: answer from memory until retry_after.
-	if until := b.refusedUntil.Load(); until > 0 && now.UnixNano() < until {
+	// Refused recently: answer from memory until retry_after, when this
+	// Admit misses at least what was refused.
+	if until := b.refusedUntil.Load(); until > 0 && now.UnixNano() < until && cost-b.available() >= b.refusedNeed.Load() {
 		binding := b.binding
 		if by := b.refusedBy.Load(); by != nil {
 			binding = *by // a pool's or the global budget may have refused
@@ -833,6 +834,7 @@ type budget struct {
 	shards                   []shard
 	misses                   atomic.Int64
 	refusedUntil             atomic.Int64           // unix nanos
+	refusedNeed              atomic.Int64           // the least of what the remembered refusals asked for
 	refusedBy                atomic.Pointer[string] // the binding budget of the last refusal
 	local                    localBucket
 	policy                   atomic.Pointer[policy] // the rule's on_unreachable, from the last grant

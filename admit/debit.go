@@ -58,7 +58,7 @@ func (c *Client) admitByDebit(ctx context.Context, customer, meter string, cost 
 		b.noteTaken()
 		return Decision{Admitted: true, How: Debited}, nil
 	case errors.As(err, &ex):
-		c.noteRefusal(b, ex, now)
+		c.noteRefusal(b, ex, now, cost)
 		return Decision{How: Exhausted, Binding: ex.Binding, RetryAfter: ex.RetryAfter}, nil
 	case errors.As(err, &ne):
 		b.mu.Lock()

@@ -352,7 +352,11 @@ func (c *Client) refusalMemory(streak int, retryAfter time.Duration) time.Durati
 // docs/performance.md), and ex's RetryAfter is at most a tick. When the
 // budget is spent, not only held, refusals are answered from memory for a
 // while (refusalMemory): fewer central calls.
-func (c *Client) noteRefusal(b *budget, ex *exhaustedError, now time.Time) {
+//
+// The memory is of need, the least Tally was asked for: an Admit missing
+// less than that (a smaller cost, or the same cost while the gateway holds
+// more) still asks, since Tally may hold it.
+func (c *Client) noteRefusal(b *budget, ex *exhaustedError, now time.Time, need int64) {
 	b.tightUntil.Store(now.Add(c.cfg.Lookahead).UnixNano())
 	if binding := ex.Binding; binding != "" {
 		b.refusedBy.Store(&binding)
@@ -360,6 +364,9 @@ func (c *Client) noteRefusal(b *budget, ex *exhaustedError, now time.Time) {
 	if ex.held {
 		ex.RetryAfter = min(ex.RetryAfter, c.cfg.Tick)
 		return
+	}
+	if until := b.refusedUntil.Load(); until == 0 || time.Now().UnixNano() >= until || need < b.refusedNeed.Load() {
+		b.refusedNeed.Store(need)
 	}
 	streak := b.refusals.Add(1) - 1
 	b.refusedUntil.Store(time.Now().Add(c.refusalMemory(int(streak), ex.RetryAfter)).UnixNano())
@@ -430,7 +437,7 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	}
 	var ex *exhaustedError
 	if errors.As(err, &ex) {
-		c.noteRefusal(b, ex, now)
+		c.noteRefusal(b, ex, now, need)
 		return err
 	}
 	if err != nil {
