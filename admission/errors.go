@@ -42,9 +42,17 @@ type BudgetExhaustedError struct {
 	// they give it back unspent. Zero when they hold none: the budget is
 	// spent, not only held (an SDK then stops asking for a while).
 	Held decimal.Decimal
+	// Burst is set when the binding budget is a rate bucket and the
+	// request asked for more than its burst (min_amount, or amount
+	// without one): no refill makes it hold that, and RetryAfter is 0.
+	Burst decimal.NullDecimal
 }
 
 func (e *BudgetExhaustedError) Error() string {
+	if e.Burst.Valid {
+		return fmt.Sprintf("admission: budget %s exhausted: %s available, and the request asks for more than the burst %s: no refill holds it",
+			e.Binding, e.Available, e.Burst.Decimal)
+	}
 	return fmt.Sprintf("admission: budget %s exhausted: %s available, retry after %s", e.Binding, e.Available, e.RetryAfter)
 }
 

@@ -536,8 +536,7 @@ func (s *Store) decideCall(st *batchState, c *call, pl plan) ([]budgetKey, int) 
 					need = req.MinAmount.Decimal
 				}
 				st.refuseRate(rBind, req.Meter)
-				c.err = &BudgetExhaustedError{Binding: rBind + "/" + req.Meter, Available: avail,
-					RetryAfter: st.rateRetryAfter(rBind, req.Meter, need)}
+				c.err = st.rateRefusal(rBind, req.Meter, avail, need)
 				return keys, -1
 			}
 			c.err = &BudgetExhaustedError{Binding: keys[bind].scope + "/" + req.Meter, Available: avail}

@@ -48,6 +48,7 @@ type rateRow struct {
 	maxSkew time.Duration // the rule's max_skew (0: the deployment's)
 	amount  decimal.Decimal
 	perUS   decimal.Decimal // per, in microseconds
+	burst   decimal.Decimal
 	taken   decimal.Decimal
 	refused int64
 }
@@ -107,7 +108,7 @@ ON CONFLICT DO NOTHING`
 // to now() and reads its tokens and the rule in force.
 const qRateState = `
 SELECT k.scope, k.meter, admission_rate_refill(k.scope, k.meter, now())::text,
-       r.version, coalesce((extract(epoch FROM r.max_skew) * 1000000)::bigint, 0), r.amount::text, r.per_us::text
+       r.version, coalesce((extract(epoch FROM r.max_skew) * 1000000)::bigint, 0), r.amount::text, r.per_us::text, r.burst::text
 FROM (SELECT b.scope, b.meter FROM admission_rate_buckets b
       JOIN unnest(@rt_scopes::text[], @rt_meters::text[]) AS u(scope, meter) USING (scope, meter)
       ORDER BY b.scope, b.meter
@@ -205,8 +206,8 @@ func (st *batchState) queueRates(b *pgx.Batch) {
 				var k rateKey
 				var tokens *string
 				var version, skewMicros *int64
-				var amt, per *string
-				if err := r.Scan(&k.scope, &k.meter, &tokens, &version, &skewMicros, &amt, &per); err != nil {
+				var amt, per, burst *string
+				if err := r.Scan(&k.scope, &k.meter, &tokens, &version, &skewMicros, &amt, &per, &burst); err != nil {
 					return err
 				}
 				row := st.rate.rows[k]
@@ -228,6 +229,9 @@ func (st *batchState) queueRates(b *pgx.Batch) {
 						return err
 					}
 					if row.perUS, err = decimal.NewFromString(*per); err != nil {
+						return err
+					}
+					if row.burst, err = decimal.NewFromString(*burst); err != nil {
 						return err
 					}
 				}
@@ -274,6 +278,19 @@ func (st *batchState) rateAvailable(pl plan, meter string) (decimal.Decimal, str
 		}
 	}
 	return avail, bind
+}
+
+// rateRefusal is the refusal of need by the bucket of scope: after how
+// long it will hold need at the rate in force, or, for more than its
+// burst, never.
+func (st *batchState) rateRefusal(scope, meter string, avail, need decimal.Decimal) *BudgetExhaustedError {
+	ex := &BudgetExhaustedError{Binding: scope + "/" + meter, Available: avail}
+	if r := st.rate.rows[rateKey{scope, meter}]; need.GreaterThan(r.burst) {
+		ex.Burst = decimal.NullDecimal{Decimal: r.burst, Valid: true}
+	} else {
+		ex.RetryAfter = st.rateRetryAfter(scope, meter, need)
+	}
+	return ex
 }
 
 // rateRetryAfter is how long the bucket of scope takes to refill need

@@ -3,6 +3,7 @@ package admission_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -315,5 +316,31 @@ func TestRenewKeepsARateGrantsReclaim(t *testing.T) {
 			t.Errorf("%s after renew: valid_until %v reclaim_at %v, want the issue's %v and %v (max_skew 250ms)",
 				name, x.ValidUntil, x.ReclaimAt, g.ValidUntil, g.ReclaimAt)
 		}
+	}
+}
+
+// A request for more than a rate bucket's burst (its min_amount, or its
+// amount without one) is refused without a retry_after: no refill makes
+// the bucket hold it (it answered the time to refill what was asked, which
+// never came). Within the burst, the refill time is answered as before.
+func TestMoreThanTheBurstIsNeverRetried(t *testing.T) {
+	e := rateEnv(t)
+	e.rateRule("customer:acme", "calls", "10", "1s", "20", 0, time.Time{})
+	_, err := e.issueRate("gw1", "acme", "30")
+	ex := exhaustedBy(t, err, "customer:acme/calls")
+	if ex.RetryAfter != 0 || !ex.Burst.Valid || !ex.Burst.Decimal.Equal(d("20")) || !strings.Contains(ex.Error(), "more than the burst 20") {
+		t.Fatalf("30 on a burst of 20: retry after %v, burst %v: %v", ex.RetryAfter, ex.Burst, ex)
+	}
+	_, err = e.store.Issue(context.Background(), admission.IssueRequest{Holder: "gw1", Generation: 1, Customer: "acme",
+		Meter: "calls", Amount: d("30"), MinAmount: decimal.NullDecimal{Decimal: d("25"), Valid: true}})
+	if ex := exhaustedBy(t, err, "customer:acme/calls"); ex.RetryAfter != 0 || !ex.Burst.Valid {
+		t.Fatalf("min_amount 25 on a burst of 20: %v", ex)
+	}
+	if _, err := e.issueRate("gw1", "acme", "15"); err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.issueRate("gw1", "acme", "10")
+	if ex := exhaustedBy(t, err, "customer:acme/calls"); ex.RetryAfter <= 0 || ex.Burst.Valid {
+		t.Fatalf("10 with 5 left of a burst of 20: %v (burst %v)", ex, ex.Burst)
 	}
 }

@@ -345,12 +345,18 @@ func (a *API) listBudgets(w http.ResponseWriter, r *http.Request) error {
 // their data; anything else goes on to writeError's mapping.
 func admissionProblem(w http.ResponseWriter, err error) error {
 	if ex, ok := errors.AsType[*admission.BudgetExhaustedError](err); ok {
+		p := &Problem{Type: TypeBudgetExhausted, Title: "Budget exhausted", Status: http.StatusConflict,
+			Detail: ex.Error(), Binding: ex.Binding, Available: ex.Available.String(), Held: ex.Held.String()}
+		if ex.Burst.Valid {
+			// More than a rate bucket's burst: no time to come back after.
+			p.Burst = ex.Burst.Decimal.String()
+			return p
+		}
 		secs := int64(math.Ceil(ex.RetryAfter.Seconds()))
 		ms := (ex.RetryAfter + time.Millisecond - 1).Milliseconds()
 		w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
-		return &Problem{Type: TypeBudgetExhausted, Title: "Budget exhausted", Status: http.StatusConflict,
-			Detail: ex.Error(), Binding: ex.Binding, Available: ex.Available.String(), Held: ex.Held.String(), RetryAfter: &secs,
-			RetryAfterMS: &ms}
+		p.RetryAfter, p.RetryAfterMS = &secs, &ms
+		return p
 	}
 	if se, ok := errors.AsType[*admission.StaleGenerationError](err); ok {
 		return &Problem{Type: TypeStaleGeneration, Title: "Older generation", Status: http.StatusConflict, Detail: se.Error(),

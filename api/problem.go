@@ -42,6 +42,9 @@ type Problem struct {
 	// rate budget refills in milliseconds, which whole seconds round up
 	// to a second of refusals.
 	RetryAfterMS *int64 `json:"retry_after_ms,omitempty"`
+	// Burst is a rate bucket's burst when the request asked for more than
+	// it (budget-exhausted without retry_after: no refill holds that).
+	Burst string `json:"burst,omitempty"`
 	// Admission says why a grant was refused as not-exact: the rule in
 	// force is "lagged", or there is "none".
 	Admission string `json:"admission,omitempty"`

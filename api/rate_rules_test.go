@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/tally-ledger/tally/api"
@@ -46,8 +47,14 @@ func TestRateRulesOverREST(t *testing.T) {
 	}
 	p := f.do("POST", "/v1/grants", gw, map[string]any{"holder": "gw", "generation": 1, "customer": "acme", "meter": "calls", "amount": "5"}).
 		problem(t, http.StatusConflict, api.TypeBudgetExhausted)
-	if p.Binding != "customer:acme/calls" {
-		t.Errorf("refusal binding %q, want customer:acme/calls", p.Binding)
+	if p.Binding != "customer:acme/calls" || p.RetryAfter == nil || p.Burst != "" {
+		t.Errorf("refusal binding %q, retry_after %v, burst %q: want customer:acme/calls, a retry_after, no burst", p.Binding, p.RetryAfter, p.Burst)
+	}
+	// More than the burst: no retry_after (nor Retry-After), the burst said.
+	r = f.do("POST", "/v1/grants", gw, map[string]any{"holder": "gw", "generation": 1, "customer": "acme", "meter": "calls", "amount": "11"})
+	p = r.problem(t, http.StatusConflict, api.TypeBudgetExhausted)
+	if p.RetryAfter != nil || p.RetryAfterMS != nil || r.header.Get("Retry-After") != "" || p.Burst != "10" || !strings.Contains(p.Detail, "more than the burst 10") {
+		t.Errorf("11 on a burst of 10: %d %s (Retry-After %q)", r.status, r.body, r.header.Get("Retry-After"))
 	}
 	items := f.do("GET", "/v1/customers/acme/rate-budgets", adminToken, nil).json(t)["items"].([]any)
 	if len(items) != 2 || items[0].(map[string]any)["scope"] != "customer:acme" || items[1].(map[string]any)["scope"] != "global" {
