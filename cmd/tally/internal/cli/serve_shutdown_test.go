@@ -24,21 +24,8 @@ import (
 // serve stops within a bound, without an error, and the run is stored as
 // failed, not left "running" with its answer never stored.
 func TestServeStopCancelsARunStillRunningAfterTheDrain(t *testing.T) {
-	db := pgtest.NewURL(t)
-	pool, err := pgxpool.New(context.Background(), db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
 	// Hold the ledger's records: the run's checks wait for them.
-	lock, err := pool.Begin(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = lock.Rollback(context.Background()) }()
-	if _, err := lock.Exec(context.Background(), "LOCK TABLE records IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	db, pool, unlock := lockedRecords(t)
 
 	addr, stop := startServe(t, "--api", "--database-url", db, "--kafka-brokers", "127.0.0.1:1", "--admin-token", testAdminToken)
 	for up := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
@@ -82,10 +69,10 @@ func TestServeStopCancelsARunStillRunningAfterTheDrain(t *testing.T) {
 	// for the run still ends.
 	go func() {
 		time.Sleep(40 * time.Second)
-		_ = lock.Rollback(context.Background())
+		unlock()
 	}()
 	start := time.Now()
-	err = stop()
+	err := stop()
 	took := time.Since(start)
 	if err != nil {
 		t.Errorf("serve stopped with %v, want nil", err)
@@ -114,20 +101,7 @@ func TestServeStopCancelsARunStillRunningAfterTheDrain(t *testing.T) {
 // HTTP drain); a second one ends the process at once, as an operator who
 // presses Ctrl-C again expects.
 func TestASecondSignalEndsTheProcessAtOnce(t *testing.T) {
-	db := pgtest.NewURL(t)
-	pool, err := pgxpool.New(context.Background(), db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	lock, err := pool.Begin(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = lock.Rollback(context.Background()) }()
-	if _, err := lock.Exec(context.Background(), "LOCK TABLE records IN ACCESS EXCLUSIVE MODE"); err != nil {
-		t.Fatal(err)
-	}
+	db, pool, _ := lockedRecords(t)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -197,4 +171,27 @@ func TestASecondSignalEndsTheProcessAtOnce(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("serve still runs 30s after a second signal")
 	}
+}
+
+// lockedRecords is a new database whose records table another
+// transaction holds locked until the test ends (a reconciliation run
+// waits on it), a pool on it, and what lets the lock go earlier.
+func lockedRecords(t *testing.T) (string, *pgxpool.Pool, func()) {
+	t.Helper()
+	db := pgtest.NewURL(t)
+	pool, err := pgxpool.New(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	lock, err := pool.Begin(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock := func() { _ = lock.Rollback(context.Background()) }
+	t.Cleanup(unlock)
+	if _, err := lock.Exec(context.Background(), "LOCK TABLE records IN ACCESS EXCLUSIVE MODE"); err != nil {
+		t.Fatal(err)
+	}
+	return db, pool, unlock
 }
