@@ -66,3 +66,35 @@ func TestRecordLevelAndMember(t *testing.T) {
 		}
 	}
 }
+
+// A unique stream's final record repeats its last member at the time that
+// member was recorded: Close, days or a period later, must not make the
+// member active again then (the ledger would count it in Close's day and
+// period, where it was never seen).
+func TestCloseDoesNotSightTheLastMemberAgain(t *testing.T) {
+	c := newCluster(t, 1)
+	p := newProducer(t, producer.Config{Brokers: c.Addrs, Dir: t.TempDir()})
+	ctx := context.Background()
+	seen := time.Now().UTC().Add(-40 * 24 * time.Hour).Truncate(time.Microsecond)
+	if err := p.RecordMember(ctx, "acme", "mau", "user-7", seen); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var finals int
+	for _, b := range readBatches(t, c, 1) {
+		for _, r := range b.Records {
+			if !r.Final {
+				continue
+			}
+			finals++
+			if r.Member != "user-7" || !r.OccurredAt.Equal(seen) {
+				t.Errorf("the final record sights %q at %s; user-7 was last seen at %s", r.Member, r.OccurredAt.Format(time.RFC3339Nano), seen.Format(time.RFC3339Nano))
+			}
+		}
+	}
+	if finals != 1 {
+		t.Fatalf("%d final records, want 1", finals)
+	}
+}

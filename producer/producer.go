@@ -467,7 +467,7 @@ func (p *Producer) commit(taken []*request) {
 		}
 		st.Seq++
 		if r.shape != "" { // a level or a member: no running total
-			st.Shape, st.Member = r.shape, r.member
+			st.Shape, st.Member, st.At = r.shape, r.member, r.at
 			id, err := uuid.NewV7()
 			if err != nil {
 				r.done <- fmt.Errorf("producer: operation id: %w", err)
@@ -724,15 +724,21 @@ func (p *Producer) finalize(ctx context.Context) error {
 				if err != nil {
 					return err
 				}
-				ns := streamState{Seq: st.Seq + 1, Total: st.Total, Final: true, Shape: st.Shape, Member: st.Member}
+				ns := streamState{Seq: st.Seq + 1, Total: st.Total, Final: true, Shape: st.Shape, Member: st.Member, At: st.At}
 				states[sk] = ns
 				fr := storedRecord{Epoch: epoch, OperationID: id, Customer: sk.customer, Meter: sk.meter,
 					Seq: ns.Seq, Total: ns.Total, Quantity: decimal.Zero, OccurredAt: now, Final: true}
-				switch st.Shape { // a gauge's level ends at 0; a unique stream repeats its last member
-				case "gauge":
+				switch st.Shape {
+				case "gauge": // the level ends at 0 now
 					fr.Level = decimal.NewNullDecimal(decimal.Zero)
 				case "unique":
+					// The last member again, when it was last seen: it
+					// counts nothing new. (A state written before At was
+					// kept has none: now, as then.)
 					fr.Member = st.Member
+					if !st.At.IsZero() {
+						fr.OccurredAt = st.At
+					}
 				}
 				recs = append(recs, fr)
 			}

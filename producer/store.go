@@ -72,9 +72,12 @@ type streamState struct {
 	Final bool            `json:"final,omitempty"` // its final record is written (Close)
 	// Shape is "gauge" or "unique" for a stream of RecordLevel or
 	// RecordMember ("" for Record); Member is a unique stream's last
-	// member, which its final record repeats.
-	Shape  string `json:"shape,omitempty"`
-	Member string `json:"member,omitempty"`
+	// member, which its final record repeats at At, when it was recorded
+	// (a sighting at any other time could count it where it was never
+	// active).
+	Shape  string    `json:"shape,omitempty"`
+	Member string    `json:"member,omitempty"`
+	At     time.Time `json:"at,omitzero"`
 }
 
 // storedRecord is a record as Record made it durable; batches are formed
