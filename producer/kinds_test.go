@@ -98,3 +98,45 @@ func TestCloseDoesNotSightTheLastMemberAgain(t *testing.T) {
 		t.Fatalf("%d final records, want 1", finals)
 	}
 }
+
+// A gauge's readings are in time order by seq (docs/design.md §16): the
+// ledger refuses one stamped before the reading before it as a conflict.
+// RecordLevel, which gives the seqs, refuses such a level rather than
+// return nil for a reading that would never count; and Close ends a level
+// stamped ahead of the clock at that level's time, not before it.
+func TestRecordLevelKeepsReadingsInTimeOrder(t *testing.T) {
+	c := newCluster(t, 1)
+	p := newProducer(t, producer.Config{Brokers: c.Addrs, Dir: t.TempDir()})
+	ctx := context.Background()
+	at := time.Now().UTC().Truncate(time.Microsecond)
+	if err := p.RecordLevel(ctx, "acme", "seats", d("3"), at.Add(-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.RecordLevel(ctx, "acme", "seats", d("5"), at.Add(-2*time.Hour)); err == nil || !strings.Contains(err.Error(), "before") {
+		t.Fatalf("a level stamped before the stream's last reading: %v", err)
+	}
+	if err := p.RecordLevel(ctx, "acme", "seats", d("4"), at.Add(-time.Hour)); err != nil { // the same instant is in order
+		t.Fatal(err)
+	}
+	ahead := at.Add(2 * time.Minute)
+	if err := p.RecordLevel(ctx, "acme", "seats", d("6"), ahead); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	var last time.Time
+	for _, b := range readBatches(t, c, 1) {
+		for _, r := range b.Records {
+			got = append(got, fmt.Sprintf("%d %s final=%v", r.Seq, r.Level.Decimal, r.Final))
+			if r.OccurredAt.Before(last) {
+				t.Errorf("seq %d at %s is before the reading before it (%s)", r.Seq, r.OccurredAt.Format(time.RFC3339Nano), last.Format(time.RFC3339Nano))
+			}
+			last = r.OccurredAt
+		}
+	}
+	if want := "1 3 final=false,2 4 final=false,3 6 final=false,4 0 final=true"; strings.Join(got, ",") != want {
+		t.Errorf("records %s, want %s", strings.Join(got, ","), want)
+	}
+}

@@ -227,8 +227,10 @@ func (p *Producer) Record(ctx context.Context, customer, meter string, quantity 
 // the same customer and meter; Close ends it at 0 (a final record). The
 // meter must be declared a gauge first (PUT /v1/meters/{meter} with kind
 // gauge): on any other meter the ledger sets the record aside as a dead
-// letter (meter_kind_mismatch). Durability, Key and the buffer are as for
-// Record.
+// letter (meter_kind_mismatch). Readings are in time order: a level
+// stamped before the stream's last reading is refused with an error and
+// records nothing (the ledger would refuse it as a conflict). Durability,
+// Key and the buffer are as for Record.
 func (p *Producer) RecordLevel(ctx context.Context, customer, meter string, level decimal.Decimal, occurredAt time.Time, opts ...RecordOption) error {
 	return p.record(ctx, &request{key: streamKey{customer, meter}, quantity: level, at: occurredAt, shape: "gauge"}, opts)
 }
@@ -467,6 +469,13 @@ func (p *Producer) commit(taken []*request) {
 		}
 		st.Seq++
 		if r.shape != "" { // a level or a member: no running total
+			if r.shape == "gauge" && r.at.Before(st.At) {
+				// The ledger takes a gauge's readings in time order by
+				// seq and would refuse this one as a conflict.
+				r.done <- fmt.Errorf("producer: level of %s/%s at %s is before the stream's last reading (%s); a gauge's readings are recorded in time order",
+					r.key.customer, r.key.meter, r.at.Format(time.RFC3339Nano), st.At.Format(time.RFC3339Nano))
+				continue
+			}
 			st.Shape, st.Member, st.At = r.shape, r.member, r.at
 			id, err := uuid.NewV7()
 			if err != nil {
@@ -729,8 +738,11 @@ func (p *Producer) finalize(ctx context.Context) error {
 				fr := storedRecord{Epoch: epoch, OperationID: id, Customer: sk.customer, Meter: sk.meter,
 					Seq: ns.Seq, Total: ns.Total, Quantity: decimal.Zero, OccurredAt: now, Final: true}
 				switch st.Shape {
-				case "gauge": // the level ends at 0 now
+				case "gauge": // the level ends at 0 now, or at its last reading's time if that is ahead
 					fr.Level = decimal.NewNullDecimal(decimal.Zero)
+					if st.At.After(now) {
+						fr.OccurredAt = st.At
+					}
 				case "unique":
 					// The last member again, when it was last seen: it
 					// counts nothing new. (A state written before At was

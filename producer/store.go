@@ -74,7 +74,8 @@ type streamState struct {
 	// RecordMember ("" for Record); Member is a unique stream's last
 	// member, which its final record repeats at At, when it was recorded
 	// (a sighting at any other time could count it where it was never
-	// active).
+	// active). At is a gauge's last reading's time: its next reading
+	// cannot be earlier.
 	Shape  string    `json:"shape,omitempty"`
 	Member string    `json:"member,omitempty"`
 	At     time.Time `json:"at,omitzero"`
