@@ -114,7 +114,7 @@ func newChart(meter string, m api.MeterUsage, start, end time.Time, loc *time.Lo
 		c.Warn = &rule{Y: base - scale(w), Label: "warning " + num(w)}
 	}
 	for _, f := range []string{"0", "0.5", "1"} {
-		v := top.Div(decimal.RequireFromString("1.1")).Mul(decimal.RequireFromString(f)).Round(0)
+		v := tickValue(top.Div(decimal.RequireFromString("1.1")), decimal.RequireFromString(f))
 		c.Ticks = append(c.Ticks, tick{Y: base - scale(v), Label: num(v)})
 	}
 	c.Summary = fmt.Sprintf("%s: %s used this period", meter, num(run))

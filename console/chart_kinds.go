@@ -125,10 +125,22 @@ func plotScale(top decimal.Decimal) func(decimal.Decimal) float64 {
 func ticks(top decimal.Decimal, base float64, scale func(decimal.Decimal) float64) []tick {
 	var out []tick
 	for _, f := range []string{"0", "0.5", "1"} {
-		v := top.Mul(decimal.RequireFromString(f)).Round(0)
+		v := tickValue(top, decimal.RequireFromString(f))
 		out = append(out, tick{Y: base - scale(v), Label: num(v)})
 	}
 	return out
+}
+
+// tickValue is f of top rounded to two significant digits of top (whole
+// numbers from 10 on), so the labels of a top below 10 are told apart and
+// a rounded top stays inside the plot's 10% headroom.
+func tickValue(top, f decimal.Decimal) decimal.Decimal {
+	places := int32(0)
+	if top.IsPositive() {
+		mag := int32(top.NumDigits()) + top.Exponent() - 1 // floor(log10(top))
+		places = max(0, 1-mag)
+	}
+	return top.Mul(f).Round(places)
 }
 
 // kindCharts are the charts of u's gauges and unique meters.

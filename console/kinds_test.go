@@ -143,3 +143,48 @@ func TestKindChartsInTheBrowser(t *testing.T) {
 	}
 	screenshot(t, ctx, "customer-kinds")
 }
+
+// A chart's axis is labelled at 0, half and all of its highest value,
+// to as many places as tell them apart: a gauge whose level is below one
+// (terabytes stored), or a counter's fractional usage, is not labelled
+// 0, 0, 0 (nor with a label placed above the plot).
+func TestChartAxesOfFractionalValues(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.calendar("tiny", "UTC")
+	ctx := f.ctx()
+	start := time.Date(f.now.Year(), f.now.Month(), 1, 0, 0, 0, 0, time.UTC)
+	if err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+		if _, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: "disk", Kind: ledger.Gauge}, f.now); err != nil {
+			return err
+		}
+		_, err := f.ledger.Apply(ctx, tx, []ledger.Record{{OperationID: uuid.New(),
+			Stream: ledger.StreamKey{Producer: "p", Epoch: 1, Customer: "tiny", Meter: "disk"},
+			Seq:    1, OccurredAt: start, Shape: ledger.Gauge, Level: amount.MustParse("0.4")}})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	f.usage("tiny", "gb", start.Add(time.Hour), "0.4")
+	c := f.client()
+	f.signInHTTP(c, f.customerToken("tiny"))
+	res := f.get(c, "/console/customers/tiny")
+	if res.status != 200 {
+		t.Fatalf("customer page: %d %s", res.status, res.body)
+	}
+	for _, fig := range []string{`<figure class="chart chart-gauge" data-meter="disk"`, `<figure class="chart" data-meter="gb">`} {
+		i := strings.Index(res.body, fig)
+		if i < 0 {
+			t.Fatalf("the page lacks %s:\n%s", fig, res.body)
+		}
+		chart := res.body[i:]
+		chart = chart[:strings.Index(chart, "</figure>")]
+		var labels []string
+		for _, part := range strings.Split(chart, `dominant-baseline="middle">`)[1:] {
+			labels = append(labels, part[:strings.Index(part, "<")])
+		}
+		if got := strings.Join(labels, " "); got != "0 0.2 0.4" {
+			t.Errorf("%s: axis labels %q, want \"0 0.2 0.4\"", fig, got)
+		}
+	}
+}
