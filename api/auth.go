@@ -83,7 +83,11 @@ func (a *API) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tok, ok := bearer(r)
 		if !ok {
-			a.writeError(w, r, unauthorized("send Authorization: Bearer <token> ("+tokenKinds(r)+")"))
+			detail := "send Authorization: Bearer <token> (" + tokenKinds(r) + ")"
+			if n := len(r.Header.Values("Authorization")); n > 1 {
+				detail = fmt.Sprintf("send one Authorization header, not %d: Bearer <token> (%s)", n, tokenKinds(r))
+			}
+			a.writeError(w, r, unauthorized(detail))
 			return
 		}
 		p, err := a.identify(r.Context(), tok)
@@ -102,9 +106,15 @@ func (a *API) authenticate(next http.Handler) http.Handler {
 	})
 }
 
-// bearer is r's "Authorization: Bearer <token>" token.
+// bearer is r's "Authorization: Bearer <token>" token. A request with
+// two Authorization headers has none: which one counts would depend on
+// who reads it (RFC 6750 §3.1), so neither does.
 func bearer(r *http.Request) (string, bool) {
-	scheme, tok, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	h := r.Header.Values("Authorization")
+	if len(h) != 1 {
+		return "", false
+	}
+	scheme, tok, ok := strings.Cut(h[0], " ")
 	tok = strings.TrimSpace(tok)
 	if !ok || !strings.EqualFold(scheme, "Bearer") || tok == "" {
 		return "", false

@@ -60,6 +60,20 @@ func TestAuthentication(t *testing.T) {
 	if r := f.send(req); r.status != 200 {
 		t.Fatalf("lower-case scheme: %d %s", r.status, r.body)
 	}
+	// Two Authorization headers are ambiguous (RFC 6750 §3.1: one way of
+	// sending one token): refused whichever comes first, never read as the
+	// first one alone, which a proxy taking the last would see otherwise.
+	for _, pair := range [][2]string{{acme, adminToken}, {adminToken, acme}, {acme, acme}} {
+		for _, p := range []string{path, "/metrics"} {
+			req := mustRequest(t, "GET", f.srv.URL+p, "")
+			req.Header.Add("Authorization", "Bearer "+pair[0])
+			req.Header.Add("Authorization", "Bearer "+pair[1])
+			pr := f.send(req).problem(t, 401, "urn:tally:problem:unauthorized")
+			if !strings.Contains(pr.Detail, "one Authorization header") {
+				t.Errorf("two Authorization headers on %s: %q, want it to say to send one", p, pr.Detail)
+			}
+		}
+	}
 	// Writes and the unauthenticated endpoints.
 	f.do("POST", "/v1/adjustments", "", map[string]any{}).problem(t, 401, "urn:tally:problem:unauthorized")
 	f.do("PUT", "/v1/customers/acme", "", map[string]any{"cadence": "monthly"}).problem(t, 401, "urn:tally:problem:unauthorized")
