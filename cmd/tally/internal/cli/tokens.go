@@ -3,6 +3,8 @@ package cli
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -151,7 +153,7 @@ arrives, and a note on stderr says the customer is new.`,
 				if t.Gateway != "" {
 					owner = "gateway:" + t.Gateway
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.ID, owner, t.CreatedAt.UTC().Format(time.RFC3339), revoked, t.Description)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.ID, owner, t.CreatedAt.UTC().Format(time.RFC3339), revoked, printable(t.Description))
 			}
 			return tw.Flush()
 		},
@@ -160,4 +162,16 @@ arrives, and a note on stderr says the customer is new.`,
 
 	cmd.AddCommand(create, revoke, list)
 	return cmd
+}
+
+// printable is s for a terminal: when it holds a character that is not
+// printable (a control character, a tab, a bidirectional override), Go's
+// escaped form of it, so stored text can neither forge a row of a table
+// nor act on the terminal.
+func printable(s string) string {
+	if strings.IndexFunc(s, func(r rune) bool { return !strconv.IsPrint(r) }) < 0 {
+		return s
+	}
+	q := strconv.Quote(s)
+	return q[1 : len(q)-1]
 }

@@ -68,3 +68,18 @@ func TestTokensCreateForANewCustomer(t *testing.T) {
 		t.Errorf("a token for a known customer has a note:\n%s", stderr)
 	}
 }
+
+// A description is any text of up to 200 characters (an admin may store
+// one over REST): the list prints its control characters escaped, so a
+// newline cannot forge a row and an escape sequence cannot act on the
+// terminal of whoever runs it.
+func TestTokensListEscapesControlCharacters(t *testing.T) {
+	db := pgtest.NewURL(t)
+	if _, err := runTally(t, "tokens", "create", "--customer", "acme", "--description", "a\x1b[2J\nforged-row\u202e", "--database-url", db); err != nil {
+		t.Fatal(err)
+	}
+	list, err := runTally(t, "tokens", "list", "--database-url", db)
+	if err != nil || strings.ContainsAny(list, "\x1b\u202e") || strings.Count(list, "\n") != 2 || !strings.Contains(list, `a\x1b[2J\nforged-row\u202e`) {
+		t.Fatalf("list: %q, %v", list, err)
+	}
+}
