@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"sync"
@@ -100,8 +101,10 @@ func notReadyFor(checks []func() []string) string {
 // ReadyHandler serves /readyz for a process that runs no REST API (tally
 // serve --ingest, --enforce): 200 while Postgres answers through pool and
 // no check reports anything, else 503 problem+json saying what the process
-// is not ready for. Postgres is asked at most once a second.
-func ReadyHandler(pool *pgxpool.Pool, checks ...func() []string) http.Handler {
+// is not ready for. Postgres is asked at most once a second; its error goes
+// to log, not to the answer (anyone may ask, and the driver's error names
+// the role, database and host).
+func ReadyHandler(pool *pgxpool.Pool, log *slog.Logger, checks ...func() []string) http.Handler {
 	var mu sync.Mutex
 	var at time.Time
 	var pingErr error
@@ -109,7 +112,11 @@ func ReadyHandler(pool *pgxpool.Pool, checks ...func() []string) http.Handler {
 		mu.Lock()
 		if at.IsZero() || time.Since(at) >= readyFor {
 			ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), 2*time.Second)
-			pingErr = pool.Ping(ctx)
+			err := pool.Ping(ctx)
+			if err != nil && (pingErr == nil || err.Error() != pingErr.Error()) {
+				log.Warn("readyz: postgres unreachable", "err", err) // once while the error stays the same
+			}
+			pingErr = err
 			cancel()
 			at = time.Now()
 		}
@@ -117,7 +124,7 @@ func ReadyHandler(pool *pgxpool.Pool, checks ...func() []string) http.Handler {
 		mu.Unlock()
 		var reasons []string
 		if err != nil {
-			reasons = append(reasons, "postgres is unreachable: "+err.Error())
+			reasons = append(reasons, "postgres is unreachable")
 		}
 		if detail := notReadyFor(checks); detail != "" {
 			reasons = append(reasons, detail)

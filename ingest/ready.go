@@ -1,9 +1,13 @@
 package ingest
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"net"
 	"sort"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -24,17 +28,17 @@ func (c *Consumer) NotReady() []string {
 	}
 	switch {
 	case a.member == "" && a.renewErr != nil:
-		out = append(out, fmt.Sprintf("ingest cannot register in Postgres (the database is down or unreachable?): %v", a.renewErr))
+		out = append(out, "ingest cannot register in Postgres (the database is down or unreachable?)"+because(a.renewErr))
 	case a.member == "":
 		out = append(out, "ingest is starting: not registered as a member yet")
 	case a.renewErr != nil && time.Since(a.renewedAt) > 2*cfg.HeartbeatInterval:
-		out = append(out, fmt.Sprintf("ingest cannot renew its lease in Postgres since %s (the database is down or unreachable?): %v",
-			a.renewedAt.UTC().Format(time.RFC3339), a.renewErr))
+		out = append(out, fmt.Sprintf("ingest cannot renew its lease in Postgres since %s (the database is down or unreachable?)%s",
+			a.renewedAt.UTC().Format(time.RFC3339), because(a.renewErr)))
 	}
 	if a.member != "" && !a.balanced {
 		switch {
 		case a.partitions == 0 && a.balanceErr != nil:
-			out = append(out, fmt.Sprintf("ingest holds no partition leases yet: the topic's partitions are not known: %v", a.balanceErr))
+			out = append(out, "ingest holds no partition leases yet: the topic's partitions are not known"+because(a.balanceErr))
 		case a.partitions == 0:
 			out = append(out, "ingest holds no partition leases yet: the topic's partitions are not known (is Kafka reachable?)")
 		default:
@@ -69,4 +73,22 @@ func (a *assigner) setStalled(id int, since time.Time) {
 	if _, ok := a.running[id]; ok {
 		a.stalled[id] = since
 	}
+}
+
+// because is why err happened, in words that name nothing of the
+// deployment (anyone may read /readyz; the log has the error, with its
+// addresses, roles and names): ": the connection was refused", ": timed
+// out", ": a name does not resolve", else that the log says.
+func because(err error) string {
+	var dns *net.DNSError
+	var ne net.Error
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return ": the connection was refused (see the ingest log)"
+	case errors.As(err, &dns):
+		return ": a name does not resolve (see the ingest log)"
+	case errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout():
+		return ": timed out (see the ingest log)"
+	}
+	return " (see the ingest log)"
 }

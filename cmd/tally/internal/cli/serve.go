@@ -430,7 +430,7 @@ func run(ctx context.Context, o runOptions) error {
 			if !o.ingest {
 				readyPool = o.enforcePool
 			}
-			mux.Handle("GET /readyz", api.ReadyHandler(readyPool, readyChecks...))
+			mux.Handle("GET /readyz", api.ReadyHandler(readyPool, o.log, readyChecks...))
 			handler = mux
 		}
 		ln, err := net.Listen("tcp", o.listen)
