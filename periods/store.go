@@ -380,16 +380,29 @@ func (s Store) List(ctx context.Context, db DBTX, customer string) ([]Summary, e
 		return nil, err
 	}
 	out := []Summary{}
-	if len(found) == 0 || found[0].start.Before(cur.Start) {
+	// The current period goes where its start puts it: usage stamped up to
+	// the ledger's clock skew ahead may already be in the next period.
+	listed := false
+	addCurrent := func() {
 		out = append(out, Summary{Name: cur.Name, Start: cur.Start.UTC(), End: cur.End.UTC(), State: Open, Billed: map[string]decimal.Decimal{}})
+		listed = true
 	}
 	for _, r := range found {
+		if !listed && !r.start.After(cur.Start) {
+			if r.start.Before(cur.Start) {
+				addCurrent()
+			}
+			listed = true
+		}
 		p, err := sch.PeriodAt(r.start)
 		if err != nil {
 			return nil, err
 		}
 		out = append(out, Summary{Name: p.Name, Start: p.Start.UTC(), End: p.End.UTC(),
 			State: StateOf(p, now, s.grace(), r.closed), Billed: r.billed})
+	}
+	if !listed {
+		addCurrent()
 	}
 	return out, nil
 }

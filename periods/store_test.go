@@ -331,3 +331,27 @@ func TestLiveStatementReadsRollups(t *testing.T) {
 		t.Fatalf("the live statement read %d rows of records (the period has 31); want at most its prior-period ones, twice", read)
 	}
 }
+
+// TestListHasTheCurrentPeriodWhenUsageIsBookedAhead: usage stamped up to
+// the ledger's clock skew ahead lands in the next period before it starts;
+// the list still has the current period, between that one and the older
+// ones, as it has it when the current period is empty.
+func TestListHasTheCurrentPeriodWhenUsageIsBookedAhead(t *testing.T) {
+	w := newWorld(t, time.Date(2026, 11, 30, 23, 58, 0, 0, time.UTC))
+	w.use("acme", "2", time.Date(2026, 10, 20, 0, 0, 0, 0, time.UTC))
+	if out := w.use("acme", "3", time.Date(2026, 12, 1, 0, 1, 0, 0, time.UTC)); out.Kind != ledger.Applied {
+		t.Fatalf("usage 3 minutes ahead: %+v", out)
+	}
+	list, err := w.store.List(context.Background(), w.pool, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range list {
+		got = append(got, fmt.Sprintf("%s %s %v", p.Name, p.State, p.Billed))
+	}
+	want := []string{"2026-12-01 open map[calls:3]", "2026-11-01 open map[]", "2026-10-01 awaiting_close map[calls:2]"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("periods\n\t%v\nwant\n\t%v", got, want)
+	}
+}
