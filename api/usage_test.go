@@ -3,6 +3,7 @@ package api_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/url"
 	"slices"
 	"strings"
@@ -252,5 +253,34 @@ func TestUsageSeriesClampedToPeriod(t *testing.T) {
 	u := f.do("GET", "/v1/customers/ny/usage?meter=api_calls&period=2026-11-01", adminToken, nil).json(t)
 	if s := u["series"].([]any)[0].(map[string]any); s["start"] != "2026-11-01T04:00:00Z" || s["end"] != "2026-11-02T05:00:00Z" {
 		t.Errorf("DST day: %v", s)
+	}
+}
+
+// TestUsageByDayWhereClocksSkipMidnight: in America/Havana the clocks go
+// from 23:59:59 CST to 01:00 CDT on the day DST starts (2026-03-08), so that
+// day starts at 01:00. Its usage is a bucket of its own, and the day before
+// ends where it starts.
+func TestUsageByDayWhereClocksSkipMidnight(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	if r := f.do("PUT", "/v1/customers/hav", adminToken, map[string]any{"cadence": "monthly", "zone": "America/Havana"}); r.status != 201 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	f.usage("hav", "api_calls", date("2026-03-08T04:30:00Z"), "3") // 23:30 CST on Mar 7
+	f.usage("hav", "api_calls", date("2026-03-08T12:00:00Z"), "5") // 08:00 CDT on Mar 8
+	r := f.do("GET", "/v1/customers/hav/usage?meter=api_calls&period=2026-03-01", adminToken, nil)
+	if r.status != 200 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	var u struct {
+		Total  string
+		Series []struct{ Start, End, Quantity string }
+	}
+	if err := json.Unmarshal(r.body, &u); err != nil {
+		t.Fatal(err)
+	}
+	want := "[{2026-03-07T05:00:00Z 2026-03-08T05:00:00Z 3} {2026-03-08T05:00:00Z 2026-03-09T04:00:00Z 5}]"
+	if got := fmt.Sprint(u.Series); u.Total != "8" || got != want {
+		t.Fatalf("total %s, series\n\t%s\nwant\n\t%s", u.Total, got, want)
 	}
 }

@@ -256,6 +256,35 @@ func TestChartNumbersEqualTheRESTUsageAnswer(t *testing.T) {
 	}
 }
 
+// TestChartDaysWhereClocksSkipMidnight: in America/Havana the day DST
+// starts (2026-03-08) begins at 01:00, when the clocks jump past midnight;
+// the chart has that day once, with its usage, as the REST answer does.
+func TestChartDaysWhereClocksSkipMidnight(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.calendar("hav", "America/Havana")
+	f.usage("hav", "api_calls", time.Date(2026, 3, 8, 4, 30, 0, 0, time.UTC), "3") // 23:30 CST on the 7th
+	f.usage("hav", "api_calls", time.Date(2026, 3, 8, 12, 0, 0, 0, time.UTC), "5") // 08:00 CDT on the 8th
+	c := f.client()
+	f.signInHTTP(c, adminToken)
+	res := f.get(c, "/console/customers/hav?period=2026-03-01")
+	if res.status != 200 {
+		t.Fatalf("customer page: %d %s", res.status, res.body)
+	}
+	for _, want := range []string{
+		`<tr data-start="2026-03-07T05:00:00Z" data-used="1"><td>Sat 7 Mar</td><td class="n qty">3</td>`,
+		`<tr data-start="2026-03-08T05:00:00Z" data-used="1"><td>Sun 8 Mar</td><td class="n qty">5</td>`,
+		`<tr data-start="2026-03-09T04:00:00Z"><td>Mon 9 Mar</td>`,
+	} {
+		if !strings.Contains(res.body, want) {
+			t.Fatalf("the page lacks %s:\n%s", want, res.body)
+		}
+	}
+	if n := strings.Count(res.body, "<td>Sat 7 Mar</td>"); n != 1 {
+		t.Fatalf("7 March shown %d times", n)
+	}
+}
+
 // plain removes thousands separators.
 func plain(s string) string { return strings.ReplaceAll(strings.TrimSpace(s), ",", "") }
 

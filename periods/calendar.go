@@ -317,6 +317,19 @@ func resolveWall(loc *time.Location, w int64) (int64, bool) {
 	}
 }
 
+// DayStart is the first instant of the local date y-m-d in loc (m and d
+// may run out of range, as time.Date's may): its midnight, or, where the
+// zone's clocks skip midnight that day, the instant they jump past it. (For
+// such a midnight time.Date may answer an instant of the day before:
+// 23:00 CST for 2026-03-08 in America/Havana, whose clocks go from 23:59:59
+// CST to 01:00 CDT.) A date the zone skipped entirely starts where the
+// next one does.
+func DayStart(loc *time.Location, y int, m time.Month, d int) time.Time {
+	day := time.Date(y, m, d, 0, 0, 0, 0, time.UTC).Unix() / 86400
+	ts, _ := resolveWall(loc, day*86400)
+	return time.Unix(ts, 0).In(loc)
+}
+
 // localDay is the date of instant ts in loc, as days since 1970-01-01.
 func localDay(loc *time.Location, ts int64) int64 {
 	if loc == time.UTC {

@@ -337,3 +337,40 @@ func BenchmarkPeriodAt(b *testing.B) {
 		}
 	})
 }
+
+func TestDayStart(t *testing.T) {
+	tests := []struct {
+		zone, date, want string
+	}{
+		{"UTC", "2026-11-01", "2026-11-01T00:00:00Z"},
+		{"America/New_York", "2026-11-01", "2026-11-01T04:00:00Z"},
+		{"Asia/Kathmandu", "2026-11-01", "2026-10-31T18:15:00Z"},
+		// Clocks skip midnight: the day starts at 01:00, when they jump.
+		{"America/Havana", "2026-03-08", "2026-03-08T05:00:00Z"},
+		{"America/Santiago", "2026-09-06", "2026-09-06T04:00:00Z"},
+		{"Asia/Beirut", "2026-03-29", "2026-03-28T22:00:00Z"},
+		// Midnight twice (Havana falls back from 01:00 CDT to 00:00 CST): the first.
+		{"America/Havana", "2026-11-01", "2026-11-01T04:00:00Z"},
+		// Pacific/Apia skipped 2011-12-30: it starts where the 31st does.
+		{"Pacific/Apia", "2011-12-30", "2011-12-30T10:00:00Z"},
+		{"Pacific/Apia", "2011-12-31", "2011-12-30T10:00:00Z"},
+	}
+	for _, tt := range tests {
+		loc, err := time.LoadLocation(tt.zone)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := at(t, tt.date+"T00:00:00Z")
+		got := periods.DayStart(loc, d.Year(), d.Month(), d.Day())
+		if !got.Equal(at(t, tt.want)) || got.Location() != loc {
+			t.Errorf("DayStart(%s, %s) = %s, want %s", tt.zone, tt.date, got.UTC().Format(time.RFC3339), tt.want)
+		}
+	}
+	// Out-of-range days and months roll over as time.Date's do.
+	if got := periods.DayStart(time.UTC, 2026, 12, 32); !got.Equal(at(t, "2027-01-01T00:00:00Z")) {
+		t.Errorf("2026-12-32 = %s", got)
+	}
+	if got := periods.DayStart(time.UTC, 2026, 13, 1); !got.Equal(at(t, "2027-01-01T00:00:00Z")) {
+		t.Errorf("2026-13-01 = %s", got)
+	}
+}
