@@ -62,7 +62,8 @@
 // A new epoch starts when Dir is new, lost or unreadable (the old one is
 // renamed aside, never deleted), and after Close ended (or began to end)
 // the previous one. Unreadable means damaged: bbolt's meta checks fail, a
-// page panics when read, or a value does not decode. A
+// page panics when read, a value does not decode, or the file is shorter
+// than the pages its meta page says are in use (cut short). A
 // system error opening the file (EMFILE, EACCES, EIO…) is returned by New
 // and leaves the file as it is. A
 // new epoch is max(previous known epoch + 1, the current Unix time in

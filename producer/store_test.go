@@ -139,3 +139,44 @@ func TestADamagedPageIsUnreadableNotAPanic(t *testing.T) {
 		})
 	}
 }
+
+// A state file cut short (as a filesystem crash can leave it: its meta
+// pages intact, the pages they point to past its end) is unreadable like a
+// damaged one: New moves it aside and starts a new epoch. Reading a page
+// past the end of a mapped file is a SIGBUS, which no recover catches: the
+// service embedding the producer died at every start.
+func TestATruncatedStateFileIsUnreadableNotACrash(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		keep func(hw int) int // pages kept of the hw in use
+	}{{"its last page lost", func(hw int) int { return hw - 1 }}, {"half of it lost", func(hw int) int { return max(hw/2, 2) }}} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			epoch := stateWithRecords(t, dir, 300)
+			path := filepath.Join(dir, "producer.db")
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pageSize := int(binary.LittleEndian.Uint32(b[24:]))
+			meta := b[:pageSize]
+			if binary.LittleEndian.Uint64(b[pageSize+64:]) > binary.LittleEndian.Uint64(b[64:]) {
+				meta = b[pageSize : 2*pageSize]
+			}
+			hw := int(binary.LittleEndian.Uint64(meta[56:]))
+			if err := os.Truncate(path, int64(pageSize*tc.keep(hw))); err != nil {
+				t.Fatal(err)
+			}
+			p := newProducer(t, producer.Config{Writer: refuseAll{}, Dir: dir})
+			if p.Epoch() <= epoch {
+				t.Errorf("epoch %d after the truncation, want a new one above %d", p.Epoch(), epoch)
+			}
+			if moved, _ := filepath.Glob(path + ".unreadable-*"); len(moved) != 1 {
+				t.Errorf("truncated state not kept aside: %v", moved)
+			}
+			if err := p.Record(context.Background(), "acme", "m", d("1"), time.Now()); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
