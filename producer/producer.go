@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -47,6 +48,7 @@ type Producer struct {
 	writer  MessageWriter
 	kwriter *kafka.Writer // the writer New built, closed by Close
 	ktrans  *kafka.Transport
+	kconns  *conns // the connections of ktrans
 
 	// Owned by the committer goroutine.
 	streams map[streamKey]*streamState // a cache of at most StreamCache; Dir has them all
@@ -121,7 +123,8 @@ func New(cfg Config) (*Producer, error) {
 	if cfg.Writer != nil {
 		p.writer = cfg.Writer
 	} else {
-		p.ktrans = &kafka.Transport{}
+		p.kconns = &conns{open: map[*trackedConn]struct{}{}}
+		p.ktrans = &kafka.Transport{Dial: p.kconns.dial}
 		p.kwriter = &kafka.Writer{
 			Addr:         kafka.TCP(cfg.Brokers...),
 			Topic:        cfg.Topic,
@@ -903,6 +906,14 @@ func (p *Producer) shutdown() error {
 		<-p.sendDone
 		var errs []error
 		if p.kwriter != nil {
+			// The writer finishes a write the sender gave up on on its own
+			// clock (10 s an attempt, three attempts), and its Close waits
+			// for it: against a broker that stopped answering, Stop would
+			// wait that long past its context. The write's outcome no
+			// longer matters (its batches stay on disk and are resent by
+			// the next producer on Dir), so its connections are closed
+			// and no new ones are made: it fails at once.
+			p.kconns.closeAll()
 			errs = append(errs, p.kwriter.Close())
 			p.ktrans.CloseIdleConnections()
 		}
@@ -912,4 +923,62 @@ func (p *Producer) shutdown() error {
 		p.shutErr = errors.Join(errs...)
 	})
 	return p.shutErr
+}
+
+// conns are the connections of the Kafka transport New builds, so that
+// shutdown can end a write that waits for a broker that stopped answering.
+type conns struct {
+	mu     sync.Mutex
+	closed bool
+	open   map[*trackedConn]struct{}
+}
+
+// errShutDown: the producer is shutting down; no connection is made.
+var errShutDown = errors.New("producer: shutting down")
+
+// dial is kafka-go's default dialer (5 s timeout), tracked.
+func (cs *conns) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	cs.mu.Lock()
+	closed := cs.closed
+	cs.mu.Unlock()
+	if closed {
+		return nil, errShutDown
+	}
+	c, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if cs.closed {
+		c.Close()
+		return nil, errShutDown
+	}
+	tc := &trackedConn{Conn: c, cs: cs}
+	cs.open[tc] = struct{}{}
+	return tc, nil
+}
+
+// closeAll closes every open connection and refuses new ones.
+func (cs *conns) closeAll() {
+	cs.mu.Lock()
+	cs.closed = true
+	open := cs.open
+	cs.open = map[*trackedConn]struct{}{}
+	cs.mu.Unlock()
+	for c := range open {
+		c.Conn.Close()
+	}
+}
+
+type trackedConn struct {
+	net.Conn
+	cs *conns
+}
+
+func (c *trackedConn) Close() error {
+	c.cs.mu.Lock()
+	delete(c.cs.open, c)
+	c.cs.mu.Unlock()
+	return c.Conn.Close()
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/tally-ledger/tally/internal/kafkatest"
 	"github.com/tally-ledger/tally/producer"
@@ -103,5 +104,64 @@ func TestKafkaOutageIsRiddenOut(t *testing.T) {
 	}
 	if n != 3 || p.Buffered() != 0 {
 		t.Errorf("after the outage: %d records in Kafka, %d buffered; want 3 and 0", n, p.Buffered())
+	}
+}
+
+// A broker that stops answering in the middle of a write (a paused or cut
+// off broker: the connection stays up, the produce request gets no
+// answer) does not hold Stop or Close past their context: kafka-go's
+// writer, built by New, finishes a write on its own clock (10 s an
+// attempt, three attempts) and its Close waits for it, so Stop with a
+// 500 ms context took over 10 s. The records stay on disk for the next
+// producer on Dir.
+func TestStopIsBoundedWhenTheBrokerStopsAnswering(t *testing.T) {
+	for _, end := range []string{"Stop", "Close"} {
+		t.Run(end, func(t *testing.T) {
+			c := newCluster(t, 1)
+			produced := make(chan struct{}, 1)
+			c.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+				c.KeepControl()
+				select {
+				case produced <- struct{}{}:
+				default:
+				}
+				return nil, nil, true // no answer: the request hangs
+			})
+			dir := t.TempDir()
+			p, err := producer.New(producer.Config{Brokers: c.Addrs, Topic: topic, Producer: "gw-1", Dir: dir, Linger: time.Millisecond})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			for range 3 {
+				if err := p.Record(ctx, "acme", "m", d("1"), time.Now()); err != nil {
+					t.Fatal(err)
+				}
+			}
+			select {
+			case <-produced:
+			case <-time.After(10 * time.Second):
+				t.Fatal("no produce request reached the broker")
+			}
+			sctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+			defer cancel()
+			start := time.Now()
+			if end == "Stop" {
+				err = p.Stop(sctx)
+			} else {
+				err = p.Close(sctx)
+			}
+			took := time.Since(start)
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("%s with a hung broker: %v, want context.DeadlineExceeded", end, err)
+			}
+			if took > 3*time.Second {
+				t.Errorf("%s with a 500ms context took %s against a broker that stopped answering", end, took)
+			}
+			p2 := newProducer(t, producer.Config{Writer: refuseAll{}, Dir: dir})
+			if p2.Buffered() < 3 {
+				t.Errorf("buffered after the stop %d, want the 3 records (and Close's final one)", p2.Buffered())
+			}
+		})
 	}
 }
