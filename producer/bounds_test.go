@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/segmentio/kafka-go"
+	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/internal/kafkatest"
 	"github.com/tally-ledger/tally/producer"
@@ -192,5 +193,91 @@ func TestAFailedCommitNeverReusesASeq(t *testing.T) {
 	}
 	if total != fmt.Sprint(acked) || int(last) != acked || len(ops) != acked {
 		t.Errorf("Kafka has %d seqs, last %d with total %s; want exactly the %d acknowledged records (%d failed)", len(ops), last, total, acked, failed)
+	}
+}
+
+// downUntil is a Kafka that is down until up is set, then w.
+type downUntil struct {
+	up atomic.Bool
+	w  producer.MessageWriter
+}
+
+func (k *downUntil) WriteMessages(ctx context.Context, msgs ...kafka.Message) error {
+	if !k.up.Load() {
+		return refuseAll{}.WriteMessages(ctx, msgs...)
+	}
+	return k.w.WriteMessages(ctx, msgs...)
+}
+
+// A disk filled by the state file itself (Record goes on until its commits
+// fail; here the file may not grow) keeps no acknowledged record from
+// Kafka once Kafka answers: forming all the waiting records into batches
+// in one commit needs more pages than the full file has free, and while
+// that commit failed nothing was sent, so nothing was ever deleted and
+// the producer stayed stuck for good, Kafka up, until space came from
+// elsewhere.
+func TestAStateFileThatFilledTheDiskStillDrains(t *testing.T) {
+	c := newCluster(t, 1)
+	kw := c.Writer(topic)
+	t.Cleanup(func() { kw.Close() })
+	k := &downUntil{w: kw}
+	dir := t.TempDir()
+	// A long Linger keeps the records waiting, unformed, as records do
+	// while Kafka is down and a backlog is below MaxBatchRecords.
+	p := newProducer(t, producer.Config{Writer: k, Dir: dir, Linger: time.Hour})
+	ctx := context.Background()
+	acked := 0
+	if err := p.Record(ctx, "acme", "m", d("1"), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	acked++
+	fi, err := os.Stat(filepath.Join(dir, "producer.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	low := lim
+	low.Cur = uint64(fi.Size())
+	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &low); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &lim); err != nil {
+			t.Error(err)
+		}
+	})
+	failed := 0
+	for range 100_000 {
+		if err := p.Record(ctx, "acme", "m", d("1"), time.Now()); err != nil {
+			if failed++; failed == 20 {
+				break
+			}
+			continue
+		}
+		acked++
+	}
+	if failed == 0 {
+		t.Fatal("no commit failed with the file size limited")
+	}
+	k.up.Store(true) // the disk stays full
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := p.Flush(fctx); err != nil {
+		t.Errorf("Kafka up, the disk full: %v", err)
+	}
+	var total decimal.Decimal
+	var last int64
+	for _, b := range readBatches(t, c, 1) {
+		for _, r := range b.Records {
+			if r.Seq > last {
+				last, total = r.Seq, r.Total
+			}
+		}
+	}
+	if int(last) != acked || !total.Equal(decimal.NewFromInt(int64(acked))) {
+		t.Errorf("Kafka has seqs up to %d with total %s; want the %d acknowledged records", last, total, acked)
 	}
 }

@@ -69,6 +69,7 @@ type Producer struct {
 	wake          chan struct{}
 	sendBudget    int // bytes of stored batches per write; owned by sendLoop
 	sendOK        int // writes without a size refusal since the budget last changed
+	formLimit     int // pending records one form transaction moves; owned by sendLoop
 	shutOnce      sync.Once
 	shutErr       error
 
@@ -150,6 +151,7 @@ func New(cfg Config) (*Producer, error) {
 		p.writer = p.kwriter
 	}
 	p.sendBudget = maxSendBytes
+	p.formLimit = maxFormRecords
 	m.sendBudget.Set(maxSendBytes)
 	m.epoch.Set(float64(l.epoch))
 	m.streams.Set(float64(len(l.streams)))

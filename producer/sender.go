@@ -30,13 +30,15 @@ func (p *Producer) sendLoop() {
 	defer close(p.sendDone)
 	attempt := 0
 	for p.sendCtx.Err() == nil {
-		if err := p.formDue(); err != nil {
-			p.log.Error("forming batches failed; retrying", "err", err)
-			if !p.sleep(p.backoff(attempt)) {
-				return
-			}
-			attempt++
-			continue
+		formErr := p.formDue()
+		if formErr != nil {
+			// A full disk fails a commit that needs more pages than the
+			// file has free: form fewer records at a time, and send the
+			// batches already formed all the same, whose deletion frees
+			// pages. Otherwise a disk filled by the state file itself
+			// would keep every acknowledged record from Kafka for good.
+			p.formLimit = max(p.formLimit/2, 1)
+			p.log.Error("forming batches failed; retrying", "err", formErr, "next_records", p.formLimit)
 		}
 		sent, err := p.sendSome()
 		if err != nil {
@@ -47,6 +49,13 @@ func (p *Producer) sendLoop() {
 			d := p.backoff(attempt)
 			p.log.Warn("sending batches to Kafka failed; retrying the same batches", "err", err, "attempt", attempt+1, "retry_in", d)
 			if !p.sleep(d) {
+				return
+			}
+			attempt++
+			continue
+		}
+		if formErr != nil && !sent {
+			if !p.sleep(p.backoff(attempt)) {
 				return
 			}
 			attempt++
@@ -110,13 +119,19 @@ func (p *Producer) formDue() error {
 			return nil
 		}
 		n, err := p.form()
-		if err != nil || n < maxFormRecords {
+		if err != nil {
 			return err
+		}
+		if p.formLimit < maxFormRecords {
+			p.formLimit = min(2*p.formLimit, maxFormRecords)
+		}
+		if n < maxFormRecords {
+			return nil
 		}
 	}
 }
 
-// form moves up to maxFormRecords pending records into batches, in one
+// form moves up to formLimit pending records into batches, in one
 // transaction: batches per (customer, epoch), in record order, each within
 // MaxBatchRecords and MaxBatchBytes. It returns the records moved.
 func (p *Producer) form() (int, error) {
@@ -134,7 +149,7 @@ func (p *Producer) form() (int, error) {
 		var order []*group
 		var keys [][]byte
 		c := pend.Cursor()
-		for k, v := c.First(); k != nil && len(keys) < maxFormRecords; k, v = c.Next() {
+		for k, v := c.First(); k != nil && len(keys) < p.formLimit; k, v = c.Next() {
 			var r storedRecord
 			if err := json.Unmarshal(v, &r); err != nil {
 				return fmt.Errorf("pending record %x is unreadable: %w", k, err)
