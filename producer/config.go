@@ -52,6 +52,9 @@ type Config struct {
 	Producer string
 	// Dir holds the producer's state: epoch, stream counters and unsent
 	// records. Required. One Producer per Dir at a time (it is locked).
+	// Never copy it to a second producer, nor restore it from a backup or
+	// snapshot: a copy gives seqs that another process or the ledger
+	// already used, and that usage goes unbilled (docs/producers.md).
 	Dir string
 
 	// MaxBatchRecords bounds the records of one message. Default 1000,

@@ -71,7 +71,12 @@
 // (so that no previous epoch is known) from ever reusing an epoch, which
 // would make its new records conflict with the old ones and go unbilled.
 // It assumes the host clock does not jump back by more than the lifetime of
-// an epoch. The epoch is persisted before any record uses it.
+// an epoch. The epoch is persisted before any record uses it. A copy of
+// Dir (a second host started from it, a backup or snapshot restored) is
+// not a lost state: it continues the epoch and its streams, so it gives
+// seqs already used to other usage, which the ledger keeps as conflicts,
+// unbilled. Only the file lock (one process per Dir on a host) is
+// enforced; a copy must not be made.
 //
 // Close ends the epoch cleanly: it appends to every stream of the epoch one
 // record with quantity 0, the same total, seq+1 and "final": true, then
