@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -146,7 +147,7 @@ var errUnreadable = errors.New("state file is unreadable")
 // renamed aside (kept for inspection) and replaced by a new one in a new
 // epoch.
 func openStore(dir, id string, now time.Time, streamCache int) (*bolt.DB, loaded, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := mkdirDurable(dir); err != nil {
 		return nil, loaded{}, fmt.Errorf("producer: create state dir: %w", err)
 	}
 	path := filepath.Join(dir, stateFile)
@@ -263,6 +264,34 @@ func loadFile(dir, path, id string, now time.Time, streamCache int) (db *bolt.DB
 	}
 	l.oldest = now
 	return db, l, nil
+}
+
+// mkdirDurable creates dir and its missing parents, and syncs the parent
+// of each directory it created: the state file's own entry is synced in
+// dir, and without this a host crash soon after the first acknowledged
+// Record in a new dir could lose the dir itself on some filesystems.
+func mkdirDurable(dir string) error {
+	var created []string
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		if _, err := os.Stat(d); err == nil {
+			break
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		created = append(created, d)
+		if filepath.Dir(d) == d {
+			break
+		}
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	for _, d := range created {
+		if err := syncDir(filepath.Dir(d)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func syncDir(dir string) error {

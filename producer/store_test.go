@@ -180,3 +180,20 @@ func TestATruncatedStateFileIsUnreadableNotACrash(t *testing.T) {
 		})
 	}
 }
+
+// A Dir whose parents do not exist yet is created, parents included (each
+// new directory's entry synced in its parent), and reopened as it was.
+func TestANewNestedDirIsCreated(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "a", "b", "state")
+	p := newProducer(t, producer.Config{Writer: refuseAll{}, Dir: dir})
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // nothing to send: stop at once
+	if err := p.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o700 {
+		t.Fatalf("state dir: %v %v", fi, err)
+	}
+	p = newProducer(t, producer.Config{Writer: refuseAll{}, Dir: dir})
+	_ = p.Stop(ctx)
+}
