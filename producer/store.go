@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -305,6 +306,9 @@ func syncDir(dir string) error {
 
 // openFile opens the bbolt file and checks its meta bucket.
 func openFile(path string) (*bolt.DB, error) {
+	if err := checkLength(path); err != nil {
+		return nil, err
+	}
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
 	if errors.Is(err, bolterrors.ErrTimeout) {
 		return nil, fmt.Errorf("%w: %s", errLocked, path)
@@ -353,6 +357,63 @@ func openFile(path string) (*bolt.DB, error) {
 		return nil, err
 	}
 	return db, nil
+}
+
+// checkLength refuses, as unreadable, a file shorter than the pages its
+// meta page says are in use (cut short by a filesystem crash), before
+// bbolt maps it: bolt.Open reads the freelist page, and a page past the
+// end of the mapped file is a SIGBUS, a fatal error no recover catches.
+// The meta page is bbolt's (the valid one of the two with the higher
+// transaction id: page header 16 bytes, then magic, version, page size,
+// flags, root, freelist, high-water page id, txid and an FNV-64a checksum
+// of what precedes it). A file without a valid meta page is left to
+// bolt.Open, which says so; a missing file is created there.
+func checkLength(path string) error {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("producer: open state file %s: %w", path, err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("producer: stat state file %s: %w", path, err)
+	}
+	const metaMagic, metaAt, metaLen = 0xED0CDAED, 16, 64
+	// The two meta pages: page 0, and page 1 at the page size page 0 names.
+	var metas [][]byte
+	if m := make([]byte, metaAt+metaLen); readAt(f, m, 0) {
+		metas = append(metas, m[metaAt:])
+		if ps := int64(binary.LittleEndian.Uint32(m[metaAt+8:])); ps >= 512 && ps <= 1<<20 {
+			if m := make([]byte, metaAt+metaLen); readAt(f, m, ps) {
+				metas = append(metas, m[metaAt:])
+			}
+		}
+	}
+	var pageSize, hw, txid uint64
+	for _, m := range metas {
+		h := fnv.New64a()
+		h.Write(m[:56])
+		if binary.LittleEndian.Uint32(m) != metaMagic || h.Sum64() != binary.LittleEndian.Uint64(m[56:]) {
+			continue
+		}
+		if t := binary.LittleEndian.Uint64(m[48:]); pageSize == 0 || t > txid {
+			pageSize, hw, txid = uint64(binary.LittleEndian.Uint32(m[8:])), binary.LittleEndian.Uint64(m[40:]), t
+		}
+	}
+	if pageSize > 0 && uint64(fi.Size()) < hw*pageSize {
+		return fmt.Errorf("%w: %s: it is %d bytes long, and its pages in use reach %d bytes (the file was cut short)",
+			errUnreadable, path, fi.Size(), hw*pageSize)
+	}
+	return nil
+}
+
+// readAt fills b from f at off, and says whether it could.
+func readAt(f *os.File, b []byte, off int64) bool {
+	_, err := f.ReadAt(b, off)
+	return err == nil
 }
 
 // corrupt tells bbolt's errors about the file's content from those about
