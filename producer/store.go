@@ -327,10 +327,8 @@ func openFile(path string) (*bolt.DB, error) {
 	// returned. (tx.Check would also read freed pages, at a cost of
 	// seconds per open on a large file.) A file whose meta bucket is
 	// damaged in a way bbolt cannot see (an epoch of the wrong length) is
-	// unreadable too, and so is a file shorter than the pages its meta
-	// page says are in use (cut short by a filesystem crash): reading a
-	// page past the end of the mapped file is a SIGBUS, a fatal error no
-	// recover catches, so it is checked before any page is read.
+	// unreadable too; one cut short was refused by checkLength before any
+	// page was read.
 	defer func() {
 		if r := recover(); r != nil {
 			db.Close() // the panicking transaction was rolled back
@@ -338,14 +336,6 @@ func openFile(path string) (*bolt.DB, error) {
 		}
 	}()
 	if err := db.View(func(tx *bolt.Tx) error {
-		fi, err := os.Stat(path)
-		if err != nil {
-			return fmt.Errorf("producer: stat state file %s: %w", path, err)
-		}
-		if fi.Size() < tx.Size() {
-			return fmt.Errorf("%w: %s: it is %d bytes long, and its pages in use reach %d bytes (the file was cut short)",
-				errUnreadable, path, fi.Size(), tx.Size())
-		}
 		if m := tx.Bucket(bucketMeta); m != nil {
 			if e := m.Get(keyEpoch); e != nil && len(e) != 8 {
 				return fmt.Errorf("%w: %s: epoch is %d bytes long", errUnreadable, path, len(e))
