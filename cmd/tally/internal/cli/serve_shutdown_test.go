@@ -28,15 +28,7 @@ func TestServeStopCancelsARunStillRunningAfterTheDrain(t *testing.T) {
 	db, pool, unlock := lockedRecords(t)
 
 	addr, stop := startServe(t, "--api", "--database-url", db, "--kafka-brokers", "127.0.0.1:1", "--admin-token", testAdminToken)
-	for up := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if resp, err := http.Get("http://" + addr + "/healthz"); err == nil {
-			resp.Body.Close()
-			break
-		}
-		if time.Now().After(up) {
-			t.Fatal("serve did not listen within 30s")
-		}
-	}
+	waitListening(t, addr)
 	answered := make(chan string, 1)
 	go func() {
 		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/reconciliations", strings.NewReader(`{"period":"current"}`))
@@ -125,15 +117,7 @@ func TestASecondSignalEndsTheProcessAtOnce(t *testing.T) {
 			t.Logf("tally serve logs:\n%s", logs.String())
 		}
 	}()
-	for up := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if resp, err := http.Get("http://" + addr + "/healthz"); err == nil {
-			resp.Body.Close()
-			break
-		}
-		if time.Now().After(up) {
-			t.Fatal("serve did not listen within 30s")
-		}
-	}
+	waitListening(t, addr)
 	go func() {
 		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/reconciliations", strings.NewReader(`{"period":"current"}`))
 		req.Header.Set("Authorization", "Bearer "+testAdminToken)
@@ -194,4 +178,18 @@ func lockedRecords(t *testing.T) (string, *pgxpool.Pool, func()) {
 		t.Fatal(err)
 	}
 	return db, pool, unlock
+}
+
+// waitListening waits until serve answers /healthz at addr (30 s at most).
+func waitListening(t *testing.T, addr string) {
+	t.Helper()
+	for up := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if resp, err := http.Get("http://" + addr + "/healthz"); err == nil {
+			resp.Body.Close()
+			return
+		}
+		if time.Now().After(up) {
+			t.Fatal("serve did not listen within 30s")
+		}
+	}
 }
