@@ -233,11 +233,11 @@ func kindItems(ans usageAnswer, now time.Time) []kindItem {
 		out = append(out, kindItem{Meter: g.Meter, Total: g.UnitSeconds.String(), Kind: string(ledger.Gauge), Gauge: &g, series: []byte("[]")})
 	}
 	for _, u := range ans.data.kinds.Uniques {
-		days := bucketDays(ans.p)
+		days := localDays(ans.p)
 		series := make([]bucketView, len(u.Days))
 		for i, d := range u.Days {
 			end := ans.p.End
-			// The bucket's day ends at the next local midnight (ledger.DayBucket).
+			// The bucket day ends where the next local day starts (ledger.DayBucket).
 			if j := sort.Search(len(days), func(j int) bool { return days[j].After(d.Start) }); j < len(days) {
 				end = days[j]
 			}
@@ -358,24 +358,11 @@ func (a *API) forgetUsage(customer string) {
 // (its midnight, or the instant the clocks jump past a midnight they skip),
 // as the daily rollups are kept by local date.
 func localDays(p periods.Period) []time.Time {
-	return dayStarts(p, periods.DayStart)
-}
-
-// bucketDays returns the starts of the bucket days ledger.DayBucket keeps
-// gauges and unique meters by: p.Start, then time.Date's local midnights
-// (which, where the clocks skip midnight, is an instant of the day before).
-func bucketDays(p periods.Period) []time.Time {
-	return dayStarts(p, func(loc *time.Location, y int, m time.Month, d int) time.Time {
-		return time.Date(y, m, d, 0, 0, 0, 0, loc)
-	})
-}
-
-func dayStarts(p periods.Period, midnight func(loc *time.Location, y int, m time.Month, d int) time.Time) []time.Time {
 	loc := p.Start.Location()
 	out := []time.Time{p.Start}
 	y, m, d := p.Start.In(loc).Date()
 	for i := 1; ; i++ {
-		t := midnight(loc, y, m, d+i)
+		t := periods.DayStart(loc, y, m, d+i)
 		if !t.Before(p.End) {
 			return out
 		}

@@ -9,6 +9,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tally-ledger/tally/ledger"
 )
 
 // seedAcme books usage for acme, whose calendar is monthly in New York,
@@ -281,6 +286,54 @@ func TestUsageByDayWhereClocksSkipMidnight(t *testing.T) {
 	}
 	want := "[{2026-03-07T05:00:00Z 2026-03-08T05:00:00Z 3} {2026-03-08T05:00:00Z 2026-03-09T04:00:00Z 5}]"
 	if got := fmt.Sprint(u.Series); u.Total != "8" || got != want {
+		t.Fatalf("total %s, series\n\t%s\nwant\n\t%s", u.Total, got, want)
+	}
+}
+
+// TestUniqueByDayWhereClocksSkipMidnight: a unique meter's series in
+// America/Havana has the local days as the counters' series has them: a
+// member seen at 23:30 CST on 7 March 2026 counts on the 7th, one seen at
+// 01:10 CDT on the 8th (the 8th's first hour: its midnight was skipped) on
+// the 8th, which starts at 05:00Z.
+func TestUniqueByDayWhereClocksSkipMidnight(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.setNow(date("2026-03-10T00:00:00Z"))
+	if r := f.do("PUT", "/v1/customers/hav", adminToken, map[string]any{"cadence": "monthly", "zone": "America/Havana"}); r.status != 201 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	if r := f.do("PUT", "/v1/meters/mau", adminToken, map[string]any{"kind": "unique"}); r.status != 200 {
+		t.Fatalf("PUT mau: %d %s", r.status, r.body)
+	}
+	ctx := context.Background()
+	member := func(seq int64, m string, at time.Time) ledger.Record {
+		return ledger.Record{OperationID: uuid.New(), Stream: ledger.StreamKey{Producer: "auth", Epoch: 1, Customer: "hav", Meter: "mau"},
+			Seq: seq, OccurredAt: at, Shape: ledger.Unique, Member: m}
+	}
+	if err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+		_, err := f.ledger.Apply(ctx, tx, []ledger.Record{
+			member(1, "ann", date("2026-03-08T04:30:00Z")), // 23:30 CST on Mar 7
+			member(2, "bob", date("2026-03-08T05:10:00Z")), // 01:10 CDT on Mar 8
+			member(3, "ann", date("2026-03-08T12:00:00Z")), // 08:00 CDT on Mar 8
+		})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	f.sync()
+	r := f.do("GET", "/v1/customers/hav/usage?meter=mau&period=2026-03-01", adminToken, nil)
+	if r.status != 200 {
+		t.Fatalf("%d %s", r.status, r.body)
+	}
+	var u struct {
+		Total  string
+		Series []struct{ Start, End, Quantity string }
+	}
+	if err := json.Unmarshal(r.body, &u); err != nil {
+		t.Fatal(err)
+	}
+	want := "[{2026-03-07T05:00:00Z 2026-03-08T05:00:00Z 1} {2026-03-08T05:00:00Z 2026-03-09T04:00:00Z 2}]"
+	if got := fmt.Sprint(u.Series); u.Total != "2" || got != want {
 		t.Fatalf("total %s, series\n\t%s\nwant\n\t%s", u.Total, got, want)
 	}
 }

@@ -130,23 +130,10 @@ func newChart(meter string, m api.MeterUsage, start, end time.Time, loc *time.Lo
 // midnight, or the instant the clocks jump past a midnight they skip), as
 // the REST answer's daily series has them.
 func localDays(start, end time.Time, loc *time.Location) []time.Time {
-	return dayStarts(start, end, loc, periods.DayStart)
-}
-
-// bucketDays are the starts of the bucket days ledger.DayBucket keeps
-// gauges and unique meters by: start, then time.Date's local midnights
-// (which, where the clocks skip midnight, is an instant of the day before).
-func bucketDays(start, end time.Time, loc *time.Location) []time.Time {
-	return dayStarts(start, end, loc, func(loc *time.Location, y int, m time.Month, d int) time.Time {
-		return time.Date(y, m, d, 0, 0, 0, 0, loc)
-	})
-}
-
-func dayStarts(start, end time.Time, loc *time.Location, midnight func(loc *time.Location, y int, m time.Month, d int) time.Time) []time.Time {
 	out := []time.Time{start}
 	y, m, d := start.In(loc).Date()
 	for i := 1; ; i++ {
-		t := midnight(loc, y, m, d+i)
+		t := periods.DayStart(loc, y, m, d+i)
 		if !t.Before(end) {
 			return out
 		}

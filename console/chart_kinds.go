@@ -89,7 +89,7 @@ func uniqueChart(u ledger.UniqueUsage, start, end time.Time, loc *time.Location,
 		top = decimal.Max(top, decimal.NewFromInt(d.Count))
 	}
 	scale := plotScale(top)
-	days := bucketDays(start, end, loc)
+	days := localDays(start, end, loc)
 	slot := chartPlotW / float64(max(len(days), 1))
 	for i, d := range days {
 		if i%7 == 0 || i == len(days)-1 && i%7 > 3 {

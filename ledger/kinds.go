@@ -259,7 +259,10 @@ func (a *applier) validateReadings() []int {
 
 // DayBucket is the bucket gauge and unique aggregates are kept by: the
 // local day containing t in the zone of t's period (the calendar in force
-// at the period's start), cut at the period's boundaries.
+// at the period's start), from its first instant to the next day's
+// (periods.DayStart: where the clocks skip midnight, the instant they jump
+// past it, not time.Date's answer, an instant of the day before), cut at
+// the period's boundaries.
 func DayBucket(s periods.Schedule, t time.Time) (start, end, period time.Time, err error) {
 	p, err := s.PeriodAt(t)
 	if err != nil {
@@ -270,7 +273,7 @@ func DayBucket(s periods.Schedule, t time.Time) (start, end, period time.Time, e
 		return start, end, period, err
 	}
 	y, m, d := t.In(loc).Date()
-	ds, de := time.Date(y, m, d, 0, 0, 0, 0, loc), time.Date(y, m, d+1, 0, 0, 0, 0, loc)
+	ds, de := periods.DayStart(loc, y, m, d), periods.DayStart(loc, y, m, d+1)
 	if ds.Before(p.Start) {
 		ds = p.Start
 	}
