@@ -39,7 +39,12 @@ func newLagged(d quota.Decision) *lagged {
 	if d.OnStale == quota.Deny {
 		l.onStale = Deny
 	}
-	if d.AsOf != nil {
+	switch {
+	case d.State == quota.NoLimit:
+		// The rule has no lagged period limit: admitted, and never stale
+		// (Decision.Stale).
+		l.staleAt = math.MaxInt64
+	case d.AsOf != nil:
 		l.staleAt = d.AsOf.Add(time.Duration(d.StaleAfter)).UnixNano()
 	}
 	return l

@@ -61,6 +61,8 @@
 //     partition from Config.DecisionHistory ago. Admit reads it through one
 //     atomic pointer (no lock, no allocation). Stale (now - as_of >
 //     stale_after): the rule's on_stale. None read yet: Config.OnStale.
+//     A no_limit decision (the rule lost its lagged period limit) admits
+//     and is never stale.
 //   - A rule's kind is asked again whenever a decision brings a rule
 //     version newer than the one last checked (and every RuleRecheck for a
 //     lagged rule or none), so a rule turned exact gets grants, and grants

@@ -223,3 +223,42 @@ func TestRuleTurnedLaggedReleasesGrants(t *testing.T) {
 	})
 	eventually(t, "grants given back", func() bool { return ts.budget("acme", "tokens").Live.IsZero() })
 }
+
+// A lagged rule the customer has exceeded, changed to a rate contract
+// (docs/design.md §17: no period limit): the enforcer's next decision
+// says no period limit applies, so the gateway stops refusing at once,
+// without waiting to ask Tally about the rule again (RuleRecheck, an hour
+// here), and the decision's new rule version then makes it admit from the
+// rate bucket's grants. A gateway started afterwards finds the same
+// decision in the topic's recent history, newer than the exceeded one.
+func TestRuleTurnedRateOnlyLiftsTheExceededDecision(t *testing.T) {
+	ts := startTally(t)
+	p := ts.startPipeline()
+	p.follow()
+	ts.rule(quota.RuleInput{Customer: "acme", Meter: "tokens", Limit: decimal.NewFromInt(100)})
+	p.use("acme", "tokens", 150)
+	ctx := context.Background()
+	cfg := admit.Config{Brokers: p.brokers, RuleRecheck: time.Hour}
+	c := newClient(t, ts, "gw1", t.TempDir(), cfg)
+	defer c.Close(ctx)
+	admitUntil(t, c, "acme", "tokens", "acme refused", func(d admit.Decision) bool { return !d.Admitted && !d.Stale })
+
+	ts.rule(quota.RuleInput{Customer: "acme", Meter: "tokens", Admission: quota.Exact,
+		Rate: &quota.Rate{Amount: decimal.NewFromInt(1), Per: quota.DurationText(time.Hour), Burst: decimal.NewFromInt(30)}})
+	admitUntil(t, c, "acme", "tokens", "acme admitted under a rule without a period limit", func(d admit.Decision) bool {
+		return d.Admitted
+	})
+	admitUntil(t, c, "acme", "tokens", "acme admitted from the rate bucket", func(d admit.Decision) bool {
+		return d.Admitted && d.How == admit.FromGrant
+	})
+
+	late := newClient(t, ts, "gw2", t.TempDir(), cfg)
+	defer late.Close(ctx)
+	eventually(t, "the rate rule's decision read from history", func() bool {
+		ld, ok := late.Latest("acme", "tokens")
+		return ok && ld.RuleVersion == 2
+	})
+	if ld, _ := late.Latest("acme", "tokens"); ld.State != quota.NoLimit || ld.Blocks(time.Now()) {
+		t.Fatalf("a gateway started later holds %+v", ld)
+	}
+}

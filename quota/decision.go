@@ -17,10 +17,16 @@ const (
 	OK       State = "ok"       // used < warn_at × limit
 	Warning  State = "warning"  // warn_at × limit ≤ used < limit
 	Exceeded State = "exceeded" // used ≥ limit: no allowance left
+	// NoLimit: the rule in force has no lagged period limit (a rate
+	// contract, docs/design.md §17, or a pool or global rule admitted
+	// exactly through grants): nothing to refuse from this topic. It
+	// replaces the key's last period decision, which would otherwise stay
+	// the last one gateways read.
+	NoLimit State = "no_limit"
 )
 
 // States lists every state, for metrics.
-var States = []State{OK, Warning, Exceeded}
+var States = []State{OK, Warning, Exceeded, NoLimit}
 
 // DefaultTopic is the Kafka topic decisions are published to.
 const DefaultTopic = "tally.quota-decisions"
@@ -74,8 +80,13 @@ func (d Decision) Key() string { return d.Customer + "/" + d.Meter }
 // Stale reports whether a consumer holding d at now must apply OnStale: the
 // usage it reports is older than StaleAfter (now - AsOf > StaleAfter), or
 // unknown. This covers both a stalled ingest (the lag inside the decision
-// grows) and a silent enforcer (the decision itself ages).
+// grows) and a silent enforcer (the decision itself ages). A NoLimit
+// decision reports no usage and never turns stale (its OnStale is allow,
+// so a consumer that does not know the state admits under it too).
 func (d Decision) Stale(now time.Time) bool {
+	if d.State == NoLimit {
+		return false
+	}
 	return d.AsOf == nil || now.Sub(*d.AsOf) > time.Duration(d.StaleAfter)
 }
 
@@ -89,6 +100,20 @@ func (d Decision) Blocks(now time.Time) bool {
 		return d.OnStale == Deny
 	}
 	return d.State == Exceeded
+}
+
+// noLimit is the decision for prev's key once the rule in force (version)
+// has no lagged period limit, in period p. Built so that a consumer that
+// knows only the states before it admits too: not exceeded, on_stale
+// allow, as_of decided_at. Used, limit, remaining and projected are 0:
+// there is no period usage to weigh against a limit.
+func noLimit(prev Decision, version int64, p periods.Period, now time.Time) Decision {
+	asOf, lag := now, Seconds(0)
+	return Decision{
+		Customer: prev.Customer, Meter: prev.Meter, Period: p.Name, State: NoLimit,
+		AsOf: &asOf, LagSeconds: &lag, RuleVersion: version, Mode: prev.Mode, OnStale: Allow,
+		StaleAfter: prev.StaleAfter, DecidedAt: now,
+	}
 }
 
 // Seconds is a duration in JSON as a number of seconds with millisecond

@@ -399,6 +399,10 @@ func (e *Enforcer) evaluate(ctx context.Context, w *kafka.Writer, l *lease) erro
 	snap, err := loadSnapshot(rctx, e.cfg.Pool, snapshotQuery{
 		now: now, ingestTopic: e.cfg.IngestTopic, window: e.cfg.RateWindow, byCustomer: e.byCust,
 	})
+	var gone []undecided
+	if err == nil {
+		gone, err = loadUndecided(rctx, e.cfg.Pool, e.last, snap, now)
+	}
 	cancel()
 	if err != nil {
 		return e.readFailed(ctx, err)
@@ -425,11 +429,29 @@ func (e *Enforcer) evaluate(ctx context.Context, w *kafka.Writer, l *lease) erro
 			pub = append(pub, d)
 			starts = append(starts, u.period.Start.UTC())
 			exact = append(exact, u.rule.Admission == Exact)
-			if ok && prev.Period != d.Period && prev.Period == u.prev.Name {
+			if ok && prev.State != NoLimit && prev.Period != d.Period && prev.Period == u.prev.Name {
 				// The period ended since prev: settle the usage that
-				// came into it after prev under prev's state.
+				// came into it after prev under prev's state (a
+				// NoLimit prev had no limit to settle against).
 				tails = append(tails, tail{prev: prev, start: u.prev.Start.UTC(), used: u.prevUsed})
 			}
+		}
+	}
+	// A key whose rule no longer has a lagged period limit: its last
+	// decision (exceeded, perhaps) would stay the last one gateways read.
+	// A NoLimit decision replaces it, republished like any decision (it
+	// never turns stale, so only every Republish).
+	for _, g := range gone {
+		d := noLimit(g.prev, g.version, g.period, now)
+		counts[d.State]++
+		if republish || g.prev.State != NoLimit || g.prev.RuleVersion != d.RuleVersion ||
+			d.DecidedAt.Sub(g.prev.DecidedAt) >= e.cfg.Republish {
+			key := d.Key()
+			e.seqs[key]++
+			d.LeaderEpoch, d.Seq = l.epoch, e.seqs[key]
+			pub = append(pub, d)
+			starts = append(starts, g.period.Start.UTC())
+			exact = append(exact, false)
 		}
 	}
 	for _, s := range States {
@@ -626,7 +648,8 @@ type overage struct {
 func (o *overage) add(customer, meter string, start time.Time, period string, prev *Decision, prevExact bool,
 	used, limit decimal.Decimal, now time.Time) {
 	ex, st := decimal.Zero, decimal.Zero
-	if prev != nil && !prevExact {
+	// Under a NoLimit decision there was no limit to admit usage past.
+	if prev != nil && !prevExact && prev.State != NoLimit {
 		if delta := used.Sub(prev.Used); delta.IsPositive() {
 			switch {
 			case prev.Mode == Enforce && prev.State == Exceeded:

@@ -90,6 +90,20 @@ LEFT JOIN ingest_customers ic ON ic.customer = k.customer AND ic.topic = $6
 LEFT JOIN ingest_partitions p ON p.topic = ic.topic AND p.partition = ic.partition
 ORDER BY k.i`
 
+// qRulesUndecided reads, for each key (customer or scope, meter) with a
+// published decision that the snapshot at $4 did not decide, the version
+// of the rule in force at $4 (NULL: none), whether it has a lagged period
+// limit after all (a version committed since the snapshot: decided at the
+// next evaluation) and, for a customer, its billing calendar.
+const qRulesUndecided = `
+SELECT k.i, coalesce(r.version, s.version),
+       coalesce(r."limit" IS NOT NULL, s."limit" IS NOT NULL AND s.admission = 'lagged', false),
+       (SELECT c.schedule FROM customers c WHERE c.id = k.customer AND NOT k.scoped)
+FROM unnest($1::text[], $2::text[], $3::boolean[]) WITH ORDINALITY AS k(customer, meter, scoped, i)
+LEFT JOIN LATERAL quota_rule_in_force(k.customer, k.meter, $4) r ON NOT k.scoped
+LEFT JOIN LATERAL quota_scope_rule_in_force(k.customer, k.meter, $4) s ON k.scoped
+ORDER BY k.i`
+
 const qHasIngestCustomers = `SELECT to_regclass('ingest_customers') IS NOT NULL`
 
 const qLoadDecisions = `SELECT decision FROM quota_decisions`

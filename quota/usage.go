@@ -74,12 +74,10 @@ func loadCustomerSnapshot(ctx context.Context, db DBTX, q snapshotQuery) ([]rule
 			return nil, fmt.Errorf("quota: read rules: %w", err)
 		}
 		if _, ok := schedules[r.Customer]; !ok {
-			sch := periods.NewSchedule(periods.DefaultCalendar())
-			if raw != nil {
-				if err := json.Unmarshal(raw, &sch); err != nil {
-					rows.Close()
-					return nil, fmt.Errorf("quota: customer %q: stored calendar: %w", r.Customer, err)
-				}
+			sch, err := customerSchedule(r.Customer, raw)
+			if err != nil {
+				rows.Close()
+				return nil, err
 			}
 			schedules[r.Customer] = sch
 		}
@@ -170,4 +168,16 @@ func loadCustomerSnapshot(ctx context.Context, db DBTX, q snapshotQuery) ([]rule
 		return nil, err
 	}
 	return out, nil
+}
+
+// customerSchedule is a customer's billing calendar as customers.schedule
+// stores it; nil (a customer without usage yet) is the default calendar.
+func customerSchedule(customer string, raw []byte) (periods.Schedule, error) {
+	sch := periods.NewSchedule(periods.DefaultCalendar())
+	if raw != nil {
+		if err := json.Unmarshal(raw, &sch); err != nil {
+			return periods.Schedule{}, fmt.Errorf("quota: customer %q: stored calendar: %w", customer, err)
+		}
+	}
+	return sch, nil
 }
