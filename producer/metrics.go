@@ -13,6 +13,7 @@ type metrics struct {
 	sendBudget  prometheus.Gauge
 	streams     prometheus.Gauge
 	keyRepeats  prometheus.Counter
+	damaged     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, producer string) (*metrics, error) {
@@ -38,8 +39,10 @@ func newMetrics(reg prometheus.Registerer, producer string) (*metrics, error) {
 			Help: "Stream states (seq and running total) cached in memory, at most StreamCache.", ConstLabels: labels}),
 		keyRepeats: prometheus.NewCounter(prometheus.CounterOpts{Name: "tally_producer_key_repeats_total",
 			Help: "Record calls whose idempotency key was already used: answered with the first call's outcome, nothing recorded.", ConstLabels: labels}),
+		damaged: prometheus.NewCounter(prometheus.CounterOpts{Name: "tally_producer_damaged_records_total",
+			Help: "Pending records and stored batches of the state file whose value did not decode: set aside in its damaged bucket, the others sent.", ConstLabels: labels}),
 	}
-	for _, c := range []prometheus.Collector{m.buffered, m.epoch, m.records, m.batchesSent, m.sendErrors, m.tooLarge, m.splits, m.sendBudget, m.streams, m.keyRepeats} {
+	for _, c := range []prometheus.Collector{m.buffered, m.epoch, m.records, m.batchesSent, m.sendErrors, m.tooLarge, m.splits, m.sendBudget, m.streams, m.keyRepeats, m.damaged} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -48,7 +51,7 @@ func newMetrics(reg prometheus.Registerer, producer string) (*metrics, error) {
 }
 
 func (m *metrics) unregister(reg prometheus.Registerer) {
-	for _, c := range []prometheus.Collector{m.buffered, m.epoch, m.records, m.batchesSent, m.sendErrors, m.tooLarge, m.splits, m.sendBudget, m.streams, m.keyRepeats} {
+	for _, c := range []prometheus.Collector{m.buffered, m.epoch, m.records, m.batchesSent, m.sendErrors, m.tooLarge, m.splits, m.sendBudget, m.streams, m.keyRepeats, m.damaged} {
 		reg.Unregister(c)
 	}
 }

@@ -104,6 +104,9 @@ func New(cfg Config) (*Producer, error) {
 		db.Close()
 		return nil, fmt.Errorf("producer: register metrics: %w", err)
 	}
+	for _, d := range l.damaged {
+		reportDamaged(log, m, d)
+	}
 	p := &Producer{
 		cfg: cfg, log: log, m: m, db: db,
 		streams:       l.streams,
@@ -161,6 +164,26 @@ func New(cfg Config) (*Producer, error) {
 	go p.commitLoop()
 	go p.sendLoop()
 	return p, nil
+}
+
+// reportDamaged logs a value of the state file that did not decode and
+// counts it: set aside in the damaged bucket, it is not sent.
+func reportDamaged(log *slog.Logger, m *metrics, d damagedValue) {
+	m.damaged.Inc()
+	if d.bucket == string(bucketBatches) {
+		log.Error("a stored batch in the state file does not decode; set it aside in the state file's damaged bucket and sent the others. "+
+			"The usage of its records reaches the ledger in the totals of their streams' next records or final records (Close)",
+			"bucket", d.bucket, "key", fmt.Sprintf("%x", d.key))
+		return
+	}
+	if r := d.rebuilt; r != nil {
+		log.Error("a pending record in the state file does not decode; set it aside in the state file's damaged bucket and rebuilt it from its stream's state",
+			"bucket", d.bucket, "index", i64(d.key), "customer", r.Customer, "meter", r.Meter, "epoch", r.Epoch, "seq", r.Seq, "final", r.Final)
+		return
+	}
+	log.Error("a pending record in the state file does not decode; set it aside in the state file's damaged bucket. "+
+		"Its usage reaches the ledger in the total of its stream's next record or final record (Close); a gauge's reading is lost",
+		"bucket", d.bucket, "index", i64(d.key))
 }
 
 // Epoch is the producer's current epoch.
@@ -558,6 +581,14 @@ func (p *Producer) store(recs []storedRecord, states map[streamKey]streamState, 
 		return nil
 	}
 	first := p.nextIndex
+	for i, r := range recs {
+		// recs are in seq order within a stream: the last one stays.
+		k := streamKey{r.Customer, r.Meter}
+		if st, ok := states[k]; ok {
+			st.Last = first + uint64(i) + 1
+			states[k] = st
+		}
+	}
 	err := p.db.Update(func(tx *bolt.Tx) error {
 		if err := putKeys(tx, keys, time.Now(), p.cfg.KeyRetention); err != nil {
 			return err

@@ -142,17 +142,42 @@ func (p *Producer) form() (int, error) {
 	}
 	var moved int
 	var formed int
+	var damaged []damagedValue
 	err := p.db.Update(func(tx *bolt.Tx) error {
-		moved, formed = 0, 0
+		moved, formed, damaged = 0, 0, nil
 		pend := tx.Bucket(bucketPending)
-		groups := make(map[[2]any]*group)
-		var order []*group
-		var keys [][]byte
+		var keys, bad [][]byte
+		var recs []*storedRecord // recs[i] is at keys[i]; nil: damaged, not rebuilt
+		var badAt []int
 		c := pend.Cursor()
 		for k, v := c.First(); k != nil && len(keys) < p.formLimit; k, v = c.Next() {
+			k = append([]byte(nil), k...)
+			keys = append(keys, k)
 			var r storedRecord
 			if err := json.Unmarshal(v, &r); err != nil {
-				return fmt.Errorf("pending record %x is unreadable: %w", k, err)
+				// New decoded it, so it was damaged since; it must not
+				// hold back the records behind it.
+				bad, badAt = append(bad, k), append(badAt, len(recs))
+				recs = append(recs, nil)
+				continue
+			}
+			recs = append(recs, &r)
+		}
+		if len(bad) > 0 {
+			var err error
+			if damaged, err = salvagePending(tx, bad, time.Now()); err != nil {
+				return err
+			}
+			for i, d := range damaged { // in the order of bad
+				recs[badAt[i]] = d.rebuilt
+			}
+		}
+		groups := make(map[[2]any]*group)
+		var order []*group
+		for i, k := range keys {
+			r := recs[i]
+			if r == nil {
+				continue
 			}
 			gk := [2]any{r.Customer, r.Epoch}
 			g := groups[gk]
@@ -161,9 +186,8 @@ func (p *Producer) form() (int, error) {
 				groups[gk] = g
 				order = append(order, g)
 			}
-			g.recs = append(g.recs, r)
+			g.recs = append(g.recs, *r)
 			g.idx = append(g.idx, uint64(i64(k)))
-			keys = append(keys, append([]byte(nil), k...))
 		}
 		batches := tx.Bucket(bucketBatches)
 		now := time.Now().UTC()
@@ -188,11 +212,20 @@ func (p *Producer) form() (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	lost := 0 // set aside and not rebuilt: no longer buffered
+	for _, d := range damaged {
+		reportDamaged(p.log, p.m, d)
+		if d.rebuilt == nil {
+			lost++
+		}
+	}
 	p.mu.Lock()
 	p.pending -= moved
 	if p.pending > 0 {
 		p.pendingSince = time.Now()
 	}
+	p.buffered -= lost
+	p.m.buffered.Set(float64(p.buffered))
 	p.broadcast()
 	p.mu.Unlock()
 	p.log.Debug("batches formed", "records", moved, "batches", formed)
@@ -211,6 +244,9 @@ func (p *Producer) putBatches(b *bolt.Bucket, recs []storedRecord, idx []uint64,
 	for i, r := range recs {
 		batch.Records[i] = wire.Record{OperationID: r.OperationID, Customer: r.Customer, Meter: r.Meter, Seq: r.Seq,
 			Total: r.Total, Quantity: decimal.NewNullDecimal(r.Quantity), OccurredAt: r.OccurredAt, Final: r.Final}
+		if r.NoQuantity { // rebuilt from its stream's state (salvagePending)
+			batch.Records[i].Quantity = decimal.NullDecimal{}
+		}
 		if r.Level.Valid || r.Member != "" { // a gauge or unique record carries no total or quantity
 			batch.Records[i].Total, batch.Records[i].Quantity = decimal.Decimal{}, decimal.NullDecimal{}
 			batch.Records[i].Level, batch.Records[i].Member = r.Level, r.Member
@@ -254,7 +290,7 @@ func (p *Producer) putBatches(b *bolt.Bucket, recs []storedRecord, idx []uint64,
 // So any backlog drains, whatever the broker's limit, as long as one record
 // fits in it.
 func (p *Producer) sendSome() (bool, error) {
-	var keys [][]byte
+	var keys, bad [][]byte
 	var msgs []kafka.Message
 	var counts []int
 	size := 0
@@ -263,7 +299,10 @@ func (p *Producer) sendSome() (bool, error) {
 		for k, v := c.First(); k != nil && len(msgs) < maxSendBatches; k, v = c.Next() {
 			var b storedBatch
 			if err := json.Unmarshal(v, &b); err != nil {
-				return fmt.Errorf("stored batch %x is unreadable: %w", k, err)
+				// New decoded it, so it was damaged since; it must not
+				// hold back the batches behind it.
+				bad = append(bad, append([]byte(nil), k...))
+				continue
 			}
 			if len(msgs) > 0 && size+len(b.Value) > p.sendBudget {
 				break
@@ -275,6 +314,9 @@ func (p *Producer) sendSome() (bool, error) {
 		}
 		return nil
 	})
+	if err == nil && len(bad) > 0 {
+		err = p.setBatchesAside(bad)
+	}
 	if err != nil || len(msgs) == 0 {
 		return false, err
 	}
@@ -346,6 +388,27 @@ func (p *Producer) sendSome() (bool, error) {
 		return true, fmt.Errorf("%d of %d batches not acknowledged: %w", len(msgs)-len(done), len(msgs), werr)
 	}
 	return true, nil
+}
+
+// setBatchesAside moves stored batches that do not decode to the damaged
+// bucket. How many records each held is unknown (it is in the value that
+// does not decode): they stay counted as buffered until the next New
+// counts again.
+func (p *Producer) setBatchesAside(keys [][]byte) error {
+	if err := p.db.Update(func(tx *bolt.Tx) error {
+		for _, k := range keys {
+			if err := setAside(tx, bucketBatches, k); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("set aside stored batches that do not decode: %w", err)
+	}
+	for _, k := range keys {
+		reportDamaged(p.log, p.m, damagedValue{bucket: string(bucketBatches), key: k})
+	}
+	return nil
 }
 
 // budgetRegrow is how many writes without a size refusal double a lowered

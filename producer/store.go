@@ -32,6 +32,8 @@ import (
 //	         commit of its record; kept across epochs for KeyRetention
 //	keys_by_time  stored-at nanoseconds (8 bytes, big endian) ‖ key → nil,
 //	         the order expired keys are deleted in
+//	damaged  bucket name ‖ 0x00 ‖ key → a pending record or stored batch
+//	         whose value did not decode, as it was (salvage)
 //
 // Record indexes grow by one per record ever stored in this file, so
 // "everything below index i has been acknowledged by Kafka" is a single
@@ -46,6 +48,7 @@ var (
 	bucketKeys    = []byte("keys")
 	// keys by when they were stored, for pruning
 	bucketKeysByTime = []byte("keys_by_time")
+	bucketDamaged    = []byte("damaged")
 
 	keyProducer    = []byte("producer")
 	keyEpoch       = []byte("epoch")
@@ -81,6 +84,10 @@ type streamState struct {
 	Shape  string    `json:"shape,omitempty"`
 	Member string    `json:"member,omitempty"`
 	At     time.Time `json:"at,omitzero"`
+	// Last is the index of the stream's last record plus one (0: not
+	// known, a state written before Last was kept). When that record is
+	// found damaged before it was sent, it is rebuilt from this state.
+	Last uint64 `json:"last,omitempty"`
 }
 
 // storedRecord is a record as Record made it durable; batches are formed
@@ -99,6 +106,9 @@ type storedRecord struct {
 	// Member (docs/design.md §16).
 	Level  decimal.NullDecimal `json:"l,omitempty"`
 	Member string              `json:"mb,omitempty"`
+	// NoQuantity: the record was rebuilt from its stream's state, which
+	// keeps the total but not the quantity; it is sent without one.
+	NoQuantity bool `json:"nq,omitempty"`
 }
 
 // storedBatch is an encoded message, sent as is on every attempt.
@@ -131,6 +141,7 @@ type loaded struct {
 	batches   int       // batches on disk
 	renamed   string    // a state file moved aside as unreadable, if any
 	oldest    time.Time // when the oldest pending record was found (now)
+	damaged   []damagedValue
 }
 
 // errLocked: another process holds the state file.
@@ -138,7 +149,10 @@ var errLocked = errors.New("producer: state directory is in use by another proce
 
 // errUnreadable marks a state file that bbolt finds damaged: its meta
 // pages fail validation or their checksum, it is shorter than two pages
-// or than the pages in use, reading a page of it panics, or a value in it does not decode. Any other error opening it (EMFILE, EACCES, ENOMEM,
+// or than the pages in use, reading a page of it panics, or a stream
+// state does not decode. (A pending record or stored batch that does not
+// decode is set aside alone, in the damaged bucket: the file's other
+// records are still sent.) Any other error opening it (EMFILE, EACCES, ENOMEM,
 // EIO, a full disk) says nothing about the file and is returned as is: the
 // file stays where it is and a later New reads it.
 var errUnreadable = errors.New("state file is unreadable")
@@ -188,7 +202,7 @@ func loadFile(dir, path, id string, now time.Time, streamCache int) (db *bolt.DB
 		return nil, l, err
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketMeta, bucketStreams, bucketPending, bucketBatches, bucketKeys, bucketKeysByTime} {
+		for _, b := range [][]byte{bucketMeta, bucketStreams, bucketPending, bucketBatches, bucketKeys, bucketKeysByTime, bucketDamaged} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -200,6 +214,11 @@ func loadFile(dir, path, id string, now time.Time, streamCache int) (db *bolt.DB
 			}
 		} else if string(p) != id {
 			return fmt.Errorf("producer: %s holds the state of producer %q, not %q; use one directory per producer id", dir, p, id)
+		}
+		// Before the epoch is decided: a damaged record is rebuilt from the
+		// stream states of its own epoch, which a new epoch deletes.
+		if l.pending, l.damaged, err = checkPending(tx, now); err != nil {
+			return err
 		}
 		epoch := i64(meta.Get(keyEpoch))
 		if epoch == 0 || meta.Get(keyEpochClosed) != nil || meta.Get(keyEpochClosing) != nil {
@@ -237,18 +256,25 @@ func loadFile(dir, path, id string, now time.Time, streamCache int) (db *bolt.DB
 		}); err != nil {
 			return err
 		}
-		l.pending = tx.Bucket(bucketPending).Stats().KeyN
 		l.buffered = l.pending
+		var bad [][]byte
 		if err := tx.Bucket(bucketBatches).ForEach(func(k, v []byte) error {
 			var b storedBatch
 			if err := json.Unmarshal(v, &b); err != nil {
-				return fmt.Errorf("%w: %s: stored batch %x does not decode: %v", errUnreadable, path, k, err)
+				bad = append(bad, append([]byte(nil), k...))
+				return nil
 			}
 			l.buffered += b.Records
 			l.batches++
 			return nil
 		}); err != nil {
 			return err
+		}
+		for _, k := range bad {
+			if err := setAside(tx, bucketBatches, k); err != nil {
+				return err
+			}
+			l.damaged = append(l.damaged, damagedValue{bucket: string(bucketBatches), key: k})
 		}
 		return nil
 	})
@@ -265,6 +291,150 @@ func loadFile(dir, path, id string, now time.Time, streamCache int) (db *bolt.DB
 	}
 	l.oldest = now
 	return db, l, nil
+}
+
+// damagedValue is a value of the state file that did not decode, moved
+// to the damaged bucket: a pending record (and the record rebuilt in its
+// place, if one could be) or a stored batch.
+type damagedValue struct {
+	bucket  string
+	key     []byte
+	rebuilt *storedRecord
+}
+
+// checkPending decodes every pending record, sets aside those that do not
+// decode (putting in their place the records rebuilt from their streams'
+// states, where one can be), and returns how many records are pending
+// after that.
+func checkPending(tx *bolt.Tx, now time.Time) (int, []damagedValue, error) {
+	pend := tx.Bucket(bucketPending)
+	n := 0
+	var bad [][]byte
+	if err := pend.ForEach(func(k, v []byte) error {
+		var r storedRecord
+		if json.Unmarshal(v, &r) != nil {
+			bad = append(bad, append([]byte(nil), k...))
+		} else {
+			n++
+		}
+		return nil
+	}); err != nil {
+		return 0, nil, err
+	}
+	if len(bad) == 0 {
+		return n, nil, nil
+	}
+	damaged, err := salvagePending(tx, bad, now)
+	if err != nil {
+		return 0, nil, err
+	}
+	for _, d := range damaged {
+		if d.rebuilt == nil {
+			continue
+		}
+		v, err := json.Marshal(d.rebuilt)
+		if err != nil {
+			return 0, nil, err
+		}
+		if err := pend.Put(d.key, v); err != nil {
+			return 0, nil, err
+		}
+		n++
+	}
+	return n, damaged, nil
+}
+
+// salvagePending sets aside the pending records at keys, whose values do
+// not decode, and rebuilds those that were their stream's last record
+// from the stream's state (rebuild). It neither deletes them from the
+// pending bucket nor puts the rebuilt records there: the caller does.
+//
+// A damaged record that was not its stream's last loses no usage: the
+// stream's next record carries its total, and the ledger bills the seq
+// missing between them as a gap (docs/design.md §2).
+func salvagePending(tx *bolt.Tx, keys [][]byte, now time.Time) ([]damagedValue, error) {
+	out := make([]damagedValue, len(keys))
+	at := make(map[uint64]int, len(keys)) // the index of a damaged record plus one → its place in out
+	for i, k := range keys {
+		out[i] = damagedValue{bucket: string(bucketPending), key: append([]byte(nil), k...)}
+		at[uint64(i64(k))+1] = i
+	}
+	epoch := i64(tx.Bucket(bucketMeta).Get(keyEpoch))
+	if err := tx.Bucket(bucketStreams).ForEach(func(k, v []byte) error {
+		var st streamState
+		sk, ok := parseStreamKey(k)
+		if !ok || json.Unmarshal(v, &st) != nil || st.Last == 0 {
+			return nil
+		}
+		if i, ok := at[st.Last]; ok {
+			r, err := rebuild(sk, st, epoch, now)
+			if err != nil {
+				return err
+			}
+			out[i].rebuilt = r
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	for _, d := range out {
+		if err := setAside(tx, bucketPending, d.key); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// rebuild makes the last record of stream sk again from its state st, as
+// far as the state tells it: the same seq and total (or final record, or
+// member at its time), a new operation id, occurred now. A counter's
+// rebuilt record carries no quantity (the state keeps none), so the ledger
+// bills it as total minus the total before it. A gauge's level is not in
+// its state: nil, the reading is lost, and the level before it holds until
+// the stream's next reading or final record.
+func rebuild(sk streamKey, st streamState, epoch int64, now time.Time) (*storedRecord, error) {
+	if st.Shape == "gauge" && !st.Final {
+		return nil, nil
+	}
+	id, err := uuid.NewV7()
+	if err != nil {
+		return nil, err
+	}
+	now = now.UTC().Truncate(time.Microsecond)
+	r := &storedRecord{Epoch: epoch, OperationID: id, Customer: sk.customer, Meter: sk.meter,
+		Seq: st.Seq, Total: st.Total, OccurredAt: now, Final: st.Final}
+	switch {
+	case st.Shape == "gauge": // a final record: the level ends at 0, as finalize wrote it
+		r.Level = decimal.NewNullDecimal(decimal.Zero)
+		if st.At.After(now) {
+			r.OccurredAt = st.At
+		}
+	case st.Shape == "unique": // the member, when it was recorded (a final record repeats it)
+		r.Member = st.Member
+		if !st.At.IsZero() {
+			r.OccurredAt = st.At
+		}
+	case st.Final: // a counter's final record: quantity 0
+		r.Quantity = decimal.Zero
+	default:
+		r.NoQuantity = true
+	}
+	return r, nil
+}
+
+// setAside copies the value at k in bucket to the damaged bucket, where it
+// is kept as it was for inspection, and deletes it from bucket.
+func setAside(tx *bolt.Tx, bucket, k []byte) error {
+	b := tx.Bucket(bucket)
+	v := b.Get(k)
+	if v == nil {
+		return nil
+	}
+	dk := append(append(append([]byte(nil), bucket...), 0), k...)
+	if err := tx.Bucket(bucketDamaged).Put(dk, append([]byte(nil), v...)); err != nil {
+		return err
+	}
+	return b.Delete(k)
 }
 
 // mkdirDurable creates dir and its missing parents, and syncs the parent
@@ -322,8 +492,8 @@ func openFile(path string) (*bolt.DB, error) {
 	// bbolt validates the meta pages only; a damaged freelist page panics
 	// in bolt.Open, a damaged data page when it is read. loadFile recovers
 	// those panics, and its transaction reads every page that holds state
-	// (the stream states and batches are decoded, the pending bucket's
-	// Stats walks its pages), so damage shows here, not long after New
+	// (the stream states, pending records and batches are decoded), so
+	// damage shows here, not long after New
 	// returned. (tx.Check would also read freed pages, at a cost of
 	// seconds per open on a large file.) A file whose meta bucket is
 	// damaged in a way bbolt cannot see (an epoch of the wrong length) is

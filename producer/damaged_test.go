@@ -1,0 +1,229 @@
+package producer_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/tally-ledger/tally/internal/kafkatest"
+	"github.com/tally-ledger/tally/producer"
+)
+
+type usage struct{ customer, meter, q string }
+
+// recordUnsent records us with Kafka down and stops at once, so that every
+// record stays pending in dir (indexes 0, 1, … in the order of us).
+func recordUnsent(t *testing.T, dir string, us []usage) int64 {
+	t.Helper()
+	p, err := producer.New(producer.Config{Writer: refuseAll{}, Producer: "gw-1", Dir: dir, Linger: time.Hour,
+		RetryMin: time.Second, RetryMax: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range us {
+		if err := p.Record(context.Background(), u.customer, u.meter, d(u.q), time.Now().Add(-time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	epoch := p.Epoch()
+	stopNow, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = p.Stop(stopNow)
+	return epoch
+}
+
+// damagePending flips one bit of the first byte of the pending record at
+// index in the state file of dir, as a bad sector or a bad DIMM might,
+// and returns the damaged value.
+func damagePending(t *testing.T, dir string, index uint64) []byte {
+	t.Helper()
+	db, err := bolt.Open(filepath.Join(dir, "producer.db"), 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var damaged []byte
+	if err := db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("pending"))
+		k := binary.BigEndian.AppendUint64(nil, index)
+		v := b.Get(k)
+		if v == nil {
+			t.Fatalf("no pending record at index %d", index)
+		}
+		damaged = append([]byte(nil), v...)
+		damaged[0] ^= 0x01 // '{' becomes 'z'
+		return b.Put(k, damaged)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return damaged
+}
+
+// damagedValues reads the damaged bucket of the state file in dir, by
+// bucket/index.
+func damagedValues(t *testing.T, dir string) map[string][]byte {
+	t.Helper()
+	db, err := bolt.Open(filepath.Join(dir, "producer.db"), 0o600, &bolt.Options{Timeout: time.Second, ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	out := map[string][]byte{}
+	if err := db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("damaged"))
+		if b == nil {
+			return nil
+		}
+		return b.ForEach(func(k, v []byte) error {
+			bucket, index, ok := bytes.Cut(k, []byte{0})
+			if !ok || len(index) < 8 {
+				t.Errorf("damaged bucket key %q is not bucket, 0x00, index", k)
+				return nil
+			}
+			out[fmt.Sprintf("%s/%d", bucket, binary.BigEndian.Uint64(index))] = append([]byte(nil), v...)
+			return nil
+		})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+type sent struct {
+	seq             int64
+	total, quantity string // quantity "" when the record carries none
+	final           bool
+	member          string
+}
+
+// byStream reads every record on the topic (one partition), by
+// customer/meter, in offset order.
+func byStream(t *testing.T, c *kafkatest.Cluster) map[string][]sent {
+	t.Helper()
+	out := map[string][]sent{}
+	for _, b := range readBatches(t, c, 1) {
+		for _, r := range b.Records {
+			s := sent{seq: r.Seq, final: r.Final, member: r.Member}
+			if r.Member == "" && !r.Level.Valid {
+				s.total = r.Total.String()
+			}
+			if r.Quantity.Valid {
+				s.quantity = r.Quantity.Decimal.String()
+			}
+			out[r.Customer+"/"+r.Meter] = append(out[r.Customer+"/"+r.Meter], s)
+		}
+	}
+	return out
+}
+
+func checkSent(t *testing.T, got, want map[string][]sent) {
+	t.Helper()
+	for k, w := range want {
+		g := got[k]
+		if len(g) != len(w) {
+			t.Errorf("%s: sent %+v, want %+v", k, g, w)
+			continue
+		}
+		for i := range w {
+			if g[i] != w[i] {
+				t.Errorf("%s[%d]: sent %+v, want %+v", k, i, g[i], w[i])
+			}
+		}
+	}
+	for k, g := range got {
+		if _, ok := want[k]; !ok {
+			t.Errorf("%s: sent %+v, want nothing", k, g)
+		}
+	}
+}
+
+// A pending record whose value no longer decodes held back every record
+// formed after it: batches were formed in one transaction that failed on
+// it, so the sender retried that transaction for ever and acknowledged
+// usage never reached Kafka. Now the damaged bytes are kept aside in the
+// damaged bucket, counted and logged, and the others are sent; the usage
+// of the damaged record is in the total of the stream's next record.
+func TestADamagedPendingRecordDoesNotHoldBackTheOthers(t *testing.T) {
+	dir := t.TempDir()
+	epoch := recordUnsent(t, dir, []usage{
+		{"acme", "api_calls", "3"}, {"acme", "api_calls", "4"}, {"acme", "api_calls", "5"}, {"globex", "gb", "1"},
+	})
+	raw := damagePending(t, dir, 1) // acme's seq 2
+
+	c := newCluster(t, 1)
+	reg := prometheus.NewRegistry()
+	p := newProducer(t, producer.Config{Brokers: c.Addrs, Dir: dir, Registerer: reg})
+	if p.Epoch() != epoch {
+		t.Errorf("epoch %d after one damaged record, want %d: the rest of the state is intact", p.Epoch(), epoch)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := p.Flush(ctx); err != nil {
+		t.Fatalf("the records after the damaged one were not sent: %v", err)
+	}
+	got := byStream(t, c)
+	want := map[string][]sent{
+		"acme/api_calls": {{seq: 1, total: "3", quantity: "3"}, {seq: 3, total: "12", quantity: "5"}},
+		"globex/gb":      {{seq: 1, total: "1", quantity: "1"}},
+	}
+	checkSent(t, got, want)
+	if n := counter(t, reg, "tally_producer_damaged_records_total"); n != 1 {
+		t.Errorf("tally_producer_damaged_records_total = %v, want 1", n)
+	}
+	if p.Buffered() != 0 {
+		t.Errorf("buffered %d after Flush, want 0", p.Buffered())
+	}
+	if err := p.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if kept := damagedValues(t, dir); len(kept) != 1 || !bytes.Equal(kept["pending/1"], raw) {
+		t.Errorf("damaged bucket holds %q, want the damaged bytes %q as pending/1", kept, raw)
+	}
+}
+
+// When the damaged record is its stream's last, no later record carries
+// its usage (none may ever come, and Stop writes no final record). The
+// stream state holds that record's seq and total, so it is rebuilt from
+// there: same seq and total, a new operation id, no quantity (a counter),
+// the last member again at its time (a unique meter), or the final record
+// again.
+func TestADamagedLastRecordOfAStreamIsRebuiltFromItsState(t *testing.T) {
+	dir := t.TempDir()
+	recordUnsent(t, dir, []usage{
+		{"acme", "api_calls", "3"}, {"acme", "api_calls", "4"}, {"globex", "gb", "1"},
+	})
+	damagePending(t, dir, 1) // acme's seq 2, its last
+
+	c := newCluster(t, 1)
+	reg := prometheus.NewRegistry()
+	p := newProducer(t, producer.Config{Brokers: c.Addrs, Dir: dir, Registerer: reg})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := p.Flush(ctx); err != nil {
+		t.Fatalf("the records after the damaged one were not sent: %v", err)
+	}
+	checkSent(t, byStream(t, c), map[string][]sent{
+		"acme/api_calls": {{seq: 1, total: "3", quantity: "3"}, {seq: 2, total: "7"}},
+		"globex/gb":      {{seq: 1, total: "1", quantity: "1"}},
+	})
+	if n := counter(t, reg, "tally_producer_damaged_records_total"); n != 1 {
+		t.Errorf("tally_producer_damaged_records_total = %v, want 1", n)
+	}
+	// The stream continues after the rebuilt record.
+	if err := p.Record(ctx, "acme", "api_calls", d("1"), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := byStream(t, c)["acme/api_calls"]; len(got) != 3 || got[2] != (sent{seq: 3, total: "8", quantity: "1"}) {
+		t.Errorf("acme after the rebuilt record: %+v, want seq 3 with total 8 last", got)
+	}
+}
