@@ -227,3 +227,74 @@ func TestADamagedLastRecordOfAStreamIsRebuiltFromItsState(t *testing.T) {
 		t.Errorf("acme after the rebuilt record: %+v, want seq 3 with total 8 last", got)
 	}
 }
+
+// A stored batch that did not decode made the whole state file unreadable
+// at New: it was moved aside, with every other batch and pending record in
+// it, and a new epoch started, so all of that acknowledged usage was never
+// sent. Now the batch alone is set aside; the others are sent, the epoch
+// goes on, and the damaged batch's usage reaches the ledger in the total
+// of its streams' next records (here Close's final record).
+func TestADamagedStoredBatchIsSetAsideAlone(t *testing.T) {
+	dir := t.TempDir()
+	p, err := producer.New(producer.Config{Writer: refuseAll{}, Producer: "gw-1", Dir: dir, Linger: time.Millisecond,
+		RetryMin: 10 * time.Millisecond, RetryMax: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []usage{{"acme", "api_calls", "3"}, {"acme", "api_calls", "4"}, {"globex", "gb", "1"}} {
+		if err := p.Record(context.Background(), u.customer, u.meter, d(u.q), time.Now().Add(-time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	epoch := p.Epoch()
+	// Stop flushes (forms every record into a batch) and gives up when
+	// its context ends: Kafka is down.
+	stopCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = p.Stop(stopCtx)
+
+	db, err := bolt.Open(filepath.Join(dir, "producer.db"), 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw []byte
+	if err := db.Update(func(tx *bolt.Tx) error {
+		if n := tx.Bucket([]byte("pending")).Stats().KeyN; n != 0 {
+			t.Fatalf("%d records still pending after Stop; want them all in batches", n)
+		}
+		b := tx.Bucket([]byte("batches"))
+		k := binary.BigEndian.AppendUint64(nil, 0) // acme's batch: its first record is index 0
+		if v := b.Get(k); v == nil || b.Stats().KeyN != 2 {
+			t.Fatalf("want acme's batch at index 0 and globex's; have %d batches", b.Stats().KeyN)
+		} else {
+			raw = append([]byte(nil), v...)
+		}
+		raw[0] ^= 0x01
+		return b.Put(k, raw)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	c := newCluster(t, 1)
+	reg := prometheus.NewRegistry()
+	p = newProducer(t, producer.Config{Brokers: c.Addrs, Dir: dir, Registerer: reg})
+	if p.Epoch() != epoch {
+		t.Errorf("epoch %d after one damaged batch, want %d: the rest of the state is intact", p.Epoch(), epoch)
+	}
+	if n := counter(t, reg, "tally_producer_damaged_records_total"); n != 1 {
+		t.Errorf("tally_producer_damaged_records_total = %v, want 1", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := p.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkSent(t, byStream(t, c), map[string][]sent{
+		"acme/api_calls": {{seq: 3, total: "7", quantity: "0", final: true}},
+		"globex/gb":      {{seq: 1, total: "1", quantity: "1"}, {seq: 2, total: "1", quantity: "0", final: true}},
+	})
+	if kept := damagedValues(t, dir); len(kept) != 1 || !bytes.Equal(kept["batches/0"], raw) {
+		t.Errorf("damaged bucket holds %q, want the damaged batch %q as batches/0", kept, raw)
+	}
+}
