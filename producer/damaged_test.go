@@ -83,6 +83,10 @@ func damagedValues(t *testing.T, dir string) map[string][]byte {
 		}
 		return b.ForEach(func(k, v []byte) error {
 			bucket, index, ok := bytes.Cut(k, []byte{0})
+			if ok && string(bucket) == "streams" { // customer 0x00 meter
+				out["streams/"+string(bytes.ReplaceAll(index, []byte{0}, []byte{'/'}))] = append([]byte(nil), v...)
+				return nil
+			}
 			if !ok || len(index) < 8 {
 				t.Errorf("damaged bucket key %q is not bucket, 0x00, index", k)
 				return nil
@@ -296,5 +300,55 @@ func TestADamagedStoredBatchIsSetAsideAlone(t *testing.T) {
 	})
 	if kept := damagedValues(t, dir); len(kept) != 1 || !bytes.Equal(kept["batches/0"], raw) {
 		t.Errorf("damaged bucket holds %q, want the damaged batch %q as batches/0", kept, raw)
+	}
+}
+
+// A stream state that did not decode made the whole state file unreadable:
+// it was moved aside with every buffered record in it, never sent. The
+// stream's seq and total are unknown, so the epoch cannot go on; but its
+// records can still be sent. Now the state is set aside alone, a new epoch
+// begins, and the old epoch's buffered records are sent.
+func TestADamagedStreamStateEndsTheEpochButItsRecordsAreSent(t *testing.T) {
+	dir := t.TempDir()
+	epoch := recordUnsent(t, dir, []usage{{"acme", "api_calls", "3"}, {"acme", "api_calls", "4"}, {"globex", "gb", "1"}})
+	db, err := bolt.Open(filepath.Join(dir, "producer.db"), 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var raw []byte
+	if err := db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("streams"))
+		k := []byte("acme\x00api_calls")
+		raw = append([]byte(nil), b.Get(k)...)
+		raw[0] ^= 0x01
+		return b.Put(k, raw)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	c := newCluster(t, 1)
+	reg := prometheus.NewRegistry()
+	p := newProducer(t, producer.Config{Brokers: c.Addrs, Dir: dir, Registerer: reg})
+	if p.Epoch() <= epoch {
+		t.Errorf("epoch %d after a damaged stream state, want a new one above %d", p.Epoch(), epoch)
+	}
+	if n := counter(t, reg, "tally_producer_damaged_records_total"); n != 1 {
+		t.Errorf("tally_producer_damaged_records_total = %v, want 1", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := p.Record(ctx, "acme", "api_calls", d("1"), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkSent(t, byStream(t, c), map[string][]sent{
+		"acme/api_calls": {{seq: 1, total: "3", quantity: "3"}, {seq: 2, total: "7", quantity: "4"}, {seq: 1, total: "1", quantity: "1"}},
+		"globex/gb":      {{seq: 1, total: "1", quantity: "1"}},
+	})
+	if kept := damagedValues(t, dir); len(kept) != 1 || !bytes.Equal(kept["streams/acme/api_calls"], raw) {
+		t.Errorf("damaged bucket holds %q, want the damaged state %q as streams/acme/api_calls", kept, raw)
 	}
 }

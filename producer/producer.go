@@ -170,6 +170,12 @@ func New(cfg Config) (*Producer, error) {
 // counts it: set aside in the damaged bucket, it is not sent.
 func reportDamaged(log *slog.Logger, m *metrics, d damagedValue) {
 	m.damaged.Inc()
+	if d.bucket == string(bucketStreams) {
+		log.Error("a stream state in the state file does not decode; set it aside in the state file's damaged bucket and started a new epoch. "+
+			"The buffered records of the old epoch are still sent; its streams get no final record",
+			"bucket", d.bucket, "stream", string(bytes.ReplaceAll(d.key, []byte{0}, []byte{'/'})))
+		return
+	}
 	if d.bucket == string(bucketBatches) {
 		log.Error("a stored batch in the state file does not decode; set it aside in the state file's damaged bucket and sent the others. "+
 			"The usage of its records reaches the ledger in the totals of their streams' next records or final records (Close)",

@@ -149,10 +149,9 @@ var errLocked = errors.New("producer: state directory is in use by another proce
 
 // errUnreadable marks a state file that bbolt finds damaged: its meta
 // pages fail validation or their checksum, it is shorter than two pages
-// or than the pages in use, reading a page of it panics, or a stream
-// state does not decode. (A pending record or stored batch that does not
-// decode is set aside alone, in the damaged bucket: the file's other
-// records are still sent.) Any other error opening it (EMFILE, EACCES, ENOMEM,
+// or than the pages in use, or reading a page of it panics. (A value that
+// does not decode is set aside alone, in the damaged bucket, and the
+// file's records are still sent: see damagedValue.) Any other error opening it (EMFILE, EACCES, ENOMEM,
 // EIO, a full disk) says nothing about the file and is returned as is: the
 // file stays where it is and a later New reads it.
 var errUnreadable = errors.New("state file is unreadable")
@@ -220,8 +219,16 @@ func loadFile(dir, path, id string, now time.Time, streamCache int) (db *bolt.DB
 		if l.pending, l.damaged, err = checkPending(tx, now); err != nil {
 			return err
 		}
+		// A stream state that does not decode leaves that stream's seq
+		// and total unknown: the epoch cannot go on (a seq could be given
+		// twice), but its buffered records are still sent.
+		badStreams, err := checkStreams(tx)
+		if err != nil {
+			return err
+		}
+		l.damaged = append(l.damaged, badStreams...)
 		epoch := i64(meta.Get(keyEpoch))
-		if epoch == 0 || meta.Get(keyEpochClosed) != nil || meta.Get(keyEpochClosing) != nil {
+		if epoch == 0 || meta.Get(keyEpochClosed) != nil || meta.Get(keyEpochClosing) != nil || len(badStreams) > 0 {
 			epoch = max(epoch+1, now.UnixMilli())
 			l.newEpoch = true
 			if err := meta.Put(keyEpoch, u64(uint64(epoch))); err != nil {
@@ -295,11 +302,32 @@ func loadFile(dir, path, id string, now time.Time, streamCache int) (db *bolt.DB
 
 // damagedValue is a value of the state file that did not decode, moved
 // to the damaged bucket: a pending record (and the record rebuilt in its
-// place, if one could be) or a stored batch.
+// place, if one could be), a stored batch, or a stream state (the epoch
+// then ends: New starts a new one).
 type damagedValue struct {
 	bucket  string
 	key     []byte
 	rebuilt *storedRecord
+}
+
+// checkStreams sets aside the stream states that do not decode.
+func checkStreams(tx *bolt.Tx) ([]damagedValue, error) {
+	var bad []damagedValue
+	if err := tx.Bucket(bucketStreams).ForEach(func(k, v []byte) error {
+		var st streamState
+		if _, ok := parseStreamKey(k); !ok || json.Unmarshal(v, &st) != nil {
+			bad = append(bad, damagedValue{bucket: string(bucketStreams), key: append([]byte(nil), k...)})
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	for _, d := range bad {
+		if err := setAside(tx, bucketStreams, d.key); err != nil {
+			return nil, err
+		}
+	}
+	return bad, nil
 }
 
 // checkPending decodes every pending record, sets aside those that do not
