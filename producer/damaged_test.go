@@ -5,7 +5,10 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"io"
+	"os"
 	"path/filepath"
+	"regexp"
 	"testing"
 	"time"
 
@@ -350,5 +353,58 @@ func TestADamagedStreamStateEndsTheEpochButItsRecordsAreSent(t *testing.T) {
 	})
 	if kept := damagedValues(t, dir); len(kept) != 1 || !bytes.Equal(kept["streams/acme/api_calls"], raw) {
 		t.Errorf("damaged bucket holds %q, want the damaged state %q as streams/acme/api_calls", kept, raw)
+	}
+}
+
+// A pending record damaged while the producer runs (New decoded it) is set
+// aside when batches are formed, and holds back nothing. The file is
+// written under bbolt, as a failing disk would: bbolt reads it through a
+// shared mapping, so the damaged bytes are what forming reads.
+func TestAPendingRecordDamagedWhileRunningIsSetAsideWhenFormed(t *testing.T) {
+	c := newCluster(t, 1)
+	reg := prometheus.NewRegistry()
+	dir := t.TempDir()
+	// A long Linger keeps the records pending until Flush.
+	p := newProducer(t, producer.Config{Brokers: c.Addrs, Dir: dir, Registerer: reg, Linger: time.Hour})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for _, u := range []usage{{"acme", "api_calls", "3"}, {"acme", "api_calls", "4"}, {"acme", "api_calls", "5"}, {"globex", "gb", "1"}} {
+		if err := p.Record(ctx, u.customer, u.meter, d(u.q), time.Now().Add(-time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f, err := os.OpenFile(filepath.Join(dir, "producer.db"), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// acme's seq 2, wherever a page holds it (freed pages may hold older
+	// copies of its leaf).
+	rec := regexp.MustCompile(`\{"e":\d+,"o":"[0-9a-f-]+","c":"acme","m":"api_calls","s":2,`)
+	hits := rec.FindAllIndex(b, -1)
+	if len(hits) == 0 {
+		t.Fatal("acme's seq 2 not found in the state file")
+	}
+	for _, h := range hits {
+		if _, err := f.WriteAt([]byte{b[h[0]] ^ 0x01}, int64(h[0])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.Close()
+	if err := p.Flush(ctx); err != nil {
+		t.Fatalf("the records after the damaged one were not sent: %v", err)
+	}
+	checkSent(t, byStream(t, c), map[string][]sent{
+		"acme/api_calls": {{seq: 1, total: "3", quantity: "3"}, {seq: 3, total: "12", quantity: "5"}},
+		"globex/gb":      {{seq: 1, total: "1", quantity: "1"}},
+	})
+	if n := counter(t, reg, "tally_producer_damaged_records_total"); n != 1 {
+		t.Errorf("tally_producer_damaged_records_total = %v, want 1", n)
+	}
+	if p.Buffered() != 0 {
+		t.Errorf("buffered %d after Flush, want 0", p.Buffered())
 	}
 }
