@@ -408,3 +408,45 @@ func TestAPendingRecordDamagedWhileRunningIsSetAsideWhenFormed(t *testing.T) {
 		t.Errorf("buffered %d after Flush, want 0", p.Buffered())
 	}
 }
+
+// New decodes the pending records when the epoch ends (here because
+// another stream's state is damaged): the stream states a damaged record
+// is rebuilt from are deleted by the new epoch, so it is rebuilt before.
+func TestADamagedLastRecordIsRebuiltBeforeANewEpoch(t *testing.T) {
+	dir := t.TempDir()
+	epoch := recordUnsent(t, dir, []usage{{"acme", "api_calls", "3"}, {"acme", "api_calls", "4"}, {"globex", "gb", "1"}})
+	damagePending(t, dir, 1) // acme's seq 2, its last
+	db, err := bolt.Open(filepath.Join(dir, "producer.db"), 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("streams"))
+		k := []byte("globex\x00gb")
+		v := append([]byte(nil), b.Get(k)...)
+		v[0] ^= 0x01
+		return b.Put(k, v)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	c := newCluster(t, 1)
+	reg := prometheus.NewRegistry()
+	p := newProducer(t, producer.Config{Brokers: c.Addrs, Dir: dir, Registerer: reg})
+	if p.Epoch() <= epoch {
+		t.Errorf("epoch %d after a damaged stream state, want a new one above %d", p.Epoch(), epoch)
+	}
+	if n := counter(t, reg, "tally_producer_damaged_records_total"); n != 2 {
+		t.Errorf("tally_producer_damaged_records_total = %v, want 2 (found by New)", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	checkSent(t, byStream(t, c), map[string][]sent{
+		"acme/api_calls": {{seq: 1, total: "3", quantity: "3"}, {seq: 2, total: "7"}},
+		"globex/gb":      {{seq: 1, total: "1", quantity: "1"}},
+	})
+}

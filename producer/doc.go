@@ -61,9 +61,15 @@
 // and kept across restarts, so a restarted producer continues its streams.
 // A new epoch starts when Dir is new, lost or unreadable (the old one is
 // renamed aside, never deleted), and after Close ended (or began to end)
-// the previous one. Unreadable means damaged: bbolt's meta checks fail, a
-// page panics when read, a value does not decode, or the file is shorter
-// than the pages its meta page says are in use (cut short). A
+// the previous one, or when a stream state in Dir does not decode. Unreadable
+// means damaged: bbolt's meta checks fail, a page panics when read, or the
+// file is shorter than the pages its meta page says are in use (cut short).
+// A single value that does not decode (a pending record, a stored batch, a
+// stream state) is set aside alone in the file's damaged bucket, logged at
+// error level and counted in tally_producer_damaged_records_total; the
+// other records are sent. A damaged record that was its stream's last is
+// rebuilt from the stream's state (same seq and total, no quantity);
+// otherwise the stream's next or final record carries its usage. A
 // system error opening the file (EMFILE, EACCES, EIO…) is returned by New
 // and leaves the file as it is. A
 // new epoch is max(previous known epoch + 1, the current Unix time in
