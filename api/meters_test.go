@@ -2,6 +2,8 @@ package api_test
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"testing"
 	"time"
 
@@ -184,4 +186,86 @@ func TestMeterWithQuotaRulesStaysACounter(t *testing.T) {
 	if items, _ := q["items"].([]any); len(items) != 2 {
 		t.Fatalf("quotas: %v", q)
 	}
+}
+
+// A declared gauge or unique meter without data in the period answers
+// with its kind and the kind's fields at zero, by day and by hour, as it
+// answers once it has data (the same members): never like a counter. A
+// declaration made behind the API's back (another API process) reaches
+// an answer the API had cached.
+func TestDeclaredMeterWithoutDataAnswersItsKind(t *testing.T) {
+	f := newFixture(t)
+	f.setNow(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC))
+	if r := f.do("PUT", "/v1/customers/acme", adminToken, map[string]any{"cadence": "monthly", "anchor_day": 1, "zone": "UTC"}); r.status != 201 {
+		t.Fatalf("create acme: %d %s", r.status, r.body)
+	}
+	if r := f.do("PUT", "/v1/meters/mau", adminToken, map[string]any{"kind": "unique"}); r.status != 200 {
+		t.Fatalf("PUT mau: %d %s", r.status, r.body)
+	}
+	// Cached while seats is still an undeclared counter.
+	if u := f.do("GET", "/v1/customers/acme/usage?meter=seats", adminToken, nil).json(t); u["kind"] != nil || u["total"] != "0" {
+		t.Fatalf("an undeclared meter: %v", u)
+	}
+	ctx := context.Background()
+	if err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+		_, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: "seats", Kind: ledger.Gauge}, f.clock())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	f.sync()
+	empty := map[string]map[string]any{}
+	for _, groupBy := range []string{"day", "hour"} {
+		u := f.do("GET", "/v1/customers/acme/usage?meter=seats&group_by="+groupBy, adminToken, nil).json(t)
+		g, _ := u["gauge"].(map[string]any)
+		if u["kind"] != "gauge" || u["total"] != "0" || g == nil || len(u["series"].([]any)) != 0 {
+			t.Fatalf("seats by %s without readings: %v", groupBy, u)
+		}
+		for _, k := range []string{"max", "latest", "unit_seconds", "unit_hours", "average", "prior_period_unit_seconds"} {
+			if g[k] != "0" {
+				t.Fatalf("seats by %s without readings: %s = %v: %v", groupBy, k, g[k], u)
+			}
+		}
+		// Zero from the period's start to now.
+		if l := g["levels"].([]any); len(l) != 1 || l[0].(map[string]any)["start"] != "2026-12-01T00:00:00Z" ||
+			l[0].(map[string]any)["end"] != "2026-12-01T12:00:00Z" || l[0].(map[string]any)["max"] != "0" {
+			t.Fatalf("seats by %s without readings: levels %v", groupBy, g["levels"])
+		}
+		m := f.do("GET", "/v1/customers/acme/usage?meter=mau&group_by="+groupBy, adminToken, nil).json(t)
+		if m["kind"] != "unique" || m["total"] != "0" || m["unique"] == nil || m["unique"].(map[string]any)["count"] != float64(0) ||
+			len(m["series"].([]any)) != 0 {
+			t.Fatalf("mau by %s without members: %v", groupBy, m)
+		}
+		empty["seats"], empty["mau"] = u, m
+	}
+
+	// With data, the same members.
+	day := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	if err := pgx.BeginFunc(ctx, f.pool, func(tx pgx.Tx) error {
+		stream := func(meter string) ledger.StreamKey {
+			return ledger.StreamKey{Producer: "a", Epoch: 1, Customer: "acme", Meter: meter}
+		}
+		_, err := f.ledger.Apply(ctx, tx, []ledger.Record{
+			{OperationID: uuid.New(), Stream: stream("seats"), Seq: 1, OccurredAt: day, Shape: ledger.Gauge, Level: amount.MustParse("3")},
+			{OperationID: uuid.New(), Stream: stream("mau"), Seq: 1, OccurredAt: day, Shape: ledger.Unique, Member: "u1"},
+		})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	f.sync()
+	for meter, e := range empty {
+		u := f.do("GET", "/v1/customers/acme/usage?meter="+meter, adminToken, nil).json(t)
+		if u["total"] == "0" || !slices.Equal(sortedKeys(u), sortedKeys(e)) || !slices.Equal(sortedKeys(u[u["kind"].(string)]), sortedKeys(e[u["kind"].(string)])) {
+			t.Fatalf("%s with data %v, without %v", meter, u, e)
+		}
+	}
+}
+
+// sortedKeys is the members of a JSON object.
+func sortedKeys(v any) []string {
+	m, _ := v.(map[string]any)
+	keys := slices.Collect(maps.Keys(m))
+	slices.Sort(keys)
+	return keys
 }

@@ -105,13 +105,17 @@ type KindsRead struct {
 	k               KindsUsage
 	customer, meter string
 	prior           map[string]decimal.Decimal
+	// kind is meter's declared kind (meter "": unread).
+	kind MeterKind
 }
 
-// QueueKinds queues on b the reads of a customer's declared gauges (meter
-// "": every one; a meter without levels is left out) and unique meters
-// over period p as of now: at most a row per gauge and day of the period,
-// whatever the number of readings. After b is sent and closed, Finish
-// answers.
+// QueueKinds queues on b the reads of a customer's declared gauges and
+// unique meters over period p as of now: at most a row per gauge and day
+// of the period, whatever the number of readings. Meter "" is every one
+// with data (a level, or members in the period); a named meter declared a
+// gauge or unique meter is answered without data too, at zero, so that its
+// answer has its kind's shape from its declaration on. After b is sent
+// and closed, Finish answers.
 func QueueKinds(b *pgx.Batch, customer, meter string, p periods.Period, now time.Time) *KindsRead {
 	r := newKindsRead(customer, meter, p, now)
 	for _, q := range r.reads(p) {
@@ -176,10 +180,33 @@ func (r *KindsRead) reads(p periods.Period) []kindsQuery {
 		k.Uniques, err = scanUniques(rows)
 		return err
 	}
-	return []kindsQuery{
+	qs := []kindsQuery{
 		{qKindGaugeDays, []any{r.customer, m, p.Start, p.End, r.k.read}, days},
 		{qKindGaugeAdjustments, []any{r.customer, p.Start, m}, adjustments},
 		{qUniqueUsage, []any{r.customer, p.Start, m}, uniques},
+	}
+	if r.meter != "" {
+		r.kind = Counter // undeclared
+		declared := func(rows pgx.Rows) error {
+			if _, err := pgx.ForEachRow(rows, []any{&name, &r.kind}, func() error { return nil }); err != nil {
+				return fmt.Errorf("ledger: kinds usage: %w", err)
+			}
+			return nil
+		}
+		qs = append(qs, kindsQuery{qSelectKinds, []any{[]string{r.meter}}, declared})
+	}
+	return qs
+}
+
+// declaredWithoutData adds the named meter, when it is a gauge or unique
+// meter the read found no data of, at zero: a gauge without a level (zero
+// throughout, as before its first reading), a unique meter without members.
+func (r *KindsRead) declaredWithoutData(k *KindsUsage) {
+	switch {
+	case r.kind == Gauge && len(k.gauges) == 0:
+		k.gauges = []gaugeRows{{meter: r.meter, prior: decimal.Zero}}
+	case r.kind == Unique && len(k.Uniques) == 0:
+		k.Uniques = []UniqueUsage{{Meter: r.meter, Days: []UniqueDay{}}}
 	}
 }
 
@@ -192,6 +219,7 @@ func (r *KindsRead) reads(p periods.Period) []kindsQuery {
 // still, the bucket's change points before now are read too.
 func (r *KindsRead) Finish(ctx context.Context, db DBTX) (KindsUsage, error) {
 	k := r.k
+	r.declaredWithoutData(&k)
 	for i := range k.gauges {
 		g := &k.gauges[i]
 		g.prior = r.prior[g.meter]
