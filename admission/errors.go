@@ -21,7 +21,11 @@ var ErrUnknownHolder = errors.New("admission: no such holder")
 // ErrKeptChanging: the rules or pool memberships that decide which
 // budgets a request draws from changed under every one of its attempts
 // (maxReplans). Nothing was issued; the request may be sent again.
-var ErrKeptChanging = errors.New("admission: the budgets kept changing while issuing")
+var ErrKeptChanging = errors.New("the budgets kept changing while issuing")
+
+// The typed errors below, and ErrKeptChanging, refuse a caller's request:
+// the REST API answers their text as the problem's detail, so it says what
+// is wrong as the caller reads it, without this package's name.
 
 // FieldError is one problem of an input, naming its field: the shape
 // every domain package returns, so the REST API maps them in one place.
@@ -50,10 +54,10 @@ type BudgetExhaustedError struct {
 
 func (e *BudgetExhaustedError) Error() string {
 	if e.Burst.Valid {
-		return fmt.Sprintf("admission: budget %s exhausted: %s available, and the request asks for more than the burst %s: no refill holds it",
+		return fmt.Sprintf("budget %s exhausted: %s available, and the request asks for more than the burst %s: no refill holds it",
 			e.Binding, e.Available, e.Burst.Decimal)
 	}
-	return fmt.Sprintf("admission: budget %s exhausted: %s available, retry after %s", e.Binding, e.Available, e.RetryAfter)
+	return fmt.Sprintf("budget %s exhausted: %s available, retry after %s", e.Binding, e.Available, e.RetryAfter)
 }
 
 // OmittedBudgetError refuses a request that must draw from every exact
@@ -65,7 +69,7 @@ type OmittedBudgetError struct {
 }
 
 func (e *OmittedBudgetError) Error() string {
-	return fmt.Sprintf("admission: a grant for %s/%s must draw from every budget that applies; budgets leaves out %s",
+	return fmt.Sprintf("a grant for %s/%s must draw from every budget that applies; budgets leaves out %s",
 		e.Customer, e.Meter, strings.Join(e.Omitted, ", "))
 }
 
@@ -78,9 +82,9 @@ type NotExactError struct {
 
 func (e *NotExactError) Error() string {
 	if e.Admission == "" {
-		return fmt.Sprintf("admission: %s/%s has no quota rule", e.Customer, e.Meter)
+		return fmt.Sprintf("%s/%s has no quota rule", e.Customer, e.Meter)
 	}
-	return fmt.Sprintf("admission: %s/%s has a %s rule, not exact", e.Customer, e.Meter, e.Admission)
+	return fmt.Sprintf("%s/%s has a %s rule, not exact", e.Customer, e.Meter, e.Admission)
 }
 
 // StaleGenerationError: the holder has shown a newer generation; the older
@@ -103,7 +107,7 @@ func staleGeneration(holder string, generation, current int64) *StaleGenerationE
 }
 
 func (e *StaleGenerationError) Error() string {
-	return fmt.Sprintf("admission: holder %s generation %d is older than its generation %d (a holder that lost its state starts again at %d)",
+	return fmt.Sprintf("holder %s generation %d is older than its generation %d (a holder that lost its state starts again at %d)",
 		e.Holder, e.Generation, e.Current, e.Next)
 }
 
@@ -116,7 +120,7 @@ type BypassConflictError struct {
 }
 
 func (e *BypassConflictError) Error() string {
-	return fmt.Sprintf("admission: holder %s already reported other bypasses under report id %q", e.Holder, e.ReportID)
+	return fmt.Sprintf("holder %s already reported other bypasses under report id %q", e.Holder, e.ReportID)
 }
 
 // GenerationJumpError refuses a generation more than MaxGenerationStep
@@ -128,7 +132,7 @@ type GenerationJumpError struct {
 }
 
 func (e *GenerationJumpError) Error() string {
-	return fmt.Sprintf("admission: holder %s generation %d is more than %d above its generation %d",
+	return fmt.Sprintf("holder %s generation %d is more than %d above its generation %d",
 		e.Holder, e.Generation, MaxGenerationStep, e.Current)
 }
 
@@ -141,7 +145,7 @@ type FencedError struct {
 }
 
 func (e *FencedError) Error() string {
-	return fmt.Sprintf("admission: grant %s is not held by %s generation %d", e.Grant, e.Holder, e.Generation)
+	return fmt.Sprintf("grant %s is not held by %s generation %d", e.Grant, e.Holder, e.Generation)
 }
 
 // GrantEndedError: the grant was released or reclaimed.
@@ -152,7 +156,7 @@ type GrantEndedError struct {
 }
 
 func (e *GrantEndedError) Error() string {
-	return fmt.Sprintf("admission: grant %s ended (%s) at %s", e.Grant, e.Reason, e.EndedAt.Format(time.RFC3339Nano))
+	return fmt.Sprintf("grant %s ended (%s) at %s", e.Grant, e.Reason, e.EndedAt.Format(time.RFC3339Nano))
 }
 
 // SpentError: a reported spent went backwards or above the amount.
@@ -164,6 +168,6 @@ type SpentError struct {
 }
 
 func (e *SpentError) Error() string {
-	return fmt.Sprintf("admission: grant %s: spent %s must be between the last reported %s and the amount %s",
+	return fmt.Sprintf("grant %s: spent %s must be between the last reported %s and the amount %s",
 		e.Grant, e.Spent, e.Previous, e.Amount)
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/tally-ledger/tally/internal/pgnamed"
 	"github.com/tally-ledger/tally/internal/pguuid"
 	"github.com/tally-ledger/tally/quota"
+	"github.com/tally-ledger/tally/validation"
 )
 
 // Report is a holder's renew or release of one grant.
@@ -272,6 +273,9 @@ func (s *Store) fenced(ctx context.Context, tx DBTX, r Report, now time.Time) (G
 func checkFence(g Grant, readErr error, r Report, current int64) error {
 	if current > r.Generation {
 		return staleGeneration(r.Holder, r.Generation, current)
+	}
+	if errors.Is(readErr, ErrNotFound) {
+		return validation.NotFound(ErrNotFound, "no grant %q", r.Grant.String())
 	}
 	if readErr != nil {
 		return readErr

@@ -7,6 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/tally-ledger/tally/internal/pgnamed"
+	"github.com/tally-ledger/tally/validation"
 )
 
 // MaxGenerationStep is how far above its stored highest generation a
@@ -43,7 +44,7 @@ func (s *Store) RetireHolder(ctx context.Context, holder string) (Retired, error
 		args := pgnamed.Args{"holder": holder, "now": s.now()}
 		if err := tx.QueryRow(ctx, qLockHolder, args).Scan(&out.PreviousGeneration); err != nil {
 			if errors.Is(err, pgx.ErrNoRows) {
-				return fmt.Errorf("%w: %s was never issued a grant", ErrUnknownHolder, holder)
+				return validation.NotFound(ErrUnknownHolder, "no grant was ever issued to holder %q", holder)
 			}
 			return err
 		}

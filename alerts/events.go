@@ -8,6 +8,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/tally-ledger/tally/validation"
 )
 
 // Delivery is one event's delivery to one endpoint.
@@ -84,7 +86,7 @@ func Redeliver(ctx context.Context, db DBTX, id uuid.UUID, retryFor time.Duratio
 		return 0, fmt.Errorf("alerts: read event: %w", err)
 	}
 	if !ok {
-		return 0, fmt.Errorf("%w: event %s", ErrNotFound, id)
+		return 0, validation.NotFound(ErrNotFound, "no alert event %q", id.String())
 	}
 	tag, err := db.Exec(ctx, qRedeliver, pgx.NamedArgs{"id": id, "retry_for": retryFor.Seconds()})
 	if err != nil {

@@ -305,7 +305,7 @@ func DeleteRule(ctx context.Context, db TxBeginner, name, actor string, now time
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		r, err := scanRule(tx.QueryRow(ctx, qRule, name))
 		if errors.Is(err, pgx.ErrNoRows) || err == nil && r.Deleted {
-			return fmt.Errorf("%w: alert %q", ErrNotFound, name)
+			return validation.NotFound(ErrNotFound, "no alert %q", name)
 		}
 		if err != nil {
 			return fmt.Errorf("alerts: read rule: %w", err)
@@ -325,7 +325,7 @@ func DeleteRule(ctx context.Context, db TxBeginner, name, actor string, now time
 func GetRule(ctx context.Context, db DBTX, name string) (Rule, error) {
 	r, err := scanRule(db.QueryRow(ctx, qRule, name))
 	if errors.Is(err, pgx.ErrNoRows) || err == nil && r.Deleted {
-		return Rule{}, fmt.Errorf("%w: alert %q", ErrNotFound, name)
+		return Rule{}, validation.NotFound(ErrNotFound, "no alert %q", name)
 	}
 	if err != nil {
 		return Rule{}, fmt.Errorf("alerts: read rule: %w", err)

@@ -218,7 +218,7 @@ func RotateSecret(ctx context.Context, db DBTX, name string, now time.Time, keep
 		return "", fmt.Errorf("alerts: rotate secret: %w", err)
 	}
 	if tag.RowsAffected() == 0 {
-		return "", fmt.Errorf("%w: webhook %q", ErrNotFound, name)
+		return "", validation.NotFound(ErrNotFound, "no webhook %q", name)
 	}
 	return s, nil
 }
@@ -237,7 +237,7 @@ func scanWebhook(row pgx.Row) (Webhook, error) {
 func GetWebhook(ctx context.Context, db DBTX, name string) (Webhook, error) {
 	w, err := scanWebhook(db.QueryRow(ctx, qWebhook, name))
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Webhook{}, fmt.Errorf("%w: webhook %q", ErrNotFound, name)
+		return Webhook{}, validation.NotFound(ErrNotFound, "no webhook %q", name)
 	}
 	if err != nil {
 		return Webhook{}, fmt.Errorf("alerts: read webhook: %w", err)
@@ -310,7 +310,7 @@ func DeleteWebhook(ctx context.Context, db TxBeginner, name string) error {
 		var one int
 		err := tx.QueryRow(ctx, qLockWebhook, name).Scan(&one)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("%w: webhook %q", ErrNotFound, name)
+			return validation.NotFound(ErrNotFound, "no webhook %q", name)
 		}
 		if err != nil {
 			return fmt.Errorf("alerts: delete webhook: %w", err)

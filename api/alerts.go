@@ -45,15 +45,12 @@ const TypeWebhookInUse = typePrefix + "webhook-in-use"
 // alertsProblem maps the package's errors to problems.
 func alertsProblem(err error) error {
 	var inUse *alerts.WebhookInUseError
-	switch {
-	case errors.Is(err, alerts.ErrNotFound):
-		return notFound(err.Error())
-	case errors.As(err, &inUse):
+	if errors.As(err, &inUse) {
 		return &Problem{Type: TypeWebhookInUse, Title: "Webhook in use", Status: http.StatusConflict,
 			Detail: fmt.Sprintf("alert rules %s name webhook %s among their endpoints; change or delete them first",
 				strings.Join(inUse.Rules, ", "), quote(inUse.Webhook))}
 	}
-	return err
+	return err // a missing rule, webhook or event (validation.NotFoundError) is writeError's
 }
 
 func (a *API) putAlert(w http.ResponseWriter, r *http.Request) error {

@@ -390,9 +390,6 @@ func admissionProblem(w http.ResponseWriter, err error) error {
 		return invalidField("generation", "%d is more than %d above the holder's generation %d: move forward from it",
 			ge.Generation, admission.MaxGenerationStep, ge.Current)
 	}
-	if errors.Is(err, admission.ErrNotFound) || errors.Is(err, admission.ErrUnknownHolder) {
-		return notFound(err.Error())
-	}
 	if errors.Is(err, admission.ErrKeptChanging) {
 		// Contention on this request's budgets, not a fault nor load: the
 		// request may be sent again after Retry-After; other requests are

@@ -255,9 +255,6 @@ func (a *API) putScopeQuota(w http.ResponseWriter, r *http.Request, scope, locat
 
 // poolsProblem maps the pools package's errors to problems.
 func poolsProblem(err error) error {
-	if errors.Is(err, pools.ErrNotFound) {
-		return notFound(err.Error())
-	}
 	var fields []FieldError
 	var walk func(error)
 	walk = func(e error) {

@@ -183,6 +183,7 @@ func (a *API) problemFor(r *http.Request, err error) *Problem {
 	var noSuchPeriod *periods.NoSuchPeriodError
 	var field *validation.FieldError
 	var unknown *periods.UnknownCustomerError
+	var missing *validation.NotFoundError
 	switch {
 	case errors.As(err, &p):
 		cp := *p
@@ -204,6 +205,10 @@ func (a *API) problemFor(r *http.Request, err error) *Problem {
 		return invalid(fieldsOf(err)...)
 	case errors.As(err, &unknown):
 		return customerNotFound(unknown.Customer) // the 404 of every route under /v1/customers/{c}
+	case errors.As(err, &missing):
+		// Worded for the caller; the error's own text starts with its
+		// package's name, for logs.
+		return notFound(missing.Detail)
 	case errors.Is(err, ingest.ErrDeadLetterNotFound):
 		return notFound(err.Error())
 	case errors.Is(err, reconcile.ErrNotFound):

@@ -12,6 +12,7 @@ import (
 
 	"github.com/tally-ledger/tally/internal/ids"
 	"github.com/tally-ledger/tally/periods"
+	"github.com/tally-ledger/tally/validation"
 )
 
 // ErrNotFound: no such pool.
@@ -173,7 +174,7 @@ func Get(ctx context.Context, db DBTX, name string) (Pool, error) {
 	var p Pool
 	err := db.QueryRow(ctx, qPool, pgx.NamedArgs{"name": name}).Scan(&p.Name, &p.CreatedAt, &p.UpdatedAt)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return Pool{}, fmt.Errorf("%w: %s", ErrNotFound, name)
+		return Pool{}, validation.NotFound(ErrNotFound, "no pool %q", name)
 	}
 	if err != nil {
 		return Pool{}, fmt.Errorf("pools: read pool: %w", err)

@@ -11,4 +11,7 @@
 //     server holds is reported to a client as a bad request.
 //   - Nobody parses an error's text to recover the field: Fields reads the
 //     values.
+//   - A NotFoundError says that what the caller named does not exist; its
+//     Detail is worded for the caller (`no alert "nope"`), so no package's
+//     prefix reaches a 404's detail.
 package validation

@@ -39,3 +39,22 @@ func Fields(err error) []FieldError {
 	walk(err)
 	return out
 }
+
+// NotFoundError says that something a caller named does not exist. Err is
+// the domain package's sentinel, which errors.Is matches through it;
+// Detail says what is missing as the caller reads it, worded `no alert
+// "nope"`, without a package's prefix: the REST API answers it as the
+// 404's detail, while Error (for logs) keeps the sentinel's text.
+type NotFoundError struct {
+	Err    error
+	Detail string
+}
+
+// NotFound returns a NotFoundError of sentinel with a formatted detail.
+func NotFound(sentinel error, format string, args ...any) *NotFoundError {
+	return &NotFoundError{Err: sentinel, Detail: fmt.Sprintf(format, args...)}
+}
+
+func (e *NotFoundError) Error() string { return e.Err.Error() + ": " + e.Detail }
+
+func (e *NotFoundError) Unwrap() error { return e.Err }
