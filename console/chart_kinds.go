@@ -143,14 +143,25 @@ func tickValue(top, f decimal.Decimal) decimal.Decimal {
 	return top.Mul(f).Round(places)
 }
 
-// kindCharts are the charts of u's gauges and unique meters.
-func kindCharts(gauges []ledger.GaugeUsage, uniques []ledger.UniqueUsage, start, end time.Time, now time.Time) []kindChart {
+// kindCharts are the charts of u's gauges and unique meters; a quota's
+// limit (of a gauge's period max, of a unique meter's distinct members)
+// is named in its meter's caption.
+func kindCharts(gauges []ledger.GaugeUsage, uniques []ledger.UniqueUsage, limits map[string]decimal.NullDecimal,
+	start, end time.Time, now time.Time) []kindChart {
 	var out []kindChart
 	for _, g := range gauges {
-		out = append(out, gaugeChart(g, start, end))
+		out = append(out, withLimit(gaugeChart(g, start, end), limits[g.Meter]))
 	}
 	for _, u := range uniques {
-		out = append(out, uniqueChart(u, start, end, start.Location(), now))
+		out = append(out, withLimit(uniqueChart(u, start, end, start.Location(), now), limits[u.Meter]))
 	}
 	return out
+}
+
+func withLimit(c kindChart, limit decimal.NullDecimal) kindChart {
+	if limit.Valid {
+		c.Caption += " · limit " + num(limit.Decimal)
+		c.Summary += ", limit " + num(limit.Decimal)
+	}
+	return c
 }

@@ -188,3 +188,43 @@ func TestChartAxesOfFractionalValues(t *testing.T) {
 		}
 	}
 }
+
+// A quota on a gauge or a unique meter limits its period max or its
+// distinct members: the customer page draws it as its kind, never as a
+// counter's running total beside (or instead of, before any data) the
+// kind's own chart.
+func TestAQuotaOnAGaugeOrUniqueMeterIsNotDrawnAsACounter(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.kinds()
+	if err := pgx.BeginFunc(f.ctx(), f.pool, func(tx pgx.Tx) error {
+		_, err := ledger.DeclareMeter(f.ctx(), tx, ledger.Meter{Meter: "dau", Kind: ledger.Unique}, f.now)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	f.quota("acme", "seats", "2000")
+	f.quota("acme", "dau", "50")
+	c := f.client()
+	f.signInHTTP(c, f.customerToken("acme"))
+	res := f.get(c, "/console/customers/acme")
+	if res.status != 200 {
+		t.Fatalf("customer page: %d %s", res.status, res.body)
+	}
+	for _, m := range []string{"seats", "dau"} {
+		if bad := `<figure class="chart" data-meter="` + m + `">`; strings.Contains(res.body, bad) {
+			t.Errorf("%s, a %s meter with a quota, is drawn as a counter:\n%s", m, map[string]string{"seats": "gauge", "dau": "unique"}[m], res.body)
+		}
+	}
+	if strings.Contains(res.body, "No usage and no quota") {
+		t.Errorf("the page says it has no usage and no quota:\n%s", res.body)
+	}
+	for _, want := range []string{
+		`<figure class="chart chart-gauge" data-meter="seats" data-kind="gauge">`,
+		`unit-hours · limit 2,000</span>`,
+	} {
+		if !strings.Contains(res.body, want) {
+			t.Errorf("the page lacks %s:\n%s", want, res.body)
+		}
+	}
+}

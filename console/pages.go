@@ -130,6 +130,7 @@ type customerView struct {
 	Usage          api.Usage
 	Charts         []chart
 	KindCharts     []kindChart // gauges and unique meters
+	Empty          bool        // no usage and no quota in the period
 	Quotas         []quota.MeterStatus
 	History        map[string][]quota.Rule // every version of each quota's rule, newest first
 	Periods        []periods.Summary
@@ -188,8 +189,18 @@ func (c *Console) customer(w http.ResponseWriter, r *http.Request) error {
 	if cv.Quotas, err = quota.StatusWith(ctx, c.pool, customer, quota.StatusOptions{Now: now, IngestTopic: c.topic}); err != nil {
 		return err
 	}
-	cv.Charts = charts(cv.Usage, cv.Quotas, p, now)
-	cv.KindCharts = kindCharts(cv.Usage.Gauges, cv.Usage.Uniques, p.Start, p.End, now)
+	limits := periodLimits(cv.Quotas, p)
+	meters := make([]string, 0, len(limits))
+	for m := range limits {
+		meters = append(meters, m)
+	}
+	kinds, err := ledger.MeterKinds(ctx, c.pool, meters)
+	if err != nil {
+		return err
+	}
+	cv.Charts = charts(cv.Usage, cv.Quotas, kinds, p, now)
+	cv.KindCharts = kindCharts(cv.Usage.Gauges, cv.Usage.Uniques, limits, p.Start, p.End, now)
+	cv.Empty = len(cv.Charts) == 0 && len(cv.KindCharts) == 0 && len(limits) == 0
 	cv.History = map[string][]quota.Rule{}
 	for _, q := range cv.Quotas {
 		h, err := quota.RuleHistory(ctx, c.pool, customer, q.Meter)
@@ -220,7 +231,21 @@ func (c *Console) customer(w http.ResponseWriter, r *http.Request) error {
 }
 
 // charts is one chart per meter with usage or a quota this period.
-func charts(u api.Usage, quotas []quota.MeterStatus, p periods.Period, now time.Time) []chart {
+// periodLimits are the limits of the quotas in quotas about period p.
+func periodLimits(quotas []quota.MeterStatus, p periods.Period) map[string]decimal.NullDecimal {
+	out := map[string]decimal.NullDecimal{}
+	for _, q := range quotas {
+		if q.Period == p.Name {
+			out[q.Meter] = q.Rule.Limit
+		}
+	}
+	return out
+}
+
+// charts are the counters' charts: each counter with usage in p, and each
+// counter with a quota about p (kinds names the quotas' meters' kinds; a
+// gauge's or unique meter's quota is its kind chart's, see kindCharts).
+func charts(u api.Usage, quotas []quota.MeterStatus, kinds map[string]ledger.MeterKind, p periods.Period, now time.Time) []chart {
 	byMeter := map[string]api.MeterUsage{}
 	var meters []string
 	for _, m := range u.Meters {
@@ -231,7 +256,7 @@ func charts(u api.Usage, quotas []quota.MeterStatus, p periods.Period, now time.
 	// that period's chart only.
 	rules := map[string]quota.Rule{}
 	for _, q := range quotas {
-		if q.Period != p.Name {
+		if q.Period != p.Name || kinds[q.Meter] != ledger.Counter {
 			continue
 		}
 		rules[q.Meter] = q.Rule
