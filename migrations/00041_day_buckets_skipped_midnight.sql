@@ -25,9 +25,19 @@
 --  * A period boundary is never re-keyed. Only a calendar anchored at a
 --    wall time other than 00:00 can put a period boundary between a wrong
 --    bound and the right one (Havana anchored at 23:30); such a bound is
---    left as it is and counted in a WARNING. A period starting exactly at
---    such a midnight (its first bucket stretched over the next day) is not
---    split here (docs/operations.md).
+--    left as it is and counted in a WARNING.
+--  * A period starting at such a midnight or after it, before the next
+--    day's first instant (Havana, daily at 23:00 or monthly at 23:30), had
+--    its first local day and the next kept in one bucket, keyed by the
+--    period's start: new readings of the next day would start a bucket
+--    overlapping it. Such a bucket is split at the next day's first
+--    instant: its gauge buckets recomputed from gauge_points, its unique
+--    readings of the next day re-keyed, each member day keeping one
+--    counted reading (the first written), and the two days' counts
+--    recounted; the period's count stays. A gauge bucket whose first
+--    reading fell before the split was left ending where it starts (the
+--    end of the bucket's first row stayed): its two buckets get the right
+--    bounds from the split and the period's end.
 --  * Postgres's zone rules stand in for Go's here, as in migration 00006:
 --    the two read the same tz database on one host.
 --  * Upgrade every ingest member together: a process of the build before
@@ -92,16 +102,110 @@ END $$;
 -- start, found as migration 00006 finds it.
 CREATE TEMPORARY TABLE day_zones ON COMMIT DROP AS
 SELECT p.customer, p.period_start, coalesce(nullif(z.zone, ''), 'UTC') AS zone,
-       coalesce(nullif(z.anchor_time, ''), '00:00')::time AS anchor_time
+       coalesce(nullif(z.anchor_time, ''), '00:00')::time AS anchor_time, z.cadence
 FROM (SELECT DISTINCT customer, period_start FROM gauge_days
       UNION SELECT DISTINCT customer, period_start FROM unique_counts) p
 LEFT JOIN customers c ON c.id = p.customer
 LEFT JOIN LATERAL (
-    SELECT e.v -> 'calendar' ->> 'zone' AS zone, e.v -> 'calendar' ->> 'anchor_time' AS anchor_time
+    SELECT e.v -> 'calendar' ->> 'zone' AS zone, e.v -> 'calendar' ->> 'anchor_time' AS anchor_time,
+           e.v -> 'calendar' ->> 'cadence' AS cadence
     FROM jsonb_array_elements(c.schedule) WITH ORDINALITY AS e(v, i)
     WHERE e.i = 1 OR (e.v ->> 'effective_from')::timestamptz <= p.period_start
     ORDER BY e.i DESC
     LIMIT 1) z ON true;
+
+-- A period starting at or after time.Date's midnight of the next local
+-- date but before that date's first instant (Havana, daily at 23:00 or
+-- 23:30 on the 7th): the build before keyed that date's readings by the
+-- period's start too, one bucket over both local days. Such a bucket is
+-- split at the next date's first instant (split) first, so that the
+-- re-keying below finds only the bounds of single days. next_end is
+-- where the next day's bucket ends: the stored end when it lies past the
+-- split (min(next midnight, period end), as the build before cut it), or,
+-- for a bucket the build before left ending where it starts (its first
+-- reading fell before the split: the end of the first row written
+-- stayed), the next date's end cut at a daily period's end.
+CREATE TEMPORARY TABLE day_splits ON COMMIT DROP AS
+SELECT z.customer, z.period_start, x.split,
+       least(tally_resolve_wall(z.zone, (x.d + 1)::timestamp),
+             CASE WHEN z.cadence = 'daily' THEN tally_resolve_wall(z.zone, x.d + z.anchor_time) END) AS next_end
+FROM day_zones z
+CROSS JOIN LATERAL (SELECT (z.period_start AT TIME ZONE z.zone)::date + 1 AS d) d
+CROSS JOIN LATERAL (SELECT d.d, tally_resolve_wall(z.zone, d.d::timestamp) AS split) x
+WHERE tally_go_midnight(z.zone, d.d) <= z.period_start AND z.period_start < x.split;
+
+-- Gauge buckets to recompute from their change points (below).
+CREATE TEMPORARY TABLE day_gauges (customer text, meter text, day_start timestamptz) ON COMMIT DROP;
+
+-- Gauges: the stretched bucket's change points before the split stay in
+-- it, those after go to a bucket of the next day; as the ledger writes
+-- them, a bucket without change points has no row (the level carried in
+-- holds through it).
+CREATE TEMPORARY TABLE day_stretched ON COMMIT DROP AS
+SELECT g.customer, g.meter, g.day_start, x.split,
+       CASE WHEN g.day_end > x.split THEN g.day_end ELSE x.next_end END AS next_end,
+       EXISTS (SELECT 1 FROM gauge_points p WHERE p.customer = g.customer AND p.meter = g.meter
+               AND p.at >= g.day_start AND p.at < x.split) AS before_split,
+       EXISTS (SELECT 1 FROM gauge_points p WHERE p.customer = g.customer AND p.meter = g.meter
+               AND p.at >= x.split AND p.at < CASE WHEN g.day_end > x.split THEN g.day_end ELSE x.next_end END) AS after_split
+FROM gauge_days g JOIN day_splits x USING (customer, period_start)
+WHERE g.day_start = g.period_start AND g.day_end <> x.split;
+INSERT INTO gauge_days (customer, meter, day_start, day_end, period_start, level_in, unit_seconds, level_out)
+SELECT s.customer, s.meter, s.split, s.next_end, s.day_start, 0, 0, 0 FROM day_stretched s WHERE s.after_split
+ON CONFLICT (customer, meter, day_start) DO NOTHING;
+INSERT INTO day_gauges SELECT customer, meter, split FROM day_stretched WHERE after_split;
+DELETE FROM gauge_days g USING day_stretched s
+WHERE g.customer = s.customer AND g.meter = s.meter AND g.day_start = s.day_start AND s.after_split AND NOT s.before_split;
+UPDATE gauge_days g SET day_end = s.split FROM day_stretched s
+WHERE g.customer = s.customer AND g.meter = s.meter AND g.day_start = s.day_start AND (s.before_split OR NOT s.after_split);
+INSERT INTO day_gauges SELECT customer, meter, day_start FROM day_stretched WHERE before_split OR NOT after_split;
+
+-- Unique meters: the readings of the stretched day from the split on
+-- (through the seq ranges of the period's streams) go to the next day.
+CREATE TEMPORARY TABLE day_split_meters ON COMMIT DROP AS
+WITH moved AS (
+    UPDATE unique_readings r SET day = x.split
+    FROM day_splits x
+    JOIN stream_periods sp ON sp.customer = x.customer AND sp.period_start = x.period_start
+    WHERE r.stream_id = sp.stream_id AND r.seq BETWEEN sp.min_seq AND sp.max_seq
+      AND r.period_start = x.period_start AND r.day = x.period_start AND r.occurred_at >= x.split
+    RETURNING r.customer, r.meter, r.period_start, x.split)
+SELECT DISTINCT * FROM moved;
+
+-- Each member day of the two keeps one counted reading: the one counted
+-- before (the first written of the stretched day is the first of its own
+-- day), or else, as the ledger marks the first reading written for a
+-- member and day, the first by ingested_at (a micro-batch's readings
+-- share it: then by stream and seq, the order a stream's readings come
+-- in). A reading newly counted goes into the member index when its
+-- period's counted readings are there (unique_counts.indexed).
+UPDATE unique_readings r SET counted = true, indexed = c.indexed
+FROM (
+    SELECT DISTINCT ON (r.customer, r.meter, r.member, r.day) r.stream_id, r.seq, r.customer, r.meter, r.period_start,
+           bool_or(r.counted) OVER (PARTITION BY r.customer, r.meter, r.member, r.day) AS held
+    FROM day_split_meters m
+    JOIN stream_periods sp ON sp.customer = m.customer AND sp.period_start = m.period_start
+    JOIN unique_readings r ON r.stream_id = sp.stream_id AND r.seq BETWEEN sp.min_seq AND sp.max_seq
+    WHERE r.meter = m.meter AND r.period_start = m.period_start AND r.day IN (m.period_start, m.split)
+    ORDER BY r.customer, r.meter, r.member, r.day, r.ingested_at, r.stream_id, r.seq) f
+JOIN unique_counts c ON c.customer = f.customer AND c.meter = f.meter AND c.period_start = f.period_start
+                    AND NOT c.per_day AND c.day = f.period_start
+WHERE NOT f.held AND r.stream_id = f.stream_id AND r.seq = f.seq;
+
+-- The two days' counts: their counted readings. The period's own count
+-- stays: a member counts once in the period whatever its days.
+DELETE FROM unique_counts c USING day_split_meters m
+WHERE c.customer = m.customer AND c.meter = m.meter AND c.period_start = m.period_start AND c.per_day
+  AND c.day IN (m.period_start, m.split);
+INSERT INTO unique_counts (customer, meter, period_start, per_day, day, members, indexed)
+SELECT m.customer, m.meter, m.period_start, true, r.day, count(*), bool_or(c.indexed)
+FROM day_split_meters m
+JOIN stream_periods sp ON sp.customer = m.customer AND sp.period_start = m.period_start
+JOIN unique_readings r ON r.stream_id = sp.stream_id AND r.seq BETWEEN sp.min_seq AND sp.max_seq
+JOIN unique_counts c ON c.customer = m.customer AND c.meter = m.meter AND c.period_start = m.period_start
+                    AND NOT c.per_day AND c.day = m.period_start
+WHERE r.meter = m.meter AND r.period_start = m.period_start AND r.day IN (m.period_start, m.split) AND r.counted
+GROUP BY m.customer, m.meter, m.period_start, r.day;
 
 -- Every stored bound that is not its period's start: whether it is
 -- time.Date's midnight of its own local date or of the next, and that
@@ -147,7 +251,6 @@ END $$;
 -- change points (ledger dayRow.recompute): the level carried in, the
 -- highest level before the last change point, the last change point, the
 -- level-seconds and the level carried out.
-CREATE TEMPORARY TABLE day_gauges (customer text, meter text, day_start timestamptz) ON COMMIT DROP;
 WITH s AS (
     UPDATE gauge_days g SET day_start = m.new FROM day_moves m
     WHERE g.customer = m.customer AND g.period_start = m.period_start AND g.day_start = m.old
