@@ -161,7 +161,9 @@ func (a *gaugeApplier) write(ctx context.Context, tx Tx) error {
 	b := &pgx.Batch{}
 	for _, w := range works {
 		a.fold(w)
-		a.priorPeriods(w)
+		if err := a.priorPeriods(w); err != nil {
+			return err
+		}
 	}
 	a.queueGaugeWrites(b, works)
 	a.queueConflicts(b)
@@ -322,7 +324,7 @@ func (a *gaugeApplier) fold(w *gaugeWork) {
 // and notes a finding for each such period (its max may have changed too):
 // a frozen statement never changes. The change in a period is exact from
 // the points alone: a point (t, c) adds c for the rest of time.
-func (a *gaugeApplier) priorPeriods(w *gaugeWork) {
+func (a *gaugeApplier) priorPeriods(w *gaugeWork) error {
 	c := w.cm.customer
 	var closed []int64
 	for k, v := range a.closed {
@@ -332,9 +334,11 @@ func (a *gaugeApplier) priorPeriods(w *gaugeWork) {
 	}
 	sort.Slice(closed, func(i, j int) bool { return closed[i] < closed[j] })
 	for _, startMicro := range closed {
+		// An error below fails the micro-batch: skipping the period would
+		// leave its prior-period adjustment unbilled.
 		p, err := a.calendars[c].PeriodAt(time.UnixMicro(startMicro))
 		if err != nil {
-			continue
+			return fmt.Errorf("ledger: customer %q: closed period at %s: %w", c, time.UnixMicro(startMicro).UTC(), err)
 		}
 		delta := decimal.Zero
 		touched := false
@@ -355,7 +359,7 @@ func (a *gaugeApplier) priorPeriods(w *gaugeWork) {
 		own := p.Start.UTC()
 		into, _, _, err := a.billingPlace(c, p.Start)
 		if err != nil {
-			continue
+			return err
 		}
 		if !delta.IsZero() {
 			a.gaugeAdjustments = append(a.gaugeAdjustments, gaugeAdjustment{customer: c, meter: w.cm.meter,
@@ -366,6 +370,7 @@ func (a *gaugeApplier) priorPeriods(w *gaugeWork) {
 			detail: fmt.Sprintf("a gauge reading changed the level in closed period %s (unit_seconds %s, billed in period %s as a prior-period adjustment); its max may differ from the frozen statement's",
 				p.Name, delta, into.Format(time.RFC3339))})
 	}
+	return nil
 }
 
 // FindingGaugeAfterClose: a late gauge reading changed a closed period.
