@@ -28,7 +28,8 @@ type Config struct {
 	// AdminToken may do everything (TALLY_ADMIN_TOKEN). Required, at least
 	// MinAdminTokenLength characters.
 	AdminToken string
-	// Grace is how long a period stays in grace after its end (docs/design.md §4).
+	// Grace is how long a period stays in grace after its end (docs/design.md §4);
+	// periods.NoGrace for none.
 	// Default periods.DefaultGrace (24h).
 	Grace time.Duration
 	// Clock is the API's notion of now (current period, lag, period state).

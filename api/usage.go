@@ -203,7 +203,7 @@ func (a *API) answerUsage(ctx context.Context, customer, ref, meter string, byHo
 		l := math.Round(max(now.Sub(t).Seconds(), 0)*1000) / 1000
 		ans.asOf, ans.lag = &t, &l
 	}
-	graceEnds := p.End.Add(a.grace).UTC()
+	graceEnds := periods.GraceEnds(p, a.grace).UTC()
 	ans.period = periodView{Name: p.Name, Start: p.Start.UTC(), End: p.End.UTC(), State: periods.StateOf(p, now, a.grace, d.closed), GraceEnds: &graceEnds}
 	return ans, nil
 }

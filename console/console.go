@@ -37,7 +37,8 @@ type Config struct {
 	// Topic is the ingest topic shown on the overview. Default
 	// ingest.DefaultTopic. Use the API's.
 	Topic string
-	// Grace is the period grace, as the API's. Default periods.DefaultGrace.
+	// Grace is the period grace, as the API's. Default periods.DefaultGrace;
+	// periods.NoGrace for none.
 	Grace time.Duration
 	// Clock is now. Default time.Now. Use the API's.
 	Clock func() time.Time

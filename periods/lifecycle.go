@@ -24,22 +24,49 @@ const (
 // before it is due for closing.
 const DefaultGrace = 24 * time.Hour
 
+// NoGrace is the grace of a deployment configured without one
+// (TALLY_GRACE=0s): a period is due for closing as soon as it ends. A zero
+// Grace in a Store or a package's Config means DefaultGrace, so a grace a
+// person set to 0 is passed on as NoGrace (GraceSetting).
+const NoGrace time.Duration = -1
+
+// GraceSetting is the Grace to configure for a grace a person set (a flag
+// or TALLY_GRACE): 0 there means none, which a Store says with NoGrace.
+func GraceSetting(d time.Duration) time.Duration {
+	if d == 0 {
+		return NoGrace
+	}
+	return d
+}
+
+// GraceEnds is when p's grace ends: its end plus grace (NoGrace: its end).
+func GraceEnds(p Period, grace time.Duration) time.Time {
+	if grace == NoGrace {
+		return p.End
+	}
+	return p.End.Add(grace)
+}
+
 // StateOf is the state of p at now, given whether it has a close record.
+// grace is a configured grace: NoGrace for none.
 func StateOf(p Period, now time.Time, grace time.Duration, closed bool) State {
 	switch {
 	case closed:
 		return Closed
 	case now.Before(p.End):
 		return Open
-	case now.Before(p.End.Add(grace)):
+	case now.Before(GraceEnds(p, grace)):
 		return Grace
 	default:
 		return AwaitingClose
 	}
 }
 
-// ValidateGrace checks a configured grace duration.
+// ValidateGrace checks a configured grace duration (NoGrace included).
 func ValidateGrace(d time.Duration) error {
+	if d == NoGrace {
+		return nil
+	}
 	if d < 0 || d > 31*24*time.Hour {
 		return fmt.Errorf("grace: %s is outside 0..744h", d)
 	}

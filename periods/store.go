@@ -98,7 +98,7 @@ type Gate func(ctx context.Context, tx pgx.Tx, customer string, p Period) (uuid.
 
 // Store reads and closes periods in Postgres.
 type Store struct {
-	Grace time.Duration    // default DefaultGrace
+	Grace time.Duration    // default DefaultGrace; NoGrace for none
 	Clock func() time.Time // default time.Now
 	Gate  Gate             // nil: only forced closes are possible
 	// Kinds reads the gauges and unique meters of a statement (nil: none).
@@ -190,9 +190,9 @@ func (s Store) Close(ctx context.Context, tx pgx.Tx, req CloseRequest) (Statemen
 	}
 	// Late usage still lands in a period in grace: a close now would leave
 	// it out of the statement. Only a person who says why may close early.
-	if !req.Force && now.Before(p.End.Add(s.grace())) {
+	if ends := GraceEnds(p, s.grace()); !req.Force && now.Before(ends) {
 		return Statement{}, fmt.Errorf("period %s of %q is in grace until %s: %w (force the close with a reason to close it now)",
-			p.Name, req.Customer, p.End.Add(s.grace()).UTC().Format(time.RFC3339), ErrInGrace)
+			p.Name, req.Customer, ends.UTC().Format(time.RFC3339), ErrInGrace)
 	}
 	var runID *uuid.UUID
 	if !req.Force {

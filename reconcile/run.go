@@ -35,7 +35,7 @@ type Config struct {
 	Pool   *pgxpool.Pool
 	Logger *slog.Logger     // default: discard
 	Clock  func() time.Time // default time.Now
-	Grace  time.Duration    // default periods.DefaultGrace
+	Grace  time.Duration    // default periods.DefaultGrace; periods.NoGrace for none
 	// Progress, when set, receives a human progress line per customer
 	// (a terminal); logs go to Logger either way.
 	Progress io.Writer

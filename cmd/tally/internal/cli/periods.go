@@ -39,7 +39,7 @@ adjustment, and the closed statement never changes.`,
 	// The same gate as the API and the console: a close without --force
 	// needs a clean reconciliation run of the period.
 	store := func() periods.Store {
-		return periods.Store{Grace: grace, Gate: reconcile.Gate, Kinds: ledger.StatementKinds}
+		return periods.Store{Grace: periods.GraceSetting(grace), Gate: reconcile.Gate, Kinds: ledger.StatementKinds}
 	}
 	open := func(cmd *cobra.Command) (*pgxpool.Pool, error) {
 		if err := periods.ValidateGrace(grace); err != nil {

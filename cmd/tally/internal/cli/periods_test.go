@@ -74,3 +74,45 @@ func TestBilledTextIsPerMeter(t *testing.T) {
 		}
 	}
 }
+
+// --grace 0s (TALLY_GRACE=0s) means no grace: a period is due for closing
+// as soon as it ends. Yesterday's period of a daily calendar has ended
+// (less than a day ago), so with no grace it closes at once, by
+// `periods close` after a clean run and by `reconcile --close`.
+func TestZeroGraceClosesAtTheEnd(t *testing.T) {
+	db := pgtest.NewURL(t)
+	pool, err := pgxpool.New(context.Background(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(context.Background(), `INSERT INTO customers (id, schedule)
+		SELECT id, '[{"effective_from":"0001-01-01T00:00:00Z","calendar":{"cadence":"daily","anchor_time":"00:00","zone":"UTC"}}]'
+		FROM unnest(ARRAY['acme', 'globex']) AS id`); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runTally(t, "reconcile", "--period", "previous", "--customer", "acme", "--grace", "0s", "--database-url", db); err != nil {
+		t.Fatalf("reconcile: %v\n%s", err, out)
+	}
+	if out, err := runTally(t, "periods", "close", "--customer", "acme", "--period", "previous", "--grace", "0s", "--database-url", db); err != nil {
+		t.Fatalf("close with no grace: %v\n%s", err, out)
+	}
+	if out, err := runTally(t, "reconcile", "--period", "previous", "--customer", "globex", "--close", "--grace", "0s", "--database-url", db); err != nil {
+		t.Fatalf("reconcile --close: %v\n%s", err, out)
+	}
+	var closed []string
+	rows, err := pool.Query(context.Background(), `SELECT customer FROM period_closes ORDER BY customer`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var c string
+		if err := rows.Scan(&c); err != nil {
+			t.Fatal(err)
+		}
+		closed = append(closed, c)
+	}
+	if strings.Join(closed, ",") != "acme,globex" {
+		t.Fatalf("closed with no grace: %v, want acme and globex", closed)
+	}
+}

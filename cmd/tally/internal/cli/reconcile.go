@@ -89,7 +89,7 @@ overlap.`,
 				return fmt.Errorf("database: %w", err)
 			}
 			defer pool.Close()
-			cfg := reconcile.Config{Pool: pool, Logger: newLogger(), Grace: grace}
+			cfg := reconcile.Config{Pool: pool, Logger: newLogger(), Grace: periods.GraceSetting(grace)}
 			if opt.Deep {
 				cfg.Deep = reconcile.KafkaSource{Brokers: deep, Topic: topic}
 			}

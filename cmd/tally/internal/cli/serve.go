@@ -398,7 +398,7 @@ func run(ctx context.Context, o runOptions) error {
 	if o.listen != "" {
 		var handler http.Handler
 		if o.api {
-			h, err := api.New(api.Config{Pool: o.apiPool, Ledger: l, AdminToken: o.adminToken, Grace: o.grace,
+			h, err := api.New(api.Config{Pool: o.apiPool, Ledger: l, AdminToken: o.adminToken, Grace: periods.GraceSetting(o.grace),
 				Topic: o.topic, Logger: o.log, Registry: reg,
 				MaxInFlight: o.apiLimits.maxInFlight, AddressRate: o.apiLimits.addressRate, TokenRate: o.apiLimits.tokenRate,
 				GatewayRate: o.apiLimits.gatewayRate, AddressBodies: o.apiLimits.addressBodies, BodyTimeout: o.apiLimits.bodyTimeout,
@@ -410,7 +410,7 @@ func run(ctx context.Context, o runOptions) error {
 			g.Go(func() error { return h.Run(gctx) }) // keeps the usage cache coherent
 			handler = h
 			if !o.noConsole {
-				con, err := console.New(console.Config{API: h, Pool: o.apiPool, Topic: o.topic, Grace: o.grace,
+				con, err := console.New(console.Config{API: h, Pool: o.apiPool, Topic: o.topic, Grace: periods.GraceSetting(o.grace),
 					Logger: o.log, Registerer: reg, SecureCookies: o.consoleSecure})
 				if err != nil {
 					return err
