@@ -558,8 +558,10 @@ func writeFileSync(path string, data []byte) error {
 // slower than that, or refusing for load, the rule's on_unreachable
 // answers at once; while Tally stays so, Admit does not wait for it at
 // all. Under a lagged rule it answers from the latest decision in memory,
-// without locking or allocating either. The first call for a customer and
-// meter asks Tally which kind of rule they have.
+// without locking or allocating either, unless that decision carries a
+// rule version Tally was not asked about yet: then it asks first, as the
+// first call for a customer and meter asks Tally which kind of rule they
+// have.
 //
 // Admit's errors: cost not positive; a bypass that could not be written
 // to the journal (so it was not admitted); ErrClosed; and a *TallyError
@@ -573,7 +575,7 @@ func (c *Client) Admit(ctx context.Context, customer, meter string, cost int64) 
 	}
 	b := (*c.budgets.Load())[key{customer, meter}]
 	if b != nil {
-		if b.kind.Load() >= kindLagged {
+		if b.kind.Load() >= kindLagged && !b.unchecked() {
 			return b.counted(c.fromDecision(b)), nil
 		}
 		if b.take(cost) {
@@ -615,7 +617,7 @@ func (c *Client) admitSlow(ctx context.Context, customer, meter string, cost int
 		if !c.paused(now) {
 			c.fetch(b, cost)
 		}
-		return c.unreachable(customer, meter, cost, b)
+		return c.unanswered(customer, meter, cost, b)
 	}
 	if b.kind.Load() == kindExact && b.tight(now) && !b.rateBudget.Load() {
 		// Near the budget's end a grant would be the size of this request
@@ -642,11 +644,11 @@ func (c *Client) admitSlow(ctx context.Context, customer, meter string, cost int
 			// Slower than the bound: Tally counts as unreachable until it
 			// answers (the request goes on and its grant will be used).
 			c.markDown(fmt.Errorf("no answer to a grant request within MaxWait (%s)", c.cfg.MaxWait))
-			return c.unreachable(customer, meter, cost, b)
+			return c.unanswered(customer, meter, cost, b)
 		case <-ctx.Done():
 			// The caller's own bound: answered as Tally not answering in
 			// time, without calling Tally unreachable.
-			return c.unreachable(customer, meter, cost, b)
+			return c.unanswered(customer, meter, cost, b)
 		}
 		err := f.err
 		if b.kind.Load() >= kindLagged {
@@ -660,7 +662,7 @@ func (c *Client) admitSlow(ctx context.Context, customer, meter string, cost int
 		case errors.As(err, &ex):
 			return Decision{How: Exhausted, Binding: ex.Binding, RetryAfter: ex.RetryAfter}, nil
 		case err != nil && (isUnreachable(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)):
-			return c.unreachable(customer, meter, cost, b)
+			return c.unanswered(customer, meter, cost, b)
 		case err != nil:
 			return Decision{}, err
 		}
@@ -704,6 +706,17 @@ func (c *Client) fetch(b *budget, need int64) *fetch {
 type fetch struct {
 	done chan struct{}
 	err  error
+}
+
+// unanswered answers a request Tally did not answer about in time. A
+// lagged rule (or none) asking about a newer rule version keeps answering
+// from its decision, as it does while Tally is down: on_unreachable is an
+// exact rule's policy.
+func (c *Client) unanswered(customer, meter string, cost int64, b *budget) (Decision, error) {
+	if b.kind.Load() >= kindLagged {
+		return b.counted(c.fromDecision(b)), nil
+	}
+	return c.unreachable(customer, meter, cost, b)
 }
 
 // unreachable applies the rule's on_unreachable (Config.OnUnreachable
@@ -872,7 +885,8 @@ type budget struct {
 	lastGrant  int64        // amount of the last grant issued
 	// checkedVersion is the rule version last checked: of the decision
 	// when Tally said the rule is not exact, of the newest grant else.
-	checkedVersion int64
+	// Written under mu; Admit reads it without (unchecked).
+	checkedVersion atomic.Int64
 	// rate is measured demand in thousandths of a unit per second,
 	// smoothed: an estimate that only sizes the next grant request
 	// (rounded up to whole units), never an amount admitted, granted or

@@ -32,6 +32,7 @@ func (c *Client) admitByDebit(ctx context.Context, customer, meter string, cost 
 	// Final reports of grants this gateway just gave back may be on their
 	// way (the budget turned tight while it held some).
 	inFlight := len(b.sending) > 0
+	seen := b.decisionVersion()
 	id := uuid.New()
 	ans, sent, err := c.debit(dctx, b, id, cost)
 	var te *TallyError
@@ -62,7 +63,7 @@ func (c *Client) admitByDebit(ctx context.Context, customer, meter string, cost 
 		return Decision{How: Exhausted, Binding: ex.Binding, RetryAfter: ex.RetryAfter}, nil
 	case errors.As(err, &ne):
 		b.mu.Lock()
-		c.notExact(b, ne.Admission)
+		c.notExact(b, ne.Admission, seen)
 		b.mu.Unlock()
 		return b.counted(c.fromDecision(b)), nil
 	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:

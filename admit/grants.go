@@ -243,7 +243,7 @@ func retryAfter(h string) time.Duration {
 // measured demand. Caller must not hold b.mu.
 func (c *Client) topUp(ctx context.Context, b *budget, need int64) error {
 	b.mu.Lock()
-	if b.available() >= need || b.kind.Load() >= kindLagged {
+	if b.available() >= need || (b.kind.Load() >= kindLagged && !b.unchecked()) {
 		b.mu.Unlock()
 		return nil // another caller topped up, or found the rule lagged, meanwhile
 	}
@@ -417,6 +417,9 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	// be back.
 	inFlight, waitUntil := len(b.sending) > 0, time.Now().Add(c.cfg.MaxWait/2)
 	now := time.Now()
+	// The rule version of the decision held when asking: Tally's answer
+	// is about that version at least (one read later is not).
+	seen := b.decisionVersion()
 	// A whole target, not what is missing from it: grants average the
 	// target, and each costs an issue and a release. At least what the
 	// Admits waiting for this request need together (on a tight budget,
@@ -432,20 +435,20 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	}
 	var ne *notExactError
 	if errors.As(err, &ne) {
-		c.notExact(b, ne.Admission)
+		c.notExact(b, ne.Admission, seen)
 		return err
 	}
 	var ex *exhaustedError
 	if errors.As(err, &ex) {
 		c.noteRefusal(b, ex, now, need)
+		c.exact(b, seen) // a refusal for lack of budget says the rule is exact
 		return err
 	}
 	if err != nil {
 		return err
 	}
 	b.noteTaken()
-	b.kind.Store(kindExact)
-	b.checkedVersion = max(b.checkedVersion, g.RuleVersion)
+	c.exact(b, max(seen, g.RuleVersion))
 	if g.OnUnreachable != "" {
 		// The rule's policy, learnt with the grant, overrides the default.
 		p := policy{how: g.OnUnreachable, every: time.Duration(g.LocalEvery)}
@@ -619,17 +622,43 @@ func (c *Client) loop() {
 	}
 }
 
-// notExact records that b's rule is lagged or absent. Under b.mu.
-func (c *Client) notExact(b *budget, admission string) {
+// notExact records that b's rule is lagged or absent, as Tally answered
+// a request sent while the decision held was of rule version seen. Under
+// b.mu.
+func (c *Client) notExact(b *budget, admission string, seen int64) {
 	k := kindLagged // "lagged", or a Tally that does not say
 	if admission == "none" {
 		k = kindNoRule
 	}
 	b.checkedAt = time.Now()
-	if l := b.dec.Load(); l != nil {
-		b.checkedVersion = l.d.RuleVersion
-	}
+	b.checkedVersion.Store(max(b.checkedVersion.Load(), seen))
 	b.kind.Store(k)
+}
+
+// exact records that b's rule is exact at rule version v at least: a
+// grant was issued or refused for lack of budget. Under b.mu.
+func (c *Client) exact(b *budget, v int64) {
+	b.checkedVersion.Store(max(b.checkedVersion.Load(), v))
+	b.kind.Store(kindExact)
+}
+
+// decisionVersion is the rule version of the decision held, 0 without
+// one.
+func (b *budget) decisionVersion() int64 {
+	if l := b.dec.Load(); l != nil {
+		return l.d.RuleVersion
+	}
+	return 0
+}
+
+// unchecked says whether the decision held carries a rule version newer
+// than the one Tally last told the kind of: the rule may have turned exact
+// (or been created exact) since, and a decision says nothing about a
+// budget admitted through grants. Admit asks Tally before answering from
+// it, so no gateway admits past an exact limit from the lagged decision
+// of a rule that is no longer lagged. No lock: Admit's hot path reads it.
+func (b *budget) unchecked() bool {
+	return b.decisionVersion() > b.checkedVersion.Load()
 }
 
 // tendNotExact: a lagged (or absent) rule needs no grants; grants held
@@ -641,24 +670,19 @@ func (c *Client) tendNotExact(ctx context.Context, b *budget, now time.Time) {
 		n := len(b.grants) - 1
 		c.release(ctx, b, b.grants[n], alloc[n])
 	}
-	l := b.dec.Load()
-	if now.Sub(b.checkedAt) < c.cfg.RuleRecheck && (l == nil || l.d.RuleVersion == b.checkedVersion) {
+	if now.Sub(b.checkedAt) < c.cfg.RuleRecheck && !b.unchecked() {
 		return
 	}
 	if c.paused(now) {
 		return // asked again once Tally answers
 	}
 	b.checkedAt = now // also when Tally does not answer: try again later
-	if l != nil {
-		b.checkedVersion = l.d.RuleVersion
-	}
-	// Admit keeps answering from the decision meanwhile. A grant, or a
-	// refusal for lack of budget, says the rule is exact now; unreachable
-	// changes nothing.
-	var ex *exhaustedError
-	if err := c.topUpLocked(ctx, b, 1); errors.As(err, &ex) {
-		b.kind.Store(kindExact)
-	}
+	// A grant, or a refusal for lack of budget, says the rule is exact
+	// now (topUpLocked records it); not exact records the version asked
+	// about; unreachable changes nothing, and Admit meanwhile answers
+	// from the decision held while its version is the one checked, and
+	// asks Tally itself while it is newer.
+	_ = c.topUpLocked(ctx, b, 1)
 }
 
 // tend is one round of the loop for one budget.
@@ -712,8 +736,8 @@ func (c *Client) tendLocked(ctx context.Context, b *budget) {
 	}
 	// A decision with a newer rule version than the grants': the rule may
 	// have turned lagged. A grant request tells (once per version).
-	if l := b.dec.Load(); l != nil && b.kind.Load() == kindExact && l.d.RuleVersion > b.checkedVersion && !c.paused(now) {
-		b.checkedVersion = l.d.RuleVersion
+	if b.kind.Load() == kindExact && b.unchecked() && !c.paused(now) {
+		b.checkedVersion.Store(b.decisionVersion())
 		_ = c.topUpLocked(ctx, b, 1) // refused not-exact: kind turns lagged
 		if b.kind.Load() >= kindLagged {
 			c.tendNotExact(ctx, b, now) // gives the grants back
