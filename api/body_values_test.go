@@ -65,3 +65,18 @@ func TestTypeErrorsNameTheElementAtFault(t *testing.T) {
 		r.fieldProblem(t, c.field, c.about)
 	}
 }
+
+// A pool's or the global rule without a limit or a rate is refused on
+// limit, as a customer's is: it was stored as an exact limit of 0, which
+// refuses every member.
+func TestScopeRuleWithoutLimitOrRateIsRefused(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	if r := f.do("PUT", "/v1/pools/team", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
+		t.Fatalf("pool: %d %s", r.status, r.body)
+	}
+	for _, path := range []string{"/v1/pools/team/quotas/calls", "/v1/global/quotas/calls"} {
+		f.do("PUT", path, adminToken, map[string]any{"admission": "exact"}).fieldProblem(t, "limit", "is required (or a rate)")
+		f.do("PUT", path, adminToken, map[string]any{"limit": nil}).fieldProblem(t, "limit", "is required (or a rate)")
+	}
+}

@@ -178,7 +178,7 @@ func (a *API) poolView(r *http.Request, name string) (poolView, error) {
 }
 
 type scopeRuleBody struct {
-	Limit decimalInput `json:"limit"`
+	Limit *decimalInput `json:"limit"` // nil: absent or null
 	// A rate rule (docs/design.md §17) instead of limit.
 	Rate        json.RawMessage  `json:"rate"`
 	MaxSkew     *durationInput   `json:"max_skew"`
@@ -219,12 +219,21 @@ func (a *API) putScopeQuota(w http.ResponseWriter, r *http.Request, scope, locat
 	if err != nil {
 		return err
 	}
-	in := quota.ScopeRuleInput{Scope: scope, Meter: chi.URLParam(r, "meter"), Limit: b.Limit.Decimal, WarnAt: b.WarnAt.NullDecimal,
+	hasRate := len(b.Rate) > 0 && string(b.Rate) != "null"
+	if b.Limit == nil && !hasRate {
+		// A missing limit is not a limit of 0: that would refuse every
+		// member (a customer's rule is refused the same way).
+		return invalid(FieldError{Field: "limit", Detail: "is required (or a rate)"})
+	}
+	in := quota.ScopeRuleInput{Scope: scope, Meter: chi.URLParam(r, "meter"), WarnAt: b.WarnAt.NullDecimal,
 		Mode: b.Mode, Admission: b.Admission, Reason: b.Reason, Actor: actor}
+	if b.Limit != nil {
+		in.Limit = b.Limit.Decimal
+	}
 	if b.EffectiveAt != nil {
 		in.EffectiveAt = b.EffectiveAt.Time
 	}
-	if len(b.Rate) > 0 && string(b.Rate) != "null" {
+	if hasRate {
 		var errs []error
 		if in.Rate, errs = quota.DecodeRate(b.Rate); len(errs) > 0 {
 			return invalid(fieldsOf(errors.Join(errs...))...)
