@@ -2,6 +2,7 @@ package periods
 
 import (
 	"fmt"
+	"math"
 	"time"
 )
 
@@ -28,7 +29,10 @@ const DefaultGrace = 24 * time.Hour
 // (TALLY_GRACE=0s): a period is due for closing as soon as it ends. A zero
 // Grace in a Store or a package's Config means DefaultGrace, so a grace a
 // person set to 0 is passed on as NoGrace (GraceSetting).
-const NoGrace time.Duration = -1
+//
+// It is the most negative duration, which no flag or variable sets by
+// accident (a negative grace a person types is refused).
+const NoGrace = time.Duration(math.MinInt64)
 
 // GraceSetting is the Grace to configure for a grace a person set (a flag
 // or TALLY_GRACE): 0 there means none, which a Store says with NoGrace.
