@@ -80,3 +80,60 @@ func TestScopeRuleWithoutLimitOrRateIsRefused(t *testing.T) {
 		f.do("PUT", path, adminToken, map[string]any{"limit": nil}).fieldProblem(t, "limit", "is required (or a rate)")
 	}
 }
+
+// A null where a decimal is required is refused saying that the value is
+// required, for every such field alike: a customer's limit answered
+// `"": not a decimal number` (null was read as the empty string), and a
+// grant's, debit's or bypass item's amount null was read as 0.
+func TestNullRequiredDecimalIsRefusedAsRequired(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	if r := f.do("PUT", "/v1/pools/team", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
+		t.Fatalf("pool: %d %s", r.status, r.body)
+	}
+	for _, c := range []struct {
+		method, path, body, field, about string
+	}{
+		{"PUT", "/v1/customers/acme/quotas/calls", `{"limit":null}`, "limit", "is required (or a rate)"},
+		{"PUT", "/v1/pools/team/quotas/calls", `{"limit":null}`, "limit", "is required (or a rate)"},
+		{"PUT", "/v1/customers/acme/quotas/calls", `{"rate":{"amount":null,"per":"1s","burst":"5"},"admission":"exact"}`, "rate.amount", "is required"},
+		{"POST", "/v1/grants", `{"holder":"gw","generation":1,"customer":"acme","meter":"calls","amount":null}`, "amount", "is required"},
+		{"POST", "/v1/grants/debits", `{"id":"0193e0a1-7c00-7d4e-9a51-3c2f9b7e4a10","holder":"gw","generation":1,"customer":"acme","meter":"calls","amount":null}`, "amount", "is required"},
+		{"POST", "/v1/bypasses", `{"holder":"gw","generation":1,"report_id":"r1","items":[{"customer":"acme","meter":"calls","amount":null,"admissions":1,"first_at":"2026-01-01T00:00:00Z","last_at":"2026-01-01T00:00:00Z"}]}`, "items[0].amount", "is required"},
+	} {
+		r := f.do(c.method, c.path, adminToken, c.body)
+		if r.status != 400 {
+			t.Errorf("%s %s %s: %d %s", c.method, c.path, c.body, r.status, r.body)
+			continue
+		}
+		r.fieldProblem(t, c.field, c.about)
+	}
+}
+
+// The zero time (0001-01-01T00:00:00Z) given as an instant is refused on
+// its field: it read as if the field were left out, so a rule or a
+// membership change took effect now.
+func TestZeroTimeIsRefusedNotTakenAsNow(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	if r := f.do("PUT", "/v1/pools/team", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
+		t.Fatalf("pool: %d %s", r.status, r.body)
+	}
+	const zero = "0001-01-01T00:00:00Z"
+	for _, c := range []struct {
+		path string
+		body map[string]any
+	}{
+		{"/v1/customers/acme/quotas/calls", map[string]any{"limit": "10", "effective_at": zero}},
+		{"/v1/pools/team/quotas/calls", map[string]any{"limit": "10", "effective_at": zero}},
+		{"/v1/global/quotas/calls", map[string]any{"limit": "10", "effective_at": zero}},
+		{"/v1/pools/team", map[string]any{"members": []string{"acme", "beta"}, "effective_at": zero}},
+	} {
+		r := f.do("PUT", c.path, adminToken, c.body)
+		if r.status != 400 {
+			t.Errorf("PUT %s %v: %d %s", c.path, c.body, r.status, r.body)
+			continue
+		}
+		r.fieldProblem(t, "effective_at", "zero time")
+	}
+}

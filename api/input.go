@@ -459,6 +459,9 @@ func jsonProblem(err error) error {
 		if field == "" {
 			return malformed(fmt.Sprintf("the body must be a JSON object, not %s", typ.Value))
 		}
+		if typ.Value == "null" {
+			return invalidField(field, "is required: %s, not null", jsonTypeName(typ.Type))
+		}
 		return invalidField(field, "must be %s, not %s", jsonTypeName(typ.Type), typ.Value)
 	}
 	// encoding/json has no error type for an unknown field (DisallowUnknownFields
@@ -517,11 +520,10 @@ type (
 // A decimal's one rule is the adjustments' quantity's (amount.Parse): a
 // JSON string of a plain decimal, "12", "0.5", "-3.25" (no exponent, "+",
 // bare point, spaces or JSON number), at most amount.MaxScale digits after
-// the point and amount.MaxDigits in all. null leaves it unset.
+// the point and amount.MaxDigits in all. A decimalInput is required: null
+// is refused as a value left out (it was read as 0). An optional one is a
+// *decimalInput, which null leaves nil without calling this.
 func (d *decimalInput) UnmarshalJSON(b []byte) error {
-	if string(b) == "null" {
-		return nil
-	}
 	v, err := parseDecimal(b)
 	if err != nil {
 		return typed(err, b, d)
@@ -556,6 +558,19 @@ func (d *durationInput) UnmarshalJSON(b []byte) error {
 	return typed(d.Duration.UnmarshalJSON(b), b, d)
 }
 func (t *timeInput) UnmarshalJSON(b []byte) error { return typed(t.Time.UnmarshalJSON(b), b, t) }
+
+// instant is the optional instant given in field, or the zero time when
+// none was (which the packages take for now). The zero time given is
+// refused: it would read as if the field were left out.
+func (t *timeInput) instant(field string) (time.Time, error) {
+	switch {
+	case t == nil:
+		return time.Time{}, nil
+	case t.IsZero():
+		return time.Time{}, invalidField(field, "%s", quota.ErrZeroTime)
+	}
+	return t.Time, nil
+}
 
 // ptr is the decimal given, or nil when none was.
 func (d *decimalInput) ptr() *decimal.Decimal {

@@ -77,8 +77,8 @@ func (a *API) putPool(w http.ResponseWriter, r *http.Request) error {
 		return invalidField("members", "is required (an empty list empties the pool)")
 	}
 	in := pools.PutInput{Name: name, Members: b.Members, Actor: actor}
-	if b.EffectiveAt != nil {
-		in.EffectiveAt = b.EffectiveAt.Time
+	if in.EffectiveAt, err = b.EffectiveAt.instant("effective_at"); err != nil {
+		return err
 	}
 	_, existed := pools.Get(r.Context(), a.pool, name)
 	s, err := a.admissionStore()
@@ -219,7 +219,7 @@ func (a *API) putScopeQuota(w http.ResponseWriter, r *http.Request, scope, locat
 	if err != nil {
 		return err
 	}
-	hasRate := len(b.Rate) > 0 && string(b.Rate) != "null"
+	hasRate := len(b.Rate) > 0 && string(b.Rate) != "null" // null: left out
 	if b.Limit == nil && !hasRate {
 		// A missing limit is not a limit of 0: that would refuse every
 		// member (a customer's rule is refused the same way).
@@ -230,8 +230,8 @@ func (a *API) putScopeQuota(w http.ResponseWriter, r *http.Request, scope, locat
 	if b.Limit != nil {
 		in.Limit = b.Limit.Decimal
 	}
-	if b.EffectiveAt != nil {
-		in.EffectiveAt = b.EffectiveAt.Time
+	if in.EffectiveAt, err = b.EffectiveAt.instant("effective_at"); err != nil {
+		return err
 	}
 	if hasRate {
 		var errs []error

@@ -68,7 +68,7 @@ func DecodeRate(raw json.RawMessage) (*Rate, []error) {
 		raw  json.RawMessage
 		into *decimal.Decimal
 	}{{"rate.amount", p.Amount, &r.Amount}, {"rate.burst", p.Burst, &r.Burst}} {
-		if len(f.raw) == 0 || string(f.raw) == "null" {
+		if !given(f.raw) {
 			errs = append(errs, validation.Errorf(f.name, "is required"))
 			continue
 		}
@@ -79,7 +79,7 @@ func DecodeRate(raw json.RawMessage) (*Rate, []error) {
 		}
 		*f.into = v
 	}
-	if len(p.Per) == 0 || string(p.Per) == "null" {
+	if !given(p.Per) {
 		errs = append(errs, validation.Errorf("rate.per", "is required"))
 	} else if err := r.Per.UnmarshalJSON(p.Per); err != nil {
 		errs = append(errs, validation.Errorf("rate.per", "%v", err))

@@ -74,7 +74,7 @@ func (p PutRequest) Input(customer, meter, actor string) (RuleInput, error) {
 		Admission: p.Admission, OnUnreachable: p.OnUnreachable}
 	var errs []error
 	var err error
-	if len(p.LocalAmount) > 0 && string(p.LocalAmount) != "null" {
+	if given(p.LocalAmount) {
 		v, err := decodeDecimal(p.LocalAmount)
 		if err != nil {
 			errs = append(errs, validation.Errorf("local_amount", "%v", err))
@@ -85,7 +85,7 @@ func (p PutRequest) Input(customer, meter, actor string) (RuleInput, error) {
 	if p.LocalEvery != nil {
 		in.LocalEvery = time.Duration(*p.LocalEvery)
 	}
-	hasRate := len(p.Rate) > 0 && string(p.Rate) != "null"
+	hasRate := given(p.Rate)
 	if hasRate {
 		var rerrs []error
 		in.Rate, rerrs = DecodeRate(p.Rate)
@@ -98,9 +98,9 @@ func (p PutRequest) Input(customer, meter, actor string) (RuleInput, error) {
 		}
 	}
 	switch {
-	case len(p.Limit) == 0 && !hasRate:
+	case !given(p.Limit) && !hasRate:
 		errs = append(errs, validation.Errorf("limit", "is required (or a rate)"))
-	case len(p.Limit) == 0:
+	case !given(p.Limit):
 	case hasRate:
 		errs = append(errs, validation.Errorf("limit", "a rule has a period limit or a rate, not both"))
 	default:
@@ -108,7 +108,7 @@ func (p PutRequest) Input(customer, meter, actor string) (RuleInput, error) {
 			errs = append(errs, validation.Errorf("limit", "%v", err))
 		}
 	}
-	if len(p.WarnAt) > 0 && string(p.WarnAt) != "null" {
+	if given(p.WarnAt) {
 		w, err := decodeDecimal(p.WarnAt)
 		if err != nil {
 			errs = append(errs, validation.Errorf("warn_at", "%v", err))
@@ -123,7 +123,13 @@ func (p PutRequest) Input(customer, meter, actor string) (RuleInput, error) {
 		}
 	}
 	if p.EffectiveAt != nil {
-		in.EffectiveAt = *p.EffectiveAt
+		// RuleInput's zero EffectiveAt means now: the zero time given
+		// is refused rather than read as if it were left out.
+		if p.EffectiveAt.IsZero() {
+			errs = append(errs, validation.Errorf("effective_at", "%s", ErrZeroTime))
+		} else {
+			in.EffectiveAt = *p.EffectiveAt
+		}
 	}
 	// Report the field checks too, so the caller sees everything at once,
 	// but not again for a field that did not decode: its check would
@@ -146,10 +152,24 @@ func sameField(a, b error) bool {
 	return ok && ok2 && fa.Field == fb.Field
 }
 
+// ErrZeroTime describes the zero time given as an instant: it is refused,
+// not taken for an instant left out (which means now).
+var ErrZeroTime = errors.New("0001-01-01T00:00:00Z is the zero time, not an instant; leave the field out for now")
+
+// given says whether a body's value was given: neither left out nor null.
+// A null is a value left out, never an empty string or a zero.
+func given(raw json.RawMessage) bool {
+	return len(raw) > 0 && string(raw) != "null"
+}
+
 // decodeDecimal reads a decimal as every decimal of the API's bodies is
 // given: a JSON string that amount.Parse accepts ("12", "0.5"; never a
-// JSON number, an exponent, "+" or a bare point).
+// JSON number, an exponent, "+" or a bare point). A null is refused as
+// required: JSON decodes it into a string as "" without an error.
 func decodeDecimal(raw json.RawMessage) (decimal.Decimal, error) {
+	if !given(raw) {
+		return decimal.Decimal{}, errors.New(`is required: an exact decimal string like "12.5"`)
+	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err != nil {
 		return decimal.Decimal{}, fmt.Errorf("%s: must be an exact decimal string like \"12.5\"", raw)
