@@ -29,8 +29,9 @@ type poolView struct {
 	pools.Pool
 	Rules   []quota.ScopeRule       `json:"rules"`
 	Budgets []admission.ScopeBudget `json:"budgets"`
-	// Usage is Σ of the current members' metered usage (rollups) per meter
-	// in the pool's current period (monthly, UTC).
+	// Usage is Σ of the members' metered usage (rollups) per meter in the
+	// pool's current period (monthly, UTC), a member that left counted
+	// until it left (qPoolUsage).
 	Usage []poolUsage `json:"usage"`
 }
 
@@ -40,13 +41,23 @@ type poolUsage struct {
 	Used        decimal.Decimal `json:"used"`
 }
 
-// qPoolUsage sums the current members' rollups per meter over the pool's
-// period.
+// qPoolUsage sums the members' rollups per meter over the pool's period,
+// as the enforcer counts a lagged pool rule's usage (docs/design.md §13,
+// quota's qScopeUsageHead): every customer that was a member at some time
+// of the period, from the period's start until it last left, or to the
+// end while it is a member (joining brings the period's usage in, leaving
+// takes nothing back, usage after leaving is no longer the pool's).
 const qPoolUsage = `
+WITH mem AS (
+    SELECT m.customer, CASE WHEN bool_or(m.left_at IS NULL) THEN NULL ELSE max(m.left_at) END AS until
+    FROM pool_members m
+    WHERE m.pool = @pool AND (m.left_at IS NULL OR m.left_at > @start)
+    GROUP BY m.customer
+)
 SELECT u.meter, sum(u.quantity)::text
-FROM rollups u
-WHERE u.customer IN (SELECT m.customer FROM pool_members m WHERE m.pool = @pool AND m.left_at IS NULL)
-  AND u.bucket >= @start AND u.bucket < @end
+FROM rollups u JOIN mem ON mem.customer = u.customer
+WHERE u.bucket >= @start AND u.bucket < @end
+  AND (mem.until IS NULL OR u.bucket < mem.until)
 GROUP BY u.meter ORDER BY u.meter`
 
 func actorOf(p *string) (string, error) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 )
 
 // The operator's sentence over REST: each customer 10 calls, the free plan
@@ -91,4 +92,33 @@ func TestPoolsAndGlobalBudget(t *testing.T) {
 	}
 	f.do("PUT", "/v1/pools/free", f.token("a"), map[string]any{"members": []string{}}).problem(t, 403, problem+"forbidden")
 	f.do("PUT", "/v1/global/quotas/calls", gw, map[string]any{"limit": "1"}).problem(t, 403, problem+"forbidden")
+}
+
+// A pool's usage this period counts a member that left until it left,
+// as its lagged rule does (docs/design.md §13: leaving takes nothing
+// back; usage after leaving is no longer the pool's): the view counted
+// only its current members, so a member leaving made the pool's usage
+// drop below what its rule is enforced against.
+func TestPoolUsageCountsALeftMemberUntilItLeft(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	now := f.clock()
+	if r := f.do("PUT", "/v1/pools/team", adminToken, map[string]any{"members": []string{"acme", "beta"}}); r.status != 201 {
+		t.Fatalf("pool: %d %s", r.status, r.body)
+	}
+	f.usage("acme", "calls", now.Add(-2*time.Hour), "10")
+	f.usage("beta", "calls", now.Add(-2*time.Hour), "5")
+	f.setNow(now.Add(time.Hour))
+	if r := f.do("PUT", "/v1/pools/team", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 200 {
+		t.Fatalf("beta leaves: %d %s", r.status, r.body)
+	}
+	f.setNow(now.Add(3 * time.Hour))
+	f.usage("beta", "calls", now.Add(2*time.Hour), "7") // after it left
+	r := f.do("GET", "/v1/pools/team", adminToken, nil)
+	if r.status != 200 {
+		t.Fatalf("get: %d %s", r.status, r.body)
+	}
+	if u := fmt.Sprint(r.json(t)["usage"]); !strings.Contains(u, "used:15") {
+		t.Fatalf("usage %s, want calls 15: acme's 10 and beta's 5 from before it left", u)
+	}
 }
