@@ -549,3 +549,100 @@ func TestNotifyQueueFilling(t *testing.T) {
 		t.Fatalf("hits %d, want %d once the queue drained", hits(), h+1)
 	}
 }
+
+// TestSkippedNotificationsCommittedLate: a transaction that wrote while
+// the notification queue was filling sent no notifications, and commits
+// after the queue has drained (a long ingest batch, a psql session). The
+// API must not serve an answer, nor trust a token, that the commit made
+// stale: its cache stays off until every transaction that may have
+// skipped its notifications has ended.
+func TestSkippedNotificationsCommittedLate(t *testing.T) {
+	t.Parallel()
+	f := newFixtureAPI(t, func(c *api.Config) { c.TokenCacheTTL = time.Nanosecond }, func(a *api.API) {
+		api.ListenerTimings(a, 50*time.Millisecond, time.Second, time.Minute)
+	})
+	ctx := context.Background()
+	seedAcme(f)
+	tok := f.token("acme")
+	total := func() any {
+		t.Helper()
+		return f.do("GET", "/v1/customers/acme/usage?meter=api_calls", adminToken, nil).json(t)["total"]
+	}
+	setLimit := func(sql string) {
+		t.Helper()
+		var db string
+		if err := f.pool.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := f.pool.Exec(ctx, fmt.Sprintf(sql, pgx.Identifier{db}.Sanitize())); err != nil {
+			t.Fatal(err)
+		}
+		f.pool.Reset() // sessions read the setting when they start
+	}
+	waitLog := func(what string, msgs ...string) {
+		t.Helper()
+		for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			for _, s := range msgs {
+				if strings.Contains(f.logs.String(), s) {
+					return
+				}
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the API did not log that %s:\n%s", what, f.logs.String())
+			}
+		}
+	}
+
+	setLimit(`ALTER DATABASE %s SET tally.notify_queue_limit = 0`)
+	waitLog("the queue is filling", "notification queue is filling")
+	// A writer's transaction while the triggers skip: usage and a
+	// revocation, neither notified.
+	tx, err := f.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	rec := ledger.Record{OperationID: uuid.Must(uuid.NewV7()),
+		Stream: ledger.StreamKey{Producer: "late", Epoch: 1, Customer: "acme", Meter: "api_calls"},
+		Seq:    1, Total: amount.MustParse("1000"), OccurredAt: date("2026-11-20T11:00:00Z")}
+	if _, err := f.ledger.Apply(ctx, tx, []ledger.Record{rec}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE api_tokens SET revoked_at = now() WHERE customer = 'acme'`); err != nil {
+		t.Fatal(err)
+	}
+
+	// The queue drains while the transaction is still open.
+	setLimit(`ALTER DATABASE %s RESET tally.notify_queue_limit`)
+	waitLog("the queue drained", "notification queue has drained", "waiting for the transactions")
+	for range 2 {
+		if got := total(); got != "18.5" {
+			t.Fatalf("total %v before the commit, want 18.5", got)
+		}
+		if r := f.do("GET", "/v1/customers/acme", tok, nil); r.status != 200 {
+			t.Fatalf("the token before the commit: %d", r.status)
+		}
+	}
+	if strings.Contains(f.logs.String(), "notification queue has drained") {
+		t.Fatal("the cache came back on while a transaction that skipped its notifications was open")
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	f.sync()
+	if got := total(); got != "1018.5" {
+		t.Fatalf("total %v after the commit, want 1018.5", got)
+	}
+	if r := f.do("GET", "/v1/customers/acme", tok, nil); r.status != 401 {
+		t.Fatalf("a token revoked by the commit: %d, want 401", r.status)
+	}
+	// And the cache comes back.
+	waitLog("the queue drained", "notification queue has drained")
+	hits := func() int { h, _ := f.cacheCounts(); return h }
+	h := hits()
+	total()
+	total()
+	if hits() != h+1 {
+		t.Fatalf("hits %d, want %d once the transactions ended", hits(), h+1)
+	}
+}

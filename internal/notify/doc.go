@@ -26,7 +26,10 @@
 //     as tally.notify_queue_limit (migration 00012: 0.5 unless set), so
 //     that a full queue never fails ingest; from half that limit on the
 //     listener is not live, and when the queue is below it again for a
-//     Lease, every subscriber forgets everything before it is live again.
+//     Lease and every transaction running when it was first seen below it
+//     has ended (one that wrote while the queue was high sent no
+//     notifications, and may commit much later), every subscriber forgets
+//     everything before it is live again.
 //
 // A notification is a hint, never data: anyone with a database login can
 // NOTIFY a channel. Subscribers forget on it, and read what they need

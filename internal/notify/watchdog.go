@@ -99,12 +99,59 @@ const qProbe = `SELECT pg_notification_queue_usage(),
        coalesce(nullif(current_setting('tally.notify_queue_limit', true), '')::float8, 0.5)
 FROM (SELECT pg_notify($1, $2)) probe`
 
+// qRunningAt is the transactions running now (a pg_snapshot's text): a
+// transaction that wrote while the queue was filling skipped its
+// notifications, and is among them if it has not ended yet.
+const qRunningAt = `SELECT pg_current_snapshot()::text`
+
+// qEnded reports whether every transaction running at snapshot $1 has
+// ended (committed or rolled back).
+const qEnded = `SELECT coalesce(bool_and(pg_xact_status(x) IS DISTINCT FROM 'in progress'), true)
+FROM pg_snapshot_xip($1::pg_snapshot) x`
+
+// drain is the watchdog's way back from a filling queue: when the queue
+// was first seen low again, and the transactions running then. Any
+// transaction whose writes skipped their notifications ran while the
+// queue was high, so it had ended or was running then; subscribers may
+// trust what they read once it has ended (its changes are visible and
+// they forget everything read before), not earlier: a long transaction
+// that commits after the queue drained would otherwise change answers
+// nobody is told of.
+type drain struct {
+	since   time.Time // zero: the queue is not (known to be) low again
+	running string    // pg_snapshot text; "" until read
+	logged  bool      // the wait for them was logged
+}
+
+// drained reports whether the queue has been low for a lease and every
+// transaction that may have skipped its notifications has ended.
+func (l *Listener) drained(ctx context.Context, d *drain) (bool, error) {
+	if d.running == "" {
+		if err := l.cfg.Pool.QueryRow(ctx, qRunningAt).Scan(&d.running); err != nil {
+			return false, err
+		}
+	}
+	if time.Since(d.since) < l.Lease {
+		return false, nil
+	}
+	var ended bool
+	if err := l.cfg.Pool.QueryRow(ctx, qEnded, d.running).Scan(&ended); err != nil {
+		return false, err
+	}
+	if !ended && !d.logged {
+		d.logged = true
+		l.cfg.Logger.Warn("usage cache still off: Postgres's notification queue is low again; waiting for the transactions that ran while it was filling to end (they sent no notifications)",
+			"running_then", d.running)
+	}
+	return ended, nil
+}
+
 // watchdog probes the listener until ctx ends (see the package doc).
 func (l *Listener) watchdog(ctx context.Context) {
 	log := l.cfg.Logger
 	t := time.NewTicker(l.ProbeEvery)
 	defer t.Stop()
-	var lowSince time.Time // the queue below the limit again, since
+	var low drain // the queue below the limit again
 	for {
 		select {
 		case <-ctx.Done():
@@ -144,21 +191,33 @@ func (l *Listener) watchdog(ctx context.Context) {
 		}
 		switch high := usage >= limit/2; {
 		case high:
-			lowSince = time.Time{}
+			low = drain{}
 			if !l.queueHigh.Load() {
 				l.queueHigh.Store(true)
 				log.Error("usage cache off: Postgres's notification queue is filling (a listening connection is not reading: look for LISTEN sessions idle in a transaction in pg_stat_activity); past tally.notify_queue_limit ingest stops notifying",
 					"queue_usage", usage, "limit", limit)
 			}
-		case l.queueHigh.Load() && lowSince.IsZero():
-			lowSince = time.Now()
-		case l.queueHigh.Load() && time.Since(lowSince) >= l.Lease:
-			// Drained a while ago (a transaction that skipped its
-			// notifications has committed by now): nothing held is known
-			// to be true.
+		case l.queueHigh.Load():
+			if low.since.IsZero() {
+				low.since = time.Now()
+			}
+			qctx, cancel := context.WithTimeout(ctx, l.ProbeEvery+time.Second)
+			ok, err := l.drained(qctx, &low)
+			cancel()
+			if err != nil {
+				if ctx.Err() == nil {
+					log.Warn("usage cache: reading the transactions running failed", "err", err)
+				}
+				continue
+			}
+			if !ok {
+				continue
+			}
+			// Drained, and what was written unnotified is committed or
+			// gone: nothing held is known to be true.
 			l.forgetAll()
 			l.queueHigh.Store(false)
-			lowSince = time.Time{}
+			low = drain{}
 			log.Info("usage cache on: Postgres's notification queue has drained", "queue_usage", usage)
 		}
 	}
