@@ -49,6 +49,8 @@ type fixture struct {
 	streams *ledgertest.Streams // customer/meter → its one stream
 
 	synced chan string // the API's listener handled this sync notification
+
+	clockOf *fixture // a peer's: the clock of the fixture it runs beside
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -73,8 +75,26 @@ func newFixtureAPI(t *testing.T, configure func(*api.Config), prepare func(*api.
 	}
 	f.ledger = l
 	f.streams = ledgertest.New(f.pool, l)
+	f.start(configure, prepare)
+	return f
+}
+
+// peer is another API process on f's database, with its own cache and
+// listener, sharing f's clock and ledger.
+func (f *fixture) peer(configure func(*api.Config), prepare func(*api.API)) *fixture {
+	f.t.Helper()
+	p := &fixture{t: f.t, pool: f.pool, ledger: f.ledger, streams: f.streams, logs: testrun.Logs(f.t), now: f.clock()}
+	p.clockOf = f
+	p.start(configure, prepare)
+	return p
+}
+
+// start runs the API of f over f.pool.
+func (f *fixture) start(configure func(*api.Config), prepare func(*api.API)) {
+	t := f.t
+	t.Helper()
 	cfg := api.Config{
-		Pool: f.pool, Ledger: l, AdminToken: adminToken, Clock: f.clock,
+		Pool: f.pool, Ledger: f.ledger, AdminToken: adminToken, Clock: f.clock,
 		Logger:   slog.New(slog.NewJSONHandler(f.logs, nil)),
 		Registry: prometheus.NewRegistry(),
 	}
@@ -120,10 +140,12 @@ func newFixtureAPI(t *testing.T, configure func(*api.Config), prepare func(*api.
 	}
 	f.srv = httptest.NewServer(h)
 	t.Cleanup(f.srv.Close)
-	return f
 }
 
 func (f *fixture) clock() time.Time {
+	if f.clockOf != nil {
+		return f.clockOf.clock()
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.now
