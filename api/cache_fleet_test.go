@@ -234,3 +234,65 @@ func TestCacheAcrossProcesses(t *testing.T) {
 		}
 	}
 }
+
+// TestHandFixesOfKindsForget: a gauge's or unique meter's answer is read
+// from gauge_days, gauge_points, gauge_adjustments and unique_counts; a
+// hand-made fix in psql (a DELETE, a TRUNCATE, an adjustment inserted)
+// changes it like a reading does, and a cached answer must not outlive
+// it. The answer of a process without a cache is the reference.
+func TestHandFixesOfKindsForget(t *testing.T) {
+	t.Parallel()
+	a := newFixture(t)
+	fresh := a.peer(func(c *api.Config) { c.UsageCacheTTL = -1 }, nil)
+	ctx := context.Background()
+	a.setNow(date("2026-12-10T12:00:00Z"))
+	for _, m := range []struct{ meter, kind string }{{"seats", "gauge"}, {"mau", "unique"}} {
+		if r := a.do("PUT", "/v1/meters/"+m.meter, adminToken, map[string]any{"kind": m.kind}); r.status != 200 {
+			t.Fatalf("declare %s: %d %s", m.meter, r.status, r.body)
+		}
+	}
+	if r := a.do("PUT", "/v1/customers/acme", adminToken, map[string]any{"cadence": "monthly", "anchor_day": 1, "zone": "UTC"}); r.status != 201 {
+		t.Fatalf("create acme: %d %s", r.status, r.body)
+	}
+	stream := func(meter string) ledger.StreamKey {
+		return ledger.StreamKey{Producer: "p", Epoch: 1, Customer: "acme", Meter: meter}
+	}
+	if err := pgx.BeginFunc(ctx, a.pool, func(tx pgx.Tx) error {
+		_, err := a.ledger.Apply(ctx, tx, []ledger.Record{
+			{OperationID: uuid.Must(uuid.NewV7()), Stream: stream("seats"), Seq: 1, OccurredAt: date("2026-12-02T00:00:00Z"), Shape: ledger.Gauge, Level: decimal.NewFromInt(3)},
+			{OperationID: uuid.Must(uuid.NewV7()), Stream: stream("seats"), Seq: 2, OccurredAt: date("2026-12-05T00:00:00Z"), Shape: ledger.Gauge, Level: decimal.NewFromInt(5)},
+			{OperationID: uuid.Must(uuid.NewV7()), Stream: stream("mau"), Seq: 1, OccurredAt: date("2026-12-02T00:00:00Z"), Shape: ledger.Unique, Member: "u1"},
+			{OperationID: uuid.Must(uuid.NewV7()), Stream: stream("mau"), Seq: 2, OccurredAt: date("2026-12-03T00:00:00Z"), Shape: ledger.Unique, Member: "u2"},
+		})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	a.sync()
+	const url = "/v1/customers/acme/usage"
+	for _, fix := range []string{
+		`INSERT INTO gauge_adjustments (id, customer, meter, period_start, prior_period, unit_seconds, operation_id, created_at)
+			VALUES (gen_random_uuid(), 'acme', 'seats', '2026-12-01T00:00:00Z', '2026-11-01T00:00:00Z', 3600, gen_random_uuid(), now())`,
+		`UPDATE gauge_adjustments SET unit_seconds = 7200`,
+		`DELETE FROM gauge_adjustments`,
+		`DELETE FROM gauge_days WHERE day_start >= '2026-12-05T00:00:00Z'`,
+		`DELETE FROM unique_counts WHERE per_day`,
+		`TRUNCATE unique_counts`,
+		`TRUNCATE gauge_days`,
+	} {
+		want := string(fresh.do("GET", url, adminToken, nil).body)
+		a.do("GET", url, adminToken, nil)
+		h0, _ := a.cacheCounts()
+		if got := string(a.do("GET", url, adminToken, nil).body); got != want {
+			t.Fatalf("before %s:\ncached %s\nfresh  %s", fix, got, want)
+		}
+		if h, _ := a.cacheCounts(); h != h0+1 {
+			t.Fatalf("before %s: not cached", fix)
+		}
+		a.exec(fix) // and waits until A has heard of the commit
+		want = string(fresh.do("GET", url, adminToken, nil).body)
+		if got := string(a.do("GET", url, adminToken, nil).body); got != want {
+			t.Errorf("after %s:\ncached %s\nfresh  %s", fix, got, want)
+		}
+	}
+}

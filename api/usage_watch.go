@@ -19,7 +19,8 @@ import (
 
 // The usage cache keeps answers read from Postgres for as long as they are
 // true. Migration 00007's triggers notify channel tally_api_cache, at commit,
-// of every customer whose rollups, closes or partition mapping changed,
+// of every customer whose rollups, closes or partition mapping changed
+// (00032 and 00044: gauges and unique meters; 00043: any declaration),
 // and of every move of an ingest position; Run listens (internal/notify,
 // with this cache and the token cache as subscribers) and forgets the
 // customers' answers as it is told. So a cached answer is never staler
