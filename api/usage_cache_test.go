@@ -646,3 +646,74 @@ func TestSkippedNotificationsCommittedLate(t *testing.T) {
 		t.Fatalf("hits %d, want %d once the transactions ended", hits(), h+1)
 	}
 }
+
+// TestNotifyQueueLimitOfAnotherRole: tally.notify_queue_limit may be set
+// per database or role (docs/api.md); a writer whose role has a lower
+// limit than the API's skips its notifications while the API, reading its
+// own, still trusts its cache. The API goes by the lowest limit set for
+// any role in its database.
+func TestNotifyQueueLimitOfAnotherRole(t *testing.T) {
+	t.Parallel()
+	f := newFixtureAPI(t, nil, func(a *api.API) {
+		api.ListenerTimings(a, 50*time.Millisecond, 3*time.Second, time.Minute)
+	})
+	ctx := context.Background()
+	seedAcme(f)
+	total := func() any {
+		t.Helper()
+		return f.do("GET", "/v1/customers/acme/usage?meter=api_calls", adminToken, nil).json(t)["total"]
+	}
+	total()
+	if got := total(); got != "18.5" {
+		t.Fatalf("total %v", got)
+	}
+	var db string
+	if err := f.pool.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	role := "tally_writer_" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12]
+	for _, sql := range []string{
+		`CREATE ROLE %[1]s LOGIN`,
+		`GRANT ALL ON ALL TABLES IN SCHEMA public TO %[1]s`,
+		`GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO %[1]s`,
+		`ALTER ROLE %[1]s IN DATABASE %[2]s SET tally.notify_queue_limit = 0`,
+	} {
+		if _, err := f.pool.Exec(ctx, fmt.Sprintf(sql, pgx.Identifier{role}.Sanitize(), pgx.Identifier{db}.Sanitize())); err != nil {
+			t.Fatalf("%s: %v", sql, err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, sql := range []string{`DROP OWNED BY %s`, `DROP ROLE %s`} {
+			if _, err := f.pool.Exec(ctx, fmt.Sprintf(sql, pgx.Identifier{role}.Sanitize())); err != nil {
+				t.Errorf("%s: %v", sql, err)
+			}
+		}
+	})
+	// The API notices that notifications may be skipped.
+	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(f.logs.String(), "notification queue is filling"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the API did not notice that a role's limit makes the triggers skip")
+		}
+	}
+	// The writer's usage, unnotified, is read.
+	cfg := f.pool.Config().ConnConfig.Copy()
+	cfg.User = role
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	rec := ledger.Record{OperationID: uuid.Must(uuid.NewV7()),
+		Stream: ledger.StreamKey{Producer: "writer", Epoch: 1, Customer: "acme", Meter: "api_calls"},
+		Seq:    1, Total: amount.MustParse("1000"), OccurredAt: date("2026-11-20T11:00:00Z")}
+	if err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		_, err := f.ledger.Apply(ctx, tx, []ledger.Record{rec})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	f.sync()
+	if got := total(); got != "1018.5" {
+		t.Fatalf("total %v after the writer's commit, want 1018.5", got)
+	}
+}

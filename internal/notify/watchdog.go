@@ -94,9 +94,15 @@ func (l *Listener) dropConn() {
 
 // qProbe sends a probe and reads how full Postgres's notification queue
 // is, and how full it may be before the triggers stop notifying
-// (migration 00012).
+// (migration 00012). A trigger reads the limit of the writer's session,
+// which may be set per database and role: the lowest set for any role in
+// this database, if below this session's, is the one that holds.
 const qProbe = `SELECT pg_notification_queue_usage(),
-       coalesce(nullif(current_setting('tally.notify_queue_limit', true), '')::float8, 0.5)
+       least(coalesce(nullif(current_setting('tally.notify_queue_limit', true), '')::float8, 0.5),
+             (SELECT min(nullif(substr(c, length('tally.notify_queue_limit=') + 1), '')::float8)
+              FROM pg_db_role_setting s CROSS JOIN unnest(s.setconfig) c
+              WHERE s.setdatabase IN (0, (SELECT oid FROM pg_database WHERE datname = current_database()))
+                AND c LIKE 'tally.notify\_queue\_limit=%'))
 FROM (SELECT pg_notify($1, $2)) probe`
 
 // qRunningAt is the transactions running now (a pg_snapshot's text): a
