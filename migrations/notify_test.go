@@ -103,6 +103,23 @@ func TestUsageNotifications(t *testing.T) {
 		`INSERT INTO ingest_customers (customer, topic, partition, first_seen) VALUES ('c001', 't', 0, now()), ('c002', 't', 1, now())`,
 		`UPDATE ingest_customers SET partition = 2`,
 		`DELETE FROM ingest_customers`,
+		// Gauges and unique meters (migrations 00032 and 00044).
+		`INSERT INTO gauge_days (customer, meter, day_start, day_end, period_start, level_in, unit_seconds, level_out) VALUES
+			('c001', 'g', '2026-11-02', '2026-11-03', '2026-11-01', 0, 0, 0), ('c002', 'g', '2026-11-02', '2026-11-03', '2026-11-01', 0, 0, 0)`,
+		`UPDATE gauge_days SET unit_seconds = 1`,
+		`DELETE FROM gauge_days`,
+		`INSERT INTO gauge_points (customer, meter, at, delta) VALUES ('c001', 'g', '2026-11-02', 1), ('c002', 'g', '2026-11-02', 1)`,
+		`UPDATE gauge_points SET delta = 2`,
+		`DELETE FROM gauge_points`,
+		`INSERT INTO gauge_adjustments (id, customer, meter, period_start, prior_period, unit_seconds, operation_id, created_at) VALUES
+			(gen_random_uuid(), 'c001', 'g', '2026-11-01', '2026-10-01', 1, gen_random_uuid(), now()),
+			(gen_random_uuid(), 'c002', 'g', '2026-11-01', '2026-10-01', 1, gen_random_uuid(), now())`,
+		`UPDATE gauge_adjustments SET unit_seconds = 2`,
+		`DELETE FROM gauge_adjustments`,
+		`INSERT INTO unique_counts (customer, meter, period_start, per_day, day, members) VALUES
+			('c001', 'u', '2026-11-01', false, '2026-11-01', 1), ('c002', 'u', '2026-11-01', false, '2026-11-01', 1)`,
+		`UPDATE unique_counts SET members = 2`,
+		`DELETE FROM unique_counts`,
 	} {
 		if c := customers(expect(sql, 1)); !slices.Equal(c, []string{"c001", "c002"}) {
 			t.Fatalf("%s: customers %v", sql, c)
@@ -140,7 +157,8 @@ func TestUsageNotifications(t *testing.T) {
 	}
 	// TRUNCATE fires no row trigger: each table names itself (migration
 	// 00012).
-	for _, table := range []string{"api_tokens", "rollups", "rollups_daily", "period_closes", "ingest_customers", "ingest_partitions"} {
+	for _, table := range []string{"api_tokens", "rollups", "rollups_daily", "period_closes", "ingest_customers", "ingest_partitions",
+		"meters", "gauge_days", "gauge_points", "gauge_adjustments", "unique_counts"} {
 		if p := expect(`TRUNCATE `+table, 1)[0]; p.Truncated != table {
 			t.Fatalf("TRUNCATE %s: %+v", table, p)
 		}
