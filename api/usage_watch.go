@@ -270,13 +270,16 @@ func (w *usageWatch) Handle(ctx context.Context, conn *pgx.Conn, n *pgconn.Notif
 		if d := w.positionDelay; d > 0 { // tests: widen the race window
 			time.Sleep(d)
 		}
+		if pr.again {
+			// A position moved after this read began: a sync heard
+			// meanwhile is answered once the read that follows is in,
+			// not with positions from before the move.
+			return w.readPositions(ctx, conn)
+		}
 		for _, s := range pr.syncs {
 			w.synced(s)
 		}
 		pr.syncs = nil
-		if pr.again {
-			return w.readPositions(ctx, conn)
-		}
 	case (c.Topic != nil && *c.Topic == w.topic) || c.Truncated != "":
 		if pr.marker != "" {
 			pr.again = true
