@@ -129,19 +129,32 @@ INSERT INTO admission_rate_draws (grant_id, scope, meter, taken_at, until)
 SELECT id, scope, meter, now(), until
 FROM unnest(@rd_ids::uuid[], @rd_scopes::text[], @rd_meters::text[], @rd_until::timestamptz[]) AS d(id, scope, meter, until)`
 
-// qReturnRateDraws puts a released grant's unspent part back into every
-// bucket it drew from (sorted: the lock order), never above the burst.
-const qReturnRateDraws = `
-SELECT admission_rate_give(d.scope, d.meter, @delta::numeric, now())
-FROM (SELECT scope, meter FROM admission_rate_draws WHERE grant_id = @id ORDER BY scope, meter OFFSET 0) d`
+// A release gives back its unspent part less what the bucket refilled
+// since the grant took its tokens (admission_rate_tokens_at from 0 over
+// that stretch, at the rates in force, at most the burst): the tokens the
+// grant did not spend would have sat in the bucket, and a bucket at its
+// burst refills nothing, so had the grant taken only what it spent, the
+// bucket would hold at least that much less than unspent on top of what
+// it holds now. Giving back the whole unspent part would hand out, on top
+// of the refill other holders already took, capacity the bucket never
+// had: the §17 bound would no longer hold.
+const rateGiveBack = `greatest(0, %s - coalesce(admission_rate_tokens_at(d.scope, d.meter, 0, d.taken_at, now()), 0))`
+
+// qReturnRateDraws puts a released grant's unspent part (rateGiveBack)
+// back into every bucket it drew from (sorted: the lock order), never
+// above the burst.
+var qReturnRateDraws = `
+SELECT admission_rate_give(x.scope, x.meter, x.delta, now())
+FROM (SELECT d.scope, d.meter, ` + fmt.Sprintf(rateGiveBack, "@delta::numeric") + ` AS delta
+      FROM admission_rate_draws d WHERE d.grant_id = @id ORDER BY d.scope, d.meter OFFSET 0) x`
 
 // qReturnRateDrawsMany is qReturnRateDraws for a batch of releases: each
-// bucket drawn by any of them gets the sum of their unspent parts, once,
-// in sorted order. Summing first gives what returning one by one gives,
+// bucket drawn by any of them gets the sum of their parts, once, in
+// sorted order. Summing first gives what returning one by one gives,
 // since every part is ≥ 0 and the burst caps either way.
-const qReturnRateDrawsMany = `
+var qReturnRateDrawsMany = `
 SELECT admission_rate_give(x.scope, x.meter, x.delta, now())
-FROM (SELECT d.scope, d.meter, sum(u.delta) AS delta
+FROM (SELECT d.scope, d.meter, sum(` + fmt.Sprintf(rateGiveBack, "u.delta") + `) AS delta
       FROM unnest(@ids::uuid[], @deltas::numeric[]) AS u(id, delta)
       JOIN admission_rate_draws d ON d.grant_id = u.id
       GROUP BY d.scope, d.meter

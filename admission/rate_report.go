@@ -19,7 +19,8 @@ type RateAccount struct {
 	Stranded decimal.Decimal
 	// Unbalanced is how far the bucket gave back more than its grants left
 	// unspent over its whole life: Σ returned − Σ (amount − spent) of its
-	// released grants (positive: tokens appeared; must never happen).
+	// released grants (positive: tokens appeared; must never happen;
+	// negative by the refill a release deducts, docs/design.md §17).
 	Unbalanced decimal.Decimal
 	// Refused is the requests the bucket refused, over its whole life.
 	Refused int64

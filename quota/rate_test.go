@@ -36,12 +36,14 @@ func TestRateRule(t *testing.T) {
 		t.Fatalf("read back %+v (rate %+v), stored %+v", got, got.Rate, r)
 	}
 	for body, fields := range map[string][]string{
-		`{"rate":{"amount":"100","per":"1s","burst":"200"}}`:                                   {"admission"},
-		`{"rate":{"amount":"100","per":"1s","burst":"200"},"limit":"5","admission":"exact"}`:   {"limit"},
-		`{"rate":{"amount":"-1","per":"1µs","burst":"0"},"admission":"exact"}`:                 {"rate.amount", "rate.burst", "rate.per"},
-		`{"rate":{"amount":"1","per":"1s","burst":"1"},"admission":"exact","max_skew":"10ms"}`: {"max_skew"},
-		`{"limit":"10","max_skew":"1s"}`:                                                       {"max_skew"},
-		`{"rate":{"amount":"1","per":"1s"},"admission":"exact"}`:                               {"rate.burst"},
+		`{"rate":{"amount":"100","per":"1s","burst":"200"}}`:                                          {"admission"},
+		`{"rate":{"amount":"100","per":"1s","burst":"200"},"limit":"5","admission":"exact"}`:          {"limit"},
+		`{"rate":{"amount":"-1","per":"1µs","burst":"0"},"admission":"exact"}`:                        {"rate.amount", "rate.burst", "rate.per"},
+		`{"rate":{"amount":"1","per":"1s","burst":"1"},"admission":"exact","max_skew":"10ms"}`:        {"max_skew"},
+		`{"limit":"10","max_skew":"1s"}`:                                                              {"max_skew"},
+		`{"rate":{"amount":"1","per":"1s"},"admission":"exact"}`:                                      {"rate.burst"},
+		`{"rate":{"amount":"0.0000000001","per":"1.5ms","burst":"1.0000000001"},"admission":"exact"}`: {"rate.amount", "rate.burst", "rate.per"},
+		`{"rate":{"amount":"1","per":"25h","burst":"1"},"admission":"exact"}`:                         {"rate.per"},
 		`{}`: {"limit"},
 	} {
 		_, err := quota.DecodePutRequest(strings.NewReader(body), "acme", "calls", "admin")
