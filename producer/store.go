@@ -217,7 +217,7 @@ func loadFile(dir, path, id string, now time.Time, streamCache int) (db *bolt.DB
 		// A stream state that does not decode leaves that stream's seq
 		// and total unknown: the epoch cannot go on (a seq could be given
 		// twice), but its buffered records are still sent.
-		badStreams, err := checkStreams(tx)
+		streams, badStreams, err := checkStreams(tx, streamCache)
 		if err != nil {
 			return err
 		}
@@ -234,11 +234,6 @@ func loadFile(dir, path, id string, now time.Time, streamCache int) (db *bolt.DB
 				return err
 			}
 			l.damaged = append(l.damaged, pend...)
-		} else {
-			l.pending = tx.Bucket(bucketPending).Stats().KeyN
-		}
-		l.damaged = append(l.damaged, badStreams...)
-		if ending {
 			epoch = max(epoch+1, now.UnixMilli())
 			l.newEpoch = true
 			if err := meta.Put(keyEpoch, u64(uint64(epoch))); err != nil {
@@ -256,23 +251,14 @@ func loadFile(dir, path, id string, now time.Time, streamCache int) (db *bolt.DB
 			if _, err := tx.CreateBucket(bucketStreams); err != nil {
 				return err
 			}
+			streams = make(map[streamKey]*streamState) // a new epoch's streams start anew
+		} else {
+			l.pending = tx.Bucket(bucketPending).Stats().KeyN
 		}
+		l.damaged = append(l.damaged, badStreams...)
 		l.epoch = epoch
 		l.nextIndex = uint64(i64(meta.Get(keyNextIndex)))
-		l.streams = make(map[streamKey]*streamState)
-		if err := tx.Bucket(bucketStreams).ForEach(func(k, v []byte) error {
-			sk, ok := parseStreamKey(k)
-			var st streamState
-			if !ok || json.Unmarshal(v, &st) != nil {
-				return fmt.Errorf("%w: %s: stream state %q does not decode", errUnreadable, path, k)
-			}
-			if len(l.streams) < streamCache {
-				l.streams[sk] = &st
-			}
-			return nil
-		}); err != nil {
-			return err
-		}
+		l.streams = streams
 		l.buffered = l.pending
 		var bad [][]byte
 		if err := tx.Bucket(bucketBatches).ForEach(func(k, v []byte) error {
@@ -320,24 +306,29 @@ type damagedValue struct {
 	rebuilt *storedRecord
 }
 
-// checkStreams sets aside the stream states that do not decode.
-func checkStreams(tx *bolt.Tx) ([]damagedValue, error) {
+// checkStreams decodes every stream state, keeps at most cache of them,
+// and sets aside those that do not decode.
+func checkStreams(tx *bolt.Tx, cache int) (map[streamKey]*streamState, []damagedValue, error) {
+	streams := make(map[streamKey]*streamState)
 	var bad []damagedValue
 	if err := tx.Bucket(bucketStreams).ForEach(func(k, v []byte) error {
 		var st streamState
-		if _, ok := parseStreamKey(k); !ok || json.Unmarshal(v, &st) != nil {
+		sk, ok := parseStreamKey(k)
+		if !ok || json.Unmarshal(v, &st) != nil {
 			bad = append(bad, damagedValue{bucket: string(bucketStreams), key: append([]byte(nil), k...)})
+		} else if len(streams) < cache {
+			streams[sk] = &st
 		}
 		return nil
 	}); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	for _, d := range bad {
 		if err := setAside(tx, bucketStreams, d.key); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
-	return bad, nil
+	return streams, bad, nil
 }
 
 // checkPending decodes every pending record, sets aside those that do not
