@@ -414,6 +414,14 @@ func (e *Enforcer) evaluate(ctx context.Context, w *kafka.Writer, l *lease) erro
 	var tails []tail
 	counts := map[State]int{}
 	maxLag, unknown := Seconds(0), 0
+	publish := func(d Decision, start time.Time, isExact bool) {
+		key := d.Key()
+		e.seqs[key]++
+		d.LeaderEpoch, d.Seq = l.epoch, e.seqs[key]
+		pub = append(pub, d)
+		starts = append(starts, start.UTC())
+		exact = append(exact, isExact)
+	}
 	for _, u := range snap {
 		key := u.rule.Customer + "/" + u.rule.Meter
 		d := decide(u.rule, u.period, u.used, u.asOf, e.rate(key, u), now)
@@ -424,11 +432,7 @@ func (e *Enforcer) evaluate(ctx context.Context, w *kafka.Writer, l *lease) erro
 			maxLag = max(maxLag, *d.LagSeconds)
 		}
 		if prev, ok := e.last[key]; !ok || republish || e.due(prev, d) {
-			e.seqs[key]++
-			d.LeaderEpoch, d.Seq = l.epoch, e.seqs[key]
-			pub = append(pub, d)
-			starts = append(starts, u.period.Start.UTC())
-			exact = append(exact, u.rule.Admission == Exact)
+			publish(d, u.period.Start, u.rule.Admission == Exact)
 			if ok && prev.State != NoLimit && prev.Period != d.Period && prev.Period == u.prev.Name {
 				// The period ended since prev: settle the usage that
 				// came into it after prev under prev's state (a
@@ -444,14 +448,8 @@ func (e *Enforcer) evaluate(ctx context.Context, w *kafka.Writer, l *lease) erro
 	for _, g := range gone {
 		d := noLimit(g.prev, g.version, g.period, now)
 		counts[d.State]++
-		if republish || g.prev.State != NoLimit || g.prev.RuleVersion != d.RuleVersion ||
-			d.DecidedAt.Sub(g.prev.DecidedAt) >= e.cfg.Republish {
-			key := d.Key()
-			e.seqs[key]++
-			d.LeaderEpoch, d.Seq = l.epoch, e.seqs[key]
-			pub = append(pub, d)
-			starts = append(starts, g.period.Start.UTC())
-			exact = append(exact, false)
+		if republish || e.due(g.prev, d) {
+			publish(d, g.period.Start, false)
 		}
 	}
 	for _, s := range States {
@@ -545,8 +543,8 @@ func (e *Enforcer) due(prev, d Decision) bool {
 // away, so a caught-up customer's decision never reads stale, while one
 // whose as_of stands still (a stalled ingest) is not republished for it.
 func (e *Enforcer) refreshes(prev, d Decision) bool {
-	if prev.AsOf == nil || d.AsOf == nil || !d.AsOf.After(*prev.AsOf) || d.Stale(d.DecidedAt) {
-		return false
+	if prev.State == NoLimit || prev.AsOf == nil || d.AsOf == nil || !d.AsOf.After(*prev.AsOf) || d.Stale(d.DecidedAt) {
+		return false // a NoLimit decision never turns stale: nothing to refresh
 	}
 	staleAt := prev.AsOf.Add(time.Duration(prev.StaleAfter))
 	return !d.DecidedAt.Add(2*e.cfg.Interval + time.Second).Before(staleAt)
