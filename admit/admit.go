@@ -206,6 +206,13 @@ type Config struct {
 	// Tally again whether its rule became exact (also whenever a decision
 	// with a new rule version arrives). Default 30 s.
 	RuleRecheck time.Duration
+	// ForgetAfter: a budget (a customer and meter) that no Admit has used
+	// for this long is forgotten once it holds nothing (no grant, no
+	// report on its way): its memory goes, and a lagged rule's or a
+	// meter's without a rule stops being rechecked (RuleRecheck). Its next
+	// Admit asks Tally as a first one does (OnUnreachable answers it
+	// while Tally cannot be reached). Default 5 min.
+	ForgetAfter time.Duration
 }
 
 // Validate reports every problem of c at once, as *validation.FieldError
@@ -270,7 +277,7 @@ func (c Config) Validate() error {
 		v     time.Duration
 	}{{"DecisionHistory", c.DecisionHistory}, {"RuleRecheck", c.RuleRecheck}, {"GrantTTL", c.GrantTTL},
 		{"Lookahead", c.Lookahead}, {"Tick", c.Tick}, {"MaxWait", c.MaxWait}, {"CloseTimeout", c.CloseTimeout},
-		{"LocalEvery", c.LocalEvery}} {
+		{"LocalEvery", c.LocalEvery}, {"ForgetAfter", c.ForgetAfter}} {
 		if d.v < 0 {
 			bad(d.field, "%s must not be negative (0: the default)", d.v)
 		}
@@ -295,8 +302,8 @@ type Client struct {
 	generation atomic.Int64 // see recoverGeneration
 	http       *http.Client
 	log        *slog.Logger
-	budgets    atomic.Pointer[map[key]*budget]
-	mu         sync.Mutex // adding budgets, and the background loop's grant bookkeeping
+	budgets    budgetMap
+	mu         sync.Mutex // adding and forgetting budgets
 	journal    *journal
 	stop       chan struct{}
 	done       chan struct{}
@@ -411,11 +418,12 @@ func New(cfg Config) (*Client, error) {
 	if cfg.RuleRecheck == 0 {
 		cfg.RuleRecheck = 30 * time.Second
 	}
+	if cfg.ForgetAfter == 0 {
+		cfg.ForgetAfter = 5 * time.Minute
+	}
 	c := &Client{cfg: cfg, http: cfg.HTTPClient, ownTransport: own, log: cfg.Logger,
 		stop: make(chan struct{}), done: make(chan struct{}),
 		decisions: map[key]*lagged{}, reportAt: map[string]time.Time{}}
-	empty := map[key]*budget{}
-	c.budgets.Store(&empty) // before the metrics: a scrape reads it
 	// The metrics are registered before anything is written to Dir, so a
 	// New refused for its registry leaves the holder's generation as it
 	// was; later failures take them off the registry again.
@@ -573,7 +581,7 @@ func (c *Client) Admit(ctx context.Context, customer, meter string, cost int64) 
 	if cost <= 0 {
 		return Decision{}, fmt.Errorf("admit: cost %d must be positive", cost)
 	}
-	b := (*c.budgets.Load())[key{customer, meter}]
+	b := c.budgets.load(key{customer, meter})
 	if b != nil {
 		if b.kind.Load() >= kindLagged && !b.unchecked() {
 			return b.counted(c.fromDecision(b)), nil
@@ -590,13 +598,16 @@ func (c *Client) Admit(ctx context.Context, customer, meter string, cost int64) 
 }
 
 func (c *Client) admitSlow(ctx context.Context, customer, meter string, cost int64, b *budget) (Decision, error) {
-	if b == nil {
-		b = c.budget(customer, meter)
+	if b2 := c.hold(customer, meter, b); b2 != b {
+		b = b2 // new, or b was forgotten: another Admit may have filled it
 		if b.take(cost) {
+			b.users.Add(-1)
 			return Decision{Admitted: true, How: FromGrant}, nil
 		}
 	}
+	defer b.users.Add(-1)
 	b.misses.Add(1)
+	b.slowUses.Add(1)
 	now := time.Now()
 	// Refused recently: answer from memory until retry_after, when this
 	// Admit misses at least what was refused.
@@ -652,7 +663,7 @@ func (c *Client) admitSlow(ctx context.Context, customer, meter string, cost int
 		}
 		err := f.err
 		if b.kind.Load() >= kindLagged {
-			return b.counted(c.fromDecision(b)), nil
+			return c.fromDecision(b), nil
 		}
 		if b.take(cost) {
 			return Decision{Admitted: true, How: FromGrant}, nil
@@ -714,7 +725,7 @@ type fetch struct {
 // exact rule's policy.
 func (c *Client) unanswered(customer, meter string, cost int64, b *budget) (Decision, error) {
 	if b.kind.Load() >= kindLagged {
-		return b.counted(c.fromDecision(b)), nil
+		return c.fromDecision(b), nil
 	}
 	return c.unreachable(customer, meter, cost, b)
 }
@@ -744,30 +755,108 @@ func (c *Client) unreachable(customer, meter string, cost int64, b *budget) (Dec
 	return d, nil
 }
 
-// budget returns the budget of customer and meter, adding it (copy on
-// write: Admit reads the map without a lock).
+// budget returns the budget of customer and meter, adding it.
 func (c *Client) budget(customer, meter string) *budget {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	m := *c.budgets.Load()
-	if b := m[key{customer, meter}]; b != nil {
+	k := key{customer, meter}
+	if b := c.budgets.load(k); b != nil {
 		return b
 	}
 	b := newBudget(customer, meter)
-	next := make(map[key]*budget, len(m)+1)
-	for k, v := range m {
-		next[k] = v
-	}
-	next[key{customer, meter}] = b
 	// Under decMu: a decision read meanwhile is either handed over here
 	// or finds b in the map.
 	c.decMu.Lock()
-	if l := c.decisions[key{customer, meter}]; l != nil {
+	if l := c.decisions[k]; l != nil {
 		b.dec.Store(l)
 	}
-	c.budgets.Store(&next)
+	c.budgets.store(k, b)
 	c.decMu.Unlock()
 	return b
+}
+
+// hold returns b (the budget of customer and meter, or nil), or the one
+// in the map if b was forgotten meanwhile, counted as used by one more
+// Admit of the slow path: it is not forgotten until users drops to 0.
+// An Admit counts itself in users, then checks forgotten; forget sets
+// forgotten, then checks users: one of them sees the other.
+func (c *Client) hold(customer, meter string, b *budget) *budget {
+	for {
+		if b == nil {
+			b = c.budget(customer, meter)
+		}
+		b.users.Add(1)
+		if !b.forgotten.Load() {
+			return b
+		}
+		b.users.Add(-1)
+		b = nil
+	}
+}
+
+// forgetIdle forgets the budgets of bs still idle (forgettable) now: they
+// leave the map, and their hot-path counts go to the client's metrics.
+func (c *Client) forgetIdle(bs []*budget) {
+	if len(bs) == 0 {
+		return
+	}
+	c.mu.Lock() // no budget is added meanwhile: the map holds b or none
+	defer c.mu.Unlock()
+	now := time.Now()
+	var gone []*budget
+	for _, b := range bs {
+		if c.forget(b, now) {
+			gone = append(gone, b)
+		}
+	}
+	c.budgets.remove(gone)
+	for _, b := range gone {
+		// An Admit on the hot path that loaded b before may still count
+		// in its shards; a count that late is lost to the metrics.
+		c.metrics.retire(b)
+	}
+}
+
+// forget marks b forgotten if it is forgettable and no Admit of the slow
+// path holds it. Nothing can then add capacity to it: a grant request
+// starts only from the slow path, and none is in flight.
+func (c *Client) forget(b *budget, now time.Time) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.fmu.Lock()
+	defer b.fmu.Unlock()
+	if !c.forgettable(b, now) || b.inflight != nil || b.waiting.Load() != 0 || b.available() != 0 ||
+		len(b.sending) != 0 || now.UnixNano() < b.refusedUntil.Load() || b.tight(now) || c.localOpen(b, now) {
+		return false
+	}
+	b.forgotten.Store(true)
+	if b.users.Load() != 0 {
+		b.forgotten.Store(false)
+		return false
+	}
+	return true
+}
+
+// forgettable: no Admit has used b for ForgetAfter, and it holds no grant
+// and no report to send. Under b.mu.
+func (c *Client) forgettable(b *budget, now time.Time) bool {
+	if u := b.uses(); u != b.usesSeen {
+		b.usesSeen, b.usedAt = u, now
+		return false
+	}
+	return now.Sub(b.usedAt) >= c.cfg.ForgetAfter && len(b.grants) == 0 && len(b.outbox) == 0
+}
+
+// localOpen: b's on_unreachable local allowance has admitted in a window
+// that has not ended; forgetting b would start a new one.
+func (c *Client) localOpen(b *budget, now time.Time) bool {
+	every := c.cfg.LocalEvery
+	if p := b.policy.Load(); p != nil {
+		every = max(every, p.every)
+	}
+	b.local.mu.Lock()
+	defer b.local.mu.Unlock()
+	return b.local.used > 0 && now.Sub(b.local.window) < every
 }
 
 // Close gives back every held grant with its final spent, reports pending
@@ -846,6 +935,9 @@ type budget struct {
 	customer, meter, binding string
 	shards                   []shard
 	misses                   atomic.Int64
+	slowUses                 atomic.Int64           // Admits of the slow path, for uses
+	users                    atomic.Int64           // Admits of the slow path holding b (hold)
+	forgotten                atomic.Bool            // b left the map (forget)
 	refusedUntil             atomic.Int64           // unix nanos
 	refusedNeed              atomic.Int64           // the least of what the remembered refusals asked for
 	refusedBy                atomic.Pointer[string] // the binding budget of the last refusal
@@ -875,6 +967,8 @@ type budget struct {
 	sending   chan struct{}
 	lastTaken int64
 	lastAt    time.Time
+	usesSeen  int64     // uses when the loop last found them changed,
+	usedAt    time.Time // at usedAt
 	checkedAt time.Time // when Tally last said the rule is not exact
 	// tightUntil: a grant or debit came back refused, smaller than asked,
 	// or with less than two lookaheads of demand left; until then an
@@ -917,10 +1011,22 @@ func (b *budget) tight(now time.Time) bool { return now.UnixNano() < b.tightUnti
 
 func newBudget(customer, meter string) *budget {
 	return &budget{customer: customer, meter: meter, binding: "customer:" + customer + "/" + meter,
-		shards: make([]shard, shards), lastAt: time.Now(), sending: make(chan struct{}, 1)}
+		shards: make([]shard, shards), lastAt: time.Now(), usedAt: time.Now(), sending: make(chan struct{}, 1)}
 }
 
-// counted counts a lagged (or no-rule) answer in one shard, for metrics.
+// uses counts b's Admits, for forgetting it: those answered on the hot
+// path (counted in its shards) and on the slow path.
+func (b *budget) uses() int64 {
+	n := b.slowUses.Load()
+	for i := range b.shards {
+		s := &b.shards[i]
+		n += s.taken.Load() + s.decAdmitted.Load() + s.decRefused.Load() + s.noRule.Load()
+	}
+	return n
+}
+
+// counted counts a lagged (or no-rule) answer of the hot path in one shard,
+// for metrics (Admit counts the slow path's answers itself).
 func (b *budget) counted(d Decision) Decision {
 	s := &b.shards[int(rand.Uint32())%len(b.shards)]
 	switch {

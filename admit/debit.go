@@ -65,7 +65,7 @@ func (c *Client) admitByDebit(ctx context.Context, customer, meter string, cost 
 		b.mu.Lock()
 		c.notExact(b, ne.Admission, seen)
 		b.mu.Unlock()
-		return b.counted(c.fromDecision(b)), nil
+		return c.fromDecision(b), nil
 	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
 		c.markDown(fmt.Errorf("no answer to a debit within MaxWait (%s)", c.cfg.MaxWait))
 		return c.unreachable(customer, meter, cost, b)

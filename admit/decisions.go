@@ -98,7 +98,7 @@ func (c *Client) onDecision(d quota.Decision) {
 	}
 	l := newLagged(d)
 	c.decisions[k] = l
-	if b := (*c.budgets.Load())[k]; b != nil {
+	if b := c.budgets.load(k); b != nil {
 		b.dec.Store(l)
 	}
 }

@@ -49,8 +49,7 @@ func TestAdmitFromDecisionDoesNotAllocate(t *testing.T) {
 	at := time.Now()
 	b.dec.Store(newLagged(quota.Decision{Customer: "acme", Meter: "tokens", Mode: quota.Enforce, State: quota.Exceeded,
 		AsOf: &at, StaleAfter: quota.Duration(time.Hour)}))
-	m := map[key]*budget{{"acme", "tokens"}: b}
-	c.budgets.Store(&m)
+	c.budgets.store(key{"acme", "tokens"}, b)
 	ctx := t.Context()
 	var d Decision
 	allocs := testing.AllocsPerRun(1000, func() { d, _ = c.Admit(ctx, "acme", "tokens", 1) })

@@ -561,7 +561,7 @@ func (c *Client) release(ctx context.Context, b *budget, g *held, allocated int6
 // top-up can run): their final reports are kept and sent together.
 func (c *Client) releaseAll(ctx context.Context) {
 	var finals []spendReport
-	for _, b := range *c.budgets.Load() {
+	for b := range c.budgets.all {
 		b.mu.Lock()
 		for len(b.grants) > 0 {
 			alloc := b.allocate()
@@ -590,11 +590,15 @@ func (c *Client) loop() {
 		// The final reports of every budget's grants given back this tick
 		// go together: one call for all of them.
 		var finals []spendReport
-		var sending, quiet []*budget
-		for _, b := range *c.budgets.Load() {
-			if out := c.tend(ctx, b); len(out) > 0 {
+		var sending, quiet, idle []*budget
+		for b := range c.budgets.all {
+			out, forgettable := c.tend(ctx, b)
+			switch {
+			case len(out) > 0:
 				finals, sending = append(finals, out...), append(sending, b)
-			} else {
+			case forgettable:
+				idle = append(idle, b)
+			default:
 				quiet = append(quiet, b)
 			}
 		}
@@ -611,6 +615,7 @@ func (c *Client) loop() {
 		for _, b := range sending {
 			<-b.sending
 		}
+		c.forgetIdle(idle)
 		if !c.paused(time.Now()) {
 			c.deliverReports(ctx, false)
 		}
@@ -690,11 +695,13 @@ func (c *Client) tendNotExact(ctx context.Context, b *budget, now time.Time) {
 // spend reports of the grants it gave back, for the caller to send once
 // b.mu is released; when there are any, b.sending is full until the
 // caller empties it once they are sent.
-func (c *Client) tend(ctx context.Context, b *budget) []spendReport {
+func (c *Client) tend(ctx context.Context, b *budget) (out []spendReport, forgettable bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	c.tendLocked(ctx, b)
-	return b.takeOutbox()
+	forgettable = c.forgettable(b, time.Now()) // notes when b was last used
+	out = b.takeOutbox()
+	return out, forgettable && len(out) == 0
 }
 
 // giveBackSpent gives back b's fully spent grants now, and returns their
@@ -776,6 +783,18 @@ func (c *Client) tendLocked(ctx context.Context, b *budget) {
 	}
 	if spentDue || spent >= maxSpentHeld || len(b.outbox) > 0 {
 		c.releaseSpent(ctx, b)
+	}
+	// A budget no Admit has used for half a grant's TTL gives back the
+	// grants due for renewal instead of renewing them: an idle gateway
+	// holds no capacity other gateways may be refused for, and makes no
+	// renew calls for a customer that stopped sending.
+	if now.Sub(b.usedAt) >= c.cfg.GrantTTL/2 && b.waiting.Load() == 0 {
+		alloc = b.allocate()
+		for i := len(b.grants) - 1; i >= 0; i-- {
+			if g := b.grants[i]; !g.rate && g.validUntil.Sub(now) < c.cfg.GrantTTL/2 {
+				c.release(ctx, b, g, alloc[i])
+			}
+		}
 	}
 	// Renew the rest when half their TTL is gone. A renew Tally does not
 	// take (down, or refused for load) is tried again at the next tick

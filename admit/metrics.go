@@ -14,7 +14,11 @@ import (
 // budgets' per-CPU shards and summed when scraped, so Admit stays free of
 // shared writes.
 type metrics struct {
-	slow        [numHow][2]atomic.Int64 // admissions answered off the hot path, by how and admitted
+	slow [numHow][2]atomic.Int64 // admissions answered off the hot path, by how and admitted
+	// retired: the hot-path counts of forgotten budgets, so the counters
+	// do not go back when a budget is forgotten.
+	retired     shard
+	forgotten   prometheus.Counter
 	calls       *prometheus.CounterVec
 	latency     *prometheus.HistogramVec
 	reports     *prometheus.CounterVec
@@ -36,6 +40,8 @@ var (
 		"Units held in live grants and not yet admitted, over every budget", nil, nil)
 	descGrants = prometheus.NewDesc("tally_admit_grants_held",
 		"Live grants held", nil, nil)
+	descBudgets = prometheus.NewDesc("tally_admit_budgets",
+		"Budgets (customer and meter) kept in memory: used by an Admit within ForgetAfter, or holding something", nil, nil)
 )
 
 func newMetrics(reg prometheus.Registerer, c *Client) (*metrics, error) {
@@ -55,12 +61,14 @@ func newMetrics(reg prometheus.Registerer, c *Client) (*metrics, error) {
 			Help: "Bypass reports sealed in Dir, not yet delivered to Tally"}),
 		reachable: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tally_admit_tally_reachable",
 			Help: "1 while Tally answers, 0 while the client admits by on_unreachable"}),
+		forgotten: prometheus.NewCounter(prometheus.CounterOpts{Name: "tally_admit_budgets_forgotten_total",
+			Help: "Budgets forgotten: unused by any Admit for ForgetAfter and holding nothing"}),
 	}
 	m.reachable.Set(1)
 	if reg == nil {
 		return m, nil
 	}
-	cols := []prometheus.Collector{&admissions{c: c, m: m}, m.calls, m.latency, m.reports, m.undelivered, m.bypassFiles, m.reachable}
+	cols := []prometheus.Collector{&admissions{c: c, m: m}, m.calls, m.latency, m.reports, m.undelivered, m.bypassFiles, m.reachable, m.forgotten}
 	for i, col := range cols {
 		if err := reg.Register(col); err != nil {
 			for _, done := range cols[:i] {
@@ -137,18 +145,23 @@ func (a *admissions) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descAdmissions
 	ch <- descHeld
 	ch <- descGrants
+	ch <- descBudgets
 }
 
 func (a *admissions) Collect(ch chan<- prometheus.Metric) {
 	var fromGrant, decAdmitted, decRefused, noRule, held int64
-	var grants int
-	for _, b := range *a.c.budgets.Load() {
+	var grants, budgets int
+	count := func(s *shard) {
+		fromGrant += s.taken.Load()
+		decAdmitted += s.decAdmitted.Load()
+		decRefused += s.decRefused.Load()
+		noRule += s.noRule.Load()
+	}
+	count(&a.m.retired)
+	for b := range a.c.budgets.all {
+		budgets++
 		for i := range b.shards {
-			s := &b.shards[i]
-			fromGrant += s.taken.Load()
-			decAdmitted += s.decAdmitted.Load()
-			decRefused += s.decRefused.Load()
-			noRule += s.noRule.Load()
+			count(&b.shards[i])
 		}
 		held += b.available()
 		grants += int(b.heldGrants.Load())
@@ -171,6 +184,7 @@ func (a *admissions) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descHeld, prometheus.GaugeValue, float64(held))
 	ch <- prometheus.MustNewConstMetric(descGrants, prometheus.GaugeValue, float64(grants))
+	ch <- prometheus.MustNewConstMetric(descBudgets, prometheus.GaugeValue, float64(budgets))
 }
 
 func b2i(b bool) int {
@@ -178,4 +192,16 @@ func b2i(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// retire adds a forgotten budget's hot-path counts to the client's own.
+func (m *metrics) retire(b *budget) {
+	for i := range b.shards {
+		s := &b.shards[i]
+		m.retired.taken.Add(s.taken.Load())
+		m.retired.decAdmitted.Add(s.decAdmitted.Load())
+		m.retired.decRefused.Add(s.decRefused.Load())
+		m.retired.noRule.Add(s.noRule.Load())
+	}
+	m.forgotten.Inc()
 }
