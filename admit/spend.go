@@ -435,12 +435,18 @@ func (e *UndeliveredError) Error() string {
 		e.Reports, e.Spent, e.Dir)
 }
 
-// waiting says a report is not to be sent again yet; wait sets when.
+// waiting says a report is not to be sent again yet; wait sets when. A
+// time passed is forgotten when read: the report is being sent again, and
+// reportAt holds only the reports still waiting.
 func (c *Client) waiting(grant string) bool {
 	c.reportMu.Lock()
 	defer c.reportMu.Unlock()
 	at, ok := c.reportAt[grant]
-	return ok && time.Now().Before(at)
+	if ok && !time.Now().Before(at) {
+		delete(c.reportAt, grant)
+		return false
+	}
+	return ok
 }
 
 func (c *Client) wait(grant string, d time.Duration) {
