@@ -819,11 +819,18 @@ func (c *Client) forgetIdle(bs []*budget) {
 
 // forget marks b forgotten if it is forgettable and no Admit of the slow
 // path holds it. Nothing can then add capacity to it: a grant request
-// starts only from the slow path, and none is in flight.
+// starts only from the slow path, and none is in flight. A budget whose
+// locks are taken is in use: forget does not wait for them, since c.mu is
+// held meanwhile (a grant request holds b.mu across its call to Tally, and
+// every new customer's Admit takes c.mu).
 func (c *Client) forget(b *budget, now time.Time) bool {
-	b.mu.Lock()
+	if !b.mu.TryLock() {
+		return false
+	}
 	defer b.mu.Unlock()
-	b.fmu.Lock()
+	if !b.fmu.TryLock() {
+		return false
+	}
 	defer b.fmu.Unlock()
 	if !c.forgettable(b, now) || b.inflight != nil || b.waiting.Load() != 0 || b.available() != 0 ||
 		len(b.sending) != 0 || now.UnixNano() < b.refusedUntil.Load() || b.tight(now) || c.localOpen(b, now) {
