@@ -598,6 +598,12 @@ func (c *Client) Admit(ctx context.Context, customer, meter string, cost int64) 
 }
 
 func (c *Client) admitSlow(ctx context.Context, customer, meter string, cost int64, b *budget) (Decision, error) {
+	if b == nil {
+		// Only here can a budget be added: one exists only for ids.
+		if err := checkIDs(customer, meter); err != nil {
+			return Decision{}, err
+		}
+	}
 	if b2 := c.hold(customer, meter, b); b2 != b {
 		b = b2 // new, or b was forgotten: another Admit may have filled it
 		if b.take(cost) {
@@ -753,6 +759,18 @@ func (c *Client) unreachable(customer, meter string, cost int64, b *budget) (Dec
 	}
 	d.Admitted, d.How, d.RetryAfter = true, Bypass, 0
 	return d, nil
+}
+
+// checkIDs: a customer or meter that is not an id is the caller's mistake,
+// said at once; asking Tally would spend a call (and the gateway token's
+// rate limit, which every customer's grants share) on a 400.
+func checkIDs(customer, meter string) error {
+	for _, id := range []struct{ field, v string }{{"customer", customer}, {"meter", meter}} {
+		if !ids.Valid(id.v) {
+			return fmt.Errorf("admit: %s %.64q is not %s", id.field, id.v, ids.Rule)
+		}
+	}
+	return nil
 }
 
 // budget returns the budget of customer and meter, adding it.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -182,4 +183,55 @@ func TestForgettingRacesAdmits(t *testing.T) {
 		}
 	}
 	t.Logf("forgotten %v times; admitted %d and %d", forgotten, admitted["acme"].Load(), admitted["globex"].Load())
+}
+
+// A customer or meter that is not an id (docs/design.md §2) is the
+// caller's mistake, answered at once with an error naming the rule: no
+// budget is kept for it and nothing is asked of Tally. Before, every such
+// Admit was a grant request Tally refused with a 400: a gateway passing a
+// missing header's "" through made one call per request, spending the
+// gateway token's rate limit that every customer's grants share.
+func TestInvalidIDsNeverReachTally(t *testing.T) {
+	ts := startTally(t)
+	ts.exactRule("acme", "tokens", "100")
+	reg := prometheus.NewRegistry()
+	c := newClient(t, ts, "gw1", t.TempDir(), admit.Config{Registerer: reg})
+	defer c.Close(context.Background())
+	ctx := context.Background()
+	for _, tc := range []struct{ customer, meter, field string }{
+		{"", "tokens", "customer"},
+		{"acme corp", "tokens", "customer"},
+		{strings.Repeat("a", 129), "tokens", "customer"},
+		{"..", "tokens", "customer"},
+		{"acme", "", "meter"},
+		{"acme", "tökens", "meter"},
+	} {
+		for range 20 {
+			d, err := c.Admit(ctx, tc.customer, tc.meter, 1)
+			if err == nil || d.Admitted || !strings.Contains(err.Error(), tc.field) || !strings.Contains(err.Error(), "1-128 characters") {
+				t.Fatalf("Admit(%q, %q): %+v %v, want an error on the %s naming the rule", tc.customer, tc.meter, d, err, tc.field)
+			}
+		}
+	}
+	if d, err := c.Admit(ctx, "acme", "tokens", 1); err != nil || d.How != admit.FromGrant {
+		t.Fatalf("a valid customer after them: %+v %v", d, err)
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() == "tally_admit_grant_calls_total" {
+			for _, m := range mf.GetMetric() {
+				calls += m.GetCounter().GetValue()
+			}
+		}
+	}
+	if calls != 1 {
+		t.Errorf("%v calls to Tally, want 1 (the valid customer's grant)", calls)
+	}
+	if v, err := metricValue(reg, "tally_admit_budgets", ""); err != nil || v != 1 {
+		t.Errorf("budgets %v (%v), want 1", v, err)
+	}
 }
