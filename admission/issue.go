@@ -343,11 +343,22 @@ type cachedPlan struct {
 	refreshing bool
 }
 
-// planCache keeps recent plans per customer, meter and named subset.
+// maxPlans bounds the plans a Store keeps.
+const maxPlans = 100_000
+
+// planCache keeps recent plans per customer, meter and named subset. A
+// plan past planMaxAge is never used again: those are dropped once every
+// planMaxAge, so the cache holds the keys of the last twenty seconds or
+// so, not every customer seen since the process started. When that is
+// more than max, the plans in use are kept and a new one is not (its key
+// plans inline until room is made): emptying the cache instead made every
+// busy budget plan its next request inline, all at once.
 type planCache struct {
-	now func() time.Time // the Store's clock
-	mu  sync.Mutex
-	m   map[string]*cachedPlan
+	now   func() time.Time // the Store's clock
+	max   int
+	mu    sync.Mutex
+	m     map[string]*cachedPlan
+	swept time.Time // when plans past planMaxAge were last dropped
 }
 
 func planKey(req IssueRequest) string {
@@ -404,8 +415,22 @@ func (c *planCache) refresh(db batcher, req IssueRequest, k string, old *cachedP
 func (c *planCache) put(k string, pl plan, at time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.m == nil || len(c.m) > 100_000 {
+	if c.m == nil {
 		c.m = map[string]*cachedPlan{}
+	}
+	// A full cache is swept sooner (once per planTTL) to make room; the
+	// sweep is O(plans), so it is not done at every put.
+	full := len(c.m) >= c.max
+	if since := at.Sub(c.swept); since >= planMaxAge || since < 0 || full && since >= planTTL {
+		for key, p := range c.m {
+			if at.Sub(p.at) >= planMaxAge {
+				delete(c.m, key)
+			}
+		}
+		c.swept = at
+	}
+	if _, ok := c.m[k]; !ok && len(c.m) >= c.max {
+		return
 	}
 	c.m[k] = &cachedPlan{plan: pl, at: at}
 }

@@ -108,7 +108,7 @@ func New(db DB, cfg Config) (*Store, error) {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Store{db: db, cfg: cfg, m: newIssueMetrics(cfg.Registerer)}
-	s.plans.now = s.now
+	s.plans.now, s.plans.max = s.now, maxPlans
 	return s, nil
 }
 
