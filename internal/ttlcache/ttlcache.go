@@ -9,8 +9,9 @@ import (
 	"time"
 )
 
-// Cache is a small map whose entries expire. When full it is emptied
-// rather than tracking recency: entries are cheap to reload. A nil Cache,
+// Cache is a small map whose entries expire. When full, the entries that
+// have expired make room; when most have not, it is emptied rather than
+// tracking recency: entries are cheap to reload. A nil Cache,
 // or one with a TTL <= 0, holds nothing.
 type Cache[K comparable, V any] struct {
 	ttl time.Duration
@@ -62,7 +63,7 @@ func (c *Cache[K, V]) PutIf(k K, v V, ok func() bool) {
 		return
 	}
 	if len(c.m) >= c.max {
-		clear(c.m)
+		c.makeRoom()
 	}
 	// Each entry lives between half the TTL and the TTL, so entries filled
 	// together (after a restart, or a burst) do not all expire together.
@@ -87,4 +88,20 @@ func (c *Cache[K, V]) Del(k K) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.m, k)
+}
+
+// makeRoom drops the expired entries, which a cache serving more keys
+// than max over a TTL fills up with (nothing else removes them), and
+// empties the cache when that frees less than half of it: each sweep then
+// frees at least max/2, so its cost is spread over as many Puts.
+func (c *Cache[K, V]) makeRoom() {
+	now := c.now()
+	for k, e := range c.m {
+		if !now.Before(e.expires) {
+			delete(c.m, k)
+		}
+	}
+	if len(c.m) > c.max/2 {
+		clear(c.m)
+	}
 }
