@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/maphash"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -383,16 +384,21 @@ func (c *usageCache) put(key usageKey, d usageData, now time.Time, ok func() boo
 		return
 	}
 	if c.bytes+size > c.maxBytes {
-		// Full: drop customers until half is free, in map order (random),
-		// so a few large answers do not empty the whole cache.
+		// Full: first the customers with no fresh answer (never served
+		// again: nothing else removes them, and a cache serving more
+		// customers than it holds over a TTL fills with them), then others
+		// until half is free, in map order (random), so a few large
+		// answers do not empty the whole cache.
 		for customer, entries := range c.m {
+			if !slices.ContainsFunc(entries, func(e usageEntry) bool { return now.Before(e.expires) }) {
+				c.drop(customer)
+			}
+		}
+		for customer := range c.m {
 			if c.bytes+size <= c.maxBytes/2 {
 				break
 			}
-			for _, e := range entries {
-				c.bytes -= e.size
-			}
-			delete(c.m, customer)
+			c.drop(customer)
 		}
 	}
 	// Keep the customer's other answers that are still fresh.
@@ -411,6 +417,11 @@ func (c *usageCache) put(key usageKey, d usageData, now time.Time, ok func() boo
 func (c *usageCache) forget(customer string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.drop(customer)
+}
+
+// drop forgets customer's answers; c.mu is held.
+func (c *usageCache) drop(customer string) {
 	for _, e := range c.m[customer] {
 		c.bytes -= e.size
 	}

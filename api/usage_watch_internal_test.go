@@ -54,6 +54,43 @@ func TestUsageCacheBound(t *testing.T) {
 	}
 }
 
+// TestUsageCacheFullDropsExpiredFirst: a cache serving more customers
+// than it holds over its TTL fills with answers that have expired, which
+// are never served again. Full, it used to drop customers at random until
+// half was free, fresh answers as likely as expired ones; now the expired
+// go first.
+func TestUsageCacheFullDropsExpiredFirst(t *testing.T) {
+	c := usageCache{ttl: time.Minute, maxBytes: 20_000, m: map[string][]usageEntry{}}
+	now := time.Now()
+	yes := func() bool { return true }
+	answer := usageData{items: []meterUsage{{total: "1", json: []byte(strings.Repeat("x", 100))}}}
+	for i := range 40 {
+		c.put(usageKey{customer: fmt.Sprintf("old%d", i)}, answer, now, yes)
+	}
+	now = now.Add(2 * time.Minute)
+	var fresh []usageKey
+	for i := 0; len(fresh) < 40; i++ {
+		before := len(c.m)
+		key := usageKey{customer: fmt.Sprintf("new%d", i)}
+		c.put(key, answer, now, yes)
+		fresh = append(fresh, key)
+		if len(c.m) <= before { // it was full
+			break
+		}
+	}
+	if len(fresh) == 40 {
+		t.Fatalf("the cache never filled: %d bytes of %d", c.bytes, c.maxBytes)
+	}
+	for _, key := range fresh {
+		if _, ok := c.get(key, now); !ok {
+			t.Errorf("%s's fresh answer was dropped; %d customers kept", key.customer, len(c.m))
+		}
+	}
+	if len(c.m) != len(fresh) {
+		t.Errorf("%d customers kept, want the %d with a fresh answer", len(c.m), len(fresh))
+	}
+}
+
 // fakeListener stands for the listener's state (internal/notify tests
 // the listener itself).
 type fakeListener struct {
