@@ -587,8 +587,10 @@ func addKeys(args pgnamed.Args, p string, customers bool, keys []budgetKey, rows
 }
 
 // known is what a Store saw committed, or read under a row's lock, by key:
-// a hint, which every batch that relies on it checks under its locks. It
-// starts over past 100,000 keys.
+// a hint, which every batch that relies on it checks under its locks. Past
+// maxKnown keys it drops half of them, in map order (random): a key
+// dropped costs its row the slower path once more, and dropping them all
+// made every busy budget pay it at once, each time the map refilled.
 //
 // Of budget rows (Store.known): the rule version each was brought to (-1
 // when it was not brought to the version in force, or has no exact rule).
@@ -599,6 +601,8 @@ func addKeys(args pgnamed.Args, p string, customers bool, keys []budgetKey, rows
 // Of holders (Store.holderGens): the newest generation, so that an issue
 // that brings its holder no new generation locks the row shared (see
 // issueBatch).
+const maxKnown = 100_000
+
 type known[K comparable] struct {
 	mu sync.Mutex
 	m  map[K]int64
@@ -628,8 +632,16 @@ func (k *known[K]) unknown(keys []K) []K {
 func (k *known[K]) add(keys []K, value func(K) int64) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if k.m == nil || len(k.m) > 100_000 {
+	if k.m == nil {
 		k.m = map[K]int64{}
+	}
+	if len(k.m) >= maxKnown {
+		for key := range k.m {
+			if len(k.m) < maxKnown/2 {
+				break
+			}
+			delete(k.m, key)
+		}
 	}
 	for _, key := range keys {
 		k.m[key] = value(key)
