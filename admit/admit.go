@@ -818,6 +818,10 @@ func (c *Client) forgetIdle(bs []*budget) {
 	if len(bs) == 0 {
 		return
 	}
+	// Before c.mu: a scrape in progress holds up the loop, never an
+	// Admit adding a budget.
+	c.metrics.retiring.Lock()
+	defer c.metrics.retiring.Unlock()
 	c.mu.Lock() // no budget is added meanwhile: the map holds b or none
 	defer c.mu.Unlock()
 	now := time.Now()

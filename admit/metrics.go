@@ -2,6 +2,7 @@ package admit
 
 import (
 	"errors"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -17,7 +18,11 @@ type metrics struct {
 	slow [numHow][2]atomic.Int64 // admissions answered off the hot path, by how and admitted
 	// retired: the hot-path counts of forgotten budgets, so the counters
 	// do not go back when a budget is forgotten.
-	retired     shard
+	retired shard
+	// retiring: held by a scrape (read) and while budgets move from the
+	// map to retired (write), so a scrape counts each budget once: in the
+	// map or in retired, never in neither (a counter going back) nor both.
+	retiring    sync.RWMutex
 	forgotten   prometheus.Counter
 	calls       *prometheus.CounterVec
 	latency     *prometheus.HistogramVec
@@ -157,6 +162,8 @@ func (a *admissions) Collect(ch chan<- prometheus.Metric) {
 		decRefused += s.decRefused.Load()
 		noRule += s.noRule.Load()
 	}
+	a.m.retiring.RLock()
+	defer a.m.retiring.RUnlock()
 	count(&a.m.retired)
 	for b := range a.c.budgets.all {
 		budgets++
