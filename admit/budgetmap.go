@@ -20,7 +20,7 @@ const budgetShards = 256
 var budgetSeed = maphash.MakeSeed()
 
 func (m *budgetMap) shard(k key) *atomic.Pointer[map[key]*budget] {
-	return &m.shards[maphash.String(budgetSeed, k.customer)%budgetShards]
+	return &m.shards[m.index(k)]
 }
 
 // load returns k's budget, or nil.
@@ -76,4 +76,9 @@ func (m *budgetMap) all(yield func(*budget) bool) {
 			}
 		}
 	}
+}
+
+// index is the shard of k.
+func (m *budgetMap) index(k key) int {
+	return int(maphash.String(budgetSeed, k.customer) % budgetShards)
 }
