@@ -14,7 +14,27 @@ import (
 // default on a loaded machine). Whoever takes the lock meanwhile finds
 // some budgets forgotten and others not yet; held throughout, it finds
 // all or none.
+//
+// A loaded machine may not run the taker at all while forgetting runs, so
+// a run that saw no partial state is tried again, up to five times: held
+// throughout, every run sees none.
 func TestForgettingManyBudgetsHoldsUpNoNewCustomer(t *testing.T) {
+	for try := 1; ; try++ {
+		forgot, partial, longest := forgetManyWhileTakingTheLock(t)
+		if partial > 0 {
+			t.Logf("forgetting took %v; the lock taken %d times meanwhile, after a wait of at most %v", forgot, partial, longest)
+			return
+		}
+		if try == 5 {
+			t.Fatalf("forgetting took %v, and held the lock new customers take all along (one waited %v), in %d runs", forgot, longest, try)
+		}
+	}
+}
+
+// forgetManyWhileTakingTheLock forgets n idle budgets while taking c.mu
+// in a loop, as adding a new customer's budget does: how often it found
+// some forgotten and others not, and its longest wait.
+func forgetManyWhileTakingTheLock(t *testing.T) (forgot time.Duration, partial int, longest time.Duration) {
 	const n = 30_000
 	c := &Client{decisions: map[key]*lagged{}, cfg: Config{ForgetAfter: time.Millisecond}}
 	var err error
@@ -54,19 +74,13 @@ func TestForgettingManyBudgetsHoldsUpNoNewCustomer(t *testing.T) {
 		c.forgetIdle(idle)
 		done <- time.Since(start)
 	}()
-	var longest time.Duration
-	partial := 0
 	for {
 		select {
-		case forgot := <-done:
+		case forgot = <-done:
 			if left := kept(); left != 0 {
 				t.Fatalf("%d budgets left unforgotten", left)
 			}
-			if partial == 0 {
-				t.Fatalf("forgetting %d budgets took %v, and held the lock new customers take all along (one waited %v)", n, forgot, longest)
-			}
-			t.Logf("forgetting took %v; the lock taken %d times meanwhile, after a wait of at most %v", forgot, partial, longest)
-			return
+			return forgot, partial, longest
 		default:
 		}
 		start := time.Now()
