@@ -62,9 +62,14 @@ func (c *Client) admitByDebit(ctx context.Context, customer, meter string, cost 
 		c.noteRefusal(b, ex, now, cost)
 		return Decision{How: Exhausted, Binding: ex.Binding, RetryAfter: ex.RetryAfter}, nil
 	case errors.As(err, &ne):
-		b.mu.Lock()
-		c.notExact(b, ne.Admission, seen)
-		b.mu.Unlock()
+		// Recorded when b.mu is free, as above: the loop may hold it across
+		// a renew's round trip, and this Admit must not wait for that. When
+		// not recorded, the next Admit asks again (and the loop's grant
+		// request for the decision's rule version records it).
+		if b.mu.TryLock() {
+			c.notExact(b, ne.Admission, seen)
+			b.mu.Unlock()
+		}
 		return c.fromDecision(b), nil
 	case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
 		c.markDown(fmt.Errorf("no answer to a debit within MaxWait (%s)", c.cfg.MaxWait))
