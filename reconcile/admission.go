@@ -39,11 +39,11 @@ func (r *runner) checkAdmission(ctx context.Context, tx pgx.Tx, tg target, now t
 		return err
 	}
 	for _, a := range accounts {
-		var usedNum numeric
-		if err := tx.QueryRow(ctx, qBudgetUsage, a.Customer, a.Meter, a.PeriodStart).Scan(&usedNum); err != nil {
-			return err
-		}
-		used := usedNum.dec()
+		// A budget's billed usage is its meter's rollups in the target's
+		// period, which the rollup check summed for every target in one
+		// statement (Accounts returns the budgets of the targets' periods
+		// only): no statement per budget.
+		used := r.rollups[[2]string{a.Customer, a.Meter}]
 		if over := a.OverGranted; over.IsPositive() {
 			r.find(Finding{Kind: KindOverGranted, Severity: Discrepancy, Customer: a.Customer, Meter: a.Meter, Amount: &over,
 				Detail: fmt.Sprintf("grants took the budget %s above the limit of the rule version in force when they were issued (limit now %s, %s spent)",

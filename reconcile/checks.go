@@ -80,7 +80,7 @@ func (r *runner) checkRollups(ctx context.Context, tx pgx.Tx, tg target) error {
 		return err
 	}
 	defer rows.Close()
-	hourly := map[[2]string]decimal.Decimal{} // rollup totals per customer and meter
+	hourly := r.rollups // rollup totals per customer and meter
 	for rows.Next() {
 		var c, m, bad string
 		var wq, gq numeric

@@ -315,11 +315,6 @@ WHERE (o.customer = 'global' OR o.customer LIKE 'pool:%')
         WHERE 'pool:' || m.pool = o.customer AND m.customer = t.customer
           AND m.joined_at < t.period_end AND (m.left_at IS NULL OR m.left_at > t.period_start))))
 ORDER BY 1, 2, 3`
-
-	// An exact budget's billed usage.
-	qBudgetUsage = `
-SELECT coalesce(sum(quantity), 0) FROM rollups
-WHERE customer = $1 AND meter = $2 AND period_start = $3`
 )
 
 // The deep check's ledger side.

@@ -155,10 +155,13 @@ func (r *Run) Discrepancies() int {
 }
 
 type runner struct {
-	run       *Run
-	totals    map[[2]string]*Total
-	periodOf  map[string]string // customer -> period name
-	usage     map[string][]meterUsage
+	run      *Run
+	totals   map[[2]string]*Total
+	periodOf map[string]string // customer -> period name
+	usage    map[string][]meterUsage
+	// rollups is the sum of the targets' hourly rollups per customer and
+	// meter, as the rollup check read them (what each meter bills).
+	rollups   map[[2]string]decimal.Decimal
 	scanned   int64
 	hasIngest bool
 }
@@ -378,7 +381,8 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 	if err := locks.lockAll(ctx, byCustomer); err != nil {
 		return nil, err
 	}
-	r := &runner{run: run, totals: map[[2]string]*Total{}, periodOf: map[string]string{}, usage: map[string][]meterUsage{}}
+	r := &runner{run: run, totals: map[[2]string]*Total{}, periodOf: map[string]string{}, usage: map[string][]meterUsage{},
+		rollups: map[[2]string]decimal.Decimal{}}
 	for c, p := range byCustomer {
 		r.periodOf[c] = p.Name
 	}
