@@ -2,6 +2,7 @@ package reconcile_test
 
 import (
 	"context"
+	"io"
 	"net/url"
 	"os"
 	"strconv"
@@ -132,4 +133,61 @@ func dbName(u string) string {
 		return u
 	}
 	return strings.TrimPrefix(p.Path, "/")
+}
+
+// BenchmarkReconcileManyCustomers reconciles and reports a period of
+// many small customers (two meters, a few records each) and reports the
+// time per customer, which should not grow with their number.
+//
+//	go test ./reconcile -run '^$' -bench ReconcileManyCustomers -benchtime 1x
+func BenchmarkReconcileManyCustomers(b *testing.B) {
+	for _, n := range []int{2_000, 20_000} {
+		b.Run(strconv.Itoa(n), func(b *testing.B) {
+			ctx := context.Background()
+			pool := pgtest.New(b)
+			for _, q := range []string{
+				`INSERT INTO customers (id, schedule) SELECT 'c' || i,
+				 '[{"effective_from":"0001-01-01T00:00:00Z","calendar":{"cadence":"monthly","anchor_day":1,"anchor_time":"00:00","zone":"UTC"}}]'
+				 FROM generate_series(1, $1::int) i`,
+				`INSERT INTO streams (producer, epoch, customer, meter, last_seq, last_total)
+				 SELECT 'gw', 1, 'c' || c, m, 3, 4.5 FROM generate_series(1, $1::int) c, unnest(ARRAY['calls', 'bytes']) m`,
+				`INSERT INTO records (stream_id, seq, operation_id, customer, meter, total, quantity, occurred_at, final, late_fill,
+				                      billed, period_start, bucket, prior_period, ingested_at)
+				 SELECT s.id, seq, gen_random_uuid(), s.customer, s.meter, seq * 1.5, 1.5, ts, false, false, 1.5,
+				        '2026-11-01T00:00:00Z', date_trunc('hour', ts), NULL, now()
+				 FROM streams s, generate_series(1, 3) seq,
+				      LATERAL (SELECT '2026-11-01T00:00:00Z'::timestamptz + seq * interval '1 day') t(ts)
+				 WHERE $1::int > 0`,
+				`INSERT INTO stream_periods SELECT customer, period_start, stream_id, min(seq), max(seq) FROM records GROUP BY 1, 2, 3 HAVING $1::int > 0`,
+				`INSERT INTO rollups SELECT customer, meter, period_start, bucket, sum(billed) FROM records GROUP BY 1, 2, 3, 4 HAVING $1::int > 0`,
+				`INSERT INTO rollups_daily SELECT customer, period_start, meter, (bucket AT TIME ZONE 'UTC')::date, sum(quantity) FROM rollups GROUP BY 1, 2, 3, 4 HAVING $1::int > 0`,
+				`ANALYZE`,
+			} {
+				var err error
+				if strings.HasPrefix(q, "ANALYZE") {
+					_, err = pool.Exec(ctx, q)
+				} else {
+					_, err = pool.Exec(ctx, q, n)
+				}
+				if err != nil {
+					b.Fatalf("load: %v", err)
+				}
+			}
+			rc, err := reconcile.New(reconcile.Config{Pool: pool, Clock: func() time.Time { return time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC) }})
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				r, err := rc.Run(ctx, reconcile.Options{Period: "2026-11-01"})
+				if err != nil || r.Status != reconcile.StatusClean {
+					b.Fatalf("run: %v %s", err, r.Status)
+				}
+				if err := reconcile.WriteReport(io.Discard, reconcile.FormatText, r); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N*n), "µs/customer")
+		})
+	}
 }

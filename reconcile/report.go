@@ -72,13 +72,13 @@ func writeText(w io.Writer, r *Run) error {
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "CUSTOMER\tMETER\tPERIOD\tBILLED\tUSAGE\tPRIOR-PERIOD\tADJUSTMENTS\tGAPS\tGAP USAGE\tFINDINGS\t")
+	// Findings per customer and meter, counted once (not once per total).
+	counts := make(map[[2]string]int, len(r.Totals))
+	for _, f := range r.Findings {
+		counts[[2]string{f.Customer, f.Meter}]++
+	}
 	for _, t := range r.Totals {
-		n := 0
-		for _, f := range r.Findings {
-			if f.Customer == t.Customer && f.Meter == t.Meter {
-				n++
-			}
-		}
+		n := counts[[2]string{t.Customer, t.Meter}]
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\t%d\t\n", t.Customer, t.Meter, t.Period,
 			t.Billed, t.Usage, t.PriorPeriod, t.Adjustments, t.OpenGaps, t.GapAmount, n)
 	}

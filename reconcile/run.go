@@ -456,15 +456,23 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 			dirty[f.Customer] = true
 		}
 	}
-	var vs []verdict
-	for c, p := range byCustomer {
-		v := verdict{customer: c, period: p, clean: !global && !dirty[c], totals: map[string]string{}, fp: fps[c]}
-		for _, t := range run.Totals {
-			if t.Customer == c {
-				v.totals[t.Meter] = t.Billed.String()
-			}
+	// Each customer's totals, in one pass over them (not one per customer:
+	// tens of thousands of customers made that quadratic loop the bulk of
+	// a run).
+	billed := make(map[string]map[string]string, len(byCustomer))
+	for _, t := range run.Totals {
+		if billed[t.Customer] == nil {
+			billed[t.Customer] = map[string]string{}
 		}
-		vs = append(vs, v)
+		billed[t.Customer][t.Meter] = t.Billed.String()
+	}
+	vs := make([]verdict, 0, len(byCustomer))
+	for c, p := range byCustomer {
+		totals := billed[c]
+		if totals == nil {
+			totals = map[string]string{}
+		}
+		vs = append(vs, verdict{customer: c, period: p, clean: !global && !dirty[c], totals: totals, fp: fps[c]})
 	}
 	sort.Slice(vs, func(i, j int) bool { return vs[i].customer < vs[j].customer })
 	return vs, nil
