@@ -178,17 +178,53 @@ func fingerprints(ctx context.Context, tx pgx.Tx, tg target, usage map[string]st
 // whose grace has ended. Customers still open or in grace are left alone.
 func (rc *Reconciler) closeClean(ctx context.Context, run *Run, vs []verdict, now time.Time) error {
 	store := periods.Store{Grace: rc.cfg.Grace, Clock: rc.cfg.Clock, Gate: Gate, Kinds: ledger.StatementKinds}
-	var errs []error
+	// The periods to close: clean, past their grace, and not closed (one
+	// statement for all of them, not one per customer).
+	var todo []verdict
+	var customers []string
+	var starts []time.Time
 	for _, v := range vs {
-		if !v.clean || periods.StateOf(v.period, now, rc.cfg.Grace, false) != periods.AwaitingClose {
+		if v.clean && periods.StateOf(v.period, now, rc.cfg.Grace, false) == periods.AwaitingClose {
+			todo = append(todo, v)
+			customers, starts = append(customers, v.customer), append(starts, v.period.Start)
+		}
+	}
+	if len(todo) == 0 {
+		return nil
+	}
+	rows, err := rc.cfg.Pool.Query(ctx, qPeriodsClosed, customers, starts)
+	if err != nil {
+		return err
+	}
+	closedAlready, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
+	due := len(todo) - len(closedAlready)
+	skip := make(map[string]bool, len(closedAlready))
+	for _, c := range closedAlready {
+		skip[c] = true
+	}
+	// Each close is a transaction of its own: with tens of thousands of
+	// customers this takes a while, so a terminal hears how far it is
+	// (at most a line a second, and the last).
+	done, last := 0, time.Now()
+	defer func() {
+		if due > 0 {
+			rc.progress("closing %s: %d of %d clean periods closed\n", run.Period, done, due)
+		}
+	}()
+	var errs []error
+	for _, v := range todo {
+		if skip[v.customer] {
 			continue
 		}
-		var closed bool
-		if err := rc.cfg.Pool.QueryRow(ctx, qPeriodClosed, v.customer, v.period.Start).Scan(&closed); err != nil {
-			return err
+		if err := ctx.Err(); err != nil {
+			return errors.Join(append(errs, err)...)
 		}
-		if closed {
-			continue
+		if time.Since(last) >= time.Second {
+			rc.progress("closing %s: %d of %d clean periods closed\n", run.Period, done, due)
+			last = time.Now()
 		}
 		err := pgx.BeginFunc(ctx, rc.cfg.Pool, func(tx pgx.Tx) error {
 			_, err := store.Close(ctx, tx, periods.CloseRequest{Customer: v.customer, Period: v.period.Name})
@@ -199,6 +235,7 @@ func (rc *Reconciler) closeClean(ctx context.Context, run *Run, vs []verdict, no
 			errs = append(errs, fmt.Errorf("close %s %s: %w", v.customer, v.period.Name, err))
 			continue
 		}
+		done++
 		run.Closed = append(run.Closed, v.customer)
 		rc.log.Info("period closed", "customer", v.customer, "period", v.period.Name, "run", run.ID)
 	}

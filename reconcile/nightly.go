@@ -35,7 +35,13 @@ func (rc *Reconciler) Nightly(ctx context.Context) ([]*Run, error) {
 	}
 	var runs []*Run
 	var errs []error
-	for _, n := range names {
+	for i, n := range names {
+		// An interrupted job stops here: what it closed stays closed (each
+		// close is its own transaction) and running it again goes on.
+		if ctx.Err() != nil {
+			return runs, stopped(errs, ctx.Err())
+		}
+		rc.progress("period %d/%d: %s\n", i+1, len(names)+1, n)
 		run, err := rc.Run(ctx, Options{Period: n, Close: true})
 		if run != nil {
 			runs = append(runs, run)
@@ -44,6 +50,10 @@ func (rc *Reconciler) Nightly(ctx context.Context) ([]*Run, error) {
 			errs = append(errs, err)
 		}
 	}
+	if ctx.Err() != nil {
+		return runs, stopped(errs, ctx.Err())
+	}
+	rc.progress("period %d/%d: current\n", len(names)+1, len(names)+1)
 	run, err := rc.Run(ctx, Options{Period: "current"})
 	if run != nil {
 		runs = append(runs, run)
@@ -108,4 +118,15 @@ func (rc *Reconciler) duePeriods(ctx context.Context, now time.Time) ([]string, 
 	}
 	sort.Strings(names)
 	return names, nil
+}
+
+// stopped is the error of a job interrupted by cause: the errors so far,
+// cause among them once.
+func stopped(errs []error, cause error) error {
+	for _, err := range errs {
+		if errors.Is(err, cause) {
+			return errors.Join(errs...)
+		}
+	}
+	return errors.Join(append(errs, cause)...)
 }

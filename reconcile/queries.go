@@ -121,7 +121,10 @@ SELECT c.id, c.schedule,
        coalesce((SELECT array_agg(pc.period_start) FROM period_closes pc WHERE pc.customer = c.id), '{}')
 FROM customers c`
 
-	qPeriodClosed = `SELECT EXISTS (SELECT 1 FROM period_closes WHERE customer = $1 AND period_start = $2)`
+	// Which of the (customer $1, period start $2) pairs are closed.
+	qPeriodsClosed = `
+SELECT pc.customer FROM period_closes pc
+JOIN unnest($1::text[], $2::timestamptz[]) AS t(customer, period_start) USING (customer, period_start)`
 )
 
 // The checks (docs/design.md §6), in the order they run.

@@ -36,8 +36,9 @@ type Config struct {
 	Logger *slog.Logger     // default: discard
 	Clock  func() time.Time // default time.Now
 	Grace  time.Duration    // default periods.DefaultGrace; periods.NoGrace for none
-	// Progress, when set, receives a human progress line per customer
-	// (a terminal); logs go to Logger either way.
+	// Progress, when set, receives human progress lines (a terminal): per
+	// check, per nightly period, and how far the closes are; logs go to
+	// Logger either way.
 	Progress io.Writer
 	// Deep re-reads Kafka for --deep runs; nil makes the deep check fail
 	// with a clear message.
