@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/url"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -86,6 +87,54 @@ func TestDeadLetterPagesReadAPage(t *testing.T) {
 		}
 		if seen != 5 {
 			t.Errorf("%s: %d dead letters, want 5", query, seen)
+		}
+	}
+}
+
+// A page of tokens reads about a page of rows, and pages every token once
+// while tokens are created between pages: a deployment with 100,000
+// customers has a token (or several) for each.
+func TestTokenPagesReadAPage(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.exec(`INSERT INTO api_tokens (id, customer, description, token_hash, created_at)
+		SELECT gen_random_uuid(), 'c-' || i, '', sha256(convert_to('t' || i, 'UTF8')),
+		       timestamptz '2026-11-01T00:00:00Z' + i * interval '1 second'
+		FROM generate_series(1, 5000) i`)
+	f.exec(`ANALYZE api_tokens`)
+	seen := map[string]bool{}
+	cursor := ""
+	for pages := 0; pages < 3; pages++ {
+		path := "/v1/tokens?limit=2"
+		if cursor != "" {
+			path += "&cursor=" + url.QueryEscape(cursor)
+		}
+		n, r := f.readsOf("api_tokens", path)
+		if n > 50 {
+			t.Errorf("GET %s read %d rows of api_tokens for a page of 2", path, n)
+		}
+		var page struct {
+			Items []struct {
+				ID       string `json:"id"`
+				Customer string `json:"customer"`
+			} `json:"items"`
+			NextCursor string `json:"next_cursor"`
+		}
+		if err := json.Unmarshal(r.body, &page); err != nil || len(page.Items) != 2 || page.NextCursor == "" {
+			t.Fatalf("GET %s: %v %s", path, err, r.body)
+		}
+		for _, it := range page.Items {
+			if seen[it.Customer] {
+				t.Errorf("%s repeated", it.Customer)
+			}
+			seen[it.Customer] = true
+		}
+		cursor = page.NextCursor
+		f.token("new-" + cursor[len(cursor)-6:]) // created now, after every listed one
+	}
+	for i := 1; i <= 6; i++ {
+		if c := "c-" + strconv.Itoa(i); !seen[c] {
+			t.Errorf("%s skipped: %v", c, seen)
 		}
 	}
 }

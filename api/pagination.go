@@ -108,7 +108,7 @@ func NewPage[T any](rows []T, limit int, key func(T) []string) Page[T] {
 }
 
 // pageInMemory pages a list read whole: the lists an operator keeps
-// (tokens, meters, pools, alert rules, webhooks) and a customer's budgets
+// (meters, pools, alert rules, webhooks) and a customer's budgets
 // are short enough to read at once, and are paged here by key (unique per
 // item) so that a client pages them as every other list. The page is in
 // key order (slices.Compare), or in cmp's when it is not nil.

@@ -3,6 +3,7 @@ package api
 import (
 	"errors"
 	"net/http"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/google/uuid"
@@ -68,18 +69,30 @@ func (a *API) listTokens(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	ts, err := tokens.List(r.Context(), a.pool, customer)
+	pr, err := ParsePageRequest(q)
 	if err != nil {
 		return err
 	}
-	// Oldest first, as tokens.List reads them.
-	page, err := pageInMemory(q, ts, func(t tokens.Token) []string {
+	req := tokens.PageRequest{Customer: customer, Limit: pr.Limit + 1}
+	if pr.After != nil {
+		// The key of the last token of the page before: created_at, id.
+		err1, err2 := errors.New("not two keys"), error(nil)
+		if len(pr.After) == 2 {
+			req.AfterCreated, err1 = time.Parse(time.RFC3339Nano, pr.After[0])
+			req.AfterID, err2 = uuid.Parse(pr.After[1])
+		}
+		if err1 != nil || err2 != nil {
+			return invalidField("cursor", "not a cursor returned by this API (pass next_cursor back unchanged)")
+		}
+	}
+	ts, err := tokens.Page(r.Context(), a.pool, req)
+	if err != nil {
+		return err
+	}
+	// Oldest first, as tokens.Page reads them.
+	writeJSON(w, http.StatusOK, NewPage(ts, pr.Limit, func(t tokens.Token) []string {
 		return []string{t.CreatedAt.UTC().Format("2006-01-02T15:04:05.000000Z"), t.ID.String()}
-	}, nil)
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, page)
+	}))
 	return nil
 }
 

@@ -19,4 +19,14 @@ SELECT id, coalesce(customer, ''), description, created_at, revoked_at, coalesce
 FROM api_tokens
 WHERE ($1::text IS NULL OR customer = $1)
 ORDER BY created_at, id`
+
+	// qPageTokens is a page of qListTokens after ($2, $3) in its order: by
+	// api_tokens_created, or api_tokens_customer for one customer.
+	qPageTokens = `
+SELECT id, coalesce(customer, ''), description, created_at, revoked_at, coalesce(gateway, '')
+FROM api_tokens
+WHERE ($1::text IS NULL OR customer = $1)
+  AND ($2::timestamptz IS NULL OR (created_at, id) > ($2, $3::uuid))
+ORDER BY created_at, id
+LIMIT $4`
 )

@@ -141,6 +141,45 @@ func List(ctx context.Context, db DBTX, customer string) ([]Token, error) {
 	return out, nil
 }
 
+// PageRequest asks for up to Limit tokens of Customer ("" for all) after
+// the token created at AfterCreated with id AfterID (none when
+// AfterCreated is zero), oldest first.
+type PageRequest struct {
+	Customer     string
+	AfterCreated time.Time
+	AfterID      uuid.UUID
+	Limit        int
+}
+
+// Page lists the tokens req asks for: a keyset page, read by an index
+// (a deployment has a token per customer or more), so it neither repeats
+// nor skips a token when tokens are created between pages.
+func Page(ctx context.Context, db DBTX, req PageRequest) ([]Token, error) {
+	var filter *string
+	if req.Customer != "" {
+		filter = &req.Customer
+	}
+	var after *time.Time
+	if !req.AfterCreated.IsZero() {
+		after = &req.AfterCreated
+	}
+	rows, err := db.Query(ctx, qPageTokens, filter, after, req.AfterID, req.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("list tokens: %w", err)
+	}
+	out := []Token{}
+	var t Token
+	_, err = pgx.ForEachRow(rows, []any{&t.ID, &t.Customer, &t.Description, &t.CreatedAt, &t.RevokedAt, &t.Gateway}, func() error {
+		out = append(out, t)
+		t = Token{}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list tokens: %w", err)
+	}
+	return out, nil
+}
+
 // WellFormed reports whether secret has the shape Create gives every
 // token: Prefix and 43 characters of unpadded base64url (32 random
 // bytes). Anything else is refused without a query.
