@@ -115,18 +115,25 @@ WHERE event_id = @id AND (state = 'failed' OR state = 'delivered' AND NOT EXISTS
 const qEventExists = `SELECT EXISTS (SELECT 1 FROM alert_events WHERE id = $1)`
 
 // qEvents lists events newest first, with their deliveries; @state keeps
-// the events with a delivery in that state, @rule one rule's.
+// the events with a delivery in that state, @rule one rule's. The page of
+// events is chosen first, by the seq index (alert_events_rule for one
+// rule; for a state, the first @limit events by the deliveries'
+// alert_deliveries_state, a delivery naming its event's rule), and only its
+// deliveries are read: grouping the join before the LIMIT read every
+// event and delivery for each page.
 const qEvents = `
 SELECT e.id, e.seq, e.rule, e.subject, e.type, e.body, e.occurred_at,
-       coalesce(json_agg(json_build_object('endpoint', d.endpoint, 'state', d.state, 'attempts', d.attempts,
+       coalesce((SELECT json_agg(json_build_object('endpoint', d.endpoint, 'state', d.state, 'attempts', d.attempts,
             'last_attempt_at', d.last_attempt_at, 'last_status', d.last_status, 'last_error', d.last_error,
             'next_attempt_at', CASE WHEN d.state = 'pending' THEN d.next_attempt_at END, 'delivered_at', d.delivered_at)
-            ORDER BY d.endpoint) FILTER (WHERE d.endpoint IS NOT NULL), '[]')
-FROM alert_events e LEFT JOIN alert_deliveries d ON d.event_id = e.id
+            ORDER BY d.endpoint) FROM alert_deliveries d WHERE d.event_id = e.id), '[]')
+FROM alert_events e
 WHERE (@rule::text IS NULL OR e.rule = @rule)
-  AND (@state::text IS NULL OR EXISTS (SELECT 1 FROM alert_deliveries x WHERE x.event_id = e.id AND x.state = @state))
+  AND (@state::text IS NULL OR e.seq = ANY (ARRAY(
+        SELECT DISTINCT x.seq FROM alert_deliveries x
+        WHERE x.state = @state AND (@rule::text IS NULL OR x.rule = @rule) AND (@before::bigint IS NULL OR x.seq < @before)
+        ORDER BY x.seq DESC LIMIT @limit)))
   AND (@before::bigint IS NULL OR e.seq < @before)
-GROUP BY e.id
 ORDER BY e.seq DESC
 LIMIT @limit`
 

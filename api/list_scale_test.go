@@ -138,3 +138,50 @@ func TestTokenPagesReadAPage(t *testing.T) {
 		}
 	}
 }
+
+// A page of alert events reads about a page of events and their
+// deliveries, however many events there are.
+func TestAlertEventPagesReadAPage(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.exec(`INSERT INTO alert_events (id, seq, rule, subject, meter, type, body, occurred_at)
+		SELECT md5(i::text)::uuid, i, 'r' || (i % 3), 'customer:c', 'calls', 'alert.triggered', '{}', '2026-11-20T11:00:00Z'
+		FROM generate_series(1, 5000) i`)
+	// From the same series, not from alert_events: a read of it here would
+	// be counted against the first page.
+	f.exec(`INSERT INTO alert_deliveries (event_id, endpoint, rule, subject, seq, state, next_attempt_at, give_up_at, created_at)
+		SELECT md5(i::text)::uuid, 'kafka', 'r' || (i % 3), 'customer:c', i, CASE WHEN i % 1000 = 0 THEN 'failed' ELSE 'delivered' END,
+		       '2026-11-20T11:00:00Z', '2026-11-20T11:00:00Z', '2026-11-20T11:00:00Z'
+		FROM generate_series(1, 5000) i`)
+	f.exec(`ANALYZE alert_events`)
+	f.exec(`ANALYZE alert_deliveries`)
+	// The deliveries' foreign key checks read every event once: wait until
+	// they are reported, so that they are not counted against a page.
+	if err := eventuallyOK(15*time.Second, func() bool {
+		time.Sleep(50 * time.Millisecond)
+		return f.rowsRead("alert_events") >= 5000
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, query := range []string{"", "&alert=r1", "&state=failed"} {
+		cursor := ""
+		for pages := 0; pages < 2; pages++ {
+			path := "/v1/alert-events?limit=2" + query
+			if cursor != "" {
+				path += "&cursor=" + url.QueryEscape(cursor)
+			}
+			n, r := f.readsOf("alert_events", path)
+			if n > 50 {
+				t.Errorf("GET %s read %d rows of alert_events for a page of 2", path, n)
+			}
+			var page struct {
+				Items      []map[string]any `json:"items"`
+				NextCursor string           `json:"next_cursor"`
+			}
+			if err := json.Unmarshal(r.body, &page); err != nil || len(page.Items) != 2 || page.NextCursor == "" {
+				t.Fatalf("GET %s: %v %s", path, err, r.body)
+			}
+			cursor = page.NextCursor
+		}
+	}
+}
