@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/internal/pgnamed"
@@ -361,8 +362,19 @@ func (s *Store) Grants(ctx context.Context, req ListRequest) ([]Grant, error) {
 		req.Limit = 100
 	}
 	now := s.now()
-	rows, err := s.db.Query(ctx, qCustomerGrants, pgnamed.Args{"customer": req.Customer, "state": req.State,
-		"now": now, "after_issued": req.AfterIssued, "after_id": req.AfterID, "limit": req.Limit})
+	args := pgnamed.Args{"customer": req.Customer, "now": now, "limit": req.Limit,
+		"after_issued": pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}, "after_id": uuid.Max}
+	if req.AfterIssued != nil {
+		args["after_issued"], args["after_id"] = *req.AfterIssued, req.AfterID
+	}
+	q := qCustomerGrants
+	switch req.State {
+	case "live":
+		q = qCustomerGrantsLive
+	case "ended":
+		q = qCustomerGrantsEnded
+	}
+	rows, err := s.db.Query(ctx, q, args)
 	if err != nil {
 		return nil, fmt.Errorf("admission: list grants: %w", err)
 	}

@@ -97,17 +97,25 @@ const qReleaseGrant = `
 UPDATE admission_grants SET spent = @spent::numeric, ended_at = @now, end_reason = 'released'
 WHERE id = @id`
 
-// qCustomerGrants lists a customer's grants, live or ended by the clock
-// (a grant past its reclaim time is ended even before a sweep marks it),
-// newest first, keyset-paged by (issued_at, id).
-const qCustomerGrants = `SELECT ` + grantColumns + grantFrom + `
-WHERE g.customer = @customer
-  AND (@state::text = ''
-       OR (@state = 'live' AND g.ended_at IS NULL AND g.reclaim_at > @now)
-       OR (@state = 'ended' AND (g.ended_at IS NOT NULL OR g.reclaim_at <= @now)))
-  AND (@after_issued::timestamptz IS NULL OR (g.issued_at, g.id) < (@after_issued, @after_id::uuid))
+// qCustomerGrants lists a customer's grants, newest first, keyset-paged
+// below (@after_issued, @after_id) ('infinity' for the first page), by
+// admission_grants_customer; qCustomerGrantsLive the live ones, from the
+// unended ones (admission_grants_budget); qCustomerGrantsEnded those ended
+// by the clock too (a grant past its reclaim time is ended even before a
+// sweep marks it). A statement per state, not one with "@state = '' OR
+// …": as the generic plan Postgres settles on for a prepared statement,
+// that read every grant the customer ever had for a page of live ones.
+const (
+	qCustomerGrantsWhere = `SELECT ` + grantColumns + grantFrom + `
+WHERE g.customer = @customer AND (g.issued_at, g.id) < (@after_issued::timestamptz, @after_id::uuid)`
+	qCustomerGrantsOrder = `
 ORDER BY g.issued_at DESC, g.id DESC
 LIMIT @limit`
+
+	qCustomerGrants      = qCustomerGrantsWhere + qCustomerGrantsOrder
+	qCustomerGrantsLive  = qCustomerGrantsWhere + ` AND g.ended_at IS NULL AND g.reclaim_at > @now` + qCustomerGrantsOrder
+	qCustomerGrantsEnded = qCustomerGrantsWhere + ` AND (g.ended_at IS NOT NULL OR g.reclaim_at <= @now)` + qCustomerGrantsOrder
+)
 
 // inForceAtOrEnd is the instant whose rule version a budget row of the
 // period [period_start, period_end) shows: now, or its last instant once it

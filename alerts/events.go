@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/google/uuid"
@@ -42,17 +43,20 @@ type EventFilter struct {
 
 // Events lists events newest first.
 func Events(ctx context.Context, db DBTX, f EventFilter) ([]StoredEvent, error) {
-	args := pgx.NamedArgs{"rule": nil, "state": nil, "before": nil, "limit": f.Limit}
-	if f.Rule != "" {
-		args["rule"] = f.Rule
-	}
-	if f.State != "" {
-		args["state"] = f.State
-	}
+	args := pgx.NamedArgs{"before": int64(math.MaxInt64), "limit": f.Limit}
 	if f.Before > 0 {
 		args["before"] = f.Before
 	}
-	rows, err := db.Query(ctx, qEvents, args)
+	q := qEvents
+	switch {
+	case f.Rule != "" && f.State != "":
+		q, args["rule"], args["state"] = qEventsOfRuleInState, f.Rule, f.State
+	case f.Rule != "":
+		q, args["rule"] = qEventsOfRule, f.Rule
+	case f.State != "":
+		q, args["state"] = qEventsInState, f.State
+	}
+	rows, err := db.Query(ctx, q, args)
 	if err != nil {
 		return nil, fmt.Errorf("alerts: read events: %w", err)
 	}

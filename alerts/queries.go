@@ -114,28 +114,38 @@ WHERE event_id = @id AND (state = 'failed' OR state = 'delivered' AND NOT EXISTS
 
 const qEventExists = `SELECT EXISTS (SELECT 1 FROM alert_events WHERE id = $1)`
 
-// qEvents lists events newest first, with their deliveries; @state keeps
-// the events with a delivery in that state, @rule one rule's. The page of
-// events is chosen first, by the seq index (alert_events_rule for one
-// rule; for a state, the first @limit events by the deliveries'
-// alert_deliveries_state, a delivery naming its event's rule), and only its
-// deliveries are read: grouping the join before the LIMIT read every
-// event and delivery for each page.
-const qEvents = `
+// qEvents lists events newest first, with their deliveries, below seq
+// @before (the largest bigint for the first page); qEventsOfRule one rule's
+// (alert_events_rule); qEventsInState those with a delivery in @state (the
+// page of events chosen first, by alert_deliveries_state, a delivery
+// naming its event's rule), qEventsOfRuleInState one rule's of those. Only
+// the page's deliveries are read. A statement per filter, not one with
+// "@rule IS NULL OR …": as the generic plan Postgres settles on for a
+// prepared statement, one plan for every filter read every event newer
+// than the page (and every other rule's) on the way.
+const (
+	qEventsSelect = `
 SELECT e.id, e.seq, e.rule, e.subject, e.type, e.body, e.occurred_at,
        coalesce((SELECT json_agg(json_build_object('endpoint', d.endpoint, 'state', d.state, 'attempts', d.attempts,
             'last_attempt_at', d.last_attempt_at, 'last_status', d.last_status, 'last_error', d.last_error,
             'next_attempt_at', CASE WHEN d.state = 'pending' THEN d.next_attempt_at END, 'delivered_at', d.delivered_at)
             ORDER BY d.endpoint) FROM alert_deliveries d WHERE d.event_id = e.id), '[]')
 FROM alert_events e
-WHERE (@rule::text IS NULL OR e.rule = @rule)
-  AND (@state::text IS NULL OR e.seq = ANY (ARRAY(
-        SELECT DISTINCT x.seq FROM alert_deliveries x
-        WHERE x.state = @state AND (@rule::text IS NULL OR x.rule = @rule) AND (@before::bigint IS NULL OR x.seq < @before)
-        ORDER BY x.seq DESC LIMIT @limit)))
-  AND (@before::bigint IS NULL OR e.seq < @before)
+WHERE `
+	qEventsOrder = `
 ORDER BY e.seq DESC
 LIMIT @limit`
+	qEventsInStateWhere = `e.seq = ANY (ARRAY(
+        SELECT DISTINCT x.seq FROM alert_deliveries x
+        WHERE x.state = @state AND x.seq < @before`
+	qEventsInStateEnd = `
+        ORDER BY x.seq DESC LIMIT @limit))`
+
+	qEvents              = qEventsSelect + `e.seq < @before` + qEventsOrder
+	qEventsOfRule        = qEventsSelect + `e.rule = @rule AND e.seq < @before` + qEventsOrder
+	qEventsInState       = qEventsSelect + qEventsInStateWhere + qEventsInStateEnd + qEventsOrder
+	qEventsOfRuleInState = qEventsSelect + qEventsInStateWhere + ` AND x.rule = @rule` + qEventsInStateEnd + qEventsOrder
+)
 
 const qWebhooks = `SELECT name, url, events, created_at, updated_at, rotated_at, previous_until FROM alert_webhooks ORDER BY name`
 const qWebhook = `SELECT name, url, events, created_at, updated_at, rotated_at, previous_until FROM alert_webhooks WHERE name = $1`

@@ -21,6 +21,16 @@ func (f *fixture) rowsRead(table string) int64 {
 	return n
 }
 
+// genericPlans makes every new session of f's database plan its prepared
+// statements once, for any parameters, as Postgres does by itself after
+// five executions of a statement on a connection when that plan looks no
+// dearer: a page must read a page then too, not every row before it.
+func (f *fixture) genericPlans() {
+	f.t.Helper()
+	f.exec(`DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET plan_cache_mode = force_generic_plan', current_database()); END $$`)
+	f.pool.Reset()
+}
+
 // readsOf is how many rows of table a GET of path read: a backend reports
 // its statistics once idle, within a second or so, all of a transaction's
 // at once.
@@ -58,6 +68,7 @@ func TestDeadLetterPagesReadAPage(t *testing.T) {
 		SELECT gen_random_uuid(), 'tally.meter-batches', 1, i, 'bad_json', 'x', 'acme', 'x', '2026-11-20T11:00:00Z'
 		FROM generate_series(1, 5) i`)
 	f.exec(`ANALYZE dead_letters`)
+	f.genericPlans()
 	for _, query := range []string{"customer=acme", "pending=true", "customer=acme&pending=true"} {
 		seen := 0
 		cursor := ""
@@ -102,6 +113,7 @@ func TestTokenPagesReadAPage(t *testing.T) {
 		       timestamptz '2026-11-01T00:00:00Z' + i * interval '1 second'
 		FROM generate_series(1, 5000) i`)
 	f.exec(`ANALYZE api_tokens`)
+	f.genericPlans()
 	seen := map[string]bool{}
 	cursor := ""
 	for pages := 0; pages < 3; pages++ {
@@ -155,6 +167,7 @@ func TestAlertEventPagesReadAPage(t *testing.T) {
 		FROM generate_series(1, 5000) i`)
 	f.exec(`ANALYZE alert_events`)
 	f.exec(`ANALYZE alert_deliveries`)
+	f.genericPlans()
 	// The deliveries' foreign key checks read every event once: wait until
 	// they are reported, so that they are not counted against a page.
 	if err := eventuallyOK(15*time.Second, func() bool {
@@ -180,6 +193,62 @@ func TestAlertEventPagesReadAPage(t *testing.T) {
 			}
 			if err := json.Unmarshal(r.body, &page); err != nil || len(page.Items) != 2 || page.NextCursor == "" {
 				t.Fatalf("GET %s: %v %s", path, err, r.body)
+			}
+			cursor = page.NextCursor
+		}
+	}
+}
+
+// A page of a customer's grants, live or all, reads about a page of rows
+// however many grants it had before: a gateway takes grants all day, and a
+// customer has a million ended ones within a month.
+func TestGrantPagesReadAPage(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t) // now: 2026-11-20T12:00Z
+	if r := f.do("PUT", "/v1/customers/acme/quotas/tokens", adminToken, map[string]any{"limit": "1000000", "admission": "exact"}); r.status != 201 {
+		t.Fatalf("exact rule: %d %s", r.status, r.body)
+	}
+	gw := f.gatewayToken("gw1")
+	grant := func() {
+		t.Helper()
+		if r := f.do("POST", "/v1/grants", gw, map[string]any{"holder": "gw1", "generation": 1, "customer": "acme",
+			"meter": "tokens", "amount": "1", "ttl": "30s"}); r.status != 201 {
+			t.Fatalf("grant: %d %s", r.status, r.body)
+		}
+	}
+	grant()
+	// 5,000 ended grants before it, copies of it issued up to a day before.
+	f.exec(`CREATE TEMP TABLE old_grants AS SELECT g.* FROM admission_grants g CROSS JOIN generate_series(1, 5000)`)
+	f.exec(`UPDATE old_grants SET id = gen_random_uuid(), issued_at = issued_at - interval '1 hour' - random() * interval '1 day'`)
+	f.exec(`UPDATE old_grants SET valid_until = issued_at, reclaim_at = issued_at, ended_at = issued_at, end_reason = 'released'`)
+	f.exec(`INSERT INTO admission_grants SELECT * FROM old_grants`)
+	grant()
+	grant()
+	f.exec(`ANALYZE admission_grants`)
+	f.genericPlans()
+	for _, query := range []string{"state=live", ""} {
+		cursor := ""
+		for pages := 0; pages < 3; pages++ {
+			path := "/v1/customers/acme/grants?limit=2&" + query
+			if cursor != "" {
+				path += "&cursor=" + url.QueryEscape(cursor)
+			}
+			n, r := f.readsOf("admission_grants", path)
+			if n > 50 {
+				t.Errorf("GET %s read %d rows of admission_grants for a page of 2", path, n)
+			}
+			var page struct {
+				Items      []map[string]any `json:"items"`
+				NextCursor string           `json:"next_cursor"`
+			}
+			if err := json.Unmarshal(r.body, &page); err != nil {
+				t.Fatal(err)
+			}
+			if query == "state=live" && pages == 1 && len(page.Items) != 1 {
+				t.Fatalf("GET %s: %d live grants on the second page, want the third one", path, len(page.Items))
+			}
+			if page.NextCursor == "" {
+				break
 			}
 			cursor = page.NextCursor
 		}

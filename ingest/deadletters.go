@@ -67,7 +67,17 @@ func ListDeadLetters(ctx context.Context, db DBTX, f DeadLetterFilter) ([]DeadLe
 		f.Limit = 100
 	}
 	f.Limit = min(f.Limit, 1000)
-	rows, err := db.Query(ctx, qSelectDeadLetters, f.Customer, f.Pending, f.After, f.Limit)
+	args := []any{f.After, f.Limit}
+	q := qSelectDeadLetters
+	switch {
+	case f.Customer != "" && f.Pending:
+		q, args = qSelectDeadLettersOfKeyPending, append(args, f.Customer)
+	case f.Customer != "":
+		q, args = qSelectDeadLettersOfKey, append(args, f.Customer)
+	case f.Pending:
+		q = qSelectDeadLettersPending
+	}
+	rows, err := db.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("ingest: dead letters: %w", err)
 	}

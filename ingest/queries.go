@@ -261,9 +261,21 @@ const qDeadLetterColumns = `id, topic, partition, "offset", record_index, reason
 
 // qSelectDeadLetters is a page of dead letters by id: $1 a message key (”:
 // all), $2 only those pending, $3 the cursor, $4 the limit.
-const qSelectDeadLetters = `SELECT ` + qDeadLetterColumns + ` FROM dead_letters
-WHERE ($1 = '' OR key = convert_to($1, 'UTF8')) AND (NOT $2 OR replayed_at IS NULL) AND id > $3
-ORDER BY id LIMIT $4`
+// A page of dead letters after id $1, of every key or of key $3, and of
+// all or only the pending: a statement for each filter, not one with
+// "$3 = ” OR key = …", so that each is planned for its index also as the
+// generic plan Postgres settles on for a prepared statement (one plan for
+// any filter scanned the primary key from the cursor and read every other
+// customer's dead letter on the way).
+const (
+	qDeadLettersFrom = `SELECT ` + qDeadLetterColumns + ` FROM dead_letters WHERE `
+	qDeadLettersPage = `id > $1 ORDER BY id LIMIT $2`
+
+	qSelectDeadLetters             = qDeadLettersFrom + qDeadLettersPage
+	qSelectDeadLettersPending      = qDeadLettersFrom + `replayed_at IS NULL AND ` + qDeadLettersPage
+	qSelectDeadLettersOfKey        = qDeadLettersFrom + `key = convert_to($3, 'UTF8') AND ` + qDeadLettersPage
+	qSelectDeadLettersOfKeyPending = qDeadLettersFrom + `key = convert_to($3, 'UTF8') AND replayed_at IS NULL AND ` + qDeadLettersPage
+)
 
 const qSelectDeadLetter = `SELECT ` + qDeadLetterColumns + ` FROM dead_letters WHERE id = $1`
 

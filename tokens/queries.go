@@ -20,13 +20,18 @@ FROM api_tokens
 WHERE ($1::text IS NULL OR customer = $1)
 ORDER BY created_at, id`
 
-	// qPageTokens is a page of qListTokens after ($2, $3) in its order: by
-	// api_tokens_created, or api_tokens_customer for one customer.
-	qPageTokens = `
+	// qPageTokens is a page of qListTokens after ($1, $2) in its order
+	// ('-infinity' for the first), by api_tokens_created; qPageTokensOf one
+	// customer's ($4), by api_tokens_customer. Two statements, not one with
+	// "$4 IS NULL OR …": as the generic plan Postgres settles on for a
+	// prepared statement, that read every token before the page.
+	qPageTokensFrom = `
 SELECT id, coalesce(customer, ''), description, created_at, revoked_at, coalesce(gateway, '')
 FROM api_tokens
-WHERE ($1::text IS NULL OR customer = $1)
-  AND ($2::timestamptz IS NULL OR (created_at, id) > ($2, $3::uuid))
+WHERE `
+	qPageTokensAfter = `(created_at, id) > ($1, $2::uuid)
 ORDER BY created_at, id
-LIMIT $4`
+LIMIT $3`
+	qPageTokens   = qPageTokensFrom + qPageTokensAfter
+	qPageTokensOf = qPageTokensFrom + `customer = $4 AND ` + qPageTokensAfter
 )

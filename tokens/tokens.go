@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/tally-ledger/tally/internal/ids"
 	"github.com/tally-ledger/tally/periods"
@@ -155,15 +156,16 @@ type PageRequest struct {
 // (a deployment has a token per customer or more), so it neither repeats
 // nor skips a token when tokens are created between pages.
 func Page(ctx context.Context, db DBTX, req PageRequest) ([]Token, error) {
-	var filter *string
-	if req.Customer != "" {
-		filter = &req.Customer
-	}
-	var after *time.Time
+	after := pgtype.Timestamptz{InfinityModifier: pgtype.NegativeInfinity, Valid: true}
 	if !req.AfterCreated.IsZero() {
-		after = &req.AfterCreated
+		after = pgtype.Timestamptz{Time: req.AfterCreated, Valid: true}
 	}
-	rows, err := db.Query(ctx, qPageTokens, filter, after, req.AfterID, req.Limit)
+	args := []any{after, req.AfterID, req.Limit}
+	q := qPageTokens
+	if req.Customer != "" {
+		q, args = qPageTokensOf, append(args, req.Customer)
+	}
+	rows, err := db.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("list tokens: %w", err)
 	}
