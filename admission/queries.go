@@ -102,8 +102,8 @@ WHERE id = @id`
 // admission_grants_customer; qCustomerGrantsLive the live ones, from the
 // unended ones (admission_grants_budget); qCustomerGrantsEnded those ended
 // by the clock too (a grant past its reclaim time is ended even before a
-// sweep marks it). A statement per state, not one with "@state = ” OR
-// …": as the generic plan Postgres settles on for a prepared statement,
+// sweep marks it). A statement per state, not one whose state filter is
+// "empty or equal": as the generic plan Postgres settles on for a prepared statement,
 // that read every grant the customer ever had for a page of live ones.
 const (
 	qCustomerGrantsWhere = `SELECT ` + grantColumns + grantFrom + `
