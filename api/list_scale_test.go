@@ -3,10 +3,15 @@ package api_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/url"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/tally-ledger/tally/api"
 )
 
 // rowsRead is what Postgres's statistics say was read of table so far
@@ -249,6 +254,53 @@ func TestGrantPagesReadAPage(t *testing.T) {
 			}
 			if page.NextCursor == "" {
 				break
+			}
+			cursor = page.NextCursor
+		}
+	}
+}
+
+// A page of reconciliation runs reads about a page of runs however deep
+// the cursor: a deployment keeps years of nightly runs. (The period
+// index orders a period's runs by start, not id: a page of one period's
+// runs reads them all, a few a night.)
+func TestReconciliationPagesReadAPage(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	// 5,000 runs, UUIDv7-like ids in start order (the time in the first
+	// six bytes).
+	f.exec(`INSERT INTO reconciliation_runs (id, period, status, started_at)
+		SELECT (lpad(to_hex(1700000000000 + i), 12, '0') || '7000' || '8000' || lpad(to_hex(i), 12, '0'))::uuid,
+		       '2026-10-01', 'clean', '2026-11-01T00:00:00Z'::timestamptz + i * interval '1 minute'
+		FROM generate_series(1, 5000) i`)
+	f.exec(`ANALYZE reconciliation_runs`)
+	f.genericPlans()
+	for _, query := range []string{"", "period=2026-10-01"} {
+		// A cursor 3,000 runs deep (run 2,000 of 5,000, newest first): made
+		// here, so that no page before it is read (and counted) first.
+		id, err := uuid.Parse(fmt.Sprintf("%012x70008000%012x", 1700000000000+2000, 2000))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cursor := api.EncodeCursor(id.String())
+		for pages := 0; pages < 3; pages++ {
+			path := "/v1/reconciliations?limit=2&" + query
+			if cursor != "" {
+				path += "&cursor=" + url.QueryEscape(cursor)
+			}
+			n, r := f.readsOf("reconciliation_runs", path)
+			if n > 50 {
+				t.Errorf("GET %s read %d rows of reconciliation_runs for a page of 2", path, n)
+			}
+			var page struct {
+				Items      []map[string]any `json:"items"`
+				NextCursor string           `json:"next_cursor"`
+			}
+			if err := json.Unmarshal(r.body, &page); err != nil {
+				t.Fatal(err)
+			}
+			if len(page.Items) != 2 || page.NextCursor == "" {
+				t.Fatalf("GET %s: %d runs, cursor %q", path, len(page.Items), page.NextCursor)
 			}
 			cursor = page.NextCursor
 		}

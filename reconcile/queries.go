@@ -66,17 +66,23 @@ SELECT kind, severity, coalesce(customer, ''), coalesce(meter, ''), coalesce(str
        amount, detail
 FROM reconciliation_findings WHERE run_id = $1 ORDER BY n`
 
-	// $1: the period as asked for ('' for every period); $2: the cursor
-	// (NULL: from the newest); $3: the limit; $4: the discrepancy severity.
-	qRunsList = `
+	// A page of runs below the cursor $1 (the largest uuid for the first
+	// page), newest first; $2: the limit; $3: the discrepancy severity;
+	// qRunsListOfPeriod those of period $4. Two statements, not one whose
+	// filters read "empty or equal": as the generic plan Postgres settles
+	// on for a prepared statement, that read every run before the page.
+	qRunsSelect = `
 SELECT r.id, r.period, coalesce(r.customer, ''), r.deep, r.status, r.started_at, r.finished_at, r.entries_scanned,
        coalesce(r.error, ''),
        (SELECT count(*) FROM reconciliation_findings f WHERE f.run_id = r.id),
-       (SELECT count(*) FROM reconciliation_findings f WHERE f.run_id = r.id AND f.severity = $4)
+       (SELECT count(*) FROM reconciliation_findings f WHERE f.run_id = r.id AND f.severity = $3)
 FROM reconciliation_runs r
-WHERE ($1 = '' OR r.period = $1) AND ($2::uuid IS NULL OR r.id < $2)
+WHERE `
+	qRunsPage = `r.id < $1
 ORDER BY r.id DESC
-LIMIT $3`
+LIMIT $2`
+	qRunsList         = qRunsSelect + qRunsPage
+	qRunsListOfPeriod = qRunsSelect + `r.period = $4 AND ` + qRunsPage
 )
 
 // One run per period at a time: a session lock per resolved period name

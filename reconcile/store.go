@@ -89,11 +89,15 @@ func List(ctx context.Context, db interface {
 	if limit <= 0 {
 		limit = 100
 	}
-	var before *uuid.UUID
+	before := uuid.Max
 	if after != uuid.Nil {
-		before = &after
+		before = after
 	}
-	rows, err := db.Query(ctx, qRunsList, period, before, limit, Discrepancy)
+	q, args := qRunsList, []any{before, limit, Discrepancy}
+	if period != "" {
+		q, args = qRunsListOfPeriod, append(args, period)
+	}
+	rows, err := db.Query(ctx, q, args...)
 	if err != nil {
 		return nil, fmt.Errorf("reconcile: list runs: %w", err)
 	}
