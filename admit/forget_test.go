@@ -27,7 +27,9 @@ func TestAnUnusedBudgetIsForgotten(t *testing.T) {
 	ts.exactRule("acme", "tokens", "1000")
 	reg := prometheus.NewRegistry()
 	c := newClient(t, ts, "gw1", t.TempDir(), admit.Config{Registerer: reg,
-		RuleRecheck: 100 * time.Millisecond, ForgetAfter: 500 * time.Millisecond, GrantTTL: time.Second})
+		RuleRecheck: 100 * time.Millisecond, ForgetAfter: 2 * time.Second, GrantTTL: time.Second})
+	// (ForgetAfter leaves a loaded machine time for the 51 first Admits, each
+	// a grant request, before the first budgets may go.)
 	defer c.Close(context.Background())
 	ctx := context.Background()
 	metric := func(name, labels string) float64 {
@@ -213,9 +215,8 @@ func TestInvalidIDsNeverReachTally(t *testing.T) {
 			}
 		}
 	}
-	if d, err := c.Admit(ctx, "acme", "tokens", 1); err != nil || d.How != admit.FromGrant {
-		t.Fatalf("a valid customer after them: %+v %v", d, err)
-	}
+	// Nothing asked of Tally, nothing kept (read before any valid Admit:
+	// its budget's loop may top up at any tick after it).
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -228,10 +229,13 @@ func TestInvalidIDsNeverReachTally(t *testing.T) {
 			}
 		}
 	}
-	if calls != 1 {
-		t.Errorf("%v calls to Tally, want 1 (the valid customer's grant)", calls)
+	if calls != 0 {
+		t.Errorf("%v calls to Tally for invalid ids, want none", calls)
 	}
-	if v, err := metricValue(reg, "tally_admit_budgets", ""); err != nil || v != 1 {
-		t.Errorf("budgets %v (%v), want 1", v, err)
+	if v, err := metricValue(reg, "tally_admit_budgets", ""); err != nil || v != 0 {
+		t.Errorf("budgets %v (%v) for invalid ids, want 0", v, err)
+	}
+	if d, err := c.Admit(ctx, "acme", "tokens", 1); err != nil || d.How != admit.FromGrant {
+		t.Fatalf("a valid customer after them: %+v %v", d, err)
 	}
 }
