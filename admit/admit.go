@@ -210,8 +210,9 @@ type Config struct {
 	// for this long is forgotten once it holds nothing (no grant, no
 	// report on its way): its memory goes, and a lagged rule's or a
 	// meter's without a rule stops being rechecked (RuleRecheck). Its next
-	// Admit asks Tally as a first one does (OnUnreachable answers it
-	// while Tally cannot be reached). Default 5 min.
+	// Admit asks Tally as a first one does; while Tally cannot be
+	// reached, the on_unreachable its rule's grants brought answers it
+	// (OnUnreachable when none did). Default 5 min.
 	ForgetAfter time.Duration
 }
 
@@ -303,20 +304,23 @@ type Client struct {
 	http       *http.Client
 	log        *slog.Logger
 	budgets    budgetMap
-	mu         sync.Mutex // adding and forgetting budgets
-	journal    *journal
-	stop       chan struct{}
-	done       chan struct{}
-	closeOnce  sync.Once
-	closed     atomic.Bool // set by Close before it gives the grants back
-	bg         context.Context
-	stopBG     context.CancelFunc // ends the loop's and background grant requests' calls at Close
-	fetchMu    sync.RWMutex       // orders starting a background grant request against Close
-	fetches    sync.WaitGroup
-	reach      reach
-	metrics    *metrics
-	reportMu   sync.Mutex
-	reportAt   map[string]time.Time // final spend reports not to resend before
+	mu         sync.Mutex // adding and forgetting budgets, and learnt
+	// learnt: the on_unreachable of forgotten budgets whose rule's differs
+	// from Config.OnUnreachable (one per such customer and meter).
+	learnt    map[key]policy
+	journal   *journal
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+	closed    atomic.Bool // set by Close before it gives the grants back
+	bg        context.Context
+	stopBG    context.CancelFunc // ends the loop's and background grant requests' calls at Close
+	fetchMu   sync.RWMutex       // orders starting a background grant request against Close
+	fetches   sync.WaitGroup
+	reach     reach
+	metrics   *metrics
+	reportMu  sync.Mutex
+	reportAt  map[string]time.Time // final spend reports not to resend before
 	// keptMu serialises rewriting and removing files of kept reports: a
 	// file being delivered by the top-up that kept it may be delivered by
 	// the loop too (a report delivered twice is settled as delivered), and
@@ -782,6 +786,10 @@ func (c *Client) budget(customer, meter string) *budget {
 		return b
 	}
 	b := newBudget(customer, meter)
+	if p, ok := c.learnt[k]; ok { // forgotten before, with its rule's policy
+		b.policy.Store(&p)
+		delete(c.learnt, k)
+	}
 	// Under decMu: a decision read meanwhile is either handed over here
 	// or finds b in the map.
 	c.decMu.Lock()
@@ -844,6 +852,18 @@ func (c *Client) forgetShard(bs []*budget) {
 		}
 	}
 	c.budgets.remove(gone)
+	// The rule's on_unreachable a grant brought outlives its budget when
+	// it is not the gateway's own: while Tally is unreachable, the
+	// customer's next Admit follows its rule, not Config.OnUnreachable.
+	def := policy{how: c.cfg.OnUnreachable, amount: c.cfg.LocalAmount, every: c.cfg.LocalEvery}
+	for _, b := range gone {
+		if p := b.policy.Load(); p != nil && *p != def {
+			if c.learnt == nil {
+				c.learnt = map[key]policy{}
+			}
+			c.learnt[key{b.customer, b.meter}] = *p
+		}
+	}
 	c.mu.Unlock()
 	for _, b := range gone {
 		// An Admit on the hot path that loaded b before may still count

@@ -239,3 +239,34 @@ func TestInvalidIDsNeverReachTally(t *testing.T) {
 		t.Fatalf("a valid customer after them: %+v %v", d, err)
 	}
 }
+
+// A forgotten budget's rule policy is kept: the on_unreachable a grant
+// brought (here deny) still answers the customer's next Admit while Tally
+// is unreachable, not the gateway's own default (here allow). Forgotten
+// with the budget, a customer idle for ForgetAfter was admitted through
+// an outage its rule says to refuse.
+func TestAForgottenBudgetKeepsItsRulesPolicy(t *testing.T) {
+	ts := startTally(t)
+	ts.exactRuleWith("acme", "tokens", "1000", admit.Deny)
+	reg := prometheus.NewRegistry()
+	c := newClient(t, ts, "gw1", t.TempDir(), admit.Config{Registerer: reg, OnUnreachable: admit.Allow,
+		ForgetAfter: time.Millisecond, Tick: 10 * time.Millisecond, GrantTTL: time.Second})
+	defer c.Close(context.Background())
+	ctx := context.Background()
+	if d, err := c.Admit(ctx, "acme", "tokens", 1); err != nil || d.How != admit.FromGrant {
+		t.Fatalf("admit: %+v %v", d, err)
+	}
+	eventually(t, "acme's budget forgotten", func() bool {
+		v, err := metricValue(reg, "tally_admit_budgets_forgotten_total", "")
+		return err == nil && v == 1
+	})
+	ts.down.Store(true)
+	d, err := c.Admit(ctx, "acme", "tokens", 1)
+	if err != nil || d.Admitted || !d.Unreachable {
+		t.Fatalf("admit while Tally is unreachable after acme was forgotten: %+v %v, want refused by its rule's on_unreachable deny", d, err)
+	}
+	// A customer never seen follows the gateway's own policy.
+	if d, err := c.Admit(ctx, "globex", "tokens", 1); err != nil || !d.Admitted || d.How != admit.Bypass {
+		t.Fatalf("a customer never seen while Tally is unreachable: %+v %v, want admitted by the gateway's allow", d, err)
+	}
+}
