@@ -608,14 +608,14 @@ func (c *Client) admitSlow(ctx context.Context, customer, meter string, cost int
 			return Decision{}, err
 		}
 	}
-	if b2 := c.hold(customer, meter, b); b2 != b {
-		b = b2 // new, or b was forgotten: another Admit may have filled it
+	held := c.hold(customer, meter, b)
+	defer held.users.Add(-1)
+	if held != b {
+		b = held // new, or b was forgotten: another Admit may have filled it
 		if b.take(cost) {
-			b.users.Add(-1)
 			return Decision{Admitted: true, How: FromGrant}, nil
 		}
 	}
-	defer b.users.Add(-1)
 	b.misses.Add(1)
 	b.slowUses.Add(1)
 	now := time.Now()

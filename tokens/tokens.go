@@ -125,7 +125,11 @@ func List(ctx context.Context, db DBTX, customer string) ([]Token, error) {
 	if customer != "" {
 		filter = &customer
 	}
-	rows, err := db.Query(ctx, qListTokens, filter)
+	return collect(db.Query(ctx, qListTokens, filter))
+}
+
+// collect reads the tokens of a list query's rows.
+func collect(rows pgx.Rows, err error) ([]Token, error) {
 	if err != nil {
 		return nil, fmt.Errorf("list tokens: %w", err)
 	}
@@ -165,21 +169,11 @@ func Page(ctx context.Context, db DBTX, req PageRequest) ([]Token, error) {
 	if req.Customer != "" {
 		q, args = qPageTokensOf, append(args, req.Customer)
 	}
-	rows, err := db.Query(ctx, q, args...)
-	if err != nil {
-		return nil, fmt.Errorf("list tokens: %w", err)
+	out, err := collect(db.Query(ctx, q, args...))
+	if out == nil && err == nil {
+		out = []Token{} // an empty page is a list, not null
 	}
-	out := []Token{}
-	var t Token
-	_, err = pgx.ForEachRow(rows, []any{&t.ID, &t.Customer, &t.Description, &t.CreatedAt, &t.RevokedAt, &t.Gateway}, func() error {
-		out = append(out, t)
-		t = Token{}
-		return nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list tokens: %w", err)
-	}
-	return out, nil
+	return out, err
 }
 
 // WellFormed reports whether secret has the shape Create gives every
