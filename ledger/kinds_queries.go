@@ -209,6 +209,20 @@ SELECT s.producer, s.epoch, r.seq, r.level, r.occurred_at, r.final
 FROM gauge_streams g JOIN streams s ON s.id = g.stream_id JOIN gauge_readings r ON r.stream_id = g.stream_id
 WHERE g.customer = $1 AND g.meter = $2`
 
+	// Reconciliation of a period: the readings GaugeReadingsFor returns,
+	// a stream at a time (gauge_streams_customer, then the readings'
+	// primary key: no index finds readings by time, migration 00037). A
+	// stream's occurred_at never decreases with seq, so its last reading
+	// at or before start ($3) is found walking back from its newest, and
+	// the period's readings follow it by seq.
+	qGaugeReadingsFor = `
+SELECT s.producer, s.epoch, r.seq, r.level, r.occurred_at, r.final
+FROM gauge_streams g JOIN streams s ON s.id = g.stream_id
+CROSS JOIN LATERAL (SELECT coalesce((SELECT seq FROM gauge_readings WHERE stream_id = g.stream_id AND occurred_at <= $3
+                                     ORDER BY seq DESC LIMIT 1), 0) AS seq) carry
+JOIN gauge_readings r ON r.stream_id = g.stream_id AND r.seq >= carry.seq AND r.occurred_at < $4
+WHERE g.customer = $1 AND g.meter = $2`
+
 	// The array is hidden from the planner as in qRecordsByOperation.
 	qUniqueByOperation = `
 SELECT operation_id, stream_id, seq, member, occurred_at, final FROM unique_readings

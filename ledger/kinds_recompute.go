@@ -28,7 +28,11 @@ type GaugeReading struct {
 
 // GaugeReadings returns every reading of a customer's gauge.
 func GaugeReadings(ctx context.Context, db DBTX, customer, meter string) ([]GaugeReading, error) {
-	rows, err := db.Query(ctx, qGaugeReadingsOf, customer, meter)
+	return gaugeReadings(ctx, db, qGaugeReadingsOf, customer, meter)
+}
+
+func gaugeReadings(ctx context.Context, db DBTX, query string, args ...any) ([]GaugeReading, error) {
+	rows, err := db.Query(ctx, query, args...)
 	if err != nil {
 		return nil, fmt.Errorf("ledger: gauge readings: %w", err)
 	}
@@ -43,6 +47,21 @@ func GaugeReadings(ctx context.Context, db DBTX, customer, meter string) ([]Gaug
 		return nil, fmt.Errorf("ledger: gauge readings: %w", err)
 	}
 	return out, nil
+}
+
+// GaugeReadingsFor returns the readings of a customer's gauge that its
+// aggregates over [start, asOf) depend on: of each stream, its last
+// reading at or before start (the level it carries in) and those after it
+// before asOf. RecomputeGauge gives the same answer from them as from
+// every reading: a reading before start that a later one of its stream
+// supersedes adds nothing at or after start, and a newer epoch's first
+// reading ends the older epoch's level before start whether it or the
+// newer epoch's last reading before start is the first one seen. What it
+// reads is each stream's readings since start (twice: back from the
+// newest to the last before start, and on from there), however long the
+// meter's history before it.
+func GaugeReadingsFor(ctx context.Context, db DBTX, customer, meter string, start, asOf time.Time) ([]GaugeReading, error) {
+	return gaugeReadings(ctx, db, qGaugeReadingsFor, customer, meter, start, asOf)
 }
 
 // RecomputeGauge computes a gauge's aggregates over [start, asOf) from its

@@ -89,7 +89,8 @@ type fingerprint struct {
 	Unowned     string `json:"unowned_dead_letters"`
 	Jumps       string `json:"offset_jumps"`
 	// Kinds counts the gauge and unique readings that bear on the period
-	// ("" when there are none, as in runs stored before it was kept).
+	// ("" when there are none, as in runs stored before it was kept; see
+	// qFingerprint for its "v2/" form).
 	Kinds string `json:"kinds,omitempty"`
 }
 
@@ -108,7 +109,13 @@ func (a fingerprint) changes(b fingerprint) []string {
 	add(a.DeadLetters != b.DeadLetters, "unreplayed dead letters changed")
 	add(a.Unowned != b.Unowned, "unreplayed dead letters of no known customer changed")
 	add(a.Jumps != b.Jumps, "offset jumps (messages deleted unread) changed")
-	add(a.Kinds != b.Kinds, "new gauge or unique readings")
+	switch {
+	case a.Kinds != "" && b.Kinds != "" && strings.HasPrefix(a.Kinds, "v2/") != strings.HasPrefix(b.Kinds, "v2/"):
+		// A run stored before gauge readings were counted as they are now.
+		out = append(out, "gauge readings are counted differently since the run")
+	case a.Kinds != b.Kinds:
+		out = append(out, "new gauge or unique readings")
+	}
 	return out
 }
 

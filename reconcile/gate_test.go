@@ -178,3 +178,58 @@ func TestRunLockIsOnTheResolvedPeriod(t *testing.T) {
 		t.Fatalf("run of previous while 2026-10-01 runs: %v", err)
 	}
 }
+
+// TestGateSeesTheGaugeReadingsThatBearOnThePeriod: the close gate reads a
+// gauge's readings as reconciliation does (the period's, and each stream's
+// last before it and first), not its whole history. A late reading that
+// can change October is seen: one stamped before October 1 that is now
+// the last there (the level October carries in), one in October, and the
+// first of a newer epoch in October (it ends the older epoch's level). One
+// stamped before October 1 that a later reading already superseded cannot
+// change October, and the close goes ahead.
+func TestGateSeesTheGaugeReadingsThatBearOnThePeriod(t *testing.T) {
+	sep := time.Date(2026, 9, 1, 0, 0, 0, 0, time.UTC)
+	oct := time.Date(2026, 10, 10, 0, 0, 0, 0, time.UTC)
+	epoch2 := func(seq int64, v string, at time.Time) ledger.Record {
+		r := level("a", seq, v, at)
+		r.Stream.Epoch = 2
+		return r
+	}
+	cases := []struct {
+		name   string
+		late   ledger.Record
+		refuse bool
+	}{
+		{"a new last reading before the period", level("a", 4, "7", sep.Add(25*24*time.Hour)), true},
+		{"a reading in the period", level("a", 6, "7", oct.Add(48*time.Hour)), true},
+		{"a newer epoch's first reading in the period", epoch2(1, "1", oct.Add(24*time.Hour)), true},
+		{"a superseded reading before the period", level("a", 2, "7", sep.Add(5*24*time.Hour)), false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			e.declare("seats", ledger.Gauge)
+			// Seqs 2 and 4 are missing at the run: seq 3 (September 10) is
+			// the level October carries in, seq 5 its change on the 10th.
+			e.apply(level("a", 1, "4", sep), level("a", 3, "5", sep.Add(9*24*time.Hour)), level("a", 5, "6", oct))
+			e.now = time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC) // October is in grace
+			if r := e.run(reconcile.Options{Period: "2026-10-01"}); r.Status != reconcile.StatusClean {
+				t.Fatalf("run: %s %+v", r.Status, r.Findings)
+			}
+			if o := e.apply(c.late); o[0].Kind != ledger.Applied && o[0].Kind != ledger.LateFill {
+				t.Fatalf("late reading: %v %s", o[0].Kind, o[0].Detail)
+			}
+			e.now = time.Date(2026, 11, 3, 0, 0, 0, 0, time.UTC)
+			_, err := e.close("acme", "2026-10-01")
+			if !c.refuse {
+				if err != nil {
+					t.Fatalf("close: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, periods.ErrNotReconciled) || !strings.Contains(err.Error(), "gauge or unique readings") {
+				t.Fatalf("close after %s: %v", c.name, err)
+			}
+		})
+	}
+}

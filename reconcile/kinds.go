@@ -61,7 +61,7 @@ func (r *runner) checkKinds(ctx context.Context, tx pgx.Tx, tg target, now time.
 			lines[g.Meter] = g
 		}
 		for _, m := range gauges {
-			rs, err := ledger.GaugeReadings(ctx, tx, c, m)
+			rs, err := ledger.GaugeReadingsFor(ctx, tx, c, m, p.Start, asOf)
 			if err != nil {
 				return err
 			}

@@ -371,14 +371,27 @@ SELECT meter, sum(n)::bigint, sum(q) FROM (
 
 	// Per target, everything but usage that a run checks and a close
 	// compares. Gauge and unique readings are append-only: their counts
-	// see every reading that can change the period (a gauge reading
-	// stamped before the period's end may change the level it carries in
-	// or holds; a unique one counts in the period it occurred in), whether
-	// or not it changed an aggregate (docs/design.md §4, §16). Ledger findings count in the period they are about and in
-	// the one they were noted in; conflicts in the period their record
-	// occurred in and in the one they were detected in. Dead letters and
-	// offset jumps count for every period that had started when they
-	// happened, until they are replayed or accepted.
+	// see every reading that can change the period, whether or not it
+	// changed an aggregate (docs/design.md §4, §16). A unique reading
+	// counts in the period it occurred in. A gauge's are read a stream at
+	// a time as reconciliation reads them (ledger.GaugeReadingsFor), never
+	// its whole history: of the streams begun before the period's end,
+	// how many, the seq of each one's last reading at or before the
+	// period's start (the level it carries in), and how many follow that
+	// one before the period's end. A late reading that can change the
+	// period is a new stream, a new last reading before the start (a
+	// higher seq), or one in the period (one more); one before the start
+	// that a later one supersedes changes nothing, nor does a stream's
+	// earlier first reading before the start (it may end an older epoch
+	// earlier, still before the start). The sums only grow as readings
+	// arrive, so no two arrivals cancel out. "v2/" tells this form from the
+	// count of every reading before the period's end that older runs kept
+	// (without gauge streams both are "0:" and the unique readings' count).
+	// Ledger findings count in the period they are about and in the one
+	// they were noted in; conflicts in the period their record occurred in
+	// and in the one they were detected in. Dead letters and offset jumps
+	// count for every period that had started when they happened, until
+	// they are replayed or accepted.
 	qFingerprint = `
 WITH ` + qTargets + `,
 g AS (
@@ -413,9 +426,15 @@ g AS (
 SELECT t.customer, coalesce(g.h, ''), coalesce(c.n, 0), coalesce(f.n, 0), coalesce(l.n, 0), coalesce(d.h, ''),
        coalesce((SELECT md5(string_agg(u.id::text, ',' ORDER BY u.id)) FROM u WHERE u.created_at >= t.period_start), ''),
        coalesce((SELECT md5(string_agg(j.id::text, ',' ORDER BY j.id)) FROM j WHERE j.detected_at >= t.period_start), ''),
-       (SELECT CASE WHEN kg.n + ku.n = 0 THEN '' ELSE kg.n || ':' || ku.n END
-        FROM (SELECT count(*) AS n FROM gauge_streams gs JOIN gauge_readings r ON r.stream_id = gs.stream_id
-              WHERE gs.customer = t.customer AND r.occurred_at < t.period_end) kg,
+       (SELECT CASE WHEN kg.n + ku.n = 0 THEN '' WHEN kg.n = 0 THEN '0:' || ku.n ELSE 'v2/' || kg.n || '/' || kg.carried || '/' || kg.held || ':' || ku.n END
+        FROM (SELECT count(*) AS n, coalesce(sum(c.seq), 0) AS carried, coalesce(sum(h.n), 0) AS held
+              FROM gauge_streams gs
+              CROSS JOIN LATERAL (SELECT seq, occurred_at FROM gauge_readings WHERE stream_id = gs.stream_id ORDER BY seq LIMIT 1) f
+              CROSS JOIN LATERAL (SELECT coalesce((SELECT seq FROM gauge_readings WHERE stream_id = gs.stream_id AND occurred_at <= t.period_start
+                                                   ORDER BY seq DESC LIMIT 1), 0) AS seq) c
+              CROSS JOIN LATERAL (SELECT count(*) AS n FROM gauge_readings
+                                  WHERE stream_id = gs.stream_id AND seq > c.seq AND occurred_at < t.period_end) h
+              WHERE gs.customer = t.customer AND f.occurred_at < t.period_end) kg,
              (SELECT count(*) AS n FROM stream_periods sp
               JOIN unique_readings r ON r.stream_id = sp.stream_id AND r.seq BETWEEN sp.min_seq AND sp.max_seq
                                     AND r.period_start = sp.period_start
