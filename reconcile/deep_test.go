@@ -2,6 +2,7 @@ package reconcile_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -58,6 +59,28 @@ func TestDeepRecomputesFromKafka(t *testing.T) {
 	}
 	if len(deep) != 1 || deep[0].Amount.String() != "-1" || deep[0].Detail != "Kafka's messages end at seq 2 total 15; the ledger at seq 2 total 14" {
 		t.Fatalf("deep findings: %+v", deep)
+	}
+	// A record changed in place below where a run found its stream adding
+	// up escapes a routine run's stream check, which sums a stream's
+	// records from there (Tally never changes a record); the rollups of
+	// the record's period still disagree with it, and a deep run sums
+	// every record of the stream.
+	e.exec(`UPDATE records SET billed = billed + 1 WHERE customer = 'bolt'`)
+	kinds := func(r *reconcile.Run) (out []string) {
+		for _, f := range r.Findings {
+			out = append(out, f.Kind)
+		}
+		return out
+	}
+	if r := e.run(reconcile.Options{Period: "2026-11-01", Customer: "bolt"}); !slices.Equal(kinds(r), []string{reconcile.KindRollupMismatch}) {
+		t.Fatalf("routine run after bolt's record changed: %+v", r.Findings)
+	}
+	r, err = rc.Run(context.Background(), reconcile.Options{Period: "2026-11-01", Customer: "bolt", Deep: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(kinds(r), reconcile.KindStreamMismatch) {
+		t.Fatalf("deep run after bolt's record changed: %+v", r.Findings)
 	}
 }
 

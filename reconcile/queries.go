@@ -190,18 +190,28 @@ SELECT customer, meter, 'adjustment', sum(amount)
 FROM entries JOIN t USING (customer, period_start)
 WHERE (@all::boolean OR customer = ANY(@customers)) AND period_start = ANY(@starts) AND kind = 'adjustment' GROUP BY 1, 2`
 
-	// Streams of the customers whose billed deltas, over the stream's
-	// whole life, do not add up to its last total (the primary key of
-	// records finds each stream's rows).
+	// Streams of the customers whose billed deltas do not add up to their
+	// last total, and those that add up further than stream_checks says
+	// (migration 00047): each stream's records after the seq where a run
+	// last found it adding up, with what they added up to there, by the
+	// primary key of records, a stream at a time. With @whole (a deep
+	// run), every record of each stream.
 	qStreamTotalsCheck = `
-WITH sums AS (
-  SELECT r.stream_id, sum(r.billed) AS billed, count(*) AS n
-  FROM streams s JOIN records r ON r.stream_id = s.id WHERE s.customer = ANY(@customers) GROUP BY 1
-)
-SELECT st.customer, st.meter, st.producer || '/' || st.epoch, st.last_total,
-       coalesce(sums.billed, 0), coalesce(sums.n, 0)
-FROM streams st LEFT JOIN sums ON sums.stream_id = st.id
-WHERE st.customer = ANY(@customers) AND coalesce(sums.billed, 0) <> st.last_total`
+SELECT st.id, st.customer, st.meter, st.producer || '/' || st.epoch, st.last_seq, st.last_total,
+       k.seq, k.billed, k.billed + sums.billed, sums.n
+FROM streams st
+CROSS JOIN LATERAL (SELECT coalesce(ck.seq, 0) AS seq, coalesce(ck.billed, 0) AS billed
+                    FROM (SELECT 1) one LEFT JOIN stream_checks ck ON ck.stream_id = st.id AND NOT @whole) k
+CROSS JOIN LATERAL (SELECT coalesce(sum(r.billed), 0) AS billed, count(*) AS n
+                    FROM records r WHERE r.stream_id = st.id AND r.seq > k.seq) sums
+WHERE st.customer = ANY(@customers) AND (k.billed + sums.billed <> st.last_total OR st.last_seq > k.seq)`
+
+	// Where the streams found adding up were (seq, billed): never back.
+	qStreamChecksUpsert = `
+INSERT INTO stream_checks (stream_id, seq, billed, checked_at)
+SELECT u.id, u.seq, u.billed, @at::timestamptz FROM unnest(@ids::bigint[], @seqs::bigint[], @billed::numeric[]) AS u (id, seq, billed)
+ON CONFLICT (stream_id) DO UPDATE SET seq = excluded.seq, billed = excluded.billed, checked_at = excluded.checked_at
+WHERE stream_checks.seq < excluded.seq`
 
 	qOpenGaps = `
 WITH ` + qTargets + `
@@ -355,10 +365,14 @@ WHERE v.customer = $1 AND v.period_start = $2 AND r.status <> 'failed'
 ORDER BY r.started_at DESC, r.id DESC LIMIT 1`
 
 	// The customer's streams whose billed deltas no longer add up to their
-	// last total (the primary key of records finds each stream's rows).
+	// last total: the records after where a run last found each adding up
+	// (stream_checks), by the primary key of records.
 	qStreamsBroken = `
 SELECT count(*) FROM streams st
-WHERE st.customer = $1 AND st.last_total <> (SELECT coalesce(sum(r.billed), 0) FROM records r WHERE r.stream_id = st.id)`
+LEFT JOIN stream_checks k ON k.stream_id = st.id
+WHERE st.customer = $1
+  AND st.last_total <> coalesce(k.billed, 0) + (SELECT coalesce(sum(r.billed), 0) FROM records r
+                                                WHERE r.stream_id = st.id AND r.seq > coalesce(k.seq, 0))`
 
 	// Per meter, the ledger rows billed in one customer's period and their
 	// sum (stream_periods finds them, migration 00020).

@@ -165,6 +165,19 @@ type runner struct {
 	rollups   map[[2]string]decimal.Decimal
 	scanned   int64
 	hasIngest bool
+	// whole: stream totals are summed over every record (a deep run), not
+	// from where a run last found them adding up.
+	whole bool
+	// streams found adding up further than stream_checks says, for the
+	// run to store.
+	streams []streamCheck
+}
+
+// streamCheck says that a stream's records up to seq add up to billed, its
+// last total then.
+type streamCheck struct {
+	id, seq int64
+	billed  decimal.Decimal
 }
 
 func (r *runner) total(customer, meter string) *Total {
@@ -250,7 +263,7 @@ func (rc *Reconciler) Run(ctx context.Context, opt Options) (*Run, error) {
 	}
 	rc.log.Info("reconciliation started", "run", run.ID, "period", opt.Period, "customer", opt.Customer, "deep", opt.Deep)
 
-	verdicts, err := rc.check(ctx, run, opt, now, locks)
+	verdicts, streams, err := rc.check(ctx, run, opt, now, locks)
 	if err != nil {
 		run.Status, run.Error = StatusFailed, err.Error()
 		rc.log.Error("reconciliation failed", "run", run.ID, "err", err)
@@ -261,7 +274,7 @@ func (rc *Reconciler) Run(ctx context.Context, opt Options) (*Run, error) {
 	}
 	fin := rc.cfg.Clock().UTC().Truncate(time.Microsecond)
 	run.FinishedAt = &fin
-	if serr := rc.store(context.WithoutCancel(ctx), run, verdicts); serr != nil {
+	if serr := rc.store(context.WithoutCancel(ctx), run, verdicts, streams); serr != nil {
 		return run, errors.Join(err, serr)
 	}
 	if err != nil {
@@ -363,32 +376,32 @@ type verdict struct {
 
 // check resolves the targets and runs every check in one REPEATABLE READ
 // transaction, so all checks see the same snapshot of the ledger.
-func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time.Time, locks *runLocks) ([]verdict, error) {
+func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time.Time, locks *runLocks) ([]verdict, []streamCheck, error) {
 	tx, err := rc.cfg.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return nil, fmt.Errorf("reconcile: %w", err)
+		return nil, nil, fmt.Errorf("reconcile: %w", err)
 	}
 	defer tx.Rollback(ctx)
 	if _, err := tx.Exec(ctx, qRunSettings); err != nil {
-		return nil, fmt.Errorf("reconcile: %w", err)
+		return nil, nil, fmt.Errorf("reconcile: %w", err)
 	}
 
 	tg, byCustomer, err := rc.targets(ctx, tx, opt, now)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	// A customer created since the locks were taken may resolve to a
 	// period not locked yet.
 	if err := locks.lockAll(ctx, byCustomer); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	r := &runner{run: run, totals: map[[2]string]*Total{}, periodOf: map[string]string{}, usage: map[string][]meterUsage{},
-		rollups: map[[2]string]decimal.Decimal{}}
+		rollups: map[[2]string]decimal.Decimal{}, whole: opt.Deep}
 	for c, p := range byCustomer {
 		r.periodOf[c] = p.Name
 	}
 	if err := tx.QueryRow(ctx, qIngestTablesExist).Scan(&r.hasIngest); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	rc.progress("reconciling %s for %d customers\n", opt.Period, len(tg.customers))
 
@@ -415,7 +428,7 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 		before := len(run.Findings)
 		start := time.Now()
 		if err := s.fn(); err != nil {
-			return nil, fmt.Errorf("reconcile: check %s: %w", s.name, err)
+			return nil, nil, fmt.Errorf("reconcile: check %s: %w", s.name, err)
 		}
 		c := Check{Name: s.name, Status: "ok"}
 		if n := len(run.Findings) - before; n > 0 {
@@ -426,7 +439,7 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 	}
 	if opt.Deep {
 		if err := rc.deep(ctx, tx, r, tg); err != nil {
-			return nil, fmt.Errorf("reconcile: deep check: %w", err)
+			return nil, nil, fmt.Errorf("reconcile: deep check: %w", err)
 		}
 	}
 	run.EntriesScanned = r.scanned
@@ -436,7 +449,7 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 	}
 	fps, err := fingerprints(ctx, tx, tg, usage)
 	if err != nil {
-		return nil, fmt.Errorf("reconcile: fingerprint: %w", err)
+		return nil, nil, fmt.Errorf("reconcile: fingerprint: %w", err)
 	}
 
 	// Totals, sorted; customers with a period but no usage still get a verdict.
@@ -476,7 +489,7 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 		vs = append(vs, verdict{customer: c, period: p, clean: !global && !dirty[c], totals: totals, fp: fps[c]})
 	}
 	sort.Slice(vs, func(i, j int) bool { return vs[i].customer < vs[j].customer })
-	return vs, nil
+	return vs, r.streams, nil
 }
 
 // targets resolves the period for each customer from its own calendar.
@@ -525,8 +538,8 @@ func (rc *Reconciler) targets(ctx context.Context, tx pgx.Tx, opt Options, now t
 }
 
 // store finishes the stored run and writes its findings and (unless it
-// failed) its verdicts, one statement each.
-func (rc *Reconciler) store(ctx context.Context, run *Run, vs []verdict) error {
+// failed) its verdicts and where its streams added up, one statement each.
+func (rc *Reconciler) store(ctx context.Context, run *Run, vs []verdict, streams []streamCheck) error {
 	checks, _ := json.Marshal(run.Checks)
 	totals, _ := json.Marshal(run.Totals)
 	return pgx.BeginFunc(ctx, rc.cfg.Pool, func(tx pgx.Tx) error {
@@ -539,7 +552,19 @@ func (rc *Reconciler) store(ctx context.Context, run *Run, vs []verdict) error {
 				return fmt.Errorf("reconcile: store findings: %w", err)
 			}
 		}
-		if run.Status == StatusFailed || len(vs) == 0 {
+		if run.Status == StatusFailed {
+			return nil
+		}
+		if len(streams) > 0 {
+			ids, seqs, billed := make([]int64, len(streams)), make([]int64, len(streams)), make([]string, len(streams))
+			for i, c := range streams {
+				ids[i], seqs[i], billed[i] = c.id, c.seq, c.billed.String()
+			}
+			if _, err := tx.Exec(ctx, qStreamChecksUpsert, pgx.StrictNamedArgs{"ids": ids, "seqs": seqs, "billed": billed, "at": run.FinishedAt}); err != nil {
+				return fmt.Errorf("reconcile: store stream checks: %w", err)
+			}
+		}
+		if len(vs) == 0 {
 			return nil
 		}
 		if _, err := tx.Exec(ctx, qVerdictsInsert, verdictsArgs(run.ID, vs)); err != nil {
