@@ -51,7 +51,7 @@ func BenchmarkReconcileScan(b *testing.B) {
 
 func benchDB(b *testing.B, n int) *pgxpool.Pool {
 	ctx := context.Background()
-	name := "tally_bench_reconcile_v4_" + strconv.Itoa(n)
+	name := "tally_bench_reconcile_v5_" + strconv.Itoa(n)
 	admin, err := pgx.Connect(ctx, pgtest.AdminURL())
 	if err != nil {
 		b.Fatal(err)

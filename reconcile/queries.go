@@ -190,21 +190,29 @@ SELECT customer, meter, 'adjustment', sum(amount)
 FROM entries JOIN t USING (customer, period_start)
 WHERE (@all::boolean OR customer = ANY(@customers)) AND period_start = ANY(@starts) AND kind = 'adjustment' GROUP BY 1, 2`
 
-	// Streams of the customers whose billed deltas do not add up to their
-	// last total, and those that add up further than stream_checks says
-	// (migration 00047): each stream's records after the seq where a run
-	// last found it adding up, with what they added up to there, by the
-	// primary key of records, a stream at a time. With @whole (a deep
-	// run), every record of each stream.
-	qStreamTotalsCheck = `
+	// The customers' streams, each with where a run last found it adding
+	// up (stream_checks, migration 00047: seq and billed, 0 when none or
+	// with @whole, a deep run).
+	qStreamsToCheck = `
 SELECT st.id, st.customer, st.meter, st.producer || '/' || st.epoch, st.last_seq, st.last_total,
-       k.seq, k.billed, k.billed + sums.billed, sums.n
-FROM streams st
-CROSS JOIN LATERAL (SELECT coalesce(ck.seq, 0) AS seq, coalesce(ck.billed, 0) AS billed
-                    FROM (SELECT 1) one LEFT JOIN stream_checks ck ON ck.stream_id = st.id AND NOT @whole) k
-CROSS JOIN LATERAL (SELECT coalesce(sum(r.billed), 0) AS billed, count(*) AS n
-                    FROM records r WHERE r.stream_id = st.id AND r.seq > k.seq) sums
-WHERE st.customer = ANY(@customers) AND (k.billed + sums.billed <> st.last_total OR st.last_seq > k.seq)`
+       coalesce(ck.seq, 0), coalesce(ck.billed, 0)
+FROM streams st LEFT JOIN stream_checks ck ON ck.stream_id = st.id AND NOT @whole
+WHERE st.customer = ANY(@customers)`
+
+	// The billed sum and count of every record of the streams @ids: one
+	// scan of records when they are many (a first or deep run), the
+	// primary key when few (with the run's custom plans the planner sees
+	// how many).
+	qStreamSumsWhole = `
+SELECT stream_id, sum(billed), count(*) FROM records WHERE stream_id = ANY(@ids) GROUP BY 1`
+
+	// The billed sum and count of each stream's records after a seq
+	// (pairwise), by the primary key of records, a stream at a time.
+	qStreamSumsAfter = `
+SELECT k.id, s.billed, s.n
+FROM unnest(@ids::bigint[], @seqs::bigint[]) AS k (id, seq)
+CROSS JOIN LATERAL (SELECT coalesce(sum(billed), 0) AS billed, count(*) AS n FROM records
+                    WHERE stream_id = k.id AND seq > k.seq) s`
 
 	// Where the streams found adding up were (seq, billed): never back.
 	qStreamChecksUpsert = `
