@@ -152,11 +152,14 @@ type Enforcer struct {
 	log *slog.Logger
 	m   *metrics
 
-	// Leader state, touched only by Run's goroutine.
+	// Leader state, touched only by Run's goroutine. last, exact and seqs
+	// hold a key for each row of quota_decisions (a key that lost its
+	// lagged period limit keeps its no_limit decision, republished like any
+	// other); samples holds only the keys the last evaluation decided.
 	last    map[string]Decision // the latest published decision per key
 	exact   map[string]bool     // whether last was decided under an exact rule (its version's admission)
 	seqs    map[string]int64    // the highest seq published per key (stored or not)
-	samples map[string][]sample // recent (as_of, used) per key, for the rate
+	samples map[string][]sample // recent (as_of, used) per decided key, for the rate
 	byCust  bool                // the ingest_customers table exists
 	checked time.Time           // when byCust was last checked
 
@@ -422,8 +425,10 @@ func (e *Enforcer) evaluate(ctx context.Context, w *kafka.Writer, l *lease) erro
 		starts = append(starts, start.UTC())
 		exact = append(exact, isExact)
 	}
+	decided := make(map[string]struct{}, len(snap))
 	for _, u := range snap {
 		key := u.rule.Customer + "/" + u.rule.Meter
+		decided[key] = struct{}{}
 		d := decide(u.rule, u.period, u.used, u.asOf, e.rate(key, u), now)
 		counts[d.State]++
 		if d.LagSeconds == nil {
@@ -439,6 +444,17 @@ func (e *Enforcer) evaluate(ctx context.Context, w *kafka.Writer, l *lease) erro
 				// NoLimit prev had no limit to settle against).
 				tails = append(tails, tail{prev: prev, start: u.prev.Start.UTC(), used: u.prevUsed})
 			}
+		}
+	}
+	// Forget the samples of every key snap no longer decides (a
+	// customer's rule turned into a rate contract, a pool's rule turned
+	// exact): nothing reads them any more, and keeping them until
+	// leadership changes would grow the leader's memory with every key
+	// that ever had a lagged period limit. A key decided again later
+	// starts its samples afresh.
+	for k := range e.samples {
+		if _, ok := decided[k]; !ok {
+			delete(e.samples, k)
 		}
 	}
 	// A key whose rule no longer has a lagged period limit: its last
