@@ -1,20 +1,31 @@
 package cli
 
 import (
+	"bufio"
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
 	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/tokens"
 )
+
+// tokensPage is how many tokens tally tokens list reads at a time.
+var tokensPage = 1000
+
+// tokensTracer, when not nil, traces the statements of tally tokens (tests
+// read what the list command asks of the database).
+var tokensTracer pgx.QueryTracer
 
 func newTokensCmd() *cobra.Command {
 	var dbURL string
@@ -38,7 +49,14 @@ managed here; it is TALLY_ADMIN_TOKEN.`,
 	cmd.PersistentFlags().StringVar(&dbURL, "database-url", defaultDatabaseURL, "Postgres connection URL")
 	envDefault(cmd.PersistentFlags(), "database-url", "TALLY_DATABASE_URL")
 	open := func(cmd *cobra.Command) (*pgxpool.Pool, error) {
-		pool, err := pgxpool.New(cmd.Context(), dbURL)
+		cfg, err := pgxpool.ParseConfig(dbURL)
+		if err != nil {
+			return nil, fmt.Errorf("database: %w", err)
+		}
+		if tokensTracer != nil {
+			cfg.ConnConfig.Tracer = tokensTracer
+		}
+		pool, err := pgxpool.NewWithConfig(cmd.Context(), cfg)
 		if err != nil {
 			return nil, fmt.Errorf("database: %w", err)
 		}
@@ -138,30 +156,81 @@ arrives, and a note on stderr says the customer is new.`,
 				return err
 			}
 			defer pool.Close()
-			ts, err := tokens.List(cmd.Context(), pool, listCustomer)
-			if err != nil {
-				return err
-			}
-			tw := tabwriter.NewWriter(cmd.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tCUSTOMER/GATEWAY\tCREATED (UTC)\tREVOKED (UTC)\tDESCRIPTION")
-			for _, t := range ts {
-				revoked := "-"
-				if t.RevokedAt != nil {
-					revoked = t.RevokedAt.UTC().Format(time.RFC3339)
-				}
-				owner := t.Customer
-				if t.Gateway != "" {
-					owner = "gateway:" + t.Gateway
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.ID, owner, t.CreatedAt.UTC().Format(time.RFC3339), revoked, printable(t.Description))
-			}
-			return tw.Flush()
+			// Both passes of listTokens read one snapshot: the same tokens.
+			return pgx.BeginTxFunc(cmd.Context(), pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly},
+				func(tx pgx.Tx) error { return listTokens(cmd.Context(), tx, listCustomer, cmd.OutOrStdout()) })
 		},
 	}
 	list.Flags().StringVar(&listCustomer, "customer", "", "only this customer's tokens")
 
 	cmd.AddCommand(create, revoke, list)
 	return cmd
+}
+
+// tokenRow is a row of tally tokens list: its cells, column by column.
+type tokenRow [5]string
+
+// tokenHeader is the first row of tally tokens list.
+var tokenHeader = tokenRow{"ID", "CUSTOMER/GATEWAY", "CREATED (UTC)", "REVOKED (UTC)", "DESCRIPTION"}
+
+// listTokens prints the tokens of customer ("" for all) as a table, oldest
+// first, holding a page of tokensPage of them at a time however many
+// there are. A column is as wide as its widest cell over all of them
+// (plus two spaces), so it reads every page twice: once to measure the
+// columns, once to print. db should be a snapshot (a repeatable read
+// transaction), so that both passes read the same tokens.
+func listTokens(ctx context.Context, db tokens.DBTX, customer string, w io.Writer) error {
+	var widths [len(tokenRow{}) - 1]int // the last column is not padded
+	measure := func(row tokenRow) error {
+		for i := range widths {
+			widths[i] = max(widths[i], utf8.RuneCountInString(row[i]))
+		}
+		return nil
+	}
+	bw := bufio.NewWriter(w)
+	write := func(row tokenRow) error {
+		for i, n := range widths {
+			fmt.Fprintf(bw, "%-*s", n+2, row[i])
+		}
+		_, err := fmt.Fprintln(bw, row[len(widths)])
+		return err
+	}
+	for _, pass := range []func(tokenRow) error{measure, write} {
+		if err := pass(tokenHeader); err != nil {
+			return err
+		}
+		req := tokens.PageRequest{Customer: customer, Limit: tokensPage}
+		for {
+			page, err := tokens.Page(ctx, db, req)
+			if err != nil {
+				return err
+			}
+			for _, t := range page {
+				if err := pass(rowOf(t)); err != nil {
+					return err
+				}
+			}
+			if len(page) < req.Limit {
+				break
+			}
+			last := page[len(page)-1]
+			req.AfterCreated, req.AfterID = last.CreatedAt, last.ID
+		}
+	}
+	return bw.Flush()
+}
+
+// rowOf is the row of t in tally tokens list.
+func rowOf(t tokens.Token) tokenRow {
+	revoked := "-"
+	if t.RevokedAt != nil {
+		revoked = t.RevokedAt.UTC().Format(time.RFC3339)
+	}
+	owner := t.Customer
+	if t.Gateway != "" {
+		owner = "gateway:" + t.Gateway
+	}
+	return tokenRow{t.ID.String(), owner, t.CreatedAt.UTC().Format(time.RFC3339), revoked, printable(t.Description)}
 }
 
 // printable is s for a terminal: when it holds a character that is not

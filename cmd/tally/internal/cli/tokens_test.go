@@ -2,8 +2,17 @@ package cli
 
 import (
 	"bytes"
+	"context"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tally-ledger/tally/internal/pgtest"
 	"github.com/tally-ledger/tally/tokens"
@@ -81,5 +90,112 @@ func TestTokensListEscapesControlCharacters(t *testing.T) {
 	list, err := runTally(t, "tokens", "list", "--database-url", db)
 	if err != nil || strings.ContainsAny(list, "\x1b\u202e") || strings.Count(list, "\n") != 2 || !strings.Contains(list, `a\x1b[2J\nforged-row\u202e`) {
 		t.Fatalf("list: %q, %v", list, err)
+	}
+}
+
+// rowsTracer records the most rows one statement returned.
+type rowsTracer struct {
+	mu  sync.Mutex
+	max int64
+}
+
+func (r *rowsTracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+
+func (r *rowsTracer) TraceQueryEnd(_ context.Context, _ *pgx.Conn, d pgx.TraceQueryEndData) {
+	if d.Err == nil && d.CommandTag.Select() {
+		r.mu.Lock()
+		r.max = max(r.max, d.CommandTag.RowsAffected())
+		r.mu.Unlock()
+	}
+}
+
+// tokensTable is the list as one tabwriter over every token would print
+// it: what tally tokens list prints, however many pages it reads.
+func tokensTable(ts []tokens.Token) string {
+	var b bytes.Buffer
+	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tCUSTOMER/GATEWAY\tCREATED (UTC)\tREVOKED (UTC)\tDESCRIPTION")
+	for _, t := range ts {
+		revoked := "-"
+		if t.RevokedAt != nil {
+			revoked = t.RevokedAt.UTC().Format(time.RFC3339)
+		}
+		owner := t.Customer
+		if t.Gateway != "" {
+			owner = "gateway:" + t.Gateway
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", t.ID, owner, t.CreatedAt.UTC().Format(time.RFC3339), revoked, printable(t.Description))
+	}
+	tw.Flush()
+	return b.String()
+}
+
+// With more tokens than one page, tally tokens list reads them a page at
+// a time (no statement returns more than a page), lists each once, oldest
+// first, and aligns its columns over all of them, exactly as when it read
+// them at once: the widest customer and the only revoked token are in the
+// last page.
+func TestTokensListPagesThroughManyTokens(t *testing.T) {
+	defer func(p int, tr pgx.QueryTracer) { tokensPage, tokensTracer = p, tr }(tokensPage, tokensTracer)
+	tokensPage = 3
+	rows := &rowsTracer{}
+	tokensTracer = rows
+
+	db := pgtest.NewURL(t)
+	ctx := t.Context()
+	pool, err := pgxpool.New(ctx, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	// Tokens created at the same instant are ordered by id: pages must
+	// neither repeat nor skip them.
+	at := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	var last uuid.UUID
+	for i, c := range []string{"acme", "beta", "acme", "", "acme", "gamma", "acme", "a-much-longer-customer-name"} {
+		var tok tokens.Token
+		if c == "" {
+			tok, _, err = tokens.CreateGateway(ctx, pool, "gw-eu-1", "eu gateway", at)
+		} else {
+			desc := fmt.Sprintf("token %d of %s", i, c)
+			switch i {
+			case 2:
+				desc = ""
+			case 4:
+				desc = "portail d'été, 日本"
+			}
+			tok, _, err = tokens.Create(ctx, pool, c, desc, at.Add(time.Duration(i/2)*time.Minute))
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = tok.ID
+	}
+	if _, err := tokens.Revoke(ctx, pool, last, at.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+
+	for _, customer := range []string{"", "acme"} {
+		all, err := tokens.List(ctx, pool, customer)
+		if err != nil || len(all) <= tokensPage {
+			t.Fatalf("tokens of %q: %d, %v; want more than a page", customer, len(all), err)
+		}
+		args := []string{"tokens", "list", "--database-url", db}
+		if customer != "" {
+			args = append(args, "--customer", customer)
+		}
+		rows.max = 0
+		got, err := runTally(t, args...)
+		if err != nil {
+			t.Fatalf("list %q: %v", customer, err)
+		}
+		if want := tokensTable(all); got != want {
+			t.Errorf("list %q:\n%s\nwant (every token once, oldest first, aligned over all):\n%s", customer, got, want)
+		}
+		if rows.max > int64(tokensPage) {
+			t.Errorf("list %q: one statement returned %d tokens, more than a page (%d)", customer, rows.max, tokensPage)
+		}
 	}
 }
