@@ -124,7 +124,7 @@ func (a *API) listAlerts(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	page, err := pageInMemory(q, rs, func(r alerts.Rule) []string { return []string{r.Name} }, nil)
+	page, err := pageInMemory(r, q, rs, func(r alerts.Rule) []string { return []string{r.Name} }, nil)
 	if err != nil {
 		return err
 	}
@@ -209,7 +209,7 @@ func (a *API) listWebhooks(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	page, err := pageInMemory(q, hs, func(h alerts.Webhook) []string { return []string{h.Name} }, nil)
+	page, err := pageInMemory(r, q, hs, func(h alerts.Webhook) []string { return []string{h.Name} }, nil)
 	if err != nil {
 		return err
 	}
@@ -250,7 +250,7 @@ func (a *API) listAlertEvents(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	pr, errs := parsePage(q)
+	pr, errs := parsePage(r, q)
 	f := alerts.EventFilter{Rule: q["alert"], State: q["state"], Limit: pr.Limit + 1}
 	switch f.State {
 	case "", "pending", "delivered", "failed":
@@ -262,7 +262,7 @@ func (a *API) listAlertEvents(w http.ResponseWriter, r *http.Request) error {
 	}
 	if len(pr.After) == 1 {
 		if f.Before, err = strconv.ParseInt(pr.After[0], 10, 64); err != nil {
-			errs = append(errs, FieldError{Field: "cursor", Detail: "not a cursor returned by this API (pass next_cursor back unchanged)"})
+			errs = append(errs, FieldError{Field: "cursor", Detail: notACursor})
 		}
 	}
 	if len(errs) > 0 {
@@ -273,7 +273,7 @@ func (a *API) listAlertEvents(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, NewPage(evs, pr.Limit, func(e alerts.StoredEvent) []string {
+	writeJSON(w, http.StatusOK, NewPage(evs, pr, func(e alerts.StoredEvent) []string {
 		return []string{strconv.FormatInt(e.Seq, 10)}
 	}))
 	return nil

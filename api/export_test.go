@@ -1,6 +1,7 @@
 package api
 
 import (
+	"net/url"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -45,3 +46,18 @@ func HoldListener(a *API, f func()) { a.listener.Hold = f }
 
 // ReadyFor is how long /readyz reuses its answer.
 const ReadyFor = readyFor
+
+// CursorFor makes the cursor that reads on after key in the list that
+// target (a path and query, such as "/v1/reconciliations?period=current")
+// requests, as if a page of it had returned it.
+func CursorFor(target string, key ...string) string {
+	u, err := url.Parse(target)
+	if err != nil {
+		panic(err)
+	}
+	q := map[string]string{}
+	for k, vs := range u.Query() {
+		q[k] = vs[0]
+	}
+	return encodeCursor(listTag(u.Path, q), key...)
+}

@@ -271,7 +271,7 @@ func (a *API) listGrants(w http.ResponseWriter, r *http.Request) error {
 	if err := a.requireCustomer(r.Context(), customer); err != nil {
 		return err
 	}
-	pr, err := ParsePageRequest(q)
+	pr, err := ParsePageRequest(r, q)
 	if err != nil {
 		return err
 	}
@@ -280,11 +280,11 @@ func (a *API) listGrants(w http.ResponseWriter, r *http.Request) error {
 		at, err1 := time.Parse(time.RFC3339Nano, pr.After[0])
 		id, err2 := uuid.Parse(pr.After[1])
 		if err1 != nil || err2 != nil {
-			return invalidField("cursor", "not a cursor returned by this API (pass next_cursor back unchanged)")
+			return invalidField("cursor", notACursor)
 		}
 		req.AfterIssued, req.AfterID = &at, id
 	} else if pr.After != nil {
-		return invalidField("cursor", "not a cursor returned by this API (pass next_cursor back unchanged)")
+		return invalidField("cursor", notACursor)
 	}
 	s, err := a.admissionStore()
 	if err != nil {
@@ -298,7 +298,7 @@ func (a *API) listGrants(w http.ResponseWriter, r *http.Request) error {
 	if len(gs) > pr.Limit {
 		page.Items = gs[:pr.Limit]
 		last := page.Items[len(page.Items)-1]
-		page.NextCursor = EncodeCursor(last.IssuedAt.Format(time.RFC3339Nano), last.ID.String())
+		page.NextCursor = pr.Cursor(last.IssuedAt.Format(time.RFC3339Nano), last.ID.String())
 	}
 	if page.Items == nil {
 		page.Items = []admission.Grant{}
@@ -329,7 +329,7 @@ func (a *API) listBudgets(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	// Newest period first, by meter within a period, as Budgets reads them.
-	page, err := pageInMemory(q, bs, func(b admission.Budget) []string {
+	page, err := pageInMemory(r, q, bs, func(b admission.Budget) []string {
 		return []string{b.PeriodStart.UTC().Format(time.RFC3339), b.Meter}
 	}, func(a, b []string) int {
 		return cmp.Or(-strings.Compare(a[0], b[0]), slices.Compare(a[1:], b[1:]))

@@ -51,7 +51,7 @@ func (a *API) listDeadLetters(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	pr, errs := parsePage(q)
+	pr, errs := parsePage(r, q)
 	f := ingest.DeadLetterFilter{Customer: q["customer"]}
 	if c, ok := q["customer"]; ok && !ids.Valid(c) {
 		errs = append(errs, FieldError{Field: "customer", Detail: quote(c) + " is not 1-128 characters of A-Z a-z 0-9 . _ : -"})
@@ -66,11 +66,11 @@ func (a *API) listDeadLetters(w http.ResponseWriter, r *http.Request) error {
 	if len(pr.After) == 1 {
 		id, err := uuid.Parse(pr.After[0])
 		if err != nil {
-			errs = append(errs, FieldError{Field: "cursor", Detail: "not a cursor returned by this API (pass next_cursor back unchanged)"})
+			errs = append(errs, FieldError{Field: "cursor", Detail: notACursor})
 		}
 		f.After = id
 	} else if pr.After != nil {
-		errs = append(errs, FieldError{Field: "cursor", Detail: "not a cursor returned by this API (pass next_cursor back unchanged)"})
+		errs = append(errs, FieldError{Field: "cursor", Detail: notACursor})
 	}
 	if len(errs) > 0 {
 		sortFieldErrors(errs)
@@ -85,9 +85,9 @@ func (a *API) listDeadLetters(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	key := func(d ingest.DeadLetter) []string { return []string{d.ID.String()} }
-	page := NewPage(rows, pr.Limit, key)
+	page := NewPage(rows, pr, key)
 	if len(rows) == pr.Limit && pr.Limit >= maxDeadLetterRows {
-		page.NextCursor = EncodeCursor(key(rows[len(rows)-1])...)
+		page.NextCursor = pr.Cursor(key(rows[len(rows)-1])...)
 	}
 	writeJSON(w, http.StatusOK, page)
 	return nil

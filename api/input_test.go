@@ -41,7 +41,7 @@ func TestNULRefusedNamingTheField(t *testing.T) {
 		{"POST", "/v1/reconciliations", `{"period":"2026-10-01","customer":"acme\u0000"}`, "customer"},
 		// Query and path parameters (%00).
 		{"GET", "/v1/alert-events?alert=a%00b", "", "alert"},
-		{"GET", "/v1/alert-events?cursor=" + api.EncodeCursor("a\x00b", "1"), "", "cursor"},
+		{"GET", "/v1/alert-events?cursor=" + api.CursorFor("/v1/alert-events", "a\x00b", "1"), "", "cursor"},
 		{"GET", "/v1/alerts/a%00b", "", "name"},
 		{"DELETE", "/v1/alerts/a%00b", "", "name"},
 		{"GET", "/v1/webhooks/a%00b", "", "name"},

@@ -282,7 +282,7 @@ func TestReconciliationPagesReadAPage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		cursor := api.EncodeCursor(id.String())
+		cursor := api.CursorFor("/v1/reconciliations?"+query, id.String())
 		for pages := 0; pages < 3; pages++ {
 			path := "/v1/reconciliations?limit=2&" + query
 			if cursor != "" {

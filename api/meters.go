@@ -53,7 +53,7 @@ func (a *API) listMeters(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	page, err := pageInMemory(q, ms, func(m ledger.Meter) []string { return []string{m.Meter} }, nil)
+	page, err := pageInMemory(r, q, ms, func(m ledger.Meter) []string { return []string{m.Meter} }, nil)
 	if err != nil {
 		return err
 	}

@@ -2,26 +2,54 @@ package api
 
 import (
 	"fmt"
+	"net/http/httptest"
 	"slices"
 	"strconv"
 	"testing"
 )
 
 func TestCursorRoundTrip(t *testing.T) {
+	list := listTag("/v1/tokens", map[string]string{"customer": "acme"})
 	for _, key := range [][]string{{"a"}, {"2026-12-02T10:00:00Z", "0193e0a1-0000-7000-8000-000000000000"}, {"ü/\"?&=", ""}} {
-		got, err := DecodeCursor(EncodeCursor(key...))
-		if err != nil || !slices.Equal(got, key) {
-			t.Errorf("round trip %q: %q, %v", key, got, err)
+		gotList, got, err := decodeCursor(encodeCursor(list, key...))
+		if err != nil || gotList != list || !slices.Equal(got, key) {
+			t.Errorf("round trip %q: %q %q, %v", key, gotList, got, err)
 		}
 	}
-	for _, bad := range []string{"", "c1.", "c1.!!!", "c2." + EncodeCursor("a")[3:], "c1.bnVsbA", "c1.W10", "x"} {
-		if _, err := DecodeCursor(bad); err == nil {
-			t.Errorf("DecodeCursor(%q) accepted", bad)
+	for _, bad := range []string{"", "c2.", "c2.x.!!!", "c2..WyJhIl0", "c2.WyJhIl0", "c1." + encodeCursor(list, "a")[3:],
+		"c1.WyJhIl0", "c2.x.bnVsbA", "c2.x.W10", "x"} {
+		if _, _, err := decodeCursor(bad); err == nil {
+			t.Errorf("decodeCursor(%q) accepted", bad)
+		}
+	}
+}
+
+// A list's tag names its path and its filters in any order, not its limit
+// or cursor.
+func TestListTag(t *testing.T) {
+	tag := listTag("/v1/dead-letters", map[string]string{"customer": "acme", "pending": "true"})
+	if got := listTag("/v1/dead-letters", map[string]string{"pending": "true", "customer": "acme", "limit": "5", "cursor": "c"}); got != tag {
+		t.Errorf("limit and cursor changed the tag: %s, %s", got, tag)
+	}
+	for _, other := range []struct {
+		path string
+		q    map[string]string
+	}{
+		{"/v1/reconciliations", map[string]string{"customer": "acme", "pending": "true"}},
+		{"/v1/dead-letters", map[string]string{"customer": "acme"}},
+		{"/v1/dead-letters", map[string]string{"customer": "acme", "pending": "false"}},
+		{"/v1/dead-letters", map[string]string{"customer": "acme\x00pending", "pending": "true"}},
+		{"/v1/dead-letters", map[string]string{"customer": "acmepending", "true": ""}},
+	} {
+		if got := listTag(other.path, other.q); got == tag {
+			t.Errorf("%s %v has the tag of another list", other.path, other.q)
 		}
 	}
 }
 
 func TestParsePageRequest(t *testing.T) {
+	r := httptest.NewRequest("GET", "/v1/meters", nil)
+	mine := encodeCursor(listTag("/v1/meters", nil), "k")
 	tests := []struct {
 		q         map[string]string
 		limit     int
@@ -30,14 +58,16 @@ func TestParsePageRequest(t *testing.T) {
 	}{
 		{q: map[string]string{}, limit: DefaultPageLimit},
 		{q: map[string]string{"limit": "1"}, limit: 1},
-		{q: map[string]string{"limit": "1000", "cursor": EncodeCursor("k")}, limit: 1000, after: []string{"k"}},
+		{q: map[string]string{"limit": "1000", "cursor": mine}, limit: 1000, after: []string{"k"}},
 		{q: map[string]string{"limit": "0"}, badFields: []string{"limit"}},
 		{q: map[string]string{"limit": "1001"}, badFields: []string{"limit"}},
 		{q: map[string]string{"limit": "ten", "cursor": "nope"}, badFields: []string{"limit", "cursor"}},
 		{q: map[string]string{"limit": "99999999999999999999"}, badFields: []string{"limit"}},
+		{q: map[string]string{"cursor": encodeCursor(listTag("/v1/pools", nil), "k")}, badFields: []string{"cursor"}},
+		{q: map[string]string{"cursor": "c1.WyJrIl0"}, badFields: []string{"cursor"}},
 	}
 	for _, tt := range tests {
-		pr, err := ParsePageRequest(tt.q)
+		pr, err := ParsePageRequest(r, tt.q)
 		if tt.badFields != nil {
 			p, ok := err.(*Problem)
 			if !ok {
@@ -81,10 +111,14 @@ func TestPagingWalk(t *testing.T) {
 				break
 			}
 		}
-		return NewPage(rows, pr.Limit, func(v int) []string { return []string{strconv.Itoa(v)} })
+		return NewPage(rows, pr, func(v int) []string { return []string{strconv.Itoa(v)} })
 	}
 	var seen []int
-	pr := PageRequest{Limit: 7}
+	r := httptest.NewRequest("GET", "/v1/meters?limit=7", nil)
+	pr, err := ParsePageRequest(r, map[string]string{"limit": "7"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for pages := 0; ; pages++ {
 		if pages > 10 {
 			t.Fatal("no end")
@@ -95,8 +129,7 @@ func TestPagingWalk(t *testing.T) {
 		if p.NextCursor == "" {
 			break
 		}
-		var err error
-		pr, err = ParsePageRequest(map[string]string{"limit": "7", "cursor": p.NextCursor})
+		pr, err = ParsePageRequest(r, map[string]string{"limit": "7", "cursor": p.NextCursor})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -109,7 +142,7 @@ func TestPagingWalk(t *testing.T) {
 	if !slices.IsSorted(seen) || len(seen) != len(slices.Compact(slices.Clone(seen))) {
 		t.Fatalf("repeats or disorder: %v", seen)
 	}
-	if got := fmt.Sprint(NewPage[int](nil, 5, nil).Items); got != "[]" {
+	if got := fmt.Sprint(NewPage[int](nil, PageRequest{Limit: 5}, nil).Items); got != "[]" {
 		t.Fatalf("empty page items = %s", got)
 	}
 }

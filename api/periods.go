@@ -33,16 +33,16 @@ func (a *API) listPeriods(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	pr, errs := parsePage(q)
+	pr, errs := parsePage(r, q)
 	var after time.Time
 	if len(pr.After) == 1 {
 		t, err := time.Parse(time.RFC3339, pr.After[0])
 		if err != nil {
-			errs = append(errs, FieldError{Field: "cursor", Detail: "not a cursor returned by this API (pass next_cursor back unchanged)"})
+			errs = append(errs, FieldError{Field: "cursor", Detail: notACursor})
 		}
 		after = t
 	} else if pr.After != nil {
-		errs = append(errs, FieldError{Field: "cursor", Detail: "not a cursor returned by this API (pass next_cursor back unchanged)"})
+		errs = append(errs, FieldError{Field: "cursor", Detail: notACursor})
 	}
 	if len(errs) > 0 {
 		return invalid(errs...)
@@ -65,7 +65,7 @@ func (a *API) listPeriods(w http.ResponseWriter, r *http.Request) error {
 	if len(rows) > pr.Limit+1 {
 		rows = rows[:pr.Limit+1]
 	}
-	writeJSON(w, http.StatusOK, NewPage(rows, pr.Limit, func(s periods.Summary) []string {
+	writeJSON(w, http.StatusOK, NewPage(rows, pr, func(s periods.Summary) []string {
 		return []string{s.Start.UTC().Format(time.RFC3339)}
 	}))
 	return nil

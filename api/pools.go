@@ -121,7 +121,7 @@ func (a *API) listPools(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	page, err := pageInMemory(q, ps, func(p pools.Pool) []string { return []string{p.Name} }, nil)
+	page, err := pageInMemory(r, q, ps, func(p pools.Pool) []string { return []string{p.Name} }, nil)
 	if err != nil {
 		return err
 	}

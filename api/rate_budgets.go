@@ -29,7 +29,7 @@ func (a *API) listRateBudgets(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	page, err := pageInMemory(q, bs, func(b admission.RateBudget) []string { return []string{b.Scope, b.Meter} }, nil)
+	page, err := pageInMemory(r, q, bs, func(b admission.RateBudget) []string { return []string{b.Scope, b.Meter} }, nil)
 	if err != nil {
 		return err
 	}

@@ -32,7 +32,7 @@ func (a *API) listReconciliations(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return err
 	}
-	pr, errs := parsePage(q)
+	pr, errs := parsePage(r, q)
 	period, ok := q["period"]
 	if ok {
 		if fe := checkPeriodRef("period", period); fe != nil {
@@ -43,11 +43,11 @@ func (a *API) listReconciliations(w http.ResponseWriter, r *http.Request) error 
 	if len(pr.After) == 1 {
 		id, err := uuid.Parse(pr.After[0])
 		if err != nil {
-			errs = append(errs, FieldError{Field: "cursor", Detail: "not a cursor returned by this API (pass next_cursor back unchanged)"})
+			errs = append(errs, FieldError{Field: "cursor", Detail: notACursor})
 		}
 		after = id
 	} else if pr.After != nil {
-		errs = append(errs, FieldError{Field: "cursor", Detail: "not a cursor returned by this API (pass next_cursor back unchanged)"})
+		errs = append(errs, FieldError{Field: "cursor", Detail: notACursor})
 	}
 	if len(errs) > 0 {
 		sortFieldErrors(errs)
@@ -57,7 +57,7 @@ func (a *API) listReconciliations(w http.ResponseWriter, r *http.Request) error 
 	if err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, NewPage(rows, pr.Limit, func(s reconcile.Summary) []string { return []string{s.ID.String()} }))
+	writeJSON(w, http.StatusOK, NewPage(rows, pr, func(s reconcile.Summary) []string { return []string{s.ID.String()} }))
 	return nil
 }
 

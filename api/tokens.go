@@ -69,7 +69,7 @@ func (a *API) listTokens(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	}
-	pr, err := ParsePageRequest(q)
+	pr, err := ParsePageRequest(r, q)
 	if err != nil {
 		return err
 	}
@@ -82,7 +82,7 @@ func (a *API) listTokens(w http.ResponseWriter, r *http.Request) error {
 			req.AfterID, err2 = uuid.Parse(pr.After[1])
 		}
 		if err1 != nil || err2 != nil {
-			return invalidField("cursor", "not a cursor returned by this API (pass next_cursor back unchanged)")
+			return invalidField("cursor", notACursor)
 		}
 	}
 	ts, err := tokens.Page(r.Context(), a.pool, req)
@@ -90,7 +90,7 @@ func (a *API) listTokens(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	// Oldest first, as tokens.Page reads them.
-	writeJSON(w, http.StatusOK, NewPage(ts, pr.Limit, func(t tokens.Token) []string {
+	writeJSON(w, http.StatusOK, NewPage(ts, pr, func(t tokens.Token) []string {
 		return []string{t.CreatedAt.UTC().Format("2006-01-02T15:04:05.000000Z"), t.ID.String()}
 	}))
 	return nil
