@@ -85,12 +85,13 @@ func TestCursorBoundToItsListAndFilters(t *testing.T) {
 			t.Errorf("cursor of %s passed to %s: errors %+v, want cursor", tt.from, tt.to, p.Errors)
 		}
 	}
-	// The same filters in another order, and a limit changed between
-	// pages, continue the list.
+	// The same filters in another order, a limit changed between pages,
+	// and the same path escaped otherwise continue the list.
 	for _, tt := range []struct{ from, to string }{
 		{"/v1/dead-letters?limit=1&customer=acme&pending=true", "/v1/dead-letters?pending=true&customer=acme&limit=5"},
 		{"/v1/tokens?customer=acme&limit=1", "/v1/tokens?limit=1&customer=acme"},
 		{"/v1/customers/acme/grants?limit=1&state=live", "/v1/customers/acme/grants?state=live"},
+		{"/v1/customers/acme/budgets?limit=1", "/v1/customers/%61cme/budgets?limit=1"},
 	} {
 		cursor := next(tt.from)
 		if r := f.do("GET", tt.to+"&cursor="+url.QueryEscape(cursor), adminToken, nil); r.status != 200 {
