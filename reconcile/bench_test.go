@@ -19,20 +19,24 @@ import (
 
 // BenchmarkReconcileScan reconciles one monthly period holding
 // TALLY_BENCH_ENTRIES ledger entries (default 1,000,000) spread over one
-// customer × 2 meters per 10,000 entries, and reports entries checked per second. The data
-// is loaded once into a database of its own (tally_bench_reconcile_<n>)
-// and kept for later runs.
+// customer × 2 meters per 10,000 entries, and reports entries checked per
+// second. With TALLY_BENCH_HISTORY=h, the ledger also holds h months
+// before it of the same traffic (a ledger in use for a while). The data
+// is loaded once into a database of its own
+// (tally_bench_reconcile_v5_<n>[_h<h>]) and kept for later runs.
 //
 //	TALLY_BENCH_ENTRIES=10000000 go test ./reconcile -run '^$' -bench ReconcileScan -benchtime 3x
 func BenchmarkReconcileScan(b *testing.B) {
-	n := 1_000_000
-	if s := os.Getenv("TALLY_BENCH_ENTRIES"); s != "" {
-		var err error
-		if n, err = strconv.Atoi(s); err != nil {
-			b.Fatal(err)
+	n, history := 1_000_000, 0
+	for v, dst := range map[string]*int{"TALLY_BENCH_ENTRIES": &n, "TALLY_BENCH_HISTORY": &history} {
+		if s := os.Getenv(v); s != "" {
+			var err error
+			if *dst, err = strconv.Atoi(s); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
-	pool := benchDB(b, n)
+	pool := benchDB(b, n, history)
 	rc, err := reconcile.New(reconcile.Config{Pool: pool, Clock: func() time.Time { return time.Date(2026, 12, 5, 0, 0, 0, 0, time.UTC) }})
 	if err != nil {
 		b.Fatal(err)
@@ -49,9 +53,12 @@ func BenchmarkReconcileScan(b *testing.B) {
 	b.ReportMetric(float64(scanned)/b.Elapsed().Seconds(), "entries/s")
 }
 
-func benchDB(b *testing.B, n int) *pgxpool.Pool {
+func benchDB(b *testing.B, n, history int) *pgxpool.Pool {
 	ctx := context.Background()
 	name := "tally_bench_reconcile_v5_" + strconv.Itoa(n)
+	if history > 0 {
+		name += "_h" + strconv.Itoa(history)
+	}
 	admin, err := pgx.Connect(ctx, pgtest.AdminURL())
 	if err != nil {
 		b.Fatal(err)
@@ -95,13 +102,18 @@ func benchDB(b *testing.B, n int) *pgxpool.Pool {
 		 '[{"effective_from":"0001-01-01T00:00:00Z","calendar":{"cadence":"monthly","anchor_day":1,"anchor_time":"00:00","zone":"UTC"}}]'
 		 FROM generate_series(1, $1::int) i`,
 		`INSERT INTO streams (producer, epoch, customer, meter, last_seq, last_total)
-		 SELECT 'gw', 1, 'c' || c, m, $1::int, $1::int * 1.5 FROM generate_series(1, $2::int) c, unnest(ARRAY['calls', 'bytes']) m`,
+		 SELECT 'gw', 1, 'c' || c, m, $1::int * ($3::int + 1), $1::int * ($3::int + 1) * 1.5
+		 FROM generate_series(1, $2::int) c, unnest(ARRAY['calls', 'bytes']) m`,
+		// Month by month, oldest first (seqs grow with time), the streams
+		// interleaved in each as live traffic writes them.
 		`INSERT INTO records (stream_id, seq, operation_id, customer, meter, total, quantity, occurred_at, final, late_fill,
 		                      billed, period_start, bucket, prior_period, ingested_at)
 		 SELECT s.id, seq, gen_random_uuid(), s.customer, s.meter, seq * 1.5, 1.5, ts, false, false, 1.5,
-		        '2026-11-01T00:00:00Z', date_trunc('hour', ts), NULL, now()
-		 FROM streams s, generate_series(1, $1::int) seq,
-		      LATERAL (SELECT '2026-11-01T00:00:00Z'::timestamptz + seq * (interval '29 days' / $1::int)) t(ts)`,
+		        p.start, date_trunc('hour', ts), NULL, now()
+		 FROM generate_series(0, $2::int) mo,
+		      LATERAL (SELECT '2026-11-01T00:00:00Z'::timestamptz - ($2::int - mo) * interval '1 month') p(start),
+		      generate_series(1, $1::int) j, streams s,
+		      LATERAL (SELECT mo * $1::int + j, p.start + j * (interval '27 days' / $1::int)) t(seq, ts)`,
 		`INSERT INTO stream_periods SELECT customer, period_start, stream_id, min(seq), max(seq) FROM records GROUP BY 1, 2, 3`,
 		`INSERT INTO rollups SELECT customer, meter, period_start, bucket, sum(billed) FROM records GROUP BY 1, 2, 3, 4`,
 		`INSERT INTO rollups_daily SELECT customer, period_start, meter, (bucket AT TIME ZONE 'UTC')::date, sum(quantity) FROM rollups GROUP BY 1, 2, 3, 4`,
@@ -113,9 +125,9 @@ func benchDB(b *testing.B, n int) *pgxpool.Pool {
 		case strings.Contains(q, "INSERT INTO customers"):
 			_, err = pool.Exec(ctx, q, customers)
 		case strings.Contains(q, "INSERT INTO streams"):
-			_, err = pool.Exec(ctx, q, perStream, customers)
+			_, err = pool.Exec(ctx, q, perStream, customers, history)
 		case strings.Contains(q, "INSERT INTO records"):
-			_, err = pool.Exec(ctx, q, perStream)
+			_, err = pool.Exec(ctx, q, perStream, history)
 		default:
 			_, err = pool.Exec(ctx, q)
 		}
