@@ -233,3 +233,29 @@ func TestGateSeesTheGaugeReadingsThatBearOnThePeriod(t *testing.T) {
 		})
 	}
 }
+
+// TestGateAsksForANewRunAfterTheGaugeCountChanged: a run stored before the
+// gate counted gauge readings as it does now (every reading before the
+// period's end, "3:0") cannot be compared with the count of today: the
+// close asks for a new run, saying why, and closes after it.
+func TestGateAsksForANewRunAfterTheGaugeCountChanged(t *testing.T) {
+	e := newEnv(t)
+	e.declare("seats", ledger.Gauge)
+	sep := time.Date(2026, 9, 1, 0, 0, 0, 0, time.UTC)
+	e.apply(level("a", 1, "4", sep), level("a", 2, "5", sep.Add(9*24*time.Hour)), level("a", 3, "6", time.Date(2026, 10, 10, 0, 0, 0, 0, time.UTC)))
+	e.now = time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+	if r := e.run(reconcile.Options{Period: "2026-10-01"}); r.Status != reconcile.StatusClean {
+		t.Fatalf("run: %s %+v", r.Status, r.Findings)
+	}
+	e.exec(`UPDATE reconciliation_verdicts SET fingerprint = jsonb_set(fingerprint::jsonb, '{kinds}', '"3:0"')`)
+	e.now = time.Date(2026, 11, 3, 0, 0, 0, 0, time.UTC)
+	if _, err := e.close("acme", "2026-10-01"); !errors.Is(err, periods.ErrNotReconciled) || !strings.Contains(err.Error(), "gauge readings are counted differently since the run") {
+		t.Fatalf("close on a run of the build before: %v", err)
+	}
+	if r := e.run(reconcile.Options{Period: "2026-10-01"}); r.Status != reconcile.StatusClean {
+		t.Fatalf("new run: %s %+v", r.Status, r.Findings)
+	}
+	if _, err := e.close("acme", "2026-10-01"); err != nil {
+		t.Fatalf("close after a new run: %v", err)
+	}
+}
