@@ -121,3 +121,42 @@ func asSlice(v any) []any {
 	s, _ := v.([]any)
 	return s
 }
+
+// TestReconciliationSummaryFinding: a run lists at most a bound of
+// findings of each kind and counts the rest in a summary finding; the
+// REST answer shows how many it stands for (omitted), and the list counts
+// them among the run's findings and discrepancies.
+func TestReconciliationSummaryFinding(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	id := "019a3c8e-7a40-7000-8000-0000000000f1"
+	f.exec(`INSERT INTO reconciliation_runs (id, period, status, started_at, finished_at)
+		VALUES ($1, '2026-10-01', 'discrepancies', '2026-11-20T02:30:00Z', '2026-11-20T02:31:00Z')`, id)
+	f.exec(`INSERT INTO reconciliation_findings (run_id, n, kind, severity, customer, meter, stream, amount, detail, omitted) VALUES
+		($1, 0, 'stream_total_mismatch', 'discrepancy', 'acme', 'api_calls', 'gw/1', 1, 'listed', NULL),
+		($1, 1, 'open_gap', 'notice', 'acme', 'api_calls', 'gw/1', 2, 'listed', NULL),
+		($1, 2, 'stream_total_mismatch', 'discrepancy', NULL, NULL, NULL, NULL, '12345 more stream_total_mismatch findings (discrepancy) not listed', 12345)`, id)
+
+	got := f.do("GET", "/v1/reconciliations/"+id, adminToken, nil).json(t)
+	fs, _ := got["findings"].([]any)
+	if len(fs) != 3 {
+		t.Fatalf("findings: %v", got)
+	}
+	if s := fs[2].(map[string]any); s["omitted"] != float64(12345) || s["customer"] != nil {
+		t.Errorf("summary finding: %v", s)
+	}
+	if _, ok := fs[0].(map[string]any)["omitted"]; ok {
+		t.Errorf("a listed finding has omitted: %v", fs[0])
+	}
+	var page struct {
+		Items []struct {
+			Findings      int `json:"findings"`
+			Discrepancies int `json:"discrepancies"`
+		} `json:"items"`
+	}
+	r := f.do("GET", "/v1/reconciliations?period=2026-10-01", adminToken, nil)
+	if err := json.Unmarshal(r.body, &page); err != nil || len(page.Items) != 1 ||
+		page.Items[0].Findings != 12347 || page.Items[0].Discrepancies != 12346 {
+		t.Fatalf("list: %v %s", err, r.body)
+	}
+}

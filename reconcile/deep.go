@@ -87,7 +87,7 @@ func (rc *Reconciler) deep(ctx context.Context, tx pgx.Tx, r *runner, tg target)
 		return err
 	}
 
-	before := len(r.run.Findings)
+	before := r.found
 	notChecked := map[string]bool{}
 	for _, c := range tg.customers {
 		if !view.checkable(c) {
@@ -97,7 +97,7 @@ func (rc *Reconciler) deep(ctx context.Context, tx pgx.Tx, r *runner, tg target)
 	compareUsage(r, held.usage, kafka.usage, period, notChecked)
 	streams := compareStreams(r, view, held.streams, kafka.streams, notChecked)
 	skipped := reportNotChecked(r, view, notChecked)
-	r.run.Checks = append(r.run.Checks, deepVerdict(streams, len(r.run.Findings)-before-len(skipped), len(skipped), time.Since(start)))
+	r.run.Checks = append(r.run.Checks, deepVerdict(streams, r.found-before-len(skipped), len(skipped), time.Since(start)))
 	return nil
 }
 

@@ -45,11 +45,11 @@ WHERE id = @id`
 
 	// Amounts go in as text cast by Postgres: exact, never a float.
 	qFindingsInsert = `
-INSERT INTO reconciliation_findings (run_id, n, kind, severity, customer, meter, stream, period_start, amount, detail)
-SELECT @run_id, n, kind, severity, customer, meter, stream, period_start, amount::numeric, detail
+INSERT INTO reconciliation_findings (run_id, n, kind, severity, customer, meter, stream, period_start, amount, detail, omitted)
+SELECT @run_id, n, kind, severity, customer, meter, stream, period_start, amount::numeric, detail, omitted
 FROM unnest(@n::int[], @kind::text[], @severity::text[], @customer::text[], @meter::text[], @stream::text[],
-            @period_start::timestamptz[], @amount::text[], @detail::text[])
-  AS f(n, kind, severity, customer, meter, stream, period_start, amount, detail)`
+            @period_start::timestamptz[], @amount::text[], @detail::text[], @omitted::bigint[])
+  AS f(n, kind, severity, customer, meter, stream, period_start, amount, detail, omitted)`
 
 	qVerdictsInsert = `
 INSERT INTO reconciliation_verdicts (run_id, customer, period_start, clean, totals, fingerprint)
@@ -63,19 +63,20 @@ FROM reconciliation_runs WHERE id = $1`
 
 	qFindingsSelect = `
 SELECT kind, severity, coalesce(customer, ''), coalesce(meter, ''), coalesce(stream, ''), period_start,
-       amount, detail
+       amount, detail, coalesce(omitted, 0)
 FROM reconciliation_findings WHERE run_id = $1 ORDER BY n`
 
 	// A page of runs below the cursor $1 (the largest uuid for the first
 	// page), newest first; $2: the limit; $3: the discrepancy severity;
+	// findings are counted with those a summary finding stands for;
 	// qRunsListOfPeriod those of period $4. Two statements, not one whose
 	// filters read "empty or equal": as the generic plan Postgres settles
 	// on for a prepared statement, that read every run before the page.
 	qRunsSelect = `
 SELECT r.id, r.period, coalesce(r.customer, ''), r.deep, r.status, r.started_at, r.finished_at, r.entries_scanned,
        coalesce(r.error, ''),
-       (SELECT count(*) FROM reconciliation_findings f WHERE f.run_id = r.id),
-       (SELECT count(*) FROM reconciliation_findings f WHERE f.run_id = r.id AND f.severity = $3)
+       (SELECT coalesce(sum(coalesce(f.omitted, 1)), 0) FROM reconciliation_findings f WHERE f.run_id = r.id),
+       (SELECT coalesce(sum(coalesce(f.omitted, 1)), 0) FROM reconciliation_findings f WHERE f.run_id = r.id AND f.severity = $3)
 FROM reconciliation_runs r
 WHERE `
 	qRunsPage = `r.id < $1

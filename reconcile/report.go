@@ -62,7 +62,7 @@ func writeText(w io.Writer, r *Run) error {
 	}
 	fmt.Fprintf(w, "Reconciliation %s — period %s, %s\n", r.ID, r.Period, scope)
 	fmt.Fprintf(w, "Status: %s   (%d discrepancies, %d notices; %d ledger entries checked in %s)\n",
-		strings.ToUpper(r.Status), r.Discrepancies(), len(r.Findings)-r.Discrepancies(), r.EntriesScanned, took)
+		strings.ToUpper(r.Status), r.Discrepancies(), r.Notices(), r.EntriesScanned, took)
 	if r.Error != "" {
 		fmt.Fprintf(w, "Error: %s\n", r.Error)
 	}

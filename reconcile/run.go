@@ -43,7 +43,17 @@ type Config struct {
 	// Deep re-reads Kafka for --deep runs; nil makes the deep check fail
 	// with a clear message.
 	Deep DeepSource
+	// MaxFindings bounds how many findings of one kind a run keeps,
+	// stores and reports (default DefaultMaxFindings); the rest are
+	// counted in one summary finding per kind and severity.
+	MaxFindings int
 }
+
+// DefaultMaxFindings is how many findings of one kind a run lists unless
+// Config.MaxFindings says otherwise: a ledger broken in a systematic way
+// (a finding per stream, per gap or per record) would otherwise make a
+// run hold, store and report millions of them.
+const DefaultMaxFindings = 10000
 
 // Validate reports every configuration problem.
 func (c Config) Validate() error {
@@ -53,6 +63,9 @@ func (c Config) Validate() error {
 	}
 	if err := periods.ValidateGrace(c.Grace); err != nil {
 		errs = append(errs, err)
+	}
+	if c.MaxFindings < 0 {
+		errs = append(errs, fmt.Errorf("reconcile: MaxFindings %d is negative (0: the default, %d)", c.MaxFindings, DefaultMaxFindings))
 	}
 	return errors.Join(errs...)
 }
@@ -73,6 +86,9 @@ func New(cfg Config) (*Reconciler, error) {
 	}
 	if cfg.Grace == 0 {
 		cfg.Grace = periods.DefaultGrace
+	}
+	if cfg.MaxFindings == 0 {
+		cfg.MaxFindings = DefaultMaxFindings
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -105,6 +121,10 @@ type Finding struct {
 	// customers share (empty when their calendars differ). Not stored:
 	// empty in a run loaded with Get.
 	PeriodName string `json:"-"`
+	// Omitted is set on a summary finding only: how many findings of its
+	// kind and severity the run found beyond Config.MaxFindings and did
+	// not list.
+	Omitted int `json:"omitted,omitempty"`
 }
 
 // Total is what the run saw billed for one customer and meter.
@@ -144,15 +164,35 @@ type Run struct {
 	Error          string     `json:"error,omitempty"`
 }
 
-// Discrepancies counts the findings that block a close.
+// Discrepancies counts the findings that block a close, those a summary
+// finding stands for included.
 func (r *Run) Discrepancies() int {
+	return r.count(Discrepancy)
+}
+
+// Notices counts the findings that do not block a close, those a summary
+// finding stands for included.
+func (r *Run) Notices() int {
+	return r.count(Notice)
+}
+
+func (r *Run) count(severity string) int {
 	n := 0
 	for _, f := range r.Findings {
-		if f.Severity == Discrepancy {
-			n++
+		if f.Severity == severity {
+			n += f.stands()
 		}
 	}
 	return n
+}
+
+// stands is how many findings f stands for: the omitted ones for a
+// summary finding, else itself.
+func (f Finding) stands() int {
+	if f.Omitted > 0 {
+		return f.Omitted
+	}
+	return 1
 }
 
 type runner struct {
@@ -171,6 +211,18 @@ type runner struct {
 	// streams found adding up further than stream_checks says, for the
 	// run to store.
 	streams []streamCheck
+
+	// What find counted: the run lists at most max findings of a kind
+	// (listed), and counts the rest per kind and severity (omitted); found
+	// is every finding, listed or not. A verdict rests on every finding:
+	// dirty holds each customer of the run with a discrepancy, global says
+	// a discrepancy had no customer (it blocks every close).
+	max     int
+	found   int
+	listed  map[string]int
+	omitted map[[2]string]int
+	dirty   map[string]bool
+	global  bool
 }
 
 // streamCheck says that a stream's records up to seq add up to billed, its
@@ -190,11 +242,46 @@ func (r *runner) total(customer, meter string) *Total {
 	return t
 }
 
+// find records a finding: it is counted, and listed unless the run
+// already lists max findings of its kind, so a run holds a bounded number
+// of findings however many the ledger makes.
 func (r *runner) find(f Finding) {
+	r.found++
+	if f.Severity == Discrepancy {
+		if f.Customer == "" {
+			r.global = true
+		} else if _, ok := r.periodOf[f.Customer]; ok {
+			r.dirty[f.Customer] = true
+		}
+	}
+	if r.listed[f.Kind] >= r.max {
+		r.omitted[[2]string{f.Kind, f.Severity}]++
+		return
+	}
+	r.listed[f.Kind]++
 	if f.PeriodName == "" {
 		f.PeriodName = r.periodName(f.Customer)
 	}
 	r.run.Findings = append(r.run.Findings, f)
+}
+
+// summarize lists, after the findings, one summary finding per kind and
+// severity that had findings not listed, saying how many (in Omitted and
+// in its detail), in kind and severity order.
+func (r *runner) summarize() {
+	keys := make([][2]string, 0, len(r.omitted))
+	for k := range r.omitted {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		return keys[i][0] < keys[j][0] || keys[i][0] == keys[j][0] && keys[i][1] < keys[j][1]
+	})
+	for _, k := range keys {
+		n := r.omitted[k]
+		r.run.Findings = append(r.run.Findings, Finding{Kind: k[0], Severity: k[1], Omitted: n, PeriodName: r.periodName(""),
+			Detail: fmt.Sprintf("%d more %s findings (%s) not listed: a run lists the first %d findings of each kind; the ledger is likely broken in a systematic way",
+				n, k[0], k[1], r.max)})
+	}
 }
 
 // periodName is the name of customer's period in the run; for a customer
@@ -285,8 +372,8 @@ func (rc *Reconciler) Run(ctx context.Context, opt Options) (*Run, error) {
 			return run, err
 		}
 	}
-	rc.log.Info("reconciliation finished", "run", run.ID, "status", run.Status, "findings", len(run.Findings),
-		"discrepancies", run.Discrepancies(), "entries_scanned", run.EntriesScanned, "took", fin.Sub(run.StartedAt))
+	rc.log.Info("reconciliation finished", "run", run.ID, "status", run.Status, "findings", run.Discrepancies()+run.Notices(),
+		"listed", len(run.Findings), "discrepancies", run.Discrepancies(), "entries_scanned", run.EntriesScanned, "took", fin.Sub(run.StartedAt))
 	return run, nil
 }
 
@@ -396,7 +483,8 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 		return nil, nil, err
 	}
 	r := &runner{run: run, totals: map[[2]string]*Total{}, periodOf: map[string]string{}, usage: map[string][]meterUsage{},
-		rollups: map[[2]string]decimal.Decimal{}, whole: opt.Deep}
+		rollups: map[[2]string]decimal.Decimal{}, whole: opt.Deep,
+		max: rc.cfg.MaxFindings, listed: map[string]int{}, omitted: map[[2]string]int{}, dirty: map[string]bool{}}
 	for c, p := range byCustomer {
 		r.periodOf[c] = p.Name
 	}
@@ -425,13 +513,13 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 	steps = append(steps, step{CheckOverage, func() error { return r.checkOverage(ctx, tx, tg) }})
 	steps = append(steps, step{CheckAdmission, func() error { return r.checkAdmission(ctx, tx, tg, now) }})
 	for i, s := range steps {
-		before := len(run.Findings)
+		before := r.found
 		start := time.Now()
 		if err := s.fn(); err != nil {
 			return nil, nil, fmt.Errorf("reconcile: check %s: %w", s.name, err)
 		}
 		c := Check{Name: s.name, Status: "ok"}
-		if n := len(run.Findings) - before; n > 0 {
+		if n := r.found - before; n > 0 {
 			c.Status, c.Detail = "findings", fmt.Sprintf("%d findings", n)
 		}
 		run.Checks = append(run.Checks, c)
@@ -442,6 +530,7 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 			return nil, nil, fmt.Errorf("reconcile: deep check: %w", err)
 		}
 	}
+	r.summarize()
 	run.EntriesScanned = r.scanned
 	usage := make(map[string]string, len(r.usage))
 	for c, ms := range r.usage {
@@ -460,16 +549,6 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 		a, b := run.Totals[i], run.Totals[j]
 		return a.Customer < b.Customer || a.Customer == b.Customer && a.Meter < b.Meter
 	})
-	dirty := map[string]bool{}
-	global := false
-	for _, f := range run.Findings {
-		if f.Severity == Discrepancy {
-			if f.Customer == "" {
-				global = true
-			}
-			dirty[f.Customer] = true
-		}
-	}
 	// Each customer's totals, in one pass over them (not one per customer:
 	// tens of thousands of customers made that quadratic loop the bulk of
 	// a run).
@@ -486,7 +565,7 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 		if totals == nil {
 			totals = map[string]string{}
 		}
-		vs = append(vs, verdict{customer: c, period: p, clean: !global && !dirty[c], totals: totals, fp: fps[c]})
+		vs = append(vs, verdict{customer: c, period: p, clean: !r.global && !r.dirty[c], totals: totals, fp: fps[c]})
 	}
 	sort.Slice(vs, func(i, j int) bool { return vs[i].customer < vs[j].customer })
 	return vs, r.streams, nil
@@ -580,16 +659,20 @@ func findingsArgs(runID uuid.UUID, fs []Finding) pgx.StrictNamedArgs {
 	n := make([]int32, len(fs))
 	kinds, severities, details := make([]string, len(fs)), make([]string, len(fs)), make([]string, len(fs))
 	customers, meters, streams, amounts := make([]*string, len(fs)), make([]*string, len(fs)), make([]*string, len(fs)), make([]*string, len(fs))
-	starts := make([]*time.Time, len(fs))
+	starts, omitted := make([]*time.Time, len(fs)), make([]*int64, len(fs))
 	for i, f := range fs {
 		n[i], kinds[i], severities[i], details[i] = int32(i), f.Kind, f.Severity, f.Detail
 		customers[i], meters[i], streams[i], starts[i] = nullable(f.Customer), nullable(f.Meter), nullable(f.Stream), f.Period
 		if f.Amount != nil {
 			amounts[i] = nullable(f.Amount.String())
 		}
+		if f.Omitted > 0 {
+			o := int64(f.Omitted)
+			omitted[i] = &o
+		}
 	}
 	return pgx.StrictNamedArgs{"run_id": runID, "n": n, "kind": kinds, "severity": severities, "customer": customers,
-		"meter": meters, "stream": streams, "period_start": starts, "amount": amounts, "detail": details}
+		"meter": meters, "stream": streams, "period_start": starts, "amount": amounts, "detail": details, "omitted": omitted}
 }
 
 // verdictsArgs turns a run's verdicts into the columns of qVerdictsInsert.

@@ -51,7 +51,7 @@ func Get(ctx context.Context, db interface {
 		var f Finding
 		var period *time.Time
 		var amt nullNumeric
-		if err := rows.Scan(&f.Kind, &f.Severity, &f.Customer, &f.Meter, &f.Stream, &period, &amt, &f.Detail); err != nil {
+		if err := rows.Scan(&f.Kind, &f.Severity, &f.Customer, &f.Meter, &f.Stream, &period, &amt, &f.Detail, &f.Omitted); err != nil {
 			return nil, err
 		}
 		f.Period = period
