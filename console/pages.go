@@ -344,6 +344,9 @@ type findingGroup struct {
 	Count          int
 	Amount         decimal.Decimal
 	HasAmount      bool
+	// Partial: the run did not list every finding of the group (a summary
+	// finding counts the rest), so Amount is of those listed only.
+	Partial bool
 }
 
 type reconciliationView struct {
@@ -373,7 +376,12 @@ func (c *Console) reconciliation(w http.ResponseWriter, r *http.Request) error {
 			idx[k] = i
 			groups = append(groups, findingGroup{Kind: f.Kind, Severity: f.Severity})
 		}
-		groups[i].Count++
+		if f.Omitted > 0 {
+			groups[i].Count += f.Omitted
+			groups[i].Partial = true
+		} else {
+			groups[i].Count++
+		}
 		if f.Amount != nil {
 			groups[i].Amount, groups[i].HasAmount = groups[i].Amount.Add(*f.Amount), true
 		}

@@ -227,3 +227,39 @@ func TestCustomerPageShowsBudgetsAndLiveGrants(t *testing.T) {
 		}
 	}
 }
+
+// A run lists at most a bound of findings of each kind and counts the
+// rest in one summary finding: the run's page counts a kind's findings
+// with those the summary stands for, and says when its amount is of the
+// findings listed only.
+func TestReconciliationPageCountsFindingsNotListed(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	id := "019a3c8e-7a40-7000-8000-0000000000f2"
+	for _, q := range []string{
+		`INSERT INTO reconciliation_runs (id, period, status, started_at, finished_at)
+		 VALUES ($1, '2026-10-01', 'discrepancies', '2026-11-20T02:30:00Z', '2026-11-20T02:31:00Z')`,
+		`INSERT INTO reconciliation_findings (run_id, n, kind, severity, customer, meter, stream, amount, detail, omitted) VALUES
+		 ($1, 0, 'stream_total_mismatch', 'discrepancy', 'acme', 'api_calls', 'gw/1', 1, 'listed', NULL),
+		 ($1, 1, 'open_gap', 'notice', 'acme', 'api_calls', 'gw/1', 2, 'listed', NULL),
+		 ($1, 2, 'stream_total_mismatch', 'discrepancy', NULL, NULL, NULL, NULL, '12345 more stream_total_mismatch findings (discrepancy) not listed', 12345)`,
+	} {
+		if _, err := f.pool.Exec(f.ctx(), q, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := f.client()
+	f.signInHTTP(c, adminToken)
+	res := f.get(c, "/console/reconciliations/"+id)
+	if res.status != 200 {
+		t.Fatalf("run page: %d %s", res.status, res.body)
+	}
+	for _, want := range []string{
+		`<td>discrepancy</td><td>stream_total_mismatch</td><td class="n">12,346</td><td class="n">1 (of those listed)</td>`,
+		`<td>notice</td><td>open_gap</td><td class="n">1</td><td class="n">2</td>`,
+	} {
+		if !strings.Contains(res.body, want) {
+			t.Fatalf("the page lacks %s:\n%s", want, res.body)
+		}
+	}
+}
