@@ -258,6 +258,12 @@ func (s Store) Statement(ctx context.Context, db DBTX, customer, ref string) (St
 	return st, nil
 }
 
+// Frozen returns the statement a close froze for customer's period p,
+// and whether there is one.
+func (s Store) Frozen(ctx context.Context, db DBTX, customer string, p Period) (Statement, bool, error) {
+	return s.stored(ctx, db, customer, p)
+}
+
 func (s Store) stored(ctx context.Context, db DBTX, customer string, p Period) (Statement, bool, error) {
 	var raw []byte
 	err := db.QueryRow(ctx, qSelectStatement, customer, p.Start).Scan(&raw)

@@ -42,9 +42,19 @@ func (r *runner) checkKinds(ctx context.Context, tx pgx.Tx, tg target, now time.
 		if now.Before(asOf) {
 			asOf = now
 		}
-		st, err := periods.Store{Clock: func() time.Time { return now }, Kinds: ledger.StatementKinds}.Statement(ctx, tx, c, p.Name)
+		// The frozen statement's gauge and unique lines, or the ledger's
+		// answer for an open period (as a statement reads them), not the
+		// whole statement: the counter lines are the rollup check's.
+		st, closed, err := periods.Store{}.Frozen(ctx, tx, c, p)
 		if err != nil {
 			return err
+		}
+		if !closed {
+			kl, err := ledger.StatementKinds(ctx, tx, c, p, now)
+			if err != nil {
+				return err
+			}
+			st.Gauges, st.Uniques = kl.Gauges, kl.Uniques
 		}
 		gauges, err := ledger.GaugeMetersOf(ctx, tx, c)
 		if err != nil {
