@@ -182,7 +182,7 @@ func (s Store) Close(ctx context.Context, tx pgx.Tx, req CloseRequest) (Statemen
 	if _, err := tx.Exec(ctx, qLockCustomer, CustomerLockSpace, req.Customer, CustomerLockBuckets); err != nil {
 		return Statement{}, fmt.Errorf("periods: lock customer: %w", err)
 	}
-	if st, ok, err := s.stored(ctx, tx, req.Customer, p); err != nil || ok {
+	if st, ok, err := s.Frozen(ctx, tx, req.Customer, p); err != nil || ok {
 		return st, err
 	}
 	if now.Before(p.End) {
@@ -245,7 +245,7 @@ func (s Store) Statement(ctx context.Context, db DBTX, customer, ref string) (St
 	if err != nil {
 		return Statement{}, err
 	}
-	if st, ok, err := s.stored(ctx, db, customer, p); err != nil || ok {
+	if st, ok, err := s.Frozen(ctx, db, customer, p); err != nil || ok {
 		return st, err
 	}
 	// Read from rollups: a customer may ask in a loop, and the period's
@@ -261,10 +261,6 @@ func (s Store) Statement(ctx context.Context, db DBTX, customer, ref string) (St
 // Frozen returns the statement a close froze for customer's period p,
 // and whether there is one.
 func (s Store) Frozen(ctx context.Context, db DBTX, customer string, p Period) (Statement, bool, error) {
-	return s.stored(ctx, db, customer, p)
-}
-
-func (s Store) stored(ctx context.Context, db DBTX, customer string, p Period) (Statement, bool, error) {
 	var raw []byte
 	err := db.QueryRow(ctx, qSelectStatement, customer, p.Start).Scan(&raw)
 	if errors.Is(err, pgx.ErrNoRows) {
