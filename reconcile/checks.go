@@ -181,15 +181,13 @@ func (r *runner) breakdown(ctx context.Context, tx pgx.Tx, tg target) error {
 	return rows.Err()
 }
 
-// checkStreams: per stream of the targets' customers, billed deltas must
-// add up to its last total. They are summed from where a run last found
-// the stream adding up (stream_checks; over its whole life in a deep run):
+// streamTotals sums each stream's billed deltas from where a run last
+// found it adding up (stream_checks; over its whole life in a deep run):
 // records are never changed, and one arriving at or below a stream's last
 // seq is a late fill, billed nothing, so records that added up stay added
-// up. Streams that add up further than stream_checks says are noted for
-// the run to store (streamChecks). Open gaps billed in a target period are
-// listed with their amounts.
-func (r *runner) checkStreams(ctx context.Context, tx pgx.Tx, tg target) error {
+// up. A stream that does not add up is a finding; one that adds up further
+// than stream_checks says is noted for the run to store (r.streams).
+func (r *runner) streamTotals(ctx context.Context, tx pgx.Tx, tg target) error {
 	type stream struct {
 		id               int64
 		customer, meter  string
@@ -269,8 +267,17 @@ func (r *runner) checkStreams(ctx context.Context, tx pgx.Tx, tg target) error {
 		}
 		r.find(Finding{Kind: KindStreamMismatch, Severity: Discrepancy, Customer: s.customer, Meter: s.meter, Stream: s.name, Amount: &diff, Detail: detail})
 	}
+	return nil
+}
 
-	rows, err = tx.Query(ctx, qOpenGaps, tg.args())
+// checkStreams: per stream of the targets' customers, billed deltas must
+// add up to its last total (streamTotals); open gaps billed in a target
+// period are listed with their amounts.
+func (r *runner) checkStreams(ctx context.Context, tx pgx.Tx, tg target) error {
+	if err := r.streamTotals(ctx, tx, tg); err != nil {
+		return err
+	}
+	rows, err := tx.Query(ctx, qOpenGaps, tg.args())
 	if err != nil {
 		return err
 	}
