@@ -156,22 +156,7 @@ func TestForgettingRacesTightAndRateBudgets(t *testing.T) {
 		}
 	}
 	wg.Wait()
-	var forgotten float64
-	for _, reg := range regs {
-		v, err := metricValue(reg, "tally_admit_budgets_forgotten_total", "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		forgotten += v
-	}
-	for _, c := range clients {
-		if err := c.Close(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if forgotten < 10 {
-		t.Fatalf("only %v budgets forgotten during the run: the race was not run", forgotten)
-	}
+	forgotten := closeForgotten(t, ctx, regs, clients)
 	for _, cu := range []string{"tight", "roomy"} {
 		b := ts.budget(cu, "tokens")
 		if n := admitted[cu].Load(); !b.Consumed.Equal(decimal.NewFromInt(n)) || !b.Live.IsZero() {

@@ -162,22 +162,7 @@ func TestForgettingRacesAdmits(t *testing.T) {
 		}
 	}
 	wg.Wait()
-	forgotten := 0.0
-	for _, reg := range regs {
-		v, err := metricValue(reg, "tally_admit_budgets_forgotten_total", "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		forgotten += v
-	}
-	for _, c := range clients {
-		if err := c.Close(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if forgotten < 10 {
-		t.Fatalf("only %v budgets forgotten during the run: the race was not run", forgotten)
-	}
+	forgotten := closeForgotten(t, ctx, regs, clients)
 	for customer, n := range admitted {
 		b := ts.budget(customer, "tokens")
 		if !b.Consumed.Equal(decimal.NewFromInt(n.Load())) || !b.Live.IsZero() {
@@ -269,4 +254,28 @@ func TestAForgottenBudgetKeepsItsRulesPolicy(t *testing.T) {
 	if d, err := c.Admit(ctx, "globex", "tokens", 1); err != nil || !d.Admitted || d.How != admit.Bypass {
 		t.Fatalf("a customer never seen while Tally is unreachable: %+v %v, want admitted by the gateway's allow", d, err)
 	}
+}
+
+// closeForgotten closes the clients and returns how many budgets their
+// registries say were forgotten, failing unless the race was run (at
+// least 10).
+func closeForgotten(t *testing.T, ctx context.Context, regs []*prometheus.Registry, clients []*admit.Client) float64 {
+	t.Helper()
+	forgotten := 0.0
+	for _, reg := range regs {
+		v, err := metricValue(reg, "tally_admit_budgets_forgotten_total", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		forgotten += v
+	}
+	for _, c := range clients {
+		if err := c.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if forgotten < 10 {
+		t.Fatalf("only %v budgets forgotten during the run: the race was not run", forgotten)
+	}
+	return forgotten
 }
