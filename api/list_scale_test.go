@@ -59,6 +59,31 @@ func (f *fixture) readsOf(table, path string) (int64, response) {
 	return n, r
 }
 
+// listPage is a page of a list, its items left as JSON objects.
+type listPage struct {
+	Items      []map[string]any `json:"items"`
+	NextCursor string           `json:"next_cursor"`
+}
+
+// pageOf GETs path (with cursor, unless empty) and returns the page and
+// the path asked, reporting an error when it read more than 50 rows of
+// table for a page of 2.
+func (f *fixture) pageOf(table, path, cursor string) (listPage, string, response) {
+	f.t.Helper()
+	if cursor != "" {
+		path += "&cursor=" + url.QueryEscape(cursor)
+	}
+	n, r := f.readsOf(table, path)
+	if n > 50 {
+		f.t.Errorf("GET %s read %d rows of %s for a page of 2", path, n, table)
+	}
+	var page listPage
+	if err := json.Unmarshal(r.body, &page); err != nil {
+		f.t.Fatalf("GET %s: %v %s", path, err, r.body)
+	}
+	return page, path, r
+}
+
 // A page of dead letters of one customer, or of those pending, reads about
 // a page of rows however many other dead letters there are: a large
 // deployment keeps a million, nearly all replayed or of other customers.
@@ -81,21 +106,7 @@ func TestDeadLetterPagesReadAPage(t *testing.T) {
 			if pages > 3 {
 				t.Fatalf("%s: more than 3 pages of 2", query)
 			}
-			path := "/v1/dead-letters?limit=2&" + query
-			if cursor != "" {
-				path += "&cursor=" + url.QueryEscape(cursor)
-			}
-			n, r := f.readsOf("dead_letters", path)
-			if n > 50 {
-				t.Errorf("GET %s read %d rows of dead_letters for a page of 2", path, n)
-			}
-			var page struct {
-				Items      []map[string]any `json:"items"`
-				NextCursor string           `json:"next_cursor"`
-			}
-			if err := json.Unmarshal(r.body, &page); err != nil {
-				t.Fatal(err)
-			}
+			page, _, _ := f.pageOf("dead_letters", "/v1/dead-letters?limit=2&"+query, cursor)
 			seen += len(page.Items)
 			if cursor = page.NextCursor; cursor == "" {
 				break
@@ -122,29 +133,16 @@ func TestTokenPagesReadAPage(t *testing.T) {
 	seen := map[string]bool{}
 	cursor := ""
 	for pages := 0; pages < 3; pages++ {
-		path := "/v1/tokens?limit=2"
-		if cursor != "" {
-			path += "&cursor=" + url.QueryEscape(cursor)
-		}
-		n, r := f.readsOf("api_tokens", path)
-		if n > 50 {
-			t.Errorf("GET %s read %d rows of api_tokens for a page of 2", path, n)
-		}
-		var page struct {
-			Items []struct {
-				ID       string `json:"id"`
-				Customer string `json:"customer"`
-			} `json:"items"`
-			NextCursor string `json:"next_cursor"`
-		}
-		if err := json.Unmarshal(r.body, &page); err != nil || len(page.Items) != 2 || page.NextCursor == "" {
-			t.Fatalf("GET %s: %v %s", path, err, r.body)
+		page, path, r := f.pageOf("api_tokens", "/v1/tokens?limit=2", cursor)
+		if len(page.Items) != 2 || page.NextCursor == "" {
+			t.Fatalf("GET %s: %s", path, r.body)
 		}
 		for _, it := range page.Items {
-			if seen[it.Customer] {
-				t.Errorf("%s repeated", it.Customer)
+			c, _ := it["customer"].(string)
+			if seen[c] {
+				t.Errorf("%s repeated", c)
 			}
-			seen[it.Customer] = true
+			seen[c] = true
 		}
 		cursor = page.NextCursor
 		f.token("new-" + cursor[len(cursor)-6:]) // created now, after every listed one
@@ -184,20 +182,9 @@ func TestAlertEventPagesReadAPage(t *testing.T) {
 	for _, query := range []string{"", "&alert=r1", "&state=failed"} {
 		cursor := ""
 		for pages := 0; pages < 2; pages++ {
-			path := "/v1/alert-events?limit=2" + query
-			if cursor != "" {
-				path += "&cursor=" + url.QueryEscape(cursor)
-			}
-			n, r := f.readsOf("alert_events", path)
-			if n > 50 {
-				t.Errorf("GET %s read %d rows of alert_events for a page of 2", path, n)
-			}
-			var page struct {
-				Items      []map[string]any `json:"items"`
-				NextCursor string           `json:"next_cursor"`
-			}
-			if err := json.Unmarshal(r.body, &page); err != nil || len(page.Items) != 2 || page.NextCursor == "" {
-				t.Fatalf("GET %s: %v %s", path, err, r.body)
+			page, path, r := f.pageOf("alert_events", "/v1/alert-events?limit=2"+query, cursor)
+			if len(page.Items) != 2 || page.NextCursor == "" {
+				t.Fatalf("GET %s: %s", path, r.body)
 			}
 			cursor = page.NextCursor
 		}
@@ -234,21 +221,7 @@ func TestGrantPagesReadAPage(t *testing.T) {
 	for _, query := range []string{"state=live", ""} {
 		cursor := ""
 		for pages := 0; pages < 3; pages++ {
-			path := "/v1/customers/acme/grants?limit=2&" + query
-			if cursor != "" {
-				path += "&cursor=" + url.QueryEscape(cursor)
-			}
-			n, r := f.readsOf("admission_grants", path)
-			if n > 50 {
-				t.Errorf("GET %s read %d rows of admission_grants for a page of 2", path, n)
-			}
-			var page struct {
-				Items      []map[string]any `json:"items"`
-				NextCursor string           `json:"next_cursor"`
-			}
-			if err := json.Unmarshal(r.body, &page); err != nil {
-				t.Fatal(err)
-			}
+			page, path, _ := f.pageOf("admission_grants", "/v1/customers/acme/grants?limit=2&"+query, cursor)
 			if query == "state=live" && pages == 1 && len(page.Items) != 1 {
 				t.Fatalf("GET %s: %d live grants on the second page, want the third one", path, len(page.Items))
 			}
@@ -284,21 +257,7 @@ func TestReconciliationPagesReadAPage(t *testing.T) {
 		}
 		cursor := api.CursorFor("/v1/reconciliations?"+query, id.String())
 		for pages := 0; pages < 3; pages++ {
-			path := "/v1/reconciliations?limit=2&" + query
-			if cursor != "" {
-				path += "&cursor=" + url.QueryEscape(cursor)
-			}
-			n, r := f.readsOf("reconciliation_runs", path)
-			if n > 50 {
-				t.Errorf("GET %s read %d rows of reconciliation_runs for a page of 2", path, n)
-			}
-			var page struct {
-				Items      []map[string]any `json:"items"`
-				NextCursor string           `json:"next_cursor"`
-			}
-			if err := json.Unmarshal(r.body, &page); err != nil {
-				t.Fatal(err)
-			}
+			page, path, _ := f.pageOf("reconciliation_runs", "/v1/reconciliations?limit=2&"+query, cursor)
 			if len(page.Items) != 2 || page.NextCursor == "" {
 				t.Fatalf("GET %s: %d runs, cursor %q", path, len(page.Items), page.NextCursor)
 			}
