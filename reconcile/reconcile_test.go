@@ -23,14 +23,14 @@ import (
 )
 
 type env struct {
-	t    *testing.T
+	t    testing.TB
 	pool *pgxpool.Pool
 	l    *ledger.Ledger
 	rc   *reconcile.Reconciler
 	now  time.Time
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	e := &env{t: t, pool: pgtest.New(t), now: time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)}
 	clock := func() time.Time { return e.now }
 	var err error
