@@ -549,3 +549,37 @@ func TestResolutionsSayWhatTheyStoodFor(t *testing.T) {
 		t.Errorf("resolved with no limit in force: threshold %+v, want value 50 (50%% of 100)", ev.Threshold)
 	}
 }
+
+// TestMeterChangeWhileTriggeredFiresOnce: a rule version that moves a
+// triggered threshold to another meter resolves it on the old meter
+// (rule_changed) and triggers it once on the new one, which stays
+// triggered while its usage does; deleting the rule then resolves it on
+// the meter it was triggered on.
+func TestMeterChangeWhileTriggeredFiresOnce(t *testing.T) {
+	e := newEnv(t)
+	rec := newReceiver(t)
+	secret := e.webhook("billing", rec.url())
+	e.rule("acme-usage", `{"subject":"customer:acme","meter":"calls","thresholds":[{"value":"10"}],"endpoints":["billing"]}`)
+	e.start(startOptions{})
+	e.use("acme", "calls", 20)
+	e.use("acme", "bytes", 20)
+	waitFor(t, 5*time.Second, "triggered on calls", func() bool { return len(e.stored()) == 1 })
+	e.rule("acme-usage", `{"subject":"customer:acme","meter":"bytes","thresholds":[{"value":"10"}],"endpoints":["billing"]}`)
+	waitFor(t, 5*time.Second, "moved to bytes", func() bool { return len(e.stored()) >= 3 })
+	time.Sleep(time.Second) // evaluated again and again at 20 bytes
+	if got := types(e.stored()); !slices.Equal(got, []string{"triggered v10", "resolved v10 rule_changed", "triggered v10"}) {
+		t.Fatalf("events after the meter changed, with usage steady: %v", got)
+	}
+	if err := alerts.DeleteRule(context.Background(), e.pool, "acme-usage", "test", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "resolved by the deletion", func() bool { return len(rec.delivered()) == 4 })
+	stored := check(t, e, rec, secret)
+	var meters []string
+	for _, ev := range stored {
+		meters = append(meters, ev.Meter)
+	}
+	if want := []string{"calls", "calls", "bytes", "bytes"}; !slices.Equal(meters, want) {
+		t.Fatalf("events %v on meters %v, want %v", types(stored), meters, want)
+	}
+}

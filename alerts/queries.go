@@ -42,6 +42,10 @@ const qStates = `
 SELECT rule, subject, threshold, period_start, period, meter, state, transitions, used::text, "limit"::text
 FROM alert_states WHERE state = 'triggered' OR period_start >= $1`
 
+// qUpsertStates writes each state's transition. The meter is written too:
+// a rule version may move a threshold to another meter, and the state,
+// whose count goes on, is then of the new one (a stale meter would read as
+// a rule change at every evaluation and resolve and trigger it again).
 const qUpsertStates = `
 INSERT INTO alert_states (rule, subject, threshold, period_start, period, meter, state, transitions, used, "limit", changed_at)
 SELECT rule, subject, threshold, period_start, period, meter, state, transitions, used::numeric, lim::numeric, @at
@@ -49,7 +53,7 @@ FROM unnest(@rules::text[], @subjects::text[], @thresholds::text[], @starts::tim
             @meters::text[], @states::text[], @transitions::int[], @used::text[], @limits::text[])
      AS s(rule, subject, threshold, period_start, period, meter, state, transitions, used, lim)
 ON CONFLICT (rule, subject, threshold, period_start) DO UPDATE
-SET state = EXCLUDED.state, transitions = EXCLUDED.transitions, used = EXCLUDED.used,
+SET meter = EXCLUDED.meter, state = EXCLUDED.state, transitions = EXCLUDED.transitions, used = EXCLUDED.used,
     "limit" = EXCLUDED."limit", changed_at = EXCLUDED.changed_at`
 
 const qInsertEvents = `
