@@ -16,7 +16,8 @@ import (
 // threshold, period) alternates triggered and resolved, starting with
 // triggered; it triggers only at or past the threshold and resolves only
 // below threshold × (1 − hysteresis) or without a limit; transitions are
-// numbered 1, 2, 3…, each with its own id.
+// numbered 1, 2, 3…, each with its own id; a resolution says the
+// threshold.value its trigger said.
 func TestStateMachineProperty(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		percent := rapid.Bool().Draw(t, "percent")
@@ -35,6 +36,7 @@ func TestStateMachineProperty(t *testing.T) {
 		s := state{stateKey: stateKey{rule: "r", subject: "customer:c", threshold: th.Key(), periodStart: p.Start}, period: p.Name, meter: "m", state: "ok"}
 		ids := map[string]bool{}
 		last := ""
+		var crossed decimal.Decimal // the trigger's threshold.value
 		now := p.Start.Add(time.Hour)
 		for i, n := 0, rapid.IntRange(1, 60).Draw(t, "steps"); i < n; i++ {
 			used := decimal.NewFromInt(rapid.Int64Range(-100, 1500).Draw(t, "used"))
@@ -65,12 +67,16 @@ func TestStateMachineProperty(t *testing.T) {
 				if last == TypeTriggered || !has || used.LessThan(at) {
 					t.Fatalf("step %d: triggered after %q with used %s, threshold %s (%v)", i, last, used, at, has)
 				}
+				crossed = ev.Threshold.Value
 			case TypeResolved:
 				if last != TypeTriggered {
 					t.Fatalf("step %d: resolved after %q", i, last)
 				}
 				if has && !used.LessThan(at.Mul(decimal.NewFromInt(1).Sub(h.Div(decimal.NewFromInt(100))))) {
 					t.Fatalf("step %d: resolved at used %s, threshold %s, hysteresis %s%%", i, used, at, h)
+				}
+				if !ev.Threshold.Value.Equal(crossed) {
+					t.Fatalf("step %d: resolved with threshold.value %s, triggered with %s", i, ev.Threshold.Value, crossed)
 				}
 			}
 			if ids[ev.ID.String()] || ev.ID != EventID("r", "customer:c", th.Key(), p.Name, tr.s.transitions) {

@@ -583,12 +583,11 @@ func resolve(r Rule, s state, used decimal.Decimal, limit *decimal.Decimal, u *q
 	}
 	t := transition{s: s}
 	if r.Notifies(Resolved) {
+		// The threshold's value is the one it stood for when it was
+		// crossed, whatever the limit now (raised, lowered, none): the
+		// trigger's, which the receiver matches the resolution to.
 		es := s
-		if limit == nil {
-			// No limit in force now: the threshold's value is the one it
-			// stood for when it was crossed.
-			es.limit = crossedAt
-		}
+		es.limit = crossedAt
 		t.event = newEvent(r, th, es, used, limit, u, now, TypeResolved, reason)
 	}
 	return t
@@ -604,9 +603,11 @@ func newEvent(r Rule, th Threshold, s state, used decimal.Decimal, limit *decima
 	if c, ok := strings.CutPrefix(s.subject, "customer:"); ok {
 		ev.Customer = c
 	}
-	at, ok := th.At(limit)
-	if !ok && s.limit != nil {
-		at, _ = th.At(s.limit)
+	// s.limit is the limit the threshold was crossed under (for a
+	// trigger, the one in force: limit).
+	at, ok := th.At(s.limit)
+	if !ok {
+		at, _ = th.At(limit)
 	}
 	ev.Threshold = EventThreshold{Value: at, Percent: th.Percent}
 	if u != nil && u.AsOf != nil {

@@ -36,7 +36,8 @@ type Event struct {
 }
 
 // EventThreshold is the threshold crossed: its percent (for a percent
-// threshold) and the usage it stood for.
+// threshold) and the usage it stood for when it was crossed (in a
+// resolution too, whatever limit is in force by then).
 type EventThreshold struct {
 	Value   decimal.Decimal  `json:"value"`
 	Percent *decimal.Decimal `json:"percent,omitempty"`
