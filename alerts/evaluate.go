@@ -489,7 +489,8 @@ func decideAll(rules map[string]Rule, p plan, usage []quota.SubjectUsage, states
 		case evaluated && r.Meter == s.meter && u.Period.Start.UTC().Equal(s.periodStart):
 			// A rule change that keeps the subject and meter: this
 			// evaluation's usage of the same period. (A deleted rule's
-			// subject is evaluated no more: its usage when last seen.)
+			// subject is evaluated no more: the usage of its last
+			// transition, the trigger's.)
 			used, at = u.Used, &u
 		}
 		out = append(out, resolve(r, s, used, s.limit, at, now, reason))
