@@ -21,7 +21,8 @@ import (
 // close: the newest run for the customer's period must be clean, and
 // everything that run checked for the period (read again inside the
 // closing transaction, under the customer lock that keeps new usage out)
-// must be as the run saw it: the ledger rows billed in it, its open gaps,
+// must be as the run saw it: the ledger rows billed in it (a gauge's
+// prior-period adjustments included), its open gaps,
 // conflicts, ledger findings and late usage, and the unreplayed dead
 // letters and offset jumps that could hold its usage. A run that predates
 // any of these is no ticket to close: reconcile again.
@@ -92,6 +93,10 @@ type fingerprint struct {
 	// ("" when there are none, as in runs stored before it was kept; see
 	// qFingerprint for its "v2/" form).
 	Kinds string `json:"kinds,omitempty"`
+	// GaugePrior counts and sums the gauges' prior-period adjustments
+	// billed in the period ("" when there are none, as in runs stored
+	// before it was kept).
+	GaugePrior string `json:"gauge_prior,omitempty"`
 }
 
 func (a fingerprint) changes(b fingerprint) []string {
@@ -109,6 +114,7 @@ func (a fingerprint) changes(b fingerprint) []string {
 	add(a.DeadLetters != b.DeadLetters, "unreplayed dead letters changed")
 	add(a.Unowned != b.Unowned, "unreplayed dead letters of no known customer changed")
 	add(a.Jumps != b.Jumps, "offset jumps (messages deleted unread) changed")
+	add(a.GaugePrior != b.GaugePrior, "gauge prior-period adjustments")
 	switch {
 	case a.Kinds != "" && b.Kinds != "" && strings.HasPrefix(a.Kinds, "v2/") != strings.HasPrefix(b.Kinds, "v2/"):
 		// A run stored before gauge readings were counted as they are now.
@@ -172,7 +178,7 @@ func fingerprints(ctx context.Context, tx pgx.Tx, tg target, usage map[string]st
 	for rows.Next() {
 		var c string
 		var fp fingerprint
-		if err := rows.Scan(&c, &fp.Gaps, &fp.Conflicts, &fp.Findings, &fp.Late, &fp.DeadLetters, &fp.Unowned, &fp.Jumps, &fp.Kinds); err != nil {
+		if err := rows.Scan(&c, &fp.Gaps, &fp.Conflicts, &fp.Findings, &fp.Late, &fp.DeadLetters, &fp.Unowned, &fp.Jumps, &fp.Kinds, &fp.GaugePrior); err != nil {
 			return nil, err
 		}
 		fp.Usage = usage[c]

@@ -259,3 +259,50 @@ func TestGateAsksForANewRunAfterTheGaugeCountChanged(t *testing.T) {
 		t.Fatalf("close after a new run: %v", err)
 	}
 }
+
+// TestGateRefusesAGaugeAdjustmentBilledSinceTheRun: a late gauge reading
+// of a closed period bills the level-seconds it changed there in the
+// first period not closed (prior_period_unit_seconds). When it arrives
+// after that period's clean run, without touching the period's own
+// level, the run did not see what the close would freeze: reconcile
+// again. The next run lets it close, with the adjustment on the statement.
+func TestGateRefusesAGaugeAdjustmentBilledSinceTheRun(t *testing.T) {
+	e := newEnv(t)
+	e.declare("seats", ledger.Gauge)
+	sep := func(d int) time.Time { return time.Date(2026, 9, d, 0, 0, 0, 0, time.UTC) }
+	e.now = sep(20)
+	e.apply(level("a", 1, "5", sep(5)), level("a", 3, "7", sep(20))) // seq 2 not arrived yet
+	e.now = time.Date(2026, 10, 10, 0, 0, 0, 0, time.UTC)
+	e.apply(level("a", 4, "8", e.now))
+	store := periods.Store{Clock: func() time.Time { return e.now }, Gate: reconcile.Gate, Kinds: ledger.StatementKinds}
+	closeP := func(req periods.CloseRequest) (periods.Statement, error) {
+		var st periods.Statement
+		err := pgx.BeginFunc(context.Background(), e.pool, func(tx pgx.Tx) error {
+			var err error
+			st, err = store.Close(context.Background(), tx, req)
+			return err
+		})
+		return st, err
+	}
+	if _, err := closeP(periods.CloseRequest{Customer: "acme", Period: "2026-09-01", Force: true, Reason: "test", Actor: "tester"}); err != nil {
+		t.Fatal(err)
+	}
+	e.now = time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC) // October is in grace
+	if r := e.run(reconcile.Options{Period: "2026-10-01"}); r.Status != reconcile.StatusClean {
+		t.Fatalf("run: %s %+v", r.Status, r.Findings)
+	}
+	// Seq 2 lies between September's readings: October's level is as it was.
+	e.apply(level("a", 2, "100", sep(10)))
+	e.now = time.Date(2026, 11, 3, 0, 0, 0, 0, time.UTC)
+	st, err := closeP(periods.CloseRequest{Customer: "acme", Period: "2026-10-01"})
+	if !errors.Is(err, periods.ErrNotReconciled) || !strings.Contains(err.Error(), "gauge prior-period adjustments") {
+		t.Fatalf("close after a prior-period gauge adjustment billed in October since its run: %v %+v", err, st.Gauges)
+	}
+	if r := e.run(reconcile.Options{Period: "2026-10-01"}); r.Status != reconcile.StatusClean {
+		t.Fatalf("second run: %s %+v", r.Status, r.Findings)
+	}
+	st, err = closeP(periods.CloseRequest{Customer: "acme", Period: "2026-10-01"})
+	if err != nil || len(st.Gauges) != 1 || st.Gauges[0].PriorPeriodUnitSeconds.String() != "82080000" { // (100-5) × 10 days
+		t.Fatalf("close after the second run: %v %+v", err, st.Gauges)
+	}
+}

@@ -410,6 +410,10 @@ SELECT meter, sum(n)::bigint, sum(q) FROM (
 	// arrive, so no two arrivals cancel out. "v2/" tells this form from the
 	// count of every reading before the period's end that older runs kept
 	// (without gauge streams both are "0:" and the unique readings' count).
+	// A gauge's prior-period adjustments billed in the period (level-seconds
+	// of a closed earlier period that a late reading changed) are counted
+	// and summed as the usage of counters is: such a reading need not bear
+	// on the period's own level, yet its statement bills it.
 	// Ledger findings count in the period they are about and in the one
 	// they were noted in; conflicts in the period their record occurred in
 	// and in the one they were detected in. Dead letters and offset jumps
@@ -432,6 +436,9 @@ g AS (
   GROUP BY 1
 ), l AS (
   SELECT r.customer, count(*) AS n FROM records r JOIN t ON t.customer = r.customer AND r.prior_period = t.period_start GROUP BY 1
+), ga AS (
+  SELECT a.customer, count(*) || ':' || trim_scale(sum(a.unit_seconds)) AS h
+  FROM gauge_adjustments a JOIN t ON t.customer = a.customer AND a.period_start = t.period_start GROUP BY 1
 ), pending AS MATERIALIZED (
   SELECT d.id, d.key, d.created_at FROM dead_letters d
   WHERE d.replayed_at IS NULL
@@ -461,9 +468,10 @@ SELECT t.customer, coalesce(g.h, ''), coalesce(c.n, 0), coalesce(f.n, 0), coales
              (SELECT count(*) AS n FROM stream_periods sp
               JOIN unique_readings r ON r.stream_id = sp.stream_id AND r.seq BETWEEN sp.min_seq AND sp.max_seq
                                     AND r.period_start = sp.period_start
-              WHERE sp.customer = t.customer AND sp.period_start = t.period_start) ku)
+              WHERE sp.customer = t.customer AND sp.period_start = t.period_start) ku),
+       coalesce(ga.h, '')
 FROM t LEFT JOIN g USING (customer) LEFT JOIN c USING (customer) LEFT JOIN f USING (customer)
-LEFT JOIN l USING (customer) LEFT JOIN d USING (customer)`
+LEFT JOIN l USING (customer) LEFT JOIN d USING (customer) LEFT JOIN ga USING (customer)`
 )
 
 // Acceptances of losses.
