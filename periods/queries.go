@@ -44,22 +44,22 @@ VALUES (@customer, @period_start, @period_end, @closed_at, @statement, @forced, 
 
 	// Per period of the customer with usage (counter rollups, gauge days,
 	// unique counts) or a close record: each counter meter's billed total
-	// (meters and totals, in meter order) and whether it is closed, newest
-	// first.
+	// (meters and totals, in meter order), whether it is closed and
+	// whether a gauge has a bucket in it, newest first.
 	qListPeriods = `
 SELECT period_start,
        coalesce(array_agg(meter ORDER BY meter) FILTER (WHERE meter IS NOT NULL), '{}'),
        coalesce(array_agg(q::text ORDER BY meter) FILTER (WHERE meter IS NOT NULL), '{}'),
-       bool_or(closed)
+       bool_or(closed), bool_or(gauge)
 FROM (
-  SELECT period_start, meter, trim_scale(sum(quantity)) AS q, false AS closed
+  SELECT period_start, meter, trim_scale(sum(quantity)) AS q, false AS closed, false AS gauge
   FROM rollups WHERE customer = $1 GROUP BY period_start, meter
   UNION ALL
-  SELECT period_start, NULL, NULL::numeric, true FROM period_closes WHERE customer = $1
+  SELECT period_start, NULL, NULL::numeric, true, false FROM period_closes WHERE customer = $1
   UNION ALL
-  SELECT DISTINCT period_start, NULL, NULL::numeric, false FROM gauge_days WHERE customer = $1
+  SELECT DISTINCT period_start, NULL, NULL::numeric, false, true FROM gauge_days WHERE customer = $1
   UNION ALL
-  SELECT DISTINCT period_start, NULL, NULL::numeric, false FROM unique_counts WHERE customer = $1
+  SELECT DISTINCT period_start, NULL, NULL::numeric, false, false FROM unique_counts WHERE customer = $1
 ) s GROUP BY 1 ORDER BY 1 DESC`
 )
 

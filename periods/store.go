@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -342,7 +343,10 @@ type Summary struct {
 }
 
 // List returns the customer's periods, newest first: every period with
-// usage or a close record, and the current one.
+// usage or a close record, and the current one. A gauge's level holds
+// until its next reading, so every period from the first a gauge has a
+// bucket in up to the current one has usage (level-seconds), with or
+// without a reading of its own.
 func (s Store) List(ctx context.Context, db DBTX, customer string) ([]Summary, error) {
 	sch, err := s.Schedule(ctx, db, customer)
 	if err != nil {
@@ -353,15 +357,10 @@ func (s Store) List(ctx context.Context, db DBTX, customer string) ([]Summary, e
 	if err != nil {
 		return nil, fmt.Errorf("periods: list: %w", err)
 	}
-	type row struct {
-		start  time.Time
-		billed map[string]decimal.Decimal
-		closed bool
-	}
-	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
-		var x row
+	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (listedPeriod, error) {
+		var x listedPeriod
 		var meters, totals []string
-		if err := r.Scan(&x.start, &meters, &totals, &x.closed); err != nil {
+		if err := r.Scan(&x.start, &meters, &totals, &x.closed, &x.gauge); err != nil {
 			return x, err
 		}
 		x.billed = make(map[string]decimal.Decimal, len(meters))
@@ -379,6 +378,9 @@ func (s Store) List(ctx context.Context, db DBTX, customer string) ([]Summary, e
 	}
 	cur, err := sch.PeriodAt(now)
 	if err != nil {
+		return nil, err
+	}
+	if found, err = heldByGauges(sch, found, cur); err != nil {
 		return nil, err
 	}
 	out := []Summary{}
@@ -407,6 +409,49 @@ func (s Store) List(ctx context.Context, db DBTX, customer string) ([]Summary, e
 		addCurrent()
 	}
 	return out, nil
+}
+
+// listedPeriod is a period qListPeriods found.
+type listedPeriod struct {
+	start  time.Time
+	billed map[string]decimal.Decimal
+	closed bool
+	gauge  bool // a gauge has a bucket in it
+}
+
+// heldByGauges adds to found (newest first) the periods before cur from
+// the first one a gauge has a bucket in that found lacks: a level carried
+// through a period leaves no bucket of its own there, and is billed all
+// the same. It returns found newest first.
+func heldByGauges(sch Schedule, found []listedPeriod, cur Period) ([]listedPeriod, error) {
+	var first *time.Time
+	have := make(map[int64]bool, len(found))
+	for i := range found {
+		have[found[i].start.UnixMicro()] = true
+		if found[i].gauge {
+			first = &found[i].start
+		}
+	}
+	if first == nil {
+		return found, nil
+	}
+	p, err := sch.PeriodAt(*first)
+	if err != nil {
+		return nil, err
+	}
+	n := len(found)
+	for p.Start.Before(cur.Start) {
+		if !have[p.Start.UnixMicro()] {
+			found = append(found, listedPeriod{start: p.Start.UTC(), billed: map[string]decimal.Decimal{}})
+		}
+		if p, err = sch.Next(p); err != nil {
+			return nil, err
+		}
+	}
+	if len(found) > n {
+		slices.SortFunc(found, func(a, b listedPeriod) int { return b.start.Compare(a.start) })
+	}
+	return found, nil
 }
 
 // numeric scans a NUMERIC straight into d through the pgx adapter's type (a

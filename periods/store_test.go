@@ -355,3 +355,63 @@ func TestListHasTheCurrentPeriodWhenUsageIsBookedAhead(t *testing.T) {
 		t.Fatalf("periods\n\t%v\nwant\n\t%v", got, want)
 	}
 }
+
+// TestListHasThePeriodsAGaugeLevelIsHeldIn: a gauge's level holds until
+// its next reading, so the periods after its last reading bill
+// level-seconds (and may absorb a late reading's prior-period
+// adjustment) without a reading, or a row of their own, in them. They
+// are periods with usage, listed like any other; the statement of each
+// bills what the list shows.
+func TestListHasThePeriodsAGaugeLevelIsHeldIn(t *testing.T) {
+	sep := func(d int) time.Time { return time.Date(2026, 9, d, 0, 0, 0, 0, time.UTC) }
+	w := newWorld(t, sep(20))
+	w.store.Kinds = ledger.StatementKinds
+	ctx := context.Background()
+	apply := func(recs ...ledger.Record) {
+		w.t.Helper()
+		if err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+			_, err := w.l.Apply(ctx, tx, recs)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+		_, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: "seats", Kind: ledger.Gauge}, w.now)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	level := func(seq int64, v string, at time.Time) ledger.Record {
+		return ledger.Record{OperationID: uuid.Must(uuid.NewV7()), Stream: ledger.StreamKey{Producer: "gw", Epoch: 1, Customer: "acme", Meter: "seats"},
+			Seq: seq, OccurredAt: at, Shape: ledger.Gauge, Level: amount.MustParse(v)}
+	}
+	apply(level(1, "5", sep(5)), level(3, "7", sep(20))) // seq 2 comes after September's close
+	w.at(time.Date(2026, 10, 3, 0, 0, 0, 0, time.UTC))
+	if _, err := w.close("acme", "2026-09-01"); err != nil {
+		t.Fatal(err)
+	}
+	w.at(time.Date(2026, 10, 20, 0, 0, 0, 0, time.UTC))
+	// Seq 2 changes closed September: billed in October as a prior-period adjustment.
+	apply(level(2, "100", sep(10)))
+	w.at(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)) // November is in grace
+	list, err := w.store.List(ctx, w.pool, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range list {
+		got = append(got, fmt.Sprintf("%s %s", p.Name, p.State))
+		st := w.statement("acme", p.Name)
+		if len(st.Gauges) != 1 || st.Gauges[0].UnitSeconds.IsZero() {
+			t.Errorf("period %s is listed and bills no level-seconds: %+v", p.Name, st.Gauges)
+		}
+	}
+	want := []string{"2026-12-01 open", "2026-11-01 grace", "2026-10-01 awaiting_close", "2026-09-01 closed"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("periods\n\t%v\nwant\n\t%v", got, want)
+	}
+	if st := w.statement("acme", "2026-10-01"); st.Gauges[0].PriorPeriodUnitSeconds.String() != "82080000" { // (100-5) × 10 days
+		t.Fatalf("october: %+v", st.Gauges)
+	}
+}
