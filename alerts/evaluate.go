@@ -548,7 +548,7 @@ func decide(r Rule, th Threshold, s state, u quota.SubjectUsage, now time.Time) 
 		s.state, s.transitions, s.used, s.limit = Triggered, s.transitions+1, u.Used, u.Limit
 		return transition{s: s, event: newEvent(r, th, s, u.Used, u.Limit, &u, now, TypeTriggered, "")}, true
 	case s.state == Triggered:
-		keep := decimal.NewFromInt(1).Sub(r.HysteresisPercent.Div(decimal.NewFromInt(100)))
+		keep := decimal.NewFromInt(1).Sub(r.HysteresisPercent.Shift(-2)) // exact, as Threshold.At
 		if !u.Used.LessThan(at.Mul(keep)) {
 			return transition{}, false
 		}

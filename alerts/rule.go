@@ -71,7 +71,10 @@ func (t Threshold) At(limit *decimal.Decimal) (decimal.Decimal, bool) {
 	if t.Percent == nil || limit == nil {
 		return decimal.Zero, false
 	}
-	return limit.Mul(*t.Percent).Div(decimal.NewFromInt(100)), true
+	// A percent is exact over a hundred as a shift of the point; Div
+	// would round to 16 places, and usage just under the threshold could
+	// trigger it.
+	return limit.Mul(*t.Percent).Shift(-2), true
 }
 
 // Rule is one version of an alert rule.

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/shopspring/decimal"
+
 	"github.com/tally-ledger/tally/alerts"
 	"github.com/tally-ledger/tally/internal/pgtest"
 	"github.com/tally-ledger/tally/validation"
@@ -148,6 +150,25 @@ func TestPublicRefusesEveryNonGlobalAddress(t *testing.T) {
 	for _, u := range []string{"http://LOCALHOST:9/x", "http://localhost.:9/x", "http://api.localhost/x", "http://[::127.0.0.1]/x"} {
 		if _, _, _, err := alerts.PutWebhook(context.Background(), pgtest.New(t), alerts.WebhookInput{Name: "ops", URL: u}, time.Now()); len(validation.Fields(err)) != 1 {
 			t.Errorf("%s without AllowPrivate: %v", u, err)
+		}
+	}
+}
+
+// TestPercentThresholdIsExact: a percent threshold stands for exactly
+// limit × percent / 100, however many places that takes (a limit has up
+// to 9 after the point, a percent up to 6), so usage just under it never
+// triggers it.
+func TestPercentThresholdIsExact(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ limit, percent, want string }{
+		{"0.000000001", "0.000001", "0.00000000000000001"},
+		{"1.000000001", "0.000001", "0.00000001000000001"}, // usage 0.00000001 is under it
+		{"100", "80", "80"},
+	} {
+		limit, p := decimal.RequireFromString(c.limit), decimal.RequireFromString(c.percent)
+		got, ok := alerts.Threshold{Percent: &p}.At(&limit)
+		if want := decimal.RequireFromString(c.want); !ok || !got.Equal(want) {
+			t.Errorf("%s%% of %s: %s (%v), want %s", c.percent, c.limit, got, ok, want)
 		}
 	}
 }
