@@ -161,8 +161,11 @@ func (in RuleInput) Validate() error {
 		bad("notify_on", "is empty; leave it out for both %q and %q", Triggered, Resolved)
 	}
 	for i, k := range in.NotifyOn {
-		if k != Triggered && k != Resolved {
+		switch {
+		case k != Triggered && k != Resolved:
 			bad(fmt.Sprintf("notify_on[%d]", i), "%q must be %q or %q", k, Triggered, Resolved)
+		case slices.Contains(in.NotifyOn[:i], k):
+			bad(fmt.Sprintf("notify_on[%d]", i), "repeats %q", k)
 		}
 	}
 	if h := in.HysteresisPercent; h != nil && (h.IsNegative() || !h.LessThan(decimal.NewFromInt(100))) {
@@ -172,8 +175,11 @@ func (in RuleInput) Validate() error {
 		bad("endpoints", "%d endpoints; at most %d", len(in.Endpoints), MaxEndpoints)
 	}
 	for i, e := range in.Endpoints {
-		if !ids.ValidName(e) {
+		switch {
+		case !ids.ValidName(e):
 			bad(fmt.Sprintf("endpoints[%d]", i), "%q is not a webhook name (PUT /v1/webhooks/{name})", e)
+		case slices.Contains(in.Endpoints[:i], e):
+			bad(fmt.Sprintf("endpoints[%d]", i), "repeats endpoint %q", e)
 		}
 	}
 	if in.Actor == "" {

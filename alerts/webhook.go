@@ -68,8 +68,11 @@ func (in WebhookInput) Validate() error {
 		bad("events", "is empty; leave it out for every event type")
 	}
 	for i, e := range in.Events {
-		if !slices.Contains(EventTypes, e) {
+		switch {
+		case !slices.Contains(EventTypes, e):
 			bad(fmt.Sprintf("events[%d]", i), "%q must be %q or %q", e, TypeTriggered, TypeResolved)
+		case slices.Contains(in.Events[:i], e):
+			bad(fmt.Sprintf("events[%d]", i), "repeats %q", e)
 		}
 	}
 	if len(errs) == 0 {

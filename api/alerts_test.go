@@ -130,3 +130,30 @@ func TestWebhooksOnPrivateAddressesWhenAllowed(t *testing.T) {
 		t.Fatalf("%d %s", r.status, r.body)
 	}
 }
+
+// TestAlertListsRefuseRepeats: a rule's endpoints and notify_on and a
+// webhook's events name each item once; a repeat is a 400 naming it, as a
+// repeated threshold is.
+func TestAlertListsRefuseRepeats(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	if r := f.do("PUT", "/v1/webhooks/ops", adminToken, map[string]any{"url": "https://hooks.example.com/tally"}); r.status != http.StatusCreated {
+		t.Fatalf("create webhook: %d %s", r.status, r.body)
+	}
+	p := f.do("PUT", "/v1/alerts/a", adminToken, map[string]any{"subject": "customers", "meter": "calls",
+		"thresholds": []any{map[string]any{"value": "10"}, map[string]any{"value": "10"}},
+		"notify_on":  []string{"triggered", "triggered"}, "endpoints": []string{"ops", "ops"}}).
+		problem(t, http.StatusBadRequest, api.TypeInvalidRequest)
+	if got, want := fields(p), []string{"thresholds[1]", "notify_on[1]", "endpoints[1]"}; !slices.Equal(got, want) {
+		t.Errorf("fields %v, want %v (%s)", got, want, p.Detail)
+	}
+	p = f.do("PUT", "/v1/webhooks/ops", adminToken, map[string]any{"url": "https://hooks.example.com/tally",
+		"events": []string{"alert.triggered", "alert.triggered"}}).problem(t, http.StatusBadRequest, api.TypeInvalidRequest)
+	if got, want := fields(p), []string{"events[1]"}; !slices.Equal(got, want) {
+		t.Errorf("fields %v, want %v (%s)", got, want, p.Detail)
+	}
+	if m := f.do("GET", "/v1/webhooks/ops", adminToken, nil).json(t); fmt.Sprint(m["events"]) != "[alert.triggered alert.resolved]" {
+		t.Fatalf("the refused PUT changed the webhook: %v", m)
+	}
+	f.do("GET", "/v1/alerts/a", adminToken, nil).problem(t, http.StatusNotFound, api.TypeNotFound)
+}
