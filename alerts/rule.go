@@ -267,8 +267,8 @@ func PutRule(ctx context.Context, db TxBeginner, in RuleInput, now time.Time) (r
 	if in.Endpoints == nil {
 		in.Endpoints = []string{}
 	}
-	for attempt := 0; ; attempt++ {
-		err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	err = writeVersion(func() error {
+		return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, qLockWebhooks, in.Endpoints); err != nil {
 				return fmt.Errorf("alerts: lock webhooks: %w", err)
 			}
@@ -297,20 +297,35 @@ func PutRule(ctx context.Context, db TxBeginner, in RuleInput, now time.Time) (r
 				"endpoints": r.Endpoints, "deleted": false, "created_at": r.CreatedAt, "actor": r.Actor})
 			return err
 		})
+	})
+	if err != nil {
+		return Rule{}, false, err
+	}
+	return r, created, nil
+}
+
+// writeVersion runs write, a transaction that reads the rule's latest
+// version and inserts the next, again when a concurrent PUT or DELETE of
+// the rule inserted that version first (the key refuses the second): it
+// reads the latest version again.
+func writeVersion(write func() error) error {
+	for attempt := 0; ; attempt++ {
+		err := write()
 		var pe *pgconn.PgError
-		if errors.As(err, &pe) && pe.Code == "23505" && attempt < 3 {
-			continue // a concurrent PUT took the version: read again
+		if errors.As(err, &pe) && pe.Code == "23505" && pe.ConstraintName == "alert_rules_pkey" && attempt < 3 {
+			continue
 		}
-		if err != nil {
-			return Rule{}, false, err
-		}
-		return r, created, nil
+		return err
 	}
 }
 
 // DeleteRule stores a deleted version of the rule: the evaluator resolves
 // its triggered states (reason rule_deleted) and evaluates it no more.
 func DeleteRule(ctx context.Context, db TxBeginner, name, actor string, now time.Time) error {
+	return writeVersion(func() error { return deleteRule(ctx, db, name, actor, now) })
+}
+
+func deleteRule(ctx context.Context, db TxBeginner, name, actor string, now time.Time) error {
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		r, err := scanRule(tx.QueryRow(ctx, qRule, name))
 		if errors.Is(err, pgx.ErrNoRows) || err == nil && r.Deleted {

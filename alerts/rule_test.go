@@ -3,9 +3,11 @@ package alerts_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -169,6 +171,61 @@ func TestPercentThresholdIsExact(t *testing.T) {
 		got, ok := alerts.Threshold{Percent: &p}.At(&limit)
 		if want := decimal.RequireFromString(c.want); !ok || !got.Equal(want) {
 			t.Errorf("%s%% of %s: %s (%v), want %s", c.percent, c.limit, got, ok, want)
+		}
+	}
+}
+
+// TestDeleteRacingPutsOfTheRule: a DELETE of a live rule racing PUTs of
+// it succeeds, as each PUT does: no writer fails on the version another
+// took, and each writes a version of its own. The rule is deleted after
+// the round when the DELETE wrote the last version, else a PUT recreated
+// it.
+func TestDeleteRacingPutsOfTheRule(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.New(t)
+	ctx := context.Background()
+	in := alerts.RuleInput{Name: "r", Subject: "customers", Meter: "calls", Actor: "t",
+		Thresholds: []alerts.Threshold{{Value: ptr(decimalOf("5"))}}}
+	for round := range 20 {
+		if _, _, err := alerts.PutRule(ctx, pool, in, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		start := make(chan struct{})
+		errs := make(chan error, 4)
+		var wg sync.WaitGroup
+		for range 3 {
+			wg.Go(func() {
+				<-start
+				_, _, err := alerts.PutRule(ctx, pool, in, time.Now())
+				errs <- err
+			})
+		}
+		wg.Go(func() {
+			<-start
+			if err := alerts.DeleteRule(ctx, pool, "r", "t", time.Now()); err != nil {
+				errs <- fmt.Errorf("delete: %w", err)
+			}
+		})
+		close(start)
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+		var versions, last, deletes int
+		var lastDeleted bool
+		if err := pool.QueryRow(ctx, `SELECT count(*), max(version), count(*) FILTER (WHERE deleted),
+			(SELECT deleted FROM alert_rules WHERE name = 'r' ORDER BY version DESC LIMIT 1) FROM alert_rules WHERE name = 'r'`).
+			Scan(&versions, &last, &deletes, &lastDeleted); err != nil {
+			t.Fatal(err)
+		}
+		if want := 5 * (round + 1); versions != want || last != want || deletes != round+1 {
+			t.Fatalf("round %d: %d versions, the last %d, %d deleted; want %d, %d, %d", round, versions, last, deletes, want, want, round+1)
+		}
+		if _, err := alerts.GetRule(ctx, pool, "r"); errors.Is(err, alerts.ErrNotFound) != lastDeleted {
+			t.Fatalf("round %d: the last version deleted %v, GET: %v", round, lastDeleted, err)
 		}
 	}
 }
