@@ -3,6 +3,10 @@ package alerts
 // The package's SQL, in one place. Every statement is a constant; values
 // are always bind parameters.
 
+// qLockRule serialises new versions of one rule: $1 is locks.AlertRule,
+// $2 the rule's name.
+const qLockRule = `SELECT pg_advisory_xact_lock($1::int, hashtext($2))`
+
 const qLatestRuleVersion = `
 SELECT coalesce(max(version), 0),
        coalesce((SELECT NOT deleted FROM alert_rules WHERE name = $1 ORDER BY version DESC LIMIT 1), false)

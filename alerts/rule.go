@@ -15,6 +15,7 @@ import (
 
 	"github.com/tally-ledger/tally/amount"
 	"github.com/tally-ledger/tally/internal/ids"
+	"github.com/tally-ledger/tally/internal/locks"
 	"github.com/tally-ledger/tally/quota"
 	"github.com/tally-ledger/tally/validation"
 )
@@ -269,6 +270,9 @@ func PutRule(ctx context.Context, db TxBeginner, in RuleInput, now time.Time) (r
 	}
 	err = writeVersion(func() error {
 		return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+			if err := lockRule(ctx, tx, in.Name); err != nil {
+				return err
+			}
 			if _, err := tx.Exec(ctx, qLockWebhooks, in.Endpoints); err != nil {
 				return fmt.Errorf("alerts: lock webhooks: %w", err)
 			}
@@ -304,10 +308,23 @@ func PutRule(ctx context.Context, db TxBeginner, in RuleInput, now time.Time) (r
 	return r, created, nil
 }
 
+// lockRule serialises the writers of rule name's versions until tx ends:
+// each reads the latest version once the one before has committed, so any
+// number of concurrent PUTs and DELETEs each write a version of their
+// own (with retries alone, a writer racing more than the retries' bound
+// failed on the key).
+func lockRule(ctx context.Context, tx pgx.Tx, name string) error {
+	if _, err := tx.Exec(ctx, qLockRule, locks.AlertRule, name); err != nil {
+		return fmt.Errorf("alerts: lock rule: %w", err)
+	}
+	return nil
+}
+
 // writeVersion runs write, a transaction that reads the rule's latest
-// version and inserts the next, again when a concurrent PUT or DELETE of
-// the rule inserted that version first (the key refuses the second): it
-// reads the latest version again.
+// version and inserts the next, again when another writer inserted that
+// version first (the key refuses the second): it reads the latest version
+// again. Under lockRule that is only a writer of a build before it, during
+// a rolling upgrade.
 func writeVersion(write func() error) error {
 	for attempt := 0; ; attempt++ {
 		err := write()
@@ -327,6 +344,9 @@ func DeleteRule(ctx context.Context, db TxBeginner, name, actor string, now time
 
 func deleteRule(ctx context.Context, db TxBeginner, name, actor string, now time.Time) error {
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if err := lockRule(ctx, tx, name); err != nil {
+			return err
+		}
 		r, err := scanRule(tx.QueryRow(ctx, qRule, name))
 		if errors.Is(err, pgx.ErrNoRows) || err == nil && r.Deleted {
 			return validation.NotFound(ErrNotFound, "no alert %q", name)

@@ -82,6 +82,11 @@ const (
 	// and the next run stores it as failed. The second key is
 	// hashtext of the run's id.
 	ReconcileRunAlive = 71548
+
+	// AlertRule serialises new versions of one alert rule (alerts'
+	// PutRule and DeleteRule, in their transactions): the next version
+	// number is read under it. The second key is hashtext(name).
+	AlertRule = 71549
 )
 
 // Single-key spaces.
