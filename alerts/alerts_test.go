@@ -369,6 +369,53 @@ func TestFailedDeliveryIsListedAndRedelivered(t *testing.T) {
 	}
 }
 
+// TestRedeliveryStartsTheBackoffAgain: a delivery redelivered after it
+// failed for good is retried after 1 s, 2 s, 4 s … again, not after the
+// hour its attempts before had reached, while its attempts still count
+// every attempt made.
+func TestRedeliveryStartsTheBackoffAgain(t *testing.T) {
+	e := newEnv(t)
+	rec := newReceiver(t)
+	e.webhook("billing", rec.url())
+	e.rule("big", `{"subject":"customer:acme","meter":"calls","thresholds":[{"value":"10"}],"notify_on":["triggered"],"endpoints":["billing"]}`)
+	rec.mode.Store("500")
+	e.start(startOptions{noDispatcher: true, retryFor: time.Second})
+	// Fast retries until the second's window ends: many attempts.
+	fast := e.dispatch(alerts.DispatcherConfig{Timeout: 500 * time.Millisecond, Claim: 2 * time.Second,
+		Poll: 20 * time.Millisecond, BackoffBase: 5 * time.Millisecond, BackoffMax: time.Hour})
+	e.use("acme", "calls", 11)
+	ctx := context.Background()
+	billing := func() alerts.Delivery {
+		evs, err := alerts.Events(ctx, e.pool, alerts.EventFilter{Limit: 10})
+		if err != nil || len(evs) != 1 {
+			t.Fatalf("events %v: %v", evs, err)
+		}
+		i := slices.IndexFunc(evs[0].Deliveries, func(d alerts.Delivery) bool { return d.Endpoint == "billing" })
+		return evs[0].Deliveries[i]
+	}
+	waitFor(t, 10*time.Second, "an event", func() bool { return len(e.stored()) == 1 })
+	waitFor(t, 10*time.Second, "failed", func() bool { return billing().State == "failed" })
+	fast()
+	before := billing().Attempts
+	if before < 6 {
+		t.Fatalf("%d attempts before failing: the test proves nothing", before)
+	}
+	// The receiver is still broken: the redelivery's first attempt fails,
+	// under the operator's schedule (1 s, at most 1 h).
+	if n, err := alerts.Redeliver(ctx, e.pool, e.stored()[0].ID, time.Hour); err != nil || n != 1 {
+		t.Fatalf("redeliver: %d, %v", n, err)
+	}
+	e.dispatch(alerts.DispatcherConfig{Timeout: 500 * time.Millisecond, Claim: 2 * time.Second, Poll: 20 * time.Millisecond})
+	var d alerts.Delivery
+	waitFor(t, 10*time.Second, "the redelivery's first attempt", func() bool { d = billing(); return d.Attempts > before })
+	if d.State != "pending" || d.Attempts != before+1 || d.NextAttemptAt == nil || d.LastAttemptAt == nil {
+		t.Fatalf("after the redelivery's first attempt (%d before): %+v", before, d)
+	}
+	if wait := d.NextAttemptAt.Sub(*d.LastAttemptAt); wait < alerts.DefaultBackoffBase/2 || wait > alerts.DefaultBackoffBase {
+		t.Fatalf("the redelivery's second attempt is due %v after its first, want 0.5–1 s (the backoff from the start)", wait)
+	}
+}
+
 // TestLateUsageIntoAClosedPeriodFiresNothingForIt: a daily customer's
 // period that ended resolves (period_ended) and never fires again; late
 // usage for it, booked into the open period once it is closed, counts

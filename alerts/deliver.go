@@ -53,7 +53,8 @@ type DispatcherConfig struct {
 	Poll time.Duration
 	// MaxInFlight bounds the attempts running at once (default 64).
 	MaxInFlight int
-	// Failed attempts are retried after BackoffBase × 2^(attempts−1),
+	// Failed attempts are retried after BackoffBase × 2^(n−1), n the
+	// failed attempts since the delivery was created or last redelivered,
 	// at most BackoffMax, with jitter (half of it random): defaults 1s
 	// and 1h. A delivery not delivered by its give-up time (the
 	// evaluator's RetryFor after the event, 72h) is failed.
@@ -176,8 +177,10 @@ type claimed struct {
 	eventID                             uuid.UUID
 	endpoint, rule, subject, meter, typ string
 	body                                string
-	attempts                            int
-	giveUpAt, createdAt                 time.Time
+	// attempts counts every attempt made; backoffAttempts those since the
+	// delivery was created or last redelivered (the backoff's n).
+	attempts, backoffAttempts int
+	giveUpAt, createdAt       time.Time
 }
 
 // Run delivers until ctx ends; attempts in flight then end (their
@@ -256,7 +259,7 @@ func (d *Dispatcher) claim(ctx context.Context, limit int) ([]claimed, error) {
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimed, error) {
 		var c claimed
-		err := row.Scan(&c.eventID, &c.endpoint, &c.rule, &c.subject, &c.meter, &c.typ, &c.body, &c.attempts, &c.giveUpAt, &c.createdAt)
+		err := row.Scan(&c.eventID, &c.endpoint, &c.rule, &c.subject, &c.meter, &c.typ, &c.body, &c.attempts, &c.backoffAttempts, &c.giveUpAt, &c.createdAt)
 		return c, err
 	})
 }
@@ -302,7 +305,7 @@ func (d *Dispatcher) attempt(ctx context.Context, w *kafka.Writer, c claimed, ho
 		d.m.latency.Observe(time.Since(c.createdAt).Seconds())
 		return
 	}
-	backoff := d.backoff(c.attempts + 1)
+	backoff := d.backoff(c.backoffAttempts + 1)
 	var state string
 	msg := err.Error()
 	if len(msg) > 500 {

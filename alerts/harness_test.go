@@ -183,6 +183,30 @@ func (e *env) start(o startOptions) *tally {
 	return tl
 }
 
+// dispatch runs a dispatcher of cfg, its pool, brokers, logger and
+// registry filled in, until stop returns (also at the test's end).
+func (e *env) dispatch(cfg alerts.DispatcherConfig) (stop func()) {
+	e.t.Helper()
+	cfg.Pool, cfg.Brokers, cfg.AllowPrivate = e.pool, e.kafka.Addrs, true
+	cfg.Logger, cfg.Registerer = slog.New(slog.NewTextHandler(testrun.Logs(e.t), nil)), prometheus.NewRegistry()
+	d, err := alerts.NewDispatcher(cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := d.Run(ctx); err != nil {
+			e.t.Errorf("dispatcher: %v", err)
+		}
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); <-done }) }
+	e.t.Cleanup(stop)
+	return stop
+}
+
 // received is one request the receiver got.
 type received struct {
 	id, sig string

@@ -96,7 +96,7 @@ UPDATE alert_deliveries d SET claimed_until = now() + make_interval(secs => @cla
 FROM due, alert_events e
 WHERE d.event_id = due.event_id AND d.endpoint = due.endpoint AND e.id = d.event_id
   AND d.state = 'pending' AND (d.claimed_until IS NULL OR d.claimed_until < now())
-RETURNING d.event_id, d.endpoint, d.rule, d.subject, e.meter, e.type, e.body, d.attempts, d.give_up_at, d.created_at`
+RETURNING d.event_id, d.endpoint, d.rule, d.subject, e.meter, e.type, e.body, d.attempts, d.backoff_attempts, d.give_up_at, d.created_at`
 
 const qRelease = `UPDATE alert_deliveries SET claimed_until = NULL WHERE event_id = $1 AND endpoint = $2 AND state = 'pending'`
 
@@ -105,8 +105,11 @@ UPDATE alert_deliveries SET state = 'delivered', attempts = attempts + 1, last_a
        last_error = NULL, delivered_at = now(), claimed_until = NULL
 WHERE event_id = @id AND endpoint = @endpoint AND state = 'pending'`
 
+// qAttemptFailed counts the attempt twice: in attempts (every attempt, as
+// shown) and in backoff_attempts (those since the delivery was last made
+// pending, which the backoff counts).
 const qAttemptFailed = `
-UPDATE alert_deliveries SET attempts = attempts + 1, last_attempt_at = now(), last_status = @status, last_error = @error,
+UPDATE alert_deliveries SET attempts = attempts + 1, backoff_attempts = backoff_attempts + 1, last_attempt_at = now(), last_status = @status, last_error = @error,
        next_attempt_at = now() + make_interval(secs => @backoff), claimed_until = NULL,
        state = CASE WHEN now() + make_interval(secs => @backoff) >= give_up_at THEN 'failed' ELSE 'pending' END
 WHERE event_id = @id AND endpoint = @endpoint AND state = 'pending'
@@ -114,8 +117,11 @@ RETURNING state`
 
 const qOldestPending = `SELECT coalesce(extract(epoch FROM now() - min(created_at)), 0)::float8 FROM alert_deliveries WHERE state = 'pending'`
 
+// qRedeliver starts the backoff again (backoff_attempts 0): a receiver
+// mended after its deliveries failed gets them after 1 s, 2 s, 4 s … again,
+// not at the hour the failed attempts had reached. attempts goes on.
 const qRedeliver = `
-UPDATE alert_deliveries SET state = 'pending', next_attempt_at = now(), claimed_until = NULL,
+UPDATE alert_deliveries SET state = 'pending', next_attempt_at = now(), claimed_until = NULL, backoff_attempts = 0,
        give_up_at = now() + make_interval(secs => @retry_for)
 WHERE event_id = @id AND (state = 'failed' OR state = 'delivered' AND NOT EXISTS (
     SELECT 1 FROM alert_deliveries f WHERE f.event_id = @id AND f.state = 'failed'))`
