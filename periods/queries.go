@@ -107,8 +107,15 @@ SELECT meter, trim_scale(coalesce(r.q, 0) - coalesce(p.q, 0) - coalesce(a.q, 0))
 FROM rolled r FULL JOIN prior p USING (meter) FULL JOIN adj a USING (meter)
 ORDER BY meter`
 
+	// What the period absorbed of closed ones, per closed period and
+	// meter: a counter's late usage, and a gauge's level-seconds that a
+	// late reading changed there (gauge_adjustments).
 	qStatementAbsorbed = `
-SELECT prior_period, meter, trim_scale(sum(billed))
-FROM records WHERE customer = $1 AND period_start = $2 AND prior_period IS NOT NULL
-GROUP BY 1, 2 ORDER BY 1, 2`
+SELECT prior_period, meter, trim_scale(sum(q)) FROM (
+  SELECT prior_period, meter, billed AS q
+  FROM records WHERE customer = $1 AND period_start = $2 AND prior_period IS NOT NULL
+  UNION ALL
+  SELECT prior_period, meter, unit_seconds
+  FROM gauge_adjustments WHERE customer = $1 AND period_start = $2
+) a GROUP BY 1, 2 ORDER BY 1, 2`
 )

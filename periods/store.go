@@ -63,7 +63,9 @@ type Line struct {
 	Billed decimal.Decimal `json:"billed"`
 }
 
-// Absorbed is late usage of a closed period billed in this one.
+// Absorbed is late usage of a closed period billed in this one: a
+// counter's quantity, or the level-seconds a gauge's late reading changed
+// in that period (the gauge line's PriorPeriodUnitSeconds, by period).
 type Absorbed struct {
 	Period time.Time       `json:"period_start"`
 	Meter  string          `json:"meter"`

@@ -382,18 +382,14 @@ func TestListHasThePeriodsAGaugeLevelIsHeldIn(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	level := func(seq int64, v string, at time.Time) ledger.Record {
-		return ledger.Record{OperationID: uuid.Must(uuid.NewV7()), Stream: ledger.StreamKey{Producer: "gw", Epoch: 1, Customer: "acme", Meter: "seats"},
-			Seq: seq, OccurredAt: at, Shape: ledger.Gauge, Level: amount.MustParse(v)}
-	}
-	apply(level(1, "5", sep(5)), level(3, "7", sep(20))) // seq 2 comes after September's close
+	apply(gaugeLevel(1, "5", sep(5)), gaugeLevel(3, "7", sep(20))) // seq 2 comes after September's close
 	w.at(time.Date(2026, 10, 3, 0, 0, 0, 0, time.UTC))
 	if _, err := w.close("acme", "2026-09-01"); err != nil {
 		t.Fatal(err)
 	}
 	w.at(time.Date(2026, 10, 20, 0, 0, 0, 0, time.UTC))
 	// Seq 2 changes closed September: billed in October as a prior-period adjustment.
-	apply(level(2, "100", sep(10)))
+	apply(gaugeLevel(2, "100", sep(10)))
 	w.at(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)) // November is in grace
 	list, err := w.store.List(ctx, w.pool, "acme")
 	if err != nil {
@@ -414,4 +410,49 @@ func TestListHasThePeriodsAGaugeLevelIsHeldIn(t *testing.T) {
 	if st := w.statement("acme", "2026-10-01"); st.Gauges[0].PriorPeriodUnitSeconds.String() != "82080000" { // (100-5) × 10 days
 		t.Fatalf("october: %+v", st.Gauges)
 	}
+}
+
+// TestStatementSaysWhereAGaugeAdjustmentCameFrom: a late gauge reading
+// that changes a closed period's level-seconds is billed in the first
+// open period, and that period's statement says from which period it
+// came (prior_periods_absorbed, in the gauge's unit-seconds), as it does
+// for a counter's late usage.
+func TestStatementSaysWhereAGaugeAdjustmentCameFrom(t *testing.T) {
+	sep := func(d int) time.Time { return time.Date(2026, 9, d, 0, 0, 0, 0, time.UTC) }
+	w := newWorld(t, sep(20))
+	w.store.Kinds = ledger.StatementKinds
+	ctx := context.Background()
+	if err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+		if _, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: "seats", Kind: ledger.Gauge}, w.now); err != nil {
+			return err
+		}
+		_, err := w.l.Apply(ctx, tx, []ledger.Record{gaugeLevel(1, "5", sep(5)), gaugeLevel(3, "7", sep(20))})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	w.at(time.Date(2026, 10, 3, 0, 0, 0, 0, time.UTC))
+	if _, err := w.close("acme", "2026-09-01"); err != nil {
+		t.Fatal(err)
+	}
+	w.at(time.Date(2026, 10, 20, 0, 0, 0, 0, time.UTC))
+	if err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+		_, err := w.l.Apply(ctx, tx, []ledger.Record{gaugeLevel(2, "100", sep(10))}) // between September's readings
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	st := w.statement("acme", "2026-10-01")
+	want := []periods.Absorbed{{Period: sep(1), Meter: "seats", Amount: decimal.RequireFromString("82080000")}} // (100-5) × 10 days
+	if len(st.Gauges) != 1 || !st.Gauges[0].PriorPeriodUnitSeconds.Equal(want[0].Amount) ||
+		len(st.Absorbed) != 1 || !st.Absorbed[0].Period.Equal(want[0].Period) || st.Absorbed[0].Meter != want[0].Meter ||
+		!st.Absorbed[0].Amount.Equal(want[0].Amount) {
+		t.Fatalf("october's gauges %+v, prior_periods_absorbed %+v; want %+v", st.Gauges, st.Absorbed, want)
+	}
+}
+
+// gaugeLevel is acme's reading of gauge seats at seq.
+func gaugeLevel(seq int64, v string, at time.Time) ledger.Record {
+	return ledger.Record{OperationID: uuid.Must(uuid.NewV7()), Stream: ledger.StreamKey{Producer: "gw", Epoch: 1, Customer: "acme", Meter: "seats"},
+		Seq: seq, OccurredAt: at, Shape: ledger.Gauge, Level: amount.MustParse(v)}
 }
