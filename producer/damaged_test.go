@@ -43,8 +43,8 @@ func recordUnsent(t *testing.T, dir string, us []usage) int64 {
 }
 
 // damagePending flips one bit of the first byte of the pending record at
-// index in the state file of dir, as a bad sector or a bad DIMM might,
-// and returns the damaged value.
+// index in the state file of dir (its format byte), as a bad sector or a
+// bad DIMM might, and returns the damaged value.
 func damagePending(t *testing.T, dir string, index uint64) []byte {
 	t.Helper()
 	db, err := bolt.Open(filepath.Join(dir, "producer.db"), 0o600, &bolt.Options{Timeout: time.Second})
@@ -61,7 +61,7 @@ func damagePending(t *testing.T, dir string, index uint64) []byte {
 			t.Fatalf("no pending record at index %d", index)
 		}
 		damaged = append([]byte(nil), v...)
-		damaged[0] ^= 0x01 // '{' becomes 'z'
+		damaged[0] ^= 0x01
 		return b.Put(k, damaged)
 	}); err != nil {
 		t.Fatal(err)

@@ -61,13 +61,18 @@
 // and kept across restarts, so a restarted producer continues its streams.
 // A new epoch starts when Dir is new, lost or unreadable (the old one is
 // renamed aside, never deleted), and after Close ended (or began to end)
-// the previous one, or when a stream state in Dir does not decode. Unreadable
+// the previous one, or when a stream state in Dir is damaged. Unreadable
 // means damaged: bbolt's meta checks fail, a page panics when read, or the
 // file is shorter than the pages its meta page says are in use (cut short).
-// A single value that does not decode (a pending record, a stored batch, a
-// stream state) is set aside alone in the file's damaged bucket, logged at
-// error level and counted in tally_producer_damaged_records_total; the
-// other records are sent. A damaged record that was its stream's last is
+// bbolt checksums only its meta pages, so every value the producer stores
+// carries a CRC-32C of its own, checked wherever it is read. A single value
+// that fails its checksum or does not decode (a pending record, a stored
+// batch, a stream state) is set aside alone in the file's damaged bucket,
+// logged at error level and counted in
+// tally_producer_damaged_records_total; the other records are sent, and no
+// value altered on disk reaches Kafka. A damaged idempotency key makes a
+// Record call with that key return an error (the key's first record may
+// be billed, so the key is never freed). A damaged record that was its stream's last is
 // rebuilt from the stream's state (same seq and total, no quantity);
 // otherwise the stream's next or final record carries its usage. A
 // system error opening the file (EMFILE, EACCES, EIO…) is returned by New

@@ -3,7 +3,6 @@ package producer
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"fmt"
 	"time"
 	"unicode/utf8"
@@ -110,7 +109,7 @@ func (p *Producer) loadKeys(taken []*request) (map[string]storedKey, error) {
 				continue
 			}
 			k := storedKey{Key: r.idem}
-			if err := json.Unmarshal(v, &k); err != nil {
+			if err := openValue(v, &k); err != nil {
 				return fmt.Errorf("key %q: %w", r.idem, err)
 			}
 			out[r.idem] = k
@@ -130,7 +129,7 @@ func putKeys(tx *bolt.Tx, keys []storedKey, now time.Time, retention time.Durati
 	b, byTime := tx.Bucket(bucketKeys), tx.Bucket(bucketKeysByTime)
 	for _, k := range keys {
 		k.StoredAt = now.UTC()
-		v, err := json.Marshal(k)
+		v, err := sealValue(k)
 		if err != nil {
 			return err
 		}

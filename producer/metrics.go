@@ -40,7 +40,7 @@ func newMetrics(reg prometheus.Registerer, producer string) (*metrics, error) {
 		keyRepeats: prometheus.NewCounter(prometheus.CounterOpts{Name: "tally_producer_key_repeats_total",
 			Help: "Record calls whose idempotency key was already used: answered with the first call's outcome, nothing recorded.", ConstLabels: labels}),
 		damaged: prometheus.NewCounter(prometheus.CounterOpts{Name: "tally_producer_damaged_records_total",
-			Help: "Pending records and stored batches of the state file whose value did not decode: set aside in its damaged bucket, the others sent.", ConstLabels: labels}),
+			Help: "Pending records, stored batches and stream states of the state file whose value failed its CRC-32C or did not decode: set aside in its damaged bucket, the others sent.", ConstLabels: labels}),
 	}
 	for _, c := range []prometheus.Collector{m.buffered, m.epoch, m.records, m.batchesSent, m.sendErrors, m.tooLarge, m.splits, m.sendBudget, m.streams, m.keyRepeats, m.damaged} {
 		if err := reg.Register(c); err != nil {

@@ -3,7 +3,6 @@ package producer
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -166,28 +165,29 @@ func New(cfg Config) (*Producer, error) {
 	return p, nil
 }
 
-// reportDamaged logs a value of the state file that did not decode and
-// counts it: set aside in the damaged bucket, it is not sent.
+// reportDamaged logs a damaged value of the state file (it failed its
+// checksum or did not decode) and counts it: set aside in the damaged
+// bucket, it is not sent.
 func reportDamaged(log *slog.Logger, m *metrics, d damagedValue) {
 	m.damaged.Inc()
 	if d.bucket == string(bucketStreams) {
-		log.Error("a stream state in the state file does not decode; set it aside in the state file's damaged bucket and started a new epoch. "+
+		log.Error("a stream state in the state file is damaged (it fails its checksum or does not decode); set it aside in the state file's damaged bucket and started a new epoch. "+
 			"The buffered records of the old epoch are still sent; its streams get no final record",
 			"bucket", d.bucket, "stream", string(bytes.ReplaceAll(d.key, []byte{0}, []byte{'/'})))
 		return
 	}
 	if d.bucket == string(bucketBatches) {
-		log.Error("a stored batch in the state file does not decode; set it aside in the state file's damaged bucket and sent the others. "+
+		log.Error("a stored batch in the state file is damaged (it fails its checksum or does not decode); set it aside in the state file's damaged bucket and sent the others. "+
 			"The usage of its records reaches the ledger in the totals of their streams' next records or final records (Close)",
 			"bucket", d.bucket, "key", fmt.Sprintf("%x", d.key))
 		return
 	}
 	if r := d.rebuilt; r != nil {
-		log.Error("a pending record in the state file does not decode; set it aside in the state file's damaged bucket and rebuilt it from its stream's state",
+		log.Error("a pending record in the state file is damaged (it fails its checksum or does not decode); set it aside in the state file's damaged bucket and rebuilt it from its stream's state",
 			"bucket", d.bucket, "index", i64(d.key), "customer", r.Customer, "meter", r.Meter, "epoch", r.Epoch, "seq", r.Seq, "final", r.Final)
 		return
 	}
-	log.Error("a pending record in the state file does not decode; set it aside in the state file's damaged bucket. "+
+	log.Error("a pending record in the state file is damaged (it fails its checksum or does not decode); set it aside in the state file's damaged bucket. "+
 		"Its usage reaches the ledger in the total of its stream's next record or final record (Close); a gauge's reading is lost",
 		"bucket", d.bucket, "index", i64(d.key))
 }
@@ -601,7 +601,7 @@ func (p *Producer) store(recs []storedRecord, states map[streamKey]streamState, 
 		}
 		pend := tx.Bucket(bucketPending)
 		for i := range recs {
-			v, err := json.Marshal(&recs[i])
+			v, err := sealValue(&recs[i])
 			if err != nil {
 				return err
 			}
@@ -611,7 +611,7 @@ func (p *Producer) store(recs []storedRecord, states map[streamKey]streamState, 
 		}
 		sb := tx.Bucket(bucketStreams)
 		for k, st := range states {
-			v, err := json.Marshal(st)
+			v, err := sealValue(st)
 			if err != nil {
 				return err
 			}
@@ -692,7 +692,7 @@ func (p *Producer) loadStreams(keys []streamKey) (map[streamKey]streamState, err
 		for _, k := range miss {
 			var st streamState
 			if v := b.Get(k.bytes()); v != nil {
-				if err := json.Unmarshal(v, &st); err != nil {
+				if err := openValue(v, &st); err != nil {
 					return fmt.Errorf("stream state %q: %w", k.bytes(), err)
 				}
 			}
@@ -765,7 +765,7 @@ func (p *Producer) finalize(ctx context.Context) error {
 				after = append(after[:0], k...)
 				sk, ok := parseStreamKey(k)
 				var st streamState
-				if !ok || json.Unmarshal(v, &st) != nil {
+				if !ok || openValue(v, &st) != nil {
 					return fmt.Errorf("stream state %q is unreadable", k)
 				}
 				if st.Seq == 0 || st.Final {

@@ -3,7 +3,6 @@ package producer
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -154,9 +153,10 @@ func (p *Producer) form() (int, error) {
 			k = append([]byte(nil), k...)
 			keys = append(keys, k)
 			var r storedRecord
-			if err := json.Unmarshal(v, &r); err != nil {
-				// New decoded it, so it was damaged since; it must not
-				// hold back the records behind it.
+			if err := openValue(v, &r); err != nil {
+				// Damaged (New checks pending records only when the
+				// epoch ends); it must not hold back the records behind
+				// it.
 				bad, badAt = append(bad, k), append(badAt, len(recs))
 				recs = append(recs, nil)
 				continue
@@ -271,7 +271,7 @@ func (p *Producer) putBatches(b *bolt.Bucket, recs []storedRecord, idx []uint64,
 		// pending and the error is logged on every round, never dropped.
 		return 0, fmt.Errorf("encode batch: %w", err)
 	}
-	v, err := json.Marshal(storedBatch{Key: recs[0].Customer, Value: value, Records: len(recs)})
+	v, err := sealValue(storedBatch{Key: recs[0].Customer, Value: value, Records: len(recs)})
 	if err != nil {
 		return 0, err
 	}
@@ -298,8 +298,8 @@ func (p *Producer) sendSome() (bool, error) {
 		c := tx.Bucket(bucketBatches).Cursor()
 		for k, v := c.First(); k != nil && len(msgs) < maxSendBatches; k, v = c.Next() {
 			var b storedBatch
-			if err := json.Unmarshal(v, &b); err != nil {
-				// New decoded it, so it was damaged since; it must not
+			if err := openValue(v, &b); err != nil {
+				// New checked it, so it was damaged since; it must not
 				// hold back the batches behind it.
 				bad = append(bad, append([]byte(nil), k...))
 				continue
@@ -390,9 +390,9 @@ func (p *Producer) sendSome() (bool, error) {
 	return true, nil
 }
 
-// setBatchesAside moves stored batches that do not decode to the damaged
-// bucket. How many records each held is unknown (it is in the value that
-// does not decode): they stay counted as buffered until the next New
+// setBatchesAside moves damaged stored batches (they fail their checksum
+// or do not decode) to the damaged bucket. How many records each held is
+// unknown (it is in the damaged value): they stay counted as buffered until the next New
 // counts again.
 func (p *Producer) setBatchesAside(keys [][]byte) error {
 	if err := p.db.Update(func(tx *bolt.Tx) error {
@@ -403,7 +403,7 @@ func (p *Producer) setBatchesAside(keys [][]byte) error {
 		}
 		return nil
 	}); err != nil {
-		return fmt.Errorf("set aside stored batches that do not decode: %w", err)
+		return fmt.Errorf("set aside damaged stored batches: %w", err)
 	}
 	for _, k := range keys {
 		reportDamaged(p.log, p.m, damagedValue{bucket: string(bucketBatches), key: k})
@@ -463,7 +463,7 @@ func (p *Producer) split(key []byte) (bool, error) {
 			return nil // acknowledged meanwhile
 		}
 		var sb storedBatch
-		if err := json.Unmarshal(v, &sb); err != nil {
+		if err := openValue(v, &sb); err != nil {
 			return fmt.Errorf("stored batch %x is unreadable: %w", key, err)
 		}
 		batch, _, rejected, err := wire.Decode([]byte(sb.Key), sb.Value)
@@ -488,7 +488,7 @@ func (p *Producer) split(key []byte) (bool, error) {
 			if err != nil {
 				return fmt.Errorf("encode half of batch %x: %w", key, err)
 			}
-			nv, err := json.Marshal(storedBatch{Key: sb.Key, Value: value, Records: len(part)})
+			nv, err := sealValue(storedBatch{Key: sb.Key, Value: value, Records: len(part)})
 			if err != nil {
 				return err
 			}

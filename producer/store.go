@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"hash/fnv"
 	"io/fs"
 	"os"
@@ -32,8 +33,15 @@ import (
 //	         commit of its record; kept across epochs for KeyRetention
 //	keys_by_time  stored-at nanoseconds (8 bytes, big endian) ‖ key → nil,
 //	         the order expired keys are deleted in
-//	damaged  bucket name ‖ 0x00 ‖ key → a pending record or stored batch
-//	         whose value did not decode, as it was (salvage)
+//	damaged  bucket name ‖ 0x00 ‖ key → a pending record, stored batch or
+//	         stream state whose value was damaged, as it was (salvage)
+//
+// The values of streams, pending, batches and keys are sealed (sealValue):
+// a format byte, a CRC-32C of the JSON, the JSON. bbolt checksums its meta
+// pages only, so a bit flip in a data page that leaves the JSON valid (a
+// digit of a total, a seq, a time) would otherwise be sent as is and
+// billed. A value written before values were sealed is plain JSON and is
+// read as it is.
 //
 // Record indexes grow by one per record ever stored in this file, so
 // "everything below index i has been acknowledged by Kafka" is a single
@@ -118,6 +126,53 @@ type storedBatch struct {
 	Records int    `json:"n"`
 }
 
+// valueSealed is the first byte of a sealed value; then come the
+// CRC-32C (Castagnoli) of the JSON, 4 bytes big endian, and the JSON. A
+// value written before values were sealed is a JSON object, so it starts
+// with '{' (0x7b), five bits away from valueSealed: a single bit flip
+// cannot turn one format into the other.
+const valueSealed = 0x01
+
+const sealLen = 5 // valueSealed and the CRC
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// errChecksum: a sealed value whose JSON does not match its CRC.
+var errChecksum = errors.New("its CRC-32C does not match")
+
+// sealValue encodes v as JSON and seals it (valueSealed, CRC-32C, JSON):
+// one CRC per value written, in the same transaction.
+func sealValue(v any) ([]byte, error) {
+	js, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]byte, sealLen, sealLen+len(js))
+	out[0] = valueSealed
+	binary.BigEndian.PutUint32(out[1:], crc32.Checksum(js, castagnoli))
+	return append(out, js...), nil
+}
+
+// openValue checks a sealed value's CRC and decodes its JSON into v, or
+// decodes an unsealed value (plain JSON, written before values were
+// sealed). A value that fails its CRC is damaged exactly like one that
+// does not decode, and its callers treat both alike.
+func openValue(b []byte, v any) error {
+	switch {
+	case len(b) >= sealLen && b[0] == valueSealed:
+		js := b[sealLen:]
+		if sum, stored := crc32.Checksum(js, castagnoli), binary.BigEndian.Uint32(b[1:sealLen]); sum != stored {
+			return fmt.Errorf("%w (%08x, stored %08x)", errChecksum, sum, stored)
+		}
+		return json.Unmarshal(js, v)
+	case len(b) > 0 && b[0] == '{':
+		return json.Unmarshal(b, v)
+	case len(b) == 0:
+		return errors.New("the value is empty")
+	}
+	return fmt.Errorf("unknown value format %#02x", b[0])
+}
+
 func u64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
 
 // i64 reads a u64 value, or the index prefix of a batch key (a batch
@@ -150,8 +205,9 @@ var errLocked = errors.New("producer: state directory is in use by another proce
 // errUnreadable marks a state file that bbolt finds damaged: its meta
 // pages fail validation or their checksum, it is shorter than two pages
 // or than the pages in use, or reading a page of it panics. (A value that
-// does not decode is set aside alone, in the damaged bucket, and the
-// file's records are still sent: see damagedValue.) Any other error opening it (EMFILE, EACCES, ENOMEM,
+// fails its own checksum or does not decode is set aside alone, in the
+// damaged bucket, and the file's records are still sent: see
+// damagedValue.) Any other error opening it (EMFILE, EACCES, ENOMEM,
 // EIO, a full disk) says nothing about the file and is returned as is: the
 // file stays where it is and a later New reads it.
 var errUnreadable = errors.New("state file is unreadable")
@@ -214,7 +270,7 @@ func loadFile(dir, path, id string, now time.Time, streamCache int) (db *bolt.DB
 		} else if string(p) != id {
 			return fmt.Errorf("producer: %s holds the state of producer %q, not %q; use one directory per producer id", dir, p, id)
 		}
-		// A stream state that does not decode leaves that stream's seq
+		// A damaged stream state leaves that stream's seq
 		// and total unknown: the epoch cannot go on (a seq could be given
 		// twice), but its buffered records are still sent.
 		streams, badStreams, err := checkStreams(tx, streamCache)
@@ -263,7 +319,7 @@ func loadFile(dir, path, id string, now time.Time, streamCache int) (db *bolt.DB
 		var bad [][]byte
 		if err := tx.Bucket(bucketBatches).ForEach(func(k, v []byte) error {
 			var b storedBatch
-			if err := json.Unmarshal(v, &b); err != nil {
+			if err := openValue(v, &b); err != nil {
 				bad = append(bad, append([]byte(nil), k...))
 				return nil
 			}
@@ -296,25 +352,25 @@ func loadFile(dir, path, id string, now time.Time, streamCache int) (db *bolt.DB
 	return db, l, nil
 }
 
-// damagedValue is a value of the state file that did not decode, moved
-// to the damaged bucket: a pending record (and the record rebuilt in its
-// place, if one could be), a stored batch, or a stream state (the epoch
-// then ends: New starts a new one).
+// damagedValue is a value of the state file that failed its checksum or
+// did not decode (openValue), moved to the damaged bucket: a pending
+// record (and the record rebuilt in its place, if one could be), a stored
+// batch, or a stream state (the epoch then ends: New starts a new one).
 type damagedValue struct {
 	bucket  string
 	key     []byte
 	rebuilt *storedRecord
 }
 
-// checkStreams decodes every stream state, keeps at most cache of them,
-// and sets aside those that do not decode.
+// checkStreams checks and decodes every stream state, keeps at most cache
+// of them, and sets aside those that are damaged.
 func checkStreams(tx *bolt.Tx, cache int) (map[streamKey]*streamState, []damagedValue, error) {
 	streams := make(map[streamKey]*streamState)
 	var bad []damagedValue
 	if err := tx.Bucket(bucketStreams).ForEach(func(k, v []byte) error {
 		var st streamState
 		sk, ok := parseStreamKey(k)
-		if !ok || json.Unmarshal(v, &st) != nil {
+		if !ok || openValue(v, &st) != nil {
 			bad = append(bad, damagedValue{bucket: string(bucketStreams), key: append([]byte(nil), k...)})
 		} else if len(streams) < cache {
 			streams[sk] = &st
@@ -331,8 +387,8 @@ func checkStreams(tx *bolt.Tx, cache int) (map[streamKey]*streamState, []damaged
 	return streams, bad, nil
 }
 
-// checkPending decodes every pending record, sets aside those that do not
-// decode (putting in their place the records rebuilt from their streams'
+// checkPending checks and decodes every pending record, sets aside those
+// that are damaged (putting in their place the records rebuilt from their streams'
 // states, where one can be), and returns how many records are pending
 // after that.
 func checkPending(tx *bolt.Tx, now time.Time) (int, []damagedValue, error) {
@@ -341,7 +397,7 @@ func checkPending(tx *bolt.Tx, now time.Time) (int, []damagedValue, error) {
 	var bad [][]byte
 	if err := pend.ForEach(func(k, v []byte) error {
 		var r storedRecord
-		if json.Unmarshal(v, &r) != nil {
+		if openValue(v, &r) != nil {
 			bad = append(bad, append([]byte(nil), k...))
 		} else {
 			n++
@@ -361,7 +417,7 @@ func checkPending(tx *bolt.Tx, now time.Time) (int, []damagedValue, error) {
 		if d.rebuilt == nil {
 			continue
 		}
-		v, err := json.Marshal(d.rebuilt)
+		v, err := sealValue(d.rebuilt)
 		if err != nil {
 			return 0, nil, err
 		}
@@ -373,8 +429,8 @@ func checkPending(tx *bolt.Tx, now time.Time) (int, []damagedValue, error) {
 	return n, damaged, nil
 }
 
-// salvagePending sets aside the pending records at keys, whose values do
-// not decode, and rebuilds those that were their stream's last record
+// salvagePending sets aside the pending records at keys, whose values are
+// damaged, and rebuilds those that were their stream's last record
 // from the stream's state (rebuild). It neither deletes them from the
 // pending bucket nor puts the rebuilt records there: the caller does.
 //
@@ -392,7 +448,7 @@ func salvagePending(tx *bolt.Tx, keys [][]byte, now time.Time) ([]damagedValue, 
 	if err := tx.Bucket(bucketStreams).ForEach(func(k, v []byte) error {
 		var st streamState
 		sk, ok := parseStreamKey(k)
-		if !ok || json.Unmarshal(v, &st) != nil || st.Last == 0 {
+		if !ok || openValue(v, &st) != nil || st.Last == 0 {
 			return nil
 		}
 		if i, ok := at[st.Last]; ok {
