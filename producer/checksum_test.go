@@ -331,3 +331,62 @@ func TestAStoredKeyDamagedSoItStillDecodesIsAnError(t *testing.T) {
 		t.Errorf("buffered %d, want 1: the retry records nothing", p.Buffered())
 	}
 }
+
+// A bit flip in a stream state's key (its customer "acme" read as "acmf")
+// left acme with no state in the same epoch: its next record started again
+// at seq 1, a seq the ledger already holds, so that usage was a conflict,
+// not billed. The checksum covers the key too: the state under the
+// altered key is set aside, the epoch ends, and acme starts anew in a new
+// epoch.
+func TestAStreamStateUnderADamagedKeyEndsTheEpoch(t *testing.T) {
+	dir := t.TempDir()
+	epoch := recordUnsent(t, dir, []usage{{"acme", "api_calls", "3"}, {"acme", "api_calls", "4"}, {"globex", "gb", "1"}})
+	db, err := bolt.Open(filepath.Join(dir, "producer.db"), 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("streams"))
+		v := append([]byte(nil), b.Get([]byte("acme\x00api_calls"))...)
+		if err := b.Delete([]byte("acme\x00api_calls")); err != nil {
+			return err
+		}
+		return b.Put([]byte("acmf\x00api_calls"), v) // 'e' ^ 0x03: two bits of one byte
+	}); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	c := newCluster(t, 1)
+	reg := prometheus.NewRegistry()
+	p := newProducer(t, producer.Config{Brokers: c.Addrs, Dir: dir, Registerer: reg})
+	if p.Epoch() <= epoch {
+		t.Errorf("epoch %d after a stream state under a damaged key, want a new one above %d", p.Epoch(), epoch)
+	}
+	if n := counter(t, reg, "tally_producer_damaged_records_total"); n != 1 {
+		t.Errorf("tally_producer_damaged_records_total = %v, want 1", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := p.Record(ctx, "acme", "api_calls", d("1"), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var epochs []int64
+	for _, b := range readBatches(t, c, 1) {
+		for _, r := range b.Records {
+			if r.Customer == "acme" {
+				epochs = append(epochs, b.Epoch)
+			}
+		}
+	}
+	if len(epochs) != 3 || epochs[2] == epochs[0] {
+		t.Errorf("acme's records went out in epochs %v, want its third in a new epoch", epochs)
+	}
+	checkSent(t, byStream(t, c), map[string][]sent{
+		"acme/api_calls": {{seq: 1, total: "3", quantity: "3"}, {seq: 2, total: "7", quantity: "4"}, {seq: 1, total: "1", quantity: "1"}},
+		"globex/gb":      {{seq: 1, total: "1", quantity: "1"}},
+	})
+}

@@ -65,7 +65,8 @@
 // means damaged: bbolt's meta checks fail, a page panics when read, or the
 // file is shorter than the pages its meta page says are in use (cut short).
 // bbolt checksums only its meta pages, so every value the producer stores
-// carries a CRC-32C of its own, checked wherever it is read. A single value
+// carries a CRC-32C of its own (over its key and its value), checked
+// wherever it is read. A single value
 // that fails its checksum or does not decode (a pending record, a stored
 // batch, a stream state) is set aside alone in the file's damaged bucket,
 // logged at error level and counted in

@@ -109,7 +109,7 @@ func (p *Producer) loadKeys(taken []*request) (map[string]storedKey, error) {
 				continue
 			}
 			k := storedKey{Key: r.idem}
-			if err := openValue(v, &k); err != nil {
+			if err := openValue([]byte(r.idem), v, &k); err != nil {
 				return fmt.Errorf("key %q: %w", r.idem, err)
 			}
 			out[r.idem] = k
@@ -129,11 +129,12 @@ func putKeys(tx *bolt.Tx, keys []storedKey, now time.Time, retention time.Durati
 	b, byTime := tx.Bucket(bucketKeys), tx.Bucket(bucketKeysByTime)
 	for _, k := range keys {
 		k.StoredAt = now.UTC()
-		v, err := sealValue(k)
+		name := []byte(k.Key)
+		v, err := sealValue(name, k)
 		if err != nil {
 			return err
 		}
-		if err := b.Put([]byte(k.Key), v); err != nil {
+		if err := b.Put(name, v); err != nil {
 			return err
 		}
 		if err := byTime.Put(timeKey(k.StoredAt, k.Key), nil); err != nil {

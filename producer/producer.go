@@ -601,21 +601,23 @@ func (p *Producer) store(recs []storedRecord, states map[streamKey]streamState, 
 		}
 		pend := tx.Bucket(bucketPending)
 		for i := range recs {
-			v, err := sealValue(&recs[i])
+			k := u64(first + uint64(i))
+			v, err := sealValue(k, &recs[i])
 			if err != nil {
 				return err
 			}
-			if err := pend.Put(u64(first+uint64(i)), v); err != nil {
+			if err := pend.Put(k, v); err != nil {
 				return err
 			}
 		}
 		sb := tx.Bucket(bucketStreams)
 		for k, st := range states {
-			v, err := sealValue(st)
+			kb := k.bytes()
+			v, err := sealValue(kb, st)
 			if err != nil {
 				return err
 			}
-			if err := sb.Put(k.bytes(), v); err != nil {
+			if err := sb.Put(kb, v); err != nil {
 				return err
 			}
 		}
@@ -691,9 +693,10 @@ func (p *Producer) loadStreams(keys []streamKey) (map[streamKey]streamState, err
 		b := tx.Bucket(bucketStreams)
 		for _, k := range miss {
 			var st streamState
-			if v := b.Get(k.bytes()); v != nil {
-				if err := openValue(v, &st); err != nil {
-					return fmt.Errorf("stream state %q: %w", k.bytes(), err)
+			kb := k.bytes()
+			if v := b.Get(kb); v != nil {
+				if err := openValue(kb, v, &st); err != nil {
+					return fmt.Errorf("stream state %q: %w", kb, err)
 				}
 			}
 			out[k] = st
@@ -765,7 +768,7 @@ func (p *Producer) finalize(ctx context.Context) error {
 				after = append(after[:0], k...)
 				sk, ok := parseStreamKey(k)
 				var st streamState
-				if !ok || openValue(v, &st) != nil {
+				if !ok || openValue(k, v, &st) != nil {
 					return fmt.Errorf("stream state %q is unreadable", k)
 				}
 				if st.Seq == 0 || st.Final {

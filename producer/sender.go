@@ -153,7 +153,7 @@ func (p *Producer) form() (int, error) {
 			k = append([]byte(nil), k...)
 			keys = append(keys, k)
 			var r storedRecord
-			if err := openValue(v, &r); err != nil {
+			if err := openValue(k, v, &r); err != nil {
 				// Damaged (New checks pending records only when the
 				// epoch ends); it must not hold back the records behind
 				// it.
@@ -271,11 +271,12 @@ func (p *Producer) putBatches(b *bolt.Bucket, recs []storedRecord, idx []uint64,
 		// pending and the error is logged on every round, never dropped.
 		return 0, fmt.Errorf("encode batch: %w", err)
 	}
-	v, err := sealValue(storedBatch{Key: recs[0].Customer, Value: value, Records: len(recs)})
+	k := u64(idx[0])
+	v, err := sealValue(k, storedBatch{Key: recs[0].Customer, Value: value, Records: len(recs)})
 	if err != nil {
 		return 0, err
 	}
-	return 1, b.Put(u64(idx[0]), v)
+	return 1, b.Put(k, v)
 }
 
 // sendSome sends the oldest stored batches in one write and deletes those
@@ -298,7 +299,7 @@ func (p *Producer) sendSome() (bool, error) {
 		c := tx.Bucket(bucketBatches).Cursor()
 		for k, v := c.First(); k != nil && len(msgs) < maxSendBatches; k, v = c.Next() {
 			var b storedBatch
-			if err := openValue(v, &b); err != nil {
+			if err := openValue(k, v, &b); err != nil {
 				// New checked it, so it was damaged since; it must not
 				// hold back the batches behind it.
 				bad = append(bad, append([]byte(nil), k...))
@@ -463,7 +464,7 @@ func (p *Producer) split(key []byte) (bool, error) {
 			return nil // acknowledged meanwhile
 		}
 		var sb storedBatch
-		if err := openValue(v, &sb); err != nil {
+		if err := openValue(key, v, &sb); err != nil {
 			return fmt.Errorf("stored batch %x is unreadable: %w", key, err)
 		}
 		batch, _, rejected, err := wire.Decode([]byte(sb.Key), sb.Value)
@@ -488,13 +489,13 @@ func (p *Producer) split(key []byte) (bool, error) {
 			if err != nil {
 				return fmt.Errorf("encode half of batch %x: %w", key, err)
 			}
-			nv, err := sealValue(storedBatch{Key: sb.Key, Value: value, Records: len(part)})
-			if err != nil {
-				return err
-			}
 			k := key
 			if i == 1 {
 				k = binary.BigEndian.AppendUint32(append([]byte(nil), key[:8]...), base+uint32(h))
+			}
+			nv, err := sealValue(k, storedBatch{Key: sb.Key, Value: value, Records: len(part)})
+			if err != nil {
+				return err
 			}
 			if err := b.Put(k, nv); err != nil {
 				return err

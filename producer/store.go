@@ -37,7 +37,7 @@ import (
 //	         stream state whose value was damaged, as it was (salvage)
 //
 // The values of streams, pending, batches and keys are sealed (sealValue):
-// a format byte, a CRC-32C of the JSON, the JSON. bbolt checksums its meta
+// a format byte, a CRC-32C of the key and the JSON, the JSON. bbolt checksums its meta
 // pages only, so a bit flip in a data page that leaves the JSON valid (a
 // digit of a total, a seq, a time) would otherwise be sent as is and
 // billed. A value written before values were sealed is plain JSON and is
@@ -127,41 +127,49 @@ type storedBatch struct {
 }
 
 // valueSealed is the first byte of a sealed value; then come the
-// CRC-32C (Castagnoli) of the JSON, 4 bytes big endian, and the JSON. A
-// value written before values were sealed is a JSON object, so it starts
-// with '{' (0x7b), five bits away from valueSealed: a single bit flip
-// cannot turn one format into the other.
+// CRC-32C (Castagnoli) of the value's key and JSON, 4 bytes big endian,
+// and the JSON. The key is covered too: a stream state under a damaged key
+// would otherwise leave its stream without a state in the same epoch, and
+// its next record would give seq 1 again. A value written before values
+// were sealed is a JSON object, so it starts with '{' (0x7b), five bits
+// away from valueSealed: a single bit flip cannot turn one format into the
+// other.
 const valueSealed = 0x01
 
 const sealLen = 5 // valueSealed and the CRC
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// errChecksum: a sealed value whose JSON does not match its CRC.
+// errChecksum: a sealed value whose key and JSON do not match its CRC.
 var errChecksum = errors.New("its CRC-32C does not match")
 
-// sealValue encodes v as JSON and seals it (valueSealed, CRC-32C, JSON):
-// one CRC per value written, in the same transaction.
-func sealValue(v any) ([]byte, error) {
+func sealSum(key, js []byte) uint32 {
+	return crc32.Update(crc32.Checksum(key, castagnoli), castagnoli, js)
+}
+
+// sealValue encodes v, to be stored at key, as JSON and seals it
+// (valueSealed, CRC-32C, JSON): one CRC per value written, in the same
+// transaction.
+func sealValue(key []byte, v any) ([]byte, error) {
 	js, err := json.Marshal(v)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]byte, sealLen, sealLen+len(js))
 	out[0] = valueSealed
-	binary.BigEndian.PutUint32(out[1:], crc32.Checksum(js, castagnoli))
+	binary.BigEndian.PutUint32(out[1:], sealSum(key, js))
 	return append(out, js...), nil
 }
 
-// openValue checks a sealed value's CRC and decodes its JSON into v, or
-// decodes an unsealed value (plain JSON, written before values were
-// sealed). A value that fails its CRC is damaged exactly like one that
-// does not decode, and its callers treat both alike.
-func openValue(b []byte, v any) error {
+// openValue checks the CRC of a sealed value b stored at key and decodes
+// its JSON into v, or decodes an unsealed value (plain JSON, written
+// before values were sealed). A value that fails its CRC is damaged
+// exactly like one that does not decode, and its callers treat both alike.
+func openValue(key, b []byte, v any) error {
 	switch {
 	case len(b) >= sealLen && b[0] == valueSealed:
 		js := b[sealLen:]
-		if sum, stored := crc32.Checksum(js, castagnoli), binary.BigEndian.Uint32(b[1:sealLen]); sum != stored {
+		if sum, stored := sealSum(key, js), binary.BigEndian.Uint32(b[1:sealLen]); sum != stored {
 			return fmt.Errorf("%w (%08x, stored %08x)", errChecksum, sum, stored)
 		}
 		return json.Unmarshal(js, v)
@@ -319,7 +327,7 @@ func loadFile(dir, path, id string, now time.Time, streamCache int) (db *bolt.DB
 		var bad [][]byte
 		if err := tx.Bucket(bucketBatches).ForEach(func(k, v []byte) error {
 			var b storedBatch
-			if err := openValue(v, &b); err != nil {
+			if err := openValue(k, v, &b); err != nil {
 				bad = append(bad, append([]byte(nil), k...))
 				return nil
 			}
@@ -370,7 +378,7 @@ func checkStreams(tx *bolt.Tx, cache int) (map[streamKey]*streamState, []damaged
 	if err := tx.Bucket(bucketStreams).ForEach(func(k, v []byte) error {
 		var st streamState
 		sk, ok := parseStreamKey(k)
-		if !ok || openValue(v, &st) != nil {
+		if !ok || openValue(k, v, &st) != nil {
 			bad = append(bad, damagedValue{bucket: string(bucketStreams), key: append([]byte(nil), k...)})
 		} else if len(streams) < cache {
 			streams[sk] = &st
@@ -397,7 +405,7 @@ func checkPending(tx *bolt.Tx, now time.Time) (int, []damagedValue, error) {
 	var bad [][]byte
 	if err := pend.ForEach(func(k, v []byte) error {
 		var r storedRecord
-		if openValue(v, &r) != nil {
+		if openValue(k, v, &r) != nil {
 			bad = append(bad, append([]byte(nil), k...))
 		} else {
 			n++
@@ -417,7 +425,7 @@ func checkPending(tx *bolt.Tx, now time.Time) (int, []damagedValue, error) {
 		if d.rebuilt == nil {
 			continue
 		}
-		v, err := sealValue(d.rebuilt)
+		v, err := sealValue(d.key, d.rebuilt)
 		if err != nil {
 			return 0, nil, err
 		}
@@ -448,7 +456,7 @@ func salvagePending(tx *bolt.Tx, keys [][]byte, now time.Time) ([]damagedValue, 
 	if err := tx.Bucket(bucketStreams).ForEach(func(k, v []byte) error {
 		var st streamState
 		sk, ok := parseStreamKey(k)
-		if !ok || openValue(v, &st) != nil || st.Last == 0 {
+		if !ok || openValue(k, v, &st) != nil || st.Last == 0 {
 			return nil
 		}
 		if i, ok := at[st.Last]; ok {
