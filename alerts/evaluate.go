@@ -184,12 +184,18 @@ type stateKey struct {
 	periodStart              time.Time
 }
 
+// statesWindowDays: the states of periods that began in the last 100
+// days are read, which covers any current period (the longest calendar
+// period is a quarter); older ones only while triggered.
+const statesWindowDays = 100
+
 type state struct {
 	stateKey
 	period, meter, state string
 	transitions          int
 	used                 decimal.Decimal
 	limit                *decimal.Decimal
+	changedAt            time.Time // when the stored state was last written (read only)
 }
 
 // transition is one state change to write, with its event (nil when the
@@ -212,7 +218,7 @@ func (e *Evaluator) Evaluate(ctx context.Context, f quota.Fence) error {
 	if err != nil {
 		return err
 	}
-	states, err := loadStates(ctx, e.cfg.Pool, now.AddDate(0, 0, -100))
+	states, err := loadStates(ctx, e.cfg.Pool, now.AddDate(0, 0, -statesWindowDays))
 	if err != nil {
 		return err
 	}
@@ -354,7 +360,12 @@ func latestRules(ctx context.Context, db DBTX) (map[string]Rule, error) {
 }
 
 func loadStates(ctx context.Context, db DBTX, since time.Time) (map[stateKey]state, error) {
-	rows, err := db.Query(ctx, qStates, since)
+	return readStates(ctx, db, qStates, pgx.NamedArgs{"since": since})
+}
+
+// readStates reads the states query q selects.
+func readStates(ctx context.Context, db DBTX, q string, args pgx.NamedArgs) (map[stateKey]state, error) {
+	rows, err := db.Query(ctx, q, args)
 	if err != nil {
 		return nil, fmt.Errorf("alerts: read states: %w", err)
 	}
@@ -364,10 +375,10 @@ func loadStates(ctx context.Context, db DBTX, since time.Time) (map[stateKey]sta
 		var s state
 		var used string
 		var limit *string
-		if err := rows.Scan(&s.rule, &s.subject, &s.threshold, &s.periodStart, &s.period, &s.meter, &s.state, &s.transitions, &used, &limit); err != nil {
+		if err := rows.Scan(&s.rule, &s.subject, &s.threshold, &s.periodStart, &s.period, &s.meter, &s.state, &s.transitions, &used, &limit, &s.changedAt); err != nil {
 			return nil, fmt.Errorf("alerts: read states: %w", err)
 		}
-		s.periodStart = s.periodStart.UTC()
+		s.periodStart, s.changedAt = s.periodStart.UTC(), s.changedAt.UTC()
 		s.used, err = decimal.NewFromString(used)
 		if err != nil {
 			return nil, fmt.Errorf("alerts: read states: %w", err)

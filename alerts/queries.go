@@ -40,11 +40,24 @@ WHERE NOT EXISTS (SELECT 1 FROM alert_webhooks w WHERE w.name = x.e)`
 const qCustomers = `SELECT id FROM customers ORDER BY id`
 
 // qStates is every state that is triggered (to resolve when its
-// period ended, its threshold or rule went away) and every state of the
-// current periods of the rules (with the transitions counted so far).
+// period ended, its threshold or rule went away) and every state of a
+// period that began since @since (the rules' current periods, with the
+// transitions counted so far); qStatesOfRule the same of rule @rule. Each
+// reads by alert_states_period and alert_states_triggered, never the
+// states past periods left behind (migration 00050).
 const qStates = `
-SELECT rule, subject, threshold, period_start, period, meter, state, transitions, used::text, "limit"::text
-FROM alert_states WHERE state = 'triggered' OR period_start >= $1`
+SELECT rule, subject, threshold, period_start, period, meter, state, transitions, used::text, "limit"::text, changed_at
+FROM alert_states WHERE period_start >= @since
+UNION ALL
+SELECT rule, subject, threshold, period_start, period, meter, state, transitions, used::text, "limit"::text, changed_at
+FROM alert_states WHERE state = 'triggered' AND period_start < @since`
+
+const qStatesOfRule = `
+SELECT rule, subject, threshold, period_start, period, meter, state, transitions, used::text, "limit"::text, changed_at
+FROM alert_states WHERE period_start >= @since AND rule = @rule
+UNION ALL
+SELECT rule, subject, threshold, period_start, period, meter, state, transitions, used::text, "limit"::text, changed_at
+FROM alert_states WHERE state = 'triggered' AND period_start < @since AND rule = @rule`
 
 // qUpsertStates writes each state's transition. The meter is written too:
 // a rule version may move a threshold to another meter, and the state,
@@ -181,8 +194,6 @@ UPDATE alert_webhooks
 SET previous_secret = CASE WHEN @until::timestamptz IS NOT NULL THEN secret END, previous_until = @until::timestamptz,
     secret = @secret, rotated_at = @at
 WHERE name = @name`
-
-const qChangedAt = `SELECT subject, threshold, period_start, changed_at FROM alert_states WHERE rule = $1`
 
 // qWebhookUsers is every live rule naming webhook $1 among its endpoints.
 const qWebhookUsers = `

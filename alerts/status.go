@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/quota"
@@ -31,11 +33,7 @@ type SubjectState struct {
 // rule lists the customers with usage this period or a stored state.
 func Status(ctx context.Context, db DBTX, r Rule, ingestTopic string, now time.Time) ([]SubjectState, error) {
 	rules := map[string]Rule{r.Name: r}
-	states, err := loadStates(ctx, db, now.AddDate(0, 0, -100))
-	if err != nil {
-		return nil, err
-	}
-	changed, err := changedAt(ctx, db, r.Name)
+	states, err := readStates(ctx, db, qStatesOfRule, pgx.NamedArgs{"since": now.AddDate(0, 0, -statesWindowDays), "rule": r.Name})
 	if err != nil {
 		return nil, err
 	}
@@ -68,31 +66,11 @@ func Status(ctx context.Context, db DBTX, r Rule, ingestTopic string, now time.T
 				if s.state == Triggered {
 					ss.State = Triggered
 				}
-				if c, ok := changed[k]; ok {
-					ss.ChangedAt = &c
-				}
+				c := s.changedAt
+				ss.ChangedAt = &c
 			}
 			out = append(out, ss)
 		}
 	}
 	return out, nil
-}
-
-func changedAt(ctx context.Context, db DBTX, rule string) (map[stateKey]time.Time, error) {
-	rows, err := db.Query(ctx, qChangedAt, rule)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := map[stateKey]time.Time{}
-	for rows.Next() {
-		k := stateKey{rule: rule}
-		var at time.Time
-		if err := rows.Scan(&k.subject, &k.threshold, &k.periodStart, &at); err != nil {
-			return nil, err
-		}
-		k.periodStart = k.periodStart.UTC()
-		out[k] = at.UTC()
-	}
-	return out, rows.Err()
 }
