@@ -279,9 +279,11 @@ func newMetrics(reg prometheus.Registerer) metrics {
 
 // Beside serves the console under Prefix, behind the API's guard (access
 // log, metrics, rate limits), and everything else with next (the REST
-// API), leaving next's paths exactly as they are.
+// API), leaving next's paths exactly as they are. The console's headers
+// are set outside the guard: its refusals (429, 408, 413, 503) and a
+// recovered panic's 500 are console responses too.
 func (c *Console) Beside(next http.Handler) http.Handler {
-	guarded := c.api.Guard(Prefix, c)
+	guarded := secureHeaders(c.api.Guard(Prefix, c))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == Prefix || strings.HasPrefix(r.URL.Path, Prefix+"/") {
 			guarded.ServeHTTP(w, r)

@@ -196,6 +196,36 @@ func TestTheConsoleIsBehindTheAPIsGuard(t *testing.T) {
 	}
 }
 
+// TestTheGuardsRefusalsCarryTheConsolesHeaders: the API's guard answers
+// some console requests itself (an address over its rate, a body too
+// large); those answers carry the console's headers like every other.
+func TestTheGuardsRefusalsCarryTheConsolesHeaders(t *testing.T) {
+	t.Parallel()
+	f := newFixtureWith(t, false, func(c *api.Config) { c.AddressRate, c.MaxBodyBytes = 1, 100 }, nil) // bursts of 2
+	c := f.client()
+	check := func(what string, res httpPage, status int) {
+		t.Helper()
+		if res.status != status {
+			t.Fatalf("%s: %d, want %d: %s", what, res.status, status, res.body)
+		}
+		for h, want := range map[string]string{"Content-Security-Policy": contentSecurityPolicy,
+			"X-Content-Type-Options": "nosniff", "X-Frame-Options": "DENY", "Cache-Control": "no-store"} {
+			if got := res.header.Get(h); got != want {
+				t.Errorf("%s (%d): %s %q, want %q", what, res.status, h, got, want)
+			}
+		}
+	}
+	check("a form body over the API's bound", f.post(c, "/console/sign-in", url.Values{"token": {strings.Repeat("a", 200)}}), http.StatusRequestEntityTooLarge)
+	var res httpPage
+	for range 4 {
+		res = f.get(c, "/console/sign-in")
+	}
+	check("an address over its rate", res, http.StatusTooManyRequests)
+}
+
+const contentSecurityPolicy = "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; " +
+	"frame-ancestors 'none'; base-uri 'none'"
+
 func TestCustomerPageShowsBudgetsAndLiveGrants(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
