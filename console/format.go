@@ -13,13 +13,16 @@ import (
 	"github.com/tally-ledger/tally/quota"
 )
 
+// funcs has no query escaper on purpose: html/template escapes a value
+// in a URL's query itself, and escaping it first as well sent "tenant:42"
+// as "tenant%253A42". In a path html/template leaves "%" alone, so pathEsc
+// and customer escape once.
 var funcs = template.FuncMap{
 	"num":       num,
 	"at":        at,
 	"seconds":   seconds,
 	"customer":  customerPath,
 	"pathEsc":   url.PathEscape,
-	"queryEsc":  url.QueryEscape,
 	"duration":  func(d quota.DurationText) string { return quota.FormatDuration(time.Duration(d)) },
 	"add":       func(a, b int) int { return a + b },
 	"truncated": truncated,

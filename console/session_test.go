@@ -1,6 +1,8 @@
 package console_test
 
 import (
+	"fmt"
+	"html"
 	"net/http"
 	"net/url"
 	"strings"
@@ -291,5 +293,30 @@ func TestReconciliationPageCountsFindingsNotListed(t *testing.T) {
 		if !strings.Contains(res.body, want) {
 			t.Fatalf("the page lacks %s:\n%s", want, res.body)
 		}
+	}
+}
+
+// TestCustomersNextPageContinuesAfterIdsWithColons: customer ids may hold
+// ':' ("tenant:42"); the list's "Next page" link carries the last id of
+// the page exactly, so the next page starts after it instead of at the
+// beginning again.
+func TestCustomersNextPageContinuesAfterIdsWithColons(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	for i := range 201 { // a page is 200
+		f.calendar(fmt.Sprintf("tenant:%03d", i), "UTC")
+	}
+	c := f.client()
+	f.signInHTTP(c, adminToken)
+	first := f.get(c, "/console/customers")
+	i := strings.Index(first.body, `href="/console/customers?after=`)
+	if first.status != 200 || i < 0 {
+		t.Fatalf("first page: %d, no next page link:\n%s", first.status, first.body)
+	}
+	link := first.body[i+len(`href="`):]
+	link = html.UnescapeString(link[:strings.IndexByte(link, '"')])
+	second := f.get(c, link)
+	if second.status != 200 || !strings.Contains(second.body, ">tenant:200<") || strings.Contains(second.body, ">tenant:000<") {
+		t.Fatalf("next page %s: %d, want only tenant:200:\n%s", link, second.status, second.body)
 	}
 }
