@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -169,7 +170,7 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) { c.handler.
 
 func (c *Console) routes() http.Handler {
 	r := chi.NewRouter()
-	r.Use(secureHeaders, c.limits)
+	r.Use(secureHeaders, c.limits, homeWithSlash)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		c.render(w, r, http.StatusNotFound, "error", errorPage{Title: "Not found", Detail: "There is no console page at this address."})
 	})
@@ -236,6 +237,21 @@ func secureHeaders(next http.Handler) http.Handler {
 		h.Set("Referrer-Policy", "same-origin")
 		h.Set("Cache-Control", "no-store")
 		next.ServeHTTP(w, r)
+	})
+}
+
+// homeWithSlash sends Prefix itself to Prefix + "/": the session cookie's
+// path is Prefix + "/", which a browser does not send for Prefix, so a
+// signed-in viewer who typed /console was sent to sign in again, and
+// again after signing in.
+func homeWithSlash(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != Prefix {
+			next.ServeHTTP(w, r)
+			return
+		}
+		u := url.URL{Path: Prefix + "/", RawQuery: r.URL.RawQuery}
+		http.Redirect(w, r, u.String(), http.StatusMovedPermanently)
 	})
 }
 

@@ -230,7 +230,7 @@ func safeNext(next string) string {
 	if strings.HasSuffix(u.Path, "/") && clean != "/" {
 		clean += "/"
 	}
-	if clean != Prefix && !strings.HasPrefix(clean, home) {
+	if !strings.HasPrefix(clean, home) { // Prefix itself too: the cookie's path is home
 		return home
 	}
 	return (&url.URL{Path: clean, RawQuery: u.RawQuery}).String()

@@ -129,9 +129,12 @@ func TestSignInRefusesForgedFormsAndBadTokens(t *testing.T) {
 
 func TestSignInGoesBackOnlyToTheConsole(t *testing.T) {
 	t.Parallel()
-	f := newFixture(t)
+	// Limits off: a sign-in per case, more than an address's burst.
+	f := newFixtureWith(t, false, func(c *api.Config) { c.AddressRate = -1 },
+		func(c *console.Config) { c.SignInsPerToken, c.SignInsPerAddress = -1, -1 })
 	for next, want := range map[string]string{
 		"/console/dead-letters":        "/console/dead-letters",
+		"/console":                     "/console/", // the session cookie's path is /console/
 		"//evil.example/x":             "/console/",
 		"https://evil.example/console": "/console/",
 		"/console//evil.example":       "/console/",
@@ -318,5 +321,31 @@ func TestCustomersNextPageContinuesAfterIdsWithColons(t *testing.T) {
 	second := f.get(c, link)
 	if second.status != 200 || !strings.Contains(second.body, ">tenant:200<") || strings.Contains(second.body, ">tenant:000<") {
 		t.Fatalf("next page %s: %d, want only tenant:200:\n%s", link, second.status, second.body)
+	}
+}
+
+// TestConsoleWithoutTheSlashIsTheConsole: /console (as typed, without the
+// slash) leads a signed-in browser to the overview, not back to the
+// sign-in page: the session cookie's path is /console/, which a browser
+// does not send for /console.
+func TestConsoleWithoutTheSlashIsTheConsole(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.calendar("acme", "UTC")
+	for _, token := range []string{adminToken, f.customerToken("acme")} {
+		c := f.client()
+		c.CheckRedirect = nil // follow, as a browser does
+		res := f.get(c, "/console")
+		if res.status != 200 || !strings.Contains(res.body, `name="token"`) {
+			t.Fatalf("signed out, /console: %d, want the sign-in form:\n%s", res.status, res.body)
+		}
+		res = f.post(c, "/console/sign-in", url.Values{"csrf": {hidden(t, res.body, "csrf")}, "token": {token},
+			"next": {hidden(t, res.body, "next")}}, "Sec-Fetch-Site", "same-origin")
+		if res.status != 200 || strings.Contains(res.body, `name="token"`) || !strings.Contains(res.body, "Sign out") {
+			t.Fatalf("signed in from /console: %d, want a console page:\n%s", res.status, res.body)
+		}
+		if res := f.get(c, "/console"); res.status != 200 || strings.Contains(res.body, `name="token"`) {
+			t.Fatalf("signed in, /console: %d, want a console page:\n%s", res.status, res.body)
+		}
 	}
 }
