@@ -76,14 +76,16 @@ func newChart(meter string, m api.MeterUsage, start, end time.Time, loc *time.Lo
 		byStart[d.Start.Unix()] = d.Quantity
 	}
 	days := localDays(start, end, loc)
-	var run decimal.Decimal
+	// top is the highest running total: a credit can bring the total
+	// below where it stood earlier in the period, or below zero.
+	var run, top decimal.Decimal
 	for _, d := range days {
 		q, used := byStart[d.Unix()]
 		run = run.Add(q)
+		top = decimal.Max(top, run)
 		c.Days = append(c.Days, dayRow{Date: d.In(loc).Format("Mon 2 Jan"), Start: d.UTC().Format(time.RFC3339Nano),
 			Quantity: q, Cumulative: run, Used: used, Future: d.After(now)})
 	}
-	top := run
 	if limit.Valid && limit.Decimal.GreaterThan(top) {
 		top = limit.Decimal
 	}
@@ -105,7 +107,7 @@ func newChart(meter string, m api.MeterUsage, start, end time.Time, loc *time.Lo
 		if d.Future {
 			continue
 		}
-		h := scale(d.Cumulative)
+		h := scale(decimal.Max(d.Cumulative, decimal.Zero)) // below zero (credits): no bar; its title says so
 		c.Bars = append(c.Bars, bar{X: chartLeft + float64(i)*slot + slot*0.15, Y: base - h, W: slot * 0.7, H: h,
 			Title: fmt.Sprintf("%s: %s this day, %s so far", d.Date, num(d.Quantity), num(d.Cumulative))})
 	}
