@@ -3,6 +3,7 @@ package api_test
 import (
 	"context"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -181,6 +182,47 @@ func TestRevocation(t *testing.T) {
 		f.sync()
 		if r := f.do("GET", "/v1/customers/acme", tok, nil); r.status != 401 {
 			t.Fatalf("TokenCacheTTL %s: once the revocation was heard %d, want 401", tt.ttl, r.status)
+		}
+	}
+}
+
+// TestRevokedGatewayTokenLosesItsTrust: a gateway token this process has
+// verified is spared the per-address limits; revoked, it is not, on every
+// route (not only those that check a token), in this process and in
+// another that had verified it too.
+func TestRevokedGatewayTokenLosesItsTrust(t *testing.T) {
+	t.Parallel()
+	// 0.01/s: a used request comes back after 100s, longer than the test.
+	limited := func(c *api.Config) { c.AddressRate, c.AddressBurst = 0.01, 3 }
+	f := newFixtureWith(t, limited)
+	peer := f.peer(limited, nil)
+	r := f.do("POST", "/v1/tokens", adminToken, map[string]any{"gateway": "gw"})
+	gw, _ := r.json(t)["secret"].(string)
+	id, _ := r.json(t)["id"].(string)
+	for _, p := range []*fixture{f, peer} {
+		// Its first request is not known to come from a gateway (one of the
+		// burst of 3); after it, the gateway is spared the address's limit.
+		for i := range 5 {
+			if r := p.do("GET", "/v1/customers/acme/grants", gw, nil); r.status != 404 {
+				t.Fatalf("the gateway token's request %d: %d %s", i, r.status, r.body)
+			}
+			if r := p.do("GET", "/openapi.json", gw, nil); r.status != 200 {
+				t.Fatalf("the gateway token's request %d for /openapi.json: %d %s", i, r.status, r.body)
+			}
+		}
+	}
+	f.do("POST", "/v1/tokens/"+id+"/revoke", adminToken, nil)
+	f.sync()
+	peer.sync()
+	for name, p := range map[string]*fixture{"the process that revoked it": f, "another process": peer} {
+		// Two requests left of the address's burst, then 429: the revoked
+		// token is a stranger's.
+		var statuses []int
+		for range 4 {
+			statuses = append(statuses, p.do("GET", "/openapi.json", gw, nil).status)
+		}
+		if !slices.Equal(statuses, []int{200, 200, 429, 429}) {
+			t.Errorf("%s: a revoked gateway token's requests for /openapi.json answered %v, want [200 200 429 429] (the address's limit)", name, statuses)
 		}
 	}
 }

@@ -216,12 +216,9 @@ type API struct {
 	tokenLimits *ratelimit.Limits // nil: off
 	// gatewayLimits is the per-token limit of gateway tokens; nil: off.
 	gatewayLimits *ratelimit.Limits
-	// gateways are the gateway tokens (by hash) this process verified:
-	// shed exempts them from the per-address bounds.
-	gateways    *ttlcache.Cache[[32]byte, struct{}]
-	bodies      *addressBodies
-	bodyTimeout time.Duration
-	ready       readyCache
+	bodies        *addressBodies
+	bodyTimeout   time.Duration
+	ready         readyCache
 
 	maxSkew time.Duration // of grants
 	// webhookAllowPrivate: alert webhooks may be on private addresses.
@@ -313,7 +310,6 @@ func New(cfg Config) (*API, error) {
 		gwBurst = max(1, int(2*gwRate))
 	}
 	a.gatewayLimits = ratelimit.New(gwRate, gwBurst, 100_000)
-	a.gateways = ttlcache.New[[32]byte, struct{}](time.Hour, 100_000)
 	a.bodies = &addressBodies{max: orDefault(cfg.AddressBodies, 8), m: map[string]int{}}
 	a.bodyTimeout = orDefault(cfg.BodyTimeout, 5*time.Second)
 	m, err := newHTTPMetrics(a.registry)

@@ -135,10 +135,11 @@ func (a *API) shed(next http.Handler) http.Handler {
 }
 
 // trustedCaller reports whether r carries the admin token or a gateway
-// token this process has verified: checked in memory only (a hash
-// compare, a cache), so that a made-up token costs nothing here. It only
-// exempts r from the per-address bounds; authenticate still checks the
-// token (a revoked one is refused there).
+// token this process has verified and still trusts (tokens.Store.KnownGateway: a
+// revocation heard ends that, on every route, authenticated or not):
+// checked in memory only (a hash compare, a cache), so that a made-up
+// token costs nothing here. It only exempts r from the per-address
+// bounds; authenticate still checks the token.
 func (a *API) trustedCaller(r *http.Request) bool {
 	tok, ok := bearer(r)
 	if !ok {
@@ -148,7 +149,7 @@ func (a *API) trustedCaller(r *http.Request) bool {
 	if subtle.ConstantTimeCompare(h[:], a.adminHash[:]) == 1 {
 		return true
 	}
-	_, ok = a.gateways.Get(h)
+	_, ok = a.tokens.KnownGateway(tok)
 	return ok
 }
 

@@ -15,6 +15,9 @@
 //     change listener (internal/notify) has been up since the token was
 //     read and is live: a revocation is then heard, and drops the token.
 //     A token read while a revocation was heard is not cached.
+//   - KnownGateway tells, without a query, whether a gateway token was
+//     verified lately (the API spares known gateways its per-address
+//     limits): a revocation heard ends that too.
 //   - The admin token is not a token of this package: it is the API's
 //     configuration.
 package tokens

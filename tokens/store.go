@@ -66,6 +66,14 @@ type Config struct {
 // are heard.
 const coherentTTL = time.Minute
 
+// knownTTL is how long KnownGateway remembers a verified gateway token,
+// and knownUnheardTTL how long after its last check while revocations
+// cannot be heard (see KnownGateway).
+const (
+	knownTTL        = time.Hour
+	knownUnheardTTL = time.Minute
+)
+
 // Store verifies token secrets, caching what Postgres said.
 type Store struct {
 	db      DBTX
@@ -73,6 +81,7 @@ type Store struct {
 	l       listenerState // nil: revocations are not heard
 	cache   *ttlcache.Cache[[32]byte, cached]
 	refused *ttlcache.Cache[[32]byte, struct{}]
+	known   *ttlcache.Cache[[32]byte, cached] // gateway tokens, for KnownGateway; refreshed by every Verify
 	watch   *watch
 	onCheck func(Check)
 }
@@ -110,7 +119,8 @@ func New(cfg Config) (*Store, error) {
 	}
 	s.cache = ttlcache.New[[32]byte, cached](cacheTTL, 100_000)
 	s.refused = ttlcache.New[[32]byte, struct{}](failed, 100_000)
-	s.watch = &watch{cache: s.cache}
+	s.known = ttlcache.New[[32]byte, cached](knownTTL, 100_000)
+	s.watch = &watch{caches: []*ttlcache.Cache[[32]byte, cached]{s.cache, s.known}}
 	if cfg.Listener != nil {
 		s.l = cfg.Listener
 		cfg.Listener.Subscribe(s.watch)
@@ -130,12 +140,17 @@ func (s *Store) Verify(ctx context.Context, secret string) (Principal, error) {
 		return Principal{}, ErrUnknown
 	}
 	h := sha256.Sum256([]byte(secret))
+	// Only if no revocation was heard since (it might have been this one).
+	stamp := s.watch.stamp.Load()
+	unchanged := func() bool { return s.watch.stamp.Load() == stamp }
 	if c, ok := s.cache.Get(h); ok && s.trusted(c) {
 		s.onCheck(Cached)
+		s.remember(h, c, unchanged)
 		return c.p, nil
 	}
 	if _, refused := s.refused.Get(h); refused {
 		s.onCheck(RefusedCached)
+		s.known.Del(h)
 		return Principal{}, ErrUnknown
 	}
 	s.onCheck(Queried)
@@ -145,7 +160,6 @@ func (s *Store) Verify(ctx context.Context, secret string) (Principal, error) {
 	} else {
 		epoch = 1 // odd: not heard
 	}
-	stamp := s.watch.stamp.Load()
 	read := time.Now()
 	var p Principal
 	var id pgtype.UUID // not uuid.UUID: pgx would go through its text form
@@ -153,17 +167,45 @@ func (s *Store) Verify(ctx context.Context, secret string) (Principal, error) {
 	p.TokenID = id.Bytes
 	if errors.Is(err, pgx.ErrNoRows) {
 		s.refused.Put(h, struct{}{})
+		s.known.Del(h)
 		return Principal{}, ErrUnknown
 	}
 	if err != nil {
 		return Principal{}, fmt.Errorf("tokens: verify: %w", err)
 	}
-	// Only if no revocation was heard while this one was read (it might
-	// have been this one).
-	s.cache.PutIf(h, cached{p: p, epoch: epoch, read: read}, func() bool {
-		return s.watch.stamp.Load() == stamp
-	})
+	c := cached{p: p, epoch: epoch, read: read}
+	s.cache.PutIf(h, c, unchanged)
+	s.remember(h, c, unchanged)
 	return p, nil
+}
+
+// remember keeps a verified gateway token for KnownGateway, if unchanged
+// still holds.
+func (s *Store) remember(h [32]byte, c cached, unchanged func() bool) {
+	if c.p.Gateway != "" {
+		s.known.PutIf(h, c, unchanged)
+	}
+}
+
+// KnownGateway reports whether secret is a gateway token this Store
+// verified, and its holder, without asking Postgres: for deciding before
+// any other work whom a request comes from (the API spares known gateways
+// its per-address limits; it still authenticates them). A gateway token
+// is known from its last Verify on for up to an hour while revocations
+// are heard (a revocation heard, or Verify refusing it, forgets it at
+// once), and otherwise for a minute after its last check (or CacheTTL, if
+// longer): not as briefly as Verify trusts it without asking, since this
+// grants access to nothing, but never for long after a revocation no one
+// heard.
+func (s *Store) KnownGateway(secret string) (string, bool) {
+	if !WellFormed(secret) {
+		return "", false
+	}
+	c, ok := s.known.Get(sha256.Sum256([]byte(secret)))
+	if !ok || !(s.trusted(c) || time.Since(c.read) < knownUnheardTTL) {
+		return "", false
+	}
+	return c.p.Gateway, true
 }
 
 // trusted reports whether a cached token may be used without asking
@@ -179,14 +221,14 @@ func (s *Store) trusted(c cached) bool {
 	return s.l != nil && c.epoch%2 == 0 && s.l.Epoch() == c.epoch && s.l.Live()
 }
 
-// watch is the token cache's subscriber: a revoked or deleted token is
+// watch is the token caches' subscriber: a revoked or deleted token is
 // dropped when its notification arrives (the api_tokens trigger,
 // migrations 00007 and 00012).
 type watch struct {
 	// stamp counts revocations heard: a token read while one was heard
 	// is not cached (it might have been this one; see Verify).
-	stamp atomic.Uint64
-	cache *ttlcache.Cache[[32]byte, cached]
+	stamp  atomic.Uint64
+	caches []*ttlcache.Cache[[32]byte, cached]
 }
 
 func (t *watch) Listening(context.Context, *pgx.Conn) error { return nil }
@@ -198,7 +240,9 @@ func (t *watch) Stopped() {}
 // Forget drops every token.
 func (t *watch) Forget() {
 	t.stamp.Add(1)
-	t.cache.Clear()
+	for _, c := range t.caches {
+		c.Clear()
+	}
 }
 
 func (t *watch) Handle(_ context.Context, _ *pgx.Conn, n *pgconn.Notification) error {
@@ -215,7 +259,9 @@ func (t *watch) Handle(_ context.Context, _ *pgx.Conn, n *pgconn.Notification) e
 			return fmt.Errorf("%w: payload %.100q: token hash %.80q", notify.ErrNotUnderstood, n.Payload, tok)
 		}
 		t.stamp.Add(1)
-		t.cache.Del(h)
+		for _, c := range t.caches {
+			c.Del(h)
+		}
 	}
 	if c.Truncated != "" {
 		t.Forget() // every token may be gone

@@ -77,3 +77,51 @@ func TestCreateRefusesBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestKnownGateway: KnownGateway tells, without a query, a gateway token
+// Verify accepted; a customer token, or a token never verified, malformed
+// or refused since, is not known.
+func TestKnownGateway(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.New(t)
+	now := time.Now()
+	s, err := tokens.New(tokens.Config{DB: pool, CacheTTL: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gw, secret, err := tokens.CreateGateway(ctx, pool, "gw-eu-1", "", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, custSecret, err := tokens.Create(ctx, pool, "acme", "", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{secret, "not-a-token", tokens.Prefix + "short"} {
+		if h, ok := s.KnownGateway(bad); ok {
+			t.Errorf("KnownGateway(%q) before any Verify = %q", bad, h)
+		}
+	}
+	for _, tok := range []string{secret, custSecret} {
+		if _, err := s.Verify(ctx, tok); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if h, ok := s.KnownGateway(secret); !ok || h != "gw-eu-1" {
+		t.Fatalf("KnownGateway after Verify = %q, %v", h, ok)
+	}
+	if h, ok := s.KnownGateway(custSecret); ok {
+		t.Fatalf("KnownGateway(a customer token) = %q", h)
+	}
+	// Revoked, unheard (no listener): refused by the next Verify, and then
+	// not known either.
+	if _, err := tokens.Revoke(ctx, pool, gw.ID, now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Verify(ctx, secret); !errors.Is(err, tokens.ErrUnknown) {
+		t.Fatalf("Verify after revoke: %v", err)
+	}
+	if h, ok := s.KnownGateway(secret); ok {
+		t.Fatalf("KnownGateway after Verify refused it = %q", h)
+	}
+}
