@@ -81,8 +81,10 @@ arrives, and a note on stderr says the customer is new.`,
 				return err
 			}
 			defer pool.Close()
+			// By the flag given, not its value: an empty --gateway is a bad
+			// gateway id, not a customer token.
 			create, owner := tokens.Create, "customer "+customer
-			if gateway != "" {
+			if cmd.Flags().Changed("gateway") {
 				create, owner = tokens.CreateGateway, "gateway "+gateway
 			}
 			// A token may come before its customer's usage: creating it

@@ -21,8 +21,15 @@ func TestTokensCreateGateway(t *testing.T) {
 	if _, err := runTally(t, "tokens", "create", "--gateway", "gw", "--customer", "acme", "--database-url", db); err == nil {
 		t.Fatal("a token for a customer and a gateway at once")
 	}
-	if _, err := runTally(t, "tokens", "create", "--gateway", "bad id", "--database-url", db); err == nil || !strings.Contains(err.Error(), "gateway:") {
-		t.Fatalf("bad gateway id: %v", err)
+	// A bad or empty id is named by its flag: an empty --gateway is no
+	// customer token's mistake.
+	for _, id := range []string{"bad id", ""} {
+		if _, err := runTally(t, "tokens", "create", "--gateway", id, "--database-url", db); err == nil || !strings.HasPrefix(err.Error(), "gateway:") {
+			t.Errorf("gateway id %q: %v, want an error naming gateway", id, err)
+		}
+	}
+	if _, err := runTally(t, "tokens", "create", "--customer", "", "--database-url", db); err == nil || !strings.HasPrefix(err.Error(), "customer:") {
+		t.Errorf("empty customer id: %v, want an error naming customer", err)
 	}
 }
 
