@@ -172,30 +172,7 @@ func TestAStreamStateDamagedSoItStillDecodesEndsTheEpoch(t *testing.T) {
 		return replaceOnce(t, js, `"total":"7"`, `"total":"9"`)
 	})
 
-	c := newCluster(t, 1)
-	reg := prometheus.NewRegistry()
-	p := newProducer(t, producer.Config{Brokers: c.Addrs, Dir: dir, Registerer: reg})
-	if p.Epoch() <= epoch {
-		t.Errorf("epoch %d after a damaged stream state, want a new one above %d", p.Epoch(), epoch)
-	}
-	if n := counter(t, reg, "tally_producer_damaged_records_total"); n != 1 {
-		t.Errorf("tally_producer_damaged_records_total = %v, want 1", n)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := p.Record(ctx, "acme", "api_calls", d("1"), time.Now()); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.Stop(ctx); err != nil {
-		t.Fatal(err)
-	}
-	checkSent(t, byStream(t, c), map[string][]sent{
-		"acme/api_calls": {{seq: 1, total: "3", quantity: "3"}, {seq: 2, total: "7", quantity: "4"}, {seq: 1, total: "1", quantity: "1"}},
-		"globex/gb":      {{seq: 1, total: "1", quantity: "1"}},
-	})
-	if kept := damagedValues(t, dir); len(kept) != 1 || !bytes.Equal(kept["streams/acme/api_calls"], raw) {
-		t.Errorf("damaged bucket holds %q, want the damaged state %q as streams/acme/api_calls", kept, raw)
-	}
+	expectStreamStateSetAside(t, dir, epoch, raw)
 }
 
 // A state file written before values carried a checksum (plain JSON

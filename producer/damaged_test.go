@@ -329,7 +329,16 @@ func TestADamagedStreamStateEndsTheEpochButItsRecordsAreSent(t *testing.T) {
 		t.Fatal(err)
 	}
 	db.Close()
+	expectStreamStateSetAside(t, dir, epoch, raw)
+}
 
+// expectStreamStateSetAside checks what a producer does with dir, whose
+// acme/api_calls stream state (raw now) was damaged after recordUnsent
+// (3 and 4 of acme/api_calls, 1 of globex/gb) returned epoch: it starts a
+// new epoch, counts and sets the state aside, sends the old epoch's
+// records, and acme's next record starts at seq 1 of the new epoch.
+func expectStreamStateSetAside(t *testing.T, dir string, epoch int64, raw []byte) {
+	t.Helper()
 	c := newCluster(t, 1)
 	reg := prometheus.NewRegistry()
 	p := newProducer(t, producer.Config{Brokers: c.Addrs, Dir: dir, Registerer: reg})
