@@ -150,7 +150,9 @@ func (in RuleInput) Validate() error {
 			bad(f+".value", "%v", amount.Check(*t.Value))
 		case t.Percent != nil && (!t.Percent.IsPositive() || t.Percent.GreaterThan(decimal.NewFromInt(1000))):
 			bad(f+".percent", "%s must be in (0, 1000]", t.Percent)
-		case t.Percent != nil && t.Percent.Exponent() < -6:
+		case t.Percent != nil && t.Percent.Shift(6).Truncate(0).Cmp(t.Percent.Shift(6)) != 0:
+			// Digits that count: "80.0000000" is 80 (trailing zeros are no
+			// digits, as amount.Check reads every decimal).
 			bad(f+".percent", "%s has more than 6 digits after the point", t.Percent)
 		}
 		if seen[t.Key()] {

@@ -157,3 +157,20 @@ func TestAlertListsRefuseRepeats(t *testing.T) {
 	}
 	f.do("GET", "/v1/alerts/a", adminToken, nil).problem(t, http.StatusNotFound, api.TypeNotFound)
 }
+
+// A percent given with trailing zeros ("80.0000000": seven digits after
+// the point, none of them past the sixth counting) is 80, as every other
+// decimal reads (amount.Check); it was refused as "80 has more than 6
+// digits after the point".
+func TestAlertPercentWithTrailingZerosIsItsValue(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	rule := func(percent string) map[string]any {
+		return map[string]any{"subject": "customer:acme", "meter": "calls",
+			"thresholds": []any{map[string]any{"percent": percent}}}
+	}
+	if r := f.do("PUT", "/v1/alerts/acme-calls", adminToken, rule("80.0000000")); r.status != http.StatusCreated {
+		t.Fatalf("percent 80.0000000: %d %s", r.status, r.body)
+	}
+	f.do("PUT", "/v1/alerts/acme-calls", adminToken, rule("80.0000001")).fieldProblem(t, "thresholds[0].percent", "more than 6 digits")
+}

@@ -179,9 +179,10 @@ func (in RuleInput) problems() []error {
 	}
 	if in.WarnAt.Valid && (!in.WarnAt.Decimal.IsPositive() || in.WarnAt.Decimal.GreaterThan(decimal.NewFromInt(1))) {
 		bad("warn_at", "%s must be a fraction in (0, 1]", in.WarnAt.Decimal)
-	}
-	if in.WarnAt.Valid && in.WarnAt.Decimal.Exponent() < -9 {
-		bad("warn_at", "%s has more than 9 digits after the point", in.WarnAt.Decimal)
+	} else if in.WarnAt.Valid && amount.Check(in.WarnAt.Decimal) != nil {
+		// Digits that count, as for every decimal: "0.8000000000" is 0.8
+		// (its exponent says ten digits, of which one counts).
+		bad("warn_at", "%s has more than %d digits after the point", in.WarnAt.Decimal, amount.MaxScale)
 	}
 	switch in.Mode {
 	case "", Enforce, Shadow:
