@@ -61,13 +61,18 @@ WHERE d.grant_id = @id AND (s.scope, s.meter, s.period_start) = (d.scope, d.mete
 
 // grantColumns end with the earliest end of the pool and global periods
 // the grant drew from, or of a rate grant's validity at issue (NULL:
-// none): renew never passes it.
+// none): renew never passes it. The scopes drawn are each named once: a
+// rate grant counted into a period budget of its scope when the rule
+// turned from a rate into a limit (or a pool's did) draws from the
+// scope's bucket and its period budget.
 const grantColumns = `g.id, g.customer, g.meter, g.period_start, b.period, b.period_end, g.rule_version, g.holder, g.generation,
        g.amount, g.spent, g.issued_at, g.valid_until, g.reclaim_at, g.ended_at, g.end_reason,
        g.draws_customer,
        coalesce((SELECT array_agg(x.scope ORDER BY x.scope) FROM (SELECT d.scope FROM admission_grant_draws d WHERE d.grant_id = g.id
-                                                                  UNION ALL
-                                                                  SELECT r.scope FROM admission_rate_draws r WHERE r.grant_id = g.id) x), '{}'),
+                                                                  UNION
+                                                                  SELECT r.scope FROM admission_rate_draws r WHERE r.grant_id = g.id
+                                                                  EXCEPT
+                                                                  SELECT 'customer:' || g.customer WHERE g.draws_customer) x), '{}'),
        least((SELECT min(s.period_end) FROM admission_grant_draws d JOIN admission_scope_budgets s USING (scope, meter, period_start)
               WHERE d.grant_id = g.id),
              (SELECT min(r.until) FROM admission_rate_draws r WHERE r.grant_id = g.id))`

@@ -1,7 +1,9 @@
 package api_test
 
 import (
+	"fmt"
 	"testing"
+	"time"
 )
 
 // A warn_at given with trailing zeros ("0.8000000000", ten digits of
@@ -24,5 +26,55 @@ func TestWarnAtWithTrailingZerosIsItsValue(t *testing.T) {
 		f.do("PUT", path, adminToken, map[string]any{"limit": "10", "warn_at": "0.8000000001"}).fieldProblem(t, "warn_at", "digits after the point")
 		// Out of (0, 1] is one error too, not also one on its digits.
 		f.do("PUT", path, adminToken, map[string]any{"limit": "10", "warn_at": "1.1234567890"}).fieldProblem(t, "warn_at", "fraction")
+	}
+}
+
+// A rate grant still live when its scope's rule turns into a period limit
+// is counted into the new period budget (docs/design.md §12 and §13:
+// turning exact never starts from zero) and is drawn from it; the grant
+// lists each budget once: it listed "customer:a" (or "pool:p") twice, the
+// bucket's and the period budget's, after the change.
+func TestGrantDrawingABucketAndAPeriodBudgetListsItOnce(t *testing.T) {
+	t.Parallel()
+	for _, scope := range []string{"customer:a", "pool:p"} {
+		t.Run(scope, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			gw := f.gatewayToken("gw")
+			rules := "/v1/customers/a/quotas/calls"
+			if scope == "pool:p" {
+				rules = "/v1/pools/p/quotas/calls"
+				if r := f.do("PUT", "/v1/pools/p", adminToken, map[string]any{"members": []string{"a"}}); r.status != 201 {
+					t.Fatalf("pool: %d %s", r.status, r.body)
+				}
+			}
+			if r := f.do("PUT", rules, adminToken, map[string]any{
+				"rate": map[string]any{"amount": "1", "per": "1h", "burst": "10"}, "admission": "exact"}); r.status != 201 {
+				t.Fatalf("rate rule: %d %s", r.status, r.body)
+			}
+			want := "[" + scope + "]"
+			g := f.do("POST", "/v1/grants", gw, map[string]any{"holder": "gw", "generation": 1, "customer": "a", "meter": "calls", "amount": "5", "ttl": "10s"})
+			if g.status != 201 || fmt.Sprint(g.json(t)["budgets"]) != want {
+				t.Fatalf("rate grant: %d %s", g.status, g.body)
+			}
+			id := g.json(t)["id"].(string)
+			f.setNow(f.clock().Add(time.Second))
+			if r := f.do("PUT", rules, adminToken, map[string]any{"limit": "10", "admission": "exact"}); r.status != 200 {
+				t.Fatalf("period rule: %d %s", r.status, r.body)
+			}
+			// The first period grant brings the budget to the live rate grant.
+			if r := f.do("POST", "/v1/grants", gw, map[string]any{"holder": "gw", "generation": 1, "customer": "a", "meter": "calls", "amount": "3"}); r.status != 201 ||
+				r.json(t)["available"] != "2" {
+				t.Fatalf("period grant: %d %s", r.status, r.body)
+			}
+			r := f.do("POST", "/v1/grants/"+id+"/release", gw, map[string]any{"holder": "gw", "generation": 1, "spent": "1"})
+			if r.status != 200 || fmt.Sprint(r.json(t)["budgets"]) != want {
+				t.Errorf("release of the rate grant: %d %s", r.status, r.body)
+			}
+			items := f.do("GET", "/v1/customers/a/grants?state=ended", adminToken, nil).json(t)["items"].([]any)
+			if len(items) != 1 || fmt.Sprint(items[0].(map[string]any)["budgets"]) != want {
+				t.Errorf("ended grants: %v", items)
+			}
+		})
 	}
 }
