@@ -371,7 +371,7 @@ const qAdoptPoolGrants = adoptGrants + poolRowsNow + adoptGrantsTail
 // with the limit and version of the rule in force (as qBudgets).
 const qScopeBudgets = `
 SELECT s.scope, s.meter, s.period, s.period_start, s.period_end,
-       coalesce(r."limit", s."limit"), coalesce(r.version, s.rule_version), s.consumed,
+       ` + scopeLimitAndVersion + `, s.consumed,
        coalesce((SELECT sum(g.amount) FROM admission_grant_draws d JOIN admission_grants g ON g.id = d.grant_id
                  WHERE (d.scope, d.meter, d.period_start) = (s.scope, s.meter, s.period_start)
                    AND g.ended_at IS NULL AND g.reclaim_at > @now), 0),

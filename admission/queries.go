@@ -127,12 +127,25 @@ LIMIT @limit`
 // ended.
 const inForceAtOrEnd = `least(@now::timestamptz, b.period_end - interval '1 microsecond')`
 
+// budgetLimitAndVersion (of a budget row b) and scopeLimitAndVersion (of
+// a scope budget row s) are the limit and rule version the row shows, one
+// version's both: the version in force's (r), or, when that one has no
+// period limit (a rate contract, docs/design.md §17) or none is in force,
+// the row's own, the version it was last brought to. A coalesce of each
+// showed a rate version's number beside an earlier version's limit.
+const (
+	budgetLimitAndVersion = `CASE WHEN r."limit" IS NOT NULL THEN r."limit" ELSE b."limit" END,
+       CASE WHEN r."limit" IS NOT NULL THEN r.version ELSE b.rule_version END`
+	scopeLimitAndVersion = `CASE WHEN r."limit" IS NOT NULL THEN r."limit" ELSE s."limit" END,
+       CASE WHEN r."limit" IS NOT NULL THEN r.version ELSE s.rule_version END`
+)
+
 // qBudgets lists a customer's budgets with what is live, stranded and
 // bypassed, newest period first, with the limit and version of the rule
-// in force (the row's own when no version is in force).
+// in force (budgetLimitAndVersion).
 const qBudgets = `
 SELECT b.customer, b.meter, b.period, b.period_start, b.period_end,
-       coalesce(r."limit", b."limit"), coalesce(r.version, b.rule_version), b.consumed,
+       ` + budgetLimitAndVersion + `, b.consumed,
        coalesce((SELECT sum(g.amount) FROM admission_grants g
                  WHERE (g.customer, g.meter, g.period_start) = (b.customer, b.meter, b.period_start)
                    AND g.draws_customer AND g.ended_at IS NULL AND g.reclaim_at > @now), 0) AS live,

@@ -78,3 +78,48 @@ func TestGrantDrawingABucketAndAPeriodBudgetListsItOnce(t *testing.T) {
 		})
 	}
 }
+
+// A period budget whose rule has since turned into a rate contract shows
+// the limit and the version that limit belongs to (docs/gateways-exact.md:
+// `limit` and `rule_version` are those of one version): it showed the
+// rate version's number beside the earlier version's limit ("limit":"10",
+// "rule_version":2, where version 2 has "limit":null), on a customer's
+// budgets and a pool's alike.
+func TestBudgetOfARuleTurnedRateShowsOneVersion(t *testing.T) {
+	t.Parallel()
+	for _, scope := range []string{"customer:a", "pool:p"} {
+		t.Run(scope, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			gw := f.gatewayToken("gw")
+			rules, budgets := "/v1/customers/a/quotas/calls", func() []any {
+				return f.do("GET", "/v1/customers/a/budgets", adminToken, nil).json(t)["items"].([]any)
+			}
+			if scope == "pool:p" {
+				rules = "/v1/pools/p/quotas/calls"
+				if r := f.do("PUT", "/v1/pools/p", adminToken, map[string]any{"members": []string{"a"}}); r.status != 201 {
+					t.Fatalf("pool: %d %s", r.status, r.body)
+				}
+				budgets = func() []any { return f.do("GET", "/v1/pools/p", adminToken, nil).json(t)["budgets"].([]any) }
+			}
+			if r := f.do("PUT", rules, adminToken, map[string]any{"limit": "10", "admission": "exact"}); r.status != 201 {
+				t.Fatalf("period rule: %d %s", r.status, r.body)
+			}
+			if r := f.do("POST", "/v1/grants", gw, map[string]any{"holder": "gw", "generation": 1, "customer": "a", "meter": "calls", "amount": "3"}); r.status != 201 {
+				t.Fatalf("grant: %d %s", r.status, r.body)
+			}
+			f.setNow(f.clock().Add(time.Second))
+			if r := f.do("PUT", rules, adminToken, map[string]any{
+				"rate": map[string]any{"amount": "1", "per": "1s", "burst": "10"}, "admission": "exact"}); r.status != 200 {
+				t.Fatalf("rate rule: %d %s", r.status, r.body)
+			}
+			b := budgets()
+			if len(b) != 1 {
+				t.Fatalf("budgets %v, want the period budget", b)
+			}
+			if got := b[0].(map[string]any); got["limit"] != "10" || got["rule_version"] != float64(1) || got["consumed"] != "3" {
+				t.Errorf("budget %v: want limit 10 of version 1, consumed 3", got)
+			}
+		})
+	}
+}
