@@ -310,7 +310,9 @@ FOR UPDATE`
 // it took (a fresh snapshot, after them): "already" when its id is
 // stored; "stale" when the holder has a newer generation; "slow" when
 // anything is not as the plan said (the holder's generation, a row's rule
-// version, the rules and memberships in force, a rate budget applying);
+// version, the rules and memberships in force, the customer's rule version
+// whether its budget is drawn or not: the record carries it, a rate
+// budget applying);
 // "refused" when a budget has less than the cost left; else "debited",
 // with every budget taken and the record written. The second column is
 // the holder's stored generation, the third what the budgets drawn have
@@ -344,7 +346,8 @@ v AS (SELECT CASE
         WHEN (SELECT generation FROM h) IS DISTINCT FROM @generation::bigint THEN 'slow'
         WHEN NOT EXISTS (SELECT 1 FROM c) THEN 'slow'
         WHEN (SELECT exact FROM c) <> @draws_customer::boolean THEN 'slow'
-        WHEN @draws_customer::boolean AND (SELECT rule_version <> version OR version <> @version::bigint FROM c) THEN 'slow'
+        WHEN @draws_customer::boolean AND (SELECT rule_version <> version FROM c) THEN 'slow'
+        WHEN (SELECT coalesce(version, 0) <> @version::bigint FROM c) THEN 'slow'
         WHEN (SELECT count(*) FROM s) <> cardinality(@scopes::text[]) THEN 'slow'
         WHEN (SELECT count(*) FROM app) <> cardinality(@scopes::text[])
           OR EXISTS (SELECT 1 FROM app WHERE NOT (scope = ANY(@scopes::text[]))) THEN 'slow'

@@ -32,7 +32,10 @@ type budgetRow struct {
 	consumed decimal.Decimal
 	limit    decimal.NullDecimal // the rule in force under the locks
 	version  int64
-	taken    decimal.Decimal
+	// rule: for customer rows, the version of the customer's rule in
+	// force under the locks, whatever its admission (0: none).
+	rule  int64
+	taken decimal.Decimal
 	// stale: a row not brought to the version in force (a pool or global
 	// row whose meter the batch did not lock exclusively, a customer row
 	// the batch did not expect to bring).
@@ -409,6 +412,9 @@ func (st *batchState) scanCustomerState(r pgx.Rows) error {
 			row.version = *version
 			row.stale = brought != *version
 		}
+		if version != nil {
+			row.rule = *version
+		}
 		row.consumed = consumed
 		return nil
 	})
@@ -497,6 +503,14 @@ func (s *Store) decideCall(st *batchState, c *call, pl plan) ([]budgetKey, int) 
 	cust := st.rows[budgetKey{quota.CustomerScope(req.Customer), req.Meter, pl.custPeriod.Start.UTC()}]
 	if !pl.subset && cust.limit.Valid != pl.drawsCustomer {
 		c.err = errReplan // the customer's rule became exact, or stopped being
+		return nil, -1
+	}
+	if cust.rule != pl.rule.Version {
+		// The grant carries the customer's rule (its version, on_unreachable
+		// and local allowance), which a row not drawn (a rate contract) or
+		// already brought to the new version (by another process) does not
+		// show stale: a plan of another version decides none of them.
+		c.err = errReplan
 		return nil, -1
 	}
 	if !stillApplies(pl, keys, st.rows, st.applicable[[2]string{req.Customer, req.Meter}], st.now) || !st.ratesStillApply(pl, req) {

@@ -123,3 +123,93 @@ func TestBudgetOfARuleTurnedRateShowsOneVersion(t *testing.T) {
 		})
 	}
 }
+
+// A grant carries the customer's rule in force when it is issued: its
+// version and its failure policy (docs/design.md §12: a plan reused from
+// before a rule change is checked under the locks and made again; reuse
+// never decides anything). Two cases let a reused plan decide them: a
+// rule version another API process had already brought the budget to,
+// and a rate contract, whose customer row no grant draws. Each answered
+// the version before, with its on_unreachable "deny", while "allow" was
+// in force.
+func TestGrantCarriesTheRuleInForceAfterAChange(t *testing.T) {
+	t.Parallel()
+	rate := map[string]any{"amount": "1", "per": "1s", "burst": "10"}
+	for _, c := range []struct {
+		name  string
+		rule  map[string]any
+		peers bool
+	}{
+		{"period limit, another process brought the budget", map[string]any{"limit": "100"}, true},
+		{"rate contract", map[string]any{"rate": rate}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t)
+			other := f
+			if c.peers {
+				other = f.peer(nil, nil)
+			}
+			gw := f.gatewayToken("gw")
+			put := func(onUnreachable string) {
+				t.Helper()
+				body := map[string]any{"admission": "exact", "on_unreachable": onUnreachable}
+				for k, v := range c.rule {
+					body[k] = v
+				}
+				if r := f.do("PUT", "/v1/customers/a/quotas/calls", adminToken, body); r.status/100 != 2 {
+					t.Fatalf("rule: %d %s", r.status, r.body)
+				}
+			}
+			grant := func(x *fixture) map[string]any {
+				t.Helper()
+				r := x.do("POST", "/v1/grants", gw, map[string]any{"holder": "gw", "generation": 1, "customer": "a", "meter": "calls", "amount": "1"})
+				if r.status != 201 {
+					t.Fatalf("grant: %d %s", r.status, r.body)
+				}
+				return r.json(t)
+			}
+			put("deny")
+			grant(f) // f plans a's grants at version 1
+			if c.peers {
+				grant(other)
+			}
+			put("allow")
+			if c.peers {
+				grant(other) // brings a's budget to version 2
+			}
+			if g := grant(f); g["rule_version"] != float64(2) || g["on_unreachable"] != "allow" {
+				t.Errorf("grant after the change: rule_version %v, on_unreachable %v; want 2 and allow", g["rule_version"], g["on_unreachable"])
+			}
+		})
+	}
+}
+
+// A debit's record carries the customer's rule version in force, also
+// when the debit draws only from a pool (the customer's rule lagged): the
+// one-round-trip debit checked the version only of a customer budget it
+// drew from, and recorded the version its plan was made at.
+func TestDebitRecordsTheCustomersRuleInForce(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	gw := f.gatewayToken("gw")
+	if r := f.do("PUT", "/v1/pools/p", adminToken, map[string]any{"members": []string{"a"}}); r.status != 201 {
+		t.Fatalf("pool: %d %s", r.status, r.body)
+	}
+	if r := f.do("PUT", "/v1/pools/p/quotas/calls", adminToken, map[string]any{"limit": "100", "admission": "exact"}); r.status != 201 {
+		t.Fatalf("pool rule: %d %s", r.status, r.body)
+	}
+	for i, id := range []string{"6f1c2d3e-4b5a-4c6d-8e7f-0a1b2c3d4e5f", "7f1c2d3e-4b5a-4c6d-8e7f-0a1b2c3d4e5f", "8f1c2d3e-4b5a-4c6d-8e7f-0a1b2c3d4e5f"} {
+		if i < 2 {
+			// A lagged rule for a, version i+1.
+			if r := f.do("PUT", "/v1/customers/a/quotas/calls", adminToken, map[string]any{"limit": fmt.Sprint(1000 + i)}); r.status/100 != 2 {
+				t.Fatalf("customer rule: %d %s", r.status, r.body)
+			}
+		}
+		r := f.do("POST", "/v1/grants/debits", gw, map[string]any{"id": id, "holder": "gw", "generation": 1, "customer": "a", "meter": "calls", "amount": "1"})
+		want := float64(min(i+1, 2))
+		if r.status != 201 || r.json(t)["rule_version"] != want || fmt.Sprint(r.json(t)["budgets"]) != "[pool:p]" {
+			t.Errorf("debit %d: %d %s; want rule_version %v from pool:p", i, r.status, r.body, want)
+		}
+	}
+}
