@@ -213,3 +213,22 @@ func TestDebitRecordsTheCustomersRuleInForce(t *testing.T) {
 		}
 	}
 }
+
+// An unknown field inside a rule's rate is named as any unknown field is
+// (docs/api.md: each problem is one field error): "rate.bogus", "unknown
+// field". It was named "rate", as "must be an object {...}: json: unknown
+// field", on the customer's, a pool's and the global rule alike.
+func TestRateUnknownFieldIsNamed(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	if r := f.do("PUT", "/v1/pools/p", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
+		t.Fatalf("pool: %d %s", r.status, r.body)
+	}
+	for _, path := range []string{"/v1/customers/acme/quotas/calls", "/v1/pools/p/quotas/calls", "/v1/global/quotas/calls"} {
+		f.do("PUT", path, adminToken, `{"rate":{"amount":"1","per":"1s","burst":"2","bogus":1},"admission":"exact"}`).
+			fieldProblem(t, "rate.bogus", "unknown field")
+		f.do("PUT", path, adminToken, `{"rate":{"Amount":"1","per":"1s","burst":"2"},"admission":"exact"}`).
+			fieldProblem(t, "rate.Amount", "case-sensitive")
+		f.do("PUT", path, adminToken, `{"rate":"100/s","admission":"exact"}`).fieldProblem(t, "rate", "must be an object")
+	}
+}

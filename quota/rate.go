@@ -3,7 +3,8 @@ package quota
 import (
 	"encoding/json"
 	"fmt"
-	"strings"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/shopspring/decimal"
@@ -45,21 +46,27 @@ type ratePayload struct {
 // DecodeRate reads a rule's "rate" object, reporting every problem as a
 // field error under rate.<field>.
 func DecodeRate(raw json.RawMessage) (*Rate, []error) {
-	var p ratePayload
-	dec := json.NewDecoder(strings.NewReader(string(raw)))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&p); err != nil {
-		return nil, []error{validation.Errorf("rate", `must be an object {"amount", "per", "burst"}: %v`, err)}
-	}
-	// encoding/json matches names regardless of case: "Amount" would be
-	// taken for amount. Names match exactly here, as in every body.
+	// Its names first, each unknown one its own field error (rate.<name>),
+	// as a body's unknown field is named: encoding/json stops at the first
+	// and says it in a message of its own, and it matches names regardless
+	// of case ("Amount" would be taken for amount); names match exactly
+	// here, as in every body.
 	var keys map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &keys); err == nil {
-		for k := range keys {
-			if k != "amount" && k != "per" && k != "burst" {
-				return nil, []error{validation.Errorf("rate", `unknown field %q (names are case-sensitive: "amount", "per", "burst")`, k)}
-			}
+	if err := json.Unmarshal(raw, &keys); err != nil || keys == nil {
+		return nil, []error{validation.Errorf("rate", `must be an object {"amount", "per", "burst"}`)}
+	}
+	var unknown []error
+	for _, k := range slices.Sorted(maps.Keys(keys)) {
+		if k != "amount" && k != "per" && k != "burst" {
+			unknown = append(unknown, validation.Errorf("rate."+k, `unknown field (names are case-sensitive: "amount", "per", "burst")`))
 		}
+	}
+	if len(unknown) > 0 {
+		return nil, unknown
+	}
+	var p ratePayload
+	if err := json.Unmarshal(raw, &p); err != nil {
+		return nil, []error{validation.Errorf("rate", `must be an object {"amount", "per", "burst"}: %v`, err)}
 	}
 	var r Rate
 	var errs []error
