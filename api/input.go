@@ -554,7 +554,12 @@ func parseDecimal(b []byte) (decimal.Decimal, error) {
 	return amount.Parse(s)
 }
 
+// UnmarshalJSON reads null as the field left out (the convention of
+// json.Unmarshaler): every duration of a body is optional.
 func (d *durationInput) UnmarshalJSON(b []byte) error {
+	if string(b) == "null" {
+		return nil
+	}
 	return typed(d.Duration.UnmarshalJSON(b), b, d)
 }
 func (t *timeInput) UnmarshalJSON(b []byte) error { return typed(t.Time.UnmarshalJSON(b), b, t) }

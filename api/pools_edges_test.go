@@ -232,3 +232,40 @@ func TestRateUnknownFieldIsNamed(t *testing.T) {
 		f.do("PUT", path, adminToken, `{"rate":"100/s","admission":"exact"}`).fieldProblem(t, "rate", "must be an object")
 	}
 }
+
+// An optional field of a customer's rule given as null is left out, as
+// it is on a pool's and the global rule: effective_at null takes effect
+// now, and a duration null is its default. effective_at null was refused
+// with a message about the zero time, which nobody sent.
+func TestRuleFieldsGivenNullAreLeftOut(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	for _, field := range []string{"effective_at", "stale_after", "local_every", "max_skew"} {
+		body := map[string]any{"limit": "10", field: nil}
+		r := f.do("PUT", "/v1/customers/acme/quotas/calls", adminToken, body)
+		if r.status != 200 && r.status != 201 {
+			t.Errorf("%s null: %d %s", field, r.status, r.body)
+		}
+	}
+	// Left out, a required one is required all the same.
+	f.do("PUT", "/v1/customers/acme/quotas/calls", adminToken, map[string]any{"limit": "10", "admission": "exact",
+		"on_unreachable": "local", "local_amount": "5", "local_every": nil}).fieldProblem(t, "local_every", "required")
+}
+
+// A grant's or a renewal's ttl given as null is left out (the default),
+// as any optional field given as null: it was refused as required.
+func TestGrantTTLGivenNullIsLeftOut(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.do("PUT", "/v1/customers/acme/quotas/calls", adminToken, map[string]any{"limit": "100", "admission": "exact"})
+	gw := f.gatewayToken("gw1")
+	r := f.do("POST", "/v1/grants", gw, map[string]any{"holder": "gw1", "generation": 1, "customer": "acme", "meter": "calls",
+		"amount": "1", "ttl": nil})
+	if r.status != 201 {
+		t.Fatalf("grant with ttl null: %d %s", r.status, r.body)
+	}
+	id := r.json(t)["id"].(string)
+	if r := f.do("POST", "/v1/grants/"+id+"/renew", gw, map[string]any{"holder": "gw1", "generation": 1, "spent": "0", "ttl": nil}); r.status != 200 {
+		t.Fatalf("renewal with ttl null: %d %s", r.status, r.body)
+	}
+}

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -239,11 +240,14 @@ func into[T any](dst *T) func(json.RawMessage) error {
 	}
 }
 
-// intoPtr is into for an optional field: the value is decoded as a T (so
-// null is checked by T's own decoder, as for any other value) and *dst
-// points to it.
+// intoPtr is into for an optional field: the value is decoded as a T and
+// *dst points to it; null is the field left out (*dst stays nil), as it
+// is for the string fields and on a pool's or the global rule.
 func intoPtr[T any](dst **T) func(json.RawMessage) error {
 	return func(raw json.RawMessage) error {
+		if string(bytes.TrimSpace(raw)) == "null" {
+			return nil // left out, as the other optional fields and a pool's rule read null
+		}
 		var v T
 		if err := json.Unmarshal(raw, &v); err != nil {
 			return err

@@ -93,7 +93,6 @@ func TestPutQuotaEveryProblemAtOnce(t *testing.T) {
 		{Field: "on_unreachable", Detail: `must be a string, not "1"`},
 		{Field: "on_unreachable", Detail: `local_amount and local_every go only with "local"`},
 		{Field: "reason", Detail: `must be a string, not "7"`},
-		{Field: "stale_after", Detail: `must be whole seconds or a duration such as "5m", not "null"`},
 	}
 	if !slices.Equal(p.Errors, want) {
 		t.Fatalf("errors\n%+v\nwant\n%+v", p.Errors, want)
