@@ -109,8 +109,11 @@ at once.`,
 					return err
 				}
 			}
-			o.log = newLogger()
 			o.brokers = splitBrokers(brokers)
+			if err := checkServeFlags(o, limits); err != nil {
+				return usageError(err)
+			}
+			o.log = newLogger()
 			pools, err := openPools(ctx, dbURL, o, sizes)
 			if err != nil {
 				return err
@@ -187,6 +190,33 @@ at once.`,
 }
 
 const defaultDecisionsTopic = "tally.quota-decisions"
+
+// checkServeFlags refuses, naming the flags, what the components o runs
+// would refuse only once started, by the names of their Go fields, or
+// would take for their own defaults (a timing of 0).
+func checkServeFlags(o runOptions, limits apiLimits) error {
+	var errs []error
+	if (o.ingest || o.enforce) && len(o.brokers) == 0 {
+		errs = append(errs, errors.New("--kafka-brokers (TALLY_KAFKA_BROKERS) names no broker: give host:port, comma-separated"))
+	}
+	if o.ingest {
+		hb, st := o.timings.heartbeat, o.timings.session
+		if st <= 0 {
+			errs = append(errs, fmt.Errorf("--session-timeout (TALLY_SESSION_TIMEOUT) must be positive, got %s", st))
+		}
+		if hb <= 0 {
+			errs = append(errs, fmt.Errorf("--heartbeat-interval (TALLY_HEARTBEAT_INTERVAL) must be positive, got %s", hb))
+		}
+		if hb > 0 && st > 0 && 2*hb > st {
+			// A half survives one lost renewal without an eviction.
+			errs = append(errs, fmt.Errorf("--heartbeat-interval (TALLY_HEARTBEAT_INTERVAL) %s must be at most half of --session-timeout (TALLY_SESSION_TIMEOUT) %s", hb, st))
+		}
+	}
+	if o.api && limits.bodyTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--api-body-timeout (TALLY_API_BODY_TIMEOUT) must be positive, got %s", limits.bodyTimeout))
+	}
+	return errors.Join(errs...)
+}
 
 func splitBrokers(s string) []string {
 	var out []string

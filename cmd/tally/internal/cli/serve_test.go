@@ -241,3 +241,34 @@ func TestServeRefusesAnEmptyPool(t *testing.T) {
 		}
 	}
 }
+
+// serve checks the Kafka addresses and the ingest's timings as flags,
+// before it opens anything: found by the components, on a migrated
+// database, they were their Go fields ("ingest: Brokers is empty",
+// "HeartbeatInterval 10s must be at most half of SessionTimeout 2s"),
+// exit 1. TALLY_KAFKA_BROKERS set but empty names no broker either.
+func TestServeRefusesItsFlagsByName(t *testing.T) {
+	db := pgtest.NewURL(t)
+	t.Setenv("TALLY_KAFKA_BROKERS", "")
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"--ingest"}, "--kafka-brokers (TALLY_KAFKA_BROKERS) names no broker"},
+		{[]string{"--enforce", "--kafka-brokers", ","}, "--kafka-brokers (TALLY_KAFKA_BROKERS) names no broker"},
+		{[]string{"--ingest", "--kafka-brokers", "127.0.0.1:1", "--heartbeat-interval", "10s"}, "--heartbeat-interval (TALLY_HEARTBEAT_INTERVAL) 10s must be at most half of --session-timeout"},
+		{[]string{"--ingest", "--kafka-brokers", "127.0.0.1:1", "--session-timeout", "-1s"}, "--session-timeout"},
+		{[]string{"--ingest", "--kafka-brokers", "127.0.0.1:1", "--heartbeat-interval", "0s"}, "--heartbeat-interval"},
+		{[]string{"--api", "--admin-token", testAdminToken, "--api-body-timeout", "-1s"}, "--api-body-timeout"},
+	} {
+		var out, errOut bytes.Buffer
+		args := append([]string{"serve", "--database-url", db, "--listen", "127.0.0.1:0"}, tc.args...)
+		// A serve that starts is stopped (the test fails then).
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		code := execute(ctx, args, &out, &errOut)
+		cancel()
+		if code != exitUsage || !strings.Contains(errOut.String(), tc.says) {
+			t.Errorf("tally %s: exit %d, want 2 saying %q; stderr:\n%s", strings.Join(args, " "), code, tc.says, errOut.String())
+		}
+	}
+}
