@@ -85,8 +85,8 @@ func create(ctx context.Context, db DBTX, customer, gateway, description string,
 	if gateway == "" && !ids.Valid(customer) {
 		return Token{}, "", validation.Errorf("customer", "%q is not "+ids.Rule, customer)
 	}
-	if utf8.RuneCountInString(description) > 200 || !utf8.ValidString(description) {
-		return Token{}, "", validation.Errorf("description", "at most 200 characters of UTF-8")
+	if err := CheckDescription(description); err != nil {
+		return Token{}, "", validation.Errorf("description", "%v", err)
 	}
 	var raw [32]byte
 	if _, err := rand.Read(raw[:]); err != nil {
@@ -103,6 +103,17 @@ func create(ctx context.Context, db DBTX, customer, gateway, description string,
 		return Token{}, "", fmt.Errorf("create token: %w", err)
 	}
 	return t, secret, nil
+}
+
+// MaxDescription is the longest description of a token, in characters.
+const MaxDescription = 200
+
+// CheckDescription reports a description a token cannot have.
+func CheckDescription(description string) error {
+	if utf8.RuneCountInString(description) > MaxDescription || !utf8.ValidString(description) {
+		return fmt.Errorf("at most %d characters of UTF-8", MaxDescription)
+	}
+	return nil
 }
 
 // Revoke revokes a token and returns it as stored; revoking it again keeps

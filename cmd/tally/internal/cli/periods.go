@@ -54,6 +54,9 @@ adjustment, and the closed statement never changes.`,
 		Short: "List a customer's periods with their state and billed total",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkCustomerFlag(cmd, customer); err != nil {
+				return usageError(err)
+			}
 			pool, err := open(cmd)
 			if err != nil {
 				return err
@@ -87,6 +90,9 @@ statement it was closed with.`,
 		Example: `  tally periods close --customer acme --period 2026-11-01 --force --reason "migrated from old system" --actor alice`,
 		Args:    cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkCustomerFlag(cmd, req.Customer); err != nil {
+				return usageError(err)
+			}
 			if err := periods.CheckRef(req.Period); err != nil {
 				return usageError(err)
 			}

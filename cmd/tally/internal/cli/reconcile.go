@@ -76,6 +76,11 @@ overlap.`,
 					errs = append(errs, fmt.Errorf("--kafka-brokers (TALLY_KAFKA_BROKERS) for --deep: %w", err))
 				}
 			}
+			if !nightly {
+				if err := checkCustomerFlag(cmd, opt.Customer); err != nil {
+					errs = append(errs, err)
+				}
+			}
 			if !nightly && opt.Period != "" {
 				if err := periods.CheckRef(opt.Period); err != nil {
 					errs = append(errs, err)

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"encoding/csv"
 	"errors"
@@ -210,5 +211,34 @@ func TestReconcileCSVNamesTheResolvedPeriod(t *testing.T) {
 	}
 	if findings != 2 {
 		t.Errorf("%d finding rows, want 2:\n%s", findings, out)
+	}
+}
+
+// An empty --customer (an unset shell variable: --customer "$C") is not
+// "every customer": with --close it closed every customer's period, which
+// nothing undoes. It is a usage error naming the flag, and nothing runs.
+func TestReconcileEmptyCustomerClosesNothing(t *testing.T) {
+	db := pgtest.NewURL(t)
+	pool, err := pgxpool.New(t.Context(), db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(t.Context(), `INSERT INTO customers (id, schedule) SELECT c, '[{"effective_from":"0001-01-01T00:00:00Z",
+		"calendar":{"cadence":"monthly","anchor_day":1,"anchor_time":"00:00","zone":"UTC"}}]' FROM unnest(ARRAY['acme','globex']) c`); err != nil {
+		t.Fatal(err)
+	}
+	var out, errOut bytes.Buffer
+	code := execute(t.Context(), []string{"reconcile", "--period", "2026-10-01", "--customer", "", "--close", "--grace", "0s",
+		"--database-url", db}, &out, &errOut)
+	var closed int
+	if err := pool.QueryRow(t.Context(), `SELECT count(*) FROM period_closes`).Scan(&closed); err != nil {
+		t.Fatal(err)
+	}
+	if code != exitUsage || closed != 0 || !strings.Contains(errOut.String(), "--customer") {
+		t.Fatalf(`reconcile --customer "" --close: exit %d, %d periods closed, want exit 2 naming --customer and none closed; stdout:
+%s
+stderr:
+%s`, code, closed, out.String(), errOut.String())
 	}
 }

@@ -16,6 +16,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/tally-ledger/tally/internal/ids"
 )
 
 // ExitError carries a specific exit code (reconcile uses 3 for discrepancies,
@@ -159,6 +161,17 @@ func checkArgs(cmd *cobra.Command) {
 		}
 		return nil
 	}
+}
+
+// checkCustomerFlag refuses a --customer given that is not a customer id
+// (a usage error). An empty one (--customer "$C" with C unset) would
+// otherwise read as no customer given: every customer, which for
+// reconcile --close closes every customer's period.
+func checkCustomerFlag(cmd *cobra.Command, customer string) error {
+	if !cmd.Flags().Changed("customer") || ids.Valid(customer) {
+		return nil
+	}
+	return fmt.Errorf("--customer: %q is not %s", customer, ids.Rule)
 }
 
 // envErrorKey is the flag annotation envDefault leaves on a flag whose

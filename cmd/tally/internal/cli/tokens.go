@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
+	"github.com/tally-ledger/tally/internal/ids"
 	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/tokens"
 )
@@ -76,15 +77,19 @@ arrives, and a note on stderr says the customer is new.`,
   tally tokens create --gateway gw-eu-1`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			// The flag given says which token: an empty --gateway is a
+			// gateway token without its holder, not a customer token.
+			isGateway := cmd.Flags().Changed("gateway")
+			if err := checkTokenFlags(isGateway, customer, gateway, description); err != nil {
+				return usageError(err)
+			}
 			pool, err := open(cmd)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			// By the flag given, not its value: an empty --gateway is a bad
-			// gateway id, not a customer token.
 			create, owner := tokens.Create, "customer "+customer
-			if cmd.Flags().Changed("gateway") {
+			if isGateway {
 				create, owner = tokens.CreateGateway, "gateway "+gateway
 			}
 			// A token may come before its customer's usage: creating it
@@ -153,6 +158,9 @@ arrives, and a note on stderr says the customer is new.`,
 		Short: "List tokens (never their secrets)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkCustomerFlag(cmd, listCustomer); err != nil {
+				return usageError(err)
+			}
 			pool, err := open(cmd)
 			if err != nil {
 				return err
@@ -167,6 +175,23 @@ arrives, and a note on stderr says the customer is new.`,
 
 	cmd.AddCommand(create, revoke, list)
 	return cmd
+}
+
+// checkTokenFlags refuses, naming the flag, the id of a token's owner or a
+// description the token could not have, before the database is opened.
+func checkTokenFlags(isGateway bool, customer, gateway, description string) error {
+	var errs []error
+	flag, id := "customer", customer
+	if isGateway {
+		flag, id = "gateway", gateway
+	}
+	if !ids.Valid(id) {
+		errs = append(errs, fmt.Errorf("--%s: %q is not %s", flag, id, ids.Rule))
+	}
+	if err := tokens.CheckDescription(description); err != nil {
+		errs = append(errs, fmt.Errorf("--description: %w", err))
+	}
+	return errors.Join(errs...)
 }
 
 // tokenRow is a row of tally tokens list: its cells, column by column.

@@ -199,3 +199,19 @@ func TestTokensListPagesThroughManyTokens(t *testing.T) {
 		}
 	}
 }
+
+// tokens create refuses an id that is not one as the flag the user gave:
+// an empty --gateway was taken for a customer token and refused as
+// "customer", after the database was opened, exit 1.
+func TestTokensCreateNamesTheFlagAtFault(t *testing.T) {
+	db := pgtest.NewURL(t)
+	for _, tc := range []struct{ flag, value string }{
+		{"--gateway", ""}, {"--gateway", "gw 1"}, {"--customer", ""}, {"--customer", "bad id"},
+	} {
+		var out, errOut bytes.Buffer
+		code := execute(t.Context(), []string{"tokens", "create", tc.flag, tc.value, "--database-url", db}, &out, &errOut)
+		if code != exitUsage || !strings.Contains(errOut.String(), tc.flag+": ") || out.Len() != 0 {
+			t.Errorf("tokens create %s %q: exit %d, want 2 naming %s; stdout %q, stderr:\n%s", tc.flag, tc.value, code, tc.flag, out.String(), errOut.String())
+		}
+	}
+}

@@ -53,6 +53,22 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{[]string{"serve", "--ingest=false"}, 2, "nothing to run"},
 		{[]string{"serve", "--api"}, 2, "TALLY_ADMIN_TOKEN"},
 		{[]string{"serve", "--grace", "2d"}, 2, "--grace"},
+		// Checked before the database is opened (down): what the
+		// components would find later, with their own field names.
+		{[]string{"serve", "--ingest", "--database-url", down}, 2, "--kafka-brokers (TALLY_KAFKA_BROKERS) names no broker"},
+		{[]string{"serve", "--enforce", "--kafka-brokers", " , ", "--database-url", down}, 2, "--kafka-brokers"},
+		{[]string{"serve", "--ingest", "--kafka-brokers", "k:9092", "--heartbeat-interval", "10s", "--database-url", down}, 2, "--heartbeat-interval"},
+		{[]string{"serve", "--ingest", "--kafka-brokers", "k:9092", "--session-timeout", "-1s", "--database-url", down}, 2, "--session-timeout"},
+		{[]string{"serve", "--api", "--admin-token", strings.Repeat("x", 32), "--api-body-timeout", "-1s", "--database-url", down}, 2, "--api-body-timeout"},
+		// An id that is not one is the flag's fault, named as the user gave it.
+		{[]string{"tokens", "create", "--gateway", "", "--database-url", down}, 2, "--gateway"},
+		{[]string{"tokens", "create", "--customer", "bad id", "--database-url", down}, 2, "--customer"},
+		{[]string{"tokens", "create", "--customer", "acme", "--description", strings.Repeat("d", 201), "--database-url", down}, 2, "--description"},
+		// An empty --customer is not "every customer".
+		{[]string{"reconcile", "--period", "previous", "--customer", "", "--close", "--database-url", down}, 2, "--customer"},
+		{[]string{"periods", "list", "--customer", "", "--database-url", down}, 2, "--customer"},
+		{[]string{"periods", "close", "--customer", "a b", "--database-url", down}, 2, "--customer"},
+		{[]string{"tokens", "list", "--customer", "", "--database-url", down}, 2, "--customer"},
 
 		{nil, 0, ""},
 		{[]string{"tokens"}, 0, ""},
