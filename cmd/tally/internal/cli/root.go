@@ -121,6 +121,9 @@ customer, a period, a reason) and the benchmarks' parameters are flags only.`,
 	root.AddCommand(newTokensCmd())
 	root.AddCommand(newProduceCmd())
 	root.AddCommand(newVerifyCmd())
+	// cobra adds its completion command only as it executes, past
+	// checkArgs: added now, "tally completion bogus" is refused too.
+	root.InitDefaultCompletionCmd()
 	checkArgs(root)
 	return root
 }

@@ -46,6 +46,7 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{[]string{"bench", "bogus"}, 2, `unknown command "bogus" for "tally bench"; valid commands: admission, chaos, enforce, failover, flood, ingest`},
 		{[]string{"bench", "ingest", "--records", "0"}, 2, "--records"},
 		{[]string{"bogus"}, 2, `unknown command "bogus" for "tally"`},
+		{[]string{"completion", "bogus"}, 2, `unknown command "bogus" for "tally completion"; valid commands: bash, fish, powershell, zsh`},
 		{[]string{"migrate", "extra-arg"}, 2, `migrate takes no arguments, got "extra-arg"`},
 		{[]string{"verify"}, 2, `"expect"`},
 		{[]string{"verify", "--expect", missing}, 2, missing},
