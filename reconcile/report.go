@@ -51,6 +51,21 @@ func WriteReport(w io.Writer, format string, runs ...*Run) error {
 	}
 }
 
+// WriteReports writes runs as WriteReport does, except that in JSON they
+// are an array however many there are: the shape of a report of several
+// periods (a nightly job's) does not depend on how many were due.
+func WriteReports(w io.Writer, format string, runs []*Run) error {
+	if format != FormatJSON {
+		return WriteReport(w, format, runs...)
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	if runs == nil {
+		runs = []*Run{} // [], not null
+	}
+	return enc.Encode(runs)
+}
+
 func writeText(w io.Writer, r *Run) error {
 	scope := "all customers"
 	if r.Customer != "" {

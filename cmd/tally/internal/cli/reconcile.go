@@ -106,16 +106,24 @@ overlap.`,
 				return err
 			}
 			var runs []*reconcile.Run
+			var werr error
 			if nightly {
+				// An array in JSON, however many periods were due. No
+				// run at all (it always checks the current periods):
+				// it never started, and the error says why.
 				runs, err = rc.Nightly(cmd.Context())
+				if len(runs) > 0 {
+					werr = reconcile.WriteReports(cmd.OutOrStdout(), format, runs)
+				}
 			} else {
 				var run *reconcile.Run
 				run, err = rc.Run(cmd.Context(), opt)
-				if run != nil {
+				if run != nil { // else it never started: no report, the error says why
 					runs = append(runs, run)
+					werr = reconcile.WriteReport(cmd.OutOrStdout(), format, run)
 				}
 			}
-			if werr := reconcile.WriteReport(cmd.OutOrStdout(), format, runs...); werr != nil {
+			if werr != nil {
 				return werr
 			}
 			if err != nil {

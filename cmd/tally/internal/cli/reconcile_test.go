@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/csv"
+	"encoding/json"
 	"errors"
 	"os"
 	"strings"
@@ -240,5 +241,26 @@ func TestReconcileEmptyCustomerClosesNothing(t *testing.T) {
 %s
 stderr:
 %s`, code, closed, out.String(), errOut.String())
+	}
+}
+
+// reconcile --nightly --format json is an array of runs however many
+// periods were due: on a night with none due (only the current periods'
+// check) it was that one run's object, so a job reading an array failed
+// on quiet nights. A --period run that never started (an unknown
+// customer) prints no report: it printed "null" (json) or a bare CSV
+// header on stdout.
+func TestReconcileJSONShapeDoesNotDependOnTheData(t *testing.T) {
+	db := pgtest.NewURL(t)
+	var runs []map[string]any
+	out, err := runTally(t, "reconcile", "--nightly", "--format", "json", "--database-url", db)
+	if err != nil || json.Unmarshal([]byte(out), &runs) != nil || len(runs) != 1 || runs[0]["period"] != "current" {
+		t.Fatalf("nightly with nothing due: %v; want an array of one run (the current periods'), got:\n%s", err, out)
+	}
+	for _, format := range []string{"json", "csv", "text"} {
+		out, err := runTally(t, "reconcile", "--period", "previous", "--customer", "nobody", "--format", format, "--database-url", db)
+		if err == nil || out != "" {
+			t.Errorf("--format %s for an unknown customer: %v; want an error and nothing on stdout, got %q", format, err, out)
+		}
 	}
 }
