@@ -2,6 +2,7 @@ package cli
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -95,6 +96,11 @@ statement it was closed with.`,
 			}
 			if err := periods.CheckRef(req.Period); err != nil {
 				return usageError(err)
+			}
+			// What the store would refuse, named as flags, before the
+			// database is opened.
+			if req.Force && (req.Reason == "" || req.Actor == "") {
+				return usageError(errors.New("--force needs --reason and --actor (both recorded with the close)"))
 			}
 			pool, err := open(cmd)
 			if err != nil {

@@ -70,6 +70,7 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{[]string{"reconcile", "--period", "previous", "--customer", "", "--close", "--database-url", down}, 2, "--customer"},
 		{[]string{"periods", "list", "--customer", "", "--database-url", down}, 2, "--customer"},
 		{[]string{"periods", "close", "--customer", "a b", "--database-url", down}, 2, "--customer"},
+		{[]string{"periods", "close", "--customer", "a", "--force", "--actor", "alice", "--database-url", down}, 2, "--force needs --reason and --actor"},
 		{[]string{"tokens", "list", "--customer", "", "--database-url", down}, 2, "--customer"},
 
 		{nil, 0, ""},
