@@ -79,9 +79,12 @@ func (a *API) getReconciliation(w http.ResponseWriter, r *http.Request) error {
 
 // reconcileBody is the POST /v1/reconciliations body.
 type reconcileBody struct {
-	Period   string `json:"period"`
-	Customer string `json:"customer"`
-	Close    bool   `json:"close"`
+	Period string `json:"period"`
+	// Customer left out is every customer; given, it must be a customer
+	// id: an empty one ({"customer": "$C"} with C unset) is refused, not
+	// read as every customer (with close, every customer's period).
+	Customer *string `json:"customer"`
+	Close    bool    `json:"close"`
 	// Deep is refused: a deep run re-reads Kafka and belongs to the CLI.
 	Deep bool `json:"deep"`
 }
@@ -112,8 +115,12 @@ func (a *API) postReconciliation(w http.ResponseWriter, r *http.Request) error {
 	} else if fe := checkPeriodRef("period", body.Period); fe != nil {
 		errs = append(errs, *fe)
 	}
-	if body.Customer != "" && !ids.Valid(body.Customer) {
-		errs = append(errs, FieldError{Field: "customer", Detail: quote(body.Customer) + " is not 1-128 characters of A-Z a-z 0-9 . _ : -"})
+	customer := ""
+	if body.Customer != nil {
+		customer = *body.Customer
+		if !ids.Valid(customer) {
+			errs = append(errs, FieldError{Field: "customer", Detail: quote(customer) + " is not 1-128 characters of A-Z a-z 0-9 . _ : -"})
+		}
 	}
 	if body.Deep {
 		errs = append(errs, FieldError{Field: "deep", Detail: "deep runs re-read Kafka and are not offered over REST: use tally reconcile --deep"})
@@ -122,10 +129,10 @@ func (a *API) postReconciliation(w http.ResponseWriter, r *http.Request) error {
 		sortFieldErrors(errs)
 		return invalid(errs...)
 	}
-	if body.Customer != "" {
+	if customer != "" {
 		// An unknown customer or a date that starts none of its periods
 		// answers 404 here rather than as a stored failed run.
-		if _, err := a.resolvePeriod(ctx, body.Customer, body.Period, a.now()); err != nil {
+		if _, err := a.resolvePeriod(ctx, customer, body.Period, a.now()); err != nil {
 			return err
 		}
 	}
@@ -138,7 +145,7 @@ func (a *API) postReconciliation(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	run, err := rc.Run(ctx, reconcile.Options{Period: body.Period, Customer: body.Customer, Close: body.Close})
+	run, err := rc.Run(ctx, reconcile.Options{Period: body.Period, Customer: customer, Close: body.Close})
 	if run == nil || (err != nil && errors.Is(err, reconcile.ErrBusy)) {
 		return err
 	}

@@ -160,3 +160,24 @@ func TestReconciliationSummaryFinding(t *testing.T) {
 		t.Fatalf("list: %v %s", err, r.body)
 	}
 }
+
+// A customer given empty (a client's {"customer": "$C"} with C unset) is
+// a bad customer id, not every customer: with close it closed every
+// customer's period, which nothing undoes. Leaving it out still means
+// every customer.
+func TestReconciliationOfCustomerGivenEmptyClosesNothing(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t) // now: 2026-11-20T12:00Z
+	f.usage("acme", "api_calls", date("2026-10-15T10:00:00Z"), "10")
+	f.usage("globex", "api_calls", date("2026-10-15T10:00:00Z"), "7")
+	f.do("POST", "/v1/reconciliations", adminToken, map[string]any{"period": "2026-10-01", "customer": "", "close": true}).
+		fieldProblem(t, "customer", "is not")
+	for _, c := range []string{"acme", "globex"} {
+		if st := decodeStatement(t, f.do("GET", "/v1/customers/"+c+"/periods/2026-10-01/statement", adminToken, nil)); st.Final {
+			t.Fatalf("%s's October closed by a run of customer \"\"", c)
+		}
+	}
+	if r := f.do("POST", "/v1/reconciliations", adminToken, map[string]any{"period": "2026-10-01"}); r.status != 201 || r.json(t)["customer"] != nil {
+		t.Fatalf("a run of every customer: %d %s", r.status, r.body)
+	}
+}
