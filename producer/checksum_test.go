@@ -109,7 +109,7 @@ func TestAPendingRecordDamagedSoItStillDecodesIsSetAside(t *testing.T) {
 // records.
 func TestAStoredBatchDamagedSoItStillDecodesIsSetAside(t *testing.T) {
 	dir := t.TempDir()
-	p, err := producer.New(producer.Config{Writer: refuseAll{}, Producer: "gw-1", Dir: dir, Linger: time.Millisecond,
+	p, err := producer.New(producer.Config{Writer: refuseAll{}, Producer: "gw-1", Dir: dir, Linger: time.Minute, // Stop forms the batches: one per customer
 		RetryMin: 10 * time.Millisecond, RetryMax: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

@@ -243,7 +243,7 @@ func TestADamagedLastRecordOfAStreamIsRebuiltFromItsState(t *testing.T) {
 // of its streams' next records (here Close's final record).
 func TestADamagedStoredBatchIsSetAsideAlone(t *testing.T) {
 	dir := t.TempDir()
-	p, err := producer.New(producer.Config{Writer: refuseAll{}, Producer: "gw-1", Dir: dir, Linger: time.Millisecond,
+	p, err := producer.New(producer.Config{Writer: refuseAll{}, Producer: "gw-1", Dir: dir, Linger: time.Minute, // Stop forms the batches: one per customer
 		RetryMin: 10 * time.Millisecond, RetryMax: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
