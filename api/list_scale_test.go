@@ -209,11 +209,15 @@ func TestGrantPagesReadAPage(t *testing.T) {
 		}
 	}
 	grant()
-	// 5,000 ended grants before it, copies of it issued up to a day before.
-	f.exec(`CREATE TEMP TABLE old_grants AS SELECT g.* FROM admission_grants g CROSS JOIN generate_series(1, 5000)`)
+	// 5,000 ended grants before it, copies of it issued up to a day before
+	// (built in a table of the test's own database: a temporary one lives
+	// on one of the pool's connections, and the next statement may run on
+	// another).
+	f.exec(`CREATE TABLE old_grants AS SELECT g.* FROM admission_grants g CROSS JOIN generate_series(1, 5000)`)
 	f.exec(`UPDATE old_grants SET id = gen_random_uuid(), issued_at = issued_at - interval '1 hour' - random() * interval '1 day'`)
 	f.exec(`UPDATE old_grants SET valid_until = issued_at, reclaim_at = issued_at, ended_at = issued_at, end_reason = 'released'`)
 	f.exec(`INSERT INTO admission_grants SELECT * FROM old_grants`)
+	f.exec(`DROP TABLE old_grants`)
 	grant()
 	grant()
 	f.exec(`ANALYZE admission_grants`)

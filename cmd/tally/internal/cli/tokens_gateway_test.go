@@ -24,11 +24,11 @@ func TestTokensCreateGateway(t *testing.T) {
 	// A bad or empty id is named by its flag: an empty --gateway is no
 	// customer token's mistake.
 	for _, id := range []string{"bad id", ""} {
-		if _, err := runTally(t, "tokens", "create", "--gateway", id, "--database-url", db); err == nil || !strings.HasPrefix(err.Error(), "gateway:") {
+		if _, err := runTally(t, "tokens", "create", "--gateway", id, "--database-url", db); err == nil || !strings.HasPrefix(err.Error(), "--gateway:") {
 			t.Errorf("gateway id %q: %v, want an error naming gateway", id, err)
 		}
 	}
-	if _, err := runTally(t, "tokens", "create", "--customer", "", "--database-url", db); err == nil || !strings.HasPrefix(err.Error(), "customer:") {
+	if _, err := runTally(t, "tokens", "create", "--customer", "", "--database-url", db); err == nil || !strings.HasPrefix(err.Error(), "--customer:") {
 		t.Errorf("empty customer id: %v, want an error naming customer", err)
 	}
 }
