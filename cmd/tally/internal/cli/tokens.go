@@ -124,7 +124,7 @@ arrives, and a note on stderr says the customer is new.`,
 
 	revoke := &cobra.Command{
 		Use:   "revoke ID",
-		Short: "Revoke a token (by the id shown by list); it stops working at once",
+		Short: "Revoke a token (by the id shown by list): each API process refuses it as soon as it hears, within 5 s by default",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := uuid.Parse(args[0])
