@@ -109,19 +109,7 @@ func TestAPendingRecordDamagedSoItStillDecodesIsSetAside(t *testing.T) {
 // records.
 func TestAStoredBatchDamagedSoItStillDecodesIsSetAside(t *testing.T) {
 	dir := t.TempDir()
-	p, err := producer.New(producer.Config{Writer: refuseAll{}, Producer: "gw-1", Dir: dir, Linger: time.Minute, // Stop forms the batches: one per customer
-		RetryMin: 10 * time.Millisecond, RetryMax: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, u := range []usage{{"acme", "api_calls", "3"}, {"acme", "api_calls", "4"}, {"globex", "gb", "1"}} {
-		if err := p.Record(context.Background(), u.customer, u.meter, d(u.q), time.Now().Add(-time.Minute)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	stopCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	_ = p.Stop(stopCtx) // forms every record into a batch, then gives up: Kafka is down
+	epoch := storeBatches(t, dir)
 
 	// acme's batch: its first record is index 0.
 	raw := editValue(t, dir, "batches", binary.BigEndian.AppendUint64(nil, 0), func(t *testing.T, js []byte) []byte {
@@ -140,25 +128,7 @@ func TestAStoredBatchDamagedSoItStillDecodesIsSetAside(t *testing.T) {
 		}
 		return out
 	})
-
-	c := newCluster(t, 1)
-	reg := prometheus.NewRegistry()
-	p = newProducer(t, producer.Config{Brokers: c.Addrs, Dir: dir, Registerer: reg})
-	if n := counter(t, reg, "tally_producer_damaged_records_total"); n != 1 {
-		t.Errorf("tally_producer_damaged_records_total = %v, want 1", n)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	if err := p.Close(ctx); err != nil {
-		t.Fatal(err)
-	}
-	checkSent(t, byStream(t, c), map[string][]sent{
-		"acme/api_calls": {{seq: 3, total: "7", quantity: "0", final: true}},
-		"globex/gb":      {{seq: 1, total: "1", quantity: "1"}, {seq: 2, total: "1", quantity: "0", final: true}},
-	})
-	if kept := damagedValues(t, dir); len(kept) != 1 || !bytes.Equal(kept["batches/0"], raw) {
-		t.Errorf("damaged bucket holds %q, want the damaged batch %q as batches/0", kept, raw)
-	}
+	expectBatchSetAside(t, dir, epoch, raw)
 }
 
 // The same for a stream state: a digit of its total changed, and the

@@ -243,22 +243,7 @@ func TestADamagedLastRecordOfAStreamIsRebuiltFromItsState(t *testing.T) {
 // of its streams' next records (here Close's final record).
 func TestADamagedStoredBatchIsSetAsideAlone(t *testing.T) {
 	dir := t.TempDir()
-	p, err := producer.New(producer.Config{Writer: refuseAll{}, Producer: "gw-1", Dir: dir, Linger: time.Minute, // Stop forms the batches: one per customer
-		RetryMin: 10 * time.Millisecond, RetryMax: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, u := range []usage{{"acme", "api_calls", "3"}, {"acme", "api_calls", "4"}, {"globex", "gb", "1"}} {
-		if err := p.Record(context.Background(), u.customer, u.meter, d(u.q), time.Now().Add(-time.Minute)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	epoch := p.Epoch()
-	// Stop flushes (forms every record into a batch) and gives up when
-	// its context ends: Kafka is down.
-	stopCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	_ = p.Stop(stopCtx)
+	epoch := storeBatches(t, dir)
 
 	db, err := bolt.Open(filepath.Join(dir, "producer.db"), 0o600, &bolt.Options{Timeout: time.Second})
 	if err != nil {
@@ -282,10 +267,41 @@ func TestADamagedStoredBatchIsSetAsideAlone(t *testing.T) {
 		t.Fatal(err)
 	}
 	db.Close()
+	expectBatchSetAside(t, dir, epoch, raw)
+}
 
+// storeBatches records acme's 3 and 4 of api_calls and globex's 1 of gb
+// in dir while Kafka refuses everything, and stops: Stop forms every
+// record into a batch (one per customer: nothing is formed before, the
+// linger being a minute) and gives up. It returns the epoch.
+func storeBatches(t *testing.T, dir string) int64 {
+	t.Helper()
+	p, err := producer.New(producer.Config{Writer: refuseAll{}, Producer: "gw-1", Dir: dir, Linger: time.Minute,
+		RetryMin: 10 * time.Millisecond, RetryMax: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []usage{{"acme", "api_calls", "3"}, {"acme", "api_calls", "4"}, {"globex", "gb", "1"}} {
+		if err := p.Record(context.Background(), u.customer, u.meter, d(u.q), time.Now().Add(-time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	epoch := p.Epoch()
+	stopCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = p.Stop(stopCtx)
+	return epoch
+}
+
+// expectBatchSetAside checks what a producer does with dir of
+// storeBatches (epoch) whose acme batch (raw now) was damaged: the epoch
+// goes on, the batch is counted and set aside, globex's batch is sent and
+// Close's final records carry acme's usage.
+func expectBatchSetAside(t *testing.T, dir string, epoch int64, raw []byte) {
+	t.Helper()
 	c := newCluster(t, 1)
 	reg := prometheus.NewRegistry()
-	p = newProducer(t, producer.Config{Brokers: c.Addrs, Dir: dir, Registerer: reg})
+	p := newProducer(t, producer.Config{Brokers: c.Addrs, Dir: dir, Registerer: reg})
 	if p.Epoch() != epoch {
 		t.Errorf("epoch %d after one damaged batch, want %d: the rest of the state is intact", p.Epoch(), epoch)
 	}
