@@ -26,17 +26,26 @@ func ValidateFormat(format string) error {
 	return fmt.Errorf("unknown format %q (text, json or csv)", format)
 }
 
-// WriteReport writes runs for people (text), machines (json) or
-// spreadsheets (csv: one row per customer and meter, then one per finding).
-func WriteReport(w io.Writer, format string, runs ...*Run) error {
+// WriteReport writes one run for people (text), machines (json: one
+// object) or spreadsheets (csv: one row per customer and meter, then one
+// per finding).
+func WriteReport(w io.Writer, format string, r *Run) error {
+	if format == FormatJSON {
+		return encodeJSON(w, r)
+	}
+	return WriteReports(w, format, []*Run{r})
+}
+
+// WriteReports writes runs as WriteReport writes one, except that in JSON
+// they are an array however many there are: the shape of a report of
+// several periods (a nightly job's) does not depend on how many were due.
+func WriteReports(w io.Writer, format string, runs []*Run) error {
 	switch format {
 	case FormatJSON:
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		if len(runs) == 1 {
-			return enc.Encode(runs[0])
+		if runs == nil {
+			runs = []*Run{} // [], not null
 		}
-		return enc.Encode(runs)
+		return encodeJSON(w, runs)
 	case FormatCSV:
 		return writeCSV(w, runs)
 	case FormatText, "":
@@ -51,19 +60,10 @@ func WriteReport(w io.Writer, format string, runs ...*Run) error {
 	}
 }
 
-// WriteReports writes runs as WriteReport does, except that in JSON they
-// are an array however many there are: the shape of a report of several
-// periods (a nightly job's) does not depend on how many were due.
-func WriteReports(w io.Writer, format string, runs []*Run) error {
-	if format != FormatJSON {
-		return WriteReport(w, format, runs...)
-	}
+func encodeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	if runs == nil {
-		runs = []*Run{} // [], not null
-	}
-	return enc.Encode(runs)
+	return enc.Encode(v)
 }
 
 func writeText(w io.Writer, r *Run) error {
