@@ -59,6 +59,9 @@ var ErrNotFound = errors.New("no token with that id")
 // (periods.RegisterCustomers): a customer with nothing metered yet reads as
 // zero usage through it, not as unknown.
 func Create(ctx context.Context, db Beginner, customer, description string, now time.Time) (t Token, secret string, err error) {
+	if err := Validate(false, customer, description); err != nil {
+		return Token{}, "", err
+	}
 	err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if t, secret, err = create(ctx, tx, customer, "", description, now); err != nil {
 			return err
@@ -75,19 +78,32 @@ func Create(ctx context.Context, db Beginner, customer, description string, now 
 // gateway: it may issue, renew and release only that holder's grants and
 // report only its bypasses. The secret is shown once, like Create's.
 func CreateGateway(ctx context.Context, db Beginner, gateway, description string, now time.Time) (Token, string, error) {
-	if !ids.Valid(gateway) {
-		return Token{}, "", validation.Errorf("gateway", "%q is not "+ids.Rule, gateway)
+	if err := Validate(true, gateway, description); err != nil {
+		return Token{}, "", err
 	}
 	return create(ctx, db, "", gateway, description, now)
 }
 
+// Validate reports, as field errors (customer or gateway, description), all
+// at once, what a token of a gateway (when gateway is true: its holder id
+// in owner) or of a customer (owner) with description could not be.
+func Validate(gateway bool, owner, description string) error {
+	field := "customer"
+	if gateway {
+		field = "gateway"
+	}
+	var errs []error
+	if !ids.Valid(owner) {
+		errs = append(errs, validation.Errorf(field, "%q is not "+ids.Rule, owner))
+	}
+	if utf8.RuneCountInString(description) > MaxDescription || !utf8.ValidString(description) {
+		errs = append(errs, validation.Errorf("description", "at most %d characters of UTF-8", MaxDescription))
+	}
+	return errors.Join(errs...)
+}
+
+// create stores a token of customer or gateway, Validated by its caller.
 func create(ctx context.Context, db DBTX, customer, gateway, description string, now time.Time) (Token, string, error) {
-	if gateway == "" && !ids.Valid(customer) {
-		return Token{}, "", validation.Errorf("customer", "%q is not "+ids.Rule, customer)
-	}
-	if err := CheckDescription(description); err != nil {
-		return Token{}, "", validation.Errorf("description", "%v", err)
-	}
 	var raw [32]byte
 	if _, err := rand.Read(raw[:]); err != nil {
 		return Token{}, "", err
@@ -107,14 +123,6 @@ func create(ctx context.Context, db DBTX, customer, gateway, description string,
 
 // MaxDescription is the longest description of a token, in characters.
 const MaxDescription = 200
-
-// CheckDescription reports a description a token cannot have.
-func CheckDescription(description string) error {
-	if utf8.RuneCountInString(description) > MaxDescription || !utf8.ValidString(description) {
-		return fmt.Errorf("at most %d characters of UTF-8", MaxDescription)
-	}
-	return nil
-}
 
 // Revoke revokes a token and returns it as stored; revoking it again keeps
 // the first time.

@@ -16,9 +16,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
 
-	"github.com/tally-ledger/tally/internal/ids"
 	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/tokens"
+	"github.com/tally-ledger/tally/validation"
 )
 
 // tokensPage is how many tokens tally tokens list reads at a time.
@@ -178,18 +178,16 @@ arrives, and a note on stderr says the customer is new.`,
 }
 
 // checkTokenFlags refuses, naming the flag, the id of a token's owner or a
-// description the token could not have, before the database is opened.
+// description the token could not have (tokens.Validate), before the
+// database is opened.
 func checkTokenFlags(isGateway bool, customer, gateway, description string) error {
-	var errs []error
-	flag, id := "customer", customer
+	owner := customer
 	if isGateway {
-		flag, id = "gateway", gateway
+		owner = gateway
 	}
-	if !ids.Valid(id) {
-		errs = append(errs, fmt.Errorf("--%s: %q is not %s", flag, id, ids.Rule))
-	}
-	if err := tokens.CheckDescription(description); err != nil {
-		errs = append(errs, fmt.Errorf("--description: %w", err))
+	var errs []error
+	for _, f := range validation.Fields(tokens.Validate(isGateway, owner, description)) {
+		errs = append(errs, fmt.Errorf("--%s: %s", f.Field, f.Detail))
 	}
 	return errors.Join(errs...)
 }
