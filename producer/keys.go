@@ -141,7 +141,12 @@ func putKeys(tx *bolt.Tx, keys []storedKey, now time.Time, retention time.Durati
 			return err
 		}
 	}
-	cutoff := timeKey(now.Add(-retention), "")
+	// keys_by_time's keys carry no checksum: a key is deleted only when
+	// its own sealed value says it was stored before the cut-off. One
+	// filed under a damaged time (or name) is filed again under the time
+	// its value holds; a damaged value is deleted when its entry expires.
+	cut := now.Add(-retention)
+	cutoff := timeKey(cut, "")
 	c := byTime.Cursor()
 	for range keyPruneBatch {
 		k, _ := c.First()
@@ -151,6 +156,15 @@ func putKeys(tx *bolt.Tx, keys []storedKey, now time.Time, retention time.Durati
 		name := bytes.Clone(k[8:]) // k is bbolt's, valid until the delete
 		if err := c.Delete(); err != nil {
 			return err
+		}
+		if v := b.Get(name); v != nil {
+			var sk storedKey
+			if openValue(name, v, &sk) == nil && !sk.StoredAt.Before(cut) {
+				if err := byTime.Put(timeKey(sk.StoredAt, string(name)), nil); err != nil {
+					return err
+				}
+				continue
+			}
 		}
 		if err := b.Delete(name); err != nil {
 			return err

@@ -176,6 +176,13 @@ func reportDamaged(log *slog.Logger, m *metrics, d damagedValue) {
 			"bucket", d.bucket, "stream", string(bytes.ReplaceAll(d.key, []byte{0}, []byte{'/'})))
 		return
 	}
+	if d.bucket == string(bucketMeta) {
+		log.Error("the producer's "+string(d.key)+" in the state file is damaged (it fails its checksum or is not a number); set it aside in the state file's damaged bucket. "+
+			"A damaged epoch starts a new epoch above every epoch the file names (the buffered records of the old one are still sent; its streams get no final record); "+
+			"a damaged next_index is found again from the records and streams in the file",
+			"bucket", d.bucket, "key", string(d.key))
+		return
+	}
 	if d.bucket == string(bucketBatches) {
 		log.Error("a stored batch in the state file is damaged (it fails its checksum or does not decode); set it aside in the state file's damaged bucket and sent the others. "+
 			"The usage of its records reaches the ledger in the totals of their streams' next records or final records (Close)",
@@ -632,7 +639,7 @@ func (p *Producer) store(recs []storedRecord, states map[streamKey]streamState, 
 				return err
 			}
 		}
-		return meta.Put(keyNextIndex, u64(first+uint64(len(recs))))
+		return putNumber(meta, keyNextIndex, first+uint64(len(recs)))
 	})
 	if err != nil {
 		// A failed commit may have reached the file all the same (say, the
@@ -643,9 +650,9 @@ func (p *Producer) store(recs []storedRecord, states map[streamKey]streamState, 
 		p.streams = make(map[streamKey]*streamState)
 		p.m.streams.Set(0)
 		var have uint64
-		if verr := p.db.View(func(tx *bolt.Tx) error {
-			have = uint64(i64(tx.Bucket(bucketMeta).Get(keyNextIndex)))
-			return nil
+		if verr := p.db.View(func(tx *bolt.Tx) (err error) {
+			have, err = number(tx.Bucket(bucketMeta), keyNextIndex)
+			return err
 		}); verr != nil || have != first+uint64(len(recs)) || len(recs) == 0 {
 			return err
 		}

@@ -165,7 +165,7 @@ func (p *Producer) form() (int, error) {
 		}
 		if len(bad) > 0 {
 			var err error
-			if damaged, err = salvagePending(tx, bad, time.Now()); err != nil {
+			if damaged, err = salvagePending(tx, bad, p.epoch.Load(), time.Now()); err != nil {
 				return err
 			}
 			for i, d := range damaged { // in the order of bad

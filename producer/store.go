@@ -41,7 +41,9 @@ import (
 // pages only, so a bit flip in a data page that leaves the JSON valid (a
 // digit of a total, a seq, a time) would otherwise be sent as is and
 // billed. A value written before values were sealed is plain JSON and is
-// read as it is.
+// read as it is. The meta bucket's epoch and next_index are sealed too
+// (putNumber); keys_by_time's keys are checked against the keys' own
+// values before a key is deleted (putKeys).
 //
 // Record indexes grow by one per record ever stored in this file, so
 // "everything below index i has been acknowledged by Kafka" is a single
@@ -183,6 +185,39 @@ func openValue(key, b []byte, v any) error {
 
 func u64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }
 
+// putNumber stores n at key of the meta bucket, sealed as values are: the
+// format byte, the CRC-32C of the key and the 8 bytes, the 8 bytes (big
+// endian). A bit flip in the epoch or the next record index would
+// otherwise be taken as the number: a producer going on in an epoch below
+// the one its records were sent in, or a record index given twice.
+func putNumber(meta *bolt.Bucket, key []byte, n uint64) error {
+	num := u64(n)
+	v := make([]byte, sealLen, sealLen+len(num))
+	v[0] = valueSealed
+	binary.BigEndian.PutUint32(v[1:], sealSum(key, num))
+	return meta.Put(key, append(v, num...))
+}
+
+// number reads the number at key of the meta bucket: 0 when there is
+// none, as putNumber sealed it, or 8 bytes as written before numbers were
+// sealed. Anything else is damaged (errChecksum or a wrong length).
+func number(meta *bolt.Bucket, key []byte) (uint64, error) {
+	switch v := meta.Get(key); {
+	case v == nil:
+		return 0, nil
+	case len(v) == 8:
+		return binary.BigEndian.Uint64(v), nil
+	case len(v) == sealLen+8 && v[0] == valueSealed:
+		num := v[sealLen:]
+		if sum, stored := sealSum(key, num), binary.BigEndian.Uint32(v[1:sealLen]); sum != stored {
+			return 0, fmt.Errorf("%w (%08x, stored %08x)", errChecksum, sum, stored)
+		}
+		return binary.BigEndian.Uint64(num), nil
+	default:
+		return 0, fmt.Errorf("it is %d bytes long", len(v))
+	}
+}
+
 // i64 reads a u64 value, or the index prefix of a batch key (a batch
 // split in two keeps its key; the second half's key is the same index
 // followed by the half's offset in the original batch).
@@ -285,8 +320,26 @@ func loadFile(dir, path, id string, now time.Time, streamCache int) (db *bolt.DB
 		if err != nil {
 			return err
 		}
-		epoch := i64(meta.Get(keyEpoch))
-		ending := epoch == 0 || meta.Get(keyEpochClosed) != nil || meta.Get(keyEpochClosing) != nil || len(badStreams) > 0
+		// A damaged epoch or next record index is set aside like any
+		// damaged value. Without the epoch the file's streams cannot go
+		// on; a new epoch starts above every epoch the file still names.
+		// The next index is found again from the file (indexAfterAll).
+		epochN, epochErr := number(meta, keyEpoch)
+		epoch := int64(epochN)
+		nextIndex, nextErr := number(meta, keyNextIndex)
+		for _, bad := range []struct {
+			key []byte
+			err error
+		}{{keyEpoch, epochErr}, {keyNextIndex, nextErr}} {
+			if bad.err == nil {
+				continue
+			}
+			if err := setAside(tx, bucketMeta, bad.key); err != nil {
+				return err
+			}
+			l.damaged = append(l.damaged, damagedValue{bucket: string(bucketMeta), key: bad.key})
+		}
+		ending := epochErr != nil || epoch == 0 || meta.Get(keyEpochClosed) != nil || meta.Get(keyEpochClosing) != nil || len(badStreams) > 0
 		if ending {
 			// A damaged pending record is rebuilt from the stream states
 			// of its epoch, which the new epoch deletes: decode them all
@@ -294,13 +347,20 @@ func loadFile(dir, path, id string, now time.Time, streamCache int) (db *bolt.DB
 			// New does not pay for it: about 7 µs a record, 7 s for a
 			// backlog of a million on a loaded 2-core machine.
 			var pend []damagedValue
-			if l.pending, pend, err = checkPending(tx, now); err != nil {
+			var highest int64
+			if l.pending, highest, pend, err = checkPending(tx, epoch, now); err != nil {
 				return err
 			}
 			l.damaged = append(l.damaged, pend...)
+			if epochErr != nil {
+				if epoch, err = highestKeyEpoch(tx); err != nil {
+					return err
+				}
+				epoch = max(epoch, highest)
+			}
 			epoch = max(epoch+1, now.UnixMilli())
 			l.newEpoch = true
-			if err := meta.Put(keyEpoch, u64(uint64(epoch))); err != nil {
+			if err := putNumber(meta, keyEpoch, uint64(epoch)); err != nil {
 				return err
 			}
 			if err := meta.Delete(keyEpochClosed); err != nil {
@@ -321,7 +381,15 @@ func loadFile(dir, path, id string, now time.Time, streamCache int) (db *bolt.DB
 		}
 		l.damaged = append(l.damaged, badStreams...)
 		l.epoch = epoch
-		l.nextIndex = uint64(i64(meta.Get(keyNextIndex)))
+		if nextErr != nil {
+			if nextIndex, err = indexAfterAll(tx); err != nil {
+				return err
+			}
+			if err := putNumber(meta, keyNextIndex, nextIndex); err != nil {
+				return err
+			}
+		}
+		l.nextIndex = nextIndex
 		l.streams = streams
 		l.buffered = l.pending
 		var bad [][]byte
@@ -396,12 +464,14 @@ func checkStreams(tx *bolt.Tx, cache int) (map[streamKey]*streamState, []damaged
 }
 
 // checkPending checks and decodes every pending record, sets aside those
-// that are damaged (putting in their place the records rebuilt from their streams'
-// states, where one can be), and returns how many records are pending
-// after that.
-func checkPending(tx *bolt.Tx, now time.Time) (int, []damagedValue, error) {
+// that are damaged (putting in their place the records rebuilt from the
+// states of their streams in epoch, where one can be: none when epoch is
+// 0, unknown), and returns how many records are pending after that and
+// the highest epoch among them.
+func checkPending(tx *bolt.Tx, epoch int64, now time.Time) (int, int64, []damagedValue, error) {
 	pend := tx.Bucket(bucketPending)
 	n := 0
+	var highest int64
 	var bad [][]byte
 	if err := pend.ForEach(func(k, v []byte) error {
 		var r storedRecord
@@ -409,17 +479,18 @@ func checkPending(tx *bolt.Tx, now time.Time) (int, []damagedValue, error) {
 			bad = append(bad, append([]byte(nil), k...))
 		} else {
 			n++
+			highest = max(highest, r.Epoch)
 		}
 		return nil
 	}); err != nil {
-		return 0, nil, err
+		return 0, 0, nil, err
 	}
 	if len(bad) == 0 {
-		return n, nil, nil
+		return n, highest, nil, nil
 	}
-	damaged, err := salvagePending(tx, bad, now)
+	damaged, err := salvagePending(tx, bad, epoch, now)
 	if err != nil {
-		return 0, nil, err
+		return 0, 0, nil, err
 	}
 	for _, d := range damaged {
 		if d.rebuilt == nil {
@@ -427,14 +498,15 @@ func checkPending(tx *bolt.Tx, now time.Time) (int, []damagedValue, error) {
 		}
 		v, err := sealValue(d.key, d.rebuilt)
 		if err != nil {
-			return 0, nil, err
+			return 0, 0, nil, err
 		}
 		if err := pend.Put(d.key, v); err != nil {
-			return 0, nil, err
+			return 0, 0, nil, err
 		}
 		n++
+		highest = max(highest, d.rebuilt.Epoch)
 	}
-	return n, damaged, nil
+	return n, highest, damaged, nil
 }
 
 // salvagePending sets aside the pending records at keys, whose values are
@@ -445,18 +517,18 @@ func checkPending(tx *bolt.Tx, now time.Time) (int, []damagedValue, error) {
 // A damaged record that was not its stream's last loses no usage: the
 // stream's next record carries its total, and the ledger bills the seq
 // missing between them as a gap (docs/design.md §2).
-func salvagePending(tx *bolt.Tx, keys [][]byte, now time.Time) ([]damagedValue, error) {
+func salvagePending(tx *bolt.Tx, keys [][]byte, epoch int64, now time.Time) ([]damagedValue, error) {
 	out := make([]damagedValue, len(keys))
 	at := make(map[uint64]int, len(keys)) // the index of a damaged record plus one → its place in out
 	for i, k := range keys {
 		out[i] = damagedValue{bucket: string(bucketPending), key: append([]byte(nil), k...)}
 		at[uint64(i64(k))+1] = i
 	}
-	epoch := i64(tx.Bucket(bucketMeta).Get(keyEpoch))
 	if err := tx.Bucket(bucketStreams).ForEach(func(k, v []byte) error {
 		var st streamState
 		sk, ok := parseStreamKey(k)
-		if !ok || openValue(k, v, &st) != nil || st.Last == 0 {
+		// epoch 0: the states' epoch is damaged; nothing is rebuilt.
+		if !ok || epoch == 0 || openValue(k, v, &st) != nil || st.Last == 0 {
 			return nil
 		}
 		if i, ok := at[st.Last]; ok {
@@ -513,6 +585,43 @@ func rebuild(sk streamKey, st streamState, epoch int64, now time.Time) (*storedR
 		r.NoQuantity = true
 	}
 	return r, nil
+}
+
+// highestKeyEpoch is the highest epoch among the stored idempotency keys'
+// records (a damaged key is skipped).
+func highestKeyEpoch(tx *bolt.Tx) (int64, error) {
+	var highest int64
+	err := tx.Bucket(bucketKeys).ForEach(func(k, v []byte) error {
+		var sk storedKey
+		if openValue(k, v, &sk) == nil {
+			highest = max(highest, sk.Epoch)
+		}
+		return nil
+	})
+	return highest, err
+}
+
+// indexAfterAll is a next record index for a file whose own is damaged:
+// past every index the file still names, the pending records', the
+// stored batches' (the index of a batch's first record) and the stream
+// states' last records'. Indexes only need to grow: a record index given
+// twice would overwrite a pending record, or a stored batch when formed.
+func indexAfterAll(tx *bolt.Tx) (uint64, error) {
+	var next uint64
+	if k, _ := tx.Bucket(bucketPending).Cursor().Last(); k != nil {
+		next = uint64(i64(k)) + 1
+	}
+	if k, _ := tx.Bucket(bucketBatches).Cursor().Last(); k != nil {
+		next = max(next, uint64(i64(k))+1)
+	}
+	err := tx.Bucket(bucketStreams).ForEach(func(k, v []byte) error {
+		var st streamState
+		if openValue(k, v, &st) == nil {
+			next = max(next, st.Last)
+		}
+		return nil
+	})
+	return next, err
 }
 
 // setAside copies the value at k in bucket to the damaged bucket, where it
@@ -588,27 +697,9 @@ func openFile(path string) (*bolt.DB, error) {
 	// (the stream states and batches are decoded, the pending bucket's
 	// Stats walks its pages), so damage shows here, not long after New
 	// returned. (tx.Check would also read freed pages, at a cost of
-	// seconds per open on a large file.) A file whose meta bucket is
-	// damaged in a way bbolt cannot see (an epoch of the wrong length) is
-	// unreadable too; one cut short was refused by checkLength before any
-	// page was read.
-	defer func() {
-		if r := recover(); r != nil {
-			db.Close() // the panicking transaction was rolled back
-			panic(r)   // loadFile's recover makes it errUnreadable
-		}
-	}()
-	if err := db.View(func(tx *bolt.Tx) error {
-		if m := tx.Bucket(bucketMeta); m != nil {
-			if e := m.Get(keyEpoch); e != nil && len(e) != 8 {
-				return fmt.Errorf("%w: %s: epoch is %d bytes long", errUnreadable, path, len(e))
-			}
-		}
-		return nil
-	}); err != nil {
-		db.Close()
-		return nil, err
-	}
+	// seconds per open on a large file.) A damaged epoch or next record
+	// index is set aside by loadFile like any damaged value; a file cut
+	// short was refused by checkLength before any page was read.
 	return db, nil
 }
 
