@@ -130,7 +130,7 @@ func TestReportsKeptTogetherSettleOneByOne(t *testing.T) {
 	var reports []map[string]any
 	b, err := os.ReadFile(kept[0])
 	if err == nil {
-		err = json.Unmarshal(b, &reports)
+		err = json.Unmarshal(keptJSON(b), &reports)
 	}
 	if err != nil || len(reports) != 2 {
 		t.Fatalf("kept file %s: %v %d reports", b, err, len(reports))
@@ -206,7 +206,7 @@ func TestOnlyReportsACrashCouldLoseAreWrittenBeforeTheyAreSent(t *testing.T) {
 				continue // delivered meanwhile
 			}
 			var rs []struct{ Spent int64 }
-			if err := json.Unmarshal(b, &rs); err != nil {
+			if err := json.Unmarshal(keptJSON(b), &rs); err != nil {
 				t.Errorf("kept reports %s: %v", f, err)
 			}
 			for _, r := range rs {
@@ -372,4 +372,67 @@ func TestReportsRefusedForTheTokenAreKept(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// A bit flip in a kept file of final spend reports that leaves it valid
+// JSON ("spent":1 read as "spent":0) was delivered as is: Tally freed the
+// unit the gateway had admitted, and its budget could admit it again. The
+// file is sealed with a CRC-32C now; one that fails it is set aside for an
+// operator and its grants are left to be reclaimed as fully spent, which
+// frees nothing that was admitted.
+func TestADamagedKeptReportIsNotDelivered(t *testing.T) {
+	ts := startTally(t)
+	customers := []string{"acme", "globex"}
+	ctx := context.Background()
+	dir := keptWhileDown(t, ts, admit.Config{MinGrant: 20, Tick: time.Hour}, customers)
+	kept, _ := filepath.Glob(filepath.Join(dir, "spend-*.json"))
+	if len(kept) != 1 {
+		t.Fatalf("kept in %d files, want one", len(kept))
+	}
+	b, err := os.ReadFile(kept[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := bytes.Index(b, []byte(`"spent":1`))
+	if i < 0 {
+		t.Fatalf("no report of one unit spent in %q", b)
+	}
+	b[i+len(`"spent":`)] ^= 0x01 // '1' → '0'
+	if err := os.WriteFile(kept[0], b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ts.down.Store(false)
+	c := newClient(t, ts, "gw1", dir, admit.Config{MinGrant: 20})
+	defer c.Close(ctx)
+	rejected := strings.TrimSuffix(kept[0], ".json") + ".rejected"
+	released := func() bool {
+		for _, cu := range customers {
+			if ts.budget(cu, "tokens").Live.IsZero() {
+				return true
+			}
+		}
+		return false
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(rejected); err == nil || released() {
+			break
+		}
+	}
+	for _, cu := range customers {
+		if bu := ts.budget(cu, "tokens"); bu.Consumed.Add(bu.Live).LessThan(decimal.NewFromInt(1)) {
+			t.Errorf("%s: consumed %s and live %s after the damaged report, want the unit admitted still counted", cu, bu.Consumed, bu.Live)
+		}
+	}
+	if _, err := os.Stat(rejected); err != nil {
+		t.Errorf("the damaged file is not set aside as %s: %v", filepath.Base(rejected), err)
+	}
+}
+
+// keptJSON is the JSON of a kept file of final spend reports: after its
+// format byte and CRC-32C when sealed.
+func keptJSON(b []byte) []byte {
+	if len(b) >= 5 && b[0] == 0x01 {
+		return b[5:]
+	}
+	return b
 }

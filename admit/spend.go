@@ -3,9 +3,11 @@ package admit
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -47,25 +49,50 @@ func (c *Client) spendPath(grant string) string {
 // keptReports is a file of final spend reports: those of one call, kept
 // together (a JSON array, written and fsynced once: a tick's releases
 // cost one fsync, not one per grant), named after the first one's grant.
-// A file holding a single JSON object was kept by an earlier version of
-// this package and is read as one report.
+// The file is sealed: keptSealed, the CRC-32C of the JSON (4 bytes, big
+// endian), the JSON. A bit flip that left the JSON valid (a digit of
+// spent) would otherwise be delivered, and Tally would free capacity the
+// gateway had admitted. A file that fails its CRC is set aside like one
+// that does not decode: its grants are reclaimed as fully spent, which
+// frees nothing admitted. A file of plain JSON (an array, or a single
+// object) was kept by an earlier version of this package and is read as
+// it is.
 type keptReports struct {
 	path    string
 	reports []spendReport
 }
 
+// keptSealed is the first byte of a sealed file; plain JSON starts with
+// '[' or '{', several bits away.
+const keptSealed = 0x01
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
 func (f *keptReports) write() error {
-	b, err := json.Marshal(f.reports)
+	js, err := json.Marshal(f.reports)
 	if err != nil {
 		return err
 	}
-	return writeFileSync(f.path, b)
+	b := make([]byte, 5, 5+len(js))
+	b[0] = keptSealed
+	binary.BigEndian.PutUint32(b[1:], crc32.Checksum(js, castagnoli))
+	return writeFileSync(f.path, append(b, js...))
 }
 
 func readKept(path string) (*keptReports, error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
+	}
+	if len(b) > 0 && b[0] == keptSealed {
+		if len(b) < 5 {
+			return nil, fmt.Errorf("%d bytes, too short for a sealed file", len(b))
+		}
+		js := b[5:]
+		if sum, stored := crc32.Checksum(js, castagnoli), binary.BigEndian.Uint32(b[1:5]); sum != stored {
+			return nil, fmt.Errorf("the file fails its CRC-32C (%08x, stored %08x)", sum, stored)
+		}
+		b = js
 	}
 	var rs []spendReport
 	if t := bytes.TrimLeft(b, " \t\r\n"); len(t) > 0 && t[0] == '{' {
