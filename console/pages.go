@@ -146,7 +146,7 @@ type customerView struct {
 func readable(r *http.Request) (string, error) {
 	customer := chi.URLParam(r, "customer")
 	if !requestFrom(r.Context()).canRead(customer) {
-		return "", notFoundError{what: "customer " + strconv.Quote(customer)}
+		return "", notFoundError{what: "customer " + echo(customer)}
 	}
 	return customer, nil
 }
@@ -160,7 +160,7 @@ func (c *Console) readCustomer(r *http.Request) (periods.Customer, error) {
 	}
 	cust, err := c.periodStore().Customer(r.Context(), c.pool, customer)
 	if errors.Is(err, periods.ErrUnknownCustomer) {
-		return periods.Customer{}, notFoundError{what: "customer " + strconv.Quote(customer)}
+		return periods.Customer{}, notFoundError{what: "customer " + echo(customer)}
 	}
 	return cust, err
 }

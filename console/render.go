@@ -11,6 +11,7 @@ import (
 
 	"github.com/tally-ledger/tally/api"
 	"github.com/tally-ledger/tally/ingest"
+	"github.com/tally-ledger/tally/internal/ids"
 	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/reconcile"
 )
@@ -83,6 +84,11 @@ type notFoundError struct{ what string }
 
 func (e notFoundError) Error() string { return e.what + " not found" }
 
+// echo is request input named back on a page: quoted, and clipped to the
+// longest id (ids.MaxLen characters) with an ellipsis, so that a
+// 10,000-character path does not come back whole.
+func echo(s string) string { return strconv.Quote(truncated(ids.MaxLen, s)) }
+
 // errAdminOnly: a customer token asked for an admin page.
 var errAdminOnly = errors.New("this page needs the admin token")
 
@@ -115,7 +121,10 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, err error) {
 		c.render(w, r, p.Status, "error", errorPage{Title: p.Title, Detail: p.Detail})
 	case errors.Is(err, periods.ErrUnknownCustomer):
 		c.render(w, r, http.StatusNotFound, "error", errorPage{Title: "Not found", Detail: "customer not found."})
-	case errors.As(err, &badRef), errors.As(err, &noPeriod), errors.Is(err, periods.ErrInvalidPeriodRef):
+	case errors.As(err, &badRef):
+		c.render(w, r, http.StatusNotFound, "error", errorPage{Title: "No such period",
+			Detail: fmt.Sprintf("period %s: %v: %s", echo(badRef.Ref), periods.ErrInvalidPeriodRef, badRef.Detail)})
+	case errors.As(err, &noPeriod): // its Ref is a date: nothing long to clip
 		c.render(w, r, http.StatusNotFound, "error", errorPage{Title: "No such period", Detail: err.Error()})
 	case errors.Is(err, ingest.ErrDeadLetterNotFound), errors.Is(err, reconcile.ErrNotFound):
 		c.render(w, r, http.StatusNotFound, "error", errorPage{Title: "Not found", Detail: err.Error()})

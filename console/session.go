@@ -216,10 +216,12 @@ func (c *Console) checkCSRF(w http.ResponseWriter, r *http.Request, want string)
 // safeNext is where to go after sign-in: a console path, never another
 // host nor another path of this one. The path is decoded and cleaned
 // before its prefix is checked ("/console/../v1/x" is "/v1/x"), and the
-// cleaned path is what the redirect names.
+// cleaned path is what the redirect names. A next longer than maxNext (no
+// console page's address is) is home too: the sign-in form carries next
+// back, and a 10,000-character one is not echoed.
 func safeNext(next string) string {
 	home := Prefix + "/"
-	if strings.ContainsAny(next, "\\\r\n") || !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") {
+	if len(next) > maxNext || strings.ContainsAny(next, "\\\r\n") || !strings.HasPrefix(next, "/") || strings.HasPrefix(next, "//") {
 		return home
 	}
 	u, err := url.Parse(next)
@@ -235,6 +237,10 @@ func safeNext(next string) string {
 	}
 	return (&url.URL{Path: clean, RawQuery: u.RawQuery}).String()
 }
+
+// maxNext bounds where sign-in may return to, in bytes: a console page's
+// path and query, ids of ids.MaxLen characters included, are far shorter.
+const maxNext = 1024
 
 type signInView struct {
 	CSRF, Next, Error string

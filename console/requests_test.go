@@ -1,0 +1,47 @@
+package console_test
+
+import (
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+)
+
+// TestPagesClipWhatTheyEchoOfTheRequest: a 404 page names the customer,
+// period or page asked for, clipped to the longest id (128 characters)
+// with an ellipsis: a 10,000-character id is not sent back whole, to the
+// admin or to a customer. The sign-in form does not carry a 10,000-character
+// next back either.
+func TestPagesClipWhatTheyEchoOfTheRequest(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.calendar("acme", "UTC")
+	long := strings.Repeat("x", 10_000)
+	admin, acme := f.client(), f.client()
+	f.signInHTTP(admin, adminToken)
+	f.signInHTTP(acme, f.customerToken("acme"))
+	for _, tc := range []struct {
+		name string
+		c    *http.Client
+		path string
+	}{
+		{"an unknown customer, to the admin", admin, "/console/customers/" + long},
+		{"another customer, to a customer", acme, "/console/customers/" + long},
+		{"a statement of an unknown customer", admin, "/console/customers/" + long + "/periods/2026-11-01"},
+		{"a statement of an unknown period", admin, "/console/customers/acme/periods/" + long},
+		{"a customer page of an unknown period", admin, "/console/customers/acme?period=" + long},
+		{"a customer's own page of an unknown period", acme, "/console/customers/acme?period=" + long},
+	} {
+		res := f.get(tc.c, tc.path)
+		if res.status != http.StatusNotFound {
+			t.Errorf("%s: %d, want 404", tc.name, res.status)
+		}
+		if strings.Contains(res.body, strings.Repeat("x", 129)) || !strings.Contains(res.body, strings.Repeat("x", 127)+"…") {
+			t.Errorf("%s: the page does not clip what it echoes to 128 characters (%d bytes)", tc.name, len(res.body))
+		}
+	}
+	res := f.get(f.client(), "/console/sign-in?next="+url.QueryEscape("/console/customers/"+long))
+	if res.status != http.StatusOK || strings.Contains(res.body, long) {
+		t.Errorf("the sign-in page with a 10,000-character next: %d, next %d bytes", res.status, len(hidden(t, res.body, "next")))
+	}
+}
