@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -178,6 +179,11 @@ func (c *Console) routes() http.Handler {
 		c.render(w, r, http.StatusMethodNotAllowed, "error", errorPage{Title: "Method not allowed", Detail: "This page does not take that request."})
 	})
 	r.Route(Prefix, func(r chi.Router) {
+		// GetHead answers HEAD as GET, without the body (net/http drops
+		// it): monitors and link checkers ask with HEAD. It is used here,
+		// not on the outer router: there HEAD /console/ did not reach its
+		// GET route and was refused 405.
+		r.Use(middleware.GetHead)
 		assets, _ := fs.Sub(assetFS, "assets")
 		r.Handle("/assets/*", http.StripPrefix(Prefix+"/assets/", cacheAssets(http.FileServerFS(assets))))
 		r.Get("/sign-in", c.signInPage)

@@ -45,3 +45,54 @@ func TestPagesClipWhatTheyEchoOfTheRequest(t *testing.T) {
 		t.Errorf("the sign-in page with a 10,000-character next: %d, next %d bytes", res.status, len(hidden(t, res.body, "next")))
 	}
 }
+
+// TestHeadIsAnsweredAsGet: HEAD on a console page, an asset or a page
+// that does not exist answers as GET does (status, Content-Type, where a
+// redirect goes), without a body; signed out, a page's HEAD is sent to
+// sign in as its GET is.
+func TestHeadIsAnsweredAsGet(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.calendar("acme", "UTC")
+	admin := f.client()
+	f.signInHTTP(admin, adminToken)
+	head := func(c *http.Client, path string) httpPage {
+		t.Helper()
+		req, _ := http.NewRequest("HEAD", f.srv.URL+path, nil)
+		return f.send(c, req)
+	}
+	for _, tc := range []struct {
+		c      *http.Client
+		who    string
+		path   string
+		status int
+	}{
+		{f.client(), "signed out", "/console/sign-in", 200},
+		{f.client(), "signed out", "/console/", 303},
+		{f.client(), "signed out", "/console", 301},
+		{f.client(), "signed out", "/console/assets/console.css", 200},
+		{f.client(), "signed out", "/console/assets/favicon.svg", 200},
+		{f.client(), "signed out", "/console/no-such-page", 404},
+		{admin, "the admin", "/console/", 200},
+		{admin, "the admin", "/console/customers", 200},
+		{admin, "the admin", "/console/customers/acme", 200},
+		{admin, "the admin", "/console/customers/acme/periods/2026-11-01", 200},
+		{admin, "the admin", "/console/customers/nobody", 404},
+		{admin, "the admin", "/console/reconciliations", 200},
+		{admin, "the admin", "/console/dead-letters", 200},
+		{admin, "the admin", "/console/alerts", 200},
+	} {
+		get, h := f.get(tc.c, tc.path), head(tc.c, tc.path)
+		if get.status != tc.status || h.status != tc.status {
+			t.Errorf("%s, %s: GET %d, HEAD %d, want %d", tc.who, tc.path, get.status, h.status, tc.status)
+		}
+		if h.body != "" {
+			t.Errorf("%s, HEAD %s has a body", tc.who, tc.path)
+		}
+		for _, k := range []string{"Content-Type", "Location", "Content-Security-Policy"} {
+			if g, hv := get.header.Get(k), h.header.Get(k); g != hv {
+				t.Errorf("%s, %s: %s GET %q, HEAD %q", tc.who, tc.path, k, g, hv)
+			}
+		}
+	}
+}

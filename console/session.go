@@ -159,8 +159,8 @@ func requestFrom(ctx context.Context) request {
 }
 
 // authenticate finds the session and checks its token; without one, a
-// GET is sent to the sign-in page (and back after it), anything else is
-// refused.
+// GET (or HEAD) is sent to the sign-in page (and back after it), anything
+// else is refused.
 func (c *Console) authenticate(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var sess *session
@@ -183,7 +183,7 @@ func (c *Console) authenticate(next http.Handler) http.Handler {
 			}
 		}
 		if sess == nil {
-			if r.Method != http.MethodGet {
+			if r.Method != http.MethodGet && r.Method != http.MethodHead {
 				c.render(w, r, http.StatusForbidden, "error", errorPage{Title: "Signed out",
 					Detail: "Your session has ended. Sign in again and repeat what you did."})
 				return
