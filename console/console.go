@@ -60,8 +60,8 @@ type Config struct {
 	// SignInsPerToken and SignInsPerAddress limit sign-in attempts per
 	// minute (bursts of as many) with one token, right or wrong, and from
 	// one client address (as the API counts addresses); beyond, the
-	// sign-in is answered 429 with Retry-After. Default 10 and 30;
-	// negative: off.
+	// sign-in is answered 429 with Retry-After. Only forms that pass the
+	// CSRF check count. Default 10 and 30; negative: off.
 	SignInsPerToken   float64
 	SignInsPerAddress float64
 	// RequestTimeout bounds the work of one page. Default 10s.

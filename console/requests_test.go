@@ -5,6 +5,8 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+
+	"github.com/tally-ledger/tally/console"
 )
 
 // TestPagesClipWhatTheyEchoOfTheRequest: a 404 page names the customer,
@@ -94,5 +96,40 @@ func TestHeadIsAnsweredAsGet(t *testing.T) {
 				t.Errorf("%s, %s: %s GET %q, HEAD %q", tc.who, tc.path, k, g, hv)
 			}
 		}
+	}
+}
+
+// TestFormsFromElsewhereDoNotUseUpSignIns: sign-in forms that fail the
+// CSRF check (sent from another site, or without the form's value) are
+// refused 403 and do not count against the address's sign-in limit: a
+// page on another site cannot lock a user out of signing in. Real
+// attempts still do.
+func TestFormsFromElsewhereDoNotUseUpSignIns(t *testing.T) {
+	t.Parallel()
+	f := newFixtureWith(t, false, nil, func(c *console.Config) { c.SignInsPerToken, c.SignInsPerAddress = 1000, 3 })
+	c := f.client()
+	csrf := hidden(t, f.get(c, "/console/sign-in").body, "csrf")
+	for i := range 10 {
+		form := url.Values{"token": {"tly_" + strings.Repeat("A", 43)}, "next": {"/console/"}}
+		site := "cross-site"
+		if i%2 == 1 {
+			site = "same-origin" // without the form's CSRF value
+		} else {
+			form.Set("csrf", csrf)
+		}
+		if res := f.post(c, "/console/sign-in", form, "Sec-Fetch-Site", site); res.status != http.StatusForbidden {
+			t.Fatalf("forged form %d (%s): %d, want 403", i, site, res.status)
+		}
+	}
+	if res := f.signInStatus(f.client(), adminToken); res.status != http.StatusSeeOther {
+		t.Fatalf("a real sign-in after ten forged forms: %d, want 303", res.status)
+	}
+	for i := range 2 {
+		if res := f.signInStatus(f.client(), "tly_"+strings.Repeat("B", 43)); res.status != http.StatusUnauthorized {
+			t.Fatalf("wrong token %d: %d, want 401", i, res.status)
+		}
+	}
+	if res := f.signInStatus(f.client(), adminToken); res.status != http.StatusTooManyRequests {
+		t.Fatalf("a fourth real sign-in from the address: %d, want 429", res.status)
 	}
 }

@@ -297,11 +297,6 @@ func (c *Console) tooManySignIns(w http.ResponseWriter, r *http.Request, wait ti
 
 // signIn exchanges a token for a session cookie.
 func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
-	now := time.Now()
-	if ok, wait := c.signInAddrs.Allow(api.ClientAddress(r), now); !ok {
-		c.tooManySignIns(w, r, wait, "This address has tried to sign in too often. Wait a little and try again.")
-		return
-	}
 	pre, err := r.Cookie(signInCookie)
 	want := ""
 	if err == nil && c.issuedSignIn(pre.Value) {
@@ -309,6 +304,13 @@ func (c *Console) signIn(w http.ResponseWriter, r *http.Request) {
 	}
 	if !c.checkCSRF(w, r, want) {
 		c.metrics.signIns.WithLabelValues("csrf").Inc()
+		return
+	}
+	// Only forms that pass the CSRF check count against the address: a
+	// page on another site posting here cannot use up a user's sign-ins.
+	now := time.Now()
+	if ok, wait := c.signInAddrs.Allow(api.ClientAddress(r), now); !ok {
+		c.tooManySignIns(w, r, wait, "This address has tried to sign in too often. Wait a little and try again.")
 		return
 	}
 	token := strings.TrimSpace(r.PostFormValue("token"))
