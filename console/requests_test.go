@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/tally-ledger/tally/api"
 	"github.com/tally-ledger/tally/console"
 )
 
@@ -131,5 +132,34 @@ func TestFormsFromElsewhereDoNotUseUpSignIns(t *testing.T) {
 	}
 	if res := f.signInStatus(f.client(), adminToken); res.status != http.StatusTooManyRequests {
 		t.Fatalf("a fourth real sign-in from the address: %d, want 429", res.status)
+	}
+}
+
+// TestFormsFromElsewhereDoNotUseUpTheTokensRate: a signed-in viewer's
+// forms that fail the CSRF check (a sibling site's page posting with the
+// session cookie, or a form without its value) are refused 403 and take
+// nothing from the token's per-token limit, which its REST requests share.
+func TestFormsFromElsewhereDoNotUseUpTheTokensRate(t *testing.T) {
+	t.Parallel()
+	f := newFixtureWith(t, false, func(c *api.Config) { c.TokenRate, c.TokenBurst = 0.01, 5 }, nil)
+	f.calendar("acme", "UTC")
+	tok := f.customerToken("acme")
+	c := f.client()
+	f.signInHTTP(c, tok) // 1 of the burst
+	for i := range 10 {
+		form, site := url.Values{"csrf": {"forged"}}, "same-origin"
+		if i%2 == 0 {
+			form, site = url.Values{}, "same-site"
+		}
+		if res := f.post(c, "/console/sign-out", form, "Sec-Fetch-Site", site); res.status != http.StatusForbidden {
+			t.Fatalf("forged form %d (%s): %d, want 403", i, site, res.status)
+		}
+	}
+	for i := range 4 {
+		req, _ := http.NewRequest("GET", f.srv.URL+"/v1/customers/acme", nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		if res := f.send(f.client(), req); res.status != 200 {
+			t.Fatalf("REST request %d after ten forged forms: %d, want 200 (4 of the burst left)", i, res.status)
+		}
 	}
 }

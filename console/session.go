@@ -169,6 +169,11 @@ func (c *Console) authenticate(next http.Handler) http.Handler {
 			id = ck.Value
 			sess, _ = c.sessions.get(id, c.now())
 		}
+		// A form's CSRF check comes before the token's: a form another
+		// site posts takes nothing from the token's per-token limit.
+		if sess != nil && r.Method == http.MethodPost && !c.checkCSRF(w, r, sess.csrf) {
+			return
+		}
 		var v viewer
 		var err error
 		if sess != nil {
@@ -189,9 +194,6 @@ func (c *Console) authenticate(next http.Handler) http.Handler {
 				return
 			}
 			http.Redirect(w, r, Prefix+"/sign-in?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
-			return
-		}
-		if r.Method == http.MethodPost && !c.checkCSRF(w, r, sess.csrf) {
 			return
 		}
 		ctx := context.WithValue(r.Context(), ctxKey{}, request{viewer: v, sessionID: id, csrf: sess.csrf})
