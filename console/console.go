@@ -172,9 +172,7 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) { c.handler.
 func (c *Console) routes() http.Handler {
 	r := chi.NewRouter()
 	r.Use(secureHeaders, c.limits, homeWithSlash)
-	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
-		c.render(w, r, http.StatusNotFound, "error", errorPage{Title: "Not found", Detail: "There is no console page at this address."})
-	})
+	r.NotFound(c.notFound)
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
 		c.render(w, r, http.StatusMethodNotAllowed, "error", errorPage{Title: "Method not allowed", Detail: "This page does not take that request."})
 	})
@@ -184,8 +182,7 @@ func (c *Console) routes() http.Handler {
 		// not on the outer router: there HEAD /console/ did not reach its
 		// GET route and was refused 405.
 		r.Use(middleware.GetHead)
-		assets, _ := fs.Sub(assetFS, "assets")
-		r.Handle("/assets/*", http.StripPrefix(Prefix+"/assets/", cacheAssets(http.FileServerFS(assets))))
+		r.Get("/assets/*", c.asset)
 		r.Get("/sign-in", c.signInPage)
 		r.Post("/sign-in", c.signIn)
 		r.Group(func(r chi.Router) {
@@ -261,11 +258,24 @@ func homeWithSlash(next http.Handler) http.Handler {
 	})
 }
 
-func cacheAssets(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Cache-Control", "public, max-age=300")
-		next.ServeHTTP(w, r)
-	})
+func (c *Console) notFound(w http.ResponseWriter, r *http.Request) {
+	c.render(w, r, http.StatusNotFound, "error", errorPage{Title: "Not found", Detail: "There is no console page at this address."})
+}
+
+// assets are the stylesheet and the icon.
+var assets, _ = fs.Sub(assetFS, "assets")
+
+// asset serves one asset by its name. Anything else under assets/, the
+// directory itself included, is the console's 404 page: the directory's
+// files are never listed.
+func (c *Console) asset(w http.ResponseWriter, r *http.Request) {
+	name := chi.URLParam(r, "*")
+	if st, err := fs.Stat(assets, name); err != nil || st.IsDir() { // "", "./", "x/" are not valid names
+		c.notFound(w, r)
+		return
+	}
+	w.Header().Set("Cache-Control", "public, max-age=300")
+	http.ServeFileFS(w, r, assets, name)
 }
 
 // maxForm bounds a form body: the largest is sign-in's (a token).

@@ -163,3 +163,34 @@ func TestFormsFromElsewhereDoNotUseUpTheTokensRate(t *testing.T) {
 		}
 	}
 }
+
+// TestAssetsAreServedOnlyByName: the stylesheet and the icon are served,
+// to GET and HEAD; the assets directory is the console's 404 page, not a
+// listing of its files, however it is spelt; another method is 405.
+func TestAssetsAreServedOnlyByName(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := f.client()
+	for _, p := range []string{"/console/assets/console.css", "/console/assets/favicon.svg"} {
+		if res := f.get(c, p); res.status != 200 || res.header.Get("Cache-Control") != "public, max-age=300" {
+			t.Errorf("%s: %d, Cache-Control %q", p, res.status, res.header.Get("Cache-Control"))
+		}
+	}
+	for _, p := range []string{"/console/assets/", "/console/assets", "/console/assets//", "/console/assets/./",
+		"/console/assets/index.html", "/console/assets/nope.css", "/console/assets/console.css/"} {
+		res := f.get(c, p)
+		if strings.Contains(res.body, `<a href="favicon.svg">`) || strings.Contains(res.body, "<pre>") {
+			t.Errorf("%s lists the assets: %d\n%s", p, res.status, res.body)
+		}
+		if res.status != http.StatusNotFound && res.status != http.StatusMovedPermanently {
+			t.Errorf("%s: %d, want 404", p, res.status)
+		}
+		if res.status == http.StatusNotFound && !strings.Contains(res.body, "There is no console page at this address.") {
+			t.Errorf("%s: not the console's 404 page:\n%s", p, res.body)
+		}
+	}
+	res := f.post(c, "/console/assets/console.css", url.Values{}, "Sec-Fetch-Site", "same-origin")
+	if res.status != http.StatusMethodNotAllowed {
+		t.Errorf("POST /console/assets/console.css: %d, want 405", res.status)
+	}
+}
