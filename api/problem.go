@@ -196,7 +196,7 @@ func (a *API) problemFor(r *http.Request, err error) *Problem {
 			Detail: "operation_id was already used for an adjustment with a different body; use a new operation_id",
 			Errors: []FieldError{{Field: "operation_id", Detail: "already used with a different body"}}}
 	case errors.As(err, &badRef):
-		return invalidField("period", "%q: %v: %s", badRef.Ref, periods.ErrInvalidPeriodRef, badRef.Detail)
+		return invalidField("period", "%s: %v: %s", quote(badRef.Ref), periods.ErrInvalidPeriodRef, badRef.Detail)
 	case errors.As(err, &noSuchPeriod):
 		return &Problem{Type: TypePeriodNotFound, Title: "Period not found", Status: http.StatusNotFound,
 			Detail: err.Error(), Errors: []FieldError{{Field: "period", Detail: "not the start date of a period"}},
