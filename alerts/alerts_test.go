@@ -95,7 +95,7 @@ func types(evs []alerts.Event) []string {
 }
 
 // TestTriggeredThenResolvedByACredit: 80% and 100% of the quota limit in
-// force trigger in order, a credit resolves both, each event delivered
+// force trigger in order, a credit resolves both (100% first), each event delivered
 // signed to the webhook and to Kafka with its stable id.
 func TestTriggeredThenResolvedByACredit(t *testing.T) {
 	e := newEnv(t)
@@ -111,8 +111,9 @@ func TestTriggeredThenResolvedByACredit(t *testing.T) {
 	e.adjust("acme", "calls", -60, time.Time{})
 	waitFor(t, 5*time.Second, "both resolved", func() bool { return len(rec.delivered()) >= 4 })
 	stored := check(t, e, rec, secret)
-	want := []string{"triggered p80", "triggered p100", "resolved p80 usage_decreased", "resolved p100 usage_decreased"}
-	if got := types(stored); !slices.Equal(got, want) && !slices.Equal(got, []string{want[0], want[1], want[3], want[2]}) {
+	// Resolved in one evaluation: 100% first, the reverse of how they were crossed.
+	want := []string{"triggered p80", "triggered p100", "resolved p100 usage_decreased", "resolved p80 usage_decreased"}
+	if got := types(stored); !slices.Equal(got, want) {
 		t.Fatalf("events %v, want %v", got, want)
 	}
 	ev := stored[0]
@@ -151,6 +152,53 @@ func TestTriggeredThenResolvedByACredit(t *testing.T) {
 		if string(m.Key) != "customer:acme/calls" || string(m.Value) != e.body(stored[i].ID.String()) {
 			t.Fatalf("kafka message %d: key %q value %s", i, m.Key, m.Value)
 		}
+	}
+}
+
+// TestSeveralThresholdsAtOnceInOrder: thresholds crossed in one
+// evaluation trigger lowest first; a credit taking usage below all of
+// them resolves them highest first, the reverse of how they were crossed,
+// and so does the end of their period (period_ended), whatever the order
+// of the rule's thresholds or of their keys ("value:10" sorts before
+// "value:8"). Deleting a rule resolves its thresholds in the same order.
+func TestSeveralThresholdsAtOnceInOrder(t *testing.T) {
+	e := newEnv(t)
+	rec := newReceiver(t)
+	secret := e.webhook("billing", rec.url())
+	ctx := context.Background()
+	if _, _, err := (periods.Store{}).SetCalendar(ctx, e.pool, "acme", periods.Calendar{Cadence: periods.Daily}); err != nil {
+		t.Fatal(err)
+	}
+	e.rule("acme-calls", `{"subject":"customer:acme","meter":"calls","thresholds":[{"value":"9"},{"value":"10"},{"value":"8"}],"endpoints":["billing"]}`)
+	// Yesterday, as in TestLateUsageIntoAClosedPeriodFiresNothingForIt.
+	yesterday := time.Now().UTC().AddDate(0, 0, -1)
+	if day := 24 * time.Hour; yesterday.Add(5*time.Minute).Truncate(day) != yesterday.Truncate(day) {
+		yesterday = yesterday.Add(-5 * time.Minute)
+	}
+	e.streams.Use(t, "acme", "calls", yesterday, decimal.NewFromInt(12))
+	e.skew.Store(int64(-24 * time.Hour)) // the evaluator looks at yesterday
+	e.start(startOptions{})
+	waitFor(t, 5*time.Second, "three triggered", func() bool { return len(e.stored()) == 3 })
+	e.adjust("acme", "calls", -10, yesterday.Add(time.Minute))
+	waitFor(t, 5*time.Second, "three resolved", func() bool { return len(e.stored()) == 6 })
+	e.adjust("acme", "calls", 10, yesterday.Add(2*time.Minute))
+	waitFor(t, 5*time.Second, "three triggered again", func() bool { return len(e.stored()) == 9 })
+	e.skew.Store(0)
+	waitFor(t, 5*time.Second, "period ended", func() bool { return len(e.stored()) == 12 })
+	e.use("acme", "calls", 12) // today's period
+	waitFor(t, 5*time.Second, "three triggered today", func() bool { return len(e.stored()) == 15 })
+	if err := alerts.DeleteRule(ctx, e.pool, "acme-calls", "test", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "resolved by the deletion", func() bool { return len(rec.delivered()) == 18 })
+	stored := check(t, e, rec, secret)
+	up := []string{"triggered v8", "triggered v9", "triggered v10"}
+	want := slices.Concat(up,
+		[]string{"resolved v10 usage_decreased", "resolved v9 usage_decreased", "resolved v8 usage_decreased"}, up,
+		[]string{"resolved v10 period_ended", "resolved v9 period_ended", "resolved v8 period_ended"}, up,
+		[]string{"resolved v10 rule_deleted", "resolved v9 rule_deleted", "resolved v8 rule_deleted"})
+	if got := types(stored); !slices.Equal(got, want) {
+		t.Fatalf("events\n%v\nwant\n%v", got, want)
 	}
 }
 

@@ -23,6 +23,9 @@
 //     ok, a resolved one only from triggered, for the same (rule, subject,
 //     threshold, period). A period that has ended is never evaluated
 //     again: its triggered states are resolved with reason period_ended.
+//   - In order: the transitions of one evaluation are written per rule,
+//     subject and period, resolutions first, highest threshold first,
+//     then triggers, lowest first; events are delivered in that order.
 //   - At least once, in order: a delivery is a row; only the oldest
 //     pending delivery of each (endpoint, rule, subject) is attempted, and
 //     it is marked delivered only after the receiver's 2xx (or Kafka's

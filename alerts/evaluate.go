@@ -1,6 +1,7 @@
 package alerts
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -203,6 +204,7 @@ type state struct {
 type transition struct {
 	s     state
 	event *Event
+	value decimal.Decimal // what the threshold stood for when it was crossed (the event's threshold.value)
 	body  string
 	kinds []string // delivery endpoints
 }
@@ -453,9 +455,9 @@ func planSubjects(ctx context.Context, db DBTX, rules map[string]Rule, states ma
 }
 
 // decideAll is every transition of this evaluation: resolutions of states
-// that can no longer stay triggered first (a period ended, a rule or
-// threshold gone), then each rule × subject × threshold in the current
-// period, thresholds in ascending order.
+// that can no longer stay triggered (a period ended, a rule or threshold
+// gone), and each rule × subject × threshold in the current period; in
+// the order of inOrder.
 func decideAll(rules map[string]Rule, p plan, usage []quota.SubjectUsage, states map[stateKey]state, now time.Time) []transition {
 	var out []transition
 	current := map[string]quota.SubjectUsage{} // rule/subject → usage
@@ -514,16 +516,9 @@ func decideAll(rules map[string]Rule, p plan, usage []quota.SubjectUsage, states
 	slices.Sort(names)
 	for _, name := range names {
 		r := rules[name]
-		ths := slices.Clone(r.Thresholds)
 		for _, sc := range p.byRule[name] {
 			u := current[name+"\x00"+sc]
-			// Ascending by the usage they stand for, so 80% fires before 100%.
-			slices.SortStableFunc(ths, func(a, b Threshold) int {
-				av, _ := a.At(u.Limit)
-				bv, _ := b.At(u.Limit)
-				return av.Cmp(bv)
-			})
-			for _, th := range ths {
+			for _, th := range r.Thresholds {
 				k := stateKey{rule: name, subject: sc, threshold: th.Key(), periodStart: u.Period.Start.UTC()}
 				if done[k] {
 					continue
@@ -541,7 +536,35 @@ func decideAll(rules map[string]Rule, p plan, usage []quota.SubjectUsage, states
 			}
 		}
 	}
+	inOrder(out)
 	return out
+}
+
+// inOrder sorts one evaluation's transitions into the order their events
+// are written, and so delivered (docs/design.md §15): per rule and
+// subject, an older period's before a newer one's; in a period,
+// resolutions before triggers, resolutions highest threshold first (the
+// reverse of how they were crossed), triggers lowest first (80% before
+// 100%), by what each threshold stood for when it was crossed. Whatever
+// resolved them (a credit, the period's end, a rule change or deletion).
+// Thresholds standing for the same usage keep the rule's order.
+func inOrder(ts []transition) {
+	slices.SortStableFunc(ts, func(a, b transition) int {
+		if c := cmp.Or(strings.Compare(a.s.rule, b.s.rule), strings.Compare(a.s.subject, b.s.subject),
+			a.s.periodStart.Compare(b.s.periodStart)); c != 0 {
+			return c
+		}
+		ar, br := a.s.state != Triggered, b.s.state != Triggered
+		switch {
+		case ar && !br:
+			return -1
+		case br && !ar:
+			return 1
+		case ar:
+			return b.value.Cmp(a.value)
+		}
+		return a.value.Cmp(b.value)
+	})
 }
 
 // decide is the state machine of one (rule, subject, threshold, period):
@@ -557,7 +580,7 @@ func decide(r Rule, th Threshold, s state, u quota.SubjectUsage, now time.Time) 
 		return transition{}, false // no rule in force: no evaluation
 	case s.state != Triggered && u.Used.GreaterThanOrEqual(at):
 		s.state, s.transitions, s.used, s.limit = Triggered, s.transitions+1, u.Used, u.Limit
-		return transition{s: s, event: newEvent(r, th, s, u.Used, u.Limit, &u, now, TypeTriggered, "")}, true
+		return transition{s: s, event: newEvent(r, th, s, u.Used, u.Limit, &u, now, TypeTriggered, ""), value: at}, true
 	case s.state == Triggered:
 		keep := decimal.NewFromInt(1).Sub(r.HysteresisPercent.Shift(-2)) // exact, as Threshold.At
 		if !u.Used.LessThan(at.Mul(keep)) {
@@ -593,7 +616,7 @@ func resolve(r Rule, s state, used decimal.Decimal, limit *decimal.Decimal, u *q
 			th.Value = &d
 		}
 	}
-	t := transition{s: s}
+	t := transition{s: s, value: crossedValue(th, crossedAt, limit)}
 	if r.Notifies(Resolved) {
 		// The threshold's value is the one it stood for when it was
 		// crossed, whatever the limit now (raised, lowered, none): the
@@ -603,6 +626,17 @@ func resolve(r Rule, s state, used decimal.Decimal, limit *decimal.Decimal, u *q
 		t.event = newEvent(r, th, es, used, limit, u, now, TypeResolved, reason)
 	}
 	return t
+}
+
+// crossedValue is the usage th stood for when it was crossed, under the
+// limit crossedUnder (else, a percent threshold crossed without one on
+// record, under limit).
+func crossedValue(th Threshold, crossedUnder, limit *decimal.Decimal) decimal.Decimal {
+	at, ok := th.At(crossedUnder)
+	if !ok {
+		at, _ = th.At(limit)
+	}
+	return at
 }
 
 func newEvent(r Rule, th Threshold, s state, used decimal.Decimal, limit *decimal.Decimal, u *quota.SubjectUsage, now time.Time, typ, reason string) *Event {
@@ -617,11 +651,7 @@ func newEvent(r Rule, th Threshold, s state, used decimal.Decimal, limit *decima
 	}
 	// s.limit is the limit the threshold was crossed under (for a
 	// trigger, the one in force: limit).
-	at, ok := th.At(s.limit)
-	if !ok {
-		at, _ = th.At(limit)
-	}
-	ev.Threshold = EventThreshold{Value: at, Percent: th.Percent}
+	ev.Threshold = EventThreshold{Value: crossedValue(th, s.limit, limit), Percent: th.Percent}
 	if u != nil && u.AsOf != nil {
 		a := *u.AsOf
 		lag := quota.Seconds(now.Sub(a).Milliseconds())
