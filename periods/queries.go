@@ -43,23 +43,30 @@ INSERT INTO period_closes (customer, period_start, period_end, closed_at, statem
 VALUES (@customer, @period_start, @period_end, @closed_at, @statement, @forced, @reason, @actor, @reconciliation_id)`
 
 	// Per period of the customer with usage (counter rollups, gauge days,
-	// unique counts) or a close record: each counter meter's billed total
-	// (meters and totals, in meter order), whether it is closed and
-	// whether a gauge has a bucket in it, newest first.
+	// gauge prior-period adjustments, unique counts) or a close record:
+	// each counter meter's billed total (meters and totals, in meter
+	// order), whether it is closed, the gauges with a bucket in it and
+	// those of them whose level carried out of its last bucket (the
+	// level it leaves to the periods after) is not 0, newest first.
 	qListPeriods = `
 SELECT period_start,
        coalesce(array_agg(meter ORDER BY meter) FILTER (WHERE meter IS NOT NULL), '{}'),
        coalesce(array_agg(q::text ORDER BY meter) FILTER (WHERE meter IS NOT NULL), '{}'),
-       bool_or(closed), bool_or(gauge)
+       bool_or(closed),
+       coalesce(array_agg(gauge ORDER BY gauge) FILTER (WHERE gauge IS NOT NULL), '{}'),
+       coalesce(array_agg(gauge ORDER BY gauge) FILTER (WHERE held), '{}')
 FROM (
-  SELECT period_start, meter, trim_scale(sum(quantity)) AS q, false AS closed, false AS gauge
+  SELECT period_start, meter, trim_scale(sum(quantity)) AS q, false AS closed, NULL::text AS gauge, false AS held
   FROM rollups WHERE customer = $1 GROUP BY period_start, meter
   UNION ALL
-  SELECT period_start, NULL, NULL::numeric, true, false FROM period_closes WHERE customer = $1
+  SELECT period_start, NULL, NULL::numeric, true, NULL, false FROM period_closes WHERE customer = $1
   UNION ALL
-  SELECT DISTINCT period_start, NULL, NULL::numeric, false, true FROM gauge_days WHERE customer = $1
+  (SELECT DISTINCT ON (meter, period_start) period_start, NULL, NULL::numeric, false, meter, level_out <> 0
+   FROM gauge_days WHERE customer = $1 ORDER BY meter, period_start, day_start DESC)
   UNION ALL
-  SELECT DISTINCT period_start, NULL, NULL::numeric, false, false FROM unique_counts WHERE customer = $1
+  SELECT DISTINCT period_start, NULL, NULL::numeric, false, NULL, false FROM gauge_adjustments WHERE customer = $1
+  UNION ALL
+  SELECT DISTINCT period_start, NULL, NULL::numeric, false, NULL, false FROM unique_counts WHERE customer = $1
 ) s GROUP BY 1 ORDER BY 1 DESC`
 )
 

@@ -362,7 +362,7 @@ func (s Store) List(ctx context.Context, db DBTX, customer string) ([]Summary, e
 	found, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (listedPeriod, error) {
 		var x listedPeriod
 		var meters, totals []string
-		if err := r.Scan(&x.start, &meters, &totals, &x.closed, &x.gauge); err != nil {
+		if err := r.Scan(&x.start, &meters, &totals, &x.closed, &x.gauges, &x.held); err != nil {
 			return x, err
 		}
 		x.billed = make(map[string]decimal.Decimal, len(meters))
@@ -418,32 +418,43 @@ type listedPeriod struct {
 	start  time.Time
 	billed map[string]decimal.Decimal
 	closed bool
-	gauge  bool // a gauge has a bucket in it
+	gauges []string // the gauges with a bucket in it
+	held   []string // those whose level carried out of it is not 0
 }
 
-// heldByGauges adds to found (newest first) the periods before cur from
-// the first one a gauge has a bucket in that found lacks: a level carried
-// through a period leaves no bucket of its own there, and is billed all
-// the same. It returns found newest first.
+// heldByGauges adds to found (newest first) the periods before cur that
+// found lacks and a gauge carries a level other than 0 into: a level
+// carried through a period leaves no bucket of its own there, and is
+// billed all the same. A level of 0 (a reading of 0, a final reading, an
+// epoch's end: docs/design.md §16) bills nothing, and the periods it is
+// carried through are not added. It returns found newest first.
 func heldByGauges(sch Schedule, found []listedPeriod, cur Period) ([]listedPeriod, error) {
-	var first *time.Time
-	have := make(map[int64]bool, len(found))
+	first := -1
+	byStart := make(map[int64]int, len(found))
 	for i := range found {
-		have[found[i].start.UnixMicro()] = true
-		if found[i].gauge {
-			first = &found[i].start
+		byStart[found[i].start.UnixMicro()] = i
+		if len(found[i].gauges) > 0 {
+			first = i
 		}
 	}
-	if first == nil {
+	if first < 0 {
 		return found, nil
 	}
-	p, err := sch.PeriodAt(*first)
+	p, err := sch.PeriodAt(found[first].start)
 	if err != nil {
 		return nil, err
 	}
 	n := len(found)
+	held := map[string]bool{} // the gauges carrying a level other than 0 out of the periods so far
 	for p.Start.Before(cur.Start) {
-		if !have[p.Start.UnixMicro()] {
+		if i, ok := byStart[p.Start.UnixMicro()]; ok {
+			for _, g := range found[i].gauges {
+				delete(held, g)
+			}
+			for _, g := range found[i].held {
+				held[g] = true
+			}
+		} else if len(held) > 0 {
 			found = append(found, listedPeriod{start: p.Start.UTC(), billed: map[string]decimal.Decimal{}})
 		}
 		if p, err = sch.Next(p); err != nil {

@@ -412,6 +412,87 @@ func TestListHasThePeriodsAGaugeLevelIsHeldIn(t *testing.T) {
 	}
 }
 
+// TestListEndsWithTheLastGaugeLevelBilled: a final reading ends its
+// stream's level (docs/design.md §16: a final record's level is 0), and a
+// reading of 0 sets the level to 0, so the periods after them bill no
+// level-seconds: they are not listed (the current one always is), until
+// a gauge carries a level again. A period that absorbed a late reading's
+// prior-period adjustment is listed even with no level carried into it.
+func TestListEndsWithTheLastGaugeLevelBilled(t *testing.T) {
+	day := func(y int, m time.Month, d int) time.Time { return time.Date(y, m, d, 0, 0, 0, 0, time.UTC) }
+	w := newWorld(t, day(2026, 6, 20))
+	w.store.Kinds = ledger.StatementKinds
+	ctx := context.Background()
+	apply := func(recs ...ledger.Record) {
+		w.t.Helper()
+		if err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+			_, err := w.l.Apply(ctx, tx, recs)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
+		for _, m := range []string{"seats", "disks"} {
+			if _, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: m, Kind: ledger.Gauge}, w.now); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	disks := func(seq int64, v string, at time.Time) ledger.Record {
+		r := gaugeLevel(seq, v, at)
+		r.Stream.Meter = "disks"
+		return r
+	}
+	final := gaugeLevel(3, "0", day(2026, 6, 20))
+	final.Final = true
+	// seats: 5 from June 5 (7 from June 10: seq 2, late), ended June 20.
+	// disks: 2 from June 8, 0 from July 15, 3 from October 10, 0 from December 10.
+	apply(gaugeLevel(1, "5", day(2026, 6, 5)), final, disks(1, "2", day(2026, 6, 8)))
+	w.at(day(2026, 7, 16))
+	apply(disks(2, "0", day(2026, 7, 15)))
+	w.at(day(2026, 8, 3))
+	for _, p := range []string{"2026-06-01", "2026-07-01"} {
+		if _, err := w.close("acme", p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.at(day(2026, 8, 20))
+	apply(gaugeLevel(2, "7", day(2026, 6, 10))) // changes closed June: billed in August
+	w.at(day(2026, 10, 11))
+	apply(disks(3, "3", day(2026, 10, 10)))
+	w.at(day(2026, 12, 11))
+	apply(disks(4, "0", day(2026, 12, 10)))
+	w.at(time.Date(2027, 3, 1, 12, 0, 0, 0, time.UTC))
+	list, err := w.store.List(ctx, w.pool, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range list {
+		got = append(got, fmt.Sprintf("%s %s", p.Name, p.State))
+	}
+	want := []string{"2027-03-01 open", "2026-12-01 awaiting_close", "2026-11-01 awaiting_close", "2026-10-01 awaiting_close",
+		"2026-08-01 awaiting_close", "2026-07-01 closed", "2026-06-01 closed"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("periods\n\t%v\nwant\n\t%v", got, want)
+	}
+	// What is left out bills nothing.
+	for _, name := range []string{"2026-09-01", "2027-01-01", "2027-02-01"} {
+		for _, g := range w.statement("acme", name).Gauges {
+			if !g.UnitSeconds.IsZero() || !g.PriorPeriodUnitSeconds.IsZero() {
+				t.Errorf("period %s is not listed and bills %+v", name, g)
+			}
+		}
+	}
+	if st := w.statement("acme", "2026-08-01"); len(st.Absorbed) != 1 || st.Absorbed[0].Amount.String() != "1728000" { // 2 × 10 days
+		t.Errorf("august absorbed %+v of june's change, want 1728000 seat-seconds", st.Absorbed)
+	}
+}
+
 // TestStatementSaysWhereAGaugeAdjustmentCameFrom: a late gauge reading
 // that changes a closed period's level-seconds is billed in the first
 // open period, and that period's statement says from which period it
