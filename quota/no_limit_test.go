@@ -2,11 +2,13 @@ package quota_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/pools"
 	"github.com/tally-ledger/tally/quota"
 )
@@ -129,4 +131,67 @@ func TestScopeRuleTurnedExactOrRateOnlyPublishesNoLimit(t *testing.T) {
 	})
 	wantNoLimit(t, seen["pool:team/api_calls"], "pool:team/api_calls", 2)
 	wantNoLimit(t, seen["global/api_calls"], "global/api_calls", 2)
+}
+
+// A period whose last decision is no_limit is not settled against that
+// decision's limit of 0 when it ends: the first decision of the next
+// period under a period limit again (here a new leader's, which starts
+// from the stored no_limit decision) settles nothing of the old period as
+// over its limit. Only the overage the old period had while it had a limit
+// stays (60 used of 50: 10), not its whole usage (65) as over a limit of 0.
+func TestNoLimitPeriodIsNotSettledAgainstALimitOfZero(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	sch, err := json.Marshal(periods.NewSchedule(periods.Calendar{Cadence: periods.Daily, AnchorTime: "00:00", Zone: "UTC"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(context.Background(), `INSERT INTO customers (id, schedule) VALUES ('daily', $1)`, sch); err != nil {
+		t.Fatal(err)
+	}
+	e.follow()
+	e.put(quota.RuleInput{Customer: "daily", Meter: "api_calls", Limit: dec("50")})
+	e.use("daily", "api_calls", 60)
+	rd := e.reader()
+	a := e.start(e.config("a"))
+	today := rd.until(10*time.Second, "exceeded today", func(d received) bool { return d.State == quota.Exceeded })
+	e.put(quota.RuleInput{Customer: "daily", Meter: "api_calls", Admission: quota.Exact, Rate: rateOnly})
+	wantNoLimit(t, rd.until(10*time.Second, "no_limit today", func(d received) bool { return d.RuleVersion == 2 }), "daily/api_calls", 2)
+	e.use("daily", "api_calls", 5) // under the rate contract: no period limit to be over
+	a.Stop(t)
+	// The next period begins under a period limit again, decided first by
+	// a new leader whose last decision of the key is today's no_limit.
+	e.put(quota.RuleInput{Customer: "daily", Meter: "api_calls", Limit: dec("50")})
+	e.advance(24 * time.Hour)
+	e.start(e.config("b"))
+	d := rd.until(10*time.Second, "tomorrow", func(d received) bool { return d.Period != today.Period })
+	if d.State != quota.OK || d.RuleVersion != 3 {
+		t.Fatalf("new period: %+v", d.Decision)
+	}
+	start, err := time.Parse(time.DateOnly, today.Period)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The decision is stored with its settlement in one transaction: wait
+	// for the store, then read the old period's overage.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		var n int
+		if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM quota_decisions WHERE customer = 'daily' AND decision->>'period' = $1`,
+			d.Period).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("tomorrow's decision not stored after 5 s")
+		}
+	}
+	got, err := quota.Overages(context.Background(), e.pool, start, "daily")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || !got[0].OverLimit.Equal(dec("10")) || !got[0].WhileExceeded.IsZero() || !got[0].WhileStale.IsZero() {
+		t.Errorf("old period's overage %+v, want over_limit 10 only (60 of 50, before the rate contract)", got)
+	}
 }
