@@ -162,7 +162,7 @@ at once.`,
 	envDefault(f, "api-pool-size", "TALLY_API_POOL_SIZE")
 	f.IntVar(&sizes.enforce, "enforce-pool-size", 2, "Postgres connections of the quota enforcer (its own pool)")
 	envDefault(f, "enforce-pool-size", "TALLY_ENFORCE_POOL_SIZE")
-	f.IntVar(&limits.maxInFlight, "api-max-in-flight", 64, "requests the API serves at once; more are answered 503 with Retry-After")
+	f.IntVar(&limits.maxInFlight, "api-max-in-flight", 64, "requests the API serves at once, at least 1; more are answered 503 with Retry-After")
 	envDefault(f, "api-max-in-flight", "TALLY_API_MAX_IN_FLIGHT")
 	f.Float64Var(&limits.addressRate, "api-rate-per-address", 100, "requests per second from one client address, bursts of twice that (429 beyond; 0: off, e.g. behind a proxy)")
 	envDefault(f, "api-rate-per-address", "TALLY_API_RATE_PER_ADDRESS")
@@ -171,7 +171,7 @@ at once.`,
 	f.Float64Var(&limits.gatewayRate, "api-rate-per-gateway", 500, "requests per second with one gateway token, bursts of twice that (429 beyond; 0: off); "+
 		"sized for the grant protocol: about one request a second per busy budget a gateway serves")
 	envDefault(f, "api-rate-per-gateway", "TALLY_API_RATE_PER_GATEWAY")
-	f.IntVar(&limits.addressBodies, "api-bodies-per-address", 8, "request bodies one client address may be sending at once (429 beyond; 0: no bound); "+
+	f.IntVar(&limits.addressBodies, "api-bodies-per-address", 8, "request bodies one client address may be sending at once, 0 or more (429 beyond; 0: no bound); "+
 		"the admin token and known gateway tokens are not counted")
 	envDefault(f, "api-bodies-per-address", "TALLY_API_BODIES_PER_ADDRESS")
 	f.DurationVar(&limits.bodyTimeout, "api-body-timeout", 5*time.Second, "time a request body may take to arrive (408 beyond); bodies are read before a request takes an in-flight slot")
@@ -227,6 +227,14 @@ func checkServeFlags(o runOptions, limits apiLimits) error {
 	}
 	if o.api && limits.bodyTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--api-body-timeout (TALLY_API_BODY_TIMEOUT) must be positive, got %s", limits.bodyTimeout))
+	}
+	// api.Config takes 0 for its default and a negative value for no
+	// bound: neither is what a careful operator means by 0 or -1 here.
+	if o.api && limits.maxInFlight < 1 {
+		errs = append(errs, fmt.Errorf("--api-max-in-flight (TALLY_API_MAX_IN_FLIGHT) must be at least 1, got %d", limits.maxInFlight))
+	}
+	if o.api && limits.addressBodies < 0 {
+		errs = append(errs, fmt.Errorf("--api-bodies-per-address (TALLY_API_BODIES_PER_ADDRESS) must be 0 (no bound) or more, got %d", limits.addressBodies))
 	}
 	return errors.Join(errs...)
 }

@@ -275,3 +275,53 @@ func TestServeRefusesItsFlagsByName(t *testing.T) {
 		}
 	}
 }
+
+// serveUsage runs tally serve with args and env (variable to value) on a
+// migrated database and returns its exit code and stderr. A serve that
+// starts is stopped after 3 s (the caller's check then fails).
+func serveUsage(t *testing.T, db string, env map[string]string, args ...string) (int, string) {
+	t.Helper()
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	var out, errOut bytes.Buffer
+	args = append([]string{"serve", "--database-url", db, "--listen", "127.0.0.1:0", "--admin-token", testAdminToken}, args...)
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	return execute(ctx, args, &out, &errOut), errOut.String()
+}
+
+// --api-max-in-flight below 1 is a usage error naming the flag and its
+// variable: 0 silently meant the API's default of 64 and a negative value
+// no bound at all. So is a negative --api-bodies-per-address (0 is its
+// documented "no bound").
+func TestServeAPIMaxInFlightMustBePositive(t *testing.T) {
+	db := pgtest.NewURL(t)
+	for _, tc := range []struct {
+		env  map[string]string
+		args []string
+	}{
+		{nil, []string{"--api", "--api-max-in-flight", "0"}},
+		{nil, []string{"--api", "--api-max-in-flight", "-1"}},
+		{map[string]string{"TALLY_API_MAX_IN_FLIGHT": "0"}, []string{"--api"}},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			code, stderr := serveUsage(t, db, tc.env, tc.args...)
+			if code != exitUsage || !strings.Contains(stderr, "--api-max-in-flight (TALLY_API_MAX_IN_FLIGHT) must be at least 1") {
+				t.Errorf("exit %d, want 2 naming --api-max-in-flight and TALLY_API_MAX_IN_FLIGHT; stderr:\n%s", code, stderr)
+			}
+		})
+	}
+	for _, env := range []map[string]string{nil, {"TALLY_API_BODIES_PER_ADDRESS": "-1"}} {
+		args := []string{"--api"}
+		if env == nil {
+			args = append(args, "--api-bodies-per-address", "-1")
+		}
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			code, stderr := serveUsage(t, db, env, args...)
+			if code != exitUsage || !strings.Contains(stderr, "--api-bodies-per-address (TALLY_API_BODIES_PER_ADDRESS) must be 0 (no bound) or more") {
+				t.Errorf("exit %d, want 2 naming --api-bodies-per-address and TALLY_API_BODIES_PER_ADDRESS; stderr:\n%s", code, stderr)
+			}
+		})
+	}
+}
