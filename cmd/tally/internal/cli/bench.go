@@ -169,7 +169,7 @@ func keepFreedMemory() error {
 }
 
 func benchIngest(ctx context.Context, out io.Writer, o benchIngestOptions) error {
-	if o.records < 1 || o.perMessage < 1 || o.perMessage > wire.MaxRecords || o.partitions < 1 || o.members < 1 || o.dupShare < 0 || o.dupShare >= 1 || o.rounds < 1 || o.population < 1 || o.customers < 0 {
+	if o.records < 1 || o.perMessage < 1 || o.perMessage > wire.MaxRecords || o.partitions < 1 || o.members < 1 || !(o.dupShare >= 0 && o.dupShare < 1) || o.rounds < 1 || o.population < 1 || o.customers < 0 {
 		return usageError(errors.New("bench ingest: need --records ≥ 1, 1 ≤ --per-message ≤ 10000, --partitions ≥ 1, --members ≥ 1, 0 ≤ --duplicates < 1, --rounds ≥ 1, --population ≥ 1, --customers ≥ 0"))
 	}
 	if o.kind == "" {

@@ -2,6 +2,7 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"regexp"
@@ -154,5 +155,15 @@ func TestPhysicalBaselineStoresTheRecordsSent(t *testing.T) {
 	}
 	if n != len(want) || n != len(rows) {
 		t.Fatalf("%d rows stored, %d records sent, %d rows built", n, len(want), len(rows))
+	}
+}
+
+// --duplicates NaN passed the range check (every comparison with NaN is
+// false): a usage error naming it, before anything runs.
+func TestBenchIngestRefusesANaNShare(t *testing.T) {
+	_, err := runTally(t, "bench", "ingest", "--duplicates", "NaN", "--database-url", "postgres://127.0.0.1:1/none")
+	var ee *ExitError
+	if !errors.As(err, &ee) || ee.Code != exitUsage || !strings.Contains(err.Error(), "--duplicates") {
+		t.Fatalf("bench ingest --duplicates NaN: %v; want exit 2 naming --duplicates", err)
 	}
 }

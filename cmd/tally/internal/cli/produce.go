@@ -89,6 +89,12 @@ letters. Check a ledger against it with: tally verify --expect FILE`,
 					errs = append(errs, fmt.Errorf("--%s must be at least 1, got %d", n.flag, n.v))
 				}
 			}
+			if !finiteNonNegative(rate) {
+				errs = append(errs, fmt.Errorf("--rate must be a number of records per second, 0 (as fast as acknowledged) or more, got %v", rate))
+			}
+			if !(fault >= 0 && fault <= 0.5) {
+				errs = append(errs, fmt.Errorf("--fault-rate must be a probability from 0 to 0.5, got %v", fault))
+			}
 			if cfg.Linger <= 0 {
 				errs = append(errs, fmt.Errorf("--linger must be positive, got %s", cfg.Linger))
 			}
@@ -147,7 +153,7 @@ letters. Check a ledger against it with: tally verify --expect FILE`,
 	fs.StringVar(&dbURL, "database-url", defaultDatabaseURL, "Postgres connection URL of the ledger, to declare the --gauges and --uniques meters")
 	envDefault(fs, "database-url", "TALLY_DATABASE_URL")
 	fs.IntVar(&cfg.Workers, "workers", 4, "goroutines calling Record on each producer")
-	fs.Float64Var(&rate, "rate", 0, "records per second over all producers (0: as fast as they are acknowledged)")
+	fs.Float64Var(&rate, "rate", 0, "records per second over all producers, 0 or more (0: as fast as they are acknowledged)")
 	fs.DurationVar(&cfg.Duration, "duration", 10*time.Second, "how long to record usage")
 	fs.Int64Var(&cfg.Records, "records", 0, "stop after this many records (or at --duration, whichever comes first; --duration 0 for records only)")
 	fs.DurationVar(&cfg.Spread, "spread", 0, "spread occurred_at over this much of the past (e.g. 1080h covers several monthly periods)")
@@ -156,7 +162,7 @@ letters. Check a ledger against it with: tally verify --expect FILE`,
 	fs.StringVar(&cfg.Run, "run", "", "run id prefixing producer and customer ids (default: random)")
 	fs.DurationVar(&cfg.Linger, "linger", 50*time.Millisecond, "producer Linger: how long a record waits for more to share its message")
 	fs.StringVar(&faults, "faults", "", "faults to inject: all, or a comma list of duplicates,retransmits,lost,reorder,crashes,bad")
-	fs.Float64Var(&fault, "fault-rate", 0.05, "probability per message of each probabilistic fault (each one also happens at its first chance)")
+	fs.Float64Var(&fault, "fault-rate", 0.05, "probability per message of each probabilistic fault, from 0 to 0.5 (each one also happens at its first chance)")
 	fs.IntVar(&crashes, "crashes", 2, "producer crashes when crashes are on")
 	fs.IntVar(&bad, "bad-messages", 3, "bad messages when bad is on")
 	fs.StringVar(&expectPath, "expect", "", "write the ground truth (JSON) to this file")

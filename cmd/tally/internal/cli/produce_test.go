@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -128,6 +129,23 @@ func TestProduceThenVerify(t *testing.T) {
 		fmt.Sprintf("%s/%s period %s: ledger's unit_seconds %s, expected %s (over by 1)", g.Customer, g.Meter, g.Period, g.UnitSeconds.Add(decimal.NewFromInt(1)), g.UnitSeconds)} {
 		if !strings.Contains(out, want) {
 			t.Errorf("verify output does not say %q:\n%s", want, out)
+		}
+	}
+}
+
+// --rate and --fault-rate are numbers, 0 or more: NaN passed every check
+// (the comparisons are false) and Inf was taken for a rate.
+func TestProduceRatesMustBeNumbers(t *testing.T) {
+	for _, args := range [][]string{
+		{"--rate", "NaN"}, {"--rate", "Inf"}, {"--rate", "-1"},
+		{"--faults", "lost", "--fault-rate", "NaN"}, {"--faults", "lost", "--fault-rate", "-0.1"},
+	} {
+		var out, errOut bytes.Buffer
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		code := execute(ctx, append([]string{"produce", "--kafka-brokers", "127.0.0.1:1", "--duration", "1s"}, args...), &out, &errOut)
+		cancel()
+		if code != exitUsage || !strings.Contains(errOut.String(), args[len(args)-2]+" must be") {
+			t.Errorf("produce %s: exit %d, want 2 naming %s; stderr:\n%s", strings.Join(args, " "), code, args[len(args)-2], errOut.String())
 		}
 	}
 }

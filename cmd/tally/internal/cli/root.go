@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/url"
 	"os"
 	"os/signal"
@@ -175,6 +176,12 @@ func checkCustomerFlag(cmd *cobra.Command, customer string) error {
 		return nil
 	}
 	return fmt.Errorf("--customer: %q is not %s", customer, ids.Rule)
+}
+
+// finiteNonNegative reports whether v, the value of a float flag, is a
+// number, 0 or more: the flag parses "NaN", "Inf" and "-1" too.
+func finiteNonNegative(v float64) bool {
+	return v >= 0 && !math.IsInf(v, 1)
 }
 
 // envErrorKey is the flag annotation envDefault leaves on a flag whose

@@ -164,11 +164,11 @@ at once.`,
 	envDefault(f, "enforce-pool-size", "TALLY_ENFORCE_POOL_SIZE")
 	f.IntVar(&limits.maxInFlight, "api-max-in-flight", 64, "requests the API serves at once, at least 1; more are answered 503 with Retry-After")
 	envDefault(f, "api-max-in-flight", "TALLY_API_MAX_IN_FLIGHT")
-	f.Float64Var(&limits.addressRate, "api-rate-per-address", 100, "requests per second from one client address, bursts of twice that (429 beyond; 0: off, e.g. behind a proxy)")
+	f.Float64Var(&limits.addressRate, "api-rate-per-address", 100, "requests per second from one client address, 0 or more, bursts of twice that (429 beyond; 0: off, e.g. behind a proxy)")
 	envDefault(f, "api-rate-per-address", "TALLY_API_RATE_PER_ADDRESS")
-	f.Float64Var(&limits.tokenRate, "api-rate-per-token", 20, "requests per second with one customer token, bursts of twice that (429 beyond; 0: off)")
+	f.Float64Var(&limits.tokenRate, "api-rate-per-token", 20, "requests per second with one customer token, 0 or more, bursts of twice that (429 beyond; 0: off)")
 	envDefault(f, "api-rate-per-token", "TALLY_API_RATE_PER_TOKEN")
-	f.Float64Var(&limits.gatewayRate, "api-rate-per-gateway", 500, "requests per second with one gateway token, bursts of twice that (429 beyond; 0: off); "+
+	f.Float64Var(&limits.gatewayRate, "api-rate-per-gateway", 500, "requests per second with one gateway token, 0 or more, bursts of twice that (429 beyond; 0: off); "+
 		"sized for the grant protocol: about one request a second per busy budget a gateway serves")
 	envDefault(f, "api-rate-per-gateway", "TALLY_API_RATE_PER_GATEWAY")
 	f.IntVar(&limits.addressBodies, "api-bodies-per-address", 8, "request bodies one client address may be sending at once, 0 or more (429 beyond; 0: no bound); "+
@@ -235,6 +235,20 @@ func checkServeFlags(o runOptions, limits apiLimits) error {
 	}
 	if o.api && limits.addressBodies < 0 {
 		errs = append(errs, fmt.Errorf("--api-bodies-per-address (TALLY_API_BODIES_PER_ADDRESS) must be 0 (no bound) or more, got %d", limits.addressBodies))
+	}
+	for _, r := range []struct {
+		flag, env string
+		v         float64
+	}{
+		{"api-rate-per-address", "TALLY_API_RATE_PER_ADDRESS", limits.addressRate},
+		{"api-rate-per-token", "TALLY_API_RATE_PER_TOKEN", limits.tokenRate},
+		{"api-rate-per-gateway", "TALLY_API_RATE_PER_GATEWAY", limits.gatewayRate},
+	} {
+		// A negative rate is off for api.Config, and a float flag takes
+		// NaN and Inf.
+		if o.api && !finiteNonNegative(r.v) {
+			errs = append(errs, fmt.Errorf("--%s (%s) must be a number of requests per second, 0 (off) or more, got %v", r.flag, r.env, r.v))
+		}
 	}
 	return errors.Join(errs...)
 }

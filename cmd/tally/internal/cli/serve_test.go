@@ -325,3 +325,31 @@ func TestServeAPIMaxInFlightMustBePositive(t *testing.T) {
 		})
 	}
 }
+
+// A rate flag is a number of requests per second, 0 (off) or more: NaN,
+// Inf and negative values (which turned the limit off) are a usage error
+// naming the flag and its variable, given either way.
+func TestServeAPIRatesMustBeFiniteAndNotNegative(t *testing.T) {
+	db := pgtest.NewURL(t)
+	for flag, env := range map[string]string{
+		"--api-rate-per-address": "TALLY_API_RATE_PER_ADDRESS",
+		"--api-rate-per-token":   "TALLY_API_RATE_PER_TOKEN",
+		"--api-rate-per-gateway": "TALLY_API_RATE_PER_GATEWAY",
+	} {
+		for _, v := range []string{"NaN", "Inf", "-Inf", "-1"} {
+			for _, viaEnv := range []bool{false, true} {
+				args, vars := []string{"--api", flag, v}, map[string]string(nil)
+				if viaEnv {
+					args, vars = []string{"--api"}, map[string]string{env: v}
+				}
+				t.Run(fmt.Sprintf("%s=%s env %v", flag, v, viaEnv), func(t *testing.T) {
+					code, stderr := serveUsage(t, db, vars, args...)
+					want := fmt.Sprintf("%s (%s) must be a number of requests per second, 0 (off) or more", flag, env)
+					if code != exitUsage || !strings.Contains(stderr, want) {
+						t.Errorf("exit %d, want 2 saying %q; stderr:\n%s", code, want, stderr)
+					}
+				})
+			}
+		}
+	}
+}

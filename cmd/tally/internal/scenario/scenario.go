@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -115,15 +116,15 @@ func (c Config) Validate() error {
 		name string
 		v    float64
 	}{{"duplicates", c.Faults.Duplicates}, {"retransmits", c.Faults.Retransmits}, {"lost", c.Faults.Lost}, {"reorder", c.Faults.Reorder}} {
-		if p.v < 0 || p.v > 0.5 {
+		if !(p.v >= 0 && p.v <= 0.5) { // NaN too
 			errs = append(errs, fmt.Errorf("scenario: %s probability %v is outside 0..0.5", p.name, p.v))
 		}
 	}
 	if c.Faults.Lost+c.Faults.Reorder > 0.5 {
 		errs = append(errs, errors.New("scenario: lost + reorder probabilities exceed 0.5"))
 	}
-	if c.Rate < 0 || c.Duration < 0 || c.Records < 0 || c.Spread < 0 {
-		errs = append(errs, errors.New("scenario: rate, duration, records and spread must not be negative"))
+	if !(c.Rate >= 0) || math.IsInf(c.Rate, 1) || c.Duration < 0 || c.Records < 0 || c.Spread < 0 {
+		errs = append(errs, errors.New("scenario: rate, duration, records and spread must not be negative (nor the rate NaN or infinite)"))
 	}
 	return errors.Join(errs...)
 }

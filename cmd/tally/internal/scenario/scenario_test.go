@@ -3,6 +3,7 @@ package scenario_test
 import (
 	"context"
 	"log/slog"
+	"math"
 	"os"
 	"strings"
 	"testing"
@@ -276,5 +277,21 @@ func TestReconcileFaultyButCorrect(t *testing.T) {
 	}
 	if gaps != wantGaps {
 		t.Errorf("%d open-gap findings across %d periods; the ground truth has %d gaps", gaps, len(periods), wantGaps)
+	}
+}
+
+// Validate refuses a NaN probability or rate and an infinite rate: every
+// comparison with NaN is false, so a range check let it through.
+func TestValidateRefusesNaN(t *testing.T) {
+	nan := math.NaN()
+	for name, cfg := range map[string]scenario.Config{
+		"lost NaN":  {Faults: scenario.Faults{Lost: nan}},
+		"rate NaN":  {Rate: nan},
+		"rate +Inf": {Rate: math.Inf(1)},
+	} {
+		cfg.Brokers = []string{"127.0.0.1:9092"}
+		if err := cfg.Validate(); err == nil {
+			t.Errorf("%s: valid", name)
+		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"strings"
 	"testing"
@@ -181,6 +182,13 @@ func TestOptionsValidate(t *testing.T) {
 	}
 	if err := (admissionbench.Options{DatabaseURL: "x"}).Validate(); err != nil {
 		t.Errorf("defaults: %v", err)
+	}
+	// A float flag takes NaN, which every range comparison lets through.
+	err = admissionbench.Options{DatabaseURL: "x", Skew: math.NaN(), Burst: math.NaN()}.Validate()
+	for _, want := range []string{"skew", "burst"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("NaN: no %q in %v", want, err)
+		}
 	}
 }
 

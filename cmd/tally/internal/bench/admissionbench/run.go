@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -116,10 +117,10 @@ func (o Options) Validate() error {
 	if o.Limit < 1 {
 		bad("limit: %d must be positive", o.Limit)
 	}
-	if o.Skew < 0 {
-		bad("skew: %g must not be negative", o.Skew)
+	if !(o.Skew >= 0) || math.IsInf(o.Skew, 1) { // NaN and Inf too
+		bad("skew: %g must be a number, 0 or more", o.Skew)
 	}
-	if o.Burst < 1 || o.Burst > 5 {
+	if !(o.Burst >= 1 && o.Burst <= 5) { // NaN too
 		bad("burst: %g must be 1 to 5 (bursts take a fifth of the time)", o.Burst)
 	}
 	if o.FixedGrant < 1 {
