@@ -58,9 +58,6 @@ unless TALLY_ADMIN_TOKEN is set) and what to try, and runs until Ctrl-C.`,
 			if err := admission.ValidateMaxSkew(maxSkew); err != nil {
 				return &ExitError{Code: exitUsage, Err: fmt.Errorf("--grant-max-skew (TALLY_GRANT_MAX_SKEW): %w", err)}
 			}
-			if err := checkListen(listen); err != nil {
-				return usageError(err)
-			}
 			if token := os.Getenv("TALLY_ADMIN_TOKEN"); token != "" {
 				if err := checkAdminToken(token, "or unset it and tally dev generates one"); err != nil {
 					return err

@@ -1,12 +1,15 @@
 package cli
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/spf13/pflag"
 	"github.com/tally-ledger/tally/internal/pgtest"
@@ -140,5 +143,72 @@ func TestEveryConfigurationFlagHasAnEnvironmentVariable(t *testing.T) {
 				t.Errorf("tally %s --%s has no environment variable", name, f.Name)
 			}
 		})
+	}
+}
+
+// A variable set but empty, for a setting that cannot be empty (a topic,
+// a group, an address, a directory, the database URL), is an error naming
+// it, as a value that does not parse is: it silently meant the built-in
+// default (TALLY_TOPIC= read tally.meter-batches). The flag given empty is
+// refused too. Where empty means something (TALLY_KAFKA_BROKERS: no
+// broker, for a command that needs none; TALLY_ADMIN_TOKEN for dev: one is
+// generated), it keeps working.
+func TestAnEmptyEnvironmentValueIsAnError(t *testing.T) {
+	db := pgtest.NewURL(t)
+	t.Setenv("TALLY_DATABASE_URL", db)
+	t.Setenv("TALLY_ADMIN_TOKEN", testAdminToken)
+	// Where an empty value is not refused, it must not reach anything:
+	// an empty database URL is libpq's defaults (it migrated the
+	// database named after the user), an empty directory the current one.
+	t.Setenv("PGHOST", "127.0.0.1")
+	t.Setenv("PGPORT", "1")
+	t.Chdir(t.TempDir())
+	for _, tc := range []struct {
+		env  string
+		args []string
+	}{
+		{"TALLY_TOPIC", []string{"serve", "--api"}},
+		{"TALLY_GROUP", []string{"serve", "--api"}},
+		{"TALLY_DECISIONS_TOPIC", []string{"serve", "--api"}},
+		{"TALLY_ALERTS_TOPIC", []string{"serve", "--api"}},
+		{"TALLY_LISTEN", []string{"serve", "--api"}},
+		{"TALLY_DATABASE_URL", []string{"migrate"}},
+		{"TALLY_DATABASE_URL", []string{"tokens", "list"}},
+		{"TALLY_TOPIC", []string{"reconcile", "--period", "current"}},
+		{"TALLY_TOPIC", []string{"produce", "--kafka-brokers", "127.0.0.1:1", "--duration", "1s"}},
+		{"TALLY_DEV_DIR", []string{"dev"}},
+		{"TALLY_DEV_KAFKA_ADDR", []string{"dev"}},
+	} {
+		t.Run(tc.env+" "+strings.Join(tc.args, " "), func(t *testing.T) {
+			t.Setenv(tc.env, "")
+			var out, errOut bytes.Buffer
+			ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+			defer cancel()
+			args := tc.args
+			if tc.args[0] == "serve" && tc.env != "TALLY_LISTEN" {
+				args = append(args, "--listen", "127.0.0.1:0")
+			}
+			code := execute(ctx, args, &out, &errOut)
+			if code != exitUsage || !strings.Contains(errOut.String(), `invalid value "" of $`+tc.env) {
+				t.Errorf("exit %d, want 2 naming %s; stderr:\n%s", code, tc.env, errOut.String())
+			}
+		})
+	}
+	// Given empty on the command line, the flag is refused too.
+	for _, tc := range []struct {
+		flag string
+		args []string
+	}{
+		{"--topic", []string{"serve", "--api", "--listen", "127.0.0.1:0", "--topic", ""}},
+		{"--group", []string{"serve", "--ingest", "--kafka-brokers", "127.0.0.1:1", "--listen", "127.0.0.1:0", "--group", ""}},
+		{"--database-url", []string{"reconcile", "--period", "current", "--database-url", ""}},
+	} {
+		var out, errOut bytes.Buffer
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		code := execute(ctx, tc.args, &out, &errOut)
+		cancel()
+		if code != exitUsage || !strings.Contains(errOut.String(), `"`+tc.flag+`" flag: must not be empty`) {
+			t.Errorf("tally %s: exit %d, want 2 naming %s; stderr:\n%s", strings.Join(tc.args, " "), code, tc.flag, errOut.String())
+		}
 	}
 }

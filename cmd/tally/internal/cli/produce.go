@@ -142,7 +142,7 @@ letters. Check a ledger against it with: tally verify --expect FILE`,
 	}
 	fs := cmd.Flags()
 	fs.StringVar(&brokers, "kafka-brokers", "127.0.0.1:9092", "Kafka bootstrap brokers, comma-separated")
-	envDefault(fs, "kafka-brokers", "TALLY_KAFKA_BROKERS")
+	envDefaultMayBeEmpty(fs, "kafka-brokers", "TALLY_KAFKA_BROKERS")
 	fs.StringVar(&cfg.Topic, "topic", producer.DefaultTopic, "meter-batch topic")
 	envDefault(fs, "topic", "TALLY_TOPIC")
 	fs.IntVar(&cfg.Producers, "producers", 2, "producers (each with its own state directory and epochs)")

@@ -145,7 +145,7 @@ overlap.`,
 	f.BoolVar(&nightly, "nightly", false, "reconcile and close every period whose grace has ended; check current periods")
 	f.StringVar(&format, "format", "text", "report format: text, json or csv")
 	f.StringVar(&brokers, "kafka-brokers", "127.0.0.1:9092", "Kafka bootstrap brokers for --deep, comma-separated")
-	envDefault(f, "kafka-brokers", "TALLY_KAFKA_BROKERS")
+	envDefaultMayBeEmpty(f, "kafka-brokers", "TALLY_KAFKA_BROKERS")
 	f.StringVar(&topic, "topic", "tally.meter-batches", "metering topic for --deep")
 	envDefault(f, "topic", "TALLY_TOPIC")
 	f.StringVar(&dbURL, "database-url", defaultDatabaseURL, "Postgres connection URL")

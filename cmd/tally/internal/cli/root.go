@@ -192,10 +192,29 @@ const envErrorKey = "tally/env-error"
 // says so in --help. A variable that is set (even to "") and does not parse
 // as the flag's type is an error naming it when the command runs (exit 2),
 // never silently the built-in default, and --help says it is invalid. A
-// password in a URL or keyword/value value is masked in --help and errors.
+// string flag with a built-in default (a topic, an address, a directory,
+// the database URL) cannot be empty: set so, the variable is such an
+// error, and the flag given "" is refused as any invalid value is (an
+// empty value silently meant the built-in default, or libpq's defaults for
+// the database URL). A password in a URL or keyword/value value is masked
+// in --help and errors.
 func envDefault(fs *pflag.FlagSet, name, env string) {
+	envDefaultOf(fs, name, env, false)
+}
+
+// envDefaultMayBeEmpty is envDefault for a string flag whose empty value
+// means something of its own: an empty TALLY_KAFKA_BROKERS names no
+// broker, which a command refuses only when it needs one.
+func envDefaultMayBeEmpty(fs *pflag.FlagSet, name, env string) {
+	envDefaultOf(fs, name, env, true)
+}
+
+func envDefaultOf(fs *pflag.FlagSet, name, env string, mayBeEmpty bool) {
 	f := fs.Lookup(name)
 	f.Usage += fmt.Sprintf(" [$%s]", env)
+	if !mayBeEmpty && f.Value.Type() == "string" && f.DefValue != "" {
+		f.Value = notEmpty{Value: f.Value, def: maskSecrets(f.DefValue)}
+	}
 	v, ok := os.LookupEnv(env)
 	if !ok {
 		return
@@ -207,6 +226,19 @@ func envDefault(fs *pflag.FlagSet, name, env string) {
 		return
 	}
 	f.DefValue = maskSecrets(v)
+}
+
+// notEmpty is a string flag's value that refuses "".
+type notEmpty struct {
+	pflag.Value
+	def string // the built-in default, for the error
+}
+
+func (n notEmpty) Set(v string) error {
+	if v == "" {
+		return fmt.Errorf("must not be empty (leave it out for the default, %s)", n.def)
+	}
+	return n.Value.Set(v)
 }
 
 // envErrors returns the errors envDefault left on cmd's flags (its own and

@@ -143,7 +143,7 @@ at once.`,
 	f.StringVar(&dbURL, "database-url", defaultDatabaseURL, "Postgres connection URL")
 	envDefault(f, "database-url", "TALLY_DATABASE_URL")
 	f.StringVar(&brokers, "kafka-brokers", "127.0.0.1:9092", "Kafka bootstrap brokers, comma-separated")
-	envDefault(f, "kafka-brokers", "TALLY_KAFKA_BROKERS")
+	envDefaultMayBeEmpty(f, "kafka-brokers", "TALLY_KAFKA_BROKERS")
 	f.StringVar(&o.topic, "topic", ingest.DefaultTopic, "topic of metering batches")
 	envDefault(f, "topic", "TALLY_TOPIC")
 	f.StringVar(&o.decisionsTopic, "decisions-topic", defaultDecisionsTopic, "topic the quota enforcer publishes decisions to")
@@ -191,24 +191,11 @@ at once.`,
 
 const defaultDecisionsTopic = "tally.quota-decisions"
 
-// checkListen refuses an empty --listen (TALLY_LISTEN set but empty):
-// run takes "" for no listener, which served no API (serve --api exited 0
-// at once) and no /healthz or /readyz.
-func checkListen(listen string) error {
-	if listen == "" {
-		return errors.New("--listen (TALLY_LISTEN) is empty: give the address of the HTTP listener (API, /metrics, /healthz, /readyz), such as " + defaultListen)
-	}
-	return nil
-}
-
 // checkServeFlags refuses, naming the flags, what the components o runs
 // would refuse only once started, by the names of their Go fields, or
 // would take for their own defaults (a timing of 0).
 func checkServeFlags(o runOptions, limits apiLimits) error {
 	var errs []error
-	if err := checkListen(o.listen); err != nil {
-		errs = append(errs, err)
-	}
 	if (o.ingest || o.enforce) && len(o.brokers) == 0 {
 		errs = append(errs, errors.New("--kafka-brokers (TALLY_KAFKA_BROKERS) names no broker: give host:port, comma-separated"))
 	}

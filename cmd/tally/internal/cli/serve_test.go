@@ -261,8 +261,8 @@ func TestServeRefusesItsFlagsByName(t *testing.T) {
 		{[]string{"--ingest", "--kafka-brokers", "127.0.0.1:1", "--heartbeat-interval", "0s"}, "--heartbeat-interval"},
 		{[]string{"--api", "--admin-token", testAdminToken, "--api-body-timeout", "-1s"}, "--api-body-timeout"},
 		// No listener: the API was not served, and serve --api exited 0 at once.
-		{[]string{"--api", "--admin-token", testAdminToken, "--listen", ""}, "--listen (TALLY_LISTEN) is empty"},
-		{[]string{"--ingest", "--kafka-brokers", "127.0.0.1:1", "--listen", ""}, "--listen (TALLY_LISTEN) is empty"},
+		{[]string{"--api", "--admin-token", testAdminToken, "--listen", ""}, `"--listen" flag: must not be empty`},
+		{[]string{"--ingest", "--kafka-brokers", "127.0.0.1:1", "--listen", ""}, `"--listen" flag: must not be empty`},
 	} {
 		var out, errOut bytes.Buffer
 		args := append([]string{"serve", "--database-url", db, "--listen", "127.0.0.1:0"}, tc.args...)

@@ -54,7 +54,7 @@ func TestUsageErrorsExitTwo(t *testing.T) {
 		{[]string{"serve", "--ingest=false"}, 2, "nothing to run"},
 		{[]string{"serve", "--api"}, 2, "TALLY_ADMIN_TOKEN"},
 		{[]string{"serve", "--grace", "2d"}, 2, "--grace"},
-		{[]string{"dev", "--listen", "", "--dir", filepath.Join(t.TempDir(), "dev")}, 2, "--listen (TALLY_LISTEN) is empty"},
+		{[]string{"dev", "--listen", "", "--dir", filepath.Join(t.TempDir(), "dev")}, 2, `"--listen" flag: must not be empty`},
 		// Checked before the database is opened (down): what the
 		// components would find later, with their own field names.
 		{[]string{"serve", "--ingest", "--database-url", down}, 2, "--kafka-brokers (TALLY_KAFKA_BROKERS) names no broker"},
