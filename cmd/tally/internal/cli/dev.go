@@ -63,10 +63,16 @@ unless TALLY_ADMIN_TOKEN is set) and what to try, and runs until Ctrl-C.`,
 					return err
 				}
 			}
-			if len(splitBrokers(os.Getenv("TALLY_KAFKA_BROKERS"))) == 0 {
-				if _, err := devstack.KafkaPort(kafkaAddr); err != nil {
-					return &ExitError{Code: exitUsage, Err: fmt.Errorf("--kafka-addr: %w", err)}
+			// TALLY_KAFKA_BROKERS naming no broker (unset or empty): the
+			// embedded one.
+			var brokers []string
+			if env := os.Getenv("TALLY_KAFKA_BROKERS"); len(splitBrokers(env)) > 0 {
+				var err error
+				if brokers, err = parseBrokers(env, "TALLY_KAFKA_BROKERS"); err != nil {
+					return usageError(err)
 				}
+			} else if _, err := devstack.KafkaPort(kafkaAddr); err != nil {
+				return &ExitError{Code: exitUsage, Err: fmt.Errorf("--kafka-addr: %w", err)}
 			}
 			log := newLogger()
 
@@ -106,7 +112,6 @@ unless TALLY_ADMIN_TOKEN is set) and what to try, and runs until Ctrl-C.`,
 				return err
 			}
 
-			brokers := splitBrokers(os.Getenv("TALLY_KAFKA_BROKERS"))
 			kafkaNote := "TALLY_KAFKA_BROKERS"
 			if len(brokers) == 0 {
 				kdir := filepath.Join(dir, "kafka")

@@ -71,7 +71,6 @@ letters. Check a ledger against it with: tally verify --expect FILE`,
   tally verify --expect /tmp/expect.json --wait 60s`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			cfg.Brokers = brokerList(brokers)
 			cfg.Rate = rate
 			f, err := parseFaults(faults, fault, cmd.Flags().Changed("crashes"), crashes, cmd.Flags().Changed("bad-messages"), bad)
 			if err != nil {
@@ -81,6 +80,9 @@ letters. Check a ledger against it with: tally verify --expect FILE`,
 			// The scenario takes 0 for its defaults; here the defaults are
 			// the flags', so a 0 would silently run with them.
 			var errs []error
+			if cfg.Brokers, err = parseBrokers(brokers, brokersFlag); err != nil {
+				errs = append(errs, err)
+			}
 			for _, n := range []struct {
 				flag string
 				v    int
@@ -141,8 +143,7 @@ letters. Check a ledger against it with: tally verify --expect FILE`,
 		},
 	}
 	fs := cmd.Flags()
-	fs.StringVar(&brokers, "kafka-brokers", "127.0.0.1:9092", "Kafka bootstrap brokers, comma-separated")
-	envDefaultMayBeEmpty(fs, "kafka-brokers", "TALLY_KAFKA_BROKERS")
+	addBrokersFlag(fs, &brokers, "")
 	fs.StringVar(&cfg.Topic, "topic", producer.DefaultTopic, "meter-batch topic")
 	envDefault(fs, "topic", "TALLY_TOPIC")
 	fs.IntVar(&cfg.Producers, "producers", 2, "producers (each with its own state directory and epochs)")
@@ -250,17 +251,6 @@ func printRun(w io.Writer, e *scenario.Expect, expectPath string) {
 	if expectPath != "" {
 		fmt.Fprintf(w, "wrote %s; check the ledger with: tally verify --expect %s --wait 60s\n", expectPath, expectPath)
 	}
-}
-
-// brokerList splits a comma-separated broker list.
-func brokerList(s string) []string {
-	var out []string
-	for _, b := range strings.Split(s, ",") {
-		if b = strings.TrimSpace(b); b != "" {
-			out = append(out, b)
-		}
-	}
-	return out
 }
 
 // stderrIsTTY: progress lines go to a terminal only.

@@ -149,3 +149,17 @@ func TestProduceRatesMustBeNumbers(t *testing.T) {
 		}
 	}
 }
+
+// produce reads --kafka-brokers as serve and reconcile do: an empty list or
+// a bad port is a usage error naming the flag and its variable.
+func TestProduceReadsBrokersAsServeDoes(t *testing.T) {
+	for _, brokers := range []string{" , ", "kafka-1:port"} {
+		var out, errOut bytes.Buffer
+		ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+		code := execute(ctx, []string{"produce", "--kafka-brokers", brokers, "--duration", "1s"}, &out, &errOut)
+		cancel()
+		if code != exitUsage || !strings.Contains(errOut.String(), "--kafka-brokers (TALLY_KAFKA_BROKERS) names") {
+			t.Errorf("produce --kafka-brokers %q: exit %d, want 2 naming the flag; stderr:\n%s", brokers, code, errOut.String())
+		}
+	}
+}

@@ -3,9 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
-	"net"
 	"os"
-	"strconv"
 	"strings"
 	"time"
 
@@ -72,8 +70,8 @@ overlap.`,
 			var deep []string
 			if opt.Deep {
 				var err error
-				if deep, err = parseBrokers(brokers); err != nil {
-					errs = append(errs, fmt.Errorf("--kafka-brokers (TALLY_KAFKA_BROKERS) for --deep: %w", err))
+				if deep, err = parseBrokers(brokers, brokersFlag); err != nil {
+					errs = append(errs, err)
 				}
 			}
 			if !nightly {
@@ -144,8 +142,7 @@ overlap.`,
 	f.BoolVar(&opt.Deep, "deep", false, "also re-read the period's messages from Kafka and recompute totals independently")
 	f.BoolVar(&nightly, "nightly", false, "reconcile and close every period whose grace has ended; check current periods")
 	f.StringVar(&format, "format", "text", "report format: text, json or csv")
-	f.StringVar(&brokers, "kafka-brokers", "127.0.0.1:9092", "Kafka bootstrap brokers for --deep, comma-separated")
-	envDefaultMayBeEmpty(f, "kafka-brokers", "TALLY_KAFKA_BROKERS")
+	addBrokersFlag(f, &brokers, "for --deep")
 	f.StringVar(&topic, "topic", "tally.meter-batches", "metering topic for --deep")
 	envDefault(f, "topic", "TALLY_TOPIC")
 	f.StringVar(&dbURL, "database-url", defaultDatabaseURL, "Postgres connection URL")
@@ -213,25 +210,6 @@ Then reconcile again.`,
 	f.StringVar(&dbURL, "database-url", defaultDatabaseURL, "Postgres connection URL")
 	envDefault(f, "database-url", "TALLY_DATABASE_URL")
 	return cmd
-}
-
-// parseBrokers splits a comma-separated list of Kafka brokers and checks
-// that there is at least one and that each is a host:port.
-func parseBrokers(s string) ([]string, error) {
-	bs := splitBrokers(s)
-	if len(bs) == 0 {
-		return nil, fmt.Errorf("%q names no broker (want host:port, comma-separated)", s)
-	}
-	for _, b := range bs {
-		host, port, err := net.SplitHostPort(b)
-		if err != nil || host == "" {
-			return nil, fmt.Errorf("%q is not a host:port", b)
-		}
-		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-			return nil, fmt.Errorf("%q: the port is not a number from 1 to 65535", b)
-		}
-	}
-	return bs, nil
 }
 
 // isTerminal reports whether f is a terminal (progress lines go there only).

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/shopspring/decimal"
 
+	"github.com/tally-ledger/tally/internal/kafkatest"
 	"github.com/tally-ledger/tally/internal/pgtest"
 	"github.com/tally-ledger/tally/quota"
 )
@@ -139,7 +140,8 @@ func TestReconcileDeepBrokers(t *testing.T) {
 	}{
 		{nil, []string{"--kafka-brokers", ""}},
 		{nil, []string{"--kafka-brokers", " , "}},
-		{nil, []string{"--kafka-brokers", "kafka-1"}},
+		{nil, []string{"--kafka-brokers", "kafka-1:"}},
+		{nil, []string{"--kafka-brokers", "::1"}},
 		{nil, []string{"--kafka-brokers", "127.0.0.1:9092,kafka-2:port"}},
 		{ptr(""), nil},
 		{ptr("kafka-1:0"), nil},
@@ -262,5 +264,21 @@ func TestReconcileJSONShapeDoesNotDependOnTheData(t *testing.T) {
 		if err == nil || out != "" {
 			t.Errorf("--format %s for an unknown customer: %v; want an error and nothing on stdout, got %q", format, err, out)
 		}
+	}
+}
+
+// reconcile --deep reads its brokers as serve does: a bare host is the
+// host at Kafka's default port, 9092 (it was refused, "not a host:port",
+// while serve took it).
+func TestReconcileDeepTakesABareHost(t *testing.T) {
+	k, err := kafkatest.Start(kafkatest.Options{Port: 9092, Topics: []kafkatest.Topic{{Name: "tally.meter-batches", Partitions: 1}}})
+	if err != nil {
+		t.Skipf("no broker of the test's own at 127.0.0.1:9092 (the port is taken?): %v", err)
+	}
+	defer k.Close()
+	url := pgtest.NewURL(t)
+	out, err := runTally(t, "reconcile", "--database-url", url, "--period", "current", "--deep", "--kafka-brokers", "127.0.0.1")
+	if err != nil || !strings.Contains(out, "deep") {
+		t.Fatalf("reconcile --deep --kafka-brokers 127.0.0.1: %v\n%s", err, out)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -109,8 +110,11 @@ at once.`,
 					return err
 				}
 			}
-			o.brokers = splitBrokers(brokers)
-			if err := checkServeFlags(o, limits); err != nil {
+			var brokersErr error
+			if o.ingest || o.enforce {
+				o.brokers, brokersErr = parseBrokers(brokers, brokersFlag)
+			}
+			if err := errors.Join(brokersErr, checkServeFlags(o, limits)); err != nil {
 				return usageError(err)
 			}
 			o.log = newLogger()
@@ -142,8 +146,7 @@ at once.`,
 	envDefault(f, "console-secure-cookies", "TALLY_CONSOLE_SECURE_COOKIES")
 	f.StringVar(&dbURL, "database-url", defaultDatabaseURL, "Postgres connection URL")
 	envDefault(f, "database-url", "TALLY_DATABASE_URL")
-	f.StringVar(&brokers, "kafka-brokers", "127.0.0.1:9092", "Kafka bootstrap brokers, comma-separated")
-	envDefaultMayBeEmpty(f, "kafka-brokers", "TALLY_KAFKA_BROKERS")
+	addBrokersFlag(f, &brokers, "for --ingest and --enforce")
 	f.StringVar(&o.topic, "topic", ingest.DefaultTopic, "topic of metering batches")
 	envDefault(f, "topic", "TALLY_TOPIC")
 	f.StringVar(&o.decisionsTopic, "decisions-topic", defaultDecisionsTopic, "topic the quota enforcer publishes decisions to")
@@ -196,9 +199,6 @@ const defaultDecisionsTopic = "tally.quota-decisions"
 // would take for their own defaults (a timing of 0).
 func checkServeFlags(o runOptions, limits apiLimits) error {
 	var errs []error
-	if (o.ingest || o.enforce) && len(o.brokers) == 0 {
-		errs = append(errs, errors.New("--kafka-brokers (TALLY_KAFKA_BROKERS) names no broker: give host:port, comma-separated"))
-	}
 	if o.ingest {
 		hb, st := o.timings.heartbeat, o.timings.session
 		if st <= 0 {
@@ -240,6 +240,53 @@ func checkServeFlags(o runOptions, limits apiLimits) error {
 	return errors.Join(errs...)
 }
 
+// defaultKafkaPort is the port of a broker given as a bare host.
+const defaultKafkaPort = "9092"
+
+// addBrokersFlag adds --kafka-brokers (TALLY_KAFKA_BROKERS), read with
+// parseBrokers; use says what for, when not every part of the command
+// needs brokers. Set but empty, the variable names no broker.
+func addBrokersFlag(f *pflag.FlagSet, brokers *string, use string) {
+	usage := "Kafka bootstrap brokers, comma-separated host:port or host (port " + defaultKafkaPort + ")"
+	if use != "" {
+		usage += ", " + use
+	}
+	f.StringVar(brokers, "kafka-brokers", "127.0.0.1:"+defaultKafkaPort, usage)
+	envDefaultMayBeEmpty(f, "kafka-brokers", "TALLY_KAFKA_BROKERS")
+}
+
+// brokersFlag names --kafka-brokers and its variable in parseBrokers's
+// errors.
+const brokersFlag = "--kafka-brokers (TALLY_KAFKA_BROKERS)"
+
+// parseBrokers reads the Kafka brokers of every command (--kafka-brokers,
+// TALLY_KAFKA_BROKERS), named name in its errors: a comma-separated list
+// of at least one broker, each host:port with a port from 1 to 65535, or a
+// bare host at the default port (as kafka-go dials one). It returns each
+// as host:port.
+func parseBrokers(s, name string) ([]string, error) {
+	bs := splitBrokers(s)
+	if len(bs) == 0 {
+		return nil, fmt.Errorf("%s names no broker: give host:port or host, comma-separated", name)
+	}
+	for i, b := range bs {
+		host, port, err := net.SplitHostPort(b)
+		if err != nil {
+			host, port, err = net.SplitHostPort(b + ":" + defaultKafkaPort)
+		}
+		if err != nil || host == "" {
+			return nil, fmt.Errorf("%s names %q, which is not a host:port or a host", name, b)
+		}
+		if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+			return nil, fmt.Errorf("%s names %q, whose port is not a number from 1 to 65535", name, b)
+		}
+		bs[i] = net.JoinHostPort(host, port)
+	}
+	return bs, nil
+}
+
+// splitBrokers splits a comma-separated list of brokers, leaving out empty
+// ones.
 func splitBrokers(s string) []string {
 	var out []string
 	for _, b := range strings.Split(s, ",") {

@@ -256,6 +256,8 @@ func TestServeRefusesItsFlagsByName(t *testing.T) {
 	}{
 		{[]string{"--ingest"}, "--kafka-brokers (TALLY_KAFKA_BROKERS) names no broker"},
 		{[]string{"--enforce", "--kafka-brokers", ","}, "--kafka-brokers (TALLY_KAFKA_BROKERS) names no broker"},
+		// Read as reconcile --deep reads them: a port, when given, is one.
+		{[]string{"--ingest", "--kafka-brokers", "127.0.0.1:9092,kafka-2:port"}, `--kafka-brokers (TALLY_KAFKA_BROKERS) names "kafka-2:port", whose port`},
 		{[]string{"--ingest", "--kafka-brokers", "127.0.0.1:1", "--heartbeat-interval", "10s"}, "--heartbeat-interval (TALLY_HEARTBEAT_INTERVAL) 10s must be at most half of --session-timeout"},
 		{[]string{"--ingest", "--kafka-brokers", "127.0.0.1:1", "--session-timeout", "-1s"}, "--session-timeout"},
 		{[]string{"--ingest", "--kafka-brokers", "127.0.0.1:1", "--heartbeat-interval", "0s"}, "--heartbeat-interval"},
@@ -350,6 +352,21 @@ func TestServeAPIRatesMustBeFiniteAndNotNegative(t *testing.T) {
 					}
 				})
 			}
+		}
+	}
+}
+
+// Every command reads its brokers with parseBrokers: a bare host is at
+// Kafka's default port, as kafka-go dials it, and the list is host:port.
+func TestParseBrokers(t *testing.T) {
+	got, err := parseBrokers(" kafka-1 ,kafka-2:9093,[::1],127.0.0.1", brokersFlag)
+	want := []string{"kafka-1:9092", "kafka-2:9093", "[::1]:9092", "127.0.0.1:9092"}
+	if err != nil || strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("got %v, %v; want %v", got, err, want)
+	}
+	for _, bad := range []string{"", " , ", "kafka-1:", "::1", "kafka-1:0", "kafka-1:65536", ":9092"} {
+		if _, err := parseBrokers(bad, brokersFlag); err == nil || !strings.Contains(err.Error(), brokersFlag) {
+			t.Errorf("%q: %v; want an error naming %s", bad, err, brokersFlag)
 		}
 	}
 }
