@@ -125,7 +125,10 @@ arrives, and a note on stderr says the customer is new.`,
 	revoke := &cobra.Command{
 		Use:   "revoke ID",
 		Short: "Revoke a token (by the id shown by list): each API process refuses it as soon as it hears, within 5 s by default",
-		Args:  cobra.ExactArgs(1),
+		Long: `Revoke a token (by the id shown by list): each API process refuses it as
+soon as it hears, within 5 s by default. Revoking a token already revoked
+changes nothing and succeeds too: it prints "already revoked" and when.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			id, err := uuid.Parse(args[0])
 			if err != nil {
@@ -136,7 +139,8 @@ arrives, and a note on stderr says the customer is new.`,
 				return err
 			}
 			defer pool.Close()
-			t, err := tokens.Revoke(cmd.Context(), pool, id, time.Now())
+			now := time.Now()
+			t, err := tokens.Revoke(cmd.Context(), pool, id, now)
 			if errors.Is(err, tokens.ErrNotFound) {
 				return fmt.Errorf("no token %s (see tally tokens list)", id)
 			}
@@ -147,7 +151,14 @@ arrives, and a note on stderr says the customer is new.`,
 			if t.Gateway != "" {
 				owner = "gateway " + t.Gateway
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "revoked %s (%s) at %s\n", t.ID, owner, t.RevokedAt.UTC().Format(time.RFC3339))
+			at := t.RevokedAt.UTC().Format(time.RFC3339)
+			// Revoking again keeps the first time (tokens.Revoke): a time
+			// other than now says the token was revoked before.
+			if !t.RevokedAt.Equal(now.Truncate(time.Microsecond)) {
+				fmt.Fprintf(cmd.OutOrStdout(), "already revoked %s (%s) at %s; nothing changed\n", t.ID, owner, at)
+				return nil
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "revoked %s (%s) at %s\n", t.ID, owner, at)
 			return nil
 		},
 	}

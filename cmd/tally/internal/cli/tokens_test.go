@@ -215,3 +215,29 @@ func TestTokensCreateNamesTheFlagAtFault(t *testing.T) {
 		}
 	}
 }
+
+// Revoking a token already revoked changes nothing and succeeds (exit 0),
+// and says so, with when it was revoked: it printed the same line as the
+// first revocation, as if it had just happened.
+func TestTokensRevokeTwiceSaysAlreadyRevoked(t *testing.T) {
+	db := pgtest.NewURL(t)
+	if _, err := runTally(t, "tokens", "create", "--gateway", "gw-1", "--database-url", db); err != nil {
+		t.Fatal(err)
+	}
+	list, err := runTally(t, "tokens", "list", "--database-url", db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := strings.Fields(strings.Split(list, "\n")[1])[0]
+	first, err := runTally(t, "tokens", "revoke", id, "--database-url", db)
+	if err != nil || !strings.HasPrefix(first, "revoked "+id+" (gateway gw-1) at ") {
+		t.Fatalf("revoke: %q, %v", first, err)
+	}
+	at := strings.TrimSpace(strings.TrimPrefix(first, "revoked "+id+" (gateway gw-1) at "))
+	time.Sleep(1100 * time.Millisecond) // a second revocation now would print another time
+	again, err := runTally(t, "tokens", "revoke", id, "--database-url", db)
+	want := "already revoked " + id + " (gateway gw-1) at " + at + "; nothing changed\n"
+	if err != nil || again != want {
+		t.Fatalf("revoke again: %q, %v; want %q and exit 0", again, err, want)
+	}
+}
