@@ -67,7 +67,7 @@ type grantBody struct {
 	Meter      string           `json:"meter"`
 	Amount     decimalInput     `json:"amount"`
 	MinAmount  nullDecimalInput `json:"min_amount"`
-	TTL        durationInput    `json:"ttl"`
+	TTL        *durationInput   `json:"ttl"` // nil: absent or null
 	Budgets    []string         `json:"budgets"`
 }
 
@@ -81,11 +81,14 @@ type debitBody struct {
 }
 
 type reportBody struct {
-	Holder     string        `json:"holder"`
-	Generation int64         `json:"generation"`
-	Spent      *decimalInput `json:"spent"` // required: nil when left out
-	TTL        durationInput `json:"ttl"`
+	Holder     string         `json:"holder"`
+	Generation int64          `json:"generation"`
+	Spent      *decimalInput  `json:"spent"` // required: nil when left out
+	TTL        *durationInput `json:"ttl"`   // nil: absent or null
 }
+
+// ttlRule is the range of a grant's ttl (admission's checkTTL).
+var ttlRule = fmt.Sprintf("whole microseconds, from %v to %v", admission.MinTTL, admission.MaxTTL)
 
 // errSpentRequired refuses a report without spent: recording 0 would give
 // every unit of the grant back, unbilled.
@@ -137,9 +140,13 @@ func (a *API) postGrant(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	ttl, err := b.TTL.given("ttl", ttlRule)
+	if err != nil {
+		return err
+	}
 	start := time.Now()
 	g, err := s.Issue(r.Context(), admission.IssueRequest{Holder: b.Holder, Generation: b.Generation,
-		Customer: b.Customer, Meter: b.Meter, Amount: b.Amount.Decimal, MinAmount: b.MinAmount.NullDecimal, TTL: time.Duration(b.TTL.Duration), Budgets: b.Budgets,
+		Customer: b.Customer, Meter: b.Meter, Amount: b.Amount.Decimal, MinAmount: b.MinAmount.NullDecimal, TTL: ttl, Budgets: b.Budgets,
 		EveryBudget: !principalFrom(r.Context()).admin})
 	a.grantMetrics.Issued(g, err, time.Since(start))
 	if err != nil {
@@ -193,12 +200,16 @@ func (a *API) report(w http.ResponseWriter, r *http.Request, release bool) error
 	if b.Spent == nil {
 		return errSpentRequired("spent")
 	}
-	rep := admission.Report{Grant: id, Holder: b.Holder, Generation: b.Generation, Spent: b.Spent.Decimal, TTL: time.Duration(b.TTL.Duration)}
+	if release && b.TTL != nil {
+		return invalidField("ttl", "a release takes no ttl")
+	}
+	ttl, err := b.TTL.given("ttl", ttlRule)
+	if err != nil {
+		return err
+	}
+	rep := admission.Report{Grant: id, Holder: b.Holder, Generation: b.Generation, Spent: b.Spent.Decimal, TTL: ttl}
 	var g admission.Grant
 	if release {
-		if b.TTL.Duration != 0 {
-			return invalidField("ttl", "a release takes no ttl")
-		}
 		g, err = s.Release(r.Context(), rep)
 		a.grantMetrics.Released(err)
 	} else {

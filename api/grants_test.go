@@ -229,3 +229,49 @@ func TestAdminRoute403ToAGatewayTokenSaysSo(t *testing.T) {
 		t.Errorf("403 to a gateway token: %q, want it to say what a gateway token may do and that this needs the admin token", p.Detail)
 	}
 }
+
+// A duration given as zero is refused on its field, as one out of range
+// is: a grant's or a renewal's ttl "0s" (or 0) was silently the default
+// 30 s, a release's "0s" passed as if no ttl were given, and a pool's or
+// the global rate rule's max_skew "0s" was silently the deployment's.
+// Left out or null, each keeps its default.
+func TestZeroDurationIsRefusedNotTakenAsDefault(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.do("PUT", "/v1/customers/acme/quotas/calls", adminToken, map[string]any{"limit": "100", "admission": "exact"})
+	gw := f.gatewayToken("gw1")
+	grant := func(ttl any) response {
+		return f.do("POST", "/v1/grants", gw, map[string]any{"holder": "gw1", "generation": 1, "customer": "acme", "meter": "calls",
+			"amount": "1", "ttl": ttl})
+	}
+	for _, ttl := range []any{"0s", 0, "0ms", "-1s", "2h", "500us"} {
+		grant(ttl).fieldProblem(t, "ttl", "from 1ms to 1h")
+	}
+	r := grant("1ms")
+	if r.status != 201 || r.json(t)["valid_until"] != "2026-11-20T12:00:00.001Z" {
+		t.Fatalf("grant with ttl 1ms: %d %s", r.status, r.body)
+	}
+	id := grant(nil).json(t)["id"].(string)
+	renew := func(ttl any) response {
+		return f.do("POST", "/v1/grants/"+id+"/renew", gw, map[string]any{"holder": "gw1", "generation": 1, "spent": "0", "ttl": ttl})
+	}
+	for _, ttl := range []any{"0s", 0, "-1s", "2h"} {
+		renew(ttl).fieldProblem(t, "ttl", "from 1ms to 1h")
+	}
+	if r := renew(nil); r.status != 200 || r.json(t)["valid_until"] != "2026-11-20T12:00:30Z" {
+		t.Fatalf("renew with ttl null: %d %s", r.status, r.body)
+	}
+	f.do("POST", "/v1/grants/"+id+"/release", gw, map[string]any{"holder": "gw1", "generation": 1, "spent": "0", "ttl": "0s"}).
+		fieldProblem(t, "ttl", "a release takes no ttl")
+
+	if r := f.do("PUT", "/v1/pools/team", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
+		t.Fatalf("pool: %d %s", r.status, r.body)
+	}
+	for path, about := range map[string]string{"/v1/customers/acme/quotas/calls": "must be positive",
+		"/v1/pools/team/quotas/calls": "from 100ms to 10m", "/v1/global/quotas/calls": "from 100ms to 10m"} {
+		for _, skew := range []any{"0s", 0} {
+			f.do("PUT", path, adminToken, map[string]any{"rate": map[string]any{"amount": "1", "per": "1s", "burst": "2"},
+				"admission": "exact", "max_skew": skew}).fieldProblem(t, "max_skew", about)
+		}
+	}
+}

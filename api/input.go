@@ -564,6 +564,20 @@ func (d *durationInput) UnmarshalJSON(b []byte) error {
 }
 func (t *timeInput) UnmarshalJSON(b []byte) error { return typed(t.Time.UnmarshalJSON(b), b, t) }
 
+// given is the optional duration given in field, or 0 when none was (nil:
+// left out or null), which the packages take for their default. Zero
+// given is refused, with rule (the field's range) as the detail: it would
+// read as if the field were left out.
+func (d *durationInput) given(field, rule string) (time.Duration, error) {
+	switch {
+	case d == nil:
+		return 0, nil
+	case d.Duration == 0:
+		return 0, invalidField(field, "0s must be %s; leave %s out (or null) for the default", rule, field)
+	}
+	return time.Duration(d.Duration), nil
+}
+
 // instant is the optional instant given in field, or the zero time when
 // none was (which the packages take for now). The zero time given is
 // refused: it would read as if the field were left out.

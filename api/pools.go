@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 	"unicode/utf8"
@@ -201,6 +202,9 @@ type scopeRuleBody struct {
 	Actor       *string          `json:"actor"`
 }
 
+// maxSkewRule is the range of a rate rule's max_skew (quota's).
+var maxSkewRule = fmt.Sprintf("whole milliseconds from %s to %s", quota.FormatDuration(quota.MinRuleMaxSkew), quota.FormatDuration(quota.MaxRuleMaxSkew))
+
 func (a *API) putPoolQuota(w http.ResponseWriter, r *http.Request) error {
 	name := chi.URLParam(r, "name")
 	if !quota.ValidPoolName(name) {
@@ -250,8 +254,8 @@ func (a *API) putScopeQuota(w http.ResponseWriter, r *http.Request, scope, locat
 			return invalid(fieldsOf(errors.Join(errs...))...)
 		}
 	}
-	if b.MaxSkew != nil {
-		in.MaxSkew = time.Duration(b.MaxSkew.Duration)
+	if in.MaxSkew, err = b.MaxSkew.given("max_skew", maxSkewRule); err != nil {
+		return err
 	}
 	var rule quota.ScopeRule
 	err = pgx.BeginFunc(r.Context(), a.pool, func(tx pgx.Tx) error {
