@@ -13,6 +13,7 @@ import (
 
 	"github.com/tally-ledger/tally/internal/pgnamed"
 	"github.com/tally-ledger/tally/internal/pguuid"
+	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/quota"
 	"github.com/tally-ledger/tally/validation"
 )
@@ -435,9 +436,20 @@ func (b *BudgetState) scan(row pgx.Row, first any, rest ...any) error {
 	return nil
 }
 
-// Budgets lists a customer's exact budgets, newest period first.
+// Budgets lists a customer's exact budgets, newest period first, by meter:
+// the rows grants brought, and, for an exact rule in force under which no
+// grant was issued yet this period, the budget its first grant will find
+// (the rule's limit and version, what the period already consumed),
+// without writing it.
 func (s *Store) Budgets(ctx context.Context, customer string) ([]Budget, error) {
-	rows, err := s.db.Query(ctx, qBudgets, pgnamed.Args{"customer": customer, "now": s.now()})
+	now := s.now()
+	sch, err := periods.Store{}.Schedule(ctx, s.db, customer)
+	p, err := periodIn(sch, err, now)
+	if err != nil {
+		return nil, fmt.Errorf("admission: list budgets: %w", err)
+	}
+	rows, err := s.db.Query(ctx, qBudgets, pgnamed.Args{"customer": customer, "now": now,
+		"period": p.Name, "lo": p.Start.UTC(), "hi": p.End.UTC()})
 	if err != nil {
 		return nil, fmt.Errorf("admission: list budgets: %w", err)
 	}

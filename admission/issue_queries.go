@@ -368,17 +368,36 @@ const poolRowsNow = `(SELECT scope, meter, period_start, period_end FROM admissi
 const qAdoptPoolGrants = adoptGrants + poolRowsNow + adoptGrantsTail
 
 // qScopeBudgets lists a scope's budgets with what is live and stranded,
-// with the limit and version of the rule in force (as qBudgets).
+// with the limit and version of the rule in force (as qBudgets); and, for
+// each meter whose exact rule in force has no row in the current period
+// (@lo, @hi, @period: no grant was issued under it yet), the row its first
+// grant will create and bring (qEnsureScopeBudgets, qBringScopeBudgets),
+// written nowhere: the rule's limit and version, what the period already
+// consumed, and the grants it will adopt (qAdoptScopeGrants) as live or
+// stranded.
 const qScopeBudgets = `
-SELECT s.scope, s.meter, s.period, s.period_start, s.period_end,
-       ` + scopeLimitAndVersion + `, s.consumed,
-       coalesce((SELECT sum(g.amount) FROM admission_grant_draws d JOIN admission_grants g ON g.id = d.grant_id
-                 WHERE (d.scope, d.meter, d.period_start) = (s.scope, s.meter, s.period_start)
-                   AND g.ended_at IS NULL AND g.reclaim_at > @now), 0),
-       coalesce((SELECT sum(g.amount - g.spent) FROM admission_grant_draws d JOIN admission_grants g ON g.id = d.grant_id
-                 WHERE (d.scope, d.meter, d.period_start) = (s.scope, s.meter, s.period_start)
-                   AND g.ended_at IS NULL AND g.reclaim_at <= @now), 0)
-FROM admission_scope_budgets s
-LEFT JOIN LATERAL quota_scope_rule_in_force(s.scope, s.meter, least(@now::timestamptz, s.period_end - interval '1 microsecond')) r ON true
-WHERE s.scope = @scope
-ORDER BY s.period_start DESC, s.meter`
+(SELECT s.scope, s.meter, s.period, s.period_start, s.period_end,
+        ` + scopeLimitAndVersion + `, s.consumed,
+        coalesce((SELECT sum(g.amount) FROM admission_grant_draws d JOIN admission_grants g ON g.id = d.grant_id
+                  WHERE (d.scope, d.meter, d.period_start) = (s.scope, s.meter, s.period_start)
+                    AND g.ended_at IS NULL AND g.reclaim_at > @now), 0),
+        coalesce((SELECT sum(g.amount - g.spent) FROM admission_grant_draws d JOIN admission_grants g ON g.id = d.grant_id
+                  WHERE (d.scope, d.meter, d.period_start) = (s.scope, s.meter, s.period_start)
+                    AND g.ended_at IS NULL AND g.reclaim_at <= @now), 0)
+ FROM admission_scope_budgets s
+ LEFT JOIN LATERAL quota_scope_rule_in_force(s.scope, s.meter, least(@now::timestamptz, s.period_end - interval '1 microsecond')) r ON true
+ WHERE s.scope = @scope)
+UNION ALL
+(SELECT t.scope, t.meter, @period::text, t.period_start, t.period_end, t.lim, t.version, ` + scopeConsumption + `, d.live, d.stranded
+ FROM (SELECT q.scope, q.meter, @lo::timestamptz AS period_start, @hi::timestamptz AS period_end, r."limit" AS lim, r.version
+       FROM (SELECT DISTINCT scope, meter FROM quota_scope_rules WHERE scope = @scope) q
+       CROSS JOIN LATERAL quota_scope_rule_in_force(q.scope, q.meter, @now) r
+       WHERE r.admission = 'exact' AND r."limit" IS NOT NULL) t
+ CROSS JOIN LATERAL (SELECT coalesce(sum(g.amount) FILTER (WHERE g.reclaim_at > @now), 0) AS live,
+                            coalesce(sum(g.amount - g.spent) FILTER (WHERE g.reclaim_at <= @now), 0) AS stranded
+                     FROM (` + scopeMembers + `) c
+                     JOIN admission_grants g ON g.customer = c.customer AND g.meter = c.meter AND g.issued_at >= c.lo AND g.issued_at < c.hi
+                     WHERE g.ended_at IS NULL) d
+ WHERE NOT EXISTS (SELECT 1 FROM admission_scope_budgets s
+                   WHERE (s.scope, s.meter, s.period_start) = (t.scope, t.meter, t.period_start)))
+ORDER BY 4 DESC, 2`

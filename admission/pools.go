@@ -65,9 +65,16 @@ type ScopeBudget struct {
 }
 
 // ScopeBudgets lists the budgets of a scope ("pool:<name>" or "global"),
-// newest period first.
+// newest period first, by meter; as Budgets, with the budget of an exact
+// rule in force that no grant has created yet this period.
 func (s *Store) ScopeBudgets(ctx context.Context, scope string) ([]ScopeBudget, error) {
-	rows, err := s.db.Query(ctx, qScopeBudgets, pgnamed.Args{"scope": scope, "now": s.now()})
+	now := s.now()
+	p, err := ScopePeriod(now)
+	if err != nil {
+		return nil, fmt.Errorf("admission: list budgets: %w", err)
+	}
+	rows, err := s.db.Query(ctx, qScopeBudgets, pgnamed.Args{"scope": scope, "now": now,
+		"period": p.Name, "lo": p.Start.UTC(), "hi": p.End.UTC()})
 	if err != nil {
 		return nil, fmt.Errorf("admission: list budgets: %w", err)
 	}

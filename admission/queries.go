@@ -142,22 +142,45 @@ const (
 
 // qBudgets lists a customer's budgets with what is live, stranded and
 // bypassed, newest period first, with the limit and version of the rule
-// in force (budgetLimitAndVersion).
+// in force (budgetLimitAndVersion); and, for each meter whose exact rule
+// in force has no row brought in the current period (@lo, @hi, @period:
+// no grant was issued under it yet), the row its first grant will bring
+// (qBringCustomerBudgets), written nowhere: the rule's limit and version,
+// what the period already consumed, and the grants it will adopt
+// (qAdoptCustomerGrants) as live or stranded.
 const qBudgets = `
-SELECT b.customer, b.meter, b.period, b.period_start, b.period_end,
-       ` + budgetLimitAndVersion + `, b.consumed,
-       coalesce((SELECT sum(g.amount) FROM admission_grants g
-                 WHERE (g.customer, g.meter, g.period_start) = (b.customer, b.meter, b.period_start)
-                   AND g.draws_customer AND g.ended_at IS NULL AND g.reclaim_at > @now), 0) AS live,
-       coalesce((SELECT sum(g.amount - g.spent) FROM admission_grants g
-                 WHERE (g.customer, g.meter, g.period_start) = (b.customer, b.meter, b.period_start)
-                   AND g.draws_customer AND g.ended_at IS NULL AND g.reclaim_at <= @now), 0) AS stranded,
-       coalesce((SELECT sum(x.amount) FROM admission_bypasses x
-                 WHERE (x.customer, x.meter, x.period_start) = (b.customer, b.meter, b.period_start)), 0) AS bypassed
-FROM admission_budgets b
-LEFT JOIN LATERAL quota_rule_in_force(b.customer, b.meter, ` + inForceAtOrEnd + `) r ON true
-WHERE b.customer = @customer AND b."limit" IS NOT NULL
-ORDER BY b.period_start DESC, b.meter`
+(SELECT b.customer, b.meter, b.period, b.period_start, b.period_end,
+        ` + budgetLimitAndVersion + `, b.consumed,
+        coalesce((SELECT sum(g.amount) FROM admission_grants g
+                  WHERE (g.customer, g.meter, g.period_start) = (b.customer, b.meter, b.period_start)
+                    AND g.draws_customer AND g.ended_at IS NULL AND g.reclaim_at > @now), 0) AS live,
+        coalesce((SELECT sum(g.amount - g.spent) FROM admission_grants g
+                  WHERE (g.customer, g.meter, g.period_start) = (b.customer, b.meter, b.period_start)
+                    AND g.draws_customer AND g.ended_at IS NULL AND g.reclaim_at <= @now), 0) AS stranded,
+        coalesce((SELECT sum(x.amount) FROM admission_bypasses x
+                  WHERE (x.customer, x.meter, x.period_start) = (b.customer, b.meter, b.period_start)), 0) AS bypassed
+ FROM admission_budgets b
+ LEFT JOIN LATERAL quota_rule_in_force(b.customer, b.meter, ` + inForceAtOrEnd + `) r ON true
+ WHERE b.customer = @customer AND b."limit" IS NOT NULL)
+UNION ALL
+(SELECT c.customer, c.meter, @period::text, c.lo, c.hi, r."limit", r.version,
+        GREATEST(coalesce((SELECT b.consumed FROM admission_budgets b
+                           WHERE (b.customer, b.meter, b.period_start) = (c.customer, c.meter, c.lo)), 0),
+                 ` + consumptionHead + usageInCustomerPeriod + consumptionTail + `),
+        d.live, d.stranded,
+        coalesce((SELECT sum(x.amount) FROM admission_bypasses x
+                  WHERE (x.customer, x.meter, x.period_start) = (c.customer, c.meter, c.lo)), 0)
+ FROM (SELECT DISTINCT q.customer, q.meter, @lo::timestamptz AS lo, @hi::timestamptz AS hi
+       FROM quota_rules q WHERE q.customer = @customer) c
+ CROSS JOIN LATERAL quota_rule_in_force(c.customer, c.meter, @now) r
+ CROSS JOIN LATERAL (SELECT coalesce(sum(g.amount) FILTER (WHERE g.reclaim_at > @now), 0) AS live,
+                            coalesce(sum(g.amount - g.spent) FILTER (WHERE g.reclaim_at <= @now), 0) AS stranded
+                     FROM admission_grants g
+                     WHERE (g.customer, g.meter, g.period_start) = (c.customer, c.meter, c.lo) AND g.ended_at IS NULL) d
+ WHERE r.admission = 'exact' AND r."limit" IS NOT NULL
+   AND NOT EXISTS (SELECT 1 FROM admission_budgets b
+                   WHERE (b.customer, b.meter, b.period_start) = (c.customer, c.meter, c.lo) AND b."limit" IS NOT NULL))
+ORDER BY 4 DESC, 2`
 
 const qInsertBypass = `
 INSERT INTO admission_bypasses (holder, report_id, customer, meter, period_start, period, rule_version, generation,

@@ -275,3 +275,58 @@ func TestZeroDurationIsRefusedNotTakenAsDefault(t *testing.T) {
 		}
 	}
 }
+
+// A customer's and a pool's exact budget of the period is listed as soon
+// as its rule is in force, with what the period already consumed, not
+// only once a first grant created its row; reading it writes nothing.
+func TestBudgetOfRuleInForceIsListedBeforeTheFirstGrant(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t) // now: 2026-11-20T12:00Z
+	f.usage("acme", "calls", f.clock().Add(-time.Hour), "7")
+	if r := f.do("PUT", "/v1/customers/acme/quotas/calls", adminToken, map[string]any{"limit": "100", "admission": "exact"}); r.status != 201 {
+		t.Fatalf("customer rule: %d %s", r.status, r.body)
+	}
+	if r := f.do("PUT", "/v1/pools/team", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
+		t.Fatalf("pool: %d %s", r.status, r.body)
+	}
+	if r := f.do("PUT", "/v1/pools/team/quotas/calls", adminToken, map[string]any{"limit": "50", "admission": "exact"}); r.status != 201 {
+		t.Fatalf("pool rule: %d %s", r.status, r.body)
+	}
+	cust := f.token("acme")
+	budget := func(consumed, available, live string) {
+		t.Helper()
+		r := f.do("GET", "/v1/customers/acme/budgets", cust, nil)
+		items := asSlice(r.json(t)["items"])
+		if r.status != 200 || len(items) != 1 {
+			t.Fatalf("budgets: %d %s", r.status, r.body)
+		}
+		b := items[0].(map[string]any)
+		if b["customer"] != "acme" || b["meter"] != "calls" || b["period"] != "2026-11-01" || b["period_start"] != "2026-11-01T00:00:00Z" ||
+			b["limit"] != "100" || b["rule_version"] != 1.0 || b["consumed"] != consumed || b["available"] != available ||
+			b["live"] != live || b["stranded"] != "0" || b["bypassed"] != "0" {
+			t.Fatalf("budget: %s, want consumed %s, available %s, live %s", r.body, consumed, available, live)
+		}
+		r = f.do("GET", "/v1/pools/team", adminToken, nil)
+		items = asSlice(r.json(t)["budgets"])
+		if r.status != 200 || len(items) != 1 {
+			t.Fatalf("pool budgets: %d %s", r.status, r.body)
+		}
+		b = items[0].(map[string]any)
+		if b["scope"] != "pool:team" || b["meter"] != "calls" || b["period_start"] != "2026-11-01T00:00:00Z" ||
+			b["limit"] != "50" || b["rule_version"] != 1.0 || b["consumed"] != consumed || b["live"] != live || b["stranded"] != "0" {
+			t.Fatalf("pool budget: %s, want consumed %s, live %s", r.body, consumed, live)
+		}
+	}
+	budget("7", "93", "0")
+	var rows int
+	if err := f.pool.QueryRow(context.Background(),
+		`SELECT (SELECT count(*) FROM admission_budgets) + (SELECT count(*) FROM admission_scope_budgets)`).Scan(&rows); err != nil || rows != 0 {
+		t.Fatalf("reading budgets wrote %d rows (%v)", rows, err)
+	}
+	gw := f.gatewayToken("gw")
+	if r := f.do("POST", "/v1/grants", gw, map[string]any{"holder": "gw", "generation": 1, "customer": "acme", "meter": "calls",
+		"amount": "10"}); r.status != 201 {
+		t.Fatalf("grant: %d %s", r.status, r.body)
+	}
+	budget("17", "83", "10")
+}
