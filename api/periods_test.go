@@ -217,3 +217,61 @@ func TestPeriodOutOfRange(t *testing.T) {
 		}
 	}
 }
+
+// A manual adjustment dated in a closed period is booked in the first
+// period not closed as a prior-period adjustment (docs/design.md §4): its
+// statement shows it under prior_period_adjustments, beside late usage of
+// that period, and names the period in prior_periods_absorbed, open and
+// once closed. It was shown under adjustments, named nowhere.
+func TestAdjustmentOfAClosedPeriodIsAPriorPeriodAdjustment(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t) // now: 2026-11-20T12:00Z
+	f.usage("acme", "api_calls", date("2026-10-15T10:00:00Z"), "10")
+	if r := f.do("POST", "/v1/customers/acme/periods/2026-10-01/close", adminToken,
+		map[string]any{"force": true, "reason": "test", "actor": "ops"}); r.status != 200 {
+		t.Fatalf("close October: %d %s", r.status, r.body)
+	}
+	f.usage("acme", "api_calls", date("2026-10-20T10:00:00Z"), "3")
+	adjust := func(op, qty string, at any) {
+		t.Helper()
+		body := map[string]any{"operation_id": op, "customer": "acme", "meter": "api_calls", "quantity": qty, "reason": "credit", "actor": "ops"}
+		if at != nil {
+			body["occurred_at"] = at
+		}
+		if r := f.do("POST", "/v1/adjustments", adminToken, body); r.status != 201 {
+			t.Fatalf("adjustment %s: %d %s", qty, r.status, r.body)
+		}
+	}
+	adjust("0193e0a1-7c00-7d4e-9a51-3c2f9b7e4a10", "-4", "2026-10-20T12:00:00Z")
+	adjust("0193e0a1-7c00-7d4e-9a51-3c2f9b7e4a11", "2", nil)
+	check := func(what string) {
+		t.Helper()
+		r := f.do("GET", "/v1/customers/acme/periods/2026-11-01/statement", adminToken, nil)
+		var st struct {
+			Lines []struct {
+				Meter, Usage, Billed string
+				Prior                string `json:"prior_period_adjustments"`
+				Adj                  string `json:"adjustments"`
+			} `json:"lines"`
+			Absorbed []struct {
+				PeriodStart string `json:"period_start"`
+				Meter       string `json:"meter"`
+				Amount      string `json:"amount"`
+			} `json:"prior_periods_absorbed"`
+		}
+		if err := json.Unmarshal(r.body, &st); err != nil || r.status != 200 {
+			t.Fatalf("%s: %d %s", what, r.status, r.body)
+		}
+		if len(st.Lines) != 1 || st.Lines[0].Usage != "0" || st.Lines[0].Prior != "-1" || st.Lines[0].Adj != "2" || st.Lines[0].Billed != "1" ||
+			len(st.Absorbed) != 1 || st.Absorbed[0].PeriodStart != "2026-10-01T00:00:00Z" || st.Absorbed[0].Amount != "-1" {
+			t.Fatalf("%s: %s, want usage 0, prior_period_adjustments -1 (late 3, credit -4), adjustments 2, billed 1, October absorbed -1", what, r.body)
+		}
+	}
+	check("open November")
+	f.setNow(date("2026-12-05T00:00:00Z"))
+	if r := f.do("POST", "/v1/customers/acme/periods/2026-11-01/close", adminToken,
+		map[string]any{"force": true, "reason": "test", "actor": "ops"}); r.status != 200 {
+		t.Fatalf("close November: %d %s", r.status, r.body)
+	}
+	check("closed November")
+}

@@ -72,7 +72,9 @@ FROM (
 
 const (
 	// Per meter: usage, prior-period adjustments, manual adjustments, and
-	// the rollups' total for the cross-check.
+	// the rollups' total for the cross-check. A manual adjustment dated in
+	// a closed period (prior_period set) is a prior-period adjustment, as
+	// late usage is (docs/design.md §4).
 	qStatementLines = `
 WITH src AS (
   SELECT meter,
@@ -83,8 +85,8 @@ WITH src AS (
   UNION ALL
   SELECT meter,
          CASE WHEN kind = 'reattribution' THEN amount ELSE 0 END,
-         0,
-         CASE WHEN kind = 'adjustment' THEN amount ELSE 0 END
+         CASE WHEN kind = 'adjustment' AND prior_period IS NOT NULL THEN amount ELSE 0 END,
+         CASE WHEN kind = 'adjustment' AND prior_period IS NULL THEN amount ELSE 0 END
   FROM entries WHERE customer = $1 AND period_start = $2
 ), lines AS (
   SELECT meter, sum(usage) AS usage, sum(prior) AS prior, sum(adj) AS adj FROM src GROUP BY meter
@@ -103,11 +105,16 @@ ORDER BY meter`
 WITH rolled AS (
   SELECT meter, sum(quantity) AS q FROM rollups WHERE customer = $1 AND period_start = $2 GROUP BY meter
 ), prior AS (
-  SELECT meter, sum(billed) AS q FROM records
-  WHERE customer = $1 AND period_start = $2 AND prior_period IS NOT NULL GROUP BY meter
+  SELECT meter, sum(q) AS q FROM (
+    SELECT meter, billed AS q FROM records
+    WHERE customer = $1 AND period_start = $2 AND prior_period IS NOT NULL
+    UNION ALL
+    SELECT meter, amount FROM entries
+    WHERE customer = $1 AND period_start = $2 AND kind = 'adjustment' AND prior_period IS NOT NULL
+  ) p GROUP BY meter
 ), adj AS (
   SELECT meter, sum(amount) AS q FROM entries
-  WHERE customer = $1 AND period_start = $2 AND kind = 'adjustment' GROUP BY meter
+  WHERE customer = $1 AND period_start = $2 AND kind = 'adjustment' AND prior_period IS NULL GROUP BY meter
 )
 SELECT meter, trim_scale(coalesce(r.q, 0) - coalesce(p.q, 0) - coalesce(a.q, 0)),
        trim_scale(coalesce(p.q, 0)), trim_scale(coalesce(a.q, 0)), trim_scale(coalesce(r.q, 0))
@@ -115,12 +122,16 @@ FROM rolled r FULL JOIN prior p USING (meter) FULL JOIN adj a USING (meter)
 ORDER BY meter`
 
 	// What the period absorbed of closed ones, per closed period and
-	// meter: a counter's late usage, and a gauge's level-seconds that a
-	// late reading changed there (gauge_adjustments).
+	// meter: a counter's late usage and manual adjustments dated there,
+	// and a gauge's level-seconds that a late reading changed there
+	// (gauge_adjustments).
 	qStatementAbsorbed = `
 SELECT prior_period, meter, trim_scale(sum(q)) FROM (
   SELECT prior_period, meter, billed AS q
   FROM records WHERE customer = $1 AND period_start = $2 AND prior_period IS NOT NULL
+  UNION ALL
+  SELECT prior_period, meter, amount
+  FROM entries WHERE customer = $1 AND period_start = $2 AND kind = 'adjustment' AND prior_period IS NOT NULL
   UNION ALL
   SELECT prior_period, meter, unit_seconds
   FROM gauge_adjustments WHERE customer = $1 AND period_start = $2

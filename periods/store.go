@@ -55,17 +55,19 @@ type Line struct {
 	Meter string `json:"meter"`
 	// Usage that occurred in the period (late fills moved in included).
 	Usage decimal.Decimal `json:"usage"`
-	// Usage of closed earlier periods that arrived late and was billed here.
+	// Usage of closed earlier periods that arrived late, and manual
+	// adjustments dated in them, billed here.
 	PriorPeriodAdjustments decimal.Decimal `json:"prior_period_adjustments"`
-	// Manual credits (negative) and debits booked in this period.
+	// Manual credits (negative) and debits dated in this period.
 	Adjustments decimal.Decimal `json:"adjustments"`
 	// What to invoice: Usage + PriorPeriodAdjustments + Adjustments.
 	Billed decimal.Decimal `json:"billed"`
 }
 
 // Absorbed is late usage of a closed period billed in this one: a
-// counter's quantity, or the level-seconds a gauge's late reading changed
-// in that period (the gauge line's PriorPeriodUnitSeconds, by period).
+// counter's quantity (with the manual adjustments dated in that period),
+// or the level-seconds a gauge's late reading changed in that period (the
+// gauge line's PriorPeriodUnitSeconds, by period).
 type Absorbed struct {
 	Period time.Time       `json:"period_start"`
 	Meter  string          `json:"meter"`
