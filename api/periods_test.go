@@ -268,6 +268,20 @@ func TestAdjustmentOfAClosedPeriodIsAPriorPeriodAdjustment(t *testing.T) {
 		}
 	}
 	check("open November")
+	// A reconciliation's totals break the billed total down the same way.
+	r := f.do("POST", "/v1/reconciliations", adminToken, map[string]any{"period": "2026-11-01", "customer": "acme"})
+	var run struct {
+		Totals []struct {
+			Usage       string `json:"usage"`
+			Prior       string `json:"prior_period_adjustments"`
+			Adjustments string `json:"adjustments"`
+			Billed      string `json:"billed"`
+		} `json:"totals"`
+	}
+	if err := json.Unmarshal(r.body, &run); err != nil || r.status != 201 || len(run.Totals) != 1 ||
+		run.Totals[0].Usage != "0" || run.Totals[0].Prior != "-1" || run.Totals[0].Adjustments != "2" || run.Totals[0].Billed != "1" {
+		t.Fatalf("reconciliation: %d %s, want usage 0, prior_period_adjustments -1, adjustments 2, billed 1", r.status, r.body)
+	}
 	f.setNow(date("2026-12-05T00:00:00Z"))
 	if r := f.do("POST", "/v1/customers/acme/periods/2026-11-01/close", adminToken,
 		map[string]any{"force": true, "reason": "test", "actor": "ops"}); r.status != 200 {

@@ -180,16 +180,20 @@ FROM rollups_daily JOIN t USING (customer, period_start)
 WHERE (@all::boolean OR customer = ANY(@customers)) AND period_start = ANY(@starts) GROUP BY 1, 2`
 
 	// Prior-period and manual adjustments per customer and meter (rare
-	// rows; a partial index finds the prior-period ones).
+	// rows; a partial index finds the prior-period ones): a manual
+	// adjustment dated in a closed period (prior_period set) is a
+	// prior-period one, as late usage is (docs/design.md §4).
 	qBreakdown = `
 WITH ` + qTargets + `
-SELECT customer, meter, 'prior', sum(billed)
-FROM records JOIN t USING (customer, period_start)
-WHERE (@all::boolean OR customer = ANY(@customers)) AND period_start = ANY(@starts) AND prior_period IS NOT NULL GROUP BY 1, 2
-UNION ALL
-SELECT customer, meter, 'adjustment', sum(amount)
-FROM entries JOIN t USING (customer, period_start)
-WHERE (@all::boolean OR customer = ANY(@customers)) AND period_start = ANY(@starts) AND kind = 'adjustment' GROUP BY 1, 2`
+SELECT customer, meter, part, sum(q) FROM (
+  SELECT customer, meter, 'prior' AS part, billed AS q
+  FROM records JOIN t USING (customer, period_start)
+  WHERE (@all::boolean OR customer = ANY(@customers)) AND period_start = ANY(@starts) AND prior_period IS NOT NULL
+  UNION ALL
+  SELECT customer, meter, CASE WHEN prior_period IS NULL THEN 'adjustment' ELSE 'prior' END, amount
+  FROM entries JOIN t USING (customer, period_start)
+  WHERE (@all::boolean OR customer = ANY(@customers)) AND period_start = ANY(@starts) AND kind = 'adjustment'
+) x GROUP BY 1, 2, 3`
 
 	// The customers' streams, each with where a run last found it adding
 	// up (stream_checks, migration 00047: seq and billed, 0 when none or
