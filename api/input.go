@@ -37,6 +37,11 @@ func checkID(field, s string) error {
 
 func quote(s string) string { return fmt.Sprintf("%q", clip(s, 64)) }
 
+// logClip bounds, in runes, what a log line records of a request's own
+// input (its path): any client, signed in or not, can send a path of tens
+// of kilobytes, and the access log has a line for nearly every request.
+const logClip = 256
+
 // clip is s as valid UTF-8, cut to n runes (the last three "...") when
 // longer.
 func clip(s string, n int) string {

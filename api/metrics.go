@@ -128,7 +128,7 @@ func (a *API) observe(next http.Handler) http.Handler {
 			attrs := []slog.Attr{
 				slog.String("request_id", id),
 				slog.String("method", method),
-				slog.String("path", r.URL.Path),
+				slog.String("path", clip(r.URL.Path, logClip)),
 				slog.String("route", route),
 				slog.Int("status", status),
 				slog.Int("bytes", ww.BytesWritten()),

@@ -244,7 +244,7 @@ func (a *API) problemFor(r *http.Request, err error) *Problem {
 		return &Problem{Type: TypeUnavailable, Title: "Database unavailable", Status: http.StatusServiceUnavailable,
 			Detail: "the database is unreachable or restarting; retry after the number of seconds in Retry-After"}
 	}
-	a.log.ErrorContext(r.Context(), "request failed", "err", err, "method", r.Method, "path", r.URL.Path,
+	a.log.ErrorContext(r.Context(), "request failed", "err", err, "method", clip(r.Method, logClip), "path", clip(r.URL.Path, logClip),
 		"request_id", middleware.GetReqID(r.Context()))
 	return &Problem{Type: TypeInternal, Title: "Internal error", Status: http.StatusInternalServerError,
 		Detail: "the server failed; the error is logged with this request_id"}

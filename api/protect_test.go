@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -485,5 +486,25 @@ func TestHeadersOverTheLimitAreAProblem(t *testing.T) {
 	if resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge || resp.Header.Get("Content-Type") != "application/problem+json" ||
 		!strings.Contains(string(body), "urn:tally:problem:headers-too-large") {
 		t.Fatalf("17,000-byte header: %d %s %s", resp.StatusCode, resp.Header.Get("Content-Type"), body)
+	}
+}
+
+// TestAccessLogClipsRequestInput: the access log records at most a bounded
+// part of what a request sent, as valid UTF-8: a 10,000-character path (sent
+// by anyone, no token needed) does not make a 10,000-character line.
+func TestAccessLogClipsRequestInput(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	long := "/" + strings.Repeat("a", 10_000) + "%FF"
+	id := f.do("GET", long, "", nil).header.Get("X-Request-Id")
+	var path string
+	for _, line := range strings.Split(f.logs.String(), "\n") {
+		var e map[string]any
+		if json.Unmarshal([]byte(line), &e) == nil && e["msg"] == "http request" && e["request_id"] == id {
+			path, _ = e["path"].(string)
+		}
+	}
+	if n := utf8.RuneCountInString(path); n == 0 || n > 256 || !utf8.ValidString(path) || !strings.HasPrefix(path, "/aaa") {
+		t.Fatalf("access log path of a 10,000-character path: %d characters, valid UTF-8 %v (want 1-256, valid)", n, utf8.ValidString(path))
 	}
 }

@@ -132,7 +132,7 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, err error) {
 		c.render(w, r, http.StatusConflict, "error", errorPage{Title: "Already replayed",
 			Detail: "This dead letter was replayed before; its usage is booked once."})
 	default:
-		c.log.ErrorContext(r.Context(), "console", "method", r.Method, "path", r.URL.Path, "err", err)
+		c.log.ErrorContext(r.Context(), "console", "method", truncated(64, r.Method), "path", truncated(256, r.URL.Path), "err", err)
 		c.render(w, r, http.StatusInternalServerError, "error", errorPage{Title: "Something went wrong",
 			Detail: "The console could not read this page. The server log says why."})
 	}
