@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"context"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -154,6 +155,28 @@ func TestConfigValidate(t *testing.T) {
 	srv := api.NewServer("127.0.0.1:0", http.NotFoundHandler())
 	if srv.ReadHeaderTimeout == 0 || srv.MaxHeaderBytes == 0 || srv.IdleTimeout == 0 || srv.WriteTimeout == 0 {
 		t.Fatalf("server limits: %+v", srv)
+	}
+}
+
+// TestConfigRefusesNonFiniteRates: a rate of NaN or ±Inf is refused by New
+// naming its field, not handed to the rate limiter (0 is the default, a
+// negative rate turns the limit off).
+func TestConfigRefusesNonFiniteRates(t *testing.T) {
+	t.Parallel()
+	pool := pgtest.New(t)
+	l, _ := ledger.New(ledger.Config{})
+	for _, v := range []float64{math.NaN(), math.Inf(1), math.Inf(-1)} {
+		for field, set := range map[string]func(*api.Config){
+			"AddressRate": func(c *api.Config) { c.AddressRate = v },
+			"TokenRate":   func(c *api.Config) { c.TokenRate = v },
+			"GatewayRate": func(c *api.Config) { c.GatewayRate = v },
+		} {
+			cfg := api.Config{Pool: pool, Ledger: l, AdminToken: adminToken, Registry: prometheus.NewRegistry()}
+			set(&cfg)
+			if _, err := api.New(cfg); err == nil || !strings.Contains(err.Error(), field) {
+				t.Errorf("New with %s %v: %v, want an error naming %s", field, v, err, field)
+			}
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"time"
 
@@ -102,7 +103,8 @@ type Config struct {
 	// before any other work (the admin's and known gateways' excepted,
 	// see AddressBodies). Behind a proxy every client shares the
 	// proxy's address: raise it or turn it off there and limit at the
-	// proxy. Default 100/s, burst 200; negative: off.
+	// proxy. Default 100/s, burst 200; negative: off; NaN and ±Inf are
+	// refused (as are TokenRate's and GatewayRate's).
 	AddressRate  float64
 	AddressBurst int
 	// AddressRate and AddressBodies exist for floods of made-up tokens and
@@ -177,6 +179,14 @@ func (c Config) Validate() error {
 	if c.MaxSkew != 0 {
 		if err := admission.ValidateMaxSkew(c.MaxSkew); err != nil {
 			errs = append(errs, fmt.Errorf("api: MaxSkew: %w", err))
+		}
+	}
+	for _, rate := range []struct {
+		name string
+		v    float64
+	}{{"AddressRate", c.AddressRate}, {"TokenRate", c.TokenRate}, {"GatewayRate", c.GatewayRate}} {
+		if math.IsNaN(rate.v) || math.IsInf(rate.v, 0) {
+			errs = append(errs, fmt.Errorf("api: %s is %v; it must be a finite number of requests per second (0: the default, negative: off)", rate.name, rate.v))
 		}
 	}
 	if c.AddressBurst < 0 || c.TokenBurst < 0 || c.GatewayBurst < 0 {

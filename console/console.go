@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"embed"
 	"errors"
+	"fmt"
 	"html/template"
 	"io/fs"
 	"log/slog"
@@ -61,7 +62,8 @@ type Config struct {
 	// minute (bursts of as many) with one token, right or wrong, and from
 	// one client address (as the API counts addresses); beyond, the
 	// sign-in is answered 429 with Retry-After. Only forms that pass the
-	// CSRF check count. Default 10 and 30; negative: off.
+	// CSRF check count. Default 10 and 30; negative: off; NaN and ±Inf
+	// are refused.
 	SignInsPerToken   float64
 	SignInsPerAddress float64
 	// RequestTimeout bounds the work of one page. Default 10s.
@@ -83,6 +85,14 @@ func (c Config) Validate() error {
 	}
 	if c.SessionTTL < 0 || c.MaxSessions < 0 || c.MaxSessionsPerToken < 0 || c.RequestTimeout < 0 {
 		errs = append(errs, errors.New("console: SessionTTL, MaxSessions, MaxSessionsPerToken and RequestTimeout must not be negative"))
+	}
+	for _, rate := range []struct {
+		name string
+		v    float64
+	}{{"SignInsPerToken", c.SignInsPerToken}, {"SignInsPerAddress", c.SignInsPerAddress}} {
+		if math.IsNaN(rate.v) || math.IsInf(rate.v, 0) {
+			errs = append(errs, fmt.Errorf("console: %s is %v; it must be a finite number of sign-ins per minute (0: the default, negative: off)", rate.name, rate.v))
+		}
 	}
 	return errors.Join(errs...)
 }

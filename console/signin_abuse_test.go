@@ -1,6 +1,7 @@
 package console_test
 
 import (
+	"math"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -119,5 +120,25 @@ func TestTheServerChoosesTheSignInCSRFValue(t *testing.T) {
 	res := f.post(c2, "/console/sign-in", url.Values{"csrf": {planted}, "token": {adminToken}, "next": {"/console/"}})
 	if res.status != http.StatusForbidden {
 		t.Fatalf("a sign-in with a planted CSRF value: %d, want 403", res.status)
+	}
+}
+
+// TestSignInRatesMustBeFinite: a sign-in rate of NaN or ±Inf is refused by
+// New naming its field, not handed to the rate limiter (0 is the default,
+// a negative rate turns the limit off).
+func TestSignInRatesMustBeFinite(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	for _, v := range []float64{math.NaN(), math.Inf(1), math.Inf(-1)} {
+		for field, set := range map[string]func(*console.Config){
+			"SignInsPerToken":   func(c *console.Config) { c.SignInsPerToken = v },
+			"SignInsPerAddress": func(c *console.Config) { c.SignInsPerAddress = v },
+		} {
+			cfg := console.Config{API: f.api, Pool: f.pool}
+			set(&cfg)
+			if _, err := console.New(cfg); err == nil || !strings.Contains(err.Error(), field) {
+				t.Errorf("New with %s %v: %v, want an error naming %s", field, v, err, field)
+			}
+		}
 	}
 }
