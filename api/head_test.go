@@ -54,3 +54,32 @@ func TestHeadWhereverGet(t *testing.T) {
 		t.Errorf("DELETE /healthz: %d, Allow %v", r.status, r.header.Values("Allow"))
 	}
 }
+
+// TestEvery405HasAllow: a 405 lists in Allow what the path takes (RFC 9110
+// §15.5.6), a made-up method included; a path no route serves is 404
+// whatever the method, never a 405 allowing nothing.
+func TestEvery405HasAllow(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	for _, c := range []struct {
+		method, path string
+		allow        []string
+	}{
+		{"DELETE", "/openapi.json", []string{"GET", "HEAD"}},
+		{"OPTIONS", "/healthz", []string{"GET", "HEAD"}},
+		{"FROB", "/healthz", []string{"GET", "HEAD"}},
+		{"PATCH", "/v1/alerts/a", []string{"GET", "HEAD", "PUT", "DELETE"}},
+		{"FROB", "/v1/alerts/a", []string{"GET", "HEAD", "PUT", "DELETE"}},
+	} {
+		r := f.do(c.method, c.path, adminToken, nil)
+		if r.status != http.StatusMethodNotAllowed || !slices.Equal(r.header.Values("Allow"), c.allow) {
+			t.Errorf("%s %s: %d, Allow %v, want 405 with %v", c.method, c.path, r.status, r.header.Values("Allow"), c.allow)
+		}
+	}
+	for _, m := range []string{"GET", "DELETE", "FROB"} {
+		r := f.do(m, "/no-such-path", adminToken, nil)
+		if r.status != http.StatusNotFound || r.header.Values("Allow") != nil {
+			t.Errorf("%s /no-such-path: %d, Allow %v, want 404", m, r.status, r.header.Values("Allow"))
+		}
+	}
+}

@@ -20,13 +20,14 @@ func (a *API) routes() http.Handler {
 	// GetHead routes a HEAD request as GET (the body written is dropped by
 	// net/http): load balancers health-check with HEAD.
 	r.Use(assignRequestID, secureHeaders, a.observe, a.recoverer, a.shed, a.limits, middleware.GetHead)
-	r.NotFound(a.handle(func(w http.ResponseWriter, r *http.Request) error {
+	noRoute := func(r *http.Request) error {
 		return notFound(fmt.Sprintf("no route for %s %s; see /openapi.json", quote(r.Method), quote(r.URL.Path)))
-	}))
+	}
+	r.NotFound(a.handle(func(w http.ResponseWriter, r *http.Request) error { return noRoute(r) }))
 	r.MethodNotAllowed(a.handle(func(w http.ResponseWriter, r *http.Request) error {
-		allowed := allowedMethods(r)
-		for _, m := range allowed {
-			w.Header().Add("Allow", m)
+		allowed := AllowMethods(w, r)
+		if len(allowed) == 0 {
+			return noRoute(r)
 		}
 		return &Problem{Type: TypeMethod, Title: "Method not allowed", Status: http.StatusMethodNotAllowed,
 			Detail: fmt.Sprintf("%s is not allowed on this path; allowed: %v", quote(r.Method), allowed)}
@@ -171,8 +172,13 @@ func (a *API) recoverer(next http.Handler) http.Handler {
 	})
 }
 
-// allowedMethods lists the methods the router accepts on r's path.
-func allowedMethods(r *http.Request) []string {
+// AllowMethods sets the Allow header of a 405 answer to r (RFC 9110
+// §15.5.6) to the methods the chi router that routed r accepts on r's
+// path, HEAD wherever GET (the router uses middleware.GetHead), and
+// returns them. It returns none when no route serves the path: chi routes
+// a method it does not know to its MethodNotAllowed handler whatever the
+// path, and that answer is a 404. The API's and the console's 405s use it.
+func AllowMethods(w http.ResponseWriter, r *http.Request) []string {
 	rctx := chi.RouteContext(r.Context())
 	var out []string
 	if rctx == nil || rctx.Routes == nil {
@@ -189,6 +195,9 @@ func allowedMethods(r *http.Request) []string {
 				out = append(out, http.MethodHead) // middleware.GetHead
 			}
 		}
+	}
+	for _, m := range out {
+		w.Header().Add("Allow", m)
 	}
 	return out
 }

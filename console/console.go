@@ -184,6 +184,10 @@ func (c *Console) routes() http.Handler {
 	r.Use(secureHeaders, c.limits, homeWithSlash)
 	r.NotFound(c.notFound)
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		if len(api.AllowMethods(w, r)) == 0 {
+			c.notFound(w, r) // a method chi does not know, on no page
+			return
+		}
 		c.render(w, r, http.StatusMethodNotAllowed, "error", errorPage{Title: "Method not allowed", Detail: "This page does not take that request."})
 	})
 	r.Route(Prefix, func(r chi.Router) {

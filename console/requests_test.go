@@ -3,6 +3,7 @@ package console_test
 import (
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 
@@ -192,5 +193,38 @@ func TestAssetsAreServedOnlyByName(t *testing.T) {
 	res := f.post(c, "/console/assets/console.css", url.Values{}, "Sec-Fetch-Site", "same-origin")
 	if res.status != http.StatusMethodNotAllowed {
 		t.Errorf("POST /console/assets/console.css: %d, want 405", res.status)
+	}
+}
+
+// TestConsole405HasAllow: the console's 405 page lists in Allow what the
+// page takes (RFC 9110 §15.5.6), a made-up method included; an address no
+// page serves is the 404 page whatever the method.
+func TestConsole405HasAllow(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	c := f.client()
+	for _, tt := range []struct {
+		method, path string
+		allow        []string
+	}{
+		{"POST", "/console/customers", []string{"GET", "HEAD"}},
+		{"DELETE", "/console/sign-in", []string{"GET", "HEAD", "POST"}},
+		{"POST", "/console/assets/console.css", []string{"GET", "HEAD"}},
+		{"GET", "/console/sign-out", []string{"POST"}},
+		{"FROB", "/console/customers/acme", []string{"GET", "HEAD"}},
+	} {
+		req, _ := http.NewRequest(tt.method, f.srv.URL+tt.path, nil)
+		req.Header.Set("Sec-Fetch-Site", "same-origin")
+		res := f.send(c, req)
+		if res.status != http.StatusMethodNotAllowed || !slices.Equal(res.header.Values("Allow"), tt.allow) {
+			t.Errorf("%s %s: %d, Allow %v, want 405 with %v", tt.method, tt.path, res.status, res.header.Values("Allow"), tt.allow)
+		}
+	}
+	for _, m := range []string{"POST", "FROB"} {
+		req, _ := http.NewRequest(m, f.srv.URL+"/console/no-such-page", nil)
+		req.Header.Set("Sec-Fetch-Site", "same-origin")
+		if res := f.send(c, req); res.status != http.StatusNotFound || res.header.Values("Allow") != nil {
+			t.Errorf("%s /console/no-such-page: %d, Allow %v, want 404", m, res.status, res.header.Values("Allow"))
+		}
 	}
 }
