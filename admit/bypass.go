@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
+	"io"
 	"os"
 	"path/filepath"
 	"sort"
@@ -18,6 +20,16 @@ import (
 // grant, synced before Admit returns. Reporting renames the file to a
 // pending report first, so a report is sent under one id until Tally has
 // it, across restarts.
+//
+// The file starts with journalSealed, and each line is sealed: customer,
+// meter, cost, time (Unix nanoseconds) and the CRC-32C of those four
+// fields as written (8 hex digits), separated by tabs. A bit flip that
+// left a line parseable (a digit of a cost, of a customer id, of a time)
+// would otherwise be reported as admissions that did not happen, or hide
+// ones that did: a report with a line that fails its CRC is set aside
+// whole (reportBypasses). Lines of four fields, without a CRC, were
+// written by an earlier version of this package and are read as they are
+// in a file without journalSealed.
 type journal struct {
 	mu   sync.Mutex
 	dir  string
@@ -60,12 +72,24 @@ func (j *journal) open() error {
 	return nil
 }
 
+// journalSealed is the first line of a journal whose lines are sealed.
+const journalSealed = "#crc32c\n"
+
+// lineSum is the CRC-32C of a journal line's fields, as written.
+func lineSum(fields string) string {
+	return fmt.Sprintf("%08x", crc32.Checksum([]byte(fields), castagnoli))
+}
+
 func (j *journal) append(customer, meter string, cost int64, at time.Time) error {
-	line := customer + "\t" + meter + "\t" + strconv.FormatInt(cost, 10) + "\t" + strconv.FormatInt(at.UnixNano(), 10) + "\n"
+	fields := customer + "\t" + meter + "\t" + strconv.FormatInt(cost, 10) + "\t" + strconv.FormatInt(at.UnixNano(), 10)
+	line := fields + "\t" + lineSum(fields) + "\n"
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	if j.f == nil {
 		return fmt.Errorf("admit: closed")
+	}
+	if j.size == 0 {
+		line = journalSealed + line
 	}
 	n, err := j.f.WriteString(line)
 	j.size += int64(n)
@@ -168,11 +192,13 @@ type bypassItem struct {
 	LastAt     time.Time `json:"last_at"`
 }
 
-// readReport aggregates a pending file per customer and meter.
-func readReport(path string) ([]bypassItem, error) {
+// readReport aggregates a pending file per customer and meter. damaged
+// counts its lines that fail their CRC or do not parse: such a report is
+// not sent.
+func readReport(path string) (items []bypassItem, damaged int, err error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer f.Close()
 	type agg struct {
@@ -181,15 +207,32 @@ func readReport(path string) ([]bypassItem, error) {
 		customer, mtr string
 	}
 	byKey := map[string]*agg{}
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		parts := strings.Split(sc.Text(), "\t")
-		if len(parts) != 4 {
-			continue // a torn last line of a crash: its Admit never returned
+	r := bufio.NewReader(f)
+	for first, sealed := true, false; ; first = false {
+		line, err := r.ReadString('\n')
+		if errors.Is(err, io.EOF) {
+			break // "" at the end, or a torn last line of a crash: its Admit never returned
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		line = strings.TrimSuffix(line, "\n")
+		if first && line+"\n" == journalSealed {
+			sealed = true
+			continue
+		}
+		parts := strings.Split(line, "\t")
+		switch {
+		case len(parts) == 5 && lineSum(strings.Join(parts[:4], "\t")) == parts[4]:
+		case len(parts) == 4 && !sealed: // an earlier version's line
+		default:
+			damaged++
+			continue
 		}
 		cost, err1 := strconv.ParseInt(parts[2], 10, 64)
 		at, err2 := strconv.ParseInt(parts[3], 10, 64)
-		if err1 != nil || err2 != nil {
+		if err1 != nil || err2 != nil || cost < 0 {
+			damaged++
 			continue
 		}
 		k := parts[0] + "\t" + parts[1]
@@ -202,16 +245,13 @@ func readReport(path string) ([]bypassItem, error) {
 		a.n++
 		a.first, a.last = min(a.first, at), max(a.last, at)
 	}
-	if err := sc.Err(); err != nil {
-		return nil, err
-	}
 	var out []bypassItem
 	for _, a := range byKey {
 		out = append(out, bypassItem{Customer: a.customer, Meter: a.mtr, Amount: strconv.FormatInt(a.amount, 10),
 			Admissions: a.n, FirstAt: time.Unix(0, a.first).UTC(), LastAt: time.Unix(0, a.last).UTC()})
 	}
 	sort.Slice(out, func(i, k int) bool { return out[i].Customer+out[i].Meter < out[k].Customer+out[k].Meter })
-	return out, nil
+	return out, damaged, nil
 }
 
 // reportBypasses sends every pending report; each file is removed once
@@ -230,10 +270,14 @@ func (c *Client) reportBypasses(ctx context.Context) {
 	}
 	pending, _ := filepath.Glob(filepath.Join(c.cfg.Dir, "bypass-*.pending"))
 	for _, p := range pending {
-		items, err := readReport(p)
+		items, damaged, err := readReport(p)
 		if err != nil {
 			c.log.Error("bypass report", "file", p, "err", err)
 			c.bypassesOnDisk.Store(true) // still there: logged again next round, as before
+			continue
+		}
+		if damaged > 0 {
+			c.setAsideBypasses(p, damaged)
 			continue
 		}
 		if len(items) > 0 {
@@ -259,6 +303,22 @@ func (c *Client) reportBypasses(ctx context.Context) {
 			c.bypassesOnDisk.Store(true)
 		}
 	}
+}
+
+// setAsideBypasses renames the pending report p, with damaged lines that
+// fail their CRC or do not parse, to .damaged for an operator. It cannot
+// be trusted either way: its wrong lines may report admissions that did
+// not happen, or hide some that did.
+func (c *Client) setAsideBypasses(p string, damaged int) {
+	aside := strings.TrimSuffix(p, ".pending") + ".damaged"
+	if err := os.Rename(p, aside); err != nil {
+		c.log.Error("bypass report", "file", p, "err", err)
+		c.bypassesOnDisk.Store(true)
+		return
+	}
+	c.metrics.bypassDamaged.Inc()
+	c.log.Error("bypass report damaged (a line fails its CRC-32C or does not parse); set aside for an operator, not reported",
+		"holder", c.cfg.Holder, "file", aside, "damaged_lines", damaged)
 }
 
 // resendBypasses moves the pending report p, refused as a conflict under

@@ -29,7 +29,9 @@ type metrics struct {
 	reports     *prometheus.CounterVec
 	undelivered prometheus.Gauge
 	bypassFiles prometheus.Gauge
-	reachable   prometheus.Gauge
+	// bypassDamaged: bypass reports set aside as .damaged.
+	bypassDamaged prometheus.Counter
+	reachable     prometheus.Gauge
 
 	// reg and registered are where the collectors were registered, so
 	// Close takes them off again and the registry takes a new client.
@@ -64,6 +66,8 @@ func newMetrics(reg prometheus.Registerer, c *Client) (*metrics, error) {
 			Help: "Final spend reports kept in Dir, not yet delivered to Tally"}),
 		bypassFiles: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tally_admit_bypass_reports_pending",
 			Help: "Bypass reports sealed in Dir, not yet delivered to Tally"}),
+		bypassDamaged: prometheus.NewCounter(prometheus.CounterOpts{Name: "tally_admit_bypass_reports_damaged_total",
+			Help: "Bypass reports set aside in Dir as .damaged (a line fails its CRC-32C or does not parse): not reported, they need an operator"}),
 		reachable: prometheus.NewGauge(prometheus.GaugeOpts{Name: "tally_admit_tally_reachable",
 			Help: "1 while Tally answers, 0 while the client admits by on_unreachable"}),
 		forgotten: prometheus.NewCounter(prometheus.CounterOpts{Name: "tally_admit_budgets_forgotten_total",
@@ -73,7 +77,7 @@ func newMetrics(reg prometheus.Registerer, c *Client) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	cols := []prometheus.Collector{&admissions{c: c, m: m}, m.calls, m.latency, m.reports, m.undelivered, m.bypassFiles, m.reachable, m.forgotten}
+	cols := []prometheus.Collector{&admissions{c: c, m: m}, m.calls, m.latency, m.reports, m.undelivered, m.bypassFiles, m.bypassDamaged, m.reachable, m.forgotten}
 	for i, col := range cols {
 		if err := reg.Register(col); err != nil {
 			for _, done := range cols[:i] {

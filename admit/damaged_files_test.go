@@ -1,0 +1,112 @@
+package admit_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/admit"
+)
+
+// listBudget has another gateway take a grant of acme's tokens: the
+// budget is listed from then on.
+func listBudget(t *testing.T, ts *tally) {
+	t.Helper()
+	other := newClient(t, ts, "other", t.TempDir(), admit.Config{MinGrant: 1})
+	admitFromGrant(t, other, "acme", "tokens")
+	if err := other.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// bypassWhileDown admits n bypasses of one unit each for acme's tokens
+// while Tally is down, closes the client and returns its journal.
+func bypassWhileDown(t *testing.T, ts *tally, dir string, n int) string {
+	t.Helper()
+	ctx := context.Background()
+	ts.down.Store(true)
+	c := newClient(t, ts, "gw", dir, admit.Config{OnUnreachable: admit.Allow, MaxWait: 5 * time.Second})
+	for range n {
+		if d, err := c.Admit(ctx, "acme", "tokens", 1); err != nil || d.How != admit.Bypass {
+			t.Fatalf("admit while Tally is down: %+v %v", d, err)
+		}
+	}
+	_ = c.Close(ctx) // nothing to deliver: Tally never answered
+	logs, _ := filepath.Glob(filepath.Join(dir, "bypass-*.log"))
+	if len(logs) != 1 {
+		t.Fatalf("%d bypass journals, want one", len(logs))
+	}
+	return logs[0]
+}
+
+// A bit flip that leaves a bypass report parseable (a digit of an amount)
+// must not be reported as admissions that did not happen: the report is
+// set aside as .damaged for an operator, and nothing of it is reported.
+func TestADamagedBypassReportIsSetAside(t *testing.T) {
+	ts := startTally(t)
+	ts.exactRule("acme", "tokens", "1000")
+	listBudget(t, ts)
+	dir := t.TempDir()
+	journal := bypassWhileDown(t, ts, dir, 3)
+	b, err := os.ReadFile(journal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := bytes.Index(b, []byte("\ttokens\t1\t"))
+	if i < 0 {
+		t.Fatalf("no bypass of one unit in %q", b)
+	}
+	b[i+len("\ttokens\t")] ^= 0x02 // '1' → '3'
+	if err := os.WriteFile(journal, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ts.down.Store(false)
+	logs := &logCount{msgs: map[string]int{}}
+	c := newClient(t, ts, "gw", dir, admit.Config{Logger: slog.New(logs)})
+	defer c.Close(context.Background())
+	damaged := filepath.Join(dir, filepath.Base(journal[:len(journal)-len(".log")])+".damaged")
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if _, err := os.Stat(damaged); err == nil || !ts.budget("acme", "tokens").Bypassed.IsZero() {
+			break
+		}
+	}
+	if got := ts.budget("acme", "tokens").Bypassed; !got.IsZero() {
+		t.Errorf("bypassed %s reported from a damaged report (3 admitted), want it set aside", got)
+	}
+	if _, err := os.Stat(damaged); err != nil {
+		t.Errorf("the damaged report is not set aside as %s: %v", filepath.Base(damaged), err)
+	}
+	if logs.count(logBypassDamaged) != 1 {
+		t.Errorf("%q logged %d times, want once", logBypassDamaged, logs.count(logBypassDamaged))
+	}
+}
+
+// A journal written by an earlier version (lines without their CRC) is
+// read as it is.
+func TestAnEarlierVersionsBypassReportIsReported(t *testing.T) {
+	ts := startTally(t)
+	ts.exactRule("acme", "tokens", "1000")
+	listBudget(t, ts)
+	dir := t.TempDir()
+	at := time.Now().Add(-time.Minute).UnixNano()
+	line := "acme\ttokens\t2\t" + itoa(at) + "\n"
+	if err := os.WriteFile(filepath.Join(dir, "bypass-1-0.pending"), []byte(line+line), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "generation"), []byte("1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, ts, "gw", dir, admit.Config{})
+	defer c.Close(context.Background())
+	eventually(t, "the earlier version's bypasses reported", func() bool {
+		return ts.budget("acme", "tokens").Bypassed.Equal(decimal.NewFromInt(4))
+	})
+}
+
+const logBypassDamaged = "bypass report damaged (a line fails its CRC-32C or does not parse); set aside for an operator, not reported"
