@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
@@ -506,15 +507,27 @@ func (c *Client) recoverGeneration(sent, next int64) bool {
 
 // bumpGeneration reads the generation file, writes the next one durably,
 // and returns it.
+//
+// The file is sealed: the generation, a tab, and the CRC-32C of the
+// generation's digits (8 hex digits). A bit flip that left a number (a '5'
+// turned '4') would otherwise start a run at a generation an earlier run
+// used, which Tally accepts as current when it was its newest, or below
+// generations Tally never saw (an earlier run that only bypassed): two
+// runs share a generation, or it goes back, and nothing says so. A file
+// that fails its CRC, or is not a number, refuses New: the holder's
+// generation is not known, and taking any would be a guess. A file
+// holding the number alone was written by an earlier version of this
+// package and is read as it is.
 func bumpGeneration(dir string) (int64, error) {
 	path := filepath.Join(dir, "generation")
 	var gen int64
 	b, err := os.ReadFile(path)
 	switch {
 	case err == nil:
-		gen, err = strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		if err != nil || gen < 0 {
-			return 0, fmt.Errorf("admit: %s: not a generation: %q", path, b)
+		var ok bool
+		if gen, ok = readGeneration(b); !ok {
+			return 0, fmt.Errorf("admit: %s is damaged (not a generation, or it fails its CRC-32C: %q): the holder's generation is not known; "+
+				"move it aside, and the next New recovers as after a lost Dir (docs/gateways-exact.md)", path, b)
 		}
 	case errors.Is(err, os.ErrNotExist):
 	default:
@@ -527,9 +540,28 @@ func bumpGeneration(dir string) (int64, error) {
 	return gen, nil
 }
 
-// writeGeneration keeps gen durably in dir/generation.
+// readGeneration reads a generation file: sealed, or the number alone.
+func readGeneration(b []byte) (int64, bool) {
+	text := strings.TrimSuffix(string(b), "\n")
+	num, sum, sealed := strings.Cut(text, "\t")
+	if !sealed {
+		num = strings.TrimSpace(text)
+	} else if sum != generationSum(num) {
+		return 0, false
+	}
+	gen, err := strconv.ParseInt(num, 10, 64)
+	return gen, err == nil && gen >= 0
+}
+
+// generationSum is the CRC-32C of a generation's digits.
+func generationSum(num string) string {
+	return fmt.Sprintf("%08x", crc32.Checksum([]byte(num), castagnoli))
+}
+
+// writeGeneration keeps gen durably in dir/generation, sealed.
 func writeGeneration(dir string, gen int64) error {
-	if err := writeFileSync(filepath.Join(dir, "generation"), []byte(strconv.FormatInt(gen, 10)+"\n")); err != nil {
+	num := strconv.FormatInt(gen, 10)
+	if err := writeFileSync(filepath.Join(dir, "generation"), []byte(num+"\t"+generationSum(num)+"\n")); err != nil {
 		return fmt.Errorf("admit: write generation: %w", err)
 	}
 	return nil

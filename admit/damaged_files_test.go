@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,3 +111,84 @@ func TestAnEarlierVersionsBypassReportIsReported(t *testing.T) {
 }
 
 const logBypassDamaged = "bypass report damaged (a line fails its CRC-32C or does not parse); set aside for an operator, not reported"
+
+// previousRun has a run of gw at generation 5 take a grant (Tally stores
+// generation 5) and close; it returns its Dir/generation as written.
+func previousRun(t *testing.T, ts *tally, dir string) []byte {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "generation"), []byte("4\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	a := newClient(t, ts, "gw", dir, admit.Config{MinGrant: 1, MaxWait: 5 * time.Second})
+	admitFromGrant(t, a, "acme", "tokens")
+	if a.Generation() != 5 {
+		t.Fatalf("generation %d, want 5", a.Generation())
+	}
+	if err := a.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "generation"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// A bit flip in Dir/generation that takes it further below Tally's
+// generation than the run it follows ('5' → '1'): the next run's
+// generation is refused as stale, and the existing recovery takes
+// next_generation before anything is issued, or New refuses the file.
+// Either way no run shares generation 5 or goes below it unnoticed.
+func TestADamagedGenerationBelowTallysIsRecovered(t *testing.T) {
+	ts := startTally(t)
+	ts.exactRule("acme", "tokens", "1000000")
+	dir := t.TempDir()
+	b := previousRun(t, ts, dir)
+	b[0] ^= 0x04 // '5' → '1'
+	if err := os.WriteFile(filepath.Join(dir, "generation"), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	afterDamage(t, ts, dir)
+}
+
+// A bit flip in Dir/generation one below the run it follows ('5' → '4'):
+// the next run would take generation 5 again, Tally's own, which it
+// accepts as current: two runs share a generation, and nothing says so.
+func TestADamagedGenerationIsNotShared(t *testing.T) {
+	ts := startTally(t)
+	ts.exactRule("acme", "tokens", "1000000")
+	dir := t.TempDir()
+	b := previousRun(t, ts, dir)
+	b[0] ^= 0x01 // '5' → '4'
+	if err := os.WriteFile(filepath.Join(dir, "generation"), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	afterDamage(t, ts, dir)
+}
+
+// afterDamage checks that a client on dir, whose generation file was
+// damaged after a run at generation 5, either is refused by New, saying
+// the file is damaged, or runs above generation 5; once refused, and the
+// file moved aside as the operator does, the next New runs above 5.
+func afterDamage(t *testing.T, ts *tally, dir string) {
+	t.Helper()
+	cfg := admit.Config{URL: ts.url, Token: ts.gatewayToken("gw"), Holder: "gw", Dir: dir, MinGrant: 1, MaxWait: 5 * time.Second}
+	c, err := admit.New(cfg)
+	if err != nil {
+		if !strings.Contains(err.Error(), "damaged") {
+			t.Fatalf("New refused a damaged generation file without saying it is damaged: %v", err)
+		}
+		gen := filepath.Join(dir, "generation")
+		if err := os.Rename(gen, gen+".damaged"); err != nil {
+			t.Fatal(err)
+		}
+		if c, err = admit.New(cfg); err != nil {
+			t.Fatalf("New with the damaged generation file moved aside: %v", err)
+		}
+	}
+	defer c.Close(context.Background())
+	admitFromGrant(t, c, "acme", "tokens")
+	if g := c.Generation(); g <= 5 {
+		t.Fatalf("the run after the damage took generation %d, not above the previous run's 5", g)
+	}
+}

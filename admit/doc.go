@@ -23,7 +23,8 @@
 //     from every budget that applies in one call, nothing held, nothing
 //     to release; on a rate budget, a grant of its cost alone). Near its
 //     end a budget is a central counter.
-//   - The holder id and its generation are kept on disk; every New is a new
+//   - The holder id and its generation are kept on disk (sealed with a
+//     CRC-32C: New refuses a damaged file); every New is a new
 //     generation, so a restarted gateway never reuses an earlier grant. A
 //     run that lost its Dir, refused stale-generation before it was issued
 //     anything, takes Tally's next_generation (kept on disk first); a run
