@@ -40,10 +40,20 @@ type journal struct {
 }
 
 func openJournal(dir string, gen int64) (*journal, error) {
-	// Logs of earlier generations become pending reports.
+	// Logs of earlier generations become pending reports, under a report
+	// id of their own when a run that reused their generation (its
+	// generation file moved aside) left a report under theirs.
 	old, _ := filepath.Glob(filepath.Join(dir, "bypass-*.log"))
 	for _, p := range old {
-		if err := os.Rename(p, strings.TrimSuffix(p, ".log")+".pending"); err != nil {
+		to := strings.TrimSuffix(p, ".log") + ".pending"
+		var g int64
+		var n int
+		if _, err := fmt.Sscanf(filepath.Base(p), "bypass-%d-%d.log", &g, &n); err == nil && reportTaken(to) {
+			lj := &journal{dir: dir, gen: g, seq: n}
+			lj.skipTaken()
+			to = strings.TrimSuffix(lj.path(), ".log") + ".pending"
+		}
+		if err := os.Rename(p, to); err != nil {
 			return nil, fmt.Errorf("admit: bypass journal: %w", err)
 		}
 	}
@@ -58,7 +68,29 @@ func (j *journal) path() string {
 	return filepath.Join(j.dir, fmt.Sprintf("bypass-%d-%d.log", j.gen, j.seq))
 }
 
+// reportTaken says a report id, given as its pending report's path, is
+// in use in Dir: pending, or set aside as damaged.
+func reportTaken(pending string) bool {
+	for _, p := range []string{pending, strings.TrimSuffix(pending, ".pending") + ".damaged"} {
+		if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+			return true
+		}
+	}
+	return false
+}
+
+// skipTaken moves seq past the report ids of its generation in use in
+// Dir: a generation taken again (its generation file moved aside, or a
+// next_generation an earlier run on this Dir used without reaching Tally)
+// would otherwise seal its log over a report not yet delivered.
+func (j *journal) skipTaken() {
+	for reportTaken(strings.TrimSuffix(j.path(), ".log") + ".pending") {
+		j.seq++
+	}
+}
+
 func (j *journal) open() error {
+	j.skipTaken()
 	f, err := os.OpenFile(j.path(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("admit: bypass journal: %w", err)
@@ -133,6 +165,7 @@ func (j *journal) setGeneration(gen int64) error {
 	}
 	j.f = nil
 	j.gen, j.seq = gen, 0
+	j.skipTaken()
 	if j.size == 0 {
 		_ = os.Remove(old)
 	} else if err := os.Rename(old, j.path()); err != nil {
@@ -161,6 +194,7 @@ func (j *journal) freshID() (string, error) {
 			return "", errors.Join(err, j.open())
 		}
 		j.seq++
+		j.skipTaken()
 		p = j.path()
 	} else {
 		_ = os.Remove(p)

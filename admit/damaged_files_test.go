@@ -192,3 +192,40 @@ func afterDamage(t *testing.T, ts *tally, dir string) {
 		t.Fatalf("the run after the damage took generation %d, not above the previous run's 5", g)
 	}
 }
+
+// A run that takes a generation an earlier run on the same Dir used (its
+// generation file moved aside, as after damage: generation 1 again)
+// journals under report ids of its own: the earlier run's bypasses, left
+// undelivered, are not overwritten.
+func TestAReusedGenerationKeepsEarlierBypasses(t *testing.T) {
+	ts := startTally(t)
+	ts.exactRule("acme", "tokens", "1000")
+	listBudget(t, ts)
+	dir := t.TempDir()
+	bypassWhileDown(t, ts, dir, 3) // generation 1
+	gen := filepath.Join(dir, "generation")
+	if err := os.Rename(gen, gen+".damaged"); err != nil {
+		t.Fatal(err)
+	}
+	ts.down.Store(true)
+	c := newClient(t, ts, "gw", dir, admit.Config{OnUnreachable: admit.Allow, MaxWait: 5 * time.Second})
+	if c.Generation() != 1 {
+		t.Fatalf("generation %d, want 1 again", c.Generation())
+	}
+	for range 2 {
+		if d, err := c.Admit(context.Background(), "acme", "tokens", 1); err != nil || d.How != admit.Bypass {
+			t.Fatalf("admit while Tally is down: %+v %v", d, err)
+		}
+	}
+	_ = c.Close(context.Background())
+	ts.down.Store(false)
+	c = newClient(t, ts, "gw", dir, admit.Config{})
+	defer c.Close(context.Background())
+	var got decimal.Decimal
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if got = ts.budget("acme", "tokens").Bypassed; got.Equal(decimal.NewFromInt(5)) {
+			return
+		}
+	}
+	t.Fatalf("bypassed %s reported, want 5 (3 by the earlier run, 2 by the one that reused its generation)", got)
+}
