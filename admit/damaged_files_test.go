@@ -46,45 +46,58 @@ func bypassWhileDown(t *testing.T, ts *tally, dir string, n int) string {
 	return logs[0]
 }
 
-// A bit flip that leaves a bypass report parseable (a digit of an amount)
-// must not be reported as admissions that did not happen: the report is
+// A bit flip that leaves a bypass report parseable (a digit of an amount,
+// a letter of a customer id, a digit of a time) must not be reported as
+// admissions that did not happen, or hide some that did: the report is
 // set aside as .damaged for an operator, and nothing of it is reported.
 func TestADamagedBypassReportIsSetAside(t *testing.T) {
-	ts := startTally(t)
-	ts.exactRule("acme", "tokens", "1000")
-	listBudget(t, ts)
-	dir := t.TempDir()
-	journal := bypassWhileDown(t, ts, dir, 3)
-	b, err := os.ReadFile(journal)
-	if err != nil {
-		t.Fatal(err)
-	}
-	i := bytes.Index(b, []byte("\ttokens\t1\t"))
-	if i < 0 {
-		t.Fatalf("no bypass of one unit in %q", b)
-	}
-	b[i+len("\ttokens\t")] ^= 0x02 // '1' → '3'
-	if err := os.WriteFile(journal, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ts.down.Store(false)
-	logs := &logCount{msgs: map[string]int{}}
-	c := newClient(t, ts, "gw", dir, admit.Config{Logger: slog.New(logs)})
-	defer c.Close(context.Background())
-	damaged := filepath.Join(dir, filepath.Base(journal[:len(journal)-len(".log")])+".damaged")
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if _, err := os.Stat(damaged); err == nil || !ts.budget("acme", "tokens").Bypassed.IsZero() {
-			break
-		}
-	}
-	if got := ts.budget("acme", "tokens").Bypassed; !got.IsZero() {
-		t.Errorf("bypassed %s reported from a damaged report (3 admitted), want it set aside", got)
-	}
-	if _, err := os.Stat(damaged); err != nil {
-		t.Errorf("the damaged report is not set aside as %s: %v", filepath.Base(damaged), err)
-	}
-	if logs.count(logBypassDamaged) != 1 {
-		t.Errorf("%q logged %d times, want once", logBypassDamaged, logs.count(logBypassDamaged))
+	for _, tc := range []struct {
+		name string
+		// flip damages one byte of the journal's first bypass line.
+		flip func(line []byte)
+	}{
+		{"amount", func(line []byte) { line[len("acme\ttokens\t")] ^= 0x02 }},     // '1' → '3'
+		{"customer", func(line []byte) { line[3] ^= 0x02 }},                       // "acme" → "acmg"
+		{"time", func(line []byte) { line[len("acme\ttokens\t1\t")+10] ^= 0x01 }}, // a digit to another
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts := startTally(t)
+			ts.exactRule("acme", "tokens", "1000")
+			listBudget(t, ts)
+			dir := t.TempDir()
+			journal := bypassWhileDown(t, ts, dir, 3)
+			b, err := os.ReadFile(journal)
+			if err != nil {
+				t.Fatal(err)
+			}
+			i := bytes.Index(b, []byte("acme\ttokens\t1\t"))
+			if i < 0 {
+				t.Fatalf("no bypass of one unit in %q", b)
+			}
+			tc.flip(b[i:])
+			if err := os.WriteFile(journal, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			ts.down.Store(false)
+			logs := &logCount{msgs: map[string]int{}}
+			c := newClient(t, ts, "gw", dir, admit.Config{Logger: slog.New(logs)})
+			defer c.Close(context.Background())
+			damaged := strings.TrimSuffix(journal, ".log") + ".damaged"
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+				if _, err := os.Stat(damaged); err == nil || !ts.budget("acme", "tokens").Bypassed.IsZero() {
+					break
+				}
+			}
+			if got := ts.budget("acme", "tokens").Bypassed; !got.IsZero() {
+				t.Errorf("bypassed %s reported from a damaged report (3 admitted), want it set aside", got)
+			}
+			if _, err := os.Stat(damaged); err != nil {
+				t.Errorf("the damaged report is not set aside as %s: %v", filepath.Base(damaged), err)
+			}
+			if logs.count(logBypassDamaged) != 1 {
+				t.Errorf("%q logged %d times, want once", logBypassDamaged, logs.count(logBypassDamaged))
+			}
+		})
 	}
 }
 
