@@ -166,15 +166,12 @@ func TestSeveralThresholdsAtOnceInOrder(t *testing.T) {
 	rec := newReceiver(t)
 	secret := e.webhook("billing", rec.url())
 	ctx := context.Background()
-	if _, _, err := (periods.Store{}).SetCalendar(ctx, e.pool, "acme", periods.Calendar{Cadence: periods.Daily}); err != nil {
+	if _, _, err := e.periods().SetCalendar(ctx, e.pool, "acme", periods.Calendar{Cadence: periods.Daily}); err != nil {
 		t.Fatal(err)
 	}
 	e.rule("acme-calls", `{"subject":"customer:acme","meter":"calls","thresholds":[{"value":"9"},{"value":"10"},{"value":"8"}],"endpoints":["billing"]}`)
 	// Yesterday, as in TestLateUsageIntoAClosedPeriodFiresNothingForIt.
-	yesterday := time.Now().UTC().AddDate(0, 0, -1)
-	if day := 24 * time.Hour; yesterday.Add(5*time.Minute).Truncate(day) != yesterday.Truncate(day) {
-		yesterday = yesterday.Add(-5 * time.Minute)
-	}
+	yesterday := e.clock().UTC().AddDate(0, 0, -1)
 	e.streams.Use(t, "acme", "calls", yesterday, decimal.NewFromInt(12))
 	e.skew.Store(int64(-24 * time.Hour)) // the evaluator looks at yesterday
 	e.start(startOptions{})
@@ -187,7 +184,7 @@ func TestSeveralThresholdsAtOnceInOrder(t *testing.T) {
 	waitFor(t, 5*time.Second, "period ended", func() bool { return len(e.stored()) == 12 })
 	e.use("acme", "calls", 12) // today's period
 	waitFor(t, 5*time.Second, "three triggered today", func() bool { return len(e.stored()) == 15 })
-	if err := alerts.DeleteRule(ctx, e.pool, "acme-calls", "test", time.Now()); err != nil {
+	if err := alerts.DeleteRule(ctx, e.pool, "acme-calls", "test", e.clock()); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "resolved by the deletion", func() bool { return len(rec.delivered()) == 18 })
@@ -238,7 +235,7 @@ func TestPercentFollowsTheQuotaVersion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := alerts.Status(context.Background(), e.pool, r, ingestTopic, time.Now())
+	st, err := alerts.Status(context.Background(), e.pool, r, ingestTopic, e.clock())
 	if err != nil || len(st) != 1 || st[0].State != "ok" || st[0].At == nil || !st[0].At.Equal(decimal.NewFromInt(90)) {
 		t.Fatalf("status %+v, %v", st, err)
 	}
@@ -473,18 +470,14 @@ func TestLateUsageIntoAClosedPeriodFiresNothingForIt(t *testing.T) {
 	rec := newReceiver(t)
 	secret := e.webhook("billing", rec.url())
 	ctx := context.Background()
-	if _, _, err := (periods.Store{}).SetCalendar(ctx, e.pool, "acme", periods.Calendar{Cadence: periods.Daily}); err != nil {
+	if _, _, err := e.periods().SetCalendar(ctx, e.pool, "acme", periods.Calendar{Cadence: periods.Daily}); err != nil {
 		t.Fatal(err)
 	}
 	e.rule("daily", `{"subject":"customer:acme","meter":"calls","thresholds":[{"value":"10"}],"endpoints":["billing"]}`)
 	// Yesterday at this time of day, so that the evaluator, set a day
-	// back, sees it as now; but the test's usage goes up to two minutes
-	// later, which must still be yesterday: within five minutes of
-	// midnight, five minutes earlier.
-	yesterday := time.Now().UTC().AddDate(0, 0, -1)
-	if day := 24 * time.Hour; yesterday.Add(5*time.Minute).Truncate(day) != yesterday.Truncate(day) {
-		yesterday = yesterday.Add(-5 * time.Minute)
-	}
+	// back, sees it as now; the test's usage goes up to two minutes later,
+	// still yesterday (Tally's clock is at noon: env.shift).
+	yesterday := e.clock().UTC().AddDate(0, 0, -1)
 	e.streams.Use(t, "acme", "calls", yesterday, decimal.NewFromInt(11))
 	e.skew.Store(int64(-24 * time.Hour)) // the evaluator looks at yesterday
 	e.start(startOptions{})
@@ -504,7 +497,7 @@ func TestLateUsageIntoAClosedPeriodFiresNothingForIt(t *testing.T) {
 	}
 	// Closed, it is absorbed by today's period, where it counts.
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		_, err := (periods.Store{}).Close(ctx, tx, periods.CloseRequest{Customer: "acme", Period: "previous", Force: true, Reason: "test", Actor: "test"})
+		_, err := e.periods().Close(ctx, tx, periods.CloseRequest{Customer: "acme", Period: "previous", Force: true, Reason: "test", Actor: "test"})
 		return err
 	})
 	if err != nil {
@@ -516,7 +509,7 @@ func TestLateUsageIntoAClosedPeriodFiresNothingForIt(t *testing.T) {
 	}
 	waitFor(t, 5*time.Second, "today's trigger", func() bool { return len(rec.delivered()) == 3 })
 	stored := check(t, e, rec, secret)
-	today := time.Now().UTC().Format(time.DateOnly)
+	today := e.clock().UTC().Format(time.DateOnly)
 	if got := types(stored); !slices.Equal(got, []string{"triggered v10", "resolved v10 period_ended", "triggered v10"}) ||
 		stored[0].Period == today || stored[1].Period != stored[0].Period || stored[2].Period != today {
 		t.Fatalf("events %v in periods %s %s %s", got, stored[0].Period, stored[1].Period, stored[2].Period)
@@ -532,14 +525,14 @@ func TestPoolAndGlobalSubjects(t *testing.T) {
 	secret := e.webhook("billing", rec.url())
 	ctx := context.Background()
 	err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		_, err := pools.PutTx(ctx, tx, pools.PutInput{Name: "team", Members: []string{"acme", "globex"}, Actor: "t"}, time.Now().Add(-time.Hour))
+		_, err := pools.PutTx(ctx, tx, pools.PutInput{Name: "team", Members: []string{"acme", "globex"}, Actor: "t"}, e.clock().Add(-time.Hour))
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	err = pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		_, err := quota.PutScopeRule(ctx, tx, quota.ScopeRuleInput{Scope: "pool:team", Meter: "calls", Limit: decimal.NewFromInt(100), Actor: "t"})
+		_, err := quota.PutScopeRuleAt(ctx, tx, quota.ScopeRuleInput{Scope: "pool:team", Meter: "calls", Limit: decimal.NewFromInt(100), Actor: "t"}, e.clock())
 		return err
 	})
 	if err != nil {
@@ -573,7 +566,7 @@ func TestPercentOfAGaugeRule(t *testing.T) {
 	rec := newReceiver(t)
 	e.webhook("billing", rec.url())
 	if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
-		_, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: "seats", Kind: ledger.Gauge}, time.Now())
+		_, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: "seats", Kind: ledger.Gauge}, e.clock())
 		return err
 	}); err != nil {
 		t.Fatal(err)
@@ -582,7 +575,7 @@ func TestPercentOfAGaugeRule(t *testing.T) {
 	e.rule("acme-seats", `{"subject":"customer:acme","meter":"seats","thresholds":[{"percent":"80"}],"endpoints":["billing"]}`)
 	e.start(startOptions{})
 	for i, v := range []string{"5", "9", "2"} {
-		r := ledger.Record{OperationID: uuid.New(), Seq: int64(i + 1), OccurredAt: time.Now().Add(-time.Second),
+		r := ledger.Record{OperationID: uuid.New(), Seq: int64(i + 1), OccurredAt: e.clock().Add(-time.Second),
 			Stream: ledger.StreamKey{Producer: "p", Epoch: 1, Customer: "acme", Meter: "seats"}, Shape: ledger.Gauge, Level: amount.MustParse(v)}
 		if err := pgx.BeginFunc(ctx, e.pool, func(tx pgx.Tx) error {
 			_, err := e.led.Apply(ctx, tx, []ledger.Record{r})
@@ -627,9 +620,9 @@ func TestResolutionsSayWhatTheyStoodFor(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // evaluated at 90
 	e.rule("acme-calls", `{"subject":"customer:acme","meter":"calls","thresholds":[{"percent":"50"}],"endpoints":["billing"]}`)
 	waitFor(t, 5*time.Second, "moved", func() bool { return len(rec.delivered()) >= 3 })
-	if _, err := quota.PutRuleDB(context.Background(), e.pool, quota.RuleInput{Customer: "acme", Meter: "calls", Actor: "test",
+	if _, err := quota.PutRuleDBClock(context.Background(), e.pool, quota.RuleInput{Customer: "acme", Meter: "calls", Actor: "test",
 		Rate:      &quota.Rate{Amount: decimal.NewFromInt(100), Per: quota.DurationText(time.Second), Burst: decimal.NewFromInt(200)},
-		Admission: quota.Exact}); err != nil {
+		Admission: quota.Exact}, e.clock); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "no limit", func() bool { return len(rec.delivered()) >= 4 })
@@ -665,7 +658,7 @@ func TestMeterChangeWhileTriggeredFiresOnce(t *testing.T) {
 	if got := types(e.stored()); !slices.Equal(got, []string{"triggered v10", "resolved v10 rule_changed", "triggered v10"}) {
 		t.Fatalf("events after the meter changed, with usage steady: %v", got)
 	}
-	if err := alerts.DeleteRule(context.Background(), e.pool, "acme-usage", "test", time.Now()); err != nil {
+	if err := alerts.DeleteRule(context.Background(), e.pool, "acme-usage", "test", e.clock()); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "resolved by the deletion", func() bool { return len(rec.delivered()) == 4 })

@@ -27,6 +27,7 @@ import (
 	"github.com/tally-ledger/tally/internal/pgtest"
 	"github.com/tally-ledger/tally/internal/testrun"
 	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/quota"
 )
 
@@ -41,30 +42,55 @@ type env struct {
 	kafka   *kafkatest.Cluster
 	led     *ledger.Ledger
 	streams *ledgertest.Streams
-	skew    atomic.Int64
+	// shift moves Tally's clock (the ledger's, the ingest position's, the
+	// enforcer's, the evaluator's, the rules') back from the machine's to
+	// the last 12:00 UTC, so that no day or month ends while a test runs,
+	// whatever the hour it runs at. Back, not forward: the dispatcher
+	// sends a delivery once Postgres's clock reaches the evaluator's
+	// instant. Webhooks keep the machine's clock, as the dispatcher does.
+	shift time.Duration
+	skew  atomic.Int64 // the evaluator's clock from Tally's
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	e := &env{t: t, pool: pgtest.New(t)}
+	e := &env{t: t, pool: pgtest.New(t), shift: shiftToNoon(time.Now())}
 	e.kafka = kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{
 		{Name: quota.DefaultTopic, Partitions: 1}, {Name: ingestTopic, Partitions: 1}, {Name: alerts.DefaultTopic, Partitions: 1},
 	}})
 	var err error
-	if e.led, err = ledger.New(ledger.Config{}); err != nil {
+	if e.led, err = ledger.New(ledger.Config{Clock: e.clock}); err != nil {
 		t.Fatal(err)
 	}
 	e.streams = ledgertest.New(e.pool, e.led)
-	ledgertest.Follow(t, e.pool, ingestTopic, 1, time.Now)
+	ledgertest.Follow(t, e.pool, ingestTopic, 1, e.clock)
 	return e
 }
 
-func (e *env) now() time.Time { return time.Now().Add(time.Duration(e.skew.Load())) }
+// shiftToNoon is how far back the last 12:00 UTC before now is (0 or less).
+func shiftToNoon(now time.Time) time.Duration {
+	now = now.UTC()
+	noon := time.Date(now.Year(), now.Month(), now.Day(), 12, 0, 0, 0, time.UTC)
+	if noon.After(now) {
+		noon = noon.AddDate(0, 0, -1)
+	}
+	return noon.Sub(now)
+}
+
+// clock is Tally's clock: the ledger's, the enforcer's and the ingest
+// position's.
+func (e *env) clock() time.Time { return time.Now().Add(e.shift) }
+
+// now is the evaluator's clock: Tally's, skewed.
+func (e *env) now() time.Time { return e.clock().Add(time.Duration(e.skew.Load())) }
+
+// periods is a periods.Store on Tally's clock.
+func (e *env) periods() periods.Store { return periods.Store{Clock: e.clock} }
 
 // use books qty of customer's meter now.
 func (e *env) use(customer, meter string, qty int64) {
 	e.t.Helper()
-	e.streams.Use(e.t, customer, meter, time.Now().Add(-time.Second), decimal.NewFromInt(qty))
+	e.streams.Use(e.t, customer, meter, e.clock().Add(-time.Second), decimal.NewFromInt(qty))
 }
 
 // adjust books a signed adjustment (a credit when negative).
@@ -86,8 +112,8 @@ func (e *env) adjust(customer, meter string, qty int64, at time.Time) ledger.Adj
 // quota sets customer's rule for meter to limit.
 func (e *env) quota(customer, meter string, limit int64) {
 	e.t.Helper()
-	_, err := quota.PutRuleDB(context.Background(), e.pool, quota.RuleInput{Customer: customer, Meter: meter,
-		Limit: decimal.NewFromInt(limit), Actor: "test"})
+	_, err := quota.PutRuleDBClock(context.Background(), e.pool, quota.RuleInput{Customer: customer, Meter: meter,
+		Limit: decimal.NewFromInt(limit), Actor: "test"}, e.clock)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -100,7 +126,7 @@ func (e *env) rule(name string, body string) alerts.Rule {
 		e.t.Fatal(err)
 	}
 	in.Name, in.Actor = name, "test"
-	r, _, err := alerts.PutRule(context.Background(), e.pool, in, time.Now())
+	r, _, err := alerts.PutRule(context.Background(), e.pool, in, e.clock())
 	if err != nil {
 		e.t.Fatalf("put rule: %v", err)
 	}
@@ -140,7 +166,7 @@ func (e *env) start(o startOptions) *tally {
 	logs := testrun.Logs(e.t)
 	log := slog.New(slog.NewTextHandler(logs, nil))
 	enf, err := quota.NewEnforcer(quota.Config{Pool: e.pool, Brokers: e.kafka.Addrs, Interval: 200 * time.Millisecond,
-		LeaseTTL: o.leaseTTL, Holder: o.holder, Logger: log})
+		LeaseTTL: o.leaseTTL, Holder: o.holder, Logger: log, Clock: e.clock})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -155,6 +181,9 @@ func (e *env) start(o startOptions) *tally {
 	}
 	cfg := alerts.EvaluatorConfig{Pool: e.pool, Leader: enf, Kafka: true, Clock: e.now, Logger: log, Interval: 200 * time.Millisecond, Registerer: tl.reg,
 		RetryFor: o.retryFor}
+	if o.retryFor != 0 { // from the evaluator's instant, to Postgres's clock
+		cfg.RetryFor -= e.shift
+	}
 	if tl.disp != nil {
 		cfg.Committed = tl.disp.Wake
 	}

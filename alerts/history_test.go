@@ -52,7 +52,7 @@ func TestAlertStatusReadsThePeriodNotTheHistory(t *testing.T) {
 		t.Fatal(err)
 	}
 	before, marks := statesRead(t, e), rowsRead(t, e, "alert_rules")
-	st, err := alerts.Status(context.Background(), conn, r, ingestTopic, time.Now())
+	st, err := alerts.Status(context.Background(), conn, r, ingestTopic, e.clock())
 	if err != nil {
 		t.Fatal(err)
 	}
