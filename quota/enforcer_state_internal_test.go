@@ -48,7 +48,7 @@ func TestEnforcerForgetsSamplesOfKeysNoLongerEvaluated(t *testing.T) {
 	}
 	for _, c := range []string{"acme", "beta"} {
 		put(RuleInput{Customer: c, Meter: "api_calls", Limit: decimal.NewFromInt(100)})
-		streams.Use(t, c, "api_calls", time.Now().Add(-time.Second), decimal.NewFromInt(10))
+		streams.Use(t, c, "api_calls", ledgertest.Recent(time.Now()), decimal.NewFromInt(10))
 	}
 
 	enf, err := NewEnforcer(Config{

@@ -36,7 +36,10 @@ type env struct {
 	t     *testing.T
 	pool  *pgxpool.Pool
 	kafka *kafkatest.Cluster
-	skew  atomic.Int64 // added to time.Now by the enforcer's clock
+	// shift moves Tally's clock (the ledger's, the rules') from the
+	// machine's: 0, or back to the last 12:00 UTC (atNoon).
+	shift time.Duration
+	skew  atomic.Int64 // added to Tally's clock by the enforcer's clock
 
 	streams *ledgertest.Streams // customer/meter → its one stream
 }
@@ -47,7 +50,7 @@ func newEnv(t *testing.T) *env {
 	e.kafka = kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{
 		{Name: decisionsTopic, Partitions: 1}, {Name: ingestTopic, Partitions: 2},
 	}})
-	l, err := ledger.New(ledger.Config{})
+	l, err := ledger.New(ledger.Config{Clock: e.clock})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,16 +58,33 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
-func (e *env) now() time.Time { return time.Now().Add(time.Duration(e.skew.Load())) }
+// atNoon moves Tally's clock back to the last 12:00 UTC, so that no day
+// ends while the test runs, whatever the hour it runs at. A test calls it
+// first, and then compares decisions with e.now, not time.Now.
+func (e *env) atNoon() {
+	now := time.Now().UTC()
+	noon := time.Date(now.Year(), now.Month(), now.Day(), 12, 0, 0, 0, time.UTC)
+	if noon.After(now) {
+		noon = noon.AddDate(0, 0, -1)
+	}
+	e.shift = noon.Sub(now)
+}
+
+// clock is Tally's clock: the ledger's and the rules'.
+func (e *env) clock() time.Time { return time.Now().Add(e.shift) }
+
+// now is the enforcer's clock: Tally's, skewed.
+func (e *env) now() time.Time { return e.clock().Add(time.Duration(e.skew.Load())) }
 
 // advance moves the enforcer's clock forward by d.
 func (e *env) advance(d time.Duration) { e.skew.Add(int64(d)) }
 
 // use applies qty of usage for customer/meter to the ledger (one record of
-// a stream of its own), as ingest would, in one transaction.
+// a stream of its own), as ingest would, in one transaction, at an instant
+// of the period the enforcer reads now (ledgertest.Recent).
 func (e *env) use(customer, meter string, qty int64) {
 	e.t.Helper()
-	e.streams.Use(e.t, customer, meter, time.Now().Add(-time.Second), decimal.NewFromInt(qty))
+	e.streams.Use(e.t, customer, meter, ledgertest.Recent(e.clock()), decimal.NewFromInt(qty))
 }
 
 // position sets the ingest position of every partition of the meter topic:
@@ -83,7 +103,7 @@ func (e *env) put(in quota.RuleInput) quota.Rule {
 	if in.Actor == "" {
 		in.Actor = "test"
 	}
-	r, err := quota.PutRuleDB(context.Background(), e.pool, in)
+	r, err := quota.PutRuleDBClock(context.Background(), e.pool, in, e.clock)
 	if err != nil {
 		e.t.Fatalf("PutRule: %v", err)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/internal/ledgertest"
 	"github.com/tally-ledger/tally/internal/notify"
 	"github.com/tally-ledger/tally/internal/testrun"
 
@@ -78,6 +79,7 @@ func TestScopeAndExactRulesRefuseGaugeAndUniqueMeters(t *testing.T) {
 func TestLaggedRulesOnGaugesAndUniquesMatchBruteForce(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
+	e.atNoon() // its month must not end between the readings and the reads
 	ctx := context.Background()
 	e.declare("seats", ledger.Gauge)
 	e.declare("mau", ledger.Unique)
@@ -86,7 +88,7 @@ func TestLaggedRulesOnGaugesAndUniquesMatchBruteForce(t *testing.T) {
 	e.put(quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("100")})
 	e.use("acme", "api_calls", 7)
 
-	now := time.Now().UTC()
+	now := e.clock().UTC()
 	start := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
 	rng := rand.New(rand.NewPCG(uint64(now.UnixNano()), 27))
 	// Readings from a day before the period to a minute before now.
@@ -153,7 +155,7 @@ func TestLaggedRulesOnGaugesAndUniquesMatchBruteForce(t *testing.T) {
 		}
 	}
 	want := map[string]int64{"seats": peak, "mau": int64(len(seen)), "api_calls": 7}
-	sts, err := quota.StatusWith(ctx, e.pool, "acme", quota.StatusOptions{IngestTopic: ingestTopic})
+	sts, err := quota.StatusWith(ctx, e.pool, "acme", quota.StatusOptions{Now: e.clock(), IngestTopic: ingestTopic})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +170,7 @@ func TestLaggedRulesOnGaugesAndUniquesMatchBruteForce(t *testing.T) {
 			t.Errorf("%s: remaining %s of %s used %s", st.Meter, st.Remaining, limit, st.Used)
 		}
 	}
-	us, err := quota.UsageOf(ctx, e.pool, quota.UsageQuery{Now: time.Now(), IngestTopic: ingestTopic, Subjects: []quota.Subject{
+	us, err := quota.UsageOf(ctx, e.pool, quota.UsageQuery{Now: e.clock(), IngestTopic: ingestTopic, Subjects: []quota.Subject{
 		{Scope: "customer:acme", Meter: "seats"}, {Scope: "customer:acme", Meter: "mau"}, {Scope: "customer:acme", Meter: "api_calls"}}})
 	if err != nil {
 		t.Fatal(err)
@@ -194,7 +196,7 @@ func TestEnforcerDecidesOnGaugeMaxAndUniqueCount(t *testing.T) {
 	apply := func(meter string, set func(*ledger.Record)) {
 		t.Helper()
 		seq[meter]++
-		r := ledger.Record{OperationID: uuid.New(), Seq: seq[meter], OccurredAt: time.Now().Add(-time.Second),
+		r := ledger.Record{OperationID: uuid.New(), Seq: seq[meter], OccurredAt: ledgertest.Recent(e.clock()),
 			Stream: ledger.StreamKey{Producer: "p", Epoch: 1, Customer: "acme", Meter: meter}}
 		set(&r)
 		e.apply(r)
@@ -260,7 +262,7 @@ func TestEnforcerWakesOnGaugeReadings(t *testing.T) {
 	testrun.Start(t, prometheus.NewRegistry(), enf.Run)
 	rd.until(10*time.Second, "first decision", func(d received) bool { return d.key == "acme/seats" && d.Used.IsZero() })
 	time.Sleep(200 * time.Millisecond) // the listener is up (it was for the first decision's wake or tick)
-	r := ledger.Record{OperationID: uuid.New(), Seq: 1, OccurredAt: time.Now().Add(-time.Second), Shape: ledger.Gauge,
+	r := ledger.Record{OperationID: uuid.New(), Seq: 1, OccurredAt: ledgertest.Recent(e.clock()), Shape: ledger.Gauge,
 		Level: amount.MustParse("11"), Stream: ledger.StreamKey{Producer: "p", Epoch: 1, Customer: "acme", Meter: "seats"}}
 	applied := time.Now()
 	e.apply(r)
@@ -274,7 +276,7 @@ func TestEnforcerWakesOnGaugeReadings(t *testing.T) {
 func (e *env) declare(meter string, kind ledger.MeterKind) {
 	e.t.Helper()
 	if err := pgx.BeginFunc(context.Background(), e.pool, func(tx pgx.Tx) error {
-		_, err := ledger.DeclareMeter(context.Background(), tx, ledger.Meter{Meter: meter, Kind: kind}, time.Now())
+		_, err := ledger.DeclareMeter(context.Background(), tx, ledger.Meter{Meter: meter, Kind: kind}, e.clock())
 		return err
 	}); err != nil {
 		e.t.Fatal(err)

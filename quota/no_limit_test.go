@@ -142,6 +142,7 @@ func TestScopeRuleTurnedExactOrRateOnlyPublishesNoLimit(t *testing.T) {
 func TestNoLimitPeriodIsNotSettledAgainstALimitOfZero(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
+	e.atNoon() // its day must not end before the test moves the enforcer to the next
 	sch, err := json.Marshal(periods.NewSchedule(periods.Calendar{Cadence: periods.Daily, AnchorTime: "00:00", Zone: "UTC"}))
 	if err != nil {
 		t.Fatal(err)

@@ -66,6 +66,18 @@ func (s *Streams) Use(t testing.TB, customer, meter string, at time.Time, qty de
 	}
 }
 
+// Recent is an instant for usage that happened "now" in a test: a second
+// before now, but not before now's UTC day began, so that it falls in the
+// period now is in for any calendar of UTC days or months, even in a
+// period's first second (a second before it is the previous period's).
+func Recent(now time.Time) time.Time {
+	at := now.Add(-time.Second)
+	if day := now.Truncate(24 * time.Hour); at.Before(day) {
+		return day
+	}
+	return at
+}
+
 // Position says ingest has applied everything of topic through at, on its
 // partitions 0 to partitions-1.
 func Position(t testing.TB, pool *pgxpool.Pool, topic string, partitions int, at time.Time) {
