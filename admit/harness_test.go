@@ -227,10 +227,10 @@ func (ts *tally) startPipeline() *pipeline {
 }
 
 // use applies qty of usage of customer and meter to the ledger, as ingest
-// would.
+// would, at an instant of the period now is in (ledgertest.Recent).
 func (p *pipeline) use(customer, meter string, qty int64) {
 	p.ts.t.Helper()
-	p.streams.Use(p.ts.t, customer, meter, time.Now().Add(-time.Second), decimal.NewFromInt(qty))
+	p.streams.Use(p.ts.t, customer, meter, ledgertest.Recent(time.Now()), decimal.NewFromInt(qty))
 }
 
 // position says ingest has applied everything through at, on every

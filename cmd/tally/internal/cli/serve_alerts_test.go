@@ -132,7 +132,7 @@ func TestAlertsSurviveSIGKILL(t *testing.T) {
 			_ = first.Wait()
 		}
 	}()
-	streams.Use(t, "acme", "calls", time.Now().Add(-time.Second), decimal.NewFromInt(120))
+	streams.Use(t, "acme", "calls", ledgertest.Recent(time.Now()), decimal.NewFromInt(120))
 	wait("two transitions", 30*time.Second, func() bool { return count(`SELECT count(*) FROM alert_events`) == 2 })
 	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
