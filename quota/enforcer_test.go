@@ -42,7 +42,7 @@ func TestEnforcerAcrossWarnAndLimit(t *testing.T) {
 	if string(d.fields["used"]) != `"50"` || string(d.fields["limit"]) != `"100"` {
 		t.Errorf("quantities are not decimal strings: used=%s limit=%s", d.fields["used"], d.fields["limit"])
 	}
-	if d.AsOf == nil || d.LagSeconds == nil || d.LagSeconds.Duration() > 2*time.Second || d.Stale(time.Now()) {
+	if d.AsOf == nil || d.LagSeconds == nil || d.LagSeconds.Duration() > 2*time.Second || d.Stale(e.now()) {
 		t.Errorf("fresh decision has as_of %v lag %v", d.AsOf, d.LagSeconds)
 	}
 
@@ -53,7 +53,7 @@ func TestEnforcerAcrossWarnAndLimit(t *testing.T) {
 	}
 	e.use("acme", "api_calls", 25) // 105 > 100
 	d = rd.until(10*time.Second, "exceeded at 105", func(d received) bool { return d.State != quota.Warning })
-	if d.State != quota.Exceeded || !d.Used.Equal(dec("105")) || !d.Remaining.IsZero() || !d.Blocks(time.Now()) {
+	if d.State != quota.Exceeded || !d.Used.Equal(dec("105")) || !d.Remaining.IsZero() || !d.Blocks(e.now()) {
 		t.Fatalf("after 105: %+v", d.Decision)
 	}
 	// Unchanged state is republished every Republish (2s here), not every loop.
@@ -63,7 +63,7 @@ func TestEnforcerAcrossWarnAndLimit(t *testing.T) {
 	}
 
 	// REST view: live usage and the last published decision.
-	st, err := quota.Status(context.Background(), e.pool, "acme")
+	st, err := quota.StatusWith(context.Background(), e.pool, "acme", quota.StatusOptions{Now: e.clock()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func TestEnforcerAcrossWarnAndLimit(t *testing.T) {
 
 func waitOverage(t *testing.T, e *env, customer string, ok func(quota.Overage) bool) quota.Overage {
 	t.Helper()
-	st, err := quota.Status(context.Background(), e.pool, customer)
+	st, err := quota.StatusWith(context.Background(), e.pool, customer, quota.StatusOptions{Now: e.clock()})
 	if err != nil || len(st) == 0 {
 		t.Fatalf("status: %v %v", st, err)
 	}
@@ -132,7 +132,7 @@ func TestRuleChangesMidPeriod(t *testing.T) {
 	// Shadow: same state, says it would block but does not ask to.
 	e.put(quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("50"), Mode: quota.Shadow})
 	d = rd.until(5*time.Second, "v4", func(d received) bool { return d.RuleVersion == 4 })
-	if d.State != quota.Exceeded || d.Mode != quota.Shadow || d.Blocks(time.Now()) {
+	if d.State != quota.Exceeded || d.Mode != quota.Shadow || d.Blocks(e.now()) {
 		t.Fatalf("shadow: %+v", d.Decision)
 	}
 	e.use("acme", "api_calls", 5) // admitted under shadow: not enforcement overage
@@ -140,7 +140,7 @@ func TestRuleChangesMidPeriod(t *testing.T) {
 	// Shadow → enforce.
 	e.put(quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("50"), Mode: quota.Enforce})
 	d = rd.until(5*time.Second, "v5", func(d received) bool { return d.RuleVersion == 5 })
-	if d.State != quota.Exceeded || d.Mode != quota.Enforce || !d.Blocks(time.Now()) || !d.Used.Equal(dec("65")) {
+	if d.State != quota.Exceeded || d.Mode != quota.Enforce || !d.Blocks(e.now()) || !d.Used.Equal(dec("65")) {
 		t.Fatalf("enforce: %+v", d.Decision)
 	}
 	o := waitOverage(t, e, "acme", func(o quota.Overage) bool { return o.OverLimit.Equal(dec("15")) })
@@ -313,7 +313,6 @@ func TestLeaderTakeoverWithoutGapOrReset(t *testing.T) {
 func TestPeriodBoundarySettlesTheOldPeriod(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.atNoon() // its day must not end before the test moves the enforcer to the next
 	sch, err := json.Marshal(periods.NewSchedule(periods.Calendar{Cadence: periods.Daily, AnchorTime: "00:00", Zone: "UTC"}))
 	if err != nil {
 		t.Fatal(err)
@@ -410,7 +409,7 @@ func exactRuleUsageIsNotOverage(t *testing.T, takeover bool) {
 		rd.until(5*time.Second, c+" used 35", func(d received) bool { return d.Customer == c && d.Used.Equal(dec("35")) })
 	}
 	waitOverage(t, e, "lagged", func(o quota.Overage) bool { return o.WhileStale.Equal(dec("25")) })
-	st, err := quota.Status(context.Background(), e.pool, "exact")
+	st, err := quota.StatusWith(context.Background(), e.pool, "exact", quota.StatusOptions{Now: e.clock()})
 	if err != nil || len(st) == 0 {
 		t.Fatalf("status: %v %v", st, err)
 	}
@@ -443,7 +442,7 @@ func TestShortStaleAfterNeverStaleWhileCaughtUp(t *testing.T) {
 	held := rd.until(10*time.Second, "exceeded", func(d received) bool { return d.State == quota.Exceeded })
 	for end := time.Now().Add(6 * time.Second); time.Now().Before(end); {
 		d, ok := rd.next(min(time.Until(end), 200*time.Millisecond))
-		if now := time.Now(); held.Stale(now) {
+		if now := e.now(); held.Stale(now) {
 			t.Fatalf("at %s the decision held (as_of %s, stale_after 3s) is stale although ingest is caught up: a gateway admits an exceeded customer (on_stale allow)",
 				now.Format(time.StampMilli), held.AsOf.Format(time.StampMilli))
 		}

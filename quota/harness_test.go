@@ -36,8 +36,12 @@ type env struct {
 	t     *testing.T
 	pool  *pgxpool.Pool
 	kafka *kafkatest.Cluster
-	// shift moves Tally's clock (the ledger's, the rules') from the
-	// machine's: 0, or back to the last 12:00 UTC (atNoon).
+	// shift moves Tally's clock (the ledger's, the rules', the
+	// enforcer's) back from the machine's to the last 12:00 UTC, so that
+	// no day or month ends while a test runs, whatever the hour it runs
+	// at. Tests read decisions and status at e.now or e.clock, never at
+	// time.Now. Back, not forward: a rule written at Tally's now is in
+	// force at the machine's.
 	shift time.Duration
 	skew  atomic.Int64 // added to Tally's clock by the enforcer's clock
 
@@ -46,7 +50,7 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	e := &env{t: t, pool: pgtest.New(t)}
+	e := &env{t: t, pool: pgtest.New(t), shift: shiftToNoon(time.Now())}
 	e.kafka = kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{
 		{Name: decisionsTopic, Partitions: 1}, {Name: ingestTopic, Partitions: 2},
 	}})
@@ -58,16 +62,14 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
-// atNoon moves Tally's clock back to the last 12:00 UTC, so that no day
-// ends while the test runs, whatever the hour it runs at. A test calls it
-// first, and then compares decisions with e.now, not time.Now.
-func (e *env) atNoon() {
-	now := time.Now().UTC()
+// shiftToNoon is how far back the last 12:00 UTC before now is (0 or less).
+func shiftToNoon(now time.Time) time.Duration {
+	now = now.UTC()
 	noon := time.Date(now.Year(), now.Month(), now.Day(), 12, 0, 0, 0, time.UTC)
 	if noon.After(now) {
 		noon = noon.AddDate(0, 0, -1)
 	}
-	e.shift = noon.Sub(now)
+	return noon.Sub(now)
 }
 
 // clock is Tally's clock: the ledger's and the rules'.
@@ -80,11 +82,10 @@ func (e *env) now() time.Time { return e.clock().Add(time.Duration(e.skew.Load()
 func (e *env) advance(d time.Duration) { e.skew.Add(int64(d)) }
 
 // use applies qty of usage for customer/meter to the ledger (one record of
-// a stream of its own), as ingest would, in one transaction, at an instant
-// of the period the enforcer reads now (ledgertest.Recent).
+// a stream of its own), as ingest would, in one transaction, a second ago.
 func (e *env) use(customer, meter string, qty int64) {
 	e.t.Helper()
-	e.streams.Use(e.t, customer, meter, ledgertest.Recent(e.clock()), decimal.NewFromInt(qty))
+	e.streams.Use(e.t, customer, meter, e.clock().Add(-time.Second), decimal.NewFromInt(qty))
 }
 
 // position sets the ingest position of every partition of the meter topic:

@@ -101,7 +101,7 @@ func TestAsOfFromTheCustomersPartition(t *testing.T) {
 	if lags["acme"] > 5*time.Second || lags["beta"] < time.Minute || lags["gamma"] < time.Minute {
 		t.Errorf("lags %v: want acme fresh, beta (stalled partition) and gamma (no row: topic minimum) a minute behind", lags)
 	}
-	st, err := quota.Status(ctx, e.pool, "acme")
+	st, err := quota.StatusWith(ctx, e.pool, "acme", quota.StatusOptions{Now: e.clock()})
 	if err != nil || len(st) != 1 || st[0].LagSeconds == nil || st[0].LagSeconds.Duration() > 5*time.Second {
 		t.Errorf("status of acme: %+v %v", st, err)
 	}

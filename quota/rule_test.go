@@ -75,12 +75,12 @@ func TestPutRuleVersionsAndHistory(t *testing.T) {
 		t.Fatalf("defaults: %+v", r1)
 	}
 	r2 := e.put(quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("250.5"), Mode: quota.Shadow, OnStale: quota.Deny, StaleAfter: time.Minute})
-	future := e.put(quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("1"), EffectiveAt: time.Now().Add(time.Hour)})
+	future := e.put(quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("1"), EffectiveAt: e.clock().Add(time.Hour)})
 	e.put(quota.RuleInput{Customer: "acme", Meter: "storage", Limit: dec("5")})
 	if r2.Version != 2 || future.Version != 3 {
 		t.Fatalf("versions %d, %d", r2.Version, future.Version)
 	}
-	rules, err := quota.Rules(ctx, e.pool, "acme")
+	rules, err := quota.RulesAt(ctx, e.pool, "acme", e.clock())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,15 +121,15 @@ func TestAnImmediateChangeOvertakesAScheduledOne(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
 	e.put(quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("100")})
-	at := time.Now().Add(3 * time.Second)
+	at := e.clock().Add(3 * time.Second)
 	e.put(quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("1000"), EffectiveAt: at})
-	cut, err := quota.PutRuleDB(ctx, e.pool, quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("10"), Actor: "oncall", Reason: "abuse"})
+	cut, err := quota.PutRuleDBClock(ctx, e.pool, quota.RuleInput{Customer: "acme", Meter: "api_calls", Limit: dec("10"), Actor: "oncall", Reason: "abuse"}, e.clock)
 	if err != nil {
 		t.Fatalf("an immediate limit cut with a version scheduled: %v", err)
 	}
 	current := func() quota.Rule {
 		t.Helper()
-		rules, err := quota.Rules(ctx, e.pool, "acme")
+		rules, err := quota.RulesAt(ctx, e.pool, "acme", e.clock())
 		if err != nil || len(rules) != 1 {
 			t.Fatalf("rules %+v, %v", rules, err)
 		}
@@ -138,7 +138,7 @@ func TestAnImmediateChangeOvertakesAScheduledOne(t *testing.T) {
 	if r := current(); r.Version != cut.Version || !r.Limit.Decimal.Equal(dec("10")) {
 		t.Errorf("in force after the cut: version %d limit %s; want version %d limit 10", r.Version, r.Limit.Decimal, cut.Version)
 	}
-	time.Sleep(time.Until(at) + 500*time.Millisecond)
+	time.Sleep(at.Sub(e.clock()) + 500*time.Millisecond)
 	if r := current(); r.Version != 2 || !r.Limit.Decimal.Equal(dec("1000")) {
 		t.Errorf("in force after the scheduled time: version %d limit %s; want version 2 limit 1000", r.Version, r.Limit.Decimal)
 	}

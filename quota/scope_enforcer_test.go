@@ -50,7 +50,7 @@ func TestEnforcerEvaluatesPoolAndGlobalRules(t *testing.T) {
 	if d := seen["pool:team/api_calls"]; !d.Used.Equal(dec("80")) || d.State != quota.Warning || d.AsOf == nil {
 		t.Fatalf("pool decision: %+v", d.Decision)
 	}
-	if d := seen["global/api_calls"]; !d.Used.Equal(dec("120")) || d.State != quota.Exceeded || !d.Blocks(time.Now()) {
+	if d := seen["global/api_calls"]; !d.Used.Equal(dec("120")) || d.State != quota.Exceeded || !d.Blocks(e.now()) {
 		t.Fatalf("global decision: %+v", d.Decision)
 	}
 }
