@@ -90,6 +90,14 @@ type reportBody struct {
 // ttlRule is the range of a grant's ttl (admission's checkTTL).
 var ttlRule = fmt.Sprintf("whole microseconds, from %v to %v", admission.MinTTL, admission.MaxTTL)
 
+// besides is p, a problem of one field the handler checks itself, with
+// the fields at fault in err, the request's own validation, after it: a
+// problem names every field at fault at once.
+func besides(p *Problem, err error) *Problem {
+	p.Errors = append(p.Errors, fieldsOf(err)...)
+	return p
+}
+
 // errSpentRequired refuses a report without spent: recording 0 would give
 // every unit of the grant back, unbilled.
 func errSpentRequired(field string) *Problem {
@@ -140,14 +148,15 @@ func (a *API) postGrant(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	ttl, err := b.TTL.given("ttl", ttlRule)
-	if err != nil {
-		return err
+	ttl, bad := b.TTL.given("ttl", ttlRule)
+	req := admission.IssueRequest{Holder: b.Holder, Generation: b.Generation,
+		Customer: b.Customer, Meter: b.Meter, Amount: b.Amount.Decimal, MinAmount: b.MinAmount.NullDecimal, TTL: ttl, Budgets: b.Budgets,
+		EveryBudget: !principalFrom(r.Context()).admin}
+	if bad != nil {
+		return besides(bad, req.Validate())
 	}
 	start := time.Now()
-	g, err := s.Issue(r.Context(), admission.IssueRequest{Holder: b.Holder, Generation: b.Generation,
-		Customer: b.Customer, Meter: b.Meter, Amount: b.Amount.Decimal, MinAmount: b.MinAmount.NullDecimal, TTL: ttl, Budgets: b.Budgets,
-		EveryBudget: !principalFrom(r.Context()).admin})
+	g, err := s.Issue(r.Context(), req)
 	a.grantMetrics.Issued(g, err, time.Since(start))
 	if err != nil {
 		return admissionProblem(w, err)
@@ -200,14 +209,14 @@ func (a *API) report(w http.ResponseWriter, r *http.Request, release bool) error
 	if b.Spent == nil {
 		return errSpentRequired("spent")
 	}
+	ttl, bad := b.TTL.given("ttl", ttlRule)
 	if release && b.TTL != nil {
-		return invalidField("ttl", "a release takes no ttl")
-	}
-	ttl, err := b.TTL.given("ttl", ttlRule)
-	if err != nil {
-		return err
+		ttl, bad = 0, invalidField("ttl", "a release takes no ttl")
 	}
 	rep := admission.Report{Grant: id, Holder: b.Holder, Generation: b.Generation, Spent: b.Spent.Decimal, TTL: ttl}
+	if bad != nil {
+		return besides(bad, rep.Validate())
+	}
 	var g admission.Grant
 	if release {
 		g, err = s.Release(r.Context(), rep)

@@ -2,6 +2,7 @@ package api_test
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -263,6 +264,18 @@ func TestZeroDurationIsRefusedNotTakenAsDefault(t *testing.T) {
 	}
 	f.do("POST", "/v1/grants/"+id+"/release", gw, map[string]any{"holder": "gw1", "generation": 1, "spent": "0", "ttl": "0s"}).
 		fieldProblem(t, "ttl", "a release takes no ttl")
+	// A zero ttl is named beside every other field at fault, as every
+	// problem names them all at once.
+	p := f.do("POST", "/v1/grants", gw, map[string]any{"holder": "gw1", "generation": 1, "customer": "acme", "meter": "calls",
+		"amount": "-1", "ttl": "0s"}).problem(t, 400, api.TypeInvalidRequest)
+	if got := fields(p); !slices.Equal(got, []string{"ttl", "amount"}) {
+		t.Errorf("grant with ttl 0s and amount -1: fields %v, want [ttl amount]", got)
+	}
+	p2 := f.do("POST", "/v1/grants/"+id+"/renew", gw, map[string]any{"holder": "gw1", "generation": 1, "spent": "-1", "ttl": "0s"}).
+		problem(t, 400, api.TypeInvalidRequest)
+	if got := fields(p2); !slices.Equal(got, []string{"ttl", "spent"}) {
+		t.Errorf("renew with ttl 0s and spent -1: fields %v, want [ttl spent]", got)
+	}
 
 	if r := f.do("PUT", "/v1/pools/team", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
 		t.Fatalf("pool: %d %s", r.status, r.body)

@@ -573,7 +573,7 @@ func (t *timeInput) UnmarshalJSON(b []byte) error { return typed(t.Time.Unmarsha
 // left out or null), which the packages take for their default. Zero
 // given is refused, with rule (the field's range) as the detail: it would
 // read as if the field were left out.
-func (d *durationInput) given(field, rule string) (time.Duration, error) {
+func (d *durationInput) given(field, rule string) (time.Duration, *Problem) {
 	switch {
 	case d == nil:
 		return 0, nil

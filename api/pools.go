@@ -254,8 +254,9 @@ func (a *API) putScopeQuota(w http.ResponseWriter, r *http.Request, scope, locat
 			return invalid(fieldsOf(errors.Join(errs...))...)
 		}
 	}
-	if in.MaxSkew, err = b.MaxSkew.given("max_skew", maxSkewRule); err != nil {
-		return err
+	var bad *Problem
+	if in.MaxSkew, bad = b.MaxSkew.given("max_skew", maxSkewRule); bad != nil {
+		return besides(bad, in.Validate())
 	}
 	var rule quota.ScopeRule
 	err = pgx.BeginFunc(r.Context(), a.pool, func(tx pgx.Tx) error {
