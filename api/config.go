@@ -90,7 +90,8 @@ type Config struct {
 	ReadyChecks []func() []string
 	// UsageCacheBytes bounds the cache's memory (roughly: the encoded
 	// answers); when full, customers chosen at random are dropped until
-	// half is free. Default 64 MiB.
+	// half is free. Default (0 or negative) 64 MiB; the cache itself is
+	// turned off with a negative UsageCacheTTL.
 	UsageCacheBytes int
 	// MaxInFlight bounds the requests served at once (/healthz and /readyz
 	// aside). One more is answered 503 with Retry-After at once rather than
