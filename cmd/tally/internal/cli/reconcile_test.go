@@ -6,6 +6,7 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"errors"
+	"net"
 	"os"
 	"strings"
 	"testing"
@@ -268,17 +269,21 @@ func TestReconcileJSONShapeDoesNotDependOnTheData(t *testing.T) {
 }
 
 // reconcile --deep reads its brokers as serve does: a bare host is the
-// host at Kafka's default port, 9092 (it was refused, "not a host:port",
-// while serve took it).
+// host at Kafka's default port (it was refused, "not a host:port", while
+// serve took it). The test's broker stands at a port of its own, made
+// the default for the test, so that the machine's 9092 may be in use.
 func TestReconcileDeepTakesABareHost(t *testing.T) {
-	k, err := kafkatest.Start(kafkatest.Options{Port: 9092, Topics: []kafkatest.Topic{{Name: "tally.meter-batches", Partitions: 1}}})
+	k := kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{{Name: "tally.meter-batches", Partitions: 1}}})
+	host, port, err := net.SplitHostPort(k.Addrs[0])
 	if err != nil {
-		t.Skipf("no broker of the test's own at 127.0.0.1:9092 (the port is taken?): %v", err)
+		t.Fatal(err)
 	}
-	defer k.Close()
+	was := defaultKafkaPort
+	defaultKafkaPort = port
+	t.Cleanup(func() { defaultKafkaPort = was })
 	url := pgtest.NewURL(t)
-	out, err := runTally(t, "reconcile", "--database-url", url, "--period", "current", "--deep", "--kafka-brokers", "127.0.0.1")
+	out, err := runTally(t, "reconcile", "--database-url", url, "--period", "current", "--deep", "--kafka-brokers", host)
 	if err != nil || !strings.Contains(out, "deep") {
-		t.Fatalf("reconcile --deep --kafka-brokers 127.0.0.1: %v\n%s", err, out)
+		t.Fatalf("reconcile --deep --kafka-brokers %s (port %s by default): %v\n%s", host, port, err, out)
 	}
 }

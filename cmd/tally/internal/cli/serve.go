@@ -240,8 +240,10 @@ func checkServeFlags(o runOptions, limits apiLimits) error {
 	return errors.Join(errs...)
 }
 
-// defaultKafkaPort is the port of a broker given as a bare host.
-const defaultKafkaPort = "9092"
+// defaultKafkaPort is the port of a broker given as a bare host: Kafka's,
+// 9092. A variable only so that a test can stand a broker of its own
+// there without taking the machine's 9092.
+var defaultKafkaPort = "9092"
 
 // addBrokersFlag adds --kafka-brokers (TALLY_KAFKA_BROKERS), read with
 // parseBrokers; use says what for, when not every part of the command
