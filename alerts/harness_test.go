@@ -54,7 +54,7 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	e := &env{t: t, pool: pgtest.New(t), shift: shiftToNoon(time.Now())}
+	e := &env{t: t, pool: pgtest.New(t), shift: ledgertest.ToNoon(time.Now())}
 	e.kafka = kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{
 		{Name: quota.DefaultTopic, Partitions: 1}, {Name: ingestTopic, Partitions: 1}, {Name: alerts.DefaultTopic, Partitions: 1},
 	}})
@@ -65,16 +65,6 @@ func newEnv(t *testing.T) *env {
 	e.streams = ledgertest.New(e.pool, e.led)
 	ledgertest.Follow(t, e.pool, ingestTopic, 1, e.clock)
 	return e
-}
-
-// shiftToNoon is how far back the last 12:00 UTC before now is (0 or less).
-func shiftToNoon(now time.Time) time.Duration {
-	now = now.UTC()
-	noon := time.Date(now.Year(), now.Month(), now.Day(), 12, 0, 0, 0, time.UTC)
-	if noon.After(now) {
-		noon = noon.AddDate(0, 0, -1)
-	}
-	return noon.Sub(now)
 }
 
 // clock is Tally's clock: the ledger's, the enforcer's and the ingest

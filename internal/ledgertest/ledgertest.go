@@ -66,6 +66,18 @@ func (s *Streams) Use(t testing.TB, customer, meter string, at time.Time, qty de
 	}
 }
 
+// ToNoon is how far back the last 12:00 UTC at or before now is (0 or
+// less): a test that runs Tally's clock shifted by it is twelve hours or
+// more from the end of any UTC day or month, whatever the hour it runs at.
+func ToNoon(now time.Time) time.Duration {
+	now = now.UTC()
+	noon := time.Date(now.Year(), now.Month(), now.Day(), 12, 0, 0, 0, time.UTC)
+	if noon.After(now) {
+		noon = noon.AddDate(0, 0, -1)
+	}
+	return noon.Sub(now)
+}
+
 // Recent is an instant for usage that happened "now" in a test: a second
 // before now, but not before now's UTC day began, so that it falls in the
 // period now is in for any calendar of UTC days or months, even in a
