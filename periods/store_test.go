@@ -59,16 +59,37 @@ func (w *world) use(customer string, q string, occurred time.Time) ledger.Outcom
 		Quantity: decimal.NewNullDecimal(amount.MustParse(q)),
 	}
 	w.mu.Unlock()
+	return w.apply(r)[0]
+}
+
+// apply applies recs to the ledger in one transaction, as ingest would.
+func (w *world) apply(recs ...ledger.Record) []ledger.Outcome {
+	w.t.Helper()
 	var out []ledger.Outcome
 	err := pgx.BeginFunc(context.Background(), w.pool, func(tx pgx.Tx) error {
 		var err error
-		out, err = w.l.Apply(context.Background(), tx, []ledger.Record{r})
+		out, err = w.l.Apply(context.Background(), tx, recs)
 		return err
 	})
 	if err != nil {
 		w.t.Fatalf("apply: %v", err)
 	}
-	return out[0]
+	return out
+}
+
+// declareGauges declares meters gauges.
+func (w *world) declareGauges(meters ...string) {
+	w.t.Helper()
+	if err := pgx.BeginFunc(context.Background(), w.pool, func(tx pgx.Tx) error {
+		for _, m := range meters {
+			if _, err := ledger.DeclareMeter(context.Background(), tx, ledger.Meter{Meter: m, Kind: ledger.Gauge}, w.now); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		w.t.Fatal(err)
+	}
 }
 
 // closeAhead closes with a store whose clock is ahead of the ledger's.
@@ -367,29 +388,15 @@ func TestListHasThePeriodsAGaugeLevelIsHeldIn(t *testing.T) {
 	w := newWorld(t, sep(20))
 	w.store.Kinds = ledger.StatementKinds
 	ctx := context.Background()
-	apply := func(recs ...ledger.Record) {
-		w.t.Helper()
-		if err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
-			_, err := w.l.Apply(ctx, tx, recs)
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
-		_, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: "seats", Kind: ledger.Gauge}, w.now)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	apply(gaugeLevel(1, "5", sep(5)), gaugeLevel(3, "7", sep(20))) // seq 2 comes after September's close
+	w.declareGauges("seats")
+	w.apply(gaugeLevel(1, "5", sep(5)), gaugeLevel(3, "7", sep(20))) // seq 2 comes after September's close
 	w.at(time.Date(2026, 10, 3, 0, 0, 0, 0, time.UTC))
 	if _, err := w.close("acme", "2026-09-01"); err != nil {
 		t.Fatal(err)
 	}
 	w.at(time.Date(2026, 10, 20, 0, 0, 0, 0, time.UTC))
 	// Seq 2 changes closed September: billed in October as a prior-period adjustment.
-	apply(gaugeLevel(2, "100", sep(10)))
+	w.apply(gaugeLevel(2, "100", sep(10)))
 	w.at(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)) // November is in grace
 	list, err := w.store.List(ctx, w.pool, "acme")
 	if err != nil {
@@ -423,25 +430,7 @@ func TestListEndsWithTheLastGaugeLevelBilled(t *testing.T) {
 	w := newWorld(t, day(2026, 6, 20))
 	w.store.Kinds = ledger.StatementKinds
 	ctx := context.Background()
-	apply := func(recs ...ledger.Record) {
-		w.t.Helper()
-		if err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
-			_, err := w.l.Apply(ctx, tx, recs)
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
-		for _, m := range []string{"seats", "disks"} {
-			if _, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: m, Kind: ledger.Gauge}, w.now); err != nil {
-				return err
-			}
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	w.declareGauges("seats", "disks")
 	disks := func(seq int64, v string, at time.Time) ledger.Record {
 		r := gaugeLevel(seq, v, at)
 		r.Stream.Meter = "disks"
@@ -451,9 +440,9 @@ func TestListEndsWithTheLastGaugeLevelBilled(t *testing.T) {
 	final.Final = true
 	// seats: 5 from June 5 (7 from June 10: seq 2, late), ended June 20.
 	// disks: 2 from June 8, 0 from July 15, 3 from October 10, 0 from December 10.
-	apply(gaugeLevel(1, "5", day(2026, 6, 5)), final, disks(1, "2", day(2026, 6, 8)))
+	w.apply(gaugeLevel(1, "5", day(2026, 6, 5)), final, disks(1, "2", day(2026, 6, 8)))
 	w.at(day(2026, 7, 16))
-	apply(disks(2, "0", day(2026, 7, 15)))
+	w.apply(disks(2, "0", day(2026, 7, 15)))
 	w.at(day(2026, 8, 3))
 	for _, p := range []string{"2026-06-01", "2026-07-01"} {
 		if _, err := w.close("acme", p); err != nil {
@@ -461,11 +450,11 @@ func TestListEndsWithTheLastGaugeLevelBilled(t *testing.T) {
 		}
 	}
 	w.at(day(2026, 8, 20))
-	apply(gaugeLevel(2, "7", day(2026, 6, 10))) // changes closed June: billed in August
+	w.apply(gaugeLevel(2, "7", day(2026, 6, 10))) // changes closed June: billed in August
 	w.at(day(2026, 10, 11))
-	apply(disks(3, "3", day(2026, 10, 10)))
+	w.apply(disks(3, "3", day(2026, 10, 10)))
 	w.at(day(2026, 12, 11))
-	apply(disks(4, "0", day(2026, 12, 10)))
+	w.apply(disks(4, "0", day(2026, 12, 10)))
 	w.at(time.Date(2027, 3, 1, 12, 0, 0, 0, time.UTC))
 	list, err := w.store.List(ctx, w.pool, "acme")
 	if err != nil {
@@ -502,27 +491,14 @@ func TestStatementSaysWhereAGaugeAdjustmentCameFrom(t *testing.T) {
 	sep := func(d int) time.Time { return time.Date(2026, 9, d, 0, 0, 0, 0, time.UTC) }
 	w := newWorld(t, sep(20))
 	w.store.Kinds = ledger.StatementKinds
-	ctx := context.Background()
-	if err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
-		if _, err := ledger.DeclareMeter(ctx, tx, ledger.Meter{Meter: "seats", Kind: ledger.Gauge}, w.now); err != nil {
-			return err
-		}
-		_, err := w.l.Apply(ctx, tx, []ledger.Record{gaugeLevel(1, "5", sep(5)), gaugeLevel(3, "7", sep(20))})
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	w.declareGauges("seats")
+	w.apply(gaugeLevel(1, "5", sep(5)), gaugeLevel(3, "7", sep(20)))
 	w.at(time.Date(2026, 10, 3, 0, 0, 0, 0, time.UTC))
 	if _, err := w.close("acme", "2026-09-01"); err != nil {
 		t.Fatal(err)
 	}
 	w.at(time.Date(2026, 10, 20, 0, 0, 0, 0, time.UTC))
-	if err := pgx.BeginFunc(ctx, w.pool, func(tx pgx.Tx) error {
-		_, err := w.l.Apply(ctx, tx, []ledger.Record{gaugeLevel(2, "100", sep(10))}) // between September's readings
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	w.apply(gaugeLevel(2, "100", sep(10))) // between September's readings
 	st := w.statement("acme", "2026-10-01")
 	want := []periods.Absorbed{{Period: sep(1), Meter: "seats", Amount: decimal.RequireFromString("82080000")}} // (100-5) × 10 days
 	if len(st.Gauges) != 1 || !st.Gauges[0].PriorPeriodUnitSeconds.Equal(want[0].Amount) ||
