@@ -345,15 +345,16 @@ func TestADamagedStreamStateEndsTheEpochButItsRecordsAreSent(t *testing.T) {
 		t.Fatal(err)
 	}
 	db.Close()
-	expectStreamStateSetAside(t, dir, epoch, raw)
+	expectStreamStateSetAside(t, dir, epoch, "acme/api_calls", raw)
 }
 
 // expectStreamStateSetAside checks what a producer does with dir, whose
-// acme/api_calls stream state (raw now) was damaged after recordUnsent
-// (3 and 4 of acme/api_calls, 1 of globex/gb) returned epoch: it starts a
-// new epoch, counts and sets the state aside, sends the old epoch's
-// records, and acme's next record starts at seq 1 of the new epoch.
-func expectStreamStateSetAside(t *testing.T, dir string, epoch int64, raw []byte) {
+// acme/api_calls stream state was damaged after recordUnsent (3 and 4 of
+// acme/api_calls, 1 of globex/gb) returned epoch, and is now raw under
+// the stream key (customer/meter) damaged: it starts a new epoch, counts
+// and sets the state aside, sends the old epoch's records, and acme's
+// next record starts at seq 1 of the new epoch.
+func expectStreamStateSetAside(t *testing.T, dir string, epoch int64, damaged string, raw []byte) {
 	t.Helper()
 	c := newCluster(t, 1)
 	reg := prometheus.NewRegistry()
@@ -372,12 +373,23 @@ func expectStreamStateSetAside(t *testing.T, dir string, epoch int64, raw []byte
 	if err := p.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
+	var epochs []int64
+	for _, b := range readBatches(t, c, 1) {
+		for _, r := range b.Records {
+			if r.Customer == "acme" {
+				epochs = append(epochs, b.Epoch)
+			}
+		}
+	}
+	if len(epochs) != 3 || epochs[2] == epochs[0] {
+		t.Errorf("acme's records went out in epochs %v, want its third in a new epoch", epochs)
+	}
 	checkSent(t, byStream(t, c), map[string][]sent{
 		"acme/api_calls": {{seq: 1, total: "3", quantity: "3"}, {seq: 2, total: "7", quantity: "4"}, {seq: 1, total: "1", quantity: "1"}},
 		"globex/gb":      {{seq: 1, total: "1", quantity: "1"}},
 	})
-	if kept := damagedValues(t, dir); len(kept) != 1 || !bytes.Equal(kept["streams/acme/api_calls"], raw) {
-		t.Errorf("damaged bucket holds %q, want the damaged state %q as streams/acme/api_calls", kept, raw)
+	if kept := damagedValues(t, dir); len(kept) != 1 || !bytes.Equal(kept["streams/"+damaged], raw) {
+		t.Errorf("damaged bucket holds %q, want the damaged state %q as streams/%s", kept, raw, damaged)
 	}
 }
 
