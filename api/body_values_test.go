@@ -10,9 +10,7 @@ import "testing"
 func TestAdminBodiesNameTheValueAtFault(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	if r := f.do("PUT", "/v1/pools/team", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
-		t.Fatalf("pool: %d %s", r.status, r.body)
-	}
+	f.putPool("team", "acme")
 	alert := func(extra map[string]any) map[string]any {
 		b := map[string]any{"subject": "customer:acme", "meter": "calls", "thresholds": []any{map[string]any{"percent": "80"}}}
 		for k, v := range extra {
@@ -72,9 +70,7 @@ func TestTypeErrorsNameTheElementAtFault(t *testing.T) {
 func TestScopeRuleWithoutLimitOrRateIsRefused(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	if r := f.do("PUT", "/v1/pools/team", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
-		t.Fatalf("pool: %d %s", r.status, r.body)
-	}
+	f.putPool("team", "acme")
 	for _, path := range []string{"/v1/pools/team/quotas/calls", "/v1/global/quotas/calls"} {
 		f.do("PUT", path, adminToken, map[string]any{"admission": "exact"}).fieldProblem(t, "limit", "is required (or a rate)")
 		f.do("PUT", path, adminToken, map[string]any{"limit": nil}).fieldProblem(t, "limit", "is required (or a rate)")
@@ -88,9 +84,7 @@ func TestScopeRuleWithoutLimitOrRateIsRefused(t *testing.T) {
 func TestNullRequiredDecimalIsRefusedAsRequired(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	if r := f.do("PUT", "/v1/pools/team", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
-		t.Fatalf("pool: %d %s", r.status, r.body)
-	}
+	f.putPool("team", "acme")
 	for _, c := range []struct {
 		method, path, body, field, about string
 	}{
@@ -116,9 +110,7 @@ func TestNullRequiredDecimalIsRefusedAsRequired(t *testing.T) {
 func TestZeroTimeIsRefusedNotTakenAsNow(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	if r := f.do("PUT", "/v1/pools/team", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
-		t.Fatalf("pool: %d %s", r.status, r.body)
-	}
+	f.putPool("team", "acme")
 	const zero = "0001-01-01T00:00:00Z"
 	for _, c := range []struct {
 		path string

@@ -13,9 +13,7 @@ func TestCustomerExistsOnceReferredTo(t *testing.T) {
 	if r := f.do("PUT", "/v1/customers/ruled/quotas/calls", adminToken, map[string]any{"limit": "500", "admission": "exact"}); r.status != 201 {
 		t.Fatalf("rule: %d %s", r.status, r.body)
 	}
-	if r := f.do("PUT", "/v1/pools/free", adminToken, map[string]any{"members": []string{"pooled"}}); r.status != 201 {
-		t.Fatalf("pool: %d %s", r.status, r.body)
-	}
+	f.putPool("free", "pooled")
 	tokened := f.token("tokened")
 	// A grant from the global budget alone: the customer has no rule of its own.
 	if r := f.do("PUT", "/v1/global/quotas/calls", adminToken, map[string]any{"limit": "100", "admission": "exact"}); r.status != 201 {

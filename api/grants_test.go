@@ -177,9 +177,7 @@ func TestGrantAnswerSaysWhatIsLeft(t *testing.T) {
 	if r := f.do("PUT", "/v1/customers/x/quotas/calls", adminToken, map[string]any{"limit": "100", "admission": "exact"}); r.status != 201 {
 		t.Fatalf("customer rule: %d %s", r.status, r.body)
 	}
-	if r := f.do("PUT", "/v1/pools/p", adminToken, map[string]any{"members": []string{"x"}}); r.status != 201 {
-		t.Fatalf("pool: %d %s", r.status, r.body)
-	}
+	f.putPool("p", "x")
 	if r := f.do("PUT", "/v1/pools/p/quotas/calls", adminToken, map[string]any{"limit": "50", "admission": "exact"}); r.status != 201 {
 		t.Fatalf("pool rule: %d %s", r.status, r.body)
 	}
@@ -277,9 +275,7 @@ func TestZeroDurationIsRefusedNotTakenAsDefault(t *testing.T) {
 		t.Errorf("renew with ttl 0s and spent -1: fields %v, want [ttl spent]", got)
 	}
 
-	if r := f.do("PUT", "/v1/pools/team", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
-		t.Fatalf("pool: %d %s", r.status, r.body)
-	}
+	f.putPool("team", "acme")
 	for path, about := range map[string]string{"/v1/customers/acme/quotas/calls": "must be positive",
 		"/v1/pools/team/quotas/calls": "from 100ms to 10m", "/v1/global/quotas/calls": "from 100ms to 10m"} {
 		for _, skew := range []any{"0s", 0} {
@@ -299,9 +295,7 @@ func TestBudgetOfRuleInForceIsListedBeforeTheFirstGrant(t *testing.T) {
 	if r := f.do("PUT", "/v1/customers/acme/quotas/calls", adminToken, map[string]any{"limit": "100", "admission": "exact"}); r.status != 201 {
 		t.Fatalf("customer rule: %d %s", r.status, r.body)
 	}
-	if r := f.do("PUT", "/v1/pools/team", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
-		t.Fatalf("pool: %d %s", r.status, r.body)
-	}
+	f.putPool("team", "acme")
 	if r := f.do("PUT", "/v1/pools/team/quotas/calls", adminToken, map[string]any{"limit": "50", "admission": "exact"}); r.status != 201 {
 		t.Fatalf("pool rule: %d %s", r.status, r.body)
 	}

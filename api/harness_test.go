@@ -200,6 +200,14 @@ func (f *fixture) exec(sql string, args ...any) {
 	f.sync()
 }
 
+// putPool creates the pool name with members through the API.
+func (f *fixture) putPool(name string, members ...string) {
+	f.t.Helper()
+	if r := f.do("PUT", "/v1/pools/"+name, adminToken, map[string]any{"members": members}); r.status != 201 {
+		f.t.Fatalf("pool %s: %d %s", name, r.status, r.body)
+	}
+}
+
 // token creates a customer token.
 func (f *fixture) token(customer string) string {
 	f.t.Helper()

@@ -14,9 +14,7 @@ import (
 func TestNULRefusedNamingTheField(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	if r := f.do("PUT", "/v1/pools/team", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
-		t.Fatalf("pool: %d %s", r.status, r.body)
-	}
+	f.putPool("team", "acme")
 	const op = `"operation_id":"0193e0a1-7c00-7d4e-9a51-3c2f9b7e4a10","customer":"acme","meter":"calls","quantity":"1"`
 	const alert = `"subject":"customer:acme","meter":"calls","thresholds":[{"percent":"80"}]`
 	for _, c := range []struct {
@@ -80,9 +78,7 @@ func TestNULRefusedNamingTheField(t *testing.T) {
 func TestBodyKeysMatchExactlyOnce(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	if r := f.do("PUT", "/v1/pools/team", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
-		t.Fatalf("pool: %d %s", r.status, r.body)
-	}
+	f.putPool("team", "acme")
 	const op = `"operation_id":"0193e0a1-7c00-7d4e-9a51-3c2f9b7e4a10","meter":"calls","quantity":"1","reason":"r","actor":"me"`
 	const alert = `"subject":"customer:acme","meter":"calls"`
 	const grant = `"0193e0a1-7c00-7d4e-9a51-3c2f9b7e4a10"`
@@ -129,9 +125,7 @@ func TestBodyKeysMatchExactlyOnce(t *testing.T) {
 func TestDecimalsFollowOneRule(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	if r := f.do("PUT", "/v1/pools/team", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
-		t.Fatalf("pool: %d %s", r.status, r.body)
-	}
+	f.putPool("team", "acme")
 	const grantID = "0193e0a1-7c00-7d4e-9a51-3c2f9b7e4a10"
 	grant := func(amount string) string {
 		return `{"holder":"gw","generation":1,"customer":"acme","meter":"calls","amount":` + amount + `}`

@@ -133,9 +133,7 @@ func TestMetersAndKindUsage(t *testing.T) {
 // naming admission; a lagged customer rule is stored and listed.
 func TestMeterWithQuotaRulesStaysACounter(t *testing.T) {
 	f := newFixture(t)
-	if r := f.do("PUT", "/v1/pools/plan", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
-		t.Fatalf("pool: %d %s", r.status, r.body)
-	}
+	f.putPool("plan", "acme")
 	for path, body := range map[string]map[string]any{
 		"/v1/customers/acme/quotas/calls": {"limit": "10", "admission": "exact"},
 		"/v1/pools/plan/quotas/tokens":    {"limit": "10", "admission": "exact"},

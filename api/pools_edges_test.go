@@ -14,9 +14,7 @@ import (
 func TestWarnAtWithTrailingZerosIsItsValue(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	if r := f.do("PUT", "/v1/pools/free", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
-		t.Fatalf("pool: %d %s", r.status, r.body)
-	}
+	f.putPool("free", "acme")
 	for _, path := range []string{"/v1/pools/free/quotas/calls", "/v1/global/quotas/calls", "/v1/customers/acme/quotas/calls"} {
 		r := f.do("PUT", path, adminToken, map[string]any{"limit": "10", "warn_at": "0.8000000000", "admission": "exact"})
 		if r.status != 201 || r.json(t)["warn_at"] != "0.8" {
@@ -44,9 +42,7 @@ func TestGrantDrawingABucketAndAPeriodBudgetListsItOnce(t *testing.T) {
 			rules := "/v1/customers/a/quotas/calls"
 			if scope == "pool:p" {
 				rules = "/v1/pools/p/quotas/calls"
-				if r := f.do("PUT", "/v1/pools/p", adminToken, map[string]any{"members": []string{"a"}}); r.status != 201 {
-					t.Fatalf("pool: %d %s", r.status, r.body)
-				}
+				f.putPool("p", "a")
 			}
 			if r := f.do("PUT", rules, adminToken, map[string]any{
 				"rate": map[string]any{"amount": "1", "per": "1h", "burst": "10"}, "admission": "exact"}); r.status != 201 {
@@ -97,9 +93,7 @@ func TestBudgetOfARuleTurnedRateShowsOneVersion(t *testing.T) {
 			}
 			if scope == "pool:p" {
 				rules = "/v1/pools/p/quotas/calls"
-				if r := f.do("PUT", "/v1/pools/p", adminToken, map[string]any{"members": []string{"a"}}); r.status != 201 {
-					t.Fatalf("pool: %d %s", r.status, r.body)
-				}
+				f.putPool("p", "a")
 				budgets = func() []any { return f.do("GET", "/v1/pools/p", adminToken, nil).json(t)["budgets"].([]any) }
 			}
 			if r := f.do("PUT", rules, adminToken, map[string]any{"limit": "10", "admission": "exact"}); r.status != 201 {
@@ -193,9 +187,7 @@ func TestDebitRecordsTheCustomersRuleInForce(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	gw := f.gatewayToken("gw")
-	if r := f.do("PUT", "/v1/pools/p", adminToken, map[string]any{"members": []string{"a"}}); r.status != 201 {
-		t.Fatalf("pool: %d %s", r.status, r.body)
-	}
+	f.putPool("p", "a")
 	if r := f.do("PUT", "/v1/pools/p/quotas/calls", adminToken, map[string]any{"limit": "100", "admission": "exact"}); r.status != 201 {
 		t.Fatalf("pool rule: %d %s", r.status, r.body)
 	}
@@ -221,9 +213,7 @@ func TestDebitRecordsTheCustomersRuleInForce(t *testing.T) {
 func TestRateUnknownFieldIsNamed(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	if r := f.do("PUT", "/v1/pools/p", adminToken, map[string]any{"members": []string{"acme"}}); r.status != 201 {
-		t.Fatalf("pool: %d %s", r.status, r.body)
-	}
+	f.putPool("p", "acme")
 	for _, path := range []string{"/v1/customers/acme/quotas/calls", "/v1/pools/p/quotas/calls", "/v1/global/quotas/calls"} {
 		f.do("PUT", path, adminToken, `{"rate":{"amount":"1","per":"1s","burst":"2","bogus":1},"admission":"exact"}`).
 			fieldProblem(t, "rate.bogus", "unknown field")

@@ -103,9 +103,7 @@ func TestPoolUsageCountsALeftMemberUntilItLeft(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	now := f.clock()
-	if r := f.do("PUT", "/v1/pools/team", adminToken, map[string]any{"members": []string{"acme", "beta"}}); r.status != 201 {
-		t.Fatalf("pool: %d %s", r.status, r.body)
-	}
+	f.putPool("team", "acme", "beta")
 	f.usage("acme", "calls", now.Add(-2*time.Hour), "10")
 	f.usage("beta", "calls", now.Add(-2*time.Hour), "5")
 	f.setNow(now.Add(time.Hour))
