@@ -71,34 +71,13 @@ func TestAPendingRecordDamagedSoItStillDecodesIsSetAside(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			recordUnsent(t, dir, []usage{
+			epoch := recordUnsent(t, dir, []usage{
 				{"acme", "api_calls", "3"}, {"acme", "api_calls", "4"}, {"acme", "api_calls", "5"}, {"globex", "gb", "1"},
 			})
 			raw := editValue(t, dir, "pending", binary.BigEndian.AppendUint64(nil, 1), func(t *testing.T, js []byte) []byte {
 				return replaceOnce(t, js, tc.old, tc.new)
 			})
-
-			c := newCluster(t, 1)
-			reg := prometheus.NewRegistry()
-			p := newProducer(t, producer.Config{Brokers: c.Addrs, Dir: dir, Registerer: reg})
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			if err := p.Flush(ctx); err != nil {
-				t.Fatal(err)
-			}
-			checkSent(t, byStream(t, c), map[string][]sent{
-				"acme/api_calls": {{seq: 1, total: "3", quantity: "3"}, {seq: 3, total: "12", quantity: "5"}},
-				"globex/gb":      {{seq: 1, total: "1", quantity: "1"}},
-			})
-			if n := counter(t, reg, "tally_producer_damaged_records_total"); n != 1 {
-				t.Errorf("tally_producer_damaged_records_total = %v, want 1", n)
-			}
-			if err := p.Stop(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if kept := damagedValues(t, dir); len(kept) != 1 || !bytes.Equal(kept["pending/1"], raw) {
-				t.Errorf("damaged bucket holds %q, want the damaged bytes %q as pending/1", kept, raw)
-			}
+			expectPendingSetAside(t, dir, epoch, raw)
 		})
 	}
 }

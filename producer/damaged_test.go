@@ -163,7 +163,16 @@ func TestADamagedPendingRecordDoesNotHoldBackTheOthers(t *testing.T) {
 		{"acme", "api_calls", "3"}, {"acme", "api_calls", "4"}, {"acme", "api_calls", "5"}, {"globex", "gb", "1"},
 	})
 	raw := damagePending(t, dir, 1) // acme's seq 2
+	expectPendingSetAside(t, dir, epoch, raw)
+}
 
+// expectPendingSetAside checks what a producer does with dir, whose
+// pending record at index 1 (acme's seq 2 of recordUnsent's 3, 4 and 5 of
+// acme/api_calls and 1 of globex/gb, in epoch) is damaged and raw now:
+// the epoch goes on, the others are sent, acme's usage of seq 2 arrives in
+// seq 3's total, and the record is counted and set aside as it was.
+func expectPendingSetAside(t *testing.T, dir string, epoch int64, raw []byte) {
+	t.Helper()
 	c := newCluster(t, 1)
 	reg := prometheus.NewRegistry()
 	p := newProducer(t, producer.Config{Brokers: c.Addrs, Dir: dir, Registerer: reg})
