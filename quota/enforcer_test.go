@@ -2,12 +2,10 @@ package quota_test
 
 import (
 	"context"
-	"encoding/json"
 	"slices"
 	"testing"
 	"time"
 
-	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/quota"
 )
 
@@ -313,13 +311,7 @@ func TestLeaderTakeoverWithoutGapOrReset(t *testing.T) {
 func TestPeriodBoundarySettlesTheOldPeriod(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	sch, err := json.Marshal(periods.NewSchedule(periods.Calendar{Cadence: periods.Daily, AnchorTime: "00:00", Zone: "UTC"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.pool.Exec(context.Background(), `INSERT INTO customers (id, schedule) VALUES ('daily', $1)`, sch); err != nil {
-		t.Fatal(err)
-	}
+	e.dailyCustomer("daily")
 	e.follow()
 	e.put(quota.RuleInput{Customer: "daily", Meter: "api_calls", Limit: dec("50")})
 	e.use("daily", "api_calls", 60)

@@ -21,6 +21,7 @@ import (
 	"github.com/tally-ledger/tally/internal/pgtest"
 	"github.com/tally-ledger/tally/internal/testrun"
 	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/quota"
 )
 
@@ -60,6 +61,18 @@ func newEnv(t *testing.T) *env {
 	}
 	e.streams = ledgertest.New(e.pool, l)
 	return e
+}
+
+// dailyCustomer stores customer with a calendar of UTC days.
+func (e *env) dailyCustomer(customer string) {
+	e.t.Helper()
+	sch, err := json.Marshal(periods.NewSchedule(periods.Calendar{Cadence: periods.Daily, AnchorTime: "00:00", Zone: "UTC"}))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(context.Background(), `INSERT INTO customers (id, schedule) VALUES ($1, $2)`, customer, sch); err != nil {
+		e.t.Fatal(err)
+	}
 }
 
 // clock is Tally's clock: the ledger's and the rules'.
