@@ -225,6 +225,17 @@ func TestPercentFollowsTheQuotaVersion(t *testing.T) {
 	if stored[2].ID != alerts.EventID("acme-calls", "customer:acme", "percent:80", stored[2].Period, 3) {
 		t.Fatalf("third event id %s is not transition 3's", stored[2].ID)
 	}
+	// The limit_raised resolution says the usage the threshold stood for
+	// when it was crossed (80% of 100), as its trigger did, beside the
+	// limit in force now.
+	trig, res := stored[0], stored[1]
+	if !trig.Threshold.Value.Equal(decimal.NewFromInt(80)) || !res.Threshold.Value.Equal(trig.Threshold.Value) {
+		t.Errorf("threshold.value %s when triggered, %s when resolved; want 80 both (80%% of the limit it was crossed under)",
+			trig.Threshold.Value, res.Threshold.Value)
+	}
+	if res.Limit == nil || !res.Limit.Equal(decimal.NewFromInt(200)) {
+		t.Errorf("resolution's limit %v, want the 200 in force", res.Limit)
+	}
 	// 85 < 90: the new threshold stays ok.
 	time.Sleep(500 * time.Millisecond)
 	if n := len(e.stored()); n != 4 {
@@ -669,34 +680,5 @@ func TestMeterChangeWhileTriggeredFiresOnce(t *testing.T) {
 	}
 	if want := []string{"calls", "calls", "bytes", "bytes"}; !slices.Equal(meters, want) {
 		t.Fatalf("events %v on meters %v, want %v", types(stored), meters, want)
-	}
-}
-
-// TestLimitRaisedResolutionSaysWhatWasCrossed: a percent threshold
-// resolved because its quota limit went up says the usage it stood for
-// when it was crossed (80% of 100), as its trigger did, beside the limit
-// in force now.
-func TestLimitRaisedResolutionSaysWhatWasCrossed(t *testing.T) {
-	e := newEnv(t)
-	rec := newReceiver(t)
-	secret := e.webhook("billing", rec.url())
-	e.quota("acme", "calls", 100)
-	e.rule("acme-calls", `{"subject":"customer:acme","meter":"calls","thresholds":[{"percent":"80"}],"endpoints":["billing"]}`)
-	e.start(startOptions{})
-	e.use("acme", "calls", 85)
-	waitFor(t, 5*time.Second, "triggered", func() bool { return len(rec.delivered()) == 1 })
-	e.quota("acme", "calls", 200)
-	waitFor(t, 5*time.Second, "resolved", func() bool { return len(rec.delivered()) == 2 })
-	stored := check(t, e, rec, secret)
-	if got := types(stored); !slices.Equal(got, []string{"triggered p80", "resolved p80 limit_raised"}) {
-		t.Fatalf("events %v", got)
-	}
-	trig, res := stored[0], stored[1]
-	if !trig.Threshold.Value.Equal(decimal.NewFromInt(80)) || !res.Threshold.Value.Equal(trig.Threshold.Value) {
-		t.Errorf("threshold.value %s when triggered, %s when resolved; want 80 both (80%% of the limit it was crossed under)",
-			trig.Threshold.Value, res.Threshold.Value)
-	}
-	if res.Limit == nil || !res.Limit.Equal(decimal.NewFromInt(200)) {
-		t.Errorf("resolution's limit %v, want the 200 in force", res.Limit)
 	}
 }
