@@ -2,25 +2,26 @@ package reconcile
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"slices"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/shopspring/decimal"
 
-	"github.com/tally-ledger/tally/periods"
+	"github.com/tally-ledger/tally/internal/pgcopy"
 )
 
 // DeepSource re-reads usage from Kafka for the deep check, without the
 // ledger's code path.
 type DeepSource interface {
-	// Read returns, for the given customers, every record Kafka still holds
-	// and which partitions lost their oldest messages to retention.
-	Read(ctx context.Context, customers []string) (*KafkaView, error)
+	// Read passes to emit every record of the given customers that Kafka
+	// still holds, each partition's in the order Kafka holds them, and
+	// returns which partition holds each customer's messages and which
+	// partitions lost their oldest messages to retention. It keeps none
+	// of the records: a topic holds weeks of usage, and emit stores each
+	// where the check reads it back (an error from emit ends the read).
+	Read(ctx context.Context, customers []string, emit func(StreamID, KafkaRecord) error) (*KafkaView, error)
 }
 
 // StreamID names a stream.
@@ -31,9 +32,8 @@ type StreamID struct {
 	Meter    string
 }
 
-// KafkaView is what the metering topic still holds of some customers.
+// KafkaView says where the metering topic holds some customers' messages.
 type KafkaView struct {
-	Streams map[StreamID][]KafkaRecord // each in the order Kafka holds them
 	// Partition of each customer found (a customer's messages share one).
 	Partition map[string]int
 	// Partitions whose first messages retention deleted: what they held
@@ -57,64 +57,124 @@ type KafkaRecord struct {
 // recomputed (retention deleted a partition's oldest messages) is reported
 // as not checked, never as ok.
 //
-// It reads as its steps: read Kafka → read the ledger → recompute →
-// compare usage → compare streams → report what was not checked → the
-// check's verdict.
+// The records read go, a few thousand at a time, into the run's temporary
+// table deep_kafka (created with the run's transaction, see check), and
+// Postgres recomputes and compares: the run holds no more of the topic in
+// memory than one such chunk, however much of it Kafka keeps.
+//
+// It reads as its steps: read Kafka into deep_kafka → compare usage →
+// compare streams → report what was not checked → the check's verdict.
 func (rc *Reconciler) deep(ctx context.Context, tx pgx.Tx, r *runner, tg target) error {
 	if rc.cfg.Deep == nil {
 		r.run.Checks = append(r.run.Checks, Check{Name: CheckDeep, Status: "skipped", Detail: "no Kafka brokers configured for the deep check"})
 		return fmt.Errorf("--deep needs Kafka brokers (TALLY_KAFKA_BROKERS)")
 	}
 	start := time.Now()
-	view, err := rc.cfg.Deep.Read(ctx, tg.customers)
+	kept := &deepRecords{conn: tx.Conn(), progress: rc.progress, said: start}
+	view, err := rc.cfg.Deep.Read(ctx, tg.customers, func(id StreamID, k KafkaRecord) error { return kept.add(ctx, id, k) })
 	if err != nil {
 		return err
 	}
-	scheds, err := schedules(ctx, tx, tg.customers)
-	if err != nil {
+	if err := kept.flush(ctx); err != nil {
 		return err
 	}
-	period := map[string]time.Time{}
-	for i, c := range tg.customers {
-		period[c] = tg.starts[i]
-	}
-	held, err := readLedgerSide(ctx, tx, tg)
-	if err != nil {
-		return err
-	}
-	kafka, err := recompute(view, scheds, period)
-	if err != nil {
-		return err
-	}
+	rc.progress("deep check: %d records read from Kafka in %s\n", kept.read, time.Since(start).Round(time.Millisecond))
 
 	before := r.found
+	var checked []string
 	notChecked := map[string]bool{}
 	for _, c := range tg.customers {
-		if !view.checkable(c) {
+		if view.checkable(c) {
+			checked = append(checked, c)
+		} else {
 			notChecked[c] = true
 		}
 	}
-	compareUsage(r, held.usage, kafka.usage, period, notChecked)
-	streams := compareStreams(r, view, held.streams, kafka.streams, notChecked)
+	args := tg.args()
+	args["checked"] = checked
+	if err := compareUsage(ctx, tx, r, args); err != nil {
+		return err
+	}
+	streams, err := compareStreams(ctx, tx, r, args)
+	if err != nil {
+		return err
+	}
 	skipped := reportNotChecked(r, view, notChecked)
 	r.run.Checks = append(r.run.Checks, deepVerdict(streams, r.found-before-len(skipped), len(skipped), time.Since(start)))
 	return nil
 }
 
-// streamState is where a stream ended: its last seq and running total.
-type streamState struct {
-	seq   int64
-	total decimal.Decimal
+// deepKafkaTable holds, for one run, the records the deep check read from
+// Kafka, with their place in Kafka's order (ord). It is temporary (the
+// run's connection's own) and is created before the run's read-only
+// transaction, which may write to it but not create it.
+const (
+	deepKafkaTable   = `CREATE TEMPORARY TABLE deep_kafka (ord bigint NOT NULL, producer text NOT NULL, epoch bigint NOT NULL, customer text NOT NULL, meter text NOT NULL, seq bigint NOT NULL, total numeric NOT NULL, occurred_at timestamptz NOT NULL)`
+	deepKafkaDrop    = `DROP TABLE IF EXISTS pg_temp.deep_kafka`
+	deepKafkaCopy    = `COPY pg_temp.deep_kafka (ord, producer, epoch, customer, meter, seq, total, occurred_at) FROM STDIN (FORMAT binary)`
+	deepChunkRecords = 5000
+)
+
+var deepKafkaColumns = []string{"ord", "producer", "epoch", "customer", "meter", "seq", "total", "occurred_at"}
+
+// deepRecords sends the records Kafka gives the deep check to deep_kafka,
+// deepChunkRecords at a time, saying every ten seconds how many it has
+// read.
+type deepRecords struct {
+	conn     *pgx.Conn
+	progress func(format string, args ...any)
+	ids      []StreamID
+	recs     []KafkaRecord
+	read     int64 // records read, the order of the next one
+	said     time.Time
+	buf      []byte
 }
 
-// customerMeter is a customer and a meter.
-type customerMeter = [2]string
+func (d *deepRecords) add(ctx context.Context, id StreamID, k KafkaRecord) error {
+	d.ids, d.recs = append(d.ids, id), append(d.recs, k)
+	if len(d.recs) < deepChunkRecords {
+		return nil
+	}
+	if err := d.flush(ctx); err != nil {
+		return err
+	}
+	if time.Since(d.said) >= 10*time.Second {
+		d.said = time.Now()
+		d.progress("deep check: %d records read from Kafka\n", d.read)
+	}
+	return nil
+}
 
-// deepSide is one side of the deep check: the period's usage per customer
-// and meter, and every stream's state.
-type deepSide struct {
-	usage   map[customerMeter]decimal.Decimal
-	streams map[StreamID]streamState
+func (d *deepRecords) flush(ctx context.Context) error {
+	if len(d.recs) == 0 {
+		return nil
+	}
+	first := d.read
+	var err error
+	d.buf, err = pgcopy.Stream(d.buf[:0], len(d.recs), len(deepKafkaColumns), func(buf []byte, i int) ([]byte, error) {
+		id, k := d.ids[i], d.recs[i]
+		buf = pgcopy.Int8(buf, first+int64(i))
+		buf = pgcopy.Text(buf, id.Producer)
+		buf = pgcopy.Int8(buf, id.Epoch)
+		buf = pgcopy.Text(buf, id.Customer)
+		buf = pgcopy.Text(buf, id.Meter)
+		buf = pgcopy.Int8(buf, k.Seq)
+		if buf, err = pgcopy.Numeric(buf, k.Total); err != nil {
+			return nil, err
+		}
+		return pgcopy.Time(buf, k.OccurredAt), nil
+	})
+	if err != nil {
+		return err
+	}
+	if err := pgcopy.In(ctx, d.conn, "deep_kafka", deepKafkaColumns, deepKafkaCopy, d.buf, int64(len(d.recs))); err != nil {
+		return fmt.Errorf("keeping the records read: %w", err)
+	}
+	d.read += int64(len(d.recs))
+	clear(d.ids)
+	clear(d.recs)
+	d.ids, d.recs = d.ids[:0], d.recs[:0]
+	return nil
 }
 
 // checkable says whether a customer's usage can be recomputed: the
@@ -128,156 +188,64 @@ func (v *KafkaView) checkable(customer string) bool {
 	return len(v.Incomplete) == 0
 }
 
-// readLedgerSide reads the targets' stream states and the usage the ledger
-// holds for their periods.
-func readLedgerSide(ctx context.Context, tx pgx.Tx, tg target) (deepSide, error) {
-	side := deepSide{usage: map[customerMeter]decimal.Decimal{}, streams: map[StreamID]streamState{}}
-	rows, err := tx.Query(ctx, qDeepStreams, tg.args())
+// compareUsage finds, per checked customer and meter in order, where the
+// period's usage the ledger holds differs from what Kafka's records
+// recompute (qDeepUsageCompare).
+func compareUsage(ctx context.Context, tx pgx.Tx, r *runner, args pgx.NamedArgs) error {
+	rows, err := tx.Query(ctx, qDeepUsageCompare, args)
 	if err != nil {
-		return side, err
+		return err
 	}
+	defer rows.Close()
+	for rows.Next() {
+		var customer, meter string
+		var start time.Time
+		var held, kafka numeric
+		if err := rows.Scan(&customer, &meter, &start, &held, &kafka); err != nil {
+			return err
+		}
+		l, kf := held.dec(), kafka.dec()
+		diff := l.Sub(kf)
+		r.find(Finding{Kind: KindDeepMismatch, Severity: Discrepancy, Customer: customer, Meter: meter, Period: &start, Amount: &diff,
+			Detail: fmt.Sprintf("Kafka's messages recompute %s of usage in this period; the ledger holds %s for it", kf, l)})
+	}
+	return rows.Err()
+}
+
+// compareStreams finds, both ways and in order, the checked customers'
+// streams whose state the ledger and Kafka's records disagree on
+// (qDeepStreamsCompare), and returns how many streams it compared.
+func compareStreams(ctx context.Context, tx pgx.Tx, r *runner, args pgx.NamedArgs) (int, error) {
+	rows, err := tx.Query(ctx, qDeepStreamsCompare, args)
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	streams := 0
 	for rows.Next() {
 		var id StreamID
-		var st streamState
-		var total numeric
-		if err := rows.Scan(&id.Producer, &id.Epoch, &id.Customer, &id.Meter, &st.seq, &total); err != nil {
-			rows.Close()
-			return side, err
-		}
-		st.total = total.dec()
-		side.streams[id] = st
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return side, err
-	}
-	rows, err = tx.Query(ctx, qDeepUsage, tg.args())
-	if err != nil {
-		return side, err
-	}
-	for rows.Next() {
-		var c, m string
-		var q numeric
-		if err := rows.Scan(&c, &m, &q); err != nil {
-			rows.Close()
-			return side, err
-		}
-		side.usage[customerMeter{c, m}] = q.dec()
-	}
-	rows.Close()
-	return side, rows.Err()
-}
-
-// recompute is the Kafka side: per checkable stream, the first record of
-// each seq, in seq order; each record's growth of the running total counts
-// in the period it occurred in, when that is the customer's period.
-func recompute(view *KafkaView, scheds map[string]periods.Schedule, period map[string]time.Time) (deepSide, error) {
-	side := deepSide{usage: map[customerMeter]decimal.Decimal{}, streams: map[StreamID]streamState{}}
-	for id, recs := range view.Streams {
-		if !view.checkable(id.Customer) {
-			continue
-		}
-		first := map[int64]KafkaRecord{}
-		for _, k := range recs {
-			if _, ok := first[k.Seq]; !ok {
-				first[k.Seq] = k
-			}
-		}
-		seqs := make([]int64, 0, len(first))
-		for s := range first {
-			seqs = append(seqs, s)
-		}
-		slices.Sort(seqs)
-		prev := decimal.Zero
-		for _, s := range seqs {
-			k := first[s]
-			p, err := scheds[id.Customer].PeriodAt(k.OccurredAt)
-			if err != nil {
-				return side, fmt.Errorf("customer %q: %w", id.Customer, err)
-			}
-			if p.Start.Equal(period[id.Customer]) {
-				key := customerMeter{id.Customer, id.Meter}
-				side.usage[key] = side.usage[key].Add(k.Total.Sub(prev))
-			}
-			prev = k.Total
-		}
-		last := first[seqs[len(seqs)-1]]
-		side.streams[id] = streamState{seq: last.Seq, total: last.Total}
-	}
-	return side, nil
-}
-
-// compareUsage finds, per customer and meter in order, where the period's
-// usage the ledger holds differs from what Kafka recomputes.
-func compareUsage(r *runner, held, recomputed map[customerMeter]decimal.Decimal, period map[string]time.Time, notChecked map[string]bool) {
-	keys := map[customerMeter]bool{}
-	for k := range held {
-		keys[k] = true
-	}
-	for k := range recomputed {
-		keys[k] = true
-	}
-	sorted := make([]customerMeter, 0, len(keys))
-	for k := range keys {
-		sorted = append(sorted, k)
-	}
-	sort.Slice(sorted, func(i, j int) bool {
-		return sorted[i][0] < sorted[j][0] || sorted[i][0] == sorted[j][0] && sorted[i][1] < sorted[j][1]
-	})
-	for _, k := range sorted {
-		if notChecked[k[0]] {
-			continue
-		}
-		l, kf := held[k], recomputed[k]
-		if !l.Equal(kf) {
-			diff := l.Sub(kf)
-			p := period[k[0]]
-			r.find(Finding{Kind: KindDeepMismatch, Severity: Discrepancy, Customer: k[0], Meter: k[1], Period: &p, Amount: &diff,
-				Detail: fmt.Sprintf("Kafka's messages recompute %s of usage in this period; the ledger holds %s for it", kf, l)})
-		}
-	}
-}
-
-// compareStreams finds, both ways and in order, streams whose state the
-// ledger and Kafka disagree on, and returns how many streams it compared.
-func compareStreams(r *runner, view *KafkaView, ledger, kafka map[StreamID]streamState, notChecked map[string]bool) int {
-	ids := make([]StreamID, 0, len(ledger)+len(kafka))
-	for id := range ledger {
-		ids = append(ids, id)
-	}
-	for id := range kafka {
-		if _, ok := ledger[id]; !ok {
-			ids = append(ids, id)
-		}
-	}
-	slices.SortFunc(ids, func(a, b StreamID) int {
-		return strings.Compare(fmt.Sprint(a.Customer, "\x00", a.Meter, "\x00", a.Producer, "\x00", a.Epoch),
-			fmt.Sprint(b.Customer, "\x00", b.Meter, "\x00", b.Producer, "\x00", b.Epoch))
-	})
-	streams := 0
-	for _, id := range ids {
-		if notChecked[id.Customer] || !view.checkable(id.Customer) {
-			continue
+		var lseq, kseq *int64
+		var ltotal, ktotal nullNumeric
+		if err := rows.Scan(&id.Customer, &id.Meter, &id.Producer, &id.Epoch, &lseq, &ltotal, &kseq, &ktotal); err != nil {
+			return 0, err
 		}
 		streams++
-		l, inLedger := ledger[id]
-		k, inKafka := kafka[id]
+		l, k := ltotal.dec(), ktotal.dec()
 		stream := fmt.Sprintf("%s/%d", id.Producer, id.Epoch)
 		switch {
-		case !inLedger:
-			r.find(Finding{Kind: KindDeepMismatch, Severity: Discrepancy, Customer: id.Customer, Meter: id.Meter, Stream: stream, Amount: &k.total,
-				Detail: fmt.Sprintf("Kafka holds this stream up to seq %d (total %s) but the ledger has no such stream", k.seq, k.total)})
-		case !inKafka:
-			diff := l.total
+		case lseq == nil:
+			r.find(Finding{Kind: KindDeepMismatch, Severity: Discrepancy, Customer: id.Customer, Meter: id.Meter, Stream: stream, Amount: &k,
+				Detail: fmt.Sprintf("Kafka holds this stream up to seq %d (total %s) but the ledger has no such stream", *kseq, k)})
+		case kseq == nil:
+			r.find(Finding{Kind: KindDeepMismatch, Severity: Discrepancy, Customer: id.Customer, Meter: id.Meter, Stream: stream, Amount: &l,
+				Detail: fmt.Sprintf("the ledger has this stream up to seq %d (total %s) but Kafka, which lost no messages, holds none of it", *lseq, l)})
+		case !l.Equal(k) || *lseq != *kseq:
+			diff := l.Sub(k)
 			r.find(Finding{Kind: KindDeepMismatch, Severity: Discrepancy, Customer: id.Customer, Meter: id.Meter, Stream: stream, Amount: &diff,
-				Detail: fmt.Sprintf("the ledger has this stream up to seq %d (total %s) but Kafka, which lost no messages, holds none of it", l.seq, l.total)})
-		case !l.total.Equal(k.total) || l.seq != k.seq:
-			diff := l.total.Sub(k.total)
-			r.find(Finding{Kind: KindDeepMismatch, Severity: Discrepancy, Customer: id.Customer, Meter: id.Meter, Stream: stream, Amount: &diff,
-				Detail: fmt.Sprintf("Kafka's messages end at seq %d total %s; the ledger at seq %d total %s", k.seq, k.total, l.seq, l.total)})
+				Detail: fmt.Sprintf("Kafka's messages end at seq %d total %s; the ledger at seq %d total %s", *kseq, k, *lseq, l)})
 		}
 	}
-	return streams
+	return streams, rows.Err()
 }
 
 // reportNotChecked records, in order, each customer whose usage could not
@@ -313,27 +281,4 @@ func deepVerdict(streams, findings, skipped int, took time.Duration) Check {
 		c.Detail += fmt.Sprintf("; %d customers not checked: retention deleted messages they may have had", skipped)
 	}
 	return c
-}
-
-// schedules loads the calendars of some customers.
-func schedules(ctx context.Context, tx pgx.Tx, customers []string) (map[string]periods.Schedule, error) {
-	rows, err := tx.Query(ctx, qSchedulesOf, customers)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	out := make(map[string]periods.Schedule, len(customers))
-	for rows.Next() {
-		var id string
-		var raw []byte
-		if err := rows.Scan(&id, &raw); err != nil {
-			return nil, err
-		}
-		var s periods.Schedule
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return nil, fmt.Errorf("customer %q: stored calendar: %w", id, err)
-		}
-		out[id] = s
-	}
-	return out, rows.Err()
 }

@@ -21,9 +21,10 @@ type KafkaSource struct {
 	Topic   string
 }
 
-// Read returns every record of the given customers the topic still holds,
-// and which partitions retention truncated.
-func (k KafkaSource) Read(ctx context.Context, customers []string) (*KafkaView, error) {
+// Read passes to emit every record of the given customers the topic still
+// holds, and returns where their messages are and which partitions
+// retention truncated.
+func (k KafkaSource) Read(ctx context.Context, customers []string, emit func(StreamID, KafkaRecord) error) (*KafkaView, error) {
 	if len(k.Brokers) == 0 {
 		return nil, errors.New("no Kafka brokers")
 	}
@@ -40,16 +41,16 @@ func (k KafkaSource) Read(ctx context.Context, customers []string) (*KafkaView, 
 	if err != nil {
 		return nil, fmt.Errorf("kafka: partitions of %s: %w", k.Topic, err)
 	}
-	view := &KafkaView{Streams: map[StreamID][]KafkaRecord{}, Partition: map[string]int{}, Incomplete: map[int]bool{}}
+	view := &KafkaView{Partition: map[string]int{}, Incomplete: map[int]bool{}}
 	for _, p := range parts {
-		if err := k.readPartition(ctx, p, want, view); err != nil {
+		if err := k.readPartition(ctx, p, want, view, emit); err != nil {
 			return nil, err
 		}
 	}
 	return view, nil
 }
 
-func (k KafkaSource) readPartition(ctx context.Context, p kafka.Partition, want map[string]bool, view *KafkaView) error {
+func (k KafkaSource) readPartition(ctx context.Context, p kafka.Partition, want map[string]bool, view *KafkaView, emit func(StreamID, KafkaRecord) error) error {
 	leader := net.JoinHostPort(p.Leader.Host, strconv.Itoa(p.Leader.Port))
 	conn, err := kafka.DialLeader(ctx, "tcp", leader, k.Topic, p.ID)
 	if err != nil {
@@ -83,7 +84,9 @@ func (k KafkaSource) readPartition(ctx context.Context, p kafka.Partition, want 
 			if b, _, _, err := wire.Decode(m.Key, m.Value); err == nil {
 				for _, rec := range b.Records {
 					id := StreamID{Producer: b.Producer, Epoch: b.Epoch, Customer: rec.Customer, Meter: rec.Meter}
-					view.Streams[id] = append(view.Streams[id], KafkaRecord{Seq: rec.Seq, Total: rec.Total, OccurredAt: rec.OccurredAt})
+					if err := emit(id, KafkaRecord{Seq: rec.Seq, Total: rec.Total, OccurredAt: rec.OccurredAt}); err != nil {
+						return err
+					}
 				}
 			}
 		}

@@ -116,7 +116,6 @@ const (
 	// $1: one customer, or '' for all.
 	qCustomerSchedules = `SELECT id, schedule FROM customers WHERE $1 = '' OR id = $1 ORDER BY id`
 	qCustomerExists    = `SELECT EXISTS (SELECT 1 FROM customers WHERE id = $1)`
-	qSchedulesOf       = `SELECT id, schedule FROM customers WHERE id = ANY($1)`
 
 	// Per customer: its calendar, the start of its first period (the
 	// earlier of its creation and its first usage) and its closed periods.
@@ -349,22 +348,61 @@ WHERE (o.customer = 'global' OR o.customer LIKE 'pool:%')
 ORDER BY 1, 2, 3`
 )
 
-// The deep check's ledger side.
+// The deep check.
 const (
-	qDeepStreams = `SELECT producer, epoch, customer, meter, last_seq, last_total FROM streams WHERE customer = ANY(@customers)`
+	// The deep check (deep.go): deep_kafka's records of the checked
+	// customers, the first of each seq per stream as in the ledger (Kafka's
+	// order is ord).
+	qDeepFirsts = `firsts AS (
+  SELECT DISTINCT ON (customer, meter, producer, epoch, seq) customer, meter, producer, epoch, seq, total, occurred_at
+  FROM pg_temp.deep_kafka WHERE customer = ANY(@checked)
+  ORDER BY customer, meter, producer, epoch, seq, ord)`
 
-	// Usage that occurred in each target period, wherever it is billed.
-	qDeepUsage = `
-WITH ` + qTargets + `
-SELECT customer, meter, sum(q) FROM (
-  SELECT r.customer, r.meter, r.billed AS q
-  FROM ledger_period_records(@customers, @starts) r
-  JOIN t USING (customer, period_start) WHERE r.prior_period IS NULL
-  UNION ALL
-  SELECT r.customer, r.meter, r.billed FROM records r JOIN t ON t.customer = r.customer AND r.prior_period = t.period_start
-  UNION ALL
-  SELECT e.customer, e.meter, e.amount FROM entries e JOIN t USING (customer, period_start) WHERE e.kind = 'reattribution'
-) u GROUP BY 1, 2`
+	// Per checked customer and meter, the usage that occurred in its
+	// period as the ledger holds it, wherever it is billed, and as Kafka's
+	// records recompute it (each record's growth of its stream's running
+	// total counts in the period it occurred in), where the two differ; in
+	// order.
+	qDeepUsageCompare = `
+WITH ` + qTargets + `, ` + qDeepFirsts + `,
+held AS (
+  SELECT customer, meter, sum(q) AS q FROM (
+    SELECT customer, meter, p.q FROM (
+      SELECT customer, meter, period_start, sum(billed) AS q FROM ledger_period_records(@customers, @starts)
+      WHERE prior_period IS NULL GROUP BY 1, 2, 3) p
+    JOIN t USING (customer, period_start)
+    UNION ALL
+    SELECT r.customer, r.meter, r.billed FROM records r JOIN t ON t.customer = r.customer AND r.prior_period = t.period_start
+    UNION ALL
+    SELECT e.customer, e.meter, e.amount FROM entries e JOIN t USING (customer, period_start) WHERE e.kind = 'reattribution'
+  ) u GROUP BY 1, 2),
+grown AS (
+  SELECT customer, meter, occurred_at,
+         total - coalesce(lag(total) OVER (PARTITION BY customer, meter, producer, epoch ORDER BY seq), 0) AS growth
+  FROM firsts),
+kafka AS (
+  SELECT g.customer, g.meter, sum(g.growth) AS q
+  FROM grown g JOIN t ON t.customer = g.customer AND g.occurred_at >= t.period_start AND g.occurred_at < t.period_end
+  GROUP BY 1, 2)
+SELECT customer, meter, t.period_start, coalesce(h.q, 0), coalesce(k.q, 0)
+FROM held h FULL JOIN kafka k USING (customer, meter) JOIN t USING (customer)
+WHERE customer = ANY(@checked) AND coalesce(h.q, 0) <> coalesce(k.q, 0)
+ORDER BY customer COLLATE "C", meter COLLATE "C"`
+
+	// Every stream of the checked customers that the ledger or Kafka's
+	// records hold, with where each says it ended (NULL where it holds
+	// none of it); in order.
+	qDeepStreamsCompare = `
+WITH ` + qDeepFirsts + `,
+kafka AS (
+  SELECT DISTINCT ON (customer, meter, producer, epoch) customer, meter, producer, epoch, seq, total
+  FROM firsts ORDER BY customer, meter, producer, epoch, seq DESC),
+ledger AS (
+  SELECT customer, meter, producer, epoch, last_seq AS seq, last_total AS total
+  FROM streams WHERE customer = ANY(@checked))
+SELECT customer, meter, producer, epoch, l.seq, l.total, k.seq, k.total
+FROM ledger l FULL JOIN kafka k USING (customer, meter, producer, epoch)
+ORDER BY customer COLLATE "C", meter COLLATE "C", producer COLLATE "C", epoch`
 )
 
 // The close gate.

@@ -464,7 +464,26 @@ type verdict struct {
 // check resolves the targets and runs every check in one REPEATABLE READ
 // transaction, so all checks see the same snapshot of the ledger.
 func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time.Time, locks *runLocks) ([]verdict, []streamCheck, error) {
-	tx, err := rc.cfg.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	conn, err := rc.cfg.Pool.Acquire(ctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reconcile: %w", err)
+	}
+	defer conn.Release()
+	if opt.Deep {
+		// The deep check keeps what it reads from Kafka in a temporary
+		// table of this connection (deep.go), which the read-only
+		// transaction can write to but not create.
+		if _, err := conn.Exec(ctx, deepKafkaTable); err != nil {
+			return nil, nil, fmt.Errorf("reconcile: %w", err)
+		}
+		defer func() {
+			// A connection that kept the table goes no further than this run.
+			if _, err := conn.Exec(context.WithoutCancel(ctx), deepKafkaDrop); err != nil {
+				conn.Conn().Close(context.WithoutCancel(ctx))
+			}
+		}()
+	}
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
 		return nil, nil, fmt.Errorf("reconcile: %w", err)
 	}

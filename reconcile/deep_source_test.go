@@ -1,0 +1,219 @@
+package reconcile_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime"
+	"runtime/debug"
+	"runtime/metrics"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/tally-ledger/tally/amount"
+	"github.com/tally-ledger/tally/ingest/wire"
+	"github.com/tally-ledger/tally/internal/kafkatest"
+	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/reconcile"
+)
+
+// TestDeepHoldsNoTopicInMemory: the deep check reads every message Kafka
+// still holds of the period's customers, which in a deployment is weeks
+// of a topic. What the run keeps in memory must not grow with it: here
+// 300,000 records, which as Go values took about 25 MB; the run's live
+// heap may grow by half of that at most (it grows by 2–5 MB).
+func TestDeepHoldsNoTopicInMemory(t *testing.T) {
+	const customers, seqs, perMessage = 100, 3000, 100
+	e := newEnv(t)
+	kc := kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{{Name: "tally.meter-batches", Partitions: 2}}})
+	var msgs []kafka.Message
+	for c := range customers {
+		customer := fmt.Sprintf("c%03d", c)
+		var recs []ledger.Record
+		for s := int64(1); s <= seqs; s++ {
+			recs = append(recs, ledger.Record{OperationID: uuid.New(),
+				Stream: ledger.StreamKey{Producer: "gw", Epoch: 1, Customer: customer, Meter: "calls"},
+				Seq:    s, Total: amount.MustParse(fmt.Sprintf("%d.5", s*3)), OccurredAt: nov.Add(time.Duration(s) * time.Second)})
+		}
+		e.apply(recs...)
+		for i := 0; i < len(recs); i += perMessage {
+			b := wire.Batch{Schema: wire.Schema, BatchID: uuid.Must(uuid.NewV7()), Producer: "gw", Epoch: 1, SentAt: nov}
+			for _, r := range recs[i : i+perMessage] {
+				b.Records = append(b.Records, wire.Record{OperationID: r.OperationID, Customer: customer, Meter: "calls", Seq: r.Seq,
+					Total: r.Total, OccurredAt: r.OccurredAt})
+			}
+			v, err := wire.Encode(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			msgs = append(msgs, kafka.Message{Key: []byte(customer), Value: v})
+		}
+	}
+	kc.Produce(t, "tally.meter-batches", msgs...)
+	msgs = nil
+
+	rc, err := reconcile.New(reconcile.Config{Pool: e.pool, Clock: func() time.Time { return e.now },
+		Deep: reconcile.KafkaSource{Brokers: kc.Addrs, Topic: "tally.meter-batches"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Frequent collections, so that the live heap is read often.
+	defer debug.SetGCPercent(debug.SetGCPercent(10))
+	runtime.GC()
+	before := liveHeap()
+	stop, peak := make(chan struct{}), make(chan uint64)
+	go func() {
+		var most uint64
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				peak <- most
+				return
+			case <-tick.C:
+				most = max(most, liveHeap())
+			}
+		}
+	}()
+	began := time.Now()
+	r, err := rc.Run(context.Background(), reconcile.Options{Period: "2026-11-01", Deep: true})
+	close(stop)
+	took := time.Since(began)
+	grew := int64(<-peak) - int64(before)
+	if err != nil || r.Status != reconcile.StatusClean {
+		t.Fatalf("deep run: %v %s %+v", err, r.Status, r.Findings)
+	}
+	if c := deepCheck(r); c.Status != "ok" || !strings.HasPrefix(c.Detail, fmt.Sprintf("%d streams recomputed", customers)) {
+		t.Fatalf("deep check: %+v", c)
+	}
+	t.Logf("live heap %d MB before the run, grew by at most %.1f MB during it (%s)", before>>20, float64(grew)/(1<<20), took)
+	// Holding the records took 24.5 MB (with -race) at most here.
+	if grew > 12<<20 {
+		t.Fatalf("the deep check's live heap grew by %.1f MB for %d records: it holds the topic in memory",
+			float64(grew)/(1<<20), customers*seqs)
+	}
+}
+
+// liveHeap is the heap the last collection found reachable.
+func liveHeap() uint64 {
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+// records is a DeepSource of records given in Kafka's order, all on
+// partition 0; fail, when set, ends the read after them.
+type records struct {
+	ids  []reconcile.StreamID
+	recs []reconcile.KafkaRecord
+	fail error
+}
+
+func (s *records) add(rs ...ledger.Record) {
+	for _, r := range rs {
+		s.ids = append(s.ids, reconcile.StreamID{Producer: r.Stream.Producer, Epoch: r.Stream.Epoch, Customer: r.Stream.Customer, Meter: r.Stream.Meter})
+		s.recs = append(s.recs, reconcile.KafkaRecord{Seq: r.Seq, Total: r.Total, OccurredAt: r.OccurredAt})
+	}
+}
+
+func (s *records) Read(ctx context.Context, customers []string, emit func(reconcile.StreamID, reconcile.KafkaRecord) error) (*reconcile.KafkaView, error) {
+	view := &reconcile.KafkaView{Partition: map[string]int{}, Incomplete: map[int]bool{}}
+	for i, id := range s.ids {
+		view.Partition[id.Customer] = 0
+		if err := emit(id, s.recs[i]); err != nil {
+			return nil, err
+		}
+	}
+	return view, s.fail
+}
+
+// TestDeepTakesTheFirstRecordOfEachSeq: Kafka holds a stream's records
+// out of order, sent twice, and once with another total under a seq
+// already taken (a producer's fault the ledger answered as a conflict);
+// the deep check recomputes as the ledger applied them, the first of each
+// seq in Kafka's order, each record's growth in the period it occurred in.
+func TestDeepTakesTheFirstRecordOfEachSeq(t *testing.T) {
+	e := newEnv(t)
+	oct := time.Date(2026, 10, 30, 0, 0, 0, 0, time.UTC)
+	sent := []ledger.Record{
+		rec("gw", 1, "acme", 2, "15", "", oct), // October: 15 of growth from 0, billed in October
+		rec("gw", 1, "acme", 1, "10", "", oct),
+		rec("gw", 1, "acme", 3, "21", "", nov), // November: 6
+		rec("gw", 1, "acme", 2, "15", "", oct), // sent again
+		rec("gw", 1, "acme", 4, "24.5", "", nov),
+		rec("gw", 1, "acme", 4, "30", "", nov), // seq 4 again, another total: a conflict
+		rec("gw", 2, "acme", 1, "1", "", nov),
+	}
+	e.apply(sent...)
+	src := &records{}
+	src.add(sent...)
+	rc, err := reconcile.New(reconcile.Config{Pool: e.pool, Clock: func() time.Time { return e.now }, Deep: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deepFindings := func() (out []string) {
+		t.Helper()
+		r, err := rc.Run(context.Background(), reconcile.Options{Period: "2026-11-01", Customer: "acme", Deep: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c := deepCheck(r); !strings.Contains(c.Detail, "2 streams recomputed") {
+			t.Fatalf("deep check: %+v", c)
+		}
+		for _, f := range r.Findings {
+			if f.Kind == reconcile.KindDeepMismatch {
+				out = append(out, f.Amount.String()+" "+f.Detail)
+			}
+		}
+		return out
+	}
+	// The conflict is a finding of its own (conflicts_and_dead_letters).
+	if deep := deepFindings(); len(deep) != 0 {
+		t.Fatalf("deep findings %q, want none", deep)
+	}
+	// The ledger's November usage of acme changed by hand: Kafka
+	// recomputes 10.5 (6 + 3.5 + 1).
+	e.exec(`UPDATE records SET billed = billed + 2 WHERE customer = 'acme' AND seq = 4`)
+	if deep, want := deepFindings(), "2 Kafka's messages recompute 10.5 of usage in this period; the ledger holds 12.5 for it"; len(deep) != 1 || deep[0] != want {
+		t.Fatalf("deep findings %q, want [%q]", deep, want)
+	}
+}
+
+// TestDeepRunThatFailsLeavesNothingBehind: a deep run whose read of Kafka
+// fails part way says so, and the next run on the same connection starts
+// clean (the records the failed run kept went with it).
+func TestDeepRunThatFailsLeavesNothingBehind(t *testing.T) {
+	e := newEnv(t)
+	cfg := e.pool.Config()
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	recs := []ledger.Record{rec("gw", 1, "acme", 1, "10", "", nov), rec("gw", 1, "acme", 2, "15", "", nov)}
+	e.apply(recs...)
+	src := &records{fail: errors.New("the broker went away")}
+	src.add(recs...)
+	rc, err := reconcile.New(reconcile.Config{Pool: pool, Clock: func() time.Time { return e.now }, Deep: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rc.Run(context.Background(), reconcile.Options{Period: "2026-11-01", Deep: true}); err == nil || !strings.Contains(err.Error(), "the broker went away") {
+		t.Fatalf("deep run with a failing read: %v", err)
+	}
+	src.fail = nil
+	r, err := rc.Run(context.Background(), reconcile.Options{Period: "2026-11-01", Deep: true})
+	if err != nil || r.Status != reconcile.StatusClean {
+		t.Fatalf("deep run after a failed one: %v %+v", err, r)
+	}
+	if c := deepCheck(r); c.Status != "ok" || !strings.HasPrefix(c.Detail, "1 streams recomputed") {
+		t.Fatalf("deep check: %+v", c)
+	}
+}
