@@ -682,3 +682,73 @@ func TestMeterChangeWhileTriggeredFiresOnce(t *testing.T) {
 		t.Fatalf("events %v on meters %v, want %v", types(stored), meters, want)
 	}
 }
+
+// TestDeliveryTimesAreTheDatabases: an evaluator whose clock is an hour
+// ahead of the database's writes deliveries the dispatcher attempts at
+// once, each given up RetryFor after the database wrote it, their latency
+// measured by the database's clock; the event occurred at the evaluator's
+// instant.
+func TestDeliveryTimesAreTheDatabases(t *testing.T) {
+	e := newEnv(t)
+	rec := newReceiver(t)
+	secret := e.webhook("billing", rec.url())
+	ctx := context.Background()
+	// A month from an anchor two weeks away: Tally's noon and the
+	// evaluator's hour ahead of the machine fall in one period whatever
+	// the day.
+	anchor := (time.Now().UTC().Day()+13)%28 + 1
+	if _, _, err := e.periods().SetCalendar(ctx, e.pool, "acme", periods.Calendar{Cadence: periods.Monthly, AnchorDay: anchor}); err != nil {
+		t.Fatal(err)
+	}
+	e.rule("big", `{"subject":"customer:acme","meter":"calls","thresholds":[{"value":"10"}],"notify_on":["triggered"],"endpoints":["billing"]}`)
+	e.skew.Store(int64(-e.shift + time.Hour)) // the machine's clock, an hour ahead
+	dbNow := func() time.Time {
+		var now time.Time
+		if err := e.pool.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+			t.Fatal(err)
+		}
+		return now
+	}
+	before := dbNow()
+	tl := e.start(startOptions{})
+	e.use("acme", "calls", 11)
+	waitFor(t, 10*time.Second, "the event delivered to the webhook", func() bool { return len(rec.delivered()) == 1 })
+	waitFor(t, 10*time.Second, "both deliveries recorded", func() bool {
+		n, _, _ := histogram(tl.reg, "tally_alert_delivery_seconds")
+		return n == 2
+	})
+	after := dbNow()
+	if _, sum, _ := histogram(tl.reg, "tally_alert_delivery_seconds"); sum < 0 || sum > 2*after.Sub(before).Seconds() {
+		t.Errorf("tally_alert_delivery_seconds: %v s in all for two deliveries made within %v", sum, after.Sub(before))
+	}
+	check(t, e, rec, secret)
+	if ev := e.stored()[0]; ev.OccurredAt.Before(before.Add(time.Hour)) {
+		t.Errorf("the event occurred at %v, before the evaluator's instant (an hour after %v)", ev.OccurredAt, before)
+	}
+	rows, err := e.pool.Query(ctx, `SELECT endpoint, created_at, next_attempt_at, give_up_at FROM alert_deliveries ORDER BY endpoint`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type times struct{ created, next, giveUp time.Time }
+	got := map[string]times{}
+	for rows.Next() {
+		var endpoint string
+		var d times
+		if err := rows.Scan(&endpoint, &d.created, &d.next, &d.giveUp); err != nil {
+			t.Fatal(err)
+		}
+		got[endpoint] = d
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 {
+		t.Fatalf("deliveries %v, want billing's and kafka's", got)
+	}
+	for endpoint, d := range got {
+		if d.created.Before(before) || d.created.After(after) || !d.next.Equal(d.created) || !d.giveUp.Equal(d.created.Add(alerts.DefaultRetryFor)) {
+			t.Errorf("%s: created %v, next attempt %v, given up %v; want created by the database's clock (%v to %v), due then, given up %v later",
+				endpoint, d.created, d.next, d.giveUp, before, after, alerts.DefaultRetryFor)
+		}
+	}
+}

@@ -57,7 +57,8 @@ type DispatcherConfig struct {
 	// failed attempts since the delivery was created or last redelivered,
 	// at most BackoffMax, with jitter (half of it random): defaults 1s
 	// and 1h. A delivery not delivered by its give-up time (the
-	// evaluator's RetryFor after the event, 72h) is failed.
+	// evaluator's RetryFor, 72h, after the delivery was written, by the
+	// database's clock) is failed.
 	BackoffBase, BackoffMax time.Duration
 	// AllowPrivate lets webhooks reach loopback and private addresses
 	// (TALLY_WEBHOOK_ALLOW_PRIVATE=true; tally dev sets it).
@@ -180,7 +181,6 @@ type claimed struct {
 	// attempts counts every attempt made; backoffAttempts those since the
 	// delivery was created or last redelivered (the backoff's n).
 	attempts, backoffAttempts int
-	giveUpAt, createdAt       time.Time
 }
 
 // Run delivers until ctx ends; attempts in flight then end (their
@@ -259,7 +259,7 @@ func (d *Dispatcher) claim(ctx context.Context, limit int) ([]claimed, error) {
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (claimed, error) {
 		var c claimed
-		err := row.Scan(&c.eventID, &c.endpoint, &c.rule, &c.subject, &c.meter, &c.typ, &c.body, &c.attempts, &c.backoffAttempts, &c.giveUpAt, &c.createdAt)
+		err := row.Scan(&c.eventID, &c.endpoint, &c.rule, &c.subject, &c.meter, &c.typ, &c.body, &c.attempts, &c.backoffAttempts)
 		return c, err
 	})
 }
@@ -297,12 +297,19 @@ func (d *Dispatcher) attempt(ctx context.Context, w *kafka.Writer, c claimed, ho
 		st = &status
 	}
 	if err == nil {
-		if _, err := d.cfg.Pool.Exec(rctx, qDelivered, pgx.NamedArgs{"id": c.eventID, "endpoint": c.endpoint, "status": st}); err != nil {
+		// The latency is the database's: from when the delivery was
+		// written to when its delivery is recorded (none when it was no
+		// longer pending: its webhook was deleted meanwhile).
+		var took float64
+		err := d.cfg.Pool.QueryRow(rctx, qDelivered, pgx.NamedArgs{"id": c.eventID, "endpoint": c.endpoint, "status": st}).Scan(&took)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			d.log.Warn("alerts: delivered but not recorded; it will be delivered again with the same id", "err", err, "event", c.eventID)
 			return
 		}
 		d.m.deliveries.WithLabelValues(kind, "delivered").Inc()
-		d.m.latency.Observe(time.Since(c.createdAt).Seconds())
+		if err == nil {
+			d.m.latency.Observe(took)
+		}
 		return
 	}
 	backoff := d.backoff(c.backoffAttempts + 1)

@@ -59,10 +59,14 @@ type EvaluatorConfig struct {
 	// is then woken through Subscriber on another listener of the process
 	// (the API's), or only every Interval.
 	NoListen bool
-	// RetryFor is how long a delivery is retried before it is failed.
-	// Default 72h.
+	// RetryFor is how long a delivery is retried before it is failed,
+	// from when it was written, by the database's clock. Default 72h.
 	RetryFor time.Duration
-	// Clock gives the evaluation instant. Default time.Now.
+	// Clock gives the evaluation instant: the periods evaluated, the
+	// events' occurred_at and the states' changed_at. Default time.Now.
+	// The deliveries' times are the database's, which the dispatcher
+	// compares them with: a delivery is due when it is written, whatever
+	// Clock says.
 	Clock      func() time.Time
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
@@ -334,7 +338,7 @@ func (e *Evaluator) write(ctx context.Context, f quota.Fence, ts []transition, n
 			return fmt.Errorf("alerts: write events: %w", err)
 		}
 		if len(did) > 0 {
-			if _, err := tx.Exec(ctx, qInsertDeliveries, pgx.NamedArgs{"ids": did, "endpoints": dend, "at": now,
+			if _, err := tx.Exec(ctx, qInsertDeliveries, pgx.NamedArgs{"ids": did, "endpoints": dend,
 				"retry_for": e.cfg.RetryFor.Seconds()}); err != nil {
 				return fmt.Errorf("alerts: write deliveries: %w", err)
 			}

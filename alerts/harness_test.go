@@ -45,9 +45,9 @@ type env struct {
 	// shift moves Tally's clock (the ledger's, the ingest position's, the
 	// enforcer's, the evaluator's, the rules') back from the machine's to
 	// the last 12:00 UTC, so that no day or month ends while a test runs,
-	// whatever the hour it runs at. Back, not forward: the dispatcher
-	// sends a delivery once Postgres's clock reaches the evaluator's
-	// instant. Webhooks keep the machine's clock, as the dispatcher does.
+	// whatever the hour it runs at. Deliveries keep Postgres's clock
+	// (they are due when written, whatever the evaluator's), webhooks the
+	// machine's, as the dispatcher does.
 	shift time.Duration
 	skew  atomic.Int64 // the evaluator's clock from Tally's
 }
@@ -171,9 +171,6 @@ func (e *env) start(o startOptions) *tally {
 	}
 	cfg := alerts.EvaluatorConfig{Pool: e.pool, Leader: enf, Kafka: true, Clock: e.now, Logger: log, Interval: 200 * time.Millisecond, Registerer: tl.reg,
 		RetryFor: o.retryFor}
-	if o.retryFor != 0 { // from the evaluator's instant, to Postgres's clock
-		cfg.RetryFor -= e.shift
-	}
 	if tl.disp != nil {
 		cfg.Committed = tl.disp.Wake
 	}
@@ -435,4 +432,20 @@ func metric(reg *prometheus.Registry, series string) float64 {
 		}
 	}
 	return -1
+}
+
+// histogram reads the sample count and sum of a histogram without
+// labels; ok false when absent.
+func histogram(reg *prometheus.Registry, name string) (count uint64, sum float64, ok bool) {
+	mfs, err := reg.Gather()
+	if err != nil {
+		return 0, 0, false
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.GetMetric()) == 1 && mf.GetMetric()[0].Histogram != nil {
+			h := mf.GetMetric()[0].GetHistogram()
+			return h.GetSampleCount(), h.GetSampleSum(), true
+		}
+	}
+	return 0, 0, false
 }

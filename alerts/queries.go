@@ -82,10 +82,13 @@ ORDER BY o
 ON CONFLICT (id) DO NOTHING`
 
 // qInsertDeliveries adds one delivery per (event, endpoint), with the
-// event's seq (its commit order).
+// event's seq (its commit order). Its times are the database's (now(): its
+// transaction's), as are those the dispatcher compares them with: created
+// now, due now, given up @retry_for from now, whatever the evaluator's
+// clock says (the event's occurred_at).
 const qInsertDeliveries = `
 INSERT INTO alert_deliveries (event_id, endpoint, rule, subject, seq, state, next_attempt_at, give_up_at, created_at)
-SELECT e.id, d.endpoint, e.rule, e.subject, e.seq, 'pending', @at, @at::timestamptz + make_interval(secs => @retry_for), @at
+SELECT e.id, d.endpoint, e.rule, e.subject, e.seq, 'pending', now(), now() + make_interval(secs => @retry_for), now()
 FROM unnest(@ids::uuid[], @endpoints::text[]) AS d(id, endpoint)
 JOIN alert_events e ON e.id = d.id
 ON CONFLICT (event_id, endpoint) DO NOTHING`
@@ -109,14 +112,17 @@ UPDATE alert_deliveries d SET claimed_until = now() + make_interval(secs => @cla
 FROM due, alert_events e
 WHERE d.event_id = due.event_id AND d.endpoint = due.endpoint AND e.id = d.event_id
   AND d.state = 'pending' AND (d.claimed_until IS NULL OR d.claimed_until < now())
-RETURNING d.event_id, d.endpoint, d.rule, d.subject, e.meter, e.type, e.body, d.attempts, d.backoff_attempts, d.give_up_at, d.created_at`
+RETURNING d.event_id, d.endpoint, d.rule, d.subject, e.meter, e.type, e.body, d.attempts, d.backoff_attempts`
 
 const qRelease = `UPDATE alert_deliveries SET claimed_until = NULL WHERE event_id = $1 AND endpoint = $2 AND state = 'pending'`
 
+// qDelivered returns how long the delivery took, from when it was
+// written, by the database's clock.
 const qDelivered = `
 UPDATE alert_deliveries SET state = 'delivered', attempts = attempts + 1, last_attempt_at = now(), last_status = @status,
        last_error = NULL, delivered_at = now(), claimed_until = NULL
-WHERE event_id = @id AND endpoint = @endpoint AND state = 'pending'`
+WHERE event_id = @id AND endpoint = @endpoint AND state = 'pending'
+RETURNING extract(epoch FROM now() - created_at)::float8`
 
 // qAttemptFailed counts the attempt twice: in attempts (every attempt, as
 // shown) and in backoff_attempts (those since the delivery was last made
