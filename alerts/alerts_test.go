@@ -702,14 +702,7 @@ func TestDeliveryTimesAreTheDatabases(t *testing.T) {
 	}
 	e.rule("big", `{"subject":"customer:acme","meter":"calls","thresholds":[{"value":"10"}],"notify_on":["triggered"],"endpoints":["billing"]}`)
 	e.skew.Store(int64(-e.shift + time.Hour)) // the machine's clock, an hour ahead
-	dbNow := func() time.Time {
-		var now time.Time
-		if err := e.pool.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
-			t.Fatal(err)
-		}
-		return now
-	}
-	before := dbNow()
+	before := e.dbNow()
 	tl := e.start(startOptions{})
 	e.use("acme", "calls", 11)
 	waitFor(t, 10*time.Second, "the event delivered to the webhook", func() bool { return len(rec.delivered()) == 1 })
@@ -717,7 +710,7 @@ func TestDeliveryTimesAreTheDatabases(t *testing.T) {
 		n, _, _ := histogram(tl.reg, "tally_alert_delivery_seconds")
 		return n == 2
 	})
-	after := dbNow()
+	after := e.dbNow()
 	if _, sum, _ := histogram(tl.reg, "tally_alert_delivery_seconds"); sum < 0 || sum > 2*after.Sub(before).Seconds() {
 		t.Errorf("tally_alert_delivery_seconds: %v s in all for two deliveries made within %v", sum, after.Sub(before))
 	}

@@ -67,6 +67,16 @@ func newEnv(t *testing.T) *env {
 	return e
 }
 
+// dbNow is Postgres's clock (now()).
+func (e *env) dbNow() time.Time {
+	e.t.Helper()
+	var now time.Time
+	if err := e.pool.QueryRow(context.Background(), `SELECT now()`).Scan(&now); err != nil {
+		e.t.Fatal(err)
+	}
+	return now
+}
+
 // clock is Tally's clock: the ledger's, the enforcer's and the ingest
 // position's.
 func (e *env) clock() time.Time { return time.Now().Add(e.shift) }

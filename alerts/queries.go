@@ -194,11 +194,14 @@ VALUES (@name, @url, @events, @secret, @at, @at, @at)
 ON CONFLICT (name) DO UPDATE SET url = EXCLUDED.url, events = EXCLUDED.events, updated_at = EXCLUDED.updated_at
 RETURNING (xmax = 0)`
 
-// qRotateSecret: the secret replaced is the previous one (@until NULL: none).
+// qRotateSecret: the secret replaced is the previous one, until @keep_us
+// microseconds after the rotation (@keep_us NULL: none). Both times are
+// now(), the clock qWebhookSecrets reads previous_until by.
 const qRotateSecret = `
 UPDATE alert_webhooks
-SET previous_secret = CASE WHEN @until::timestamptz IS NOT NULL THEN secret END, previous_until = @until::timestamptz,
-    secret = @secret, rotated_at = @at
+SET previous_secret = CASE WHEN @keep_us::bigint IS NOT NULL THEN secret END,
+    previous_until = now() + @keep_us::bigint * interval '1 microsecond',
+    secret = @secret, rotated_at = now()
 WHERE name = @name`
 
 // qWebhookUsers is every live rule naming webhook $1 among its endpoints.

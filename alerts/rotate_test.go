@@ -19,16 +19,17 @@ func TestRotationKeepsThePreviousSecretForItsOverlap(t *testing.T) {
 	rec := newReceiver(t)
 	old := e.webhook("billing", rec.url())
 	ctx := context.Background()
-	if _, err := alerts.RotateSecret(ctx, e.pool, "billing", time.Now(), 8*24*time.Hour); len(validation.Fields(err)) != 1 || validation.Fields(err)[0].Field != "keep_previous_for" {
+	if _, err := alerts.RotateSecret(ctx, e.pool, "billing", 8*24*time.Hour); len(validation.Fields(err)) != 1 || validation.Fields(err)[0].Field != "keep_previous_for" {
 		t.Fatalf("an overlap past 7 days: %v", err)
 	}
-	before := time.Now()
-	rotated, err := alerts.RotateSecret(ctx, e.pool, "billing", before, time.Hour)
+	before := e.dbNow()
+	rotated, err := alerts.RotateSecret(ctx, e.pool, "billing", time.Hour)
 	if err != nil || rotated == old {
 		t.Fatalf("rotate: %q %v", rotated, err)
 	}
+	after := e.dbNow()
 	w, err := alerts.GetWebhook(ctx, e.pool, "billing")
-	if err != nil || w.PreviousUntil == nil || w.PreviousUntil.Sub(before) < 59*time.Minute || w.PreviousUntil.Sub(before) > time.Hour {
+	if err != nil || w.PreviousUntil == nil || w.PreviousUntil.Before(before.Add(time.Hour)) || w.PreviousUntil.After(after.Add(time.Hour)) {
 		t.Fatalf("webhook after a rotation with an overlap: %+v %v", w, err)
 	}
 	e.quota("acme", "calls", 100)
@@ -43,7 +44,7 @@ func TestRotationKeepsThePreviousSecretForItsOverlap(t *testing.T) {
 		}
 	}
 
-	latest, err := alerts.RotateSecret(ctx, e.pool, "billing", time.Now(), 0)
+	latest, err := alerts.RotateSecret(ctx, e.pool, "billing", 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,6 +60,39 @@ func TestRotationKeepsThePreviousSecretForItsOverlap(t *testing.T) {
 	for name, secret := range map[string]string{"first": old, "second": rotated} {
 		if alerts.Verify(secret, second.sig, second.body, second.at, time.Minute) == nil {
 			t.Errorf("after a rotation without an overlap, the %s secret still verifies", name)
+		}
+	}
+}
+
+// TestRotationOverlapIsThePostgresClocks: a rotation's time and the end of
+// its overlap are Postgres's, the clock the dispatcher signs by, whatever
+// the clock of the host that asked for it: the previous secret signs
+// beside the new one until keep_previous_for after the rotation was
+// written.
+func TestRotationOverlapIsThePostgresClocks(t *testing.T) {
+	e := newEnv(t)
+	rec := newReceiver(t)
+	old := e.webhook("billing", rec.url())
+	ctx := context.Background()
+	before := e.dbNow()
+	rotated, err := alerts.RotateSecret(ctx, e.pool, "billing", 30*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := e.dbNow()
+	w, err := alerts.GetWebhook(ctx, e.pool, "billing")
+	if err != nil || w.RotatedAt.Before(before) || w.RotatedAt.After(after) || w.PreviousUntil == nil || !w.PreviousUntil.Equal(w.RotatedAt.Add(30*time.Minute)) {
+		t.Errorf("rotated at %v, previous secret valid until %v; want rotated by Postgres's clock (%v to %v), the previous secret 30m more: %v",
+			w.RotatedAt, w.PreviousUntil, before, after, err)
+	}
+	e.rule("big", `{"subject":"customer:acme","meter":"calls","thresholds":[{"value":"10"}],"notify_on":["triggered"],"endpoints":["billing"]}`)
+	e.start(startOptions{})
+	e.use("acme", "calls", 11)
+	waitFor(t, 10*time.Second, "delivered", func() bool { return len(rec.delivered()) == 1 })
+	q := rec.delivered()[0]
+	for name, secret := range map[string]string{"previous": old, "new": rotated} {
+		if err := alerts.Verify(secret, q.sig, q.body, q.at, time.Minute); err != nil {
+			t.Errorf("during the overlap, the %s secret: %v (%s)", name, err, q.sig)
 		}
 	}
 }

@@ -68,7 +68,7 @@ func TestRuleEndpointsMustExistAndVersionsGrow(t *testing.T) {
 	if _, again, created, _ := alerts.PutWebhook(ctx, pool, alerts.WebhookInput{Name: "ops", URL: "https://hooks.example.com/y"}, time.Now()); again != "" || created {
 		t.Fatalf("an update showed the secret again or said created")
 	}
-	rotated, err := alerts.RotateSecret(ctx, pool, "ops", time.Now(), 0)
+	rotated, err := alerts.RotateSecret(ctx, pool, "ops", 0)
 	if err != nil || rotated == secret {
 		t.Fatalf("rotate: %q %v", rotated, err)
 	}

@@ -202,8 +202,10 @@ const MaxKeepPrevious = 7 * 24 * time.Hour
 // Deliveries from then on are signed with it and, for keepPrevious (0 to
 // MaxKeepPrevious), also with the secret it replaces, so a receiver can
 // switch to the new secret without refusing a delivery. A secret replaced
-// during an earlier overlap stops signing at once.
-func RotateSecret(ctx context.Context, db DBTX, name string, now time.Time, keepPrevious time.Duration) (string, error) {
+// during an earlier overlap stops signing at once. The rotation's time
+// and the end of its overlap are Postgres's (now()), the clock the
+// dispatcher signs by, whatever the caller's clock says.
+func RotateSecret(ctx context.Context, db DBTX, name string, keepPrevious time.Duration) (string, error) {
 	if keepPrevious < 0 || keepPrevious > MaxKeepPrevious {
 		return "", validation.Errorf("keep_previous_for", "must be between 0 and %v, not %v", MaxKeepPrevious, keepPrevious)
 	}
@@ -211,12 +213,12 @@ func RotateSecret(ctx context.Context, db DBTX, name string, now time.Time, keep
 	if err != nil {
 		return "", err
 	}
-	var until *time.Time
+	var keep *int64
 	if keepPrevious > 0 {
-		u := now.UTC().Add(keepPrevious).Truncate(time.Microsecond)
-		until = &u
+		k := keepPrevious.Microseconds()
+		keep = &k
 	}
-	tag, err := db.Exec(ctx, qRotateSecret, pgx.NamedArgs{"name": name, "secret": s, "at": now.UTC(), "until": until})
+	tag, err := db.Exec(ctx, qRotateSecret, pgx.NamedArgs{"name": name, "secret": s, "keep_us": keep})
 	if err != nil {
 		return "", fmt.Errorf("alerts: rotate secret: %w", err)
 	}

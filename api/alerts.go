@@ -233,7 +233,7 @@ func (a *API) rotateWebhookSecret(w http.ResponseWriter, r *http.Request) error 
 	if err := decodeOptionalJSON(r, &in); err != nil {
 		return err
 	}
-	secret, err := alerts.RotateSecret(r.Context(), a.pool, name, a.now(), time.Duration(in.KeepPreviousFor.Duration))
+	secret, err := alerts.RotateSecret(r.Context(), a.pool, name, time.Duration(in.KeepPreviousFor.Duration))
 	if err != nil {
 		return alertsProblem(err)
 	}

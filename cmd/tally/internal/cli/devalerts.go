@@ -66,7 +66,7 @@ func devAlerts(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) error 
 	if _, _, _, err := alerts.PutWebhook(ctx, pool, alerts.WebhookInput{Name: devWebhookName, URL: url, AllowPrivate: true}, now); err != nil {
 		return err
 	}
-	s, err := alerts.RotateSecret(ctx, pool, devWebhookName, now, 0) // this run's receiver knows this one
+	s, err := alerts.RotateSecret(ctx, pool, devWebhookName, 0) // this run's receiver knows this one
 	if err != nil {
 		return err
 	}
