@@ -397,7 +397,9 @@ type RateBudget struct {
 
 // qRateBudgets lists the rate buckets of @scopes with their state now.
 // A budget no grant has drawn on yet has no bucket row: it is listed
-// full at its burst, as the first grant creates it.
+// full at its burst, as the first grant creates it. The bucket's tokens
+// and rule are Postgres's clock (now()), as they are refilled; its grants
+// are live or stranded by the Store's (@now), which wrote their reclaim_at.
 const qRateBudgets = `
 WITH c AS (
     SELECT scope, meter FROM admission_rate_buckets WHERE scope = ANY(@scopes::text[])
@@ -407,9 +409,9 @@ WITH c AS (
 SELECT c.scope, c.meter, r.amount::text, (r.per_us / 1000)::bigint, r.burst::text,
        coalesce(admission_rate_tokens_at(b.scope, b.meter, b.tokens, b.refilled_at, now()), r.burst)::text,
        coalesce((SELECT sum(g.amount) FROM admission_rate_draws d JOIN admission_grants g ON g.id = d.grant_id
-                 WHERE (d.scope, d.meter) = (c.scope, c.meter) AND g.ended_at IS NULL AND g.reclaim_at > now()), 0)::text,
+                 WHERE (d.scope, d.meter) = (c.scope, c.meter) AND g.ended_at IS NULL AND g.reclaim_at > @now), 0)::text,
        coalesce((SELECT sum(g.amount - g.spent) FROM admission_rate_draws d JOIN admission_grants g ON g.id = d.grant_id
-                 WHERE (d.scope, d.meter) = (c.scope, c.meter) AND g.ended_at IS NULL AND g.reclaim_at <= now()), 0)::text,
+                 WHERE (d.scope, d.meter) = (c.scope, c.meter) AND g.ended_at IS NULL AND g.reclaim_at <= @now), 0)::text,
        coalesce(b.taken, 0)::text, coalesce(b.returned, 0)::text, coalesce(b.refused, 0)
 FROM c
 JOIN LATERAL admission_rate_rule_in_force(c.scope, c.meter, now()) r ON true
@@ -419,7 +421,7 @@ ORDER BY c.scope, c.meter`
 // RateBudgets lists the rate budgets of scopes ("customer:<id>",
 // "pool:<name>", "global") whose rule in force is a rate.
 func (s *Store) RateBudgets(ctx context.Context, scopes ...string) ([]RateBudget, error) {
-	rows, err := s.db.Query(ctx, qRateBudgets, pgnamed.Args{"scopes": scopes})
+	rows, err := s.db.Query(ctx, qRateBudgets, pgnamed.Args{"scopes": scopes, "now": s.now()})
 	if err != nil {
 		return nil, fmt.Errorf("admission: read rate budgets: %w", err)
 	}
@@ -449,17 +451,18 @@ func (s *Store) RateBudgets(ctx context.Context, scopes ...string) ([]RateBudget
 	return out, nil
 }
 
-// qCustomerScopes are the budget scopes a customer draws from now: its
-// own, its pools' and global.
+// qCustomerScopes are the budget scopes a customer draws from at @now
+// (the Store's clock, which membership was written and issuing reads it
+// by): its own, its pools' and global.
 const qCustomerScopes = `
 SELECT 'customer:' || @customer::text UNION SELECT 'global'
 UNION SELECT 'pool:' || m.pool FROM pool_members m
-      WHERE m.customer = @customer AND m.joined_at <= now() AND (m.left_at IS NULL OR m.left_at > now())`
+      WHERE m.customer = @customer AND m.joined_at <= @now AND (m.left_at IS NULL OR m.left_at > @now)`
 
 // RateBudgetsOf lists the rate budgets a customer draws from: its own,
 // its pools' and the global one.
 func (s *Store) RateBudgetsOf(ctx context.Context, customer string) ([]RateBudget, error) {
-	rows, err := s.db.Query(ctx, qCustomerScopes, pgnamed.Args{"customer": customer})
+	rows, err := s.db.Query(ctx, qCustomerScopes, pgnamed.Args{"customer": customer, "now": s.now()})
 	if err != nil {
 		return nil, fmt.Errorf("admission: read rate budgets: %w", err)
 	}

@@ -3,6 +3,8 @@ package admission_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +14,7 @@ import (
 
 	"github.com/tally-ledger/tally/admission"
 	"github.com/tally-ledger/tally/internal/pgtest"
+	"github.com/tally-ledger/tally/pools"
 	"github.com/tally-ledger/tally/quota"
 )
 
@@ -347,5 +350,45 @@ func TestMoreThanTheBurstIsNeverRetried(t *testing.T) {
 	_, err = e.issueRate("gw1", "acme", "10")
 	if ex := exhaustedBy(t, err, "customer:acme/calls"); ex.RetryAfter <= 0 || ex.Burst.Valid {
 		t.Fatalf("10 with 5 left of a burst of 20: %v (burst %v)", ex, ex.Burst)
+	}
+}
+
+// TestRateBudgetsReadTheStoresClock: a rate budget lists its grants as
+// live or stranded, and a customer's rate budgets include its pools', by
+// the clock the Store wrote them with (a grant's reclaim_at, a member's
+// joined_at), as issuing does: with the Store's clock an hour ahead of
+// Postgres's, a grant past its reclaim is stranded, and a customer that
+// joined a pool lists the pool's rate budget it draws from.
+func TestRateBudgetsReadTheStoresClock(t *testing.T) {
+	pool := pgtest.New(t)
+	s, err := admission.New(pool, admission.Config{Now: func() time.Time { return time.Now().Add(time.Hour) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, pool: pool, store: s}
+	ctx := context.Background()
+	e.rateRule("customer:acme", "calls", "1", "1h", "10", 100*time.Millisecond, time.Time{})
+	e.rateRule("pool:team", "calls", "1", "1h", "10", 100*time.Millisecond, time.Time{})
+	if _, err := e.store.PutPool(ctx, pools.PutInput{Name: "team", Members: []string{"acme"}, Actor: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	g, err := e.issueRate("gw1", "acme", "4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := g.Budgets; !slices.Equal(got, []string{"customer:acme", "pool:team"}) {
+		t.Fatalf("the grant drew from %v, want acme's and team's rate budgets", got)
+	}
+	time.Sleep(time.Until(g.ReclaimAt.Add(-time.Hour)) + 50*time.Millisecond) // reclaimed by the Store's clock
+	bs, err := e.store.RateBudgetsOf(ctx, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, b := range bs {
+		got = append(got, fmt.Sprintf("%s live %s stranded %s", b.Scope, b.Live, b.Stranded))
+	}
+	if want := []string{"customer:acme live 0 stranded 4", "pool:team live 0 stranded 4"}; !slices.Equal(got, want) {
+		t.Fatalf("rate budgets of acme %q, want %q", got, want)
 	}
 }
