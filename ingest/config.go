@@ -50,8 +50,9 @@ type Config struct {
 	// Registry receives the consumer's Prometheus metrics. Default: a
 	// private registry nobody scrapes. Never the global one.
 	Registry prometheus.Registerer
-	// Clock is used for applied-through times and dead-letter timestamps.
-	// Default time.Now.
+	// Clock is used for applied-through times, dead-letter timestamps and
+	// the times in the stall's log lines (a partition's retrying_since is
+	// Postgres's clock, which its state is judged by). Default time.Now.
 	Clock func() time.Time
 
 	// MaxBatchRecords bounds a micro-batch by records (a message is never

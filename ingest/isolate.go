@@ -250,7 +250,7 @@ type stall struct {
 // line once the run passes StallAfter, and (best effort, outside the failed
 // transaction) the partition's retrying_since and last_error for the API.
 func (p *partition) retrying(ctx context.Context, b *microBatch, err error, attempt int) {
-	now := time.Now()
+	now := p.c.cfg.Clock()
 	if p.stall.since.IsZero() {
 		p.stall.since = now
 	}
@@ -274,7 +274,10 @@ func (p *partition) retrying(ctx context.Context, b *microBatch, err error, atte
 	defer cancel()
 	msg := strings.ReplaceAll(strings.ToValidUTF8(err.Error(), "\uFFFD"), "\x00", `\u0000`)
 	args := p.leaseArgs()
-	args["from"], args["since"], args["error"] = b.from, p.stall.since.UTC(), msg
+	// retrying_since is read against Postgres's clock (a partition is
+	// stalled StallAfter after it by now()), so it is written by that
+	// clock: the run's length, not this host's time.
+	args["from"], args["retrying_us"], args["error"] = b.from, now.Sub(p.stall.since).Microseconds(), msg
 	if _, werr := p.c.cfg.Pool.Exec(wctx, qNoteRetrying, args); werr != nil {
 		p.log.Debug("cannot record the retrying state", "err", werr)
 	}

@@ -307,3 +307,50 @@ func TestBisectionOfAFullMicroBatch(t *testing.T) {
 	t.Logf("%d messages in one micro-batch: caught up in %v with nothing refused, %v with the message at offset %d refused and isolated",
 		n, clean.Round(time.Millisecond), poisoned.Round(time.Millisecond), bad)
 }
+
+// TestRetryingSinceIsTheDatabases: a partition's retrying_since is
+// compared with Postgres's clock (a partition is stalled once it is
+// StallAfter old by now()), so it is written by that clock: an ingest
+// host whose clock is an hour behind the database's shows a partition
+// that has just started failing as retrying, not stalled, and /readyz
+// does not fail for it before StallAfter.
+func TestRetryingSinceIsTheDatabases(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, 1)
+	ctx := context.Background()
+	_, err := e.pool.Exec(ctx, `
+CREATE FUNCTION test_disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'could not extend file: No space left on device' USING ERRCODE = '53100';
+END $$;
+CREATE TRIGGER test_disk_full BEFORE INSERT ON records FOR EACH ROW WHEN (NEW.meter = 'disk_full') EXECUTE FUNCTION test_disk_full();`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(12, 13))
+	full := &streamModel{producer: "gw-1", epoch: 1, customer: "cust-full", meter: "disk_full"}
+	e.kafka.ProduceTo(t, topic, 0, encode(t, full.next(rng, 1)))
+	var before time.Time
+	if err := e.pool.QueryRow(ctx, `SELECT now()`).Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	m := e.start(func(c *ingest.Config) { c.Clock = func() time.Time { return time.Now().Add(-time.Hour) } })
+	defer m.Stop(t)
+	var st []ingest.PartitionStatus
+	err = eventually(30*time.Second, func() error {
+		if st, err = ingest.Status(ctx, e.pool, topic); err != nil {
+			return err
+		}
+		if len(st) == 0 || st[0].RetryingSince == nil {
+			return fmt.Errorf("status %+v", st)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("the failure is not visible: %v", err)
+	}
+	if s := st[0]; s.State != "retrying" || s.RetryingSince.Before(before) {
+		t.Fatalf("a partition failing for under %v: state %q, retrying since %v (the database's clock read %v before ingest started)",
+			ingest.StallAfter, s.State, s.RetryingSince, before)
+	}
+}

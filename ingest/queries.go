@@ -38,11 +38,13 @@ const qStoredOffsets = `SELECT topic, partition, next_offset FROM ingest_partiti
 
 // qNoteRetrying records, outside the failing transaction, that the
 // partition's micro-batch at next offset @from keeps failing; the next
-// commit clears it. Only the lease holder writes it.
+// commit clears it. retrying_since is Postgres's clock less how long the
+// run of failures has lasted (@retrying_us), the clock qSelectStatus judges
+// it by. Only the lease holder writes it.
 const qNoteRetrying = `
 WITH lease AS (` + qLeaseHeld + `)
 UPDATE ingest_partitions
-SET retrying_since = coalesce(retrying_since, @since),
+SET retrying_since = coalesce(retrying_since, now() - @retrying_us::bigint * interval '1 microsecond'),
     last_error     = @error
 WHERE topic = @topic AND partition = @partition AND next_offset = @from AND EXISTS (SELECT 1 FROM lease)`
 
