@@ -206,12 +206,15 @@ func checkHolder(holder string, generation int64) []error {
 // MinTTL is the shortest a grant may be asked to live.
 const MinTTL = time.Millisecond
 
+// TTLRange is the range of a grant's ttl, as its refusal states it.
+var TTLRange = "whole microseconds from " + quota.FormatDuration(MinTTL) + " to " + quota.FormatDuration(MaxTTL)
+
 // checkTTL refuses a ttl (0: the default) shorter than MinTTL, longer than
 // MaxTTL, or finer than the microsecond Tally keeps times to (a grant's
 // answer would name a valid_until it does not store).
 func checkTTL(ttl time.Duration) []error {
 	if ttl != 0 && (ttl < MinTTL || ttl > MaxTTL || ttl%time.Microsecond != 0) {
-		return []error{&FieldError{Field: "ttl", Detail: fmt.Sprintf("%v must be whole microseconds, from %v to %v", ttl, MinTTL, MaxTTL)}}
+		return []error{&FieldError{Field: "ttl", Detail: quota.FormatDuration(ttl) + " must be " + TTLRange}}
 	}
 	return nil
 }

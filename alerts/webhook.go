@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tally-ledger/tally/internal/ids"
+	"github.com/tally-ledger/tally/quota"
 	"github.com/tally-ledger/tally/validation"
 )
 
@@ -207,7 +208,7 @@ const MaxKeepPrevious = 7 * 24 * time.Hour
 // dispatcher signs by, whatever the caller's clock says.
 func RotateSecret(ctx context.Context, db DBTX, name string, keepPrevious time.Duration) (string, error) {
 	if keepPrevious < 0 || keepPrevious > MaxKeepPrevious {
-		return "", validation.Errorf("keep_previous_for", "must be between 0 and %v, not %v", MaxKeepPrevious, keepPrevious)
+		return "", validation.Errorf("keep_previous_for", "%s must be from 0s to %s", quota.FormatDuration(keepPrevious), quota.FormatDuration(MaxKeepPrevious))
 	}
 	s, err := newSecret()
 	if err != nil {

@@ -88,7 +88,7 @@ type reportBody struct {
 }
 
 // ttlRule is the range of a grant's ttl (admission's checkTTL).
-var ttlRule = fmt.Sprintf("whole microseconds, from %v to %v", admission.MinTTL, admission.MaxTTL)
+var ttlRule = admission.TTLRange
 
 // besides is p, a problem of one field the handler checks itself, with
 // the fields at fault in err, the request's own validation, after it: a

@@ -201,7 +201,7 @@ func TestGrantTTLIsWholeMicroseconds(t *testing.T) {
 		return map[string]any{"holder": "gw1", "generation": 1, "customer": "acme", "meter": "tokens", "amount": "1", "ttl": ttl}
 	}
 	for _, bad := range []string{"1ns", "999us", "30.0000014s"} {
-		f.do("POST", "/v1/grants", gw1, grant(bad)).fieldProblem(t, "ttl", "whole microseconds, from 1ms")
+		f.do("POST", "/v1/grants", gw1, grant(bad)).fieldProblem(t, "ttl", "whole microseconds from 1ms")
 	}
 	r := f.do("POST", "/v1/grants", gw1, grant("30.000001s"))
 	if r.status != 201 {
@@ -218,5 +218,5 @@ func TestGrantTTLIsWholeMicroseconds(t *testing.T) {
 	if issued["valid_until"] != stored {
 		t.Fatalf("valid_until answered %v, stored %v", issued["valid_until"], stored)
 	}
-	f.do("POST", "/v1/grants/"+id+"/renew", gw1, map[string]any{"holder": "gw1", "generation": 1, "spent": "0", "ttl": "1ns"}).fieldProblem(t, "ttl", "whole microseconds, from 1ms")
+	f.do("POST", "/v1/grants/"+id+"/renew", gw1, map[string]any{"holder": "gw1", "generation": 1, "spent": "0", "ttl": "1ns"}).fieldProblem(t, "ttl", "whole microseconds from 1ms")
 }

@@ -3,7 +3,6 @@ package api
 import (
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"time"
 	"unicode/utf8"
@@ -203,7 +202,7 @@ type scopeRuleBody struct {
 }
 
 // maxSkewRule is the range of a rate rule's max_skew (quota's).
-var maxSkewRule = fmt.Sprintf("whole milliseconds from %s to %s", quota.FormatDuration(quota.MinRuleMaxSkew), quota.FormatDuration(quota.MaxRuleMaxSkew))
+var maxSkewRule = quota.MaxSkewRange
 
 func (a *API) putPoolQuota(w http.ResponseWriter, r *http.Request) error {
 	name := chi.URLParam(r, "name")

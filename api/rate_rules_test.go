@@ -148,3 +148,95 @@ func TestRateBudgetsListedBeforeTheFirstGrant(t *testing.T) {
 		t.Errorf("globex's rate budgets %v, want global's alone", items)
 	}
 }
+
+// Every duration of a rule or a grant that is refused says which value,
+// and the range the field takes, on the field at fault; one given as zero
+// where leaving it out means a default says so too. A customer's rule's
+// max_skew "0s" was refused as "must be positive" (a pool's or the global
+// rule's named the range), as were rate.per and stale_after "0s";
+// stale_after "-1s" was "is negative", without a range; and local_every
+// "0s" on a rule without on_unreachable "local" passed as if left out.
+func TestDurationRefusalsNameTheFieldAndItsRange(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.putPool("team", "acme")
+	const (
+		skewRange = "whole milliseconds from 100ms to 10m"
+		perRange  = "whole milliseconds from 1ms to 24h"
+		secsRange = `whole seconds, 1s or more, such as "1m"`
+		ttlRange  = "whole microseconds from 1ms to 1h"
+	)
+	want := func(value, rng, field string, hasDefault bool) string {
+		d := value + " must be " + rng
+		if hasDefault {
+			d += "; leave " + field + " out (or null) for the default"
+		}
+		return d
+	}
+	rate := func(per any) map[string]any { return map[string]any{"amount": "1", "per": per, "burst": "2"} }
+	type check struct {
+		method, path string
+		body         map[string]any
+		field, want  string
+	}
+	var checks []check
+	for _, path := range []string{"/v1/customers/acme/quotas/calls", "/v1/pools/team/quotas/calls", "/v1/global/quotas/calls"} {
+		for _, c := range []struct {
+			v    any
+			show string
+		}{{"0s", "0s"}, {0, "0s"}, {"-1s", "-1s"}, {"50ms", "50ms"}, {"11m", "11m"}, {"100500us", "100.5ms"}} {
+			checks = append(checks, check{"PUT", path, map[string]any{"rate": rate("1s"), "admission": "exact", "max_skew": c.v},
+				"max_skew", want(c.show, skewRange, "max_skew", c.show == "0s")})
+		}
+		for _, c := range []struct {
+			v    any
+			show string
+		}{{"0s", "0s"}, {0, "0s"}, {"-1s", "-1s"}, {"500us", "500µs"}, {"25h", "25h"}, {"1500us", "1.5ms"}} {
+			checks = append(checks, check{"PUT", path, map[string]any{"rate": rate(c.v), "admission": "exact"},
+				"rate.per", want(c.show, perRange, "", false)})
+		}
+		checks = append(checks, check{"PUT", path, map[string]any{"limit": "10", "admission": "exact", "max_skew": "0s"},
+			"max_skew", want("0s", skewRange, "max_skew", true)})
+	}
+	for _, c := range []struct {
+		v    any
+		show string
+	}{{"0s", "0s"}, {0, "0s"}, {"-1s", "-1s"}, {"1500ms", "1.5s"}} {
+		checks = append(checks, check{"PUT", "/v1/customers/acme/quotas/calls", map[string]any{"limit": "10", "stale_after": c.v},
+			"stale_after", want(c.show, secsRange, "stale_after", c.show == "0s")})
+		checks = append(checks, check{"PUT", "/v1/customers/acme/quotas/calls", map[string]any{"limit": "10", "admission": "exact",
+			"on_unreachable": "local", "local_amount": "5", "local_every": c.v}, "local_every", want(c.show, secsRange, "", false)})
+	}
+	checks = append(checks, check{"PUT", "/v1/customers/acme/quotas/calls", map[string]any{"limit": "10", "admission": "exact",
+		"local_every": "0s"}, "local_every", want("0s", secsRange, "", false)})
+	for _, c := range []struct {
+		v    any
+		show string
+	}{{"0s", "0s"}, {"-1s", "-1s"}, {"2h", "2h"}, {"500ns", "500ns"}} {
+		checks = append(checks, check{"POST", "/v1/grants", map[string]any{"holder": "gw1", "generation": 1, "customer": "acme",
+			"meter": "calls", "amount": "1", "ttl": c.v}, "ttl", want(c.show, ttlRange, "ttl", c.show == "0s")})
+	}
+	if r := f.do("PUT", "/v1/webhooks/ops", adminToken, map[string]any{"url": "https://hooks.example.com/t"}); r.status != 201 {
+		t.Fatalf("webhook: %d %s", r.status, r.body)
+	}
+	for _, v := range []string{"-1s", "169h"} {
+		checks = append(checks, check{"POST", "/v1/webhooks/ops/rotate-secret", map[string]any{"keep_previous_for": v},
+			"keep_previous_for", want(v, "from 0s to 168h", "", false)})
+	}
+	gw := f.gatewayToken("gw1")
+	for _, c := range checks {
+		token := adminToken
+		if c.path == "/v1/grants" {
+			token = gw
+		}
+		r := f.do(c.method, c.path, token, c.body)
+		if r.status != 400 {
+			t.Errorf("%s %s %v: %d %s, want 400", c.method, c.path, c.body, r.status, r.body)
+			continue
+		}
+		p := r.problem(t, 400, api.TypeInvalidRequest)
+		if len(p.Errors) != 1 || p.Errors[0].Field != c.field || p.Errors[0].Detail != c.want {
+			t.Errorf("%s %s %v: errors %+v, want %s: %q", c.method, c.path, c.body, p.Errors, c.field, c.want)
+		}
+	}
+}

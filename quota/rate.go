@@ -91,7 +91,7 @@ func DecodeRate(raw json.RawMessage) (*Rate, []error) {
 	} else if err := r.Per.UnmarshalJSON(p.Per); err != nil {
 		errs = append(errs, validation.Errorf("rate.per", "%v", err))
 	} else if r.Per == 0 {
-		errs = append(errs, validation.Errorf("rate.per", "must be positive"))
+		errs = append(errs, durationOutOfRange("rate.per", 0, RatePerRange))
 	}
 	return &r, errs
 }
@@ -111,7 +111,7 @@ func (r Rate) problems() []error {
 	}
 	per := time.Duration(r.Per)
 	if per < MinRatePer || per > MaxRatePer || per%time.Millisecond != 0 {
-		errs = append(errs, validation.Errorf("rate.per", "%s must be whole milliseconds from %s to %s", FormatDuration(per), MinRatePer, FormatDuration(MaxRatePer)))
+		errs = append(errs, durationOutOfRange("rate.per", per, RatePerRange))
 	}
 	return errs
 }
@@ -134,7 +134,7 @@ func rateProblems(rate *Rate, limitSet bool, admission Admission, maxSkew time.D
 		errs = append(errs, validation.Errorf("admission", "a rate rule is admitted through grants: it must be %q", Exact))
 	}
 	if maxSkew != 0 && (maxSkew < MinRuleMaxSkew || maxSkew > MaxRuleMaxSkew || maxSkew%time.Millisecond != 0) {
-		errs = append(errs, validation.Errorf("max_skew", "%s must be whole milliseconds from %s to %s", FormatDuration(maxSkew), FormatDuration(MinRuleMaxSkew), FormatDuration(MaxRuleMaxSkew)))
+		errs = append(errs, durationOutOfRange("max_skew", maxSkew, MaxSkewRange))
 	}
 	return errs
 }

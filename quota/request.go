@@ -83,7 +83,12 @@ func (p PutRequest) Input(customer, meter, actor string) (RuleInput, error) {
 		}
 	}
 	if p.LocalEvery != nil {
-		in.LocalEvery = time.Duration(*p.LocalEvery)
+		// local_every has no default: zero given is refused, not read as
+		// left out (which would pass on a rule without on_unreachable
+		// "local").
+		if in.LocalEvery = time.Duration(*p.LocalEvery); in.LocalEvery == 0 {
+			errs = append(errs, durationOutOfRange("local_every", 0, SecondsRange))
+		}
 	}
 	hasRate := given(p.Rate)
 	if hasRate {
@@ -94,7 +99,7 @@ func (p PutRequest) Input(customer, meter, actor string) (RuleInput, error) {
 	if p.MaxSkew != nil {
 		in.MaxSkew = time.Duration(*p.MaxSkew)
 		if in.MaxSkew == 0 {
-			errs = append(errs, validation.Errorf("max_skew", "must be positive"))
+			errs = append(errs, zeroForDefault("max_skew", MaxSkewRange))
 		}
 	}
 	switch {
@@ -119,7 +124,7 @@ func (p PutRequest) Input(customer, meter, actor string) (RuleInput, error) {
 	if p.StaleAfter != nil {
 		in.StaleAfter = time.Duration(*p.StaleAfter)
 		if in.StaleAfter == 0 {
-			errs = append(errs, validation.Errorf("stale_after", "must be positive"))
+			errs = append(errs, zeroForDefault("stale_after", SecondsRange))
 		}
 	}
 	if p.EffectiveAt != nil {

@@ -194,10 +194,8 @@ func (in RuleInput) problems() []error {
 	default:
 		bad("on_stale", "%q must be %q or %q", in.OnStale, Allow, Deny)
 	}
-	if in.StaleAfter < 0 {
-		bad("stale_after", "%v is negative", in.StaleAfter)
-	} else if in.StaleAfter%time.Second != 0 {
-		bad("stale_after", "%v is not a whole number of seconds", in.StaleAfter)
+	if in.StaleAfter < 0 || in.StaleAfter%time.Second != 0 {
+		errs = append(errs, durationOutOfRange("stale_after", in.StaleAfter, SecondsRange))
 	}
 	switch in.Admission {
 	case "", Lagged, Exact:
@@ -221,8 +219,11 @@ func (in RuleInput) problems() []error {
 		} else if err := amount.Check(in.LocalAmount.Decimal); err != nil {
 			bad("local_amount", "%v", err)
 		}
-		if in.LocalEvery <= 0 || in.LocalEvery%time.Second != 0 {
-			bad("local_every", "a positive duration of whole seconds, such as \"1m\", is required with on_unreachable %q", UnreachableLocal)
+		switch {
+		case in.LocalEvery == 0:
+			bad("local_every", "is required with on_unreachable %q: %s", UnreachableLocal, SecondsRange)
+		case in.LocalEvery < 0 || in.LocalEvery%time.Second != 0:
+			errs = append(errs, durationOutOfRange("local_every", in.LocalEvery, SecondsRange))
 		}
 	default:
 		bad("on_unreachable", "%q must be %q, %q or %q", in.OnUnreachable, UnreachableDeny, UnreachableLocal, UnreachableAllow)
