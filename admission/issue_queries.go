@@ -367,25 +367,44 @@ const poolRowsNow = `(SELECT scope, meter, period_start, period_end FROM admissi
 // qAdoptPoolGrants is adoptGrants for a pool's rows after a join.
 const qAdoptPoolGrants = adoptGrants + poolRowsNow + adoptGrantsTail
 
+// scopeRowGrants are the ids of the grants a scope row t counts once it is
+// brought (qAdoptScopeGrants): those that drew from it, and its members'
+// grants of the period.
+const scopeRowGrants = `
+SELECT d.grant_id FROM admission_grant_draws d WHERE (d.scope, d.meter, d.period_start) = (t.scope, t.meter, t.period_start)
+UNION
+SELECT g.id FROM (` + scopeMembers + `) c
+JOIN admission_grants g ON g.customer = c.customer AND g.meter = c.meter AND g.issued_at >= c.lo AND g.issued_at < c.hi`
+
 // qScopeBudgets lists a scope's budgets with what is live and stranded,
-// with the limit and version of the rule in force (as qBudgets); and, for
-// each meter whose exact rule in force has no row in the current period
-// (@lo, @hi, @period: no grant was issued under it yet), the row its first
-// grant will create and bring (qEnsureScopeBudgets, qBringScopeBudgets),
-// written nowhere: the rule's limit and version, what the period already
-// consumed, and the grants it will adopt (qAdoptScopeGrants) as live or
-// stranded.
+// with the limit and version of the rule in force (as qBudgets). A row
+// last brought to another version than that exact rule's shows what
+// bringing it would (qAdoptScopeGrants, qBringScopeBudgets): at least
+// what its period consumed, and its members' grants as live or stranded.
+// For each meter whose exact rule in force has no row in the current
+// period (@lo, @hi, @period: no grant was issued under it yet), it lists
+// the row its first grant will create and bring (qEnsureScopeBudgets),
+// the same way, with the rule's limit and version. Nothing is written.
 const qScopeBudgets = `
 (SELECT s.scope, s.meter, s.period, s.period_start, s.period_end,
-        ` + scopeLimitAndVersion + `, s.consumed,
-        coalesce((SELECT sum(g.amount) FROM admission_grant_draws d JOIN admission_grants g ON g.id = d.grant_id
-                  WHERE (d.scope, d.meter, d.period_start) = (s.scope, s.meter, s.period_start)
-                    AND g.ended_at IS NULL AND g.reclaim_at > @now), 0),
-        coalesce((SELECT sum(g.amount - g.spent) FROM admission_grant_draws d JOIN admission_grants g ON g.id = d.grant_id
-                  WHERE (d.scope, d.meter, d.period_start) = (s.scope, s.meter, s.period_start)
-                    AND g.ended_at IS NULL AND g.reclaim_at <= @now), 0)
+        ` + scopeLimitAndVersion + `,
+        CASE WHEN t.behind THEN GREATEST(s.consumed, ` + scopeConsumption + `) ELSE s.consumed END,
+        CASE WHEN t.behind
+             THEN coalesce((SELECT sum(g.amount) FROM admission_grants g
+                            WHERE g.id IN (` + scopeRowGrants + `) AND g.ended_at IS NULL AND g.reclaim_at > @now), 0)
+             ELSE coalesce((SELECT sum(g.amount) FROM admission_grant_draws d JOIN admission_grants g ON g.id = d.grant_id
+                            WHERE (d.scope, d.meter, d.period_start) = (s.scope, s.meter, s.period_start)
+                              AND g.ended_at IS NULL AND g.reclaim_at > @now), 0) END,
+        CASE WHEN t.behind
+             THEN coalesce((SELECT sum(g.amount - g.spent) FROM admission_grants g
+                            WHERE g.id IN (` + scopeRowGrants + `) AND g.ended_at IS NULL AND g.reclaim_at <= @now), 0)
+             ELSE coalesce((SELECT sum(g.amount - g.spent) FROM admission_grant_draws d JOIN admission_grants g ON g.id = d.grant_id
+                            WHERE (d.scope, d.meter, d.period_start) = (s.scope, s.meter, s.period_start)
+                              AND g.ended_at IS NULL AND g.reclaim_at <= @now), 0) END
  FROM admission_scope_budgets s
  LEFT JOIN LATERAL quota_scope_rule_in_force(s.scope, s.meter, least(@now::timestamptz, s.period_end - interval '1 microsecond')) r ON true
+ CROSS JOIN LATERAL (SELECT s.scope, s.meter, s.period_start, s.period_end,
+                            coalesce(r.admission = 'exact' AND r."limit" IS NOT NULL AND s.rule_version <> r.version, false) AS behind) t
  WHERE s.scope = @scope)
 UNION ALL
 (SELECT t.scope, t.meter, @period::text, t.period_start, t.period_end, t.lim, t.version, ` + scopeConsumption + `, d.live, d.stranded

@@ -142,25 +142,33 @@ const (
 
 // qBudgets lists a customer's budgets with what is live, stranded and
 // bypassed, newest period first, with the limit and version of the rule
-// in force (budgetLimitAndVersion); and, for each meter whose exact rule
-// in force has no row brought in the current period (@lo, @hi, @period:
-// no grant was issued under it yet), the row its first grant will bring
-// (qBringCustomerBudgets), written nowhere: the rule's limit and version,
-// what the period already consumed, and the grants it will adopt
-// (qAdoptCustomerGrants) as live or stranded.
+// in force (budgetLimitAndVersion). A row last brought to another version
+// than that exact rule's (the rule changed since the row's last grant)
+// shows what bringing it would (qBringCustomerBudgets, qAdoptCustomerGrants):
+// at least what its period consumed, and its period's grants that did not
+// draw from it as live or stranded. For each meter whose exact rule in
+// force has no row brought in the current period (@lo, @hi, @period: no
+// grant was issued under it yet), it lists the row its first grant will
+// bring, the same way, with the rule's limit and version. Nothing is
+// written.
 const qBudgets = `
 (SELECT b.customer, b.meter, b.period, b.period_start, b.period_end,
-        ` + budgetLimitAndVersion + `, b.consumed,
+        ` + budgetLimitAndVersion + `,
+        CASE WHEN k.behind
+             THEN GREATEST(b.consumed, (SELECT ` + consumptionHead + usageInCustomerPeriod + consumptionTail + `
+                                        FROM (SELECT b.customer, b.meter, b.period_start AS lo, b.period_end AS hi) c))
+             ELSE b.consumed END,
         coalesce((SELECT sum(g.amount) FROM admission_grants g
                   WHERE (g.customer, g.meter, g.period_start) = (b.customer, b.meter, b.period_start)
-                    AND g.draws_customer AND g.ended_at IS NULL AND g.reclaim_at > @now), 0) AS live,
+                    AND (g.draws_customer OR k.behind) AND g.ended_at IS NULL AND g.reclaim_at > @now), 0) AS live,
         coalesce((SELECT sum(g.amount - g.spent) FROM admission_grants g
                   WHERE (g.customer, g.meter, g.period_start) = (b.customer, b.meter, b.period_start)
-                    AND g.draws_customer AND g.ended_at IS NULL AND g.reclaim_at <= @now), 0) AS stranded,
+                    AND (g.draws_customer OR k.behind) AND g.ended_at IS NULL AND g.reclaim_at <= @now), 0) AS stranded,
         coalesce((SELECT sum(x.amount) FROM admission_bypasses x
                   WHERE (x.customer, x.meter, x.period_start) = (b.customer, b.meter, b.period_start)), 0) AS bypassed
  FROM admission_budgets b
  LEFT JOIN LATERAL quota_rule_in_force(b.customer, b.meter, ` + inForceAtOrEnd + `) r ON true
+ CROSS JOIN LATERAL (SELECT coalesce(r.admission = 'exact' AND r."limit" IS NOT NULL AND b.rule_version <> r.version, false) AS behind) k
  WHERE b.customer = @customer AND b."limit" IS NOT NULL)
 UNION ALL
 (SELECT c.customer, c.meter, @period::text, c.lo, c.hi, r."limit", r.version,

@@ -336,3 +336,94 @@ func TestBudgetOfRuleInForceIsListedBeforeTheFirstGrant(t *testing.T) {
 	}
 	budget("17", "83", "10")
 }
+
+// A budget row last brought to an older rule version than the one in
+// force is listed with what its period consumed under the version in
+// force, and with the period's grants it will count as live, as the next
+// grant finds it, not as it was at the row's last grant; reading it
+// writes nothing. The customer's listing (and the console's, which reads
+// the same) and a pool's showed the consumed of the row's last grant,
+// with the new version's limit and version, until a grant brought the
+// row.
+func TestBudgetAfterARuleChangeShowsWhatThePeriodConsumed(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t) // now: 2026-11-20T12:00Z
+	put := func(path string, body map[string]any) {
+		t.Helper()
+		if r := f.do("PUT", path, adminToken, body); r.status != 200 && r.status != 201 {
+			t.Fatalf("PUT %s: %d %s", path, r.status, r.body)
+		}
+	}
+	put("/v1/customers/acme/quotas/calls", map[string]any{"limit": "100", "admission": "exact"})
+	f.putPool("team", "acme")
+	put("/v1/pools/team/quotas/calls", map[string]any{"limit": "50", "admission": "exact"})
+	gw := f.gatewayToken("gw")
+	grant := func(amount string) string {
+		t.Helper()
+		r := f.do("POST", "/v1/grants", gw, map[string]any{"holder": "gw", "generation": 1, "customer": "acme", "meter": "calls",
+			"amount": amount, "ttl": "1h"})
+		if r.status != 201 {
+			t.Fatalf("grant %s: %d %s", amount, r.status, r.body)
+		}
+		return r.json(t)["id"].(string)
+	}
+	id := grant("10")
+	if r := f.do("POST", "/v1/grants/"+id+"/release", gw, map[string]any{"holder": "gw", "generation": 1, "spent": "10"}); r.status != 200 {
+		t.Fatalf("release: %d %s", r.status, r.body)
+	}
+	f.usage("acme", "calls", f.clock().Add(-time.Minute), "10") // what the grant admitted
+	// The customer's rule is lagged for a while: its gateways admit 25
+	// more without grants, and a grant of 4 draws from the pool only.
+	// Then the rule is exact again with a higher limit, and the pool's
+	// limit is raised.
+	f.setNow(f.clock().Add(time.Minute))
+	put("/v1/customers/acme/quotas/calls", map[string]any{"limit": "100"})
+	f.usage("acme", "calls", f.clock(), "25")
+	grant("4")
+	f.setNow(f.clock().Add(time.Minute))
+	put("/v1/customers/acme/quotas/calls", map[string]any{"limit": "200", "admission": "exact"})
+	put("/v1/pools/team/quotas/calls", map[string]any{"limit": "80", "admission": "exact"})
+
+	cust := f.token("acme")
+	budget := func(consumed, available, poolAvailable, live string) {
+		t.Helper()
+		r := f.do("GET", "/v1/customers/acme/budgets", cust, nil)
+		items := asSlice(r.json(t)["items"])
+		if r.status != 200 || len(items) != 1 {
+			t.Fatalf("budgets: %d %s", r.status, r.body)
+		}
+		b := items[0].(map[string]any)
+		if b["limit"] != "200" || b["rule_version"] != 3.0 || b["consumed"] != consumed || b["available"] != available ||
+			b["live"] != live || b["stranded"] != "0" {
+			t.Errorf("customer budget: %s, want limit 200, rule_version 3, consumed %s, available %s, live %s", r.body, consumed, available, live)
+		}
+		r = f.do("GET", "/v1/pools/team", adminToken, nil)
+		items = asSlice(r.json(t)["budgets"])
+		if r.status != 200 || len(items) != 1 {
+			t.Fatalf("pool budgets: %d %s", r.status, r.body)
+		}
+		b = items[0].(map[string]any)
+		if b["limit"] != "80" || b["rule_version"] != 2.0 || b["consumed"] != consumed || b["available"] != poolAvailable ||
+			b["live"] != live || b["stranded"] != "0" {
+			t.Errorf("pool budget: %s, want limit 80, rule_version 2, consumed %s, available %s, live %s", r.body, consumed, poolAvailable, live)
+		}
+	}
+	stored := func() string {
+		t.Helper()
+		var s string
+		if err := f.pool.QueryRow(context.Background(), `SELECT
+			(SELECT string_agg(consumed::text || '@' || rule_version, ',') FROM admission_budgets) || ' ' ||
+			(SELECT string_agg(consumed::text || '@' || rule_version, ',') FROM admission_scope_budgets)`).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	before := stored()
+	// 10 released at 10 spent, 4 live, 25 admitted without a grant.
+	budget("39", "161", "41", "4")
+	if after := stored(); after != before {
+		t.Fatalf("reading budgets wrote: %s, was %s", after, before)
+	}
+	grant("5")
+	budget("44", "156", "36", "9")
+}

@@ -263,6 +263,46 @@ func TestCustomerPageShowsBudgetsAndLiveGrants(t *testing.T) {
 	}
 }
 
+// An exact budget whose rule changed since its last grant shows what its
+// period consumed under the version in force, as the next grant finds
+// it: the page showed the consumed of the last grant beside the new
+// limit, and so more available than there was.
+func TestCustomerPageShowsABudgetAsTheRuleInForceFindsIt(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	f.calendar("acme", "UTC")
+	clock := func() time.Time { return f.now }
+	rule := func(limit string, effective time.Time) {
+		t.Helper()
+		if _, err := quota.PutRuleDBClock(f.ctx(), f.pool, quota.RuleInput{Customer: "acme", Meter: "llm_tokens",
+			Limit: decimal.RequireFromString(limit), Admission: quota.Exact, EffectiveAt: effective, Actor: "test"}, clock); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rule("1000", f.now.Add(-time.Hour))
+	store, err := admission.New(f.pool, admission.Config{Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.Issue(f.ctx(), admission.IssueRequest{Holder: "gw-eu-1", Generation: 1, Customer: "acme", Meter: "llm_tokens",
+		Amount: decimal.RequireFromString("100"), TTL: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	// 300 metered that no grant admitted, then a higher limit.
+	f.usage("acme", "llm_tokens", f.now.Add(-time.Minute), "300")
+	rule("2000", f.now)
+	c := f.client()
+	f.signInHTTP(c, f.customerToken("acme"))
+	res := f.get(c, "/console/customers/acme")
+	if res.status != 200 {
+		t.Fatalf("customer page: %d %s", res.status, res.body)
+	}
+	want := `<td>llm_tokens</td><td>2026-11-01</td><td class="n">2,000</td><td class="n">400</td><td class="n">1,600</td><td class="n">100</td>`
+	if !strings.Contains(res.body, want) {
+		t.Fatalf("the page lacks %s:\n%s", want, res.body)
+	}
+}
+
 // A run lists at most a bound of findings of each kind and counts the
 // rest in one summary finding: the run's page counts a kind's findings
 // with those the summary stands for, and says when its amount is of the
