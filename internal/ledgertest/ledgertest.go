@@ -20,6 +20,7 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/periods"
 )
 
 // Streams books usage on one stream per customer and meter (producer
@@ -88,6 +89,36 @@ func Recent(now time.Time) time.Time {
 		return day
 	}
 	return at
+}
+
+// SteadyCalendar is a billing calendar for a customer of a test that runs
+// on the machine's clock (time.Now): daily, its boundary at the whole UTC
+// hour twelve hours after now's. The period now is in began twelve hours
+// or more before now and ends more than eleven hours after it, so usage
+// booked at Recent(now), grants and decisions of the test all count in one
+// period, whatever the hour or day the test runs at (a default calendar's
+// month, or a UTC day, may end during it). Set it (periods.Store.SetCalendar)
+// before anything refers to the customer: it then applies from the
+// beginning.
+func SteadyCalendar(now time.Time) periods.Calendar {
+	return periods.Calendar{Cadence: periods.Daily, AnchorTime: now.UTC().Add(12 * time.Hour).Format("15:00"), Zone: "UTC"}
+}
+
+// PastMonthEnd waits, when the UTC month ends within d of now, until
+// it has ended (until now() is in the next month): a test whose budgets
+// count in calendar months of UTC (a pool's, the global scope's), and
+// which runs for less than d, then starts and ends in one month.
+func PastMonthEnd(t testing.TB, now func() time.Time, d time.Duration) {
+	t.Helper()
+	at := now().UTC()
+	end := time.Date(at.Year(), at.Month()+1, 1, 0, 0, 0, 0, time.UTC)
+	if end.Sub(at) > d {
+		return
+	}
+	t.Logf("waiting %s for the month to end at %s", end.Sub(at).Round(time.Millisecond), end.Format(time.RFC3339))
+	for now().Before(end) {
+		time.Sleep(end.Sub(now())/2 + time.Millisecond)
+	}
 }
 
 // Position says ingest has applied everything of topic through at, on its
