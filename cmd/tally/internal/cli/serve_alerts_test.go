@@ -28,6 +28,7 @@ import (
 	"github.com/tally-ledger/tally/internal/ledgertest"
 	"github.com/tally-ledger/tally/internal/pgtest"
 	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/quota"
 )
 
@@ -78,6 +79,14 @@ func TestAlertsSurviveSIGKILL(t *testing.T) {
 
 	_, secret, _, err := alerts.PutWebhook(ctx, pool, alerts.WebhookInput{Name: "billing", URL: "http://" + addr + "/hook", AllowPrivate: true}, time.Now())
 	if err != nil {
+		t.Fatal(err)
+	}
+	// acme's calendar, set before anything refers to it, so that no period
+	// of it ends while the test runs: with the default calendar, usage
+	// booked in a month's last moments was evaluated in the next month (no
+	// transition), or the month's end resolved both thresholds before the
+	// credit could.
+	if _, _, err := (periods.Store{}).SetCalendar(ctx, pool, "acme", ledgertest.SteadyCalendar(time.Now())); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := quota.PutRuleDB(ctx, pool, quota.RuleInput{Customer: "acme", Meter: "calls", Limit: decimal.NewFromInt(100), Actor: "t"}); err != nil {
@@ -191,6 +200,9 @@ func TestAlertsSurviveSIGKILL(t *testing.T) {
 		var ev alerts.Event
 		if err := json.Unmarshal(r.body, &ev); err != nil || ev.ID.String() != r.id {
 			t.Errorf("body %s for id %s: %v", r.body, r.id, err)
+		}
+		if ev.Type == alerts.TypeResolved && ev.Reason != alerts.ReasonCredited {
+			t.Errorf("event %s resolved with reason %q, want %q (the credit)", r.id, ev.Reason, alerts.ReasonCredited)
 		}
 		order = append(order, r.id)
 	}
