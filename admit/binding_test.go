@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tally-ledger/tally/admit"
+	"github.com/tally-ledger/tally/internal/ledgertest"
 )
 
 // admin sends an admin request to the test Tally and fails the test unless
@@ -39,6 +40,9 @@ func (ts *tally) admin(method, path string, body any) {
 // refusal names the pool, also those answered from the SDK's memory of the
 // refusal, so the gateway can tell the client which budget ran out.
 func TestRefusalNamesTheBindingBudget(t *testing.T) {
+	// A pool's budgets count in months of UTC: a month's end in the
+	// middle would give it a fresh limit.
+	ledgertest.PastMonthEnd(t, time.Now, time.Minute)
 	ts := startTally(t)
 	ts.exactRule("acme", "tokens", "1000")
 	ts.admin("PUT", "/v1/pools/free", map[string]any{"members": []string{"acme"}})

@@ -27,6 +27,7 @@ import (
 	"github.com/tally-ledger/tally/internal/pgtest"
 	"github.com/tally-ledger/tally/internal/testrun"
 	"github.com/tally-ledger/tally/ledger"
+	"github.com/tally-ledger/tally/periods"
 	"github.com/tally-ledger/tally/quota"
 	"github.com/tally-ledger/tally/tokens"
 )
@@ -62,6 +63,10 @@ type tally struct {
 	changing atomic.Pointer[func(body []byte) bool]
 	// served, when set, is told each request served and its status.
 	served atomic.Pointer[func(*http.Request, int)]
+	// cal is the billing calendar of every customer given a rule or
+	// usage: no period of it ends while the test runs
+	// (ledgertest.SteadyCalendar).
+	cal periods.Calendar
 }
 
 // statusWriter remembers the status written.
@@ -94,7 +99,7 @@ func startTally(t testing.TB) *tally {
 		cancel()
 		<-done
 	})
-	ts := &tally{t: t, pool: pool}
+	ts := &tally{t: t, pool: pool, cal: ledgertest.SteadyCalendar(time.Now())}
 	ts.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if ts.down.Load() {
 			panic(http.ErrAbortHandler) // the connection dies without an answer
@@ -133,8 +138,18 @@ func startTally(t testing.TB) *tally {
 	return ts
 }
 
+// customer gives customer ts.cal from the beginning, unless something
+// already referred to it.
+func (ts *tally) customer(customer string) {
+	ts.t.Helper()
+	if _, _, err := (periods.Store{}).SetCalendar(context.Background(), ts.pool, customer, ts.cal); err != nil {
+		ts.t.Fatal(err)
+	}
+}
+
 func (ts *tally) exactRule(customer, meter, limit string) {
 	ts.t.Helper()
+	ts.customer(customer)
 	_, err := quota.PutRuleDB(context.Background(), ts.pool, quota.RuleInput{Customer: customer, Meter: meter,
 		Limit: decimal.RequireFromString(limit), Admission: quota.Exact, Actor: "test"})
 	if err != nil {
@@ -146,6 +161,7 @@ func (ts *tally) exactRule(customer, meter, limit string) {
 // per hour).
 func (ts *tally) exactRuleWith(customer, meter, limit string, policy admit.Policy) {
 	ts.t.Helper()
+	ts.customer(customer)
 	in := quota.RuleInput{Customer: customer, Meter: meter, Limit: decimal.RequireFromString(limit),
 		Admission: quota.Exact, OnUnreachable: quota.OnUnreachable(policy), Actor: "test"}
 	if policy == admit.Local {
@@ -230,6 +246,7 @@ func (ts *tally) startPipeline() *pipeline {
 // would, at an instant of the period now is in (ledgertest.Recent).
 func (p *pipeline) use(customer, meter string, qty int64) {
 	p.ts.t.Helper()
+	p.ts.customer(customer)
 	p.streams.Use(p.ts.t, customer, meter, ledgertest.Recent(time.Now()), decimal.NewFromInt(qty))
 }
 
@@ -246,6 +263,7 @@ func (p *pipeline) follow() { ledgertest.Follow(p.ts.t, p.ts.pool, ingestTopic, 
 
 func (ts *tally) rule(in quota.RuleInput) {
 	ts.t.Helper()
+	ts.customer(in.Customer)
 	in.Actor = "test"
 	if _, err := quota.PutRuleDB(context.Background(), ts.pool, in); err != nil {
 		ts.t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/tally-ledger/tally/internal/ledgertest"
 	"github.com/tally-ledger/tally/internal/pgtest"
 )
 
@@ -114,7 +115,7 @@ func startServe(t testing.TB) (*tally, *served) {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	return &tally{t: t, pool: pool, url: s.url}, s
+	return &tally{t: t, pool: pool, url: s.url, cal: ledgertest.SteadyCalendar(time.Now())}, s
 }
 
 // freeze stops the process (SIGSTOP): connections are accepted by the
