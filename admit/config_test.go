@@ -95,6 +95,7 @@ func TestCheckSaysWhatIsWrong(t *testing.T) {
 	ts := startTally(t)
 	ctx := context.Background()
 	gw1 := ts.gatewayToken("gw1")
+	ts.customer("acme") // before its token creates it
 	_, customer, err := tokens.Create(ctx, ts.pool, "acme", "test", time.Now())
 	if err != nil {
 		t.Fatal(err)

@@ -138,12 +138,17 @@ func startTally(t testing.TB) *tally {
 	return ts
 }
 
-// customer gives customer ts.cal from the beginning, unless something
-// already referred to it.
+// customer gives customer ts.cal from the beginning; it fails the test
+// when something referred to the customer first (ts.cal would then only
+// be pending, from a boundary of the default calendar on).
 func (ts *tally) customer(customer string) {
 	ts.t.Helper()
-	if _, _, err := (periods.Store{}).SetCalendar(context.Background(), ts.pool, customer, ts.cal); err != nil {
+	c, _, err := (periods.Store{}).SetCalendar(context.Background(), ts.pool, customer, ts.cal)
+	if err != nil {
 		ts.t.Fatal(err)
+	}
+	if len(c.Schedule) != 1 || c.Schedule[0].Calendar != ts.cal || !c.Schedule[0].EffectiveFrom.IsZero() {
+		ts.t.Fatalf("customer %s has calendars %+v, want only %+v from the beginning", customer, c.Schedule, ts.cal)
 	}
 }
 
