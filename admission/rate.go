@@ -95,17 +95,26 @@ CROSS JOIN LATERAL admission_rate_rule_in_force(s.scope, k.meter, @now) r`
 // qEnsureRateBuckets creates the buckets a batch draws from that do not
 // exist yet: full (burst of the rule in force) as of now(). A bucket is
 // never deleted, so only a scope's first rate rule starts one full.
+//
+// Two clocks meet here, each for what it keeps. Rules are in force by the
+// Store's clock (@now), which wrote their effective times and plans the
+// batch (qApplicableRates): reading them by Postgres's would find, on a
+// host whose clock is ahead, a rule not yet in force that the plan counts
+// on, and the batch would fail as "kept changing" until the clocks met.
+// Tokens accrue by Postgres's clock (now(): refilled_at), the one every
+// process issuing from a bucket shares.
 const qEnsureRateBuckets = `
 INSERT INTO admission_rate_buckets (scope, meter, tokens, refilled_at)
 SELECT u.scope, u.meter, r.burst, now()
 FROM unnest(@rt_scopes::text[], @rt_meters::text[]) AS u(scope, meter)
-CROSS JOIN LATERAL admission_rate_rule_in_force(u.scope, u.meter, now()) r
+CROSS JOIN LATERAL admission_rate_rule_in_force(u.scope, u.meter, @now) r
 WHERE NOT EXISTS (SELECT 1 FROM admission_rate_buckets b WHERE b.scope = u.scope AND b.meter = u.meter)
 ORDER BY 1, 2
 ON CONFLICT DO NOTHING`
 
 // qRateState locks a batch's buckets in (scope, meter) order, refills each
-// to now() and reads its tokens and the rule in force.
+// to now() and reads its tokens and the rule in force at @now (the two
+// clocks: qEnsureRateBuckets).
 const qRateState = `
 SELECT k.scope, k.meter, admission_rate_refill(k.scope, k.meter, now())::text,
        r.version, coalesce((extract(epoch FROM r.max_skew) * 1000000)::bigint, 0), r.amount::text, r.per_us::text, r.burst::text
@@ -113,7 +122,7 @@ FROM (SELECT b.scope, b.meter FROM admission_rate_buckets b
       JOIN unnest(@rt_scopes::text[], @rt_meters::text[]) AS u(scope, meter) USING (scope, meter)
       ORDER BY b.scope, b.meter
       FOR UPDATE OF b) k
-LEFT JOIN LATERAL admission_rate_rule_in_force(k.scope, k.meter, now()) r ON true`
+LEFT JOIN LATERAL admission_rate_rule_in_force(k.scope, k.meter, @now) r ON true`
 
 // qTakeRateBuckets takes what a batch issued from its buckets (refilled
 // to now() by qRateState under the same locks) and counts its refusals.
@@ -398,8 +407,9 @@ type RateBudget struct {
 // qRateBudgets lists the rate buckets of @scopes with their state now.
 // A budget no grant has drawn on yet has no bucket row: it is listed
 // full at its burst, as the first grant creates it. The bucket's tokens
-// and rule are Postgres's clock (now()), as they are refilled; its grants
-// are live or stranded by the Store's (@now), which wrote their reclaim_at.
+// are Postgres's clock (now()), as they are refilled; its rule, and its
+// grants as live or stranded, the Store's (@now), which issuing reads
+// rules by and which wrote the grants' reclaim_at (qEnsureRateBuckets).
 const qRateBudgets = `
 WITH c AS (
     SELECT scope, meter FROM admission_rate_buckets WHERE scope = ANY(@scopes::text[])
@@ -414,7 +424,7 @@ SELECT c.scope, c.meter, r.amount::text, (r.per_us / 1000)::bigint, r.burst::tex
                  WHERE (d.scope, d.meter) = (c.scope, c.meter) AND g.ended_at IS NULL AND g.reclaim_at <= @now), 0)::text,
        coalesce(b.taken, 0)::text, coalesce(b.returned, 0)::text, coalesce(b.refused, 0)
 FROM c
-JOIN LATERAL admission_rate_rule_in_force(c.scope, c.meter, now()) r ON true
+JOIN LATERAL admission_rate_rule_in_force(c.scope, c.meter, @now) r ON true
 LEFT JOIN admission_rate_buckets b ON (b.scope, b.meter) = (c.scope, c.meter)
 ORDER BY c.scope, c.meter`
 

@@ -392,3 +392,48 @@ func TestRateBudgetsReadTheStoresClock(t *testing.T) {
 		t.Fatalf("rate budgets of acme %q, want %q", got, want)
 	}
 }
+
+// TestRateRuleWrittenByAClockAheadOfTheDatabases: an API host whose clock
+// is ahead of Postgres's writes a new rate rule in force from its own
+// instant, and its Store plans by that clock; the batch that issues under
+// the buckets' locks reads the rule in force by the same clock, so the
+// rule applies at once instead of every grant failing as "the budgets
+// kept changing" until Postgres's clock catches up. The buckets still
+// refill by Postgres's clock, the one every process shares.
+func TestRateRuleWrittenByAClockAheadOfTheDatabases(t *testing.T) {
+	pool := pgtest.New(t)
+	ahead := func() time.Time { return time.Now().Add(time.Hour) }
+	s, err := admission.New(pool, admission.Config{Now: ahead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &env{t: t, pool: pool, store: s}
+	ctx := context.Background()
+	rate := &quota.Rate{Amount: d("1"), Per: quota.DurationText(time.Hour), Burst: d("10")}
+	if _, err := quota.PutRuleDBClock(ctx, pool, quota.RuleInput{Customer: "acme", Meter: "calls", Rate: rate,
+		Admission: quota.Exact, Actor: "test"}, ahead); err != nil {
+		t.Fatal(err)
+	}
+	if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := quota.PutScopeRuleClock(ctx, tx, quota.ScopeRuleInput{Scope: "global", Meter: "calls", Rate: rate,
+			Admission: quota.Exact, Actor: "test"}, ahead)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	g, err := e.issueRate("gw1", "acme", "4")
+	if err != nil {
+		t.Fatalf("a grant under the new rate rule: %v", err)
+	}
+	if !slices.Equal(g.Budgets, []string{"customer:acme", "global"}) || !g.Amount.Equal(d("4")) {
+		t.Fatalf("grant %+v, want 4 from acme's and the global rate budgets", g)
+	}
+	_, err = e.issueRate("gw1", "acme", "7")
+	if ex := exhaustedBy(t, err, "customer:acme/calls"); !ex.Available.Equal(d("6")) {
+		t.Fatalf("7 with 6 left of the burst: %v (available %v)", err, ex.Available)
+	}
+	bs, err := e.store.RateBudgetsOf(ctx, "acme")
+	if err != nil || len(bs) != 2 || bs[0].Burst.String() != "10" || !bs[0].Live.Equal(d("4")) {
+		t.Fatalf("rate budgets of acme: %+v %v", bs, err)
+	}
+}
