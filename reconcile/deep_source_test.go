@@ -122,7 +122,7 @@ func (s *records) add(rs ...ledger.Record) {
 	}
 }
 
-func (s *records) Read(ctx context.Context, customers []string, emit func(reconcile.StreamID, reconcile.KafkaRecord) error) (*reconcile.KafkaView, error) {
+func (s *records) Read(ctx context.Context, customers []string, _ reconcile.Positions, emit func(reconcile.StreamID, reconcile.KafkaRecord) error) (*reconcile.KafkaView, error) {
 	view := &reconcile.KafkaView{Partition: map[string]int{}, Incomplete: map[int]bool{}}
 	for i, id := range s.ids {
 		view.Partition[id.Customer] = 0

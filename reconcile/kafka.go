@@ -22,9 +22,10 @@ type KafkaSource struct {
 }
 
 // Read passes to emit every record of the given customers the topic still
-// holds, and returns where their messages are and which partitions
-// retention truncated.
-func (k KafkaSource) Read(ctx context.Context, customers []string, emit func(StreamID, KafkaRecord) error) (*KafkaView, error) {
+// holds below ingest's position, and returns where their messages are,
+// which partitions retention truncated and how many messages past the
+// position it left unread.
+func (k KafkaSource) Read(ctx context.Context, customers []string, applied Positions, emit func(StreamID, KafkaRecord) error) (*KafkaView, error) {
 	if len(k.Brokers) == 0 {
 		return nil, errors.New("no Kafka brokers")
 	}
@@ -43,14 +44,14 @@ func (k KafkaSource) Read(ctx context.Context, customers []string, emit func(Str
 	}
 	view := &KafkaView{Partition: map[string]int{}, Incomplete: map[int]bool{}}
 	for _, p := range parts {
-		if err := k.readPartition(ctx, p, want, view, emit); err != nil {
+		if err := k.readPartition(ctx, p, want, applied[k.Topic], view, emit); err != nil {
 			return nil, err
 		}
 	}
 	return view, nil
 }
 
-func (k KafkaSource) readPartition(ctx context.Context, p kafka.Partition, want map[string]bool, view *KafkaView, emit func(StreamID, KafkaRecord) error) error {
+func (k KafkaSource) readPartition(ctx context.Context, p kafka.Partition, want map[string]bool, applied map[int]int64, view *KafkaView, emit func(StreamID, KafkaRecord) error) error {
 	leader := net.JoinHostPort(p.Leader.Host, strconv.Itoa(p.Leader.Port))
 	conn, err := kafka.DialLeader(ctx, "tcp", leader, k.Topic, p.ID)
 	if err != nil {
@@ -64,6 +65,12 @@ func (k KafkaSource) readPartition(ctx context.Context, p kafka.Partition, want 
 	if first > 0 {
 		view.Incomplete[p.ID] = true
 	}
+	// The ledger the run reads holds the messages below ingest's
+	// position; those past it are not applied yet.
+	if next, ok := applied[p.ID]; ok && next < last {
+		view.Unread += last - max(next, first)
+		last = next
+	}
 	if last <= first {
 		return nil
 	}
@@ -76,6 +83,9 @@ func (k KafkaSource) readPartition(ctx context.Context, p kafka.Partition, want 
 		m, err := r.FetchMessage(ctx)
 		if err != nil {
 			return fmt.Errorf("kafka: read partition %d: %w", p.ID, err)
+		}
+		if m.Offset >= last { // past a gap up to the position (a compacted topic)
+			return nil
 		}
 		if want[string(m.Key)] {
 			view.Partition[string(m.Key)] = p.ID

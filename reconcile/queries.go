@@ -350,6 +350,9 @@ ORDER BY 1, 2, 3`
 
 // The deep check.
 const (
+	// Ingest's position in the run's snapshot (deep.go's Positions).
+	qIngestPositions = `SELECT topic, partition, next_offset FROM ingest_partitions`
+
 	// The deep check (deep.go): deep_kafka's records of the checked
 	// customers, the first of each seq per stream as in the ledger (Kafka's
 	// order is ord).
