@@ -43,6 +43,8 @@ type StreamID struct {
 
 // KafkaView says where the metering topic holds some customers' messages.
 type KafkaView struct {
+	// Topic read (its dead letters are left to their own check).
+	Topic string
 	// Partition of each customer found (a customer's messages share one).
 	Partition map[string]int
 	// Partitions whose first messages retention deleted: what they held
@@ -52,11 +54,16 @@ type KafkaView struct {
 	Unread int64
 }
 
-// KafkaRecord is one record as the wire decoder read it.
+// KafkaRecord is one record as the wire decoder read it, and where Kafka
+// holds it: its message's partition and offset, and its index in the
+// message's records (as a dead letter names it).
 type KafkaRecord struct {
 	Seq        int64
 	Total      decimal.Decimal
 	OccurredAt time.Time
+	Partition  int
+	Offset     int64
+	Index      int
 }
 
 // deep recomputes, from Kafka's messages alone, each target's usage per
@@ -106,7 +113,7 @@ func (rc *Reconciler) deep(ctx context.Context, tx pgx.Tx, r *runner, tg target)
 		}
 	}
 	args := tg.args()
-	args["checked"] = checked
+	args["checked"], args["topic"] = checked, view.Topic
 	if err := compareUsage(ctx, tx, r, args); err != nil {
 		return err
 	}
@@ -151,13 +158,14 @@ func positions(ctx context.Context, tx pgx.Tx) (Positions, error) {
 // run's connection's own) and is created before the run's read-only
 // transaction, which may write to it but not create it.
 const (
-	deepKafkaTable   = `CREATE TEMPORARY TABLE deep_kafka (ord bigint NOT NULL, producer text NOT NULL, epoch bigint NOT NULL, customer text NOT NULL, meter text NOT NULL, seq bigint NOT NULL, total numeric NOT NULL, occurred_at timestamptz NOT NULL)`
+	deepKafkaTable = `CREATE TEMPORARY TABLE deep_kafka (ord bigint NOT NULL, producer text NOT NULL, epoch bigint NOT NULL, customer text NOT NULL, meter text NOT NULL,
+  seq bigint NOT NULL, total numeric NOT NULL, occurred_at timestamptz NOT NULL, partition bigint NOT NULL, "offset" bigint NOT NULL, record_index bigint NOT NULL)`
 	deepKafkaDrop    = `DROP TABLE IF EXISTS pg_temp.deep_kafka`
-	deepKafkaCopy    = `COPY pg_temp.deep_kafka (ord, producer, epoch, customer, meter, seq, total, occurred_at) FROM STDIN (FORMAT binary)`
+	deepKafkaCopy    = `COPY pg_temp.deep_kafka (ord, producer, epoch, customer, meter, seq, total, occurred_at, partition, "offset", record_index) FROM STDIN (FORMAT binary)`
 	deepChunkRecords = 5000
 )
 
-var deepKafkaColumns = []string{"ord", "producer", "epoch", "customer", "meter", "seq", "total", "occurred_at"}
+var deepKafkaColumns = []string{"ord", "producer", "epoch", "customer", "meter", "seq", "total", "occurred_at", "partition", "offset", "record_index"}
 
 // deepRecords sends the records Kafka gives the deep check to deep_kafka,
 // deepChunkRecords at a time, saying every ten seconds how many it has
@@ -204,7 +212,10 @@ func (d *deepRecords) flush(ctx context.Context) error {
 		if buf, err = pgcopy.Numeric(buf, k.Total); err != nil {
 			return nil, err
 		}
-		return pgcopy.Time(buf, k.OccurredAt), nil
+		buf = pgcopy.Time(buf, k.OccurredAt)
+		buf = pgcopy.Int8(buf, int64(k.Partition))
+		buf = pgcopy.Int8(buf, k.Offset)
+		return pgcopy.Int8(buf, int64(k.Index)), nil
 	})
 	if err != nil {
 		return err

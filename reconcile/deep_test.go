@@ -209,3 +209,43 @@ func TestDeepComparesThroughIngestsPosition(t *testing.T) {
 		t.Fatalf("deep check with ingest caught up: %+v %+v", c, r.Findings)
 	}
 }
+
+// TestDeepLeavesDeadLettersToTheirCheck: a record the ledger refused (a
+// counter reset without a new epoch: its total decreased) is a dead
+// letter, reported by conflicts_and_dead_letters until it is replayed or
+// its loss accepted. The deep check recomputes what the ledger applied,
+// so it leaves such a record out while it is a dead letter (not
+// replayed), instead of reporting the same refusal again as a mismatch
+// that no acceptance clears.
+func TestDeepLeavesDeadLettersToTheirCheck(t *testing.T) {
+	e := newEnv(t)
+	kc := kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{{Name: "tally.meter-batches", Partitions: 1}}})
+	sent := []ledger.Record{rec("gw", 1, "acme", 1, "10", "10", nov), rec("gw", 1, "acme", 2, "4", "", nov)}
+	produce(t, kc, sent...)
+	if out := e.apply(sent...); out[1].Kind != ledger.Rejected {
+		t.Fatalf("outcomes %+v, want the decrease rejected", out)
+	}
+	// What ingest writes for it, at its place in Kafka (offset 1, record 0).
+	e.exec(`INSERT INTO ingest_partitions (topic, partition, next_offset, high_watermark) VALUES ('tally.meter-batches', 0, 2, 2);
+INSERT INTO dead_letters (id, topic, partition, "offset", record_index, reason, detail, key, raw, producer, epoch, created_at)
+VALUES ('01a25240-0000-7000-8000-000000000001', 'tally.meter-batches', 0, 1, 0, 'total_decreased', 'total 4 is below 10', 'acme', '{}', 'gw', 1, '2026-11-20 12:00:00+00')`)
+	deepKinds := func() (out []string) {
+		for _, f := range deepRun(t, e, kc, "2026-11-01").Findings {
+			if f.Kind == reconcile.KindDeepMismatch || f.Kind == reconcile.KindDeadLetter {
+				out = append(out, f.Kind)
+			}
+		}
+		return out
+	}
+	if got := deepKinds(); !slices.Equal(got, []string{reconcile.KindDeadLetter}) {
+		t.Fatalf("findings %v, want the dead letter alone", got)
+	}
+	// The loss accepted: nothing left to report.
+	if err := reconcile.Accept(context.Background(), e.pool, reconcile.Acceptance{Kind: reconcile.AcceptDeadLetter,
+		ID: uuid.MustParse("01a25240-0000-7000-8000-000000000001"), Actor: "alice", Reason: "counter reset, usage not billable"}); err != nil {
+		t.Fatal(err)
+	}
+	if got := deepKinds(); len(got) != 0 {
+		t.Fatalf("findings %v after the loss was accepted, want none", got)
+	}
+}

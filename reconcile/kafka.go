@@ -42,7 +42,7 @@ func (k KafkaSource) Read(ctx context.Context, customers []string, applied Posit
 	if err != nil {
 		return nil, fmt.Errorf("kafka: partitions of %s: %w", k.Topic, err)
 	}
-	view := &KafkaView{Partition: map[string]int{}, Incomplete: map[int]bool{}}
+	view := &KafkaView{Topic: k.Topic, Partition: map[string]int{}, Incomplete: map[int]bool{}}
 	for _, p := range parts {
 		if err := k.readPartition(ctx, p, want, applied[k.Topic], view, emit); err != nil {
 			return nil, err
@@ -91,10 +91,11 @@ func (k KafkaSource) readPartition(ctx context.Context, p kafka.Partition, want 
 			view.Partition[string(m.Key)] = p.ID
 			// A message the wire decoder refuses was refused by ingest too
 			// (a dead letter, reported as such).
-			if b, _, _, err := wire.Decode(m.Key, m.Value); err == nil {
-				for _, rec := range b.Records {
+			if b, index, _, err := wire.Decode(m.Key, m.Value); err == nil {
+				for i, rec := range b.Records {
 					id := StreamID{Producer: b.Producer, Epoch: b.Epoch, Customer: rec.Customer, Meter: rec.Meter}
-					if err := emit(id, KafkaRecord{Seq: rec.Seq, Total: rec.Total, OccurredAt: rec.OccurredAt}); err != nil {
+					if err := emit(id, KafkaRecord{Seq: rec.Seq, Total: rec.Total, OccurredAt: rec.OccurredAt,
+						Partition: p.ID, Offset: m.Offset, Index: index[i]}); err != nil {
 						return err
 					}
 				}

@@ -355,10 +355,17 @@ const (
 
 	// The deep check (deep.go): deep_kafka's records of the checked
 	// customers, the first of each seq per stream as in the ledger (Kafka's
-	// order is ord).
+	// order is ord). A record the ledger refused is left to the dead
+	// letters' check while its dead letter is not replayed (a replay
+	// applies the same bytes): the deep check recomputes what the ledger
+	// applied, and a loss accepted stops blocking closes here too.
 	qDeepFirsts = `firsts AS (
   SELECT DISTINCT ON (customer, meter, producer, epoch, seq) customer, meter, producer, epoch, seq, total, occurred_at
-  FROM pg_temp.deep_kafka WHERE customer = ANY(@checked)
+  FROM pg_temp.deep_kafka k
+  WHERE customer = ANY(@checked)
+    AND NOT EXISTS (SELECT 1 FROM dead_letters d
+                    WHERE d.topic = @topic AND d.partition = k.partition AND d."offset" = k."offset"
+                      AND (d.record_index IS NULL OR d.record_index = k.record_index) AND d.replayed_at IS NULL)
   ORDER BY customer, meter, producer, epoch, seq, ord)`
 
 	// Per checked customer and meter, the usage that occurred in its
