@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"sort"
@@ -64,6 +65,10 @@ type KafkaRecord struct {
 	Partition  int
 	Offset     int64
 	Index      int
+	// Shape is what the record carries (wire.Record.Shape): "counter" (a
+	// total, which the deep check recomputes), "gauge" or "unique" (a
+	// level or a member: their streams are compared by position only).
+	Shape string
 }
 
 // deep recomputes, from Kafka's messages alone, each target's usage per
@@ -121,8 +126,15 @@ func (rc *Reconciler) deep(ctx context.Context, tx pgx.Tx, r *runner, tg target)
 	if err != nil {
 		return err
 	}
+	var byPosition int
+	if err := tx.QueryRow(ctx, qDeepPositionOnly, args).Scan(&byPosition); err != nil {
+		return err
+	}
 	skipped := reportNotChecked(r, view, notChecked)
 	c := deepVerdict(streams, r.found-before-len(skipped), len(skipped), time.Since(start))
+	if byPosition > 0 {
+		c.Detail += fmt.Sprintf("; %d of them gauge or unique streams, compared by their last seq only (their levels and members: %s)", byPosition, CheckKinds)
+	}
 	if view.Unread > 0 {
 		c.Detail += fmt.Sprintf("; %d messages past ingest's position not read (not applied yet: a later run compares them)", view.Unread)
 	}
@@ -159,13 +171,14 @@ func positions(ctx context.Context, tx pgx.Tx) (Positions, error) {
 // transaction, which may write to it but not create it.
 const (
 	deepKafkaTable = `CREATE TEMPORARY TABLE deep_kafka (ord bigint NOT NULL, producer text NOT NULL, epoch bigint NOT NULL, customer text NOT NULL, meter text NOT NULL,
-  seq bigint NOT NULL, total numeric NOT NULL, occurred_at timestamptz NOT NULL, partition bigint NOT NULL, "offset" bigint NOT NULL, record_index bigint NOT NULL)`
+  seq bigint NOT NULL, total numeric NOT NULL, occurred_at timestamptz NOT NULL, partition bigint NOT NULL, "offset" bigint NOT NULL, record_index bigint NOT NULL,
+  shape text NOT NULL)`
 	deepKafkaDrop    = `DROP TABLE IF EXISTS pg_temp.deep_kafka`
-	deepKafkaCopy    = `COPY pg_temp.deep_kafka (ord, producer, epoch, customer, meter, seq, total, occurred_at, partition, "offset", record_index) FROM STDIN (FORMAT binary)`
+	deepKafkaCopy    = `COPY pg_temp.deep_kafka (ord, producer, epoch, customer, meter, seq, total, occurred_at, partition, "offset", record_index, shape) FROM STDIN (FORMAT binary)`
 	deepChunkRecords = 5000
 )
 
-var deepKafkaColumns = []string{"ord", "producer", "epoch", "customer", "meter", "seq", "total", "occurred_at", "partition", "offset", "record_index"}
+var deepKafkaColumns = []string{"ord", "producer", "epoch", "customer", "meter", "seq", "total", "occurred_at", "partition", "offset", "record_index", "shape"}
 
 // deepRecords sends the records Kafka gives the deep check to deep_kafka,
 // deepChunkRecords at a time, saying every ten seconds how many it has
@@ -215,7 +228,8 @@ func (d *deepRecords) flush(ctx context.Context) error {
 		buf = pgcopy.Time(buf, k.OccurredAt)
 		buf = pgcopy.Int8(buf, int64(k.Partition))
 		buf = pgcopy.Int8(buf, k.Offset)
-		return pgcopy.Int8(buf, int64(k.Index)), nil
+		buf = pgcopy.Int8(buf, int64(k.Index))
+		return pgcopy.Text(buf, cmp.Or(k.Shape, "counter")), nil
 	})
 	if err != nil {
 		return err

@@ -118,7 +118,7 @@ type records struct {
 func (s *records) add(rs ...ledger.Record) {
 	for _, r := range rs {
 		s.ids = append(s.ids, reconcile.StreamID{Producer: r.Stream.Producer, Epoch: r.Stream.Epoch, Customer: r.Stream.Customer, Meter: r.Stream.Meter})
-		s.recs = append(s.recs, reconcile.KafkaRecord{Seq: r.Seq, Total: r.Total, OccurredAt: r.OccurredAt})
+		s.recs = append(s.recs, reconcile.KafkaRecord{Seq: r.Seq, Total: r.Total, OccurredAt: r.OccurredAt, Shape: string(r.Shape)})
 	}
 }
 
@@ -214,6 +214,31 @@ func TestDeepRunThatFailsLeavesNothingBehind(t *testing.T) {
 		t.Fatalf("deep run after a failed one: %v %+v", err, r)
 	}
 	if c := deepCheck(r); c.Status != "ok" || !strings.HasPrefix(c.Detail, "1 streams recomputed") {
+		t.Fatalf("deep check: %+v", c)
+	}
+}
+
+// TestDeepSaysWhatItComparedByPositionOnly: a gauge's readings carry
+// levels and a unique meter's members, not running totals; the deep check
+// compares their streams' positions, and says so, leaving their levels and
+// members to gauges_and_uniques.
+func TestDeepSaysWhatItComparedByPositionOnly(t *testing.T) {
+	e := newEnv(t)
+	e.declare("seats", ledger.Gauge)
+	sent := []ledger.Record{rec("gw", 1, "acme", 1, "10", "", nov), level("hr", 1, "7", nov), level("hr", 2, "9", nov.Add(time.Hour))}
+	e.apply(sent...)
+	src := &records{}
+	src.add(sent...)
+	rc, err := reconcile.New(reconcile.Config{Pool: e.pool, Clock: func() time.Time { return e.now }, Deep: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := rc.Run(context.Background(), reconcile.Options{Period: "2026-11-01", Deep: true})
+	if err != nil || r.Status != reconcile.StatusClean {
+		t.Fatalf("deep run: %v %+v", err, r)
+	}
+	if c := deepCheck(r); c.Status != "ok" || !strings.HasPrefix(c.Detail, "2 streams recomputed") ||
+		!strings.Contains(c.Detail, "1 of them gauge or unique streams, compared by their last seq only (their levels and members: gauges_and_uniques)") {
 		t.Fatalf("deep check: %+v", c)
 	}
 }

@@ -95,7 +95,7 @@ func (k KafkaSource) readPartition(ctx context.Context, p kafka.Partition, want 
 				for i, rec := range b.Records {
 					id := StreamID{Producer: b.Producer, Epoch: b.Epoch, Customer: rec.Customer, Meter: rec.Meter}
 					if err := emit(id, KafkaRecord{Seq: rec.Seq, Total: rec.Total, OccurredAt: rec.OccurredAt,
-						Partition: p.ID, Offset: m.Offset, Index: index[i]}); err != nil {
+						Partition: p.ID, Offset: m.Offset, Index: index[i], Shape: rec.Shape()}); err != nil {
 						return err
 					}
 				}

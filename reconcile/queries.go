@@ -399,6 +399,13 @@ FROM held h FULL JOIN kafka k USING (customer, meter) JOIN t USING (customer)
 WHERE customer = ANY(@checked) AND coalesce(h.q, 0) <> coalesce(k.q, 0)
 ORDER BY customer COLLATE "C", meter COLLATE "C"`
 
+	// How many of the checked customers' streams in Kafka carry levels or
+	// members: the deep check compares their positions, not what they
+	// carry.
+	qDeepPositionOnly = `
+SELECT count(*) FROM (SELECT DISTINCT customer, meter, producer, epoch FROM pg_temp.deep_kafka
+                      WHERE customer = ANY(@checked) AND shape <> 'counter') s`
+
 	// Every stream of the checked customers that the ledger or Kafka's
 	// records hold, with where each says it ended (NULL where it holds
 	// none of it); in order.
