@@ -139,7 +139,7 @@ overlap.`,
 	f.StringVar(&opt.Period, "period", "", "period to reconcile: its start date (2026-11-01), previous or current")
 	f.StringVar(&opt.Customer, "customer", "", "only this customer (default: every customer with that period)")
 	f.BoolVar(&opt.Close, "close", false, "close the period of each customer found clean whose grace has ended")
-	f.BoolVar(&opt.Deep, "deep", false, "also re-read the period's messages from Kafka and recompute totals independently")
+	f.BoolVar(&opt.Deep, "deep", false, "also re-read the topic from Kafka, up to what ingest has applied, and recompute usage and stream totals independently")
 	f.BoolVar(&nightly, "nightly", false, "reconcile and close every period whose grace has ended; check current periods")
 	f.StringVar(&format, "format", "text", "report format: text, json or csv")
 	addBrokersFlag(f, &brokers, "for --deep")
