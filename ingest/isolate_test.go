@@ -134,15 +134,7 @@ func TestRetryableFailureStallsVisiblyAndResumes(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
 	ctx := context.Background()
-	_, err := e.pool.Exec(ctx, `
-CREATE FUNCTION test_disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    RAISE EXCEPTION 'could not extend file: No space left on device' USING ERRCODE = '53100';
-END $$;
-CREATE TRIGGER test_disk_full BEFORE INSERT ON records FOR EACH ROW WHEN (NEW.meter = 'disk_full') EXECUTE FUNCTION test_disk_full();`)
-	if err != nil {
-		t.Fatal(err)
-	}
+	diskFull(t, e)
 	rng := rand.New(rand.NewPCG(10, 11))
 	streams := models(3)
 	full := &streamModel{producer: "gw-1", epoch: 1, customer: "cust-full", meter: "disk_full"}
@@ -151,7 +143,7 @@ CREATE TRIGGER test_disk_full BEFORE INSERT ON records FOR EACH ROW WHEN (NEW.me
 	e.waitCaughtUp(30 * time.Second)
 	e.kafka.ProduceTo(t, topic, 0, encode(t, streams[1].next(rng, 2)), encode(t, full.next(rng, 1)), encode(t, streams[2].next(rng, 2)))
 
-	err = eventually(30*time.Second, func() error {
+	err := eventually(30*time.Second, func() error {
 		st, err := ingest.Status(ctx, e.pool, topic)
 		if err != nil {
 			return err
@@ -318,15 +310,7 @@ func TestRetryingSinceIsTheDatabases(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, 1)
 	ctx := context.Background()
-	_, err := e.pool.Exec(ctx, `
-CREATE FUNCTION test_disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    RAISE EXCEPTION 'could not extend file: No space left on device' USING ERRCODE = '53100';
-END $$;
-CREATE TRIGGER test_disk_full BEFORE INSERT ON records FOR EACH ROW WHEN (NEW.meter = 'disk_full') EXECUTE FUNCTION test_disk_full();`)
-	if err != nil {
-		t.Fatal(err)
-	}
+	diskFull(t, e)
 	rng := rand.New(rand.NewPCG(12, 13))
 	full := &streamModel{producer: "gw-1", epoch: 1, customer: "cust-full", meter: "disk_full"}
 	e.kafka.ProduceTo(t, topic, 0, encode(t, full.next(rng, 1)))
@@ -337,7 +321,8 @@ CREATE TRIGGER test_disk_full BEFORE INSERT ON records FOR EACH ROW WHEN (NEW.me
 	m := e.start(func(c *ingest.Config) { c.Clock = func() time.Time { return time.Now().Add(-time.Hour) } })
 	defer m.Stop(t)
 	var st []ingest.PartitionStatus
-	err = eventually(30*time.Second, func() error {
+	err := eventually(30*time.Second, func() error {
+		var err error
 		if st, err = ingest.Status(ctx, e.pool, topic); err != nil {
 			return err
 		}
@@ -352,5 +337,21 @@ CREATE TRIGGER test_disk_full BEFORE INSERT ON records FOR EACH ROW WHEN (NEW.me
 	if s := st[0]; s.State != "retrying" || s.RetryingSince.Before(before) {
 		t.Fatalf("a partition failing for under %v: state %q, retrying since %v (the database's clock read %v before ingest started)",
 			ingest.StallAfter, s.State, s.RetryingSince, before)
+	}
+}
+
+// diskFull makes Postgres refuse every record of meter disk_full as a
+// full disk would (SQLSTATE 53100): a failure that retrying cures once
+// the trigger is dropped (DROP TRIGGER test_disk_full ON records).
+func diskFull(t *testing.T, e *env) {
+	t.Helper()
+	_, err := e.pool.Exec(context.Background(), `
+CREATE FUNCTION test_disk_full() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    RAISE EXCEPTION 'could not extend file: No space left on device' USING ERRCODE = '53100';
+END $$;
+CREATE TRIGGER test_disk_full BEFORE INSERT ON records FOR EACH ROW WHEN (NEW.meter = 'disk_full') EXECUTE FUNCTION test_disk_full();`)
+	if err != nil {
+		t.Fatal(err)
 	}
 }

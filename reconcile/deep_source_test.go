@@ -133,6 +133,21 @@ func (s *records) Read(ctx context.Context, customers []string, _ reconcile.Posi
 	return view, s.fail
 }
 
+// appliedAndRead applies sent to the ledger, in order, and returns a
+// Reconciler whose deep check reads them back from a records source, as
+// Kafka would hold them.
+func appliedAndRead(t *testing.T, e *env, sent ...ledger.Record) *reconcile.Reconciler {
+	t.Helper()
+	e.apply(sent...)
+	src := &records{}
+	src.add(sent...)
+	rc, err := reconcile.New(reconcile.Config{Pool: e.pool, Clock: func() time.Time { return e.now }, Deep: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rc
+}
+
 // TestDeepTakesTheFirstRecordOfEachSeq: Kafka holds a stream's records
 // out of order, sent twice, and once with another total under a seq
 // already taken (a producer's fault the ledger answered as a conflict);
@@ -150,13 +165,7 @@ func TestDeepTakesTheFirstRecordOfEachSeq(t *testing.T) {
 		rec("gw", 1, "acme", 4, "30", "", nov), // seq 4 again, another total: a conflict
 		rec("gw", 2, "acme", 1, "1", "", nov),
 	}
-	e.apply(sent...)
-	src := &records{}
-	src.add(sent...)
-	rc, err := reconcile.New(reconcile.Config{Pool: e.pool, Clock: func() time.Time { return e.now }, Deep: src})
-	if err != nil {
-		t.Fatal(err)
-	}
+	rc := appliedAndRead(t, e, sent...)
 	deepFindings := func() (out []string) {
 		t.Helper()
 		r, err := rc.Run(context.Background(), reconcile.Options{Period: "2026-11-01", Customer: "acme", Deep: true})
@@ -226,14 +235,7 @@ func TestDeepSaysWhatItComparedByPositionOnly(t *testing.T) {
 	e := newEnv(t)
 	e.declare("seats", ledger.Gauge)
 	sent := []ledger.Record{rec("gw", 1, "acme", 1, "10", "", nov), level("hr", 1, "7", nov), level("hr", 2, "9", nov.Add(time.Hour))}
-	e.apply(sent...)
-	src := &records{}
-	src.add(sent...)
-	rc, err := reconcile.New(reconcile.Config{Pool: e.pool, Clock: func() time.Time { return e.now }, Deep: src})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := rc.Run(context.Background(), reconcile.Options{Period: "2026-11-01", Deep: true})
+	r, err := appliedAndRead(t, e, sent...).Run(context.Background(), reconcile.Options{Period: "2026-11-01", Deep: true})
 	if err != nil || r.Status != reconcile.StatusClean {
 		t.Fatalf("deep run: %v %+v", err, r)
 	}
