@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/tally-ledger/tally/ingest/wire"
 	"github.com/tally-ledger/tally/internal/kafkatest"
@@ -247,5 +248,56 @@ VALUES ('01a25240-0000-7000-8000-000000000001', 'tally.meter-batches', 0, 1, 0, 
 	}
 	if got := deepKinds(); len(got) != 0 {
 		t.Fatalf("findings %v after the loss was accepted, want none", got)
+	}
+}
+
+// TestDeepReadsATopicEndingInATransactionMarker: a transactional producer
+// ends each transaction with a marker, an offset no consumer is given.
+// When a partition's last offset is such a marker, the deep check's read
+// (which stops at the last offset) must end there, not wait for a
+// message that never comes (kafka-go hands the marker's offset to the
+// reader, which the wire decoder refuses).
+func TestDeepReadsATopicEndingInATransactionMarker(t *testing.T) {
+	e := newEnv(t)
+	kc := kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{{Name: "tally.meter-batches", Partitions: 1}}})
+	sent := []ledger.Record{rec("gw", 1, "acme", 1, "10", "10", nov), rec("gw", 1, "acme", 2, "15", "5", nov)}
+	e.apply(sent...)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(kc.Addrs...), kgo.TransactionalID("deep-tx"),
+		kgo.DefaultProduceTopic("tally.meter-batches"), kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := cl.BeginTransaction(); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range sent {
+		v, err := wire.Encode(wire.Batch{Schema: wire.Schema, BatchID: uuid.Must(uuid.NewV7()), Producer: "gw", Epoch: 1, SentAt: nov,
+			Records: []wire.Record{{OperationID: r.OperationID, Customer: "acme", Meter: "calls", Seq: r.Seq, Total: r.Total, Quantity: r.Quantity, OccurredAt: r.OccurredAt}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cl.ProduceSync(ctx, &kgo.Record{Key: []byte("acme"), Value: v, Partition: 0}).FirstErr(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
+		t.Fatal(err)
+	}
+	rc, err := reconcile.New(reconcile.Config{Pool: e.pool, Clock: func() time.Time { return e.now },
+		Deep: reconcile.KafkaSource{Brokers: kc.Addrs, Topic: "tally.meter-batches"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, rcancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer rcancel()
+	r, err := rc.Run(rctx, reconcile.Options{Period: "2026-11-01", Deep: true})
+	if err != nil {
+		t.Fatalf("deep run over a partition ending in a transaction marker: %v", err)
+	}
+	if c := deepCheck(r); c.Status != "ok" || !strings.HasPrefix(c.Detail, "1 streams recomputed") {
+		t.Fatalf("deep check: %+v %+v", c, r.Findings)
 	}
 }
