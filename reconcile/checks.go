@@ -186,88 +186,32 @@ func (r *runner) breakdown(ctx context.Context, tx pgx.Tx, tg target) error {
 // records are never changed, and one arriving at or below a stream's last
 // seq is a late fill, billed nothing, so records that added up stay added
 // up. A stream that does not add up is a finding; one that adds up further
-// than stream_checks says is noted for the run to store (r.streams).
+// than stream_checks says is noted in the run's stream_checks_found, for
+// the run to store. Postgres sums and compares: the run reads only the
+// streams that do not add up, never every stream of its customers (a
+// stream is never deleted: each epoch of each producer stays).
 func (r *runner) streamTotals(ctx context.Context, tx pgx.Tx, tg target) error {
-	type stream struct {
-		id               int64
-		customer, meter  string
-		name             string
-		lastSeq, fromSeq int64
-		last, fromBilled decimal.Decimal
-		billed           decimal.Decimal // from fromSeq on
-		n                int64
-	}
 	args := tg.args()
 	args["whole"] = r.whole
-	rows, err := tx.Query(ctx, qStreamsToCheck, args)
+	rows, err := tx.Query(ctx, qStreamTotals, args)
 	if err != nil {
 		return err
 	}
-	streams, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*stream, error) {
-		var s stream
-		var last, from numeric
-		err := row.Scan(&s.id, &s.customer, &s.meter, &s.name, &s.lastSeq, &last, &s.fromSeq, &from)
-		s.last, s.fromBilled = last.dec(), from.dec()
-		return &s, err
-	})
-	if err != nil {
-		return err
-	}
-	// Streams never checked (or all of them, in a deep run) are summed
-	// whole; those checked before, from there, and only when they moved
-	// since.
-	byID := make(map[int64]*stream, len(streams))
-	var whole, after, seqs []int64
-	for _, s := range streams {
-		byID[s.id] = s
-		switch {
-		case s.fromSeq == 0:
-			whole = append(whole, s.id)
-		case s.lastSeq > s.fromSeq:
-			after, seqs = append(after, s.id), append(seqs, s.fromSeq)
-		}
-	}
-	sums := func(q string, args pgx.StrictNamedArgs) error {
-		rows, err := tx.Query(ctx, q, args)
-		if err != nil {
-			return err
-		}
-		var id, n int64
-		var billed numeric
-		_, err = pgx.ForEachRow(rows, []any{&id, &billed, &n}, func() error {
-			s := byID[id]
-			s.billed, s.n = billed.dec(), n
-			return nil
-		})
-		return err
-	}
-	if len(whole) > 0 {
-		if err := sums(qStreamSumsWhole, pgx.StrictNamedArgs{"ids": whole}); err != nil {
-			return err
-		}
-	}
-	if len(after) > 0 {
-		if err := sums(qStreamSumsAfter, pgx.StrictNamedArgs{"ids": after, "seqs": seqs}); err != nil {
-			return err
-		}
-	}
-	for _, s := range streams {
-		billed := s.fromBilled.Add(s.billed)
-		if billed.Equal(s.last) {
-			if s.lastSeq > s.fromSeq {
-				r.streams = append(r.streams, streamCheck{id: s.id, seq: s.lastSeq, billed: s.last})
-			}
-			continue
-		}
-		diff := billed.Sub(s.last)
-		detail := fmt.Sprintf("%d records billed %s in all, but the stream's last total is %s", s.n, billed, s.last)
-		if s.fromSeq > 0 {
+	var customer, meter, name string
+	var fromSeq, n int64
+	var last, fromBilled, billed numeric
+	_, err = pgx.ForEachRow(rows, []any{&customer, &meter, &name, &last, &fromSeq, &fromBilled, &billed, &n}, func() error {
+		total := fromBilled.dec().Add(billed.dec())
+		diff := total.Sub(last.dec())
+		detail := fmt.Sprintf("%d records billed %s in all, but the stream's last total is %s", n, total, last.dec())
+		if fromSeq > 0 {
 			detail = fmt.Sprintf("%d records after seq %d billed %s; with the %s billed up to it (found adding up by an earlier run) that is %s, but the stream's last total is %s",
-				s.n, s.fromSeq, s.billed, s.fromBilled, billed, s.last)
+				n, fromSeq, billed.dec(), fromBilled.dec(), total, last.dec())
 		}
-		r.find(Finding{Kind: KindStreamMismatch, Severity: Discrepancy, Customer: s.customer, Meter: s.meter, Stream: s.name, Amount: &diff, Detail: detail})
-	}
-	return nil
+		r.find(Finding{Kind: KindStreamMismatch, Severity: Discrepancy, Customer: customer, Meter: meter, Stream: name, Amount: &diff, Detail: detail})
+		return nil
+	})
+	return err
 }
 
 // checkStreams: per stream of the targets' customers, billed deltas must

@@ -194,34 +194,52 @@ SELECT customer, meter, part, sum(q) FROM (
   WHERE (@all::boolean OR customer = ANY(@customers)) AND period_start = ANY(@starts) AND kind = 'adjustment'
 ) x GROUP BY 1, 2, 3`
 
-	// The customers' streams, each with where a run last found it adding
-	// up (stream_checks, migration 00047: seq and billed, 0 when none or
-	// with @whole, a deep run).
-	qStreamsToCheck = `
-SELECT st.id, st.customer, st.meter, st.producer || '/' || st.epoch, st.last_seq, st.last_total,
-       coalesce(ck.seq, 0), coalesce(ck.billed, 0)
-FROM streams st LEFT JOIN stream_checks ck ON ck.stream_id = st.id AND NOT @whole
-WHERE st.customer = ANY(@customers)`
+	// streamChecksTable holds, for one run, each stream its stream check
+	// found adding up further than stream_checks says (seq and billed: its
+	// last then). It is temporary (the run's connection's own) and is
+	// created before the run's read-only transaction, which may write to it
+	// but not create it; qStreamChecksUpsert stores it when the run did not
+	// fail.
+	streamChecksTable = `CREATE TEMPORARY TABLE stream_checks_found (stream_id bigint NOT NULL, seq bigint NOT NULL, billed numeric NOT NULL)`
+	streamChecksDrop  = `DROP TABLE IF EXISTS pg_temp.stream_checks_found`
 
-	// The billed sum and count of every record of the streams @ids: one
-	// scan of records when they are many (a first or deep run), the
-	// primary key when few (with the run's custom plans the planner sees
-	// how many).
-	qStreamSumsWhole = `
-SELECT stream_id, sum(billed), count(*) FROM records WHERE stream_id = ANY(@ids) GROUP BY 1`
-
-	// The billed sum and count of each stream's records after a seq
-	// (pairwise), by the primary key of records, a stream at a time.
-	qStreamSumsAfter = `
-SELECT k.id, s.billed, s.n
-FROM unnest(@ids::bigint[], @seqs::bigint[]) AS k (id, seq)
-CROSS JOIN LATERAL (SELECT coalesce(sum(billed), 0) AS billed, count(*) AS n FROM records
-                    WHERE stream_id = k.id AND seq > k.seq) s`
+	// qStreamTotals checks the customers' streams, each from where a run
+	// last found it adding up (stream_checks, migration 00047: seq and
+	// billed, 0 when none or with @whole, a deep run): it notes those that
+	// add up further in stream_checks_found and returns those that do not
+	// add up. Streams never checked (or all of them, in a deep run) are
+	// summed whole, in one scan of records when they are many (a first or
+	// deep run); those checked before, from there and only when they moved
+	// since, by the primary key of records, a stream at a time.
+	qStreamTotals = `
+WITH s AS (
+  SELECT st.id, st.customer, st.meter, st.producer || '/' || st.epoch AS name, st.last_seq, st.last_total,
+         coalesce(ck.seq, 0) AS from_seq, coalesce(ck.billed, 0) AS from_billed
+  FROM streams st LEFT JOIN stream_checks ck ON ck.stream_id = st.id AND NOT @whole
+  WHERE st.customer = ANY(@customers)
+), whole AS (
+  SELECT stream_id AS id, sum(billed) AS billed, count(*) AS n FROM records
+  WHERE stream_id IN (SELECT id FROM s WHERE from_seq = 0) GROUP BY 1
+), after AS (
+  SELECT s.id, a.billed, a.n
+  FROM s CROSS JOIN LATERAL (SELECT coalesce(sum(billed), 0) AS billed, count(*) AS n FROM records
+                             WHERE stream_id = s.id AND seq > s.from_seq) a
+  WHERE s.from_seq > 0 AND s.last_seq > s.from_seq
+), summed AS (
+  SELECT s.*, coalesce(w.billed, a.billed, 0) AS billed, coalesce(w.n, a.n, 0) AS n
+  FROM s LEFT JOIN whole w ON w.id = s.id LEFT JOIN after a ON a.id = s.id
+), found AS (
+  INSERT INTO pg_temp.stream_checks_found (stream_id, seq, billed)
+  SELECT id, last_seq, last_total FROM summed WHERE from_billed + billed = last_total AND last_seq > from_seq
+)
+SELECT customer, meter, name, last_total, from_seq, from_billed, billed, n
+FROM summed WHERE from_billed + billed <> last_total
+ORDER BY customer, meter, name`
 
 	// Where the streams found adding up were (seq, billed): never back.
 	qStreamChecksUpsert = `
 INSERT INTO stream_checks (stream_id, seq, billed, checked_at)
-SELECT u.id, u.seq, u.billed, @at::timestamptz FROM unnest(@ids::bigint[], @seqs::bigint[], @billed::numeric[]) AS u (id, seq, billed)
+SELECT stream_id, seq, billed, @at::timestamptz FROM pg_temp.stream_checks_found
 ON CONFLICT (stream_id) DO UPDATE SET seq = excluded.seq, billed = excluded.billed, checked_at = excluded.checked_at
 WHERE stream_checks.seq < excluded.seq`
 

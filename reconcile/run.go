@@ -208,9 +208,6 @@ type runner struct {
 	// whole: stream totals are summed over every record (a deep run), not
 	// from where a run last found them adding up.
 	whole bool
-	// streams found adding up further than stream_checks says, for the
-	// run to store.
-	streams []streamCheck
 
 	// What find counted: the run lists at most max findings of a kind
 	// (listed), and counts the rest per kind and severity (omitted); found
@@ -223,13 +220,6 @@ type runner struct {
 	omitted map[[2]string]int
 	dirty   map[string]bool
 	global  bool
-}
-
-// streamCheck says that a stream's records up to seq add up to billed, its
-// last total then.
-type streamCheck struct {
-	id, seq int64
-	billed  decimal.Decimal
 }
 
 func (r *runner) total(customer, meter string) *Total {
@@ -350,7 +340,7 @@ func (rc *Reconciler) Run(ctx context.Context, opt Options) (*Run, error) {
 	}
 	rc.log.Info("reconciliation started", "run", run.ID, "period", opt.Period, "customer", opt.Customer, "deep", opt.Deep)
 
-	verdicts, streams, err := rc.check(ctx, run, opt, now, locks)
+	verdicts, err := rc.check(ctx, run, opt, now, locks)
 	if err != nil {
 		run.Status, run.Error = StatusFailed, err.Error()
 		rc.log.Error("reconciliation failed", "run", run.ID, "err", err)
@@ -361,7 +351,7 @@ func (rc *Reconciler) Run(ctx context.Context, opt Options) (*Run, error) {
 	}
 	fin := rc.cfg.Clock().UTC().Truncate(time.Microsecond)
 	run.FinishedAt = &fin
-	if serr := rc.store(context.WithoutCancel(ctx), run, verdicts, streams); serr != nil {
+	if serr := rc.store(context.WithoutCancel(ctx), run, verdicts); serr != nil {
 		return run, errors.Join(err, serr)
 	}
 	if err != nil {
@@ -462,44 +452,50 @@ type verdict struct {
 }
 
 // check resolves the targets and runs every check in one REPEATABLE READ
-// transaction, so all checks see the same snapshot of the ledger.
-func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time.Time, locks *runLocks) ([]verdict, []streamCheck, error) {
+// transaction, so all checks see the same snapshot of the ledger; then it
+// stores where the stream check found streams adding up.
+func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time.Time, locks *runLocks) ([]verdict, error) {
 	conn, err := rc.cfg.Pool.Acquire(ctx)
 	if err != nil {
-		return nil, nil, fmt.Errorf("reconcile: %w", err)
+		return nil, fmt.Errorf("reconcile: %w", err)
 	}
 	defer conn.Release()
+	// The stream check notes the streams it found adding up in a temporary
+	// table of this connection, and the deep check keeps what it reads
+	// from Kafka in another (deep.go): the read-only transaction can write
+	// to them but not create them.
+	temporary := [][2]string{{streamChecksTable, streamChecksDrop}}
 	if opt.Deep {
-		// The deep check keeps what it reads from Kafka in a temporary
-		// table of this connection (deep.go), which the read-only
-		// transaction can write to but not create.
-		if _, err := conn.Exec(ctx, deepKafkaTable); err != nil {
-			return nil, nil, fmt.Errorf("reconcile: %w", err)
+		temporary = append(temporary, [2]string{deepKafkaTable, deepKafkaDrop})
+	}
+	for _, tt := range temporary {
+		if _, err := conn.Exec(ctx, tt[0]); err != nil {
+			return nil, fmt.Errorf("reconcile: %w", err)
 		}
 		defer func() {
-			// A connection that kept the table goes no further than this run.
-			if _, err := conn.Exec(context.WithoutCancel(ctx), deepKafkaDrop); err != nil {
+			// A connection that kept a table goes no further than this run.
+			if _, err := conn.Exec(context.WithoutCancel(ctx), tt[1]); err != nil {
 				conn.Conn().Close(context.WithoutCancel(ctx))
 			}
 		}()
 	}
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return nil, nil, fmt.Errorf("reconcile: %w", err)
+		return nil, fmt.Errorf("reconcile: %w", err)
 	}
 	defer tx.Rollback(ctx)
 	if _, err := tx.Exec(ctx, qRunSettings); err != nil {
-		return nil, nil, fmt.Errorf("reconcile: %w", err)
+		return nil, fmt.Errorf("reconcile: %w", err)
 	}
 
 	tg, byCustomer, err := rc.targets(ctx, tx, opt, now)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	// A customer created since the locks were taken may resolve to a
 	// period not locked yet.
 	if err := locks.lockAll(ctx, byCustomer); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	r := &runner{run: run, totals: map[[2]string]*Total{}, periodOf: map[string]string{}, usage: map[string][]meterUsage{},
 		rollups: map[[2]string]decimal.Decimal{}, whole: opt.Deep,
@@ -508,7 +504,7 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 		r.periodOf[c] = p.Name
 	}
 	if err := tx.QueryRow(ctx, qIngestTablesExist).Scan(&r.hasIngest); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	rc.progress("reconciling %s for %d customers\n", opt.Period, len(tg.customers))
 
@@ -535,7 +531,7 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 		before := r.found
 		start := time.Now()
 		if err := s.fn(); err != nil {
-			return nil, nil, fmt.Errorf("reconcile: check %s: %w", s.name, err)
+			return nil, fmt.Errorf("reconcile: check %s: %w", s.name, err)
 		}
 		c := Check{Name: s.name, Status: "ok"}
 		if n := r.found - before; n > 0 {
@@ -546,7 +542,7 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 	}
 	if opt.Deep {
 		if err := rc.deep(ctx, tx, r, tg); err != nil {
-			return nil, nil, fmt.Errorf("reconcile: deep check: %w", err)
+			return nil, fmt.Errorf("reconcile: deep check: %w", err)
 		}
 	}
 	r.summarize()
@@ -557,7 +553,7 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 	}
 	fps, err := fingerprints(ctx, tx, tg, usage)
 	if err != nil {
-		return nil, nil, fmt.Errorf("reconcile: fingerprint: %w", err)
+		return nil, fmt.Errorf("reconcile: fingerprint: %w", err)
 	}
 
 	// Totals, sorted; customers with a period but no usage still get a verdict.
@@ -587,7 +583,16 @@ func (rc *Reconciler) check(ctx context.Context, run *Run, opt Options, now time
 		vs = append(vs, verdict{customer: c, period: p, clean: !r.global && !r.dirty[c], totals: totals, fp: fps[c]})
 	}
 	sort.Slice(vs, func(i, j int) bool { return vs[i].customer < vs[j].customer })
-	return vs, r.streams, nil
+	// The transaction wrote only to stream_checks_found: committed, the
+	// rows are stored from there (a failed run stores none).
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("reconcile: %w", err)
+	}
+	at := rc.cfg.Clock().UTC().Truncate(time.Microsecond)
+	if _, err := conn.Exec(ctx, qStreamChecksUpsert, pgx.StrictNamedArgs{"at": at}); err != nil {
+		return nil, fmt.Errorf("reconcile: store stream checks: %w", err)
+	}
+	return vs, nil
 }
 
 // targets resolves the period for each customer from its own calendar.
@@ -636,8 +641,8 @@ func (rc *Reconciler) targets(ctx context.Context, tx pgx.Tx, opt Options, now t
 }
 
 // store finishes the stored run and writes its findings and (unless it
-// failed) its verdicts and where its streams added up, one statement each.
-func (rc *Reconciler) store(ctx context.Context, run *Run, vs []verdict, streams []streamCheck) error {
+// failed) its verdicts, one statement each.
+func (rc *Reconciler) store(ctx context.Context, run *Run, vs []verdict) error {
 	checks, _ := json.Marshal(run.Checks)
 	totals, _ := json.Marshal(run.Totals)
 	return pgx.BeginFunc(ctx, rc.cfg.Pool, func(tx pgx.Tx) error {
@@ -652,15 +657,6 @@ func (rc *Reconciler) store(ctx context.Context, run *Run, vs []verdict, streams
 		}
 		if run.Status == StatusFailed {
 			return nil
-		}
-		if len(streams) > 0 {
-			ids, seqs, billed := make([]int64, len(streams)), make([]int64, len(streams)), make([]string, len(streams))
-			for i, c := range streams {
-				ids[i], seqs[i], billed[i] = c.id, c.seq, c.billed.String()
-			}
-			if _, err := tx.Exec(ctx, qStreamChecksUpsert, pgx.StrictNamedArgs{"ids": ids, "seqs": seqs, "billed": billed, "at": run.FinishedAt}); err != nil {
-				return fmt.Errorf("reconcile: store stream checks: %w", err)
-			}
 		}
 		if len(vs) == 0 {
 			return nil
