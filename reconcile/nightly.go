@@ -19,7 +19,8 @@ const maxDuePerCustomer = 5000
 
 // Nightly reconciles every period whose grace has ended and that is not
 // closed, closing the clean ones, then checks the current open periods
-// without closing them. It returns every run it made.
+// without closing them. It returns every run it made; NightlyEach passes
+// each to a function as it ends instead, and keeps none.
 //
 // Due periods come from each customer's calendar, from its first period
 // (the earliest of its creation and its first usage: counter rollups,
@@ -28,40 +29,56 @@ const maxDuePerCustomer = 5000
 // usage that arrives months late is a prior-period adjustment, never a new
 // statement for an old month.
 func (rc *Reconciler) Nightly(ctx context.Context) ([]*Run, error) {
+	var runs []*Run
+	err := rc.NightlyEach(ctx, func(r *Run) error {
+		runs = append(runs, r)
+		return nil
+	})
+	return runs, err
+}
+
+// NightlyEach is Nightly passing each run to each when it ends, failed or
+// not, and holding none: after an outage of the job, or on a ledger with
+// a history, hundreds of periods are due, each run with every customer's
+// totals and findings. An error of each stops the job and is returned.
+func (rc *Reconciler) NightlyEach(ctx context.Context, each func(*Run) error) error {
 	now := rc.cfg.Clock().UTC()
 	names, err := rc.duePeriods(ctx, now)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	var runs []*Run
 	var errs []error
 	for i, n := range names {
 		// An interrupted job stops here: what it closed stays closed (each
 		// close is its own transaction) and running it again goes on.
 		if ctx.Err() != nil {
-			return runs, stopped(errs, ctx.Err())
+			return stopped(errs, ctx.Err())
 		}
 		rc.progress("period %d/%d: %s\n", i+1, len(names)+1, n)
 		run, err := rc.Run(ctx, Options{Period: n, Close: true})
-		if run != nil {
-			runs = append(runs, run)
-		}
 		if err != nil {
 			errs = append(errs, err)
 		}
+		if run != nil {
+			if err := each(run); err != nil {
+				return errors.Join(append(errs, err)...)
+			}
+		}
 	}
 	if ctx.Err() != nil {
-		return runs, stopped(errs, ctx.Err())
+		return stopped(errs, ctx.Err())
 	}
 	rc.progress("period %d/%d: current\n", len(names)+1, len(names)+1)
 	run, err := rc.Run(ctx, Options{Period: "current"})
-	if run != nil {
-		runs = append(runs, run)
-	}
 	if err != nil && !errors.Is(err, periods.ErrNoSuchPeriod) {
 		errs = append(errs, err)
 	}
-	return runs, errors.Join(errs...)
+	if run != nil {
+		if err := each(run); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // duePeriods lists, by name, every customer's periods whose grace has

@@ -60,6 +60,63 @@ func WriteReports(w io.Writer, format string, runs []*Run) error {
 	}
 }
 
+// ReportWriter writes the reports of runs one at a time, as each ends, in
+// what WriteReports writes for all of them: a nightly job holds no run
+// until the last has ended. Close ends the report (the JSON array); a
+// writer given no run writes nothing.
+type ReportWriter struct {
+	w      io.Writer
+	format string
+	n      int
+	cw     *csv.Writer
+}
+
+// NewReportWriter returns a ReportWriter of format.
+func NewReportWriter(w io.Writer, format string) (*ReportWriter, error) {
+	if err := ValidateFormat(format); err != nil {
+		return nil, err
+	}
+	return &ReportWriter{w: w, format: format}, nil
+}
+
+// Write writes the report of r.
+func (rw *ReportWriter) Write(r *Run) error {
+	rw.n++
+	switch rw.format {
+	case FormatJSON:
+		// As json.Encoder with an indent of two spaces writes an array.
+		b, err := json.MarshalIndent(r, "  ", "  ")
+		if err != nil {
+			return err
+		}
+		sep := ",\n  "
+		if rw.n == 1 {
+			sep = "[\n  "
+		}
+		_, err = io.WriteString(rw.w, sep+string(b))
+		return err
+	case FormatCSV:
+		if rw.cw == nil {
+			rw.cw = csv.NewWriter(rw.w)
+			writeCSVHeader(rw.cw)
+		}
+		writeCSVRows(rw.cw, r)
+		rw.cw.Flush()
+		return rw.cw.Error()
+	default:
+		return writeText(rw.w, r)
+	}
+}
+
+// Close ends the report.
+func (rw *ReportWriter) Close() error {
+	if rw.format == FormatJSON && rw.n > 0 {
+		_, err := io.WriteString(rw.w, "\n]\n")
+		return err
+	}
+	return nil
+}
+
 func encodeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
@@ -121,29 +178,37 @@ func writeText(w io.Writer, r *Run) error {
 
 func writeCSV(w io.Writer, runs []*Run) error {
 	cw := csv.NewWriter(w)
-	_ = cw.Write([]string{"run", "period", "status", "row", "customer", "meter", "billed", "usage",
-		"prior_period_adjustments", "adjustments", "open_gaps", "gap_usage", "severity", "kind", "stream", "amount", "detail"})
+	writeCSVHeader(cw)
 	for _, r := range runs {
-		for _, t := range r.Totals {
-			_ = cw.Write([]string{r.ID.String(), t.Period, r.Status, "total", t.Customer, t.Meter, t.Billed.String(), t.Usage.String(),
-				t.PriorPeriod.String(), t.Adjustments.String(), fmt.Sprint(t.OpenGaps), t.GapAmount.String(), "", "", "", "", ""})
-		}
-		for _, f := range r.Findings {
-			amt := ""
-			if f.Amount != nil {
-				amt = f.Amount.String()
-			}
-			// The period resolved, as on the total rows; the reference
-			// asked for (e.g. "current") only when the customers' periods
-			// differ, or in a run loaded with Get (PeriodName is not stored).
-			period := f.PeriodName
-			if period == "" {
-				period = r.Period
-			}
-			_ = cw.Write([]string{r.ID.String(), period, r.Status, "finding", f.Customer, f.Meter, "", "", "", "", "", "",
-				f.Severity, f.Kind, f.Stream, amt, f.Detail})
-		}
+		writeCSVRows(cw, r)
 	}
 	cw.Flush()
 	return cw.Error()
+}
+
+func writeCSVHeader(cw *csv.Writer) {
+	_ = cw.Write([]string{"run", "period", "status", "row", "customer", "meter", "billed", "usage",
+		"prior_period_adjustments", "adjustments", "open_gaps", "gap_usage", "severity", "kind", "stream", "amount", "detail"})
+}
+
+func writeCSVRows(cw *csv.Writer, r *Run) {
+	for _, t := range r.Totals {
+		_ = cw.Write([]string{r.ID.String(), t.Period, r.Status, "total", t.Customer, t.Meter, t.Billed.String(), t.Usage.String(),
+			t.PriorPeriod.String(), t.Adjustments.String(), fmt.Sprint(t.OpenGaps), t.GapAmount.String(), "", "", "", "", ""})
+	}
+	for _, f := range r.Findings {
+		amt := ""
+		if f.Amount != nil {
+			amt = f.Amount.String()
+		}
+		// The period resolved, as on the total rows; the reference
+		// asked for (e.g. "current") only when the customers' periods
+		// differ, or in a run loaded with Get (PeriodName is not stored).
+		period := f.PeriodName
+		if period == "" {
+			period = r.Period
+		}
+		_ = cw.Write([]string{r.ID.String(), period, r.Status, "finding", f.Customer, f.Meter, "", "", "", "", "", "",
+			f.Severity, f.Kind, f.Stream, amt, f.Detail})
+	}
 }

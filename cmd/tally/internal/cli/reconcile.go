@@ -103,21 +103,41 @@ overlap.`,
 			if err != nil {
 				return err
 			}
-			var runs []*reconcile.Run
+			// The first run that is not clean, for the exit status.
+			var unclean error
+			note := func(r *reconcile.Run) {
+				if unclean == nil && r.Status != reconcile.StatusClean {
+					unclean = &ExitError{Code: 3, Err: fmt.Errorf("period %s: %d discrepancies (run %s)", r.Period, r.Discrepancies(), r.ID)}
+				}
+			}
 			var werr error
 			if nightly {
-				// An array in JSON, however many periods were due. No
-				// run at all (it always checks the current periods):
-				// it never started, and the error says why.
-				runs, err = rc.Nightly(cmd.Context())
-				if len(runs) > 0 {
-					werr = reconcile.WriteReports(cmd.OutOrStdout(), format, runs)
+				// Each run's report as it ends (a job after an outage has
+				// hundreds of periods due: none is held until the last
+				// ends); an array in JSON, however many periods were due.
+				// No run at all (it always checks the current periods):
+				// it never started, and the error says why. A report
+				// that cannot be written stops the report, not the job.
+				rw, rerr := reconcile.NewReportWriter(cmd.OutOrStdout(), format)
+				if rerr != nil {
+					return usageError(rerr)
+				}
+				wrote := false
+				err = rc.NightlyEach(cmd.Context(), func(r *reconcile.Run) error {
+					note(r)
+					if werr == nil {
+						werr, wrote = rw.Write(r), true
+					}
+					return nil
+				})
+				if werr == nil && wrote {
+					werr = rw.Close()
 				}
 			} else {
 				var run *reconcile.Run
 				run, err = rc.Run(cmd.Context(), opt)
 				if run != nil { // else it never started: no report, the error says why
-					runs = append(runs, run)
+					note(run)
 					werr = reconcile.WriteReport(cmd.OutOrStdout(), format, run)
 				}
 			}
@@ -127,12 +147,7 @@ overlap.`,
 			if err != nil {
 				return err
 			}
-			for _, r := range runs {
-				if r.Status != reconcile.StatusClean {
-					return &ExitError{Code: 3, Err: fmt.Errorf("period %s: %d discrepancies (run %s)", r.Period, r.Discrepancies(), r.ID)}
-				}
-			}
-			return nil
+			return unclean
 		},
 	}
 	f := cmd.Flags()
