@@ -273,6 +273,16 @@ func checkGaugeSchedule(rt *rapid.T, f *fixture, ns string) {
 				rt.Fatalf("period %s: from the %d of %d readings it needs, reconciliation recomputes max %s latest %s unit_seconds %s; brute force %s %s %s",
 					p.Name, len(needed), len(stored), rc.Max, rc.Latest, rc.UnitSeconds, mx, latest, us)
 			}
+			// And as reconciliation computes it: the changes of level in
+			// time order from Postgres, nothing held.
+			rc, err := ledger.RecomputeGaugeFor(ctx, f.pool, customer, "seats", p.Start, asOf)
+			if err != nil {
+				rt.Fatal(err)
+			}
+			if !rc.Max.Equal(mx) || !rc.Latest.Equal(latest) || !rc.UnitSeconds.Equal(us) {
+				rt.Fatalf("period %s: from the changes of level, reconciliation recomputes max %s latest %s unit_seconds %s; brute force %s %s %s",
+					p.Name, rc.Max, rc.Latest, rc.UnitSeconds, mx, latest, us)
+			}
 			if !got.Max.Equal(mx) || !got.Latest.Equal(latest) || !got.UnitSeconds.Equal(us) {
 				rt.Fatalf("period %s (%s, %s): ledger max %s latest %s unit_seconds %s; brute force max %s latest %s unit_seconds %s",
 					p.Name, zone, cadence, got.Max, got.Latest, got.UnitSeconds, mx, latest, us)

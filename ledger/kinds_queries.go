@@ -223,6 +223,27 @@ CROSS JOIN LATERAL (SELECT coalesce((SELECT seq FROM gauge_readings WHERE stream
 JOIN gauge_readings r ON r.stream_id = g.stream_id AND r.seq >= carry.seq AND r.occurred_at < $4
 WHERE g.customer = $1 AND g.meter = $2`
 
+	// The changes of level the readings of qGaugeReadingsFor make, in time
+	// order, by RecomputeGauge's rules: a reading holds its level from its
+	// occurred_at until its stream's next reading or the first reading (of
+	// those read) of a newer epoch of its producer, whichever comes first;
+	// a final reading, a level of 0 and one ended when it begins make none.
+	qGaugeLevelChangesFor = `
+WITH rs AS (` + qGaugeReadingsFor + `),
+firsts AS (SELECT producer, epoch, min(occurred_at) AS first FROM rs GROUP BY 1, 2),
+ends AS (SELECT f.producer, f.epoch, (SELECT min(n.first) FROM firsts n WHERE n.producer = f.producer AND n.epoch > f.epoch) AS epoch_end
+         FROM firsts f),
+spans AS (
+  SELECT rs.level, rs.final, rs.occurred_at AS from_at,
+         least(lead(rs.occurred_at) OVER (PARTITION BY rs.producer, rs.epoch ORDER BY rs.seq), ends.epoch_end) AS to_at
+  FROM rs JOIN ends USING (producer, epoch)),
+held AS (SELECT level, from_at, to_at FROM spans WHERE NOT final AND level <> 0 AND (to_at IS NULL OR from_at < to_at))
+SELECT at, d FROM (
+  SELECT from_at AS at, level AS d FROM held
+  UNION ALL
+  SELECT to_at, -level FROM held WHERE to_at IS NOT NULL
+) c ORDER BY at`
+
 	// The array is hidden from the planner as in qRecordsByOperation.
 	qUniqueByOperation = `
 SELECT operation_id, stream_id, seq, member, occurred_at, final FROM unique_readings

@@ -71,11 +71,10 @@ func (r *runner) checkKinds(ctx context.Context, tx pgx.Tx, tg target, now time.
 			lines[g.Meter] = g
 		}
 		for _, m := range gauges {
-			rs, err := ledger.GaugeReadingsFor(ctx, tx, c, m, p.Start, asOf)
+			want, err := ledger.RecomputeGaugeFor(ctx, tx, c, m, p.Start, asOf)
 			if err != nil {
 				return err
 			}
-			want := ledger.RecomputeGauge(rs, p.Start, asOf)
 			got := lines[m] // zero when the statement has no line
 			if !st.Final {
 				if !got.UnitSeconds.Equal(want.UnitSeconds) || !got.Max.Equal(want.Max) || !got.Latest.Equal(want.Latest) {
