@@ -3,7 +3,6 @@ package console
 import (
 	"errors"
 	"net/http"
-	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -105,6 +104,11 @@ type customersView struct {
 
 const customersPage = 200
 
+// ruleVersionsShown is how many versions of each quota's rule the
+// customer page shows, the latest: a rule changed every day has
+// thousands.
+const ruleVersionsShown = 20
+
 func (c *Console) customers(w http.ResponseWriter, r *http.Request) error {
 	if sentHome(w, r) {
 		return nil
@@ -132,7 +136,7 @@ type customerView struct {
 	KindCharts     []kindChart // gauges and unique meters
 	Empty          bool        // no usage and no quota in the period
 	Quotas         []quota.MeterStatus
-	History        map[string][]quota.Rule // every version of each quota's rule, newest first
+	History        map[string][]quota.Rule // the latest ruleVersionsShown versions of each quota's rule, newest first
 	Periods        []periods.Summary
 	Grants         []admission.Grant
 	Budgets        []admission.Budget
@@ -203,11 +207,10 @@ func (c *Console) customer(w http.ResponseWriter, r *http.Request) error {
 	cv.Empty = len(cv.Charts) == 0 && len(cv.KindCharts) == 0 && len(limits) == 0
 	cv.History = map[string][]quota.Rule{}
 	for _, q := range cv.Quotas {
-		h, err := quota.RuleHistory(ctx, c.pool, customer, q.Meter)
+		h, err := quota.LatestRuleVersions(ctx, c.pool, customer, q.Meter, ruleVersionsShown)
 		if err != nil {
 			return err
 		}
-		slices.Reverse(h)
 		cv.History[q.Meter] = h
 	}
 	if cv.Periods, err = store.List(ctx, c.pool, customer); err != nil {

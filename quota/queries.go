@@ -43,6 +43,13 @@ FROM quota_rules
 WHERE customer = $1 AND meter = $2
 ORDER BY version`
 
+// qRuleHistoryLatest is the latest $3 versions of a rule, newest first.
+const qRuleHistoryLatest = `
+SELECT ` + ruleColumns + `
+FROM quota_rules
+WHERE customer = $1 AND meter = $2
+ORDER BY version DESC LIMIT $3`
+
 // qEffectiveRules is every current rule (of one customer when $2 is not
 // NULL) with its customer's billing calendar (NULL: the customer has no
 // usage yet, so it has the default calendar).

@@ -430,6 +430,21 @@ func RuleHistory(ctx context.Context, db DBTX, customer, meter string) ([]Rule, 
 	return rs, nil
 }
 
+// LatestRuleVersions returns the latest n versions of a rule, newest
+// first: a rule changed every day has thousands. Versions are numbered
+// from 1, so the newest's Version is how many there are. ErrNotFound when
+// there is none.
+func LatestRuleVersions(ctx context.Context, db DBTX, customer, meter string, n int) ([]Rule, error) {
+	rs, err := queryRules(ctx, db, qRuleHistoryLatest, customer, meter, n)
+	if err != nil {
+		return nil, err
+	}
+	if len(rs) == 0 {
+		return nil, fmt.Errorf("%w: %s/%s", ErrNotFound, customer, meter)
+	}
+	return rs, nil
+}
+
 func queryRules(ctx context.Context, db DBTX, q string, args ...any) ([]Rule, error) {
 	rows, err := db.Query(ctx, q, args...)
 	if err != nil {

@@ -1,0 +1,49 @@
+package console_test
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shopspring/decimal"
+
+	"github.com/tally-ledger/tally/quota"
+)
+
+// TestCustomerPageShowsTheLatestRuleVersions: a rule gets a version at
+// every change (a billing system may change a customer's limit every
+// day), and the customer page, refreshed every few seconds, read and
+// showed every version of every rule. It shows the latest 20 and says
+// how many there are.
+func TestCustomerPageShowsTheLatestRuleVersions(t *testing.T) {
+	f := newFixture(t)
+	for i := range 25 {
+		if _, err := quota.PutRuleDB(context.Background(), f.pool, quota.RuleInput{Customer: "acme", Meter: "api_calls",
+			Limit: decimal.NewFromInt(int64(1000 + i)), EffectiveAt: f.now.Add(-30 * 24 * time.Hour), Actor: "billing",
+			Reason: fmt.Sprintf("plan change %d", i+1)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := f.client()
+	f.signInHTTP(c, adminToken)
+	res := f.get(c, "/console/customers/acme")
+	if res.status != 200 {
+		t.Fatalf("customer page: %d", res.status)
+	}
+	i := strings.Index(res.body, `<details class="history">`)
+	if i < 0 {
+		t.Fatalf("no rule history on the page:\n%s", res.body)
+	}
+	history := res.body[i:]
+	history = history[:strings.Index(history, `</details>`)]
+	versions := regexp.MustCompile(`<tr><td class="n">(\d+)</td>`).FindAllStringSubmatch(history, -1)
+	if len(versions) != 20 || versions[0][1] != "25" || versions[19][1] != "6" {
+		t.Errorf("%d versions shown, want the latest 20 (25 down to 6):\n%s", len(versions), history)
+	}
+	if !strings.Contains(history, "The latest 20 of the 25 versions of the api_calls rule") {
+		t.Errorf("the history does not say it shows 20 of 25 versions:\n%s", history)
+	}
+}
