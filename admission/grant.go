@@ -442,14 +442,38 @@ func (b *BudgetState) scan(row pgx.Row, first any, rest ...any) error {
 // (the rule's limit and version, what the period already consumed),
 // without writing it.
 func (s *Store) Budgets(ctx context.Context, customer string) ([]Budget, error) {
+	return s.BudgetsPage(ctx, BudgetsRequest{Customer: customer})
+}
+
+// BudgetsRequest asks for a page of a customer's budgets, in Budgets'
+// order: up to Limit (every one when 0) after the budget of AfterStart and
+// AfterMeter (from the first when AfterStart is nil).
+type BudgetsRequest struct {
+	Customer   string
+	AfterStart *time.Time
+	AfterMeter string
+	Limit      int
+}
+
+// BudgetsPage lists a page of a customer's budgets: a budget is kept for
+// every period an exact rule was in force, and a page reads its own.
+func (s *Store) BudgetsPage(ctx context.Context, req BudgetsRequest) ([]Budget, error) {
+	customer := req.Customer
 	now := s.now()
 	sch, err := periods.Store{}.Schedule(ctx, s.db, customer)
 	p, err := periodIn(sch, err, now)
 	if err != nil {
 		return nil, fmt.Errorf("admission: list budgets: %w", err)
 	}
-	rows, err := s.db.Query(ctx, qBudgets, pgnamed.Args{"customer": customer, "now": now,
-		"period": p.Name, "lo": p.Start.UTC(), "hi": p.End.UTC()})
+	args := pgnamed.Args{"customer": customer, "now": now, "period": p.Name, "lo": p.Start.UTC(), "hi": p.End.UTC(),
+		"after_start": pgtype.Timestamptz{InfinityModifier: pgtype.Infinity, Valid: true}, "after_meter": "", "limit": nil}
+	if req.AfterStart != nil {
+		args["after_start"], args["after_meter"] = *req.AfterStart, req.AfterMeter
+	}
+	if req.Limit > 0 {
+		args["limit"] = req.Limit
+	}
+	rows, err := s.db.Query(ctx, qBudgets, args)
 	if err != nil {
 		return nil, fmt.Errorf("admission: list budgets: %w", err)
 	}

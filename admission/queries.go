@@ -150,7 +150,10 @@ const (
 // force has no row brought in the current period (@lo, @hi, @period: no
 // grant was issued under it yet), it lists the row its first grant will
 // bring, the same way, with the rule's limit and version. Nothing is
-// written.
+// written. It lists @limit budgets (all when NULL) after the budget of
+// (@after_start, @after_meter) in that order (from the first when
+// @after_start is infinity): the rows of the page are picked before what
+// they show is read, not every budget of every period the customer had.
 const qBudgets = `
 (SELECT b.customer, b.meter, b.period, b.period_start, b.period_end,
         ` + budgetLimitAndVersion + `,
@@ -166,10 +169,12 @@ const qBudgets = `
                     AND (g.draws_customer OR k.behind) AND g.ended_at IS NULL AND g.reclaim_at <= @now), 0) AS stranded,
         coalesce((SELECT sum(x.amount) FROM admission_bypasses x
                   WHERE (x.customer, x.meter, x.period_start) = (b.customer, b.meter, b.period_start)), 0) AS bypassed
- FROM admission_budgets b
+ FROM (SELECT * FROM admission_budgets b
+       WHERE b.customer = @customer AND b."limit" IS NOT NULL
+         AND (b.period_start < @after_start OR b.period_start = @after_start AND b.meter > @after_meter)
+       ORDER BY b.period_start DESC, b.meter LIMIT @limit) b
  LEFT JOIN LATERAL quota_rule_in_force(b.customer, b.meter, ` + inForceAtOrEnd + `) r ON true
- CROSS JOIN LATERAL (SELECT coalesce(r.admission = 'exact' AND r."limit" IS NOT NULL AND b.rule_version <> r.version, false) AS behind) k
- WHERE b.customer = @customer AND b."limit" IS NOT NULL)
+ CROSS JOIN LATERAL (SELECT coalesce(r.admission = 'exact' AND r."limit" IS NOT NULL AND b.rule_version <> r.version, false) AS behind) k)
 UNION ALL
 (SELECT c.customer, c.meter, @period::text, c.lo, c.hi, r."limit", r.version,
         GREATEST(coalesce((SELECT b.consumed FROM admission_budgets b
@@ -186,9 +191,10 @@ UNION ALL
                      FROM admission_grants g
                      WHERE (g.customer, g.meter, g.period_start) = (c.customer, c.meter, c.lo) AND g.ended_at IS NULL) d
  WHERE r.admission = 'exact' AND r."limit" IS NOT NULL
+   AND (c.lo < @after_start OR c.lo = @after_start AND c.meter > @after_meter)
    AND NOT EXISTS (SELECT 1 FROM admission_budgets b
                    WHERE (b.customer, b.meter, b.period_start) = (c.customer, c.meter, c.lo) AND b."limit" IS NOT NULL))
-ORDER BY 4 DESC, 2`
+ORDER BY 4 DESC, 2 LIMIT @limit`
 
 const qInsertBypass = `
 INSERT INTO admission_bypasses (holder, report_id, customer, meter, period_start, period, rule_version, generation,

@@ -1,12 +1,10 @@
 package api
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"math"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -340,24 +338,33 @@ func (a *API) listBudgets(w http.ResponseWriter, r *http.Request) error {
 	if err := a.requireCustomer(r.Context(), customer); err != nil {
 		return err
 	}
+	pr, err := ParsePageRequest(r, q)
+	if err != nil {
+		return err
+	}
+	// Newest period first, by meter within a period, as BudgetsPage reads
+	// them; a page reads its own (a budget is kept for every period).
+	req := admission.BudgetsRequest{Customer: customer, Limit: pr.Limit + 1}
+	if len(pr.After) == 2 {
+		at, err := time.Parse(time.RFC3339, pr.After[0])
+		if err != nil {
+			return invalidField("cursor", notACursor)
+		}
+		req.AfterStart, req.AfterMeter = &at, pr.After[1]
+	} else if pr.After != nil {
+		return invalidField("cursor", notACursor)
+	}
 	s, err := a.admissionStore()
 	if err != nil {
 		return err
 	}
-	bs, err := s.Budgets(r.Context(), customer)
+	bs, err := s.BudgetsPage(r.Context(), req)
 	if err != nil {
 		return err
 	}
-	// Newest period first, by meter within a period, as Budgets reads them.
-	page, err := pageInMemory(r, q, bs, func(b admission.Budget) []string {
+	writeJSON(w, http.StatusOK, NewPage(bs, pr, func(b admission.Budget) []string {
 		return []string{b.PeriodStart.UTC().Format(time.RFC3339), b.Meter}
-	}, func(a, b []string) int {
-		return cmp.Or(-strings.Compare(a[0], b[0]), slices.Compare(a[1:], b[1:]))
-	})
-	if err != nil {
-		return err
-	}
-	writeJSON(w, http.StatusOK, page)
+	}))
 	return nil
 }
 

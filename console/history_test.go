@@ -47,3 +47,38 @@ func TestCustomerPageShowsTheLatestRuleVersions(t *testing.T) {
 		t.Errorf("the history does not say it shows 20 of 25 versions:\n%s", history)
 	}
 }
+
+// TestCustomerPageShowsTheLatestBudgets: a budget is kept for every period
+// an exact rule was in force (a daily customer has 365 a year per meter),
+// and the customer page read and showed every one. It shows the latest
+// 24 and says where the others are listed.
+func TestCustomerPageShowsTheLatestBudgets(t *testing.T) {
+	f := newFixture(t)
+	if _, err := quota.PutRuleDB(context.Background(), f.pool, quota.RuleInput{Customer: "acme", Meter: "api_calls",
+		Limit: decimal.NewFromInt(1000), Admission: quota.Exact, EffectiveAt: f.now.Add(-30 * 24 * time.Hour), Actor: "billing"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.pool.Exec(context.Background(), `INSERT INTO admission_budgets (customer, meter, period_start, period_end, period, "limit", rule_version, consumed, updated_at)
+		SELECT 'acme', 'api_calls', d, d + interval '1 day', to_char(d, 'YYYY-MM-DD'), 1000, 1, 0, d
+		FROM generate_series(timestamptz '2025-01-01T00:00:00Z', timestamptz '2025-02-09T00:00:00Z', interval '1 day') d`); err != nil {
+		t.Fatal(err)
+	}
+	c := f.client()
+	f.signInHTTP(c, adminToken)
+	res := f.get(c, "/console/customers/acme")
+	if res.status != 200 {
+		t.Fatalf("customer page: %d", res.status)
+	}
+	i := strings.Index(res.body, `<h2 id="budgets">`)
+	if i < 0 {
+		t.Fatalf("no budgets on the page:\n%s", res.body)
+	}
+	budgets := res.body[i:]
+	budgets = budgets[:strings.Index(budgets, `</section>`)]
+	if n := strings.Count(budgets, "<tr><td>api_calls</td>"); n != 24 {
+		t.Errorf("%d budgets shown, want the latest 24:\n%s", n, budgets)
+	}
+	if !strings.Contains(budgets, "GET /v1/customers/acme/budgets") {
+		t.Errorf("the page does not say where the older budgets are listed:\n%s", budgets)
+	}
+}

@@ -109,6 +109,10 @@ const customersPage = 200
 // thousands.
 const ruleVersionsShown = 20
 
+// budgetsShown is how many exact budgets the customer page shows, the
+// latest: a budget is kept for every period an exact rule was in force.
+const budgetsShown = 24
+
 func (c *Console) customers(w http.ResponseWriter, r *http.Request) error {
 	if sentHome(w, r) {
 		return nil
@@ -139,7 +143,8 @@ type customerView struct {
 	History        map[string][]quota.Rule // the latest ruleVersionsShown versions of each quota's rule, newest first
 	Periods        []periods.Summary
 	Grants         []admission.Grant
-	Budgets        []admission.Budget
+	Budgets        []admission.Budget     // the latest budgetsShown, newest period first
+	MoreBudgets    bool                   // older budgets than those
 	RateBudgets    []admission.RateBudget // its own, its pools' and global (docs/design.md §17)
 	RefreshSeconds int
 	Ref            string
@@ -223,8 +228,11 @@ func (c *Console) customer(w http.ResponseWriter, r *http.Request) error {
 	if cv.Grants, err = adm.Grants(ctx, admission.ListRequest{Customer: customer, State: "live", Limit: 50}); err != nil {
 		return err
 	}
-	if cv.Budgets, err = adm.Budgets(ctx, customer); err != nil {
+	if cv.Budgets, err = adm.BudgetsPage(ctx, admission.BudgetsRequest{Customer: customer, Limit: budgetsShown + 1}); err != nil {
 		return err
+	}
+	if len(cv.Budgets) > budgetsShown {
+		cv.Budgets, cv.MoreBudgets = cv.Budgets[:budgetsShown], true
 	}
 	if cv.RateBudgets, err = adm.RateBudgetsOf(ctx, customer); err != nil {
 		return err
