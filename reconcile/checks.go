@@ -191,6 +191,9 @@ func (r *runner) breakdown(ctx context.Context, tx pgx.Tx, tg target) error {
 // streams that do not add up, never every stream of its customers (a
 // stream is never deleted: each epoch of each producer stays).
 func (r *runner) streamTotals(ctx context.Context, tx pgx.Tx, tg target) error {
+	if _, err := tx.Exec(ctx, qJITOff); err != nil {
+		return err
+	}
 	args := tg.args()
 	args["whole"] = r.whole
 	rows, err := tx.Query(ctx, qStreamTotals, args)
@@ -211,6 +214,10 @@ func (r *runner) streamTotals(ctx context.Context, tx pgx.Tx, tg target) error {
 		r.find(Finding{Kind: KindStreamMismatch, Severity: Discrepancy, Customer: customer, Meter: meter, Stream: name, Amount: &diff, Detail: detail})
 		return nil
 	})
+	if err != nil {
+		return err
+	}
+	_, err = tx.Exec(ctx, qJITReset)
 	return err
 }
 
