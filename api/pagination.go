@@ -172,10 +172,11 @@ func NewPage[T any](rows []T, pr PageRequest, key func(T) []string) Page[T] {
 }
 
 // pageInMemory pages a list read whole: the lists an operator keeps
-// (meters, pools, alert rules, webhooks) and a customer's budgets
-// are short enough to read at once, and are paged here by key (unique per
-// item) so that a client pages them as every other list. The page is in
-// key order (slices.Compare), or in cmp's when it is not nil.
+// (meters, pools, alert rules, webhooks) and a customer's rate budgets
+// (one per rule, not per period) are short enough to read at once, and
+// are paged here by key (unique per item) so that a client pages them as
+// every other list. The page is in key order (slices.Compare), or in
+// cmp's when it is not nil.
 func pageInMemory[T any](r *http.Request, q map[string]string, all []T, key func(T) []string, cmp func(a, b []string) int) (Page[T], error) {
 	pr, err := ParsePageRequest(r, q)
 	if err != nil {
