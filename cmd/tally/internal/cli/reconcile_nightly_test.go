@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/csv"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 
@@ -76,5 +77,35 @@ func TestNightlyReportsEachRunAsItEnds(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// brokenOut is a stdout that is closed.
+type brokenOut struct{}
+
+func (brokenOut) Write([]byte) (int, error) { return 0, errors.New("write /dev/stdout: broken pipe") }
+
+// A nightly job whose stdout is closed still reconciles and closes every
+// period due: the report stops, the job does not, and it exits 1.
+func TestNightlyWithAClosedStdoutClosesEveryPeriod(t *testing.T) {
+	url := pgtest.NewURL(t)
+	pool, err := pgxpool.New(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pool.Exec(t.Context(), `INSERT INTO customers (id, schedule, created_at) VALUES ('acme', '[{"effective_from":"0001-01-01T00:00:00Z",
+		"calendar":{"cadence":"daily","anchor_day":0,"anchor_time":"00:00","zone":"UTC"}}]', date_trunc('day', now()) - interval '3 days')`); err != nil {
+		t.Fatal(err)
+	}
+	var errOut bytes.Buffer
+	code := execute(t.Context(), []string{"reconcile", "--nightly", "--grace", "0s", "--format", "json", "--database-url", url}, brokenOut{}, &errOut)
+	var runs, closed int
+	if err := pool.QueryRow(t.Context(), `SELECT (SELECT count(*) FROM reconciliation_runs), (SELECT count(*) FROM period_closes)`).Scan(&runs, &closed); err != nil {
+		t.Fatal(err)
+	}
+	if code != 1 || runs != 4 || closed != 3 || !strings.Contains(errOut.String(), "broken pipe") {
+		t.Fatalf("nightly with stdout closed: exit %d, %d runs, %d periods closed; want exit 1 naming the write error, 4 runs, 3 closed\n%s",
+			code, runs, closed, errOut.String())
 	}
 }
