@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
-	"runtime/debug"
-	"runtime/metrics"
 	"strings"
 	"testing"
 	"time"
@@ -62,30 +59,8 @@ func TestDeepHoldsNoTopicInMemory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Frequent collections, so that the live heap is read often.
-	defer debug.SetGCPercent(debug.SetGCPercent(10))
-	runtime.GC()
-	before := liveHeap()
-	stop, peak := make(chan struct{}), make(chan uint64)
-	go func() {
-		var most uint64
-		tick := time.NewTicker(time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				peak <- most
-				return
-			case <-tick.C:
-				most = max(most, liveHeap())
-			}
-		}
-	}()
-	began := time.Now()
-	r, err := rc.Run(context.Background(), reconcile.Options{Period: "2026-11-01", Deep: true})
-	close(stop)
-	took := time.Since(began)
-	grew := int64(<-peak) - int64(before)
+	var r *reconcile.Run
+	before, grew, took := heapGrowth(func() { r, err = rc.Run(context.Background(), reconcile.Options{Period: "2026-11-01", Deep: true}) })
 	if err != nil || r.Status != reconcile.StatusClean {
 		t.Fatalf("deep run: %v %s %+v", err, r.Status, r.Findings)
 	}
@@ -98,13 +73,6 @@ func TestDeepHoldsNoTopicInMemory(t *testing.T) {
 		t.Fatalf("the deep check's live heap grew by %.1f MB for %d records: it holds the topic in memory",
 			float64(grew)/(1<<20), customers*seqs)
 	}
-}
-
-// liveHeap is the heap the last collection found reachable.
-func liveHeap() uint64 {
-	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
-	metrics.Read(s)
-	return s[0].Value.Uint64()
 }
 
 // records is a DeepSource of records given in Kafka's order, all on

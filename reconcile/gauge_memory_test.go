@@ -3,8 +3,6 @@ package reconcile_test
 import (
 	"context"
 	"fmt"
-	"runtime"
-	"runtime/debug"
 	"testing"
 	"time"
 
@@ -35,29 +33,9 @@ func TestGaugeCheckHoldsNoReadingsInMemory(t *testing.T) {
 		e.apply(rs...)
 	}
 
-	defer debug.SetGCPercent(debug.SetGCPercent(10))
-	runtime.GC()
-	before := liveHeap()
-	stop, peak := make(chan struct{}), make(chan uint64)
-	go func() {
-		var most uint64
-		tick := time.NewTicker(time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				peak <- most
-				return
-			case <-tick.C:
-				most = max(most, liveHeap())
-			}
-		}
-	}()
-	began := time.Now()
-	r, err := e.rc.Run(context.Background(), reconcile.Options{Period: "2026-11-01"})
-	close(stop)
-	took := time.Since(began)
-	grew := int64(<-peak) - int64(before)
+	var r *reconcile.Run
+	var err error
+	before, grew, took := heapGrowth(func() { r, err = e.rc.Run(context.Background(), reconcile.Options{Period: "2026-11-01"}) })
 	if err != nil || r.Status != reconcile.StatusClean || len(r.Findings) > 0 {
 		t.Fatalf("run: %v %s %+v", err, r.Status, r.Findings)
 	}

@@ -3,10 +3,7 @@ package reconcile_test
 import (
 	"context"
 	"fmt"
-	"runtime"
-	"runtime/debug"
 	"testing"
-	"time"
 
 	"github.com/tally-ledger/tally/ledger"
 	"github.com/tally-ledger/tally/reconcile"
@@ -36,31 +33,10 @@ func TestStreamCheckHoldsNoStreamsInMemory(t *testing.T) {
 	e.apply(recs...)
 	recs = nil
 
-	// Frequent collections, so that the live heap is read often.
-	defer debug.SetGCPercent(debug.SetGCPercent(10))
 	for run := range 2 { // the first run sums every stream whole, the second from its check
-		runtime.GC()
-		before := liveHeap()
-		stop, peak := make(chan struct{}), make(chan uint64)
-		go func() {
-			var most uint64
-			tick := time.NewTicker(time.Millisecond)
-			defer tick.Stop()
-			for {
-				select {
-				case <-stop:
-					peak <- most
-					return
-				case <-tick.C:
-					most = max(most, liveHeap())
-				}
-			}
-		}()
-		began := time.Now()
-		r, err := e.rc.Run(context.Background(), reconcile.Options{Period: "2026-11-01"})
-		close(stop)
-		took := time.Since(began)
-		grew := int64(<-peak) - int64(before)
+		var r *reconcile.Run
+		var err error
+		before, grew, took := heapGrowth(func() { r, err = e.rc.Run(context.Background(), reconcile.Options{Period: "2026-11-01"}) })
 		if err != nil || r.Status != reconcile.StatusClean || len(r.Findings) > 0 {
 			t.Fatalf("run %d: %v %s %+v", run+1, err, r.Status, r.Findings)
 		}
