@@ -27,18 +27,7 @@ func TestCustomerPageShowsTheLatestRuleVersions(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	c := f.client()
-	f.signInHTTP(c, adminToken)
-	res := f.get(c, "/console/customers/acme")
-	if res.status != 200 {
-		t.Fatalf("customer page: %d", res.status)
-	}
-	i := strings.Index(res.body, `<details class="history">`)
-	if i < 0 {
-		t.Fatalf("no rule history on the page:\n%s", res.body)
-	}
-	history := res.body[i:]
-	history = history[:strings.Index(history, `</details>`)]
+	history := acmePagePart(t, f, `<details class="history">`, `</details>`)
 	versions := regexp.MustCompile(`<tr><td class="n">(\d+)</td>`).FindAllStringSubmatch(history, -1)
 	if len(versions) != 20 || versions[0][1] != "25" || versions[19][1] != "6" {
 		t.Errorf("%d versions shown, want the latest 20 (25 down to 6):\n%s", len(versions), history)
@@ -63,22 +52,29 @@ func TestCustomerPageShowsTheLatestBudgets(t *testing.T) {
 		FROM generate_series(timestamptz '2025-01-01T00:00:00Z', timestamptz '2025-02-09T00:00:00Z', interval '1 day') d`); err != nil {
 		t.Fatal(err)
 	}
-	c := f.client()
-	f.signInHTTP(c, adminToken)
-	res := f.get(c, "/console/customers/acme")
-	if res.status != 200 {
-		t.Fatalf("customer page: %d", res.status)
-	}
-	i := strings.Index(res.body, `<h2 id="budgets">`)
-	if i < 0 {
-		t.Fatalf("no budgets on the page:\n%s", res.body)
-	}
-	budgets := res.body[i:]
-	budgets = budgets[:strings.Index(budgets, `</section>`)]
+	budgets := acmePagePart(t, f, `<h2 id="budgets">`, `</section>`)
 	if n := strings.Count(budgets, "<tr><td>api_calls</td>"); n != 24 {
 		t.Errorf("%d budgets shown, want the latest 24:\n%s", n, budgets)
 	}
 	if !strings.Contains(budgets, "GET /v1/customers/acme/budgets") {
 		t.Errorf("the page does not say where the older budgets are listed:\n%s", budgets)
 	}
+}
+
+// acmePagePart is the part of acme's customer page, seen by the admin,
+// from the first from to the next to after it.
+func acmePagePart(t *testing.T, f *fixture, from, to string) string {
+	t.Helper()
+	c := f.client()
+	f.signInHTTP(c, adminToken)
+	res := f.get(c, "/console/customers/acme")
+	if res.status != 200 {
+		t.Fatalf("customer page: %d", res.status)
+	}
+	i := strings.Index(res.body, from)
+	if i < 0 {
+		t.Fatalf("no %s on the page:\n%s", from, res.body)
+	}
+	part := res.body[i:]
+	return part[:strings.Index(part, to)]
 }
