@@ -32,6 +32,13 @@ func (r *runner) checkKinds(ctx context.Context, tx pgx.Tx, tg target, now time.
 	if err != nil {
 		return err
 	}
+	// A few small statements per customer, each reading by key: planned
+	// once for every customer (qGenericPlans) rather than at each, as the
+	// run's set-based statements are (qRunSettings).
+	if _, err := tx.Exec(ctx, qGenericPlans); err != nil {
+		return err
+	}
+	defer tx.Exec(context.WithoutCancel(ctx), qCustomPlans)
 	for i, c := range tg.customers {
 		if !who[c] {
 			continue
