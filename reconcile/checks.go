@@ -200,10 +200,10 @@ func (r *runner) streamTotals(ctx context.Context, tx pgx.Tx, tg target) error {
 	if err := tx.QueryRow(ctx, qStreamsWhole, args).Scan(&whole, &all); err != nil {
 		return err
 	}
-	// Summed whole: a tenth or more of the streams in one pass over the
-	// customers' records, fewer stream by stream.
+	// Summed whole: in a run of every customer, a tenth or more of the
+	// streams in one pass over the records; otherwise stream by stream.
 	read := streamWholeFew
-	if whole*10 >= all {
+	if tg.all && whole*10 >= all {
 		read = streamWholeMany
 	}
 	rows, err := tx.Query(ctx, fmt.Sprintf(qStreamTotals, read), args)
