@@ -166,9 +166,7 @@ func TestSeveralThresholdsAtOnceInOrder(t *testing.T) {
 	rec := newReceiver(t)
 	secret := e.webhook("billing", rec.url())
 	ctx := context.Background()
-	if _, _, err := e.periods().SetCalendar(ctx, e.pool, "acme", periods.Calendar{Cadence: periods.Daily}); err != nil {
-		t.Fatal(err)
-	}
+	e.daily("acme")
 	e.rule("acme-calls", `{"subject":"customer:acme","meter":"calls","thresholds":[{"value":"9"},{"value":"10"},{"value":"8"}],"endpoints":["billing"]}`)
 	// Yesterday, as in TestLateUsageIntoAClosedPeriodFiresNothingForIt.
 	yesterday := e.clock().UTC().AddDate(0, 0, -1)
@@ -481,9 +479,7 @@ func TestLateUsageIntoAClosedPeriodFiresNothingForIt(t *testing.T) {
 	rec := newReceiver(t)
 	secret := e.webhook("billing", rec.url())
 	ctx := context.Background()
-	if _, _, err := e.periods().SetCalendar(ctx, e.pool, "acme", periods.Calendar{Cadence: periods.Daily}); err != nil {
-		t.Fatal(err)
-	}
+	e.daily("acme")
 	e.rule("daily", `{"subject":"customer:acme","meter":"calls","thresholds":[{"value":"10"}],"endpoints":["billing"]}`)
 	// Yesterday at this time of day, so that the evaluator, set a day
 	// back, sees it as now; the test's usage goes up to two minutes later,

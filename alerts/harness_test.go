@@ -459,3 +459,11 @@ func histogram(reg *prometheus.Registry, name string) (count uint64, sum float64
 	}
 	return 0, 0, false
 }
+
+// daily gives customer a calendar of UTC days.
+func (e *env) daily(customer string) {
+	e.t.Helper()
+	if _, _, err := e.periods().SetCalendar(context.Background(), e.pool, customer, periods.Calendar{Cadence: periods.Daily}); err != nil {
+		e.t.Fatal(err)
+	}
+}

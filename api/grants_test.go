@@ -174,13 +174,7 @@ func TestGrantMaxSkewConfigured(t *testing.T) {
 func TestGrantAnswerSaysWhatIsLeft(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	if r := f.do("PUT", "/v1/customers/x/quotas/calls", adminToken, map[string]any{"limit": "100", "admission": "exact"}); r.status != 201 {
-		t.Fatalf("customer rule: %d %s", r.status, r.body)
-	}
-	f.putPool("p", "x")
-	if r := f.do("PUT", "/v1/pools/p/quotas/calls", adminToken, map[string]any{"limit": "50", "admission": "exact"}); r.status != 201 {
-		t.Fatalf("pool rule: %d %s", r.status, r.body)
-	}
+	f.exactInPool("x", "100", "p", "50")
 	gw := f.gatewayToken("gw")
 	grant := func(amount string) map[string]any {
 		t.Helper()
@@ -291,13 +285,7 @@ func TestBudgetOfRuleInForceIsListedBeforeTheFirstGrant(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t) // now: 2026-11-20T12:00Z
 	f.usage("acme", "calls", f.clock().Add(-time.Hour), "7")
-	if r := f.do("PUT", "/v1/customers/acme/quotas/calls", adminToken, map[string]any{"limit": "100", "admission": "exact"}); r.status != 201 {
-		t.Fatalf("customer rule: %d %s", r.status, r.body)
-	}
-	f.putPool("team", "acme")
-	if r := f.do("PUT", "/v1/pools/team/quotas/calls", adminToken, map[string]any{"limit": "50", "admission": "exact"}); r.status != 201 {
-		t.Fatalf("pool rule: %d %s", r.status, r.body)
-	}
+	f.exactInPool("acme", "100", "team", "50")
 	cust := f.token("acme")
 	budget := func(consumed, available, live string) {
 		t.Helper()
@@ -426,4 +414,17 @@ func TestBudgetAfterARuleChangeShowsWhatThePeriodConsumed(t *testing.T) {
 	}
 	grant("5")
 	budget("44", "156", "36", "9")
+}
+
+// exactInPool gives customer an exact rule of limit on calls, makes it
+// pool's only member, and gives the pool an exact rule of poolLimit.
+func (f *fixture) exactInPool(customer, limit, pool, poolLimit string) {
+	f.t.Helper()
+	if r := f.do("PUT", "/v1/customers/"+customer+"/quotas/calls", adminToken, map[string]any{"limit": limit, "admission": "exact"}); r.status != 201 {
+		f.t.Fatalf("customer rule: %d %s", r.status, r.body)
+	}
+	f.putPool(pool, customer)
+	if r := f.do("PUT", "/v1/pools/"+pool+"/quotas/calls", adminToken, map[string]any{"limit": poolLimit, "admission": "exact"}); r.status != 201 {
+		f.t.Fatalf("pool rule: %d %s", r.status, r.body)
+	}
 }

@@ -311,13 +311,7 @@ func TestLeaderTakeoverWithoutGapOrReset(t *testing.T) {
 func TestPeriodBoundarySettlesTheOldPeriod(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.dailyCustomer("daily")
-	e.follow()
-	e.put(quota.RuleInput{Customer: "daily", Meter: "api_calls", Limit: dec("50")})
-	e.use("daily", "api_calls", 60)
-	rd := e.reader()
-	e.start(e.config("a"))
-	today := rd.until(10*time.Second, "exceeded today", func(d received) bool { return d.State == quota.Exceeded })
+	rd, _, today := e.exceededToday()
 	e.use("daily", "api_calls", 5) // admitted while exceeded, not yet seen by a decision
 	e.advance(24 * time.Hour)
 	d := rd.until(5*time.Second, "tomorrow", func(d received) bool { return d.Period != today.Period })

@@ -208,3 +208,17 @@ func testLogger(t testing.TB) *slog.Logger {
 }
 
 func dec(s string) decimal.Decimal { return decimal.RequireFromString(s) }
+
+// exceededToday gives customer daily a calendar of UTC days, 60 api_calls
+// used of a limit of 50, and a leader (a) deciding; it returns the
+// decisions' reader, the leader and its first decision: exceeded today.
+func (e *env) exceededToday() (*reader, *enforcer, received) {
+	e.t.Helper()
+	e.dailyCustomer("daily")
+	e.follow()
+	e.put(quota.RuleInput{Customer: "daily", Meter: "api_calls", Limit: dec("50")})
+	e.use("daily", "api_calls", 60)
+	rd := e.reader()
+	a := e.start(e.config("a"))
+	return rd, a, rd.until(10*time.Second, "exceeded today", func(d received) bool { return d.State == quota.Exceeded })
+}

@@ -140,13 +140,7 @@ func TestScopeRuleTurnedExactOrRateOnlyPublishesNoLimit(t *testing.T) {
 func TestNoLimitPeriodIsNotSettledAgainstALimitOfZero(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.dailyCustomer("daily")
-	e.follow()
-	e.put(quota.RuleInput{Customer: "daily", Meter: "api_calls", Limit: dec("50")})
-	e.use("daily", "api_calls", 60)
-	rd := e.reader()
-	a := e.start(e.config("a"))
-	today := rd.until(10*time.Second, "exceeded today", func(d received) bool { return d.State == quota.Exceeded })
+	rd, a, today := e.exceededToday()
 	e.put(quota.RuleInput{Customer: "daily", Meter: "api_calls", Admission: quota.Exact, Rate: rateOnly})
 	wantNoLimit(t, rd.until(10*time.Second, "no_limit today", func(d received) bool { return d.RuleVersion == 2 }), "daily/api_calls", 2)
 	e.use("daily", "api_calls", 5) // under the rate contract: no period limit to be over

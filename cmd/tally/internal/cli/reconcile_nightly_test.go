@@ -41,16 +41,7 @@ func TestNightlyReportsEachRunAsItEnds(t *testing.T) {
 	const due = 6 // a customer created 6 days ago with a daily calendar: 6 ended periods, and today's
 	for _, format := range []string{"json", "csv", "text"} {
 		t.Run(format, func(t *testing.T) {
-			url := pgtest.NewURL(t)
-			pool, err := pgxpool.New(t.Context(), url)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pool.Close()
-			if _, err := pool.Exec(t.Context(), `INSERT INTO customers (id, schedule, created_at) VALUES ('acme', '[{"effective_from":"0001-01-01T00:00:00Z",
-				"calendar":{"cadence":"daily","anchor_day":0,"anchor_time":"00:00","zone":"UTC"}}]', date_trunc('day', now()) - interval '6 days')`); err != nil {
-				t.Fatal(err)
-			}
+			url, pool := dailyCustomerSince(t, due)
 			out := &nightlyOut{t: t, pool: pool}
 			var errOut bytes.Buffer
 			code := execute(t.Context(), []string{"reconcile", "--nightly", "--grace", "0s", "--format", format, "--database-url", url}, out, &errOut)
@@ -88,16 +79,7 @@ func (brokenOut) Write([]byte) (int, error) { return 0, errors.New("write /dev/s
 // A nightly job whose stdout is closed still reconciles and closes every
 // period due: the report stops, the job does not, and it exits 1.
 func TestNightlyWithAClosedStdoutClosesEveryPeriod(t *testing.T) {
-	url := pgtest.NewURL(t)
-	pool, err := pgxpool.New(t.Context(), url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	if _, err := pool.Exec(t.Context(), `INSERT INTO customers (id, schedule, created_at) VALUES ('acme', '[{"effective_from":"0001-01-01T00:00:00Z",
-		"calendar":{"cadence":"daily","anchor_day":0,"anchor_time":"00:00","zone":"UTC"}}]', date_trunc('day', now()) - interval '3 days')`); err != nil {
-		t.Fatal(err)
-	}
+	url, pool := dailyCustomerSince(t, 3)
 	var errOut bytes.Buffer
 	code := execute(t.Context(), []string{"reconcile", "--nightly", "--grace", "0s", "--format", "json", "--database-url", url}, brokenOut{}, &errOut)
 	var runs, closed int
@@ -108,4 +90,22 @@ func TestNightlyWithAClosedStdoutClosesEveryPeriod(t *testing.T) {
 		t.Fatalf("nightly with stdout closed: exit %d, %d runs, %d periods closed; want exit 1 naming the write error, 4 runs, 3 closed\n%s",
 			code, runs, closed, errOut.String())
 	}
+}
+
+// dailyCustomerSince is a new database (its URL and a pool closed with t)
+// with one customer, acme, on a calendar of UTC days, created days days
+// before today: that many ended periods, and today's.
+func dailyCustomerSince(t *testing.T, days int) (string, *pgxpool.Pool) {
+	t.Helper()
+	url := pgtest.NewURL(t)
+	pool, err := pgxpool.New(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := pool.Exec(t.Context(), `INSERT INTO customers (id, schedule, created_at) VALUES ('acme', '[{"effective_from":"0001-01-01T00:00:00Z",
+		"calendar":{"cadence":"daily","anchor_day":0,"anchor_time":"00:00","zone":"UTC"}}]', date_trunc('day', now()) - make_interval(days => $1))`, days); err != nil {
+		t.Fatal(err)
+	}
+	return url, pool
 }
