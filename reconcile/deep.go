@@ -122,12 +122,8 @@ func (rc *Reconciler) deep(ctx context.Context, tx pgx.Tx, r *runner, tg target)
 	if err := compareUsage(ctx, tx, r, args); err != nil {
 		return err
 	}
-	streams, err := compareStreams(ctx, tx, r, args)
+	streams, byPosition, err := compareStreams(ctx, tx, r, args)
 	if err != nil {
-		return err
-	}
-	var byPosition int
-	if err := tx.QueryRow(ctx, qDeepPositionOnly, args).Scan(&byPosition); err != nil {
 		return err
 	}
 	skipped := reportNotChecked(r, view, notChecked)
@@ -186,16 +182,21 @@ var deepKafkaColumns = []string{"ord", "producer", "epoch", "customer", "meter",
 type deepRecords struct {
 	conn     *pgx.Conn
 	progress func(format string, args ...any)
-	ids      []StreamID
-	recs     []KafkaRecord
+	pending  []deepRecord
 	read     int64 // records read, the order of the next one
 	said     time.Time
 	buf      []byte
 }
 
+// deepRecord is a record read and its stream.
+type deepRecord struct {
+	id StreamID
+	k  KafkaRecord
+}
+
 func (d *deepRecords) add(ctx context.Context, id StreamID, k KafkaRecord) error {
-	d.ids, d.recs = append(d.ids, id), append(d.recs, k)
-	if len(d.recs) < deepChunkRecords {
+	d.pending = append(d.pending, deepRecord{id, k})
+	if len(d.pending) < deepChunkRecords {
 		return nil
 	}
 	if err := d.flush(ctx); err != nil {
@@ -209,13 +210,13 @@ func (d *deepRecords) add(ctx context.Context, id StreamID, k KafkaRecord) error
 }
 
 func (d *deepRecords) flush(ctx context.Context) error {
-	if len(d.recs) == 0 {
+	if len(d.pending) == 0 {
 		return nil
 	}
 	first := d.read
 	var err error
-	d.buf, err = pgcopy.Stream(d.buf[:0], len(d.recs), len(deepKafkaColumns), func(buf []byte, i int) ([]byte, error) {
-		id, k := d.ids[i], d.recs[i]
+	d.buf, err = pgcopy.Stream(d.buf[:0], len(d.pending), len(deepKafkaColumns), func(buf []byte, i int) ([]byte, error) {
+		id, k := d.pending[i].id, d.pending[i].k
 		buf = pgcopy.Int8(buf, first+int64(i))
 		buf = pgcopy.Text(buf, id.Producer)
 		buf = pgcopy.Int8(buf, id.Epoch)
@@ -234,13 +235,12 @@ func (d *deepRecords) flush(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := pgcopy.In(ctx, d.conn, "deep_kafka", deepKafkaColumns, deepKafkaCopy, d.buf, int64(len(d.recs))); err != nil {
+	if err := pgcopy.In(ctx, d.conn, "deep_kafka", deepKafkaColumns, deepKafkaCopy, d.buf, int64(len(d.pending))); err != nil {
 		return fmt.Errorf("keeping the records read: %w", err)
 	}
-	d.read += int64(len(d.recs))
-	clear(d.ids)
-	clear(d.recs)
-	d.ids, d.recs = d.ids[:0], d.recs[:0]
+	d.read += int64(len(d.pending))
+	clear(d.pending)
+	d.pending = d.pending[:0]
 	return nil
 }
 
@@ -281,22 +281,27 @@ func compareUsage(ctx context.Context, tx pgx.Tx, r *runner, args pgx.NamedArgs)
 
 // compareStreams finds, both ways and in order, the checked customers'
 // streams whose state the ledger and Kafka's records disagree on
-// (qDeepStreamsCompare), and returns how many streams it compared.
-func compareStreams(ctx context.Context, tx pgx.Tx, r *runner, args pgx.NamedArgs) (int, error) {
+// (qDeepStreamsCompare), and returns how many streams it compared and how
+// many of them carry levels or members (gauges, unique meters): those it
+// compares by position only.
+func compareStreams(ctx context.Context, tx pgx.Tx, r *runner, args pgx.NamedArgs) (streams, byPosition int, err error) {
 	rows, err := tx.Query(ctx, qDeepStreamsCompare, args)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	defer rows.Close()
-	streams := 0
 	for rows.Next() {
 		var id StreamID
 		var lseq, kseq *int64
 		var ltotal, ktotal nullNumeric
-		if err := rows.Scan(&id.Customer, &id.Meter, &id.Producer, &id.Epoch, &lseq, &ltotal, &kseq, &ktotal); err != nil {
-			return 0, err
+		var shape *string
+		if err := rows.Scan(&id.Customer, &id.Meter, &id.Producer, &id.Epoch, &lseq, &ltotal, &kseq, &ktotal, &shape); err != nil {
+			return 0, 0, err
 		}
 		streams++
+		if shape != nil && *shape != "counter" {
+			byPosition++
+		}
 		l, k := ltotal.dec(), ktotal.dec()
 		stream := fmt.Sprintf("%s/%d", id.Producer, id.Epoch)
 		switch {
@@ -312,7 +317,7 @@ func compareStreams(ctx context.Context, tx pgx.Tx, r *runner, args pgx.NamedArg
 				Detail: fmt.Sprintf("Kafka's messages end at seq %d total %s; the ledger at seq %d total %s", *kseq, k, *lseq, l)})
 		}
 	}
-	return streams, rows.Err()
+	return streams, byPosition, rows.Err()
 }
 
 // reportNotChecked records, in order, each customer whose usage could not

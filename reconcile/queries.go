@@ -421,7 +421,7 @@ const (
 	// applies the same bytes): the deep check recomputes what the ledger
 	// applied, and a loss accepted stops blocking closes here too.
 	qDeepFirsts = `firsts AS (
-  SELECT DISTINCT ON (customer, meter, producer, epoch, seq) customer, meter, producer, epoch, seq, total, occurred_at
+  SELECT DISTINCT ON (customer, meter, producer, epoch, seq) customer, meter, producer, epoch, seq, total, occurred_at, shape
   FROM pg_temp.deep_kafka k
   WHERE customer = ANY(@checked)
     AND NOT EXISTS (SELECT 1 FROM dead_letters d
@@ -460,25 +460,18 @@ FROM held h FULL JOIN kafka k USING (customer, meter) JOIN t USING (customer)
 WHERE customer = ANY(@checked) AND coalesce(h.q, 0) <> coalesce(k.q, 0)
 ORDER BY customer COLLATE "C", meter COLLATE "C"`
 
-	// How many of the checked customers' streams in Kafka carry levels or
-	// members: the deep check compares their positions, not what they
-	// carry.
-	qDeepPositionOnly = `
-SELECT count(*) FROM (SELECT DISTINCT customer, meter, producer, epoch FROM pg_temp.deep_kafka
-                      WHERE customer = ANY(@checked) AND shape <> 'counter') s`
-
 	// Every stream of the checked customers that the ledger or Kafka's
 	// records hold, with where each says it ended (NULL where it holds
-	// none of it); in order.
+	// none of it) and what Kafka's last record of it carries; in order.
 	qDeepStreamsCompare = `
 WITH ` + qDeepFirsts + `,
 kafka AS (
-  SELECT DISTINCT ON (customer, meter, producer, epoch) customer, meter, producer, epoch, seq, total
+  SELECT DISTINCT ON (customer, meter, producer, epoch) customer, meter, producer, epoch, seq, total, shape
   FROM firsts ORDER BY customer, meter, producer, epoch, seq DESC),
 ledger AS (
   SELECT customer, meter, producer, epoch, last_seq AS seq, last_total AS total
   FROM streams WHERE customer = ANY(@checked))
-SELECT customer, meter, producer, epoch, l.seq, l.total, k.seq, k.total
+SELECT customer, meter, producer, epoch, l.seq, l.total, k.seq, k.total, k.shape
 FROM ledger l FULL JOIN kafka k USING (customer, meter, producer, epoch)
 ORDER BY customer COLLATE "C", meter COLLATE "C", producer COLLATE "C", epoch`
 )
