@@ -1055,9 +1055,10 @@ type budget struct {
 	// outbox: final spend reports of grants given back, kept and sent once
 	// mu is released (unlockAndSend).
 	outbox []spendReport
-	// sending is full, from under mu, while the outbox's reports are sent:
-	// a top-up waits for them (up to MaxWait/2), so Tally has the capacity
-	// back before it is asked for more.
+	// sending is full, from under mu, from the first report's grant given
+	// back (release) until the outbox's reports are sent: a top-up or a
+	// debit that Tally refuses waits for them (up to MaxWait/2) and asks
+	// again, so Tally has the capacity back before it is asked for more.
 	sending   chan struct{}
 	lastTaken int64
 	lastAt    time.Time

@@ -258,12 +258,10 @@ func (c *Client) topUp(ctx context.Context, b *budget, need int64) error {
 func (c *Client) unlockAndSend(ctx context.Context, b *budget) {
 	out := b.outbox
 	b.outbox = nil
+	b.mu.Unlock()
 	if len(out) == 0 {
-		b.mu.Unlock()
 		return
 	}
-	b.sending <- struct{}{}
-	b.mu.Unlock()
 	c.finalReports(ctx, out)
 	<-b.sending
 }
@@ -415,7 +413,8 @@ func (c *Client) topUpLocked(ctx context.Context, b *budget, need int64) error {
 	// stalled send alone never holds a waiting Admit up to MaxWait) and
 	// ask once more, since Tally could have refused for capacity about to
 	// be back.
-	inFlight, waitUntil := len(b.sending) > 0, time.Now().Add(c.cfg.MaxWait/2)
+	// Not this caller's own outbox: those are sent once b.mu is released.
+	inFlight, waitUntil := len(b.sending) > 0 && len(b.outbox) == 0, time.Now().Add(c.cfg.MaxWait/2)
 	now := time.Now()
 	// The rule version of the decision held when asking: Tally's answer
 	// is about that version at least (one read later is not).
@@ -542,6 +541,12 @@ func (b *budget) allocate() []int64 {
 // spent for finalReports once b.mu is released (unlockAndSend): kept on
 // disk, then sent (now, or when Tally answers again). Under b.mu.
 func (c *Client) release(ctx context.Context, b *budget, g *held, allocated int64) {
+	if len(b.outbox) == 0 {
+		// From the withdraw below until the report is delivered, an Admit
+		// that finds nothing held sees reports on their way: Tally may
+		// refuse it for the capacity they give back (admitByDebit).
+		b.sending <- struct{}{}
+	}
 	w := b.withdraw(g.amount - allocated)
 	local := g.amount - w // admitted from g, as far as this gateway knows
 	b.finals += local
@@ -561,6 +566,7 @@ func (c *Client) release(ctx context.Context, b *budget, g *held, allocated int6
 // top-up can run): their final reports are kept and sent together.
 func (c *Client) releaseAll(ctx context.Context) {
 	var finals []spendReport
+	var sent []*budget
 	for b := range c.budgets.all {
 		b.mu.Lock()
 		for len(b.grants) > 0 {
@@ -568,11 +574,17 @@ func (c *Client) releaseAll(ctx context.Context) {
 			n := len(b.grants) - 1
 			c.release(ctx, b, b.grants[n], alloc[n])
 		}
+		if len(b.outbox) > 0 {
+			sent = append(sent, b)
+		}
 		finals = append(finals, b.outbox...)
 		b.outbox = nil
 		b.mu.Unlock()
 	}
 	c.finalReports(ctx, finals)
+	for _, b := range sent {
+		<-b.sending
+	}
 }
 
 // loop tops up, renews and releases grants, and reports bypasses.
@@ -714,14 +726,12 @@ func (c *Client) giveBackSpent(ctx context.Context, b *budget) []spendReport {
 }
 
 // takeOutbox empties b's outbox for the caller to send once b.mu is
-// released; when it returns reports, b.sending is full until the caller
-// empties it once they are sent. Under b.mu.
+// released; when it returns reports, b.sending is full (since the first
+// of them was queued, release) until the caller empties it once they are
+// sent. Under b.mu.
 func (b *budget) takeOutbox() []spendReport {
 	out := b.outbox
 	b.outbox = nil
-	if len(out) > 0 {
-		b.sending <- struct{}{}
-	}
 	return out
 }
 
