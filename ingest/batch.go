@@ -303,19 +303,10 @@ func ledgerRecords(b *microBatch) ([]ledger.Record, []recordRef) {
 	refs := make([]recordRef, 0, n)
 	for i := range b.msgs {
 		m := &b.msgs[i]
-		for j, r := range m.batch.Records {
-			recs = append(recs, ledger.Record{
-				OperationID: r.OperationID,
-				Stream:      ledger.StreamKey{Producer: m.batch.Producer, Epoch: m.batch.Epoch, Customer: r.Customer, Meter: r.Meter},
-				Seq:         r.Seq,
-				Total:       r.Total,
-				Quantity:    r.Quantity,
-				OccurredAt:  r.OccurredAt.Truncate(time.Microsecond), // in UTC, as stored: the ledger need not copy the batch to make it so
-				Final:       r.Final,
-			})
-			if r.Level.Valid || r.Member != "" {
-				withShape(&recs[len(recs)-1], r)
-			}
+		for j := range m.batch.Records {
+			// In UTC whole microseconds, as stored: the ledger need not
+			// copy the micro-batch to make them so.
+			recs = append(recs, m.batch.LedgerRecord(j))
 			refs = append(refs, recordRef{i, j})
 		}
 	}
@@ -503,16 +494,5 @@ func (c *Consumer) endBlockers(pid uint32) {
 	if n > 0 {
 		c.m.anomalies.WithLabelValues("stalled_lock_holder_ended").Inc()
 		c.log.Warn("ended the session of a stalled transaction holding the partition's row lock", "sessions", n)
-	}
-}
-
-// withShape carries a gauge or unique record's level or member to the
-// ledger (docs/design.md §16); the ledger checks it against the meter's kind.
-func withShape(lr *ledger.Record, r wire.Record) {
-	switch {
-	case r.Level.Valid:
-		lr.Shape, lr.Level = ledger.Gauge, r.Level.Decimal
-	case r.Member != "":
-		lr.Shape, lr.Member = ledger.Unique, r.Member
 	}
 }

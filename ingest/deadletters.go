@@ -180,11 +180,8 @@ func Replay(ctx context.Context, tx pgx.Tx, l *ledger.Ledger, id uuid.UUID, now 
 		why = append(why, ownPlace(r.Err, d.RecordIndex).Error())
 	}
 	recs := make([]ledger.Record, len(b.Records))
-	for i, r := range b.Records {
-		recs[i] = ledger.Record{OperationID: r.OperationID,
-			Stream: ledger.StreamKey{Producer: b.Producer, Epoch: b.Epoch, Customer: r.Customer, Meter: r.Meter},
-			Seq:    r.Seq, Total: r.Total, Quantity: r.Quantity, OccurredAt: r.OccurredAt, Final: r.Final}
-		withShape(&recs[i], r)
+	for i := range b.Records {
+		recs[i] = b.LedgerRecord(i)
 	}
 	if len(recs) > 0 {
 		outs, err := l.Apply(ctx, tx, recs)

@@ -1159,6 +1159,17 @@ func streamArrays(keys []StreamKey) (producers []string, epochs []int64, custome
 	return
 }
 
+// ConflictHash is the payload_hash a conflict of r is kept under in the
+// conflicts table, with its operation id and seq: where r is a record
+// the ledger answered as a conflict (and so never applied), a row of
+// conflicts has that hash. Reconciliation's deep check leaves such
+// records out of what it recomputes from Kafka.
+func ConflictHash(r Record) []byte {
+	r.OccurredAt = r.OccurredAt.UTC().Truncate(time.Microsecond) // as Apply keeps it (normalised)
+	_, h := conflictPayload(&r)
+	return h
+}
+
 // conflictPayload is the losing record, kept verbatim in the conflicts table.
 func conflictPayload(r *Record) ([]byte, []byte) {
 	p := map[string]any{

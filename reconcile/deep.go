@@ -7,10 +7,11 @@ import (
 	"sort"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/internal/pgcopy"
+	"github.com/tally-ledger/tally/ledger"
 )
 
 // DeepSource re-reads usage from Kafka for the deep check, without the
@@ -55,20 +56,16 @@ type KafkaView struct {
 	Unread int64
 }
 
-// KafkaRecord is one record as the wire decoder read it, and where Kafka
-// holds it: its message's partition and offset, and its index in the
-// message's records (as a dead letter names it).
+// KafkaRecord is one record as the ledger would apply it
+// (wire.Batch.LedgerRecord), and where Kafka holds it: its message's
+// partition and offset, and its index in the message's records (as a
+// dead letter names it). The deep check recomputes counters' totals;
+// gauge and unique streams (Shape) it compares by position only.
 type KafkaRecord struct {
-	Seq        int64
-	Total      decimal.Decimal
-	OccurredAt time.Time
-	Partition  int
-	Offset     int64
-	Index      int
-	// Shape is what the record carries (wire.Record.Shape): "counter" (a
-	// total, which the deep check recomputes), "gauge" or "unique" (a
-	// level or a member: their streams are compared by position only).
-	Shape string
+	ledger.Record
+	Partition int
+	Offset    int64
+	Index     int
 }
 
 // deep recomputes, from Kafka's messages alone, each target's usage per
@@ -97,7 +94,11 @@ func (rc *Reconciler) deep(ctx context.Context, tx pgx.Tx, r *runner, tg target)
 	if err != nil {
 		return err
 	}
-	kept := &deepRecords{conn: tx.Conn(), progress: rc.progress, said: start}
+	conflicting, err := conflictingOperations(ctx, tx, tg.customers)
+	if err != nil {
+		return err
+	}
+	kept := &deepRecords{conn: tx.Conn(), progress: rc.progress, said: start, conflicting: conflicting}
 	view, err := rc.cfg.Deep.Read(ctx, tg.customers, applied, func(id StreamID, k KafkaRecord) error { return kept.add(ctx, id, k) })
 	if err != nil {
 		return err
@@ -138,6 +139,26 @@ func (rc *Reconciler) deep(ctx context.Context, tx pgx.Tx, r *runner, tg target)
 	return nil
 }
 
+// conflictingOperations reads the operation ids of the customers'
+// conflicts: only records under one of them can be one (a producer's
+// fault, rare), so only those are hashed (ledger.ConflictHash) to find
+// out.
+func conflictingOperations(ctx context.Context, tx pgx.Tx, customers []string) (map[uuid.UUID]bool, error) {
+	rows, err := tx.Query(ctx, qConflictingOperations, customers)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[uuid.UUID]bool, len(ids))
+	for _, id := range ids {
+		out[id] = true
+	}
+	return out, nil
+}
+
 // positions reads ingest's position in the run's snapshot.
 func positions(ctx context.Context, tx pgx.Tx) (Positions, error) {
 	rows, err := tx.Query(ctx, qIngestPositions)
@@ -168,24 +189,26 @@ func positions(ctx context.Context, tx pgx.Tx) (Positions, error) {
 const (
 	deepKafkaTable = `CREATE TEMPORARY TABLE deep_kafka (ord bigint NOT NULL, producer text NOT NULL, epoch bigint NOT NULL, customer text NOT NULL, meter text NOT NULL,
   seq bigint NOT NULL, total numeric NOT NULL, occurred_at timestamptz NOT NULL, partition bigint NOT NULL, "offset" bigint NOT NULL, record_index bigint NOT NULL,
-  shape text NOT NULL)`
+  shape text NOT NULL, operation_id uuid NOT NULL, conflict_hash bytea)`
 	deepKafkaDrop    = `DROP TABLE IF EXISTS pg_temp.deep_kafka`
-	deepKafkaCopy    = `COPY pg_temp.deep_kafka (ord, producer, epoch, customer, meter, seq, total, occurred_at, partition, "offset", record_index, shape) FROM STDIN (FORMAT binary)`
+	deepKafkaCopy    = `COPY pg_temp.deep_kafka (ord, producer, epoch, customer, meter, seq, total, occurred_at, partition, "offset", record_index, shape, operation_id, conflict_hash) FROM STDIN (FORMAT binary)`
 	deepChunkRecords = 5000
 )
 
-var deepKafkaColumns = []string{"ord", "producer", "epoch", "customer", "meter", "seq", "total", "occurred_at", "partition", "offset", "record_index", "shape"}
+var deepKafkaColumns = []string{"ord", "producer", "epoch", "customer", "meter", "seq", "total", "occurred_at", "partition", "offset", "record_index", "shape", "operation_id", "conflict_hash"}
 
 // deepRecords sends the records Kafka gives the deep check to deep_kafka,
 // deepChunkRecords at a time, saying every ten seconds how many it has
 // read.
 type deepRecords struct {
-	conn     *pgx.Conn
-	progress func(format string, args ...any)
-	pending  []deepRecord
-	read     int64 // records read, the order of the next one
-	said     time.Time
-	buf      []byte
+	conn *pgx.Conn
+	// conflicting: the operation ids of the run's customers' conflicts.
+	conflicting map[uuid.UUID]bool
+	progress    func(format string, args ...any)
+	pending     []deepRecord
+	read        int64 // records read, the order of the next one
+	said        time.Time
+	buf         []byte
 }
 
 // deepRecord is a record read and its stream.
@@ -230,7 +253,12 @@ func (d *deepRecords) flush(ctx context.Context) error {
 		buf = pgcopy.Int8(buf, int64(k.Partition))
 		buf = pgcopy.Int8(buf, k.Offset)
 		buf = pgcopy.Int8(buf, int64(k.Index))
-		return pgcopy.Text(buf, cmp.Or(k.Shape, "counter")), nil
+		buf = pgcopy.Text(buf, cmp.Or(string(k.Shape), string(ledger.Counter)))
+		buf = pgcopy.Bytes(buf, k.OperationID[:])
+		if !d.conflicting[k.OperationID] {
+			return pgcopy.Null(buf), nil // no conflict under its operation id
+		}
+		return pgcopy.Bytes(buf, ledger.ConflictHash(k.Record)), nil
 	})
 	if err != nil {
 		return err

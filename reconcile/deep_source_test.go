@@ -86,7 +86,7 @@ type records struct {
 func (s *records) add(rs ...ledger.Record) {
 	for _, r := range rs {
 		s.ids = append(s.ids, reconcile.StreamID{Producer: r.Stream.Producer, Epoch: r.Stream.Epoch, Customer: r.Stream.Customer, Meter: r.Stream.Meter})
-		s.recs = append(s.recs, reconcile.KafkaRecord{Seq: r.Seq, Total: r.Total, OccurredAt: r.OccurredAt, Shape: string(r.Shape)})
+		s.recs = append(s.recs, reconcile.KafkaRecord{Record: r})
 	}
 }
 
@@ -211,4 +211,62 @@ func TestDeepSaysWhatItComparedByPositionOnly(t *testing.T) {
 		!strings.Contains(c.Detail, "1 of them gauge or unique streams, compared by their last seq only (their levels and members: gauges_and_uniques)") {
 		t.Fatalf("deep check: %+v", c)
 	}
+}
+
+// TestDeepLeavesConflictsToTheirCheck: records the ledger answered as
+// conflicts did not count: an operation id already used by another
+// record, a late fill whose total lies outside its neighbours'. Each is a
+// finding of conflicts_and_dead_letters; the deep check recomputes what
+// the ledger applied, so it leaves them out (even when the seq is free,
+// and the producer sends it again, right, later) instead of reporting
+// each again as a mismatch.
+func TestDeepLeavesConflictsToTheirCheck(t *testing.T) {
+	e := newEnv(t)
+	oct := time.Date(2026, 10, 30, 0, 0, 0, 0, time.UTC)
+	first := rec("gw", 1, "acme", 1, "10", "", oct)
+	reused := rec("gw", 1, "acme", 3, "25", "", nov)
+	reused.OperationID = first.OperationID // seq 3 under seq 1's operation id
+	sent := []ledger.Record{
+		first,
+		rec("gw", 1, "acme", 2, "15", "", nov),
+		reused,
+		rec("gw", 2, "acme", 1, "5", "", oct),
+		rec("gw", 2, "acme", 3, "20", "", nov), // seq 2 missing: 15 billed in November
+		rec("gw", 2, "acme", 2, "40", "", oct), // its late fill, above its neighbours' 5 and 20
+		rec("gw", 3, "acme", 1, "2", "", nov),
+	}
+	retried := rec("gw", 3, "acme", 2, "9", "", nov)
+	retried.OperationID = first.OperationID        // seq 2 under an operation id taken …
+	fixed := rec("gw", 3, "acme", 2, "7", "", nov) // … then sent again with its own
+	sent = append(sent, retried, fixed)
+	rc := appliedAndRead(t, e, sent...)
+	var conflicts int
+	if err := e.pool.QueryRow(context.Background(), `SELECT count(*) FROM conflicts`).Scan(&conflicts); err != nil || conflicts != 3 {
+		t.Fatalf("%d conflicts (%v), want 3", conflicts, err)
+	}
+	noMismatch := func(source string, r *reconcile.Run) {
+		t.Helper()
+		var deep []string
+		conflicts := 0
+		for _, f := range r.Findings {
+			switch f.Kind {
+			case reconcile.KindDeepMismatch:
+				deep = append(deep, f.Stream+" "+f.Detail)
+			case reconcile.KindConflict:
+				conflicts++
+			}
+		}
+		if c := deepCheck(r); len(deep) != 0 || conflicts != 3 || !strings.Contains(c.Detail, "3 streams recomputed") {
+			t.Fatalf("%s: deep check %+v, findings %q and %d conflicts, want none and the 3 conflicts reported as such", source, c, deep, conflicts)
+		}
+	}
+	r, err := rc.Run(context.Background(), reconcile.Options{Period: "2026-11-01", Customer: "acme", Deep: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	noMismatch("a DeepSource", r)
+	// The same messages in Kafka, read by the wire decoder.
+	kc := kafkatest.New(t, kafkatest.Options{Topics: []kafkatest.Topic{{Name: "tally.meter-batches", Partitions: 1}}})
+	produce(t, kc, sent...)
+	noMismatch("Kafka", deepRun(t, e, kc, "2026-11-01"))
 }

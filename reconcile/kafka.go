@@ -94,8 +94,7 @@ func (k KafkaSource) readPartition(ctx context.Context, p kafka.Partition, want 
 			if b, index, _, err := wire.Decode(m.Key, m.Value); err == nil {
 				for i, rec := range b.Records {
 					id := StreamID{Producer: b.Producer, Epoch: b.Epoch, Customer: rec.Customer, Meter: rec.Meter}
-					if err := emit(id, KafkaRecord{Seq: rec.Seq, Total: rec.Total, OccurredAt: rec.OccurredAt,
-						Partition: p.ID, Offset: m.Offset, Index: index[i], Shape: rec.Shape()}); err != nil {
+					if err := emit(id, KafkaRecord{Record: b.LedgerRecord(i), Partition: p.ID, Offset: m.Offset, Index: index[i]}); err != nil {
 						return err
 					}
 				}

@@ -414,12 +414,18 @@ const (
 	// Ingest's position in the run's snapshot (deep.go's Positions).
 	qIngestPositions = `SELECT topic, partition, next_offset FROM ingest_partitions`
 
+	// The operation ids of some customers' conflicts (the deep check).
+	qConflictingOperations = `SELECT DISTINCT operation_id FROM conflicts WHERE customer = ANY($1)`
+
 	// The deep check (deep.go): deep_kafka's records of the checked
 	// customers, the first of each seq per stream as in the ledger (Kafka's
-	// order is ord). A record the ledger refused is left to the dead
-	// letters' check while its dead letter is not replayed (a replay
-	// applies the same bytes): the deep check recomputes what the ledger
-	// applied, and a loss accepted stops blocking closes here too.
+	// order is ord). The deep check recomputes what the ledger applied: a
+	// record the ledger refused is left to the dead letters' check while
+	// its dead letter is not replayed (a replay applies the same bytes; a
+	// loss accepted stops blocking closes here too), and a record it
+	// answered as a conflict (never applied) to the conflicts' check, by
+	// the hash the conflict is kept under (ledger.ConflictHash; NULL, and
+	// so matching no conflict, for a record whose operation id has none).
 	qDeepFirsts = `firsts AS (
   SELECT DISTINCT ON (customer, meter, producer, epoch, seq) customer, meter, producer, epoch, seq, total, occurred_at, shape
   FROM pg_temp.deep_kafka k
@@ -427,6 +433,8 @@ const (
     AND NOT EXISTS (SELECT 1 FROM dead_letters d
                     WHERE d.topic = @topic AND d.partition = k.partition AND d."offset" = k."offset"
                       AND (d.record_index IS NULL OR d.record_index = k.record_index) AND d.replayed_at IS NULL)
+    AND NOT EXISTS (SELECT 1 FROM conflicts c
+                    WHERE c.operation_id = k.operation_id AND c.seq = k.seq AND c.payload_hash = k.conflict_hash)
   ORDER BY customer, meter, producer, epoch, seq, ord)`
 
 	// Per checked customer and meter, the usage that occurred in its
