@@ -270,3 +270,52 @@ func TestDeepLeavesConflictsToTheirCheck(t *testing.T) {
 	produce(t, kc, sent...)
 	noMismatch("Kafka", deepRun(t, e, kc, "2026-11-01"))
 }
+
+// TestDeepCountsALateFillWhereTheLedgerKeptIt: a late fill that occurred
+// in a closed period stays billed in the open period that billed its gap
+// (the statement of a closed period never changes), and the ledger says
+// so with a late_fill_not_reattributed notice. The deep check places each
+// record's growth in the period it occurred in; it compares that with the
+// ledger's usage by the same rule, the amount the notice names included,
+// so the notice is not reported again as a discrepancy that blocks the
+// open period's close.
+func TestDeepCountsALateFillWhereTheLedgerKeptIt(t *testing.T) {
+	e := newEnv(t)
+	oct := time.Date(2026, 10, 30, 0, 0, 0, 0, time.UTC)
+	first := rec("gw", 1, "acme", 1, "10", "10", oct)
+	e.apply(first)
+	e.exec(`INSERT INTO period_closes (customer, period_start, period_end, closed_at, statement, forced, reason, actor)
+		VALUES ('acme', '2026-10-01T00:00:00Z', '2026-11-01T00:00:00Z', now(), '{}', true, 'test', 'test')`)
+	after := rec("gw", 1, "acme", 3, "30", "10", nov) // seq 2 lost so far: its usage is billed in November
+	fill := rec("gw", 1, "acme", 2, "20", "10", oct)  // it happened in closed October
+	e.apply(after)
+	if o := e.apply(fill); o[0].Kind != ledger.LateFill {
+		t.Fatalf("the fill: %v", o[0].Kind)
+	}
+	src := &records{}
+	src.add(first, after, fill)
+	rc, err := reconcile.New(reconcile.Config{Pool: e.pool, Clock: func() time.Time { return e.now }, Deep: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// November, which billed the gap, and closed October, where the fill
+	// occurred: each reports the notice, neither a mismatch.
+	for _, period := range []string{"2026-11-01", "2026-10-01"} {
+		r, err := rc.Run(context.Background(), reconcile.Options{Period: period, Customer: "acme", Deep: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var deep, notices []string
+		for _, f := range r.Findings {
+			switch f.Kind {
+			case reconcile.KindDeepMismatch:
+				deep = append(deep, f.Detail)
+			case reconcile.KindNotReattributed:
+				notices = append(notices, f.Detail)
+			}
+		}
+		if len(deep) != 0 || len(notices) != 1 {
+			t.Fatalf("%s: deep findings %q and notices %q, want the notice alone", period, deep, notices)
+		}
+	}
+}

@@ -442,8 +442,17 @@ const (
 	// records recompute it (each record's growth of its stream's running
 	// total counts in the period it occurred in), where the two differ; in
 	// order.
+	//
+	// A late fill the ledger could not move between periods (one of them
+	// closed, late_fill_not_reattributed with its amount) occurred in its
+	// own period and stays billed where its gap was: in the period of the
+	// first record above it that is not a late fill, which billed the gap.
+	// Its amount counts where it occurred, as Kafka's records place it.
 	qDeepUsageCompare = `
 WITH ` + qTargets + `, ` + qDeepFirsts + `,
+not_moved AS (
+  SELECT customer, meter, period_start, stream_id, seq, amount FROM findings
+  WHERE kind = 'late_fill_not_reattributed' AND amount IS NOT NULL AND customer = ANY(@checked)),
 held AS (
   SELECT customer, meter, sum(q) AS q FROM (
     SELECT customer, meter, p.q FROM (
@@ -454,6 +463,16 @@ held AS (
     SELECT r.customer, r.meter, r.billed FROM records r JOIN t ON t.customer = r.customer AND r.prior_period = t.period_start
     UNION ALL
     SELECT e.customer, e.meter, e.amount FROM entries e JOIN t USING (customer, period_start) WHERE e.kind = 'reattribution'
+    UNION ALL
+    SELECT n.customer, n.meter, n.q FROM (
+      SELECT f.customer, f.meter, f.period_start, f.amount AS q FROM not_moved f
+      UNION ALL
+      SELECT f.customer, f.meter,
+             (SELECT coalesce(r.prior_period, r.period_start) FROM records r
+              WHERE r.stream_id = f.stream_id AND r.seq > f.seq AND NOT r.late_fill ORDER BY r.seq LIMIT 1),
+             -f.amount
+      FROM not_moved f) n
+    JOIN t USING (customer, period_start)
   ) u GROUP BY 1, 2),
 grown AS (
   SELECT customer, meter, occurred_at,
