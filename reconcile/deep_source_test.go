@@ -319,3 +319,29 @@ func TestDeepCountsALateFillWhereTheLedgerKeptIt(t *testing.T) {
 		}
 	}
 }
+
+// TestDeepCountsAGapWhereTheLedgerKeptIt: a late fill splits its gap; the
+// seqs below it, still missing, stay billed in the period that billed the
+// gap (open_gap says how much), where Kafka's totals place their growth
+// with the fill, in the period it occurred in. The deep check counts such
+// a gap, on the ledger's side, where the record above it occurred, as
+// Kafka does: neither period reports a mismatch.
+func TestDeepCountsAGapWhereTheLedgerKeptIt(t *testing.T) {
+	e := newEnv(t)
+	oct := time.Date(2026, 10, 30, 0, 0, 0, 0, time.UTC)
+	rc := appliedAndRead(t, e,
+		rec("gw", 1, "acme", 1, "10", "10", oct),
+		rec("gw", 1, "acme", 4, "40", "5", nov),                // seqs 2 and 3 missing: their 25 billed in November
+		rec("gw", 1, "acme", 3, "35", "5", oct.Add(time.Hour))) // seq 3's 5 moves to October; seq 2's 20 stays
+	for _, period := range []string{"2026-10-01", "2026-11-01"} {
+		r, err := rc.Run(context.Background(), reconcile.Options{Period: period, Customer: "acme", Deep: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range r.Findings {
+			if f.Kind == reconcile.KindDeepMismatch {
+				t.Fatalf("%s: %s", period, f.Detail)
+			}
+		}
+	}
+}

@@ -443,16 +443,24 @@ const (
 	// total counts in the period it occurred in), where the two differ; in
 	// order.
 	//
-	// A late fill the ledger could not move between periods (one of them
-	// closed, late_fill_not_reattributed with its amount) occurred in its
-	// own period and stays billed where its gap was: in the period of the
-	// first record above it that is not a late fill, which billed the gap.
-	// Its amount counts where it occurred, as Kafka's records place it.
+	// Two amounts the ledger keeps billed in the period of the record that
+	// revealed their gap (the first record above them that is not a late
+	// fill), where they did not occur, are counted on the ledger's side
+	// where Kafka's records place them: a late fill's own quantity it could
+	// not move (late_fill_not_reattributed with its amount: one of the two
+	// periods closed) in the fill's period; and what an open gap just below
+	// a late fill still holds (seqs still missing) in the fill's period,
+	// where Kafka's totals place the growth up to the fill.
 	qDeepUsageCompare = `
 WITH ` + qTargets + `, ` + qDeepFirsts + `,
-not_moved AS (
-  SELECT customer, meter, period_start, stream_id, seq, amount FROM findings
-  WHERE kind = 'late_fill_not_reattributed' AND amount IS NOT NULL AND customer = ANY(@checked)),
+kept AS (
+  SELECT customer, meter, period_start AS occurred, stream_id, seq AS below, amount FROM findings
+  WHERE kind = 'late_fill_not_reattributed' AND amount IS NOT NULL AND customer = ANY(@checked)
+  UNION ALL
+  SELECT g.customer, g.meter, f.period_start, g.stream_id, f.seq,
+         coalesce(g.unmoved, greatest(g.upper_total - coalesce(g.upper_quantity, 0) - g.lower_total, 0))
+  FROM gaps g JOIN records f ON f.stream_id = g.stream_id AND f.seq = g.to_seq + 1 AND f.late_fill
+  WHERE g.customer = ANY(@checked)),
 held AS (
   SELECT customer, meter, sum(q) AS q FROM (
     SELECT customer, meter, p.q FROM (
@@ -465,13 +473,13 @@ held AS (
     SELECT e.customer, e.meter, e.amount FROM entries e JOIN t USING (customer, period_start) WHERE e.kind = 'reattribution'
     UNION ALL
     SELECT n.customer, n.meter, n.q FROM (
-      SELECT f.customer, f.meter, f.period_start, f.amount AS q FROM not_moved f
+      SELECT k.customer, k.meter, k.occurred AS period_start, k.amount AS q FROM kept k
       UNION ALL
-      SELECT f.customer, f.meter,
+      SELECT k.customer, k.meter,
              (SELECT coalesce(r.prior_period, r.period_start) FROM records r
-              WHERE r.stream_id = f.stream_id AND r.seq > f.seq AND NOT r.late_fill ORDER BY r.seq LIMIT 1),
-             -f.amount
-      FROM not_moved f) n
+              WHERE r.stream_id = k.stream_id AND r.seq > k.below AND NOT r.late_fill ORDER BY r.seq LIMIT 1),
+             -k.amount
+      FROM kept k) n
     JOIN t USING (customer, period_start)
   ) u GROUP BY 1, 2),
 grown AS (
