@@ -306,7 +306,7 @@ func ledgerRecords(b *microBatch) ([]ledger.Record, []recordRef) {
 		for j := range m.batch.Records {
 			// In UTC whole microseconds, as stored: the ledger need not
 			// copy the micro-batch to make them so.
-			recs = append(recs, m.batch.LedgerRecord(j))
+			recs = append(recs, ledger.FromWire(&m.batch, j))
 			refs = append(refs, recordRef{i, j})
 		}
 	}

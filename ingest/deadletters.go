@@ -181,7 +181,7 @@ func Replay(ctx context.Context, tx pgx.Tx, l *ledger.Ledger, id uuid.UUID, now 
 	}
 	recs := make([]ledger.Record, len(b.Records))
 	for i := range b.Records {
-		recs[i] = b.LedgerRecord(i)
+		recs[i] = ledger.FromWire(&b, i)
 	}
 	if len(recs) > 0 {
 		outs, err := l.Apply(ctx, tx, recs)

@@ -57,7 +57,7 @@ type KafkaView struct {
 }
 
 // KafkaRecord is one record as the ledger would apply it
-// (wire.Batch.LedgerRecord), and where Kafka holds it: its message's
+// (ledger.FromWire), and where Kafka holds it: its message's
 // partition and offset, and its index in the message's records (as a
 // dead letter names it). The deep check recomputes counters' totals;
 // gauge and unique streams (Shape) it compares by position only.

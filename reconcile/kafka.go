@@ -11,6 +11,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/tally-ledger/tally/ingest/wire"
+	"github.com/tally-ledger/tally/ledger"
 )
 
 // KafkaSource is the DeepSource that reads the metering topic from the
@@ -94,7 +95,7 @@ func (k KafkaSource) readPartition(ctx context.Context, p kafka.Partition, want 
 			if b, index, _, err := wire.Decode(m.Key, m.Value); err == nil {
 				for i, rec := range b.Records {
 					id := StreamID{Producer: b.Producer, Epoch: b.Epoch, Customer: rec.Customer, Meter: rec.Meter}
-					if err := emit(id, KafkaRecord{Record: b.LedgerRecord(i), Partition: p.ID, Offset: m.Offset, Index: index[i]}); err != nil {
+					if err := emit(id, KafkaRecord{Record: ledger.FromWire(&b, i), Partition: p.ID, Offset: m.Offset, Index: index[i]}); err != nil {
 						return err
 					}
 				}

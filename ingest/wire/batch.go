@@ -13,7 +13,6 @@ import (
 	"github.com/shopspring/decimal"
 
 	"github.com/tally-ledger/tally/amount"
-	"github.com/tally-ledger/tally/ledger"
 )
 
 // Schema is the value of the "schema" field of every message this package reads and writes.
@@ -67,31 +66,6 @@ func (b *Batch) RecordBytes(value []byte, i int) []byte {
 		return nil
 	}
 	return bytes.Clone(value[b.spans[i][0]:b.spans[i][1]])
-}
-
-// LedgerRecord is Records[i] as the ledger applies it: its stream is the
-// batch's producer and epoch with the record's customer and meter, its
-// time is in UTC whole microseconds (as Postgres keeps it), and a gauge's
-// level or a unique meter's member is carried in place of a total (the
-// ledger checks it against the meter's kind, docs/design.md §16).
-func (b *Batch) LedgerRecord(i int) ledger.Record {
-	r := &b.Records[i]
-	lr := ledger.Record{
-		OperationID: r.OperationID,
-		Stream:      ledger.StreamKey{Producer: b.Producer, Epoch: b.Epoch, Customer: r.Customer, Meter: r.Meter},
-		Seq:         r.Seq,
-		Total:       r.Total,
-		Quantity:    r.Quantity,
-		OccurredAt:  r.OccurredAt.UTC().Truncate(time.Microsecond),
-		Final:       r.Final,
-	}
-	switch {
-	case r.Level.Valid:
-		lr.Shape, lr.Level = ledger.Gauge, r.Level.Decimal
-	case r.Member != "":
-		lr.Shape, lr.Member = ledger.Unique, r.Member
-	}
-	return lr
 }
 
 // Record is one usage report: the running total of the stream
