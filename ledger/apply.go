@@ -240,6 +240,21 @@ type gap struct {
 	billedClosed bool
 	fromDB       bool // exists in the gaps table (delete it if it changes)
 	gone         bool // filled or split: no longer this shape
+	// upperFill: the record above the gap is a late fill whose own
+	// quantity was unknown when it arrived (upperQuantity not Valid). The
+	// fill of the gap's last seq tells it: it then moves to the fill's own
+	// period (lateFill).
+	upperFill *fillPlace
+}
+
+// fillPlace is where a late fill belongs: its operation, seq, time, and
+// its own period and bucket (closed: that period is).
+type fillPlace struct {
+	op             uuid.UUID
+	seq            int64
+	occurredAt     time.Time
+	period, bucket time.Time
+	closed         bool
 }
 
 // stored is the content of a recorded operation, for duplicate detection.
@@ -614,13 +629,22 @@ func (a *applier) queueOpenGaps(b *pgx.Batch, streamIDs, seqs []int64) {
 		var sid int64
 		var g gap
 		var unmoved decimal.NullDecimal
+		var fillOp pgtype.UUID
+		var fillSeq *int64
+		var fillAt, fillPeriod, fillBucket *time.Time
+		var fillClosed *bool
 		_, err := pgx.ForEachRow(rows, []any{&sid, &g.from, &g.to, numericDst(&g.lower), numericDst(&g.upper),
-			nullNumericDst(&g.upperQuantity), nullNumericDst(&unmoved), &g.billedPeriod, &g.billedBucket, &g.billedClosed}, func() error {
+			nullNumericDst(&g.upperQuantity), nullNumericDst(&unmoved), &g.billedPeriod, &g.billedBucket, &g.billedClosed,
+			&fillOp, &fillSeq, &fillAt, &fillPeriod, &fillBucket, &fillClosed}, func() error {
 			ng := g
 			ng.fromDB = true
 			ng.unmoved = unmoved.Decimal
 			if !unmoved.Valid {
 				ng.unmoved = gapAmount(ng.lower, ng.upper, ng.upperQuantity)
+			}
+			if fillSeq != nil {
+				ng.upperFill = &fillPlace{op: fillOp.Bytes, seq: *fillSeq, occurredAt: fillAt.UTC(),
+					period: fillPeriod.UTC(), bucket: fillBucket.UTC(), closed: *fillClosed}
 			}
 			s := a.byID[sid]
 			s.gaps = append(s.gaps, &ng)
@@ -816,7 +840,22 @@ func (a *applier) lateFill(i int, s *stream) error {
 			upperQuantity: r.Quantity, billedPeriod: g.billedPeriod, billedBucket: g.billedBucket, billedClosed: g.billedClosed}
 		sub.unmoved = decimal.Min(gapAmount(sub.lower, sub.upper, sub.upperQuantity), left)
 		left = left.Sub(sub.unmoved)
+		if !r.Quantity.Valid { // this fill's own quantity is in sub until its last seq arrives
+			bucket, err := a.bucketOf(r.Stream.Customer, r.OccurredAt)
+			if err != nil {
+				return err
+			}
+			sub.upperFill = &fillPlace{op: r.OperationID, seq: r.Seq, occurredAt: r.OccurredAt, period: ownPeriod, bucket: bucket,
+				closed: a.closed[periodKey{r.Stream.Customer, ownPeriod.UnixMicro()}]}
+		}
 		s.gaps = append(s.gaps, sub)
+	}
+	if u := g.upperFill; u != nil && r.Seq == g.to && !g.upperQuantity.Valid {
+		// The fill above this gap arrived without its own quantity: it is
+		// what is left of the gap above this fill's total.
+		if err := a.moveFillQuantity(s, r, g, u, decimal.Min(g.upper.Sub(r.Total), left)); err != nil {
+			return err
+		}
 	}
 	if r.Seq < g.to {
 		sub := &gap{from: r.Seq + 1, to: g.to, lower: r.Total, upper: g.upper,
@@ -838,19 +877,11 @@ func (a *applier) lateFill(i int, s *stream) error {
 			if err != nil {
 				return err
 			}
-			sid, seq := s.id, r.Seq
-			a.entries = append(a.entries,
-				entry{kind: "reattribution", operationID: r.OperationID, customer: c, meter: r.Stream.Meter,
-					amount: q.Decimal.Neg(), period: g.billedPeriod, bucket: g.billedBucket, occurredAt: r.OccurredAt, streamID: &sid, seq: &seq},
-				entry{kind: "reattribution", operationID: r.OperationID, customer: c, meter: r.Stream.Meter,
-					amount: q.Decimal, period: ownPeriod, bucket: bucket, occurredAt: r.OccurredAt, streamID: &sid, seq: &seq},
-			)
-			a.roll(c, r.Stream.Meter, g.billedPeriod, g.billedBucket, q.Decimal.Neg())
-			a.roll(c, r.Stream.Meter, ownPeriod, bucket, q.Decimal)
+			a.reattribute(s, g, &fillPlace{op: r.OperationID, seq: r.Seq, occurredAt: r.OccurredAt, period: ownPeriod, bucket: bucket}, q.Decimal)
 		}
 	} else if !q.Valid && !ownPeriod.Equal(g.billedPeriod) {
 		a.find(FindingNotReattributed, s, r.Seq, &ownPeriod, nil,
-			fmt.Sprintf("late fill seq %d occurred in period %s but its own quantity is unknown (no quantity, previous seq unseen); it stays billed in the gap's period",
+			fmt.Sprintf("late fill seq %d occurred in period %s but its own quantity is unknown (no quantity, previous seq unseen); it stays billed in the gap's period until the seqs before it arrive",
 				r.Seq, own.Name))
 	}
 	bucket, err := a.bucketOf(r.Stream.Customer, r.OccurredAt)
@@ -860,6 +891,39 @@ func (a *applier) lateFill(i int, s *stream) error {
 	a.record(i, s, true, decimal.Zero, ownPeriod, bucket, nil)
 	a.out[i] = Outcome{Kind: LateFill, Period: ownPeriod}
 	return nil
+}
+
+// moveFillQuantity moves q, the own quantity of the late fill u above gap
+// g that r's arrival tells, from the period that billed g to u's own, as
+// a fill whose quantity was known moves its own (both periods open; else
+// a finding says it stays).
+func (a *applier) moveFillQuantity(s *stream, r *Record, g *gap, u *fillPlace, q decimal.Decimal) error {
+	if q.Sign() <= 0 || u.period.Equal(g.billedPeriod) {
+		return nil
+	}
+	if u.closed || g.billedClosed {
+		a.find(FindingNotReattributed, s, u.seq, &u.period, &q,
+			fmt.Sprintf("late fill seq %d's own %s, known once seq %d arrived, stays billed in period %s: it or period %s is closed",
+				u.seq, q, r.Seq, g.billedPeriod.Format(time.RFC3339), u.period.Format(time.RFC3339)))
+		return nil
+	}
+	a.reattribute(s, g, u, q)
+	return nil
+}
+
+// reattribute moves q of gap g's usage from the period that billed it to
+// late fill f's own, by a pair of entries under f's operation id.
+func (a *applier) reattribute(s *stream, g *gap, f *fillPlace, q decimal.Decimal) {
+	c, m := s.key.Customer, s.key.Meter
+	sid, seq := s.id, f.seq
+	a.entries = append(a.entries,
+		entry{kind: "reattribution", operationID: f.op, customer: c, meter: m,
+			amount: q.Neg(), period: g.billedPeriod, bucket: g.billedBucket, occurredAt: f.occurredAt, streamID: &sid, seq: &seq},
+		entry{kind: "reattribution", operationID: f.op, customer: c, meter: m,
+			amount: q, period: f.period, bucket: f.bucket, occurredAt: f.occurredAt, streamID: &sid, seq: &seq},
+	)
+	a.roll(c, m, g.billedPeriod, g.billedBucket, q.Neg())
+	a.roll(c, m, f.period, f.bucket, q)
 }
 
 // gapAmount is what a gap between totals lower and upper holds, as far as

@@ -217,3 +217,29 @@ func TestApplyStoresMicrosecondsAndLeavesTheCallersRecords(t *testing.T) {
 		t.Fatalf("normalised records: %s", got)
 	}
 }
+
+// A late fill whose own quantity is unknown when it arrives (none sent,
+// the seq before it unseen) stays billed in its gap's period; once the
+// seq before it arrives, its own quantity is its total less that seq's,
+// and it moves to the period it occurred in, as a fill whose quantity was
+// known would have. Here seq 6 (November) reveals the gap 1..5, seq 2
+// (October, no quantity) arrives, then seq 1 (October): October bills
+// seq 1's 5 and seq 2's 1, whichever batches they come in.
+func TestLateFillQuantityKnownLaterMoves(t *testing.T) {
+	s := recBuilder{"gw-1", 1, "acme", "api_calls"}
+	oct := time.Date(2026, 10, 26, 3, 0, 0, 0, time.UTC)
+	six, two, one := s.recQ(6, "36", "3", nov), s.rec(2, "6", oct.Add(6*time.Hour)), s.recQ(1, "5", "5", oct)
+	for name, batches := range map[string][][]ledger.Record{
+		"one batch each":   {{six}, {two}, {one}},
+		"all in one batch": {{six, two, one}},
+	} {
+		f := newFixture(t)
+		for _, b := range batches {
+			f.apply(b...)
+		}
+		if got := f.scalar(`SELECT string_agg(format('%s=%s', to_char(period_start, 'YYYY-MM'), trim_scale(q)), ',' ORDER BY period_start)
+			FROM (SELECT period_start, sum(quantity) q FROM rollups GROUP BY 1) s`); got != "2026-10=6,2026-11=30" {
+			t.Fatalf("%s: per period %s, want 2026-10=6,2026-11=30", name, got)
+		}
+	}
+}

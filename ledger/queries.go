@@ -62,13 +62,18 @@ JOIN records r USING (stream_id, seq)`
 	qGapsContaining = `
 SELECT DISTINCT g.stream_id, g.from_seq, g.to_seq, g.lower_total, g.upper_total,
        g.upper_quantity, g.unmoved, g.billed_period, g.billed_bucket,
-       EXISTS (SELECT 1 FROM period_closes pc WHERE pc.customer = g.customer AND pc.period_start = g.billed_period)
+       EXISTS (SELECT 1 FROM period_closes pc WHERE pc.customer = g.customer AND pc.period_start = g.billed_period),
+       u.operation_id, u.seq, u.occurred_at, u.period_start, u.bucket,
+       CASE WHEN u.seq IS NOT NULL THEN EXISTS (SELECT 1 FROM period_closes pc WHERE pc.customer = g.customer AND pc.period_start = u.period_start) END
 FROM unnest($1::bigint[], $2::bigint[]) AS k(stream_id, seq)
 CROSS JOIN LATERAL (
   SELECT * FROM gaps g
   WHERE g.stream_id = k.stream_id AND g.from_seq <= k.seq
   ORDER BY g.from_seq DESC LIMIT 1
 ) AS g
+-- The record above the gap, when it is a late fill that came without its
+-- own quantity (lateFill moves it once the gap's last seq arrives).
+LEFT JOIN records u ON g.upper_quantity IS NULL AND u.stream_id = g.stream_id AND u.seq = g.to_seq + 1 AND u.late_fill
 WHERE g.to_seq >= k.seq`
 
 	qUpdateStreams = `
