@@ -858,8 +858,8 @@ func (a *applier) lateFill(i int, s *stream) error {
 		}
 	}
 	if r.Seq < g.to {
-		sub := &gap{from: r.Seq + 1, to: g.to, lower: r.Total, upper: g.upper,
-			upperQuantity: g.upperQuantity, billedPeriod: g.billedPeriod, billedBucket: g.billedBucket, billedClosed: g.billedClosed}
+		sub := &gap{from: r.Seq + 1, to: g.to, lower: r.Total, upper: g.upper, upperQuantity: g.upperQuantity, upperFill: g.upperFill,
+			billedPeriod: g.billedPeriod, billedBucket: g.billedBucket, billedClosed: g.billedClosed}
 		sub.unmoved = decimal.Min(gapAmount(sub.lower, sub.upper, sub.upperQuantity), left)
 		s.gaps = append(s.gaps, sub)
 	}

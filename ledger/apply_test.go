@@ -243,3 +243,29 @@ func TestLateFillQuantityKnownLaterMoves(t *testing.T) {
 		}
 	}
 }
+
+// The same when other fills split the gap below such a fill first: the
+// part of the gap just below it still ends at the fill, in whichever
+// batches the records come. Seq 8 (November) reveals 1..7; seq 4 (October,
+// no quantity) and seq 2 split it; seq 3 tells seq 4's own 3, and seq 1,
+// 5, 6 and 7 never come.
+func TestLateFillQuantityKnownLaterMovesAfterSplits(t *testing.T) {
+	s := recBuilder{"gw-1", 1, "acme", "api_calls"}
+	oct := time.Date(2026, 10, 26, 3, 0, 0, 0, time.UTC)
+	eight, four := s.recQ(8, "100", "1", nov), s.rec(4, "20", oct.Add(4*time.Hour))
+	two, three := s.recQ(2, "12", "2", oct.Add(2*time.Hour)), s.recQ(3, "17", "5", oct.Add(3*time.Hour))
+	for name, batches := range map[string][][]ledger.Record{
+		"one batch each":   {{eight}, {four}, {two}, {three}},
+		"all in one batch": {{eight, four, two, three}},
+	} {
+		f := newFixture(t)
+		for _, b := range batches {
+			f.apply(b...)
+		}
+		// October: seq 2's 2, seq 3's 5 and seq 4's 3.
+		if got := f.scalar(`SELECT string_agg(format('%s=%s', to_char(period_start, 'YYYY-MM'), trim_scale(q)), ',' ORDER BY period_start)
+			FROM (SELECT period_start, sum(quantity) q FROM rollups GROUP BY 1) s`); got != "2026-10=10,2026-11=90" {
+			t.Fatalf("%s: per period %s, want 2026-10=10,2026-11=90", name, got)
+		}
+	}
+}

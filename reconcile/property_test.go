@@ -347,10 +347,10 @@ func TestPropertyEveryLossReportedOrCloseRefused(t *testing.T) {
 }
 
 // TestPropertyDeepAgreesWithTheLedger: one stream's records occur across
-// October and November (in seq order), and are sent in any order (gaps and
-// late fills included, some seqs never, some twice, some under another
-// record's operation id; a late fill's own quantity sent or not), with
-// October closed at some point. Kafka holds everything sent; the deep
+// October and November (in seq order), and are sent in any order (gaps
+// and late fills included, some seqs never, some twice, some under another
+// record's operation id; a late fill's own quantity sent or not) and
+// applied in batches of any size, with October closed at some point. Kafka holds everything sent; the deep
 // check of either period finds no mismatch: the ledger bills each unit
 // in the period Kafka's totals place it in, or says why not.
 func TestPropertyDeepAgreesWithTheLedger(t *testing.T) {
@@ -371,15 +371,32 @@ func TestPropertyDeepAgreesWithTheLedger(t *testing.T) {
 			t0 = t0.Add(time.Duration(rapid.IntRange(0, 72).Draw(rt, "hours")) * time.Hour)
 			at[i] = t0
 		}
+		// What is sent goes to Kafka at once and to the ledger in batches
+		// (ingest's micro-batches), each outcome checked as it comes.
 		src := &records{}
-		send := func(r ledger.Record) ledger.Outcome {
+		var pending []ledger.Record
+		var want []func(ledger.Outcome) bool
+		send := func(r ledger.Record, ok func(ledger.Outcome) bool) {
 			src.add(r)
-			return e.apply(r)[0]
+			pending, want = append(pending, r), append(want, ok)
+		}
+		flush := func() {
+			if len(pending) == 0 {
+				return
+			}
+			for i, o := range e.apply(pending...) {
+				if !want[i](o) {
+					rt.Fatalf("seq %d (batch of %d) came out %v: %s", pending[i].Seq, len(pending), o.Kind, o.Detail)
+				}
+			}
+			pending, want = nil, nil
 		}
 		var sent []ledger.Record
 		closed := false
 		for range rapid.IntRange(1, 12).Draw(rt, "steps") {
-			switch op := rapid.SampledFrom([]string{"usage", "usage", "usage", "again", "reused", "close"}).Draw(rt, "op"); op {
+			switch op := rapid.SampledFrom([]string{"usage", "usage", "usage", "again", "reused", "close", "flush", "flush"}).Draw(rt, "op"); op {
+			case "flush":
+				flush()
 			case "usage":
 				seq := s.next(rt)
 				if seq == 0 {
@@ -391,18 +408,14 @@ func TestPropertyDeepAgreesWithTheLedger(t *testing.T) {
 					// though the seq before it is not: a gap below it.
 					r.Quantity = decimal.NewNullDecimal(r.Total.Sub(amount.MustParse(s.totals[seq-2])))
 				}
-				if o := send(r); o.Kind != ledger.Applied && o.Kind != ledger.LateFill {
-					rt.Fatalf("seq %d came out %v: %s", seq, o.Kind, o.Detail)
-				}
+				send(r, func(o ledger.Outcome) bool { return o.Kind == ledger.Applied || o.Kind == ledger.LateFill })
 				s.sent[seq] = true
 				sent = append(sent, r)
 			case "again":
 				if len(sent) == 0 {
 					continue
 				}
-				if o := send(rapid.SampledFrom(sent).Draw(rt, "again")); o.Kind != ledger.Duplicate {
-					rt.Fatalf("a record sent again came out %v", o.Kind)
-				}
+				send(rapid.SampledFrom(sent).Draw(rt, "again"), func(o ledger.Outcome) bool { return o.Kind == ledger.Duplicate })
 			case "reused":
 				// A free seq under an operation id already taken: a
 				// conflict, never applied (the seq stays free).
@@ -412,10 +425,9 @@ func TestPropertyDeepAgreesWithTheLedger(t *testing.T) {
 				}
 				r := s.record(seq, at[seq-1])
 				r.OperationID = rapid.SampledFrom(sent).Draw(rt, "taken").OperationID
-				if o := send(r); o.Kind != ledger.Conflict {
-					rt.Fatalf("seq %d under a taken operation id came out %v", seq, o.Kind)
-				}
+				send(r, func(o ledger.Outcome) bool { return o.Kind == ledger.Conflict })
 			case "close":
+				flush() // a period closes between ingest's transactions
 				if !closed {
 					e.exec(`INSERT INTO period_closes (customer, period_start, period_end, closed_at, statement, forced, reason, actor)
 						VALUES ($1, '2026-10-01T00:00:00Z', '2026-11-01T00:00:00Z', now(), '{}', true, 'property test', 'test')`, c)
@@ -423,6 +435,7 @@ func TestPropertyDeepAgreesWithTheLedger(t *testing.T) {
 				}
 			}
 		}
+		flush()
 		rc, err := reconcile.New(reconcile.Config{Pool: e.pool, Clock: func() time.Time { return e.now }, Deep: src})
 		if err != nil {
 			rt.Fatal(err)
