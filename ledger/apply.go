@@ -797,6 +797,14 @@ func (a *applier) lateFill(i int, s *stream) error {
 		return err
 	}
 	ownPeriod := own.Start.UTC()
+	bucket, err := a.bucketOf(r.Stream.Customer, r.OccurredAt)
+	if err != nil {
+		return err
+	}
+	// Where this fill belongs: its quantity moves there (now, or once the
+	// seqs below it tell it).
+	place := &fillPlace{op: r.OperationID, seq: r.Seq, occurredAt: r.OccurredAt, period: ownPeriod, bucket: bucket,
+		closed: a.closed[periodKey{r.Stream.Customer, ownPeriod.UnixMicro()}]}
 
 	// What this record's own quantity is, as far as the neighbours tell.
 	var q decimal.NullDecimal
@@ -841,21 +849,14 @@ func (a *applier) lateFill(i int, s *stream) error {
 		sub.unmoved = decimal.Min(gapAmount(sub.lower, sub.upper, sub.upperQuantity), left)
 		left = left.Sub(sub.unmoved)
 		if !r.Quantity.Valid { // this fill's own quantity is in sub until its last seq arrives
-			bucket, err := a.bucketOf(r.Stream.Customer, r.OccurredAt)
-			if err != nil {
-				return err
-			}
-			sub.upperFill = &fillPlace{op: r.OperationID, seq: r.Seq, occurredAt: r.OccurredAt, period: ownPeriod, bucket: bucket,
-				closed: a.closed[periodKey{r.Stream.Customer, ownPeriod.UnixMicro()}]}
+			sub.upperFill = place
 		}
 		s.gaps = append(s.gaps, sub)
 	}
 	if u := g.upperFill; u != nil && r.Seq == g.to && !g.upperQuantity.Valid {
 		// The fill above this gap arrived without its own quantity: it is
 		// what is left of the gap above this fill's total.
-		if err := a.moveFillQuantity(s, r, g, u, decimal.Min(g.upper.Sub(r.Total), left)); err != nil {
-			return err
-		}
+		a.moveFillQuantity(s, r, g, u, decimal.Min(g.upper.Sub(r.Total), left))
 	}
 	if r.Seq < g.to {
 		sub := &gap{from: r.Seq + 1, to: g.to, lower: r.Total, upper: g.upper, upperQuantity: g.upperQuantity, upperFill: g.upperFill,
@@ -867,26 +868,17 @@ func (a *applier) lateFill(i int, s *stream) error {
 	// Re-attribution: move the fill's quantity from the period that billed
 	// the gap to the fill's own period, when both are still open.
 	if !ownPeriod.Equal(g.billedPeriod) && q.Valid && q.Decimal.Sign() > 0 {
-		c := r.Stream.Customer
-		if a.closed[periodKey{c, ownPeriod.UnixMicro()}] || g.billedClosed {
+		if place.closed || g.billedClosed {
 			a.find(FindingNotReattributed, s, r.Seq, &ownPeriod, &q.Decimal,
 				fmt.Sprintf("late fill seq %d (%s, occurred in period %s) stays billed in period %s: one of them is closed",
 					r.Seq, q.Decimal, own.Name, g.billedPeriod.Format(time.RFC3339)))
 		} else {
-			bucket, err := a.bucketOf(c, r.OccurredAt)
-			if err != nil {
-				return err
-			}
-			a.reattribute(s, g, &fillPlace{op: r.OperationID, seq: r.Seq, occurredAt: r.OccurredAt, period: ownPeriod, bucket: bucket}, q.Decimal)
+			a.reattribute(s, g, place, q.Decimal)
 		}
 	} else if !q.Valid && !ownPeriod.Equal(g.billedPeriod) {
 		a.find(FindingNotReattributed, s, r.Seq, &ownPeriod, nil,
 			fmt.Sprintf("late fill seq %d occurred in period %s but its own quantity is unknown (no quantity, previous seq unseen); it stays billed in the gap's period until the seqs before it arrive",
 				r.Seq, own.Name))
-	}
-	bucket, err := a.bucketOf(r.Stream.Customer, r.OccurredAt)
-	if err != nil {
-		return err
 	}
 	a.record(i, s, true, decimal.Zero, ownPeriod, bucket, nil)
 	a.out[i] = Outcome{Kind: LateFill, Period: ownPeriod}
@@ -897,18 +889,17 @@ func (a *applier) lateFill(i int, s *stream) error {
 // g that r's arrival tells, from the period that billed g to u's own, as
 // a fill whose quantity was known moves its own (both periods open; else
 // a finding says it stays).
-func (a *applier) moveFillQuantity(s *stream, r *Record, g *gap, u *fillPlace, q decimal.Decimal) error {
+func (a *applier) moveFillQuantity(s *stream, r *Record, g *gap, u *fillPlace, q decimal.Decimal) {
 	if q.Sign() <= 0 || u.period.Equal(g.billedPeriod) {
-		return nil
+		return
 	}
 	if u.closed || g.billedClosed {
 		a.find(FindingNotReattributed, s, u.seq, &u.period, &q,
 			fmt.Sprintf("late fill seq %d's own %s, known once seq %d arrived, stays billed in period %s: it or period %s is closed",
 				u.seq, q, r.Seq, g.billedPeriod.Format(time.RFC3339), u.period.Format(time.RFC3339)))
-		return nil
+		return
 	}
 	a.reattribute(s, g, u, q)
-	return nil
 }
 
 // reattribute moves q of gap g's usage from the period that billed it to

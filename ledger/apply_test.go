@@ -107,8 +107,7 @@ func TestApplyGapsAndLateFills(t *testing.T) {
 	if got := f.scalar(`SELECT string_agg(format('%s-%s', from_seq, to_seq), ',' ORDER BY from_seq) FROM gaps`); got != "2-2,4-4" {
 		t.Fatalf("gaps after fill = %s", got)
 	}
-	if got := f.scalar(`SELECT string_agg(format('%s=%s', to_char(period_start, 'YYYY-MM'), q), ',' ORDER BY period_start)
-		FROM (SELECT period_start, sum(quantity) q FROM rollups GROUP BY 1) s`); got != "2026-10=15,2026-11=35" {
+	if got := f.perPeriod(); got != "2026-10=15,2026-11=35" {
 		t.Fatalf("per period = %s", got)
 	}
 	// A fill outside its neighbours' totals is a conflict; stream total unchanged.
@@ -122,8 +121,7 @@ func TestApplyGapsAndLateFills(t *testing.T) {
 	if got := f.scalar(`SELECT trim_scale(sum(quantity))::text FROM rollups`); got != "50" {
 		t.Fatalf("rollups total = %s, want 50 (the stream's last total)", got)
 	}
-	if got := f.scalar(`SELECT string_agg(format('%s=%s', to_char(period_start, 'YYYY-MM'), q), ',' ORDER BY period_start)
-		FROM (SELECT period_start, sum(quantity) q FROM rollups GROUP BY 1) s`); got != "2026-10=25,2026-11=25" {
+	if got := f.perPeriod(); got != "2026-10=25,2026-11=25" {
 		t.Fatalf("per period = %s", got)
 	}
 	if got := f.scalar(`SELECT count(*)::text FROM findings`); got != "0" {
@@ -178,8 +176,7 @@ func TestApplyLoadsStoredAmountsExactly(t *testing.T) {
 	if got := kinds(f.apply(s.recQ(3, "25.125", "5.125", oct))); got != "late_fill" {
 		t.Fatalf("late fill outcome = %s", got)
 	}
-	if got := f.scalar(`SELECT string_agg(format('%s=%s', to_char(period_start, 'YYYY-MM'), trim_scale(q)), ',' ORDER BY period_start)
-		FROM (SELECT period_start, sum(quantity) q FROM rollups GROUP BY 1) s`); got != "2026-10=15.375,2026-11=35.6251" {
+	if got := f.perPeriod(); got != "2026-10=15.375,2026-11=35.6251" {
 		t.Fatalf("per period = %s", got)
 	}
 	if got := f.scalar(`SELECT string_agg(format('%s-%s:%s', from_seq, to_seq, trim_scale(unmoved)), ',' ORDER BY from_seq) FROM gaps`); got != "2-2:9.75,4-4:15.125" {
@@ -229,19 +226,10 @@ func TestLateFillQuantityKnownLaterMoves(t *testing.T) {
 	s := recBuilder{"gw-1", 1, "acme", "api_calls"}
 	oct := time.Date(2026, 10, 26, 3, 0, 0, 0, time.UTC)
 	six, two, one := s.recQ(6, "36", "3", nov), s.rec(2, "6", oct.Add(6*time.Hour)), s.recQ(1, "5", "5", oct)
-	for name, batches := range map[string][][]ledger.Record{
+	billedInBatches(t, "2026-10=6,2026-11=30", map[string][][]ledger.Record{
 		"one batch each":   {{six}, {two}, {one}},
 		"all in one batch": {{six, two, one}},
-	} {
-		f := newFixture(t)
-		for _, b := range batches {
-			f.apply(b...)
-		}
-		if got := f.scalar(`SELECT string_agg(format('%s=%s', to_char(period_start, 'YYYY-MM'), trim_scale(q)), ',' ORDER BY period_start)
-			FROM (SELECT period_start, sum(quantity) q FROM rollups GROUP BY 1) s`); got != "2026-10=6,2026-11=30" {
-			t.Fatalf("%s: per period %s, want 2026-10=6,2026-11=30", name, got)
-		}
-	}
+	})
 }
 
 // The same when other fills split the gap below such a fill first: the
@@ -254,18 +242,24 @@ func TestLateFillQuantityKnownLaterMovesAfterSplits(t *testing.T) {
 	oct := time.Date(2026, 10, 26, 3, 0, 0, 0, time.UTC)
 	eight, four := s.recQ(8, "100", "1", nov), s.rec(4, "20", oct.Add(4*time.Hour))
 	two, three := s.recQ(2, "12", "2", oct.Add(2*time.Hour)), s.recQ(3, "17", "5", oct.Add(3*time.Hour))
-	for name, batches := range map[string][][]ledger.Record{
+	// October: seq 2's 2, seq 3's 5 and seq 4's 3.
+	billedInBatches(t, "2026-10=10,2026-11=90", map[string][][]ledger.Record{
 		"one batch each":   {{eight}, {four}, {two}, {three}},
 		"all in one batch": {{eight, four, two, three}},
-	} {
+	})
+}
+
+// billedInBatches applies each way's batches to a ledger of its own and
+// checks what each period bills (perPeriod) is want.
+func billedInBatches(t *testing.T, want string, ways map[string][][]ledger.Record) {
+	t.Helper()
+	for name, batches := range ways {
 		f := newFixture(t)
 		for _, b := range batches {
 			f.apply(b...)
 		}
-		// October: seq 2's 2, seq 3's 5 and seq 4's 3.
-		if got := f.scalar(`SELECT string_agg(format('%s=%s', to_char(period_start, 'YYYY-MM'), trim_scale(q)), ',' ORDER BY period_start)
-			FROM (SELECT period_start, sum(quantity) q FROM rollups GROUP BY 1) s`); got != "2026-10=10,2026-11=90" {
-			t.Fatalf("%s: per period %s, want 2026-10=10,2026-11=90", name, got)
+		if got := f.perPeriod(); got != want {
+			t.Fatalf("%s: per period %s, want %s", name, got, want)
 		}
 	}
 }

@@ -136,3 +136,11 @@ func kinds(out []ledger.Outcome) string {
 	}
 	return s
 }
+
+// perPeriod is what each period bills, as the rollups hold it:
+// "2026-10=6,2026-11=30".
+func (f *fixture) perPeriod() string {
+	f.t.Helper()
+	return f.scalar(`SELECT string_agg(format('%s=%s', to_char(period_start, 'YYYY-MM'), trim_scale(q)), ',' ORDER BY period_start)
+		FROM (SELECT period_start, sum(quantity) q FROM rollups GROUP BY 1) s`)
+}
