@@ -171,8 +171,13 @@ func (row Row) cpu() string {
 	if row.CPUBusy <= 0 || row.Cores == 0 || row.Elapsed <= 0 || row.Requests == 0 {
 		return ""
 	}
-	return fmt.Sprintf(", the host's %d cores %.0f%% busy (%s of CPU per request: gateways, API and Postgres together)",
+	s := fmt.Sprintf(", the host's %d cores %.0f%% busy (%s of CPU per request: gateways, API and Postgres together",
 		row.Cores, 100*row.CPUBusy.Seconds()/(row.Elapsed.Seconds()*float64(row.Cores)), dur(row.CPUBusy/time.Duration(row.Requests)))
+	if row.CPUProcess > 0 && row.CPUProcess <= row.CPUBusy {
+		s += fmt.Sprintf("; this process %s, the rest of the host, mostly Postgres, %s",
+			dur(row.CPUProcess/time.Duration(row.Requests)), dur((row.CPUBusy-row.CPUProcess)/time.Duration(row.Requests)))
+	}
+	return s + ")"
 }
 
 // name is row's regime, with its round when there are several.

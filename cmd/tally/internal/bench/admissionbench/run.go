@@ -176,6 +176,10 @@ type Row struct {
 	// (0 where /proc/stat is not there): gateways, API and Postgres.
 	CPUBusy time.Duration
 	Cores   int
+	// CPUProcess is this process's part of CPUBusy (0 where unknown): the
+	// gateways' SDK, the API and the benchmark's loop; the rest is mostly
+	// Postgres.
+	CPUProcess time.Duration
 	// Problems: invariant checks that failed (e.g. spend not reported).
 	Problems []string
 }
@@ -276,6 +280,7 @@ func replay(ctx context.Context, o Options, tr trace, sys system) (Row, error) {
 	var firstErr error
 	var errOnce sync.Once
 	busy0, _, cpuOK := machineCPU()
+	proc0, procOK := processCPU()
 	start := time.Now()
 	// Steady demand (§10): calls and admissions from the end of a warm-up
 	// (the first grants) to the end of the replay (before the releases of
@@ -349,6 +354,9 @@ func replay(ctx context.Context, o Options, tr trace, sys system) (Row, error) {
 	row.Elapsed = time.Since(start)
 	if busy1, cores, ok := machineCPU(); ok && cpuOK {
 		row.CPUBusy, row.Cores = busy1-busy0, cores
+		if proc1, ok := processCPU(); ok && procOK {
+			row.CPUProcess = proc1 - proc0
+		}
 	}
 	calls, grant := sys.calls()
 	row.SteadyCalls, row.SteadyGrantCalls = calls-warmCalls.Load(), grant-warmGrant.Load()
