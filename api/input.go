@@ -327,6 +327,26 @@ var (
 // fieldsType is t with pointers removed, or nil when t's JSON fields are
 // not known: an interface, or a type that decodes itself.
 func fieldsType(t reflect.Type) reflect.Type {
+	if t == nil {
+		return nil
+	}
+	if ft, ok := fieldsTypeCache.Load(t); ok {
+		return ft.(reflectType).t
+	}
+	ft := findFieldsType(t)
+	fieldsTypeCache.Store(t, reflectType{ft})
+	return ft
+}
+
+// reflectType boxes a reflect.Type that may be nil, for a sync.Map.
+type reflectType struct{ t reflect.Type }
+
+// fieldsTypeCache holds fieldsType's answers: asking a type whether it
+// implements an interface walks its methods, a third of a body's check
+// when asked at every value.
+var fieldsTypeCache sync.Map // reflect.Type → reflectType
+
+func findFieldsType(t reflect.Type) reflect.Type {
 	for t != nil {
 		if t.Kind() == reflect.Interface || t.Implements(jsonUnmarshaler) || t.Implements(textUnmarshaler) {
 			return nil
