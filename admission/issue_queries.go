@@ -57,7 +57,7 @@ const qEnsureScopeBudgets = `
 INSERT INTO admission_scope_budgets (scope, meter, period_start, period_end, period, "limit", rule_version, consumed, updated_at)
 SELECT w.scope, w.meter, w.period_start, w.period_end, w.period, w.lim, 0, 0, @now
 FROM unnest(@es_scopes::text[], @es_meters::text[], @es_starts::timestamptz[], @es_ends::timestamptz[], @es_names::text[],
-            @es_limits::numeric[])
+            @es_limits::text[]::numeric[])
      AS w(scope, meter, period_start, period_end, period, lim)
 WHERE NOT EXISTS (SELECT 1 FROM admission_scope_budgets x
                   WHERE x.scope = w.scope AND x.meter = w.meter AND x.period_start = w.period_start)
@@ -277,15 +277,15 @@ WHERE h.holder = u.holder`
 const qTakeCustomerBudgets = `
 UPDATE admission_budgets b
 SET consumed = b.consumed + u.delta, "limit" = u.lim, rule_version = u.version, updated_at = @now
-FROM unnest(@u_customers::text[], @u_meters::text[], @u_starts::timestamptz[], @u_deltas::numeric[],
-            @u_limits::numeric[], @u_versions::bigint[]) AS u(customer, meter, period_start, delta, lim, version)
+FROM unnest(@u_customers::text[], @u_meters::text[], @u_starts::timestamptz[], @u_deltas::text[]::numeric[],
+            @u_limits::text[]::numeric[], @u_versions::bigint[]) AS u(customer, meter, period_start, delta, lim, version)
 WHERE (b.customer, b.meter, b.period_start) = (u.customer, u.meter, u.period_start)`
 
 const qTakeScopeBudgets = `
 UPDATE admission_scope_budgets s
 SET consumed = s.consumed + u.delta, "limit" = u.lim, rule_version = u.version, updated_at = @now
-FROM unnest(@u_scopes::text[], @u_meters::text[], @u_starts::timestamptz[], @u_deltas::numeric[],
-            @u_limits::numeric[], @u_versions::bigint[]) AS u(scope, meter, period_start, delta, lim, version)
+FROM unnest(@u_scopes::text[], @u_meters::text[], @u_starts::timestamptz[], @u_deltas::text[]::numeric[],
+            @u_limits::text[]::numeric[], @u_versions::bigint[]) AS u(scope, meter, period_start, delta, lim, version)
 WHERE (s.scope, s.meter, s.period_start) = (u.scope, u.meter, u.period_start)`
 
 // qInsertGrants writes the batch's grants; a debit's (g_debits) is
@@ -297,7 +297,7 @@ SELECT id, customer, meter, period_start, rule_version, holder, generation, amou
        CASE WHEN debit THEN amount ELSE 0 END, @now, valid_until, reclaim_at,
        CASE WHEN debit THEN @now::timestamptz END, CASE WHEN debit THEN 'released' END, draws_customer
 FROM unnest(@g_ids::uuid[], @g_customers::text[], @g_meters::text[], @g_starts::timestamptz[], @g_versions::bigint[],
-            @g_holders::text[], @g_generations::bigint[], @g_amounts::numeric[], @g_valid_until::timestamptz[],
+            @g_holders::text[], @g_generations::bigint[], @g_amounts::text[]::numeric[], @g_valid_until::timestamptz[],
             @g_reclaim_at::timestamptz[], @g_draws_customer::boolean[], @g_debits::boolean[])
      AS g(id, customer, meter, period_start, rule_version, holder, generation, amount, valid_until, reclaim_at, draws_customer, debit)`
 

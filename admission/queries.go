@@ -253,7 +253,7 @@ FOR SHARE`
 const qLockFreedBudgetRows = `
 SELECT 1 FROM admission_budgets b
 JOIN admission_grants g USING (customer, meter, period_start)
-JOIN unnest(@free_ids::uuid[], @free_spent::numeric[]) r(id, spent) ON g.id = r.id
+JOIN unnest(@free_ids::uuid[], @free_spent::text[]::numeric[]) r(id, spent) ON g.id = r.id
 WHERE g.amount <> r.spent
 ORDER BY b.customer, b.meter, b.period_start
 FOR UPDATE OF b`
@@ -264,7 +264,7 @@ const qLockFreedScopeRows = `
 SELECT 1 FROM admission_scope_budgets s
 JOIN admission_grant_draws d USING (scope, meter, period_start)
 JOIN admission_grants g ON g.id = d.grant_id
-JOIN unnest(@free_ids::uuid[], @free_spent::numeric[]) r(id, spent) ON g.id = r.id
+JOIN unnest(@free_ids::uuid[], @free_spent::text[]::numeric[]) r(id, spent) ON g.id = r.id
 WHERE g.amount <> r.spent
 ORDER BY s.scope, s.meter, s.period_start
 FOR UPDATE OF s`
@@ -282,14 +282,14 @@ UPDATE admission_grants g
 SET spent = r.spent, valid_until = r.valid_until, reclaim_at = r.reclaim_at,
     ended_at = CASE WHEN r.released THEN @now::timestamptz ELSE g.ended_at END,
     end_reason = CASE WHEN r.released THEN 'released' ELSE g.end_reason END
-FROM unnest(@ids::uuid[], @spent::numeric[], @valid_until::timestamptz[], @reclaim_at::timestamptz[], @released::bool[])
+FROM unnest(@ids::uuid[], @spent::text[]::numeric[], @valid_until::timestamptz[], @reclaim_at::timestamptz[], @released::bool[])
      r(id, spent, valid_until, reclaim_at, released)
 WHERE g.id = r.id`
 
 // qFreeBudgets gives back each customer budget row's summed delta.
 const qFreeBudgets = `
 UPDATE admission_budgets b SET consumed = b.consumed - r.delta, updated_at = @now
-FROM unnest(@customers::text[], @meters::text[], @starts::timestamptz[], @deltas::numeric[]) r(customer, meter, period_start, delta)
+FROM unnest(@customers::text[], @meters::text[], @starts::timestamptz[], @deltas::text[]::numeric[]) r(customer, meter, period_start, delta)
 WHERE (b.customer, b.meter, b.period_start) = (r.customer, r.meter, r.period_start)`
 
 // qFreeScopeDraws gives back to every pool and global budget the sum of
@@ -298,6 +298,6 @@ const qFreeScopeDraws = `
 UPDATE admission_scope_budgets s SET consumed = s.consumed - f.delta, updated_at = @now
 FROM (SELECT d.scope, d.meter, d.period_start, sum(r.delta) AS delta
       FROM admission_grant_draws d
-      JOIN unnest(@ids::uuid[], @deltas::numeric[]) r(id, delta) ON d.grant_id = r.id
+      JOIN unnest(@ids::uuid[], @deltas::text[]::numeric[]) r(id, delta) ON d.grant_id = r.id
       GROUP BY d.scope, d.meter, d.period_start) f
 WHERE (s.scope, s.meter, s.period_start) = (f.scope, f.meter, f.period_start)`

@@ -164,7 +164,7 @@ FROM (SELECT d.scope, d.meter, ` + fmt.Sprintf(rateGiveBack, "@delta::numeric") 
 var qReturnRateDrawsMany = `
 SELECT admission_rate_give(x.scope, x.meter, x.delta, now())
 FROM (SELECT d.scope, d.meter, sum(` + fmt.Sprintf(rateGiveBack, "u.delta") + `) AS delta
-      FROM unnest(@ids::uuid[], @deltas::numeric[]) AS u(id, delta)
+      FROM unnest(@ids::uuid[], @deltas::text[]::numeric[]) AS u(id, delta)
       JOIN admission_rate_draws d ON d.grant_id = u.id
       GROUP BY d.scope, d.meter
       ORDER BY d.scope, d.meter OFFSET 0) x`
