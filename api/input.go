@@ -330,21 +330,19 @@ func fieldsType(t reflect.Type) reflect.Type {
 	if t == nil {
 		return nil
 	}
-	if ft, ok := fieldsTypeCache.Load(t); ok {
-		return ft.(reflectType).t
+	if v, ok := fieldsTypeCache.Load(t); ok {
+		ft, _ := v.(reflect.Type) // nil stored as nil
+		return ft
 	}
 	ft := findFieldsType(t)
-	fieldsTypeCache.Store(t, reflectType{ft})
+	fieldsTypeCache.Store(t, ft)
 	return ft
 }
-
-// reflectType boxes a reflect.Type that may be nil, for a sync.Map.
-type reflectType struct{ t reflect.Type }
 
 // fieldsTypeCache holds fieldsType's answers: asking a type whether it
 // implements an interface walks its methods, a third of a body's check
 // when asked at every value.
-var fieldsTypeCache sync.Map // reflect.Type → reflectType
+var fieldsTypeCache sync.Map // reflect.Type → reflect.Type, or nil
 
 func findFieldsType(t reflect.Type) reflect.Type {
 	for t != nil {

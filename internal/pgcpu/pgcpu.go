@@ -1,6 +1,7 @@
 // Package pgcpu reads the CPU time Postgres backends have used, from
-// /proc, when Postgres runs on this host: what a benchmark costs Postgres,
-// which the machine's load changes far less than wall-clock time.
+// /proc, when Postgres runs on this host, and this process's own: what a
+// benchmark costs each side, which the machine's load changes far less
+// than wall-clock time.
 package pgcpu
 
 import (
@@ -8,6 +9,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,6 +18,16 @@ import (
 // clkTck is the kernel's clock tick of /proc/<pid>/stat's times (USER_HZ,
 // 100 on every Linux architecture Tally runs on).
 const clkTck = 100
+
+// Process is this process's user and system CPU so far (0 where it
+// cannot be read).
+func Process() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
 
 // Backend is the CPU the Postgres backend pid has used, if this host runs
 // it.

@@ -456,7 +456,7 @@ func benchRun(ctx context.Context, out io.Writer, log *slog.Logger, broker, topi
 	if err := settle(ctx, pool); err != nil {
 		return 0, name, err
 	}
-	cpu0 := processCPU()
+	cpu0 := pgcpu.Process()
 	var wal *walWatch
 	if o.wal {
 		if wal, err = startWAL(ctx, withDB(o.adminURL, name)); err != nil {
@@ -512,7 +512,7 @@ func benchRun(ctx context.Context, out io.Writer, log *slog.Logger, broker, topi
 			start, nextAtStart = time.Now(), next
 		}
 		if next == int64(len(msgs)) {
-			cpu := processCPU() - cpu0
+			cpu := pgcpu.Process() - cpu0
 			pg, nb, ok := pgcpu.Database(ctx, pool, benchIngestApp)
 			defer func() {
 				if o.statements {

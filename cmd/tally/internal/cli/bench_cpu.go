@@ -5,7 +5,6 @@ import (
 	"io"
 	"os"
 	"runtime/pprof"
-	"syscall"
 	"time"
 )
 
@@ -19,15 +18,6 @@ const (
 
 	qBackendPID = `SELECT pg_backend_pid()`
 )
-
-// processCPU is this process's user and system CPU so far.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
 
 // cpuPerRecord collects, by measurement label, the CPU each run spent per
 // record, Postgres's and this process's together.

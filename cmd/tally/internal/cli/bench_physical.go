@@ -147,7 +147,7 @@ func benchPhysical(ctx context.Context, out io.Writer, url string, rows []physic
 		return 0, err
 	}
 	pg0, pgOK := pgcpu.Backend(pid)
-	cpu0 := processCPU()
+	cpu0 := pgcpu.Process()
 	t0 := time.Now()
 	var buf []byte
 	for from := 0; from < len(rows); from += physicalTxRows {
@@ -166,7 +166,7 @@ func benchPhysical(ctx context.Context, out io.Writer, url string, rows []physic
 	took := time.Since(t0)
 	if cpu != nil {
 		pg1, ok := pgcpu.Backend(pid)
-		printCPU(out, "physical baseline", len(rows), processCPU()-cpu0, pg1-pg0, 1, pgOK && ok, cpu)
+		printCPU(out, "physical baseline", len(rows), pgcpu.Process()-cpu0, pg1-pg0, 1, pgOK && ok, cpu)
 	}
 	if wal {
 		if err := w.report(ctx, out, "physical baseline", len(rows)); err != nil {

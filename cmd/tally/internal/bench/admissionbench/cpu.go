@@ -4,20 +4,8 @@ import (
 	"bytes"
 	"os"
 	"strconv"
-	"syscall"
 	"time"
 )
-
-// processCPU is the CPU time this process has used (user and system): in
-// a regime's replay the gateways' SDK, the API and the benchmark's own
-// loop, where the rest of the host's busy time is mostly Postgres.
-func processCPU() (time.Duration, bool) {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0, false
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), true
-}
 
 // machineCPU is the CPU time this host's cores have spent busy (not idle,
 // not waiting for I/O) since boot, and their count, from /proc/stat; ok

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tally-ledger/tally/internal/pgcpu"
 	"github.com/tally-ledger/tally/quota"
 )
 
@@ -280,7 +281,7 @@ func replay(ctx context.Context, o Options, tr trace, sys system) (Row, error) {
 	var firstErr error
 	var errOnce sync.Once
 	busy0, _, cpuOK := machineCPU()
-	proc0, procOK := processCPU()
+	proc0 := pgcpu.Process() // the gateways' SDK, the API and this loop
 	start := time.Now()
 	// Steady demand (§10): calls and admissions from the end of a warm-up
 	// (the first grants) to the end of the replay (before the releases of
@@ -354,8 +355,8 @@ func replay(ctx context.Context, o Options, tr trace, sys system) (Row, error) {
 	row.Elapsed = time.Since(start)
 	if busy1, cores, ok := machineCPU(); ok && cpuOK {
 		row.CPUBusy, row.Cores = busy1-busy0, cores
-		if proc1, ok := processCPU(); ok && procOK {
-			row.CPUProcess = proc1 - proc0
+		if proc0 > 0 {
+			row.CPUProcess = pgcpu.Process() - proc0
 		}
 	}
 	calls, grant := sys.calls()
